@@ -1,0 +1,105 @@
+"""Async helpers shared by the sender and receiver: piece offload and loop-lag monitoring."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TypeVar
+
+import anyio
+from anyio import CapacityLimiter, to_thread
+
+from ._pieces import Pieces
+
+__all__ = ["LagMonitor", "make_limiter", "run_pieces"]
+
+T = TypeVar("T")
+
+
+def make_limiter(limiter: CapacityLimiter | int | None, default: int = 2) -> CapacityLimiter:
+    """Return ``limiter`` itself, or a new CapacityLimiter of that many (or ``default``)
+    tokens. Safe to call before an event loop runs."""
+    if isinstance(limiter, CapacityLimiter):
+        return limiter
+    return CapacityLimiter(default if limiter is None else limiter)
+
+
+async def run_pieces(pieces: Pieces[T], limiter: CapacityLimiter) -> T:
+    """Run each piece of ``pieces`` in a worker thread and return the generator's result.
+
+    The event loop gets the GIL back between pieces. On cancellation or error the
+    generator is closed in a worker thread (shielded), so its cleanup runs off the loop.
+    """
+
+    def advance() -> tuple[bool, T | None]:
+        try:
+            next(pieces)
+        except StopIteration as stop:
+            return True, stop.value
+        return False, None
+
+    try:
+        while True:
+            done, value = await to_thread.run_sync(advance, limiter=limiter)
+            if done:
+                return value  # type: ignore[return-value]
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await to_thread.run_sync(pieces.close, limiter=limiter)
+        raise
+
+
+class LagMonitor:
+    """Measures how late the event loop wakes up: a direct reading of loop stalls.
+
+    Use it as an async context manager inside a task group-free scope; it runs a
+    background task that sleeps ``interval`` seconds in a loop and records the excess.
+
+    Example:
+        >>> import anyio
+        >>> async def main() -> float:
+        ...     async with LagMonitor() as lag:
+        ...         await anyio.sleep(0.05)
+        ...     return lag.max
+        >>> anyio.run(main) < 1.0
+        True
+    """
+
+    def __init__(self, interval: float = 0.001) -> None:
+        self.interval = interval
+        self.lags: list[float] = []
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    @property
+    def max(self) -> float:
+        """Worst lag seen, in seconds."""
+        return max(self.lags, default=0.0)
+
+    def percentile(self, q: float) -> float:
+        """The ``q``-th percentile (0-100) of the lags seen, in seconds."""
+        if not self.lags:
+            return 0.0
+        ordered = sorted(self.lags)
+        return ordered[min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1)]
+
+    def reset(self) -> None:
+        """Forget the lags seen so far."""
+        self.lags.clear()
+
+    async def _run(self) -> None:
+        while True:
+            start = time.perf_counter()
+            await anyio.sleep(self.interval)
+            self.lags.append(max(0.0, time.perf_counter() - start - self.interval))
+
+    async def __aenter__(self) -> LagMonitor:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._run)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        await self._tg.__aexit__(None, None, None)
+        self._tg = None

@@ -1,0 +1,84 @@
+"""The one exception hierarchy of rlwire.
+
+Every error rlwire raises on purpose is an :class:`RlwireError`. Each subclass also
+derives from the closest built-in exception, so code that already catches ``ValueError``
+or ``OSError`` keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClosedError",
+    "ConfigError",
+    "CorruptFrameError",
+    "DecodeError",
+    "EncodeError",
+    "ReceiveTimeout",
+    "RlwireError",
+    "SchemaError",
+    "StepExistsError",
+    "StepOrderError",
+    "TransportError",
+    "UnsupportedVersionError",
+]
+
+
+class RlwireError(Exception):
+    """Base class of every error rlwire raises on purpose."""
+
+
+class ConfigError(RlwireError, ValueError):
+    """An option, URL or argument given to rlwire is not valid."""
+
+
+class SchemaError(RlwireError, ValueError):
+    """An object fails validation before it is sent (e.g. NaN logprobs).
+
+    The message names the sample index and the field, e.g.
+    ``samples[3].logprobs: 2 non-finite values (first at token 17)``.
+    """
+
+
+class EncodeError(RlwireError, TypeError):
+    """A value cannot be encoded (object-dtype array, unsupported type, ...).
+
+    The message names the path of the value inside the object, e.g.
+    ``$.samples[0].extras['ids']``.
+    """
+
+
+class DecodeError(RlwireError, ValueError):
+    """Received data is well-formed but does not match the requested type."""
+
+
+class CorruptFrameError(DecodeError):
+    """Received data is truncated, garbled or internally inconsistent."""
+
+
+class UnsupportedVersionError(CorruptFrameError):
+    """Received data uses a wire-format major version this reader does not know."""
+
+
+class StepOrderError(RlwireError, ValueError):
+    """A step goes backwards, repeats, or skips ahead of the next expected step."""
+
+
+class StepExistsError(RlwireError, FileExistsError):
+    """A step already exists at the destination, for example from an earlier run.
+
+    Open the sender with ``on_existing="overwrite"`` or ``on_existing="resume"``
+    to say what should happen to earlier steps.
+    """
+
+
+class TransportError(RlwireError, OSError):
+    """A destination cannot be written or a source cannot be read (permissions, disk
+    full, ...). Nothing half-written is left visible."""
+
+
+class ClosedError(RlwireError, RuntimeError):
+    """The sender or receiver was used after it was closed."""
+
+
+class ReceiveTimeout(RlwireError, TimeoutError):
+    """No message arrived before the timeout."""

@@ -1,0 +1,54 @@
+"""Frame: the unit every codec produces and every sink moves.
+
+A Frame is a small structured header plus raw out-of-band buffers that are never
+copied into it (the shape pickle protocol 5, Dask's protocol and safetensors share).
+Codecs decide what goes out-of-band; sinks decide where each buffer travels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Frame", "as_byte_view"]
+
+
+def as_byte_view(data: bytes | bytearray | memoryview) -> memoryview:
+    """Return a flat, C-contiguous unsigned-byte view of ``data`` without copying."""
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    if view.ndim == 1 and view.format == "B":
+        return view
+    return view.cast("B")
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A header plus out-of-band buffers.
+
+    Attributes:
+        header: the codec's small structured header.
+        buffers: raw byte views; their memory belongs to the objects they came from
+            (for example numpy arrays) or to what was received (an mmap, a socket frame).
+        sidecar: indices into ``buffers`` that travel in the sidecar rather than beside
+            the header (see ``open_sender(..., sidecar=...)``).
+
+    Example:
+        >>> frame = Frame(b"hdr", (memoryview(b"payload"),))
+        >>> frame.nbytes
+        10
+    """
+
+    header: bytes | memoryview
+    buffers: Sequence[memoryview] = ()
+    sidecar: frozenset[int] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        bad = [i for i in self.sidecar if not 0 <= i < len(self.buffers)]
+        if bad:
+            raise ValueError(f"sidecar indices {sorted(bad)} out of range for "
+                             f"{len(self.buffers)} buffers")
+
+    @property
+    def nbytes(self) -> int:
+        """Total size of the header and all buffers, in bytes."""
+        return len(self.header) + sum(b.nbytes for b in self.buffers)

@@ -1,0 +1,210 @@
+"""TrainingBatchReceiver: a source and a codec, with sync and async faces over one core."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from types import TracebackType
+from typing import Any, Generic, TypeVar, overload
+
+import anyio
+from anyio import CapacityLimiter, to_thread
+
+from ._aio import make_limiter
+from ._urls import make_source
+from .codecs.msgpack import MsgpackCodec
+from .errors import ClosedError, ConfigError, ReceiveTimeout
+from .schema import TrainingBatch, TrainingSample
+from .transport import Source
+
+__all__ = ["TrainingBatchReceiver", "open_receiver"]
+
+T = TypeVar("T")
+_NOTHING: Any = object()
+
+
+@overload
+def open_receiver(url: str | os.PathLike[str], *, type: type[T], start_step: int = 0,
+                  rank: int = 0, poll_interval: float = 0.01, writable: bool = False,
+                  validate: bool = False, limiter: CapacityLimiter | int | None = None,
+                  ) -> TrainingBatchReceiver[T]: ...
+@overload
+def open_receiver(url: str | os.PathLike[str], *, start_step: int = 0,
+                  rank: int = 0, poll_interval: float = 0.01, writable: bool = False,
+                  validate: bool = False, limiter: CapacityLimiter | int | None = None,
+                  ) -> TrainingBatchReceiver[TrainingBatch]: ...
+def open_receiver(
+    url: str | os.PathLike[str],
+    *,
+    type: Any = TrainingBatch,
+    start_step: int = 0,
+    rank: int = 0,
+    poll_interval: float = 0.01,
+    writable: bool = False,
+    validate: bool = False,
+    limiter: CapacityLimiter | int | None = None,
+) -> TrainingBatchReceiver[Any]:
+    """Open a receiver for one data-parallel rank, reading steps in order.
+
+    Args:
+        url: the directory path or ``file://`` URL the sender writes to.
+        type: what to decode each message into: a msgspec Struct type, ``dict``, ...;
+            ``typing.Any`` gives plain dicts and lists.
+        start_step: the first step to receive.
+        rank: the data-parallel rank whose messages to read.
+        poll_interval: seconds between checks while waiting for a step.
+        writable: return writable arrays (copy-on-write mappings, still no copy).
+        validate: validate received TrainingBatch / TrainingSample objects too.
+        limiter: bounds the worker threads of the async methods.
+
+    Example:
+        >>> import rlwire, tempfile
+        >>> with rlwire.open_receiver(tempfile.mkdtemp()) as receiver:
+        ...     receiver.poll() is None
+        True
+    """
+    if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+        raise ConfigError(f"start_step must be a non-negative int, got {start_step!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise ConfigError(f"rank must be a non-negative int, got {rank!r}")
+    if not poll_interval > 0:
+        raise ConfigError(f"poll_interval must be positive, got {poll_interval!r}")
+    return TrainingBatchReceiver(
+        make_source(url, rank=rank, writable=writable), MsgpackCodec(), type,
+        start_step=start_step, poll_interval=poll_interval, validate=validate,
+        writable=writable, limiter=limiter)
+
+
+class TrainingBatchReceiver(Generic[T]):
+    """Receives the objects of consecutive steps for one rank.
+
+    Synchronous (``receive``, ``poll``, ``for``, ``with``) for trainer processes, and
+    asynchronous (``areceive``, ``async for``, ``async with``) for event-loop code. Both
+    faces share one core, so they can be mixed.
+    """
+
+    def __init__(self, source: Source, codec: MsgpackCodec, type: Any, *, start_step: int = 0,
+                 poll_interval: float = 0.01, validate: bool = False, writable: bool = False,
+                 limiter: CapacityLimiter | int | None = None) -> None:
+        self._source = source
+        self._codec = codec
+        self._type = type
+        self._next_step = start_step
+        self._step: int | None = None
+        self._poll_interval = poll_interval
+        self._validate = validate
+        self._writable = writable
+        self._limiter = make_limiter(limiter)
+        self._mutex = threading.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"TrainingBatchReceiver({self._source!r}, next_step={self._next_step})"
+
+    @property
+    def step(self) -> int | None:
+        """The step of the object last returned, or ``None`` before the first."""
+        return self._step
+
+    @property
+    def next_step(self) -> int:
+        """The step the next receive returns."""
+        return self._next_step
+
+    def _take(self) -> Any:
+        """The core: the next step's object, or ``_NOTHING`` if it is not there yet."""
+        with self._mutex:
+            if self._closed:
+                raise ClosedError(f"{self!r} is closed")
+            frame = self._source.read(self._next_step)
+            if frame is None:
+                return _NOTHING
+            obj = self._codec.decode(frame, self._type, writable=self._writable)
+            if self._validate and isinstance(obj, TrainingBatch | TrainingSample):
+                obj.validate(f"step {self._next_step}")
+            self._step = self._next_step
+            self._next_step += 1
+            return obj
+
+    def poll(self) -> T | None:
+        """Return the next step's object if it has arrived, else ``None`` at once.
+
+        Raises:
+            CorruptFrameError: the stored message is truncated or garbled.
+            DecodeError: the message does not match ``type``.
+            ClosedError: the receiver is closed.
+        """
+        obj = self._take()
+        return None if obj is _NOTHING else obj  # type: ignore[no-any-return]
+
+    def receive(self, timeout: float | None = None) -> T:
+        """Wait for the next step and return its object.
+
+        Raises:
+            ReceiveTimeout: nothing arrived within ``timeout`` seconds.
+            CorruptFrameError, DecodeError, ClosedError: as :meth:`poll`.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            obj = self._take()
+            if obj is not _NOTHING:
+                return obj  # type: ignore[no-any-return]
+            time.sleep(self._wait_time(deadline, timeout))
+
+    async def areceive(self, timeout: float | None = None) -> T:
+        """Like :meth:`receive`, without blocking the event loop: reads and decoding run
+        in worker threads.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            obj = await to_thread.run_sync(self._take, limiter=self._limiter)
+            if obj is not _NOTHING:
+                return obj  # type: ignore[no-any-return]
+            await anyio.sleep(self._wait_time(deadline, timeout))
+
+    def _wait_time(self, deadline: float | None, timeout: float | None) -> float:
+        if deadline is None:
+            return self._poll_interval
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ReceiveTimeout(f"{self._source!r}: step {self._next_step} did not arrive "
+                                 f"within {timeout} s")
+        return min(self._poll_interval, remaining)
+
+    def __iter__(self) -> TrainingBatchReceiver[T]:
+        return self
+
+    def __next__(self) -> T:
+        return self.receive()
+
+    def __aiter__(self) -> TrainingBatchReceiver[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        return await self.areceive()
+
+    def close(self) -> None:
+        """Stop receiving; objects already returned stay valid. Idempotent."""
+        with self._mutex:
+            if not self._closed:
+                self._closed = True
+                self._source.close()
+
+    async def aclose(self) -> None:
+        """Async :meth:`close`."""
+        await to_thread.run_sync(self.close, limiter=self._limiter)
+
+    def __enter__(self) -> TrainingBatchReceiver[T]:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    async def __aenter__(self) -> TrainingBatchReceiver[T]:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()

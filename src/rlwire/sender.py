@@ -1,0 +1,199 @@
+"""TrainingBatchSender: a codec and a sink, step bookkeeping, thread offload."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio import CapacityLimiter, to_thread
+
+from ._aio import make_limiter, run_pieces
+from ._urls import make_sink
+from .codecs.msgpack import DEFAULT_INLINE_THRESHOLD, MsgpackCodec
+from .errors import ClosedError, ConfigError, RlwireError, StepOrderError
+from .schema import check_object
+from .transport import OnExisting, Sink
+
+__all__ = ["TrainingBatchSender", "open_sender"]
+
+
+def open_sender(
+    url: str | os.PathLike[str],
+    *,
+    sidecar: Iterable[str] | str | None = None,
+    on_existing: OnExisting = "error",
+    fsync: bool = False,
+    limiter: CapacityLimiter | int | None = None,
+    inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
+    validate: bool = True,
+) -> TrainingBatchSender:
+    """Open a sender that writes one message per step to ``url``.
+
+    Args:
+        url: a directory path or ``file://`` URL.
+        sidecar: field names (e.g. ``("routed_experts",)``) whose array and bytes values,
+            at any depth, travel raw in a sidecar beside the main message.
+        on_existing: what to do when ``url`` already holds steps: ``"error"`` (refuse),
+            ``"overwrite"`` (delete them when the sender opens) or ``"resume"`` (keep
+            them and continue with the step after the last one).
+        fsync: make each step durable before it becomes visible.
+        limiter: the CapacityLimiter (or its size) that bounds the worker threads doing
+            encoding and I/O; share one between senders to bound them together.
+        inline_threshold: arrays and bytes smaller than this many bytes stay in the header.
+        validate: validate every :class:`~rlwire.TrainingSample` before anything is written.
+
+    Returns:
+        A :class:`TrainingBatchSender`; use it as ``async with``.
+
+    Example:
+        >>> import anyio, rlwire, tempfile
+        >>> async def main(path: str) -> int:
+        ...     async with rlwire.open_sender(path) as sender:
+        ...         return await sender.send(rlwire.TrainingBatch(samples=[]))
+        >>> anyio.run(main, tempfile.mkdtemp())
+        0
+    """
+    codec = MsgpackCodec(
+        sidecar=() if sidecar is None else sidecar,
+        inline_threshold=inline_threshold,
+        check=check_object if validate else None,
+    )
+    return TrainingBatchSender(make_sink(url, fsync=fsync), codec, on_existing=on_existing,
+                               limiter=limiter)
+
+
+class TrainingBatchSender:
+    """Sends one object per step (or one per data-parallel rank) through a sink.
+
+    Each send encodes and writes in worker threads, in pieces short enough that the
+    event loop stays responsive, and returns once the step is visible to readers. A
+    cancelled or failed send leaves nothing visible. Sends are serialized: concurrent
+    callers get consecutive steps in the order they acquire the sender.
+    """
+
+    def __init__(self, sink: Sink, codec: MsgpackCodec, *, on_existing: OnExisting = "error",
+                 limiter: CapacityLimiter | int | None = None) -> None:
+        if on_existing not in ("error", "overwrite", "resume"):
+            raise ConfigError(f"on_existing must be 'error', 'overwrite' or 'resume', got "
+                              f"{on_existing!r}")
+        self._sink = sink
+        self._codec = codec
+        self._on_existing: OnExisting = on_existing
+        self._limiter = make_limiter(limiter)
+        self._lock = anyio.Lock()
+        self._opened = False
+        self._closed = False
+        self._next_step = 0
+        self._last_step: int | None = None
+
+    def __repr__(self) -> str:
+        return f"TrainingBatchSender({self._sink!r}, next_step={self._next_step})"
+
+    @property
+    def next_step(self) -> int:
+        """The step ``send(obj)`` without ``step=`` will use."""
+        return self._next_step
+
+    @property
+    def last_step(self) -> int | None:
+        """The last step sent by this sender, or ``None``."""
+        return self._last_step
+
+    async def __aenter__(self) -> TrainingBatchSender:
+        await self.aopen()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aopen(self) -> None:
+        """Prepare the destination (``async with`` and the first send do this).
+
+        Raises:
+            StepExistsError: the destination holds steps and ``on_existing="error"``.
+            TransportError: the destination cannot be written.
+        """
+        async with self._lock:
+            await self._open_locked()
+
+    async def _open_locked(self) -> None:
+        if self._closed:
+            raise ClosedError(f"{self!r} is closed")
+        if not self._opened:
+            self._next_step = await to_thread.run_sync(
+                self._sink.open, self._on_existing, limiter=self._limiter)
+            self._opened = True
+
+    async def send(self, obj: Any, *, step: int | None = None) -> int:
+        """Send ``obj`` as ``step`` (default: the next step) for rank 0.
+
+        Returns:
+            The step number used.
+
+        Raises:
+            SchemaError: a TrainingSample fails validation (nothing is written).
+            EncodeError: ``obj`` holds a value the codec cannot carry; names its path.
+            StepOrderError: ``step`` repeats, goes backwards or skips ahead.
+            StepExistsError: the step already exists at the destination.
+            TransportError: the destination cannot be written.
+            ClosedError: the sender is closed.
+        """
+        return await self.send_ranks([obj], step=step)
+
+    async def send_ranks(self, objs: Sequence[Any], *, step: int | None = None) -> int:
+        """Send ``objs[r]`` to data-parallel rank ``r``, all as one step.
+
+        The step becomes visible for every rank at once, or not at all. Errors are those
+        of :meth:`send`; messages name the rank.
+        """
+        if isinstance(objs, str | bytes) or not isinstance(objs, Sequence) or not objs:
+            raise ConfigError("send_ranks needs a non-empty sequence with one object per rank")
+        async with self._lock:
+            await self._open_locked()
+            step = self._resolve_step(step)
+            frames = []
+            for rank, obj in enumerate(objs):
+                try:
+                    frames.append(await run_pieces(self._codec.encode_pieces(obj),
+                                                   self._limiter))
+                except RlwireError as exc:
+                    if len(objs) > 1:
+                        exc.args = (f"rank {rank}: {exc}", *exc.args[1:])
+                    raise
+            staged = await run_pieces(self._sink.stage(step, frames), self._limiter)
+            # Committing is a few renames; shielded so a step is either whole or absent
+            # and the step counter always matches what readers can see.
+            with anyio.CancelScope(shield=True):
+                await to_thread.run_sync(staged.commit, limiter=self._limiter)
+            self._last_step = step
+            self._next_step = step + 1
+        return step
+
+    def _resolve_step(self, step: int | None) -> int:
+        if step is None:
+            return self._next_step
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise StepOrderError(f"step must be a non-negative int, got {step!r}")
+        if step == self._next_step:
+            return step
+        if step < self._next_step:
+            what = "repeats" if step == self._last_step else "goes backwards from"
+            last = self._last_step if self._last_step is not None else self._next_step - 1
+            raise StepOrderError(f"step {step} {what} step {last}; steps must increase by 1 "
+                                 f"(next is {self._next_step})")
+        if self._last_step is None and self._next_step == 0:
+            return step  # a fresh destination may start anywhere, e.g. after a checkpoint
+        raise StepOrderError(f"step {step} skips ahead of step {self._next_step}; a receiver "
+                             "would wait forever for the missing steps")
+
+    async def aclose(self) -> None:
+        """Wait for an in-flight send to finish, then release the sink. Idempotent."""
+        async with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            await to_thread.run_sync(self._sink.close, limiter=self._limiter)

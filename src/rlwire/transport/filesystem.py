@@ -1,0 +1,265 @@
+"""Local or shared filesystem sink and source.
+
+Each step and rank is one main file, ``step-00000042.rank-0000.rlw``, plus, when a
+sidecar is asked for, ``step-00000042.rank-0000.sidecar.rlw``. Files are written under
+hidden temporary names beside their final names and renamed into place, sidecars first
+and main files last, so a main file's appearance means the whole message is there. Readers
+poll with ``stat``-free ``open`` calls (works on NFS, where inotify does not) and map files
+with mmap, so arrays are views over the page cache.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from .._pieces import Pieces
+from ..errors import ConfigError, CorruptFrameError, StepExistsError, TransportError
+from ..frame import Frame
+from ._base import OnExisting, Sink, Source, Staged
+from ._layout import parse_main, plan
+
+__all__ = ["FileSink", "FileSource", "main_name", "sidecar_name"]
+
+_MAIN_RE = re.compile(r"step-(\d+)\.rank-(\d+)\.rlw")
+_RLWIRE_FILE_RE = re.compile(r"step-\d+\.rank-\d+(\.sidecar)?\.rlw")
+_TEMP_RE = re.compile(r"\.step-\d+\.rank-\d+(\.sidecar)?\.rlw\.[0-9a-f]+\.tmp")
+
+#: Bytes written per piece: one piece is one short thread call.
+PIECE_BYTES = 16 << 20
+
+
+def main_name(step: int, rank: int) -> str:
+    """File name of the main part of ``step`` for ``rank``."""
+    return f"step-{step:08d}.rank-{rank:04d}.rlw"
+
+
+def sidecar_name(step: int, rank: int) -> str:
+    """File name of the sidecar part of ``step`` for ``rank``."""
+    return f"step-{step:08d}.rank-{rank:04d}.sidecar.rlw"
+
+
+def _os_error(path: Path, action: str, exc: OSError) -> TransportError:
+    err = TransportError(exc.errno, f"{path}: cannot {action}: {exc.strerror or exc}")
+    err.filename = str(path)
+    return err
+
+
+class _FileStaged(Staged):
+    def __init__(self, root: Path, fsync: bool) -> None:
+        self.root = root
+        self.fsync = fsync
+        self.sidecars: list[tuple[Path, Path]] = []  # (temporary, final)
+        self.mains: list[tuple[Path, Path]] = []
+
+    def commit(self) -> None:
+        visible: list[Path] = []
+        try:
+            for tmp, final in self.sidecars:
+                os.replace(tmp, final)
+                visible.append(final)
+            if self.fsync and self.sidecars:
+                _fsync_dir(self.root)
+            for tmp, final in self.mains:
+                os.replace(tmp, final)
+                visible.append(final)
+            if self.fsync:
+                _fsync_dir(self.root)
+        except OSError as exc:
+            for path in reversed(visible):  # main files first: they are the ready marker
+                _unlink(path)
+            self.discard()
+            raise _os_error(self.root, "commit the step", exc) from exc
+
+    def discard(self) -> None:
+        for tmp, _ in (*self.mains, *self.sidecars):
+            _unlink(tmp)
+
+
+class FileSink(Sink):
+    """Writes each step's frames as files in a directory.
+
+    Args:
+        path: the directory; created if missing.
+        fsync: fsync every file before it is renamed, and the directory after, so a
+            committed step survives a power loss (slower).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False) -> None:
+        self.root = Path(path)
+        self.fsync = fsync
+
+    def __repr__(self) -> str:
+        return f"FileSink({str(self.root)!r})"
+
+    def open(self, on_existing: OnExisting) -> int:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".rlwire-probe.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            probe.unlink()
+        except OSError as exc:
+            raise _os_error(self.root, "write to the destination directory", exc) from exc
+        steps = sorted({int(m.group(1)) for m in self._main_files()})
+        if on_existing == "resume":
+            self._remove(_TEMP_RE)
+            return steps[-1] + 1 if steps else 0
+        if on_existing == "overwrite":
+            self._remove(_TEMP_RE)
+            self._remove(_MAIN_RE)  # main files first, so no reader sees a torn step
+            self._remove(_RLWIRE_FILE_RE)
+            return 0
+        if on_existing != "error":
+            raise ConfigError(f"on_existing must be 'error', 'overwrite' or 'resume', got "
+                              f"{on_existing!r}")
+        if steps:
+            raise StepExistsError(
+                errno.EEXIST,
+                f"{self.root}: holds steps {_span(steps)} from an earlier run; open the sender "
+                "with on_existing='overwrite' to delete them or on_existing='resume' to "
+                "continue after them")
+        return 0
+
+    def stage(self, step: int, frames: Sequence[Frame]) -> Pieces[Staged]:
+        staged = _FileStaged(self.root, self.fsync)
+        try:
+            for rank in range(len(frames)):
+                final = self.root / main_name(step, rank)
+                if final.exists():
+                    raise StepExistsError(errno.EEXIST, f"{final}: step {step} rank {rank} "
+                                          "already exists at the destination")
+            for rank, frame in enumerate(frames):
+                layout = plan(frame, step, rank)
+                if layout.sidecar:
+                    final = self.root / sidecar_name(step, rank)
+                    tmp = yield from self._write(final, layout.sidecar)
+                    staged.sidecars.append((tmp, final))
+                final = self.root / main_name(step, rank)
+                tmp = yield from self._write(final, layout.main)
+                staged.mains.append((tmp, final))
+        except BaseException:
+            staged.discard()
+            raise
+        return staged
+
+    def _write(self, final: Path, pieces: Sequence[bytes | memoryview]) -> Pieces[Path]:
+        tmp = final.with_name(f".{final.name}.{os.urandom(6).hex()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            raise _os_error(tmp, "create a file", exc) from exc
+        try:
+            written = 0
+            for piece in pieces:
+                view = memoryview(piece)
+                pos, end = 0, view.nbytes
+                while pos < end:
+                    n = os.write(fd, view[pos: pos + PIECE_BYTES])
+                    pos += n
+                    written += n
+                    if written >= PIECE_BYTES:
+                        written = 0
+                        yield
+            if self.fsync:
+                os.fsync(fd)
+        except OSError as exc:
+            os.close(fd)
+            _unlink(tmp)
+            raise _os_error(tmp, "write", exc) from exc
+        except BaseException:
+            os.close(fd)
+            _unlink(tmp)
+            raise
+        os.close(fd)
+        return tmp
+
+    def _main_files(self) -> Iterator[re.Match[str]]:
+        with os.scandir(self.root) as entries:
+            for entry in entries:
+                m = _MAIN_RE.fullmatch(entry.name)
+                if m:
+                    yield m
+
+    def _remove(self, pattern: re.Pattern[str]) -> None:
+        with os.scandir(self.root) as entries:
+            names = [e.name for e in entries if pattern.fullmatch(e.name)]
+        for name in names:
+            _unlink(self.root / name)
+
+
+class FileSource(Source):
+    """Reads the files a :class:`FileSink` wrote, for one rank, as mmap views.
+
+    Args:
+        path: the directory the sink writes to.
+        rank: the data-parallel rank to read.
+        writable: map files copy-on-write, so arrays are writable without a copy and
+            writes never reach the file.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, rank: int = 0,
+                 writable: bool = False) -> None:
+        self.root = Path(path)
+        self.rank = rank
+        self.access = mmap.ACCESS_COPY if writable else mmap.ACCESS_READ
+
+    def __repr__(self) -> str:
+        return f"FileSource({str(self.root)!r}, rank={self.rank})"
+
+    def read(self, step: int) -> Frame | None:
+        path = self.root / main_name(step, self.rank)
+        data = self._map(path, missing_ok=True)
+        if data is None:
+            return None
+
+        def load_sidecar() -> memoryview:
+            side = self.root / sidecar_name(step, self.rank)
+            view = self._map(side, missing_ok=False)
+            assert view is not None
+            return view
+
+        return parse_main(data, step=step, rank=self.rank, load_sidecar=load_sidecar,
+                          where=str(path))
+
+    def _map(self, path: Path, *, missing_ok: bool) -> memoryview | None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            if missing_ok:
+                return None
+            raise CorruptFrameError(f"{path}: missing; the main file refers to it") from None
+        except OSError as exc:
+            raise _os_error(path, "open", exc) from exc
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                raise CorruptFrameError(f"{path}: empty file")
+            # The mapping outlives fd; arrays keep it alive through their memoryviews.
+            return memoryview(mmap.mmap(fd, size, access=self.access))
+        except OSError as exc:
+            raise _os_error(path, "map", exc) from exc
+        finally:
+            os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _span(steps: list[int]) -> str:
+    return str(steps[0]) if len(steps) == 1 else f"{steps[0]}..{steps[-1]} ({len(steps)} steps)"

@@ -19,12 +19,16 @@ def _local_path(url: str | os.PathLike[str]) -> str:
     parts = urlsplit(url)
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost"):
-            raise ConfigError(f"{url!r}: file URLs must name a local path (file:///dir), "
-                              f"not host {parts.netloc!r}")
+            raise ConfigError(
+                f"{url!r}: file URLs must name a local path (file:///dir), "
+                f"not host {parts.netloc!r}"
+            )
         return unquote(parts.path)
     if parts.scheme and len(parts.scheme) > 1:  # one letter: a Windows drive
-        raise ConfigError(f"{url!r}: unknown URL scheme {parts.scheme!r}; known schemes: "
-                          f"{', '.join(KNOWN_SCHEMES)} (or a plain path)")
+        raise ConfigError(
+            f"{url!r}: unknown URL scheme {parts.scheme!r}; known schemes: "
+            f"{', '.join(KNOWN_SCHEMES)} (or a plain path)"
+        )
     return url
 
 

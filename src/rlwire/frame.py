@@ -45,8 +45,9 @@ class Frame:
     def __post_init__(self) -> None:
         bad = [i for i in self.sidecar if not 0 <= i < len(self.buffers)]
         if bad:
-            raise ValueError(f"sidecar indices {sorted(bad)} out of range for "
-                             f"{len(self.buffers)} buffers")
+            raise ValueError(
+                f"sidecar indices {sorted(bad)} out of range for {len(self.buffers)} buffers"
+            )
 
     @property
     def nbytes(self) -> int:

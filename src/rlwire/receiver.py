@@ -25,15 +25,28 @@ _NOTHING: Any = object()
 
 
 @overload
-def open_receiver(url: str | os.PathLike[str], *, type: type[T], start_step: int = 0,
-                  rank: int = 0, poll_interval: float = 0.01, writable: bool = False,
-                  validate: bool = False, limiter: CapacityLimiter | int | None = None,
-                  ) -> TrainingBatchReceiver[T]: ...
+def open_receiver(
+    url: str | os.PathLike[str],
+    *,
+    type: type[T],
+    start_step: int = 0,
+    rank: int = 0,
+    poll_interval: float = 0.01,
+    writable: bool = False,
+    validate: bool = False,
+    limiter: CapacityLimiter | int | None = None,
+) -> TrainingBatchReceiver[T]: ...
 @overload
-def open_receiver(url: str | os.PathLike[str], *, start_step: int = 0,
-                  rank: int = 0, poll_interval: float = 0.01, writable: bool = False,
-                  validate: bool = False, limiter: CapacityLimiter | int | None = None,
-                  ) -> TrainingBatchReceiver[TrainingBatch]: ...
+def open_receiver(
+    url: str | os.PathLike[str],
+    *,
+    start_step: int = 0,
+    rank: int = 0,
+    poll_interval: float = 0.01,
+    writable: bool = False,
+    validate: bool = False,
+    limiter: CapacityLimiter | int | None = None,
+) -> TrainingBatchReceiver[TrainingBatch]: ...
 def open_receiver(
     url: str | os.PathLike[str],
     *,
@@ -71,9 +84,15 @@ def open_receiver(
     if not poll_interval > 0:
         raise ConfigError(f"poll_interval must be positive, got {poll_interval!r}")
     return TrainingBatchReceiver(
-        make_source(url, rank=rank, writable=writable), MsgpackCodec(), type,
-        start_step=start_step, poll_interval=poll_interval, validate=validate,
-        writable=writable, limiter=limiter)
+        make_source(url, rank=rank, writable=writable),
+        MsgpackCodec(),
+        type,
+        start_step=start_step,
+        poll_interval=poll_interval,
+        validate=validate,
+        writable=writable,
+        limiter=limiter,
+    )
 
 
 class TrainingBatchReceiver(Generic[T]):
@@ -84,9 +103,18 @@ class TrainingBatchReceiver(Generic[T]):
     faces share one core, so they can be mixed.
     """
 
-    def __init__(self, source: Source, codec: MsgpackCodec, type: Any, *, start_step: int = 0,
-                 poll_interval: float = 0.01, validate: bool = False, writable: bool = False,
-                 limiter: CapacityLimiter | int | None = None) -> None:
+    def __init__(
+        self,
+        source: Source,
+        codec: MsgpackCodec,
+        type: Any,
+        *,
+        start_step: int = 0,
+        poll_interval: float = 0.01,
+        validate: bool = False,
+        writable: bool = False,
+        limiter: CapacityLimiter | int | None = None,
+    ) -> None:
         self._source = source
         self._codec = codec
         self._type = type
@@ -136,7 +164,7 @@ class TrainingBatchReceiver(Generic[T]):
             ClosedError: the receiver is closed.
         """
         obj = self._take()
-        return None if obj is _NOTHING else obj  # type: ignore[no-any-return]
+        return None if obj is _NOTHING else obj
 
     def receive(self, timeout: float | None = None) -> T:
         """Wait for the next step and return its object.
@@ -168,8 +196,9 @@ class TrainingBatchReceiver(Generic[T]):
             return self._poll_interval
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise ReceiveTimeout(f"{self._source!r}: step {self._next_step} did not arrive "
-                                 f"within {timeout} s")
+            raise ReceiveTimeout(
+                f"{self._source!r}: step {self._next_step} did not arrive within {timeout} s"
+            )
         return min(self._poll_interval, remaining)
 
     def __iter__(self) -> TrainingBatchReceiver[T]:
@@ -198,13 +227,21 @@ class TrainingBatchReceiver(Generic[T]):
     def __enter__(self) -> TrainingBatchReceiver[T]:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
     async def __aenter__(self) -> TrainingBatchReceiver[T]:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.aclose()

@@ -72,8 +72,9 @@ class TrainingSample(msgspec.Struct, kw_only=True):
         """
         ids = _array(self, "token_ids", where, ndim=1)
         if ids.dtype.kind not in "iu":
-            raise SchemaError(f"{where}.token_ids: token ids must be integers, got dtype "
-                              f"{ids.dtype}")
+            raise SchemaError(
+                f"{where}.token_ids: token ids must be integers, got dtype {ids.dtype}"
+            )
         n = len(ids)
         mask = _array(self, "mask", where, ndim=1)
         if mask.dtype != np.bool_:
@@ -84,32 +85,39 @@ class TrainingSample(msgspec.Struct, kw_only=True):
         for name in names:
             arr = _array(self, name, where, ndim=1)
             if name != "mask" and arr.dtype.kind != "f":
-                raise SchemaError(f"{where}.{name}: must be a float array, got dtype "
-                                  f"{arr.dtype}")
+                raise SchemaError(f"{where}.{name}: must be a float array, got dtype {arr.dtype}")
             if len(arr) != n:
-                raise SchemaError(f"{where}.{name}: has {len(arr)} entries but token_ids "
-                                  f"has {n}; per-token arrays must have the same length")
+                raise SchemaError(
+                    f"{where}.{name}: has {len(arr)} entries but token_ids "
+                    f"has {n}; per-token arrays must have the same length"
+                )
             if name in _MUST_BE_FINITE:
                 _check_finite(arr, f"{where}.{name}")
         if self.routed_experts is not None:
             re = _array(self, "routed_experts", where, ndim=3)
             if re.dtype not in (np.uint8, np.uint16):
-                raise SchemaError(f"{where}.routed_experts: must be uint8 or uint16 expert ids, "
-                                  f"got dtype {re.dtype} (uint8 holds at most 256 experts)")
+                raise SchemaError(
+                    f"{where}.routed_experts: must be uint8 or uint16 expert ids, "
+                    f"got dtype {re.dtype} (uint8 holds at most 256 experts)"
+                )
             if re.shape[0] != n:
-                raise SchemaError(f"{where}.routed_experts: has {re.shape[0]} rows but "
-                                  f"token_ids has {n}; expected shape [seq_len, layers, topk]")
+                raise SchemaError(
+                    f"{where}.routed_experts: has {re.shape[0]} rows but "
+                    f"token_ids has {n}; expected shape [seq_len, layers, topk]"
+                )
         if not isinstance(self.env_name, str):
             raise SchemaError(f"{where}.env_name: must be str, got {type(self.env_name).__name__}")
         if not isinstance(self.extras, dict):
-            raise SchemaError(f"{where}.extras: must be a dict of arrays, got "
-                              f"{type(self.extras).__name__}")
+            raise SchemaError(
+                f"{where}.extras: must be a dict of arrays, got {type(self.extras).__name__}"
+            )
         for key, value in self.extras.items():
             if not isinstance(key, str):
                 raise SchemaError(f"{where}.extras: keys must be str, got {key!r}")
             if not isinstance(value, np.ndarray):
-                raise SchemaError(f"{where}.extras[{key!r}]: expected a numpy array, got "
-                                  f"{type(value).__name__}")
+                raise SchemaError(
+                    f"{where}.extras[{key!r}]: expected a numpy array, got {type(value).__name__}"
+                )
 
 
 class TrainingBatch(msgspec.Struct, kw_only=True):
@@ -128,12 +136,12 @@ class TrainingBatch(msgspec.Struct, kw_only=True):
             SchemaError: naming the sample index and field of the first problem.
         """
         if not isinstance(self.samples, list):
-            raise SchemaError(f"{where}.samples: must be a list, got "
-                              f"{type(self.samples).__name__}")
+            raise SchemaError(f"{where}.samples: must be a list, got {type(self.samples).__name__}")
         for i, sample in enumerate(self.samples):
             if not isinstance(sample, TrainingSample):
-                raise SchemaError(f"{where}.samples[{i}]: expected TrainingSample, got "
-                                  f"{type(sample).__name__}")
+                raise SchemaError(
+                    f"{where}.samples[{i}]: expected TrainingSample, got {type(sample).__name__}"
+                )
             sample.validate(f"{where}.samples[{i}]")
 
 
@@ -154,8 +162,7 @@ def _array(obj: Any, name: str, where: str, *, ndim: int) -> np.ndarray:
     if not isinstance(value, np.ndarray):
         raise SchemaError(f"{where}.{name}: expected a numpy array, got {type(value).__name__}")
     if value.ndim != ndim:
-        raise SchemaError(f"{where}.{name}: expected {ndim} dimension(s), got shape "
-                          f"{value.shape}")
+        raise SchemaError(f"{where}.{name}: expected {ndim} dimension(s), got shape {value.shape}")
     return value
 
 
@@ -165,5 +172,7 @@ def _check_finite(arr: np.ndarray, where: str) -> None:
         return
     bad = np.flatnonzero(~finite)
     plural = "value" if len(bad) == 1 else "values"
-    raise SchemaError(f"{where}: {len(bad)} non-finite {plural} (NaN or Inf; first at token "
-                      f"{int(bad[0])}); logprobs, advantages and temperatures must be finite")
+    raise SchemaError(
+        f"{where}: {len(bad)} non-finite {plural} (NaN or Inf; first at token "
+        f"{int(bad[0])}); logprobs, advantages and temperatures must be finite"
+    )

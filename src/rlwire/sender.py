@@ -61,8 +61,9 @@ def open_sender(
         inline_threshold=inline_threshold,
         check=check_object if validate else None,
     )
-    return TrainingBatchSender(make_sink(url, fsync=fsync), codec, on_existing=on_existing,
-                               limiter=limiter)
+    return TrainingBatchSender(
+        make_sink(url, fsync=fsync), codec, on_existing=on_existing, limiter=limiter
+    )
 
 
 class TrainingBatchSender:
@@ -74,11 +75,18 @@ class TrainingBatchSender:
     callers get consecutive steps in the order they acquire the sender.
     """
 
-    def __init__(self, sink: Sink, codec: MsgpackCodec, *, on_existing: OnExisting = "error",
-                 limiter: CapacityLimiter | int | None = None) -> None:
+    def __init__(
+        self,
+        sink: Sink,
+        codec: MsgpackCodec,
+        *,
+        on_existing: OnExisting = "error",
+        limiter: CapacityLimiter | int | None = None,
+    ) -> None:
         if on_existing not in ("error", "overwrite", "resume"):
-            raise ConfigError(f"on_existing must be 'error', 'overwrite' or 'resume', got "
-                              f"{on_existing!r}")
+            raise ConfigError(
+                f"on_existing must be 'error', 'overwrite' or 'resume', got {on_existing!r}"
+            )
         self._sink = sink
         self._codec = codec
         self._on_existing: OnExisting = on_existing
@@ -106,8 +114,12 @@ class TrainingBatchSender:
         await self.aopen()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.aclose()
 
     async def aopen(self) -> None:
@@ -125,7 +137,8 @@ class TrainingBatchSender:
             raise ClosedError(f"{self!r} is closed")
         if not self._opened:
             self._next_step = await to_thread.run_sync(
-                self._sink.open, self._on_existing, limiter=self._limiter)
+                self._sink.open, self._on_existing, limiter=self._limiter
+            )
             self._opened = True
 
     async def send(self, obj: Any, *, step: int | None = None) -> int:
@@ -158,8 +171,7 @@ class TrainingBatchSender:
             frames = []
             for rank, obj in enumerate(objs):
                 try:
-                    frames.append(await run_pieces(self._codec.encode_pieces(obj),
-                                                   self._limiter))
+                    frames.append(await run_pieces(self._codec.encode_pieces(obj), self._limiter))
                 except RlwireError as exc:
                     if len(objs) > 1:
                         exc.args = (f"rank {rank}: {exc}", *exc.args[1:])
@@ -183,12 +195,16 @@ class TrainingBatchSender:
         if step < self._next_step:
             what = "repeats" if step == self._last_step else "goes backwards from"
             last = self._last_step if self._last_step is not None else self._next_step - 1
-            raise StepOrderError(f"step {step} {what} step {last}; steps must increase by 1 "
-                                 f"(next is {self._next_step})")
+            raise StepOrderError(
+                f"step {step} {what} step {last}; steps must increase by 1 "
+                f"(next is {self._next_step})"
+            )
         if self._last_step is None and self._next_step == 0:
             return step  # a fresh destination may start anywhere, e.g. after a checkpoint
-        raise StepOrderError(f"step {step} skips ahead of step {self._next_step}; a receiver "
-                             "would wait forever for the missing steps")
+        raise StepOrderError(
+            f"step {step} skips ahead of step {self._next_step}; a receiver "
+            "would wait forever for the missing steps"
+        )
 
     async def aclose(self) -> None:
         """Wait for an in-flight send to finish, then release the sink. Idempotent."""

@@ -161,8 +161,9 @@ class MsgpackCodec:
                     return _make_array(buf, ref.dtype, ref.shape, ref.order, writable)
                 if code == EXT_INLINE_ARRAY:
                     inl = self._inline.decode(data)
-                    return _make_array(memoryview(inl.data), inl.dtype, inl.shape, inl.order,
-                                       writable)
+                    return _make_array(
+                        memoryview(inl.data), inl.dtype, inl.shape, inl.order, writable
+                    )
                 if code == EXT_BYTES:
                     buf = _buffer(buffers, self._bytes_ref.decode(data).index)
                     return bytearray(buf) if writable and buf.readonly else buf
@@ -207,20 +208,26 @@ class _Walk:
             return self._bytes(obj, path, side)
         if isinstance(obj, np.generic):
             if obj.dtype.kind not in "biufc":
-                raise EncodeError(f"{_render(path)}: numpy scalar of dtype {obj.dtype} is not "
-                                  "supported; only bool and numeric dtypes are")
+                raise EncodeError(
+                    f"{_render(path)}: numpy scalar of dtype {obj.dtype} is not "
+                    "supported; only bool and numeric dtypes are"
+                )
             return obj.item()
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
             fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
             return (yield from self._dict(fields, path, side))
         if isinstance(obj, dict | list | tuple):
-            raise EncodeError(f"{_render(path)}: subclasses of dict, list and tuple "
-                              f"({kind.__name__}) are not supported; convert to the base type")
+            raise EncodeError(
+                f"{_render(path)}: subclasses of dict, list and tuple "
+                f"({kind.__name__}) are not supported; convert to the base type"
+            )
         try:
             self.codec._encoder.encode(obj)
         except (TypeError, ValueError, OverflowError) as exc:
-            raise EncodeError(f"{_render(path)}: cannot encode value of type "
-                              f"{kind.__module__}.{kind.__qualname__}: {exc}") from None
+            raise EncodeError(
+                f"{_render(path)}: cannot encode value of type "
+                f"{kind.__module__}.{kind.__qualname__}: {exc}"
+            ) from None
         return obj
 
     def _tick(self) -> Pieces[None]:
@@ -272,10 +279,15 @@ class _Walk:
     def _array(self, arr: np.ndarray, path: _Path, side: bool) -> msgspec.msgpack.Ext:
         dtype = arr.dtype
         if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
-            hint = " (object arrays would need pickle, which rlwire never uses)" \
-                if dtype.kind == "O" else ""
-            raise EncodeError(f"{_render(path)}: numpy arrays of dtype {dtype} are not "
-                              f"supported; only bool and numeric dtypes are{hint}")
+            hint = (
+                " (object arrays would need pickle, which rlwire never uses)"
+                if dtype.kind == "O"
+                else ""
+            )
+            raise EncodeError(
+                f"{_render(path)}: numpy arrays of dtype {dtype} are not "
+                f"supported; only bool and numeric dtypes are{hint}"
+            )
         if arr.flags.c_contiguous:
             order, flat = "C", arr
         elif arr.flags.f_contiguous:
@@ -285,18 +297,19 @@ class _Walk:
         shape = list(arr.shape)
         raw = flat.reshape(-1).view(np.uint8)
         if side or arr.nbytes >= self.codec.inline_threshold:
-            index = self._add_buffer(memoryview(raw), side)
+            index = self._add_buffer(raw.data, side)
             ref = _ArrayRef(index, dtype.str, shape, order)
             return msgspec.msgpack.Ext(EXT_ARRAY, self.codec._encoder.encode(ref))
         inline = _InlineArray(dtype.str, shape, order, raw.tobytes())
         return msgspec.msgpack.Ext(EXT_INLINE_ARRAY, self.codec._encoder.encode(inline))
 
-    def _bytes(self, obj: bytes | bytearray | memoryview, path: _Path,
-               side: bool) -> Any:
+    def _bytes(self, obj: bytes | bytearray | memoryview, path: _Path, side: bool) -> Any:
         view = memoryview(obj)
         if not view.contiguous:
-            raise EncodeError(f"{_render(path)}: non-contiguous memoryview cannot be sent; "
-                              "copy it with bytes() first")
+            raise EncodeError(
+                f"{_render(path)}: non-contiguous memoryview cannot be sent; "
+                "copy it with bytes() first"
+            )
         if side or view.nbytes >= self.codec.inline_threshold:
             index = self._add_buffer(as_byte_view(view), side)
             return msgspec.msgpack.Ext(EXT_BYTES, self.codec._encoder.encode(_BytesRef(index)))
@@ -305,17 +318,20 @@ class _Walk:
 
 def _buffer(buffers: Any, index: int) -> memoryview:
     if not 0 <= index < len(buffers):
-        raise CorruptFrameError(f"header refers to buffer {index} but the frame has "
-                                f"{len(buffers)} buffers")
+        raise CorruptFrameError(
+            f"header refers to buffer {index} but the frame has {len(buffers)} buffers"
+        )
     buf: memoryview = buffers[index]
     return buf
 
 
-def _make_array(buf: memoryview, dtype_str: str, shape: list[int], order: str,
-                writable: bool) -> np.ndarray:
+def _make_array(
+    buf: memoryview, dtype_str: str, shape: list[int], order: str, writable: bool
+) -> np.ndarray:
     if not _DTYPE_RE.fullmatch(dtype_str):
-        raise CorruptFrameError(f"array descriptor: dtype {dtype_str!r} is not a plain "
-                                "bool or numeric dtype")
+        raise CorruptFrameError(
+            f"array descriptor: dtype {dtype_str!r} is not a plain bool or numeric dtype"
+        )
     try:
         dtype = np.dtype(dtype_str)
     except TypeError as exc:
@@ -326,8 +342,10 @@ def _make_array(buf: memoryview, dtype_str: str, shape: list[int], order: str,
         raise CorruptFrameError(f"array descriptor: invalid order {order!r}")
     count = math.prod(shape)
     if count * dtype.itemsize != buf.nbytes:
-        raise CorruptFrameError(f"array descriptor: shape {shape} of {dtype_str} needs "
-                                f"{count * dtype.itemsize} bytes but its buffer has {buf.nbytes}")
+        raise CorruptFrameError(
+            f"array descriptor: shape {shape} of {dtype_str} needs "
+            f"{count * dtype.itemsize} bytes but its buffer has {buf.nbytes}"
+        )
     arr = np.frombuffer(buf, dtype=dtype, count=count)
     arr = arr.reshape(shape) if order == "C" else arr.reshape(shape[::-1]).T
     if writable and not arr.flags.writeable:

@@ -102,9 +102,17 @@ def plan(frame: Frame, step: int, rank: int) -> Layout:
     header_len = len(frame.header)
 
     def envelope(header_offset: int, size: int) -> bytes:
-        return _envelope_encoder.encode(_Envelope(
-            id=msg_id, step=step, rank=rank, size=size, header=(header_offset, header_len),
-            buffers=entries, sidecar_size=side_offset if frame.sidecar else None))
+        return _envelope_encoder.encode(
+            _Envelope(
+                id=msg_id,
+                step=step,
+                rank=rank,
+                size=size,
+                header=(header_offset, header_len),
+                buffers=entries,
+                sidecar_size=side_offset if frame.sidecar else None,
+            )
+        )
 
     # The envelope holds offsets that depend on its own length: lay out once with a
     # guess, then again with the real length (integers only grow msgpack by a few bytes).
@@ -122,8 +130,11 @@ def plan(frame: Frame, step: int, rank: int) -> Layout:
             break
         env_len = len(env)
     main: list[bytes | memoryview] = [
-        _PRELUDE.pack(MAIN_MAGIC, *FORMAT_VERSION, len(env)), env,
-        _ZEROS[: header_offset - _PRELUDE.size - len(env)], frame.header]
+        _PRELUDE.pack(MAIN_MAGIC, *FORMAT_VERSION, len(env)),
+        env,
+        _ZEROS[: header_offset - _PRELUDE.size - len(env)],
+        frame.header,
+    ]
     pos = header_offset + header_len
     for i, buf in main_bufs:
         main.append(_ZEROS[: entries[i].offset - pos])
@@ -153,34 +164,42 @@ def parse_main(
         CorruptFrameError: anything truncated, garbled or inconsistent.
     """
     if data.nbytes < _PRELUDE.size:
-        raise CorruptFrameError(f"{where}: truncated: {data.nbytes} bytes is shorter than "
-                                f"the {_PRELUDE.size}-byte prelude")
+        raise CorruptFrameError(
+            f"{where}: truncated: {data.nbytes} bytes is shorter than "
+            f"the {_PRELUDE.size}-byte prelude"
+        )
     magic, major, _minor, env_len = _PRELUDE.unpack_from(data)
     if magic != MAIN_MAGIC:
         raise CorruptFrameError(f"{where}: not an rlwire message (bad magic bytes {magic!r})")
     if major != FORMAT_VERSION[0]:
         raise UnsupportedVersionError(
             f"{where}: wire format major version {major} is not supported; this reader "
-            f"knows version {FORMAT_VERSION[0]} (upgrade rlwire to read it)")
+            f"knows version {FORMAT_VERSION[0]} (upgrade rlwire to read it)"
+        )
     if env_len > min(MAX_ENVELOPE, data.nbytes - _PRELUDE.size):
-        raise CorruptFrameError(f"{where}: envelope length {env_len} exceeds the message "
-                                f"({data.nbytes} bytes)")
+        raise CorruptFrameError(
+            f"{where}: envelope length {env_len} exceeds the message ({data.nbytes} bytes)"
+        )
     try:
-        env = _envelope_decoder.decode(data[_PRELUDE.size: _PRELUDE.size + env_len])
+        env = _envelope_decoder.decode(data[_PRELUDE.size : _PRELUDE.size + env_len])
     except msgspec.DecodeError as exc:
         raise CorruptFrameError(f"{where}: malformed envelope: {exc}") from exc
     if env.size != data.nbytes:
-        raise CorruptFrameError(f"{where}: truncated or extended: the envelope says "
-                                f"{env.size} bytes, found {data.nbytes}")
+        raise CorruptFrameError(
+            f"{where}: truncated or extended: the envelope says "
+            f"{env.size} bytes, found {data.nbytes}"
+        )
     if (env.step, env.rank) != (step, rank):
-        raise CorruptFrameError(f"{where}: holds step {env.step} rank {env.rank}, expected "
-                                f"step {step} rank {rank}")
+        raise CorruptFrameError(
+            f"{where}: holds step {env.step} rank {env.rank}, expected step {step} rank {rank}"
+        )
     header = _slice(data, env.header[0], env.header[1], where, "header")
     sidecar: memoryview | None = None
     if any(e.part == SIDECAR for e in env.buffers):
         if env.sidecar_size is None:
-            raise CorruptFrameError(f"{where}: buffers refer to a sidecar the message "
-                                    "does not declare")
+            raise CorruptFrameError(
+                f"{where}: buffers refer to a sidecar the message does not declare"
+            )
         sidecar = load_sidecar()
         _check_sidecar(sidecar, env.id, env.sidecar_size, where)
     buffers: list[memoryview] = []
@@ -189,8 +208,7 @@ def parse_main(
         if e.part == MAIN:
             buffers.append(_slice(data, e.offset, e.length, where, f"buffer {i}"))
         elif e.part == SIDECAR and sidecar is not None:
-            buffers.append(_slice(sidecar, e.offset, e.length, where + " sidecar",
-                                  f"buffer {i}"))
+            buffers.append(_slice(sidecar, e.offset, e.length, where + " sidecar", f"buffer {i}"))
             side_indices.append(i)
         else:
             raise CorruptFrameError(f"{where}: buffer {i} is in unknown part {e.part}")
@@ -204,21 +222,28 @@ def _check_sidecar(side: memoryview, msg_id: bytes, size: int, where: str) -> No
     if magic != SIDECAR_MAGIC:
         raise CorruptFrameError(f"{where}: sidecar has bad magic bytes {magic!r}")
     if major != FORMAT_VERSION[0]:
-        raise UnsupportedVersionError(f"{where}: sidecar format major version {major} is not "
-                                      f"supported; this reader knows {FORMAT_VERSION[0]}")
+        raise UnsupportedVersionError(
+            f"{where}: sidecar format major version {major} is not "
+            f"supported; this reader knows {FORMAT_VERSION[0]}"
+        )
     if side_id != msg_id:
-        raise CorruptFrameError(f"{where}: sidecar belongs to another message (id mismatch; "
-                                "a stale sidecar from an earlier run?)")
+        raise CorruptFrameError(
+            f"{where}: sidecar belongs to another message (id mismatch; "
+            "a stale sidecar from an earlier run?)"
+        )
     if side.nbytes != size:
-        raise CorruptFrameError(f"{where}: sidecar truncated or extended: expected {size} "
-                                f"bytes, found {side.nbytes}")
+        raise CorruptFrameError(
+            f"{where}: sidecar truncated or extended: expected {size} bytes, found {side.nbytes}"
+        )
 
 
 def _slice(data: memoryview, offset: int, length: int, where: str, what: str) -> memoryview:
     if offset < 0 or length < 0 or offset + length > data.nbytes:
-        raise CorruptFrameError(f"{where}: {what} at offset {offset} length {length} lies "
-                                f"outside the {data.nbytes}-byte data")
-    return data[offset: offset + length]
+        raise CorruptFrameError(
+            f"{where}: {what} at offset {offset} length {length} lies "
+            f"outside the {data.nbytes}-byte data"
+        )
+    return data[offset : offset + length]
 
 
 def sizes(pieces: Sequence[bytes | memoryview]) -> int:

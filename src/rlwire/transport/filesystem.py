@@ -71,13 +71,13 @@ class _FileStaged(Staged):
                 _fsync_dir(self.root)
         except OSError as exc:
             for path in reversed(visible):  # main files first: they are the ready marker
-                _unlink(path)
+                path.unlink(missing_ok=True)
             self.discard()
             raise _os_error(self.root, "commit the step", exc) from exc
 
     def discard(self) -> None:
         for tmp, _ in (*self.mains, *self.sidecars):
-            _unlink(tmp)
+            tmp.unlink(missing_ok=True)
 
 
 class FileSink(Sink):
@@ -114,14 +114,16 @@ class FileSink(Sink):
             self._remove(_RLWIRE_FILE_RE)
             return 0
         if on_existing != "error":
-            raise ConfigError(f"on_existing must be 'error', 'overwrite' or 'resume', got "
-                              f"{on_existing!r}")
+            raise ConfigError(
+                f"on_existing must be 'error', 'overwrite' or 'resume', got {on_existing!r}"
+            )
         if steps:
             raise StepExistsError(
                 errno.EEXIST,
                 f"{self.root}: holds steps {_span(steps)} from an earlier run; open the sender "
                 "with on_existing='overwrite' to delete them or on_existing='resume' to "
-                "continue after them")
+                "continue after them",
+            )
         return 0
 
     def stage(self, step: int, frames: Sequence[Frame]) -> Pieces[Staged]:
@@ -130,8 +132,10 @@ class FileSink(Sink):
             for rank in range(len(frames)):
                 final = self.root / main_name(step, rank)
                 if final.exists():
-                    raise StepExistsError(errno.EEXIST, f"{final}: step {step} rank {rank} "
-                                          "already exists at the destination")
+                    raise StepExistsError(
+                        errno.EEXIST,
+                        f"{final}: step {step} rank {rank} already exists at the destination",
+                    )
             for rank, frame in enumerate(frames):
                 layout = plan(frame, step, rank)
                 if layout.sidecar:
@@ -158,7 +162,7 @@ class FileSink(Sink):
                 view = memoryview(piece)
                 pos, end = 0, view.nbytes
                 while pos < end:
-                    n = os.write(fd, view[pos: pos + PIECE_BYTES])
+                    n = os.write(fd, view[pos : pos + PIECE_BYTES])
                     pos += n
                     written += n
                     if written >= PIECE_BYTES:
@@ -168,11 +172,11 @@ class FileSink(Sink):
                 os.fsync(fd)
         except OSError as exc:
             os.close(fd)
-            _unlink(tmp)
+            tmp.unlink(missing_ok=True)
             raise _os_error(tmp, "write", exc) from exc
         except BaseException:
             os.close(fd)
-            _unlink(tmp)
+            tmp.unlink(missing_ok=True)
             raise
         os.close(fd)
         return tmp
@@ -188,7 +192,7 @@ class FileSink(Sink):
         with os.scandir(self.root) as entries:
             names = [e.name for e in entries if pattern.fullmatch(e.name)]
         for name in names:
-            _unlink(self.root / name)
+            (self.root / name).unlink(missing_ok=True)
 
 
 class FileSource(Source):
@@ -201,8 +205,9 @@ class FileSource(Source):
             writes never reach the file.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, rank: int = 0,
-                 writable: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, rank: int = 0, writable: bool = False
+    ) -> None:
         self.root = Path(path)
         self.rank = rank
         self.access = mmap.ACCESS_COPY if writable else mmap.ACCESS_READ
@@ -222,8 +227,9 @@ class FileSource(Source):
             assert view is not None
             return view
 
-        return parse_main(data, step=step, rank=self.rank, load_sidecar=load_sidecar,
-                          where=str(path))
+        return parse_main(
+            data, step=step, rank=self.rank, load_sidecar=load_sidecar, where=str(path)
+        )
 
     def _map(self, path: Path, *, missing_ok: bool) -> memoryview | None:
         try:
@@ -252,13 +258,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _unlink(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _span(steps: list[int]) -> str:

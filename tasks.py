@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Development tasks that need nothing but python3 (3.11+) on the PATH.
+
+    python3 tasks.py demo    # create or reuse .venv, install rlwire[dev], run `rlwire demo`
+    python3 tasks.py test    # the same set-up, then ruff, mypy and the whole pytest suite
+    python3 tasks.py bench   # the send-path benchmark (docs/benchmarks.md)
+
+Extra arguments after the task name go to the command (pytest, rlwire demo, the benchmark).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+PYTHON = BIN / "python"
+
+
+def run(*args: str | Path) -> None:
+    print("+", " ".join(str(a) for a in args), flush=True)
+    code = subprocess.call([str(a) for a in args], cwd=ROOT)
+    if code:
+        sys.exit(code)
+
+
+def ensure_env() -> None:
+    """Create .venv and install rlwire with its dev extra, again only when pyproject changes."""
+    stamp = VENV / ".rlwire-installed"
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if not PYTHON.exists():
+        print(f"+ creating {VENV.name}", flush=True)
+        venv.create(VENV, with_pip=True)
+    if not stamp.exists() or stamp.read_text() != digest:
+        run(
+            PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-e", ".[dev]"
+        )
+        stamp.write_text(digest)
+
+
+def main() -> None:
+    task, extra = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else ("", [])
+    if task not in ("demo", "test", "bench"):
+        sys.exit(__doc__)
+    ensure_env()
+    if task == "demo":
+        run(BIN / "rlwire", "demo", *extra)
+    elif task == "test":
+        run(BIN / "ruff", "check", "src", "tests", "examples", "benchmarks", "tasks.py")
+        run(BIN / "ruff", "format", "--check", "src", "tests", "examples", "benchmarks", "tasks.py")
+        run(BIN / "mypy")
+        run(PYTHON, "-m", "pytest", *extra)
+    else:
+        run(PYTHON, "benchmarks/bench_send.py", *extra)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Real processes: sender and receivers in different interpreters, the CLI, the examples."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+from helpers import assert_batches_equal
+
+import rlwire
+from rlwire.cli import make_batch
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = {"samples": 3, "tokens": 300, "layers": 6, "topk": 4}
+
+RECEIVER = textwrap.dedent("""
+    import sys, rlwire
+    from rlwire.cli import make_batch
+    path, rank, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    with rlwire.open_receiver(path, rank=rank, poll_interval=0.005) as receiver:
+        for step in range(steps):
+            batch = receiver.receive(timeout=60)
+            want = make_batch(step, samples=3, tokens=300, layers=6, topk=4, seed=rank)
+            for a, b in zip(batch.samples, want.samples, strict=True):
+                assert a.routed_experts.tobytes() == b.routed_experts.tobytes()
+                assert a.token_ids.tobytes() == b.token_ids.tobytes()
+                assert a.logprobs.tobytes() == b.logprobs.tobytes()
+            print(receiver.step, flush=True)
+""")
+
+SENDER = textwrap.dedent("""
+    import sys, anyio, rlwire
+    from rlwire.cli import make_batch
+    path, steps = sys.argv[1], int(sys.argv[2])
+    async def main():
+        async with rlwire.open_sender(path, sidecar=("routed_experts",)) as sender:
+            for step in range(steps):
+                await sender.send(make_batch(step, samples=3, tokens=300, layers=6, topk=4))
+                await anyio.sleep(0.01)
+    anyio.run(main, backend=sys.argv[3])
+""")
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_receivers_in_other_processes(tmp_path: Path) -> None:
+    """One async sender, one receiver process per rank, started before the first step."""
+    steps, ranks = 4, 2
+    procs = [
+        await anyio.open_process(
+            [sys.executable, "-c", RECEIVER, str(tmp_path), str(r), str(steps)]
+        )
+        for r in range(ranks)
+    ]
+    try:
+        async with rlwire.open_sender(tmp_path, sidecar=("routed_experts",)) as sender:
+            for step in range(steps):
+                await sender.send_ranks([make_batch(step, **SIZES, seed=r) for r in range(ranks)])
+                await anyio.sleep(0.01)
+        for proc in procs:
+            with anyio.fail_after(60):
+                assert await proc.wait() == 0
+            assert proc.stdout is not None
+            out = (await proc.stdout.receive()).decode() if proc.returncode == 0 else ""
+            assert out.split()[-1] == str(steps - 1)
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.aclose()
+
+
+@pytest.mark.parametrize("sender_backend", ["asyncio", "trio"])
+async def test_sender_in_another_process(tmp_path: Path, sender_backend: str) -> None:
+    steps = 3
+    proc = await anyio.open_process(
+        [sys.executable, "-c", SENDER, str(tmp_path), str(steps), sender_backend]
+    )
+    try:
+        async with rlwire.open_receiver(tmp_path, poll_interval=0.005) as receiver:
+            for step in range(steps):
+                got = await receiver.areceive(timeout=60)
+                assert_batches_equal(got, make_batch(step, **SIZES))
+        with anyio.fail_after(60):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.aclose()
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_demo_command() -> None:
+    result = run(
+        sys.executable,
+        "-m",
+        "rlwire.cli",
+        "demo",
+        "--steps",
+        "3",
+        "--samples",
+        "4",
+        "--tokens",
+        "512",
+        "--layers",
+        "8",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "step   3/3" in result.stdout
+    assert "loop lag max" in result.stdout
+    assert "trainer verified all 3 steps bit-exact" in result.stdout
+
+
+def test_inspect_command(tmp_path: Path) -> None:
+    async def send() -> None:
+        async with rlwire.open_sender(tmp_path) as sender:
+            await sender.send(make_batch(0, **SIZES))
+
+    anyio.run(send)
+    result = run(sys.executable, "-m", "rlwire.cli", "inspect", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "routed_experts: ndarray uint8 [" in result.stdout
+    missing = run(sys.executable, "-m", "rlwire.cli", "inspect", str(tmp_path), "--step", "7")
+    assert missing.returncode == 1 and "no step 7" in missing.stderr
+    (tmp_path / "step-00000000.rank-0000.rlw").write_bytes(b"garbage")
+    corrupt = run(sys.executable, "-m", "rlwire.cli", "inspect", str(tmp_path))
+    assert corrupt.returncode == 2 and "CorruptFrameError" in corrupt.stderr
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.py")))
+def test_examples_run(example: str) -> None:
+    result = run(sys.executable, str(ROOT / "examples" / example))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+
+
+def test_quickstart_is_in_readme() -> None:
+    readme = (ROOT / "README.md").read_text()
+    quickstart = (ROOT / "examples" / "quickstart.py").read_text()
+    assert quickstart.strip() in readme
+
+
+def test_make_batch_is_deterministic() -> None:
+    a, b = make_batch(3, **SIZES), make_batch(3, **SIZES)
+    assert_batches_equal(a, b)
+    assert not np.array_equal(
+        make_batch(4, **SIZES).samples[0].logprobs[:10], a.samples[0].logprobs[:10]
+    )

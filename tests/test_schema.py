@@ -1,0 +1,68 @@
+"""Validation of the default schema, field by field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import make_sample
+
+import rlwire
+
+
+def test_valid_sample_and_batch() -> None:
+    sample = make_sample(32)
+    sample.validate()
+    sample.routed_experts = np.zeros((32, 4, 2), np.uint16)  # > 256 experts need uint16
+    sample.ref_logprobs = np.zeros(32, np.float64)
+    sample.extras = {"values": np.zeros(32, np.float16)}
+    rlwire.TrainingBatch(samples=[sample, make_sample(8, routed=False)]).validate()
+    assert sample.seq_len == 32
+
+
+def _set(**changes: Any) -> rlwire.TrainingSample:
+    sample = make_sample(10)
+    for name, value in changes.items():
+        setattr(sample, name, value)
+    return sample
+
+
+@pytest.mark.parametrize(
+    ("sample", "match"),
+    [
+        (_set(token_ids=np.zeros((2, 5), np.int64)), r"token_ids: expected 1 dimension"),
+        (_set(token_ids=np.zeros(10, np.bool_)), r"token_ids: token ids must be integers"),
+        (_set(mask=np.ones(10, np.int8)), r"mask: must be a bool array"),
+        (_set(mask=np.ones(9, bool)), r"mask: has 9 entries but token_ids has 10"),
+        (_set(logprobs=np.zeros(10, np.int32)), r"logprobs: must be a float array"),
+        (_set(logprobs=np.full(10, np.inf, np.float32)), r"logprobs: 10 non-finite values"),
+        (_set(temperatures=np.full(10, np.nan)), r"temperatures: 10 non-finite"),
+        (_set(advantages=np.zeros(11, np.float32)), r"advantages: has 11 entries"),
+        (_set(ref_logprobs=np.zeros(3)), r"ref_logprobs: has 3 entries"),
+        (_set(ref_logprobs=np.array([0.0] * 9 + [np.nan])), r"ref_logprobs: 1 non-finite .* 9"),
+        (_set(routed_experts=np.zeros((10, 4), np.uint8)), r"routed_experts: expected 3"),
+        (_set(routed_experts=np.zeros((10, 4, 2), np.int32)), r"routed_experts: must be uint8"),
+        (_set(routed_experts=np.zeros((11, 4, 2), np.uint8)), r"routed_experts: has 11 rows"),
+        (_set(env_name=3), r"env_name: must be str"),
+        (_set(extras=[1]), r"extras: must be a dict"),
+        (_set(extras={"a": [1, 2]}), r"extras\['a'\]: expected a numpy array, got list"),
+        (_set(extras={1: np.zeros(1)}), r"extras: keys must be str"),
+        (_set(advantages=None), r"advantages: expected a numpy array, got NoneType"),
+    ],
+)
+def test_invalid_sample(sample: rlwire.TrainingSample, match: str) -> None:
+    with pytest.raises(rlwire.SchemaError, match=r"^samples\[4\]\." + match):
+        sample.validate("samples[4]")
+
+
+def test_batch_errors_name_the_sample_index() -> None:
+    bad = make_sample(10)
+    bad.logprobs[7] = np.nan
+    batch = rlwire.TrainingBatch(samples=[make_sample(10), make_sample(10), bad])
+    with pytest.raises(rlwire.SchemaError, match=r"^batch\.samples\[2\]\.logprobs: .* token 7"):
+        batch.validate()
+    with pytest.raises(rlwire.SchemaError, match=r"samples\[0\]: expected TrainingSample"):
+        rlwire.TrainingBatch(samples=[{"token_ids": []}]).validate()  # type: ignore[list-item]
+    with pytest.raises(rlwire.SchemaError, match="samples: must be a list"):
+        rlwire.TrainingBatch(samples=(make_sample(),)).validate()  # type: ignore[arg-type]

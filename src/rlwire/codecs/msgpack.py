@@ -18,14 +18,15 @@ import copy
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeAlias
 
 import msgspec
 import numpy as np
 
 from .._pieces import Pieces, Slicer, run_sync
-from ..errors import CorruptFrameError, DecodeError, EncodeError
+from ..errors import CorruptFrameError, DecodeError, EncodeError, RlwireError
 from ..frame import Frame, as_byte_view
 
 __all__ = ["DEFAULT_INLINE_THRESHOLD", "MsgpackCodec"]
@@ -135,7 +136,9 @@ class MsgpackCodec:
         try:
             header = self._encoder.encode(tree)
         except (TypeError, ValueError, OverflowError) as exc:
-            raise EncodeError(f"$: cannot encode: {exc}") from exc
+            # Rare (e.g. an int beyond 64 bits): find the culprit's path the slow way.
+            path = _find_unencodable(self._encoder, tree, None)
+            raise EncodeError(f"{_render(path)}: cannot encode: {exc}") from None
         return Frame(header, tuple(walk.buffers), frozenset(walk.sidecar))
 
     # -- decoding ---------------------------------------------------------------------
@@ -173,8 +176,12 @@ class MsgpackCodec:
 
         try:
             raw = msgspec.msgpack.decode(frame.header, ext_hook=ext_hook)
-        except msgspec.DecodeError as exc:
+        except RlwireError:
+            raise
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise CorruptFrameError(f"header: {exc}") from exc
+        except (TypeError, ValueError) as exc:  # e.g. a bytes extension used as a map key
+            raise CorruptFrameError(f"header: malformed: {exc}") from exc
         if type is Any or type is object:
             return raw
         try:
@@ -207,12 +214,13 @@ class _Walk:
         if isinstance(obj, bytes | bytearray | memoryview):
             return self._bytes(obj, path, side)
         if isinstance(obj, np.generic):
-            if obj.dtype.kind not in "biufc":
+            value = obj.item()
+            if type(value) not in (bool, int, float):
                 raise EncodeError(
-                    f"{_render(path)}: numpy scalar of dtype {obj.dtype} is not "
-                    "supported; only bool and numeric dtypes are"
+                    f"{_render(path)}: numpy scalar of dtype {obj.dtype} has no plain "
+                    "number equivalent; send it as a 0-d array (np.asarray(value))"
                 )
-            return obj.item()
+            return value
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
             fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
             return (yield from self._dict(fields, path, side))
@@ -316,38 +324,70 @@ class _Walk:
         return obj if isinstance(obj, bytes | bytearray) else view.tobytes()
 
 
-def _buffer(buffers: Any, index: int) -> memoryview:
+def _find_unencodable(encoder: msgspec.msgpack.Encoder, tree: Any, path: _Path) -> _Path:
+    """The path of the first leaf of ``tree`` that ``encoder`` refuses (``path`` if none)."""
+    if isinstance(tree, msgspec.Struct):
+        items: Iterable[tuple[Any, Any]] = ((f, getattr(tree, f)) for f in tree.__struct_fields__)
+    elif isinstance(tree, dict):
+        items = tree.items()
+    elif isinstance(tree, list | tuple):
+        items = enumerate(tree)
+    else:
+        return path
+    for key, item in items:
+        try:
+            encoder.encode(item)
+        except (TypeError, ValueError, OverflowError):
+            return _find_unencodable(encoder, item, (path, key))
+    return path
+
+
+def _buffer(buffers: Sequence[memoryview], index: int) -> memoryview:
     if not 0 <= index < len(buffers):
         raise CorruptFrameError(
             f"header refers to buffer {index} but the frame has {len(buffers)} buffers"
         )
-    buf: memoryview = buffers[index]
-    return buf
+    return buffers[index]
+
+
+# Parsed dtypes by string. Bounded: _DTYPE_RE admits at most a few thousand strings.
+_DTYPES: dict[str, np.dtype[Any]] = {}
+
+
+def _dtype(dtype_str: str) -> np.dtype[Any]:
+    dtype = _DTYPES.get(dtype_str)
+    if dtype is None:
+        if not _DTYPE_RE.fullmatch(dtype_str):
+            raise CorruptFrameError(
+                f"array descriptor: dtype {dtype_str!r} is not a plain bool or numeric dtype"
+            )
+        try:
+            dtype = np.dtype(dtype_str)
+        except TypeError as exc:
+            raise CorruptFrameError(f"array descriptor: invalid dtype {dtype_str!r}") from exc
+        _DTYPES[dtype_str] = dtype
+    return dtype
 
 
 def _make_array(
     buf: memoryview, dtype_str: str, shape: list[int], order: str, writable: bool
 ) -> np.ndarray:
-    if not _DTYPE_RE.fullmatch(dtype_str):
-        raise CorruptFrameError(
-            f"array descriptor: dtype {dtype_str!r} is not a plain bool or numeric dtype"
-        )
-    try:
-        dtype = np.dtype(dtype_str)
-    except TypeError as exc:
-        raise CorruptFrameError(f"array descriptor: invalid dtype {dtype_str!r}") from exc
-    if len(shape) > _MAX_NDIM or any(d < 0 for d in shape):
+    dtype = _dtype(dtype_str)
+    if len(shape) > _MAX_NDIM or (shape and (min(shape) < 0 or max(shape) > sys.maxsize)):
         raise CorruptFrameError(f"array descriptor: invalid shape {shape}")
-    if order not in ("C", "F"):
-        raise CorruptFrameError(f"array descriptor: invalid order {order!r}")
     count = math.prod(shape)
     if count * dtype.itemsize != buf.nbytes:
         raise CorruptFrameError(
             f"array descriptor: shape {shape} of {dtype_str} needs "
             f"{count * dtype.itemsize} bytes but its buffer has {buf.nbytes}"
         )
+    if order not in ("C", "F"):
+        raise CorruptFrameError(f"array descriptor: invalid order {order!r}")
     arr = np.frombuffer(buf, dtype=dtype, count=count)
-    arr = arr.reshape(shape) if order == "C" else arr.reshape(shape[::-1]).T
+    try:
+        arr = arr.reshape(shape) if order == "C" else arr.reshape(shape[::-1]).T
+    except ValueError as exc:  # e.g. a zero-size shape with a dimension numpy refuses
+        raise CorruptFrameError(f"array descriptor: invalid shape {shape}: {exc}") from None
     if writable and not arr.flags.writeable:
         arr = arr.copy(order="K")
     return arr

@@ -1,0 +1,686 @@
+"""Tests of the stored byte layout (rlwire.transport._layout) and of how FileSink and
+FileSource handle corrupt files."""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import re
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlwire import CorruptFrameError, Frame, RlwireError, UnsupportedVersionError
+from rlwire._pieces import run_sync
+from rlwire.codecs.msgpack import MsgpackCodec
+from rlwire.transport import FileSink, FileSource
+from rlwire.transport._layout import ALIGN, FORMAT_VERSION, Layout, parse_main, plan
+from rlwire.transport.filesystem import main_name, sidecar_name
+
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+PRELUDE = struct.Struct("<8sHHI")  # magic, major, minor, envelope length
+SIDECAR_PRELUDE = struct.Struct("<8sHHI16s")  # magic, major, minor, reserved, message id
+STEP, RANK = 7, 3
+
+
+# -- helpers --------------------------------------------------------------------------
+
+
+def join(parts: list[bytes | memoryview]) -> bytes:
+    return b"".join(parts)
+
+
+def laid_out(frame: Frame, step: int = STEP, rank: int = RANK) -> tuple[bytes, bytes]:
+    layout = plan(frame, step, rank)
+    assert isinstance(layout, Layout)
+    return join(layout.main), join(layout.sidecar)
+
+
+def parse(
+    main: bytes | bytearray | memoryview,
+    side: bytes | bytearray | memoryview | None = None,
+    *,
+    step: int = STEP,
+    rank: int = RANK,
+    calls: list[int] | None = None,
+) -> Frame:
+    def load_sidecar() -> memoryview:
+        if calls is not None:
+            calls.append(1)
+        if side is None:
+            raise CorruptFrameError("msg sidecar: missing; the main file refers to it")
+        return memoryview(side)
+
+    return parse_main(
+        memoryview(main), step=step, rank=rank, load_sidecar=load_sidecar, where="msg"
+    )
+
+
+def addr(view: memoryview) -> int:
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+
+def assert_same_frame(got: Frame, want: Frame) -> None:
+    assert bytes(got.header) == bytes(want.header)
+    assert len(got.buffers) == len(want.buffers)
+    for g, w in zip(got.buffers, want.buffers, strict=True):
+        assert isinstance(g, memoryview)
+        assert bytes(g) == bytes(w)
+    assert got.sidecar == want.sidecar
+
+
+def make_frame(
+    header: bytes = b"header-bytes",
+    buffers: tuple[bytes, ...] = (b"a" * 100, b"", b"b" * 7, b"c" * 64, b"d" * 130),
+    sidecar: frozenset[int] = frozenset({1, 2}),
+) -> Frame:
+    return Frame(header, tuple(memoryview(b) for b in buffers), sidecar)
+
+
+FRAME = make_frame()
+FRAME_NO_SIDE = make_frame(sidecar=frozenset())
+
+
+def envelope_end(main: bytes) -> int:
+    return PRELUDE.size + PRELUDE.unpack_from(main)[3]
+
+
+def check_round_trip(frame: Frame, step: int = STEP, rank: int = RANK) -> None:
+    layout = plan(frame, step, rank)
+    main, side = join(layout.main), join(layout.sidecar)
+    for part, joined in ((layout.main, main), (layout.sidecar, side)):
+        assert all(isinstance(p, bytes | memoryview) for p in part)
+        assert sum(memoryview(p).nbytes for p in part) == len(joined)
+    assert bool(side) == bool(frame.sidecar)
+    # The layout refers to the frame's buffers instead of copying them.
+    for buf in frame.buffers:
+        if buf.nbytes:
+            assert any(
+                np.shares_memory(np.frombuffer(p, np.uint8), np.frombuffer(buf, np.uint8))
+                for p in (*layout.main, *layout.sidecar)
+            )
+    main_data, side_data = bytearray(main), bytearray(side)
+    main_view, side_view = memoryview(main_data), memoryview(side_data)
+    calls: list[int] = []
+    got = parse(main_view, side_view, step=step, rank=rank, calls=calls)
+    assert_same_frame(got, frame)
+    assert len(calls) == (1 if frame.sidecar else 0)
+    magic, major, _minor, env_len = PRELUDE.unpack_from(main)
+    assert (magic, major) == (b"\x89RLW\r\n\x1a\n", FORMAT_VERSION[0])
+    covered = [(0, PRELUDE.size + env_len)]
+    side_covered = [(0, SIDECAR_PRELUDE.size)] if side else []
+    # Header and every buffer start at a multiple of 64 from the start of their part.
+    header_offset = addr(got.header) - addr(main_view)
+    assert header_offset % ALIGN == 0
+    assert header_offset >= PRELUDE.size + env_len
+    covered.append((header_offset, header_offset + len(got.header)))
+    for i, buf in enumerate(got.buffers):
+        in_side = i in frame.sidecar
+        start = addr(buf) - addr(side_view if in_side else main_view)
+        assert start % ALIGN == 0, (i, start)
+        assert start >= (ALIGN if in_side else PRELUDE.size + env_len)
+        (side_covered if in_side else covered).append((start, start + buf.nbytes))
+    # Ranges do not overlap and everything else is zero padding.
+    for ranges, data in ((covered, main), (side_covered, side)):
+        ranges = sorted(r for r in ranges if r[1] > r[0])
+        for (_, end), (start, _) in itertools.pairwise(ranges):
+            assert end <= start
+        mask = np.ones(len(data), bool)
+        for start, end in ranges:
+            mask[start:end] = False
+        assert not np.frombuffer(data, np.uint8)[mask].any()
+
+
+# -- round trips ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        FRAME,
+        FRAME_NO_SIDE,
+        make_frame(sidecar=frozenset(range(5))),
+        make_frame(header=b"", buffers=(), sidecar=frozenset()),
+        make_frame(header=b"h" * 64, buffers=(b"x" * 64,) * 3, sidecar=frozenset({0})),
+        make_frame(buffers=(b"",) * 4, sidecar=frozenset({0, 3})),
+        make_frame(header=b"h" * 5000, buffers=(b"y" * 100_000,), sidecar=frozenset()),
+    ],
+    ids=["mixed", "no-sidecar", "all-sidecar", "empty", "aligned-sizes", "empty-buffers", "large"],
+)
+def test_plan_then_parse_round_trips(frame: Frame) -> None:
+    check_round_trip(frame)
+
+
+@pytest.mark.parametrize(("step", "rank"), [(0, 0), (2**40, 65535), (2**63 - 1, 2**31)])
+def test_round_trip_large_step_and_rank(step: int, rank: int) -> None:
+    check_round_trip(FRAME, step, rank)
+
+
+def test_round_trip_many_buffers() -> None:
+    rng = np.random.default_rng(1)
+    bufs = tuple(
+        rng.integers(0, 256, int(n), dtype=np.uint8).tobytes() for n in rng.integers(0, 300, 400)
+    )
+    check_round_trip(make_frame(buffers=bufs, sidecar=frozenset(range(0, 400, 3))))
+
+
+def test_round_trip_of_non_byte_memoryviews() -> None:
+    arr = np.arange(12, dtype=np.float64).reshape(3, 4)
+    frame = Frame(b"h", (memoryview(arr).cast("B"), memoryview(arr.tobytes())), frozenset({1}))
+    check_round_trip(frame)
+
+
+def test_each_plan_uses_a_fresh_message_id() -> None:
+    _, side1 = laid_out(FRAME)
+    _, side2 = laid_out(FRAME)
+    assert SIDECAR_PRELUDE.unpack_from(side1)[4] != SIDECAR_PRELUDE.unpack_from(side2)[4]
+
+
+@st.composite
+def frames(draw: st.DrawFn) -> Frame:
+    header = draw(st.binary(max_size=200))
+    bufs = draw(st.lists(st.binary(max_size=200), max_size=5))
+    side = draw(st.sets(st.integers(0, len(bufs) - 1))) if bufs else set()
+    return make_frame(header=header, buffers=tuple(bufs), sidecar=frozenset(side))
+
+
+@SETTINGS
+@given(frame=frames(), step=st.integers(0, 2**64 - 1), rank=st.integers(0, 2**32))
+def test_random_frames_round_trip(frame: Frame, step: int, rank: int) -> None:
+    check_round_trip(frame, step, rank)
+
+
+# -- corruption of the main part ------------------------------------------------------
+
+
+@pytest.mark.parametrize("frame", [FRAME, FRAME_NO_SIDE], ids=["sidecar", "no-sidecar"])
+def test_every_truncation_is_detected(frame: Frame) -> None:
+    main, side = laid_out(frame)
+    for cut in range(len(main)):
+        with pytest.raises(CorruptFrameError):
+            parse(main[:cut], side)
+
+
+@pytest.mark.parametrize("extra", [b"\x00", bytes(64), b"garbage"])
+def test_extension_is_detected(extra: bytes) -> None:
+    main, side = laid_out(FRAME)
+    with pytest.raises(CorruptFrameError, match="msg"):
+        parse(main + extra, side)
+
+
+def test_error_messages_name_the_message() -> None:
+    main, side = laid_out(FRAME)
+    with pytest.raises(CorruptFrameError, match=re.escape("msg")):
+        parse(main[:10], side)
+
+
+@pytest.mark.parametrize("frame", [FRAME, FRAME_NO_SIDE], ids=["sidecar", "no-sidecar"])
+def test_single_byte_flips_in_prelude_and_envelope(frame: Frame) -> None:
+    main, side = laid_out(frame)
+    end = envelope_end(main)
+    raised = survived = 0
+    for pos in range(end):
+        for mask in (0x01, 0x80, 0xFF):
+            data = bytearray(main)
+            data[pos] ^= mask
+            try:
+                got = parse(data, side)
+            except UnsupportedVersionError:
+                assert pos in (8, 9)
+                raised += 1
+            except CorruptFrameError:
+                raised += 1
+            else:
+                # Only the minor version and the positions of the header and buffers
+                # can change unnoticed (checksums are a later layer).
+                assert pos not in range(0, 10), pos  # magic and major
+                assert pos not in range(12, 16), pos  # envelope length
+                assert len(got.buffers) == len(frame.buffers)
+                survived += 1
+    assert raised > 2 * survived
+
+
+@pytest.mark.parametrize("pos", range(8))
+def test_wrong_magic(pos: int) -> None:
+    main, side = laid_out(FRAME)
+    data = bytearray(main)
+    data[pos] ^= 0x20
+    with pytest.raises(CorruptFrameError, match="magic"):
+        parse(data, side)
+
+
+def test_sidecar_given_as_main_part() -> None:
+    _, side = laid_out(FRAME)
+    with pytest.raises(CorruptFrameError):
+        parse(side, side)
+
+
+@pytest.mark.parametrize("major", [0, 2, 7, 65535])
+def test_unknown_major_version(major: int) -> None:
+    main, side = laid_out(FRAME)
+    data = bytearray(main)
+    struct.pack_into("<H", data, 8, major)
+    with pytest.raises(UnsupportedVersionError) as info:
+        parse(data, side)
+    message = str(info.value)
+    assert str(major) in message
+    assert re.search(rf"version\D*{FORMAT_VERSION[0]}\b", message.replace(str(major), "")), message
+    assert isinstance(info.value, CorruptFrameError)
+
+
+@pytest.mark.parametrize("minor", [1, 99, 65535])
+def test_newer_minor_version_still_parses(minor: int) -> None:
+    main, side = laid_out(FRAME)
+    data, side_data = bytearray(main), bytearray(side)
+    struct.pack_into("<H", data, 10, minor)
+    struct.pack_into("<H", side_data, 10, minor)
+    assert_same_frame(parse(data, side_data), FRAME)
+
+
+@pytest.mark.parametrize("env_len", [0, 1, 2**31, 2**32 - 1])
+def test_bad_envelope_length(env_len: int) -> None:
+    main, side = laid_out(FRAME)
+    data = bytearray(main)
+    struct.pack_into("<I", data, 12, env_len)
+    with pytest.raises(CorruptFrameError):
+        parse(data, side)
+
+
+def test_garbage_envelope() -> None:
+    main, side = laid_out(FRAME)
+    end = envelope_end(main)
+    for fill in (0x00, 0xC1, 0xFF, 0x90):
+        data = bytearray(main)
+        data[PRELUDE.size : end] = bytes([fill]) * (end - PRELUDE.size)
+        with pytest.raises(CorruptFrameError):
+            parse(data, side)
+
+
+@pytest.mark.parametrize(("step", "rank"), [(STEP + 1, RANK), (STEP, RANK + 1), (0, 0)])
+def test_wrong_step_or_rank(step: int, rank: int) -> None:
+    main, side = laid_out(FRAME)
+    with pytest.raises(CorruptFrameError) as info:
+        parse(main, side, step=step, rank=rank)
+    assert str(step) in str(info.value)
+    assert str(rank) in str(info.value)
+
+
+# -- corruption of the sidecar --------------------------------------------------------
+
+
+def test_sidecar_from_another_message() -> None:
+    main, _ = laid_out(FRAME)
+    _, other_side = laid_out(FRAME)  # same frame, another plan: another message id
+    with pytest.raises(CorruptFrameError, match=r"another message|id"):
+        parse(main, other_side)
+
+
+def test_every_sidecar_truncation_is_detected() -> None:
+    main, side = laid_out(FRAME)
+    for cut in range(len(side)):
+        with pytest.raises(CorruptFrameError):
+            parse(main, side[:cut])
+
+
+def test_extended_sidecar_is_detected() -> None:
+    main, side = laid_out(FRAME)
+    with pytest.raises(CorruptFrameError):
+        parse(main, side + bytes(64))
+
+
+def test_missing_sidecar() -> None:
+    main, _ = laid_out(FRAME)
+    with pytest.raises(CorruptFrameError, match="missing"):
+        parse(main, None)
+
+
+def test_sidecar_is_not_loaded_without_sidecar_buffers() -> None:
+    main, side = laid_out(FRAME_NO_SIDE)
+    assert side == b""
+    calls: list[int] = []
+    assert_same_frame(parse(main, None, calls=calls), FRAME_NO_SIDE)
+    assert calls == []
+
+
+@pytest.mark.parametrize("pos", range(8))
+def test_sidecar_wrong_magic(pos: int) -> None:
+    main, side = laid_out(FRAME)
+    data = bytearray(side)
+    data[pos] ^= 0x01
+    with pytest.raises(CorruptFrameError, match="magic"):
+        parse(main, data)
+
+
+def test_main_part_given_as_sidecar() -> None:
+    main, _ = laid_out(FRAME)
+    with pytest.raises(CorruptFrameError):
+        parse(main, main)
+
+
+@pytest.mark.parametrize("major", [0, 2, 300])
+def test_sidecar_unknown_major_version(major: int) -> None:
+    main, side = laid_out(FRAME)
+    data = bytearray(side)
+    struct.pack_into("<H", data, 8, major)
+    with pytest.raises(UnsupportedVersionError, match=str(major)):
+        parse(main, data)
+
+
+@pytest.mark.parametrize("pos", range(16, 32))
+def test_sidecar_message_id_flips(pos: int) -> None:
+    main, side = laid_out(FRAME)
+    data = bytearray(side)
+    data[pos] ^= 0x04
+    with pytest.raises(CorruptFrameError):
+        parse(main, data)
+
+
+# -- hypothesis: mutations only ever produce success or CorruptFrameError -------------
+
+MAIN, SIDE = laid_out(FRAME)
+MAIN_NS, _ = laid_out(FRAME_NO_SIDE)
+
+
+def mutate(data: bytes, flips: list[tuple[int, int]], cut: int | None) -> bytearray:
+    out = bytearray(data)
+    for pos, mask in flips:
+        out[pos % len(out)] ^= mask
+    if cut is not None:
+        del out[cut:]
+    return out
+
+
+def flips_and_cut(size: int) -> dict[str, st.SearchStrategy[object]]:
+    return {
+        "flips": st.lists(
+            st.tuples(
+                st.one_of(st.integers(0, 63), st.integers(0, size - 1)),  # favour the envelope
+                st.integers(1, 255),
+            ),
+            min_size=0,
+            max_size=4,
+        ),
+        "cut": st.one_of(st.none(), st.integers(0, size)),
+    }
+
+
+def assert_success_or_corrupt(run: Callable[[], Frame]) -> None:
+    try:
+        frame = run()
+    except CorruptFrameError:
+        return
+    assert isinstance(frame, Frame)
+
+
+@SETTINGS
+@given(**flips_and_cut(len(MAIN)), sidecar=st.booleans())
+def test_mutated_main_part_is_success_or_corrupt(
+    flips: list[tuple[int, int]], cut: int | None, sidecar: bool
+) -> None:
+    base = MAIN if sidecar else MAIN_NS
+    data = mutate(base, flips, cut)
+    assert_success_or_corrupt(lambda: parse(data, SIDE))
+    assert_success_or_corrupt(lambda: parse(bytes(data), None))
+
+
+@SETTINGS
+@given(**flips_and_cut(len(SIDE)))
+def test_mutated_sidecar_is_success_or_corrupt(
+    flips: list[tuple[int, int]], cut: int | None
+) -> None:
+    side = mutate(SIDE, flips, cut)
+    assert_success_or_corrupt(lambda: parse(MAIN, side))
+
+
+@SETTINGS
+@given(data=st.binary(max_size=300))
+def test_random_bytes_are_corrupt(data: bytes) -> None:
+    with pytest.raises(CorruptFrameError):
+        parse(data, SIDE)
+
+
+@SETTINGS
+@given(
+    envelope=st.dictionaries(
+        st.sampled_from(
+            [
+                "id",
+                "step",
+                "rank",
+                "size",
+                "header",
+                "buffers",
+                "parts",
+                "offsets",
+                "lengths",
+                "sidecar_size",
+            ]
+        ),
+        st.one_of(
+            st.integers(-(2**63), 2**64 - 1),
+            st.binary(max_size=40),
+            st.lists(st.integers(-(2**63), 2**64 - 1), max_size=3),
+            st.none(),
+        ),
+    ),
+    body=st.binary(max_size=200),
+)
+def test_forged_envelopes_are_success_or_corrupt(envelope: dict[str, object], body: bytes) -> None:
+    env = msgspec.msgpack.encode(envelope)
+    data = PRELUDE.pack(b"\x89RLW\r\n\x1a\n", *FORMAT_VERSION, len(env)) + env + body
+    assert_success_or_corrupt(lambda: parse(data, SIDE))
+
+
+# -- files: FileSink and FileSource ---------------------------------------------------
+
+
+def write_step(root: Path, step: int, frames: list[Frame]) -> None:
+    sink = FileSink(root)
+    sink.open("resume")
+    staged = run_sync(sink.stage(step, frames))
+    staged.commit()
+
+
+def test_file_round_trip_views_over_mmap(tmp_path: Path) -> None:
+    sink = FileSink(tmp_path)
+    assert sink.open("error") == 0
+    other = make_frame(header=b"rank one", buffers=(b"z" * 3,), sidecar=frozenset())
+    run_sync(sink.stage(4, [FRAME, other])).commit()
+    assert (tmp_path / main_name(4, 0)).exists()
+    assert (tmp_path / sidecar_name(4, 0)).exists()
+    assert not (tmp_path / sidecar_name(4, 1)).exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+    got = FileSource(tmp_path, rank=0).read(4)
+    assert got is not None
+    assert_same_frame(got, FRAME)
+    for view in (got.header, *got.buffers):
+        assert isinstance(view, memoryview)
+        assert isinstance(view.obj, mmap.mmap)
+        assert view.readonly
+    for i, buf in enumerate(got.buffers):
+        if buf.nbytes:
+            assert addr(buf) % ALIGN == 0, i  # mmaps are page-aligned
+
+    got1 = FileSource(tmp_path, rank=1).read(4)
+    assert got1 is not None
+    assert_same_frame(got1, other)
+
+
+def test_file_source_writable_is_copy_on_write(tmp_path: Path) -> None:
+    frame = make_frame(buffers=(b"abcdef",), sidecar=frozenset())
+    write_step(tmp_path, 0, [frame])
+    got = FileSource(tmp_path, writable=True).read(0)
+    assert got is not None
+    buf = got.buffers[0]
+    assert not buf.readonly
+    buf[0] = ord("X")
+    again = FileSource(tmp_path).read(0)
+    assert again is not None
+    assert bytes(again.buffers[0]) == b"abcdef"
+
+
+def test_missing_step_returns_none(tmp_path: Path) -> None:
+    write_step(tmp_path, 0, [FRAME])
+    source = FileSource(tmp_path)
+    assert source.read(1) is None
+    assert FileSource(tmp_path, rank=5).read(0) is None
+    assert FileSource(tmp_path / "nowhere").read(0) is None
+
+
+def test_codec_arrays_are_aligned_views_over_the_file(tmp_path: Path) -> None:
+    codec = MsgpackCodec(sidecar=("routed_experts",))
+    obj = {
+        "ids": np.arange(10_000, dtype=np.int64),
+        "routed_experts": np.arange(3 * 7, dtype=np.uint8).reshape(3, 7),
+        "logprobs": np.linspace(0, 1, 5000, dtype=np.float32),
+    }
+    write_step(tmp_path, 2, [codec.encode(obj)])
+    frame = FileSource(tmp_path).read(2)
+    assert frame is not None
+    out = codec.decode(frame)
+    for key, arr in obj.items():
+        got = out[key]
+        assert got.dtype == arr.dtype
+        assert np.array_equal(got, arr)
+        assert not got.flags.writeable
+        assert got.ctypes.data % ALIGN == 0
+        assert any(np.shares_memory(got, np.frombuffer(b, np.uint8)) for b in frame.buffers)
+
+
+def _paths(root: Path, step: int = 1) -> tuple[Path, Path]:
+    return root / main_name(step, 0), root / sidecar_name(step, 0)
+
+
+@pytest.fixture
+def stored(tmp_path: Path) -> Path:
+    write_step(tmp_path, 1, [FRAME])
+    return tmp_path
+
+
+def read(root: Path, step: int = 1) -> Frame | None:
+    return FileSource(root).read(step)
+
+
+def test_stored_step_reads_back(stored: Path) -> None:
+    got = read(stored)
+    assert got is not None
+    assert_same_frame(got, FRAME)
+
+
+@pytest.mark.parametrize("keep", [0, 1, 15, 16, 40, 64, -64, -1])
+def test_truncated_main_file(stored: Path, keep: int) -> None:
+    main, _ = _paths(stored)
+    size = main.stat().st_size
+    os.truncate(main, keep % size if keep else 0)
+    with pytest.raises(CorruptFrameError):
+        read(stored)
+
+
+def test_extended_main_file(stored: Path) -> None:
+    main, _ = _paths(stored)
+    with main.open("ab") as f:
+        f.write(b"\x00" * 10)
+    with pytest.raises(CorruptFrameError):
+        read(stored)
+
+
+def test_empty_main_file(stored: Path) -> None:
+    main, _ = _paths(stored)
+    main.write_bytes(b"")
+    with pytest.raises(CorruptFrameError, match="empty"):
+        read(stored)
+
+
+@pytest.mark.parametrize(
+    ("offset", "data"),
+    [
+        (0, b"NOTRLWIR"),
+        (8, b"\x09\x00"),
+        (12, b"\xff\xff\xff\x7f"),
+        (16, b"\xc1"),
+        (16, b"\xff" * 20),
+    ],
+    ids=["magic", "major", "envelope-length", "envelope-opcode", "envelope-garbage"],
+)
+def test_overwritten_envelope(stored: Path, offset: int, data: bytes) -> None:
+    main, _ = _paths(stored)
+    with main.open("r+b") as f:
+        f.seek(offset)
+        f.write(data)
+    with pytest.raises(CorruptFrameError):
+        read(stored)
+
+
+def test_every_envelope_byte_flip_on_disk(stored: Path) -> None:
+    main, _ = _paths(stored)
+    original = main.read_bytes()
+    for pos in range(envelope_end(original)):
+        data = bytearray(original)
+        data[pos] ^= 0xFF
+        main.write_bytes(data)
+        try:
+            got = read(stored)
+        except CorruptFrameError:
+            continue
+        assert got is not None
+
+
+def test_main_file_of_another_step(stored: Path) -> None:
+    main, _ = _paths(stored)
+    os.rename(main, _paths(stored, 2)[0])
+    with pytest.raises(CorruptFrameError, match="step"):
+        read(stored, 2)
+
+
+def test_main_file_of_another_rank(tmp_path: Path) -> None:
+    write_step(tmp_path, 0, [FRAME_NO_SIDE, FRAME_NO_SIDE])
+    os.replace(tmp_path / main_name(0, 1), tmp_path / main_name(0, 0))
+    with pytest.raises(CorruptFrameError, match="rank"):
+        FileSource(tmp_path, rank=0).read(0)
+
+
+def test_missing_sidecar_file(stored: Path) -> None:
+    _, side = _paths(stored)
+    side.unlink()
+    with pytest.raises(CorruptFrameError, match="missing"):
+        read(stored)
+
+
+def test_empty_sidecar_file(stored: Path) -> None:
+    _, side = _paths(stored)
+    side.write_bytes(b"")
+    with pytest.raises(CorruptFrameError):
+        read(stored)
+
+
+@pytest.mark.parametrize("keep", [1, 39, 40, 64, -1])
+def test_truncated_sidecar_file(stored: Path, keep: int) -> None:
+    _, side = _paths(stored)
+    os.truncate(side, keep % side.stat().st_size)
+    with pytest.raises(CorruptFrameError):
+        read(stored)
+
+
+def test_stale_sidecar_file(stored: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    other = tmp_path_factory.mktemp("other")
+    write_step(other, 1, [FRAME])  # the same step and frame, written again elsewhere
+    _, side = _paths(stored)
+    os.replace(_paths(other)[1], side)
+    with pytest.raises(CorruptFrameError, match=r"another message|stale"):
+        read(stored)
+
+
+def test_corrupt_errors_are_rlwire_errors(stored: Path) -> None:
+    main, _ = _paths(stored)
+    main.write_bytes(b"x")
+    with pytest.raises(RlwireError):
+        read(stored)

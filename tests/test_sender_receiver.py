@@ -434,3 +434,24 @@ async def test_received_type_mismatch(tmp_path: Path) -> None:
     with rlwire.open_receiver(tmp_path) as receiver:
         with pytest.raises(rlwire.DecodeError, match="TrainingBatch"):
             receiver.receive(timeout=5)
+
+
+async def test_write_batching_across_piece_and_iovec_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlwire.transport import filesystem
+
+    monkeypatch.setattr(filesystem, "PIECE_BYTES", 4096)  # split buffers into many chunks
+    monkeypatch.setattr(filesystem, "_IOV_MAX", 7)  # and writev batches into many calls
+    rng = np.random.default_rng(1)
+    obj = {
+        f"a{i}": rng.integers(0, 255, int(rng.integers(0, 20_000)), np.uint8) for i in range(300)
+    }
+    obj["routed_experts"] = rng.integers(0, 255, 50_001, np.uint8)
+    async with rlwire.open_sender(tmp_path, sidecar="routed_experts", inline_threshold=1) as s:
+        await s.send(obj)
+    with rlwire.open_receiver(tmp_path, type=dict[str, np.ndarray]) as receiver:
+        got = receiver.receive(timeout=5)
+    assert got.keys() == obj.keys()
+    for key, value in obj.items():
+        assert got[key].tobytes() == value.tobytes(), key

@@ -1,0 +1,69 @@
+"""The async helpers: LagMonitor sees stalls, run_pieces cleans up on cancellation."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+import pytest
+
+import rlwire
+from rlwire._aio import run_pieces
+from rlwire._pieces import Pieces
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_lag_monitor_sees_blocking_at_both_edges() -> None:
+    async with rlwire.LagMonitor() as lag:
+        time.sleep(0.05)  # blocks the loop right after entering
+    assert lag.max >= 0.04
+    async with rlwire.LagMonitor() as lag:
+        await anyio.sleep(0.01)
+        time.sleep(0.05)  # and right before leaving
+    assert lag.max >= 0.04
+    assert lag.percentile(100) == lag.max
+
+
+async def test_lag_monitor_quiet_loop() -> None:
+    async with rlwire.LagMonitor(interval=0.002) as lag:
+        await anyio.sleep(0.05)
+    assert len(lag.lags) >= 5
+    assert lag.percentile(50) < 0.02
+
+
+async def test_run_pieces_runs_in_threads_and_returns() -> None:
+    threads: list[int] = []
+
+    def work() -> Pieces[int]:
+        for _ in range(3):
+            threads.append(threading.get_ident())
+            yield
+        return 7
+
+    assert await run_pieces(work(), anyio.CapacityLimiter(1)) == 7
+    assert threading.get_ident() not in threads
+
+
+async def test_run_pieces_closes_generator_on_cancel() -> None:
+    cleaned = threading.Event()
+    started = anyio.Event()
+
+    def work() -> Pieces[None]:
+        try:
+            while True:
+                time.sleep(0.001)
+                yield
+        finally:
+            cleaned.set()
+
+    async def watch() -> None:
+        await anyio.sleep(0.02)
+        started.set()
+
+    with anyio.move_on_after(0.05):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            await run_pieces(work(), anyio.CapacityLimiter(1))
+    assert started.is_set() and cleaned.is_set()

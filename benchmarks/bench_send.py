@@ -187,18 +187,11 @@ async def on_loop(op: Callable[[], Awaitable[int]], mem: PeakMemory) -> Sample:
     """Run ``op`` under a LagMonitor, timing it and measuring its peak memory."""
     gc.collect()
     async with rlwire.LagMonitor() as lag:
-        # LagMonitor's task only starts at the next checkpoint after __aenter__, and its
-        # pending sleep is cancelled (unrecorded) at __aexit__: give it margins both ends.
-        await anyio.sleep(0.02)  # the monitor is now asleep with its start time taken
-        lag.reset()
         mem.start()
         t0 = time.perf_counter()
         nbytes = await op()
         seconds = time.perf_counter() - t0
         peak = mem.stop()
-        # Let the monitor wake up once more: a stall that ends with the op is recorded
-        # only when the monitor's pending sleep returns.
-        await anyio.sleep(0.005)
     return Sample(seconds, nbytes, lag.max, lag.percentile(99), len(lag.lags), peak)
 
 

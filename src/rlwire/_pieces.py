@@ -21,7 +21,7 @@ T = TypeVar("T")
 Pieces = Generator[None, None, T]
 
 #: Default length of one piece of GIL-holding Python work, in seconds.
-SLICE_SECONDS = 0.0005
+SLICE_SECONDS = 0.0003
 
 
 class Slicer:

@@ -133,6 +133,7 @@ class MsgpackCodec:
         """
         walk = _Walk(self)
         tree = yield from walk.value(obj, None, False)
+        yield  # msgspec encodes the whole header in one call: give it a piece of its own
         try:
             header = self._encoder.encode(tree)
         except (TypeError, ValueError, OverflowError) as exc:

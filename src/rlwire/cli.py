@@ -223,7 +223,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--topk", type=int, default=8, help="experts per token")
 
     demo = sub.add_parser("demo", help="send synthetic batches to a trainer process")
-    demo.add_argument("--steps", type=int, default=16)
+    demo.add_argument("--steps", type=int, default=40)
     demo.add_argument("--dir", help="directory to use (default: a new temporary one)")
     batch_options(demo)
     trainer = sub.add_parser("_trainer")  # the demo's other process

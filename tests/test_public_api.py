@@ -60,3 +60,17 @@ def test_no_pickle_anywhere() -> None:
     for path in root.rglob("*.py"):
         text = path.read_text()
         assert "import pickle" not in text and "cloudpickle" not in text, path
+
+
+def test_console_script_is_declared() -> None:
+    from importlib.metadata import entry_points
+
+    (script,) = [ep for ep in entry_points(group="console_scripts") if ep.name == "rlwire"]
+    assert script.load() is rlwire.cli.main
+
+
+def test_frame_checks_sidecar_indices() -> None:
+    frame = rlwire.Frame(b"h", (memoryview(b"ab"), memoryview(b"c")), frozenset({1}))
+    assert frame.nbytes == 4
+    with pytest.raises(ValueError, match=r"sidecar indices \[2\] out of range for 2 buffers"):
+        rlwire.Frame(b"h", (memoryview(b"ab"), memoryview(b"c")), frozenset({2}))

@@ -455,3 +455,23 @@ async def test_write_batching_across_piece_and_iovec_limits(
     assert got.keys() == obj.keys()
     for key, value in obj.items():
         assert got[key].tobytes() == value.tobytes(), key
+
+
+async def test_work_runs_in_threads_under_the_given_limiter(tmp_path: Path) -> None:
+    limiter = anyio.CapacityLimiter(1)
+    seen: set[int] = set()
+    done = anyio.Event()
+
+    async def watch() -> None:
+        while not done.is_set():
+            seen.add(limiter.borrowed_tokens)
+            await anyio.sleep(0)
+
+    batch = rlwire.TrainingBatch(samples=[make_sample(2048, layers=32, seed=i) for i in range(8)])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        async with rlwire.open_sender(tmp_path, limiter=limiter, sidecar="routed_experts") as s:
+            await s.send(batch)
+        done.set()
+    assert 1 in seen  # the sender's threads borrowed the caller's limiter
+    assert limiter.borrowed_tokens == 0

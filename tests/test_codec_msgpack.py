@@ -445,9 +445,35 @@ def test_no_sidecar_by_default() -> None:
     assert frame.sidecar == frozenset()
 
 
-def test_sidecar_names_must_be_strings() -> None:
-    with pytest.raises(TypeError):
+def test_codec_options_are_checked() -> None:
+    with pytest.raises(rlwire.ConfigError, match="sidecar names must be strings"):
         MsgpackCodec(sidecar=(1,))  # type: ignore[arg-type]
+    with pytest.raises(rlwire.ConfigError, match="inline_threshold must be an int"):
+        MsgpackCodec(inline_threshold="x")  # type: ignore[arg-type]
+
+
+def test_long_sequences_round_trip_through_chunked_encoding() -> None:
+    codec = MsgpackCodec(inline_threshold=10**9)
+    for n in (64, 65, 200, 70_000):
+        obj = {"xs": [{"i": i, "a": np.arange(i % 5)} for i in range(n)], "t": tuple(range(n))}
+        got = codec.decode(codec.encode(obj))
+        assert [x["i"] for x in got["xs"]] == list(range(n))
+        assert all(np.array_equal(x["a"], np.arange(i % 5)) for i, x in enumerate(got["xs"]))
+        assert got["t"] == list(range(n))
+
+
+def test_chunked_encoding_names_the_path_of_a_late_failure() -> None:
+    items: list[object] = list(range(300))
+    items[237] = {"deep": [2**70]}
+    with pytest.raises(rlwire.EncodeError, match=r"^\$\.xs\[237\]\.deep\[0\]: cannot encode"):
+        MsgpackCodec().encode({"xs": items})
+
+
+def test_self_containing_object_is_an_encode_error() -> None:
+    loop: dict[str, object] = {}
+    loop["self"] = loop
+    with pytest.raises(rlwire.EncodeError, match="nests too deeply"):
+        MsgpackCodec().encode(loop)
 
 
 # -- structs, containers, dataclasses, scalars ----------------------------------------

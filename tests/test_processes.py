@@ -119,6 +119,14 @@ def test_demo_command() -> None:
     assert "trainer verified all 3 steps bit-exact" in result.stdout
 
 
+def test_demo_refuses_a_directory_with_steps(tmp_path: Path) -> None:
+    args = ("demo", "--steps", "1", "--samples", "1", "--tokens", "64", "--dir", str(tmp_path))
+    assert run(sys.executable, "-m", "rlwire.cli", *args).returncode == 0
+    again = run(sys.executable, "-m", "rlwire.cli", *args)
+    assert again.returncode == 2
+    assert "StepExistsError" in again.stderr and "Traceback" not in again.stderr
+
+
 def test_inspect_command(tmp_path: Path) -> None:
     async def send() -> None:
         async with rlwire.open_sender(tmp_path) as sender:

@@ -475,3 +475,47 @@ async def test_work_runs_in_threads_under_the_given_limiter(tmp_path: Path) -> N
         done.set()
     assert 1 in seen  # the sender's threads borrowed the caller's limiter
     assert limiter.borrowed_tokens == 0
+
+
+async def test_batch_of_non_samples_is_refused(tmp_path: Path) -> None:
+    async with rlwire.open_sender(tmp_path) as sender:
+        with pytest.raises(rlwire.SchemaError, match=r"\$\.samples\[1\]: expected TrainingSample"):
+            await sender.send(rlwire.TrainingBatch(samples=[make_sample(), {"x": 1}]))  # type: ignore[list-item]
+    assert visible(tmp_path) == []
+
+
+async def test_receiver_can_skip_a_damaged_step(tmp_path: Path) -> None:
+    async with rlwire.open_sender(tmp_path) as sender:
+        await sender.send(make_batch(1, seed=0))
+        await sender.send(make_batch(1, seed=1))
+    (tmp_path / "step-00000000.rank-0000.rlw").write_bytes(b"garbage")
+    with rlwire.open_receiver(tmp_path) as receiver:
+        with pytest.raises(rlwire.CorruptFrameError):
+            receiver.receive(timeout=5)
+        assert receiver.skip() == 0
+        assert_batches_equal(receiver.receive(timeout=5), make_batch(1, seed=1))
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda p: rlwire.open_sender(p, limiter=0), "limiter must be"),
+        (lambda p: rlwire.open_receiver(p, limiter=-1), "limiter must be"),
+        (lambda p: rlwire.open_sender(123), "expected a path or URL"),
+        (lambda p: rlwire.open_sender(p, sidecar=[1]), "sidecar names"),
+        (lambda p: rlwire.open_sender(p, inline_threshold="x"), "inline_threshold"),
+        (lambda p: rlwire.open_receiver(p, rank=-1), "rank must be a non-negative int"),
+        (lambda p: rlwire.open_receiver(p, start_step=1.5), "start_step must be"),
+        (lambda p: rlwire.open_receiver(p, poll_interval=0), "poll_interval"),
+    ],
+)
+async def test_bad_options_are_config_errors(tmp_path: Path, call: Any, match: str) -> None:
+    with pytest.raises(rlwire.ConfigError, match=match):
+        call(tmp_path)
+
+
+async def test_plain_path_with_a_colon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    async with rlwire.open_sender("run:1") as sender:
+        await sender.send({"a": 1})
+    assert (tmp_path / "run:1" / "step-00000000.rank-0000.rlw").exists()

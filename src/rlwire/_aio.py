@@ -11,6 +11,7 @@ import anyio.abc
 from anyio import CapacityLimiter, to_thread
 
 from ._pieces import Pieces
+from .errors import ConfigError
 
 __all__ = ["LagMonitor", "make_limiter", "run_pieces"]
 
@@ -22,7 +23,11 @@ def make_limiter(limiter: CapacityLimiter | int | None, default: int = 2) -> Cap
     tokens. Safe to call before an event loop runs."""
     if isinstance(limiter, CapacityLimiter):
         return limiter
-    return CapacityLimiter(default if limiter is None else limiter)
+    if limiter is None:
+        return CapacityLimiter(default)
+    if isinstance(limiter, bool) or not isinstance(limiter, int) or limiter < 1:
+        raise ConfigError(f"limiter must be a CapacityLimiter or a positive int, got {limiter!r}")
+    return CapacityLimiter(limiter)
 
 
 async def run_pieces(pieces: Pieces[T], limiter: CapacityLimiter) -> T:
@@ -53,20 +58,19 @@ async def run_pieces(pieces: Pieces[T], limiter: CapacityLimiter) -> T:
 class LagMonitor:
     """Measures how late the event loop wakes up: a direct reading of loop stalls.
 
-        Use it as an async context manager; it runs a background task that sleeps
-        ``interval`` seconds in a loop and records how much later than that it wakes up,
-        from entering the block until leaving it. Event loops round timeouts to about a
-        millisecond, so lags below ~1 ms are resolution, not stalls.
+    Use it as an async context manager; it runs a background task that sleeps
+    ``interval`` seconds in a loop and records how much later than that it wakes up,
+    from entering the block until leaving it. Event loops round timeouts to about a
+    millisecond, so lags below ~1 ms are resolution, not stalls.
 
-        Example:
-            >>> import anyio
-    import anyio.abc
-            >>> async def main() -> float:
-            ...     async with LagMonitor() as lag:
-            ...         await anyio.sleep(0.05)
-            ...     return lag.max
-            >>> anyio.run(main) < 1.0
-            True
+    Example:
+        >>> import anyio
+        >>> async def main() -> float:
+        ...     async with LagMonitor() as lag:
+        ...         await anyio.sleep(0.05)
+        ...     return lag.max
+        >>> anyio.run(main) < 1.0
+        True
     """
 
     def __init__(self, interval: float = 0.001) -> None:

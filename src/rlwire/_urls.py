@@ -15,7 +15,10 @@ KNOWN_SCHEMES = ("file",)
 
 def _local_path(url: str | os.PathLike[str]) -> str:
     if not isinstance(url, str):
-        return os.fspath(url)
+        try:
+            return os.fspath(url)
+        except TypeError:
+            raise ConfigError(f"expected a path or URL string, got {type(url).__name__}") from None
     parts = urlsplit(url)
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost"):
@@ -24,7 +27,7 @@ def _local_path(url: str | os.PathLike[str]) -> str:
                 f"not host {parts.netloc!r}"
             )
         return unquote(parts.path)
-    if parts.scheme and len(parts.scheme) > 1:  # one letter: a Windows drive
+    if parts.scheme and "://" in url:  # "run:1" or "C:\\x" are plain paths
         raise ConfigError(
             f"{url!r}: unknown URL scheme {parts.scheme!r}; known schemes: "
             f"{', '.join(KNOWN_SCHEMES)} (or a plain path)"

@@ -22,6 +22,8 @@ from .sender import open_sender
 
 __all__ = ["main", "make_batch"]
 
+_ARRAYS = ("token_ids", "mask", "logprobs", "temperatures", "advantages", "routed_experts")
+
 
 def make_batch(
     step: int, *, samples: int, tokens: int, layers: int, topk: int, seed: int = 0
@@ -57,14 +59,7 @@ def _same(a: TrainingBatch, b: TrainingBatch) -> bool:
     if len(a.samples) != len(b.samples):
         return False
     for x, y in zip(a.samples, b.samples, strict=True):
-        for name in (
-            "token_ids",
-            "mask",
-            "logprobs",
-            "temperatures",
-            "advantages",
-            "routed_experts",
-        ):
+        for name in _ARRAYS:
             u, v = getattr(x, name), getattr(y, name)
             if u.dtype != v.dtype or u.shape != v.shape or u.tobytes() != v.tobytes():
                 return False
@@ -115,7 +110,11 @@ async def _demo(ns: argparse.Namespace, directory: str) -> int:
         f"routed_experts [tokens, {ns.layers}, {ns.topk}] uint8, sidecar on"
     )
     print(f"  producer: this process (anyio); trainer: another process; files in {directory}")
-    async with await anyio.open_process(trainer_cmd, stderr=None) as trainer:
+    # Open the destination first: a directory holding steps fails here, before any trainer.
+    async with (
+        open_sender(directory, sidecar=("routed_experts",)) as sender,
+        await anyio.open_process(trainer_cmd, stderr=None) as trainer,
+    ):
 
         async def read_trainer() -> None:
             assert trainer.stdout is not None
@@ -133,39 +132,25 @@ async def _demo(ns: argparse.Namespace, directory: str) -> int:
         start = time.perf_counter()
         async with anyio.create_task_group() as tg:
             tg.start_soon(read_trainer)
-            async with open_sender(directory, sidecar=("routed_experts",)) as sender:
-                for step in range(ns.steps):
-                    batch = await anyio.to_thread.run_sync(
-                        functools.partial(make_batch, step, **_batch_args(ns))
-                    )
-                    nbytes = sum(
-                        sum(
-                            getattr(s, f).nbytes
-                            for f in (
-                                "token_ids",
-                                "mask",
-                                "logprobs",
-                                "temperatures",
-                                "advantages",
-                                "routed_experts",
-                            )
-                        )
-                        for s in batch.samples
-                    )
-                    async with LagMonitor() as lag:
-                        t0 = time.perf_counter()
-                        await sender.send(batch)
-                        elapsed = time.perf_counter() - t0
-                    all_lags.extend(lag.lags)
-                    total_bytes += nbytes
-                    print(
-                        f"{_bar(step + 1, ns.steps)} step {step + 1:>3}/{ns.steps} "
-                        f"{nbytes / 1e6:7.1f} MB in {elapsed * 1e3:6.1f} ms "
-                        f"{nbytes / 1e6 / elapsed:7.0f} MB/s | loop lag max "
-                        f"{lag.max * 1e3:5.2f} ms p99 {lag.percentile(99) * 1e3:5.2f} ms | "
-                        f"trainer verified {len(verified)}",
-                        flush=True,
-                    )
+            for step in range(ns.steps):
+                batch = await anyio.to_thread.run_sync(
+                    functools.partial(make_batch, step, **_batch_args(ns))
+                )
+                nbytes = sum(getattr(s, f).nbytes for s in batch.samples for f in _ARRAYS)
+                async with LagMonitor() as lag:
+                    t0 = time.perf_counter()
+                    await sender.send(batch)
+                    elapsed = time.perf_counter() - t0
+                all_lags.extend(lag.lags)
+                total_bytes += nbytes
+                print(
+                    f"{_bar(step + 1, ns.steps)} step {step + 1:>3}/{ns.steps} "
+                    f"{nbytes / 1e6:7.1f} MB in {elapsed * 1e3:6.1f} ms "
+                    f"{nbytes / 1e6 / elapsed:7.0f} MB/s | loop lag max "
+                    f"{lag.max * 1e3:5.2f} ms p99 {lag.percentile(99) * 1e3:5.2f} ms | "
+                    f"trainer verified {len(verified)}",
+                    flush=True,
+                )
             code = await trainer.wait()
             tg.cancel_scope.cancel()
     whole = LagMonitor()

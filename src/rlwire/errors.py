@@ -35,7 +35,7 @@ class SchemaError(RlwireError, ValueError):
     """An object fails validation before it is sent (e.g. NaN logprobs).
 
     The message names the sample index and the field, e.g.
-    ``samples[3].logprobs: 2 non-finite values (first at token 17)``.
+    ``$.samples[3].logprobs: 2 non-finite values (NaN or Inf; first at token 17); ...``.
     """
 
 

@@ -12,6 +12,7 @@ import anyio
 from anyio import CapacityLimiter, to_thread
 
 from ._aio import make_limiter
+from ._args import non_negative_int
 from ._urls import make_source
 from .codecs.msgpack import MsgpackCodec
 from .errors import ClosedError, ConfigError, ReceiveTimeout
@@ -77,10 +78,8 @@ def open_receiver(
         ...     receiver.poll() is None
         True
     """
-    if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
-        raise ConfigError(f"start_step must be a non-negative int, got {start_step!r}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise ConfigError(f"rank must be a non-negative int, got {rank!r}")
+    non_negative_int(start_step, "start_step")
+    non_negative_int(rank, "rank")
     if not poll_interval > 0:
         raise ConfigError(f"poll_interval must be positive, got {poll_interval!r}")
     return TrainingBatchReceiver(
@@ -154,6 +153,13 @@ class TrainingBatchReceiver(Generic[T]):
             self._step = self._next_step
             self._next_step += 1
             return obj
+
+    def skip(self) -> int:
+        """Give up on the next step (for example after a CorruptFrameError) and move on to
+        the one after it. Returns the step skipped."""
+        with self._mutex:
+            self._next_step += 1
+            return self._next_step - 1
 
     def poll(self) -> T | None:
         """Return the next step's object if it has arrived, else ``None`` at once.

@@ -135,6 +135,11 @@ class TrainingBatch(msgspec.Struct, kw_only=True):
         Raises:
             SchemaError: naming the sample index and field of the first problem.
         """
+        self._check_samples(where)
+        for i, sample in enumerate(self.samples):
+            sample.validate(f"{where}.samples[{i}]")
+
+    def _check_samples(self, where: str) -> None:
         if not isinstance(self.samples, list):
             raise SchemaError(f"{where}.samples: must be a list, got {type(self.samples).__name__}")
         for i, sample in enumerate(self.samples):
@@ -142,19 +147,20 @@ class TrainingBatch(msgspec.Struct, kw_only=True):
                 raise SchemaError(
                     f"{where}.samples[{i}]: expected TrainingSample, got {type(sample).__name__}"
                 )
-            sample.validate(f"{where}.samples[{i}]")
 
 
 def check_object(obj: Any, path: str) -> None:
-    """Validate ``obj`` if it is a :class:`TrainingSample`; the codecs' ``check`` hook.
+    """Validate ``obj`` if it is a :class:`TrainingSample` or :class:`TrainingBatch`; the
+    codecs' ``check`` hook.
 
     The encoder calls this for every Struct it walks, so samples are validated at any
-    depth, inside the user's own Structs too, and in the same pass that encodes them.
+    depth, inside the user's own Structs too, and in the same pass that encodes them (a
+    batch's samples are checked one by one as the encoder reaches them).
     """
     if isinstance(obj, TrainingSample):
         obj.validate(path)
-    elif isinstance(obj, TrainingBatch) and not isinstance(obj.samples, list):
-        raise SchemaError(f"{path}.samples: must be a list, got {type(obj.samples).__name__}")
+    elif isinstance(obj, TrainingBatch):
+        obj._check_samples(path)
 
 
 def _array(obj: Any, name: str, where: str, *, ndim: int) -> np.ndarray:

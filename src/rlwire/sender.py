@@ -11,6 +11,7 @@ import anyio
 from anyio import CapacityLimiter, to_thread
 
 from ._aio import make_limiter, run_pieces
+from ._args import non_negative_int
 from ._urls import make_sink
 from .codecs.msgpack import DEFAULT_INLINE_THRESHOLD, MsgpackCodec
 from .errors import ClosedError, ConfigError, RlwireError, StepOrderError
@@ -179,17 +180,19 @@ class TrainingBatchSender:
             staged = await run_pieces(self._sink.stage(step, frames), self._limiter)
             # Committing is a few renames; shielded so a step is either whole or absent
             # and the step counter always matches what readers can see.
-            with anyio.CancelScope(shield=True):
-                await to_thread.run_sync(staged.commit, limiter=self._limiter)
-            self._last_step = step
-            self._next_step = step + 1
+            try:
+                with anyio.CancelScope(shield=True):
+                    await to_thread.run_sync(staged.commit, limiter=self._limiter)
+            finally:
+                if staged.visible:  # even a partly visible step must never be sent again
+                    self._last_step = step
+                    self._next_step = step + 1
         return step
 
     def _resolve_step(self, step: int | None) -> int:
         if step is None:
             return self._next_step
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise StepOrderError(f"step must be a non-negative int, got {step!r}")
+        non_negative_int(step, "step", StepOrderError)
         if step == self._next_step:
             return step
         if step < self._next_step:

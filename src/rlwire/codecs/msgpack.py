@@ -26,7 +26,7 @@ import msgspec
 import numpy as np
 
 from .._pieces import Pieces, Slicer, run_sync
-from ..errors import CorruptFrameError, DecodeError, EncodeError, RlwireError
+from ..errors import ConfigError, CorruptFrameError, DecodeError, EncodeError, RlwireError
 from ..frame import Frame, as_byte_view
 
 __all__ = ["DEFAULT_INLINE_THRESHOLD", "MsgpackCodec"]
@@ -41,6 +41,8 @@ DEFAULT_INLINE_THRESHOLD = 4096
 _MAX_NDIM = 64
 _DTYPE_RE = re.compile(r"[<>|=][biufc][0-9]{1,2}")
 _SCALARS = (str, int, float, bool, type(None))
+# Sequences longer than this are encoded in chunks of this many items, a piece each.
+_CHUNK = 64
 
 Check: TypeAlias = Callable[[Any, str], None]
 
@@ -111,8 +113,10 @@ class MsgpackCodec:
             sidecar = (sidecar,)
         self.sidecar = frozenset(sidecar)
         if not all(isinstance(name, str) for name in self.sidecar):
-            raise TypeError("sidecar names must be strings")
-        self.inline_threshold = int(inline_threshold)
+            raise ConfigError(f"sidecar names must be strings, got {sorted(map(repr, sidecar))}")
+        if isinstance(inline_threshold, bool) or not isinstance(inline_threshold, int):
+            raise ConfigError(f"inline_threshold must be an int, got {inline_threshold!r}")
+        self.inline_threshold = inline_threshold
         self.check = check
         self._encoder = msgspec.msgpack.Encoder()
         self._array_ref = msgspec.msgpack.Decoder(_ArrayRef)
@@ -132,14 +136,14 @@ class MsgpackCodec:
         F-contiguous, which are made C-contiguous first.
         """
         walk = _Walk(self)
-        tree = yield from walk.value(obj, None, False)
-        yield  # msgspec encodes the whole header in one call: give it a piece of its own
         try:
-            header = self._encoder.encode(tree)
-        except (TypeError, ValueError, OverflowError) as exc:
-            # Rare (e.g. an int beyond 64 bits): find the culprit's path the slow way.
-            path = _find_unencodable(self._encoder, tree, None)
-            raise EncodeError(f"{_render(path)}: cannot encode: {exc}") from None
+            tree = yield from walk.value(obj, None, False)
+        except RecursionError:
+            raise EncodeError(
+                "$: nests too deeply for Python's recursion limit (or contains itself)"
+            ) from None
+        yield  # msgspec encodes the rest of the header in one call: a piece of its own
+        header = walk.encode(tree, None)
         return Frame(header, tuple(walk.buffers), frozenset(walk.sidecar))
 
     # -- decoding ---------------------------------------------------------------------
@@ -219,7 +223,12 @@ class _Walk:
             if type(value) not in (bool, int, float):
                 raise EncodeError(
                     f"{_render(path)}: numpy scalar of dtype {obj.dtype} has no plain "
-                    "number equivalent; send it as a 0-d array (np.asarray(value))"
+                    "number equivalent"
+                    + (
+                        "; send it as a 0-d array (np.asarray(value))"
+                        if obj.dtype.kind in "biufc"
+                        else ""
+                    )
                 )
             return value
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -276,7 +285,30 @@ class _Walk:
                 continue
             out.append((yield from self.value(item, (path, i), side)))
             yield from self._tick()
+        if len(out) > _CHUNK:
+            return (yield from self._encode_long(out, path))
         return out if type(obj) is list else tuple(out)
+
+    def _encode_long(self, items: list[Any], path: _Path) -> Pieces[msgspec.Raw]:
+        """Encode a long sequence in chunks, one piece each, so that a header with many
+        samples never makes msgspec hold the GIL for long in one call."""
+        body = []
+        for start in range(0, len(items), _CHUNK):
+            chunk = self.encode(items[start : start + _CHUNK], path, start)
+            body.append(memoryview(chunk)[_array_header_size(chunk[0]) :])
+            yield from self._tick()
+        return msgspec.Raw(_array_header(len(items)) + b"".join(body))
+
+    def encode(self, tree: Any, path: _Path, offset: int = 0) -> bytes:
+        """msgspec-encode ``tree``, naming the path of a value msgspec refuses."""
+        try:
+            return self.codec._encoder.encode(tree)
+        except (TypeError, ValueError, OverflowError) as exc:
+            # Rare (e.g. an int beyond 64 bits): find the culprit's path the slow way.
+            if isinstance(tree, list) and offset:
+                tree = dict(enumerate(tree, offset))
+            culprit = _find_unencodable(self.codec._encoder, tree, path)
+            raise EncodeError(f"{_render(culprit)}: cannot encode: {exc}") from None
 
     def _add_buffer(self, view: memoryview, side: bool) -> int:
         index = len(self.buffers)
@@ -323,6 +355,19 @@ class _Walk:
             index = self._add_buffer(as_byte_view(view), side)
             return msgspec.msgpack.Ext(EXT_BYTES, self.codec._encoder.encode(_BytesRef(index)))
         return obj if isinstance(obj, bytes | bytearray) else view.tobytes()
+
+
+def _array_header_size(first: int) -> int:
+    """Length of the msgpack array header that starts with byte ``first``."""
+    return 1 if first & 0xF0 == 0x90 else 3 if first == 0xDC else 5
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
 
 
 def _find_unencodable(encoder: msgspec.msgpack.Encoder, tree: Any, path: _Path) -> _Path:

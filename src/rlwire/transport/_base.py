@@ -18,13 +18,19 @@ OnExisting = Literal["error", "overwrite", "resume"]
 class Staged(abc.ABC):
     """A step written in full but not yet visible to any reader."""
 
+    #: True once any rank's main message may be visible to readers. A sender then counts
+    #: the step as used even if :meth:`commit` fails, so a retry never reuses its number.
+    visible: bool = False
+
     @abc.abstractmethod
     def commit(self) -> None:
-        """Make the step visible to readers, all ranks at once as far as the medium
-        allows (sidecars first, main messages last). Short: safe to run shielded.
+        """Make the step visible to readers: sidecars first, main messages last, with
+        everything that can fail routinely done before the first main message appears.
+        Short: safe to run shielded.
 
         Raises:
-            TransportError: nothing of the step is left visible.
+            TransportError: the step could not be committed; :attr:`visible` says whether
+                some ranks can nevertheless see it.
         """
 
     @abc.abstractmethod

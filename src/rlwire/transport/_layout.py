@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import msgspec
 import numpy as np
@@ -64,7 +65,7 @@ _envelope_decoder = msgspec.msgpack.Decoder(_Envelope)
 _U64 = np.dtype("<u8")
 
 
-class Layout(msgspec.Struct):
+class Layout(NamedTuple):
     """A message laid out for storage: the byte pieces of each part, in order, padding
     included, so a sink can write or stream them one after the other."""
 

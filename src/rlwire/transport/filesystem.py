@@ -10,7 +10,6 @@ with mmap, so arrays are views over the page cache.
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 import re
@@ -18,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .._pieces import Pieces
-from ..errors import ConfigError, CorruptFrameError, StepExistsError, TransportError
+from ..errors import CorruptFrameError, StepExistsError, TransportError
 from ..frame import Frame
 from ._base import OnExisting, Sink, Source, Staged
 from ._layout import parse_main, plan
@@ -59,23 +58,38 @@ class _FileStaged(Staged):
         self.mains: list[tuple[Path, Path]] = []
 
     def commit(self) -> None:
-        visible: list[Path] = []
+        # Everything that can fail routinely happens before the first main file appears:
+        # a failure there leaves nothing visible. After that only renames of main files in
+        # one directory remain; if one of those fails, what is visible stays visible.
         try:
             for tmp, final in self.sidecars:
                 os.replace(tmp, final)
-                visible.append(final)
             if self.fsync and self.sidecars:
                 _fsync_dir(self.root)
-            for tmp, final in self.mains:
+        except OSError as exc:
+            for _, final in self.sidecars:
+                final.unlink(missing_ok=True)
+            self.discard()
+            raise _os_error(self.root, "commit the step (nothing was made visible)", exc) from exc
+        ranks: list[int] = []
+        try:
+            for rank, (tmp, final) in enumerate(self.mains):
                 os.replace(tmp, final)
-                visible.append(final)
+                ranks.append(rank)
+                self.visible = True
             if self.fsync:
                 _fsync_dir(self.root)
         except OSError as exc:
-            for path in reversed(visible):  # main files first: they are the ready marker
-                path.unlink(missing_ok=True)
             self.discard()
-            raise _os_error(self.root, "commit the step", exc) from exc
+            if not ranks:
+                for _, final in self.sidecars:
+                    final.unlink(missing_ok=True)
+                raise _os_error(
+                    self.root, "commit the step (nothing was made visible)", exc
+                ) from exc
+            raise _os_error(
+                self.root, f"commit the step in full (visible for ranks {ranks} only)", exc
+            ) from exc
 
     def discard(self) -> None:
         for tmp, _ in (*self.mains, *self.sidecars):
@@ -106,22 +120,28 @@ class FileSink(Sink):
             probe.unlink()
         except OSError as exc:
             raise _os_error(self.root, "write to the destination directory", exc) from exc
-        steps = sorted({int(m.group(1)) for m in self._main_files()})
+        ranks: dict[int, set[int]] = {}
+        for m in self._main_files():
+            ranks.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+        steps = sorted(ranks)
         if on_existing == "resume":
             self._remove(_TEMP_RE)
+            if len(steps) >= 2 and len(ranks[steps[-1]]) < len(ranks[steps[-2]]):
+                # A send killed between its renames: resuming after it would leave the
+                # missing ranks waiting forever for a step that will never come.
+                raise StepExistsError(
+                    f"{self.root}: step {steps[-1]} is incomplete (ranks "
+                    f"{sorted(ranks[steps[-1]])} of {sorted(ranks[steps[-2]])}); delete it "
+                    "to resume before it, or use on_existing='overwrite'",
+                )
             return steps[-1] + 1 if steps else 0
         if on_existing == "overwrite":
             self._remove(_TEMP_RE)
             self._remove(_MAIN_RE)  # main files first, so no reader sees a torn step
             self._remove(_RLWIRE_FILE_RE)
             return 0
-        if on_existing != "error":
-            raise ConfigError(
-                f"on_existing must be 'error', 'overwrite' or 'resume', got {on_existing!r}"
-            )
         if steps:
             raise StepExistsError(
-                errno.EEXIST,
                 f"{self.root}: holds steps {_span(steps)} from an earlier run; open the sender "
                 "with on_existing='overwrite' to delete them or on_existing='resume' to "
                 "continue after them",
@@ -135,7 +155,6 @@ class FileSink(Sink):
                 final = self.root / main_name(step, rank)
                 if final.exists():
                     raise StepExistsError(
-                        errno.EEXIST,
                         f"{final}: step {step} rank {rank} already exists at the destination",
                     )
             for rank, frame in enumerate(frames):

@@ -1,0 +1,14 @@
+"""Argument checks shared by the public entry points."""
+
+from __future__ import annotations
+
+from .errors import ConfigError, RlwireError
+
+__all__ = ["non_negative_int"]
+
+
+def non_negative_int(value: object, what: str, error: type[RlwireError] = ConfigError) -> int:
+    """Return ``value`` if it is a non-negative int (not a bool), else raise ``error``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise error(f"{what} must be a non-negative int, got {value!r}")
+    return value

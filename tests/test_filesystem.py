@@ -1,0 +1,87 @@
+"""FileSink commit and open behaviour on a real filesystem, including failures mid-commit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rlwire
+from rlwire._pieces import run_sync
+from rlwire.codecs import MsgpackCodec
+from rlwire.transport import FileSink, FileSource
+
+CODEC = MsgpackCodec(sidecar=["routed_experts"])
+
+
+def frames(ranks: int) -> list[rlwire.Frame]:
+    return [
+        CODEC.encode({"rank": r, "routed_experts": np.full(5000, r, np.uint8)})
+        for r in range(ranks)
+    ]
+
+
+def names(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir())
+
+
+def test_commit_failure_before_any_main_file_leaves_nothing(tmp_path: Path) -> None:
+    sink = FileSink(tmp_path)
+    sink.open("error")
+    staged = run_sync(sink.stage(0, frames(2)))
+    (tmp_path / "step-00000000.rank-0000.rlw").mkdir()  # rank 0's rename will fail
+    (tmp_path / "step-00000000.rank-0000.rlw" / "x").touch()
+    with pytest.raises(rlwire.TransportError, match="nothing was made visible"):
+        staged.commit()
+    assert not staged.visible
+    assert names(tmp_path) == ["step-00000000.rank-0000.rlw"]  # only the blocker: no sidecars
+
+
+def test_commit_failure_after_a_main_file_reports_partial_step(tmp_path: Path) -> None:
+    sink = FileSink(tmp_path)
+    sink.open("error")
+    staged = run_sync(sink.stage(0, frames(2)))
+    blocker = tmp_path / "step-00000000.rank-0001.rlw"
+    blocker.mkdir()
+    (blocker / "x").touch()
+    with pytest.raises(rlwire.TransportError, match=r"visible for ranks \[0\] only"):
+        staged.commit()
+    assert staged.visible
+    assert not [n for n in names(tmp_path) if n.startswith(".")]  # no temporary files
+    frame = FileSource(tmp_path, rank=0).read(0)
+    assert frame is not None and CODEC.decode(frame)["rank"] == 0
+
+
+def test_sender_never_reuses_a_partly_visible_step(tmp_path: Path) -> None:
+    import anyio
+
+    class BlockRank1(FileSink):  # a real sink; rank 1's final name is taken mid-send
+        def stage(self, step: int, frames: object) -> object:  # type: ignore[override]
+            staged = yield from super().stage(step, frames)  # type: ignore[arg-type]
+            blocker = self.root / f"step-{step:08d}.rank-0001.rlw"
+            blocker.mkdir()
+            (blocker / "x").touch()
+            return staged
+
+    async def main() -> None:
+        codec = MsgpackCodec()
+        sender = rlwire.TrainingBatchSender(BlockRank1(tmp_path), codec)
+        async with sender:
+            with pytest.raises(rlwire.TransportError, match="ranks"):
+                await sender.send_ranks([{"a": 0}, {"a": 1}])
+            assert sender.next_step == 1 and sender.last_step == 0
+
+    anyio.run(main)
+
+
+def test_resume_refuses_a_step_missing_ranks(tmp_path: Path) -> None:
+    sink = FileSink(tmp_path)
+    sink.open("error")
+    for step in (0, 1):
+        run_sync(sink.stage(step, frames(2))).commit()
+    (tmp_path / "step-00000001.rank-0001.rlw").unlink()  # as if killed between renames
+    with pytest.raises(rlwire.StepExistsError, match=r"step 1 is incomplete.*ranks \[0\]"):
+        FileSink(tmp_path).open("resume")
+    FileSink(tmp_path).open("overwrite")
+    assert names(tmp_path) == []

@@ -161,7 +161,10 @@ class TrainingBatchSender:
     async def send_ranks(self, objs: Sequence[Any], *, step: int | None = None) -> int:
         """Send ``objs[r]`` to data-parallel rank ``r``, all as one step.
 
-        The step becomes visible for every rank at once, or not at all. Errors are those
+        Every rank's message is written before any becomes visible; the commit is then a
+        quick burst of renames, main messages last. If one of those renames fails, the
+        step is reported as partial (``TransportError``) and its number is used up, so a
+        retry can never give two ranks different data for one step. Errors are those
         of :meth:`send`; messages name the rank.
         """
         if isinstance(objs, str | bytes) or not isinstance(objs, Sequence) or not objs:

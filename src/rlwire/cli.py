@@ -32,8 +32,8 @@ def make_batch(
 
     Example:
         >>> b = make_batch(0, samples=2, tokens=16, layers=4, topk=2)
-        >>> b.samples[0].routed_experts.shape
-        (16, 4, 2)
+        >>> b.samples[0].routed_experts.shape[1:]  # [seq_len, layers, topk], ragged seq_len
+        (4, 2)
     """
     rng = np.random.default_rng([seed, step])
     out = []

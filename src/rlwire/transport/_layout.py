@@ -180,13 +180,7 @@ def parse_main(
             f"the {_PRELUDE.size}-byte prelude"
         )
     magic, major, _minor, env_len = _PRELUDE.unpack_from(data)
-    if magic != MAIN_MAGIC:
-        raise CorruptFrameError(f"{where}: not an rlwire message (bad magic bytes {magic!r})")
-    if major != FORMAT_VERSION[0]:
-        raise UnsupportedVersionError(
-            f"{where}: wire format major version {major} is not supported; this reader "
-            f"knows version {FORMAT_VERSION[0]} (upgrade rlwire to read it)"
-        )
+    _check_magic(magic, major, MAIN_MAGIC, f"{where}: not an rlwire message", where)
     if env_len > min(MAX_ENVELOPE, data.nbytes - _PRELUDE.size):
         raise CorruptFrameError(
             f"{where}: envelope length {env_len} exceeds the message ({data.nbytes} bytes)"
@@ -245,17 +239,21 @@ def parse_main(
     return Frame(header, tuple(buffers), frozenset(np.flatnonzero(parts == SIDECAR).tolist()))
 
 
+def _check_magic(magic: bytes, major: int, expected: bytes, bad: str, where: str) -> None:
+    if magic != expected:
+        raise CorruptFrameError(f"{bad} (bad magic bytes {magic!r})")
+    if major != FORMAT_VERSION[0]:
+        raise UnsupportedVersionError(
+            f"{where}: wire format major version {major} is not supported; this reader "
+            f"knows version {FORMAT_VERSION[0]} (upgrade rlwire to read it)"
+        )
+
+
 def _check_sidecar(side: memoryview, msg_id: bytes, size: int, where: str) -> None:
     if side.nbytes < _SIDECAR_PRELUDE.size:
         raise CorruptFrameError(f"{where}: sidecar truncated to {side.nbytes} bytes")
     magic, major, _minor, _reserved, side_id = _SIDECAR_PRELUDE.unpack_from(side)
-    if magic != SIDECAR_MAGIC:
-        raise CorruptFrameError(f"{where}: sidecar has bad magic bytes {magic!r}")
-    if major != FORMAT_VERSION[0]:
-        raise UnsupportedVersionError(
-            f"{where}: sidecar format major version {major} is not "
-            f"supported; this reader knows {FORMAT_VERSION[0]}"
-        )
+    _check_magic(magic, major, SIDECAR_MAGIC, f"{where}: not an rlwire sidecar", f"{where} sidecar")
     if side_id != msg_id:
         raise CorruptFrameError(
             f"{where}: sidecar belongs to another message (id mismatch; "

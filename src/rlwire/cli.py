@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import tempfile
 import time
@@ -158,6 +159,10 @@ async def _demo(ns: argparse.Namespace, directory: str) -> int:
     print(
         f"sent {total_bytes / 1e9:.2f} GB in {time.perf_counter() - start:.1f} s; loop lag "
         f"during sends: max {whole.max * 1e3:.2f} ms, p99 {whole.percentile(99) * 1e3:.2f} ms"
+    )
+    print(
+        f"  (the trainer process shares this machine's {os.cpu_count()} cores with the producer; "
+        "docs/benchmarks.md measures lag without it)"
     )
     if code != 0 or len(verified) != ns.steps:
         print(

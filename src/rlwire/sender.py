@@ -181,8 +181,8 @@ class TrainingBatchSender:
                         exc.args = (f"rank {rank}: {exc}", *exc.args[1:])
                     raise
             staged = await run_pieces(self._sink.stage(step, frames), self._limiter)
-            # Committing is a few renames; shielded so a step is either whole or absent
-            # and the step counter always matches what readers can see.
+            # Committing is a few renames: shielded, so once it starts it finishes and the
+            # step counter matches what readers can see.
             try:
                 with anyio.CancelScope(shield=True):
                     await to_thread.run_sync(staged.commit, limiter=self._limiter)

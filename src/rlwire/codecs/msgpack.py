@@ -109,11 +109,13 @@ class MsgpackCodec:
         inline_threshold: int = DEFAULT_INLINE_THRESHOLD,
         check: Check | None = None,
     ) -> None:
-        if isinstance(sidecar, str):
-            sidecar = (sidecar,)
-        self.sidecar = frozenset(sidecar)
+        names = (sidecar,) if isinstance(sidecar, str) else sidecar
+        try:
+            self.sidecar = frozenset(names)
+        except TypeError:
+            raise ConfigError(f"sidecar must be field names, got {sidecar!r}") from None
         if not all(isinstance(name, str) for name in self.sidecar):
-            raise ConfigError(f"sidecar names must be strings, got {sorted(map(repr, sidecar))}")
+            raise ConfigError(f"sidecar names must be strings, got {sidecar!r}")
         if isinstance(inline_threshold, bool) or not isinstance(inline_threshold, int):
             raise ConfigError(f"inline_threshold must be an int, got {inline_threshold!r}")
         self.inline_threshold = inline_threshold

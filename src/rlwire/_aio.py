@@ -13,7 +13,7 @@ from anyio import CapacityLimiter, to_thread
 from ._pieces import Pieces
 from .errors import ConfigError
 
-__all__ = ["LagMonitor", "make_limiter", "run_pieces"]
+__all__ = ["LagMonitor", "make_limiter", "percentile", "run_pieces"]
 
 T = TypeVar("T")
 
@@ -55,6 +55,14 @@ async def run_pieces(pieces: Pieces[T], limiter: CapacityLimiter) -> T:
         raise
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values`` by the nearest-rank method; 0 if empty."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
 class LagMonitor:
     """Measures how late the event loop wakes up: a direct reading of loop stalls.
 
@@ -86,10 +94,7 @@ class LagMonitor:
 
     def percentile(self, q: float) -> float:
         """The ``q``-th percentile (0-100) of the lags seen, in seconds."""
-        if not self.lags:
-            return 0.0
-        ordered = sorted(self.lags)
-        return ordered[min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1)]
+        return percentile(self.lags, q)
 
     def reset(self) -> None:
         """Forget the lags seen so far."""

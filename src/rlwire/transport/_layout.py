@@ -90,7 +90,7 @@ def _starts(padded: np.ndarray, base: int) -> np.ndarray:
 def _pieces(bufs: Sequence[memoryview], out: list[bytes | memoryview]) -> None:
     for buf in bufs:
         out.append(buf)
-        pad = -buf.nbytes % ALIGN
+        pad = _pad(buf.nbytes)
         if pad:
             out.append(_ZEROS[:pad])
 

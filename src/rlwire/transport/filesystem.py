@@ -61,18 +61,12 @@ class _FileStaged(Staged):
         # Everything that can fail routinely happens before the first main file appears:
         # a failure there leaves nothing visible. After that only renames of main files in
         # one directory remain; if one of those fails, what is visible stays visible.
+        ranks: list[int] = []
         try:
             for tmp, final in self.sidecars:
                 os.replace(tmp, final)
             if self.fsync and self.sidecars:
                 _fsync_dir(self.root)
-        except OSError as exc:
-            for _, final in self.sidecars:
-                final.unlink(missing_ok=True)
-            self.discard()
-            raise _os_error(self.root, "commit the step (nothing was made visible)", exc) from exc
-        ranks: list[int] = []
-        try:
             for rank, (tmp, final) in enumerate(self.mains):
                 os.replace(tmp, final)
                 ranks.append(rank)
@@ -81,15 +75,13 @@ class _FileStaged(Staged):
                 _fsync_dir(self.root)
         except OSError as exc:
             self.discard()
-            if not ranks:
-                for _, final in self.sidecars:
-                    final.unlink(missing_ok=True)
+            if ranks:
                 raise _os_error(
-                    self.root, "commit the step (nothing was made visible)", exc
+                    self.root, f"commit the step in full (visible for ranks {ranks} only)", exc
                 ) from exc
-            raise _os_error(
-                self.root, f"commit the step in full (visible for ranks {ranks} only)", exc
-            ) from exc
+            for _, final in self.sidecars:
+                final.unlink(missing_ok=True)
+            raise _os_error(self.root, "commit the step (nothing was made visible)", exc) from exc
 
     def discard(self) -> None:
         for tmp, _ in (*self.mains, *self.sidecars):

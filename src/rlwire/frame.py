@@ -31,6 +31,12 @@ class Frame:
             (for example numpy arrays) or to what was received (an mmap, a socket frame).
         sidecar: indices into ``buffers`` that travel in the sidecar rather than beside
             the header (see ``open_sender(..., sidecar=...)``).
+        codec: the name of the codec that made the header; receivers decode with the
+            codec registered under this name.
+        compression: how each *segment* (0 is the header, ``i + 1`` is buffer ``i``) is
+            compressed: an id per segment (0 none, 1 lz4, 2 zstd), or ``()`` when none is.
+        raw_sizes: each segment's size after decompression, or ``()`` when none is
+            compressed.
 
     Example:
         >>> frame = Frame(b"hdr", (memoryview(b"payload"),))
@@ -41,12 +47,21 @@ class Frame:
     header: bytes | memoryview
     buffers: Sequence[memoryview] = ()
     sidecar: frozenset[int] = field(default_factory=frozenset)
+    codec: str = "msgpack"
+    compression: tuple[int, ...] = ()
+    raw_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         bad = [i for i in self.sidecar if not 0 <= i < len(self.buffers)]
         if bad:
             raise ValueError(
                 f"sidecar indices {sorted(bad)} out of range for {len(self.buffers)} buffers"
+            )
+        segments = len(self.buffers) + 1
+        if self.compression and not (len(self.compression) == len(self.raw_sizes) == segments):
+            raise ValueError(
+                f"compression and raw_sizes need one entry per segment ({segments}), got "
+                f"{len(self.compression)} and {len(self.raw_sizes)}"
             )
 
     @property

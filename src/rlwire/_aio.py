@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import anyio
@@ -13,9 +14,10 @@ from anyio import CapacityLimiter, to_thread
 from ._pieces import Pieces
 from .errors import ConfigError
 
-__all__ = ["LagMonitor", "make_limiter", "percentile", "run_pieces"]
+__all__ = ["LagMonitor", "make_limiter", "map_threads", "percentile", "run_pieces"]
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 def make_limiter(limiter: CapacityLimiter | int | None, default: int = 2) -> CapacityLimiter:
@@ -53,6 +55,26 @@ async def run_pieces(pieces: Pieces[T], limiter: CapacityLimiter) -> T:
         with anyio.CancelScope(shield=True):
             await to_thread.run_sync(pieces.close, limiter=limiter)
         raise
+
+
+async def map_threads(
+    func: Callable[[T], U], items: Sequence[T], limiter: CapacityLimiter
+) -> list[U]:
+    """``[func(item) for item in items]``, each call in a worker thread, as many at once as
+    ``limiter`` allows (for work that releases the GIL, such as compression). The first
+    error cancels the rest and is raised."""
+    results: list[U] = [None] * len(items)  # type: ignore[list-item]
+
+    async def one(i: int) -> None:
+        results[i] = await to_thread.run_sync(func, items[i], limiter=limiter)
+
+    if len(items) == 1:
+        await one(0)
+    else:
+        async with anyio.create_task_group() as tg:
+            for i in range(len(items)):
+                tg.start_soon(one, i)
+    return results
 
 
 def percentile(values: list[float], q: float) -> float:

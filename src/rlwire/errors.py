@@ -13,6 +13,7 @@ __all__ = [
     "CorruptFrameError",
     "DecodeError",
     "EncodeError",
+    "FrameTooLargeError",
     "ReceiveTimeout",
     "RlwireError",
     "SchemaError",
@@ -57,6 +58,11 @@ class CorruptFrameError(DecodeError):
 
 class UnsupportedVersionError(CorruptFrameError):
     """Received data uses a wire-format major version this reader does not know."""
+
+
+class FrameTooLargeError(DecodeError):
+    """Received data would decompress to more than the configured limit
+    (``max_decompressed_bytes``); nothing beyond the limit is allocated."""
 
 
 class StepOrderError(RlwireError, ValueError):

@@ -2,8 +2,8 @@
 
 Shared by every sink that stores messages as files or objects. The main part is::
 
-    magic (8) | major u16 | minor u16 | envelope length u32 | envelope (msgpack)
-    | zero padding to 64 | header | padding to 64 | buffer | padding to 64 | ...
+    magic (8) | major u16 | minor u16 | envelope length u32 | envelope xxh3-64 u64
+    | envelope (msgpack) | zero padding to 64 | header | padding to 64 | buffer | ...
 
 The sidecar part is::
 
@@ -11,7 +11,9 @@ The sidecar part is::
     | zero padding to 64 | buffer | padding to 64 | buffer | padding to 64 | ...
 
 Every buffer starts at a multiple of 64 bytes from the start of its part, so views
-over a page-aligned mmap are aligned for every dtype.
+over a page-aligned mmap are aligned for every dtype. The envelope carries an xxh3-64
+checksum of every stored segment (the header, then each buffer); the prelude carries one
+of the envelope, so every byte but the zero padding is covered.
 """
 
 from __future__ import annotations
@@ -23,14 +25,18 @@ from typing import NamedTuple
 
 import msgspec
 import numpy as np
+import xxhash
 
+from .._pieces import Pieces, Slicer
 from ..errors import CorruptFrameError, UnsupportedVersionError
 from ..frame import Frame
 
 __all__ = [
     "ALIGN",
+    "CHECKSUM",
     "FORMAT_VERSION",
     "Layout",
+    "checksum_pieces",
     "parse_main",
     "plan",
 ]
@@ -40,15 +46,18 @@ SIDECAR_MAGIC = b"\x89RLS\r\n\x1a\n"
 FORMAT_VERSION = (1, 0)
 ALIGN = 64
 MAX_ENVELOPE = 64 << 20
+#: The checksum algorithm this writer records, and the only one this reader knows.
+CHECKSUM = "xxh3-64"
+_CHECKSUM_PIECE = 64 << 20  # bytes hashed per piece (xxhash releases the GIL meanwhile)
 
-_PRELUDE = struct.Struct("<8sHHI")
+_PRELUDE = struct.Struct("<8sHHIQ")
 _SIDECAR_PRELUDE = struct.Struct("<8sHHI16s")
 _ZEROS = bytes(ALIGN)
 
 MAIN, SIDECAR = 0, 1
 
 
-class _Envelope(msgspec.Struct):
+class _Envelope(msgspec.Struct, omit_defaults=True):
     id: bytes
     step: int
     rank: int
@@ -57,7 +66,12 @@ class _Envelope(msgspec.Struct):
     parts: bytes  # one byte per buffer: MAIN or SIDECAR
     offsets: bytes  # little-endian u64 per buffer, from the start of its part
     lengths: bytes  # little-endian u64 per buffer
+    codec: str  # the name of the codec that made the header
     sidecar_size: int | None = None
+    checksum: str | None = None  # the algorithm of `checksums`, None when there are none
+    checksums: bytes = b""  # little-endian u64 per segment: the header, then each buffer
+    compression: bytes = b""  # one byte per segment, empty when nothing is compressed
+    raw_sizes: bytes = b""  # little-endian u64 per segment, empty likewise
 
 
 _envelope_encoder = msgspec.msgpack.Encoder()
@@ -95,11 +109,33 @@ def _pieces(bufs: Sequence[memoryview], out: list[bytes | memoryview]) -> None:
             out.append(_ZEROS[:pad])
 
 
-def plan(frame: Frame, step: int, rank: int) -> Layout:
+def checksum_pieces(frame: Frame) -> Pieces[bytes]:
+    """The xxh3-64 checksum of each segment (header, then buffers) as packed little-endian
+    u64, computed in pieces of at most 64 MiB or 0.3 ms of Python."""
+    sums = np.empty(len(frame.buffers) + 1, _U64)
+    slicer = Slicer()
+    for i, seg in enumerate([frame.header, *frame.buffers]):
+        view = memoryview(seg)
+        if view.nbytes <= _CHECKSUM_PIECE:
+            sums[i] = xxhash.xxh3_64_intdigest(view)
+        else:
+            hasher = xxhash.xxh3_64()
+            for start in range(0, view.nbytes, _CHECKSUM_PIECE):
+                hasher.update(view[start : start + _CHECKSUM_PIECE])
+                yield
+            sums[i] = hasher.intdigest()
+        if slicer.due():
+            yield
+            slicer.restart()
+    return sums.tobytes()
+
+
+def plan(frame: Frame, step: int, rank: int, checksums: bytes | None = None) -> Layout:
     """Lay ``frame`` out as a main part and a sidecar part (empty without sidecar).
 
-    Offsets come from numpy arithmetic and the buffer table is three packed arrays, so
-    this costs microseconds per thousand buffers.
+    ``checksums`` comes from :func:`checksum_pieces`; without it the message carries no
+    segment checksums. Offsets come from numpy arithmetic and the buffer table is
+    packed arrays, so this costs microseconds per thousand buffers.
     """
     msg_id = os.urandom(16)
     n = len(frame.buffers)
@@ -132,13 +168,18 @@ def plan(frame: Frame, step: int, rank: int) -> Layout:
                 offsets=offsets.tobytes(),
                 lengths=lengths.tobytes(),
                 sidecar_size=sidecar_size,
+                codec=frame.codec,
+                checksum=None if checksums is None else CHECKSUM,
+                checksums=checksums or b"",
+                compression=bytes(frame.compression),
+                raw_sizes=np.array(frame.raw_sizes, _U64).tobytes(),
             )
         )
         if len(env) == env_len:
             break
         env_len = len(env)
     main: list[bytes | memoryview] = [
-        _PRELUDE.pack(MAIN_MAGIC, *FORMAT_VERSION, env_len),
+        _PRELUDE.pack(MAIN_MAGIC, *FORMAT_VERSION, env_len, xxhash.xxh3_64_intdigest(env)),
         env,
         _ZEROS[: header_offset - _PRELUDE.size - env_len],
     ]
@@ -161,6 +202,7 @@ def parse_main(
     rank: int,
     load_sidecar: Callable[[], memoryview],
     where: str,
+    verify: bool = True,
 ) -> Frame:
     """Rebuild a Frame from a main part, as views over ``data`` and the sidecar.
 
@@ -169,24 +211,30 @@ def parse_main(
         step, rank: what the caller expects the message to be.
         load_sidecar: returns the whole sidecar part; called only if the message has one.
         where: names the message in error messages (a path or URL).
+        verify: check the checksum of every segment (the envelope's is always checked).
 
     Raises:
-        UnsupportedVersionError: the major format version is not one this reader knows.
-        CorruptFrameError: anything truncated, garbled or inconsistent.
+        UnsupportedVersionError: the major format version is not one this reader knows,
+            or the message uses a checksum algorithm it does not know.
+        CorruptFrameError: anything truncated, garbled or inconsistent, or a segment
+            whose checksum does not match (the message names step, rank and buffer).
     """
     if data.nbytes < _PRELUDE.size:
         raise CorruptFrameError(
             f"{where}: truncated: {data.nbytes} bytes is shorter than "
             f"the {_PRELUDE.size}-byte prelude"
         )
-    magic, major, _minor, env_len = _PRELUDE.unpack_from(data)
+    magic, major, _minor, env_len, env_sum = _PRELUDE.unpack_from(data)
     _check_magic(magic, major, MAIN_MAGIC, f"{where}: not an rlwire message", where)
     if env_len > min(MAX_ENVELOPE, data.nbytes - _PRELUDE.size):
         raise CorruptFrameError(
             f"{where}: envelope length {env_len} exceeds the message ({data.nbytes} bytes)"
         )
+    raw_env = data[_PRELUDE.size : _PRELUDE.size + env_len]
+    if xxhash.xxh3_64_intdigest(raw_env) != env_sum:
+        raise CorruptFrameError(f"{where}: the envelope does not match its checksum")
     try:
-        env = _envelope_decoder.decode(data[_PRELUDE.size : _PRELUDE.size + env_len])
+        env = _envelope_decoder.decode(raw_env)
     except msgspec.DecodeError as exc:
         raise CorruptFrameError(f"{where}: malformed envelope: {exc}") from exc
     if env.size != data.nbytes:
@@ -200,12 +248,19 @@ def parse_main(
         )
     header = _slice(data, env.header[0], env.header[1], where, "header")
     n = len(env.parts)
-    if len(env.offsets) != 8 * n or len(env.lengths) != 8 * n:
-        raise CorruptFrameError(
-            f"{where}: buffer table sizes disagree ({n} parts, "
-            f"{len(env.offsets)} offset bytes, {len(env.lengths)} "
-            "length bytes)"
-        )
+    sizes = {
+        "offsets": (len(env.offsets), 8 * n),
+        "lengths": (len(env.lengths), 8 * n),
+        "checksums": (len(env.checksums), 8 * (n + 1) if env.checksum else 0),
+        "compression": (len(env.compression), n + 1 if env.compression else 0),
+        "raw_sizes": (len(env.raw_sizes), 8 * (n + 1) if env.compression else 0),
+    }
+    for name, (found, expected) in sizes.items():
+        if found != expected:
+            raise CorruptFrameError(
+                f"{where}: the buffer table disagrees with itself: {n} buffers, "
+                f"{found} bytes of {name} (expected {expected})"
+            )
     parts = np.frombuffer(env.parts, np.uint8)
     offsets = np.frombuffer(env.offsets, _U64)
     lengths = np.frombuffer(env.lengths, _U64)
@@ -236,7 +291,33 @@ def parse_main(
             parts.tolist(), offsets.tolist(), lengths.tolist(), strict=True
         )
     ]
-    return Frame(header, tuple(buffers), frozenset(np.flatnonzero(parts == SIDECAR).tolist()))
+    if verify and env.checksum is not None:
+        _verify(env, header, buffers, f"{where}: step {step} rank {rank}")
+    return Frame(
+        header,
+        tuple(buffers),
+        frozenset(np.flatnonzero(parts == SIDECAR).tolist()),
+        env.codec,
+        tuple(env.compression),
+        tuple(np.frombuffer(env.raw_sizes, _U64).tolist()),
+    )
+
+
+def _verify(env: _Envelope, header: memoryview, buffers: list[memoryview], where: str) -> None:
+    if env.checksum != CHECKSUM:
+        raise UnsupportedVersionError(
+            f"{where}: checksum algorithm {env.checksum!r} is not one this reader knows "
+            f"({CHECKSUM}); receive with verify=False to skip checking"
+        )
+    stored = np.frombuffer(env.checksums, _U64).tolist()
+    for i, seg in enumerate([header, *buffers]):
+        computed = xxhash.xxh3_64_intdigest(seg)
+        if computed != stored[i]:
+            what = "the header" if i == 0 else f"buffer {i - 1} ({seg.nbytes} bytes)"
+            raise CorruptFrameError(
+                f"{where}: {what} does not match its checksum (stored "
+                f"{stored[i]:#018x}, computed {computed:#018x})"
+            )
 
 
 def _check_magic(magic: bytes, major: int, expected: bytes, bad: str, where: str) -> None:

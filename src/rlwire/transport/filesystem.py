@@ -20,7 +20,7 @@ from .._pieces import Pieces
 from ..errors import CorruptFrameError, StepExistsError, TransportError
 from ..frame import Frame
 from ._base import OnExisting, Sink, Source, Staged
-from ._layout import parse_main, plan
+from ._layout import checksum_pieces, parse_main, plan
 
 __all__ = ["FileSink", "FileSource", "main_name", "sidecar_name"]
 
@@ -95,11 +95,15 @@ class FileSink(Sink):
         path: the directory; created if missing.
         fsync: fsync every file before it is renamed, and the directory after, so a
             committed step survives a power loss (slower).
+        checksum: record an xxh3-64 checksum of every segment, which readers verify.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, fsync: bool = False, checksum: bool = True
+    ) -> None:
         self.root = Path(path)
         self.fsync = fsync
+        self.checksum = checksum
 
     def __repr__(self) -> str:
         return f"FileSink({str(self.root)!r})"
@@ -150,7 +154,8 @@ class FileSink(Sink):
                         f"{final}: step {step} rank {rank} already exists at the destination",
                     )
             for rank, frame in enumerate(frames):
-                layout = plan(frame, step, rank)
+                sums = (yield from checksum_pieces(frame)) if self.checksum else None
+                layout = plan(frame, step, rank, sums)
                 if layout.sidecar:
                     final = self.root / sidecar_name(step, rank)
                     tmp = yield from self._write(final, layout.sidecar)
@@ -208,14 +213,21 @@ class FileSource(Source):
         rank: the data-parallel rank to read.
         writable: map files copy-on-write, so arrays are writable without a copy and
             writes never reach the file.
+        verify: check every segment against its recorded checksum.
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, rank: int = 0, writable: bool = False
+        self,
+        path: str | os.PathLike[str],
+        *,
+        rank: int = 0,
+        writable: bool = False,
+        verify: bool = True,
     ) -> None:
         self.root = Path(path)
         self.rank = rank
         self.access = mmap.ACCESS_COPY if writable else mmap.ACCESS_READ
+        self.verify = verify
 
     def __repr__(self) -> str:
         return f"FileSource({str(self.root)!r}, rank={self.rank})"
@@ -233,7 +245,12 @@ class FileSource(Source):
             return view
 
         return parse_main(
-            data, step=step, rank=self.rank, load_sidecar=load_sidecar, where=str(path)
+            data,
+            step=step,
+            rank=self.rank,
+            load_sidecar=load_sidecar,
+            where=str(path),
+            verify=self.verify,
         )
 
     def _map(self, path: Path, *, missing_ok: bool) -> memoryview | None:

@@ -35,11 +35,11 @@ def _local_path(url: str | os.PathLike[str]) -> str:
     return url
 
 
-def make_sink(url: str | os.PathLike[str], *, fsync: bool) -> Sink:
+def make_sink(url: str | os.PathLike[str], *, fsync: bool, checksum: bool) -> Sink:
     """The sink for ``url``: a plain path or ``file://`` URL."""
-    return FileSink(_local_path(url), fsync=fsync)
+    return FileSink(_local_path(url), fsync=fsync, checksum=checksum)
 
 
-def make_source(url: str | os.PathLike[str], *, rank: int, writable: bool) -> Source:
+def make_source(url: str | os.PathLike[str], *, rank: int, writable: bool, verify: bool) -> Source:
     """The source for ``url`` and ``rank``: a plain path or ``file://`` URL."""
-    return FileSource(_local_path(url), rank=rank, writable=writable)
+    return FileSource(_local_path(url), rank=rank, writable=writable, verify=verify)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Generic, TypeVar, overload
 
@@ -14,7 +15,8 @@ from anyio import CapacityLimiter, to_thread
 from ._aio import make_limiter
 from ._args import non_negative_int
 from ._urls import make_source
-from .codecs.msgpack import MsgpackCodec
+from .codecs import Codec, decompress, get_codec
+from .codecs.compression import DEFAULT_MAX_DECOMPRESSED
 from .errors import ClosedError, ConfigError, ReceiveTimeout
 from .schema import TrainingBatch, TrainingSample
 from .transport import Source
@@ -35,6 +37,8 @@ def open_receiver(
     poll_interval: float = 0.01,
     writable: bool = False,
     validate: bool = False,
+    verify: bool = True,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
     limiter: CapacityLimiter | int | None = None,
 ) -> TrainingBatchReceiver[T]: ...
 @overload
@@ -46,6 +50,8 @@ def open_receiver(
     poll_interval: float = 0.01,
     writable: bool = False,
     validate: bool = False,
+    verify: bool = True,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
     limiter: CapacityLimiter | int | None = None,
 ) -> TrainingBatchReceiver[TrainingBatch]: ...
 def open_receiver(
@@ -57,6 +63,8 @@ def open_receiver(
     poll_interval: float = 0.01,
     writable: bool = False,
     validate: bool = False,
+    verify: bool = True,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
     limiter: CapacityLimiter | int | None = None,
 ) -> TrainingBatchReceiver[Any]:
     """Open a receiver for one data-parallel rank, reading steps in order.
@@ -70,7 +78,13 @@ def open_receiver(
         poll_interval: seconds between checks while waiting for a step.
         writable: return writable arrays (copy-on-write mappings, still no copy).
         validate: validate received TrainingBatch / TrainingSample objects too.
-        limiter: bounds the worker threads of the async methods.
+        verify: check the header and every buffer against the checksums the sender
+            recorded; a mismatch raises CorruptFrameError naming step, rank and buffer.
+        max_decompressed_bytes: refuse (FrameTooLargeError) a compressed message that
+            declares more than this many bytes once decompressed (default 16 GiB),
+            before allocating anything.
+        limiter: bounds the worker threads of the async methods, and the number of
+            segments decompressed in parallel.
 
     Example:
         >>> import rlwire, tempfile
@@ -80,16 +94,17 @@ def open_receiver(
     """
     non_negative_int(start_step, "start_step")
     non_negative_int(rank, "rank")
+    non_negative_int(max_decompressed_bytes, "max_decompressed_bytes")
     if not poll_interval > 0:
         raise ConfigError(f"poll_interval must be positive, got {poll_interval!r}")
     return TrainingBatchReceiver(
-        make_source(url, rank=rank, writable=writable),
-        MsgpackCodec(),
+        make_source(url, rank=rank, writable=writable, verify=verify),
         type,
         start_step=start_step,
         poll_interval=poll_interval,
         validate=validate,
         writable=writable,
+        max_decompressed_bytes=max_decompressed_bytes,
         limiter=limiter,
     )
 
@@ -99,23 +114,26 @@ class TrainingBatchReceiver(Generic[T]):
 
     Synchronous (``receive``, ``poll``, ``for``, ``with``) for trainer processes, and
     asynchronous (``areceive``, ``async for``, ``async with``) for event-loop code. Both
-    faces share one core, so they can be mixed.
+    faces share one core, so they can be mixed. Each message is decoded by the codec
+    whose name it records, and decompressed segment by segment in parallel threads.
     """
 
     def __init__(
         self,
         source: Source,
-        codec: MsgpackCodec,
         type: Any,
         *,
         start_step: int = 0,
         poll_interval: float = 0.01,
         validate: bool = False,
         writable: bool = False,
+        max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
         limiter: CapacityLimiter | int | None = None,
     ) -> None:
         self._source = source
-        self._codec = codec
+        self._codecs: dict[str, Codec] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._max_decompressed = max_decompressed_bytes
         self._type = type
         self._next_step = start_step
         self._step: int | None = None
@@ -147,7 +165,15 @@ class TrainingBatchReceiver(Generic[T]):
             frame = self._source.read(self._next_step)
             if frame is None:
                 return _NOTHING
-            obj = self._codec.decode(frame, self._type, writable=self._writable)
+            if frame.compression:
+                if self._pool is None:
+                    workers = int(self._limiter.total_tokens)
+                    self._pool = ThreadPoolExecutor(workers, thread_name_prefix="rlwire")
+                frame = decompress(frame, max_bytes=self._max_decompressed, map=self._pool.map)
+            codec = self._codecs.get(frame.codec)
+            if codec is None:
+                codec = self._codecs[frame.codec] = get_codec(frame.codec)()
+            obj = codec.decode(frame, self._type, writable=self._writable)
             if self._validate and isinstance(obj, TrainingBatch | TrainingSample):
                 obj.validate(f"step {self._next_step}")
             self._step = self._next_step
@@ -225,6 +251,8 @@ class TrainingBatchReceiver(Generic[T]):
             if not self._closed:
                 self._closed = True
                 self._source.close()
+                if self._pool is not None:
+                    self._pool.shutdown()
 
     async def aclose(self) -> None:
         """Async :meth:`close`."""

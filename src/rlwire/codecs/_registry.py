@@ -1,0 +1,123 @@
+"""Codecs by name, found through the ``rlwire.codecs`` entry point group.
+
+A package adds a codec by registering a factory (usually the codec class) under a name::
+
+    [project.entry-points."rlwire.codecs"]
+    mycodec = "mypackage.codec:MyCodec"
+
+rlwire's own codecs are registered the same way in its pyproject.toml. The name is
+recorded in every message, so a receiver decodes each message with the codec that made
+it, looked up here.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+
+from .._pieces import Pieces
+from ..errors import ConfigError
+from ..frame import Frame
+
+__all__ = ["GROUP", "Codec", "available_codecs", "get_codec", "make_codec"]
+
+#: The entry point group codecs register in.
+GROUP = "rlwire.codecs"
+# Used only when rlwire's own entry points are missing (e.g. run from a source tree).
+_BUILTIN = {
+    "json": "rlwire.codecs.json:JsonCodec",
+    "msgpack": "rlwire.codecs.msgpack:MsgpackCodec",
+}
+
+
+@runtime_checkable
+class Codec(Protocol):
+    """What a codec provides: objects to :class:`~rlwire.Frame` and back.
+
+    ``encode_pieces`` is a piece generator (it yields between short pieces of work and
+    returns the Frame, whose ``codec`` field is the codec's registered ``name``), so the
+    sender can run it in worker threads without stalling the event loop. Factories are
+    called with keyword options: ``check`` always (a callable or None), and ``sidecar``
+    and ``inline_threshold`` when the user passes them; a factory that does not take
+    one of them makes ``open_sender`` raise a ConfigError.
+    """
+
+    name: str
+
+    def encode_pieces(self, obj: Any) -> Pieces[Frame]: ...
+
+    def decode(self, frame: Frame, type: Any = Any, *, writable: bool = False) -> Any: ...
+
+
+@functools.cache
+def _entry_points() -> dict[str, str]:
+    found = dict(_BUILTIN)
+    found.update((ep.name, ep.value) for ep in entry_points(group=GROUP))
+    return found
+
+
+def available_codecs() -> list[str]:
+    """The names of the installed codecs, sorted.
+
+    Example:
+        >>> {"json", "msgpack"} <= set(available_codecs())
+        True
+    """
+    return sorted(_entry_points())
+
+
+@functools.cache
+def get_codec(name: str) -> Callable[..., Codec]:
+    """The factory registered under ``name``.
+
+    Raises:
+        ConfigError: no codec has that name (the message lists the installed ones), or
+            its module cannot be imported (e.g. an optional dependency is missing).
+    """
+    target = _entry_points().get(name) if isinstance(name, str) else None
+    if target is None:
+        raise ConfigError(
+            f"unknown codec {name!r}; installed codecs: {', '.join(available_codecs())}"
+        )
+    module, _, attr = target.partition(":")
+    try:
+        obj: Any = __import__(module, fromlist=[attr])
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except ImportError as exc:
+        hint = " (pip install 'rlwire[json]')" if name == "json" else ""
+        raise ConfigError(f"codec {name!r} ({target}) cannot be loaded: {exc}{hint}") from exc
+    except AttributeError as exc:
+        raise ConfigError(f"codec {name!r}: {target} does not exist: {exc}") from exc
+    factory: Callable[..., Codec] = obj
+    return factory
+
+
+def make_codec(codec: str | Codec, **options: Any) -> Codec:
+    """A codec instance: ``codec`` itself, or the factory named ``codec`` called with
+    ``options``.
+
+    Raises:
+        ConfigError: an unknown name, or an option the codec does not take.
+
+    Example:
+        >>> make_codec("msgpack", inline_threshold=0).inline_threshold
+        0
+    """
+    if not isinstance(codec, str):
+        if not isinstance(codec, Codec):
+            raise ConfigError(f"codec must be a name or a codec object, got {codec!r}")
+        given = sorted(k for k, v in options.items() if v is not None and k != "check")
+        if given:
+            raise ConfigError(
+                f"options {', '.join(given)} configure a codec by name; "
+                f"pass them to the codec object {codec!r} instead"
+            )
+        return codec
+    factory = get_codec(codec)
+    try:
+        return factory(**options)
+    except TypeError as exc:
+        raise ConfigError(f"codec {codec!r} does not take these options: {exc}") from None

@@ -135,9 +135,10 @@ class Compressor:
             raise ConfigError(f"compression must be a string like 'zstd:3', got {spec!r}")
         name, _, level = spec.partition(":")
         try:
-            return cls(name, int(level) if level else None)
+            number = int(level) if level else None
         except ValueError:
             raise ConfigError(f"compression {spec!r}: level {level!r} is not an integer") from None
+        return cls(name, number)
 
     @property
     def id(self) -> int:

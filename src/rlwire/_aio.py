@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -60,20 +61,40 @@ async def run_pieces(pieces: Pieces[T], limiter: CapacityLimiter) -> T:
 async def map_threads(
     func: Callable[[T], U], items: Sequence[T], limiter: CapacityLimiter
 ) -> list[U]:
-    """``[func(item) for item in items]``, each call in a worker thread, as many at once as
-    ``limiter`` allows (for work that releases the GIL, such as compression). The first
-    error cancels the rest and is raised."""
+    """``[func(item) for item in items]`` in worker threads, as many at once as ``limiter``
+    allows (for work that releases the GIL, such as compression).
+
+    A few worker tasks share the items, each thread call taking items until about a
+    millisecond has passed: spawning a task per item would keep the event loop busy with
+    bookkeeping for thousands of small items. The first error is raised.
+    """
     results: list[U] = [None] * len(items)  # type: ignore[list-item]
+    indices = iter(range(len(items)))
+    lock = threading.Lock()
 
-    async def one(i: int) -> None:
-        results[i] = await to_thread.run_sync(func, items[i], limiter=limiter)
+    def run_batch() -> bool:
+        """Process items for about a millisecond; False once none are left."""
+        deadline = time.perf_counter() + 0.001
+        while True:
+            with lock:
+                i = next(indices, None)
+            if i is None:
+                return False
+            results[i] = func(items[i])
+            if time.perf_counter() >= deadline:
+                return True
 
-    if len(items) == 1:
-        await one(0)
-    else:
+    async def worker() -> None:
+        while await to_thread.run_sync(run_batch, limiter=limiter):
+            pass
+
+    workers = int(min(len(items), limiter.total_tokens))
+    if workers == 1:
+        await worker()
+    elif workers:
         async with anyio.create_task_group() as tg:
-            for i in range(len(items)):
-                tg.start_soon(one, i)
+            for _ in range(workers):
+                tg.start_soon(worker)
     return results
 
 

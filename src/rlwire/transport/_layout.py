@@ -38,6 +38,7 @@ __all__ = [
     "Layout",
     "checksum_pieces",
     "parse_main",
+    "placeholder_checksums",
     "plan",
 ]
 
@@ -81,10 +82,36 @@ _U64 = np.dtype("<u8")
 
 class Layout(NamedTuple):
     """A message laid out for storage: the byte pieces of each part, in order, padding
-    included, so a sink can write or stream them one after the other."""
+    included, so a sink can write or stream them one after the other.
+
+    ``main_segments[j]`` (``sidecar_segments[j]``) is the segment that piece ``j`` of the
+    part holds, or -1 for the prelude, envelope and padding: a sink can hash each segment
+    while it writes it, and then :meth:`head` renders the prelude and envelope with those
+    checksums, to be written over ``main[0]`` (the same length when the layout was planned
+    with placeholder checksums, as :func:`placeholder_checksums` gives).
+    """
 
     main: list[bytes | memoryview]
     sidecar: list[bytes | memoryview]
+    main_segments: list[int]
+    sidecar_segments: list[int]
+    envelope: _Envelope
+
+    def head(self, checksums: bytes) -> bytes:
+        """The prelude and envelope of the main part, with ``checksums`` recorded."""
+        env = _envelope_encoder.encode(
+            msgspec.structs.replace(self.envelope, checksum=CHECKSUM, checksums=checksums)
+        )
+        return (
+            _PRELUDE.pack(MAIN_MAGIC, *FORMAT_VERSION, len(env), xxhash.xxh3_64_intdigest(env))
+            + env
+        )
+
+
+def placeholder_checksums(frame: Frame) -> bytes:
+    """Zero checksums for every segment of ``frame``: plan with these, hash while
+    writing, then write :meth:`Layout.head` over the first piece."""
+    return bytes(8 * (len(frame.buffers) + 1))
 
 
 def _pad(offset: int) -> int:
@@ -101,12 +128,20 @@ def _starts(padded: np.ndarray, base: int) -> np.ndarray:
     return out
 
 
-def _pieces(bufs: Sequence[memoryview], out: list[bytes | memoryview]) -> None:
-    for buf in bufs:
-        out.append(buf)
-        pad = _pad(buf.nbytes)
+def _pieces(
+    bufs: Sequence[tuple[int, bytes | memoryview]],
+    out: list[bytes | memoryview],
+    segs: list[int],
+) -> None:
+    for seg, buf in bufs:
+        size = memoryview(buf).nbytes
+        if size:
+            out.append(buf)
+            segs.append(seg)
+        pad = _pad(size)
         if pad:
             out.append(_ZEROS[:pad])
+            segs.append(-1)
 
 
 def checksum_pieces(frame: Frame) -> Pieces[bytes]:
@@ -157,42 +192,46 @@ def plan(frame: Frame, step: int, rank: int, checksums: bytes | None = None) -> 
         body = header_offset + header_len + _pad(header_len)
         offsets[~in_side] = _starts(padded[~in_side], body)
         size = body + int(padded[~in_side].sum())
-        env = _envelope_encoder.encode(
-            _Envelope(
-                id=msg_id,
-                step=step,
-                rank=rank,
-                size=size,
-                header=(header_offset, header_len),
-                parts=parts.tobytes(),
-                offsets=offsets.tobytes(),
-                lengths=lengths.tobytes(),
-                sidecar_size=sidecar_size,
-                codec=frame.codec,
-                checksum=None if checksums is None else CHECKSUM,
-                checksums=checksums or b"",
-                compression=bytes(frame.compression),
-                raw_sizes=np.array(frame.raw_sizes, _U64).tobytes(),
-            )
+        envelope = _Envelope(
+            id=msg_id,
+            step=step,
+            rank=rank,
+            size=size,
+            header=(header_offset, header_len),
+            parts=parts.tobytes(),
+            offsets=offsets.tobytes(),
+            lengths=lengths.tobytes(),
+            sidecar_size=sidecar_size,
+            codec=frame.codec,
+            checksum=None if checksums is None else CHECKSUM,
+            checksums=checksums or b"",
+            compression=bytes(frame.compression),
+            raw_sizes=np.array(frame.raw_sizes, _U64).tobytes(),
         )
+        env = _envelope_encoder.encode(envelope)
         if len(env) == env_len:
             break
         env_len = len(env)
-    main: list[bytes | memoryview] = [
-        _PRELUDE.pack(MAIN_MAGIC, *FORMAT_VERSION, env_len, xxhash.xxh3_64_intdigest(env)),
-        env,
-        _ZEROS[: header_offset - _PRELUDE.size - env_len],
-    ]
-    _pieces([memoryview(frame.header)], main)
-    _pieces([b for b, side in zip(frame.buffers, in_side.tolist(), strict=True) if not side], main)
+    head = _PRELUDE.pack(MAIN_MAGIC, *FORMAT_VERSION, env_len, xxhash.xxh3_64_intdigest(env))
+    main: list[bytes | memoryview] = [head + env]
+    main_segs = [-1]
+    gap = header_offset - _PRELUDE.size - env_len
+    if gap:
+        main.append(_ZEROS[:gap])
+        main_segs.append(-1)
+    _pieces([(0, frame.header)], main, main_segs)
+    side_flags = in_side.tolist()
+    _pieces([(i + 1, b) for i, b in enumerate(frame.buffers) if not side_flags[i]], main, main_segs)
     sidecar: list[bytes | memoryview] = []
+    side_segs: list[int] = []
     if frame.sidecar:
         sidecar = [
-            _SIDECAR_PRELUDE.pack(SIDECAR_MAGIC, *FORMAT_VERSION, 0, msg_id),
-            _ZEROS[: ALIGN - _SIDECAR_PRELUDE.size],
+            _SIDECAR_PRELUDE.pack(SIDECAR_MAGIC, *FORMAT_VERSION, 0, msg_id)
+            + _ZEROS[: ALIGN - _SIDECAR_PRELUDE.size]
         ]
-        _pieces([frame.buffers[i] for i in sorted(frame.sidecar)], sidecar)
-    return Layout(main=[p for p in main if len(p)], sidecar=sidecar)
+        side_segs = [-1]
+        _pieces([(i + 1, frame.buffers[i]) for i in sorted(frame.sidecar)], sidecar, side_segs)
+    return Layout(main, sidecar, main_segs, side_segs, envelope)
 
 
 def parse_main(

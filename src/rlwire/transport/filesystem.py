@@ -10,17 +10,22 @@ with mmap, so arrays are views over the page cache.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
-from .._pieces import Pieces
+import numpy as np
+import xxhash
+
+from .._pieces import Pieces, Slicer
 from ..errors import CorruptFrameError, StepExistsError, TransportError
 from ..frame import Frame
 from ._base import OnExisting, Sink, Source, Staged
-from ._layout import checksum_pieces, parse_main, plan
+from ._layout import Layout, parse_main, placeholder_checksums, plan
 
 __all__ = ["FileSink", "FileSource", "main_name", "sidecar_name"]
 
@@ -31,6 +36,9 @@ _TEMP_RE = re.compile(r"\.step-\d+\.rank-\d+(\.sidecar)?\.rlw\.[0-9a-f]+\.tmp")
 #: Bytes written per piece. os.write releases the GIL, so large pieces cost the event
 #: loop nothing; they only bound how long a cancelled send takes to stop (tens of ms).
 PIECE_BYTES = 64 << 20
+#: Bytes per writev call. Each segment is hashed just before it is written, in chunks
+#: this small, so the write copies it from cache: checksums then cost almost nothing.
+_CHUNK_BYTES = 2 << 20
 _IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16)
 
 
@@ -154,30 +162,62 @@ class FileSink(Sink):
                         f"{final}: step {step} rank {rank} already exists at the destination",
                     )
             for rank, frame in enumerate(frames):
-                sums = (yield from checksum_pieces(frame)) if self.checksum else None
+                sums = placeholder_checksums(frame) if self.checksum else None
                 layout = plan(frame, step, rank, sums)
+                hashers = (
+                    [xxhash.xxh3_64() for _ in range(len(frame.buffers) + 1)]
+                    if self.checksum
+                    else []
+                )
                 if layout.sidecar:
                     final = self.root / sidecar_name(step, rank)
-                    tmp = yield from self._write(final, layout.sidecar)
+                    tmp = yield from self._write(
+                        final, layout.sidecar, layout.sidecar_segments, hashers
+                    )
                     staged.sidecars.append((tmp, final))
                 final = self.root / main_name(step, rank)
-                tmp = yield from self._write(final, layout.main)
+                head = _head(layout, hashers) if self.checksum else None
+                tmp = yield from self._write(
+                    final, layout.main, layout.main_segments, hashers, head
+                )
                 staged.mains.append((tmp, final))
         except BaseException:
             staged.discard()
             raise
         return staged
 
-    def _write(self, final: Path, pieces: Sequence[bytes | memoryview]) -> Pieces[Path]:
+    def _write(
+        self,
+        final: Path,
+        pieces: Sequence[bytes | memoryview],
+        segments: Sequence[int],
+        hashers: Sequence[Any],
+        head: Callable[[], bytes] | None = None,
+    ) -> Pieces[Path]:
+        """Write ``pieces`` to a temporary file beside ``final``, hashing each piece of a
+        segment into ``hashers[segment]`` as it goes; then write ``head()`` at offset 0."""
         tmp = final.with_name(f".{final.name}.{os.urandom(6).hex()}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as exc:
             raise _os_error(tmp, "create a file", exc) from exc
         try:
-            for batch in _batches(pieces):
-                _writev_all(fd, batch)
-                yield
+            written = 0
+            slicer = Slicer()
+            for batch in _batches(pieces, segments):
+                if hashers:
+                    for view, seg in batch:
+                        if seg >= 0:
+                            hashers[seg].update(view)
+                written += _writev_all(fd, [view for view, _ in batch])
+                if written >= PIECE_BYTES or slicer.due():
+                    written = 0
+                    yield
+                    slicer.restart()
+            if head is not None:
+                data = head()
+                if os.pwrite(fd, data, 0) != len(data):
+                    raise OSError(errno.EIO, "short write of the envelope")
             if self.fsync:
                 os.fsync(fd)
         except OSError as exc:
@@ -274,25 +314,39 @@ class FileSource(Source):
             os.close(fd)
 
 
-def _batches(pieces: Sequence[bytes | memoryview]) -> Iterator[list[memoryview]]:
-    """Group pieces into writev batches of at most PIECE_BYTES and _IOV_MAX entries, so
-    thousands of small buffers cost a few system calls, and each batch is one piece."""
-    batch: list[memoryview] = []
+def _head(layout: Layout, hashers: Sequence[Any]) -> Callable[[], bytes]:
+    def head() -> bytes:
+        sums = np.array([h.intdigest() for h in hashers], np.dtype("<u8"))
+        data = layout.head(sums.tobytes())
+        if len(data) != memoryview(layout.main[0]).nbytes:  # planned with placeholders
+            raise AssertionError("the envelope changed length when checksums were added")
+        return data
+
+    return head
+
+
+def _batches(
+    pieces: Sequence[bytes | memoryview], segments: Sequence[int]
+) -> Iterator[list[tuple[memoryview, int]]]:
+    """Group pieces into writev batches of at most _CHUNK_BYTES and _IOV_MAX entries, so
+    thousands of small buffers cost a few system calls; each item is (view, segment)."""
+    batch: list[tuple[memoryview, int]] = []
     size = 0
-    for piece in pieces:
-        view = memoryview(piece)
-        for start in range(0, view.nbytes, PIECE_BYTES):
-            chunk = view[start : start + PIECE_BYTES]
-            batch.append(chunk)
+    for piece, seg in zip(pieces, segments, strict=True):
+        view = memoryview(piece).cast("B") if not isinstance(piece, bytes) else memoryview(piece)
+        for start in range(0, view.nbytes, _CHUNK_BYTES):
+            chunk = view[start : start + _CHUNK_BYTES]
+            batch.append((chunk, seg))
             size += chunk.nbytes
-            if size >= PIECE_BYTES or len(batch) >= _IOV_MAX:
+            if size >= _CHUNK_BYTES or len(batch) >= _IOV_MAX:
                 yield batch
                 batch, size = [], 0
     if batch:
         yield batch
 
 
-def _writev_all(fd: int, views: list[memoryview]) -> None:
+def _writev_all(fd: int, views: list[memoryview]) -> int:
+    total = sum(v.nbytes for v in views)
     while views:
         n = os.writev(fd, views)
         while views and n >= views[0].nbytes:
@@ -300,6 +354,7 @@ def _writev_all(fd: int, views: list[memoryview]) -> None:
             views = views[1:]
         if views and n:
             views = [views[0][n:], *views[1:]]
+    return total
 
 
 def _fsync_dir(path: Path) -> None:

@@ -14,6 +14,7 @@ from helpers import assert_batches_equal
 
 import rlwire
 from rlwire.cli import make_batch
+from rlwire.codecs import Compressor
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"samples": 3, "tokens": 300, "layers": 6, "topk": 4}
@@ -48,9 +49,12 @@ SENDER = textwrap.dedent("""
 pytestmark = pytest.mark.anyio
 
 
-async def test_receivers_in_other_processes(tmp_path: Path) -> None:
-    """One async sender, one receiver process per rank, started before the first step."""
+@pytest.mark.parametrize("compression", [None, "lz4", "zstd"])
+async def test_receivers_in_other_processes(tmp_path: Path, compression: str | None) -> None:
+    """One async sender, one receiver process per rank, started before the first step;
+    compressed (from 1 KiB, so these small batches do compress) and checksummed."""
     steps, ranks = 4, 2
+    comp = None if compression is None else Compressor(compression, min_size=1024)
     procs = [
         await anyio.open_process(
             [sys.executable, "-c", RECEIVER, str(tmp_path), str(r), str(steps)]
@@ -58,7 +62,9 @@ async def test_receivers_in_other_processes(tmp_path: Path) -> None:
         for r in range(ranks)
     ]
     try:
-        async with rlwire.open_sender(tmp_path, sidecar=("routed_experts",)) as sender:
+        async with rlwire.open_sender(
+            tmp_path, sidecar=("routed_experts",), compression=comp
+        ) as sender:
             for step in range(steps):
                 await sender.send_ranks([make_batch(step, **SIZES, seed=r) for r in range(ranks)])
                 await anyio.sleep(0.01)

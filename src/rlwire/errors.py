@@ -61,8 +61,9 @@ class UnsupportedVersionError(CorruptFrameError):
 
 
 class FrameTooLargeError(DecodeError):
-    """Received data would decompress to more than the configured limit
-    (``max_decompressed_bytes``); nothing beyond the limit is allocated."""
+    """Received data is larger than a configured limit: a message that would decompress
+    to more than ``max_decompressed_bytes``, or a JSON line longer than
+    ``max_line_bytes``. Nothing beyond the limit is allocated."""
 
 
 class StepOrderError(RlwireError, ValueError):

@@ -170,7 +170,7 @@ class Compressor:
         return out
 
 
-def segments(frame: Frame) -> list[Segment]:
+def _segments(frame: Frame) -> list[Segment]:
     """The frame's header and buffers, in segment order."""
     return [frame.header, *frame.buffers]
 
@@ -203,12 +203,12 @@ def compress(frame: Frame, compressor: Compressor, *, map: Map = map) -> Frame:
         >>> decompress(small).buffers[0] == frame.buffers[0]
         True
     """
-    return _with_segments(frame, list(map(compressor.segment, segments(frame))))
+    return _with_segments(frame, list(map(compressor.segment, _segments(frame))))
 
 
 async def acompress(frame: Frame, compressor: Compressor, limiter: CapacityLimiter) -> Frame:
     """:func:`compress` with large segments compressed in parallel worker threads."""
-    segs = segments(frame)
+    segs = _segments(frame)
     big = [i for i, s in enumerate(segs) if len(s) >= compressor.min_size]
     results: list[tuple[int, Segment]] = [(NONE, s) for s in segs]
     for i, result in zip(
@@ -270,7 +270,7 @@ def _expand(job: tuple[int, int, Segment, int]) -> bytes:
 def _rebuild(
     frame: Frame, jobs: Sequence[tuple[int, int, Segment, int]], outs: Iterable[bytes]
 ) -> Frame:
-    segs = segments(frame)
+    segs = _segments(frame)
     for (i, *_), out in zip(jobs, outs, strict=True):
         segs[i] = memoryview(out)
     return Frame(segs[0], tuple(as_byte_view(s) for s in segs[1:]), frame.sidecar, frame.codec)

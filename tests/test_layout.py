@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
+import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,13 +22,21 @@ from rlwire import CorruptFrameError, Frame, RlwireError, UnsupportedVersionErro
 from rlwire._pieces import run_sync
 from rlwire.codecs.msgpack import MsgpackCodec
 from rlwire.transport import FileSink, FileSource
-from rlwire.transport._layout import ALIGN, FORMAT_VERSION, Layout, parse_main, plan
+from rlwire.transport._layout import (
+    ALIGN,
+    FORMAT_VERSION,
+    Layout,
+    checksum_pieces,
+    parse_main,
+    plan,
+)
 from rlwire.transport.filesystem import main_name, sidecar_name
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-PRELUDE = struct.Struct("<8sHHI")  # magic, major, minor, envelope length
+PRELUDE = struct.Struct("<8sHHIQ")  # magic, major, minor, envelope length, its xxh3-64
 SIDECAR_PRELUDE = struct.Struct("<8sHHI16s")  # magic, major, minor, reserved, message id
+MAGIC = b"\x89RLW\r\n\x1a\n"
 STEP, RANK = 7, 3
 
 
@@ -89,6 +98,14 @@ FRAME = make_frame()
 FRAME_NO_SIDE = make_frame(sidecar=frozenset())
 
 
+def forge(envelope: dict[str, object], body: bytes = b"") -> bytes:
+    """A main part with this envelope, its checksum right, followed by ``body``."""
+    env = msgspec.msgpack.encode(envelope)
+    return (
+        PRELUDE.pack(MAGIC, *FORMAT_VERSION, len(env), xxhash.xxh3_64_intdigest(env)) + env + body
+    )
+
+
 def envelope_end(main: bytes) -> int:
     return PRELUDE.size + PRELUDE.unpack_from(main)[3]
 
@@ -113,7 +130,7 @@ def check_round_trip(frame: Frame, step: int = STEP, rank: int = RANK) -> None:
     got = parse(main_view, side_view, step=step, rank=rank, calls=calls)
     assert_same_frame(got, frame)
     assert len(calls) == (1 if frame.sidecar else 0)
-    magic, major, _minor, env_len = PRELUDE.unpack_from(main)
+    magic, major, _minor, env_len, _env_sum = PRELUDE.unpack_from(main)
     assert (magic, major) == (b"\x89RLW\r\n\x1a\n", FORMAT_VERSION[0])
     covered = [(0, PRELUDE.size + env_len)]
     side_covered = [(0, SIDECAR_PRELUDE.size)] if side else []
@@ -239,13 +256,11 @@ def test_single_byte_flips_in_prelude_and_envelope(frame: Frame) -> None:
             except CorruptFrameError:
                 raised += 1
             else:
-                # Only the minor version and the positions of the header and buffers
-                # can change unnoticed (checksums are a later layer).
-                assert pos not in range(0, 10), pos  # magic and major
-                assert pos not in range(12, 16), pos  # envelope length
-                assert len(got.buffers) == len(frame.buffers)
+                # The envelope's checksum leaves only the minor version unchecked.
+                assert pos in (10, 11), pos
+                assert_same_frame(got, frame)
                 survived += 1
-    assert raised > 2 * survived
+    assert survived == 2 * 3  # two minor-version bytes, three masks
 
 
 @pytest.mark.parametrize("pos", range(8))
@@ -462,11 +477,17 @@ def test_random_bytes_are_corrupt(data: bytes) -> None:
                 "offsets",
                 "lengths",
                 "sidecar_size",
+                "codec",
+                "checksum",
+                "checksums",
+                "compression",
+                "raw_sizes",
             ]
         ),
         st.one_of(
             st.integers(-(2**63), 2**64 - 1),
             st.binary(max_size=40),
+            st.text(max_size=10),
             st.lists(st.integers(-(2**63), 2**64 - 1), max_size=3),
             st.none(),
         ),
@@ -474,8 +495,7 @@ def test_random_bytes_are_corrupt(data: bytes) -> None:
     body=st.binary(max_size=200),
 )
 def test_forged_envelopes_are_success_or_corrupt(envelope: dict[str, object], body: bytes) -> None:
-    env = msgspec.msgpack.encode(envelope)
-    data = PRELUDE.pack(b"\x89RLW\r\n\x1a\n", *FORMAT_VERSION, len(env)) + env + body
+    data = forge(envelope, body)
     assert_success_or_corrupt(lambda: parse(data, SIDE))
 
 
@@ -606,10 +626,18 @@ def test_empty_main_file(stored: Path) -> None:
         (0, b"NOTRLWIR"),
         (8, b"\x09\x00"),
         (12, b"\xff\xff\xff\x7f"),
-        (16, b"\xc1"),
-        (16, b"\xff" * 20),
+        (16, b"\x00"),
+        (24, b"\xc1"),
+        (24, b"\xff" * 20),
     ],
-    ids=["magic", "major", "envelope-length", "envelope-opcode", "envelope-garbage"],
+    ids=[
+        "magic",
+        "major",
+        "envelope-length",
+        "envelope-checksum",
+        "envelope-opcode",
+        "envelope-garbage",
+    ],
 )
 def test_overwritten_envelope(stored: Path, offset: int, data: bytes) -> None:
     main, _ = _paths(stored)
@@ -631,7 +659,7 @@ def test_every_envelope_byte_flip_on_disk(stored: Path) -> None:
             got = read(stored)
         except CorruptFrameError:
             continue
-        assert got is not None
+        assert pos in (10, 11) and got is not None
 
 
 def test_main_file_of_another_step(stored: Path) -> None:
@@ -684,3 +712,230 @@ def test_corrupt_errors_are_rlwire_errors(stored: Path) -> None:
     main.write_bytes(b"x")
     with pytest.raises(RlwireError):
         read(stored)
+
+
+# -- checksums, codec name and compression tables ---------------------------------------
+
+
+def sums_of(frame: Frame) -> bytes:
+    return run_sync(checksum_pieces(frame))
+
+
+def with_sums(frame: Frame, step: int = STEP, rank: int = RANK) -> tuple[bytes, bytes]:
+    layout = plan(frame, step, rank, sums_of(frame))
+    return join(layout.main), join(layout.sidecar)
+
+
+def decoded_envelope(main: bytes) -> dict[str, object]:
+    env: dict[str, object] = msgspec.msgpack.decode(main[PRELUDE.size : envelope_end(main)])
+    return env
+
+
+def reforged(main: bytes, **changes: object) -> bytes:
+    """``main`` with envelope keys changed (None deletes one) and its checksum made right;
+    the header and main buffers move down by whole multiples of 64 if the envelope grows."""
+    env = decoded_envelope(main)
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    h_off, h_len = env["header"]  # type: ignore[misc]
+    parts = np.frombuffer(env["parts"], np.uint8)  # type: ignore[call-overload]
+    delta = 0
+    while True:
+        offsets = np.frombuffer(env["offsets"], "<u8").copy()  # type: ignore[call-overload]
+        offsets[parts == 0] += np.uint64(delta)
+        moved = {**env, "header": [h_off + delta, h_len], "offsets": offsets.tobytes()}
+        moved["size"] = env["size"] + delta  # type: ignore[operator]
+        new = msgspec.msgpack.encode(moved)
+        need = -(-(PRELUDE.size + len(new)) // ALIGN) * ALIGN - h_off
+        if need <= delta:
+            break
+        delta = need
+    head = PRELUDE.pack(MAGIC, *FORMAT_VERSION, len(new), xxhash.xxh3_64_intdigest(new))
+    return head + new + bytes(h_off + delta - PRELUDE.size - len(new)) + main[h_off:]
+
+
+def segment_positions(main: bytes, side: bytes) -> list[tuple[int, int, int]]:
+    """(part, start, end) of the header and each buffer, in segment order."""
+    env = decoded_envelope(main)
+    n = len(env["parts"])  # type: ignore[arg-type]
+    offsets = struct.unpack(f"<{n}Q", env["offsets"])  # type: ignore[arg-type]
+    lengths = struct.unpack(f"<{n}Q", env["lengths"])  # type: ignore[arg-type]
+    h_off, h_len = env["header"]  # type: ignore[misc]
+    out = [(0, h_off, h_off + h_len)]
+    out += [
+        (p, o, o + n_)
+        for p, o, n_ in zip(env["parts"], offsets, lengths, strict=True)  # type: ignore[call-overload]
+    ]
+    return out
+
+
+def test_checksum_pieces_hash_every_segment() -> None:
+    sums = struct.unpack(f"<{len(FRAME.buffers) + 1}Q", sums_of(FRAME))
+    segments = [FRAME.header, *FRAME.buffers]
+    assert list(sums) == [xxhash.xxh3_64_intdigest(bytes(s)) for s in segments]
+
+
+def test_checksum_pieces_stream_large_segments() -> None:
+    big = np.random.default_rng(0).integers(0, 256, (64 << 20) + 5, dtype=np.uint8)
+    frame = Frame(b"h", (memoryview(big),))
+    pieces = checksum_pieces(frame)
+    yields = 0
+    while True:
+        try:
+            next(pieces)
+            yields += 1
+        except StopIteration as stop:
+            sums = struct.unpack("<2Q", stop.value)
+            break
+    assert yields >= 2  # the 64 MiB + 5 byte buffer took two pieces
+    assert sums[1] == xxhash.xxh3_64_intdigest(memoryview(big))
+
+
+def test_checksums_round_trip_and_record_the_algorithm() -> None:
+    main, side = with_sums(FRAME)
+    env = decoded_envelope(main)
+    assert env["checksum"] == "xxh3-64" and env["checksums"] == sums_of(FRAME)
+    assert_same_frame(parse(main, side), FRAME)
+    # Without checksums the keys are absent and the message still parses.
+    plain, _ = laid_out(FRAME)
+    assert "checksum" not in decoded_envelope(plain)
+    assert "checksums" not in decoded_envelope(plain)
+
+
+@pytest.mark.parametrize("segment", range(len(FRAME.buffers) + 1))
+def test_flipped_segment_byte_names_step_rank_and_segment(segment: int) -> None:
+    main, side = with_sums(FRAME)
+    part, start, end = segment_positions(main, side)[segment]
+    if end == start:
+        pytest.skip("empty segment")
+    data = [bytearray(main), bytearray(side)]
+    data[part][(start + end) // 2] ^= 0x10
+    what = "the header" if segment == 0 else rf"buffer {segment - 1} \("
+    with pytest.raises(CorruptFrameError, match=rf"msg: step {STEP} rank {RANK}: {what}"):
+        parse(data[0], data[1])
+    got = parse_main(
+        memoryview(data[0]),
+        step=STEP,
+        rank=RANK,
+        load_sidecar=lambda: memoryview(data[1]),
+        where="msg",
+        verify=False,
+    )
+    flipped = got.header if segment == 0 else got.buffers[segment - 1]
+    original = FRAME.header if segment == 0 else FRAME.buffers[segment - 1]
+    assert bytes(flipped) != bytes(original) and len(flipped) == len(original)
+
+
+def test_unknown_checksum_algorithm() -> None:
+    main, side = with_sums(FRAME)
+    data = reforged(main, checksum="crc64")
+    with pytest.raises(UnsupportedVersionError, match=r"checksum algorithm 'crc64'.*xxh3-64"):
+        parse(data, side)
+    got = parse_main(
+        memoryview(data),
+        step=STEP,
+        rank=RANK,
+        load_sidecar=lambda: memoryview(side),
+        where="msg",
+        verify=False,
+    )
+    assert_same_frame(got, FRAME)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"checksums": b"\0" * 8},
+        {"compression": b"\0\1"},
+        {"compression": bytes(6), "raw_sizes": bytes(8)},
+        {"compression": None, "raw_sizes": bytes(48)},
+    ],
+    ids=["checksums", "compression", "raw-sizes", "raw-sizes-alone"],
+)
+def test_per_segment_tables_of_the_wrong_length(change: dict[str, object]) -> None:
+    main, side = with_sums(FRAME)
+    with pytest.raises(CorruptFrameError, match="the buffer table disagrees with itself"):
+        parse(reforged(main, **change), side)
+
+
+def test_codec_and_compression_tables_round_trip() -> None:
+    frame = Frame(
+        b"h" * 10,
+        (memoryview(b"x" * 70), memoryview(b"y" * 3)),
+        frozenset({1}),
+        "json",
+        (2, 0, 1),
+        (1000, 70, 9),
+    )
+    got = parse(*with_sums(frame))
+    assert (got.codec, got.compression, got.raw_sizes) == ("json", (2, 0, 1), (1000, 70, 9))
+
+
+def test_unknown_envelope_keys_from_a_newer_minor_version_are_ignored() -> None:
+    main, side = with_sums(FRAME)
+    data = bytearray(reforged(main, future_field=[1, 2, 3]))
+    struct.pack_into("<H", data, 10, FORMAT_VERSION[1] + 1)
+    assert_same_frame(parse(data, side), FRAME)
+
+
+# -- hypothesis: with checksums, every flipped byte is caught or harmless -----------------
+
+
+@st.composite
+def frames_with_sums(draw: st.DrawFn) -> tuple[Frame, bytes, bytes]:
+    frame = draw(frames())
+    main, side = with_sums(frame)
+    return frame, main, side
+
+
+def significant(data: bytes, ranges: list[tuple[int, int]]) -> np.ndarray:
+    mask = np.zeros(len(data), bool)
+    for start, end in ranges:
+        mask[start:end] = True
+    return mask
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    case=frames_with_sums(),
+    where=st.integers(0, 2**32),
+    mask=st.integers(1, 255),
+    in_side=st.booleans(),
+)
+def test_every_flip_is_caught_unless_it_is_padding(
+    case: tuple[Frame, bytes, bytes], where: int, mask: int, in_side: bool
+) -> None:
+    frame, main, side = case
+    part = 1 if in_side and side else 0
+    data = [bytearray(main), bytearray(side)]
+    pos = where % len(data[part])
+    data[part][pos] ^= mask
+    # What a reader checks: magic and major version (not the minor), the envelope
+    # length, checksum and envelope, the sidecar's message id, and every segment.
+    ranges: list[list[tuple[int, int]]] = [[(0, 10), (12, envelope_end(main))], [(0, 10), (16, 32)]]
+    for p, start, end in segment_positions(main, side):
+        ranges[p].append((start, end))
+    matters = significant(bytes(data[part]), ranges[part])[pos]
+    try:
+        got = parse(data[0], data[1])
+    except CorruptFrameError:
+        assert matters, pos
+    else:
+        assert not matters, pos
+        assert_same_frame(got, frame)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=frames_with_sums(), cut=st.integers(0, 2**32), in_side=st.booleans())
+def test_every_truncation_with_checksums_is_caught(
+    case: tuple[Frame, bytes, bytes], cut: int, in_side: bool
+) -> None:
+    _, main, side = case
+    part = 1 if in_side and side else 0
+    data = [main, side]
+    data[part] = data[part][: cut % len(data[part])]
+    with pytest.raises(CorruptFrameError):
+        parse(data[0], data[1])

@@ -1,0 +1,271 @@
+"""Damaged steps on disk, through the public API: every corruption of a stored,
+compressed and checksummed step is a typed error naming the file, or harmless."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from pathlib import Path
+
+import anyio
+import msgspec
+import numpy as np
+import pytest
+import xxhash
+from helpers import assert_batches_equal, make_batch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import rlwire
+from rlwire import CorruptFrameError, Frame, FrameTooLargeError, RlwireError
+from rlwire.codecs import Compressor, MsgpackCodec, compress
+from rlwire.transport import FileSink
+
+SETTINGS = settings(
+    max_examples=2000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+MAIN = "step-00000000.rank-0000.rlw"
+SIDE = "step-00000000.rank-0000.sidecar.rlw"
+
+
+def compressible_batch() -> rlwire.TrainingBatch:
+    batch = make_batch(2, n=30_000)
+    for sample in batch.samples:
+        assert sample.routed_experts is not None
+        sample.routed_experts[:] %= 3
+    return batch
+
+
+BATCH = compressible_batch()
+
+
+def pristine(root: Path, compression: str | None) -> Path:
+    path = root / f"pristine-{compression}"
+    if not path.exists():
+
+        async def send() -> None:
+            async with rlwire.open_sender(
+                path, sidecar=("routed_experts",), compression=compression
+            ) as sender:
+                await sender.send(BATCH)
+
+        anyio.run(send)
+    return path
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str | None, Path]:
+    root = tmp_path_factory.mktemp("stores")
+    return {c: pristine(root, c) for c in (None, "lz4", "zstd")}
+
+
+def test_stores_are_compressed(stores: dict[str | None, Path]) -> None:
+    def size(path: Path) -> int:
+        return sum(p.stat().st_size for p in path.iterdir())
+
+    assert size(stores["lz4"]) < size(stores[None]) and size(stores["zstd"]) < size(stores[None])
+
+
+def receive(path: Path) -> rlwire.TrainingBatch | None:
+    with rlwire.open_receiver(path) as receiver:
+        return receiver.poll()
+
+
+@SETTINGS
+@given(
+    compression=st.sampled_from([None, "lz4", "zstd"]),
+    in_side=st.booleans(),
+    where=st.integers(0, 2**32),
+    value=st.binary(min_size=1, max_size=8),
+    cut=st.none() | st.integers(0, 2**32),
+)
+def test_damaged_files_give_typed_errors_or_the_batch(
+    stores: dict[str | None, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+    compression: str | None,
+    in_side: bool,
+    where: int,
+    value: bytes,
+    cut: int | None,
+) -> None:
+    path = tmp_path_factory.mktemp("damaged")
+    shutil.copytree(stores[compression], path, dirs_exist_ok=True)
+    target = path / (SIDE if in_side else MAIN)
+    data = bytearray(target.read_bytes())
+    pos = where % len(data)
+    data[pos : pos + len(value)] = value  # overwrite, possibly extending at the end
+    if cut is not None:
+        del data[cut % (len(data) + 1) :]
+    target.write_bytes(bytes(data))
+    try:
+        got = receive(path)
+    except RlwireError as exc:
+        assert isinstance(exc, CorruptFrameError)
+        assert str(path) in str(exc)
+    else:
+        assert got is not None
+        assert_batches_equal(got, BATCH)
+
+
+# -- forged messages: valid checksums around hostile tables -----------------------------------
+
+
+def store(path: Path, frame: Frame) -> Path:
+    sink = FileSink(path)
+    sink.open("overwrite")
+    stage = sink.stage(0, [frame])
+    while True:
+        try:
+            next(stage)
+        except StopIteration as stop:
+            stop.value.commit()
+            return path
+
+
+def forged(frame: Frame, **changes: object) -> Frame:
+    fields = {
+        "header": frame.header,
+        "buffers": frame.buffers,
+        "sidecar": frame.sidecar,
+        "codec": frame.codec,
+        "compression": frame.compression,
+        "raw_sizes": frame.raw_sizes,
+    }
+    fields.update(changes)
+    return Frame(**fields)  # type: ignore[arg-type]
+
+
+def compressed_frame() -> Frame:
+    frame = compress(MsgpackCodec(sidecar=("routed_experts",)).encode(BATCH), Compressor("zstd"))
+    assert any(frame.compression[1:])
+    return frame
+
+
+def test_decompression_bomb_is_refused_before_allocating(tmp_path: Path) -> None:
+    frame = compressed_frame()
+    i = next(k for k, c in enumerate(frame.compression) if c)
+    sizes = list(frame.raw_sizes)
+    sizes[i] = 1 << 40  # a terabyte
+    store(tmp_path, forged(frame, raw_sizes=tuple(sizes)))
+    with pytest.raises(FrameTooLargeError, match=f"segment {i} alone declares 1099511627776"):
+        receive(tmp_path)
+
+
+def test_limit_is_the_receivers_choice(tmp_path: Path) -> None:
+    store(tmp_path, compressed_frame())
+    with rlwire.open_receiver(tmp_path, max_decompressed_bytes=1000) as receiver:
+        with pytest.raises(FrameTooLargeError):
+            receiver.poll()
+    got = receive(tmp_path)
+    assert got is not None
+    assert_batches_equal(got, BATCH)
+
+
+def test_unknown_compression_id(tmp_path: Path) -> None:
+    frame = compressed_frame()
+    i = next(k for k, c in enumerate(frame.compression) if c)
+    ids = list(frame.compression)
+    ids[i] = 200
+    store(tmp_path, forged(frame, compression=tuple(ids)))
+    with pytest.raises(CorruptFrameError, match=f"segment {i}: unknown compression id 200"):
+        receive(tmp_path)
+
+
+@pytest.mark.parametrize("delta", [-1, 1, 1000])
+def test_segment_that_expands_to_another_size(tmp_path: Path, delta: int) -> None:
+    frame = compressed_frame()
+    i = next(k for k, c in enumerate(frame.compression) if c)
+    sizes = list(frame.raw_sizes)
+    sizes[i] += delta
+    store(tmp_path, forged(frame, raw_sizes=tuple(sizes)))
+    with pytest.raises(CorruptFrameError, match=f"segment {i}"):
+        receive(tmp_path)
+
+
+def test_garbage_that_claims_to_be_lz4(tmp_path: Path) -> None:
+    frame = Frame(b"\x80", (memoryview(b"\xff" * 1000),), codec="msgpack")
+    store(tmp_path, forged(frame, compression=(0, 1), raw_sizes=(1, 10_000)))
+    with pytest.raises(CorruptFrameError, match="segment 1: lz4 data is corrupt"):
+        receive(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "message"),
+    [
+        ([-1], "<u1", "invalid shape"),
+        ([2**62, 2**62], "<u1", "needs"),
+        ([10], "<U4", "not a plain bool or numeric dtype"),
+        ([10], "|O8", "not a plain bool or numeric dtype"),
+        ([5], "<u1", "needs 5 bytes but its buffer has 10"),
+    ],
+)
+def test_hostile_array_descriptors(
+    tmp_path: Path, shape: list[int], dtype: str, message: str
+) -> None:
+    ref = msgspec.msgpack.encode([0, dtype, shape, "C"])
+    header = msgspec.msgpack.encode({"x": msgspec.msgpack.Ext(1, ref)})
+    store(tmp_path, Frame(header, (memoryview(bytes(10)),)))
+    with rlwire.open_receiver(tmp_path, type=dict) as receiver:
+        with pytest.raises(CorruptFrameError, match=message):
+            receiver.poll()
+
+
+def test_checksum_mismatch_names_step_rank_and_buffer(
+    tmp_path: Path, stores: dict[str | None, Path]
+) -> None:
+    shutil.copytree(stores["zstd"], tmp_path, dirs_exist_ok=True)
+    side = tmp_path / SIDE
+    data = bytearray(side.read_bytes())
+    data[100] ^= 0x01
+    side.write_bytes(bytes(data))
+    with pytest.raises(
+        CorruptFrameError,
+        match=r"step 0 rank 0: buffer \d+ \(\d+ bytes\) does not match its checksum",
+    ):
+        receive(tmp_path)
+    # verify=False hands the damage to the decompressor, which still refuses it or
+    # returns a batch of the right shape; it never crashes.
+    with rlwire.open_receiver(tmp_path, verify=False) as receiver:
+        try:
+            got = receiver.poll()
+        except CorruptFrameError:
+            return
+    assert got is not None and len(got.samples) == len(BATCH.samples)
+
+
+def test_envelope_checksum_is_checked_even_without_verify(
+    tmp_path: Path, stores: dict[str | None, Path]
+) -> None:
+    shutil.copytree(stores[None], tmp_path, dirs_exist_ok=True)
+    main = tmp_path / MAIN
+    data = bytearray(main.read_bytes())
+    env_len = struct.unpack_from("<I", data, 12)[0]
+    assert (
+        xxhash.xxh3_64_intdigest(bytes(data[24 : 24 + env_len]))
+        == struct.unpack_from("<Q", data, 16)[0]
+    )
+    data[30] ^= 0x01
+    main.write_bytes(bytes(data))
+    with rlwire.open_receiver(tmp_path, verify=False) as receiver:
+        with pytest.raises(CorruptFrameError, match="envelope does not match its checksum"):
+            receiver.poll()
+
+
+def test_corrupt_step_can_be_skipped(tmp_path: Path, stores: dict[str | None, Path]) -> None:
+    path = tmp_path / "run"
+    shutil.copytree(stores["lz4"], path)
+    (path / MAIN).write_bytes(b"\x89RLW\r\n\x1a\n" + bytes(100))
+    arrays = np.arange(3)
+
+    async def more() -> None:
+        async with rlwire.open_sender(path, on_existing="resume") as sender:
+            await sender.send({"a": arrays})
+
+    anyio.run(more)
+    with rlwire.open_receiver(path, type=dict) as receiver:
+        with pytest.raises(CorruptFrameError):
+            receiver.poll()
+        assert receiver.skip() == 0
+        assert receiver.receive(timeout=5)["a"].tolist() == [0, 1, 2]

@@ -805,12 +805,10 @@ def test_checksums_round_trip_and_record_the_algorithm() -> None:
     assert "checksums" not in decoded_envelope(plain)
 
 
-@pytest.mark.parametrize("segment", range(len(FRAME.buffers) + 1))
+@pytest.mark.parametrize("segment", [0] + [i + 1 for i, b in enumerate(FRAME.buffers) if b.nbytes])
 def test_flipped_segment_byte_names_step_rank_and_segment(segment: int) -> None:
     main, side = with_sums(FRAME)
     part, start, end = segment_positions(main, side)[segment]
-    if end == start:
-        pytest.skip("empty segment")
     data = [bytearray(main), bytearray(side)]
     data[part][(start + end) // 2] ^= 0x10
     what = "the header" if segment == 0 else rf"buffer {segment - 1} \("

@@ -167,7 +167,7 @@ class TrainingBatchReceiver(Generic[T]):
                 return _NOTHING
             if frame.compression:
                 if self._pool is None:
-                    workers = int(self._limiter.total_tokens)
+                    workers = int(min(self._limiter.total_tokens, os.cpu_count() or 2))
                     self._pool = ThreadPoolExecutor(workers, thread_name_prefix="rlwire")
                 frame = decompress(frame, max_bytes=self._max_decompressed, map=self._pool.map)
             codec = self._codecs.get(frame.codec)

@@ -50,6 +50,7 @@ _SAMPLE = 64 << 10
 _KEEP_RATIO = 0.9  # keep a compressed segment only when it is at most 90 % of the original
 _LZ4_MAX_INPUT = 0x7E000000  # LZ4_MAX_INPUT_SIZE: larger segments are stored as they are
 _LEVELS = {LZ4: (0, 12, 0), ZSTD: (1, 22, 3)}  # (min, max, default)
+_GROUP_BYTES = 4 << 20  # decompressed bytes per parallel task, at least
 
 Segment: TypeAlias = "bytes | memoryview"
 Map: TypeAlias = Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]]
@@ -288,7 +289,22 @@ def decompress(frame: Frame, *, max_bytes: int = DEFAULT_MAX_DECOMPRESSED, map: 
     if not frame.compression:
         return frame
     jobs = _check_sizes(frame, max_bytes)
-    return _rebuild(frame, jobs, map(_expand, jobs))
+    # One task per group of segments of a few MiB: thousands of small segments would
+    # otherwise cost thousands of futures, each a few microseconds of GIL-holding Python.
+    groups: list[list[tuple[int, int, Segment, int]]] = [[]]
+    size = 0
+    for job in jobs:
+        if size >= _GROUP_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(job)
+        size += job[3]
+    outs = [out for group in map(_expand_all, groups) for out in group]
+    return _rebuild(frame, jobs, outs)
+
+
+def _expand_all(jobs: Sequence[tuple[int, int, Segment, int]]) -> list[bytes]:
+    return [_expand(job) for job in jobs]
 
 
 async def adecompress(

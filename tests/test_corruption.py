@@ -3,8 +3,11 @@ compressed and checksummed step is a typed error naming the file, or harmless.""
 
 from __future__ import annotations
 
+import re
 import shutil
 import struct
+import time
+import tracemalloc
 from pathlib import Path
 
 import anyio
@@ -47,7 +50,7 @@ def pristine(root: Path, compression: str | None) -> Path:
 
         async def send() -> None:
             async with rlwire.open_sender(
-                path, sidecar=("routed_experts",), compression=compression
+                path, sidecar=("routed_experts",), compression=compression, checksum=True
             ) as sender:
                 await sender.send(BATCH)
 
@@ -69,7 +72,7 @@ def test_stores_are_compressed(stores: dict[str | None, Path]) -> None:
 
 
 def receive(path: Path) -> rlwire.TrainingBatch | None:
-    with rlwire.open_receiver(path) as receiver:
+    with rlwire.open_receiver(path, verify=True) as receiver:
         return receiver.poll()
 
 
@@ -137,8 +140,9 @@ def forged(frame: Frame, **changes: object) -> Frame:
     return Frame(**fields)  # type: ignore[arg-type]
 
 
-def compressed_frame() -> Frame:
-    frame = compress(MsgpackCodec(sidecar=("routed_experts",)).encode(BATCH), Compressor("zstd"))
+def compressed_frame(algorithm: str = "zstd") -> Frame:
+    codec = MsgpackCodec(sidecar=("routed_experts",))
+    frame = compress(codec.encode(BATCH), Compressor(algorithm))
     assert any(frame.compression[1:])
     return frame
 
@@ -149,8 +153,36 @@ def test_decompression_bomb_is_refused_before_allocating(tmp_path: Path) -> None
     sizes = list(frame.raw_sizes)
     sizes[i] = 1 << 40  # a terabyte
     store(tmp_path, forged(frame, raw_sizes=tuple(sizes)))
-    with pytest.raises(FrameTooLargeError, match=f"segment {i} alone declares 1099511627776"):
-        receive(tmp_path)
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        with pytest.raises(FrameTooLargeError, match=f"segment {i} alone declares 1099511627776"):
+            receive(tmp_path)
+        elapsed = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert elapsed < 1.0 and peak < 16 << 20, (elapsed, peak)
+
+
+def test_bomb_spread_over_segments(tmp_path: Path) -> None:
+    frame = compressed_frame()
+    compressed = [k for k, c in enumerate(frame.compression) if c]
+    assert len(compressed) >= 2
+    whole = sum(frame.raw_sizes)  # every segment, compressed or not, once decompressed
+    # Each segment alone fits under the limit; together they declare more.
+    sizes = list(frame.raw_sizes)
+    for k in compressed:
+        sizes[k] = whole
+    store(tmp_path, forged(frame, raw_sizes=tuple(sizes)))
+    with rlwire.open_receiver(tmp_path, max_decompressed_bytes=whole + 1) as receiver:
+        with pytest.raises(FrameTooLargeError, match="raise max_decompressed_bytes"):
+            receiver.poll()
+    store(tmp_path, compressed_frame())
+    with rlwire.open_receiver(tmp_path, max_decompressed_bytes=whole) as receiver:
+        got = receiver.poll()
+    assert got is not None
+    assert_batches_equal(got, BATCH)
 
 
 def test_limit_is_the_receivers_choice(tmp_path: Path) -> None:
@@ -173,9 +205,10 @@ def test_unknown_compression_id(tmp_path: Path) -> None:
         receive(tmp_path)
 
 
+@pytest.mark.parametrize("algorithm", ["zstd", "lz4"])
 @pytest.mark.parametrize("delta", [-1, 1, 1000])
-def test_segment_that_expands_to_another_size(tmp_path: Path, delta: int) -> None:
-    frame = compressed_frame()
+def test_segment_that_expands_to_another_size(tmp_path: Path, delta: int, algorithm: str) -> None:
+    frame = compressed_frame(algorithm)
     i = next(k for k, c in enumerate(frame.compression) if c)
     sizes = list(frame.raw_sizes)
     sizes[i] += delta
@@ -269,3 +302,53 @@ def test_corrupt_step_can_be_skipped(tmp_path: Path, stores: dict[str | None, Pa
             receiver.poll()
         assert receiver.skip() == 0
         assert receiver.receive(timeout=5)["a"].tolist() == [0, 1, 2]
+
+
+# -- known bugs (src/), kept here so that a fix turns them into failures to clean up --------
+
+
+def hostile_frames() -> dict[str, Frame]:
+    frame = compressed_frame()
+    i = next(k for k, c in enumerate(frame.compression) if c)
+    ids, sizes = list(frame.compression), list(frame.raw_sizes)
+    ids[i] = 200
+    sizes[i] += 1
+    bomb = [*frame.raw_sizes]
+    bomb[i] = 1 << 40
+    return {
+        "unknown-compression-id": forged(frame, compression=tuple(ids)),
+        "size-mismatch": forged(frame, raw_sizes=tuple(sizes)),
+        "bomb": forged(frame, raw_sizes=tuple(bomb)),
+        "garbage-lz4": Frame(
+            b"\x80", (memoryview(b"\xff" * 1000),), compression=(0, 1), raw_sizes=(1, 9)
+        ),
+        "unknown-codec": forged(frame, codec="pickle"),
+    }
+
+
+@pytest.mark.parametrize("name", ["unknown-compression-id", "size-mismatch", "bomb", "garbage-lz4"])
+def test_decompression_errors_name_the_file(tmp_path: Path, name: str) -> None:
+    store(tmp_path, hostile_frames()[name])
+    with pytest.raises(RlwireError, match=re.escape(str(tmp_path / MAIN))):
+        receive(tmp_path)
+
+
+def test_unknown_codec_in_a_message_is_a_decode_error(tmp_path: Path) -> None:
+    store(tmp_path, hostile_frames()["unknown-codec"])
+    with pytest.raises(rlwire.DecodeError, match=re.escape(str(tmp_path / MAIN))):
+        receive(tmp_path)
+
+
+def test_envelope_codec_name_that_is_not_utf8(
+    tmp_path: Path, stores: dict[str | None, Path]
+) -> None:
+    shutil.copytree(stores[None], tmp_path, dirs_exist_ok=True)
+    main = tmp_path / MAIN
+    data = bytearray(main.read_bytes())
+    env_len = struct.unpack_from("<I", data, 12)[0]
+    pos = data.index(b"msgpack", 24, 24 + env_len)
+    data[pos] = 0xFF
+    struct.pack_into("<Q", data, 16, xxhash.xxh3_64_intdigest(data[24 : 24 + env_len]))
+    main.write_bytes(bytes(data))
+    with pytest.raises(CorruptFrameError, match=re.escape(str(main))):
+        receive(tmp_path)

@@ -3,6 +3,7 @@ FileSource handle corrupt files."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import mmap
 import os
@@ -10,6 +11,7 @@ import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -108,6 +110,15 @@ def forge(envelope: dict[str, object], body: bytes = b"") -> bytes:
 
 def envelope_end(main: bytes) -> int:
     return PRELUDE.size + PRELUDE.unpack_from(main)[3]
+
+
+def rehash(data: bytearray) -> bytearray:
+    """Make the prelude's envelope checksum match the envelope bytes in ``data`` again, so
+    that a test reaches the checks behind it."""
+    struct.pack_into(
+        "<Q", data, 16, xxhash.xxh3_64_intdigest(data[PRELUDE.size : envelope_end(data)])
+    )
+    return data
 
 
 def check_round_trip(frame: Frame, step: int = STEP, rank: int = RANK) -> None:
@@ -309,13 +320,17 @@ def test_bad_envelope_length(env_len: int) -> None:
         parse(data, side)
 
 
-def test_garbage_envelope() -> None:
+@pytest.mark.parametrize("fixed", [False, True], ids=["checksum-stale", "checksum-fixed"])
+def test_garbage_envelope(fixed: bool) -> None:
     main, side = laid_out(FRAME)
     end = envelope_end(main)
     for fill in (0x00, 0xC1, 0xFF, 0x90):
         data = bytearray(main)
         data[PRELUDE.size : end] = bytes([fill]) * (end - PRELUDE.size)
-        with pytest.raises(CorruptFrameError):
+        if fixed:
+            rehash(data)
+        expected = "malformed envelope" if fixed else "does not match its checksum"
+        with pytest.raises(CorruptFrameError, match=expected):
             parse(data, side)
 
 
@@ -621,14 +636,15 @@ def test_empty_main_file(stored: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("offset", "data"),
+    ("offset", "data", "fixed", "message"),
     [
-        (0, b"NOTRLWIR"),
-        (8, b"\x09\x00"),
-        (12, b"\xff\xff\xff\x7f"),
-        (16, b"\x00"),
-        (24, b"\xc1"),
-        (24, b"\xff" * 20),
+        (0, b"NOTRLWIR", False, "magic"),
+        (8, b"\x09\x00", False, "major version 9"),
+        (12, b"\xff\xff\xff\x7f", False, "envelope length"),
+        (16, b"\x00", False, "does not match its checksum"),
+        (24, b"\xc1", False, "does not match its checksum"),
+        (24, b"\xc1", True, "malformed envelope"),
+        (24, b"\xff" * 20, True, "malformed envelope"),
     ],
     ids=[
         "magic",
@@ -636,16 +652,20 @@ def test_empty_main_file(stored: Path) -> None:
         "envelope-length",
         "envelope-checksum",
         "envelope-opcode",
-        "envelope-garbage",
+        "envelope-opcode-checksum-fixed",
+        "envelope-garbage-checksum-fixed",
     ],
 )
-def test_overwritten_envelope(stored: Path, offset: int, data: bytes) -> None:
+def test_overwritten_envelope(
+    stored: Path, offset: int, data: bytes, fixed: bool, message: str
+) -> None:
     main, _ = _paths(stored)
-    with main.open("r+b") as f:
-        f.seek(offset)
-        f.write(data)
-    with pytest.raises(CorruptFrameError):
+    raw = bytearray(main.read_bytes())
+    raw[offset : offset + len(data)] = data
+    main.write_bytes(rehash(raw) if fixed else raw)
+    with pytest.raises(CorruptFrameError, match=message) as info:
         read(stored)
+    assert str(main) in str(info.value)
 
 
 def test_every_envelope_byte_flip_on_disk(stored: Path) -> None:
@@ -827,6 +847,129 @@ def test_flipped_segment_byte_names_step_rank_and_segment(segment: int) -> None:
     assert bytes(flipped) != bytes(original) and len(flipped) == len(original)
 
 
+def patched(main: bytes, change: Callable[[dict[str, Any]], None]) -> bytes:
+    """``main`` with its envelope edited in place by ``change`` and its checksum made
+    right; the header and buffers stay where they were (the edit must fit the padding)."""
+    env = decoded_envelope(main)
+    change(env)
+    new = msgspec.msgpack.encode(env)
+    h_off = decoded_envelope(main)["header"][0]  # type: ignore[index]
+    assert PRELUDE.size + len(new) <= h_off, "the edited envelope overlaps the header"
+    head = PRELUDE.pack(MAGIC, *FORMAT_VERSION, len(new), xxhash.xxh3_64_intdigest(new))
+    return head + new + bytes(h_off - PRELUDE.size - len(new)) + main[h_off:]
+
+
+def set_u64(key: str, index: int, value: int | Callable[[int], int]) -> Callable[[Any], None]:
+    def change(env: dict[str, Any]) -> None:
+        table = list(struct.unpack(f"<{len(env[key]) // 8}Q", env[key]))
+        table[index] = value(table[index]) if callable(value) else value
+        env[key] = struct.pack(f"<{len(table)}Q", *table)
+
+    return change
+
+
+def setitem(key: str, value: object) -> Callable[[dict[str, Any]], None]:
+    return lambda env: env.__setitem__(key, value)
+
+
+# FRAME stored with checksums: a 768-byte main part (header at 320) and a 128-byte
+# sidecar holding buffers 1 and 2; buffers 0, 3 and 4 are in the main part.
+DEEPER = {
+    "step": (setitem("step", STEP + 1), rf"holds step {STEP + 1} rank {RANK}, expected step"),
+    "rank": (setitem("rank", RANK + 1), rf"holds step {STEP} rank {RANK + 1}, expected"),
+    "size": (setitem("size", 768 + 64), "the envelope says 832 bytes, found 768"),
+    "header-outside": (setitem("header", [768, 12]), "header at offset 768 length 12 lies outside"),
+    "header-too-long": (setitem("header", [320, 449]), "header at offset 320 length 449"),
+    "header-moved": (setitem("header", [0, 12]), r"step 7 rank 3: the header does not match"),
+    "offset-outside-main": (
+        set_u64("offsets", 0, 768),
+        "buffer 0 at offset 768 length 100 lies outside the 768-byte main part",
+    ),
+    "length-outside-main": (
+        set_u64("lengths", 4, 2**64 - 1),
+        "buffer 4 at offset \\d+ length 18446744073709551615 lies outside the 768-byte main",
+    ),
+    "offset-outside-sidecar": (
+        set_u64("offsets", 2, 2**64 - 1),
+        "buffer 2 at offset 18446744073709551615 length 7 lies outside the 128-byte sidecar",
+    ),
+    "length-outside-sidecar": (
+        set_u64("lengths", 2, 65),
+        "buffer 2 at offset 64 length 65 lies outside the 128-byte sidecar",
+    ),
+    "offset-moved-inside": (
+        set_u64("offsets", 0, lambda off: off + 64),
+        r"step 7 rank 3: buffer 0 \(100 bytes\) does not match its checksum",
+    ),
+    "unknown-part": (setitem("parts", b"\x02\x01\x01\x00\x00"), "buffer 0 is in unknown part 2"),
+    "undeclared-sidecar": (
+        lambda env: env.pop("sidecar_size"),
+        "buffers refer to a sidecar the message does not declare",
+    ),
+    "sidecar-size": (setitem("sidecar_size", 192), "expected 192 bytes, found 128"),
+    "sidecar-id": (setitem("id", bytes(16)), "sidecar belongs to another message"),
+    "parts-table": (setitem("parts", bytes(6)), "6 buffers, 40 bytes of offsets"),
+    "lengths-table": (
+        lambda env: env.__setitem__("lengths", env["lengths"] + bytes(8)),
+        "5 buffers, 48 bytes of lengths",
+    ),
+    "step-type": (setitem("step", "7"), "malformed envelope"),
+    "header-shape": (setitem("header", [320, 12, 0]), "malformed envelope"),
+    "codec-missing": (lambda env: env.pop("codec"), "malformed envelope.*codec"),
+}
+
+
+@pytest.mark.parametrize(("change", "message"), DEEPER.values(), ids=DEEPER.keys())
+def test_deeper_checks_behind_a_valid_envelope_checksum(
+    change: Callable[[dict[str, Any]], None], message: str
+) -> None:
+    main, side = with_sums(FRAME)
+    assert (decoded_envelope(main)["header"], len(main), len(side)) == ([320, 12], 768, 128)
+    with pytest.raises(CorruptFrameError, match=rf"^msg: .*{message}"):
+        parse(patched(main, change), side)
+
+
+@pytest.mark.parametrize("frame", [FRAME, FRAME_NO_SIDE], ids=["sidecar", "no-sidecar"])
+def test_single_byte_flips_in_envelope_with_its_checksum_fixed(frame: Frame) -> None:
+    # Behind a valid envelope checksum, the envelope's own checks and the segment
+    # checksums still catch nearly every flip; whatever survives must not change data.
+    main, side = with_sums(frame)
+    raised = survived = 0
+    for pos in range(PRELUDE.size, envelope_end(main)):
+        for mask in (0x01, 0x80, 0xFF):
+            data = bytearray(main)
+            data[pos] ^= mask
+            try:
+                got = parse(rehash(data), side)
+            except CorruptFrameError:
+                raised += 1
+            else:
+                # The data is intact; only an empty buffer may have changed parts.
+                nonempty = {i for i, b in enumerate(frame.buffers) if b.nbytes}
+                assert bytes(got.header) == bytes(frame.header)
+                assert [bytes(b) for b in got.buffers] == [bytes(b) for b in frame.buffers]
+                assert got.sidecar & nonempty == frame.sidecar & nonempty
+                survived += 1
+    assert raised > 4 * survived
+
+
+def str_value_range(main: bytes, key: str) -> tuple[int, int]:
+    """Where the str value of envelope ``key`` lies in ``main`` (a fixstr: 1-byte tag)."""
+    value = msgspec.msgpack.encode(decoded_envelope(main)[key])
+    start = main.index(msgspec.msgpack.encode(key) + value, PRELUDE.size) + len(key) + 1
+    return start + 1, start + len(value)
+
+
+@pytest.mark.parametrize("key", ["codec", "checksum"])
+def test_envelope_string_that_is_not_utf8_is_corrupt(key: str) -> None:
+    main, side = with_sums(FRAME)
+    start, _ = str_value_range(main, key)
+    data = bytearray(main)
+    data[start] = 0xFF  # never valid in UTF-8
+    with pytest.raises(CorruptFrameError, match="malformed envelope"):
+        parse(rehash(data), side)
+
+
 def test_unknown_checksum_algorithm() -> None:
     main, side = with_sums(FRAME)
     data = reforged(main, checksum="crc64")
@@ -885,6 +1028,14 @@ def test_unknown_envelope_keys_from_a_newer_minor_version_are_ignored() -> None:
 @st.composite
 def frames_with_sums(draw: st.DrawFn) -> tuple[Frame, bytes, bytes]:
     frame = draw(frames())
+    segments = len(frame.buffers) + 1
+    tables = st.tuples(
+        st.lists(st.integers(0, 255), min_size=segments, max_size=segments).map(tuple),
+        st.lists(st.integers(0, 2**64 - 1), min_size=segments, max_size=segments).map(tuple),
+    )
+    compression, raw_sizes = draw(st.just(((), ())) | tables)
+    codec = draw(st.sampled_from(["msgpack", "json", "my-codec"]))
+    frame = dataclasses.replace(frame, codec=codec, compression=compression, raw_sizes=raw_sizes)
     main, side = with_sums(frame)
     return frame, main, side
 
@@ -924,6 +1075,11 @@ def test_every_flip_is_caught_unless_it_is_padding(
     else:
         assert not matters, pos
         assert_same_frame(got, frame)
+        assert (got.codec, got.compression, got.raw_sizes) == (
+            frame.codec,
+            frame.compression,
+            frame.raw_sizes,
+        )
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])

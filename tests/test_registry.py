@@ -120,5 +120,9 @@ async def test_message_from_a_codec_this_receiver_lacks(
     monkeypatch.setattr(sys, "path", [p for p in sys.path if not p.endswith("site")])
     clear_caches()
     with rlwire.open_receiver(tmp_path, type=str) as receiver:
-        with pytest.raises(ConfigError, match="unknown codec 'reversed'"):
+        with pytest.raises(
+            rlwire.DecodeError,
+            match=r"step-00000000.rank-0000.rlw: step 0 rank 0: written "
+            r"with codec 'reversed', which this reader cannot load: unknown codec",
+        ):
             receiver.poll()

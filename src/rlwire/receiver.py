@@ -17,7 +17,8 @@ from ._args import non_negative_int
 from ._urls import make_source
 from .codecs import Codec, decompress, get_codec
 from .codecs.compression import DEFAULT_MAX_DECOMPRESSED
-from .errors import ClosedError, ConfigError, ReceiveTimeout
+from .errors import ClosedError, ConfigError, DecodeError, ReceiveTimeout
+from .frame import Frame
 from .schema import TrainingBatch, TrainingSample
 from .transport import Source
 
@@ -165,20 +166,32 @@ class TrainingBatchReceiver(Generic[T]):
             frame = self._source.read(self._next_step)
             if frame is None:
                 return _NOTHING
-            if frame.compression:
-                if self._pool is None:
-                    workers = int(min(self._limiter.total_tokens, os.cpu_count() or 2))
-                    self._pool = ThreadPoolExecutor(workers, thread_name_prefix="rlwire")
-                frame = decompress(frame, max_bytes=self._max_decompressed, map=self._pool.map)
-            codec = self._codecs.get(frame.codec)
-            if codec is None:
-                codec = self._codecs[frame.codec] = get_codec(frame.codec)()
-            obj = codec.decode(frame, self._type, writable=self._writable)
+            try:
+                obj = self._decode(frame)
+            except DecodeError as exc:  # name the message: the source knows where it is
+                exc.args = (f"{self._source.describe(self._next_step)}: {exc}", *exc.args[1:])
+                raise
             if self._validate and isinstance(obj, TrainingBatch | TrainingSample):
                 obj.validate(f"step {self._next_step}")
             self._step = self._next_step
             self._next_step += 1
             return obj
+
+    def _decode(self, frame: Frame) -> Any:
+        if frame.compression:
+            if self._pool is None:
+                workers = int(min(self._limiter.total_tokens, os.cpu_count() or 2))
+                self._pool = ThreadPoolExecutor(workers, thread_name_prefix="rlwire")
+            frame = decompress(frame, max_bytes=self._max_decompressed, map=self._pool.map)
+        codec = self._codecs.get(frame.codec)
+        if codec is None:
+            try:
+                codec = self._codecs[frame.codec] = get_codec(frame.codec)()
+            except ConfigError as exc:
+                raise DecodeError(
+                    f"written with codec {frame.codec!r}, which this reader cannot load: {exc}"
+                ) from None
+        return codec.decode(frame, self._type, writable=self._writable)
 
     def skip(self) -> int:
         """Give up on the next step (for example after a CorruptFrameError) and move on to

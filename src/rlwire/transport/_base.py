@@ -78,5 +78,9 @@ class Source(abc.ABC):
             CorruptFrameError: the stored data is truncated or garbled.
         """
 
+    def describe(self, step: int) -> str:
+        """Names the message of ``step`` in error messages (e.g. its path)."""
+        return f"{self!r}: step {step}"
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources. Sources that hold none need not override this."""

@@ -274,7 +274,7 @@ def parse_main(
         raise CorruptFrameError(f"{where}: the envelope does not match its checksum")
     try:
         env = _envelope_decoder.decode(raw_env)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # a str field that is not UTF-8
         raise CorruptFrameError(f"{where}: malformed envelope: {exc}") from exc
     if env.size != data.nbytes:
         raise CorruptFrameError(

@@ -272,6 +272,9 @@ class FileSource(Source):
     def __repr__(self) -> str:
         return f"FileSource({str(self.root)!r}, rank={self.rank})"
 
+    def describe(self, step: int) -> str:
+        return f"{self.root / main_name(step, self.rank)}: step {step} rank {self.rank}"
+
     def read(self, step: int) -> Frame | None:
         path = self.root / main_name(step, self.rank)
         data = self._map(path, missing_ok=True)

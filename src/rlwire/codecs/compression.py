@@ -256,7 +256,7 @@ def _expand(job: tuple[int, int, Segment, int]) -> bytes:
                     f"segment {i}: zstd frame declares {declared} bytes, the frame {raw}"
                 )
             out = _zstd_decompressor().decompress(data, max_output_size=raw)
-    except CorruptFrameError:
+    except (CorruptFrameError, MemoryError):
         raise
     except Exception as exc:  # the libraries raise their own error types for bad input
         raise CorruptFrameError(f"segment {i}: {_NAMES[cid]} data is corrupt: {exc}") from None

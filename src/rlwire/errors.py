@@ -18,6 +18,7 @@ __all__ = [
     "RlwireError",
     "SchemaError",
     "StepExistsError",
+    "StepGapError",
     "StepOrderError",
     "TransportError",
     "UnsupportedVersionError",
@@ -68,6 +69,14 @@ class FrameTooLargeError(DecodeError):
 
 class StepOrderError(RlwireError, ValueError):
     """A step goes backwards, repeats, or skips ahead of the next expected step."""
+
+
+class StepGapError(StepOrderError):
+    """A receiver was handed a message out of sequence: one or more messages between the
+    last one it received and this one were lost (a sender restarted, a peer reconnected).
+    The message names the expected and the received step and sequence numbers. Going on
+    is a deliberate choice, never silent: the next receive returns the message that
+    revealed the gap."""
 
 
 class StepExistsError(RlwireError, FileExistsError):

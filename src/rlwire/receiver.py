@@ -5,22 +5,21 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Generic, TypeVar, overload
 
-import anyio
 from anyio import CapacityLimiter, to_thread
 
 from ._aio import make_limiter
 from ._args import non_negative_int
-from ._urls import make_source
 from .codecs import Codec, decompress, get_codec
 from .codecs.compression import DEFAULT_MAX_DECOMPRESSED
 from .errors import ClosedError, ConfigError, DecodeError, ReceiveTimeout
 from .frame import Frame
 from .schema import TrainingBatch, TrainingSample
-from .transport import Source
+from .transport import Source, SourceOptions, open_source
 
 __all__ = ["TrainingBatchReceiver", "open_receiver"]
 
@@ -41,6 +40,7 @@ def open_receiver(
     verify: bool = True,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
     limiter: CapacityLimiter | int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> TrainingBatchReceiver[T]: ...
 @overload
 def open_receiver(
@@ -54,6 +54,7 @@ def open_receiver(
     verify: bool = True,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
     limiter: CapacityLimiter | int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> TrainingBatchReceiver[TrainingBatch]: ...
 def open_receiver(
     url: str | os.PathLike[str],
@@ -67,16 +68,18 @@ def open_receiver(
     verify: bool = True,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
     limiter: CapacityLimiter | int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> TrainingBatchReceiver[Any]:
     """Open a receiver for one data-parallel rank, reading steps in order.
 
     Args:
-        url: the directory path or ``file://`` URL the sender writes to.
+        url: the URL (or directory path) the sender writes to; see :func:`open_sender`.
         type: what to decode each message into: a msgspec Struct type, ``dict``, ...;
             ``typing.Any`` gives plain dicts and lists.
         start_step: the first step to receive.
         rank: the data-parallel rank whose messages to read.
-        poll_interval: seconds between checks while waiting for a step.
+        poll_interval: seconds between checks while waiting for a step (object stores
+            back off from this up to a second; sockets are woken, not polled).
         writable: return writable arrays (copy-on-write mappings, still no copy).
         validate: validate received TrainingBatch / TrainingSample objects too.
         verify: check the header and every buffer against the checksums the sender
@@ -86,6 +89,7 @@ def open_receiver(
             before allocating anything.
         limiter: bounds the worker threads of the async methods, and the number of
             segments decompressed in parallel.
+        storage_options: options for the source, as for :func:`open_sender`.
 
     Example:
         >>> import rlwire, tempfile
@@ -99,10 +103,18 @@ def open_receiver(
     if not poll_interval > 0:
         raise ConfigError(f"poll_interval must be positive, got {poll_interval!r}")
     return TrainingBatchReceiver(
-        make_source(url, rank=rank, writable=writable, verify=verify),
+        open_source(
+            url,
+            SourceOptions(
+                rank=rank,
+                writable=writable,
+                verify=verify,
+                poll_interval=poll_interval,
+                storage_options=storage_options or {},
+            ),
+        ),
         type,
         start_step=start_step,
-        poll_interval=poll_interval,
         validate=validate,
         writable=writable,
         max_decompressed_bytes=max_decompressed_bytes,
@@ -125,7 +137,6 @@ class TrainingBatchReceiver(Generic[T]):
         type: Any,
         *,
         start_step: int = 0,
-        poll_interval: float = 0.01,
         validate: bool = False,
         writable: bool = False,
         max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
@@ -138,7 +149,6 @@ class TrainingBatchReceiver(Generic[T]):
         self._type = type
         self._next_step = start_step
         self._step: int | None = None
-        self._poll_interval = poll_interval
         self._validate = validate
         self._writable = writable
         self._limiter = make_limiter(limiter)
@@ -163,18 +173,22 @@ class TrainingBatchReceiver(Generic[T]):
         with self._mutex:
             if self._closed:
                 raise ClosedError(f"{self!r} is closed")
-            frame = self._source.read(self._next_step)
-            if frame is None:
+            got = self._source.read_next(self._next_step)
+            if got is None:
                 return _NOTHING
+            step, frame = got
+            # The step is used up even if it cannot be decoded: skip() is not needed to
+            # move past a message a socket has already handed over.
+            self._next_step = step + 1
             try:
                 obj = self._decode(frame)
             except DecodeError as exc:  # name the message: the source knows where it is
-                exc.args = (f"{self._source.describe(self._next_step)}: {exc}", *exc.args[1:])
+                exc.args = (f"{self._source.describe(step)}: {exc}", *exc.args[1:])
+                self._next_step = step  # a stored message can be read again, or skipped
                 raise
             if self._validate and isinstance(obj, TrainingBatch | TrainingSample):
-                obj.validate(f"step {self._next_step}")
-            self._step = self._next_step
-            self._next_step += 1
+                obj.validate(f"step {step}")
+            self._step = step
             return obj
 
     def _decode(self, frame: Frame) -> Any:
@@ -223,7 +237,7 @@ class TrainingBatchReceiver(Generic[T]):
             obj = self._take()
             if obj is not _NOTHING:
                 return obj  # type: ignore[no-any-return]
-            time.sleep(self._wait_time(deadline, timeout))
+            self._source.wait(self._remaining(deadline, timeout))
 
     async def areceive(self, timeout: float | None = None) -> T:
         """Like :meth:`receive`, without blocking the event loop: reads and decoding run
@@ -234,17 +248,17 @@ class TrainingBatchReceiver(Generic[T]):
             obj = await to_thread.run_sync(self._take, limiter=self._limiter)
             if obj is not _NOTHING:
                 return obj  # type: ignore[no-any-return]
-            await anyio.sleep(self._wait_time(deadline, timeout))
+            await self._source.await_message(self._remaining(deadline, timeout))
 
-    def _wait_time(self, deadline: float | None, timeout: float | None) -> float:
+    def _remaining(self, deadline: float | None, timeout: float | None) -> float | None:
         if deadline is None:
-            return self._poll_interval
+            return None
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise ReceiveTimeout(
                 f"{self._source!r}: step {self._next_step} did not arrive within {timeout} s"
             )
-        return min(self._poll_interval, remaining)
+        return remaining
 
     def __iter__(self) -> TrainingBatchReceiver[T]:
         return self

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
 import anyio
-from anyio import CapacityLimiter, to_thread
+from anyio import CapacityLimiter
 
 from ._aio import make_limiter, run_pieces
 from ._args import non_negative_int
-from ._urls import make_sink
 from .codecs import Codec, Compressor, acompress, make_codec
 from .errors import ClosedError, ConfigError, RlwireError, StepOrderError
 from .schema import check_object
-from .transport import OnExisting, Sink
+from .transport import OnExisting, Sink, SinkOptions, open_sink
 
 __all__ = ["TrainingBatchSender", "open_sender"]
 
@@ -33,11 +32,15 @@ def open_sender(
     limiter: CapacityLimiter | int | None = None,
     inline_threshold: int | None = None,
     validate: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> TrainingBatchSender:
     """Open a sender that writes one message per step to ``url``.
 
     Args:
-        url: a directory path or ``file://`` URL.
+        url: where to send, chosen by scheme: a directory path or ``file://`` URL; any
+            fsspec URL (``s3://bucket/prefix``, ``memory://run``, ...); ZeroMQ
+            (``zmq+tcp://127.0.0.1:5555``, ``zmq+ipc:///tmp/run.sock``); or a scheme a
+            plugin registers in the ``rlwire.sinks`` entry point group.
         codec: the name of an installed codec (``"msgpack"``, the default, or ``"json"``;
             plugins add more through the ``rlwire.codecs`` entry point group), or a codec
             object. Receivers pick the codec from each message, so they need no option.
@@ -58,10 +61,14 @@ def open_sender(
         inline_threshold: arrays and bytes smaller than this many bytes stay in the
             header (msgpack codec; default 4096).
         validate: validate every :class:`~rlwire.TrainingSample` before anything is written.
+        storage_options: options for the sink: fsspec's storage options for fsspec URLs
+            (credentials, ``endpoint_url``, ...); ZeroMQ's for ``zmq+`` URLs (see the
+            guide). A sink rejects keys it does not know.
 
     Raises:
-        ConfigError: an unknown codec or compression (the message lists the known ones),
-            an option the codec does not take, or a missing optional dependency.
+        ConfigError: an unknown codec, compression or URL scheme (the message lists the
+            known ones), an option the codec or sink does not take, or a missing
+            optional dependency.
 
     Returns:
         A :class:`TrainingBatchSender`; use it as ``async with``.
@@ -81,7 +88,10 @@ def open_sender(
         **{k: v for k, v in options.items() if v is not None},
     )
     return TrainingBatchSender(
-        make_sink(url, fsync=fsync, checksum=checksum),
+        open_sink(
+            url,
+            SinkOptions(fsync=fsync, checksum=checksum, storage_options=storage_options or {}),
+        ),
         made,
         compression=Compressor.parse(compression),
         on_existing=on_existing,
@@ -161,9 +171,7 @@ class TrainingBatchSender:
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
         if not self._opened:
-            self._next_step = await to_thread.run_sync(
-                self._sink.open, self._on_existing, limiter=self._limiter
-            )
+            self._next_step = await self._sink.aopen(self._on_existing, self._limiter)
             self._opened = True
 
     async def send(self, obj: Any, *, step: int | None = None) -> int:
@@ -208,11 +216,8 @@ class TrainingBatchSender:
                         exc.args = (f"rank {rank}: {exc}", *exc.args[1:])
                     raise
             staged = await run_pieces(self._sink.stage(step, frames), self._limiter)
-            # Committing is a few renames: shielded, so once it starts it finishes and the
-            # step counter matches what readers can see.
             try:
-                with anyio.CancelScope(shield=True):
-                    await to_thread.run_sync(staged.commit, limiter=self._limiter)
+                await staged.acommit(self._limiter)
             finally:
                 if staged.visible:  # even a partly visible step must never be sent again
                     self._last_step = step
@@ -240,9 +245,10 @@ class TrainingBatchSender:
         )
 
     async def aclose(self) -> None:
-        """Wait for an in-flight send to finish, then release the sink. Idempotent."""
+        """Wait for an in-flight send to finish, then flush what the sink accepted and
+        release its files and sockets. Idempotent."""
         async with self._lock:
             if self._closed:
                 return
             self._closed = True
-            await to_thread.run_sync(self._sink.close, limiter=self._limiter)
+            await self._sink.aclose(self._limiter)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
 from .._pieces import Pieces
+from .._plugins import load_target, registered
 from ..errors import ConfigError
 from ..frame import Frame
 
@@ -53,9 +53,7 @@ class Codec(Protocol):
 
 @functools.cache
 def _entry_points() -> dict[str, str]:
-    found = dict(_BUILTIN)
-    found.update((ep.name, ep.value) for ep in entry_points(group=GROUP))
-    return found
+    return registered(GROUP, _BUILTIN)
 
 
 def available_codecs() -> list[str]:
@@ -81,11 +79,8 @@ def get_codec(name: str) -> Callable[..., Codec]:
         raise ConfigError(
             f"unknown codec {name!r}; installed codecs: {', '.join(available_codecs())}"
         )
-    module, _, attr = target.partition(":")
     try:
-        obj: Any = __import__(module, fromlist=[attr])
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+        obj = load_target(target)
     except ImportError as exc:
         hint = " (pip install 'rlwire[json]')" if name == "json" else ""
         raise ConfigError(f"codec {name!r} ({target}) cannot be loaded: {exc}{hint}") from exc

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
-from typing import Literal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+from anyio import CapacityLimiter, to_thread
 
 from .._pieces import Pieces
+from ..errors import ConfigError
 from ..frame import Frame
 
-__all__ = ["OnExisting", "Sink", "Source", "Staged"]
+__all__ = ["OnExisting", "Sink", "SinkOptions", "Source", "SourceOptions", "Staged"]
 
 #: What a sink does with steps that already exist at its destination when it opens.
 OnExisting = Literal["error", "overwrite", "resume"]
@@ -37,12 +43,88 @@ class Staged(abc.ABC):
     def discard(self) -> None:
         """Remove everything staged; the step never becomes visible."""
 
+    async def acommit(self, limiter: CapacityLimiter) -> None:
+        """What the sender awaits: :meth:`commit` in a worker thread, shielded so that
+        once it starts it finishes. Sinks whose commit waits on the network (a socket
+        applying backpressure) override this with a cancellable async version that sets
+        :attr:`visible` as soon as any rank may have received its message.
+        """
+        with anyio.CancelScope(shield=True):
+            await to_thread.run_sync(self.commit, limiter=limiter)
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """What ``open_sender`` passes to :meth:`Sink.from_url` besides the URL.
+
+    Attributes:
+        fsync: make each step durable before it becomes visible (where that means
+            anything).
+        checksum: record an xxh3-64 checksum of every segment for readers to verify.
+        storage_options: the sink's own options, e.g. fsspec's storage options or
+            ZeroMQ's high-water mark and CURVE keys. Sinks reject keys they do not know.
+    """
+
+    fsync: bool = False
+    checksum: bool = True
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """What ``open_receiver`` passes to :meth:`Sink.open_source` besides the URL.
+
+    Attributes:
+        rank: the data-parallel rank to read.
+        writable: hand out writable buffers (copy-on-write where possible).
+        verify: check every segment against its recorded checksum.
+        poll_interval: seconds between checks for a message, for sources that poll.
+        storage_options: as for :class:`SinkOptions`.
+    """
+
+    rank: int = 0
+    writable: bool = False
+    verify: bool = True
+    poll_interval: float = 0.01
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def reject_unknown(where: str, options: Mapping[str, Any], known: Sequence[str]) -> None:
+    """Raise ConfigError naming any key of ``options`` not in ``known``."""
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown storage option(s) {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(known) or 'none'}"
+        )
+
 
 class Sink(abc.ABC):
     """Moves frames to a destination, one step (one frame per rank) at a time.
 
-    Blocking methods are called from worker threads.
+    Blocking methods are called from worker threads; the ``a``-prefixed methods are what
+    the sender awaits, and by default run the blocking ones in threads. A sink found
+    through the ``rlwire.sinks`` entry point group (keyed by URL scheme) is built with
+    :meth:`from_url`, and its readers with :meth:`open_source`.
     """
+
+    @classmethod
+    def from_url(cls, url: str, options: SinkOptions) -> Sink:
+        """The sink for ``url`` (a URL of a scheme this class is registered for).
+
+        Raises:
+            ConfigError: the URL or an option is malformed or unknown.
+        """
+        raise ConfigError(f"{cls.__name__} cannot be opened from a URL ({url!r})")
+
+    @classmethod
+    def open_source(cls, url: str, options: SourceOptions) -> Source:
+        """The source that reads what this kind of sink wrote to ``url``.
+
+        Raises:
+            ConfigError: the URL or an option is malformed or unknown.
+        """
+        raise ConfigError(f"{cls.__name__} has no source for {url!r}")
 
     @abc.abstractmethod
     def open(self, on_existing: OnExisting) -> int:
@@ -65,9 +147,24 @@ class Sink(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources. Sinks that hold none need not override this."""
 
+    async def aopen(self, on_existing: OnExisting, limiter: CapacityLimiter) -> int:
+        """:meth:`open` in a worker thread."""
+        return await to_thread.run_sync(self.open, on_existing, limiter=limiter)
+
+    async def aclose(self, limiter: CapacityLimiter) -> None:
+        """:meth:`close` in a worker thread, shielded: what was accepted is flushed."""
+        with anyio.CancelScope(shield=True):
+            await to_thread.run_sync(self.close, limiter=limiter)
+
 
 class Source(abc.ABC):
-    """Reads the frames a :class:`Sink` wrote, for one rank."""
+    """Reads the frames a :class:`Sink` wrote, for one rank.
+
+    Blocking methods may be called from worker threads, one at a time.
+    """
+
+    #: Longest wait between two checks for a message, in seconds.
+    poll_interval: float = 0.01
 
     @abc.abstractmethod
     def read(self, step: int) -> Frame | None:
@@ -77,6 +174,28 @@ class Source(abc.ABC):
         Raises:
             CorruptFrameError: the stored data is truncated or garbled.
         """
+
+    def read_next(self, step: int) -> tuple[int, Frame] | None:
+        """Return ``(step, frame)`` for the next message, or ``None`` if it has not arrived.
+
+        Sources that store steps by number read ``step``. Sources that are handed
+        messages (a socket shared by several consumers) return whichever step comes
+        next and raise :class:`~rlwire.errors.StepGapError` when one was lost.
+        """
+        frame = self.read(step)
+        return None if frame is None else (step, frame)
+
+    def wait(self, timeout: float | None) -> None:
+        """Block until a message may have arrived, or ``timeout`` seconds (``None``: no
+        limit) have passed. Polling sources sleep; sources that can be woken override it.
+        """
+        time.sleep(self.poll_interval if timeout is None else min(timeout, self.poll_interval))
+
+    async def await_message(self, timeout: float | None) -> None:
+        """Async :meth:`wait`, without blocking the event loop."""
+        await anyio.sleep(
+            self.poll_interval if timeout is None else min(timeout, self.poll_interval)
+        )
 
     def describe(self, step: int) -> str:
         """Names the message of ``step`` in error messages (e.g. its path)."""

@@ -17,14 +17,15 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import numpy as np
 import xxhash
 
 from .._pieces import Pieces, Slicer
-from ..errors import CorruptFrameError, StepExistsError, TransportError
+from ..errors import ConfigError, CorruptFrameError, StepExistsError, TransportError
 from ..frame import Frame
-from ._base import OnExisting, Sink, Source, Staged
+from ._base import OnExisting, Sink, SinkOptions, Source, SourceOptions, Staged, reject_unknown
 from ._layout import Layout, parse_main, placeholder_checksums, plan
 
 __all__ = ["FileSink", "FileSource", "main_name", "sidecar_name"]
@@ -50,6 +51,22 @@ def main_name(step: int, rank: int) -> str:
 def sidecar_name(step: int, rank: int) -> str:
     """File name of the sidecar part of ``step`` for ``rank``."""
     return f"step-{step:08d}.rank-{rank:04d}.sidecar.rlw"
+
+
+def local_path(url: str) -> str:
+    """The path a plain path or ``file://`` URL names.
+
+    Raises:
+        ConfigError: a ``file://`` URL that names another host.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "file" or "://" not in url:
+        return url
+    if parts.netloc not in ("", "localhost"):
+        raise ConfigError(
+            f"{url!r}: file URLs must name a local path (file:///dir), not host {parts.netloc!r}"
+        )
+    return unquote(parts.path)
 
 
 def _os_error(path: Path, action: str, exc: OSError) -> TransportError:
@@ -115,6 +132,22 @@ class FileSink(Sink):
 
     def __repr__(self) -> str:
         return f"FileSink({str(self.root)!r})"
+
+    @classmethod
+    def from_url(cls, url: str, options: SinkOptions) -> FileSink:
+        reject_unknown(url, options.storage_options, ())
+        return cls(local_path(url), fsync=options.fsync, checksum=options.checksum)
+
+    @classmethod
+    def open_source(cls, url: str, options: SourceOptions) -> FileSource:
+        reject_unknown(url, options.storage_options, ())
+        return FileSource(
+            local_path(url),
+            rank=options.rank,
+            writable=options.writable,
+            verify=options.verify,
+            poll_interval=options.poll_interval,
+        )
 
     def open(self, on_existing: OnExisting) -> int:
         try:
@@ -254,6 +287,7 @@ class FileSource(Source):
         writable: map files copy-on-write, so arrays are writable without a copy and
             writes never reach the file.
         verify: check every segment against its recorded checksum.
+        poll_interval: seconds between checks while waiting for a step.
     """
 
     def __init__(
@@ -263,8 +297,10 @@ class FileSource(Source):
         rank: int = 0,
         writable: bool = False,
         verify: bool = True,
+        poll_interval: float = 0.01,
     ) -> None:
         self.root = Path(path)
+        self.poll_interval = poll_interval
         self.rank = rank
         self.access = mmap.ACCESS_COPY if writable else mmap.ACCESS_READ
         self.verify = verify

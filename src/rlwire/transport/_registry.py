@@ -1,0 +1,127 @@
+"""Sinks by URL scheme, found through the ``rlwire.sinks`` entry point group.
+
+A package adds a transport by registering its :class:`~rlwire.transport.Sink` subclass
+under each URL scheme it serves::
+
+    [project.entry-points."rlwire.sinks"]
+    myscheme = "mypackage.sink:MySink"
+
+``open_sender("myscheme://...")`` then calls ``MySink.from_url``, and ``open_receiver``
+calls ``MySink.open_source``. rlwire's own sinks are registered the same way. A plain
+path (no ``scheme://``) is a local directory. Any other scheme that fsspec knows goes to
+the fsspec sink when fsspec is installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+from urllib.parse import urlsplit
+
+from .._plugins import load_target, registered
+from ..errors import ConfigError
+from ._base import Sink, SinkOptions, Source, SourceOptions
+
+__all__ = ["GROUP", "available_schemes", "get_sink_class", "open_sink", "open_source"]
+
+#: The entry point group sinks register in, keyed by URL scheme.
+GROUP = "rlwire.sinks"
+_FSSPEC = "rlwire.transport.fsspec:FsspecSink"
+_ZMQ = "rlwire.transport.zmq:ZmqSink"
+# Used only when rlwire's own entry points are missing (e.g. run from a source tree).
+_BUILTIN = {
+    "file": "rlwire.transport.filesystem:FileSink",
+    "memory": _FSSPEC,
+    "s3": _FSSPEC,
+    "gs": _FSSPEC,
+    "gcs": _FSSPEC,
+    "zmq+tcp": _ZMQ,
+    "zmq+ipc": _ZMQ,
+}
+_HINTS = {
+    _FSSPEC: "pip install 'rlwire[fsspec]' (and 'rlwire[s3]' for s3://)",
+    _ZMQ: "pip install 'rlwire[zmq]'",
+}
+
+
+@functools.cache
+def _entry_points() -> dict[str, str]:
+    return registered(GROUP, _BUILTIN)
+
+
+def available_schemes() -> list[str]:
+    """The URL schemes of the installed sinks, sorted.
+
+    Example:
+        >>> {"file", "memory", "s3", "zmq+tcp"} <= set(available_schemes())
+        True
+    """
+    return sorted(_entry_points())
+
+
+def _scheme(url: str | os.PathLike[str]) -> tuple[str, str]:
+    if not isinstance(url, str):
+        try:
+            return "file", os.fspath(url)
+        except TypeError:
+            raise ConfigError(f"expected a path or URL string, got {type(url).__name__}") from None
+    scheme = urlsplit(url).scheme if "://" in url else ""
+    return (scheme or "file"), url  # "run:1" or "C:\\x" are plain paths
+
+
+def _fsspec_knows(scheme: str) -> bool:
+    try:
+        import fsspec
+    except ImportError:
+        return False
+    return scheme in fsspec.available_protocols()
+
+
+@functools.cache
+def get_sink_class(scheme: str) -> type[Sink]:
+    """The sink class registered for ``scheme`` (``"file"`` for plain paths).
+
+    Raises:
+        ConfigError: no installed sink serves the scheme (the message lists those that
+            are installed), or its module cannot be imported.
+    """
+    target = _entry_points().get(scheme)
+    if target is None and _fsspec_knows(scheme):
+        target = _FSSPEC
+    if target is None:
+        raise ConfigError(
+            f"unknown URL scheme {scheme!r}; installed sinks serve: "
+            f"{', '.join(available_schemes())}, plain paths"
+            + (", and any other fsspec protocol" if _fsspec_knows("memory") else "")
+        )
+    try:
+        cls: Any = load_target(target)
+    except ImportError as exc:
+        hint = f" ({_HINTS[target]})" if target in _HINTS else ""
+        raise ConfigError(f"sink for {scheme!r} ({target}) cannot be loaded: {exc}{hint}") from exc
+    except AttributeError as exc:
+        raise ConfigError(f"sink for {scheme!r}: {target} does not exist: {exc}") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Sink)):
+        raise ConfigError(f"sink for {scheme!r}: {target} is not a rlwire.transport.Sink")
+    return cls
+
+
+def open_sink(url: str | os.PathLike[str], options: SinkOptions) -> Sink:
+    """The sink for ``url``, chosen by its scheme.
+
+    Raises:
+        ConfigError: unknown scheme, malformed URL or unknown storage option.
+    """
+    scheme, text = _scheme(url)
+    return get_sink_class(scheme).from_url(text, options)
+
+
+def open_source(url: str | os.PathLike[str], options: SourceOptions) -> Source:
+    """The source reading what the sink for ``url`` writes, chosen by its scheme.
+
+    Raises:
+        ConfigError: unknown scheme, malformed URL or unknown storage option.
+    """
+    scheme, text = _scheme(url)
+    return get_sink_class(scheme).open_source(text, options)

@@ -28,7 +28,6 @@ class Staged(abc.ABC):
     #: the step as used even if :meth:`commit` fails, so a retry never reuses its number.
     visible: bool = False
 
-    @abc.abstractmethod
     def commit(self) -> None:
         """Make the step visible to readers: sidecars first, main messages last, with
         everything that can fail routinely done before the first main message appears.
@@ -38,6 +37,7 @@ class Staged(abc.ABC):
             TransportError: the step could not be committed; :attr:`visible` says whether
                 some ranks can nevertheless see it.
         """
+        raise NotImplementedError(f"{type(self).__name__} commits only asynchronously")
 
     @abc.abstractmethod
     def discard(self) -> None:

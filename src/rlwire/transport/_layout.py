@@ -40,6 +40,7 @@ __all__ = [
     "parse_main",
     "placeholder_checksums",
     "plan",
+    "verify_segments",
 ]
 
 MAIN_MAGIC = b"\x89RLW\r\n\x1a\n"
@@ -331,7 +332,9 @@ def parse_main(
         )
     ]
     if verify and env.checksum is not None:
-        _verify(env, header, buffers, f"{where}: step {step} rank {rank}")
+        verify_segments(
+            env.checksum, env.checksums, [header, *buffers], f"{where}: step {step} rank {rank}"
+        )
     return Frame(
         header,
         tuple(buffers),
@@ -342,14 +345,23 @@ def parse_main(
     )
 
 
-def _verify(env: _Envelope, header: memoryview, buffers: list[memoryview], where: str) -> None:
-    if env.checksum != CHECKSUM:
+def verify_segments(
+    algorithm: str, checksums: bytes, segments: Sequence[memoryview], where: str
+) -> None:
+    """Check each segment (the header, then the buffers) against ``checksums``, packed
+    little-endian u64 of ``algorithm``, which the caller has checked holds one per segment.
+
+    Raises:
+        UnsupportedVersionError: an algorithm this reader does not know.
+        CorruptFrameError: a mismatch, naming the segment.
+    """
+    if algorithm != CHECKSUM:
         raise UnsupportedVersionError(
-            f"{where}: checksum algorithm {env.checksum!r} is not one this reader knows "
+            f"{where}: checksum algorithm {algorithm!r} is not one this reader knows "
             f"({CHECKSUM}); receive with verify=False to skip checking"
         )
-    stored = np.frombuffer(env.checksums, _U64).tolist()
-    for i, seg in enumerate([header, *buffers]):
+    stored = np.frombuffer(checksums, _U64).tolist()
+    for i, seg in enumerate(segments):
         computed = xxhash.xxh3_64_intdigest(seg)
         if computed != stored[i]:
             what = "the header" if i == 0 else f"buffer {i - 1} ({seg.nbytes} bytes)"

@@ -1,10 +1,24 @@
 """Transport: moves :class:`~rlwire.Frame` objects. Never imports ``rlwire.codecs``.
 
 Sinks are found by URL scheme through the ``rlwire.sinks`` entry point group; see
-:mod:`rlwire.transport._registry`.
+:mod:`rlwire.transport._registry`. What a sink author needs is exported here: the base
+classes, the option objects, the byte layout every built-in store uses
+(:func:`checksum_pieces`, :func:`plan`, :func:`parse_main`) and the piecewise-work
+helpers (:data:`Pieces`, :class:`Slicer`, :func:`run_sync`) that keep a sender's event
+loop responsive.
 """
 
-from ._base import OnExisting, Sink, SinkOptions, Source, SourceOptions, Staged
+from .._pieces import Pieces, Slicer, run_sync
+from ._base import (
+    OnExisting,
+    Sink,
+    SinkOptions,
+    Source,
+    SourceOptions,
+    Staged,
+    reject_unknown,
+)
+from ._layout import Layout, checksum_pieces, parse_main, plan
 from ._registry import GROUP, available_schemes, get_sink_class, open_sink, open_source
 from .filesystem import FileSink, FileSource
 
@@ -12,14 +26,22 @@ __all__ = [
     "GROUP",
     "FileSink",
     "FileSource",
+    "Layout",
     "OnExisting",
+    "Pieces",
     "Sink",
     "SinkOptions",
+    "Slicer",
     "Source",
     "SourceOptions",
     "Staged",
     "available_schemes",
+    "checksum_pieces",
     "get_sink_class",
     "open_sink",
     "open_source",
+    "parse_main",
+    "plan",
+    "reject_unknown",
+    "run_sync",
 ]

@@ -1,0 +1,368 @@
+"""Test helpers and the contract every sink must meet, for rlwire and for plugin authors.
+
+:class:`SinkContract` is a pytest test class. Subclass it in a test module of your
+plugin, give it a ``sink_url`` fixture that returns a fresh URL for each test, and pytest
+runs the whole contract against your sink: round trips through the public
+:func:`~rlwire.open_sender` / :func:`~rlwire.open_receiver`, per-rank payloads, the
+sidecar, receivers that start late, timeouts, cancelled sends and closing. rlwire runs
+the same class against each of its own sinks (``tests/test_contract.py``)::
+
+    import pytest
+    from rlwire.testing import SinkContract
+
+    class TestMySink(SinkContract):
+        @pytest.fixture
+        def sink_url(self, tmp_path):
+            return f"myscheme://{tmp_path}/run"
+
+Needs pytest, and anyio's pytest plugin (installed with anyio); the async tests run
+under asyncio and, when it is installed, trio. Override ``sender_options`` /
+``receiver_options`` to pass ``storage_options``, and set ``persistent = False`` for a
+sink that keeps nothing once the sender is gone (a socket rather than a store).
+
+The batch helpers (:func:`make_sample`, :func:`make_batch`,
+:func:`assert_batches_equal`) are useful in any test of code that sends batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
+
+import anyio
+import numpy as np
+import pytest
+
+from .errors import ConfigError, ReceiveTimeout, StepExistsError
+from .receiver import TrainingBatchReceiver, open_receiver
+from .schema import TrainingBatch, TrainingSample
+from .sender import TrainingBatchSender, open_sender
+
+__all__ = ["SinkContract", "assert_batches_equal", "make_batch", "make_sample"]
+
+#: Seconds a contract test waits for something that should happen.
+TIMEOUT = 30.0
+
+
+def make_sample(
+    n: int = 16, *, layers: int = 4, topk: int = 2, seed: int = 0, routed: bool = True
+) -> TrainingSample:
+    """A valid :class:`~rlwire.TrainingSample` of ``n`` tokens with random contents,
+    including ``routed_experts`` of shape ``(n, layers, topk)`` unless ``routed`` is false.
+
+    Example:
+        >>> make_sample(8).token_ids.shape
+        (8,)
+    """
+    rng = np.random.default_rng(seed)
+    return TrainingSample(
+        token_ids=rng.integers(0, 50_000, n),
+        mask=rng.random(n) < 0.7,
+        logprobs=-rng.exponential(size=n).astype(np.float32),
+        temperatures=np.ones(n, np.float32),
+        advantages=rng.standard_normal(n).astype(np.float32),
+        env_name=f"env{seed}",
+        routed_experts=rng.integers(0, 256, (n, layers, topk), dtype=np.uint8) if routed else None,
+    )
+
+
+def make_batch(count: int = 3, n: int = 16, seed: int = 0) -> TrainingBatch:
+    """A :class:`~rlwire.TrainingBatch` of ``count`` samples of ``n``, ``n + 1``, ... tokens;
+    different seeds give different contents.
+
+    Example:
+        >>> len(make_batch(2).samples)
+        2
+    """
+    return TrainingBatch(samples=[make_sample(n + i, seed=seed + i) for i in range(count)])
+
+
+def assert_batches_equal(a: TrainingBatch, b: TrainingBatch) -> None:
+    """Assert that two batches hold the same samples: every array with the same dtype,
+    shape and bytes, every other field equal.
+
+    Raises:
+        AssertionError: naming the first field that differs.
+    """
+    assert len(a.samples) == len(b.samples), "different numbers of samples"
+    for x, y in zip(a.samples, b.samples, strict=True):
+        for field in x.__struct_fields__:
+            u, v = getattr(x, field), getattr(y, field)
+            if isinstance(u, np.ndarray):
+                assert isinstance(v, np.ndarray), field
+                assert u.dtype == v.dtype and u.shape == v.shape, field
+                assert u.tobytes() == v.tobytes(), field
+            elif field == "extras":
+                assert u.keys() == v.keys(), field
+                for key in u:
+                    assert u[key].dtype == v[key].dtype, f"extras[{key!r}]"
+                    assert u[key].tobytes() == v[key].tobytes(), f"extras[{key!r}]"
+            else:
+                assert u == v, field
+
+
+class SinkContract:
+    """The behaviour every sink shares, as pytest tests; subclass it to run them.
+
+    Provide a ``sink_url`` fixture (a fresh URL per test); optionally override the
+    ``sender_options`` and ``receiver_options`` fixtures (the ``storage_options`` of the
+    sender and of the receivers) and :attr:`persistent`.
+
+    Receivers are opened before anything is sent and sends run beside the receives, so
+    the same tests fit stores (files, objects) and streams (sockets, which may wait for
+    their receivers before sending).
+    """
+
+    #: Steps outlive the sender and can be read, refused, resumed or overwritten later.
+    #: Set to False for streams; the tests that need a store are then skipped.
+    persistent: ClassVar[bool] = True
+
+    pytestmark = pytest.mark.anyio
+
+    @pytest.fixture(params=["asyncio", "trio"])
+    def anyio_backend(self, request: pytest.FixtureRequest) -> str:
+        if request.param == "trio":
+            pytest.importorskip("trio")
+        return str(request.param)
+
+    @pytest.fixture
+    def sink_url(self) -> str:
+        raise NotImplementedError("a SinkContract subclass must define a sink_url fixture")
+
+    @pytest.fixture
+    def sender_options(self) -> Mapping[str, Any]:
+        return {}
+
+    @pytest.fixture
+    def receiver_options(self) -> Mapping[str, Any]:
+        return {}
+
+    @pytest.fixture
+    def sender(self, sink_url: str, sender_options: Mapping[str, Any]) -> TrainingBatchSender:
+        return open_sender(sink_url, storage_options=sender_options, sidecar="routed_experts")
+
+    @pytest.fixture
+    def receivers(
+        self, sink_url: str, receiver_options: Mapping[str, Any]
+    ) -> Iterator[list[TrainingBatchReceiver[TrainingBatch]]]:
+        opened = [
+            open_receiver(sink_url, rank=rank, storage_options=receiver_options)
+            for rank in range(2)
+        ]
+        yield opened
+        for receiver in opened:
+            receiver.close()
+
+    def _require_store(self) -> None:
+        if not self.persistent:
+            pytest.skip("needs a sink whose steps outlive the sender")
+
+    async def test_round_trip_in_order(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        batches = [make_batch(3, seed=10 * i) for i in range(3)]
+
+        async def send_all() -> None:
+            async with sender:
+                for i, batch in enumerate(batches):
+                    assert await sender.send(batch) == i
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_all)
+            for i, batch in enumerate(batches):
+                assert_batches_equal(await receivers[0].areceive(timeout=TIMEOUT), batch)
+                assert receivers[0].step == i
+
+    async def test_each_rank_gets_its_own_payload(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        steps = [[make_batch(2, seed=100 * s + r) for r in range(2)] for s in range(2)]
+
+        async def send_all() -> None:
+            async with sender:
+                for payloads in steps:
+                    await sender.send_ranks(payloads)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_all)
+            for payloads in steps:
+                for rank, receiver in enumerate(receivers):
+                    got = await receiver.areceive(timeout=TIMEOUT)
+                    assert_batches_equal(got, payloads[rank])
+
+    async def test_blocking_receive_in_a_thread(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        batch = make_batch(2, seed=7)
+        async with anyio.create_task_group() as tg:
+
+            async def send_one() -> None:
+                async with sender:
+                    await sender.send(batch)
+
+            tg.start_soon(send_one)
+            got = await anyio.to_thread.run_sync(receivers[0].receive, TIMEOUT)
+        assert_batches_equal(got, batch)
+
+    async def test_receive_times_out_when_nothing_is_sent(
+        self, receivers: list[TrainingBatchReceiver[TrainingBatch]]
+    ) -> None:
+        with anyio.fail_after(TIMEOUT), pytest.raises(ReceiveTimeout):
+            await receivers[0].areceive(timeout=0.2)
+        with pytest.raises(ReceiveTimeout):
+            receivers[0].receive(timeout=0.1)
+        assert receivers[0].poll() is None
+
+    async def test_receiver_that_starts_late_gets_step_zero(
+        self, sink_url: str, sender: TrainingBatchSender, receiver_options: Mapping[str, Any]
+    ) -> None:
+        batch = make_batch(2, seed=3)
+        async with sender, anyio.create_task_group() as tg:
+            tg.start_soon(sender.send, batch)
+            await anyio.sleep(0.3)
+            with open_receiver(sink_url, storage_options=receiver_options) as receiver:
+                assert_batches_equal(await receiver.areceive(timeout=TIMEOUT), batch)
+                assert receiver.step == 0
+
+    @pytest.mark.parametrize(
+        "options",
+        [{"compression": "lz4"}, {"compression": "zstd", "checksum": False}],
+        ids=["lz4", "zstd-no-checksum"],
+    )
+    async def test_codecs_and_compression_pass_through(
+        self,
+        sink_url: str,
+        sender_options: Mapping[str, Any],
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+        options: dict[str, Any],
+    ) -> None:
+        batch = make_batch(2, n=5000, seed=5)
+        routed = batch.samples[0].routed_experts
+        assert routed is not None
+        routed[:] = 1  # compressible, so lz4/zstd keep their output
+        async with anyio.create_task_group() as tg:
+
+            async def send_one() -> None:
+                async with open_sender(sink_url, storage_options=sender_options, **options) as s:
+                    await s.send(batch)
+
+            tg.start_soon(send_one)
+            assert_batches_equal(await receivers[0].areceive(timeout=TIMEOUT), batch)
+
+    async def test_arrays_may_be_reused_once_send_returns(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        batch = make_batch(2, n=70_000, seed=11)
+        sent = make_batch(2, n=70_000, seed=11)
+        async with anyio.create_task_group() as tg:
+
+            async def send_then_scribble() -> None:
+                async with sender:
+                    await sender.send(batch)
+                    for sample in batch.samples:
+                        sample.token_ids[:] = -1
+                        assert sample.routed_experts is not None
+                        sample.routed_experts[:] = 0
+
+            tg.start_soon(send_then_scribble)
+            assert_batches_equal(await receivers[0].areceive(timeout=TIMEOUT), sent)
+
+    async def test_closing_flushes_accepted_steps(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        batches = [make_batch(2, n=50_000, seed=s) for s in range(3)]
+        async with sender:
+            for batch in batches:
+                await sender.send(batch)
+        for batch in batches:
+            assert_batches_equal(await receivers[0].areceive(timeout=TIMEOUT), batch)
+
+    async def test_cancelled_send_leaves_no_partial_step(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        big = _big_batch()
+        small = make_batch(2, seed=22)
+
+        async def send_both() -> None:
+            async with sender:
+                with anyio.move_on_after(0.01):
+                    await sender.send(big)
+                await sender.send(small)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_both)
+            first = await receivers[0].areceive(timeout=TIMEOUT)
+            if first.samples[0].token_ids.size == big.samples[0].token_ids.size:
+                assert_batches_equal(first, big)  # the send finished before the cancel
+                first = await receivers[0].areceive(timeout=TIMEOUT)
+            assert_batches_equal(first, small)
+
+    async def test_unknown_storage_option_is_a_config_error(self, sink_url: str) -> None:
+        with pytest.raises(ConfigError, match="no_such_option"):
+            async with open_sender(sink_url, storage_options={"no_such_option": 1}) as s:
+                await s.send(make_batch(1))
+        with pytest.raises(ConfigError, match="no_such_option"):
+            with open_receiver(sink_url, storage_options={"no_such_option": 1}) as r:
+                r.poll()
+
+    async def test_steps_outlive_the_sender(
+        self,
+        sender: TrainingBatchSender,
+        sink_url: str,
+        receiver_options: Mapping[str, Any],
+    ) -> None:
+        self._require_store()
+        batches = [make_batch(2, seed=s) for s in range(2)]
+        async with sender:
+            for batch in batches:
+                await sender.send(batch)
+        with open_receiver(sink_url, storage_options=receiver_options) as receiver:
+            for batch in batches:
+                assert_batches_equal(await receiver.areceive(timeout=TIMEOUT), batch)
+
+    async def test_existing_steps_are_refused_resumed_or_overwritten(
+        self,
+        sender: TrainingBatchSender,
+        sink_url: str,
+        sender_options: Mapping[str, Any],
+        receiver_options: Mapping[str, Any],
+    ) -> None:
+        self._require_store()
+        async with sender:
+            await sender.send(make_batch(1, seed=1))
+            await sender.send(make_batch(1, seed=2))
+
+        def reopen(on_existing: Any) -> TrainingBatchSender:
+            return open_sender(sink_url, storage_options=sender_options, on_existing=on_existing)
+
+        with pytest.raises(StepExistsError):
+            async with reopen("error"):
+                pass
+        resumed = make_batch(1, seed=3)
+        async with reopen("resume") as again:
+            assert await again.send(resumed) == 2
+        with open_receiver(sink_url, start_step=2, storage_options=receiver_options) as receiver:
+            assert_batches_equal(await receiver.areceive(timeout=TIMEOUT), resumed)
+        fresh = make_batch(1, seed=4)
+        async with reopen("overwrite") as again:
+            assert await again.send(fresh) == 0
+        with open_receiver(sink_url, storage_options=receiver_options) as receiver:
+            assert_batches_equal(await receiver.areceive(timeout=TIMEOUT), fresh)
+            assert receiver.poll() is None  # steps 1 and 2 of the old run are gone
+
+
+def _big_batch() -> TrainingBatch:
+    """About 64 MB, so that a send takes long enough to be cancelled midway."""
+    return TrainingBatch(samples=[make_sample(1 << 20, layers=16, topk=2, seed=s) for s in (1, 2)])

@@ -1,0 +1,250 @@
+"""Sink plugins found through the `rlwire.sinks` entry point group.
+
+The example plugin in examples/plugin_sink (the `sqlite://` scheme) is built and
+installed with pip, as a user would install it, and then used by URL scheme alone.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import assert_batches_equal, make_batch
+
+import rlwire
+from rlwire import ConfigError
+from rlwire.codecs import make_codec
+from rlwire.transport import available_schemes, get_sink_class, run_sync
+from rlwire.transport._registry import _entry_points
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plugin_sink"
+BUILTIN_SCHEMES = {"file", "memory", "s3", "gs", "gcs", "zmq+tcp", "zmq+ipc"}
+
+
+def clear_caches() -> None:
+    _entry_points.cache_clear()
+    get_sink_class.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example plugin, built and installed by pip into a directory of its own.
+
+    --no-deps: rlwire itself is already installed; pip still fetches the build backend
+    into an isolated build environment, as for any user's install.
+    """
+    target = tmp_path_factory.mktemp("plugin") / "site"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-input",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(EXAMPLE),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if result.returncode:
+        pytest.fail(f"pip could not install {EXAMPLE.name}:\n{result.stdout}\n{result.stderr}")
+    return target
+
+
+@pytest.fixture
+def plugin_on_path(site: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The installed plugin visible to this process, as if installed in its environment."""
+    monkeypatch.syspath_prepend(str(site))
+    clear_caches()
+    yield site
+    clear_caches()
+    for name in [m for m in sys.modules if m.split(".")[0] == "rlwire_sqlite_sink"]:
+        del sys.modules[name]
+
+
+# Run in a fresh interpreter, so that the only way rlwire can know the `sqlite` scheme is
+# the installed package's entry point. Every check exits nonzero with a reason.
+SCRIPT = textwrap.dedent(
+    """
+    import contextlib
+    import sqlite3
+    import sys
+    from pathlib import Path
+
+    import anyio
+    import numpy as np
+
+    import rlwire
+    from rlwire.transport import available_schemes
+
+    url, db, site = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    schemes = available_schemes()
+    if "sqlite" not in schemes:
+        sys.exit(f"sqlite is not an available scheme: {schemes}")
+
+    def batch(seed: int) -> rlwire.TrainingBatch:
+        rng = np.random.default_rng(seed)
+        return rlwire.TrainingBatch(
+            samples=[
+                rlwire.TrainingSample(
+                    token_ids=rng.integers(0, 50_000, n),
+                    mask=rng.random(n) < 0.5,
+                    logprobs=-rng.exponential(size=n).astype(np.float32),
+                    temperatures=np.ones(n, np.float32),
+                    advantages=rng.standard_normal(n).astype(np.float32),
+                    env_name=f"env{seed}",
+                    routed_experts=rng.integers(0, 256, (n, 4, 2), dtype=np.uint8),
+                )
+                for n in (16, 300)
+            ]
+        )
+
+    steps = [[batch(10 * step + rank) for rank in range(2)] for step in range(2)]
+
+    async def send() -> None:
+        async with rlwire.open_sender(url, sidecar=("routed_experts",)) as sender:
+            for payloads in steps:
+                await sender.send_ranks(payloads)
+
+    anyio.run(send)
+    for rank in range(2):
+        with rlwire.open_receiver(url, rank=rank) as receiver:
+            for step, payloads in enumerate(steps):
+                got = receiver.receive(timeout=10)
+                for sent, received in zip(payloads[rank].samples, got.samples, strict=True):
+                    for field in ("token_ids", "mask", "logprobs", "advantages", "routed_experts"):
+                        a, b = getattr(sent, field), getattr(received, field)
+                        if a.dtype != b.dtype or not np.array_equal(a, b):
+                            sys.exit(f"step {step} rank {rank}: {field} differs")
+            if receiver.poll() is not None:
+                sys.exit(f"rank {rank}: a third step appeared")
+
+    import rlwire_sqlite_sink
+
+    if site not in Path(rlwire_sqlite_sink.__file__).parents:
+        sys.exit(f"the plugin was imported from {rlwire_sqlite_sink.__file__}, not {site}")
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        rows = conn.execute("SELECT count(*), count(sidecar) FROM rlwire_messages").fetchone()
+    if rows != (4, 4):
+        sys.exit(f"expected 4 rows with sidecars in {db}, found {rows}")
+
+    try:
+        rlwire.open_sender("nope://x")
+    except rlwire.ConfigError as exc:
+        if "sqlite" not in str(exc):
+            sys.exit(f"the unknown-scheme error does not list the plugin: {exc}")
+    else:
+        sys.exit("an unknown scheme was accepted")
+    print("plugin ok")
+    """
+)
+
+
+def test_installed_plugin_moves_batches_by_url_scheme(site: Path, tmp_path: Path) -> None:
+    db = tmp_path / "db dir" / "run.db"  # a space, so the URL needs quoting
+    url = "sqlite" + db.as_uri().removeprefix("file")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, url, str(db), str(site)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    assert result.stdout.strip() == "plugin ok"
+
+
+def test_unknown_scheme_lists_every_installed_sink() -> None:
+    installed = set(available_schemes())
+    assert installed >= BUILTIN_SCHEMES
+    for open_url in (rlwire.open_sender, rlwire.open_receiver):
+        with pytest.raises(ConfigError, match=r"unknown URL scheme 'nope'") as info:
+            open_url("nope://bucket/run")
+        listed = str(info.value).partition("installed sinks serve: ")[2]
+        assert installed <= {name.strip() for name in listed.split(",")}, str(info.value)
+
+
+@pytest.fixture
+def broken_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A distribution whose entry points name a missing module and a class that is not
+    a Sink: its metadata on sys.path, as an installed package's would be."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "not_a_sink.py").write_text("class Thing:\n    pass\n")
+    info = site / "broken_sinks-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-sinks\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[rlwire.sinks]\nmissing = no_such_module:Sink\nthing = not_a_sink:Thing\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    clear_caches()
+    yield
+    clear_caches()
+    sys.modules.pop("not_a_sink", None)
+
+
+def test_plugins_that_cannot_serve_their_scheme(broken_plugins: None) -> None:
+    assert {"missing", "thing"} <= set(available_schemes())
+    with pytest.raises(
+        ConfigError, match=r"sink for 'missing' \(no_such_module:Sink\) cannot be loaded"
+    ):
+        rlwire.open_sender("missing://x")
+    with pytest.raises(ConfigError, match=r"not_a_sink:Thing is not a rlwire.transport.Sink"):
+        rlwire.open_receiver("thing://x")
+
+
+@pytest.mark.anyio
+async def test_plugin_sink_objects_with_the_sender_and_receiver(
+    plugin_on_path: Path, tmp_path: Path
+) -> None:
+    """The example's classes used directly, and a step that is staged but not committed
+    staying invisible to every rank."""
+    sink_class: Any = get_sink_class("sqlite")  # loaded through the entry point
+    assert sink_class.__module__ == "rlwire_sqlite_sink.sink"
+    assert plugin_on_path in Path(sys.modules[sink_class.__module__].__file__ or "").parents
+    from rlwire_sqlite_sink import SqliteSink, SqliteSource
+
+    assert sink_class is SqliteSink
+    db = tmp_path / "run.db"
+    codec = make_codec("msgpack", sidecar=("routed_experts",))
+    sink = SqliteSink(db, table="direct", timeout=1.0)
+    receivers: list[rlwire.TrainingBatchReceiver[rlwire.TrainingBatch]] = [
+        rlwire.TrainingBatchReceiver(
+            SqliteSource(db, table="direct", rank=rank), rlwire.TrainingBatch
+        )
+        for rank in range(2)
+    ]
+    try:
+        assert [r.poll() for r in receivers] == [None, None]  # no database yet
+        async with rlwire.TrainingBatchSender(sink, codec) as sender:
+            payloads = [make_batch(2, seed=rank) for rank in range(2)]
+            assert await sender.send_ranks(payloads) == 0
+            for rank, receiver in enumerate(receivers):
+                assert_batches_equal(receiver.receive(timeout=5), payloads[rank])
+
+            # Staged by hand, as the sender would: written, yet no rank sees it.
+            later = [make_batch(1, seed=10 + rank) for rank in range(2)]
+            staged = run_sync(sink.stage(1, [run_sync(codec.encode_pieces(b)) for b in later]))
+            assert [r.poll() for r in receivers] == [None, None]
+            staged.commit()
+            for rank, receiver in enumerate(receivers):
+                assert_batches_equal(receiver.receive(timeout=5), later[rank])
+            with pytest.raises(rlwire.StepExistsError, match="step 1 already exists"):
+                await sender.send(make_batch(1))
+    finally:
+        for receiver in receivers:
+            receiver.close()

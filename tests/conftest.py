@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from s3_server import s3_endpoint as s3_endpoint  # moto S3 fixtures for every module
+from s3_server import s3_url as s3_url
 
 
 @pytest.fixture(params=["asyncio", "trio"])

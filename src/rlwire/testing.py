@@ -280,12 +280,23 @@ class SinkContract:
         sender: TrainingBatchSender,
         receivers: list[TrainingBatchReceiver[TrainingBatch]],
     ) -> None:
-        batches = [make_batch(2, n=50_000, seed=s) for s in range(3)]
-        async with sender:
+        # Small enough to sit in a socket's queues, so that sends return before anything
+        # is read and closing must deliver what is still queued.
+        batches = [make_batch(2, seed=s) for s in range(3)]
+        closed = anyio.Event()
+
+        async def send_and_close() -> None:
+            async with sender:
+                for batch in batches:
+                    await sender.send(batch)
+            closed.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_and_close)
             for batch in batches:
-                await sender.send(batch)
-        for batch in batches:
-            assert_batches_equal(await receivers[0].areceive(timeout=TIMEOUT), batch)
+                assert_batches_equal(await receivers[0].areceive(timeout=TIMEOUT), batch)
+            with anyio.fail_after(TIMEOUT):
+                await closed.wait()
 
     async def test_cancelled_send_leaves_no_partial_step(
         self,

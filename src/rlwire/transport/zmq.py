@@ -18,7 +18,11 @@ the next sequence number of the sender's session, so a receiver detects a lost m
 and raises :class:`~rlwire.errors.StepGapError` instead of training on a hole.
 High-water marks bound the queue per receiver; a full queue makes the sender wait, never
 drop. A send returns once ZeroMQ has released the message's buffers (handed them to the
-kernel), so the caller may reuse its arrays.
+kernel), so the caller may reuse its arrays. Receivers acknowledge what they read, and a
+closed sender keeps its socket, in a background thread, until every receiver that is still
+there has read everything sent to it (up to ``linger`` seconds; the interpreter waits for
+it at exit): ZeroMQ itself drops what a slow receiver had not yet taken off its connection
+when the sender closes it.
 
 Sockets are driven by the task that holds the sender, waiting on the socket's
 edge-triggered file descriptor with :func:`anyio.wait_readable` and re-reading
@@ -63,6 +67,11 @@ _VERSION = (1, 0)
 _PRELUDE = struct.Struct("<4sHH")
 _READY = b"ready"
 _BYE = b"bye"
+#: Receiver -> sender: the session and sequence number of the last message read.
+_ACK = b"ack"
+_ACK_BODY = struct.Struct("<8sQ")
+#: Sender -> receiver, ignored: tells a closing sender whether the receiver is still there.
+_PING = b"ping"
 #: A receiver that has heard nothing for this long announces itself again, so a sender
 #: that restarted (and so never saw the first announcement) learns it is there.
 _REANNOUNCE_SECONDS = 1.0
@@ -102,7 +111,11 @@ def _endpoint(url: str) -> str:
     parts = urlsplit(url)
     transport = parts.scheme.removeprefix("zmq+")
     if transport == "tcp":
-        if not parts.hostname or parts.port is None:
+        try:
+            port = parts.port
+        except ValueError as exc:  # a port that is not a number, or out of range
+            raise ConfigError(f"{url!r}: a zmq+tcp URL needs a valid port: {exc}") from None
+        if not parts.hostname or port is None:
             raise ConfigError(f"{url!r}: a zmq+tcp URL needs a host and a port")
         return f"tcp://{parts.netloc}"
     if transport == "ipc":
@@ -189,7 +202,8 @@ class ZmqSink(Sink):
         seconds a send waits for a receiver that has not announced itself (default:
         no limit) before raising TransportError.
     ``linger``
-        seconds closing waits for queued messages to leave (default 30).
+        seconds a closed sender keeps delivering, in the background, to receivers still
+        connected that have not read everything sent to them (default 30).
     ``curve_secret_key`` / ``curve_public_key``
         the sender's CURVE key pair (Z85, from :func:`zmq.curve_keypair`): encrypt
         everything, and accept only receivers that know the public key.
@@ -248,6 +262,7 @@ class ZmqSink(Sink):
         self._session = os.urandom(8)
         self._rank_peer: dict[int, bytes] = {}  # rank -> routing id of its receiver
         self._seq: dict[bytes, int] = {}  # routing id -> next sequence number
+        self._acked: dict[bytes, int] = {}  # routing id -> messages it has read
         self._turn = 0  # round robin over consumers, for the shared pattern
         self._delivered = False
 
@@ -267,6 +282,13 @@ class ZmqSink(Sink):
         clients = opts.get("curve_clients")
         if clients is not None and secret is None:
             raise ConfigError(f"{url}: curve_clients needs curve_secret_key")
+        if clients is not None and (
+            isinstance(clients, str | bytes) or not isinstance(clients, Iterable)
+        ):
+            raise ConfigError(
+                f"{url}: storage option 'curve_clients' must be a list of Z85 public keys, "
+                f"got {type(clients).__name__}"
+            )
         consumers = _positive(opts, "consumers", 1)
         hwm = _positive(opts, "hwm", 2)
         if not isinstance(consumers, int) or not isinstance(hwm, int):
@@ -320,6 +342,8 @@ class ZmqSink(Sink):
             self._context, self._socket = context, sock
             self.close()
             raise _zmq_error(self.endpoint, "bind", exc) from exc
+        # The address actually bound: zmq+tcp://host:0 picks a free port.
+        self.endpoint = cast(bytes, sock.getsockopt(zmq.LAST_ENDPOINT)).decode()
         self._context, self._socket = context, sock
         return 0
 
@@ -430,9 +454,9 @@ class ZmqSink(Sink):
             return f"no receiver of rank {rank} announced itself"
         return f"{len(self._seq)} of {self.consumers} consumers announced themselves"
 
-    def _drain(self) -> None:
-        """Take every announcement and farewell waiting on the socket."""
-        sock = self._require_socket()
+    def _drain(self, sock: zmq.Socket[bytes] | None = None) -> None:
+        """Take every announcement, acknowledgement and farewell waiting on the socket."""
+        sock = self._require_socket() if sock is None else sock
         while True:
             try:
                 parts = sock.recv_multipart(zmq.NOBLOCK)
@@ -443,6 +467,11 @@ class ZmqSink(Sink):
             peer, kind, payload = parts
             if kind == _BYE:
                 self._forget(peer)
+            elif kind == _ACK:
+                if len(payload) == _ACK_BODY.size and peer in self._seq:
+                    session, seq = _ACK_BODY.unpack(payload)
+                    if session == self._session:
+                        self._acked[peer] = max(self._acked.get(peer, 0), seq + 1)
             elif kind == _READY:
                 try:
                     ready = _ready_decoder.decode(payload)
@@ -459,6 +488,7 @@ class ZmqSink(Sink):
 
     def _forget(self, peer: bytes) -> None:
         self._seq.pop(peer, None)
+        self._acked.pop(peer, None)
         for rank, known in list(self._rank_peer.items()):
             if known == peer:
                 del self._rank_peer[rank]
@@ -475,15 +505,44 @@ class ZmqSink(Sink):
             raise TransportError(f"{self.endpoint}: the sink is not open")
         return self._socket
 
-    def close(self) -> None:
-        sock, context, auth = self._socket, self._context, self._auth
-        self._socket = self._context = self._auth = None
-        if sock is not None:
-            sock.close()  # linger: queued messages still leave, for up to `linger` seconds
+    def _waiting(self, sock: zmq.Socket[bytes]) -> list[bytes]:
+        """The receivers that have not yet read everything sent to them."""
+        self._drain(sock)
+        return [peer for peer, sent in self._seq.items() if self._acked.get(peer, 0) < sent]
+
+    def _linger(
+        self, sock: zmq.Socket[bytes], context: zmq.Context[zmq.Socket[bytes]], auth: Any
+    ) -> None:
+        """Wait, up to ``linger`` seconds, until every receiver still connected has read
+        every message sent to it, then release the socket.
+
+        ZeroMQ's own linger is not enough: a receiver whose queue is full stops reading
+        its connection, and drops what is left in it once the sender closes it.
+        """
+        deadline = time.monotonic() + self.linger
+        with contextlib.suppress(zmq.ZMQError):
+            while (waiting := self._waiting(sock)) and time.monotonic() < deadline:
+                for peer in waiting:  # one that went away without a word is unreachable
+                    try:
+                        sock.send_multipart([peer, _PING], zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass  # its queue is full: it is there
+                    except zmq.ZMQError:
+                        self._forget(peer)
+                sock.poll(int(_RETRY_SECONDS * 1000), zmq.POLLIN)
+        sock.close()  # ZeroMQ's linger: what is queued still leaves
         if auth is not None:
             auth.stop()
-        if context is not None:
-            context.term()
+        context.term()
+
+    def close(self) -> None:
+        """Stop sending: wait, up to ``linger`` seconds, until every receiver still
+        connected has read what was sent to it, then release the socket and the address.
+        The sender runs this in a worker thread, shielded from cancellation."""
+        sock, context, auth = self._socket, self._context, self._auth
+        self._socket = self._context = self._auth = None
+        if sock is not None and context is not None:
+            self._linger(sock, context, auth)
 
 
 def _start_authenticator(
@@ -588,6 +647,7 @@ class ZmqSource(Source):
         self._received = False
         self._pending: tuple[int, Frame] | None = None
         self._heard = 0.0  # when a message last arrived or this receiver last announced
+        self._ack: bytes | None = None  # an acknowledgement still to send
         self._announce()
 
     def __repr__(self) -> str:
@@ -620,6 +680,7 @@ class ZmqSource(Source):
                 got, self._pending = self._pending, None
                 return got
             sock = self._require_socket()
+            self._send_ack()
             while True:
                 try:
                     parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -630,10 +691,21 @@ class ZmqSource(Source):
                 except zmq.ZMQError as exc:
                     raise _zmq_error(self.endpoint, "receive", exc) from exc
                 self._heard = time.monotonic()
+                if len(parts) == 1 and parts[0].bytes == _PING:
+                    continue
                 head, frame = self._parse(parts, step)
+                self._ack = _ACK_BODY.pack(head.session, head.seq)
+                self._send_ack()
                 if not head.shared and not self._received and head.step < step:
                     continue  # older than the step this receiver starts at
                 return self._check_order(head, step, frame)
+
+    def _send_ack(self) -> None:
+        """Tell the sender which message was read last (a later one says it again)."""
+        if self._ack is not None:
+            with contextlib.suppress(zmq.Again):
+                self._require_socket().send_multipart([_ACK, self._ack], zmq.NOBLOCK)
+                self._ack = None
 
     def _check_order(self, head: _Head, step: int, frame: Frame) -> tuple[int, Frame]:
         expected_seq = self._next_seq if head.session == self._session else head.seq
@@ -704,8 +776,10 @@ class ZmqSource(Source):
         return head, frame
 
     def wait(self, timeout: float | None) -> None:
-        sock = self._require_socket()
-        sock.poll(None if timeout is None else max(1, int(timeout * 1000)), zmq.POLLIN)
+        # Bounded like await_message, so that the next read_next re-announces this
+        # receiver to a sender that restarted (else a blocking receive waits forever).
+        limit = _REANNOUNCE_SECONDS if timeout is None else min(timeout, _REANNOUNCE_SECONDS)
+        self._require_socket().poll(max(1, int(limit * 1000)), zmq.POLLIN)
 
     async def await_message(self, timeout: float | None) -> None:
         # Bounded, so a closed source or a re-announcement is noticed.

@@ -1,0 +1,826 @@
+"""The ZeroMQ sink and source, with sender and receivers in separate processes.
+
+Each child process runs :data:`CHILD` with a JSON spec: a *receiver* (either face, under
+any anyio backend) that checks every batch against the one it expects and prints one
+JSON line per outcome, or a *sender*. The test process plays the other side, under the
+module's anyio backends (asyncio, asyncio + uvloop, trio), or a raw pyzmq ROUTER socket
+for hand-made messages.
+
+Timeouts are generous for what should happen and short only for what should not.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import queue
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import anyio
+import msgspec
+import numpy as np
+import pytest
+import xxhash
+import zmq
+from helpers import make_batch
+
+import rlwire
+from rlwire.codecs import MsgpackCodec
+from rlwire.transport import SinkOptions
+from rlwire.transport.zmq import ZmqSink
+
+TESTS = Path(__file__).resolve().parent
+#: For what should happen: far longer than it takes, even on a busy machine.
+LONG = 60.0
+#: For what should not happen.
+SHORT = 1.0
+
+CHILD = textwrap.dedent("""
+    import json, os, sys, time
+    spec = json.loads(sys.argv[1])
+    sys.path.insert(0, spec["tests"])
+    import anyio, rlwire
+    from helpers import assert_batches_equal, make_batch
+
+    def emit(**event):
+        print(json.dumps(event), flush=True)
+
+    def payload(step, seed_base):
+        return make_batch(spec["count"], spec["n"], seed=seed_base + step)
+
+    def wait_for(path):
+        while not os.path.exists(path):
+            time.sleep(0.01)
+
+    async def receiver():
+        with rlwire.open_receiver(
+            spec["url"], rank=spec["rank"], start_step=spec["start_step"],
+            storage_options=spec["options"],
+        ) as receiver:
+            emit(event="opened")
+            if spec["gate"]:
+                wait_for(spec["gate"])
+            outcomes = 0
+            while spec["receives"] is None or outcomes < spec["receives"]:
+                try:
+                    if spec["face"] == "sync":
+                        batch = receiver.receive(timeout=spec["timeout"])
+                    else:
+                        batch = await receiver.areceive(timeout=spec["timeout"])
+                except rlwire.RlwireError as exc:
+                    stop = spec["stop"]
+                    if isinstance(exc, rlwire.ReceiveTimeout) and stop:
+                        if os.path.exists(stop):
+                            break
+                        continue
+                    emit(error=type(exc).__name__, message=str(exc))
+                else:
+                    step = receiver.step
+                    try:
+                        assert_batches_equal(batch, payload(step, spec["seed_base"]))
+                        ok = True
+                    except AssertionError:
+                        ok = False
+                    emit(step=step, ok=ok, env=batch.samples[0].env_name)
+                    time.sleep(spec["slow"])
+                outcomes += 1
+            emit(event="done")
+            if spec["then"] == "hang":
+                await anyio.sleep(3600)
+
+    async def sender():
+        options = dict(storage_options=spec["options"], sidecar=spec["sidecar"])
+        if spec["inline_threshold"] is not None:
+            options["inline_threshold"] = spec["inline_threshold"]
+        async with rlwire.open_sender(spec["url"], **options) as sender:
+            emit(event="opened")
+            for i in range(spec["steps"]):
+                step = spec["first_step"] + i
+                seeds = [1000 * rank for rank in range(spec["ranks"])]
+                await sender.send_ranks([payload(step, s) for s in seeds], step=step)
+                emit(sent=step)
+            if spec["then"] == "hang":
+                emit(event="hanging")
+                await anyio.sleep(3600)
+            emit(event="closing")
+        emit(event="closed")
+
+    main = receiver if spec["role"] == "receiver" else sender
+    anyio.run(main, backend=spec["backend"], backend_options=spec["backend_options"])
+""")
+
+DEFAULTS: dict[str, Any] = {
+    "tests": str(TESTS),
+    "url": "",
+    "backend": "asyncio",
+    "backend_options": {},
+    "options": {},
+    "count": 2,
+    "n": 16,
+    # receiver
+    "rank": 0,
+    "start_step": 0,
+    "face": "sync",
+    "gate": None,
+    "receives": None,
+    "stop": None,
+    "timeout": LONG,
+    "seed_base": 0,
+    "slow": 0.0,
+    # sender
+    "steps": 1,
+    "first_step": 0,
+    "ranks": 1,
+    "sidecar": ["routed_experts"],
+    "inline_threshold": None,
+    "then": "close",
+}
+
+Event = dict[str, Any]
+
+
+class Child:
+    """A receiver or sender in another interpreter; its JSON lines arrive as events."""
+
+    def __init__(self, role: str, **spec: Any) -> None:
+        unknown = set(spec) - set(DEFAULTS)
+        assert not unknown, unknown
+        self.spec = {**DEFAULTS, **spec, "role": role}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, json.dumps(self.spec)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._events: queue.Queue[Event | None] = queue.Queue()
+        self._stderr: list[str] = []
+        self._threads = [
+            threading.Thread(target=self._pump_stdout, daemon=True),
+            threading.Thread(target=self._pump_stderr, daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _pump_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self._events.put(json.loads(line))
+            except ValueError:
+                self._events.put({"raw": line})
+        self._events.put(None)
+
+    def _pump_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        self._stderr.extend(self.proc.stderr)
+
+    def _describe(self) -> str:
+        return f"{self.spec['role']} child (rc={self.proc.poll()}), stderr:\n" + "".join(
+            self._stderr
+        )
+
+    def next(self, timeout: float = LONG) -> Event:
+        """The next event, failing the test if none comes within ``timeout`` seconds."""
+        try:
+            event = self._events.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no event within {timeout} s from {self._describe()}") from None
+        if event is None:
+            self._events.put(None)
+            self.proc.wait(LONG)
+            for thread in self._threads:
+                thread.join(LONG)
+            raise AssertionError(f"no more events from {self._describe()}")
+        return event
+
+    async def anext(self, timeout: float = LONG) -> Event:
+        return await anyio.to_thread.run_sync(self.next, timeout)
+
+    def drain(self) -> list[Event]:
+        """The events that have arrived, without waiting."""
+        events = []
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                return events
+            if event is None:
+                self._events.put(None)
+                return events
+            events.append(event)
+
+    def finish(self, timeout: float = LONG) -> list[Event]:
+        """Wait for a clean exit; the events not yet taken."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {timeout} s: {self._describe()}") from None
+        for thread in self._threads:
+            thread.join(LONG)
+        assert self.proc.returncode == 0, self._describe()
+        events = self.drain()
+        assert self._events.get_nowait() is None
+        self._events.put(None)
+        return events
+
+    async def afinish(self, timeout: float = LONG) -> list[Event]:
+        return await anyio.to_thread.run_sync(self.finish, timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(LONG)
+        for thread in self._threads:
+            thread.join(LONG)
+
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.kill()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_url(kind: str, tmp_path: Path) -> str:
+    if kind == "tcp":
+        return f"zmq+tcp://127.0.0.1:{free_port()}"
+    return f"zmq+ipc://{tmp_path}/sock"
+
+
+def batch(step: int, rank: int = 0, *, count: int = 2, n: int = 16) -> rlwire.TrainingBatch:
+    """What :data:`CHILD` expects for ``step`` of ``rank`` (``seed_base=1000 * rank``)."""
+    return make_batch(count, n, seed=1000 * rank + step)
+
+
+def steps_of(events: list[Event]) -> list[int]:
+    assert all(e.get("ok") for e in events if "step" in e), events
+    return [e["step"] for e in events if "step" in e]
+
+
+_uvloop = pytest.mark.skipif(
+    importlib.util.find_spec("uvloop") is None or sys.platform == "win32",
+    reason="uvloop is not installed",
+)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("asyncio", id="asyncio"),
+        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop", marks=_uvloop),
+        pytest.param("trio", id="trio"),
+    ]
+)
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    """Every async test of this module runs under asyncio, asyncio + uvloop and trio."""
+    return request.param
+
+
+@pytest.fixture
+def backend(anyio_backend_name: str, anyio_backend_options: dict[str, Any]) -> dict[str, Any]:
+    """The spec entries that run a child under the test's own backend."""
+    return {"backend": anyio_backend_name, "backend_options": anyio_backend_options}
+
+
+asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+
+
+# -- per-rank fan-out, shared work, late joiners --------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["tcp", "ipc"])
+async def test_ranks_fan_out(tmp_path: Path, kind: str, backend: dict[str, Any]) -> None:
+    """Two ranks in two processes, started before the sender binds: each gets only its
+    own payload, sidecar included, bit-exact; rank 0 reads with the blocking face,
+    rank 1 with the async one under the same backend as the sender."""
+    url, steps = make_url(kind, tmp_path), 3
+    with (
+        Child("receiver", url=url, rank=0, face="sync", receives=steps) as r0,
+        Child(
+            "receiver", url=url, rank=1, face="async", receives=steps, seed_base=1000, **backend
+        ) as r1,
+    ):
+        async with rlwire.open_sender(url, sidecar="routed_experts") as sender:
+            for step in range(steps):
+                await sender.send_ranks([batch(step, 0), batch(step, 1)])
+        for rank, child in enumerate((r0, r1)):
+            events = await child.afinish()
+            assert events[0] == {"event": "opened"} and events[-1] == {"event": "done"}
+            assert events[1:-1] == [
+                {"step": step, "ok": True, "env": f"env{1000 * rank + step}"}
+                for step in range(steps)
+            ]
+
+
+@pytest.mark.anyio
+async def test_shared_work(tmp_path: Path, backend: dict[str, Any]) -> None:
+    """One producer, two consumers in their own processes: every step is delivered
+    exactly once in total, in order within each consumer, and both get some."""
+    url, steps, stop = make_url("ipc", tmp_path), 12, tmp_path / "stop"
+    spec = {"url": url, "timeout": 0.2, "stop": str(stop), "slow": 0.02, **backend}
+    with (
+        Child("receiver", face="sync", **spec) as c0,
+        Child("receiver", face="async", **spec) as c1,
+    ):
+        options = {"pattern": "shared", "consumers": 2}
+        async with rlwire.open_sender(url, storage_options=options) as sender:
+            for step in range(steps):
+                await sender.send(batch(step))
+        got: list[list[Event]] = [[], []]
+        with anyio.fail_after(LONG):
+            while sum(len(steps_of(g)) for g in got) < steps:
+                await anyio.sleep(0.05)
+                for g, child in zip(got, (c0, c1), strict=True):
+                    g.extend(child.drain())
+        stop.touch()
+        for g, child in zip(got, (c0, c1), strict=True):
+            g.extend(await child.afinish())
+            assert [e for e in g if "step" not in e] == [{"event": "opened"}, {"event": "done"}]
+    mine = [steps_of(g) for g in got]
+    assert sorted(mine[0] + mine[1]) == list(range(steps)), mine
+    assert all(m == sorted(m) for m in mine), mine
+    assert mine[0] and mine[1], mine
+
+
+@pytest.mark.anyio
+async def test_late_joiner_gets_step_0(tmp_path: Path, backend: dict[str, Any]) -> None:
+    """A receiver that starts while the sender is already waiting to send step 0."""
+    url = make_url("tcp", tmp_path)
+    async with rlwire.open_sender(url) as sender, anyio.create_task_group() as tg:
+        sent: list[int] = []
+
+        async def send() -> None:
+            for step in range(2):
+                sent.append(await sender.send(batch(step)))
+
+        tg.start_soon(send)
+        await anyio.sleep(0.3)
+        assert sent == []  # waiting for a receiver of rank 0
+        with Child("receiver", url=url, receives=2, face="async", **backend) as child:
+            events = await child.afinish()
+    assert steps_of(events) == [0, 1] and sent == [0, 1]
+
+
+# -- sequence numbers and gaps ---------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_gap_when_the_sender_starts_ahead(tmp_path: Path, backend: dict[str, Any]) -> None:
+    """A fresh sender may start at any step; a receiver that expects step 0 is told that
+    steps 0-2 never came, then goes on from the step that did."""
+    url = make_url("ipc", tmp_path)
+    with Child("receiver", url=url, receives=3, **backend) as child:
+        async with rlwire.open_sender(url) as sender:
+            for step in (3, 4):
+                assert await sender.send(batch(step), step=step) == step
+        events = await child.afinish()
+    assert events[1]["error"] == "StepGapError"
+    assert "expected step 0, got step 3" in events[1]["message"]
+    assert steps_of(events) == [3, 4]
+
+
+def test_gap_after_the_sender_restarts(tmp_path: Path) -> None:
+    """A blocking receiver re-announces itself to a sender that restarted, and is told
+    that the new sender's step 0 is not the step 2 it waits for."""
+    url = make_url("tcp", tmp_path)
+    with rlwire.open_receiver(url) as receiver:
+        with Child("sender", url=url, steps=2) as first:
+            assert receiver.receive(timeout=LONG).samples[0].env_name == "env0"
+            assert receiver.receive(timeout=LONG).samples[0].env_name == "env1"
+            first.finish()
+        with Child("sender", url=url, steps=1, then="hang") as second:
+            with pytest.raises(rlwire.StepGapError, match="expected step 2, got step 0"):
+                receiver.receive(timeout=LONG)
+            assert receiver.receive(timeout=LONG).samples[0].env_name == "env0"
+            assert receiver.step == 0
+            assert second.next() == {"event": "opened"}
+
+
+# -- hand-made messages: corrupt, out of sequence --------------------------------------
+
+_PRELUDE = struct.Struct("<4sHH")
+
+
+def wire_message(
+    step: int,
+    seq: int,
+    *,
+    rank: int = 0,
+    session: bytes = b"S" * 8,
+    version: int = 1,
+    corrupt_buffer: bool = False,
+) -> list[bytes]:
+    """The parts of a ZeroMQ message as docs/format.md describes them, made by hand."""
+    frame = MsgpackCodec(inline_threshold=64).encode(batch(step))
+    segments = [bytes(frame.header), *map(bytes, frame.buffers)]
+    assert len(segments) > 2
+    sums = b"".join(struct.pack("<Q", xxhash.xxh3_64_intdigest(s)) for s in segments)
+    head = [session, seq, step, rank, False, "msgpack", [], b"", [], "xxh3-64", sums]
+    first = _PRELUDE.pack(b"RLWZ", version, 0) + msgspec.msgpack.encode(head)
+    if corrupt_buffer:
+        last = bytearray(segments[-1])
+        last[0] ^= 0xFF
+        segments[-1] = bytes(last)
+    return [first, *segments]
+
+
+def test_corrupt_and_out_of_sequence_messages(tmp_path: Path) -> None:
+    """A raw ROUTER socket answers a receiver's ready message with malformed messages:
+    each is a CorruptFrameError (the version one an UnsupportedVersionError), and the
+    receiver goes on with the next good message; a skipped sequence number is a
+    StepGapError, after which the message that revealed it is returned."""
+    url = make_url("ipc", tmp_path)
+    good = wire_message(0, 0)
+    bad: list[tuple[list[bytes], str, str]] = [
+        ([b"xy"], "CorruptFrameError", "not an rlwire message (2-byte head)"),
+        ([b"XXXX" + good[0][4:], *good[1:]], "CorruptFrameError", "bad magic"),
+        ([good[0][:8] + b"\xc1\xc1", *good[1:]], "CorruptFrameError", "malformed message head"),
+        (wire_message(0, 0, version=9), "UnsupportedVersionError", "version 9"),
+        (good[:2], "CorruptFrameError", "head disagrees with the message"),
+        (wire_message(0, 0, rank=3), "CorruptFrameError", "holds rank 3's payload"),
+        (wire_message(0, 0, corrupt_buffer=True), "CorruptFrameError", "checksum"),
+    ]
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.setsockopt(zmq.SNDTIMEO, int(LONG * 1000))
+    router.setsockopt(zmq.RCVTIMEO, int(LONG * 1000))
+    router.setsockopt(zmq.LINGER, 0)
+    try:
+        router.bind(url.removeprefix("zmq+"))
+        with Child("receiver", url=url, receives=len(bad) + 4) as child:
+            peer, kind, _ = router.recv_multipart()
+            assert kind == b"ready"
+            for parts, _, _ in bad:
+                router.send_multipart([peer, *parts])
+            router.send_multipart([peer, *wire_message(0, 0)])
+            router.send_multipart([peer, *wire_message(1, 1)])
+            router.send_multipart([peer, *wire_message(2, 3)])  # message 2 was lost
+            events = child.finish()
+    finally:
+        router.close()
+        context.term()
+    assert events[0] == {"event": "opened"} and events[-1] == {"event": "done"}
+    for event, (_, error, words) in zip(events[1:], bad, strict=False):
+        assert event["error"] == error and words in event["message"], event
+        assert f"{url.removeprefix('zmq+')}: step 0 rank 0" in event["message"]
+    rest = events[1 + len(bad) : -1]
+    assert rest[:2] == [{"step": s, "ok": True, "env": f"env{s}"} for s in (0, 1)]
+    assert rest[2]["error"] == "StepGapError"
+    assert "expected message 2 of this sender, got 3" in rest[2]["message"]
+    assert rest[3] == {"step": 2, "ok": True, "env": "env2"}
+
+
+# -- backpressure, flushing on close, reusable arrays ----------------------------------
+
+
+@pytest.mark.anyio
+async def test_full_queue_blocks_the_sender(tmp_path: Path, backend: dict[str, Any]) -> None:
+    """With a receiver that does not read, sends stop once the queues are full (they do
+    not drop); once it reads, every step arrives, in order. The messages are small
+    enough for ZeroMQ to copy (no buffers to wait for), so only the high-water marks
+    hold the sender back."""
+    url, steps, gate = make_url("ipc", tmp_path), 32, tmp_path / "gate"
+    size = {"count": 1, "n": 2000}  # about 58 KiB a step, all in the header
+    spec = {"url": url, "gate": str(gate), "receives": steps, "options": {"hwm": 1}, **size}
+    with Child("receiver", face="async", **spec, **backend) as child:
+        assert await child.anext() == {"event": "opened"}
+        payloads = [batch(step, **size) for step in range(steps)]
+        sent: list[int] = []
+        async with rlwire.open_sender(
+            url, storage_options={"hwm": 1}, inline_threshold=1 << 20
+        ) as sender:
+            async with anyio.create_task_group() as tg:
+
+                async def send() -> None:
+                    for payload in payloads:
+                        sent.append(await sender.send(payload))
+
+                tg.start_soon(send)
+                with anyio.fail_after(LONG):  # wait until the sends stall
+                    seen = -1
+                    while seen != len(sent) or not sent:
+                        seen = len(sent)
+                        await anyio.sleep(0.5)
+                assert 0 < len(sent) < steps  # blocked, not dropping
+                gate.touch()
+        assert sent == list(range(steps))
+        events = await child.afinish()
+    assert steps_of(events) == list(range(steps))
+
+
+def test_close_flushes_accepted_steps(tmp_path: Path) -> None:
+    """A sender that closes right after its last send, with messages still queued in
+    ZeroMQ (a reader that has not started reading), delivers them all before its
+    process exits; the reader then times out, with a message that names the step."""
+    url, steps = make_url("tcp", tmp_path), 8
+    size = {"count": 1, "n": 2000}  # about 58 KiB, below pyzmq's copy threshold
+    with rlwire.open_receiver(url, storage_options={"hwm": 1}) as receiver:
+        with Child(
+            "sender", url=url, steps=steps, inline_threshold=1 << 20, sidecar=[],
+            options={"hwm": 2 * steps}, **size,
+        ) as child:  # fmt: skip
+            events = [child.next() for _ in range(steps + 2)]
+            assert events[-1] == {"event": "closing"}  # all sends returned, none read
+            got = [receiver.receive(timeout=LONG) for _ in range(steps)]
+            assert child.finish() == [{"event": "closed"}]
+        with pytest.raises(rlwire.ReceiveTimeout, match=f"step {steps} did not arrive within"):
+            receiver.receive(timeout=SHORT)
+    for step, received in enumerate(got):
+        assert received.samples[0].env_name == f"env{step}"
+        assert (
+            received.samples[0].token_ids.tobytes()
+            == batch(step, **size).samples[0].token_ids.tobytes()
+        )
+
+
+@pytest.mark.anyio
+async def test_arrays_are_reusable_after_send(tmp_path: Path, backend: dict[str, Any]) -> None:
+    """Buffers go out zero-copy; once send returns, the caller may overwrite them, even
+    while the receiver has not read them yet."""
+    url, gate = make_url("ipc", tmp_path), tmp_path / "gate"
+    size = {"count": 1, "n": 100_000}  # about 3 MB
+    samples = [batch(step, **size).samples[0] for step in range(3)]
+    spec = {"url": url, "receives": 3, "gate": str(gate), **size, **backend}
+    with Child("receiver", **spec) as child:
+        assert await child.anext() == {"event": "opened"}
+        reused = batch(0, **size)
+        async with rlwire.open_sender(url, sidecar="routed_experts") as sender:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(open_gate_after, gate, 0.5)
+                for new in samples:
+                    old = reused.samples[0]
+                    for field in old.__struct_fields__:  # overwrite every array in place
+                        value = getattr(old, field)
+                        if isinstance(value, np.ndarray):
+                            np.copyto(value, getattr(new, field))
+                    old.env_name = new.env_name
+                    await sender.send(reused)
+        events = await child.afinish()
+    assert steps_of(events) == [0, 1, 2]
+
+
+async def open_gate_after(gate: Path, delay: float) -> None:
+    await anyio.sleep(delay)
+    gate.touch()
+
+
+# -- vanishing peers -------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_sender_killed(tmp_path: Path, backend: dict[str, Any]) -> None:
+    """A receiver whose sender was killed gets ReceiveTimeout from either face."""
+    url = make_url("tcp", tmp_path)
+    with Child("sender", url=url, steps=1, then="hang", **backend) as child:
+        async with rlwire.open_receiver(url) as receiver:
+            assert (await receiver.areceive(timeout=LONG)).samples[0].env_name == "env0"
+            assert await child.anext() == {"event": "opened"}
+            assert await child.anext() == {"sent": 0}
+            child.kill()
+            message = f"{url.removeprefix('zmq+')}.*step 1 did not arrive within"
+            with pytest.raises(rlwire.ReceiveTimeout, match=message):
+                await receiver.areceive(timeout=SHORT)
+            with pytest.raises(rlwire.ReceiveTimeout, match=message):
+                receiver.receive(timeout=SHORT / 3)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("kind", "how"), [("tcp", "kill"), ("ipc", "kill"), ("ipc", "close")])
+async def test_receiver_gone(tmp_path: Path, kind: str, how: str, backend: dict[str, Any]) -> None:
+    """In the ranks pattern, a send to a rank whose receiver was killed raises
+    TransportError (after at most a send or two that ZeroMQ took before it noticed);
+    one whose receiver closed waits for a new one, up to ready_timeout. No hang."""
+    url = make_url(kind, tmp_path)
+    then = "hang" if how == "kill" else "close"
+    with Child("receiver", url=url, receives=1, then=then) as child:
+        options = {"ready_timeout": SHORT}
+        async with rlwire.open_sender(url, storage_options=options) as sender:
+            await sender.send(batch(0))
+            assert [e.get("step") for e in [await child.anext() for _ in range(3)]] == [
+                None,
+                0,
+                None,
+            ]
+            if how == "kill":
+                child.kill()
+                words = "the receiver of rank 0 disconnected"
+            else:
+                assert await child.afinish() == []
+                words = "no receiver of rank 0 announced itself within ready_timeout"
+            with anyio.fail_after(LONG):
+                with pytest.raises(rlwire.TransportError, match=words):
+                    while True:
+                        await sender.send(batch(sender.next_step))
+                        await anyio.sleep(0.05)
+
+
+@pytest.mark.anyio
+@asyncio_only
+async def test_close_does_not_wait_for_a_killed_receiver(tmp_path: Path) -> None:
+    """Closing waits for receivers that have not read everything yet, but stops at once
+    for one that is gone."""
+    url, gate = make_url("ipc", tmp_path), tmp_path / "never"
+    with Child("receiver", url=url, gate=str(gate)) as child:
+        async with anyio.create_task_group() as tg:
+            async with rlwire.open_sender(url) as sender:
+                for step in range(3):
+                    await sender.send(batch(step))
+
+                async def kill_soon() -> None:
+                    await anyio.sleep(1.0)
+                    child.kill()
+
+                tg.start_soon(kill_soon)
+                started = time.monotonic()
+            elapsed = time.monotonic() - started
+        # Leaving `async with` closed the sender: it waited for the living receiver, which
+        # read nothing, and gave up once the receiver was killed, long before linger (30 s).
+        assert 0.9 < elapsed < 15, elapsed
+
+
+# -- CURVE -----------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+@asyncio_only
+@pytest.mark.parametrize("allow_list", [False, True])
+async def test_curve(tmp_path: Path, allow_list: bool) -> None:
+    """A receiver that knows the sender's public key (and, with an allow list, is on
+    it) gets everything, encrypted."""
+    url = make_url("tcp", tmp_path)
+    public, secret = zmq.curve_keypair()
+    client_public, client_secret = zmq.curve_keypair()
+    options: dict[str, Any] = {"curve_secret_key": secret, "curve_public_key": public}
+    receiver_options = {"curve_server_key": public.decode()}
+    if allow_list:
+        options["curve_clients"] = [client_public]
+        receiver_options["curve_public_key"] = client_public.decode()
+        receiver_options["curve_secret_key"] = client_secret.decode()
+    with Child("receiver", url=url, receives=2, options=receiver_options) as child:
+        async with rlwire.open_sender(url, storage_options=options) as sender:
+            for step in range(2):
+                await sender.send(batch(step))
+        assert steps_of(await child.afinish()) == [0, 1]
+
+
+@pytest.mark.anyio
+@asyncio_only
+async def test_curve_refuses_strangers(tmp_path: Path) -> None:
+    """Receivers with the wrong server key, with keys not on the allow list, or with no
+    CURVE at all get nothing, and the sender delivers nothing to them."""
+    url = make_url("tcp", tmp_path)
+    public, secret = zmq.curve_keypair()
+    listed_public, listed_secret = zmq.curve_keypair()
+    other_public, _ = zmq.curve_keypair()
+    stranger_public, stranger_secret = zmq.curve_keypair()
+    strangers = [
+        {"curve_server_key": other_public.decode()},  # with the listed key pair
+        {
+            "curve_server_key": public.decode(),
+            "curve_public_key": stranger_public.decode(),
+            "curve_secret_key": stranger_secret.decode(),
+        },
+        {},
+    ]
+    strangers[0] |= {
+        "curve_public_key": listed_public.decode(),
+        "curve_secret_key": listed_secret.decode(),
+    }
+    options = {
+        "curve_secret_key": secret,
+        "curve_clients": [listed_public],
+        "pattern": "shared",
+        "ready_timeout": SHORT,
+    }
+    with ExitStack() as stack:
+        children = [
+            stack.enter_context(Child("receiver", url=url, receives=1, timeout=SHORT, options=o))
+            for o in strangers
+        ]
+        for child in children:
+            assert await child.anext() == {"event": "opened"}
+        async with rlwire.open_sender(url, storage_options=options) as sender:
+            with pytest.raises(rlwire.TransportError, match="0 of 1 consumers announced"):
+                await sender.send(batch(0))
+        for child in children:
+            events = await child.afinish()
+            assert events[0].get("error") == "ReceiveTimeout", (child.spec["options"], events)
+
+
+# -- configuration ---------------------------------------------------------------------
+
+KEYS = zmq.curve_keypair()
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "words"),
+    [
+        ("zmq+tcp://127.0.0.1", {}, "needs a host and a port"),
+        ("zmq+tcp://:5555", {}, "needs a host and a port"),
+        ("zmq+tcp://127.0.0.1:http", {}, "valid port"),
+        ("zmq+tcp://127.0.0.1:99999", {}, "valid port"),
+        ("zmq+ipc://", {}, "needs a path"),
+        ("zmq+tcp://127.0.0.1:5555", {"hwmm": 2}, "unknown storage option(s) 'hwmm'"),
+        ("zmq+tcp://127.0.0.1:5555", {"pattern": "fanout"}, "pattern must be"),
+        ("zmq+tcp://127.0.0.1:5555", {"hwm": 0}, "'hwm' must be a positive number"),
+        ("zmq+tcp://127.0.0.1:5555", {"hwm": True}, "'hwm' must be a positive number"),
+        ("zmq+tcp://127.0.0.1:5555", {"hwm": 1.5}, "hwm must be positive integers"),
+        ("zmq+tcp://127.0.0.1:5555", {"consumers": "2"}, "'consumers' must be a positive"),
+        ("zmq+tcp://127.0.0.1:5555", {"ready_timeout": -1}, "'ready_timeout' must be"),
+        ("zmq+tcp://127.0.0.1:5555", {"linger": "long"}, "'linger' must be"),
+        ("zmq+tcp://127.0.0.1:5555", {"curve_secret_key": "short"}, "'curve_secret_key'"),
+        (
+            "zmq+tcp://127.0.0.1:5555",
+            {"curve_public_key": KEYS[0]},
+            "curve_public_key must come with the curve_secret_key",
+        ),
+        (
+            "zmq+tcp://127.0.0.1:5555",
+            {"curve_secret_key": KEYS[1], "curve_public_key": zmq.curve_keypair()[0]},
+            "curve_public_key must come with the curve_secret_key",
+        ),
+        ("zmq+tcp://127.0.0.1:5555", {"curve_clients": [KEYS[0]]}, "curve_clients needs"),
+        (
+            "zmq+tcp://127.0.0.1:5555",
+            {"curve_secret_key": KEYS[1], "curve_clients": [b"short"]},
+            "'curve_clients'",
+        ),
+        (
+            "zmq+tcp://127.0.0.1:5555",
+            {"curve_secret_key": KEYS[1], "curve_clients": KEYS[0]},
+            "'curve_clients' must be a list",
+        ),
+        (
+            "zmq+tcp://127.0.0.1:5555",
+            {"curve_secret_key": KEYS[1], "curve_clients": 5},
+            "'curve_clients' must be a list",
+        ),
+    ],
+)
+def test_sender_config_errors(url: str, options: dict[str, Any], words: str) -> None:
+    with pytest.raises(rlwire.ConfigError) as info:
+        rlwire.open_sender(url, storage_options=options)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"pattern": "shared"}, "unknown storage option(s) 'pattern'"),
+        ({"hwm": -2}, "'hwm' must be a positive number"),
+        ({"curve_server_key": "x" * 39}, "'curve_server_key'"),
+        ({"curve_public_key": KEYS[0].decode()}, "needs curve_server_key"),
+        ({"curve_server_key": KEYS[0], "curve_secret_key": KEYS[1]}, "give both"),
+    ],
+)
+def test_receiver_config_errors(options: dict[str, Any], words: str) -> None:
+    with pytest.raises(rlwire.ConfigError) as info:
+        rlwire.open_receiver("zmq+tcp://127.0.0.1:5555", storage_options=options)
+    assert words in str(info.value)
+
+
+@pytest.mark.anyio
+@asyncio_only
+async def test_port_in_use_and_ready_timeout() -> None:
+    """Port 0 binds a free port; binding a port in use is a TransportError; a send that
+    no receiver announces itself for within ready_timeout is one too."""
+    sink = ZmqSink.from_url("zmq+tcp://127.0.0.1:0", SinkOptions())
+    sink.open("error")
+    try:
+        port = int(sink.endpoint.rsplit(":", 1)[1])
+        assert port > 0
+        url = f"zmq+tcp://127.0.0.1:{port}"
+        with pytest.raises(rlwire.TransportError, match=f"127.0.0.1:{port}: cannot bind"):
+            async with rlwire.open_sender(url):
+                pass
+    finally:
+        sink.close()
+    options = {"ready_timeout": 0.3}
+    async with rlwire.open_sender(url, storage_options=options) as sender:
+        with pytest.raises(rlwire.TransportError, match="no receiver of rank 0 announced"):
+            await sender.send(batch(0))
+        assert sender.next_step == 0  # nothing was sent: the step is still free

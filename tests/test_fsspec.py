@@ -281,6 +281,25 @@ def test_bad_options_and_missing_bucket_are_typed_errors(
         FsspecSink(s3_url, part_bytes=1 << 20)
 
 
+def test_missing_packages_are_config_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without fsspec (or s3fs) installed, a URL that needs it is a ConfigError that
+    says what to install, not an ImportError on first use."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    missing = {"fsspec"}
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in missing else find_spec(name, *a),
+    )
+    with pytest.raises(rlwire.ConfigError, match=r"needs the 'fsspec' package.*rlwire\[fsspec\]"):
+        rlwire.open_sender("memory://run")
+    missing = {"s3fs"}
+    with pytest.raises(rlwire.ConfigError, match=r"needs the 's3fs' package.*rlwire\[s3\]"):
+        rlwire.open_receiver("s3://bucket/run")
+
+
 @pytest.mark.anyio
 async def test_the_first_connection_happens_off_the_loop_once(s3_endpoint: dict[str, Any]) -> None:
     """Opening a sender or receiver makes no filesystem and no request: an unreachable

@@ -27,12 +27,10 @@ from ..errors import ConfigError, CorruptFrameError, StepExistsError, TransportE
 from ..frame import Frame
 from ._base import OnExisting, Sink, SinkOptions, Source, SourceOptions, Staged, reject_unknown
 from ._layout import Layout, parse_main, placeholder_checksums, plan
+from ._names import MAIN_RE, STORED_RE, TEMP_RE, main_name, sidecar_name, start_step, temp_name
 
-__all__ = ["FileSink", "FileSource", "main_name", "sidecar_name"]
+__all__ = ["FileSink", "FileSource", "local_path", "main_name", "sidecar_name"]
 
-_MAIN_RE = re.compile(r"step-(\d+)\.rank-(\d+)\.rlw")
-_RLWIRE_FILE_RE = re.compile(r"step-\d+\.rank-\d+(\.sidecar)?\.rlw")
-_TEMP_RE = re.compile(r"\.step-\d+\.rank-\d+(\.sidecar)?\.rlw\.[0-9a-f]+\.tmp")
 
 #: Bytes written per piece. os.write releases the GIL, so large pieces cost the event
 #: loop nothing; they only bound how long a cancelled send takes to stop (tens of ms).
@@ -41,16 +39,6 @@ PIECE_BYTES = 64 << 20
 #: this small, so the write copies it from cache: checksums then cost almost nothing.
 _CHUNK_BYTES = 2 << 20
 _IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16)
-
-
-def main_name(step: int, rank: int) -> str:
-    """File name of the main part of ``step`` for ``rank``."""
-    return f"step-{step:08d}.rank-{rank:04d}.rlw"
-
-
-def sidecar_name(step: int, rank: int) -> str:
-    """File name of the sidecar part of ``step`` for ``rank``."""
-    return f"step-{step:08d}.rank-{rank:04d}.sidecar.rlw"
 
 
 def local_path(url: str) -> str:
@@ -157,33 +145,14 @@ class FileSink(Sink):
             probe.unlink()
         except OSError as exc:
             raise _os_error(self.root, "write to the destination directory", exc) from exc
-        ranks: dict[int, set[int]] = {}
-        for m in self._main_files():
-            ranks.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
-        steps = sorted(ranks)
-        if on_existing == "resume":
-            self._remove(_TEMP_RE)
-            if len(steps) >= 2 and len(ranks[steps[-1]]) < len(ranks[steps[-2]]):
-                # A send killed between its renames: resuming after it would leave the
-                # missing ranks waiting forever for a step that will never come.
-                raise StepExistsError(
-                    f"{self.root}: step {steps[-1]} is incomplete (ranks "
-                    f"{sorted(ranks[steps[-1]])} of {sorted(ranks[steps[-2]])}); delete it "
-                    "to resume before it, or use on_existing='overwrite'",
-                )
-            return steps[-1] + 1 if steps else 0
+        with os.scandir(self.root) as entries:
+            step = start_step(str(self.root), [e.name for e in entries], on_existing)
+        if on_existing != "error":
+            self._remove(TEMP_RE)
         if on_existing == "overwrite":
-            self._remove(_TEMP_RE)
-            self._remove(_MAIN_RE)  # main files first, so no reader sees a torn step
-            self._remove(_RLWIRE_FILE_RE)
-            return 0
-        if steps:
-            raise StepExistsError(
-                f"{self.root}: holds steps {_span(steps)} from an earlier run; open the sender "
-                "with on_existing='overwrite' to delete them or on_existing='resume' to "
-                "continue after them",
-            )
-        return 0
+            self._remove(MAIN_RE)  # main files first, so no reader sees a torn step
+            self._remove(STORED_RE)
+        return step
 
     def stage(self, step: int, frames: Sequence[Frame]) -> Pieces[Staged]:
         staged = _FileStaged(self.root, self.fsync)
@@ -229,7 +198,7 @@ class FileSink(Sink):
     ) -> Pieces[Path]:
         """Write ``pieces`` to a temporary file beside ``final``, hashing each piece of a
         segment into ``hashers[segment]`` as it goes; then write ``head()`` at offset 0."""
-        tmp = final.with_name(f".{final.name}.{os.urandom(6).hex()}.tmp")
+        tmp = final.with_name(temp_name(final.name))
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as exc:
@@ -263,13 +232,6 @@ class FileSink(Sink):
             raise
         os.close(fd)
         return tmp
-
-    def _main_files(self) -> Iterator[re.Match[str]]:
-        with os.scandir(self.root) as entries:
-            for entry in entries:
-                m = _MAIN_RE.fullmatch(entry.name)
-                if m:
-                    yield m
 
     def _remove(self, pattern: re.Pattern[str]) -> None:
         with os.scandir(self.root) as entries:
@@ -402,7 +364,3 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _span(steps: list[int]) -> str:
-    return str(steps[0]) if len(steps) == 1 else f"{steps[0]}..{steps[-1]} ({len(steps)} steps)"

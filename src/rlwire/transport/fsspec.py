@@ -26,7 +26,6 @@ import contextlib
 import importlib.util
 import inspect
 import io
-import os
 import re
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
@@ -50,15 +49,11 @@ from ._base import (
     reject_unknown,
 )
 from ._layout import Layout, checksum_pieces, parse_main, plan
-from .filesystem import main_name, sidecar_name
+from ._names import MAIN_RE, STORED_RE, TEMP_RE, main_name, sidecar_name, start_step, temp_name
 
 __all__ = ["FsspecSink", "FsspecSource"]
 
 T = TypeVar("T")
-
-_MAIN_RE = re.compile(r"step-(\d+)\.rank-(\d+)\.rlw")
-_RLWIRE_RE = re.compile(r"step-\d+\.rank-\d+(\.sidecar)?\.rlw")
-_TEMP_RE = re.compile(r"\.step-\d+\.rank-\d+(\.sidecar)?\.rlw\.[0-9a-f]+\.tmp")
 
 #: Default size of one multipart-upload part. Parts are copied out of the frame's buffers
 #: (botocore takes bytes, bytearrays or files, not memoryviews), one at a time, so memory
@@ -79,11 +74,11 @@ _WRITE_BYTES = 8 << 20
 MAX_POLL_INTERVAL = 1.0
 #: Packages that serve fsspec protocols rlwire names, checked without importing them.
 _PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
+#: Protocols with no bucket, whose filesystems also accept any keyword and ignore the
+#: ones they do not know (their ``**kwargs`` end in fsspec's base class): rlwire checks
+#: those keys itself. Others reject unknown keys on their own (s3fs when it makes its
+#: session).
 _LOCAL = frozenset({"memory"})
-#: Protocols whose filesystems accept any keyword and ignore the ones they do not know
-#: (their ``**kwargs`` end in fsspec's base class): rlwire checks those keys itself.
-#: Others reject unknown keys on their own (s3fs when it makes its session).
-_IGNORES_UNKNOWN_OPTIONS = frozenset({"memory"})
 #: Keys fsspec's base classes take from any filesystem's options.
 _FSSPEC_OPTIONS = ("skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths")
 
@@ -125,12 +120,12 @@ def _split_url(url: str) -> tuple[str, str]:
         raise ConfigError(f"{url!r}: malformed URL protocol {protocol!r}")
     if protocol not in _LOCAL and not path.strip("/"):
         raise ConfigError(f"{url!r}: names no bucket or directory")
-    package = _PACKAGES.get(protocol)
-    if package is not None and importlib.util.find_spec(package) is None:
-        raise ConfigError(
-            f"{url!r}: protocol {protocol!r} needs the {package!r} package "
-            "(pip install 'rlwire[s3]' for s3://, or gcsfs for gs://)"
-        )
+    for package in ("fsspec", _PACKAGES.get(protocol)):
+        if package is not None and importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                f"{url!r}: protocol {protocol!r} needs the {package!r} package "
+                "(pip install 'rlwire[fsspec]', 'rlwire[s3]' for s3://, or gcsfs for gs://)"
+            )
     return protocol, path
 
 
@@ -184,7 +179,7 @@ def _connect(url: str, protocol: str, storage_options: Mapping[str, Any]) -> _Co
         cls = fsspec.get_filesystem_class(protocol)
     except (ImportError, ValueError) as exc:
         raise ConfigError(f"{url!r}: fsspec cannot serve protocol {protocol!r}: {exc}") from exc
-    if protocol in _IGNORES_UNKNOWN_OPTIONS:
+    if protocol in _LOCAL:
         reject_unknown(url, storage_options, _named_parameters(cls))
     root = str(cls._strip_protocol(url)).rstrip("/")
     # Options in the URL (e.g. s3's ?versionId) give way to explicit storage options.
@@ -556,40 +551,22 @@ class FsspecSink(Sink):
         conn = self._conn.get()
         with _errors(self.url, "list the destination"):
             names = _list(conn)
-        ranks: dict[int, set[int]] = {}
-        for name in names:
-            m = _MAIN_RE.fullmatch(name)
-            if m:
-                ranks.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
-        steps = sorted(ranks)
+        step = start_step(self.url, names, on_existing)
         if on_existing == "error":
-            if steps:
-                raise StepExistsError(
-                    f"{self.url}: holds steps {_span(steps)} from an earlier run; open the "
-                    "sender with on_existing='overwrite' to delete them or "
-                    "on_existing='resume' to continue after them"
-                )
-            return 0
+            return step
         # Leftovers of a killed sender: temporary keys and unfinished multipart uploads
         # (invisible to readers, but billed).
         with _errors(self.url, "clean up after an earlier run"):
-            _rm(conn, [n for n in names if _TEMP_RE.fullmatch(n)])
+            _rm(conn, [n for n in names if TEMP_RE.fullmatch(n)])
             uploads = _pending_uploads(conn) if conn.s3 else []
             if uploads:
                 _on_loop(conn.loop, _abort_uploads(conn, uploads))
-        if on_existing == "resume":
-            if len(steps) >= 2 and len(ranks[steps[-1]]) < len(ranks[steps[-2]]):
-                raise StepExistsError(
-                    f"{self.url}: step {steps[-1]} is incomplete (ranks "
-                    f"{sorted(ranks[steps[-1]])} of {sorted(ranks[steps[-2]])}); delete it "
-                    "to resume before it, or use on_existing='overwrite'"
-                )
-            return steps[-1] + 1 if steps else 0
-        with _errors(self.url, "delete earlier steps"):
-            # Main objects first, so no reader meets a main object without its sidecar.
-            _rm(conn, [n for n in names if _MAIN_RE.fullmatch(n)])
-            _rm(conn, [n for n in names if _RLWIRE_RE.fullmatch(n) and not _MAIN_RE.fullmatch(n)])
-        return 0
+        if on_existing == "overwrite":
+            with _errors(self.url, "delete earlier steps"):
+                # Main objects first, so no reader meets a main object without its sidecar.
+                _rm(conn, [n for n in names if MAIN_RE.fullmatch(n)])
+                _rm(conn, [n for n in names if STORED_RE.fullmatch(n) and not MAIN_RE.fullmatch(n)])
+        return step
 
     # ------------------------------------------------------------------ stage
 
@@ -704,7 +681,7 @@ def _write_temp(
     conn: _Conn, final: str, pieces: Sequence[bytes | memoryview], into: list[tuple[str, str]]
 ) -> Pieces[None]:
     head, _, name = final.rpartition("/")
-    tmp = f"{head}/.{name}.{os.urandom(6).hex()}.tmp"
+    tmp = f"{head}/{temp_name(name)}"
     into.append((tmp, final))  # from here on, discard() removes it
     f = conn.fs.open(tmp, "wb")
     try:
@@ -774,7 +751,7 @@ def _pending_uploads(conn: _Conn) -> list[tuple[str, str]]:
         )
         for upload in page.get("Uploads", []) or []:
             key = str(upload["Key"])
-            if _RLWIRE_RE.fullmatch(key[len(prefix) :]):
+            if STORED_RE.fullmatch(key[len(prefix) :]):
                 out.append((key, str(upload["UploadId"])))
         if not page.get("IsTruncated"):
             return out
@@ -792,10 +769,6 @@ async def _abort_uploads(conn: _Conn, uploads: Sequence[tuple[str, str]]) -> Non
             for k, u in uploads
         ]
     )
-
-
-def _span(steps: list[int]) -> str:
-    return str(steps[0]) if len(steps) == 1 else f"{steps[0]}..{steps[-1]} ({len(steps)} steps)"
 
 
 # --------------------------------------------------------------------------- the source

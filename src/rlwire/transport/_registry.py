@@ -70,12 +70,13 @@ def _scheme(url: str | os.PathLike[str]) -> tuple[str, str]:
     return (scheme or "file"), url  # "run:1" or "C:\\x" are plain paths
 
 
-def _fsspec_knows(scheme: str) -> bool:
+def _fsspec_protocols() -> list[str]:
+    """The protocols fsspec knows, or none without fsspec."""
     try:
         import fsspec
     except ImportError:
-        return False
-    return scheme in fsspec.available_protocols()
+        return []
+    return list(fsspec.available_protocols())
 
 
 @functools.cache
@@ -87,14 +88,15 @@ def get_sink_class(scheme: str) -> type[Sink]:
             are installed), or its module cannot be imported.
     """
     target = _entry_points().get(scheme)
-    if target is None and _fsspec_knows(scheme):
-        target = _FSSPEC
     if target is None:
-        raise ConfigError(
-            f"unknown URL scheme {scheme!r}; installed sinks serve: "
-            f"{', '.join(available_schemes())}, plain paths"
-            + (", and any other fsspec protocol" if _fsspec_knows("memory") else "")
-        )
+        protocols = _fsspec_protocols()
+        if scheme not in protocols:
+            raise ConfigError(
+                f"unknown URL scheme {scheme!r}; installed sinks serve: "
+                f"{', '.join(available_schemes())}, plain paths"
+                + (", and any other fsspec protocol" if protocols else "")
+            )
+        target = _FSSPEC
     try:
         cls: Any = load_target(target)
     except ImportError as exc:
@@ -102,6 +104,10 @@ def get_sink_class(scheme: str) -> type[Sink]:
         raise ConfigError(f"sink for {scheme!r} ({target}) cannot be loaded: {exc}{hint}") from exc
     except AttributeError as exc:
         raise ConfigError(f"sink for {scheme!r}: {target} does not exist: {exc}") from exc
+    except Exception as exc:  # a plugin whose module fails as it is imported
+        raise ConfigError(
+            f"sink for {scheme!r} ({target}) cannot be loaded: {type(exc).__name__}: {exc}"
+        ) from exc
     if not (isinstance(cls, type) and issubclass(cls, Sink)):
         raise ConfigError(f"sink for {scheme!r}: {target} is not a rlwire.transport.Sink")
     return cls

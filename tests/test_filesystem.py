@@ -75,6 +75,29 @@ def test_sender_never_reuses_a_partly_visible_step(tmp_path: Path) -> None:
     anyio.run(main)
 
 
+@pytest.mark.anyio
+async def test_a_cancelled_async_commit_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A sink whose commit waits (as on a network) and is cancelled before anything is
+    visible: the sender discards the staged step and does not count it."""
+    import anyio
+
+    class SlowCommit(FileSink):  # a real sink whose commit never finishes
+        def stage(self, step: int, frames: object) -> object:  # type: ignore[override]
+            staged = yield from super().stage(step, frames)  # type: ignore[arg-type]
+
+            async def acommit(limiter: object) -> None:
+                await anyio.sleep_forever()
+
+            staged.acommit = acommit
+            return staged
+
+    async with rlwire.TrainingBatchSender(SlowCommit(tmp_path), MsgpackCodec()) as sender:
+        with anyio.move_on_after(0.5) as scope:
+            await sender.send({"a": 1})
+        assert scope.cancelled_caught and sender.next_step == 0
+    assert names(tmp_path) == []  # the temporary files are gone
+
+
 def test_resume_refuses_a_step_missing_ranks(tmp_path: Path) -> None:
     sink = FileSink(tmp_path)
     sink.open("error")

@@ -461,7 +461,11 @@ def test_corrupt_and_out_of_sequence_messages(tmp_path: Path) -> None:
         (wire_message(0, 0, version=9), "UnsupportedVersionError", "version 9"),
         (good[:2], "CorruptFrameError", "head disagrees with the message"),
         (wire_message(0, 0, rank=3), "CorruptFrameError", "holds rank 3's payload"),
-        (wire_message(0, 0, corrupt_buffer=True), "CorruptFrameError", "checksum"),
+        (
+            wire_message(0, 7, session=b"C" * 8, corrupt_buffer=True),
+            "CorruptFrameError",
+            "checksum",
+        ),
     ]
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     router = context.socket(zmq.ROUTER)
@@ -480,6 +484,9 @@ def test_corrupt_and_out_of_sequence_messages(tmp_path: Path) -> None:
             router.send_multipart([peer, *wire_message(1, 1)])
             router.send_multipart([peer, *wire_message(2, 3)])  # message 2 was lost
             events = child.finish()
+        answers = []
+        while router.poll(500):
+            answers.append(router.recv_multipart())
     finally:
         router.close()
         context.term()
@@ -492,6 +499,49 @@ def test_corrupt_and_out_of_sequence_messages(tmp_path: Path) -> None:
     assert rest[2]["error"] == "StepGapError"
     assert "expected message 2 of this sender, got 3" in rest[2]["message"]
     assert rest[3] == {"step": 2, "ok": True, "env": "env2"}
+    # The message that failed its checksums was acknowledged all the same, so a sender
+    # closing would not wait for it to be read.
+    assert [peer, b"ack", struct.pack("<8sQ", b"C" * 8, 7)] in answers, answers
+
+
+@pytest.mark.anyio
+async def test_a_message_that_fails_to_decode_is_used_up(tmp_path: Path) -> None:
+    """A socket hands each message over once: after one fails to decode, the receiver
+    is past its step and the next receive reads the next step, not a gap."""
+    url = make_url("ipc", tmp_path)
+    with rlwire.open_receiver(url, type=int) as receiver:
+        async with rlwire.open_sender(url) as sender, anyio.create_task_group() as tg:
+
+            async def send_two() -> None:
+                for step in range(2):
+                    await sender.send(batch(step))
+
+            tg.start_soon(send_two)
+            for step in range(2):
+                with pytest.raises(rlwire.DecodeError, match=f"step {step} rank 0: "):
+                    await receiver.areceive(timeout=LONG)
+                assert receiver.next_step == step + 1
+
+
+def test_close_from_another_thread_ends_a_blocking_receive(tmp_path: Path) -> None:
+    """close() while another thread waits in receive(): that receive raises ClosedError
+    (the socket is never used by two threads at once)."""
+    receiver = rlwire.open_receiver(make_url("ipc", tmp_path))
+    errors: list[BaseException] = []
+
+    def receive() -> None:
+        try:
+            receiver.receive(timeout=LONG)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=receive)
+    thread.start()
+    time.sleep(0.3)
+    receiver.close()
+    thread.join(LONG)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], rlwire.ClosedError), errors
 
 
 # -- backpressure, flushing on close, reusable arrays ----------------------------------
@@ -746,9 +796,9 @@ KEYS = zmq.curve_keypair()
         ("zmq+ipc://", {}, "needs a path"),
         ("zmq+tcp://127.0.0.1:5555", {"hwmm": 2}, "unknown storage option(s) 'hwmm'"),
         ("zmq+tcp://127.0.0.1:5555", {"pattern": "fanout"}, "pattern must be"),
-        ("zmq+tcp://127.0.0.1:5555", {"hwm": 0}, "'hwm' must be a positive number"),
-        ("zmq+tcp://127.0.0.1:5555", {"hwm": True}, "'hwm' must be a positive number"),
-        ("zmq+tcp://127.0.0.1:5555", {"hwm": 1.5}, "hwm must be positive integers"),
+        ("zmq+tcp://127.0.0.1:5555", {"hwm": 0}, "'hwm' must be a positive integer"),
+        ("zmq+tcp://127.0.0.1:5555", {"hwm": True}, "'hwm' must be a positive integer"),
+        ("zmq+tcp://127.0.0.1:5555", {"hwm": 1.5}, "'hwm' must be a positive integer, got 1.5"),
         ("zmq+tcp://127.0.0.1:5555", {"consumers": "2"}, "'consumers' must be a positive"),
         ("zmq+tcp://127.0.0.1:5555", {"ready_timeout": -1}, "'ready_timeout' must be"),
         ("zmq+tcp://127.0.0.1:5555", {"linger": "long"}, "'linger' must be"),
@@ -791,7 +841,7 @@ def test_sender_config_errors(url: str, options: dict[str, Any], words: str) -> 
     ("options", "words"),
     [
         ({"pattern": "shared"}, "unknown storage option(s) 'pattern'"),
-        ({"hwm": -2}, "'hwm' must be a positive number"),
+        ({"hwm": -2}, "'hwm' must be a positive integer"),
         ({"curve_server_key": "x" * 39}, "'curve_server_key'"),
         ({"curve_public_key": KEYS[0].decode()}, "needs curve_server_key"),
         ({"curve_server_key": KEYS[0], "curve_secret_key": KEYS[1]}, "give both"),

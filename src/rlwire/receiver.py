@@ -16,7 +16,7 @@ from ._aio import make_limiter
 from ._args import non_negative_int
 from .codecs import Codec, decompress, get_codec
 from .codecs.compression import DEFAULT_MAX_DECOMPRESSED
-from .errors import ClosedError, ConfigError, DecodeError, ReceiveTimeout
+from .errors import ClosedError, ConfigError, DecodeError, ReceiveTimeout, SchemaError
 from .frame import Frame
 from .schema import TrainingBatch, TrainingSample
 from .transport import Source, SourceOptions, open_source
@@ -177,18 +177,19 @@ class TrainingBatchReceiver(Generic[T]):
             if got is None:
                 return _NOTHING
             step, frame = got
-            # The step is used up even if it cannot be decoded: skip() is not needed to
-            # move past a message a socket has already handed over.
-            self._next_step = step + 1
             try:
                 obj = self._decode(frame)
-            except DecodeError as exc:  # name the message: the source knows where it is
-                exc.args = (f"{self._source.describe(step)}: {exc}", *exc.args[1:])
-                self._next_step = step  # a stored message can be read again, or skipped
+                if self._validate and isinstance(obj, TrainingBatch | TrainingSample):
+                    obj.validate(f"step {step}")
+            except (DecodeError, SchemaError) as exc:
+                if isinstance(exc, DecodeError):  # name the message: the source knows where
+                    exc.args = (f"{self._source.describe(step)}: {exc}", *exc.args[1:])
+                # A stored message can be read again, or skipped; one a socket has handed
+                # over is gone, and waiting for it again would only report a gap.
+                if self._source.consumes:
+                    self._next_step = step + 1
                 raise
-            if self._validate and isinstance(obj, TrainingBatch | TrainingSample):
-                obj.validate(f"step {step}")
-            self._step = step
+            self._step, self._next_step = step, step + 1
             return obj
 
     def _decode(self, frame: Frame) -> Any:

@@ -8,7 +8,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
-from anyio import CapacityLimiter
+from anyio import CapacityLimiter, to_thread
 
 from ._aio import make_limiter, run_pieces
 from ._args import non_negative_int
@@ -218,6 +218,11 @@ class TrainingBatchSender:
             staged = await run_pieces(self._sink.stage(step, frames), self._limiter)
             try:
                 await staged.acommit(self._limiter)
+            except BaseException:
+                if not staged.visible:  # e.g. a cancelled async commit
+                    with anyio.CancelScope(shield=True):
+                        await to_thread.run_sync(staged.discard, limiter=self._limiter)
+                raise
             finally:
                 if staged.visible:  # even a partly visible step must never be sent again
                     self._last_step = step

@@ -41,7 +41,9 @@ class Staged(abc.ABC):
 
     @abc.abstractmethod
     def discard(self) -> None:
-        """Remove everything staged; the step never becomes visible."""
+        """Remove everything staged; the step never becomes visible. Idempotent: the
+        sender calls it after any failed commit that left nothing visible, even if the
+        sink already cleaned up."""
 
     async def acommit(self, limiter: CapacityLimiter) -> None:
         """What the sender awaits: :meth:`commit` in a worker thread, shielded so that
@@ -165,6 +167,11 @@ class Source(abc.ABC):
 
     #: Longest wait between two checks for a message, in seconds.
     poll_interval: float = 0.01
+    #: True when reading a message takes it away (a socket), so that it cannot be read
+    #: again: the receiver then moves past a step that fails to decode or validate
+    #: instead of waiting for it again. Stored messages (files, objects) stay put until
+    #: the receiver skips them.
+    consumes: bool = False
 
     @abc.abstractmethod
     def read(self, step: int) -> Frame | None:

@@ -18,11 +18,10 @@ the next sequence number of the sender's session, so a receiver detects a lost m
 and raises :class:`~rlwire.errors.StepGapError` instead of training on a hole.
 High-water marks bound the queue per receiver; a full queue makes the sender wait, never
 drop. A send returns once ZeroMQ has released the message's buffers (handed them to the
-kernel), so the caller may reuse its arrays. Receivers acknowledge what they read, and a
-closed sender keeps its socket, in a background thread, until every receiver that is still
-there has read everything sent to it (up to ``linger`` seconds; the interpreter waits for
-it at exit): ZeroMQ itself drops what a slow receiver had not yet taken off its connection
-when the sender closes it.
+kernel), so the caller may reuse its arrays. Receivers acknowledge what they read, and
+closing a sender waits until every receiver that is still there has read everything sent
+to it (up to ``linger`` seconds in all): ZeroMQ itself drops what a slow receiver had not
+yet taken off its connection when the sender closes it.
 
 Sockets are driven by the task that holds the sender, waiting on the socket's
 edge-triggered file descriptor with :func:`anyio.wait_readable` and re-reading
@@ -141,12 +140,18 @@ def _key(options: Mapping[str, Any], name: str) -> bytes | None:
     return None if value is None else _z85(value, name)
 
 
-def _positive(options: Mapping[str, Any], name: str, default: float | None) -> Any:
+def _positive(
+    options: Mapping[str, Any], name: str, default: float | None, kind: type = float
+) -> Any:
+    """``options[name]`` checked to be a positive number (an integer if ``kind`` is int)."""
     value = options.get(name, default)
     if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+        isinstance(value, bool)
+        or not isinstance(value, int if kind is int else int | float)
+        or value <= 0
     ):
-        raise ConfigError(f"storage option {name!r} must be a positive number, got {value!r}")
+        what = "integer" if kind is int else "number"
+        raise ConfigError(f"storage option {name!r} must be a positive {what}, got {value!r}")
     return value
 
 
@@ -173,9 +178,8 @@ class _Message:
 
 
 class _ZmqStaged(Staged):
-    def __init__(self, sink: ZmqSink, step: int, messages: list[_Message]) -> None:
+    def __init__(self, sink: ZmqSink, messages: list[_Message]) -> None:
         self.sink = sink
-        self.step = step
         self.messages = messages
 
     async def acommit(self, limiter: CapacityLimiter) -> None:
@@ -202,8 +206,8 @@ class ZmqSink(Sink):
         seconds a send waits for a receiver that has not announced itself (default:
         no limit) before raising TransportError.
     ``linger``
-        seconds a closed sender keeps delivering, in the background, to receivers still
-        connected that have not read everything sent to them (default 30).
+        seconds closing a sender waits for receivers still connected that have not read
+        everything sent to them (default 30).
     ``curve_secret_key`` / ``curve_public_key``
         the sender's CURVE key pair (Z85, from :func:`zmq.curve_keypair`): encrypt
         everything, and accept only receivers that know the public key.
@@ -289,16 +293,12 @@ class ZmqSink(Sink):
                 f"{url}: storage option 'curve_clients' must be a list of Z85 public keys, "
                 f"got {type(clients).__name__}"
             )
-        consumers = _positive(opts, "consumers", 1)
-        hwm = _positive(opts, "hwm", 2)
-        if not isinstance(consumers, int) or not isinstance(hwm, int):
-            raise ConfigError(f"{url}: consumers and hwm must be positive integers")
         return cls(
             _endpoint(url),
             checksum=options.checksum,
             pattern=opts.get("pattern", "ranks"),
-            consumers=consumers,
-            hwm=hwm,
+            consumers=_positive(opts, "consumers", 1, int),
+            hwm=_positive(opts, "hwm", 2, int),
             ready_timeout=_positive(opts, "ready_timeout", None),
             linger=_positive(opts, "linger", 30.0),
             curve_secret_key=secret,
@@ -310,16 +310,13 @@ class ZmqSink(Sink):
     @classmethod
     def open_source(cls, url: str, options: SourceOptions) -> ZmqSource:
         opts = options.storage_options
-        reject_unknown(url, opts, ZmqSource.OPTIONS)
-        hwm = _positive(opts, "hwm", 2)
-        if not isinstance(hwm, int):
-            raise ConfigError(f"{url}: hwm must be a positive integer")
+        reject_unknown(url, opts, ZmqSource._OPTIONS)
         return ZmqSource(
             _endpoint(url),
             rank=options.rank,
             verify=options.verify,
             writable=options.writable,
-            hwm=hwm,
+            hwm=_positive(opts, "hwm", 2, int),
             curve_server_key=_key(opts, "curve_server_key"),
             curve_public_key=_key(opts, "curve_public_key"),
             curve_secret_key=_key(opts, "curve_secret_key"),
@@ -332,15 +329,17 @@ class ZmqSink(Sink):
         try:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or unknown peer is an error
             sock.setsockopt(zmq.SNDHWM, self.hwm)
-            sock.setsockopt(zmq.LINGER, int(self.linger * 1000))
             if self.curve_secret_key is not None:
                 self._auth = _start_authenticator(context, self.curve_clients)
                 sock.setsockopt(zmq.CURVE_SERVER, 1)
                 sock.setsockopt(zmq.CURVE_SECRETKEY, self.curve_secret_key)
             sock.bind(self.endpoint)
         except zmq.ZMQError as exc:
-            self._context, self._socket = context, sock
-            self.close()
+            sock.close(linger=0)  # nothing was sent
+            if self._auth is not None:
+                self._auth.stop()
+                self._auth = None
+            context.term()
             raise _zmq_error(self.endpoint, "bind", exc) from exc
         # The address actually bound: zmq+tcp://host:0 picks a free port.
         self.endpoint = cast(bytes, sock.getsockopt(zmq.LAST_ENDPOINT)).decode()
@@ -370,7 +369,7 @@ class ZmqSink(Sink):
                 checksums=sums,
             )
             messages.append(_Message(rank, head, [frame.header, *frame.buffers]))
-        return _ZmqStaged(self, step, messages)
+        return _ZmqStaged(self, messages)
 
     async def _deliver(self, staged: _ZmqStaged) -> None:
         sock = self._require_socket()
@@ -530,7 +529,8 @@ class ZmqSink(Sink):
                     except zmq.ZMQError:
                         self._forget(peer)
                 sock.poll(int(_RETRY_SECONDS * 1000), zmq.POLLIN)
-        sock.close()  # ZeroMQ's linger: what is queued still leaves
+        # ZeroMQ's own linger, for what is still queued, within the same deadline.
+        sock.close(linger=max(0, int((deadline - time.monotonic()) * 1000)))
         if auth is not None:
             auth.stop()
         context.term()
@@ -565,20 +565,6 @@ def _start_authenticator(
     return auth
 
 
-async def _wait_readable(sock: zmq.Socket[bytes], flag: int, timeout: float | None) -> None:
-    """Wait until ``sock`` has ``flag`` set, or ``timeout`` seconds.
-
-    The descriptor is edge-triggered: reading ``ZMQ_EVENTS`` re-arms it, so the events
-    are read before every wait, and again after every wake-up.
-    """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while not _events(sock) & flag:
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            return
-        await _wait_descriptor(sock, remaining)
-
-
 class ZmqSource(Source):
     """Receives what a :class:`ZmqSink` sends to one rank, over a DEALER socket.
 
@@ -599,7 +585,8 @@ class ZmqSource(Source):
         CorruptFrameError: a message that is not well-formed or fails its checksums.
     """
 
-    OPTIONS = ("hwm", "curve_server_key", "curve_public_key", "curve_secret_key")
+    _OPTIONS = ("hwm", "curve_server_key", "curve_public_key", "curve_secret_key")
+    consumes = True
 
     def __init__(
         self,
@@ -648,7 +635,11 @@ class ZmqSource(Source):
         self._pending: tuple[int, Frame] | None = None
         self._heard = 0.0  # when a message last arrived or this receiver last announced
         self._ack: bytes | None = None  # an acknowledgement still to send
-        self._announce()
+        try:
+            self._announce()
+        except zmq.ZMQError as exc:
+            self.close()
+            raise _zmq_error(endpoint, "announce itself", exc) from exc
 
     def __repr__(self) -> str:
         return f"ZmqSource({self.endpoint!r}, rank={self.rank})"
@@ -759,7 +750,14 @@ class ZmqSource(Source):
             raise CorruptFrameError(f"{where}: holds rank {head.rank}'s payload")
         views = [memoryview(p.buffer) for p in parts[1:]]
         if self.verify and head.checksum is not None:
-            verify_segments(head.checksum, head.checksums, views, f"{where} (step {head.step})")
+            try:
+                verify_segments(head.checksum, head.checksums, views, f"{where} (step {head.step})")
+            except CorruptFrameError:
+                # Read all the same: the sender need not wait for it when closing. Its
+                # sequence number stays unused, so the next message reports the loss.
+                self._ack = _ACK_BODY.pack(head.session, head.seq)
+                self._send_ack()
+                raise
         if self.writable:
             views = [memoryview(bytearray(v)) for v in views]
         try:
@@ -776,15 +774,30 @@ class ZmqSource(Source):
         return head, frame
 
     def wait(self, timeout: float | None) -> None:
-        # Bounded like await_message, so that the next read_next re-announces this
-        # receiver to a sender that restarted (else a blocking receive waits forever).
+        # Bounded, so that the next read_next re-announces this receiver to a sender
+        # that restarted (else a blocking receive waits forever); in short polls under
+        # the lock, since close() may be called from another thread meanwhile.
         limit = _REANNOUNCE_SECONDS if timeout is None else min(timeout, _REANNOUNCE_SECONDS)
-        self._require_socket().poll(max(1, int(limit * 1000)), zmq.POLLIN)
+        deadline = time.monotonic() + limit
+        while (remaining := deadline - time.monotonic()) > 0:
+            with self._lock:
+                if self._socket is None or self._socket.poll(
+                    max(1, int(min(remaining, _RETRY_SECONDS) * 1000)), zmq.POLLIN
+                ):
+                    return
 
     async def await_message(self, timeout: float | None) -> None:
         # Bounded, so a closed source or a re-announcement is noticed.
         limit = _REANNOUNCE_SECONDS if timeout is None else min(timeout, _REANNOUNCE_SECONDS)
-        await _wait_readable(self._require_socket(), zmq.POLLIN, limit)
+        deadline = time.monotonic() + limit
+        while (remaining := deadline - time.monotonic()) > 0:
+            sock = self._socket
+            try:
+                if sock is None or _events(sock) & zmq.POLLIN:
+                    return
+                await _wait_descriptor(sock, min(remaining, _RETRY_SECONDS))
+            except zmq.ZMQError:
+                return  # closed meanwhile: the next read says so
 
     def close(self) -> None:
         with self._lock:

@@ -192,17 +192,21 @@ class Source(abc.ABC):
         frame = self.read(step)
         return None if frame is None else (step, frame)
 
+    @property
+    def interval(self) -> float:
+        """How long :meth:`wait` sleeps now: :attr:`poll_interval`, unless the source
+        backs off while nothing arrives."""
+        return self.poll_interval
+
     def wait(self, timeout: float | None) -> None:
         """Block until a message may have arrived, or ``timeout`` seconds (``None``: no
         limit) have passed. Polling sources sleep; sources that can be woken override it.
         """
-        time.sleep(self.poll_interval if timeout is None else min(timeout, self.poll_interval))
+        time.sleep(self.interval if timeout is None else min(timeout, self.interval))
 
     async def await_message(self, timeout: float | None) -> None:
         """Async :meth:`wait`, without blocking the event loop."""
-        await anyio.sleep(
-            self.poll_interval if timeout is None else min(timeout, self.poll_interval)
-        )
+        await anyio.sleep(self.interval if timeout is None else min(timeout, self.interval))
 
     def describe(self, step: int) -> str:
         """Names the message of ``step`` in error messages (e.g. its path)."""

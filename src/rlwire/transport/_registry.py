@@ -39,10 +39,8 @@ _BUILTIN = {
     "zmq+tcp": _ZMQ,
     "zmq+ipc": _ZMQ,
 }
-_HINTS = {
-    _FSSPEC: "pip install 'rlwire[fsspec]' (and 'rlwire[s3]' for s3://)",
-    _ZMQ: "pip install 'rlwire[zmq]'",
-}
+# The fsspec sink imports fsspec only when used, and names the missing package itself.
+_HINTS = {_ZMQ: "pip install 'rlwire[zmq]'"}
 
 
 @functools.cache

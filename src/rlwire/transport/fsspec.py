@@ -27,12 +27,10 @@ import importlib.util
 import inspect
 import io
 import re
-import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import anyio
 from anyio import CapacityLimiter
 
 from .._once import Once
@@ -157,9 +155,18 @@ class _Conn:
     def path(self, name: str) -> str:
         return f"{self.root}/{name}"
 
-    def bucket_key(self, path: str) -> tuple[str, str]:
+    @staticmethod
+    def bucket_key(path: str) -> tuple[str, str]:
         bucket, _, key = path.partition("/")
         return bucket, key
+
+    @property
+    def bucket(self) -> str:
+        return self.root.partition("/")[0]
+
+    def concurrency(self, requested: int | None = None) -> int:
+        """Requests in flight at once: ``requested``, else s3fs's ``max_concurrency``."""
+        return max(1, requested or int(getattr(self.fs, "max_concurrency", 8)))
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -193,7 +200,7 @@ def _connect(url: str, protocol: str, storage_options: Mapping[str, Any]) -> _Co
     s3 = "s3" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
     conn = _Conn(fs, url, root, s3 and hasattr(fs, "_call_s3"))
     if conn.s3:
-        bucket = root.partition("/")[0]
+        bucket = conn.bucket
         try:
             _on_loop(conn.loop, fs._call_s3("head_bucket", Bucket=bucket))
         except TypeError as exc:  # s3fs hands unknown options to the session it makes now
@@ -589,8 +596,7 @@ class FsspecSink(Sink):
 
     def _stage_s3(self, conn: _Conn, step: int, frames: Sequence[Frame]) -> Pieces[Staged]:
         staged = _S3Staged(conn)
-        window = self.max_concurrency or int(getattr(conn.fs, "max_concurrency", 8))
-        uploader = _Uploader(conn, max(1, window))
+        uploader = _Uploader(conn, conn.concurrency(self.max_concurrency))
         try:
             with _errors(self.url, f"upload step {step}"):
                 for rank, frame in enumerate(frames):
@@ -762,7 +768,7 @@ def _pending_uploads(conn: _Conn) -> list[tuple[str, str]]:
 
 
 async def _abort_uploads(conn: _Conn, uploads: Sequence[tuple[str, str]]) -> None:
-    bucket = conn.root.partition("/")[0]
+    bucket = conn.bucket
     await _gather_or_cancel(
         [
             conn.fs._call_s3("abort_multipart_upload", Bucket=bucket, Key=k, UploadId=u)
@@ -929,8 +935,7 @@ class FsspecSource(Source):
         path = conn.path(name)
         with _errors(f"{self.url}/{name}", "read"):
             if conn.s3:
-                window = int(getattr(conn.fs, "max_concurrency", 8))
-                data = _on_loop(conn.loop, _get_s3(conn, path, max(1, window)))
+                data = _on_loop(conn.loop, _get_s3(conn, path, conn.concurrency()))
             else:
                 try:
                     data = conn.fs.cat_file(path)
@@ -941,9 +946,3 @@ class FsspecSource(Source):
         if self.writable:
             return memoryview(data if isinstance(data, bytearray) else bytearray(data))
         return memoryview(data).toreadonly()
-
-    def wait(self, timeout: float | None) -> None:
-        time.sleep(self._interval if timeout is None else min(timeout, self._interval))
-
-    async def await_message(self, timeout: float | None) -> None:
-        await anyio.sleep(self._interval if timeout is None else min(timeout, self._interval))

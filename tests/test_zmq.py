@@ -336,6 +336,26 @@ async def test_ranks_fan_out(tmp_path: Path, kind: str, backend: dict[str, Any])
 
 
 @pytest.mark.anyio
+async def test_a_step_waits_for_every_rank(tmp_path: Path, backend: dict[str, Any]) -> None:
+    """A step goes to no rank until every rank's receiver is there: a ready_timeout for
+    rank 1 leaves the step unsent, also to rank 0, which later gets it whole."""
+    url = make_url("ipc", tmp_path)
+    with Child("receiver", url=url, rank=0, receives=2, **backend) as r0:
+        assert await r0.anext() == {"event": "opened"}
+        options = {"ready_timeout": 3.0}
+        async with rlwire.open_sender(url, storage_options=options) as sender:
+            with pytest.raises(rlwire.TransportError, match="no receiver of rank 1 announced"):
+                await sender.send_ranks([batch(0, 0), batch(0, 1)])
+            assert sender.next_step == 0
+            with Child("receiver", url=url, rank=1, receives=2, seed_base=1000, **backend) as r1:
+                for step in range(2):
+                    await sender.send_ranks([batch(step, 0), batch(step, 1)])
+                events = {0: (await r0.afinish())[:-1], 1: (await r1.afinish())[1:-1]}
+    for rank, got in events.items():
+        assert got == [{"step": s, "ok": True, "env": f"env{1000 * rank + s}"} for s in range(2)]
+
+
+@pytest.mark.anyio
 async def test_shared_work(tmp_path: Path, backend: dict[str, Any]) -> None:
     """One producer, two consumers in their own processes: every step is delivered
     exactly once in total, in order within each consumer, and both get some."""

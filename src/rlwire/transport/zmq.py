@@ -373,6 +373,8 @@ class ZmqSink(Sink):
 
     async def _deliver(self, staged: _ZmqStaged) -> None:
         sock = self._require_socket()
+        if self.pattern == "ranks":
+            await self._await_ranks(len(staged.messages))
         trackers: list[zmq.MessageTracker] = []
         for message in staged.messages:
             peer = await self._claim_peer(message.rank)
@@ -405,6 +407,23 @@ class ZmqSink(Sink):
             while not tracker.done:
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 0.01)
+
+    async def _await_ranks(self, ranks: int) -> None:
+        """Wait, sending nothing, until a receiver of each of ``ranks`` ranks has announced
+        itself: a step is not handed to some ranks and then given up for want of another
+        (a timeout or a cancellation meanwhile leaves the step unsent)."""
+        deadline = None if self.ready_timeout is None else time.monotonic() + self.ready_timeout
+        while True:
+            self._drain()
+            missing = [rank for rank in range(ranks) if rank not in self._rank_peer]
+            if not missing:
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                raise TransportError(
+                    f"{self.endpoint}: no receiver of rank {', '.join(map(str, missing))} "
+                    f"announced itself within ready_timeout={self.ready_timeout} s"
+                )
+            await self._wait_for_socket(_RETRY_SECONDS)
 
     async def _claim_peer(self, rank: int) -> bytes:
         """The routing id of the receiver that gets ``rank``'s message, once its queue has

@@ -894,3 +894,16 @@ async def test_port_in_use_and_ready_timeout() -> None:
         with pytest.raises(rlwire.TransportError, match="no receiver of rank 0 announced"):
             await sender.send(batch(0))
         assert sender.next_step == 0  # nothing was sent: the step is still free
+
+
+@pytest.mark.anyio
+async def test_port_0_url_reaches_receivers(tmp_path: Path, backend: dict[str, Any]) -> None:
+    """A sender on port 0 tells its address through sender.sink.url, and a receiver in
+    another process gets a step through it."""
+    async with rlwire.open_sender("zmq+tcp://127.0.0.1:0") as sender:
+        url = sender.sink.url
+        assert url.startswith("zmq+tcp://127.0.0.1:") and not url.endswith(":0")
+        with Child("receiver", url=url, receives=1, **backend) as child:
+            await sender.send(batch(0))
+            events = await child.afinish()
+    assert events[1:-1] == [{"step": 0, "ok": True, "env": "env0"}]

@@ -221,6 +221,10 @@ class TrainingBatchReceiver(Generic[T]):
         Raises:
             CorruptFrameError: the stored message is truncated or garbled.
             DecodeError: the message does not match ``type``.
+            SchemaError: ``validate=True`` and the batch is invalid.
+            StepGapError: a stream source (ZeroMQ) lost a message; the next call returns
+                the message after the gap.
+            TransportError: the source cannot be read (a network or disk failure).
             ClosedError: the receiver is closed.
         """
         obj = self._take()
@@ -231,7 +235,8 @@ class TrainingBatchReceiver(Generic[T]):
 
         Raises:
             ReceiveTimeout: nothing arrived within ``timeout`` seconds.
-            CorruptFrameError, DecodeError, ClosedError: as :meth:`poll`.
+            CorruptFrameError, DecodeError, SchemaError, StepGapError, TransportError,
+            ClosedError: as :meth:`poll`.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:

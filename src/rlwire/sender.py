@@ -145,6 +145,12 @@ class TrainingBatchSender:
         """The last step sent by this sender, or ``None``."""
         return self._last_step
 
+    @property
+    def sink(self) -> Sink:
+        """The sink this sender writes to; for example, once open, ``sender.sink.url``
+        is the address a ``zmq+tcp://host:0`` sender actually bound."""
+        return self._sink
+
     async def __aenter__(self) -> TrainingBatchSender:
         await self.aopen()
         return self

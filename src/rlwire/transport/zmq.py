@@ -273,6 +273,11 @@ class ZmqSink(Sink):
     def __repr__(self) -> str:
         return f"ZmqSink({self.endpoint!r}, pattern={self.pattern!r})"
 
+    @property
+    def url(self) -> str:
+        """The URL receivers connect to: once open, with the port actually bound."""
+        return f"zmq+{self.endpoint}"
+
     @classmethod
     def from_url(cls, url: str, options: SinkOptions) -> ZmqSink:
         opts = options.storage_options

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from anyio import CapacityLimiter
 
+from .._args import positive_int
 from .._once import Once
 from .._pieces import Pieces, Slicer
 from ..errors import ConfigError, CorruptFrameError, RlwireError, StepExistsError, TransportError
@@ -210,6 +211,12 @@ def _connect(url: str, protocol: str, storage_options: Mapping[str, Any]) -> _Co
         except Exception as exc:
             raise _transport_error(url, f"reach bucket {bucket!r}", exc) from exc
     return conn
+
+
+def _lazy_conn(url: str, protocol: str, storage_options: Mapping[str, Any] | None) -> Once[_Conn]:
+    """The connection to ``url``, made on first use, once (see :func:`_connect`)."""
+    options = dict(storage_options or {})  # a copy: later changes by the caller do not count
+    return Once(lambda: _connect(url, protocol, options))
 
 
 def _named_parameters(cls: type) -> list[str]:
@@ -515,18 +522,13 @@ class FsspecSink(Sink):
             raise ConfigError(f"part_bytes must be an int, got {part_bytes!r}")
         if part_bytes < _MIN_PART:
             raise ConfigError(f"part_bytes must be at least {_MIN_PART} (S3's minimum part)")
-        if max_concurrency is not None and (
-            isinstance(max_concurrency, bool)
-            or not isinstance(max_concurrency, int)
-            or max_concurrency < 1
-        ):
-            raise ConfigError(f"max_concurrency must be a positive int, got {max_concurrency!r}")
+        if max_concurrency is not None:
+            positive_int(max_concurrency, "max_concurrency")
         self.url = f"{protocol}://{path.rstrip('/')}"
         self.checksum = checksum
         self.part_bytes = part_bytes
         self.max_concurrency = max_concurrency
-        options = dict(storage_options or {})
-        self._conn: Once[_Conn] = Once(lambda: _connect(url, protocol, options))
+        self._conn = _lazy_conn(url, protocol, storage_options)
 
     def __repr__(self) -> str:
         return f"FsspecSink({self.url!r})"
@@ -891,8 +893,7 @@ class FsspecSource(Source):
         )
         self._interval = poll_interval  # the wait after the latest miss
         self._next_interval = poll_interval
-        options = dict(storage_options or {})
-        self._conn: Once[_Conn] = Once(lambda: _connect(url, protocol, options))
+        self._conn = _lazy_conn(url, protocol, storage_options)
 
     def __repr__(self) -> str:
         return f"FsspecSource({self.url!r}, rank={self.rank})"

@@ -17,7 +17,7 @@ import anyio
 import numpy as np
 
 import rlwire
-from rlwire.codecs import Compressor
+from rlwire.compression import Compressor
 
 GOLDEN = Path(__file__).parent / "golden"
 

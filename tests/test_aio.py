@@ -1,4 +1,4 @@
-"""The async helpers: LagMonitor sees stalls, run_pieces cleans up on cancellation."""
+"""The async helpers: LagMonitor sees stalls, offload_sliced cleans up on cancellation."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import anyio
 import pytest
 
 import rlwire
-from rlwire._aio import run_pieces
-from rlwire._pieces import Pieces
+from rlwire._aio import offload_sliced
+from rlwire._slicing import Sliced
 
 pytestmark = pytest.mark.anyio
 
@@ -33,24 +33,24 @@ async def test_lag_monitor_quiet_loop() -> None:
     assert lag.percentile(50) < 0.02
 
 
-async def test_run_pieces_runs_in_threads_and_returns() -> None:
+async def test_run_slices_runs_in_threads_and_returns() -> None:
     threads: list[int] = []
 
-    def work() -> Pieces[int]:
+    def work() -> Sliced[int]:
         for _ in range(3):
             threads.append(threading.get_ident())
             yield
         return 7
 
-    assert await run_pieces(work(), anyio.CapacityLimiter(1)) == 7
+    assert await offload_sliced(work(), anyio.CapacityLimiter(1)) == 7
     assert threading.get_ident() not in threads
 
 
-async def test_run_pieces_closes_generator_on_cancel() -> None:
+async def test_run_slices_closes_generator_on_cancel() -> None:
     cleaned = threading.Event()
     started = anyio.Event()
 
-    def work() -> Pieces[None]:
+    def work() -> Sliced[None]:
         try:
             while True:
                 time.sleep(0.001)
@@ -65,5 +65,5 @@ async def test_run_pieces_closes_generator_on_cancel() -> None:
     with anyio.move_on_after(0.05):
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch)
-            await run_pieces(work(), anyio.CapacityLimiter(1))
+            await offload_sliced(work(), anyio.CapacityLimiter(1))
     assert started.is_set() and cleaned.is_set()

@@ -1,5 +1,5 @@
 """Tests of rlwire.codecs.json: JsonCodec round trips, the NaN/Inf rule, typed errors,
-encoding in pieces, and JSON lines (sync and async, streaming, atomic, corrupt input)."""
+encoding in sliced, and JSON lines (sync and async, streaming, atomic, corrupt input)."""
 
 from __future__ import annotations
 
@@ -285,14 +285,14 @@ def test_encode_output_is_what_one_orjson_call_gives() -> None:
     assert header(tuple(items)) == orjson.dumps(items, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def test_encode_works_in_short_pieces() -> None:
+def test_encode_works_in_short_slices() -> None:
     batch = make_batch(count=64, n=4096)
-    pieces = JsonCodec(check=check_object).encode_pieces(batch)
+    sliced = JsonCodec(check=check_object).encode_sliced(batch)
     longest, count = 0.0, 0
     while True:
         start = time.perf_counter()
         try:
-            next(pieces)
+            next(sliced)
         except StopIteration as stop:
             frame = stop.value
             break

@@ -1,4 +1,4 @@
-"""Per-segment compression (rlwire.codecs.compression), alone and through the public API."""
+"""Per-segment compression (rlwire.compression), alone and through the public API."""
 
 from __future__ import annotations
 
@@ -16,9 +16,17 @@ from hypothesis import strategies as st
 
 import rlwire
 from rlwire import ConfigError, CorruptFrameError, Frame, FrameTooLargeError
-from rlwire._aio import map_threads
-from rlwire.codecs import Compressor, acompress, adecompress, compress, decompress
-from rlwire.codecs.compression import _zstd_compressor
+from rlwire._aio import offload_sliced
+from rlwire._slicing import run_sliced
+from rlwire.compression import (
+    _GROUP_BYTES,
+    Compressor,
+    _in_groups,
+    _zstd_compressor,
+    compress,
+    compress_sliced,
+    decompress,
+)
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KiB = 1 << 10
@@ -233,16 +241,13 @@ def test_garbled_data_is_corrupt_or_exact(
 # -- threads ------------------------------------------------------------------------------
 
 
-@pytest.mark.anyio
-async def test_map_threads_runs_calls_in_parallel() -> None:
-    barrier = threading.Barrier(2, timeout=5)  # breaks unless both calls run at once
-    assert await map_threads(
-        lambda x: (barrier.wait(), x * 2)[1], [1, 2], anyio.CapacityLimiter(2)
-    ) == [2, 4]
+def test_groups_run_in_parallel_threads() -> None:
+    barrier = threading.Barrier(2, timeout=5)  # breaks unless both groups run at once
+    grouped = _in_groups(lambda x: (barrier.wait(), x * 2)[1], [1, 2], [_GROUP_BYTES] * 2, 2)
+    assert run_sliced(grouped) == [2, 4]
 
 
-@pytest.mark.anyio
-async def test_map_threads_respects_the_limiter() -> None:
+def test_groups_run_at_most_threads_at_once() -> None:
     running, peak = 0, 0
     lock = threading.Lock()
 
@@ -255,22 +260,42 @@ async def test_map_threads_respects_the_limiter() -> None:
         with lock:
             running -= 1
 
-    await map_threads(work, list(range(8)), anyio.CapacityLimiter(3))
+    run_sliced(_in_groups(work, list(range(8)), [_GROUP_BYTES] * 8, 3))
     assert peak == 3
+
+
+def test_small_jobs_share_a_group_and_a_thread() -> None:
+    threads: set[int] = set()
+    grouped = _in_groups(
+        lambda x: threads.add(threading.get_ident()), list(range(100)), [10] * 100, 4
+    )
+    run_sliced(grouped)
+    assert len(threads) == 1  # 100 x 10 bytes is one group: no future per job
+
+
+def test_closing_the_generator_cancels_groups_not_started() -> None:
+    calls: list[int] = []
+    grouped = _in_groups(
+        lambda x: (calls.append(x), time.sleep(0.01)), list(range(50)), [_GROUP_BYTES] * 50, 2
+    )
+    next(grouped)  # one group finished
+    grouped.close()  # what a cancelled send does
+    time.sleep(0.05)
+    assert len(calls) < 10
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("algorithm", ["lz4", "zstd"])
-async def test_async_faces_match_the_sync_ones(algorithm: str) -> None:
+async def test_the_sender_path_matches_the_receiver_path(algorithm: str) -> None:
     frame = frame_of(compressible(1 << 20, 1), incompressible(300 * KiB), compressible(1 << 19))
     limiter = anyio.CapacityLimiter(2)
-    out = await acompress(frame, Compressor(algorithm), limiter)
+    out = await offload_sliced(compress_sliced(frame, Compressor(algorithm), threads=2), limiter)
     sync = compress(frame, Compressor(algorithm))
     assert out.compression == sync.compression and out.raw_sizes == sync.raw_sizes
     assert [bytes(b) for b in out.buffers] == [bytes(b) for b in sync.buffers]
-    assert_same_bytes(await adecompress(out, limiter), frame)
+    assert_same_bytes(decompress(out, threads=2), frame)
     with pytest.raises(FrameTooLargeError):
-        await adecompress(out, limiter, max_bytes=1000)
+        decompress(out, max_bytes=1000, threads=2)
 
 
 def test_zstd_contexts_are_per_thread() -> None:

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 import rlwire
 from rlwire import CorruptFrameError, Frame, FrameTooLargeError, RlwireError
-from rlwire.codecs import Compressor, MsgpackCodec, compress
+from rlwire.codecs import MsgpackCodec
+from rlwire.compression import Compressor, compress
 from rlwire.transport import FileSink
 
 SETTINGS = settings(

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import rlwire
-from rlwire._pieces import run_sync
+from rlwire._slicing import run_sliced
 from rlwire.codecs import MsgpackCodec
 from rlwire.transport import FileSink, FileSource
 
@@ -29,7 +29,7 @@ def names(path: Path) -> list[str]:
 def test_commit_failure_before_any_main_file_leaves_nothing(tmp_path: Path) -> None:
     sink = FileSink(tmp_path)
     sink.open("error")
-    staged = run_sync(sink.stage(0, frames(2)))
+    staged = run_sliced(sink.stage(0, frames(2)))
     (tmp_path / "step-00000000.rank-0000.rlw").mkdir()  # rank 0's rename will fail
     (tmp_path / "step-00000000.rank-0000.rlw" / "x").touch()
     with pytest.raises(rlwire.TransportError, match="nothing was made visible"):
@@ -41,7 +41,7 @@ def test_commit_failure_before_any_main_file_leaves_nothing(tmp_path: Path) -> N
 def test_commit_failure_after_a_main_file_reports_partial_step(tmp_path: Path) -> None:
     sink = FileSink(tmp_path)
     sink.open("error")
-    staged = run_sync(sink.stage(0, frames(2)))
+    staged = run_sliced(sink.stage(0, frames(2)))
     blocker = tmp_path / "step-00000000.rank-0001.rlw"
     blocker.mkdir()
     (blocker / "x").touch()
@@ -102,7 +102,7 @@ def test_resume_refuses_a_step_missing_ranks(tmp_path: Path) -> None:
     sink = FileSink(tmp_path)
     sink.open("error")
     for step in (0, 1):
-        run_sync(sink.stage(step, frames(2))).commit()
+        run_sliced(sink.stage(step, frames(2))).commit()
     (tmp_path / "step-00000001.rank-0001.rlw").unlink()  # as if killed between renames
     with pytest.raises(rlwire.StepExistsError, match=r"step 1 is incomplete.*ranks \[0\]"):
         FileSink(tmp_path).open("resume")

@@ -20,7 +20,7 @@ import pytest
 from s3_server import s3_client
 
 import rlwire
-from rlwire._pieces import run_sync
+from rlwire._slicing import run_sliced
 from rlwire.codecs import MsgpackCodec
 from rlwire.transport import get_sink_class
 from rlwire.transport.fsspec import FsspecSink, FsspecSource
@@ -97,7 +97,7 @@ def test_big_sidecar_goes_up_as_concurrent_multipart_parts_visible_only_at_commi
     sink = FsspecSink(url, storage_options=s3_endpoint, part_bytes=5 * MiB, max_concurrency=4)
     assert sink.open("error") == 0
     f = frame(20_000_000, extra=2 * MiB)  # sidecar: 4 parts; main: 1 part (multipart too)
-    staged = run_sync(sink.stage(3, [f]))
+    staged = run_sliced(sink.stage(3, [f]))
     # Everything is uploaded, nothing is visible: two pending uploads, no object.
     assert objects(s3_endpoint, url) == {}
     assert sorted(uploads(s3_endpoint, url)) == [
@@ -122,7 +122,7 @@ def test_big_sidecar_goes_up_as_concurrent_multipart_parts_visible_only_at_commi
 def test_discard_aborts_every_upload(s3_endpoint: dict[str, Any], s3_url: str) -> None:
     sink = FsspecSink(s3_url, storage_options=s3_endpoint, part_bytes=5 * MiB)
     sink.open("error")
-    staged = run_sync(sink.stage(0, [frame(12 * MiB), frame(6 * MiB, 2)]))
+    staged = run_sliced(sink.stage(0, [frame(12 * MiB), frame(6 * MiB, 2)]))
     assert len(uploads(s3_endpoint, s3_url)) == 2  # two sidecars; the mains are small
     staged.discard()
     assert uploads(s3_endpoint, s3_url) == []
@@ -134,12 +134,12 @@ def test_closing_the_stage_generator_midway_leaves_nothing(
 ) -> None:
     sink = FsspecSink(s3_url, storage_options=s3_endpoint, part_bytes=5 * MiB)
     sink.open("error")
-    pieces = sink.stage(0, [frame(30 * MiB)])
+    sliced = sink.stage(0, [frame(30 * MiB)])
     while not uploads(s3_endpoint, s3_url):
-        next(pieces)
+        next(sliced)
     for _ in range(5):
-        next(pieces)
-    pieces.close()  # what a cancelled send does
+        next(sliced)
+    sliced.close()  # what a cancelled send does
     assert uploads(s3_endpoint, s3_url) == []
     assert objects(s3_endpoint, s3_url) == {}
 
@@ -195,7 +195,7 @@ def test_commit_failure_before_any_main_object_leaves_nothing(
 ) -> None:
     sink = FsspecSink(s3_url, storage_options=s3_endpoint, part_bytes=5 * MiB)
     sink.open("error")
-    staged = run_sync(sink.stage(0, [frame(6 * MiB), frame(100, 1)]))
+    staged = run_sliced(sink.stage(0, [frame(6 * MiB), frame(100, 1)]))
     client = s3_client(s3_endpoint)
     client.delete_bucket(Bucket=bucket_of(s3_url))
     with pytest.raises(rlwire.TransportError, match="nothing was made visible"):
@@ -230,7 +230,7 @@ def test_readers_never_see_a_main_object_without_its_sidecar(
     thread.start()
     for step in range(steps):
         # One sidecar large enough for a multipart upload, one small one put whole.
-        staged = run_sync(sink.stage(step, [frame(6 * MiB if step % 2 else 1000, step)]))
+        staged = run_sliced(sink.stage(step, [frame(6 * MiB if step % 2 else 1000, step)]))
         staged.commit()
     thread.join(30)
     assert not errors
@@ -242,9 +242,9 @@ def test_existing_steps_and_on_existing(s3_endpoint: dict[str, Any], s3_url: str
     sink = FsspecSink(url, storage_options=s3_endpoint)
     sink.open("error")
     for step in range(2):
-        run_sync(sink.stage(step, [frame(100, step), frame(100, step)])).commit()
+        run_sliced(sink.stage(step, [frame(100, step), frame(100, step)])).commit()
     with pytest.raises(rlwire.StepExistsError, match="step 1 rank 0 already exists"):
-        run_sync(sink.stage(1, [frame(100)]))
+        run_sliced(sink.stage(1, [frame(100)]))
     with pytest.raises(rlwire.StepExistsError, match=r"holds steps 0\.\.1"):
         FsspecSink(url, storage_options=s3_endpoint).open("error")
     # A sender killed mid-send left an unfinished upload; resuming aborts it.
@@ -367,7 +367,7 @@ def test_receiver_in_another_process_gets_identical_arrays(
 def test_writable_arrays(s3_endpoint: dict[str, Any], s3_url: str, routed: int) -> None:
     sink = FsspecSink(s3_url, storage_options=s3_endpoint)
     sink.open("error")
-    run_sync(sink.stage(0, [frame(routed)])).commit()
+    run_sliced(sink.stage(0, [frame(routed)])).commit()
     with rlwire.open_receiver(s3_url, storage_options=s3_endpoint, type=Any) as r:
         arr = r.receive(timeout=10)["routed_experts"]
         assert not arr.flags.writeable
@@ -385,7 +385,7 @@ def test_corrupted_or_missing_objects_are_corrupt_frame_errors(
     sink = FsspecSink(s3_url, storage_options=s3_endpoint)
     sink.open("error")
     for step in range(3):
-        run_sync(sink.stage(step, [frame(5000, step)])).commit()
+        run_sliced(sink.stage(step, [frame(5000, step)])).commit()
     client = s3_client(s3_endpoint)
     bucket = bucket_of(s3_url)
     # Step 0: a flipped byte in the sidecar's buffer.
@@ -422,7 +422,7 @@ def test_polls_back_off_to_a_second_and_reset_on_a_message(
     assert time.perf_counter() - start < 0.5
     sink = FsspecSink(s3_url, storage_options=s3_endpoint)
     sink.open("error")
-    run_sync(sink.stage(0, [frame(100)])).commit()
+    run_sliced(sink.stage(0, [frame(100)])).commit()
     assert source.read(0) is not None
     assert source.interval == 0.01
     assert source.read(1) is None and source.interval == 0.01
@@ -472,17 +472,17 @@ def test_memory_discard_and_cancel_leave_no_keys() -> None:
     root = url.removeprefix("memory:/")
     sink = FsspecSink(url)
     sink.open("error")
-    staged = run_sync(sink.stage(0, [frame(20 * MiB)]))
+    staged = run_sliced(sink.stage(0, [frame(20 * MiB)]))
     assert [k.startswith(".") for k in keys(root)] == [True, True]  # main and sidecar
     assert FsspecSource(url).read(0) is None  # temporary keys are invisible to readers
     staged.discard()
     assert keys(root) == []
-    pieces = sink.stage(0, [frame(20 * MiB)])
-    next(pieces)
-    next(pieces)
-    pieces.close()
+    sliced = sink.stage(0, [frame(20 * MiB)])
+    next(sliced)
+    next(sliced)
+    sliced.close()
     assert keys(root) == []
     # A killed sender's temporary keys are cleaned up by resume and overwrite.
-    run_sync(sink.stage(0, [frame(100)]))
+    run_sliced(sink.stage(0, [frame(100)]))
     assert FsspecSink(url).open("resume") == 0
     assert keys(root) == []

@@ -21,18 +21,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlwire import CorruptFrameError, Frame, RlwireError, UnsupportedVersionError
-from rlwire._pieces import run_sync
+from rlwire._slicing import run_sliced
 from rlwire.codecs.msgpack import MsgpackCodec
 from rlwire.transport import FileSink, FileSource
 from rlwire.transport._layout import (
     ALIGN,
     FORMAT_VERSION,
     Layout,
-    checksum_pieces,
+    checksum_segments,
     parse_main,
     plan,
 )
-from rlwire.transport.filesystem import main_name, sidecar_name
+from rlwire.transport.layout import main_name, sidecar_name
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -520,7 +520,7 @@ def test_forged_envelopes_are_success_or_corrupt(envelope: dict[str, object], bo
 def write_step(root: Path, step: int, frames: list[Frame]) -> None:
     sink = FileSink(root)
     sink.open("resume")
-    staged = run_sync(sink.stage(step, frames))
+    staged = run_sliced(sink.stage(step, frames))
     staged.commit()
 
 
@@ -528,7 +528,7 @@ def test_file_round_trip_views_over_mmap(tmp_path: Path) -> None:
     sink = FileSink(tmp_path)
     assert sink.open("error") == 0
     other = make_frame(header=b"rank one", buffers=(b"z" * 3,), sidecar=frozenset())
-    run_sync(sink.stage(4, [FRAME, other])).commit()
+    run_sliced(sink.stage(4, [FRAME, other])).commit()
     assert (tmp_path / main_name(4, 0)).exists()
     assert (tmp_path / sidecar_name(4, 0)).exists()
     assert not (tmp_path / sidecar_name(4, 1)).exists()
@@ -738,7 +738,7 @@ def test_corrupt_errors_are_rlwire_errors(stored: Path) -> None:
 
 
 def sums_of(frame: Frame) -> bytes:
-    return run_sync(checksum_pieces(frame))
+    return run_sliced(checksum_segments(frame))
 
 
 def with_sums(frame: Frame, step: int = STEP, rank: int = RANK) -> tuple[bytes, bytes]:
@@ -792,25 +792,25 @@ def segment_positions(main: bytes, side: bytes) -> list[tuple[int, int, int]]:
     return out
 
 
-def test_checksum_pieces_hash_every_segment() -> None:
+def test_checksum_slices_hash_every_segment() -> None:
     sums = struct.unpack(f"<{len(FRAME.buffers) + 1}Q", sums_of(FRAME))
     segments = [FRAME.header, *FRAME.buffers]
     assert list(sums) == [xxhash.xxh3_64_intdigest(bytes(s)) for s in segments]
 
 
-def test_checksum_pieces_stream_large_segments() -> None:
+def test_checksum_slices_stream_large_segments() -> None:
     big = np.random.default_rng(0).integers(0, 256, (64 << 20) + 5, dtype=np.uint8)
     frame = Frame(b"h", (memoryview(big),))
-    pieces = checksum_pieces(frame)
+    sliced = checksum_segments(frame)
     yields = 0
     while True:
         try:
-            next(pieces)
+            next(sliced)
             yields += 1
         except StopIteration as stop:
             sums = struct.unpack("<2Q", stop.value)
             break
-    assert yields >= 2  # the 64 MiB + 5 byte buffer took two pieces
+    assert yields >= 2  # the 64 MiB + 5 byte buffer took two sliced
     assert sums[1] == xxhash.xxh3_64_intdigest(memoryview(big))
 
 

@@ -19,8 +19,9 @@ from helpers import assert_batches_equal, make_batch
 
 import rlwire
 from rlwire import ConfigError
+from rlwire.abc import run_sliced
 from rlwire.codecs import make_codec
-from rlwire.transport import available_schemes, get_sink_class, run_sync
+from rlwire.transport import available_schemes, get_sink_class
 from rlwire.transport._registry import _entry_points
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plugin_sink"
@@ -238,7 +239,7 @@ async def test_plugin_sink_objects_with_the_sender_and_receiver(
 
             # Staged by hand, as the sender would: written, yet no rank sees it.
             later = [make_batch(1, seed=10 + rank) for rank in range(2)]
-            staged = run_sync(sink.stage(1, [run_sync(codec.encode_pieces(b)) for b in later]))
+            staged = run_sliced(sink.stage(1, [run_sliced(codec.encode_sliced(b)) for b in later]))
             assert [r.poll() for r in receivers] == [None, None]
             staged.commit()
             for rank, receiver in enumerate(receivers):

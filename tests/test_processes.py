@@ -14,7 +14,7 @@ from helpers import assert_batches_equal
 
 import rlwire
 from rlwire.cli import make_batch
-from rlwire.codecs import Compressor
+from rlwire.compression import Compressor
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"samples": 3, "tokens": 300, "layers": 6, "topk": 4}

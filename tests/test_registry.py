@@ -28,7 +28,7 @@ class ReversedText:
     def __init__(self, *, check: Any = None) -> None:
         pass
 
-    def encode_pieces(self, obj: str):
+    def encode_sliced(self, obj: str):
         yield
         return Frame(obj.encode()[::-1], codec=self.name)
 

@@ -166,7 +166,7 @@ async def test_step_order_errors(tmp_path: Path) -> None:
             await sender.send(make_batch(1), step=2)
         with pytest.raises(rlwire.StepOrderError, match="skips ahead of step 6"):
             await sender.send(make_batch(1), step=8)
-        with pytest.raises(rlwire.StepOrderError, match="non-negative"):
+        with pytest.raises(rlwire.StepOrderError, match="step must be an int of at least 0"):
             await sender.send(make_batch(1), step=-1)
         assert await sender.send(make_batch(1)) == 6
     assert visible(tmp_path) == ["step-00000005.rank-0000.rlw", "step-00000006.rank-0000.rlw"]
@@ -436,12 +436,12 @@ async def test_received_type_mismatch(tmp_path: Path) -> None:
             receiver.receive(timeout=5)
 
 
-async def test_write_batching_across_piece_and_iovec_limits(
+async def test_write_batching_across_slice_and_iovec_limits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from rlwire.transport import filesystem
 
-    monkeypatch.setattr(filesystem, "PIECE_BYTES", 4096)  # split buffers into many chunks
+    monkeypatch.setattr(filesystem, "SLICE_BYTES", 4096)  # split buffers into many chunks
     monkeypatch.setattr(filesystem, "_IOV_MAX", 7)  # and writev batches into many calls
     rng = np.random.default_rng(1)
     obj = {
@@ -499,12 +499,18 @@ async def test_receiver_can_skip_a_damaged_step(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda p: rlwire.open_sender(p, limiter=0), "limiter must be"),
-        (lambda p: rlwire.open_receiver(p, limiter=-1), "limiter must be"),
+        (
+            lambda p: rlwire.open_sender(p, limiter=0),
+            r"limiter \(a CapacityLimiter.*must be",
+        ),
+        (
+            lambda p: rlwire.open_receiver(p, limiter=-1),
+            r"limiter \(a CapacityLimiter.*must be",
+        ),
         (lambda p: rlwire.open_sender(123), "expected a path or URL"),
         (lambda p: rlwire.open_sender(p, sidecar=[1]), "sidecar names"),
         (lambda p: rlwire.open_sender(p, inline_threshold="x"), "inline_threshold"),
-        (lambda p: rlwire.open_receiver(p, rank=-1), "rank must be a non-negative int"),
+        (lambda p: rlwire.open_receiver(p, rank=-1), "rank must be an int of at least 0"),
         (lambda p: rlwire.open_receiver(p, start_step=1.5), "start_step must be"),
         (lambda p: rlwire.open_receiver(p, poll_interval=0), "poll_interval"),
     ],

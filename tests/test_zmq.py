@@ -35,8 +35,8 @@ import zmq
 from helpers import make_batch
 
 import rlwire
+from rlwire.abc import SinkOptions, parse_url
 from rlwire.codecs import MsgpackCodec
-from rlwire.transport import SinkOptions
 from rlwire.transport.zmq import ZmqSink
 
 TESTS = Path(__file__).resolve().parent
@@ -878,7 +878,7 @@ def test_receiver_config_errors(options: dict[str, Any], words: str) -> None:
 async def test_port_in_use_and_ready_timeout() -> None:
     """Port 0 binds a free port; binding a port in use is a TransportError; a send that
     no receiver announces itself for within ready_timeout is one too."""
-    sink = ZmqSink.from_url("zmq+tcp://127.0.0.1:0", SinkOptions())
+    sink = ZmqSink.from_url(parse_url("zmq+tcp://127.0.0.1:0"), SinkOptions())
     sink.open("error")
     try:
         port = int(sink.endpoint.rsplit(":", 1)[1])

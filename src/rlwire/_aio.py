@@ -1,24 +1,23 @@
-"""Async helpers shared by the sender and receiver: piece offload and loop-lag monitoring."""
+"""Async helpers shared by the sender and receiver: time-sliced work offloaded to threads,
+thread counts, and loop-lag monitoring."""
 
 from __future__ import annotations
 
 import math
-import threading
+import os
 import time
-from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import anyio
 import anyio.abc
 from anyio import CapacityLimiter, to_thread
 
-from ._pieces import Pieces
-from .errors import ConfigError
+from ._args import check_int
+from ._slicing import Sliced
 
-__all__ = ["LagMonitor", "make_limiter", "map_threads", "percentile", "run_pieces"]
+__all__ = ["LagMonitor", "make_limiter", "offload_sliced", "percentile", "thread_count"]
 
 T = TypeVar("T")
-U = TypeVar("U")
 
 
 def make_limiter(limiter: CapacityLimiter | int | None, default: int = 2) -> CapacityLimiter:
@@ -28,21 +27,19 @@ def make_limiter(limiter: CapacityLimiter | int | None, default: int = 2) -> Cap
         return limiter
     if limiter is None:
         return CapacityLimiter(default)
-    if isinstance(limiter, bool) or not isinstance(limiter, int) or limiter < 1:
-        raise ConfigError(f"limiter must be a CapacityLimiter or a positive int, got {limiter!r}")
-    return CapacityLimiter(limiter)
+    return CapacityLimiter(check_int(limiter, "limiter (a CapacityLimiter or its size)", low=1))
 
 
-async def run_pieces(pieces: Pieces[T], limiter: CapacityLimiter) -> T:
-    """Run each piece of ``pieces`` in a worker thread and return the generator's result.
+async def offload_sliced(slices: Sliced[T], limiter: CapacityLimiter) -> T:
+    """Run each slice of ``slices`` in a worker thread and return the generator's result.
 
-    The event loop gets the GIL back between pieces. On cancellation or error the
+    The event loop gets the GIL back between slices. On cancellation or error the
     generator is closed in a worker thread (shielded), so its cleanup runs off the loop.
     """
 
     def advance() -> tuple[bool, T | None]:
         try:
-            next(pieces)
+            next(slices)
         except StopIteration as stop:
             return True, stop.value
         return False, None
@@ -54,48 +51,14 @@ async def run_pieces(pieces: Pieces[T], limiter: CapacityLimiter) -> T:
                 return value  # type: ignore[return-value]
     except BaseException:
         with anyio.CancelScope(shield=True):
-            await to_thread.run_sync(pieces.close, limiter=limiter)
+            await to_thread.run_sync(slices.close, limiter=limiter)
         raise
 
 
-async def map_threads(
-    func: Callable[[T], U], items: Sequence[T], limiter: CapacityLimiter
-) -> list[U]:
-    """``[func(item) for item in items]`` in worker threads, as many at once as ``limiter``
-    allows (for work that releases the GIL, such as compression).
-
-    A few worker tasks share the items, each thread call taking items until about a
-    millisecond has passed: spawning a task per item would keep the event loop busy with
-    bookkeeping for thousands of small items. The first error is raised.
-    """
-    results: list[U] = [None] * len(items)  # type: ignore[list-item]
-    indices = iter(range(len(items)))
-    lock = threading.Lock()
-
-    def run_batch() -> bool:
-        """Process items for about a millisecond; False once none are left."""
-        deadline = time.perf_counter() + 0.001
-        while True:
-            with lock:
-                i = next(indices, None)
-            if i is None:
-                return False
-            results[i] = func(items[i])
-            if time.perf_counter() >= deadline:
-                return True
-
-    async def worker() -> None:
-        while await to_thread.run_sync(run_batch, limiter=limiter):
-            pass
-
-    workers = int(min(len(items), limiter.total_tokens))
-    if workers == 1:
-        await worker()
-    elif workers:
-        async with anyio.create_task_group() as tg:
-            for _ in range(workers):
-                tg.start_soon(worker)
-    return results
+def thread_count(limiter: CapacityLimiter) -> int:
+    """How many threads work that releases the GIL (compression) may use under
+    ``limiter``: its size, at most the number of cores."""
+    return int(min(limiter.total_tokens, os.cpu_count() or 2))
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -1,21 +1,45 @@
-"""Argument checks shared by the public entry points."""
+"""The one argument check shared by every entry point that takes a count or a size."""
 
 from __future__ import annotations
 
 from .errors import ConfigError, RlwireError
 
-__all__ = ["non_negative_int", "positive_int"]
+__all__ = ["check_int", "check_positive"]
 
 
-def non_negative_int(value: object, what: str, error: type[RlwireError] = ConfigError) -> int:
-    """Return ``value`` if it is a non-negative int (not a bool), else raise ``error``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise error(f"{what} must be a non-negative int, got {value!r}")
+def check_int(
+    value: object,
+    what: str,
+    *,
+    low: int = 0,
+    high: int | None = None,
+    error: type[RlwireError] = ConfigError,
+) -> int:
+    """Return ``value`` if it is an int (not a bool) from ``low`` to ``high``, else raise
+    ``error`` naming ``what``.
+
+    Example:
+        >>> check_int(3, "rank")
+        3
+        >>> check_int(0, "keep_last", low=1)
+        Traceback (most recent call last):
+        ...
+        rlwire.errors.ConfigError: keep_last must be an int of at least 1, got 0
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        span = f"from {low} to {high}" if high is not None else f"of at least {low}"
+        raise error(f"{what} must be an int {span}, got {value!r}")
     return value
 
 
-def positive_int(value: object, what: str) -> int:
-    """Return ``value`` if it is an int of at least 1 (not a bool), else raise ConfigError."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{what} must be a positive int, got {value!r}")
-    return value
+def check_positive(value: object, what: str) -> float:
+    """Return ``value`` if it is a positive int or float (not a bool), else raise
+    :class:`ConfigError` naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"{what} must be a positive number, got {value!r}")
+    return float(value)

@@ -7,6 +7,9 @@ or ``OSError`` keeps working.
 
 from __future__ import annotations
 
+import re
+from typing import Self
+
 __all__ = [
     "ClosedError",
     "ConfigError",
@@ -22,11 +25,77 @@ __all__ = [
     "StepOrderError",
     "TransportError",
     "UnsupportedVersionError",
+    "transport_error",
 ]
 
 
 class RlwireError(Exception):
-    """Base class of every error rlwire raises on purpose."""
+    """Base class of every error rlwire raises on purpose.
+
+    Besides its message, an error carries where it happened, as far as the code that
+    raised or passed it on knows: :attr:`where` (a file, object or URL), :attr:`step`,
+    :attr:`rank` and :attr:`segment` (0 is a message's header, ``i + 1`` its buffer
+    ``i``). The sender and receiver fill in what they know with :meth:`add_context` as an
+    error passes through them, and ``str()`` shows it before the message.
+
+    Example:
+        >>> err = DecodeError("expected an int, got str").add_context(step=3, rank=1)
+        >>> str(err), err.step
+        ('step 3, rank 1: expected an int, got str', 3)
+    """
+
+    where: str | None = None
+    step: int | None = None
+    rank: int | None = None
+    segment: int | None = None
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        where: object = None,
+        step: int | None = None,
+        rank: int | None = None,
+        segment: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.add_context(where=where, step=step, rank=rank, segment=segment)
+
+    def add_context(
+        self,
+        *,
+        where: object = None,
+        step: int | None = None,
+        rank: int | None = None,
+        segment: int | None = None,
+    ) -> Self:
+        """Record what is given and not known yet (the innermost knowledge wins), and
+        return the error itself, so that ``raise SomeError(...).add_context(step=7)``
+        reads well. To pass on an error caught with ``except``, call it and then
+        ``raise``, which keeps the error's cause."""
+        if self.where is None and where is not None:
+            self.where = str(where)
+        if self.step is None:
+            self.step = step
+        if self.rank is None:
+            self.rank = rank
+        if self.segment is None:
+            self.segment = segment
+        return self
+
+    def __str__(self) -> str:
+        known = [
+            f"{name} {value}"
+            for name, value in (("step", self.step), ("rank", self.rank), ("segment", self.segment))
+            if value is not None
+        ]
+        # A source's name for a message (its path) often says the step and rank already.
+        if self.where is not None:
+            known = [k for k in known if not _named_in(k, self.where)]
+            known.insert(0, self.where)
+        prefix = ", ".join(known)
+        return f"{prefix}: {self.message}" if prefix else self.message
 
 
 class ConfigError(RlwireError, ValueError):
@@ -98,3 +167,32 @@ class ClosedError(RlwireError, RuntimeError):
 
 class ReceiveTimeout(RlwireError, TimeoutError):
     """No message arrived before the timeout."""
+
+
+def transport_error(exc: BaseException, action: str, *, where: object) -> TransportError:
+    """The :class:`TransportError` for ``exc`` (an OSError, or what botocore, aiohttp or
+    ZeroMQ raise), saying what could not be done where; it keeps ``exc``'s errno.
+
+    Raise it ``from exc`` so the original stays attached.
+
+    Example:
+        >>> err = transport_error(OSError(28, "No space left on device"), "write", where="/p")
+        >>> str(err), err.errno
+        ('/p: cannot write: No space left on device', 28)
+    """
+    errno = getattr(exc, "errno", None)
+    if isinstance(exc, OSError) and exc.strerror:
+        reason = exc.strerror
+    else:
+        detail = str(exc)
+        reason = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+    err = TransportError(f"cannot {action}: {reason}", where=where)
+    if isinstance(errno, int):
+        err.errno = errno
+    return err
+
+
+def _named_in(fact: str, where: str) -> bool:
+    """True if ``where`` already says ``fact`` (e.g. "step 3" in "…/step-00000003…")."""
+    name, value = fact.split(" ")
+    return re.search(rf"{name}[- ]0*{value}(?!\d)", where) is not None

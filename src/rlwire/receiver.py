@@ -6,20 +6,20 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Generic, TypeVar, overload
 
 from anyio import CapacityLimiter, to_thread
 
-from ._aio import make_limiter
-from ._args import non_negative_int
-from .codecs import Codec, decompress, get_codec
-from .codecs.compression import DEFAULT_MAX_DECOMPRESSED
-from .errors import ClosedError, ConfigError, DecodeError, ReceiveTimeout, SchemaError
+from ._aio import make_limiter, thread_count
+from ._args import check_int, check_positive
+from .codecs import Codec, get_codec
+from .compression import DEFAULT_MAX_DECOMPRESSED, decompress
+from .errors import ClosedError, ConfigError, DecodeError, ReceiveTimeout, RlwireError
 from .frame import Frame
 from .schema import TrainingBatch, TrainingSample
-from .transport import Source, SourceOptions, open_source
+from .transport import open_source
+from .transport._base import Source, SourceOptions
 
 __all__ = ["TrainingBatchReceiver", "open_receiver"]
 
@@ -97,11 +97,10 @@ def open_receiver(
         ...     receiver.poll() is None
         True
     """
-    non_negative_int(start_step, "start_step")
-    non_negative_int(rank, "rank")
-    non_negative_int(max_decompressed_bytes, "max_decompressed_bytes")
-    if not poll_interval > 0:
-        raise ConfigError(f"poll_interval must be positive, got {poll_interval!r}")
+    check_int(start_step, "start_step")
+    check_int(rank, "rank")
+    check_int(max_decompressed_bytes, "max_decompressed_bytes")
+    check_positive(poll_interval, "poll_interval")
     return TrainingBatchReceiver(
         open_source(
             url,
@@ -115,6 +114,7 @@ def open_receiver(
         ),
         type,
         start_step=start_step,
+        rank=rank,
         validate=validate,
         writable=writable,
         max_decompressed_bytes=max_decompressed_bytes,
@@ -137,14 +137,15 @@ class TrainingBatchReceiver(Generic[T]):
         type: Any,
         *,
         start_step: int = 0,
+        rank: int | None = None,
         validate: bool = False,
         writable: bool = False,
         max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
         limiter: CapacityLimiter | int | None = None,
     ) -> None:
         self._source = source
+        self._rank = rank
         self._codecs: dict[str, Codec] = {}
-        self._pool: ThreadPoolExecutor | None = None
         self._max_decompressed = max_decompressed_bytes
         self._type = type
         self._next_step = start_step
@@ -173,7 +174,11 @@ class TrainingBatchReceiver(Generic[T]):
         with self._mutex:
             if self._closed:
                 raise ClosedError(f"{self!r} is closed")
-            got = self._source.read_next(self._next_step)
+            try:
+                got = self._source.read_next(self._next_step)
+            except RlwireError as exc:
+                exc.add_context(rank=self._rank)
+                raise
             if got is None:
                 return _NOTHING
             step, frame = got
@@ -181,23 +186,22 @@ class TrainingBatchReceiver(Generic[T]):
                 obj = self._decode(frame)
                 if self._validate and isinstance(obj, TrainingBatch | TrainingSample):
                     obj.validate(f"step {step}")
-            except (DecodeError, SchemaError) as exc:
-                if isinstance(exc, DecodeError):  # name the message: the source knows where
-                    exc.args = (f"{self._source.describe(step)}: {exc}", *exc.args[1:])
+            except RlwireError as exc:
                 # A stored message can be read again, or skipped; one a socket has handed
                 # over is gone, and waiting for it again would only report a gap.
                 if self._source.consumes:
                     self._next_step = step + 1
+                where = self._source.describe(step) if isinstance(exc, DecodeError) else None
+                exc.add_context(where=where, step=step, rank=self._rank)
                 raise
             self._step, self._next_step = step, step + 1
             return obj
 
     def _decode(self, frame: Frame) -> Any:
         if frame.compression:
-            if self._pool is None:
-                workers = int(min(self._limiter.total_tokens, os.cpu_count() or 2))
-                self._pool = ThreadPoolExecutor(workers, thread_name_prefix="rlwire")
-            frame = decompress(frame, max_bytes=self._max_decompressed, map=self._pool.map)
+            frame = decompress(
+                frame, max_bytes=self._max_decompressed, threads=thread_count(self._limiter)
+            )
         codec = self._codecs.get(frame.codec)
         if codec is None:
             try:
@@ -284,8 +288,6 @@ class TrainingBatchReceiver(Generic[T]):
             if not self._closed:
                 self._closed = True
                 self._source.close()
-                if self._pool is not None:
-                    self._pool.shutdown()
 
     async def aclose(self) -> None:
         """Async :meth:`close`."""

@@ -10,12 +10,14 @@ from typing import Any
 import anyio
 from anyio import CapacityLimiter, to_thread
 
-from ._aio import make_limiter, run_pieces
-from ._args import non_negative_int
-from .codecs import Codec, Compressor, acompress, make_codec
+from ._aio import make_limiter, offload_sliced, thread_count
+from ._args import check_int
+from .codecs import Codec, make_codec
+from .compression import Compressor, compress_sliced
 from .errors import ClosedError, ConfigError, RlwireError, StepOrderError
 from .schema import check_object
-from .transport import OnExisting, Sink, SinkOptions, open_sink
+from .transport import open_sink
+from .transport._base import OnExisting, Sink, SinkOptions
 
 __all__ = ["TrainingBatchSender", "open_sender"]
 
@@ -102,7 +104,7 @@ def open_sender(
 class TrainingBatchSender:
     """Sends one object per step (or one per data-parallel rank) through a sink.
 
-    Each send encodes and writes in worker threads, in pieces short enough that the
+    Each send encodes and writes in worker threads, in slices short enough that the
     event loop stays responsive, and returns once the step is visible to readers. A
     cancelled or failed send leaves nothing visible. Sends are serialized: concurrent
     callers get consecutive steps in the order they acquire the sender.
@@ -213,15 +215,23 @@ class TrainingBatchSender:
             frames = []
             for rank, obj in enumerate(objs):
                 try:
-                    frame = await run_pieces(self._codec.encode_pieces(obj), self._limiter)
+                    frame = await offload_sliced(self._codec.encode_sliced(obj), self._limiter)
                     if self._compressor is not None:
-                        frame = await acompress(frame, self._compressor, self._limiter)
+                        frame = await offload_sliced(
+                            compress_sliced(
+                                frame, self._compressor, threads=thread_count(self._limiter)
+                            ),
+                            self._limiter,
+                        )
                     frames.append(frame)
                 except RlwireError as exc:
-                    if len(objs) > 1:
-                        exc.args = (f"rank {rank}: {exc}", *exc.args[1:])
+                    exc.add_context(step=step, rank=rank)
                     raise
-            staged = await run_pieces(self._sink.stage(step, frames), self._limiter)
+            try:
+                staged = await offload_sliced(self._sink.stage(step, frames), self._limiter)
+            except RlwireError as exc:
+                exc.add_context(step=step)
+                raise
             try:
                 await staged.acommit(self._limiter)
             except BaseException:
@@ -238,7 +248,7 @@ class TrainingBatchSender:
     def _resolve_step(self, step: int | None) -> int:
         if step is None:
             return self._next_step
-        non_negative_int(step, "step", StepOrderError)
+        check_int(step, "step", error=StepOrderError)
         if step == self._next_step:
             return step
         if step < self._next_step:

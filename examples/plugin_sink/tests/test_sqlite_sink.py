@@ -17,9 +17,9 @@ from rlwire import (
     open_receiver,
     open_sender,
 )
+from rlwire.abc import SinkOptions, SourceOptions, parse_url, run_sliced
 from rlwire.codecs import make_codec
 from rlwire.testing import assert_batches_equal, make_batch
-from rlwire.transport import SinkOptions, SourceOptions, run_sync
 
 from rlwire_sqlite_sink import SqliteSink, SqliteSource, sqlite_url
 
@@ -35,14 +35,14 @@ def test_a_step_appears_for_all_ranks_at_commit_and_never_after_discard(db: Path
     sources = [SqliteSource(db, rank=rank) for rank in range(2)]
     try:
         assert sink.open("error") == 0
-        frames = [run_sync(codec.encode_pieces(make_batch(2, seed=r))) for r in range(2)]
+        frames = [run_sliced(codec.encode_sliced(make_batch(2, seed=r))) for r in range(2)]
 
-        staged = run_sync(sink.stage(0, frames))
+        staged = run_sliced(sink.stage(0, frames))
         assert [s.read(0) for s in sources] == [None, None]  # written, not yet visible
         staged.discard()
         assert [s.read(0) for s in sources] == [None, None]
 
-        staged = run_sync(sink.stage(0, frames))
+        staged = run_sliced(sink.stage(0, frames))
         staged.commit()
         assert staged.visible
         for rank, source in enumerate(sources):
@@ -57,16 +57,16 @@ def test_a_step_appears_for_all_ranks_at_commit_and_never_after_discard(db: Path
 
 def test_a_second_writer_waits_timeout_seconds_then_fails(db: Path) -> None:
     codec = make_codec("msgpack")
-    frames = [run_sync(codec.encode_pieces(make_batch(1)))]
+    frames = [run_sliced(codec.encode_sliced(make_batch(1)))]
     first, second = SqliteSink(db), SqliteSink(db, timeout=0.1)
     try:
         first.open("overwrite")
         second.open("resume")
-        staged = run_sync(first.stage(0, frames))  # holds the write lock until commit
+        staged = run_sliced(first.stage(0, frames))  # holds the write lock until commit
         with pytest.raises(TransportError, match="database is locked"):
-            run_sync(second.stage(1, frames))
+            run_sliced(second.stage(1, frames))
         staged.commit()
-        run_sync(second.stage(1, frames)).commit()
+        run_sliced(second.stage(1, frames)).commit()
     finally:
         first.close()
         second.close()
@@ -96,9 +96,9 @@ def test_tables_keep_runs_apart(db: Path) -> None:
 )
 def test_bad_storage_options(db: Path, options: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        SqliteSink.from_url(sqlite_url(db), SinkOptions(storage_options=options))
+        SqliteSink.from_url(parse_url(sqlite_url(db)), SinkOptions(storage_options=options))
     with pytest.raises(ConfigError, match=message):
-        SqliteSink.open_source(sqlite_url(db), SourceOptions(storage_options=options))
+        SqliteSink.open_source(parse_url(sqlite_url(db)), SourceOptions(storage_options=options))
 
 
 @pytest.mark.parametrize(

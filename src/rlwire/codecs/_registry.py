@@ -16,8 +16,8 @@ import functools
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from .._pieces import Pieces
 from .._plugins import load_target, registered
+from .._slicing import Sliced
 from ..errors import ConfigError
 from ..frame import Frame
 
@@ -36,7 +36,7 @@ _BUILTIN = {
 class Codec(Protocol):
     """What a codec provides: objects to :class:`~rlwire.Frame` and back.
 
-    ``encode_pieces`` is a piece generator (it yields between short pieces of work and
+    ``encode_sliced`` is a sliced generator (it yields between short slices of work and
     returns the Frame, whose ``codec`` field is the codec's registered ``name``), so the
     sender can run it in worker threads without stalling the event loop. Factories are
     called with keyword options: ``check`` always (a callable or None), and ``sidecar``
@@ -46,7 +46,7 @@ class Codec(Protocol):
 
     name: str
 
-    def encode_pieces(self, obj: Any) -> Pieces[Frame]: ...
+    def encode_sliced(self, obj: Any) -> Sliced[Frame]: ...
 
     def decode(self, frame: Frame, type: Any = Any, *, writable: bool = False) -> Any: ...
 

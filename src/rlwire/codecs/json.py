@@ -41,8 +41,9 @@ import numpy as np
 import orjson
 from anyio import CapacityLimiter, to_thread
 
-from .._aio import make_limiter, run_pieces
-from .._pieces import Pieces, Slicer, run_sync
+from .._aio import make_limiter, offload_sliced
+from .._args import check_int
+from .._slicing import Sliced, SliceTimer, run_sliced
 from ..errors import (
     ConfigError,
     CorruptFrameError,
@@ -50,7 +51,7 @@ from ..errors import (
     EncodeError,
     FrameTooLargeError,
     RlwireError,
-    TransportError,
+    transport_error,
 )
 from ..frame import Frame
 
@@ -71,12 +72,12 @@ _LINE_OPTION = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
 _SCALARS = (str, int, float, bool, type(None))
 _ORJSON_DEPTH = 254  # orjson's nesting limit when encoding
 
-# Encoding in pieces: containers are encoded in groups of entries sized (from the cost of
-# the previous group) to take about _GROUP_SECONDS; arrays with more than _ARRAY_PIECE
+# Encoding in slices: containers are encoded in groups of entries sized (from the cost of
+# the previous group) to take about _GROUP_SECONDS; arrays with more than _ARRAY_SLICE
 # elements are encoded a block of rows at a time. Containers deeper than _SPLIT_DEPTH are
 # encoded in one call.
 _GROUP_SECONDS = 0.00015
-_ARRAY_PIECE = 16384
+_ARRAY_SLICE = 16384
 _SPLIT_DEPTH = 6
 
 # JSON lines: bytes read per chunk, bytes encoded before a write, records per batch taken
@@ -328,10 +329,10 @@ def _dumps(obj: Any, option: int, path: _Path, where: str = "") -> bytes:
     raise EncodeError(where + _failure(obj, path, option, error)) from None
 
 
-# -- encoding a Frame in pieces -------------------------------------------------------
+# -- encoding a Frame in slices -------------------------------------------------------
 
 
-def _check_walk(obj: Any, path: _Path, check: Check, slicer: Slicer) -> Pieces[None]:
+def _check_walk(obj: Any, path: _Path, check: Check, slicer: SliceTimer) -> Sliced[None]:
     """Call ``check(struct, path)`` for every Struct in ``obj``."""
     if type(obj) in _SCALARS or isinstance(obj, np.ndarray):
         return
@@ -351,21 +352,21 @@ def _check_walk(obj: Any, path: _Path, check: Check, slicer: Slicer) -> Pieces[N
 
 def _splittable(obj: Any) -> bool:
     if isinstance(obj, np.ndarray):
-        return obj.ndim >= 1 and obj.size > _ARRAY_PIECE and len(obj) > 1
+        return obj.ndim >= 1 and obj.size > _ARRAY_SLICE and len(obj) > 1
     return isinstance(obj, msgspec.Struct | dict | list | tuple) or (
         dataclasses.is_dataclass(obj) and not isinstance(obj, type)
     )
 
 
 class _Writer:
-    """One encoding pass: writes the JSON of an object into ``out`` in pieces."""
+    """One encoding pass: writes the JSON of an object into ``out`` in slices."""
 
     def __init__(self) -> None:
         self.out = bytearray()
-        self.slicer = Slicer()
+        self.slicer = SliceTimer()
         self.work = 0.0  # seconds spent in orjson so far
 
-    def _tick(self) -> Pieces[None]:
+    def _tick(self) -> Sliced[None]:
         if self.slicer.due():
             yield
             self.slicer.restart()
@@ -377,7 +378,7 @@ class _Writer:
         finally:
             self.work += time.perf_counter() - start
 
-    def value(self, obj: Any, path: _Path, depth: int) -> Pieces[None]:
+    def value(self, obj: Any, path: _Path, depth: int) -> Sliced[None]:
         if depth < _SPLIT_DEPTH and _splittable(obj):
             if isinstance(obj, np.ndarray):
                 yield from self._array(obj, path)
@@ -402,7 +403,7 @@ class _Writer:
 
     def _entries(
         self, entries: Sequence[tuple[Any, str | int, Any]], mapping: bool, path: _Path, depth: int
-    ) -> Pieces[None]:
+    ) -> Sliced[None]:
         """Write a container's entries in groups whose size adapts to their cost; an
         entry that alone is expensive is written by recursing into it."""
         out = self.out
@@ -433,11 +434,11 @@ class _Writer:
                 else:
                     group = [value for _, _, value in entries[i:j]]
                 try:
-                    piece = self._dump(group, None)
+                    chunk = self._dump(group, None)
                 except EncodeError:
                     self._group_error(entries[i:j], mapping, path)
                     raise
-                out += memoryview(piece)[1:-1]
+                out += memoryview(chunk)[1:-1]
             cost = (self.work - before) / (j - i)
             k = max(1, min(2 * (j - i), int(_GROUP_SECONDS / cost) if cost > 0 else n))
             i = j
@@ -455,9 +456,9 @@ class _Writer:
                 )
             self._dump(value, (path, name))
 
-    def _array(self, arr: np.ndarray, path: _Path) -> Pieces[None]:
+    def _array(self, arr: np.ndarray, path: _Path) -> Sliced[None]:
         """Write a large array a block of rows at a time."""
-        rows = max(1, _ARRAY_PIECE // max(1, arr[0].size))
+        rows = max(1, _ARRAY_SLICE // max(1, arr[0].size))
         out = self.out
         out += b"["
         for start in range(0, len(arr), rows):
@@ -591,14 +592,14 @@ class JsonCodec:
         self.check = check
 
     def encode(self, obj: Any) -> Frame:
-        """Encode ``obj`` in the calling thread; see :meth:`encode_pieces`."""
-        return run_sync(self.encode_pieces(obj))
+        """Encode ``obj`` in the calling thread; see :meth:`encode_sliced`."""
+        return run_sliced(self.encode_sliced(obj))
 
-    def encode_pieces(self, obj: Any) -> Pieces[Frame]:
-        """Encode ``obj`` as a piece generator (see :mod:`rlwire._pieces`).
+    def encode_sliced(self, obj: Any) -> Sliced[Frame]:
+        """Encode ``obj`` as a sliced generator (see :mod:`rlwire._slicing`).
 
         Runs ``check`` over every Struct first, then encodes long containers a group of
-        entries at a time and large arrays a block of rows at a time, so that each piece
+        entries at a time and large arrays a block of rows at a time, so that each slice
         holds the GIL for a fraction of a millisecond. The header is a read-only
         memoryview of the JSON text.
 
@@ -607,7 +608,7 @@ class JsonCodec:
         """
         if self.check is not None:
             try:
-                yield from _check_walk(obj, None, self.check, Slicer())
+                yield from _check_walk(obj, None, self.check, SliceTimer())
             except RecursionError:
                 raise EncodeError(
                     "$: nests too deeply for Python's recursion limit (or contains itself)"
@@ -659,12 +660,6 @@ JsonlDestination: TypeAlias = "str | os.PathLike[str] | _BinaryWriter"
 JsonlSource: TypeAlias = "str | os.PathLike[str] | _BinaryReader"
 
 
-def _os_error(path: object, action: str, exc: OSError) -> TransportError:
-    err = TransportError(exc.errno, f"{path}: cannot {action}: {exc.strerror or exc}")
-    err.filename = str(path)
-    return err
-
-
 class _Sink:
     """Where JSON lines go: a temporary file renamed into place at the end, a file
     opened for appending, or the caller's file object."""
@@ -686,7 +681,7 @@ class _Sink:
             try:
                 self.fd = os.open(target, flags, 0o644)
             except OSError as exc:
-                raise _os_error(target, "create a file", exc) from exc
+                raise transport_error(exc, "create a file", where=target) from exc
             return
         if append:
             raise ConfigError(
@@ -716,7 +711,7 @@ class _Sink:
                     n = os.write(self.fd, view)
                 view = view[n:]
         except OSError as exc:
-            raise _os_error(self.tmp or self.name, "write", exc) from exc
+            raise transport_error(exc, "write", where=self.tmp or self.name) from exc
         finally:
             view.release()
 
@@ -734,7 +729,7 @@ class _Sink:
                 self.tmp = None
         except OSError as exc:
             self.abort()
-            raise _os_error(self.name, "write", exc) from exc
+            raise transport_error(exc, "write", where=self.name) from exc
 
     def abort(self) -> None:
         if self.fd >= 0:
@@ -752,9 +747,9 @@ class _LineWriter:
         self.sink = sink
         self.buf = bytearray()
         self.count = 0
-        self.slicer = Slicer()
+        self.slicer = SliceTimer()
 
-    def feed(self, records: Iterable[Any]) -> Pieces[None]:
+    def feed(self, records: Iterable[Any]) -> Sliced[None]:
         """Encode and write ``records``; on an error, the lines of the records before
         the failing one are written (whole), then the EncodeError is raised."""
         for record in records:
@@ -766,14 +761,14 @@ class _LineWriter:
             self.count += 1
             if len(self.buf) >= _WRITE_BYTES:
                 yield
-                self._write()  # a piece of its own: os.write releases the GIL
+                self._write()  # a slice of its own: os.write releases the GIL
                 yield
                 self.slicer.restart()
             elif self.slicer.due():
                 yield
                 self.slicer.restart()
 
-    def finish(self) -> Pieces[None]:
+    def finish(self) -> Sliced[None]:
         """Write what is left and commit (rename the temporary file into place)."""
         yield
         self._write()
@@ -785,7 +780,7 @@ class _LineWriter:
             self.sink.write(buf)
 
 
-def _dump_pieces(records: Iterable[Any], file: JsonlDestination, append: bool) -> Pieces[int]:
+def _dump_sliced(records: Iterable[Any], file: JsonlDestination, append: bool) -> Sliced[int]:
     sink = _Sink(file, append)
     try:
         writer = _LineWriter(sink)
@@ -825,7 +820,7 @@ def dump_jsonl(records: Iterable[Any], file: JsonlDestination, *, append: bool =
         >>> path.read_bytes()
         b'{"ids":[0,1,2]}\\n{"ids":[0,1],"r":0.5}\\n'
     """
-    return run_sync(_dump_pieces(records, file, append))
+    return run_sliced(_dump_sliced(records, file, append))
 
 
 async def adump_jsonl(
@@ -836,7 +831,7 @@ async def adump_jsonl(
     limiter: CapacityLimiter | int | None = None,
 ) -> int:
     """:func:`dump_jsonl` for async code: encoding and writing run in worker threads
-    under ``limiter``, in pieces short enough that the event loop stays responsive.
+    under ``limiter``, in slices short enough that the event loop stays responsive.
 
     ``records`` may be an async iterable; its records are taken on the event loop and
     encoded a batch (up to 256 records) at a time. Cancelling leaves nothing at a path
@@ -850,7 +845,7 @@ async def adump_jsonl(
     """
     lim = make_limiter(limiter)
     if not isinstance(records, AsyncIterable):
-        return await run_pieces(_dump_pieces(records, file, append), lim)
+        return await offload_sliced(_dump_sliced(records, file, append), lim)
     sink = await to_thread.run_sync(_Sink, file, append, limiter=lim)
     try:
         writer = _LineWriter(sink)
@@ -858,11 +853,11 @@ async def adump_jsonl(
         async for record in records:
             batch.append(record)
             if len(batch) >= _ASYNC_BATCH:
-                await run_pieces(writer.feed(batch), lim)
+                await offload_sliced(writer.feed(batch), lim)
                 batch = []
         if batch:
-            await run_pieces(writer.feed(batch), lim)
-        await run_pieces(writer.finish(), lim)
+            await offload_sliced(writer.feed(batch), lim)
+        await offload_sliced(writer.finish(), lim)
     except BaseException:
         with anyio.CancelScope(shield=True):
             await to_thread.run_sync(sink.abort, limiter=lim)
@@ -874,12 +869,8 @@ class _LineReader:
     """Reads a file a chunk at a time, splits lines, and parses them."""
 
     def __init__(self, file: JsonlSource, tp: Any, max_line_bytes: int) -> None:
-        if isinstance(max_line_bytes, bool) or not isinstance(max_line_bytes, int):
-            raise ConfigError(f"max_line_bytes must be an int, got {max_line_bytes!r}")
-        if max_line_bytes < 1:
-            raise ConfigError(f"max_line_bytes must be positive, got {max_line_bytes}")
         self.type = tp
-        self.max_line_bytes = max_line_bytes
+        self.max_line_bytes = check_int(max_line_bytes, "max_line_bytes", low=1)
         self.owned = isinstance(file, str | os.PathLike)
         self.name: object
         if isinstance(file, str | os.PathLike):
@@ -887,7 +878,7 @@ class _LineReader:
             try:
                 self.file: _BinaryReader = open(file, "rb", buffering=0)  # noqa: SIM115
             except OSError as exc:
-                raise _os_error(self.name, "open the file", exc) from exc
+                raise transport_error(exc, "open the file", where=self.name) from exc
         else:
             if isinstance(file, io.TextIOBase) or not callable(getattr(file, "read", None)):
                 raise ConfigError(f"load_jsonl needs a path or a binary file object, got {file!r}")
@@ -898,7 +889,7 @@ class _LineReader:
         self.lineno = 0
         self.done = False
         self.error: RlwireError | None = None
-        self.slicer = Slicer()
+        self.slicer = SliceTimer()
 
     def close(self) -> None:
         if self.owned:
@@ -908,7 +899,7 @@ class _LineReader:
         try:
             chunk = self.file.read(_READ_CHUNK)
         except OSError as exc:
-            raise _os_error(self.name, "read", exc) from exc
+            raise transport_error(exc, "read", where=self.name) from exc
         if not isinstance(chunk, bytes | bytearray):
             raise ConfigError(f"{self.name}: load_jsonl needs a binary file, read gave {chunk!r}")
         return bytes(chunk)
@@ -919,7 +910,7 @@ class _LineReader:
             f"{self.max_line_bytes}; pass a larger max_line_bytes if this is expected"
         )
 
-    def batch(self) -> Pieces[list[Any] | None]:
+    def batch(self) -> Sliced[list[Any] | None]:
         """The records of the lines completed by the next chunk(s), or None at the end.
 
         A bad line ends the batch: the records before it are returned, and the error is
@@ -929,7 +920,7 @@ class _LineReader:
             raise error
         while not self.done:
             chunk = self._read()
-            yield  # the read released the GIL; parsing is the next piece
+            yield  # the read released the GIL; parsing is the next slice
             if not chunk:
                 self.done = True
                 tail = b"".join(self.pending)
@@ -1017,7 +1008,7 @@ def load_jsonl(
     """
     reader = _LineReader(file, type, max_line_bytes)
     try:
-        while (records := run_sync(reader.batch())) is not None:
+        while (records := run_sliced(reader.batch())) is not None:
             yield from records
     finally:
         reader.close()
@@ -1031,7 +1022,7 @@ async def aload_jsonl(
     limiter: CapacityLimiter | int | None = None,
 ) -> AsyncIterator[Any]:
     """:func:`load_jsonl` for async code: an async generator that reads and parses each
-    chunk of lines in worker threads under ``limiter``, in pieces short enough that the
+    chunk of lines in worker threads under ``limiter``, in slices short enough that the
     event loop stays responsive. Raises what :func:`load_jsonl` raises.
 
     Close it (``contextlib.aclosing``) if you stop iterating early.
@@ -1046,7 +1037,7 @@ async def aload_jsonl(
     lim = make_limiter(limiter)
     reader = await to_thread.run_sync(_LineReader, file, type, max_line_bytes, limiter=lim)
     try:
-        while (records := await run_pieces(reader.batch(), lim)) is not None:
+        while (records := await offload_sliced(reader.batch(), lim)) is not None:
             for record in records:
                 yield record
     finally:

@@ -25,7 +25,8 @@ from typing import Any, TypeAlias
 import msgspec
 import numpy as np
 
-from .._pieces import Pieces, Slicer, run_sync
+from .._args import check_int
+from .._slicing import Sliced, SliceTimer, run_sliced
 from ..errors import ConfigError, CorruptFrameError, DecodeError, EncodeError, RlwireError
 from ..frame import Frame, as_byte_view
 
@@ -41,7 +42,7 @@ DEFAULT_INLINE_THRESHOLD = 4096
 _MAX_NDIM = 64
 _DTYPE_RE = re.compile(r"[<>|=][biufc][0-9]{1,2}")
 _SCALARS = (str, int, float, bool, type(None))
-# Sequences longer than this are encoded in chunks of this many items, a piece each.
+# Sequences longer than this are encoded in groups of this many items, a slice each.
 _CHUNK = 64
 
 Check: TypeAlias = Callable[[Any, str], None]
@@ -116,9 +117,7 @@ class MsgpackCodec:
             raise ConfigError(f"sidecar must be field names, got {sidecar!r}") from None
         if not all(isinstance(name, str) for name in self.sidecar):
             raise ConfigError(f"sidecar names must be strings, got {sidecar!r}")
-        if isinstance(inline_threshold, bool) or not isinstance(inline_threshold, int):
-            raise ConfigError(f"inline_threshold must be an int, got {inline_threshold!r}")
-        self.inline_threshold = inline_threshold
+        self.inline_threshold = check_int(inline_threshold, "inline_threshold")
         self.check = check
         self._encoder = msgspec.msgpack.Encoder()
         self._array_ref = msgspec.msgpack.Decoder(_ArrayRef)
@@ -128,11 +127,11 @@ class MsgpackCodec:
     # -- encoding ---------------------------------------------------------------------
 
     def encode(self, obj: Any) -> Frame:
-        """Encode ``obj`` in the calling thread; see :meth:`encode_pieces`."""
-        return run_sync(self.encode_pieces(obj))
+        """Encode ``obj`` in the calling thread; see :meth:`encode_sliced`."""
+        return run_sliced(self.encode_sliced(obj))
 
-    def encode_pieces(self, obj: Any) -> Pieces[Frame]:
-        """Encode ``obj`` as a piece generator (see :mod:`rlwire._pieces`).
+    def encode_sliced(self, obj: Any) -> Sliced[Frame]:
+        """Encode ``obj`` as a sliced generator (see :mod:`rlwire._slicing`).
 
         Array bytes are never copied, except for arrays that are neither C- nor
         F-contiguous, which are made C-contiguous first.
@@ -144,7 +143,7 @@ class MsgpackCodec:
             raise EncodeError(
                 "$: nests too deeply for Python's recursion limit (or contains itself)"
             ) from None
-        yield  # msgspec encodes the rest of the header in one call: a piece of its own
+        yield  # msgspec encodes the rest of the header in one call: a slice of its own
         header = walk.encode(tree, None)
         return Frame(header, tuple(walk.buffers), frozenset(walk.sidecar))
 
@@ -204,9 +203,9 @@ class _Walk:
         self.codec = codec
         self.buffers: list[memoryview] = []
         self.sidecar: list[int] = []
-        self.slicer = Slicer()
+        self.slicer = SliceTimer()
 
-    def value(self, obj: Any, path: _Path, side: bool) -> Pieces[Any]:
+    def value(self, obj: Any, path: _Path, side: bool) -> Sliced[Any]:
         kind = type(obj)
         if kind in _SCALARS:
             return obj
@@ -250,12 +249,12 @@ class _Walk:
             ) from None
         return obj
 
-    def _tick(self) -> Pieces[None]:
+    def _tick(self) -> Sliced[None]:
         if self.slicer.due():
             yield
             self.slicer.restart()
 
-    def _struct(self, obj: msgspec.Struct, path: _Path, side: bool) -> Pieces[Any]:
+    def _struct(self, obj: msgspec.Struct, path: _Path, side: bool) -> Sliced[Any]:
         if self.codec.check is not None:
             self.codec.check(obj, _render(path))
         out = None
@@ -269,7 +268,7 @@ class _Walk:
         yield from self._tick()
         return obj if out is None else out
 
-    def _dict(self, obj: dict[Any, Any], path: _Path, side: bool) -> Pieces[dict[Any, Any]]:
+    def _dict(self, obj: dict[Any, Any], path: _Path, side: bool) -> Sliced[dict[Any, Any]]:
         out = {}
         names = self.codec.sidecar
         for key, item in obj.items():
@@ -277,7 +276,7 @@ class _Walk:
             yield from self._tick()
         return out
 
-    def _sequence(self, obj: list[Any] | tuple[Any, ...], path: _Path, side: bool) -> Pieces[Any]:
+    def _sequence(self, obj: list[Any] | tuple[Any, ...], path: _Path, side: bool) -> Sliced[Any]:
         out = []
         for i, item in enumerate(obj):
             if type(item) in _SCALARS:
@@ -291,8 +290,8 @@ class _Walk:
             return (yield from self._encode_long(out, path))
         return out if type(obj) is list else tuple(out)
 
-    def _encode_long(self, items: list[Any], path: _Path) -> Pieces[msgspec.Raw]:
-        """Encode a long sequence in chunks, one piece each, so that a header with many
+    def _encode_long(self, items: list[Any], path: _Path) -> Sliced[msgspec.Raw]:
+        """Encode a long sequence in groups of items, one slice each, so that a header with many
         samples never makes msgspec hold the GIL for long in one call."""
         body = []
         for start in range(0, len(items), _CHUNK):

@@ -11,9 +11,10 @@ from typing import Any, Literal
 import anyio
 from anyio import CapacityLimiter, to_thread
 
-from .._pieces import Pieces
+from .._slicing import Sliced
 from ..errors import ConfigError
 from ..frame import Frame
+from ._url import URL
 
 __all__ = ["OnExisting", "Sink", "SinkOptions", "Source", "SourceOptions", "Staged"]
 
@@ -91,7 +92,7 @@ class SourceOptions:
     storage_options: Mapping[str, Any] = field(default_factory=dict)
 
 
-def reject_unknown(where: str, options: Mapping[str, Any], known: Sequence[str]) -> None:
+def reject_unknown(where: object, options: Mapping[str, Any], known: Sequence[str]) -> None:
     """Raise ConfigError naming any key of ``options`` not in ``known``."""
     unknown = sorted(set(options) - set(known))
     if unknown:
@@ -111,8 +112,9 @@ class Sink(abc.ABC):
     """
 
     @classmethod
-    def from_url(cls, url: str, options: SinkOptions) -> Sink:
-        """The sink for ``url`` (a URL of a scheme this class is registered for).
+    def from_url(cls, url: URL, options: SinkOptions) -> Sink:
+        """The sink for ``url``, a URL of a scheme this class is registered for, parsed
+        once by the registry (``url.rest`` is what follows ``scheme://``).
 
         Raises:
             ConfigError: the URL or an option is malformed or unknown.
@@ -120,7 +122,7 @@ class Sink(abc.ABC):
         raise ConfigError(f"{cls.__name__} cannot be opened from a URL ({url!r})")
 
     @classmethod
-    def open_source(cls, url: str, options: SourceOptions) -> Source:
+    def open_source(cls, url: URL, options: SourceOptions) -> Source:
         """The source that reads what this kind of sink wrote to ``url``.
 
         Raises:
@@ -137,7 +139,7 @@ class Sink(abc.ABC):
         """
 
     @abc.abstractmethod
-    def stage(self, step: int, frames: Sequence[Frame]) -> Pieces[Staged]:
+    def stage(self, step: int, frames: Sequence[Frame]) -> Sliced[Staged]:
         """Write ``frames[rank]`` for every rank of ``step`` where readers cannot see
         them yet. If the generator is closed before it returns, nothing is left behind.
 

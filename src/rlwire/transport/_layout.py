@@ -27,7 +27,7 @@ import msgspec
 import numpy as np
 import xxhash
 
-from .._pieces import Pieces, Slicer
+from .._slicing import Sliced, SliceTimer
 from ..errors import CorruptFrameError, UnsupportedVersionError
 from ..frame import Frame
 
@@ -36,7 +36,7 @@ __all__ = [
     "CHECKSUM",
     "FORMAT_VERSION",
     "Layout",
-    "checksum_pieces",
+    "checksum_segments",
     "parse_main",
     "placeholder_checksums",
     "plan",
@@ -50,7 +50,7 @@ ALIGN = 64
 MAX_ENVELOPE = 64 << 20
 #: The checksum algorithm this writer records, and the only one this reader knows.
 CHECKSUM = "xxh3-64"
-_CHECKSUM_PIECE = 64 << 20  # bytes hashed per piece (xxhash releases the GIL meanwhile)
+_CHECKSUM_CHUNK = 64 << 20  # bytes hashed per slice (xxhash releases the GIL meanwhile)
 
 _PRELUDE = struct.Struct("<8sHHIQ")
 _SIDECAR_PRELUDE = struct.Struct("<8sHHI16s")
@@ -82,10 +82,10 @@ _U64 = np.dtype("<u8")
 
 
 class Layout(NamedTuple):
-    """A message laid out for storage: the byte pieces of each part, in order, padding
+    """A message laid out for storage: the byte chunks of each part, in order, padding
     included, so a sink can write or stream them one after the other.
 
-    ``main_segments[j]`` (``sidecar_segments[j]``) is the segment that piece ``j`` of the
+    ``main_segments[j]`` (``sidecar_segments[j]``) is the segment that chunk ``j`` of the
     part holds, or -1 for the prelude, envelope and padding: a sink can hash each segment
     while it writes it, and then :meth:`head` renders the prelude and envelope with those
     checksums, to be written over ``main[0]`` (the same length when the layout was planned
@@ -111,7 +111,7 @@ class Layout(NamedTuple):
 
 def placeholder_checksums(frame: Frame) -> bytes:
     """Zero checksums for every segment of ``frame``: plan with these, hash while
-    writing, then write :meth:`Layout.head` over the first piece."""
+    writing, then write :meth:`Layout.head` over the first chunk."""
     return bytes(8 * (len(frame.buffers) + 1))
 
 
@@ -129,7 +129,7 @@ def _starts(padded: np.ndarray, base: int) -> np.ndarray:
     return out
 
 
-def _pieces(
+def _chunks(
     bufs: Sequence[tuple[int, bytes | memoryview]],
     out: list[bytes | memoryview],
     segs: list[int],
@@ -145,19 +145,19 @@ def _pieces(
             segs.append(-1)
 
 
-def checksum_pieces(frame: Frame) -> Pieces[bytes]:
+def checksum_segments(frame: Frame) -> Sliced[bytes]:
     """The xxh3-64 checksum of each segment (header, then buffers) as packed little-endian
-    u64, computed in pieces of at most 64 MiB or 0.3 ms of Python."""
+    u64, computed in slices of at most 64 MiB or 0.3 ms of Python."""
     sums = np.empty(len(frame.buffers) + 1, _U64)
-    slicer = Slicer()
+    slicer = SliceTimer()
     for i, seg in enumerate([frame.header, *frame.buffers]):
         view = memoryview(seg)
-        if view.nbytes <= _CHECKSUM_PIECE:
+        if view.nbytes <= _CHECKSUM_CHUNK:
             sums[i] = xxhash.xxh3_64_intdigest(view)
         else:
             hasher = xxhash.xxh3_64()
-            for start in range(0, view.nbytes, _CHECKSUM_PIECE):
-                hasher.update(view[start : start + _CHECKSUM_PIECE])
+            for start in range(0, view.nbytes, _CHECKSUM_CHUNK):
+                hasher.update(view[start : start + _CHECKSUM_CHUNK])
                 yield
             sums[i] = hasher.intdigest()
         if slicer.due():
@@ -169,7 +169,7 @@ def checksum_pieces(frame: Frame) -> Pieces[bytes]:
 def plan(frame: Frame, step: int, rank: int, checksums: bytes | None = None) -> Layout:
     """Lay ``frame`` out as a main part and a sidecar part (empty without sidecar).
 
-    ``checksums`` comes from :func:`checksum_pieces`; without it the message carries no
+    ``checksums`` comes from :func:`checksum_segments`; without it the message carries no
     segment checksums. Offsets come from numpy arithmetic and the buffer table is
     packed arrays, so this costs microseconds per thousand buffers.
     """
@@ -220,9 +220,9 @@ def plan(frame: Frame, step: int, rank: int, checksums: bytes | None = None) -> 
     if gap:
         main.append(_ZEROS[:gap])
         main_segs.append(-1)
-    _pieces([(0, frame.header)], main, main_segs)
+    _chunks([(0, frame.header)], main, main_segs)
     side_flags = in_side.tolist()
-    _pieces([(i + 1, b) for i, b in enumerate(frame.buffers) if not side_flags[i]], main, main_segs)
+    _chunks([(i + 1, b) for i, b in enumerate(frame.buffers) if not side_flags[i]], main, main_segs)
     sidecar: list[bytes | memoryview] = []
     side_segs: list[int] = []
     if frame.sidecar:
@@ -231,7 +231,7 @@ def plan(frame: Frame, step: int, rank: int, checksums: bytes | None = None) -> 
             + _ZEROS[: ALIGN - _SIDECAR_PRELUDE.size]
         ]
         side_segs = [-1]
-        _pieces([(i + 1, frame.buffers[i]) for i in sorted(frame.sidecar)], sidecar, side_segs)
+        _chunks([(i + 1, frame.buffers[i]) for i in sorted(frame.sidecar)], sidecar, side_segs)
     return Layout(main, sidecar, main_segs, side_segs, envelope)
 
 
@@ -286,7 +286,7 @@ def parse_main(
         raise CorruptFrameError(
             f"{where}: holds step {env.step} rank {env.rank}, expected step {step} rank {rank}"
         )
-    header = _slice(data, env.header[0], env.header[1], where, "header")
+    header = _span(data, env.header[0], env.header[1], where, "header")
     n = len(env.parts)
     sizes = {
         "offsets": (len(env.offsets), 8 * n),
@@ -397,7 +397,7 @@ def _check_sidecar(side: memoryview, msg_id: bytes, size: int, where: str) -> No
         )
 
 
-def _slice(data: memoryview, offset: int, length: int, where: str, what: str) -> memoryview:
+def _span(data: memoryview, offset: int, length: int, where: str, what: str) -> memoryview:
     if offset < 0 or length < 0 or offset + length > data.nbytes:
         raise CorruptFrameError(
             f"{where}: {what} at offset {offset} length {length} lies "

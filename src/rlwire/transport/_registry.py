@@ -6,7 +6,8 @@ under each URL scheme it serves::
     [project.entry-points."rlwire.sinks"]
     myscheme = "mypackage.sink:MySink"
 
-``open_sender("myscheme://...")`` then calls ``MySink.from_url``, and ``open_receiver``
+``open_sender("myscheme://...")`` then calls ``MySink.from_url`` with the parsed
+:class:`~rlwire.abc.URL`, and ``open_receiver``
 calls ``MySink.open_source``. rlwire's own sinks are registered the same way. A plain
 path (no ``scheme://``) is a local directory. Any other scheme that fsspec knows goes to
 the fsspec sink when fsspec is installed.
@@ -17,11 +18,11 @@ from __future__ import annotations
 import functools
 import os
 from typing import Any
-from urllib.parse import urlsplit
 
 from .._plugins import load_target, registered
 from ..errors import ConfigError
 from ._base import Sink, SinkOptions, Source, SourceOptions
+from ._url import URL, parse_url
 
 __all__ = ["GROUP", "available_schemes", "get_sink_class", "open_sink", "open_source"]
 
@@ -56,16 +57,6 @@ def available_schemes() -> list[str]:
         True
     """
     return sorted(_entry_points())
-
-
-def _scheme(url: str | os.PathLike[str]) -> tuple[str, str]:
-    if not isinstance(url, str):
-        try:
-            return "file", os.fspath(url)
-        except TypeError:
-            raise ConfigError(f"expected a path or URL string, got {type(url).__name__}") from None
-    scheme = urlsplit(url).scheme if "://" in url else ""
-    return (scheme or "file"), url  # "run:1" or "C:\\x" are plain paths
 
 
 def _fsspec_protocols() -> list[str]:
@@ -111,21 +102,21 @@ def get_sink_class(scheme: str) -> type[Sink]:
     return cls
 
 
-def open_sink(url: str | os.PathLike[str], options: SinkOptions) -> Sink:
-    """The sink for ``url``, chosen by its scheme.
+def open_sink(url: str | os.PathLike[str] | URL, options: SinkOptions) -> Sink:
+    """The sink for ``url``, chosen by its scheme; the URL is parsed here, once.
 
     Raises:
         ConfigError: unknown scheme, malformed URL or unknown storage option.
     """
-    scheme, text = _scheme(url)
-    return get_sink_class(scheme).from_url(text, options)
+    parsed = parse_url(url)
+    return get_sink_class(parsed.scheme).from_url(parsed, options)
 
 
-def open_source(url: str | os.PathLike[str], options: SourceOptions) -> Source:
+def open_source(url: str | os.PathLike[str] | URL, options: SourceOptions) -> Source:
     """The source reading what the sink for ``url`` writes, chosen by its scheme.
 
     Raises:
         ConfigError: unknown scheme, malformed URL or unknown storage option.
     """
-    scheme, text = _scheme(url)
-    return get_sink_class(scheme).open_source(text, options)
+    parsed = parse_url(url)
+    return get_sink_class(parsed.scheme).open_source(parsed, options)

@@ -17,50 +17,50 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import numpy as np
 import xxhash
 
-from .._pieces import Pieces, Slicer
-from ..errors import ConfigError, CorruptFrameError, StepExistsError, TransportError
+from .._slicing import Sliced, SliceTimer
+from ..errors import (
+    ConfigError,
+    CorruptFrameError,
+    StepExistsError,
+    transport_error,
+)
 from ..frame import Frame
 from ._base import OnExisting, Sink, SinkOptions, Source, SourceOptions, Staged, reject_unknown
 from ._layout import Layout, parse_main, placeholder_checksums, plan
 from ._names import MAIN_RE, STORED_RE, TEMP_RE, main_name, sidecar_name, start_step, temp_name
+from ._url import URL
 
 __all__ = ["FileSink", "FileSource", "local_path", "main_name", "sidecar_name"]
 
 
-#: Bytes written per piece. os.write releases the GIL, so large pieces cost the event
+#: Bytes written per slice. os.write releases the GIL, so large slices cost the event
 #: loop nothing; they only bound how long a cancelled send takes to stop (tens of ms).
-PIECE_BYTES = 64 << 20
+SLICE_BYTES = 64 << 20
 #: Bytes per writev call. Each segment is hashed just before it is written, in chunks
 #: this small, so the write copies it from cache: checksums then cost almost nothing.
 _CHUNK_BYTES = 2 << 20
 _IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16)
 
 
-def local_path(url: str) -> str:
+def local_path(url: URL) -> str:
     """The path a plain path or ``file://`` URL names.
 
     Raises:
         ConfigError: a ``file://`` URL that names another host.
     """
-    parts = urlsplit(url)
-    if parts.scheme != "file" or "://" not in url:
-        return url
-    if parts.netloc not in ("", "localhost"):
+    if url.rest == url.text:  # a plain path
+        return url.text
+    if url.parts.netloc not in ("", "localhost"):
         raise ConfigError(
-            f"{url!r}: file URLs must name a local path (file:///dir), not host {parts.netloc!r}"
+            f"{url.text!r}: file URLs must name a local path (file:///dir), "
+            f"not host {url.parts.netloc!r}"
         )
-    return unquote(parts.path)
-
-
-def _os_error(path: Path, action: str, exc: OSError) -> TransportError:
-    err = TransportError(exc.errno, f"{path}: cannot {action}: {exc.strerror or exc}")
-    err.filename = str(path)
-    return err
+    return unquote(url.parts.path)
 
 
 class _FileStaged(Staged):
@@ -89,12 +89,16 @@ class _FileStaged(Staged):
         except OSError as exc:
             self.discard()
             if ranks:
-                raise _os_error(
-                    self.root, f"commit the step in full (visible for ranks {ranks} only)", exc
+                raise transport_error(
+                    exc,
+                    f"commit the step in full (visible for ranks {ranks} only)",
+                    where=self.root,
                 ) from exc
             for _, final in self.sidecars:
                 final.unlink(missing_ok=True)
-            raise _os_error(self.root, "commit the step (nothing was made visible)", exc) from exc
+            raise transport_error(
+                exc, "commit the step (nothing was made visible)", where=self.root
+            ) from exc
 
     def discard(self) -> None:
         for tmp, _ in (*self.mains, *self.sidecars):
@@ -122,12 +126,12 @@ class FileSink(Sink):
         return f"FileSink({str(self.root)!r})"
 
     @classmethod
-    def from_url(cls, url: str, options: SinkOptions) -> FileSink:
+    def from_url(cls, url: URL, options: SinkOptions) -> FileSink:
         reject_unknown(url, options.storage_options, ())
         return cls(local_path(url), fsync=options.fsync, checksum=options.checksum)
 
     @classmethod
-    def open_source(cls, url: str, options: SourceOptions) -> FileSource:
+    def open_source(cls, url: URL, options: SourceOptions) -> FileSource:
         reject_unknown(url, options.storage_options, ())
         return FileSource(
             local_path(url),
@@ -144,7 +148,9 @@ class FileSink(Sink):
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             probe.unlink()
         except OSError as exc:
-            raise _os_error(self.root, "write to the destination directory", exc) from exc
+            raise transport_error(
+                exc, "write to the destination directory", where=self.root
+            ) from exc
         with os.scandir(self.root) as entries:
             step = start_step(str(self.root), [e.name for e in entries], on_existing)
         if on_existing != "error":
@@ -154,7 +160,7 @@ class FileSink(Sink):
             self._remove(STORED_RE)
         return step
 
-    def stage(self, step: int, frames: Sequence[Frame]) -> Pieces[Staged]:
+    def stage(self, step: int, frames: Sequence[Frame]) -> Sliced[Staged]:
         staged = _FileStaged(self.root, self.fsync)
         try:
             for rank in range(len(frames)):
@@ -191,28 +197,28 @@ class FileSink(Sink):
     def _write(
         self,
         final: Path,
-        pieces: Sequence[bytes | memoryview],
+        chunks: Sequence[bytes | memoryview],
         segments: Sequence[int],
         hashers: Sequence[Any],
         head: Callable[[], bytes] | None = None,
-    ) -> Pieces[Path]:
-        """Write ``pieces`` to a temporary file beside ``final``, hashing each piece of a
+    ) -> Sliced[Path]:
+        """Write ``chunks`` to a temporary file beside ``final``, hashing each chunk of a
         segment into ``hashers[segment]`` as it goes; then write ``head()`` at offset 0."""
         tmp = final.with_name(temp_name(final.name))
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as exc:
-            raise _os_error(tmp, "create a file", exc) from exc
+            raise transport_error(exc, "create a file", where=tmp) from exc
         try:
             written = 0
-            slicer = Slicer()
-            for batch in _batches(pieces, segments):
+            slicer = SliceTimer()
+            for batch in _batches(chunks, segments):
                 if hashers:
                     for view, seg in batch:
                         if seg >= 0:
                             hashers[seg].update(view)
                 written += _writev_all(fd, [view for view, _ in batch])
-                if written >= PIECE_BYTES or slicer.due():
+                if written >= SLICE_BYTES or slicer.due():
                     written = 0
                     yield
                     slicer.restart()
@@ -225,7 +231,7 @@ class FileSink(Sink):
         except OSError as exc:
             os.close(fd)
             tmp.unlink(missing_ok=True)
-            raise _os_error(tmp, "write", exc) from exc
+            raise transport_error(exc, "write", where=tmp) from exc
         except BaseException:
             os.close(fd)
             tmp.unlink(missing_ok=True)
@@ -302,7 +308,7 @@ class FileSource(Source):
                 return None
             raise CorruptFrameError(f"{path}: missing; the main file refers to it") from None
         except OSError as exc:
-            raise _os_error(path, "open", exc) from exc
+            raise transport_error(exc, "open", where=path) from exc
         try:
             size = os.fstat(fd).st_size
             if size == 0:
@@ -310,7 +316,7 @@ class FileSource(Source):
             # The mapping outlives fd; arrays keep it alive through their memoryviews.
             return memoryview(mmap.mmap(fd, size, access=self.access))
         except OSError as exc:
-            raise _os_error(path, "map", exc) from exc
+            raise transport_error(exc, "map", where=path) from exc
         finally:
             os.close(fd)
 
@@ -327,14 +333,14 @@ def _head(layout: Layout, hashers: Sequence[Any]) -> Callable[[], bytes]:
 
 
 def _batches(
-    pieces: Sequence[bytes | memoryview], segments: Sequence[int]
+    chunks: Sequence[bytes | memoryview], segments: Sequence[int]
 ) -> Iterator[list[tuple[memoryview, int]]]:
-    """Group pieces into writev batches of at most _CHUNK_BYTES and _IOV_MAX entries, so
+    """Group chunks into writev batches of at most _CHUNK_BYTES and _IOV_MAX entries, so
     thousands of small buffers cost a few system calls; each item is (view, segment)."""
     batch: list[tuple[memoryview, int]] = []
     size = 0
-    for piece, seg in zip(pieces, segments, strict=True):
-        view = memoryview(piece).cast("B") if not isinstance(piece, bytes) else memoryview(piece)
+    for chunk, seg in zip(chunks, segments, strict=True):
+        view = memoryview(chunk).cast("B") if not isinstance(chunk, bytes) else memoryview(chunk)
         for start in range(0, view.nbytes, _CHUNK_BYTES):
             chunk = view[start : start + _CHUNK_BYTES]
             batch.append((chunk, seg))

@@ -33,10 +33,17 @@ from typing import Any, TypeVar
 
 from anyio import CapacityLimiter
 
-from .._args import positive_int
+from .._args import check_int
 from .._once import Once
-from .._pieces import Pieces, Slicer
-from ..errors import ConfigError, CorruptFrameError, RlwireError, StepExistsError, TransportError
+from .._slicing import Sliced, SliceTimer
+from ..errors import (
+    ConfigError,
+    CorruptFrameError,
+    RlwireError,
+    StepExistsError,
+    TransportError,
+    transport_error,
+)
 from ..frame import Frame
 from ._base import (
     OnExisting,
@@ -47,8 +54,9 @@ from ._base import (
     Staged,
     reject_unknown,
 )
-from ._layout import Layout, checksum_pieces, parse_main, plan
+from ._layout import Layout, checksum_segments, parse_main, plan
 from ._names import MAIN_RE, STORED_RE, TEMP_RE, main_name, sidecar_name, start_step, temp_name
+from ._url import URL, parse_url
 
 __all__ = ["FsspecSink", "FsspecSource"]
 
@@ -63,7 +71,7 @@ _MIN_PART = 5 << 20
 _MAX_PARTS = 10_000
 #: Objects below this are put whole at commit: one request instead of three.
 SMALL_BYTES = 1 << 20
-#: Bytes copied (GIL held) between checks for the end of a piece of work.
+#: Bytes copied (GIL held) between checks for the end of a slice of work.
 _COPY_BYTES = 2 << 20
 #: Bytes per ranged GET when reading large objects, several at once.
 READ_BYTES = 8 << 20
@@ -85,14 +93,6 @@ _FSSPEC_OPTIONS = ("skip_instance_cache", "use_listings_cache", "listings_expiry
 # --------------------------------------------------------------------------- helpers
 
 
-def _transport_error(where: str, action: str, exc: BaseException) -> TransportError:
-    """A TransportError naming ``where`` and what failed, for any backend exception."""
-    detail = str(exc) or type(exc).__name__
-    if isinstance(exc, OSError) and exc.errno:
-        return TransportError(exc.errno, f"{where}: cannot {action}: {detail}")
-    return TransportError(f"{where}: cannot {action}: {type(exc).__name__}: {detail}")
-
-
 @contextlib.contextmanager
 def _errors(where: str, action: str) -> Iterator[None]:
     """Turn whatever a backend raises (botocore, aiohttp, OSError, ...) into a
@@ -102,19 +102,21 @@ def _errors(where: str, action: str) -> Iterator[None]:
     except RlwireError:
         raise
     except Exception as exc:
-        raise _transport_error(where, action, exc) from exc
+        raise transport_error(exc, action, where=where) from exc
 
 
-def _split_url(url: str) -> tuple[str, str]:
+def _split_url(given: str | URL) -> tuple[str, str]:
     """``(protocol, path)`` of an fsspec URL, checked without importing fsspec."""
-    if not isinstance(url, str) or "://" not in url:
-        raise ConfigError(f"{url!r}: not an fsspec URL (expected protocol://path)")
+    parsed = parse_url(given) if isinstance(given, str | URL) else None
+    if parsed is None or parsed.rest == parsed.text:
+        raise ConfigError(f"{given!r}: not an fsspec URL (expected protocol://path)")
+    url = parsed.text
     if "::" in url:
         raise ConfigError(
             f"{url!r}: chained fsspec URLs (a::b) are not supported; give the target URL "
             "and its storage_options"
         )
-    protocol, _, path = url.partition("://")
+    protocol, path = url.partition("://")[0], parsed.rest
     if not re.fullmatch(r"[a-z][a-z0-9+.\-]*", protocol):
         raise ConfigError(f"{url!r}: malformed URL protocol {protocol!r}")
     if protocol not in _LOCAL and not path.strip("/"):
@@ -197,7 +199,7 @@ def _connect(url: str, protocol: str, storage_options: Mapping[str, Any]) -> _Co
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError(f"{url!r}: {cls.__name__} rejects the storage options: {exc}") from exc
     except Exception as exc:
-        raise _transport_error(url, "create the filesystem", exc) from exc
+        raise transport_error(exc, "create the filesystem", where=url) from exc
     s3 = "s3" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
     conn = _Conn(fs, url, root, s3 and hasattr(fs, "_call_s3"))
     if conn.s3:
@@ -209,7 +211,7 @@ def _connect(url: str, protocol: str, storage_options: Mapping[str, Any]) -> _Co
         except FileNotFoundError as exc:
             raise TransportError(f"{url}: bucket {bucket!r} does not exist") from exc
         except Exception as exc:
-            raise _transport_error(url, f"reach bucket {bucket!r}", exc) from exc
+            raise transport_error(exc, f"reach bucket {bucket!r}", where=url) from exc
     return conn
 
 
@@ -303,7 +305,9 @@ class _S3Staged(Staged):
             self.discard()
             with contextlib.suppress(Exception):  # sidecars without a main are garbage
                 _on_loop(self.conn.loop, _delete(fs, [o for o in self.sidecars if o.finished]))
-            raise _transport_error(url, "commit the step (nothing was made visible)", failed[0])
+            raise transport_error(
+                failed[0], "commit the step (nothing was made visible)", where=url
+            )
         errs = _on_loop(self.conn.loop, _each(self.mains, lambda o: o.finish(fs)))
         ranks = [rank for rank, e in enumerate(errs) if e is None]
         failed = [e for e in errs if e is not None]
@@ -315,12 +319,12 @@ class _S3Staged(Staged):
         self.visible = bool(ranks) or self._any_main_exists()
         self.discard()
         if self.visible:
-            raise _transport_error(
-                url, f"commit the step in full (visible for ranks {ranks} only)", failed[0]
+            raise transport_error(
+                failed[0], f"commit the step in full (visible for ranks {ranks} only)", where=url
             )
         with contextlib.suppress(Exception):
             _on_loop(self.conn.loop, _delete(fs, self.sidecars))
-        raise _transport_error(url, "commit the step (nothing was made visible)", failed[0])
+        raise transport_error(failed[0], "commit the step (nothing was made visible)", where=url)
 
     def _any_main_exists(self) -> bool:
         async def exists(o: _S3Object) -> None:
@@ -391,13 +395,13 @@ class _Uploader:
         self._reap([f for f in self.inflight if f.done()])
         self.max_in_flight = max(self.max_in_flight, len(self.inflight))
 
-    def room(self) -> Pieces[None]:
+    def room(self) -> Sliced[None]:
         """Wait until another part may be submitted."""
         while len(self.inflight) >= self.window:
             self._wait()
             yield
 
-    def drain(self) -> Pieces[None]:
+    def drain(self) -> Sliced[None]:
         """Wait until every part is uploaded."""
         while self.inflight:
             self._wait()
@@ -447,11 +451,13 @@ class _TempStaged(Staged):
         except Exception as exc:
             self.discard()
             if ranks:
-                raise _transport_error(
-                    url, f"commit the step in full (visible for ranks {ranks} only)", exc
+                raise transport_error(
+                    exc, f"commit the step in full (visible for ranks {ranks} only)", where=url
                 ) from exc
             _remove(fs, moved)
-            raise _transport_error(url, "commit the step (nothing was made visible)", exc) from exc
+            raise transport_error(
+                exc, "commit the step (nothing was made visible)", where=url
+            ) from exc
         finally:
             fs.invalidate_cache(self.conn.root)
 
@@ -510,7 +516,7 @@ class FsspecSink(Sink):
 
     def __init__(
         self,
-        url: str,
+        url: str | URL,
         *,
         storage_options: Mapping[str, Any] | None = None,
         checksum: bool = True,
@@ -518,27 +524,24 @@ class FsspecSink(Sink):
         max_concurrency: int | None = None,
     ) -> None:
         protocol, path = _split_url(url)
-        if isinstance(part_bytes, bool) or not isinstance(part_bytes, int):
-            raise ConfigError(f"part_bytes must be an int, got {part_bytes!r}")
-        if part_bytes < _MIN_PART:
-            raise ConfigError(f"part_bytes must be at least {_MIN_PART} (S3's minimum part)")
+        check_int(part_bytes, "part_bytes (S3's minimum part is 5 MiB)", low=_MIN_PART)
         if max_concurrency is not None:
-            positive_int(max_concurrency, "max_concurrency")
+            check_int(max_concurrency, "max_concurrency", low=1)
         self.url = f"{protocol}://{path.rstrip('/')}"
         self.checksum = checksum
         self.part_bytes = part_bytes
         self.max_concurrency = max_concurrency
-        self._conn = _lazy_conn(url, protocol, storage_options)
+        self._conn = _lazy_conn(str(url), protocol, storage_options)
 
     def __repr__(self) -> str:
         return f"FsspecSink({self.url!r})"
 
     @classmethod
-    def from_url(cls, url: str, options: SinkOptions) -> FsspecSink:
+    def from_url(cls, url: URL, options: SinkOptions) -> FsspecSink:
         return cls(url, storage_options=options.storage_options, checksum=options.checksum)
 
     @classmethod
-    def open_source(cls, url: str, options: SourceOptions) -> FsspecSource:
+    def open_source(cls, url: URL, options: SourceOptions) -> FsspecSource:
         return FsspecSource(
             url,
             rank=options.rank,
@@ -579,7 +582,7 @@ class FsspecSink(Sink):
 
     # ------------------------------------------------------------------ stage
 
-    def stage(self, step: int, frames: Sequence[Frame]) -> Pieces[Staged]:
+    def stage(self, step: int, frames: Sequence[Frame]) -> Sliced[Staged]:
         conn = self._conn.get()
         with _errors(self.url, f"check whether step {step} exists"):
             existing = _existing(conn, [conn.path(main_name(step, r)) for r in range(len(frames))])
@@ -592,11 +595,11 @@ class FsspecSink(Sink):
             return (yield from self._stage_s3(conn, step, frames))
         return (yield from self._stage_temp(conn, step, frames))
 
-    def _layout(self, step: int, rank: int, frame: Frame) -> Pieces[Layout]:
-        sums = (yield from checksum_pieces(frame)) if self.checksum else None
+    def _layout(self, step: int, rank: int, frame: Frame) -> Sliced[Layout]:
+        sums = (yield from checksum_segments(frame)) if self.checksum else None
         return plan(frame, step, rank, sums)
 
-    def _stage_s3(self, conn: _Conn, step: int, frames: Sequence[Frame]) -> Pieces[Staged]:
+    def _stage_s3(self, conn: _Conn, step: int, frames: Sequence[Frame]) -> Sliced[Staged]:
         staged = _S3Staged(conn)
         uploader = _Uploader(conn, conn.concurrency(self.max_concurrency))
         try:
@@ -623,12 +626,12 @@ class FsspecSink(Sink):
         conn: _Conn,
         uploader: _Uploader,
         path: str,
-        pieces: Sequence[bytes | memoryview],
+        chunks: Sequence[bytes | memoryview],
         into: list[_S3Object],
-    ) -> Pieces[None]:
+    ) -> Sliced[None]:
         """Stage one object: held for a put at commit when small, else a multipart
         upload whose parts are copied out one at a time and uploaded concurrently."""
-        views = [memoryview(p).cast("B") for p in pieces]
+        views = [memoryview(p).cast("B") for p in chunks]
         size = sum(v.nbytes for v in views)
         bucket, key = conn.bucket_key(path)
         obj = _S3Object(bucket, key)
@@ -642,7 +645,7 @@ class FsspecSink(Sink):
         obj.upload_id = str(out["UploadId"])
         into.append(obj)  # from here on, discard() aborts it
         part = max(self.part_bytes, -(-size // _MAX_PARTS))
-        slicer = Slicer()
+        slicer = SliceTimer()
         buf: io.BytesIO | None = None
         filled = length = number = 0
         left = size
@@ -668,7 +671,7 @@ class FsspecSink(Sink):
 
     # ------------------------------------------------------------------ other filesystems
 
-    def _stage_temp(self, conn: _Conn, step: int, frames: Sequence[Frame]) -> Pieces[Staged]:
+    def _stage_temp(self, conn: _Conn, step: int, frames: Sequence[Frame]) -> Sliced[Staged]:
         staged = _TempStaged(conn)
         try:
             with _errors(self.url, f"write step {step}"):
@@ -686,16 +689,16 @@ class FsspecSink(Sink):
 
 
 def _write_temp(
-    conn: _Conn, final: str, pieces: Sequence[bytes | memoryview], into: list[tuple[str, str]]
-) -> Pieces[None]:
+    conn: _Conn, final: str, chunks: Sequence[bytes | memoryview], into: list[tuple[str, str]]
+) -> Sliced[None]:
     head, _, name = final.rpartition("/")
     tmp = f"{head}/{temp_name(name)}"
     into.append((tmp, final))  # from here on, discard() removes it
     f = conn.fs.open(tmp, "wb")
     try:
-        slicer = Slicer()
-        for piece in pieces:
-            view = memoryview(piece).cast("B")
+        slicer = SliceTimer()
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
             for start in range(0, view.nbytes, _WRITE_BYTES):
                 f.write(view[start : start + _WRITE_BYTES])
                 if slicer.due():
@@ -873,7 +876,7 @@ class FsspecSource(Source):
 
     def __init__(
         self,
-        url: str,
+        url: str | URL,
         *,
         rank: int = 0,
         writable: bool = False,
@@ -893,7 +896,7 @@ class FsspecSource(Source):
         )
         self._interval = poll_interval  # the wait after the latest miss
         self._next_interval = poll_interval
-        self._conn = _lazy_conn(url, protocol, storage_options)
+        self._conn = _lazy_conn(str(url), protocol, storage_options)
 
     def __repr__(self) -> str:
         return f"FsspecSource({self.url!r}, rank={self.rank})"

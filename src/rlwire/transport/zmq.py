@@ -38,7 +38,6 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
-from urllib.parse import urlsplit
 
 import anyio
 import anyio.lowlevel
@@ -47,17 +46,19 @@ import zmq
 import zmq.auth
 from anyio import CapacityLimiter
 
-from .._pieces import Pieces, Slicer
+from .._slicing import Sliced, SliceTimer
 from ..errors import (
     ConfigError,
     CorruptFrameError,
     StepGapError,
     TransportError,
     UnsupportedVersionError,
+    transport_error,
 )
 from ..frame import Frame
 from ._base import OnExisting, Sink, SinkOptions, Source, SourceOptions, Staged, reject_unknown
-from ._layout import CHECKSUM, checksum_pieces, verify_segments
+from ._layout import CHECKSUM, checksum_segments, verify_segments
+from ._url import URL
 
 __all__ = ["ZmqSink", "ZmqSource"]
 
@@ -105,9 +106,9 @@ _head_decoder = msgspec.msgpack.Decoder(_Head)
 _ready_decoder = msgspec.msgpack.Decoder(_Ready)
 
 
-def _endpoint(url: str) -> str:
+def _endpoint(parsed: URL) -> str:
     """``zmq+tcp://host:port`` -> ``tcp://host:port``; ``zmq+ipc:///p`` -> ``ipc:///p``."""
-    parts = urlsplit(url)
+    url, parts = parsed.text, parsed.parts
     transport = parts.scheme.removeprefix("zmq+")
     if transport == "tcp":
         try:
@@ -166,10 +167,6 @@ async def _wait_descriptor(sock: zmq.Socket[bytes], timeout: float | None) -> No
         await anyio.wait_readable(cast(int, sock.getsockopt(zmq.FD)))
 
 
-def _zmq_error(where: str, action: str, exc: zmq.ZMQError) -> TransportError:
-    return TransportError(exc.errno, f"{where}: cannot {action}: {exc}")
-
-
 @dataclass
 class _Message:
     rank: int
@@ -220,7 +217,8 @@ class ZmqSink(Sink):
             was being sent to; no receiver announced itself within ``ready_timeout``.
 
     Example:
-        >>> sink = ZmqSink.from_url("zmq+tcp://127.0.0.1:5599", SinkOptions())
+        >>> from rlwire.abc import SinkOptions, parse_url
+        >>> sink = ZmqSink.from_url(parse_url("zmq+tcp://127.0.0.1:5599"), SinkOptions())
         >>> sink.endpoint
         'tcp://127.0.0.1:5599'
     """
@@ -279,7 +277,7 @@ class ZmqSink(Sink):
         return f"zmq+{self.endpoint}"
 
     @classmethod
-    def from_url(cls, url: str, options: SinkOptions) -> ZmqSink:
+    def from_url(cls, url: URL, options: SinkOptions) -> ZmqSink:
         opts = options.storage_options
         reject_unknown(url, opts, cls._OPTIONS)
         secret = _key(opts, "curve_secret_key")
@@ -313,7 +311,7 @@ class ZmqSink(Sink):
         )
 
     @classmethod
-    def open_source(cls, url: str, options: SourceOptions) -> ZmqSource:
+    def open_source(cls, url: URL, options: SourceOptions) -> ZmqSource:
         opts = options.storage_options
         reject_unknown(url, opts, ZmqSource._OPTIONS)
         return ZmqSource(
@@ -345,13 +343,13 @@ class ZmqSink(Sink):
                 self._auth.stop()
                 self._auth = None
             context.term()
-            raise _zmq_error(self.endpoint, "bind", exc) from exc
+            raise transport_error(exc, "bind", where=self.endpoint) from exc
         # The address actually bound: zmq+tcp://host:0 picks a free port.
         self.endpoint = cast(bytes, sock.getsockopt(zmq.LAST_ENDPOINT)).decode()
         self._context, self._socket = context, sock
         return 0
 
-    def stage(self, step: int, frames: Sequence[Frame]) -> Pieces[Staged]:
+    def stage(self, step: int, frames: Sequence[Frame]) -> Sliced[Staged]:
         if self.pattern == "shared" and len(frames) > 1:
             raise ConfigError(
                 f"{self.endpoint}: the 'shared' pattern sends one object per step; "
@@ -359,7 +357,7 @@ class ZmqSink(Sink):
             )
         messages = []
         for rank, frame in enumerate(frames):
-            sums = (yield from checksum_pieces(frame)) if self.checksum else b""
+            sums = (yield from checksum_segments(frame)) if self.checksum else b""
             head = _Head(
                 session=self._session,
                 seq=0,  # set per receiver at delivery
@@ -391,7 +389,7 @@ class ZmqSink(Sink):
             with anyio.CancelScope(shield=True):
                 staged.visible = self._delivered = True
                 self._seq[peer] += 1
-                slicer = Slicer()
+                slicer = SliceTimer()
                 last = len(message.parts) - 1
                 try:
                     sock.send(first, zmq.SNDMORE | zmq.NOBLOCK)
@@ -404,7 +402,9 @@ class ZmqSink(Sink):
                             await anyio.lowlevel.checkpoint()
                             slicer.restart()
                 except zmq.ZMQError as exc:
-                    raise _zmq_error(self.endpoint, f"send rank {message.rank}", exc) from exc
+                    raise transport_error(
+                        exc, f"send rank {message.rank}", where=self.endpoint
+                    ) from exc
         # The caller's arrays are referenced, not copied: return only once ZeroMQ has
         # let go of them, so they may be reused.
         delay = 0.0005
@@ -444,13 +444,13 @@ class ZmqSink(Sink):
                     continue  # this receiver's queue is full: backpressure
                 except zmq.ZMQError as exc:
                     if exc.errno != zmq.EHOSTUNREACH:
-                        raise _zmq_error(self.endpoint, "send", exc) from exc
+                        raise transport_error(exc, "send", where=self.endpoint) from exc
                     self._forget(peer)
                     if self.pattern == "ranks":
                         raise TransportError(
-                            exc.errno,
-                            f"{self.endpoint}: the receiver of rank {rank} disconnected; "
-                            "it will get a StepGapError for this step when it reconnects",
+                            f"the receiver of rank {rank} disconnected; it will get a "
+                            "StepGapError for this step when it reconnects",
+                            where=self.endpoint,
                         ) from exc
                     continue
                 return peer
@@ -651,7 +651,7 @@ class ZmqSource(Source):
         except zmq.ZMQError as exc:
             sock.close()
             self._context.term()
-            raise _zmq_error(endpoint, "connect", exc) from exc
+            raise transport_error(exc, "connect", where=endpoint) from exc
         self._socket: zmq.Socket[bytes] | None = sock
         self._session: bytes | None = None
         self._next_seq = 0
@@ -663,7 +663,7 @@ class ZmqSource(Source):
             self._announce()
         except zmq.ZMQError as exc:
             self.close()
-            raise _zmq_error(endpoint, "announce itself", exc) from exc
+            raise transport_error(exc, "announce itself", where=endpoint) from exc
 
     def __repr__(self) -> str:
         return f"ZmqSource({self.endpoint!r}, rank={self.rank})"
@@ -704,7 +704,7 @@ class ZmqSource(Source):
                         self._announce()
                     return None
                 except zmq.ZMQError as exc:
-                    raise _zmq_error(self.endpoint, "receive", exc) from exc
+                    raise transport_error(exc, "receive", where=self.endpoint) from exc
                 self._heard = time.monotonic()
                 if len(parts) == 1 and parts[0].bytes == _PING:
                     continue

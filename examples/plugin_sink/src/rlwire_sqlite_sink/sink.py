@@ -34,23 +34,23 @@ import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 from rlwire import ConfigError, CorruptFrameError, Frame, StepExistsError, TransportError
-from rlwire.transport import (
+from rlwire.abc import (
+    URL,
     OnExisting,
-    Pieces,
     Sink,
     SinkOptions,
-    Slicer,
+    Sliced,
+    SliceTimer,
     Source,
     SourceOptions,
     Staged,
-    checksum_pieces,
-    parse_main,
-    plan,
+    parse_url,
     reject_unknown,
 )
+from rlwire.transport.layout import checksum_segments, parse_main, plan
 
 __all__ = ["DEFAULT_TABLE", "DEFAULT_TIMEOUT", "SqliteSink", "SqliteSource", "sqlite_url"]
 
@@ -82,7 +82,7 @@ def sqlite_url(path: str | Path) -> str:
     return "sqlite" + Path(path).absolute().as_uri().removeprefix("file")
 
 
-def database_path(url: str) -> Path:
+def database_path(url: str | URL) -> Path:
     """The database file a ``sqlite:///path/to/run.db`` URL names.
 
     The URL follows ``file://`` URLs: three slashes and an absolute path. ``localhost``
@@ -91,23 +91,24 @@ def database_path(url: str) -> Path:
     Raises:
         ConfigError: the URL names another host, carries a query or names no file.
     """
-    parts = urlsplit(url)
+    url = parse_url(url)  # rlwire hands from_url a parsed URL; accept a string too
+    parts = url.parts
     if parts.scheme != "sqlite":
-        raise ConfigError(f"{url!r}: not a sqlite:// URL")
+        raise ConfigError(f"{url.text!r}: not a sqlite:// URL")
     if parts.netloc not in ("", "localhost"):
         raise ConfigError(
-            f"{url!r}: sqlite URLs name a local file, sqlite:///path/to/run.db, "
+            f"{url.text!r}: sqlite URLs name a local file, sqlite:///path/to/run.db, "
             f"not host {parts.netloc!r}"
         )
     if parts.query or parts.fragment:
-        raise ConfigError(f"{url!r}: pass options as storage_options, not in the URL")
+        raise ConfigError(f"{url.text!r}: pass options as storage_options, not in the URL")
     path = unquote(parts.path)
     if not path or path.endswith("/"):
-        raise ConfigError(f"{url!r}: names no database file (sqlite:///path/to/run.db)")
+        raise ConfigError(f"{url.text!r}: names no database file (sqlite:///path/to/run.db)")
     return Path(path)
 
 
-def _parse_options(url: str, options: Mapping[str, Any]) -> tuple[str, float]:
+def _parse_options(url: URL, options: Mapping[str, Any]) -> tuple[str, float]:
     """``(table, timeout)`` from the storage options, checked."""
     reject_unknown(url, options, OPTIONS)
     table = options.get("table", DEFAULT_TABLE)
@@ -142,9 +143,9 @@ def _transport_errors(path: Path, action: str) -> Iterator[None]:
         raise TransportError(f"{path}: cannot {action}: {exc}") from exc
 
 
-def _byte_view(piece: bytes | memoryview) -> memoryview:
-    """A flat byte view of a layout piece, so it can be cut into chunks by byte offset."""
-    view = memoryview(piece)
+def _byte_view(chunk: bytes | memoryview) -> memoryview:
+    """A flat byte view of a layout chunk, so it can be cut into chunks by byte offset."""
+    view = memoryview(chunk)
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
@@ -216,7 +217,7 @@ class SqliteSink(Sink):
         return f"SqliteSink({str(self.path)!r}, table={self.table!r})"
 
     @classmethod
-    def from_url(cls, url: str, options: SinkOptions) -> SqliteSink:
+    def from_url(cls, url: URL, options: SinkOptions) -> SqliteSink:
         # Only parse and check here: open_sender calls this synchronously, so the
         # database is first touched by open(), which rlwire runs in a worker thread.
         table, timeout = _parse_options(url, options.storage_options)
@@ -229,7 +230,7 @@ class SqliteSink(Sink):
         )
 
     @classmethod
-    def open_source(cls, url: str, options: SourceOptions) -> SqliteSource:
+    def open_source(cls, url: URL, options: SourceOptions) -> SqliteSource:
         table, timeout = _parse_options(url, options.storage_options)
         return SqliteSource(
             database_path(url),
@@ -251,7 +252,7 @@ class SqliteSink(Sink):
                     # None: no implicit transactions; this sink says BEGIN and COMMIT
                     # itself, so the transaction is exactly one step.
                     isolation_level=None,
-                    # rlwire runs each piece of work in whichever worker thread is
+                    # rlwire runs each slice of work in whichever worker thread is
                     # free; it never runs two at once on one sink.
                     check_same_thread=False,
                 )
@@ -292,7 +293,7 @@ class SqliteSink(Sink):
             "on_existing='resume' to continue after them"
         )
 
-    def stage(self, step: int, frames: Sequence[Frame]) -> Pieces[Staged]:
+    def stage(self, step: int, frames: Sequence[Frame]) -> Sliced[Staged]:
         conn = self._connect()
         with _transport_errors(self.path, f"start a transaction for step {step}"):
             # IMMEDIATE takes the write lock now, before any work: a second writer on
@@ -307,9 +308,9 @@ class SqliteSink(Sink):
             ).fetchone():
                 raise StepExistsError(f"{self.path} table {self.table}: step {step} already exists")
             for rank, frame in enumerate(frames):
-                # Checksums first, in pieces (each piece hashes at most 64 MiB with the
+                # Checksums first, in slices (each slice hashes at most 64 MiB with the
                 # GIL released), then the layout that records them.
-                sums = (yield from checksum_pieces(frame)) if self.checksum else None
+                sums = (yield from checksum_segments(frame)) if self.checksum else None
                 layout = plan(frame, step, rank, sums)
                 yield from self._insert(conn, step, rank, layout.main, layout.sidecar)
         except BaseException as exc:
@@ -328,10 +329,10 @@ class SqliteSink(Sink):
         rank: int,
         main: Sequence[bytes | memoryview],
         sidecar: Sequence[bytes | memoryview],
-    ) -> Pieces[None]:
+    ) -> Sliced[None]:
         """Insert the row of one rank: reserve BLOBs of the right size with ``zeroblob``,
-        then stream the layout's pieces into them. Streaming through the incremental
-        BLOB API means no piece is ever joined into one large ``bytes`` object."""
+        then stream the layout's chunks into them. Streaming through the incremental
+        BLOB API means no chunk is ever joined into one large ``bytes`` object."""
         main_size = sum(memoryview(p).nbytes for p in main)
         side_size = sum(memoryview(p).nbytes for p in sidecar) if sidecar else None
         limit = conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
@@ -357,14 +358,14 @@ class SqliteSink(Sink):
         conn: sqlite3.Connection,
         rowid: int,
         column: str,
-        pieces: Sequence[bytes | memoryview],
-    ) -> Pieces[None]:
+        chunks: Sequence[bytes | memoryview],
+    ) -> Sliced[None]:
         # The order of main and sidecar does not matter: the transaction makes them
         # visible together, which is stronger than the sidecar-first rule files need.
-        slicer = Slicer()
+        slicer = SliceTimer()
         with conn.blobopen(self.table, column, rowid) as blob:
-            for piece in pieces:
-                view = _byte_view(piece)
+            for chunk in chunks:
+                view = _byte_view(chunk)
                 for start in range(0, view.nbytes, CHUNK_BYTES):
                     blob.write(view[start : start + CHUNK_BYTES])
                     if slicer.due():

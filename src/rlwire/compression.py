@@ -4,8 +4,11 @@ A frame's *segments* are its header (segment 0) and its buffers (segment ``i + 1
 buffer ``i``). Each segment of at least ``min_size`` bytes is compressed on its own and
 kept compressed only when that saves at least 10 %; large segments are first tried on a
 64 KiB sample, so float arrays that barely compress cost almost nothing. Both libraries
-release the GIL, so segments compress and decompress in parallel worker threads
-(:func:`acompress`, :func:`adecompress`) without stalling the event loop.
+release the GIL, so segments compress and decompress in parallel threads of one shared
+pool, in groups of a few MiB. Both directions take the same path: a sliced generator
+(:func:`compress_sliced`, :func:`decompress_sliced`) that hands the groups to the pool
+and yields as each one finishes, so the sender drives it from worker threads under its
+limiter and stays cancellable, and the receiver drives it in its own thread.
 
 Decompression is bounded: the declared sizes are checked against a limit before any
 memory is allocated, and every segment must expand to exactly its declared size.
@@ -16,25 +19,26 @@ Compression ids, as recorded in the wire format (docs/format.md): ``0`` stored a
 
 from __future__ import annotations
 
+import concurrent.futures
+import itertools
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
-from anyio import CapacityLimiter
-
-from .._aio import map_threads
-from ..errors import ConfigError, CorruptFrameError, FrameTooLargeError
-from ..frame import Frame, as_byte_view
+from ._args import check_int
+from ._slicing import Sliced, run_sliced
+from .errors import ConfigError, CorruptFrameError, FrameTooLargeError
+from .frame import Frame, as_byte_view
 
 __all__ = [
     "COMPRESSION_IDS",
     "DEFAULT_MAX_DECOMPRESSED",
     "Compressor",
-    "acompress",
-    "adecompress",
     "compress",
+    "compress_sliced",
     "decompress",
+    "decompress_sliced",
 ]
 
 NONE, LZ4, ZSTD = 0, 1, 2
@@ -50,10 +54,12 @@ _SAMPLE = 64 << 10
 _KEEP_RATIO = 0.9  # keep a compressed segment only when it is at most 90 % of the original
 _LZ4_MAX_INPUT = 0x7E000000  # LZ4_MAX_INPUT_SIZE: larger segments are stored as they are
 _LEVELS = {LZ4: (0, 12, 0), ZSTD: (1, 22, 3)}  # (min, max, default)
-_GROUP_BYTES = 4 << 20  # decompressed bytes per parallel task, at least
+_GROUP_BYTES = 4 << 20  # uncompressed bytes per parallel task, at least
+_POOL_THREADS = 64
 
 Segment: TypeAlias = "bytes | memoryview"
-Map: TypeAlias = Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]]
+J = TypeVar("J")
+R = TypeVar("R")
 
 
 def _import(cid: int) -> Any:
@@ -118,12 +124,8 @@ class Compressor:
             raise ConfigError(f"unknown compression {self.algorithm!r}; known: lz4, zstd (or None)")
         low, high, default = _LEVELS[cid]
         level = default if self.level is None else self.level
-        if isinstance(level, bool) or not isinstance(level, int) or not low <= level <= high:
-            raise ConfigError(
-                f"{self.algorithm} level must be an int from {low} to {high}, got {self.level!r}"
-            )
-        if isinstance(self.min_size, bool) or not isinstance(self.min_size, int):
-            raise ConfigError(f"min_size must be an int, got {self.min_size!r}")
+        check_int(level, f"{self.algorithm} level", low=low, high=high)
+        check_int(self.min_size, "min_size")
         object.__setattr__(self, "level", level)
         _import(cid)
 
@@ -176,6 +178,71 @@ def _segments(frame: Frame) -> list[Segment]:
     return [frame.header, *frame.buffers]
 
 
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _shared_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """One pool for every sender and receiver. Each call bounds its own work (``threads``,
+    which the sender and receiver size by their limiter and the cores); the pool starts
+    threads only as that work needs them."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                _POOL_THREADS, thread_name_prefix="rlwire-compression"
+            )
+        return _pool
+
+
+def _in_groups(
+    func: Callable[[J], R], jobs: Sequence[J], sizes: Sequence[int], threads: int
+) -> Sliced[list[R]]:
+    """``[func(job) for job in jobs]``, jobs taken in groups of at least _GROUP_BYTES,
+    up to ``threads`` groups at once in the shared pool; yields as each group finishes.
+
+    One task per group rather than per job: thousands of small segments would otherwise
+    cost thousands of futures, each a few microseconds of GIL-holding Python. Closing
+    the generator cancels the groups not started yet.
+    """
+    groups: list[list[int]] = [[]]
+    size = 0
+    for i, n in enumerate(sizes):
+        if size >= _GROUP_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += n
+
+    def run(group: list[int]) -> list[R]:
+        return [func(jobs[i]) for i in group]
+
+    results: list[R] = [None] * len(jobs)  # type: ignore[list-item]
+    if threads <= 1 or len(groups) == 1:
+        for group in groups:
+            for i, out in zip(group, run(group), strict=True):
+                results[i] = out
+            yield
+        return results
+    pool = _shared_pool()
+    waiting = iter(groups)
+    running: dict[concurrent.futures.Future[list[R]], list[int]] = {}
+    try:
+        while True:
+            for group in itertools.islice(waiting, threads - len(running)):
+                running[pool.submit(run, group)] = group
+            if not running:
+                return results
+            done, _ = concurrent.futures.wait(running, return_when="FIRST_COMPLETED")
+            for future in done:
+                for i, out in zip(running.pop(future), future.result(), strict=True):
+                    results[i] = out
+            yield
+    finally:
+        for future in running:
+            future.cancel()
+
+
 def _with_segments(frame: Frame, results: Sequence[tuple[int, Segment]]) -> Frame:
     ids = tuple(cid for cid, _ in results)
     if not any(ids):
@@ -193,8 +260,23 @@ def _with_segments(frame: Frame, results: Sequence[tuple[int, Segment]]) -> Fram
     )
 
 
-def compress(frame: Frame, compressor: Compressor, *, map: Map = map) -> Frame:
-    """Compress the segments of ``frame`` that pay off (``map`` may run them in parallel).
+def compress_sliced(frame: Frame, compressor: Compressor, *, threads: int = 1) -> Sliced[Frame]:
+    """:func:`compress` as a sliced generator: the segments large enough to try are
+    compressed in up to ``threads`` threads of a shared pool, and the generator yields
+    as each group of them finishes."""
+    segs = _segments(frame)
+    big = [i for i, s in enumerate(segs) if len(s) >= compressor.min_size]
+    results: list[tuple[int, Segment]] = [(NONE, s) for s in segs]
+    outs = yield from _in_groups(
+        compressor.segment, [segs[i] for i in big], [len(segs[i]) for i in big], threads
+    )
+    for i, result in zip(big, outs, strict=True):
+        results[i] = result
+    return _with_segments(frame, results)
+
+
+def compress(frame: Frame, compressor: Compressor, *, threads: int = 1) -> Frame:
+    """Compress the segments of ``frame`` that pay off, in up to ``threads`` threads.
 
     Example:
         >>> frame = Frame(b"h", (memoryview(bytes(1 << 20)),))
@@ -204,19 +286,7 @@ def compress(frame: Frame, compressor: Compressor, *, map: Map = map) -> Frame:
         >>> decompress(small).buffers[0] == frame.buffers[0]
         True
     """
-    return _with_segments(frame, list(map(compressor.segment, _segments(frame))))
-
-
-async def acompress(frame: Frame, compressor: Compressor, limiter: CapacityLimiter) -> Frame:
-    """:func:`compress` with large segments compressed in parallel worker threads."""
-    segs = _segments(frame)
-    big = [i for i, s in enumerate(segs) if len(s) >= compressor.min_size]
-    results: list[tuple[int, Segment]] = [(NONE, s) for s in segs]
-    for i, result in zip(
-        big, await map_threads(compressor.segment, [segs[i] for i in big], limiter), strict=True
-    ):
-        results[i] = result
-    return _with_segments(frame, results)
+    return run_sliced(compress_sliced(frame, compressor, threads=threads))
 
 
 def _check_sizes(frame: Frame, max_bytes: int) -> list[tuple[int, int, Segment, int]]:
@@ -229,8 +299,9 @@ def _check_sizes(frame: Frame, max_bytes: int) -> list[tuple[int, int, Segment, 
             continue
         if cid not in _EXTRAS:
             raise CorruptFrameError(
-                f"segment {i}: unknown compression id {cid}; this reader knows "
-                + ", ".join(f"{v} {k}" for k, v in COMPRESSION_IDS.items())
+                f"unknown compression id {cid}; this reader knows "
+                + ", ".join(f"{v} {k}" for k, v in COMPRESSION_IDS.items()),
+                segment=i,
             )
         total += raw
         if total > max_bytes:
@@ -253,65 +324,46 @@ def _expand(job: tuple[int, int, Segment, int]) -> bytes:
             declared = lib.frame_content_size(data)
             if declared != raw:
                 raise CorruptFrameError(
-                    f"segment {i}: zstd frame declares {declared} bytes, the frame {raw}"
+                    f"zstd frame declares {declared} bytes, the frame {raw}", segment=i
                 )
             out = _zstd_decompressor().decompress(data, max_output_size=raw)
     except (CorruptFrameError, MemoryError):
         raise
     except Exception as exc:  # the libraries raise their own error types for bad input
-        raise CorruptFrameError(f"segment {i}: {_NAMES[cid]} data is corrupt: {exc}") from None
+        raise CorruptFrameError(f"{_NAMES[cid]} data is corrupt: {exc}", segment=i) from None
     if len(out) != raw:
         raise CorruptFrameError(
-            f"segment {i}: {_NAMES[cid]} data expands to {len(out)} bytes, "
-            f"its declared size is {raw}"
+            f"{_NAMES[cid]} data expands to {len(out)} bytes, its declared size is {raw}",
+            segment=i,
         )
     return out
 
 
-def _rebuild(
-    frame: Frame, jobs: Sequence[tuple[int, int, Segment, int]], outs: Iterable[bytes]
-) -> Frame:
+def decompress_sliced(
+    frame: Frame, *, max_bytes: int = DEFAULT_MAX_DECOMPRESSED, threads: int = 1
+) -> Sliced[Frame]:
+    """:func:`decompress` as a sliced generator, in up to ``threads`` threads of the
+    shared pool; its errors are those of :func:`decompress`, raised before anything
+    is allocated when the declared sizes are too large."""
+    if not frame.compression:
+        return frame
+    jobs = _check_sizes(frame, max_bytes)
+    outs = yield from _in_groups(_expand, jobs, [job[3] for job in jobs], threads)
     segs = _segments(frame)
     for (i, *_), out in zip(jobs, outs, strict=True):
         segs[i] = memoryview(out)
     return Frame(segs[0], tuple(as_byte_view(s) for s in segs[1:]), frame.sidecar, frame.codec)
 
 
-def decompress(frame: Frame, *, max_bytes: int = DEFAULT_MAX_DECOMPRESSED, map: Map = map) -> Frame:
-    """Undo :func:`compress`; ``map`` may run the segments in parallel.
+def decompress(
+    frame: Frame, *, max_bytes: int = DEFAULT_MAX_DECOMPRESSED, threads: int = 1
+) -> Frame:
+    """Undo :func:`compress`, in up to ``threads`` threads.
 
     Raises:
         FrameTooLargeError: the compressed segments declare more than ``max_bytes``.
         CorruptFrameError: an unknown compression id, or data that does not decompress
-            to exactly its declared size.
+            to exactly its declared size; :attr:`~rlwire.RlwireError.segment` says which.
         ConfigError: the frame uses an algorithm whose library is not installed.
     """
-    if not frame.compression:
-        return frame
-    jobs = _check_sizes(frame, max_bytes)
-    # One task per group of segments of a few MiB: thousands of small segments would
-    # otherwise cost thousands of futures, each a few microseconds of GIL-holding Python.
-    groups: list[list[tuple[int, int, Segment, int]]] = [[]]
-    size = 0
-    for job in jobs:
-        if size >= _GROUP_BYTES:
-            groups.append([])
-            size = 0
-        groups[-1].append(job)
-        size += job[3]
-    outs = [out for group in map(_expand_all, groups) for out in group]
-    return _rebuild(frame, jobs, outs)
-
-
-def _expand_all(jobs: Sequence[tuple[int, int, Segment, int]]) -> list[bytes]:
-    return [_expand(job) for job in jobs]
-
-
-async def adecompress(
-    frame: Frame, limiter: CapacityLimiter, *, max_bytes: int = DEFAULT_MAX_DECOMPRESSED
-) -> Frame:
-    """:func:`decompress` with the segments decompressed in parallel worker threads."""
-    if not frame.compression:
-        return frame
-    jobs = _check_sizes(frame, max_bytes)
-    return _rebuild(frame, jobs, await map_threads(_expand, jobs, limiter))
+    return run_sliced(decompress_sliced(frame, max_bytes=max_bytes, threads=threads))

@@ -1,0 +1,58 @@
+"""Work cut into slices: the shape every CPU- or I/O-heavy step of rlwire takes.
+
+A *sliced generator* does its work between ``yield`` statements and returns its result.
+Each resumption is short (about a millisecond of GIL-holding Python, or one bounded
+system call that releases the GIL), so a driver can run every slice in a worker thread
+and the event loop gets the GIL back between slices. The same generator runs
+synchronously with :func:`run_sliced`; :mod:`rlwire._aio` drives it from async code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from typing import TypeVar
+
+__all__ = ["SliceTimer", "Sliced", "run_sliced"]
+
+T = TypeVar("T")
+
+#: A generator that yields between slices of work and returns a result.
+Sliced = Generator[None, None, T]
+
+#: Default length of one slice of GIL-holding Python work, in seconds.
+SLICE_SECONDS = 0.0003
+
+
+class SliceTimer:
+    """Tells a sliced generator when its current slice has run long enough.
+
+    Example:
+        >>> s = SliceTimer(0.001)
+        >>> s.due()  # just started
+        False
+    """
+
+    __slots__ = ("_deadline", "_seconds")
+
+    def __init__(self, seconds: float = SLICE_SECONDS) -> None:
+        self._seconds = seconds
+        self._deadline = time.perf_counter() + seconds
+
+    def due(self) -> bool:
+        """True when the current slice is over: yield, then call :meth:`restart`."""
+        return time.perf_counter() >= self._deadline
+
+    def restart(self) -> None:
+        """Start a new slice now (call after resuming from a yield)."""
+        self._deadline = time.perf_counter() + self._seconds
+
+
+def run_sliced(slices: Sliced[T]) -> T:
+    """Run every slice of ``slices`` in the calling thread and return its result."""
+    while True:
+        try:
+            next(slices)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result

@@ -1,0 +1,63 @@
+"""URL: a destination as the registry parsed it, once, for the sink that serves it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from urllib.parse import SplitResult, urlsplit
+
+from ..errors import ConfigError
+
+__all__ = ["URL", "parse_url"]
+
+
+@dataclass(frozen=True)
+class URL:
+    """A URL or plain path given to ``open_sender`` / ``open_receiver``, parsed.
+
+    Attributes:
+        text: as the user gave it (a path-like object turned into its string).
+        scheme: the scheme that chose the sink; ``"file"`` for a plain path.
+        rest: what follows ``scheme://``, untouched (query and fragment included); the
+            whole text for a plain path.
+        parts: :func:`urllib.parse.urlsplit` of :attr:`text`, for ``hostname``,
+            ``port``, ``netloc`` and ``path``.
+
+    Example:
+        >>> url = parse_url("zmq+tcp://127.0.0.1:5555")
+        >>> url.scheme, url.rest, url.parts.port
+        ('zmq+tcp', '127.0.0.1:5555', 5555)
+        >>> parse_url("runs/r1").scheme
+        'file'
+    """
+
+    text: str
+    scheme: str
+    rest: str
+    parts: SplitResult = field(repr=False, compare=False)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_url(url: str | os.PathLike[str] | URL) -> URL:
+    """Parse ``url`` (a URL string, a plain path or a path-like object).
+
+    Raises:
+        ConfigError: ``url`` is neither a string nor a path-like object.
+    """
+    if isinstance(url, URL):
+        return url
+    if not isinstance(url, str):
+        try:
+            text = os.fspath(url)
+        except TypeError:
+            raise ConfigError(f"expected a path or URL string, got {type(url).__name__}") from None
+        if not isinstance(text, str):
+            raise ConfigError(f"expected a str path, got {type(text).__name__}")
+        url = text
+    parts = urlsplit(url)
+    # Only "scheme://" names a scheme: "run:1" or "C:\\x" are plain paths.
+    if "://" not in url or not parts.scheme:
+        return URL(url, "file", url, parts)
+    return URL(url, parts.scheme, url.partition("://")[2], parts)

@@ -1,0 +1,63 @@
+"""The storage layout every built-in store shares, for authors of sinks that store one
+message per step and rank as files or objects (docs/format.md specifies the bytes).
+
+**Names.** Step ``7`` of rank ``0`` is stored as :func:`main_name` ``(7, 0)``,
+``step-00000007.rank-0000.rlw``, and its sidecar, if any, as :func:`sidecar_name`. A part
+being written goes under :func:`temp_name`, beside its final name, and is renamed or
+moved into place: sidecars first, the main part last, because the main part's appearance
+is what tells readers the message is there. :data:`MAIN_RE`, :data:`STORED_RE` and
+:data:`TEMP_RE` recognise them when listing a destination, and :func:`start_step` says
+where a sender starts given what is listed and its ``on_existing``.
+
+**Bytes.** :func:`checksum_segments` hashes a frame's segments (a sliced generator);
+:func:`plan` lays the frame out as the byte chunks of a main and a sidecar part, each
+buffer aligned to :data:`ALIGN` bytes; write them in order. :func:`parse_main` turns the
+bytes of a main part (and its sidecar) back into a :class:`~rlwire.Frame` of views, and
+:func:`verify_segments` checks them against the recorded checksums.
+
+Example:
+    >>> from rlwire import Frame
+    >>> from rlwire.abc import run_sliced
+    >>> frame = Frame(b"header", (memoryview(b"payload"),))
+    >>> layout = plan(frame, 7, 0, run_sliced(checksum_segments(frame)))
+    >>> main = b"".join(layout.main)
+    >>> def no_sidecar() -> memoryview:
+    ...     raise AssertionError("this message has none")
+    >>> back = parse_main(
+    ...     memoryview(main), step=7, rank=0, load_sidecar=no_sidecar, where=main_name(7, 0)
+    ... )
+    >>> bytes(back.buffers[0])
+    b'payload'
+"""
+
+from ._layout import (
+    ALIGN,
+    CHECKSUM,
+    FORMAT_VERSION,
+    Layout,
+    checksum_segments,
+    parse_main,
+    placeholder_checksums,
+    plan,
+    verify_segments,
+)
+from ._names import MAIN_RE, STORED_RE, TEMP_RE, main_name, sidecar_name, start_step, temp_name
+
+__all__ = [
+    "ALIGN",
+    "CHECKSUM",
+    "FORMAT_VERSION",
+    "MAIN_RE",
+    "STORED_RE",
+    "TEMP_RE",
+    "Layout",
+    "checksum_segments",
+    "main_name",
+    "parse_main",
+    "placeholder_checksums",
+    "plan",
+    "sidecar_name",
+    "start_step",
+    "temp_name",
+    "verify_segments",
+]

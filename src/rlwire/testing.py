@@ -5,7 +5,7 @@ plugin, give it a ``sink_url`` fixture that returns a fresh URL for each test, a
 runs the whole contract against your sink: round trips through the public
 :func:`~rlwire.open_sender` / :func:`~rlwire.open_receiver`, per-rank payloads, the
 sidecar, receivers that start late, timeouts, cancelled sends and closing. rlwire runs
-the same class against each of its own sinks (``tests/test_contract.py``)::
+the same class against each of its own sinks (``tests/transport/test_contract.py``)::
 
     import pytest
     from rlwire.testing import SinkContract

@@ -39,7 +39,7 @@ from rlwire.abc import SinkOptions, parse_url
 from rlwire.codecs import MsgpackCodec
 from rlwire.transport.zmq import ZmqSink
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # helpers.py lives there
 #: For what should happen: far longer than it takes, even on a busy machine.
 LONG = 60.0
 #: For what should not happen.

@@ -24,7 +24,7 @@ from rlwire.codecs import make_codec
 from rlwire.transport import available_schemes, get_sink_class
 from rlwire.transport._registry import _entry_points
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plugin_sink"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plugin_sink"
 BUILTIN_SCHEMES = {"file", "memory", "s3", "gs", "gcs", "zmq+tcp", "zmq+ipc"}
 
 

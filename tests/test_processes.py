@@ -13,20 +13,20 @@ import pytest
 from helpers import assert_batches_equal
 
 import rlwire
-from rlwire.cli import make_batch
 from rlwire.compression import Compressor
+from rlwire.testing import make_batch
 
 ROOT = Path(__file__).resolve().parents[1]
-SIZES = {"samples": 3, "tokens": 300, "layers": 6, "topk": 4}
+SIZES = {"count": 3, "n": 300, "layers": 6, "topk": 4}
 
 RECEIVER = textwrap.dedent("""
     import sys, rlwire
-    from rlwire.cli import make_batch
+    from rlwire.testing import make_batch
     path, rank, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     with rlwire.open_receiver(path, rank=rank, poll_interval=0.005) as receiver:
         for step in range(steps):
             batch = receiver.receive(timeout=60)
-            want = make_batch(step, samples=3, tokens=300, layers=6, topk=4, seed=rank)
+            want = make_batch(3, 300, seed=100 * step + rank, layers=6, topk=4)
             for a, b in zip(batch.samples, want.samples, strict=True):
                 assert a.routed_experts.tobytes() == b.routed_experts.tobytes()
                 assert a.token_ids.tobytes() == b.token_ids.tobytes()
@@ -36,12 +36,12 @@ RECEIVER = textwrap.dedent("""
 
 SENDER = textwrap.dedent("""
     import sys, anyio, rlwire
-    from rlwire.cli import make_batch
+    from rlwire.testing import make_batch
     path, steps = sys.argv[1], int(sys.argv[2])
     async def main():
         async with rlwire.open_sender(path, sidecar=("routed_experts",)) as sender:
             for step in range(steps):
-                await sender.send(make_batch(step, samples=3, tokens=300, layers=6, topk=4))
+                await sender.send(make_batch(3, 300, seed=100 * step, layers=6, topk=4))
                 await anyio.sleep(0.01)
     anyio.run(main, backend=sys.argv[3])
 """)
@@ -66,7 +66,9 @@ async def test_receivers_in_other_processes(tmp_path: Path, compression: str | N
             tmp_path, sidecar=("routed_experts",), compression=comp
         ) as sender:
             for step in range(steps):
-                await sender.send_ranks([make_batch(step, **SIZES, seed=r) for r in range(ranks)])
+                await sender.send_ranks(
+                    [make_batch(**SIZES, seed=100 * step + r) for r in range(ranks)]
+                )
                 await anyio.sleep(0.01)
         for proc in procs:
             with anyio.fail_after(60):
@@ -91,7 +93,7 @@ async def test_sender_in_another_process(tmp_path: Path, sender_backend: str) ->
         async with rlwire.open_receiver(tmp_path, poll_interval=0.005) as receiver:
             for step in range(steps):
                 got = await receiver.areceive(timeout=60)
-                assert_batches_equal(got, make_batch(step, **SIZES))
+                assert_batches_equal(got, make_batch(**SIZES, seed=100 * step))
         with anyio.fail_after(60):
             assert await proc.wait() == 0
     finally:
@@ -136,7 +138,7 @@ def test_demo_refuses_a_directory_with_steps(tmp_path: Path) -> None:
 def test_inspect_command(tmp_path: Path) -> None:
     async def send() -> None:
         async with rlwire.open_sender(tmp_path) as sender:
-            await sender.send(make_batch(0, **SIZES))
+            await sender.send(make_batch(**SIZES))
 
     anyio.run(send)
     result = run(sys.executable, "-m", "rlwire.cli", "inspect", str(tmp_path))
@@ -163,8 +165,8 @@ def test_quickstart_is_in_readme() -> None:
 
 
 def test_make_batch_is_deterministic() -> None:
-    a, b = make_batch(3, **SIZES), make_batch(3, **SIZES)
+    a, b = make_batch(**SIZES, seed=3), make_batch(**SIZES, seed=3)
     assert_batches_equal(a, b)
     assert not np.array_equal(
-        make_batch(4, **SIZES).samples[0].logprobs[:10], a.samples[0].logprobs[:10]
+        make_batch(**SIZES, seed=4).samples[0].logprobs[:10], a.samples[0].logprobs[:10]
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 import tempfile
@@ -16,57 +15,20 @@ import anyio
 import numpy as np
 
 from ._aio import LagMonitor, percentile
+from ._batches import assert_batches_equal, make_batch
 from .errors import RlwireError
 from .receiver import open_receiver
-from .schema import TrainingBatch, TrainingSample
+from .schema import TrainingBatch
 from .sender import open_sender
 
-__all__ = ["main", "make_batch"]
+__all__ = ["main"]
 
 _ARRAYS = ("token_ids", "mask", "logprobs", "temperatures", "advantages", "routed_experts")
 
 
-def make_batch(
-    step: int, *, samples: int, tokens: int, layers: int, topk: int, seed: int = 0
-) -> TrainingBatch:
-    """A deterministic synthetic batch for ``step``: the same arguments give the same bits.
-
-    Example:
-        >>> b = make_batch(0, samples=2, tokens=16, layers=4, topk=2)
-        >>> b.samples[0].routed_experts.shape[1:]  # [seq_len, layers, topk], ragged seq_len
-        (4, 2)
-    """
-    rng = np.random.default_rng([seed, step])
-    out = []
-    for i in range(samples):
-        n = tokens - int(rng.integers(0, max(1, tokens // 8)))  # ragged, like real rollouts
-        mask = np.ones(n, dtype=bool)
-        mask[: n // 4] = False  # the prompt is not trained on
-        out.append(
-            TrainingSample(
-                token_ids=rng.integers(0, 151_936, n, dtype=np.int32),
-                mask=mask,
-                logprobs=-rng.exponential(1.0, n).astype(np.float32),
-                temperatures=np.full(n, 1.0, dtype=np.float32),
-                advantages=np.full(n, rng.standard_normal(), dtype=np.float32),
-                env_name=f"env-{i % 3}",
-                routed_experts=rng.integers(0, 256, (n, layers, topk), dtype=np.uint8),
-            )
-        )
-    return TrainingBatch(samples=out)
-
-
-def _same(a: TrainingBatch, b: TrainingBatch) -> bool:
-    if len(a.samples) != len(b.samples):
-        return False
-    for x, y in zip(a.samples, b.samples, strict=True):
-        for name in _ARRAYS:
-            u, v = getattr(x, name), getattr(y, name)
-            if u.dtype != v.dtype or u.shape != v.shape or u.tobytes() != v.tobytes():
-                return False
-        if x.env_name != y.env_name:
-            return False
-    return True
+def _step_batch(step: int, ns: argparse.Namespace) -> TrainingBatch:
+    """The demo's batch for ``step``: the producer and the trainer make the same bits."""
+    return make_batch(ns.samples, ns.tokens, seed=step * ns.samples, layers=ns.layers, topk=ns.topk)
 
 
 def _batch_args(ns: argparse.Namespace) -> dict[str, int]:
@@ -78,8 +40,11 @@ def _trainer(ns: argparse.Namespace) -> int:
     with open_receiver(ns.dir) as receiver:
         for step in range(ns.steps):
             batch = receiver.receive(timeout=ns.timeout)
-            expected = make_batch(step, **_batch_args(ns))
-            ok = _same(batch, expected)
+            try:
+                assert_batches_equal(batch, _step_batch(step, ns))
+                ok = True
+            except AssertionError:
+                ok = False
             print(f"{'ok' if ok else 'MISMATCH'} {step}", flush=True)
             if not ok:
                 return 1
@@ -134,9 +99,7 @@ async def _demo(ns: argparse.Namespace, directory: str) -> int:
         async with anyio.create_task_group() as tg:
             tg.start_soon(read_trainer)
             for step in range(ns.steps):
-                batch = await anyio.to_thread.run_sync(
-                    functools.partial(make_batch, step, **_batch_args(ns))
-                )
+                batch = await anyio.to_thread.run_sync(_step_batch, step, ns)
                 nbytes = sum(getattr(s, f).nbytes for s in batch.samples for f in _ARRAYS)
                 async with LagMonitor() as lag:
                     t0 = time.perf_counter()

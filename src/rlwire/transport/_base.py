@@ -16,7 +16,15 @@ from ..errors import ConfigError
 from ..frame import Frame
 from ._url import URL
 
-__all__ = ["OnExisting", "Sink", "SinkOptions", "Source", "SourceOptions", "Staged"]
+__all__ = [
+    "OnExisting",
+    "Sink",
+    "SinkOptions",
+    "Source",
+    "SourceOptions",
+    "Staged",
+    "reject_unknown",
+]
 
 #: What a sink does with steps that already exist at its destination when it opens.
 OnExisting = Literal["error", "overwrite", "resume"]

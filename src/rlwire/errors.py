@@ -10,24 +10,6 @@ from __future__ import annotations
 import re
 from typing import Self
 
-__all__ = [
-    "ClosedError",
-    "ConfigError",
-    "CorruptFrameError",
-    "DecodeError",
-    "EncodeError",
-    "FrameTooLargeError",
-    "ReceiveTimeout",
-    "RlwireError",
-    "SchemaError",
-    "StepExistsError",
-    "StepGapError",
-    "StepOrderError",
-    "TransportError",
-    "UnsupportedVersionError",
-    "transport_error",
-]
-
 
 class RlwireError(Exception):
     """Base class of every error rlwire raises on purpose.
@@ -196,3 +178,9 @@ def _named_in(fact: str, where: str) -> bool:
     """True if ``where`` already says ``fact`` (e.g. "step 3" in "…/step-00000003…")."""
     name, value = fact.split(" ")
     return re.search(rf"{name}[- ]0*{value}(?!\d)", where) is not None
+
+
+#: Every error class defined here, and the helper above.
+__all__ = sorted(
+    [name for name, obj in list(globals().items()) if isinstance(obj, type)] + ["transport_error"]
+)

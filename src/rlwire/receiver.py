@@ -6,10 +6,10 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from types import TracebackType
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypedDict, TypeVar, overload
 
 from anyio import CapacityLimiter, to_thread
+from typing_extensions import Unpack
 
 from ._aio import make_limiter, thread_count
 from ._args import check_int, check_positive
@@ -21,40 +21,33 @@ from .schema import TrainingBatch, TrainingSample
 from .transport import open_source
 from .transport._base import Source, SourceOptions
 
-__all__ = ["TrainingBatchReceiver", "open_receiver"]
+__all__ = ["ReceiverOptions", "TrainingBatchReceiver", "open_receiver"]
 
 T = TypeVar("T")
 _NOTHING: Any = object()
 
 
+class ReceiverOptions(TypedDict, total=False):
+    """The keyword options of :func:`open_receiver` besides ``type``, for typing."""
+
+    start_step: int
+    rank: int
+    poll_interval: float
+    writable: bool
+    validate: bool
+    verify: bool
+    max_decompressed_bytes: int
+    limiter: CapacityLimiter | int | None
+    storage_options: Mapping[str, Any] | None
+
+
 @overload
 def open_receiver(
-    url: str | os.PathLike[str],
-    *,
-    type: type[T],
-    start_step: int = 0,
-    rank: int = 0,
-    poll_interval: float = 0.01,
-    writable: bool = False,
-    validate: bool = False,
-    verify: bool = True,
-    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
-    limiter: CapacityLimiter | int | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    url: str | os.PathLike[str], *, type: type[T], **options: Unpack[ReceiverOptions]
 ) -> TrainingBatchReceiver[T]: ...
 @overload
 def open_receiver(
-    url: str | os.PathLike[str],
-    *,
-    start_step: int = 0,
-    rank: int = 0,
-    poll_interval: float = 0.01,
-    writable: bool = False,
-    validate: bool = False,
-    verify: bool = True,
-    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
-    limiter: CapacityLimiter | int | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    url: str | os.PathLike[str], **options: Unpack[ReceiverOptions]
 ) -> TrainingBatchReceiver[TrainingBatch]: ...
 def open_receiver(
     url: str | os.PathLike[str],
@@ -296,21 +289,11 @@ class TrainingBatchReceiver(Generic[T]):
     def __enter__(self) -> TrainingBatchReceiver[T]:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     async def __aenter__(self) -> TrainingBatchReceiver[T]:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()

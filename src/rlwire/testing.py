@@ -26,8 +26,8 @@ The batch helpers (:func:`make_sample`, :func:`make_batch`,
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 import pytest
@@ -39,6 +39,8 @@ from .schema import TrainingBatch
 from .sender import TrainingBatchSender, open_sender
 
 __all__ = ["SinkContract", "assert_batches_equal", "make_batch", "make_sample"]
+
+T = TypeVar("T")
 
 #: Seconds a contract test waits for something that should happen.
 TIMEOUT = 30.0
@@ -143,14 +145,14 @@ class SinkContract:
         receivers: list[TrainingBatchReceiver[TrainingBatch]],
     ) -> None:
         batch = make_batch(2, seed=7)
-        async with anyio.create_task_group() as tg:
 
-            async def send_one() -> None:
-                async with sender:
-                    await sender.send(batch)
+        async def send_one() -> None:
+            async with sender:
+                await sender.send(batch)
 
-            tg.start_soon(send_one)
-            got = await anyio.to_thread.run_sync(receivers[0].receive, TIMEOUT)
+        got = await _receive_beside(
+            send_one, lambda: anyio.to_thread.run_sync(receivers[0].receive, TIMEOUT)
+        )
         assert_batches_equal(got, batch)
 
     async def test_receive_times_out_when_nothing_is_sent(
@@ -189,14 +191,13 @@ class SinkContract:
         routed = batch.samples[0].routed_experts
         assert routed is not None
         routed[:] = 1  # compressible, so lz4/zstd keep their output
-        async with anyio.create_task_group() as tg:
 
-            async def send_one() -> None:
-                async with open_sender(sink_url, storage_options=sender_options, **options) as s:
-                    await s.send(batch)
+        async def send_one() -> None:
+            async with open_sender(sink_url, storage_options=sender_options, **options) as s:
+                await s.send(batch)
 
-            tg.start_soon(send_one)
-            assert_batches_equal(await receivers[0].areceive(timeout=TIMEOUT), batch)
+        got = await _receive_beside(send_one, lambda: receivers[0].areceive(timeout=TIMEOUT))
+        assert_batches_equal(got, batch)
 
     async def test_arrays_may_be_reused_once_send_returns(
         self,
@@ -205,18 +206,19 @@ class SinkContract:
     ) -> None:
         batch = make_batch(2, n=70_000, seed=11)
         sent = make_batch(2, n=70_000, seed=11)
-        async with anyio.create_task_group() as tg:
 
-            async def send_then_scribble() -> None:
-                async with sender:
-                    await sender.send(batch)
-                    for sample in batch.samples:
-                        sample.token_ids[:] = -1
-                        assert sample.routed_experts is not None
-                        sample.routed_experts[:] = 0
+        async def send_then_scribble() -> None:
+            async with sender:
+                await sender.send(batch)
+                for sample in batch.samples:
+                    sample.token_ids[:] = -1
+                    assert sample.routed_experts is not None
+                    sample.routed_experts[:] = 0
 
-            tg.start_soon(send_then_scribble)
-            assert_batches_equal(await receivers[0].areceive(timeout=TIMEOUT), sent)
+        got = await _receive_beside(
+            send_then_scribble, lambda: receivers[0].areceive(timeout=TIMEOUT)
+        )
+        assert_batches_equal(got, sent)
 
     async def test_closing_flushes_accepted_steps(
         self,
@@ -326,3 +328,14 @@ class SinkContract:
 def _big_batch() -> TrainingBatch:
     """About 64 MB, so that a send takes long enough to be cancelled midway."""
     return TrainingBatch(samples=[make_sample(1 << 20, layers=16, topk=2, seed=s) for s in (1, 2)])
+
+
+async def _receive_beside(
+    send: Callable[[], Coroutine[Any, Any, object]], receive: Callable[[], Awaitable[T]]
+) -> T:
+    """What ``receive`` returns, with ``send`` running beside it in a task: a stream may
+    wait for its receivers before it sends."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(send)
+        got = await receive()
+    return got

@@ -47,7 +47,7 @@ import anyio
 import numpy as np
 
 import rlwire
-from rlwire.codecs.json import adump_jsonl, aload_jsonl, dump_jsonl, load_jsonl
+from rlwire.codecs.jsonl import adump_jsonl, aload_jsonl, dump_jsonl, load_jsonl
 
 MB = 1e6  # decimal megabytes throughout
 

@@ -256,9 +256,12 @@ def test_checksum_mismatch_names_step_rank_and_buffer(
     side.write_bytes(bytes(data))
     with pytest.raises(
         CorruptFrameError,
-        match=r"step 0 rank 0: buffer \d+ \(\d+ bytes\) does not match its checksum",
-    ):
+        match=r"step-00000000\.rank-0000\.rlw, segment \d+: buffer \d+ \(\d+ bytes\) does not "
+        "match its checksum",
+    ) as caught:
         receive(tmp_path)
+    assert (caught.value.step, caught.value.rank) == (0, 0)
+    assert caught.value.segment is not None and caught.value.segment >= 1
     # verify=False hands the damage to the decompressor, which still refuses it or
     # returns a batch of the right shape; it never crashes.
     with rlwire.open_receiver(tmp_path, verify=False) as receiver:

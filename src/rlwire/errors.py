@@ -72,9 +72,10 @@ class RlwireError(Exception):
             for name, value in (("step", self.step), ("rank", self.rank), ("segment", self.segment))
             if value is not None
         ]
-        # A source's name for a message (its path) often says the step and rank already.
+        # A source's name for a message (its path), or the message itself, often says
+        # the step and rank already.
+        known = [k for k in known if not _named_in(k, f"{self.where} {self.message}")]
         if self.where is not None:
-            known = [k for k in known if not _named_in(k, self.where)]
             known.insert(0, self.where)
         prefix = ", ".join(known)
         return f"{prefix}: {self.message}" if prefix else self.message

@@ -1,6 +1,6 @@
 """The fsspec sink and source: what is specific to object stores, against a real moto S3
-server (through s3fs) and fsspec's memory filesystem. Generic round trips live in the
-contract suite (rlwire.testing)."""
+server (through s3fs) and fsspec's memory filesystem, and the connection that chooses
+between their stores. Generic round trips live in the contract suite (rlwire.testing)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,14 @@ from s3_server import s3_client
 
 import rlwire
 from rlwire._slicing import run_sliced
+from rlwire.abc import parse_url
 from rlwire.codecs import MsgpackCodec
 from rlwire.transport import get_sink_class
 from rlwire.transport.fsspec import FsspecSink, FsspecSource
+from rlwire.transport.fsspec._connection import Connection, translate_errors
+from rlwire.transport.fsspec._generic import GenericStore, TempStaging
+from rlwire.transport.fsspec._s3 import S3Store
+from rlwire.transport.fsspec._s3_upload import S3Staging
 
 MiB = 1 << 20
 CODEC = MsgpackCodec(sidecar=["routed_experts"])
@@ -82,12 +87,53 @@ def batch(routed_bytes: int, seed: int = 0) -> rlwire.TrainingBatch:
     )
 
 
-# ------------------------------------------------------------------- S3: writing
+# ------------------------------------------------------------------- the connection
 
 
 def test_scheme_routes_to_the_fsspec_sink() -> None:
     assert get_sink_class("s3") is FsspecSink
     assert get_sink_class("memory") is FsspecSink
+
+
+def test_the_connection_chooses_the_store_once(s3_endpoint: dict[str, Any], s3_url: str) -> None:
+    """S3 through s3fs gets the multipart store, every other filesystem the generic one;
+    the choice is made with the filesystem, on first use, and kept."""
+    s3 = Connection(f"{s3_url}/run/", s3_endpoint)
+    assert s3.url == f"{s3_url}/run" and not s3.local
+    store = s3.get()
+    assert isinstance(store, S3Store) and s3.get() is store
+    assert store.root == f"{bucket_of(s3_url)}/run"
+    memory = Connection(parse_url("memory://conn-test"), None)  # as the registry parses it
+    assert memory.local and isinstance(memory.get(), GenericStore)
+
+
+def test_urls_are_checked_when_the_connection_is_made() -> None:
+    for bad, match in [
+        ("runs/r1", "not an fsspec URL"),
+        ("S3://bucket/x", "malformed URL protocol"),
+        ("gs://", "names no bucket"),
+    ]:
+        with pytest.raises(rlwire.ConfigError, match=match):
+            Connection(bad, None)
+    with pytest.raises(rlwire.ConfigError, match="not an fsspec URL"):
+        Connection(b"memory://x", None)  # type: ignore[arg-type]
+
+
+def test_backend_errors_become_transport_errors_and_others_pass() -> None:
+    with pytest.raises(rlwire.TransportError) as info:
+        with translate_errors("memory://x", "read"):
+            raise RuntimeError("boom")
+    assert str(info.value) == "memory://x: cannot read: RuntimeError: boom"
+    assert isinstance(info.value.__cause__, RuntimeError)
+    with pytest.raises(rlwire.CorruptFrameError):
+        with translate_errors("memory://x", "read"):
+            raise rlwire.CorruptFrameError("torn")
+    with pytest.raises(KeyboardInterrupt):
+        with translate_errors("memory://x", "read"):
+            raise KeyboardInterrupt
+
+
+# ------------------------------------------------------------------- S3: writing
 
 
 def test_big_sidecar_goes_up_as_concurrent_multipart_parts_visible_only_at_commit(
@@ -104,7 +150,7 @@ def test_big_sidecar_goes_up_as_concurrent_multipart_parts_visible_only_at_commi
         "run/step-00000003.rank-0000.rlw",
         "run/step-00000003.rank-0000.sidecar.rlw",
     ]
-    assert staged.max_parts_in_flight > 1  # type: ignore[attr-defined]
+    assert isinstance(staged, S3Staging) and staged.max_parts_in_flight > 1
     staged.commit()
     assert staged.visible
     assert uploads(s3_endpoint, url) == []
@@ -473,6 +519,7 @@ def test_memory_discard_and_cancel_leave_no_keys() -> None:
     sink = FsspecSink(url)
     sink.open("error")
     staged = run_sliced(sink.stage(0, [frame(20 * MiB)]))
+    assert isinstance(staged, TempStaging)
     assert [k.startswith(".") for k in keys(root)] == [True, True]  # main and sidecar
     assert FsspecSource(url).read(0) is None  # temporary keys are invisible to readers
     staged.discard()

@@ -832,8 +832,12 @@ def test_flipped_segment_byte_names_step_rank_and_segment(segment: int) -> None:
     data = [bytearray(main), bytearray(side)]
     data[part][(start + end) // 2] ^= 0x10
     what = "the header" if segment == 0 else rf"buffer {segment - 1} \("
-    with pytest.raises(CorruptFrameError, match=rf"msg: step {STEP} rank {RANK}: {what}"):
+    with pytest.raises(
+        CorruptFrameError, match=rf"^msg, step {STEP}, rank {RANK}, segment {segment}: {what}"
+    ) as caught:
         parse(data[0], data[1])
+    err = caught.value
+    assert (err.where, err.step, err.rank, err.segment) == ("msg", STEP, RANK, segment)
     got = parse_main(
         memoryview(data[0]),
         step=STEP,
@@ -880,7 +884,10 @@ DEEPER = {
     "size": (setitem("size", 768 + 64), "the envelope says 832 bytes, found 768"),
     "header-outside": (setitem("header", [768, 12]), "header at offset 768 length 12 lies outside"),
     "header-too-long": (setitem("header", [320, 449]), "header at offset 320 length 449"),
-    "header-moved": (setitem("header", [0, 12]), r"step 7 rank 3: the header does not match"),
+    "header-moved": (
+        setitem("header", [0, 12]),
+        r"step 7, rank 3, segment 0: the header does not match",
+    ),
     "offset-outside-main": (
         set_u64("offsets", 0, 768),
         "buffer 0 at offset 768 length 100 lies outside the 768-byte main part",
@@ -899,7 +906,7 @@ DEEPER = {
     ),
     "offset-moved-inside": (
         set_u64("offsets", 0, lambda off: off + 64),
-        r"step 7 rank 3: buffer 0 \(100 bytes\) does not match its checksum",
+        r"step 7, rank 3, segment 1: buffer 0 \(100 bytes\) does not match its checksum",
     ),
     "unknown-part": (setitem("parts", b"\x02\x01\x01\x00\x00"), "buffer 0 is in unknown part 2"),
     "undeclared-sidecar": (
@@ -925,7 +932,7 @@ def test_deeper_checks_behind_a_valid_envelope_checksum(
 ) -> None:
     main, side = with_sums(FRAME)
     assert (decoded_envelope(main)["header"], len(main), len(side)) == ([320, 12], 768, 128)
-    with pytest.raises(CorruptFrameError, match=rf"^msg: .*{message}"):
+    with pytest.raises(CorruptFrameError, match=rf"^msg[:,] .*{message}"):
         parse(patched(main, change), side)
 
 

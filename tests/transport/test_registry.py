@@ -244,7 +244,7 @@ async def test_plugin_sink_objects_with_the_sender_and_receiver(
             staged.commit()
             for rank, receiver in enumerate(receivers):
                 assert_batches_equal(receiver.receive(timeout=5), later[rank])
-            with pytest.raises(rlwire.StepExistsError, match="step 1 already exists"):
+            with pytest.raises(rlwire.StepExistsError, match="step 1: already exists"):
                 await sender.send(make_batch(1))
     finally:
         for receiver in receivers:

@@ -12,6 +12,7 @@ import pytest
 from rlwire import (
     ConfigError,
     CorruptFrameError,
+    StepExistsError,
     TrainingBatch,
     TransportError,
     open_receiver,
@@ -63,13 +64,40 @@ def test_a_second_writer_waits_timeout_seconds_then_fails(db: Path) -> None:
         first.open("overwrite")
         second.open("resume")
         staged = run_sliced(first.stage(0, frames))  # holds the write lock until commit
-        with pytest.raises(TransportError, match="database is locked"):
+        with pytest.raises(TransportError, match="database is locked") as info:
             run_sliced(second.stage(1, frames))
+        assert info.value.step == 1
         staged.commit()
         run_sliced(second.stage(1, frames)).commit()
     finally:
         first.close()
         second.close()
+
+
+def test_errors_say_where_and_keep_the_errno(db: Path, tmp_path: Path) -> None:
+    """Errors carry the database, table and step as context rather than in the message,
+    and a TransportError keeps the errno of the OS error behind it."""
+    codec = make_codec("msgpack")
+    frames = [run_sliced(codec.encode_sliced(make_batch(1)))]
+    sink = SqliteSink(db, table="run_7")
+    try:
+        sink.open("error")
+        run_sliced(sink.stage(0, frames)).commit()
+        with pytest.raises(StepExistsError) as exists:
+            run_sliced(sink.stage(0, frames))
+    finally:
+        sink.close()
+    assert (exists.value.where, exists.value.step) == (f"{db} table run_7", 0)
+    assert str(exists.value) == f"{db} table run_7, step 0: already exists"
+
+    (tmp_path / "a_file").touch()
+    blocked = SqliteSink(tmp_path / "a_file" / "run.db")  # its directory cannot be made
+    with pytest.raises(TransportError, match="cannot open the database") as failed:
+        blocked.open("error")
+    assert failed.value.where == str(tmp_path / "a_file" / "run.db")
+    assert isinstance(failed.value.__cause__, OSError)
+    assert failed.value.errno is not None
+    assert failed.value.errno == failed.value.__cause__.errno
 
 
 def test_tables_keep_runs_apart(db: Path) -> None:

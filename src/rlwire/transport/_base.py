@@ -105,8 +105,9 @@ def reject_unknown(where: object, options: Mapping[str, Any], known: Sequence[st
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise ConfigError(
-            f"{where}: unknown storage option(s) {', '.join(map(repr, unknown))}; "
-            f"known: {', '.join(known) or 'none'}"
+            f"unknown storage option(s) {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(known) or 'none'}",
+            where=where,
         )
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "CHECKSUM",
     "FORMAT_VERSION",
     "Layout",
+    "check_magic",
     "checksum_segments",
     "parse_main",
     "placeholder_checksums",
@@ -261,30 +262,34 @@ def parse_main(
     """
     if data.nbytes < _PRELUDE.size:
         raise CorruptFrameError(
-            f"{where}: truncated: {data.nbytes} bytes is shorter than "
-            f"the {_PRELUDE.size}-byte prelude"
+            f"truncated: {data.nbytes} bytes is shorter than the {_PRELUDE.size}-byte prelude",
+            where=where,
         )
     magic, major, _minor, env_len, env_sum = _PRELUDE.unpack_from(data)
-    _check_magic(magic, major, MAIN_MAGIC, f"{where}: not an rlwire message", where)
+    check_magic(
+        magic, major, expected=MAIN_MAGIC, known=FORMAT_VERSION[0], what="message", where=where
+    )
     if env_len > min(MAX_ENVELOPE, data.nbytes - _PRELUDE.size):
         raise CorruptFrameError(
-            f"{where}: envelope length {env_len} exceeds the message ({data.nbytes} bytes)"
+            f"envelope length {env_len} exceeds the message ({data.nbytes} bytes)",
+            where=where,
         )
     raw_env = data[_PRELUDE.size : _PRELUDE.size + env_len]
     if xxhash.xxh3_64_intdigest(raw_env) != env_sum:
-        raise CorruptFrameError(f"{where}: the envelope does not match its checksum")
+        raise CorruptFrameError("the envelope does not match its checksum", where=where)
     try:
         env = _envelope_decoder.decode(raw_env)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # a str field that is not UTF-8
-        raise CorruptFrameError(f"{where}: malformed envelope: {exc}") from exc
+        raise CorruptFrameError(f"malformed envelope: {exc}", where=where) from exc
     if env.size != data.nbytes:
         raise CorruptFrameError(
-            f"{where}: truncated or extended: the envelope says "
-            f"{env.size} bytes, found {data.nbytes}"
+            f"truncated or extended: the envelope says {env.size} bytes, found {data.nbytes}",
+            where=where,
         )
     if (env.step, env.rank) != (step, rank):
         raise CorruptFrameError(
-            f"{where}: holds step {env.step} rank {env.rank}, expected step {step} rank {rank}"
+            f"holds step {env.step} rank {env.rank}, expected step {step} rank {rank}",
+            where=where,
         )
     header = _span(data, env.header[0], env.header[1], where, "header")
     n = len(env.parts)
@@ -298,20 +303,22 @@ def parse_main(
     for name, (found, expected) in sizes.items():
         if found != expected:
             raise CorruptFrameError(
-                f"{where}: the buffer table disagrees with itself: {n} buffers, "
-                f"{found} bytes of {name} (expected {expected})"
+                f"the buffer table disagrees with itself: {n} buffers, "
+                f"{found} bytes of {name} (expected {expected})",
+                where=where,
             )
     parts = np.frombuffer(env.parts, np.uint8)
     offsets = np.frombuffer(env.offsets, _U64)
     lengths = np.frombuffer(env.lengths, _U64)
     if (parts > SIDECAR).any():
         i = int(np.argmax(parts > SIDECAR))
-        raise CorruptFrameError(f"{where}: buffer {i} is in unknown part {parts[i]}")
+        raise CorruptFrameError(f"buffer {i} is in unknown part {parts[i]}", where=where)
     sidecar = data[:0]
     if (parts == SIDECAR).any():
         if env.sidecar_size is None:
             raise CorruptFrameError(
-                f"{where}: buffers refer to a sidecar the message does not declare"
+                "buffers refer to a sidecar the message does not declare",
+                where=where,
             )
         sidecar = load_sidecar()
         _check_sidecar(sidecar, env.id, env.sidecar_size, where)
@@ -321,8 +328,9 @@ def parse_main(
         i = int(np.argmax(outside))
         part = "sidecar" if parts[i] == SIDECAR else "main part"
         raise CorruptFrameError(
-            f"{where}: buffer {i} at offset {offsets[i]} length "
-            f"{lengths[i]} lies outside the {int(limit[i])}-byte {part}"
+            f"buffer {i} at offset {offsets[i]} length "
+            f"{lengths[i]} lies outside the {int(limit[i])}-byte {part}",
+            where=where,
         )
     views = (data, sidecar)
     buffers = [
@@ -332,9 +340,11 @@ def parse_main(
         )
     ]
     if verify and env.checksum is not None:
-        verify_segments(
-            env.checksum, env.checksums, [header, *buffers], f"{where}: step {step} rank {rank}"
-        )
+        try:
+            verify_segments(env.checksum, env.checksums, [header, *buffers], where)
+        except CorruptFrameError as exc:
+            exc.add_context(step=step, rank=rank)
+            raise
     return Frame(
         header,
         tuple(buffers),
@@ -357,8 +367,9 @@ def verify_segments(
     """
     if algorithm != CHECKSUM:
         raise UnsupportedVersionError(
-            f"{where}: checksum algorithm {algorithm!r} is not one this reader knows "
-            f"({CHECKSUM}); receive with verify=False to skip checking"
+            f"checksum algorithm {algorithm!r} is not one this reader knows "
+            f"({CHECKSUM}); receive with verify=False to skip checking",
+            where=where,
         )
     stored = np.frombuffer(checksums, _U64).tolist()
     for i, seg in enumerate(segments):
@@ -366,41 +377,61 @@ def verify_segments(
         if computed != stored[i]:
             what = "the header" if i == 0 else f"buffer {i - 1} ({seg.nbytes} bytes)"
             raise CorruptFrameError(
-                f"{where}: {what} does not match its checksum (stored "
-                f"{stored[i]:#018x}, computed {computed:#018x})"
+                f"{what} does not match its checksum (stored "
+                f"{stored[i]:#018x}, computed {computed:#018x})",
+                where=where,
+                segment=i,
             )
 
 
-def _check_magic(magic: bytes, major: int, expected: bytes, bad: str, where: str) -> None:
+def check_magic(
+    magic: bytes, major: int, *, expected: bytes, known: int, what: str, where: str
+) -> None:
+    """Check the magic bytes and major version that open every part rlwire writes.
+
+    Raises:
+        CorruptFrameError: ``magic`` is not ``expected``: not an rlwire ``what``.
+        UnsupportedVersionError: ``major`` is not ``known``.
+    """
     if magic != expected:
-        raise CorruptFrameError(f"{bad} (bad magic bytes {magic!r})")
-    if major != FORMAT_VERSION[0]:
+        raise CorruptFrameError(f"not an rlwire {what} (bad magic bytes {magic!r})", where=where)
+    if major != known:
         raise UnsupportedVersionError(
-            f"{where}: wire format major version {major} is not supported; this reader "
-            f"knows version {FORMAT_VERSION[0]} (upgrade rlwire to read it)"
+            f"{what} format major version {major} is not supported; this reader "
+            f"knows version {known} (upgrade rlwire to read it)",
+            where=where,
         )
 
 
 def _check_sidecar(side: memoryview, msg_id: bytes, size: int, where: str) -> None:
     if side.nbytes < _SIDECAR_PRELUDE.size:
-        raise CorruptFrameError(f"{where}: sidecar truncated to {side.nbytes} bytes")
+        raise CorruptFrameError(f"sidecar truncated to {side.nbytes} bytes", where=where)
     magic, major, _minor, _reserved, side_id = _SIDECAR_PRELUDE.unpack_from(side)
-    _check_magic(magic, major, SIDECAR_MAGIC, f"{where}: not an rlwire sidecar", f"{where} sidecar")
+    check_magic(
+        magic,
+        major,
+        expected=SIDECAR_MAGIC,
+        known=FORMAT_VERSION[0],
+        what="sidecar",
+        where=f"{where} sidecar",
+    )
     if side_id != msg_id:
         raise CorruptFrameError(
-            f"{where}: sidecar belongs to another message (id mismatch; "
-            "a stale sidecar from an earlier run?)"
+            "sidecar belongs to another message (id mismatch; "
+            "a stale sidecar from an earlier run?)",
+            where=where,
         )
     if side.nbytes != size:
         raise CorruptFrameError(
-            f"{where}: sidecar truncated or extended: expected {size} bytes, found {side.nbytes}"
+            f"sidecar truncated or extended: expected {size} bytes, found {side.nbytes}",
+            where=where,
         )
 
 
 def _span(data: memoryview, offset: int, length: int, where: str, what: str) -> memoryview:
     if offset < 0 or length < 0 or offset + length > data.nbytes:
         raise CorruptFrameError(
-            f"{where}: {what} at offset {offset} length {length} lies "
-            f"outside the {data.nbytes}-byte data"
+            f"{what} at offset {offset} length {length} lies outside the {data.nbytes}-byte data",
+            where=where,
         )
     return data[offset : offset + length]

@@ -7,10 +7,10 @@ sidecar part, and ``.<name>.<random hex>.tmp`` a part being written.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 
+from .._files import temp_name
 from ..errors import StepExistsError
 from ._base import OnExisting
 
@@ -42,11 +42,6 @@ def sidecar_name(step: int, rank: int) -> str:
     return f"step-{step:08d}.rank-{rank:04d}.sidecar.rlw"
 
 
-def temp_name(name: str) -> str:
-    """A fresh temporary name to write the part called ``name`` under."""
-    return f".{name}.{os.urandom(6).hex()}.tmp"
-
-
 def start_step(where: str, names: Iterable[str], on_existing: OnExisting) -> int:
     """The first step a sender sends to a destination holding ``names``.
 
@@ -71,13 +66,15 @@ def start_step(where: str, names: Iterable[str], on_existing: OnExisting) -> int
             # A send killed between its commits: resuming after it would leave the
             # missing ranks waiting forever for a step that will never come.
             raise StepExistsError(
-                f"{where}: step {steps[-1]} is incomplete (ranks {sorted(ranks[steps[-1]])} "
+                f"step {steps[-1]} is incomplete (ranks {sorted(ranks[steps[-1]])} "
                 f"of {sorted(ranks[steps[-2]])}); delete it to resume before it, or use "
-                "on_existing='overwrite'"
+                "on_existing='overwrite'",
+                where=where,
             )
         return steps[-1] + 1
     span = str(steps[0]) if len(steps) == 1 else f"{steps[0]}..{steps[-1]} ({len(steps)} steps)"
     raise StepExistsError(
-        f"{where}: holds steps {span} from an earlier run; open the sender with "
-        "on_existing='overwrite' to delete them or on_existing='resume' to continue after them"
+        f"holds steps {span} from an earlier run; open the sender with "
+        "on_existing='overwrite' to delete them or on_existing='resume' to continue after them",
+        where=where,
     )

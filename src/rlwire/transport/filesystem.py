@@ -30,12 +30,13 @@ from ..errors import (
     transport_error,
 )
 from ..frame import Frame
-from ._base import OnExisting, Sink, SinkOptions, Source, SourceOptions, Staged, reject_unknown
-from ._layout import Layout, parse_main, placeholder_checksums, plan
+from ._base import OnExisting, Sink, SinkOptions, SourceOptions, Staged, reject_unknown
+from ._layout import Layout, placeholder_checksums, plan
 from ._names import MAIN_RE, STORED_RE, TEMP_RE, main_name, sidecar_name, start_step, temp_name
+from ._stored import StoredSource
 from ._url import URL
 
-__all__ = ["FileSink", "FileSource", "local_path", "main_name", "sidecar_name"]
+__all__ = ["FileSink", "FileSource", "local_path"]
 
 
 #: Bytes written per slice. os.write releases the GIL, so large slices cost the event
@@ -122,9 +123,6 @@ class FileSink(Sink):
         self.fsync = fsync
         self.checksum = checksum
 
-    def __repr__(self) -> str:
-        return f"FileSink({str(self.root)!r})"
-
     @classmethod
     def from_url(cls, url: URL, options: SinkOptions) -> FileSink:
         reject_unknown(url, options.storage_options, ())
@@ -140,6 +138,9 @@ class FileSink(Sink):
             verify=options.verify,
             poll_interval=options.poll_interval,
         )
+
+    def __repr__(self) -> str:
+        return f"FileSink({str(self.root)!r})"
 
     def open(self, on_existing: OnExisting) -> int:
         try:
@@ -246,7 +247,7 @@ class FileSink(Sink):
             (self.root / name).unlink(missing_ok=True)
 
 
-class FileSource(Source):
+class FileSource(StoredSource):
     """Reads the files a :class:`FileSink` wrote, for one rank, as mmap views.
 
     Args:
@@ -276,43 +277,21 @@ class FileSource(Source):
     def __repr__(self) -> str:
         return f"FileSource({str(self.root)!r}, rank={self.rank})"
 
-    def describe(self, step: int) -> str:
-        return f"{self.root / main_name(step, self.rank)}: step {step} rank {self.rank}"
+    def locate(self, name: str) -> str:
+        return str(self.root / name)
 
-    def read(self, step: int) -> Frame | None:
-        path = self.root / main_name(step, self.rank)
-        data = self._map(path, missing_ok=True)
-        if data is None:
-            return None
-
-        def load_sidecar() -> memoryview:
-            side = self.root / sidecar_name(step, self.rank)
-            view = self._map(side, missing_ok=False)
-            assert view is not None
-            return view
-
-        return parse_main(
-            data,
-            step=step,
-            rank=self.rank,
-            load_sidecar=load_sidecar,
-            where=str(path),
-            verify=self.verify,
-        )
-
-    def _map(self, path: Path, *, missing_ok: bool) -> memoryview | None:
+    def load(self, name: str) -> memoryview | None:
+        path = self.root / name
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            if missing_ok:
-                return None
-            raise CorruptFrameError(f"{path}: missing; the main file refers to it") from None
+            return None
         except OSError as exc:
             raise transport_error(exc, "open", where=path) from exc
         try:
             size = os.fstat(fd).st_size
             if size == 0:
-                raise CorruptFrameError(f"{path}: empty file")
+                raise CorruptFrameError("empty file", where=path)
             # The mapping outlives fd; arrays keep it alive through their memoryviews.
             return memoryview(mmap.mmap(fd, size, access=self.access))
         except OSError as exc:

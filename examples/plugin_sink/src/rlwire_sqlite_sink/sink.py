@@ -21,6 +21,14 @@ transaction's ``COMMIT``. Readers cannot see uncommitted rows, so the commit is 
 ``ROLLBACK``; after a crash or ``kill -9`` SQLite rolls the open transaction back the
 next time the database is opened. Nothing needs cleaning up by hand.
 
+Errors are rlwire's own, which users already catch: ``ConfigError`` for a bad URL or
+option, ``StepExistsError`` for a step already stored, ``CorruptFrameError`` for a
+damaged row, and ``TransportError`` for whatever SQLite or the OS refuses, made by
+``transport_error`` so that it keeps the errno. Each names where it happened (the
+database file, and the table once one is involved) and the step and rank it knows,
+as context rather than inside the message: ``str()`` shows
+``/data/run.db table rlwire_messages, step 3, rank 1: cannot write: ...``.
+
 SQLite is a single-machine store: its locks do not work on network filesystems, so use
 this sink when sender and trainers share one host (``file://`` or ``s3://`` otherwise).
 """
@@ -36,7 +44,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from rlwire import ConfigError, CorruptFrameError, Frame, StepExistsError, TransportError
+from rlwire import (
+    ConfigError,
+    CorruptFrameError,
+    Frame,
+    RlwireError,
+    StepExistsError,
+    TransportError,
+)
 from rlwire.abc import (
     URL,
     OnExisting,
@@ -49,6 +64,7 @@ from rlwire.abc import (
     Staged,
     parse_url,
     reject_unknown,
+    transport_error,
 )
 from rlwire.transport.layout import checksum_segments, parse_main, plan
 
@@ -94,31 +110,33 @@ def database_path(url: str | URL) -> Path:
     url = parse_url(url)  # rlwire hands from_url a parsed URL; accept a string too
     parts = url.parts
     if parts.scheme != "sqlite":
-        raise ConfigError(f"{url.text!r}: not a sqlite:// URL")
+        raise ConfigError("not a sqlite:// URL", where=url)
     if parts.netloc not in ("", "localhost"):
         raise ConfigError(
-            f"{url.text!r}: sqlite URLs name a local file, sqlite:///path/to/run.db, "
-            f"not host {parts.netloc!r}"
+            f"sqlite URLs name a local file (sqlite:///path/to/run.db), not host {parts.netloc!r}",
+            where=url,
         )
     if parts.query or parts.fragment:
-        raise ConfigError(f"{url.text!r}: pass options as storage_options, not in the URL")
+        raise ConfigError("pass options as storage_options, not in the URL", where=url)
     path = unquote(parts.path)
     if not path or path.endswith("/"):
-        raise ConfigError(f"{url.text!r}: names no database file (sqlite:///path/to/run.db)")
+        raise ConfigError("names no database file (sqlite:///path/to/run.db)", where=url)
     return Path(path)
 
 
-def _parse_options(url: URL, options: Mapping[str, Any]) -> tuple[str, float]:
-    """``(table, timeout)`` from the storage options, checked."""
-    reject_unknown(url, options, OPTIONS)
+def _parse_options(where: object, options: Mapping[str, Any]) -> tuple[str, float]:
+    """``(table, timeout)`` from the storage options, checked; ``where`` (the URL or
+    database path) names the destination in the errors."""
+    reject_unknown(where, options, OPTIONS)
     table = options.get("table", DEFAULT_TABLE)
     if not isinstance(table, str) or not _TABLE_RE.fullmatch(table):
         raise ConfigError(
-            f"{url}: storage option 'table' must be a plain SQL name "
-            f"(letters, digits, underscores; at most 63), got {table!r}"
+            "storage option 'table' must be a plain SQL name "
+            f"(letters, digits, underscores; at most 63), got {table!r}",
+            where=where,
         )
     if table.lower().startswith("sqlite_"):
-        raise ConfigError(f"{url}: table names starting with 'sqlite_' belong to SQLite")
+        raise ConfigError("table names starting with 'sqlite_' belong to SQLite", where=where)
     timeout = options.get("timeout", DEFAULT_TIMEOUT)
     if (
         isinstance(timeout, bool)
@@ -127,20 +145,26 @@ def _parse_options(url: URL, options: Mapping[str, Any]) -> tuple[str, float]:
         or timeout < 0
     ):
         raise ConfigError(
-            f"{url}: storage option 'timeout' must be a non-negative number of seconds, "
-            f"got {timeout!r}"
+            f"storage option 'timeout' must be a non-negative number of seconds, got {timeout!r}",
+            where=where,
         )
     return table, float(timeout)
 
 
 @contextlib.contextmanager
-def _transport_errors(path: Path, action: str) -> Iterator[None]:
-    """Turn SQLite's and the OS's errors into rlwire's TransportError, which callers of
-    ``send`` and ``receive`` already handle, naming the database and what failed."""
+def _sqlite_errors(
+    action: str, where: object, *, step: int | None = None, rank: int | None = None
+) -> Iterator[None]:
+    """Turn what SQLite and the OS raise inside the block into rlwire's TransportError,
+    which callers of ``send`` and ``receive`` already handle: ``transport_error`` says
+    what could not be done and keeps the errno, and the context says where."""
     try:
         yield
+    except RlwireError:
+        raise  # already one of rlwire's (StepExistsError is an OSError too)
     except (sqlite3.Error, OSError) as exc:
-        raise TransportError(f"{path}: cannot {action}: {exc}") from exc
+        err = transport_error(exc, action, where=where)
+        raise err.add_context(step=step, rank=rank) from exc
 
 
 def _byte_view(chunk: bytes | memoryview) -> memoryview:
@@ -152,9 +176,9 @@ def _byte_view(chunk: bytes | memoryview) -> memoryview:
 class _SqliteStaged(Staged):
     """A step whose rows are inserted in a transaction that is still open."""
 
-    def __init__(self, conn: sqlite3.Connection, path: Path, step: int) -> None:
+    def __init__(self, conn: sqlite3.Connection, where: str, step: int) -> None:
         self._conn = conn
-        self._path = path
+        self._where = where
         self._step = step
 
     def commit(self) -> None:
@@ -164,9 +188,8 @@ class _SqliteStaged(Staged):
             # A COMMIT that fails leaves the transaction uncommitted: no rank can see
             # anything, so `visible` stays False and the sender may retry the step.
             self.discard()
-            raise TransportError(
-                f"{self._path}: cannot commit step {self._step} (nothing was made visible): {exc}"
-            ) from exc
+            err = transport_error(exc, "commit (nothing was made visible)", where=self._where)
+            raise err.add_context(step=self._step) from exc
         # One COMMIT covers every rank: the whole step appeared at once.
         self.visible = True
 
@@ -216,6 +239,12 @@ class SqliteSink(Sink):
     def __repr__(self) -> str:
         return f"SqliteSink({str(self.path)!r}, table={self.table!r})"
 
+    @property
+    def _where(self) -> str:
+        """Names this sink's messages in errors: database and table, for several runs
+        may share one database file."""
+        return f"{self.path} table {self.table}"
+
     @classmethod
     def from_url(cls, url: URL, options: SinkOptions) -> SqliteSink:
         # Only parse and check here: open_sender calls this synchronously, so the
@@ -244,7 +273,7 @@ class SqliteSink(Sink):
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
-            with _transport_errors(self.path, "open the database"):
+            with _sqlite_errors("open the database", where=self.path):
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 conn = sqlite3.connect(
                     self.path,
@@ -274,7 +303,7 @@ class SqliteSink(Sink):
 
     def open(self, on_existing: OnExisting) -> int:
         conn = self._connect()
-        with _transport_errors(self.path, "read the steps already stored"):
+        with _sqlite_errors("read the steps already stored", where=self._where):
             if on_existing == "overwrite":
                 # One statement is one transaction: a reader sees every old step or none,
                 # never a step with some of its ranks gone.
@@ -288,25 +317,27 @@ class SqliteSink(Sink):
             # directory of files, there is no torn step to detect here.
             return int(last) + 1
         raise StepExistsError(
-            f"{self.path} table {self.table}: holds steps {first}..{last} from an earlier "
-            "run; open the sender with on_existing='overwrite' to delete them or "
-            "on_existing='resume' to continue after them"
+            f"holds steps {first}..{last} from an earlier run; open the sender with "
+            "on_existing='overwrite' to delete them or on_existing='resume' to continue "
+            "after them",
+            where=self._where,
         )
 
     def stage(self, step: int, frames: Sequence[Frame]) -> Sliced[Staged]:
         conn = self._connect()
-        with _transport_errors(self.path, f"start a transaction for step {step}"):
+        with _sqlite_errors("start a transaction", where=self._where, step=step):
             # IMMEDIATE takes the write lock now, before any work: a second writer on
             # the same database waits `timeout` seconds here and then fails cleanly.
             conn.execute("BEGIN IMMEDIATE")
-        staged = _SqliteStaged(conn, self.path, step)
+        staged = _SqliteStaged(conn, self._where, step)
+        rank: int | None = None  # the rank being written, for the error context
         try:
             # Checked before anything is written. The primary key would catch it too,
             # but only when the insert is reached, after the checksums were computed.
             if conn.execute(
                 f"SELECT 1 FROM {self.table} WHERE step = ? LIMIT 1", (step,)
             ).fetchone():
-                raise StepExistsError(f"{self.path} table {self.table}: step {step} already exists")
+                raise StepExistsError("already exists", where=self._where, step=step)
             for rank, frame in enumerate(frames):
                 # Checksums first, in slices (each slice hashes at most 64 MiB with the
                 # GIL released), then the layout that records them.
@@ -318,7 +349,8 @@ class SqliteSink(Sink):
             # cancelled: the rollback removes every row this step inserted.
             staged.discard()
             if isinstance(exc, sqlite3.Error):
-                raise TransportError(f"{self.path}: cannot write step {step}: {exc}") from exc
+                err = transport_error(exc, "write", where=self._where)
+                raise err.add_context(step=step, rank=rank) from exc
             raise
         return staged
 
@@ -333,14 +365,17 @@ class SqliteSink(Sink):
         """Insert the row of one rank: reserve BLOBs of the right size with ``zeroblob``,
         then stream the layout's chunks into them. Streaming through the incremental
         BLOB API means no chunk is ever joined into one large ``bytes`` object."""
-        main_size = sum(memoryview(p).nbytes for p in main)
-        side_size = sum(memoryview(p).nbytes for p in sidecar) if sidecar else None
+        main_size = sum(memoryview(c).nbytes for c in main)
+        side_size = sum(memoryview(c).nbytes for c in sidecar) if sidecar else None
         limit = conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
         if max(main_size, side_size or 0) > limit:
             raise TransportError(
-                f"{self.path}: step {step} rank {rank} needs a {max(main_size, side_size or 0)}"
-                f"-byte BLOB; this SQLite stores at most {limit} bytes in one value (send it "
-                "with sidecar= to split it, or use another sink)"
+                f"needs a {max(main_size, side_size or 0)}-byte BLOB; this SQLite stores at "
+                f"most {limit} bytes in one value (send it with sidecar= to split it, or use "
+                "another sink)",
+                where=self._where,
+                step=step,
+                rank=rank,
             )
         cur = conn.execute(
             f"INSERT INTO {self.table} (step, rank, main, sidecar) VALUES (:step, :rank, "
@@ -422,15 +457,21 @@ class SqliteSource(Source):
     def __repr__(self) -> str:
         return f"SqliteSource({str(self.path)!r}, table={self.table!r}, rank={self.rank})"
 
+    @property
+    def _where(self) -> str:
+        return f"{self.path} table {self.table}"
+
     def describe(self, step: int) -> str:
-        return f"{self.path} table {self.table}: step {step} rank {self.rank}"
+        # The receiver adds this as the `where` of errors in decoding the message; it
+        # names the step and rank already, so str() does not repeat them.
+        return f"{self._where}, step {step}, rank {self.rank}"
 
     def _connect(self) -> sqlite3.Connection | None:
         """The connection, or None while the database does not exist yet."""
         if self._conn is None:
             if not self.path.exists():
                 return None
-            with _transport_errors(self.path, "open the database"):
+            with _sqlite_errors("open the database", where=self.path):
                 # mode=rw: never create the file (that is the sender's job). Not mode=ro:
                 # a WAL reader writes to the shared-memory index beside the database.
                 conn = sqlite3.connect(
@@ -452,7 +493,7 @@ class SqliteSource(Source):
         conn = self._connect()
         if conn is None:
             return None
-        with _transport_errors(self.path, f"read step {step} rank {self.rank}"):
+        with _sqlite_errors("read", where=self._where, step=step, rank=self.rank):
             if not self._table_exists:
                 # The sender creates the table when it opens; until then nothing is sent.
                 self._table_exists = bool(
@@ -472,14 +513,20 @@ class SqliteSource(Source):
         if row is None:
             return None
         main, sidecar = row
-        where = self.describe(step)
         if not isinstance(main, bytes) or not isinstance(sidecar, bytes | None):
-            raise CorruptFrameError(f"{where}: the row does not hold BLOBs")
+            raise CorruptFrameError(
+                "the row does not hold BLOBs", where=self._where, step=step, rank=self.rank
+            )
 
         def load_sidecar() -> memoryview:
             # parse_main calls this only for a message whose buffers are in a sidecar.
             if sidecar is None:
-                raise CorruptFrameError(f"{where}: the message has a sidecar; the row has none")
+                raise CorruptFrameError(
+                    "the message has a sidecar; the row has none",
+                    where=self._where,
+                    step=step,
+                    rank=self.rank,
+                )
             return self._view(sidecar)
 
         return parse_main(
@@ -487,7 +534,7 @@ class SqliteSource(Source):
             step=step,
             rank=self.rank,
             load_sidecar=load_sidecar,
-            where=where,
+            where=self.describe(step),
             verify=self.verify,
         )
 

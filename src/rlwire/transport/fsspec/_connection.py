@@ -1,0 +1,176 @@
+"""The connection to an fsspec URL, shared by the sink and the source.
+
+The URL is checked when the sink or source is made, without importing fsspec. The
+filesystem (and, for S3, a first request checking that the bucket exists) is made on
+first use, once, in a worker thread, shared by concurrent first callers; the
+:class:`Store` that the sink and source then call is chosen at that moment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import inspect
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from anyio import CapacityLimiter
+
+from ..._once import Once
+from ...errors import ConfigError, RlwireError, transport_error
+from .._base import reject_unknown
+from .._url import URL, parse_url
+from ._generic import GenericStore
+from ._s3 import S3Store
+from ._store import Store
+
+__all__ = ["Connection", "translate_errors"]
+
+#: Packages that serve fsspec protocols rlwire names, checked without importing them.
+_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
+#: Protocols with no bucket, whose filesystems also accept any keyword and ignore the
+#: ones they do not know (their ``**kwargs`` end in fsspec's base class): rlwire checks
+#: those keys itself. Others reject unknown keys on their own (s3fs when it makes its
+#: session).
+_LOCAL = frozenset({"memory"})
+#: Keys fsspec's base classes take from any filesystem's options.
+_FSSPEC_OPTIONS = ("skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths")
+
+
+@contextlib.contextmanager
+def translate_errors(where: str, action: str) -> Iterator[None]:
+    """Turn whatever a backend raises (botocore, aiohttp, OSError, ...) into a
+    :class:`~rlwire.errors.TransportError` saying that ``action`` failed at ``where``;
+    rlwire's own errors and BaseExceptions (cancellation) pass through.
+
+    Example:
+        >>> with translate_errors("memory://run", "list the destination"):
+        ...     raise PermissionError(13, "Permission denied")
+        Traceback (most recent call last):
+        ...
+        rlwire.errors.TransportError: memory://run: cannot list the destination: Permission denied
+    """
+    try:
+        yield
+    except RlwireError:
+        raise
+    except Exception as exc:
+        raise transport_error(exc, action, where=where) from exc
+
+
+class Connection:
+    """The store at one fsspec URL: the URL checked now, the filesystem made on first
+    use.
+
+    :meth:`get` (or :meth:`aget` from async code) makes the filesystem once, picks the
+    :class:`Store` for it (:class:`S3Store` for s3fs, else :class:`GenericStore`) and
+    checks that it can be reached. Concurrent first callers share one attempt; a failed
+    attempt is replayed to every caller waiting on it, and the next call tries again.
+
+    Args:
+        url: ``protocol://path``, as a string or as the registry parsed it.
+        storage_options: keyword arguments for the fsspec filesystem (copied: later
+            changes by the caller do not count).
+
+    Raises:
+        ConfigError: a malformed URL, or a protocol whose package is not installed.
+
+    Example:
+        >>> conn = Connection("memory://doc-connection", None)
+        >>> conn.url, type(conn.get()).__name__
+        ('memory://doc-connection', 'GenericStore')
+    """
+
+    def __init__(self, url: str | URL, storage_options: Mapping[str, Any] | None) -> None:
+        protocol, path = _split_url(url)
+        #: The URL without a trailing "/", for messages and ``repr``.
+        self.url = f"{protocol}://{path.rstrip('/')}"
+        #: True for in-memory stores, which cost nothing to poll.
+        self.local = protocol in _LOCAL
+        given, options = str(url), dict(storage_options or {})
+        self._once: Once[Store] = Once(lambda: _connect(given, protocol, options))
+
+    def get(self) -> Store:
+        """The store, connecting first if no attempt has succeeded yet (blocking).
+
+        Raises:
+            ConfigError: fsspec cannot serve the protocol, or the filesystem rejects
+                the storage options.
+            TransportError: the filesystem cannot be made, or the bucket does not
+                exist or cannot be reached.
+        """
+        return self._once.get()
+
+    async def aget(self, limiter: CapacityLimiter | None = None) -> Store:
+        """:meth:`get` in a worker thread (under ``limiter``) that a cancelled caller
+        abandons: the attempt carries on for the others. Raises as :meth:`get`."""
+        return await self._once.aget(limiter)
+
+
+def _split_url(given: str | URL) -> tuple[str, str]:
+    """``(protocol, path)`` of an fsspec URL, checked without importing fsspec."""
+    parsed = parse_url(given) if isinstance(given, str | URL) else None
+    if parsed is None or parsed.rest == parsed.text:
+        raise ConfigError(f"{given!r}: not an fsspec URL (expected protocol://path)")
+    url = parsed.text
+    if "::" in url:
+        raise ConfigError(
+            f"{url!r}: chained fsspec URLs (a::b) are not supported; give the target URL "
+            "and its storage_options"
+        )
+    protocol, path = url.partition("://")[0], parsed.rest
+    if not re.fullmatch(r"[a-z][a-z0-9+.\-]*", protocol):
+        raise ConfigError(f"{url!r}: malformed URL protocol {protocol!r}")
+    if protocol not in _LOCAL and not path.strip("/"):
+        raise ConfigError(f"{url!r}: names no bucket or directory")
+    for package in ("fsspec", _PACKAGES.get(protocol)):
+        if package is not None and importlib.util.find_spec(package) is None:
+            raise ConfigError(
+                f"{url!r}: protocol {protocol!r} needs the {package!r} package "
+                "(pip install 'rlwire[fsspec]', 'rlwire[s3]' for s3://, or gcsfs for gs://)"
+            )
+    return protocol, path
+
+
+def _connect(url: str, protocol: str, storage_options: Mapping[str, Any]) -> Store:
+    """Import the implementation, make the filesystem, choose its store and check it.
+
+    Runs in a worker thread (through :class:`~rlwire._once.Once`): importing s3fs and
+    the first request take long enough to stall an event loop.
+    """
+    import fsspec
+
+    try:
+        cls = fsspec.get_filesystem_class(protocol)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(f"{url!r}: fsspec cannot serve protocol {protocol!r}: {exc}") from exc
+    if protocol in _LOCAL:
+        reject_unknown(url, storage_options, _named_parameters(cls))
+    root = str(cls._strip_protocol(url)).rstrip("/")
+    # Options in the URL (e.g. s3's ?versionId) give way to explicit storage options.
+    options = {**cls._get_kwargs_from_urls(url), **storage_options}
+    try:
+        fs = cls(**options)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"{url!r}: {cls.__name__} rejects the storage options: {exc}") from exc
+    except Exception as exc:
+        raise transport_error(exc, "create the filesystem", where=url) from exc
+    store = (S3Store if S3Store.serves(fs) else GenericStore)(fs, url, root)
+    store.check()
+    return store
+
+
+def _named_parameters(cls: type) -> list[str]:
+    """Every keyword the ``__init__`` methods of ``cls`` and its bases name."""
+    names = set(_FSSPEC_OPTIONS)
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        with contextlib.suppress(TypeError, ValueError):  # builtins have no signature
+            for param in inspect.signature(init).parameters.values():
+                if param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
+                    names.add(param.name)
+    names.discard("self")
+    return sorted(names)

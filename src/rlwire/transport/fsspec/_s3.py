@@ -1,0 +1,198 @@
+"""S3 through s3fs: the store that stages steps as multipart uploads
+(``_s3_upload``) and reads large objects with concurrent ranged GETs.
+
+Every request runs on fsspec's I/O loop. Unfinished uploads left by a killed sender are
+invisible to readers but billed: the next ``on_existing="resume"`` or ``"overwrite"``
+aborts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from ...errors import ConfigError, CorruptFrameError, TransportError, transport_error
+from .._names import STORED_RE
+from ._s3_upload import S3Staging, on_loop
+from ._store import Store
+
+__all__ = ["READ_BYTES", "S3Store"]
+
+T = TypeVar("T")
+
+#: Bytes per ranged GET when reading large objects, several at once.
+READ_BYTES = 8 << 20
+
+
+async def _gather_or_cancel(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+    """``asyncio.gather``, cancelling the rest as soon as one fails."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
+
+
+class S3Store(Store):
+    """An S3 bucket (or a key prefix in one) through s3fs's async client.
+
+    Requests run on fsspec's I/O loop; blocking methods wait for them from the calling
+    worker thread.
+    """
+
+    stage_verb = "upload"
+
+    @staticmethod
+    def serves(fs: Any) -> bool:
+        """True if ``fs`` is an s3fs filesystem whose async client rlwire can call."""
+        protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+        return "s3" in protocols and hasattr(fs, "_call_s3")
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """fsspec's I/O loop, where s3fs's requests run."""
+        loop: asyncio.AbstractEventLoop = self.fs.loop
+        return loop
+
+    @property
+    def bucket(self) -> str:
+        """The bucket's name."""
+        return self.root.partition("/")[0]
+
+    @staticmethod
+    def bucket_key(path: str) -> tuple[str, str]:
+        """``(bucket, key)`` of a filesystem path."""
+        bucket, _, key = path.partition("/")
+        return bucket, key
+
+    def concurrency(self, requested: int | None = None) -> int:
+        """Requests in flight at once: ``requested``, else s3fs's ``max_concurrency``."""
+        return max(1, requested or int(getattr(self.fs, "max_concurrency", 8)))
+
+    def check(self) -> None:
+        bucket = self.bucket
+        try:
+            on_loop(self.loop, self.fs._call_s3("head_bucket", Bucket=bucket))
+        except TypeError as exc:  # s3fs hands unknown options to the session it makes now
+            raise ConfigError(f"{self.url!r}: s3fs rejects the storage options: {exc}") from exc
+        except FileNotFoundError as exc:
+            raise TransportError(f"{self.url}: bucket {bucket!r} does not exist") from exc
+        except Exception as exc:
+            raise transport_error(exc, f"reach bucket {bucket!r}", where=self.url) from exc
+
+    def existing(self, paths: Sequence[str]) -> list[int]:
+        async def exists(path: str) -> bool:
+            bucket, key = self.bucket_key(path)
+            try:
+                await self.fs._call_s3("head_object", Bucket=bucket, Key=key)
+            except FileNotFoundError:
+                return False
+            return True
+
+        found = on_loop(self.loop, _gather_or_cancel([exists(p) for p in paths]))
+        return [i for i, hit in enumerate(found) if hit]
+
+    def clean_leftovers(self, names: Sequence[str]) -> None:
+        """Remove temporary keys (see :class:`Store`) and abort every unfinished
+        multipart upload of an rlwire object directly under the root."""
+        super().clean_leftovers(names)
+        uploads = self._pending_uploads()
+        if uploads:
+            on_loop(self.loop, self._abort_uploads(uploads))
+
+    def _pending_uploads(self) -> list[tuple[str, str]]:
+        """``(key, upload id)`` of every unfinished multipart upload of an rlwire object
+        directly under the root."""
+        bucket, prefix = self.bucket_key(self.root + "/")
+        out: list[tuple[str, str]] = []
+        marker: dict[str, str] = {}
+        while True:
+            page = on_loop(
+                self.loop,
+                self.fs._call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix, **marker),
+            )
+            for upload in page.get("Uploads", []) or []:
+                key = str(upload["Key"])
+                if STORED_RE.fullmatch(key[len(prefix) :]):
+                    out.append((key, str(upload["UploadId"])))
+            if not page.get("IsTruncated"):
+                return out
+            marker = {
+                "KeyMarker": page["NextKeyMarker"],
+                "UploadIdMarker": page["NextUploadIdMarker"],
+            }
+
+    async def _abort_uploads(self, uploads: Sequence[tuple[str, str]]) -> None:
+        bucket = self.bucket
+        await _gather_or_cancel(
+            [
+                self.fs._call_s3("abort_multipart_upload", Bucket=bucket, Key=k, UploadId=u)
+                for k, u in uploads
+            ]
+        )
+
+    def staging(self, *, part_bytes: int, max_concurrency: int | None) -> S3Staging:
+        return S3Staging(self, part_bytes, self.concurrency(max_concurrency))
+
+    def get(self, path: str) -> bytes | bytearray | None:
+        return on_loop(self.loop, self._get(path, self.concurrency()))
+
+    async def _get(self, path: str, window: int) -> bytes | bytearray | None:
+        """One ranged GET answers small objects and tells the size of large ones, whose
+        other ranges are then fetched ``window`` at a time straight into one buffer: no
+        HEAD request, and no joining of chunks afterwards."""
+        fs = self.fs
+        bucket, key = self.bucket_key(path)
+        try:
+            resp = await fs._call_s3(
+                "get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{READ_BYTES - 1}"
+            )
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if "InvalidRange" in str(exc) or "not satisfiable" in str(exc).lower():
+                name = key.rpartition("/")[2]
+                raise CorruptFrameError(f"{self.url}/{name}: empty object") from exc
+            raise
+        try:
+            first: bytes = await resp["Body"].read()
+        finally:
+            resp["Body"].close()
+        total = _total_size(resp.get("ContentRange"), len(first))
+        if total == len(first):
+            return first
+        buf = bytearray(total)
+        buf[: len(first)] = first
+        etag = resp.get("ETag")
+        sem = asyncio.Semaphore(window)
+
+        async def fetch(start: int) -> None:
+            end = min(start + READ_BYTES, total)
+            async with sem:
+                # If-Match: a range of another version of the object must not be mixed in.
+                extra = {"IfMatch": etag} if etag else {}
+                r = await fs._call_s3(
+                    "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **extra
+                )
+                try:
+                    data = await r["Body"].read()
+                finally:
+                    r["Body"].close()
+            if len(data) != end - start:
+                raise CorruptFrameError(f"{self.url}/{key}: short read at offset {start}")
+            buf[start:end] = data
+
+        await _gather_or_cancel([fetch(s) for s in range(len(first), total, READ_BYTES)])
+        return buf
+
+
+def _total_size(content_range: str | None, got: int) -> int:
+    """The object size from a ``Content-Range: bytes a-b/size`` header."""
+    if content_range and "/" in content_range:
+        size = content_range.rpartition("/")[2]
+        if size.isdigit():
+            return int(size)
+    return got

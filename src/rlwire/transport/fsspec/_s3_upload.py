@@ -1,0 +1,293 @@
+"""S3 multipart uploads: how one step goes up to S3 without becoming visible.
+
+Each large object is a multipart upload whose parts are cut from the frame's buffers one
+part at a time (never joining the whole object in memory) and uploaded several at once,
+on fsspec's I/O loop, while the staging thread cuts the next part. The step becomes
+visible only when :meth:`S3Staging.commit` completes the uploads, and a cancelled or
+failed send aborts them, so nothing is ever half-visible. Small objects are put whole at
+commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import io
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ..._slicing import Sliced, SliceTimer
+from ...errors import transport_error
+from ._store import Staging
+
+if TYPE_CHECKING:
+    from ._s3 import S3Store
+
+__all__ = ["MIN_PART_BYTES", "PART_BYTES", "SMALL_BYTES", "S3Staging", "on_loop"]
+
+T = TypeVar("T")
+
+#: Default size of one multipart-upload part. Parts are copied out of the frame's buffers
+#: (botocore takes bytes, bytearrays or files, not memoryviews), one at a time, so memory
+#: use is bounded by (concurrency + 1) parts, whatever the size of the step.
+PART_BYTES = 8 << 20
+#: S3's smallest part (all but the last), and its largest number of parts per upload.
+MIN_PART_BYTES = 5 << 20
+_MAX_PARTS = 10_000
+#: Objects below this are put whole at commit: one request instead of three.
+SMALL_BYTES = 1 << 20
+#: Bytes copied (GIL held) between checks for the end of a slice of work.
+_COPY_BYTES = 2 << 20
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on fsspec's I/O loop (another thread) and wait for its result."""
+    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+
+@dataclass(eq=False)
+class _S3Object:
+    """One object on its way to S3: bytes to put whole, or a multipart upload."""
+
+    bucket: str
+    key: str
+    data: bytes | None = None
+    upload_id: str | None = None
+    etags: dict[int, str] = field(default_factory=dict)
+    finished: bool = False
+
+    async def finish(self, fs: Any) -> None:
+        if self.data is not None:
+            await fs._call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=self.data)
+        else:
+            parts = [{"PartNumber": n, "ETag": e} for n, e in sorted(self.etags.items())]
+            await fs._call_s3(
+                "complete_multipart_upload",
+                Bucket=self.bucket,
+                Key=self.key,
+                UploadId=self.upload_id,
+                MultipartUpload={"Parts": parts},
+            )
+        self.finished = True
+        self.data = None
+
+    async def abort(self, fs: Any) -> None:
+        self.data = None
+        if self.upload_id is not None and not self.finished:
+            await fs._call_s3(
+                "abort_multipart_upload", Bucket=self.bucket, Key=self.key, UploadId=self.upload_id
+            )
+
+
+async def _each(
+    objs: Sequence[_S3Object], action: Callable[[_S3Object], Coroutine[Any, Any, None]]
+) -> list[BaseException | None]:
+    """Run ``action`` on every object at once; the exception of each, or None."""
+    return await asyncio.gather(*(action(o) for o in objs), return_exceptions=True)
+
+
+async def _delete(fs: Any, objs: Sequence[_S3Object]) -> None:
+    await asyncio.gather(
+        *(fs._call_s3("delete_object", Bucket=o.bucket, Key=o.key) for o in objs),
+        return_exceptions=True,
+    )
+
+
+class S3Staging(Staging):
+    """Multipart uploads with every part uploaded, and small objects held in memory.
+
+    Args:
+        store: where the objects go.
+        part_bytes: size of one part (grown when an object would need more than
+            10,000 parts).
+        window: parts uploaded at once.
+    """
+
+    def __init__(self, store: S3Store, part_bytes: int, window: int) -> None:
+        self.store = store
+        self.part_bytes = part_bytes
+        self.sidecars: list[_S3Object] = []
+        self.mains: list[_S3Object] = []
+        self._uploader = _Uploader(store, window)
+
+    @property
+    def max_parts_in_flight(self) -> int:
+        """The most part uploads that were in flight at once while staging (diagnostic)."""
+        return self._uploader.max_in_flight
+
+    def add(self, path: str, chunks: Sequence[bytes | memoryview], *, main: bool) -> Sliced[None]:
+        """Hold a small object for a put at commit; start a multipart upload of a large
+        one, whose parts are copied out one at a time and uploaded concurrently."""
+        views = [memoryview(c).cast("B") for c in chunks]
+        size = sum(v.nbytes for v in views)
+        bucket, key = self.store.bucket_key(path)
+        obj = _S3Object(bucket, key)
+        into = self.mains if main else self.sidecars
+        if size < SMALL_BYTES:
+            obj.data = b"".join(views)
+            into.append(obj)
+            return
+        out = on_loop(
+            self.store.loop,
+            self.store.fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key),
+        )
+        obj.upload_id = str(out["UploadId"])
+        into.append(obj)  # from here on, discard() aborts it
+        part = max(self.part_bytes, -(-size // _MAX_PARTS))
+        uploader = self._uploader
+        timer = SliceTimer()
+        buf: io.BytesIO | None = None
+        filled = length = number = 0
+        left = size
+        for view in views:
+            pos = 0
+            while pos < view.nbytes:
+                if buf is None:
+                    yield from uploader.room()
+                    buf, filled, length = io.BytesIO(), 0, min(part, left)
+                n = min(view.nbytes - pos, length - filled, _COPY_BYTES)
+                buf.write(view[pos : pos + n])
+                pos += n
+                filled += n
+                if filled == length:
+                    number += 1
+                    left -= length
+                    buf.seek(0)
+                    uploader.submit(obj, number, buf)
+                    buf = None
+                if timer.due():
+                    yield
+                    timer.restart()
+
+    def finish(self) -> Sliced[None]:
+        return self._uploader.drain()
+
+    def commit(self) -> None:
+        fs, url, loop = self.store.fs, self.store.url, self.store.loop
+        errs = on_loop(loop, _each(self.sidecars, lambda o: o.finish(fs)))
+        failed = [e for e in errs if e is not None]
+        if failed:
+            self.discard()
+            with contextlib.suppress(Exception):  # sidecars without a main are garbage
+                on_loop(loop, _delete(fs, [o for o in self.sidecars if o.finished]))
+            raise transport_error(
+                failed[0], "commit the step (nothing was made visible)", where=url
+            )
+        errs = on_loop(loop, _each(self.mains, lambda o: o.finish(fs)))
+        ranks = [rank for rank, e in enumerate(errs) if e is None]
+        failed = [e for e in errs if e is not None]
+        if not failed:
+            self.visible = True
+            return
+        # A request that failed may still have landed (a lost reply): ask, and count the
+        # step as visible when unsure, so the sender never reuses its number.
+        self.visible = bool(ranks) or self._any_main_exists()
+        self.discard()
+        if self.visible:
+            raise transport_error(
+                failed[0], f"commit the step in full (visible for ranks {ranks} only)", where=url
+            )
+        with contextlib.suppress(Exception):
+            on_loop(loop, _delete(fs, self.sidecars))
+        raise transport_error(failed[0], "commit the step (nothing was made visible)", where=url)
+
+    def _any_main_exists(self) -> bool:
+        async def exists(o: _S3Object) -> None:
+            await self.store.fs._call_s3("head_object", Bucket=o.bucket, Key=o.key)
+
+        try:
+            errs = on_loop(
+                self.store.loop, _each([o for o in self.mains if not o.finished], exists)
+            )
+        except Exception:
+            return True
+        return any(e is None or not isinstance(e, FileNotFoundError) for e in errs)
+
+    def discard(self) -> None:
+        # Best effort: a failure here must not hide the error that led to it, and a
+        # multipart upload left behind is invisible to readers (the next
+        # on_existing="overwrite" or "resume" aborts it).
+        self._uploader.cancel()
+        fs = self.store.fs
+        with contextlib.suppress(Exception):
+            on_loop(self.store.loop, _each([*self.mains, *self.sidecars], lambda o: o.abort(fs)))
+
+
+async def _upload_part(fs: Any, obj: _S3Object, number: int, body: io.BytesIO) -> str:
+    """Upload one part; its ETag.
+
+    The part goes as a BytesIO, which aiohttp streams in chunks (a large bytes body
+    would be written in one go, and aiohttp warns about it). A stream is consumed by a
+    try, so this calls the client directly: botocore's own retries rewind the stream,
+    where a retry around the call (s3fs's) would resend it from its end.
+    """
+    from s3fs.errors import translate_boto_error
+
+    await fs.set_session()
+    client = await fs.get_s3(obj.bucket)
+    kwargs = fs._get_s3_method_kwargs(
+        client.upload_part,
+        Bucket=obj.bucket,
+        Key=obj.key,
+        UploadId=obj.upload_id,
+        PartNumber=number,
+        Body=body,
+    )
+    try:
+        out = await client.upload_part(**kwargs)
+    except Exception as exc:  # S3's error codes as OSErrors (NoSuchUpload, ...), like s3fs
+        translated = translate_boto_error(exc)
+        if translated is exc:
+            raise
+        raise translated from exc
+    return str(out["ETag"])
+
+
+class _Uploader:
+    """Uploads parts on fsspec's I/O loop, at most ``window`` at a time, while the
+    staging thread cuts the next ones."""
+
+    def __init__(self, store: S3Store, window: int) -> None:
+        self.store = store
+        self.window = window
+        self.inflight: dict[concurrent.futures.Future[str], tuple[_S3Object, int]] = {}
+        self.max_in_flight = 0
+
+    def submit(self, obj: _S3Object, number: int, body: io.BytesIO) -> None:
+        fut = asyncio.run_coroutine_threadsafe(
+            _upload_part(self.store.fs, obj, number, body), self.store.loop
+        )
+        self.inflight[fut] = (obj, number)
+        self._reap([f for f in self.inflight if f.done()])
+        self.max_in_flight = max(self.max_in_flight, len(self.inflight))
+
+    def room(self) -> Sliced[None]:
+        """Wait until another part may be submitted."""
+        while len(self.inflight) >= self.window:
+            self._wait()
+            yield
+
+    def drain(self) -> Sliced[None]:
+        """Wait until every part is uploaded."""
+        while self.inflight:
+            self._wait()
+            yield
+
+    def _wait(self) -> None:
+        # A short timeout bounds how long a cancelled send takes to notice.
+        done, _ = concurrent.futures.wait(
+            self.inflight, timeout=0.05, return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        self._reap(done)
+
+    def _reap(self, done: Iterable[concurrent.futures.Future[str]]) -> None:
+        for fut in list(done):
+            obj, number = self.inflight.pop(fut)
+            obj.etags[number] = fut.result()  # raises the upload's error
+
+    def cancel(self) -> None:
+        for fut in self.inflight:
+            fut.cancel()
+        self.inflight.clear()

@@ -1,0 +1,150 @@
+"""FsspecSink: writes each step's frames as objects under an fsspec URL."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from anyio import CapacityLimiter
+
+from ..._args import check_int
+from ..._slicing import Sliced
+from ...errors import StepExistsError
+from ...frame import Frame
+from .._base import OnExisting, Sink, SinkOptions, SourceOptions, Staged
+from .._layout import checksum_segments, plan
+from .._names import MAIN_RE, STORED_RE, main_name, sidecar_name, start_step
+from .._url import URL
+from ._connection import Connection, translate_errors
+from ._s3_upload import MIN_PART_BYTES, PART_BYTES
+from ._source import FsspecSource
+
+__all__ = ["FsspecSink"]
+
+
+class FsspecSink(Sink):
+    """Writes each step's frames as objects under an fsspec URL.
+
+    Works with any fsspec filesystem; S3 (s3fs) gets streamed, concurrent multipart
+    uploads. ``storage_options`` go to the filesystem's constructor as fsspec users
+    expect (``endpoint_url``, ``key``, ``secret``, ``client_kwargs``, ``anon``, ...);
+    s3fs's ``max_concurrency`` also bounds how many parts are uploaded at once. The
+    filesystem is made, and the bucket checked, lazily in a worker thread, once.
+
+    Args:
+        url: ``protocol://path``, e.g. ``s3://bucket/run-7`` or ``memory://run``.
+        storage_options: keyword arguments for the fsspec filesystem.
+        checksum: record an xxh3-64 checksum of every segment, which readers verify.
+        part_bytes: size of one multipart-upload part (at least 5 MiB; grown when an
+            object would need more than 10,000 parts).
+        max_concurrency: parts uploaded at once (default: the filesystem's
+            ``max_concurrency``, else 8). Memory use is about ``part_bytes`` times this.
+
+    ``fsync`` is meaningless for object stores and ignored: an object is durable once
+    the request that makes it visible returns. Every send is committed before it
+    returns, so :meth:`close` has nothing to flush; it does not close the filesystem,
+    which fsspec caches and shares within the process.
+
+    Raises:
+        ConfigError: a malformed URL, a protocol or package fsspec lacks, or storage
+            options the filesystem rejects (when it is first used).
+        TransportError: the bucket does not exist, or a request fails; the message names
+            the URL and what failed. A failed or cancelled send leaves nothing visible.
+        StepExistsError: a step exists at the destination.
+
+    Example:
+        >>> import anyio, rlwire
+        >>> async def main() -> int:
+        ...     async with rlwire.open_sender("memory://doc-example") as sender:
+        ...         return await sender.send(rlwire.TrainingBatch(samples=[]))
+        >>> anyio.run(main)
+        0
+    """
+
+    def __init__(
+        self,
+        url: str | URL,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        checksum: bool = True,
+        part_bytes: int = PART_BYTES,
+        max_concurrency: int | None = None,
+    ) -> None:
+        self._conn = Connection(url, storage_options)
+        check_int(part_bytes, "part_bytes (S3's minimum part is 5 MiB)", low=MIN_PART_BYTES)
+        if max_concurrency is not None:
+            check_int(max_concurrency, "max_concurrency", low=1)
+        self.url = self._conn.url
+        self.checksum = checksum
+        self.part_bytes = part_bytes
+        self.max_concurrency = max_concurrency
+
+    def __repr__(self) -> str:
+        return f"FsspecSink({self.url!r})"
+
+    @classmethod
+    def from_url(cls, url: URL, options: SinkOptions) -> FsspecSink:
+        return cls(url, storage_options=options.storage_options, checksum=options.checksum)
+
+    @classmethod
+    def open_source(cls, url: URL, options: SourceOptions) -> FsspecSource:
+        return FsspecSource(
+            url,
+            rank=options.rank,
+            writable=options.writable,
+            verify=options.verify,
+            poll_interval=options.poll_interval,
+            storage_options=options.storage_options,
+        )
+
+    async def aopen(self, on_existing: OnExisting, limiter: CapacityLimiter) -> int:
+        # Connect in an abandonable thread first: cancelling this open does not wait for
+        # a slow first request, and the connection is still made for the next caller.
+        await self._conn.aget(limiter)
+        return await super().aopen(on_existing, limiter)
+
+    def open(self, on_existing: OnExisting) -> int:
+        store = self._conn.get()
+        with translate_errors(self.url, "list the destination"):
+            names = store.names()
+        step = start_step(self.url, names, on_existing)
+        if on_existing == "error":
+            return step
+        # Leftovers of a killed sender (temporary keys, unfinished multipart uploads) are
+        # invisible to readers, but billed.
+        with translate_errors(self.url, "clean up after an earlier run"):
+            store.clean_leftovers(names)
+        if on_existing == "overwrite":
+            with translate_errors(self.url, "delete earlier steps"):
+                # Main objects first, so no reader meets a main object without its sidecar.
+                store.remove([n for n in names if MAIN_RE.fullmatch(n)])
+                store.remove(
+                    [n for n in names if STORED_RE.fullmatch(n) and not MAIN_RE.fullmatch(n)]
+                )
+        return step
+
+    def stage(self, step: int, frames: Sequence[Frame]) -> Sliced[Staged]:
+        store = self._conn.get()
+        with translate_errors(self.url, f"check whether step {step} exists"):
+            existing = store.existing([store.path(main_name(step, r)) for r in range(len(frames))])
+        if existing:
+            raise StepExistsError(
+                f"{self.url}/{main_name(step, existing[0])}: step {step} rank {existing[0]} "
+                "already exists at the destination"
+            )
+        staging = store.staging(part_bytes=self.part_bytes, max_concurrency=self.max_concurrency)
+        try:
+            with translate_errors(self.url, f"{store.stage_verb} step {step}"):
+                for rank, frame in enumerate(frames):
+                    sums = (yield from checksum_segments(frame)) if self.checksum else None
+                    layout = plan(frame, step, rank, sums)
+                    if layout.sidecar:
+                        side_path = store.path(sidecar_name(step, rank))
+                        yield from staging.add(side_path, layout.sidecar, main=False)
+                    main_path = store.path(main_name(step, rank))
+                    yield from staging.add(main_path, layout.main, main=True)
+                yield from staging.finish()
+        except BaseException:
+            staging.discard()
+            raise
+        return staging

@@ -1,0 +1,99 @@
+"""FsspecSource: reads, for one rank, the objects an FsspecSink wrote."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...frame import Frame
+from .._stored import StoredSource
+from .._url import URL
+from ._connection import Connection, translate_errors
+
+__all__ = ["MAX_POLL_INTERVAL", "FsspecSource"]
+
+#: Longest wait between two polls of a remote store, however long nothing arrives.
+MAX_POLL_INTERVAL = 1.0
+
+
+class FsspecSource(StoredSource):
+    """Reads the objects an :class:`FsspecSink` wrote, for one rank.
+
+    Each read is one GET of the main object (S3: ranged GETs, several at once, for
+    large objects, straight into one buffer) and, if the message has one, of its
+    sidecar; arrays are views over those buffers. While nothing arrives, polls back off
+    from ``poll_interval`` to ``max_poll_interval`` (doubling), and return to
+    ``poll_interval`` after each message, so idle receivers do not hammer the store.
+
+    Args:
+        url: the URL the sink writes to.
+        rank: the data-parallel rank to read.
+        writable: return writable buffers (bytearrays, never shared).
+        verify: check every segment against its recorded checksum.
+        poll_interval: seconds before the first re-check after a miss.
+        storage_options: keyword arguments for the fsspec filesystem.
+        max_poll_interval: the longest wait between checks (in-memory stores: no back-off).
+
+    Raises:
+        CorruptFrameError: a stored message is truncated or garbled, or its sidecar is
+            missing.
+        TransportError: a request fails (the message names the object).
+
+    Example:
+        >>> source = FsspecSource("memory://doc-empty")
+        >>> source.read(0) is None
+        True
+    """
+
+    def __init__(
+        self,
+        url: str | URL,
+        *,
+        rank: int = 0,
+        writable: bool = False,
+        verify: bool = True,
+        poll_interval: float = 0.01,
+        storage_options: Mapping[str, Any] | None = None,
+        max_poll_interval: float = MAX_POLL_INTERVAL,
+    ) -> None:
+        self._conn = Connection(url, storage_options)
+        self.url = self._conn.url
+        self.rank = rank
+        self.writable = writable
+        self.verify = verify
+        self.poll_interval = poll_interval
+        self.max_poll_interval = (
+            poll_interval if self._conn.local else max(poll_interval, max_poll_interval)
+        )
+        self._interval = poll_interval  # the wait after the latest miss
+        self._next_interval = poll_interval
+
+    def __repr__(self) -> str:
+        return f"FsspecSource({self.url!r}, rank={self.rank})"
+
+    @property
+    def interval(self) -> float:
+        """The wait before the next check: grows while nothing arrives."""
+        return self._interval
+
+    def locate(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+    def read(self, step: int) -> Frame | None:
+        frame = super().read(step)
+        if frame is None:
+            self._interval = self._next_interval
+            self._next_interval = min(self._next_interval * 2, self.max_poll_interval)
+        else:
+            self._interval = self._next_interval = self.poll_interval
+        return frame
+
+    def load(self, name: str) -> memoryview | None:
+        store = self._conn.get()
+        with translate_errors(self.locate(name), "read"):
+            data = store.get(store.path(name))
+        if data is None:
+            return None
+        if self.writable:
+            return memoryview(data if isinstance(data, bytearray) else bytearray(data))
+        return memoryview(data).toreadonly()

@@ -1,0 +1,116 @@
+"""The strategy the fsspec sink and source call instead of asking "is this S3?".
+
+A :class:`Store` is a ready fsspec filesystem together with how rlwire finds, stages and
+reads its objects there. The connection (``_connection``) chooses one, once, when it
+makes the filesystem: ``S3Store`` (``_s3``) for S3 through s3fs, with streamed multipart
+uploads and ranged reads, and ``GenericStore`` (``_generic``) for every other
+filesystem, with hidden temporary keys moved into place.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from ..._slicing import Sliced
+from .._base import Staged
+from .._names import TEMP_RE
+
+__all__ = ["Staging", "Store"]
+
+
+class Staging(Staged):
+    """A step being written where readers cannot see it yet, one object at a time: each
+    rank's sidecar (if it has one), then its main object.
+
+    :meth:`commit` makes the objects visible, sidecars first and main objects last;
+    :meth:`discard` removes everything staged, including what is still in flight.
+    """
+
+    @abc.abstractmethod
+    def add(self, path: str, chunks: Sequence[bytes | memoryview], *, main: bool) -> Sliced[None]:
+        """Stage the object at ``path`` whose bytes are ``chunks``, in order. ``main``
+        says whether it is a main object (made visible last) or a sidecar. From the
+        first slice on, :meth:`discard` removes whatever this call left behind.
+        Backend errors pass through: the sink turns them into a TransportError.
+        """
+
+    def finish(self) -> Sliced[None]:
+        """Wait for the writes :meth:`add` left in flight; raises the first one's error.
+        Stores that write synchronously have nothing to wait for."""
+        yield from ()
+
+
+class Store(abc.ABC):
+    """A ready filesystem, where under it the messages live, and how to reach them.
+
+    Blocking methods run in worker threads and raise whatever the backend raises
+    (``FileNotFoundError`` aside where said); callers turn that into a TransportError
+    naming the URL.
+
+    Args:
+        fs: the fsspec filesystem.
+        url: the URL as users wrote it, for messages.
+        root: the filesystem path of the directory or key prefix, without a trailing
+            ``/``.
+    """
+
+    #: The verb naming what :meth:`staging` does, in error messages.
+    stage_verb: ClassVar[str] = "write"
+
+    def __init__(self, fs: Any, url: str, root: str) -> None:
+        self.fs = fs
+        self.url = url
+        self.root = root
+
+    def path(self, name: str) -> str:
+        """The filesystem path of the object ``name`` directly under the root."""
+        return f"{self.root}/{name}"
+
+    def check(self) -> None:  # noqa: B027 - optional hook
+        """Make sure the destination can be reached; called once, by the connection.
+
+        Raises:
+            ConfigError: the filesystem rejects its options.
+            TransportError: the destination does not exist or cannot be reached.
+        """
+
+    def names(self) -> list[str]:
+        """Names directly under the root, fresh from the store (not fsspec's listing
+        cache); none if the root does not exist."""
+        self.fs.invalidate_cache(self.root)
+        try:
+            paths = self.fs.ls(self.root, detail=False)
+        except FileNotFoundError:
+            return []
+        return [str(p).rstrip("/").rpartition("/")[2] for p in paths]
+
+    def remove(self, names: Sequence[str]) -> None:
+        """Delete the objects ``names`` directly under the root."""
+        if names:
+            self.fs.rm([self.path(n) for n in names])
+            self.fs.invalidate_cache(self.root)
+
+    def clean_leftovers(self, names: Sequence[str]) -> None:
+        """Remove what a killed sender left behind, invisible to readers: the temporary
+        keys among ``names`` (the root's listing)."""
+        self.remove([n for n in names if TEMP_RE.fullmatch(n)])
+
+    @abc.abstractmethod
+    def existing(self, paths: Sequence[str]) -> list[int]:
+        """Indices of ``paths`` that exist."""
+
+    @abc.abstractmethod
+    def staging(self, *, part_bytes: int, max_concurrency: int | None) -> Staging:
+        """A new, empty :class:`Staging` for one step. ``part_bytes`` and
+        ``max_concurrency`` are the sink's multipart options, for stores that use them.
+        """
+
+    @abc.abstractmethod
+    def get(self, path: str) -> bytes | bytearray | None:
+        """The whole object at ``path``, or None if it does not exist.
+
+        Raises:
+            CorruptFrameError: the object cannot be read as a whole (empty, short).
+        """

@@ -1,0 +1,45 @@
+"""ZeroMQ sink and source: ``zmq+tcp://host:port`` and ``zmq+ipc:///path``.
+
+The sender binds a ROUTER socket; each receiver connects a DEALER socket and announces
+itself with a *ready* message naming its rank, so the sender knows who is there before
+it sends step 0 and a receiver that starts late misses nothing. Two patterns:
+
+``ranks`` (default)
+    per-rank fan-out: ``send_ranks(objs)`` sends ``objs[r]`` only to the receiver of
+    rank ``r``, and waits until every rank has announced itself.
+``shared``
+    one producer, consumers sharing work: each step goes to one consumer, the next one
+    whose queue has room, so a slow consumer gets less.
+
+A message is a multipart ZeroMQ message: a small *head* (magic, version, session, step,
+sequence number, rank, codec, per-segment compression, checksums), the codec's header,
+then one frame per out-of-band buffer, sent zero-copy. Every message to a receiver carries
+the next sequence number of the sender's session, so a receiver detects a lost message
+and raises :class:`~rlwire.errors.StepGapError` instead of training on a hole.
+High-water marks bound the queue per receiver; a full queue makes the sender wait, never
+drop. A send returns once ZeroMQ has released the message's buffers (handed them to the
+kernel), so the caller may reuse its arrays. Receivers acknowledge what they read, and
+closing a sender waits until every receiver that is still there has read everything sent
+to it (up to ``linger`` seconds in all): ZeroMQ itself drops what a slow receiver had not
+yet taken off its connection when the sender closes it.
+
+Sockets are driven by the task that holds the sender, waiting on the socket's
+edge-triggered file descriptor with :func:`anyio.wait_readable` and re-reading
+``ZMQ_EVENTS`` after every wake-up: the same code runs under asyncio, uvloop and trio.
+
+The modules, one concept each:
+
+``_protocol``
+    the messages exactly as docs/format.md ("ZeroMQ messages") specifies them
+``_peers``
+    the sender's bookkeeping of its receivers: handshake, ranks, acknowledgements
+``_sockets``
+    endpoints, CURVE keys, waiting on a socket's descriptor
+``_sink`` / ``_source``
+    :class:`ZmqSink` and :class:`ZmqSource`
+"""
+
+from ._sink import ZmqSink
+from ._source import ZmqSource
+
+__all__ = ["ZmqSink", "ZmqSource"]

@@ -1,0 +1,219 @@
+"""The sender's bookkeeping of the receivers connected to its ROUTER socket.
+
+A receiver counts once its ``ready`` message has arrived (the handshake of
+docs/format.md): in the ``ranks`` pattern as the receiver of the rank it names, replacing
+an earlier one (a receiver that restarted), in the ``shared`` pattern as one more
+consumer. Each message to a receiver carries that receiver's next sequence number; the
+receiver acknowledges what it has read, so a closing sender knows whom it must still wait
+for. A receiver that says ``bye``, or that a send finds unreachable, is forgotten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Literal
+
+import zmq
+
+from ...errors import TransportError, transport_error
+from ._protocol import ACK, BYE, PING, READY, parse_ack, parse_ready
+from ._sockets import RETRY_SECONDS, Socket, has_message, wait_descriptor
+
+__all__ = ["Pattern", "Peers"]
+
+#: ``"ranks"``: each rank's payload goes to that rank's receiver; ``"shared"``: each step
+#: goes to one of the consumers.
+Pattern = Literal["ranks", "shared"]
+
+
+@dataclass(eq=False)
+class Peers:
+    """The receivers a sender's socket knows, which rank each serves, and how many of the
+    messages sent to each it has read.
+
+    Only the task that holds the sender uses it (ZeroMQ sockets are not thread-safe); the
+    sink's ``close`` uses it last, from a worker thread, once no send is running. Errors
+    it raises do not say where: the sink adds its endpoint as they pass.
+
+    Attributes:
+        socket: the sender's bound ROUTER socket, with ``ROUTER_MANDATORY`` set so that a
+            send to a full or vanished receiver fails instead of dropping.
+        session: the sender's 8-byte session, which acknowledgements must name.
+        pattern: ``"ranks"`` or ``"shared"``.
+        consumers: with ``"shared"``, how many consumers the first send waits for.
+        ready_timeout: seconds a send waits for a missing receiver (``None``: no limit).
+        delivered: True once a message went out: later sends stop waiting for
+            ``consumers``.
+    """
+
+    socket: Socket
+    _: KW_ONLY
+    session: bytes
+    pattern: Pattern
+    consumers: int
+    ready_timeout: float | None
+    delivered: bool = field(default=False, init=False)
+    # rank -> routing id of its receiver
+    _rank_peer: dict[int, bytes] = field(default_factory=dict, init=False, repr=False)
+    # routing id -> next sequence number
+    _seq: dict[bytes, int] = field(default_factory=dict, init=False, repr=False)
+    # routing id -> messages it has read
+    _acked: dict[bytes, int] = field(default_factory=dict, init=False, repr=False)
+    # round robin over consumers, for the shared pattern
+    _turn: int = field(default=0, init=False, repr=False)
+
+    async def await_ranks(self, ranks: int) -> None:
+        """Wait, sending nothing, until a receiver of each of ``ranks`` ranks has announced
+        itself: a step is not handed to some ranks and then given up for want of another
+        (a timeout or a cancellation meanwhile leaves the step unsent).
+
+        Raises:
+            TransportError: a rank's receiver is still missing after ``ready_timeout``.
+        """
+        deadline = self._deadline()
+        while True:
+            self.drain()
+            missing = [rank for rank in range(ranks) if rank not in self._rank_peer]
+            if not missing:
+                return
+            if _expired(deadline):
+                raise self._timed_out(missing)
+            await self._wait()
+
+    async def claim(self, rank: int) -> bytes:
+        """The routing id of the receiver that gets ``rank``'s message, once its queue has
+        room. The routing id part is sent here: the rest of the message must follow at
+        once, in the same task, with no checkpoint that could cancel it in between.
+
+        Raises:
+            TransportError: the receiver of ``rank`` disconnected (``ranks`` pattern), or
+                no receiver is there after ``ready_timeout``.
+        """
+        deadline = self._deadline()
+        while True:
+            self.drain()
+            for peer in self._candidates(rank):
+                try:
+                    self.socket.send(peer, zmq.SNDMORE | zmq.NOBLOCK)
+                except zmq.Again:
+                    continue  # this receiver's queue is full: backpressure
+                except zmq.ZMQError as exc:
+                    if exc.errno != zmq.EHOSTUNREACH:
+                        raise transport_error(exc, "send", where=None) from exc
+                    self.forget(peer)
+                    if self.pattern == "ranks":
+                        raise TransportError(
+                            f"the receiver of rank {rank} disconnected; it will get a "
+                            "StepGapError for this step when it reconnects"
+                        ) from exc
+                    continue
+                return peer
+            if _expired(deadline) and not self._candidates(rank):
+                raise self._timed_out([rank])
+            await self._wait()
+
+    def take_seq(self, peer: bytes) -> int:
+        """The sequence number of the message now going to ``peer``, counted as sent."""
+        self.delivered = True
+        seq = self._seq[peer]
+        self._seq[peer] = seq + 1
+        return seq
+
+    def drain(self) -> None:
+        """Take every ``ready``, ``ack`` and ``bye`` message waiting on the socket."""
+        while True:
+            try:
+                parts = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(parts) != 3:
+                continue  # not from an rlwire receiver
+            peer, kind, body = parts
+            if kind == BYE:
+                self.forget(peer)
+            elif kind == ACK:
+                self._acknowledged(peer, body)
+            elif kind == READY:
+                self._ready(peer, body)
+
+    def forget(self, peer: bytes) -> None:
+        """Drop ``peer`` (gone, or replaced by a receiver of the same rank)."""
+        self._seq.pop(peer, None)
+        self._acked.pop(peer, None)
+        for rank, known in list(self._rank_peer.items()):
+            if known == peer:
+                del self._rank_peer[rank]
+
+    def linger(self, deadline: float) -> None:
+        """Wait, until ``deadline`` (of :func:`time.monotonic`), for every receiver still
+        connected to read every message sent to it.
+
+        ZeroMQ's own linger is not enough: a receiver whose queue is full stops reading
+        its connection, and drops what is left in it once the sender closes it. A ZeroMQ
+        error ends the wait: the socket is being closed anyway.
+        """
+        with contextlib.suppress(zmq.ZMQError):
+            while (waiting := self._waiting()) and time.monotonic() < deadline:
+                for peer in waiting:  # one that went away without a word is unreachable
+                    try:
+                        self.socket.send_multipart([peer, PING], zmq.NOBLOCK)
+                    except zmq.Again:
+                        pass  # its queue is full: it is there
+                    except zmq.ZMQError:
+                        self.forget(peer)
+                self.socket.poll(int(RETRY_SECONDS * 1000), zmq.POLLIN)
+
+    def _ready(self, peer: bytes, body: bytes) -> None:
+        rank = parse_ready(body)
+        if rank is None:
+            return
+        self._seq.setdefault(peer, 0)
+        if self.pattern == "ranks":
+            old = self._rank_peer.get(rank)
+            if old is not None and old != peer:
+                self.forget(old)  # a restarted receiver replaces the old one
+            self._rank_peer[rank] = peer
+
+    def _acknowledged(self, peer: bytes, body: bytes) -> None:
+        ack = parse_ack(body)
+        if ack is not None and peer in self._seq and ack[0] == self.session:
+            self._acked[peer] = max(self._acked.get(peer, 0), ack[1] + 1)
+
+    def _candidates(self, rank: int) -> list[bytes]:
+        """The receivers that may get ``rank``'s message, in the order to try them."""
+        if self.pattern == "ranks":
+            peer = self._rank_peer.get(rank)
+            return [] if peer is None else [peer]
+        peers = list(self._seq)
+        if len(peers) < self.consumers and not self.delivered:
+            return []  # the first send waits for the consumers the user asked for
+        self._turn += 1
+        start = self._turn % len(peers) if peers else 0
+        return peers[start:] + peers[:start]
+
+    def _waiting(self) -> list[bytes]:
+        """The receivers that have not yet read everything sent to them."""
+        self.drain()
+        return [peer for peer, sent in self._seq.items() if self._acked.get(peer, 0) < sent]
+
+    async def _wait(self) -> None:
+        """Wait for any change on the socket (a message in, room in a queue), at most
+        :data:`RETRY_SECONDS`."""
+        if not has_message(self.socket):
+            await wait_descriptor(self.socket, RETRY_SECONDS)
+
+    def _deadline(self) -> float | None:
+        return None if self.ready_timeout is None else time.monotonic() + self.ready_timeout
+
+    def _timed_out(self, ranks: list[int]) -> TransportError:
+        if self.pattern == "ranks":
+            missing = f"no receiver of rank {', '.join(map(str, ranks))} announced itself"
+        else:
+            missing = f"{len(self._seq)} of {self.consumers} consumers announced themselves"
+        return TransportError(f"{missing} within ready_timeout={self.ready_timeout} s")
+
+
+def _expired(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() > deadline

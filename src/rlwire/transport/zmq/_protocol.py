@@ -1,0 +1,269 @@
+"""The ZeroMQ messages, exactly as docs/format.md ("ZeroMQ messages") specifies them.
+
+A batch travels as one multipart message:
+
+part 0
+    the prelude (:data:`MAGIC`, then the major and minor :data:`VERSION` as little-endian
+    u16), then the :class:`Head`, a msgpack array; :func:`first_part` builds it
+part 1
+    the codec header (segment 0)
+part 2 …
+    one part per out-of-band buffer (segments 1 …), in order, unpadded
+
+Control messages are a kind and a body: ``ready``, ``ack`` and ``bye`` go from a receiver
+to the sender, ``ping`` (a single part) from a sender to a receiver.
+
+This module builds and checks those parts and touches no socket. What it writes is the
+wire format: a change here is a change of docs/format.md, and of :data:`VERSION`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import msgspec
+
+from ...errors import CorruptFrameError
+from ...frame import Frame
+from .._layout import CHECKSUM, check_magic
+
+__all__ = [
+    "ACK",
+    "BYE",
+    "MAGIC",
+    "PING",
+    "READY",
+    "REANNOUNCE_SECONDS",
+    "VERSION",
+    "Head",
+    "Ready",
+    "ack_message",
+    "bye_message",
+    "first_part",
+    "frame_of",
+    "is_ping",
+    "make_head",
+    "parse_ack",
+    "parse_batch",
+    "parse_ready",
+    "ready_message",
+]
+
+MAGIC = b"RLWZ"
+#: (major, minor): a reader refuses a major version it does not know.
+VERSION = (1, 0)
+_PRELUDE = struct.Struct("<4sHH")
+_PRELUDE_BYTES = _PRELUDE.pack(MAGIC, *VERSION)
+
+#: Receiver -> sender, body ``[major version, rank]``: sent on connecting, and again after
+#: :data:`REANNOUNCE_SECONDS` without news, so that a sender that restarted learns who
+#: is there.
+READY = b"ready"
+#: Receiver -> sender, body: the session and ``seq`` of the last message read.
+ACK = b"ack"
+#: Receiver -> sender, empty body: the receiver is closing.
+BYE = b"bye"
+#: Sender -> receiver, a single part, ignored: a closing sender finds vanished receivers
+#: by the sends that fail.
+PING = b"ping"
+REANNOUNCE_SECONDS = 1.0
+
+_ACK_BODY = struct.Struct("<8sQ")
+
+
+class Head(msgspec.Struct, array_like=True, frozen=True):
+    """What part 0 of a batch message carries after the prelude, field by field as
+    docs/format.md lists them.
+
+    Attributes:
+        session: 8 random bytes, new for every sender.
+        seq: how many messages this session sent to this receiver before this one.
+        step: the step.
+        rank: the rank whose payload this is (meaningless when ``shared``).
+        shared: true for the ``shared`` pattern.
+        codec: the name of the codec that made the header.
+        sidecar: indices of the buffers the sender named sidecar fields.
+        compression: one compression id per segment, or empty.
+        raw_sizes: each segment's size before compression, or empty.
+        checksum: ``"xxh3-64"``, or ``None``.
+        checksums: one packed little-endian u64 per segment, or empty.
+    """
+
+    session: bytes
+    seq: int
+    step: int
+    rank: int
+    shared: bool
+    codec: str
+    sidecar: list[int]
+    compression: bytes
+    raw_sizes: list[int]
+    checksum: str | None
+    checksums: bytes
+
+
+class Ready(msgspec.Struct, array_like=True, frozen=True):
+    """The body of a ``ready`` message: the receiver's major version and its rank."""
+
+    major: int
+    rank: int
+
+
+_head_encoder = msgspec.msgpack.Encoder()
+_head_decoder = msgspec.msgpack.Decoder(Head)
+_ready_decoder = msgspec.msgpack.Decoder(Ready)
+
+
+def make_head(
+    frame: Frame, *, session: bytes, step: int, rank: int, shared: bool, checksums: bytes | None
+) -> Head:
+    """The head of the message that carries ``frame``, with ``seq`` left at 0 for
+    :func:`first_part` to set per receiver.
+
+    ``checksums`` is the packed xxh3-64 of every segment, or ``None`` to send none.
+    """
+    return Head(
+        session=session,
+        seq=0,
+        step=step,
+        rank=rank,
+        shared=shared,
+        codec=frame.codec,
+        sidecar=sorted(frame.sidecar),
+        compression=bytes(frame.compression),
+        raw_sizes=list(frame.raw_sizes),
+        checksum=None if checksums is None else CHECKSUM,
+        checksums=b"" if checksums is None else checksums,
+    )
+
+
+def first_part(head: Head, seq: int) -> bytes:
+    """Part 0 of a batch message: the prelude, then ``head`` as message ``seq`` of its
+    session to one receiver."""
+    return _PRELUDE_BYTES + _head_encoder.encode(msgspec.structs.replace(head, seq=seq))
+
+
+def is_ping(parts: Sequence[bytes | memoryview]) -> bool:
+    """True if ``parts`` is a sender's ``ping``, which a receiver ignores."""
+    return len(parts) == 1 and bytes(parts[0]) == PING
+
+
+def parse_batch(
+    parts: Sequence[bytes | memoryview], *, rank: int, where: str
+) -> tuple[Head, list[memoryview]]:
+    """Check a received batch message as docs/format.md asks a reader to, before anything
+    is decoded: the prelude and the version, the head, that the head's counts agree with
+    the number of parts, and that the message holds ``rank``'s payload (or is shared).
+    Checksums are left to the caller (see :func:`rlwire.transport._layout.verify_segments`).
+
+    Returns:
+        The head, and a view of each segment (parts 1 …), not copied.
+
+    Raises:
+        UnsupportedVersionError: a major version this reader does not know.
+        CorruptFrameError: anything else that is not as specified; ``where`` says where.
+
+    Example:
+        >>> parse_batch([b"xy"], rank=0, where="ipc:///run")
+        Traceback (most recent call last):
+        ...
+        rlwire.errors.CorruptFrameError: ipc:///run: not an rlwire message (2-byte head)
+    """
+    first = bytes(parts[0])
+    if len(first) < _PRELUDE.size:
+        raise CorruptFrameError(f"not an rlwire message ({len(first)}-byte head)", where=where)
+    magic, major, _minor = _PRELUDE.unpack_from(first)
+    check_magic(magic, major, expected=MAGIC, known=VERSION[0], what="ZeroMQ message", where=where)
+    try:
+        head = _head_decoder.decode(first[_PRELUDE.size :])
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise CorruptFrameError(f"malformed message head: {exc}", where=where) from exc
+    segments = len(parts) - 1
+    checks = {
+        "compression ids": (len(head.compression), segments if head.compression else 0),
+        "raw sizes": (len(head.raw_sizes), segments if head.compression else 0),
+        "checksums": (len(head.checksums), 8 * segments if head.checksum else 0),
+    }
+    for what, (found, expected) in checks.items():
+        if segments < 1 or found != expected:
+            raise CorruptFrameError(
+                f"the head disagrees with the message: {segments} segments, "
+                f"{found} {what} (expected {expected})",
+                where=where,
+            )
+    if not head.shared and head.rank != rank:
+        raise CorruptFrameError(f"holds rank {head.rank}'s payload", where=where)
+    return head, [memoryview(part) for part in parts[1:]]
+
+
+def frame_of(head: Head, segments: Sequence[memoryview], *, where: str) -> Frame:
+    """The Frame of a checked message: its segments, described by its head.
+
+    Raises:
+        CorruptFrameError: the head's description does not fit the segments.
+    """
+    try:
+        return Frame(
+            segments[0],
+            tuple(segments[1:]),
+            frozenset(head.sidecar),
+            head.codec,
+            tuple(head.compression),
+            tuple(head.raw_sizes),
+        )
+    except ValueError as exc:
+        raise CorruptFrameError(str(exc), where=where) from exc
+
+
+def ready_message(rank: int) -> list[bytes]:
+    """The ``ready`` message of a receiver of ``rank``.
+
+    Example:
+        >>> ready_message(2)
+        [b'ready', b'\\x92\\x01\\x02']
+    """
+    return [READY, msgspec.msgpack.encode(Ready(VERSION[0], rank))]
+
+
+def parse_ready(body: bytes) -> int | None:
+    """The rank a ``ready`` body announces, or ``None`` if it is malformed or of another
+    major version (a sender ignores such a receiver).
+
+    Example:
+        >>> parse_ready(ready_message(2)[1]), parse_ready(b"\\x92\\x09\\x02")  # version 9
+        (2, None)
+    """
+    try:
+        ready = _ready_decoder.decode(body)
+    except msgspec.DecodeError:
+        return None
+    return ready.rank if ready.major == VERSION[0] and ready.rank >= 0 else None
+
+
+def ack_message(session: bytes, seq: int) -> list[bytes]:
+    """The ``ack`` message of a receiver that has read message ``seq`` of ``session``.
+
+    Example:
+        >>> ack_message(b"S" * 8, 7)
+        [b'ack', b'SSSSSSSS\\x07\\x00\\x00\\x00\\x00\\x00\\x00\\x00']
+    """
+    return [ACK, _ACK_BODY.pack(session, seq)]
+
+
+def parse_ack(body: bytes) -> tuple[bytes, int] | None:
+    """``(session, seq)`` of an ``ack`` body, or ``None`` if it is malformed.
+
+    Example:
+        >>> parse_ack(ack_message(b"S" * 8, 7)[1]), parse_ack(b"short")
+        ((b'SSSSSSSS', 7), None)
+    """
+    if len(body) != _ACK_BODY.size:
+        return None
+    session, seq = _ACK_BODY.unpack(body)
+    return session, seq
+
+
+def bye_message() -> list[bytes]:
+    """The ``bye`` message of a receiver that is closing."""
+    return [BYE, b""]

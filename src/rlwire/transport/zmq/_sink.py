@@ -1,0 +1,269 @@
+"""ZmqSink: binds a ROUTER socket and sends each step's frames to the receivers there."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import anyio
+import anyio.lowlevel
+import zmq
+from anyio import CapacityLimiter
+
+from ..._args import check_int, check_positive
+from ..._slicing import Sliced, SliceTimer
+from ...errors import ConfigError, RlwireError, TransportError, transport_error
+from ...frame import Frame
+from .._base import OnExisting, Sink, SinkOptions, SourceOptions, Staged, reject_unknown
+from .._layout import checksum_segments
+from .._url import URL
+from ._peers import Pattern, Peers
+from ._protocol import Head, first_part, make_head
+from ._sockets import Context, Socket, curve_server_keys, endpoint, release, start_authenticator
+from ._source import ZmqSource, open_source
+
+__all__ = ["ZmqSink"]
+
+
+@dataclass
+class _Message:
+    head: Head
+    parts: list[bytes | memoryview]  # the frame's segments: parts 1 … of the message
+
+
+class _ZmqStaged(Staged):
+    def __init__(self, sink: ZmqSink, messages: list[_Message]) -> None:
+        self.sink = sink
+        self.messages = messages
+
+    async def acommit(self, limiter: CapacityLimiter) -> None:
+        try:
+            await self.sink._deliver(self)
+        except RlwireError as exc:
+            exc.add_context(where=self.sink.endpoint)
+            raise
+
+    def discard(self) -> None:
+        self.messages = []  # nothing reached the socket
+
+
+class ZmqSink(Sink):
+    """Sends each step's frames over a ZeroMQ ROUTER socket it binds.
+
+    Storage options (``open_sender(..., storage_options={...})``):
+
+    ``pattern``
+        ``"ranks"`` (default: each rank's receiver gets only its own payload) or
+        ``"shared"`` (each step goes to one of the consumers, sharing the work).
+    ``consumers``
+        with ``"shared"``, how many consumers must announce themselves before the first
+        send (default 1).
+    ``hwm``
+        messages queued per receiver before a send waits (default 2).
+    ``ready_timeout``
+        seconds a send waits for a receiver that has not announced itself (default:
+        no limit) before raising TransportError.
+    ``linger``
+        seconds closing a sender waits for receivers still connected that have not read
+        everything sent to them (default 30).
+    ``curve_secret_key`` / ``curve_public_key``
+        the sender's CURVE key pair (Z85, from :func:`zmq.curve_keypair`): encrypt
+        everything, and accept only receivers that know the public key.
+    ``curve_clients``
+        with CURVE, the public keys of the only receivers allowed to connect.
+
+    Raises:
+        ConfigError: a malformed URL or storage option.
+        TransportError: the address cannot be bound; a receiver disconnected while it
+            was being sent to; no receiver announced itself within ``ready_timeout``.
+
+    Example:
+        >>> from rlwire.abc import SinkOptions, parse_url
+        >>> sink = ZmqSink.from_url(parse_url("zmq+tcp://127.0.0.1:5599"), SinkOptions())
+        >>> sink.endpoint
+        'tcp://127.0.0.1:5599'
+    """
+
+    _OPTIONS = (
+        "pattern",
+        "consumers",
+        "hwm",
+        "ready_timeout",
+        "linger",
+        "curve_secret_key",
+        "curve_public_key",
+        "curve_clients",
+    )
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        checksum: bool = True,
+        pattern: Pattern = "ranks",
+        consumers: int = 1,
+        hwm: int = 2,
+        ready_timeout: float | None = None,
+        linger: float = 30.0,
+        curve_secret_key: bytes | None = None,
+        curve_clients: Iterable[bytes] | None = None,
+    ) -> None:
+        if pattern not in ("ranks", "shared"):
+            raise ConfigError(f"pattern must be 'ranks' or 'shared', got {pattern!r}")
+        self.endpoint = endpoint
+        self.checksum = checksum
+        self.pattern = pattern
+        self.consumers = consumers
+        self.hwm = hwm
+        self.ready_timeout = ready_timeout
+        self.linger = linger
+        self.curve_secret_key = curve_secret_key
+        self.curve_clients = None if curve_clients is None else frozenset(curve_clients)
+        self._context: Context | None = None
+        self._auth: Any = None
+        self._peers: Peers | None = None  # holds the socket while the sink is open
+        self._session = os.urandom(8)
+
+    def __repr__(self) -> str:
+        return f"ZmqSink({self.endpoint!r}, pattern={self.pattern!r})"
+
+    @property
+    def url(self) -> str:
+        """The URL receivers connect to: once open, with the port actually bound."""
+        return f"zmq+{self.endpoint}"
+
+    @classmethod
+    def from_url(cls, url: URL, options: SinkOptions) -> ZmqSink:
+        opts = options.storage_options
+        reject_unknown(url, opts, cls._OPTIONS)
+        secret, clients = curve_server_keys(url, opts)
+        ready_timeout = opts.get("ready_timeout")
+        return cls(
+            endpoint(url),
+            checksum=options.checksum,
+            pattern=opts.get("pattern", "ranks"),
+            consumers=check_int(opts.get("consumers", 1), "storage option 'consumers'", low=1),
+            hwm=check_int(opts.get("hwm", 2), "storage option 'hwm'", low=1),
+            ready_timeout=None
+            if ready_timeout is None
+            else check_positive(ready_timeout, "storage option 'ready_timeout'"),
+            linger=check_positive(opts.get("linger", 30.0), "storage option 'linger'"),
+            curve_secret_key=secret,
+            curve_clients=clients,
+        )
+
+    @classmethod
+    def open_source(cls, url: URL, options: SourceOptions) -> ZmqSource:
+        return open_source(url, options)
+
+    def open(self, on_existing: OnExisting) -> int:
+        # A socket keeps nothing from earlier runs, so every on_existing starts at 0.
+        context: Context = zmq.Context()
+        sock = context.socket(zmq.ROUTER)
+        auth = None
+        try:
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or unknown peer is an error
+            sock.setsockopt(zmq.SNDHWM, self.hwm)
+            if self.curve_secret_key is not None:
+                auth = start_authenticator(context, self.curve_clients)
+                sock.setsockopt(zmq.CURVE_SERVER, 1)
+                sock.setsockopt(zmq.CURVE_SECRETKEY, self.curve_secret_key)
+            sock.bind(self.endpoint)
+        except zmq.ZMQError as exc:
+            release(sock, context, auth, linger=0)  # nothing was sent
+            raise transport_error(exc, "bind", where=self.endpoint) from exc
+        # The address actually bound: zmq+tcp://host:0 picks a free port.
+        self.endpoint = cast(bytes, sock.getsockopt(zmq.LAST_ENDPOINT)).decode()
+        self._context, self._auth = context, auth
+        self._peers = Peers(
+            sock,
+            session=self._session,
+            pattern=self.pattern,
+            consumers=self.consumers,
+            ready_timeout=self.ready_timeout,
+        )
+        return 0
+
+    def stage(self, step: int, frames: Sequence[Frame]) -> Sliced[Staged]:
+        if self.pattern == "shared" and len(frames) > 1:
+            raise ConfigError(
+                f"the 'shared' pattern sends one object per step; got {len(frames)} "
+                "(use pattern='ranks' for per-rank payloads)",
+                where=self.endpoint,
+            )
+        messages = []
+        for rank, frame in enumerate(frames):
+            sums = (yield from checksum_segments(frame)) if self.checksum else None
+            head = make_head(
+                frame,
+                session=self._session,
+                step=step,
+                rank=rank,
+                shared=self.pattern == "shared",
+                checksums=sums,
+            )
+            messages.append(_Message(head, [frame.header, *frame.buffers]))
+        return _ZmqStaged(self, messages)
+
+    async def _deliver(self, staged: _ZmqStaged) -> None:
+        if self._peers is None:
+            raise TransportError("the sink is not open", where=self.endpoint)
+        peers = self._peers
+        if self.pattern == "ranks":
+            await peers.await_ranks(len(staged.messages))
+        trackers: list[zmq.MessageTracker] = []
+        for message in staged.messages:
+            rank = message.head.rank
+            peer = await peers.claim(rank)
+            # Once the routing id is accepted ZeroMQ takes the rest (its queue limit
+            # counts whole messages), so the message is delivered whole or not at all.
+            with anyio.CancelScope(shield=True):
+                staged.visible = True
+                first = first_part(message.head, peers.take_seq(peer))
+                try:
+                    await _send_rest(peers.socket, [first, *message.parts], trackers)
+                except zmq.ZMQError as exc:
+                    raise transport_error(exc, f"send rank {rank}", where=self.endpoint) from exc
+        # The caller's arrays are referenced, not copied: return only once ZeroMQ has
+        # let go of them, so they may be reused. A tracker has no descriptor to wait on.
+        delay = 0.0005
+        for tracker in trackers:
+            while not tracker.done:
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.01)
+
+    def close(self) -> None:
+        """Stop sending: wait, up to ``linger`` seconds, until every receiver still
+        connected has read what was sent to it, then release the socket and the address.
+        The sender runs this in a worker thread, shielded from cancellation."""
+        peers, context, auth = self._peers, self._context, self._auth
+        self._peers, self._context, self._auth = None, None, None
+        if peers is None or context is None:
+            return
+        deadline = time.monotonic() + self.linger
+        peers.linger(deadline)
+        # ZeroMQ's own linger, for what is still queued, within the same deadline.
+        remaining = max(0, int((deadline - time.monotonic()) * 1000))
+        release(peers.socket, context, auth, linger=remaining)
+
+
+async def _send_rest(
+    sock: Socket, parts: list[bytes | memoryview], trackers: list[zmq.MessageTracker]
+) -> None:
+    """Send ``parts`` after the routing id :meth:`Peers.claim` sent: the first one
+    copied, the others zero-copy with a tracker appended to ``trackers`` while ZeroMQ
+    holds them, in slices short enough to keep the event loop going."""
+    sock.send(parts[0], zmq.SNDMORE | zmq.NOBLOCK)
+    slicer = SliceTimer()
+    last = len(parts) - 1
+    for i, part in enumerate(parts[1:], start=1):
+        flags = zmq.NOBLOCK | (0 if i == last else zmq.SNDMORE)
+        tracker = sock.send(part, flags, copy=False, track=True)
+        if tracker is not None and not tracker.done:
+            trackers.append(tracker)
+        if slicer.due():
+            await anyio.lowlevel.checkpoint()
+            slicer.restart()

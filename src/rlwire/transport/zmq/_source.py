@@ -1,0 +1,280 @@
+"""ZmqSource: connects a DEALER socket to a ZmqSink and reads what it sends to one rank."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+
+import zmq
+
+from ..._args import check_int
+from ...errors import ConfigError, CorruptFrameError, StepGapError, TransportError, transport_error
+from ...frame import Frame
+from .._base import Source, SourceOptions, reject_unknown
+from .._layout import verify_segments
+from .._url import URL
+from ._protocol import (
+    REANNOUNCE_SECONDS,
+    Head,
+    ack_message,
+    bye_message,
+    frame_of,
+    is_ping,
+    parse_batch,
+    ready_message,
+)
+from ._sockets import (
+    RETRY_SECONDS,
+    Context,
+    Socket,
+    connect_curve,
+    endpoint,
+    has_message,
+    option_key,
+    release,
+    wait_descriptor,
+)
+
+__all__ = ["ZmqSource", "open_source"]
+
+
+class ZmqSource(Source):
+    """Receives what a :class:`ZmqSink` sends to one rank, over a DEALER socket.
+
+    Buffers are views of the received ZeroMQ frames (no copy); ``writable=True`` copies
+    each buffer once. Storage options (``open_receiver(..., storage_options={...})``):
+
+    ``hwm``
+        messages queued before the sender waits (default 2).
+    ``curve_server_key``
+        the sender's CURVE public key: encrypt, and refuse any other sender.
+    ``curve_public_key`` / ``curve_secret_key``
+        this receiver's key pair (made fresh when not given), for senders that allow
+        only listed receivers.
+
+    The receiver announces itself (``ready``) on connecting, and again whenever it has
+    heard nothing for a second, so a sender that restarted learns it is there; it
+    acknowledges every message it reads, so a closing sender knows when it is done.
+
+    Raises:
+        ConfigError: CURVE keys that do not go together.
+        TransportError: the socket cannot connect or receive.
+        StepGapError: a message was lost (the sequence or, for per-rank messages, the
+            step does not follow on); the next read returns the message after the gap.
+        CorruptFrameError: a message that is not well-formed or fails its checksums.
+
+    Example:
+        >>> source = ZmqSource("tcp://127.0.0.1:5599", rank=1)
+        >>> source.read(0) is None  # no sender there
+        True
+        >>> source.close()
+    """
+
+    _OPTIONS = ("hwm", "curve_server_key", "curve_public_key", "curve_secret_key")
+    consumes = True
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        rank: int = 0,
+        verify: bool = True,
+        writable: bool = False,
+        hwm: int = 2,
+        curve_server_key: bytes | None = None,
+        curve_public_key: bytes | None = None,
+        curve_secret_key: bytes | None = None,
+    ) -> None:
+        if curve_server_key is None and (curve_public_key or curve_secret_key):
+            raise ConfigError("a CURVE key pair needs curve_server_key", where=endpoint)
+        if curve_server_key is not None and (curve_public_key is None) != (
+            curve_secret_key is None
+        ):
+            raise ConfigError("give both curve_public_key and curve_secret_key", where=endpoint)
+        self.endpoint = endpoint
+        self.rank = rank
+        self.verify = verify
+        self.writable = writable
+        # The socket is used by one thread at a time: a read, a wait, or close().
+        self._lock = threading.Lock()
+        self._context: Context = zmq.Context()
+        sock = self._context.socket(zmq.DEALER)
+        try:
+            sock.setsockopt(zmq.RCVHWM, hwm)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.ROUTING_ID, os.urandom(12))
+            if curve_server_key is not None:
+                connect_curve(sock, curve_server_key, curve_public_key, curve_secret_key)
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            release(sock, self._context, None, linger=None)
+            raise transport_error(exc, "connect", where=endpoint) from exc
+        self._socket: Socket | None = sock
+        self._session: bytes | None = None
+        self._next_seq = 0
+        self._received = False
+        self._pending: tuple[int, Frame] | None = None
+        self._heard = 0.0  # when a message last arrived or this receiver last announced
+        self._ack: list[bytes] | None = None  # an acknowledgement still to send
+        try:
+            self._announce()
+        except zmq.ZMQError as exc:
+            self.close()
+            raise transport_error(exc, "announce itself", where=endpoint) from exc
+
+    def __repr__(self) -> str:
+        return f"ZmqSource({self.endpoint!r}, rank={self.rank})"
+
+    def describe(self, step: int) -> str:
+        # The step and rank travel as the error's context; a message read from a socket
+        # has no name of its own.
+        return self.endpoint
+
+    def read(self, step: int) -> Frame | None:
+        got = self.read_next(step)
+        return None if got is None else got[1]
+
+    def read_next(self, step: int) -> tuple[int, Frame] | None:
+        with self._lock:
+            if self._pending is not None:
+                got, self._pending = self._pending, None
+                return got
+            sock = self._require_socket()
+            self._send_ack()
+            while True:
+                try:
+                    parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    if time.monotonic() - self._heard > REANNOUNCE_SECONDS:
+                        self._announce()
+                    return None
+                except zmq.ZMQError as exc:
+                    raise transport_error(exc, "receive", where=self.endpoint) from exc
+                self._heard = time.monotonic()
+                views = [part.buffer for part in parts]
+                if is_ping(views):
+                    continue
+                head, frame = self._parse(views, step)
+                self._ack = ack_message(head.session, head.seq)
+                self._send_ack()
+                if not head.shared and not self._received and head.step < step:
+                    continue  # older than the step this receiver starts at
+                return self._check_order(head, step, frame)
+
+    def wait(self, timeout: float | None) -> None:
+        # Bounded, so that the next read_next re-announces this receiver to a sender
+        # that restarted (else a blocking receive waits forever); in short polls under
+        # the lock, since close() may be called from another thread meanwhile.
+        deadline = _deadline(timeout)
+        while (remaining := deadline - time.monotonic()) > 0:
+            with self._lock:
+                if self._socket is None or self._socket.poll(
+                    max(1, int(min(remaining, RETRY_SECONDS) * 1000)), zmq.POLLIN
+                ):
+                    return
+
+    async def await_message(self, timeout: float | None) -> None:
+        # Bounded, so a closed source or a re-announcement is noticed.
+        deadline = _deadline(timeout)
+        while (remaining := deadline - time.monotonic()) > 0:
+            sock = self._socket
+            try:
+                if sock is None or has_message(sock):
+                    return
+                await wait_descriptor(sock, min(remaining, RETRY_SECONDS))
+            except zmq.ZMQError:
+                return  # closed meanwhile: the next read says so
+
+    def close(self) -> None:
+        with self._lock:
+            sock, self._socket = self._socket, None
+            if sock is None:
+                return
+            with contextlib.suppress(zmq.ZMQError):  # else the sender learns from ZeroMQ
+                sock.send_multipart(bye_message(), zmq.NOBLOCK)
+            release(sock, self._context, None, linger=100)
+
+    def _require_socket(self) -> Socket:
+        if self._socket is None:
+            raise TransportError("the source is closed", where=self.endpoint)
+        return self._socket
+
+    def _announce(self) -> None:
+        sock = self._require_socket()
+        # Not connected yet and the queue full: a later announcement goes instead.
+        with contextlib.suppress(zmq.Again):
+            sock.send_multipart(ready_message(self.rank), zmq.NOBLOCK)
+        self._heard = time.monotonic()
+
+    def _send_ack(self) -> None:
+        """Tell the sender which message was read last (a later one says it again)."""
+        if self._ack is not None:
+            with contextlib.suppress(zmq.Again):
+                self._require_socket().send_multipart(self._ack, zmq.NOBLOCK)
+                self._ack = None
+
+    def _parse(self, parts: list[memoryview], step: int) -> tuple[Head, Frame]:
+        where = self.describe(step)
+        head, segments = parse_batch(parts, rank=self.rank, where=where)
+        if self.verify and head.checksum is not None:
+            try:
+                verify_segments(head.checksum, head.checksums, segments, where)
+            except CorruptFrameError as exc:
+                exc.add_context(step=head.step, rank=self.rank)
+                # Read all the same: the sender need not wait for it when closing. Its
+                # sequence number stays unused, so the next message reports the loss.
+                self._ack = ack_message(head.session, head.seq)
+                self._send_ack()
+                raise
+        if self.writable:
+            segments = [memoryview(bytearray(s)) for s in segments]
+        return head, frame_of(head, segments, where=where)
+
+    def _check_order(self, head: Head, step: int, frame: Frame) -> tuple[int, Frame]:
+        expected_seq = self._next_seq if head.session == self._session else head.seq
+        lost_seq = head.seq != expected_seq
+        lost_step = not head.shared and head.step != step
+        self._session, self._next_seq, self._received = head.session, head.seq + 1, True
+        if lost_seq or lost_step:
+            self._pending = (head.step, frame)
+            detail = (
+                f"expected step {step}, got step {head.step}"
+                if lost_step
+                else f"expected message {expected_seq} of this sender, got {head.seq}"
+            )
+            raise StepGapError(
+                f"{detail}: messages were lost (a sender or receiver restarted, or a send "
+                f"failed); the next receive returns step {head.step}",
+                where=self.endpoint,
+                rank=self.rank,
+            )
+        return head.step, frame
+
+
+def open_source(url: URL, options: SourceOptions) -> ZmqSource:
+    """The :class:`ZmqSource` for ``url`` (what :meth:`ZmqSink.open_source` returns).
+
+    Raises:
+        ConfigError: a malformed URL, or an unknown or malformed storage option.
+        TransportError: the socket cannot connect.
+    """
+    opts = options.storage_options
+    reject_unknown(url, opts, ZmqSource._OPTIONS)
+    return ZmqSource(
+        endpoint(url),
+        rank=options.rank,
+        verify=options.verify,
+        writable=options.writable,
+        hwm=check_int(opts.get("hwm", 2), "storage option 'hwm'", low=1),
+        curve_server_key=option_key(opts, "curve_server_key"),
+        curve_public_key=option_key(opts, "curve_public_key"),
+        curve_secret_key=option_key(opts, "curve_secret_key"),
+    )
+
+
+def _deadline(timeout: float | None) -> float:
+    """When a wait of ``timeout`` seconds ends: never later than a re-announcement is due."""
+    limit = REANNOUNCE_SECONDS if timeout is None else min(timeout, REANNOUNCE_SECONDS)
+    return time.monotonic() + limit

@@ -1,0 +1,297 @@
+"""The ZeroMQ messages against docs/format.md ("ZeroMQ messages").
+
+Messages made by hand from the document alone are what rlwire sends and what it reads;
+what rlwire sends reads back as the document says; and a receiver turns every malformed
+message into a typed error and goes on. The test plays the other side with a raw pyzmq
+socket, in this process.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import lz4.block
+import msgspec
+import pytest
+import xxhash
+import zmq
+from helpers import make_batch
+
+import rlwire
+from rlwire.codecs import MsgpackCodec
+from rlwire.frame import Frame
+from rlwire.transport.zmq import _protocol as protocol
+
+#: For what should happen: far longer than it takes, even on a busy machine.
+LONG = 60.0
+#: For what should not happen.
+SHORT = 1.0
+
+PRELUDE = struct.Struct("<4sHH")
+#: The head's fields, in order, as docs/format.md names them.
+HEAD_FIELDS = (
+    "session",
+    "seq",
+    "step",
+    "rank",
+    "shared",
+    "codec",
+    "sidecar",
+    "compression",
+    "raw_sizes",
+    "checksum",
+    "checksums",
+)
+
+
+def documented_message(
+    frame: Frame,
+    *,
+    step: int,
+    seq: int,
+    rank: int = 0,
+    shared: bool = False,
+    session: bytes = b"S" * 8,
+    version: int = 1,
+    checksums: bool = True,
+) -> list[bytes]:
+    """The parts of the message that carries ``frame``, as docs/format.md describes them."""
+    segments = [bytes(frame.header), *map(bytes, frame.buffers)]
+    head = [
+        session,
+        seq,
+        step,
+        rank,
+        shared,
+        frame.codec,
+        sorted(frame.sidecar),
+        bytes(frame.compression),
+        list(frame.raw_sizes),
+        "xxh3-64" if checksums else None,
+        checksums_of(segments) if checksums else b"",
+    ]
+    return [PRELUDE.pack(b"RLWZ", version, 0) + msgspec.msgpack.encode(head), *segments]
+
+
+def checksums_of(segments: list[bytes]) -> bytes:
+    """xxh3-64 of each segment, packed little-endian u64."""
+    return b"".join(struct.pack("<Q", xxhash.xxh3_64_intdigest(s)) for s in segments)
+
+
+def encoded(step: int) -> Frame:
+    """A small batch of ``step`` with several out-of-band buffers."""
+    frame = MsgpackCodec(inline_threshold=64).encode(make_batch(2, 16, seed=step))
+    assert len(frame.buffers) > 1
+    return frame
+
+
+def wire_message(
+    step: int,
+    seq: int,
+    *,
+    rank: int = 0,
+    session: bytes = b"S" * 8,
+    version: int = 1,
+    corrupt_buffer: bool = False,
+) -> list[bytes]:
+    """The documented message of the batch of ``step``, optionally with a flipped byte in
+    its last buffer (after its checksum was taken)."""
+    parts = documented_message(
+        encoded(step), step=step, seq=seq, rank=rank, session=session, version=version
+    )
+    if corrupt_buffer:
+        last = bytearray(parts[-1])
+        last[0] ^= 0xFF
+        parts[-1] = bytes(last)
+    return parts
+
+
+# -- rlwire writes and reads the documented bytes --------------------------------------
+
+
+@pytest.mark.parametrize("checksums", [True, False])
+@pytest.mark.parametrize(("rank", "shared"), [(0, False), (3, False), (0, True)])
+def test_first_part_is_the_documented_bytes(checksums: bool, rank: int, shared: bool) -> None:
+    frame = encoded(5)
+    expected = documented_message(
+        frame, step=5, seq=9, rank=rank, shared=shared, checksums=checksums
+    )
+    sums = checksums_of(expected[1:]) if checksums else None
+    head = protocol.make_head(
+        frame, session=b"S" * 8, step=5, rank=rank, shared=shared, checksums=sums
+    )
+    assert protocol.first_part(head, 9) == expected[0]
+
+
+def test_a_documented_message_parses() -> None:
+    frame = encoded(4)
+    parts = documented_message(frame, step=4, seq=2, rank=1)
+    head, segments = protocol.parse_batch(parts, rank=1, where="here")
+    assert (head.session, head.seq, head.step, head.rank, head.shared) == (b"S" * 8, 2, 4, 1, False)
+    assert [bytes(s) for s in segments] == parts[1:]
+    assert protocol.frame_of(head, segments, where="here") == Frame(
+        parts[1], tuple(map(memoryview, parts[2:])), frozenset(), "msgpack"
+    )
+
+
+def test_control_messages_are_as_documented() -> None:
+    assert protocol.ready_message(3) == [b"ready", msgspec.msgpack.encode([1, 3])]
+    assert protocol.ack_message(b"C" * 8, 7) == [b"ack", struct.pack("<8sQ", b"C" * 8, 7)]
+    assert protocol.bye_message() == [b"bye", b""]
+    assert protocol.is_ping([b"ping"]) and not protocol.is_ping([b"ping", b""])
+    assert protocol.parse_ready(msgspec.msgpack.encode([1, 3])) == 3
+    for body in (msgspec.msgpack.encode([2, 3]), msgspec.msgpack.encode([1, -1]), b"\xc1"):
+        assert protocol.parse_ready(body) is None  # ignored: another version, or not one
+    assert protocol.parse_ack(struct.pack("<8sQ", b"C" * 8, 7)) == (b"C" * 8, 7)
+    assert protocol.parse_ack(b"C" * 15) is None
+
+
+_first, *_rest = wire_message(0, 0)
+_CORRUPT = rlwire.CorruptFrameError
+#: Malformed messages for rank 0: the parts, the error, words of its message.
+BAD: list[tuple[list[bytes], type[rlwire.RlwireError], str]] = [
+    ([b"xy"], _CORRUPT, "not an rlwire message (2-byte head)"),
+    ([b"XXXX" + _first[4:], *_rest], _CORRUPT, "bad magic"),
+    ([_first[:8] + b"\xc1\xc1", *_rest], _CORRUPT, "malformed message head"),
+    (wire_message(0, 0, version=9), rlwire.UnsupportedVersionError, "version 9"),
+    ([_first, _rest[0]], _CORRUPT, "head disagrees with the message: 1 segments"),
+    ([_first], _CORRUPT, "head disagrees with the message: 0 segments"),
+    (wire_message(0, 0, rank=3), _CORRUPT, "holds rank 3's payload"),
+]
+
+
+@pytest.mark.parametrize(("parts", "error", "words"), BAD)
+def test_a_malformed_message_is_refused(
+    parts: list[bytes], error: type[rlwire.RlwireError], words: str
+) -> None:
+    with pytest.raises(error) as info:
+        protocol.parse_batch(parts, rank=0, where="ipc:///run: step 0 rank 0")
+    assert type(info.value) is error
+    assert str(info.value).startswith("ipc:///run: step 0 rank 0: ") and words in str(info.value)
+
+
+# -- against a real sender or receiver -------------------------------------------------
+
+
+RawSocket = Callable[[int], zmq.Socket[bytes]]
+
+
+@pytest.fixture
+def raw_socket() -> Iterator[RawSocket]:
+    """Makes raw pyzmq sockets that fail a test rather than hang it, and closes them."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    made: list[zmq.Socket[bytes]] = []
+
+    def make(kind: int) -> zmq.Socket[bytes]:
+        sock = context.socket(kind)
+        made.append(sock)
+        sock.setsockopt(zmq.SNDTIMEO, int(LONG * 1000))
+        sock.setsockopt(zmq.RCVTIMEO, int(LONG * 1000))
+        sock.setsockopt(zmq.LINGER, 0)
+        return sock
+
+    yield make
+    for sock in made:
+        sock.close()
+    context.term()
+
+
+def receive_until(sock: zmq.Socket[bytes], wanted: Any) -> list[list[bytes]]:
+    """Every message ``sock`` receives up to the first for which ``wanted`` is true."""
+    got = [sock.recv_multipart()]
+    while not wanted(got[-1]):
+        got.append(sock.recv_multipart())
+    return got
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_what_a_sender_sends_reads_as_documented(
+    tmp_path: Path, raw_socket: RawSocket
+) -> None:
+    """Two raw DEALER sockets announce ranks 0 and 1; what a sender sends them (sidecar
+    and lz4 included) reads as docs/format.md says, and a closing sender pings a receiver
+    that has not acknowledged what it was sent."""
+    url = f"zmq+ipc://{tmp_path}/sock"
+    dealers = [raw_socket(zmq.DEALER) for _ in range(2)]
+    options = {"linger": SHORT}
+    async with rlwire.open_sender(
+        url, sidecar="routed_experts", compression="lz4", storage_options=options
+    ) as sender:
+        for rank, dealer in enumerate(dealers):
+            dealer.connect(url.removeprefix("zmq+"))
+            dealer.send_multipart([b"ready", msgspec.msgpack.encode([1, rank])])
+        for step in range(2):
+            big = make_batch(1, 20_000, seed=step)  # compresses: lz4 ids appear
+            await sender.send_ranks([big, make_batch(2, 16, seed=step)])
+        messages = [[dealer.recv_multipart() for _ in range(2)] for dealer in dealers]
+    # The sender closed; rank 0 acknowledged nothing, so it was pinged meanwhile.
+    assert dealers[0].recv_multipart() == [b"ping"]
+    sessions, compressed = set(), []
+    for rank, received in enumerate(messages):
+        for seq, (first, *segments) in enumerate(received):
+            assert PRELUDE.unpack_from(first) == (b"RLWZ", 1, 0)
+            values = msgspec.msgpack.decode(first[PRELUDE.size :])
+            head = dict(zip(HEAD_FIELDS, values, strict=True))
+            sessions.add(head["session"])
+            assert (head["seq"], head["step"], head["rank"]) == (seq, seq, rank)
+            assert (head["shared"], head["codec"]) == (False, "msgpack")
+            assert head["sidecar"] and all(0 <= i < len(segments) - 1 for i in head["sidecar"])
+            assert head["checksum"] == "xxh3-64"
+            assert head["checksums"] == checksums_of(segments)
+            if head["compression"]:
+                compressed.append(rank)
+                sizes = zip(head["compression"], head["raw_sizes"], segments, strict=True)
+                for cid, size, segment in sizes:
+                    assert cid in (0, 1)
+                    if cid == 1:
+                        assert len(lz4.block.decompress(segment, uncompressed_size=size)) == size
+            else:
+                assert head["raw_sizes"] == []
+    assert len(sessions) == 1 and len(next(iter(sessions))) == 8
+    assert compressed == [0, 0]  # the big batches, not the small ones
+
+
+def test_a_receiver_refuses_malformed_messages_and_goes_on(
+    tmp_path: Path, raw_socket: RawSocket
+) -> None:
+    """A raw ROUTER socket answers a receiver's ready message with malformed messages:
+    each is a typed error naming where, and the receiver goes on with the next good
+    message; a skipped sequence number is a StepGapError, after which the message that
+    revealed it is returned. The receiver acknowledges what it read (even a message that
+    failed its checksums, so a closing sender need not wait for it) and says bye."""
+    url = f"zmq+ipc://{tmp_path}/sock"
+    where = url.removeprefix("zmq+")
+    router = raw_socket(zmq.ROUTER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    router.bind(url.removeprefix("zmq+"))
+    with rlwire.open_receiver(url) as receiver:
+        peer, kind, body = router.recv_multipart()
+        assert (kind, msgspec.msgpack.decode(body)) == (b"ready", [1, 0])
+        corrupt = wire_message(0, 7, session=b"C" * 8, corrupt_buffer=True)
+        for parts, error, words in [*BAD, (corrupt, rlwire.CorruptFrameError, "checksum")]:
+            router.send_multipart([peer, *parts])
+            with pytest.raises(error) as info:
+                receiver.receive(timeout=LONG)
+            assert type(info.value) is error
+            assert where in str(info.value) and words in str(info.value)
+        for step, seq in [(0, 0), (1, 1), (2, 3)]:  # message 2 was lost
+            router.send_multipart([peer, *wire_message(step, seq)])
+        assert [receiver.receive(timeout=LONG).samples[0].env_name for _ in range(2)] == [
+            "env0",
+            "env1",
+        ]
+        with pytest.raises(rlwire.StepGapError, match="expected message 2 of this sender, got 3"):
+            receiver.receive(timeout=LONG)
+        assert receiver.receive(timeout=LONG).samples[0].env_name == "env2"
+        assert receiver.step == 2
+        acks = [
+            struct.pack("<8sQ", session, seq)
+            for session, seq in [(b"C" * 8, 7), (b"S" * 8, 0), (b"S" * 8, 1), (b"S" * 8, 3)]
+        ]
+        got = receive_until(router, lambda m: m == [peer, b"ack", acks[-1]])
+        assert [m[2] for m in got if m[1] == b"ack"] == acks
+    assert receive_until(router, lambda m: m[1] != b"ready")[-1] == [peer, b"bye", b""]

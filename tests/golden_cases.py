@@ -1,8 +1,9 @@
 """The messages in tests/golden/: what each holds and how it was written.
 
-The files were written once by rlwire 0.1.0 (wire format 1.0) with
-``python tests/golden_cases.py``; never rewrite them to make a test pass. A reader must
-keep decoding them into exactly the objects below.
+The files were written once by rlwire 0.1.0 (wire format 1.0), and the chunked case once
+by the first rlwire that chunks heavy containers (format 1.0 with extension types 4 and
+5), with ``python tests/golden_cases.py [NAME]``; never rewrite them to make a test
+pass. A reader must keep decoding them into exactly the objects below.
 """
 
 from __future__ import annotations
@@ -52,6 +53,17 @@ def metrics() -> dict[str, Any]:
     return {"step": 3, "loss": 0.25, "rewards": [1.0, 0.0, 0.5], "env": "gsm8k"}
 
 
+def chunked() -> dict[str, Any]:
+    """Containers heavy enough that the msgpack codec writes them as chunks (ext 4, 5)."""
+    return {
+        "input_ids": [i * 7 % 50_000 for i in range(70_000)],
+        "logprobs": [-(i % 97) / 16 for i in range(40_000)],
+        "rows": [[i, i + 1, i + 2] for i in range(12_000)],
+        "by_name": {f"k{i}": i for i in range(40_000)},
+        "routed_experts": bytes(range(256)) * 40,
+    }
+
+
 SMALL = 1024  # compress segments from 1 KiB so the golden files stay small
 
 #: name -> (the object, open_sender options, the type to receive as)
@@ -65,6 +77,11 @@ CASES: dict[str, tuple[Callable[[], Any], dict[str, Any], Any]] = {
     "msgpack-lz4": (mixed, {"compression": Compressor("lz4", 0, SMALL)}, Any),
     "msgpack-no-checksum": (mixed, {"checksum": False, "sidecar": "fortran"}, Any),
     "json": (metrics, {"codec": "json"}, Any),
+    "msgpack-chunked": (
+        chunked,
+        {"sidecar": ("routed_experts",), "compression": Compressor("zstd", 3, SMALL)},
+        Any,
+    ),
 }
 
 

@@ -74,6 +74,17 @@ def read_as_documented(directory: Path, step: int, rank: int, limit: int = 1 << 
         if code == 2:
             dtype, shape, order, raw = fields
             return np.frombuffer(raw, dtype).reshape(shape, order=order)
+        if code in (4, 5):
+            index, count, ranges = fields
+            out: Any = {} if code == 5 else []
+            for start, end in zip(ranges[::2], ranges[1::2], strict=True):
+                part = msgspec.msgpack.decode(buffers[index][start:end], ext_hook=ext_hook)
+                if code == 5:
+                    out.update(part)
+                else:
+                    out.extend(part)
+            assert len(out) == count
+            return out
         assert code == 3
         return buffers[fields[0]]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import msgspec
 import pytest
 from golden_cases import CASES, GOLDEN
 from helpers import assert_batches_equal
@@ -40,3 +41,18 @@ def test_a_flipped_byte_in_a_golden_file_is_caught(tmp_path: Path) -> None:
         with pytest.raises(rlwire.CorruptFrameError, match=r"segment \d+: buffer \d+") as caught:
             receiver.poll()
     assert (caught.value.step, caught.value.rank) == (0, 0)
+
+
+def test_the_chunked_case_holds_chunked_containers() -> None:
+    """The case is only worth keeping if its header really refers to chunks (ext 4, 5)."""
+    from rlwire.compression import decompress
+    from rlwire.transport import FileSource
+
+    frame = decompress(FileSource(GOLDEN / "msgpack-chunked").read(0))
+    codes: set[int] = set()
+
+    def ext_hook(code: int, data: memoryview) -> None:
+        codes.add(code)
+
+    msgspec.msgpack.decode(frame.header, ext_hook=ext_hook)
+    assert {4, 5} <= codes and len(frame.header) < 1024

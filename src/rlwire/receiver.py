@@ -11,10 +11,11 @@ from typing import Any, Generic, TypedDict, TypeVar, overload
 from anyio import CapacityLimiter, to_thread
 from typing_extensions import Unpack
 
-from ._aio import make_limiter, thread_count
+from ._aio import make_limiter, offload_sliced, thread_count
 from ._args import check_int, check_positive
+from ._slicing import Sliced, run_sliced
 from .codecs import Codec, get_codec
-from .compression import DEFAULT_MAX_DECOMPRESSED, decompress
+from .compression import DEFAULT_MAX_DECOMPRESSED, decompress_sliced
 from .errors import ClosedError, ConfigError, DecodeError, ReceiveTimeout, RlwireError
 from .frame import Frame
 from .schema import TrainingBatch, TrainingSample
@@ -162,8 +163,12 @@ class TrainingBatchReceiver(Generic[T]):
         """The step the next receive returns."""
         return self._next_step
 
-    def _take(self) -> Any:
-        """The core: the next step's object, or ``_NOTHING`` if it is not there yet."""
+    def _take(self) -> Sliced[Any]:
+        """The core, a sliced generator: the next step's object, or ``_NOTHING`` if it
+        is not there yet. The sync faces run it in the calling thread; the async ones
+        run each slice in a worker thread, so that decoding a large message never keeps
+        the event loop from the GIL for long. The mutex is held across slices, which may
+        run in different threads (a ``threading.Lock`` may be released by any thread)."""
         with self._mutex:
             if self._closed:
                 raise ClosedError(f"{self!r} is closed")
@@ -176,7 +181,7 @@ class TrainingBatchReceiver(Generic[T]):
                 return _NOTHING
             step, frame = got
             try:
-                obj = self._decode(frame)
+                obj = yield from self._decode(frame)
                 if self._validate and isinstance(obj, TrainingBatch | TrainingSample):
                     obj.validate(f"step {step}")
             except RlwireError as exc:
@@ -190,9 +195,9 @@ class TrainingBatchReceiver(Generic[T]):
             self._step, self._next_step = step, step + 1
             return obj
 
-    def _decode(self, frame: Frame) -> Any:
+    def _decode(self, frame: Frame) -> Sliced[Any]:
         if frame.compression:
-            frame = decompress(
+            frame = yield from decompress_sliced(
                 frame, max_bytes=self._max_decompressed, threads=thread_count(self._limiter)
             )
         codec = self._codecs.get(frame.codec)
@@ -203,7 +208,10 @@ class TrainingBatchReceiver(Generic[T]):
                 raise DecodeError(
                     f"written with codec {frame.codec!r}, which this reader cannot load: {exc}"
                 ) from None
-        return codec.decode(frame, self._type, writable=self._writable)
+        decode_sliced = getattr(codec, "decode_sliced", None)  # optional for plugin codecs
+        if decode_sliced is None:
+            return codec.decode(frame, self._type, writable=self._writable)
+        return (yield from decode_sliced(frame, self._type, writable=self._writable))
 
     def skip(self) -> int:
         """Give up on the next step (for example after a CorruptFrameError) and move on to
@@ -224,7 +232,7 @@ class TrainingBatchReceiver(Generic[T]):
             TransportError: the source cannot be read (a network or disk failure).
             ClosedError: the receiver is closed.
         """
-        obj = self._take()
+        obj = run_sliced(self._take())
         return None if obj is _NOTHING else obj
 
     def receive(self, timeout: float | None = None) -> T:
@@ -237,7 +245,7 @@ class TrainingBatchReceiver(Generic[T]):
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            obj = self._take()
+            obj = run_sliced(self._take())
             if obj is not _NOTHING:
                 return obj  # type: ignore[no-any-return]
             self._source.wait(self._remaining(deadline, timeout))
@@ -248,7 +256,7 @@ class TrainingBatchReceiver(Generic[T]):
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            obj = await to_thread.run_sync(self._take, limiter=self._limiter)
+            obj = await offload_sliced(self._take(), self._limiter)
             if obj is not _NOTHING:
                 return obj  # type: ignore[no-any-return]
             await self._source.await_message(self._remaining(deadline, timeout))

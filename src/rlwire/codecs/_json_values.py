@@ -22,24 +22,23 @@ import contextlib
 import dataclasses
 import typing
 from collections.abc import Iterable
-from typing import Any, TypeAlias
+from typing import Any
 
 import msgspec
 import numpy as np
 import orjson
 
 from ..errors import ConfigError, EncodeError
+from ._paths import KeyPath, render_path
 
 __all__ = [
     "OPTION",
-    "KeyPath",
     "StructPlan",
     "child_items",
     "convert",
     "dumps",
     "key_error",
     "qualname",
-    "render_path",
     "struct_plan",
     "type_name",
 ]
@@ -47,21 +46,6 @@ __all__ = [
 #: orjson options for one JSON document: numpy arrays and scalars written natively.
 OPTION = orjson.OPT_SERIALIZE_NUMPY
 _ORJSON_DEPTH = 254  # orjson's nesting limit when encoding
-
-# A path is a linked list (parent, key) rendered only when an error needs it.
-KeyPath: TypeAlias = "tuple[KeyPath, str | int] | None"
-
-
-def render_path(path: KeyPath) -> str:
-    """``path`` as error messages show it, e.g. ``$.samples[1]['a b']``."""
-    keys: list[str | int] = []
-    while path is not None:
-        path, key = path
-        keys.append(key)
-    out = ["$"]
-    for key in reversed(keys):
-        out.append(f".{key}" if isinstance(key, str) and key.isidentifier() else f"[{key!r}]")
-    return "".join(out)
 
 
 def type_name(tp: Any) -> str:

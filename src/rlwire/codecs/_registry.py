@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from .._plugins import load_target, registered
 from .._slicing import Sliced
 from ..errors import ConfigError
 from ..frame import Frame
 
-__all__ = ["GROUP", "Codec", "available_codecs", "get_codec", "make_codec"]
+__all__ = ["GROUP", "Check", "Codec", "available_codecs", "get_codec", "make_codec"]
 
 #: The entry point group codecs register in.
 GROUP = "rlwire.codecs"
@@ -32,9 +32,21 @@ _BUILTIN = {
 }
 
 
+#: What a codec's ``check`` option is: called as ``check(struct, path)`` for each Struct
+#: the encoder walks, raising SchemaError to refuse it. rlwire validates its own
+#: TrainingSample this way, in the encoding pass. The msgpack codec walks only where a
+#: buffer may be (a Struct with array or bytes fields, or one in an ``Any`` field), so a
+#: Struct of lists and strings is encoded by msgspec without being shown to ``check``:
+#: rlwire.Checks validates any type.
+Check: TypeAlias = Callable[[Any, str], None]
+
+
 @runtime_checkable
 class Codec(Protocol):
     """What a codec provides: objects to :class:`~rlwire.Frame` and back.
+
+    A codec may also offer ``decode_sliced(frame, type, *, writable)``, :meth:`decode` as
+    a sliced generator; receivers then decode large messages one slice at a time.
 
     ``encode_sliced`` is a sliced generator (it yields between short slices of work and
     returns the Frame, whose ``codec`` field is the codec's registered ``name``), so the

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -37,15 +37,15 @@ from ..errors import CorruptFrameError, DecodeError, EncodeError
 from ..frame import Frame
 from ._json_values import (
     OPTION,
-    KeyPath,
     child_items,
     convert,
     dumps,
     key_error,
-    render_path,
     struct_plan,
     type_name,
 )
+from ._paths import KeyPath, render_path
+from ._registry import Check
 
 __all__ = ["JsonCodec"]
 
@@ -60,7 +60,6 @@ _ARRAY_SLICE = 16384
 _SPLIT_DEPTH = 6
 
 #: The ``check`` hook: called as ``check(struct, path)`` for every Struct encoded.
-Check: TypeAlias = Callable[[Any, str], None]
 
 
 def _check_walk(obj: Any, path: KeyPath, check: Check, slicer: SliceTimer) -> Sliced[None]:

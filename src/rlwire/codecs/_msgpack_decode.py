@@ -1,0 +1,383 @@
+"""Decoding for the msgpack codec: arrays as views, chunked containers a slice at a time.
+
+The header decodes first, in one msgspec call: it is light, because the encoder moved
+every heavy container into chunks in an out-of-band buffer (see :mod:`._msgpack_encode`).
+Each chunked container comes out of the header as an empty list or dict; its chunks then
+decode one msgspec call each, straight into the annotation found at its path where the
+receiver asked for a type, and fill it in place. A shape this cannot follow (a chunked
+tuple, a tagged union of containers) falls back to filling plain builtins and converting
+them whole: the same result, in one longer call.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from .._slicing import Sliced
+from ..errors import CorruptFrameError, DecodeError, RlwireError
+from ..frame import Frame
+from ._msgpack_encode import (
+    EXT_ARRAY,
+    EXT_BYTES,
+    EXT_CHUNKED_ARRAY,
+    EXT_CHUNKED_MAP,
+    EXT_INLINE_ARRAY,
+    _ArrayRef,
+    _BytesRef,
+    _ChunksRef,
+    _InlineArray,
+)
+from ._type_plans import child_annotation
+
+__all__ = ["Decoding"]
+
+_MAX_NDIM = 64
+_DTYPE_RE = re.compile(r"[<>|=][biufc][0-9]{1,2}")
+_array_ref = msgspec.msgpack.Decoder(_ArrayRef)
+_inline = msgspec.msgpack.Decoder(_InlineArray)
+_bytes_ref = msgspec.msgpack.Decoder(_BytesRef)
+_chunks_ref = msgspec.msgpack.Decoder(_ChunksRef)
+
+
+class _Chunked:
+    """A chunked container met in the header or in a chunk, before it is filled."""
+
+    __slots__ = ("is_map", "ref")
+
+    def __init__(self, is_map: bool, ref: _ChunksRef) -> None:
+        self.is_map = is_map
+        self.ref = ref
+
+
+class _CannotFollow(Exception):
+    """The typed result has no container to fill where the raw one had a chunked one."""
+
+
+# A step of a path through raw data: (key, the kind of container it indexes).
+_Step = tuple[Any, type]
+# What assemble finds to fill in: (path, a chunked container or out-of-band bytes, the
+# placeholder left in the raw data).
+_Found = tuple[list[_Step], Any, Any]
+_LOOK_INSIDE = (dict, list, _Chunked, memoryview)
+
+
+class Decoding:
+    """Decodes one frame; :meth:`run` is the sliced generator."""
+
+    def __init__(self, frame: Frame, writable: bool) -> None:
+        self.buffers = frame.buffers
+        self.header = frame.header
+        self.writable = writable
+        # Chunks are decoded at most twice (a typed try, then plain builtins): a chunk
+        # table that makes the reader decode more than this is hostile.
+        self.budget = 4 * frame.nbytes
+        self.typed: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
+
+    def ext_hook(self, code: int, data: memoryview) -> Any:
+        try:
+            if code == EXT_ARRAY:
+                ref = _array_ref.decode(data)
+                buf = _buffer(self.buffers, ref.index)
+                return _make_array(buf, ref.dtype, ref.shape, ref.order, self.writable)
+            if code == EXT_INLINE_ARRAY:
+                inl = _inline.decode(data)
+                return _make_array(
+                    memoryview(inl.data), inl.dtype, inl.shape, inl.order, self.writable
+                )
+            if code == EXT_BYTES:
+                buf = _buffer(self.buffers, _bytes_ref.decode(data).index)
+                return bytearray(buf) if self.writable and buf.readonly else buf
+            if code in (EXT_CHUNKED_ARRAY, EXT_CHUNKED_MAP):
+                return self._chunked(code == EXT_CHUNKED_MAP, _chunks_ref.decode(data))
+        except msgspec.DecodeError as exc:
+            raise CorruptFrameError(f"header: malformed extension {code}: {exc}") from exc
+        raise CorruptFrameError(
+            f"header: unknown msgpack extension type {code} (written by a newer rlwire?)"
+        )
+
+    def _chunked(self, is_map: bool, ref: _ChunksRef) -> _Chunked:
+        buf = _buffer(self.buffers, ref.index)
+        bounds = ref.ranges
+        if ref.count < 0 or len(bounds) % 2 or (ref.count and not bounds):
+            raise CorruptFrameError(f"chunked container: malformed chunk table {ref}")
+        for start, end in zip(bounds[::2], bounds[1::2], strict=True):
+            if not 0 <= start <= end <= buf.nbytes:
+                raise CorruptFrameError(
+                    f"chunked container: chunk {start}..{end} lies outside its "
+                    f"{buf.nbytes}-byte buffer"
+                )
+        return _Chunked(is_map, ref)
+
+    def decode(self, data: bytes | memoryview, annotation: Any = None) -> Any:
+        """One msgspec call: ``data`` as ``annotation`` (None: plain builtins)."""
+        try:
+            if annotation is None:
+                return msgspec.msgpack.decode(data, ext_hook=self.ext_hook)
+            decoder = self.typed.get(annotation)
+            if decoder is None:
+                decoder = self.typed[annotation] = msgspec.msgpack.Decoder(
+                    annotation, ext_hook=self.ext_hook, dec_hook=_dec_hook
+                )
+            return decoder.decode(data)
+        except RlwireError:
+            raise
+        except msgspec.ValidationError as exc:
+            if annotation is not None:
+                raise  # the caller tries again into plain builtins
+            raise CorruptFrameError(f"header: {exc}") from exc  # e.g. a bad timestamp
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise CorruptFrameError(f"header: {exc}") from exc
+        except (TypeError, ValueError) as exc:  # e.g. a bytes extension used as a map key
+            raise CorruptFrameError(f"header: malformed: {exc}") from exc
+
+    def run(self, annotation: Any) -> Sliced[Any]:
+        """The header decoded into ``annotation`` (``Any``: plain builtins)."""
+        raw = self.decode(self.header)
+        yield
+        return (yield from self.assemble(raw, None if annotation in (Any, object) else annotation))
+
+    def assemble(self, raw: Any, annotation: Any) -> Sliced[Any]:
+        """``raw`` (plain builtins, with chunked containers unfilled) as ``annotation``.
+
+        Out-of-band bytes come out of the header as memoryviews: into a field annotated
+        ``bytes`` they are copied, each in a slice of its own, not all in one call.
+        """
+        found: list[_Found] = []
+        raw = yield from self._unfilled(raw, [], found, typed=annotation is not None)
+        if annotation is None:
+            typed = raw
+        else:
+            try:
+                typed = _convert(raw, annotation)
+            except DecodeError:
+                if not found:
+                    raise
+                typed = None  # e.g. a dict received into a Struct: fill, then convert
+        if typed is not None:
+            try:
+                for path, payload, _ in found:
+                    inner = _annotation_at(annotation, path)
+                    if isinstance(payload, _Chunked):
+                        yield from self._fill(_follow(typed, path), payload, inner)
+                    else:
+                        _put(typed, path, _as_annotated(payload, inner))
+                        yield
+                return typed
+            except _CannotFollow:
+                pass
+        for path, payload, placeholder in found:
+            if isinstance(payload, _Chunked):
+                yield from self._fill(placeholder, payload, None)
+            else:
+                _put(raw, path, payload)
+        yield
+        return _convert(raw, annotation)
+
+    def _unfilled(
+        self, raw: Any, path: list[_Step], found: list[_Found], *, typed: bool
+    ) -> Sliced[Any]:
+        """``raw`` with each chunked container replaced by an empty one and, when it is
+        to be converted to a type, each out-of-band bytes value by ``b""``; each
+        recorded in ``found`` with its path and placeholder."""
+        if isinstance(raw, _Chunked):
+            empty: Any = {} if raw.is_map else []
+            found.append((list(path), raw, empty))
+            return empty
+        if typed and type(raw) is memoryview:
+            found.append((list(path), raw, b""))
+            return b""
+        if type(raw) is dict:
+            for key, value in raw.items():
+                if type(value) in _LOOK_INSIDE:
+                    step: _Step = (key, dict)
+                    raw[key] = yield from self._unfilled(value, [*path, step], found, typed=typed)
+        elif type(raw) is list:
+            for i, value in enumerate(raw):
+                if type(value) in _LOOK_INSIDE:
+                    step = (i, list)
+                    raw[i] = yield from self._unfilled(value, [*path, step], found, typed=typed)
+                if i & 4095 == 4095:
+                    yield
+        return raw
+
+    def _fill(self, target: Any, chunked: _Chunked, annotation: Any) -> Sliced[None]:
+        """Decode ``chunked``'s chunks one call each and add them to ``target``."""
+        ref, view = chunked.ref, _buffer(self.buffers, chunked.ref.index)
+        kind = dict if chunked.is_map else list
+        if type(target) is not kind:
+            raise _CannotFollow
+        before = len(target)
+        for start, end in zip(ref.ranges[::2], ref.ranges[1::2], strict=True):
+            self.budget -= end - start
+            if self.budget < 0:
+                raise CorruptFrameError(
+                    "chunked containers: the chunk tables refer to far more data than "
+                    "the message holds"
+                )
+            part = yield from self._chunk(view[start:end], annotation, kind)
+            if isinstance(target, dict):
+                target.update(part)
+            else:
+                target.extend(part)
+            yield
+        if len(target) - before != ref.count:
+            raise CorruptFrameError(
+                f"chunked container: its chunks hold {len(target) - before} items, "
+                f"its table says {ref.count}"
+            )
+
+    def _chunk(self, data: memoryview, annotation: Any, kind: type) -> Sliced[Any]:
+        if annotation is not None:
+            try:  # straight into the type: one pass, the common case
+                part = self.decode(data, annotation)
+            except msgspec.ValidationError:
+                part = None  # a nested chunked container, or bytes where out of band
+            if part is not None:
+                if not isinstance(part, kind):
+                    raise _CannotFollow
+                return part
+        raw = self.decode(data)
+        if type(raw) is not kind:
+            raise CorruptFrameError(f"chunked container: a chunk is a {type(raw).__name__}")
+        return (yield from self.assemble(raw, annotation))
+
+
+def _follow(typed: Any, path: list[_Step]) -> Any:
+    """The value at ``path`` (raw keys) inside the typed object."""
+    for key, _ in path:
+        if isinstance(typed, msgspec.Struct):
+            name = _attribute(type(typed), key)
+            if name is None:
+                raise _CannotFollow
+            typed = getattr(typed, name)
+        elif isinstance(typed, dict | list):
+            try:
+                typed = typed[key]
+            except (KeyError, IndexError, TypeError):
+                raise _CannotFollow from None
+        else:
+            raise _CannotFollow
+    return typed
+
+
+def _put(container: Any, path: list[_Step], value: Any) -> None:
+    """Set the value at ``path`` (raw keys) inside ``container`` to ``value``."""
+    parent, (key, _) = _follow(container, path[:-1]), path[-1]
+    if isinstance(parent, msgspec.Struct):
+        name = _attribute(type(parent), key)
+        if name is None:
+            raise _CannotFollow
+        msgspec.structs.force_setattr(parent, name, value)
+    elif isinstance(parent, dict | list):
+        parent[key] = value
+    else:
+        raise _CannotFollow
+
+
+def _as_annotated(view: memoryview, annotation: Any) -> Any:
+    """Out-of-band bytes as a field annotated ``annotation`` wants them: the view itself
+    (no copy) for ``memoryview`` or ``Any``, a copy for ``bytes`` or ``bytearray``."""
+    members = {annotation, *typing.get_args(annotation)}
+    if annotation is None or memoryview in members or Any in members:
+        return view
+    if bytes in members:
+        return bytes(view)
+    if bytearray in members:
+        return bytearray(view)
+    return _convert(view, annotation)  # raises DecodeError naming the mismatch
+
+
+def _attribute(cls: type[msgspec.Struct], key: Any) -> str | None:
+    fields = msgspec.structs.fields(cls)
+    config = cls.__struct_config__
+    if isinstance(key, str):
+        return next((f.name for f in fields if f.encode_name == key), None)
+    index = key - int(config.array_like and config.tag_field is not None)
+    return fields[index].name if 0 <= index < len(fields) else None
+
+
+def _annotation_at(annotation: Any, path: list[_Step]) -> Any:
+    for key, container in path:
+        if annotation is None:
+            return None
+        annotation = child_annotation(annotation, key, container)
+    return annotation
+
+
+def _convert(raw: Any, annotation: Any) -> Any:
+    if annotation is None:
+        return raw
+    try:
+        return msgspec.convert(raw, annotation, dec_hook=_dec_hook)
+    except msgspec.ValidationError as exc:
+        raise DecodeError(f"received data does not match {_type_name(annotation)}: {exc}") from exc
+
+
+def _buffer(buffers: Sequence[memoryview], index: int) -> memoryview:
+    if not 0 <= index < len(buffers):
+        raise CorruptFrameError(
+            f"header refers to buffer {index} but the frame has {len(buffers)} buffers"
+        )
+    return buffers[index]
+
+
+# Parsed dtypes by string. Bounded: _DTYPE_RE admits at most a few thousand strings.
+_DTYPES: dict[str, np.dtype[Any]] = {}
+
+
+def _dtype(dtype_str: str) -> np.dtype[Any]:
+    dtype = _DTYPES.get(dtype_str)
+    if dtype is None:
+        if not _DTYPE_RE.fullmatch(dtype_str):
+            raise CorruptFrameError(
+                f"array descriptor: dtype {dtype_str!r} is not a plain bool or numeric dtype"
+            )
+        try:
+            dtype = np.dtype(dtype_str)
+        except TypeError as exc:
+            raise CorruptFrameError(f"array descriptor: invalid dtype {dtype_str!r}") from exc
+        _DTYPES[dtype_str] = dtype
+    return dtype
+
+
+def _make_array(
+    buf: memoryview, dtype_str: str, shape: list[int], order: str, writable: bool
+) -> np.ndarray:
+    dtype = _dtype(dtype_str)
+    if len(shape) > _MAX_NDIM or (shape and (min(shape) < 0 or max(shape) > sys.maxsize)):
+        raise CorruptFrameError(f"array descriptor: invalid shape {shape}")
+    count = math.prod(shape)
+    if count * dtype.itemsize != buf.nbytes:
+        raise CorruptFrameError(
+            f"array descriptor: shape {shape} of {dtype_str} needs "
+            f"{count * dtype.itemsize} bytes but its buffer has {buf.nbytes}"
+        )
+    if order not in ("C", "F"):
+        raise CorruptFrameError(f"array descriptor: invalid order {order!r}")
+    arr = np.frombuffer(buf, dtype=dtype, count=count)
+    try:
+        arr = arr.reshape(shape) if order == "C" else arr.reshape(shape[::-1]).T
+    except ValueError as exc:  # e.g. a zero-size shape with a dimension numpy refuses
+        raise CorruptFrameError(f"array descriptor: invalid shape {shape}: {exc}") from None
+    if writable and not arr.flags.writeable:
+        arr = arr.copy(order="K")
+    return arr
+
+
+def _dec_hook(tp: Any, obj: Any) -> Any:
+    # Arrays and memoryviews come out of ext_hook already built; accept them as they are.
+    if isinstance(tp, type) and isinstance(obj, tp):
+        return obj
+    raise TypeError(f"Expected `{_type_name(tp)}`, got `{type(obj).__name__}`")
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__qualname__", None) or repr(tp)

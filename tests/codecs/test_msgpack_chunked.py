@@ -1,0 +1,239 @@
+"""Chunked containers: heavy lists and maps encoded as chunks in an out-of-band buffer,
+a msgspec call each, and decoded a chunk per slice, straight into the receiver's types."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlwire import CorruptFrameError, DecodeError, Frame, RlwireError
+from rlwire.codecs._msgpack_encode import CHUNK_WEIGHT
+from rlwire.codecs.msgpack import MsgpackCodec
+
+N = 3 * CHUNK_WEIGHT  # items in a list heavy enough to be chunked
+
+
+class Routed(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
+    data: bytes
+    shape: list[int]
+    dtype: str
+
+
+class MicroBatch(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
+    input_ids: list[int]
+    loss_mask: list[bool]
+    logprobs: list[float]
+    routed: Routed | None = None
+    mm: dict[str, Routed] | None = None
+    note: str = ""
+
+
+class ViewRouted(msgspec.Struct, array_like=True):
+    data: memoryview
+    shape: list[int]
+    dtype: str
+
+
+class ViewBatch(msgspec.Struct, array_like=True):
+    input_ids: list[int]
+    loss_mask: list[bool]
+    logprobs: list[float]
+    routed: ViewRouted | None = None
+    mm: dict[str, ViewRouted] | None = None
+    note: str = ""
+
+
+def micro_batch(n: int, seed: int = 0) -> MicroBatch:
+    rng = np.random.default_rng(seed)
+    return MicroBatch(
+        input_ids=rng.integers(0, 150_000, n).tolist(),
+        loss_mask=(rng.random(n) < 0.5).tolist(),
+        logprobs=(-rng.exponential(size=n)).tolist(),
+        routed=Routed(rng.integers(0, 256, n * 4, dtype=np.uint8).tobytes(), [n, 2, 2], "u1"),
+        mm={"image": Routed(bytes(5000), [5000], "u1")},
+        note=f"mb{seed}",
+    )
+
+
+def encode(obj: Any, **options: Any) -> tuple[Frame, int]:
+    """The frame and how many slices the encoder took."""
+    sliced = MsgpackCodec(**options).encode_sliced(obj)
+    slices = 0
+    while True:
+        try:
+            next(sliced)
+        except StopIteration as stop:
+            return stop.value, slices
+        slices += 1
+
+
+def decode(frame: Frame, type: Any = Any) -> tuple[Any, int]:
+    sliced = MsgpackCodec().decode_sliced(frame, type)
+    slices = 0
+    while True:
+        try:
+            next(sliced)
+        except StopIteration as stop:
+            return stop.value, slices
+        slices += 1
+
+
+def chunk_count(header: bytes | memoryview) -> int:
+    """How many chunks the chunked containers of ``header`` have."""
+    ranges: list[int] = []
+
+    def ext_hook(code: int, data: memoryview) -> None:
+        if code in (4, 5):
+            ranges.extend(msgspec.msgpack.decode(data)[2])
+
+    msgspec.msgpack.decode(header, ext_hook=ext_hook)
+    return len(ranges) // 2
+
+
+def ext_codes(header: bytes | memoryview) -> set[int]:
+    codes: set[int] = set()
+    msgspec.msgpack.decode(header, ext_hook=lambda code, data: codes.add(code))
+    return codes
+
+
+def test_framework_batches_are_chunked_and_come_back_equal() -> None:
+    sent = [micro_batch(N, seed) for seed in range(3)]
+    frame, _ = encode(sent, sidecar=("routed",))
+    assert len(frame.header) < 2048 and 4 in ext_codes(frame.header)
+    chunks = chunk_count(frame.header)
+    assert chunks >= 3 * 3 * N // CHUNK_WEIGHT  # no chunk heavier than CHUNK_WEIGHT
+    got, decode_slices = decode(frame, list[MicroBatch])
+    assert got == sent
+    assert decode_slices >= chunks  # a chunk per slice at most
+
+
+def test_light_objects_are_not_chunked() -> None:
+    frame, _ = encode([micro_batch(100, seed) for seed in range(3)])
+    assert not ext_codes(frame.header) & {4, 5}
+
+
+def test_received_as_plain_builtins_and_as_dicts() -> None:
+    sent = {"ids": list(range(N)), "names": {f"k{i}": i for i in range(N)}, "x": 1}
+    frame, _ = encode(sent)
+    assert {4, 5} <= ext_codes(frame.header)
+    assert decode(frame)[0] == sent
+    assert decode(frame, dict[str, Any])[0] == sent
+
+
+def test_memoryview_fields_are_views_and_bytes_fields_copies() -> None:
+    sent = micro_batch(N)
+    frame, _ = encode([sent])
+    (viewed,), _ = decode(frame, list[ViewBatch])
+    assert isinstance(viewed.routed.data, memoryview) and viewed.routed.data == sent.routed.data
+    buffer = next(b for b in frame.buffers if b.nbytes == len(sent.routed.data))
+    assert np.shares_memory(
+        np.frombuffer(viewed.routed.data, np.uint8), np.frombuffer(buffer, np.uint8)
+    )
+    (copied,), _ = decode(frame, list[MicroBatch])
+    assert type(copied.routed.data) is bytes and copied.routed.data == sent.routed.data
+
+
+def test_nested_heavy_lists_are_chunked_inside_chunks() -> None:
+    sent = [list(range(i, i + N)) for i in range(3)] + [[1, 2]]
+    frame, _ = encode({"rows": sent})
+    got, _ = decode(frame, dict[str, list[list[int]]])
+    assert got == {"rows": sent}
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    [tuple[int, ...], list[int] | None, Any],
+    ids=["tuple", "optional", "any"],
+)
+def test_shapes_the_fast_path_cannot_follow_still_decode(annotation: Any) -> None:
+    cls = msgspec.defstruct("Holder", [("values", annotation)])
+    sent = cls(values=tuple(range(N)) if annotation == tuple[int, ...] else list(range(N)))
+    frame, _ = encode(sent)
+    assert 4 in ext_codes(frame.header)
+    assert decode(frame, cls)[0] == sent
+
+
+def test_dicts_sent_can_be_received_into_structs() -> None:
+    sent = {"input_ids": list(range(N)), "loss_mask": [True] * N, "logprobs": [0.5] * N}
+    frame, _ = encode(sent)
+    got, _ = decode(frame, msgspec.defstruct("Plain", [(k, list[Any]) for k in sent]))
+    assert got.input_ids == sent["input_ids"] and got.logprobs == sent["logprobs"]
+
+
+def test_tagged_unions_of_chunked_structs() -> None:
+    class A(msgspec.Struct, tag=True):
+        ids: list[int]
+
+    class B(msgspec.Struct, tag=True):
+        ids: list[int]
+        extra: int = 0
+
+    sent = [A(list(range(N))), B(list(range(N)), 3)]
+    frame, _ = encode(sent)
+    assert decode(frame, list[A | B])[0] == sent
+
+
+def test_out_of_band_bytes_into_a_str_field_is_a_decode_error() -> None:
+    frame, _ = encode({"blob": bytes(10_000), "ids": list(range(N))})
+    with pytest.raises(DecodeError, match="blob"):
+        decode(frame, msgspec.defstruct("Wrong", [("blob", str), ("ids", list[int])]))
+
+
+def chunk_ref(frame: Frame) -> tuple[int, int, list[int]]:
+    found: list[list[Any]] = []
+    msgspec.msgpack.decode(
+        frame.header, ext_hook=lambda code, data: found.append(msgspec.msgpack.decode(data))
+    )
+    index, count, ranges = found[0]
+    return index, count, ranges
+
+
+def with_ref(frame: Frame, index: int, count: int, ranges: list[int]) -> Frame:
+    ext = msgspec.msgpack.Ext(4, msgspec.msgpack.encode([index, count, ranges]))
+    return Frame(msgspec.msgpack.encode({"ids": ext}), frame.buffers)
+
+
+HEAVY, _ = encode({"ids": list(range(N))})
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda i, c, r: (i, c + 1, r), "hold 98304 items, its table says 98305"),
+        (lambda i, c, r: (i, c, [*r, 0]), "malformed chunk table"),
+        (lambda i, c, r: (i, c, [0, 1 << 40]), "outside its"),
+        (lambda i, c, r: (i + 5, c, r), "refers to buffer"),
+        (lambda i, c, r: (i, c, r * 40), "far more data than the message holds"),
+        (lambda i, c, r: (i, c, [r[0], r[1] - 1, *r[2:]]), "header"),
+    ],
+    ids=["count", "odd", "outside", "buffer", "bomb", "cut"],
+)
+def test_bad_chunk_tables_are_corrupt_frames(change: Any, match: str) -> None:
+    frame = with_ref(HEAVY, *change(*chunk_ref(HEAVY)))
+    for annotation in (Any, dict[str, list[int]]):
+        with pytest.raises(CorruptFrameError, match=match):
+            decode(frame, annotation)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    flips=st.lists(
+        st.tuples(st.integers(0, HEAVY.buffers[0].nbytes - 1), st.integers(1, 255)),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_damaged_chunks_never_escape_the_error_hierarchy(flips: list[tuple[int, int]]) -> None:
+    bulk = bytearray(HEAVY.buffers[0])
+    for pos, mask in flips:
+        bulk[pos] ^= mask
+    frame = Frame(HEAVY.header, (memoryview(bytes(bulk)),))
+    for annotation in (Any, dict[str, list[int]], dict[str, list[str]]):
+        with contextlib.suppress(RlwireError):
+            decode(frame, annotation)

@@ -13,6 +13,7 @@ Example:
 """
 
 from ._aio import LagMonitor
+from .checks import Checks
 from .errors import (
     ClosedError,
     ConfigError,
@@ -37,6 +38,7 @@ from .sender import TrainingBatchSender, open_sender
 __version__ = "0.1.0"
 
 __all__ = [
+    "Checks",
     "ClosedError",
     "ConfigError",
     "CorruptFrameError",

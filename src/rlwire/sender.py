@@ -11,6 +11,7 @@ from anyio import CapacityLimiter, to_thread
 
 from ._aio import make_limiter, offload_sliced, thread_count
 from ._args import check_int
+from .checks import Checks
 from .codecs import Codec, make_codec
 from .compression import Compressor, compress_sliced
 from .errors import ClosedError, ConfigError, RlwireError, StepOrderError
@@ -32,7 +33,7 @@ def open_sender(
     checksum: bool = True,
     limiter: CapacityLimiter | int | None = None,
     inline_threshold: int | None = None,
-    validate: bool = True,
+    validate: bool | Checks = True,
     storage_options: Mapping[str, Any] | None = None,
 ) -> TrainingBatchSender:
     """Open a sender that writes one message per step to ``url``.
@@ -61,7 +62,11 @@ def open_sender(
             encoding and I/O; share one between senders to bound them together.
         inline_threshold: arrays and bytes smaller than this many bytes stay in the
             header (msgpack codec; default 4096).
-        validate: validate every :class:`~rlwire.TrainingSample` before anything is written.
+        validate: ``True`` (default): rlwire's own rules, which validate every
+            :class:`~rlwire.TrainingSample` at any depth before anything is written;
+            ``False``: none; or a :class:`~rlwire.Checks` for any type, run on each
+            object (per rank) in worker-thread slices before it is encoded, with
+            rlwire's own rules for TrainingSample still applied as well.
         storage_options: options for the sink: fsspec's storage options for fsspec URLs
             (credentials, ``endpoint_url``, ...); ZeroMQ's for ``zmq+`` URLs (see the
             guide). A sink rejects keys it does not know.
@@ -82,10 +87,12 @@ def open_sender(
         >>> anyio.run(main, tempfile.mkdtemp())
         0
     """
+    if not isinstance(validate, bool | Checks):
+        raise ConfigError(f"validate must be True, False or a rlwire.Checks, got {validate!r}")
     options = {"sidecar": sidecar, "inline_threshold": inline_threshold}
     made = make_codec(
         codec,
-        check=check_object if validate else None,
+        check=check_object if validate is not False else None,
         **{k: v for k, v in options.items() if v is not None},
     )
     return TrainingBatchSender(
@@ -97,6 +104,7 @@ def open_sender(
         compression=Compressor.parse(compression),
         on_existing=on_existing,
         limiter=limiter,
+        checks=validate if isinstance(validate, Checks) else None,
     )
 
 
@@ -117,6 +125,7 @@ class TrainingBatchSender:
         compression: Compressor | None = None,
         on_existing: OnExisting = "error",
         limiter: CapacityLimiter | int | None = None,
+        checks: Checks | None = None,
     ) -> None:
         if on_existing not in ("error", "overwrite", "resume"):
             raise ConfigError(
@@ -132,6 +141,8 @@ class TrainingBatchSender:
         self._closed = False
         self._next_step = 0
         self._last_step: int | None = None
+        self._checks = checks
+        self._names_checked = False  # Checks names are matched against the first object only
 
     def __repr__(self) -> str:
         return f"TrainingBatchSender({self._sink!r}, next_step={self._next_step})"
@@ -183,7 +194,10 @@ class TrainingBatchSender:
             The step number used.
 
         Raises:
-            SchemaError: a TrainingSample fails validation (nothing is written).
+            SchemaError: ``obj`` fails validation (a TrainingSample's own rules, or the
+                sender's :class:`~rlwire.Checks`); nothing is written.
+            ConfigError: a :class:`~rlwire.Checks` name matches no field of the first
+                object sent.
             EncodeError: ``obj`` holds a value the codec cannot carry; names its path.
             StepOrderError: ``step`` repeats, goes backwards or skips ahead.
             StepExistsError: the step already exists at the destination.
@@ -209,6 +223,12 @@ class TrainingBatchSender:
             frames = []
             for rank, obj in enumerate(objs):
                 try:
+                    if self._checks is not None:
+                        await offload_sliced(
+                            self._checks.validate_sliced(obj, check_names=not self._names_checked),
+                            self._limiter,
+                        )
+                        self._names_checked = True
                     frame = await offload_sliced(self._codec.encode_sliced(obj), self._limiter)
                     if self._compressor is not None:
                         frame = await offload_sliced(

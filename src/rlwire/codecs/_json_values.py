@@ -28,8 +28,8 @@ import msgspec
 import numpy as np
 import orjson
 
+from .._paths import KeyPath, render_path
 from ..errors import ConfigError, EncodeError
-from ._paths import KeyPath, render_path
 
 __all__ = [
     "OPTION",

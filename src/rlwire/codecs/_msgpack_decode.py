@@ -142,7 +142,7 @@ class Decoding:
         """The header decoded into ``annotation`` (``Any``: plain builtins)."""
         raw = self.decode(self.header)
         yield
-        return (yield from self.assemble(raw, None if annotation in (Any, object) else annotation))
+        return (yield from self.assemble(raw, annotation))
 
     def assemble(self, raw: Any, annotation: Any) -> Sliced[Any]:
         """``raw`` (plain builtins, with chunked containers unfilled) as ``annotation``.
@@ -150,6 +150,8 @@ class Decoding:
         Out-of-band bytes come out of the header as memoryviews: into a field annotated
         ``bytes`` they are copied, each in a slice of its own, not all in one call.
         """
+        if annotation is Any or annotation is object:
+            annotation = None
         found: list[_Found] = []
         raw = yield from self._unfilled(raw, [], found, typed=annotation is not None)
         if annotation is None:
@@ -165,19 +167,25 @@ class Decoding:
             try:
                 for path, payload, _ in found:
                     inner = _annotation_at(annotation, path)
+                    if inner is None:  # e.g. inside a tagged union: no type to aim at
+                        raise _CannotFollow
                     if isinstance(payload, _Chunked):
                         yield from self._fill(_follow(typed, path), payload, inner)
-                    else:
+                    elif path:
                         _put(typed, path, _as_annotated(payload, inner))
                         yield
+                    else:  # the whole message is one out-of-band bytes value
+                        typed = _as_annotated(payload, inner)
                 return typed
             except _CannotFollow:
                 pass
         for path, payload, placeholder in found:
             if isinstance(payload, _Chunked):
                 yield from self._fill(placeholder, payload, None)
-            else:
+            elif path:
                 _put(raw, path, payload)
+            else:
+                raw = payload
         yield
         return _convert(raw, annotation)
 
@@ -286,7 +294,7 @@ def _as_annotated(view: memoryview, annotation: Any) -> Any:
     """Out-of-band bytes as a field annotated ``annotation`` wants them: the view itself
     (no copy) for ``memoryview`` or ``Any``, a copy for ``bytes`` or ``bytearray``."""
     members = {annotation, *typing.get_args(annotation)}
-    if annotation is None or memoryview in members or Any in members:
+    if memoryview in members or Any in members or object in members:
         return view
     if bytes in members:
         return bytes(view)
@@ -305,6 +313,7 @@ def _attribute(cls: type[msgspec.Struct], key: Any) -> str | None:
 
 
 def _annotation_at(annotation: Any, path: list[_Step]) -> Any:
+    """The annotation at ``path`` inside ``annotation``; None when it cannot be told."""
     for key, container in path:
         if annotation is None:
             return None

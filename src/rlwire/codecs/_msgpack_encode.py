@@ -25,10 +25,10 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from .._paths import KeyPath, render_path
 from .._slicing import Sliced, SliceTimer
 from ..errors import EncodeError
 from ..frame import Frame, as_byte_view
-from ._paths import KeyPath, render_path
 from ._registry import Check
 from ._type_plans import buffer_fields
 
@@ -40,6 +40,7 @@ __all__ = [
     "EXT_CHUNKED_MAP",
     "EXT_INLINE_ARRAY",
     "Encoding",
+    "weight",
 ]
 
 EXT_ARRAY = 1

@@ -121,9 +121,11 @@ def child_annotation(annotation: Any, key: Any, container: type) -> Any:
     """The annotation of the item at ``key`` inside a value annotated ``annotation`` that
     was received as a ``container`` (dict or list), or None when it cannot be told.
 
-    None also stands for ``Any``: the caller then keeps plain builtins.
+    Inside ``Any`` everything is ``Any``.
     """
     annotation = _strip(annotation)
+    if annotation is Any or annotation is object:
+        return Any
     origin = typing.get_origin(annotation)
     if origin is typing.Union or origin is types.UnionType:
         member = _pick_member(annotation, container)

@@ -32,6 +32,7 @@ import msgspec
 import numpy as np
 import orjson
 
+from .._paths import KeyPath, render_path
 from .._slicing import Sliced, SliceTimer, run_sliced
 from ..errors import CorruptFrameError, DecodeError, EncodeError
 from ..frame import Frame
@@ -44,7 +45,6 @@ from ._json_values import (
     struct_plan,
     type_name,
 )
-from ._paths import KeyPath, render_path
 from ._registry import Check
 
 __all__ = ["JsonCodec"]

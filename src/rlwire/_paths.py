@@ -1,7 +1,7 @@
 """Where a value sits inside an object, as error messages show it: ``$.samples[1]['a b']``.
 
-Codecs build a path as a linked list, ``(parent, key)``, one tuple per step down, which
-costs nothing until an error needs it rendered.
+Codecs and :class:`~rlwire.Checks` build a path as a linked list, ``(parent, key)``, one
+tuple per step down, which costs nothing until an error needs it rendered.
 
 Example:
     >>> render_path(((((None, "samples"), 1), "a b")))

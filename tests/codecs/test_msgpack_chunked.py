@@ -61,9 +61,8 @@ def micro_batch(n: int, seed: int = 0) -> MicroBatch:
     )
 
 
-def encode(obj: Any, **options: Any) -> tuple[Frame, int]:
-    """The frame and how many slices the encoder took."""
-    sliced = MsgpackCodec(**options).encode_sliced(obj)
+def run_counting(sliced: Any) -> tuple[Any, int]:
+    """What a sliced generator returns, and how many slices it took."""
     slices = 0
     while True:
         try:
@@ -71,17 +70,14 @@ def encode(obj: Any, **options: Any) -> tuple[Frame, int]:
         except StopIteration as stop:
             return stop.value, slices
         slices += 1
+
+
+def encode(obj: Any, **options: Any) -> tuple[Frame, int]:
+    return run_counting(MsgpackCodec(**options).encode_sliced(obj))
 
 
 def decode(frame: Frame, type: Any = Any) -> tuple[Any, int]:
-    sliced = MsgpackCodec().decode_sliced(frame, type)
-    slices = 0
-    while True:
-        try:
-            next(sliced)
-        except StopIteration as stop:
-            return stop.value, slices
-        slices += 1
+    return run_counting(MsgpackCodec().decode_sliced(frame, type))
 
 
 def chunk_count(header: bytes | memoryview) -> int:

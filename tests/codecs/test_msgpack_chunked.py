@@ -233,3 +233,38 @@ def test_damaged_chunks_never_escape_the_error_hierarchy(flips: list[tuple[int, 
     for annotation in (Any, dict[str, list[int]], dict[str, list[str]]):
         with contextlib.suppress(RlwireError):
             decode(frame, annotation)
+
+
+class Plain(msgspec.Struct, array_like=True):
+    """No field can hold a buffer: the codec does not walk into it on its own."""
+
+    input_ids: list[int]
+    logprobs: list[float]
+
+
+class Step(msgspec.Struct):
+    micro_batches: list[Plain]
+
+
+def test_no_msgspec_call_gets_a_heavy_struct_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Heavy Structs inside a list the codec did not walk still have their lists chunked:
+    no single encode call writes much more than a chunk's worth."""
+    written: list[int] = []
+
+    class Recording:
+        inner = msgspec.msgpack.Encoder()
+
+        def encode(self, obj: Any) -> bytes:
+            return self.inner.encode(obj)
+
+        def encode_into(self, obj: Any, buffer: bytearray, offset: int = 0) -> None:
+            before = len(buffer)
+            self.inner.encode_into(obj, buffer, offset)
+            written.append(len(buffer) - before)
+
+    codec = MsgpackCodec()
+    monkeypatch.setattr(codec, "_encoder", Recording())
+    sent = Step([Plain(list(range(N)), [0.5] * N) for _ in range(4)])
+    frame = codec.encode(sent)
+    assert written and max(written) < 10 * CHUNK_WEIGHT  # bytes; ~3-9 per item
+    assert decode(frame, Step)[0] == sent

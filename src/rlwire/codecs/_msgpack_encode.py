@@ -291,11 +291,13 @@ class Encoding:
         for i, item in enumerate(items):
             value = item[1] if is_map else item
             heft = weight(value)
-            if heft > CHUNK_WEIGHT and type(value) in (list, tuple, dict):
+            if heft > CHUNK_WEIGHT:
                 key = item[0] if is_map else i
-                ext = yield from self.chunked(value, (path, key))
-                items[i] = (key, ext) if is_map else ext
-                heft = 1
+                if type(value) in (list, tuple, dict):
+                    value, heft = (yield from self.chunked(value, (path, key))), 1
+                elif isinstance(value, msgspec.Struct):  # its heavy fields become chunks
+                    value, heft = yield from self.struct(value, (path, key), False)
+                items[i] = (key, value) if is_map else value
             if load and load + heft > CHUNK_WEIGHT:
                 bounds.append(i)
                 load = 0

@@ -109,7 +109,7 @@ import rlwire
 TARGET_VS_B = 1.1  # send time / baseline (b) time
 TARGET_ENCODE_FACTOR = 1.2  # send time <= floor + this x msgspec's encode of the non-buffer data
 TARGET_STALL_MS = 2.0  # worst loop stall during send and during areceive
-TARGET_PEAK_MB = 64.0  # peak RSS above the RSS just before the send
+TARGET_PEAK_MB = 64.0  # peak memory during the send above the level just before it
 
 VOCAB = 151_936
 PROMPT_FRACTION = 8  # the first 1/8 of each sample's tokens is prompt (loss_mask False)
@@ -859,8 +859,9 @@ def header(benches: list[Bench], argv: list[str]) -> str:
             "Time: median over the row's samples; range: min-max. vs (b) / vs floor: median "
             "time / median time of (b) / of the floor, same run. Worst stall: the largest "
             "LagMonitor lag (1 ms sleeps) within one operation (median, and the range over "
-            "operations); p99: the 99th percentile of its lags (median). Peak extra: RSS "
-            "high-water mark minus RSS just before. MB = 10^6 bytes. areceive and decode are "
+            "operations); p99: the 99th percentile of its lags (median). Peak extra: the "
+            "peak memory above the level just before the operation, by the method each "
+            "backend's line names. MB = 10^6 bytes. areceive and decode are "
             "rank 0's message only. p99 is by nearest rank, so for an operation with fewer "
             "than 100 LagMonitor wake-ups (every one that holds the GIL throughout) it is "
             "the worst stall.",

@@ -35,7 +35,7 @@ from ._msgpack_encode import (
     _ChunksRef,
     _InlineArray,
 )
-from ._type_plans import child_annotation
+from ._type_plans import child_annotation, may_hold_buffer
 
 __all__ = ["Decoding"]
 
@@ -67,6 +67,7 @@ _Step = tuple[Any, type]
 # placeholder left in the raw data).
 _Found = tuple[list[_Step], Any, Any]
 _LOOK_INSIDE = (dict, list, _Chunked, memoryview)
+_LOOK_INSIDE_SET = frozenset(_LOOK_INSIDE)
 
 
 class Decoding:
@@ -208,6 +209,8 @@ class Decoding:
                     step: _Step = (key, dict)
                     raw[key] = yield from self._unfilled(value, [*path, step], found, typed=typed)
         elif type(raw) is list:
+            if _LOOK_INSIDE_SET.isdisjoint(set(map(type, raw))):  # in C: lists of numbers
+                return raw
             for i, value in enumerate(raw):
                 if type(value) in _LOOK_INSIDE:
                     step = (i, list)
@@ -243,7 +246,7 @@ class Decoding:
             )
 
     def _chunk(self, data: memoryview, annotation: Any, kind: type) -> Sliced[Any]:
-        if annotation is not None:
+        if annotation is not None and not may_hold_buffer(annotation):
             try:  # straight into the type: one pass, the common case
                 part = self.decode(data, annotation)
             except msgspec.ValidationError:

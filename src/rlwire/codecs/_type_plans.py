@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-__all__ = ["buffer_fields", "child_annotation"]
+__all__ = ["buffer_fields", "child_annotation", "may_hold_buffer"]
 
 _BUFFER_TYPES = (mi.BytesType, mi.ByteArrayType, mi.MemoryViewType, mi.AnyType, mi.CustomType)
 _ITEM_TYPES = (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)
@@ -71,6 +71,16 @@ def buffer_fields(cls: type[msgspec.Struct]) -> tuple[tuple[str, bool], ...]:
         return tuple((name, True) for name in names)
     assert isinstance(info, mi.StructType)
     return tuple((f.name, _may_hold_buffer(f.type, set())) for f in info.fields)
+
+
+@functools.cache
+def may_hold_buffer(annotation: Any) -> bool:
+    """True if a value annotated ``annotation`` may hold bytes or an array at any depth
+    (then a chunk of such values may hold extension values a typed decode refuses)."""
+    try:
+        return _may_hold_buffer(mi.type_info(annotation), set())
+    except Exception:  # an annotation msgspec cannot inspect: assume the worst
+        return True
 
 
 @functools.cache

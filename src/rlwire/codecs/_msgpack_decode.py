@@ -35,7 +35,7 @@ from ._msgpack_encode import (
     _ChunksRef,
     _InlineArray,
 )
-from ._type_plans import child_annotation, may_hold_buffer
+from ._type_plans import child_annotation, field_at, may_hold_buffer
 
 __all__ = ["Decoding"]
 
@@ -265,10 +265,10 @@ def _follow(typed: Any, path: list[_Step]) -> Any:
     """The value at ``path`` (raw keys) inside the typed object."""
     for key, _ in path:
         if isinstance(typed, msgspec.Struct):
-            name = _attribute(type(typed), key)
-            if name is None:
+            field = field_at(type(typed), key)
+            if field is None:
                 raise _CannotFollow
-            typed = getattr(typed, name)
+            typed = getattr(typed, field.name)
         elif isinstance(typed, dict | list):
             try:
                 typed = typed[key]
@@ -283,10 +283,10 @@ def _put(container: Any, path: list[_Step], value: Any) -> None:
     """Set the value at ``path`` (raw keys) inside ``container`` to ``value``."""
     parent, (key, _) = _follow(container, path[:-1]), path[-1]
     if isinstance(parent, msgspec.Struct):
-        name = _attribute(type(parent), key)
-        if name is None:
+        field = field_at(type(parent), key)
+        if field is None:
             raise _CannotFollow
-        msgspec.structs.force_setattr(parent, name, value)
+        msgspec.structs.force_setattr(parent, field.name, value)
     elif isinstance(parent, dict | list):
         parent[key] = value
     else:
@@ -304,15 +304,6 @@ def _as_annotated(view: memoryview, annotation: Any) -> Any:
     if bytearray in members:
         return bytearray(view)
     return _convert(view, annotation)  # raises DecodeError naming the mismatch
-
-
-def _attribute(cls: type[msgspec.Struct], key: Any) -> str | None:
-    fields = msgspec.structs.fields(cls)
-    config = cls.__struct_config__
-    if isinstance(key, str):
-        return next((f.name for f in fields if f.encode_name == key), None)
-    index = key - int(config.array_like and config.tag_field is not None)
-    return fields[index].name if 0 <= index < len(fields) else None
 
 
 def _annotation_at(annotation: Any, path: list[_Step]) -> Any:

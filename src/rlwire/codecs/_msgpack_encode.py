@@ -267,19 +267,25 @@ class Encoding:
         """Encode the list, tuple or dict ``obj`` as chunks in the bulk buffer; return the
         extension value that stands for it."""
         is_map = type(obj) is dict
-        items: list[Any] = list(obj.items()) if is_map else list(obj)
-        n = len(items)
-        first = items[0][1] if is_map else items[0]
-        if type(first) in _SCALARS:  # a run of scalars: cut by count, not item by item
-            per = max(1, CHUNK_WEIGHT // max(weight(first), 1))
-            bounds = [*range(0, n, per), n]
-        else:
-            bounds = yield from self.bounds(items, is_map, path)
+        n = len(obj)
+        first = next(iter(obj.values())) if is_map else obj[0]
         ranges: list[int] = []
-        for a, b in itertools.pairwise(bounds):
-            part = dict(items[a:b]) if is_map else items[a:b]
-            ranges += self.encode_chunk(part, path, a)
-            yield from self.tick()
+        if type(first) in _SCALARS:
+            # A run of scalars: cut by count, straight from obj, with no copy of it all
+            # (copying a list of millions holds the GIL for milliseconds).
+            per = max(1, CHUNK_WEIGHT // max(weight(first), 1))
+            entries = iter(obj.items()) if is_map else None
+            for a in range(0, n, per):
+                part = obj[a : a + per] if entries is None else dict(itertools.islice(entries, per))
+                ranges += self.encode_chunk(part, path, a)
+                yield from self.tick()
+        else:
+            items: list[Any] = list(obj.items()) if is_map else list(obj)
+            bounds = yield from self.bounds(items, is_map, path)
+            for a, b in itertools.pairwise(bounds):
+                part = dict(items[a:b]) if is_map else items[a:b]
+                ranges += self.encode_chunk(part, path, a)
+                yield from self.tick()
         ref = _ChunksRef(self.bulk_index, n, ranges)
         code = EXT_CHUNKED_MAP if is_map else EXT_CHUNKED_ARRAY
         return msgspec.msgpack.Ext(code, self.encoder.encode(ref))
@@ -316,7 +322,7 @@ class Encoding:
             self.encoder.encode_into(part, self.bulk, -1)
         except (TypeError, ValueError, OverflowError) as exc:
             del self.bulk[start:]
-            tree = dict(enumerate(part, offset)) if isinstance(part, list) else part
+            tree = dict(enumerate(part, offset)) if isinstance(part, list | tuple) else part
             culprit = _find_unencodable(self.encoder, tree, path)
             raise EncodeError(f"{render_path(culprit)}: cannot encode: {exc}") from None
         return [start, len(self.bulk)]

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-__all__ = ["buffer_fields", "child_annotation", "may_hold_buffer"]
+__all__ = ["buffer_fields", "child_annotation", "field_at", "may_hold_buffer"]
 
 _BUFFER_TYPES = (mi.BytesType, mi.ByteArrayType, mi.MemoryViewType, mi.AnyType, mi.CustomType)
 _ITEM_TYPES = (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)
@@ -84,13 +84,25 @@ def may_hold_buffer(annotation: Any) -> bool:
 
 
 @functools.cache
-def _encode_names(cls: type[msgspec.Struct]) -> tuple[dict[str, Any], int]:
-    """Annotations by encoded field name, and how many leading array items are not
-    fields (1 for a tagged array-like Struct, whose first item is the tag)."""
+def _fields(
+    cls: type[msgspec.Struct],
+) -> tuple[dict[str, msgspec.structs.FieldInfo], tuple[msgspec.structs.FieldInfo, ...], int]:
+    """The fields of ``cls`` by encoded name and in order, and how many leading array
+    items are not fields (1 for a tagged array-like Struct, whose first item is the tag)."""
     fields = msgspec.structs.fields(cls)
     config = cls.__struct_config__
     tagged = int(config.array_like and config.tag_field is not None)
-    return {f.encode_name: f.type for f in fields}, tagged
+    return {f.encode_name: f for f in fields}, fields, tagged
+
+
+def field_at(cls: type[msgspec.Struct], key: Any) -> msgspec.structs.FieldInfo | None:
+    """The field of ``cls`` a received key names: an encoded field name (a map-encoded
+    Struct) or a position (an array-like one); None if it names none."""
+    by_name, fields, tagged = _fields(cls)
+    if isinstance(key, str):
+        return by_name.get(key)
+    index = key - tagged if isinstance(key, int) else -1
+    return fields[index] if 0 <= index < len(fields) else None
 
 
 def _strip(annotation: Any) -> Any:
@@ -141,12 +153,8 @@ def child_annotation(annotation: Any, key: Any, container: type) -> Any:
         member = _pick_member(annotation, container)
         return None if member is None else child_annotation(member, key, container)
     if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
-        by_name, tagged = _encode_names(annotation)
-        if container is dict:
-            return by_name.get(key)
-        fields = list(by_name.values())
-        index = key - tagged if isinstance(key, int) else -1
-        return fields[index] if 0 <= index < len(fields) else None
+        field = field_at(annotation, key)
+        return None if field is None else field.type
     args = typing.get_args(annotation)
     if origin in (list, set, frozenset) or (
         isinstance(origin, type) and issubclass(origin, Sequence) and origin is not tuple

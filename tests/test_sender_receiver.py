@@ -121,6 +121,38 @@ async def test_send_ranks_error_names_rank_and_writes_nothing(tmp_path: Path) ->
     assert visible(tmp_path) == []
 
 
+class ListingCodec:
+    """The msgpack codec, noting what the destination holds as each object is encoded."""
+
+    name = "msgpack"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.inner = rlwire.codecs.make_codec("msgpack")
+        self.seen: list[list[str]] = []
+
+    def encode_sliced(self, obj: Any) -> Any:
+        self.seen.append(visible(self.path))
+        return (yield from self.inner.encode_sliced(obj))
+
+    def decode(self, frame: rlwire.Frame, type: Any = Any, *, writable: bool = False) -> Any:
+        return self.inner.decode(frame, type, writable=writable)
+
+
+async def test_send_ranks_writes_each_rank_before_encoding_the_next(tmp_path: Path) -> None:
+    # Only one rank's encoded message is held at a time: rank r is encoded after rank
+    # r - 1 is written (under a temporary name, still invisible).
+    codec = ListingCodec(tmp_path)
+    per_rank = [make_batch(2, seed=r) for r in range(3)]
+    async with rlwire.open_sender(tmp_path, codec=codec) as sender:
+        await sender.send_ranks(per_rank)
+    assert [len(names) for names in codec.seen] == [0, 1, 2]
+    assert all(name.startswith(".") for names in codec.seen for name in names)
+    for rank, want in enumerate(per_rank):
+        with rlwire.open_receiver(tmp_path, rank=rank) as receiver:
+            assert_batches_equal(receiver.receive(timeout=5), want)
+
+
 class ExpertIds(msgspec.Struct):
     data: bytes
     shape: tuple[int, ...]

@@ -20,6 +20,7 @@ from .errors import (
     CorruptFrameError,
     DecodeError,
     EncodeError,
+    EndOfStream,
     FrameTooLargeError,
     ReceiveTimeout,
     RlwireError,
@@ -34,6 +35,7 @@ from .frame import Frame
 from .receiver import TrainingBatchReceiver, open_receiver
 from .schema import TrainingBatch, TrainingSample
 from .sender import TrainingBatchSender, open_sender
+from .stats import ReceiveStats, SendStats
 
 __version__ = "0.1.0"
 
@@ -44,12 +46,15 @@ __all__ = [
     "CorruptFrameError",
     "DecodeError",
     "EncodeError",
+    "EndOfStream",
     "Frame",
     "FrameTooLargeError",
     "LagMonitor",
+    "ReceiveStats",
     "ReceiveTimeout",
     "RlwireError",
     "SchemaError",
+    "SendStats",
     "StepExistsError",
     "StepGapError",
     "StepOrderError",

@@ -15,7 +15,14 @@ from anyio import CapacityLimiter, to_thread
 from ._args import check_int
 from ._slicing import Sliced
 
-__all__ = ["LagMonitor", "make_limiter", "offload_sliced", "percentile", "thread_count"]
+__all__ = [
+    "LagMonitor",
+    "Resumes",
+    "make_limiter",
+    "offload_sliced",
+    "percentile",
+    "thread_count",
+]
 
 T = TypeVar("T")
 
@@ -30,23 +37,38 @@ def make_limiter(limiter: CapacityLimiter | int | None, default: int = 2) -> Cap
     return CapacityLimiter(check_int(limiter, "limiter (a CapacityLimiter or its size)", low=1))
 
 
-async def offload_sliced(slices: Sliced[T], limiter: CapacityLimiter) -> T:
+class Resumes:
+    """The worst delay, over the slices :func:`offload_sliced` ran, between a slice
+    finishing in its worker thread and the event loop resuming the caller."""
+
+    __slots__ = ("worst",)
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+
+
+async def offload_sliced(
+    slices: Sliced[T], limiter: CapacityLimiter, resumes: Resumes | None = None
+) -> T:
     """Run each slice of ``slices`` in a worker thread and return the generator's result.
 
     The event loop gets the GIL back between slices. On cancellation or error the
     generator is closed in a worker thread (shielded), so its cleanup runs off the loop.
+    ``resumes``, if given, records how late the loop got back to this call.
     """
 
-    def advance() -> tuple[bool, T | None]:
+    def advance() -> tuple[bool, T | None, float]:
         try:
             next(slices)
         except StopIteration as stop:
-            return True, stop.value
-        return False, None
+            return True, stop.value, time.perf_counter()
+        return False, None, time.perf_counter()
 
     try:
         while True:
-            done, value = await to_thread.run_sync(advance, limiter=limiter)
+            done, value, finished = await to_thread.run_sync(advance, limiter=limiter)
+            if resumes is not None:
+                resumes.worst = max(resumes.worst, time.perf_counter() - finished)
             if done:
                 return value  # type: ignore[return-value]
     except BaseException:

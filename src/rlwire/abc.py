@@ -7,6 +7,9 @@ the ``rlwire.codecs`` entry point group. A **sink** moves frames to a destinatio
 subclasses :class:`Sink`, with a :class:`Source` that reads them back; it registers under
 each URL scheme it serves in the ``rlwire.sinks`` group, and is built from the parsed
 :class:`URL` and a :class:`SinkOptions` (a :class:`SourceOptions` for its source).
+Its :meth:`Sink.stage` takes each rank's frame with :func:`take_frame` as it writes
+that rank: the sender encodes a rank only then, so one rank's message is in memory at a
+time.
 A sink that stores one message per step and rank, as files or objects, lays them out
 with :mod:`rlwire.transport.layout`, the byte layout every built-in store shares. The
 guide's "Add a sink of your own" walks through a whole plugin, and
@@ -37,12 +40,14 @@ from .codecs._registry import Codec
 from .errors import transport_error
 from .transport._base import (
     OnExisting,
+    PendingFrame,
     Sink,
     SinkOptions,
     Source,
     SourceOptions,
     Staged,
     reject_unknown,
+    take_frame,
 )
 from .transport._url import URL, parse_url
 
@@ -51,6 +56,7 @@ __all__ = [
     "URL",
     "Codec",
     "OnExisting",
+    "PendingFrame",
     "Sink",
     "SinkOptions",
     "SliceTimer",
@@ -61,5 +67,6 @@ __all__ = [
     "parse_url",
     "reject_unknown",
     "run_sliced",
+    "take_frame",
     "transport_error",
 ]

@@ -134,8 +134,9 @@ class StepGapError(StepOrderError):
 class StepExistsError(RlwireError, FileExistsError):
     """A step already exists at the destination, for example from an earlier run.
 
-    Open the sender with ``on_existing="overwrite"`` or ``on_existing="resume"``
-    to say what should happen to earlier steps.
+    Open the sender with ``on_existing="resume"``, ``"truncate"`` (with
+    ``start_step``) or ``"overwrite"`` to say what should happen to earlier steps; the
+    message says which applies.
     """
 
 
@@ -150,6 +151,12 @@ class ClosedError(RlwireError, RuntimeError):
 
 class ReceiveTimeout(RlwireError, TimeoutError):
     """No message arrived before the timeout."""
+
+
+class EndOfStream(RlwireError):
+    """The sender finished the stream (``await sender.finish()``): no step at or after
+    the end will come. ``receive`` and ``areceive`` raise it; ``for`` and ``async for``
+    over a receiver simply end."""
 
 
 def transport_error(exc: BaseException, action: str, *, where: object) -> TransportError:

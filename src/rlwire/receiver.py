@@ -13,12 +13,20 @@ from typing_extensions import Unpack
 
 from ._aio import make_limiter, offload_sliced, thread_count
 from ._args import check_int, check_positive
-from ._slicing import Sliced, run_sliced
+from ._slicing import Sliced, run_sliced, timed
 from .codecs import Codec, get_codec
 from .compression import DEFAULT_MAX_DECOMPRESSED, decompress_sliced
-from .errors import ClosedError, ConfigError, DecodeError, ReceiveTimeout, RlwireError
+from .errors import (
+    ClosedError,
+    ConfigError,
+    DecodeError,
+    EndOfStream,
+    ReceiveTimeout,
+    RlwireError,
+)
 from .frame import Frame
 from .schema import TrainingBatch, TrainingSample
+from .stats import ReceiveStats
 from .transport import open_source
 from .transport._base import Source, SourceOptions
 
@@ -39,6 +47,7 @@ class ReceiverOptions(TypedDict, total=False):
     verify: bool
     max_decompressed_bytes: int
     limiter: CapacityLimiter | int | None
+    record_consumed: bool
     storage_options: Mapping[str, Any] | None
 
 
@@ -62,6 +71,7 @@ def open_receiver(
     verify: bool = True,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
     limiter: CapacityLimiter | int | None = None,
+    record_consumed: bool = True,
     storage_options: Mapping[str, Any] | None = None,
 ) -> TrainingBatchReceiver[Any]:
     """Open a receiver for one data-parallel rank, reading steps in order.
@@ -83,6 +93,11 @@ def open_receiver(
             before allocating anything.
         limiter: bounds the worker threads of the async methods, and the number of
             segments decompressed in parallel.
+        record_consumed: on a store (files, fsspec), write this rank's consumption mark
+            beside the steps each time the receiver moves past a step (asks for the
+            next), which senders with ``keep_last`` or ``max_ahead`` go by. ``False``
+            for a reader that must not hold the producer back (e.g. an evaluation job
+            reading rank 0 beside the trainer).
         storage_options: options for the source, as for :func:`open_sender`.
 
     Example:
@@ -113,6 +128,7 @@ def open_receiver(
         writable=writable,
         max_decompressed_bytes=max_decompressed_bytes,
         limiter=limiter,
+        record_consumed=record_consumed,
     )
 
 
@@ -136,6 +152,7 @@ class TrainingBatchReceiver(Generic[T]):
         writable: bool = False,
         max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
         limiter: CapacityLimiter | int | None = None,
+        record_consumed: bool = True,
     ) -> None:
         self._source = source
         self._rank = rank
@@ -149,6 +166,13 @@ class TrainingBatchReceiver(Generic[T]):
         self._limiter = make_limiter(limiter)
         self._mutex = threading.Lock()
         self._closed = False
+        self._peeked: tuple[int, Frame] | None = None  # read by wait(), not yet decoded
+        self._read_seconds = 0.0  # of the last read
+        self._record_consumed = record_consumed
+        # The step last written to this rank's consumption mark: nothing to write until
+        # the receiver moves past its first step (the store may not even exist yet).
+        self._recorded = start_step
+        self._last_stats: ReceiveStats | None = None
 
     def __repr__(self) -> str:
         return f"TrainingBatchReceiver({self._source!r}, next_step={self._next_step})"
@@ -163,25 +187,26 @@ class TrainingBatchReceiver(Generic[T]):
         """The step the next receive returns."""
         return self._next_step
 
-    def _take(self) -> Sliced[Any]:
+    @property
+    def last_stats(self) -> ReceiveStats | None:
+        """The figures of the last step received, or ``None`` before the first."""
+        return self._last_stats
+
+    def _take(self, started: float) -> Sliced[Any]:
         """The core, a sliced generator: the next step's object, or ``_NOTHING`` if it
         is not there yet. The sync faces run it in the calling thread; the async ones
         run each slice in a worker thread, so that decoding a large message never keeps
         the event loop from the GIL for long. The mutex is held across slices, which may
         run in different threads (a ``threading.Lock`` may be released by any thread)."""
         with self._mutex:
-            if self._closed:
-                raise ClosedError(f"{self!r} is closed")
-            try:
-                got = self._source.read_next(self._next_step)
-            except RlwireError as exc:
-                exc.add_context(rank=self._rank)
-                raise
+            got = self._peeked or self._read()
+            self._peeked = None
             if got is None:
                 return _NOTHING
             step, frame = got
+            seconds = {"read": self._read_seconds, "decompress": 0.0, "decode": 0.0}
             try:
-                obj = yield from self._decode(frame)
+                obj = yield from self._decode(frame, seconds)
                 if self._validate and isinstance(obj, TrainingBatch | TrainingSample):
                     obj.validate(f"step {step}")
             except RlwireError as exc:
@@ -193,13 +218,53 @@ class TrainingBatchReceiver(Generic[T]):
                 exc.add_context(where=where, step=step, rank=self._rank)
                 raise
             self._step, self._next_step = step, step + 1
+            total = time.perf_counter() - started
+            self._last_stats = ReceiveStats(
+                step=step,
+                rank=self._rank or 0,
+                bytes=frame.nbytes,
+                wait_seconds=max(0.0, total - sum(seconds.values())),
+                read_seconds=seconds["read"],
+                decompress_seconds=seconds["decompress"],
+                decode_seconds=seconds["decode"],
+                total_seconds=total,
+            )
             return obj
 
-    def _decode(self, frame: Frame) -> Sliced[Any]:
+    def _read(self) -> tuple[int, Frame] | None:
+        """The next step's frame if it has arrived (call with the mutex held)."""
+        if self._closed:
+            raise ClosedError(f"{self!r} is closed")
+        began = time.perf_counter()
+        try:
+            if self._record_consumed and self._next_step > self._recorded:
+                self._source.mark_consumed(self._next_step)
+                self._recorded = self._next_step
+            return self._source.read_next(self._next_step)
+        except RlwireError as exc:
+            exc.add_context(rank=self._rank)
+            raise
+        finally:
+            self._read_seconds = time.perf_counter() - began
+
+    def _peek(self) -> bool:
+        """Read the next step's frame, if it has arrived, and keep it for the next
+        receive: True if there is one."""
+        with self._mutex:
+            if self._peeked is None:
+                self._peeked = self._read()
+            return self._peeked is not None
+
+    def _decode(self, frame: Frame, seconds: dict[str, float]) -> Sliced[Any]:
         if frame.compression:
-            frame = yield from decompress_sliced(
-                frame, max_bytes=self._max_decompressed, threads=thread_count(self._limiter)
+            frame = yield from timed(
+                decompress_sliced(
+                    frame, max_bytes=self._max_decompressed, threads=thread_count(self._limiter)
+                ),
+                seconds,
+                "decompress",
             )
+        began = time.perf_counter()
         codec = self._codecs.get(frame.codec)
         if codec is None:
             try:
@@ -210,8 +275,15 @@ class TrainingBatchReceiver(Generic[T]):
                 ) from None
         decode_sliced = getattr(codec, "decode_sliced", None)  # optional for plugin codecs
         if decode_sliced is None:
-            return codec.decode(frame, self._type, writable=self._writable)
-        return (yield from decode_sliced(frame, self._type, writable=self._writable))
+            try:
+                return codec.decode(frame, self._type, writable=self._writable)
+            finally:
+                seconds["decode"] += time.perf_counter() - began
+        return (
+            yield from timed(
+                decode_sliced(frame, self._type, writable=self._writable), seconds, "decode"
+            )
+        )
 
     def skip(self) -> int:
         """Give up on the next step (for example after a CorruptFrameError) and move on to
@@ -227,12 +299,13 @@ class TrainingBatchReceiver(Generic[T]):
             CorruptFrameError: the stored message is truncated or garbled.
             DecodeError: the message does not match ``type``.
             SchemaError: ``validate=True`` and the batch is invalid.
+            EndOfStream: the sender finished the stream before the next step.
             StepGapError: a stream source (ZeroMQ) lost a message; the next call returns
                 the message after the gap.
             TransportError: the source cannot be read (a network or disk failure).
             ClosedError: the receiver is closed.
         """
-        obj = run_sliced(self._take())
+        obj = run_sliced(self._take(time.perf_counter()))
         return None if obj is _NOTHING else obj
 
     def receive(self, timeout: float | None = None) -> T:
@@ -240,32 +313,71 @@ class TrainingBatchReceiver(Generic[T]):
 
         Raises:
             ReceiveTimeout: nothing arrived within ``timeout`` seconds.
-            CorruptFrameError, DecodeError, SchemaError, StepGapError, TransportError,
-            ClosedError: as :meth:`poll`.
+            EndOfStream, CorruptFrameError, DecodeError, SchemaError, StepGapError,
+            TransportError, ClosedError: as :meth:`poll`.
         """
+        started = time.perf_counter()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            obj = run_sliced(self._take())
+            obj = run_sliced(self._take(started))
             if obj is not _NOTHING:
                 return obj  # type: ignore[no-any-return]
-            self._source.wait(self._remaining(deadline, timeout))
+            self._source.wait(self._left(deadline, timeout))
 
     async def areceive(self, timeout: float | None = None) -> T:
         """Like :meth:`receive`, without blocking the event loop: reads and decoding run
         in worker threads.
         """
+        started = time.perf_counter()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            obj = await offload_sliced(self._take(), self._limiter)
+            obj = await offload_sliced(self._take(started), self._limiter)
             if obj is not _NOTHING:
                 return obj  # type: ignore[no-any-return]
-            await self._source.await_message(self._remaining(deadline, timeout))
+            await self._source.await_message(self._left(deadline, timeout))
 
-    def _remaining(self, deadline: float | None, timeout: float | None) -> float | None:
-        if deadline is None:
-            return None
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the next step can be received, without receiving it.
+
+        Returns:
+            True once the next step has arrived (the next :meth:`receive` returns it at
+            once, without reading it again); False if ``timeout`` seconds pass first.
+
+        Raises:
+            EndOfStream: the sender finished before the next step.
+            CorruptFrameError, TransportError, ClosedError: as :meth:`poll`.
+
+        Example:
+            >>> import rlwire, tempfile
+            >>> with rlwire.open_receiver(tempfile.mkdtemp()) as receiver:
+            ...     receiver.wait(timeout=0.01)
+            False
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._peek():
+            remaining = self._remaining(deadline)
+            if remaining is not None and remaining <= 0:
+                return False
+            self._source.wait(remaining)
+        return True
+
+    async def await_next(self, timeout: float | None = None) -> bool:
+        """:meth:`wait` without blocking the event loop (``await`` itself is a keyword,
+        so the async twin is not ``a``-prefixed like :meth:`areceive`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not await to_thread.run_sync(self._peek, limiter=self._limiter):
+            remaining = self._remaining(deadline)
+            if remaining is not None and remaining <= 0:
+                return False
+            await self._source.await_message(remaining)
+        return True
+
+    def _remaining(self, deadline: float | None) -> float | None:
+        return None if deadline is None else deadline - time.monotonic()
+
+    def _left(self, deadline: float | None, timeout: float | None) -> float | None:
+        remaining = self._remaining(deadline)
+        if remaining is not None and remaining <= 0:
             raise ReceiveTimeout(
                 f"{self._source!r}: step {self._next_step} did not arrive within {timeout} s"
             )
@@ -275,13 +387,19 @@ class TrainingBatchReceiver(Generic[T]):
         return self
 
     def __next__(self) -> T:
-        return self.receive()
+        try:
+            return self.receive()
+        except EndOfStream:
+            raise StopIteration from None
 
     def __aiter__(self) -> TrainingBatchReceiver[T]:
         return self
 
     async def __anext__(self) -> T:
-        return await self.areceive()
+        try:
+            return await self.areceive()
+        except EndOfStream:
+            raise StopAsyncIteration from None
 
     def close(self) -> None:
         """Stop receiving; objects already returned stay valid. Idempotent."""

@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import anyio
 from anyio import CapacityLimiter, to_thread
 
-from ._aio import make_limiter, offload_sliced, thread_count
+from ._aio import Resumes, make_limiter, offload_sliced, thread_count
 from ._args import check_int
+from ._slicing import Sliced, timed
 from .checks import Checks
 from .codecs import Codec, make_codec
 from .compression import Compressor, compress_sliced
 from .errors import ClosedError, ConfigError, RlwireError, StepOrderError
+from .frame import Frame
 from .schema import check_object
+from .stats import SendStats
 from .transport import open_sink
 from .transport._base import OnExisting, Sink, SinkOptions
 
 __all__ = ["TrainingBatchSender", "open_sender"]
+
+T = TypeVar("T")
 
 
 def open_sender(
@@ -29,12 +35,16 @@ def open_sender(
     compression: str | Compressor | None = None,
     sidecar: Iterable[str] | str | None = None,
     on_existing: OnExisting = "error",
+    start_step: int | None = None,
+    keep_last: int | None = None,
+    max_ahead: int | None = None,
     fsync: bool = False,
     checksum: bool = True,
     limiter: CapacityLimiter | int | None = None,
     inline_threshold: int | None = None,
     validate: bool | Checks = True,
     storage_options: Mapping[str, Any] | None = None,
+    on_stats: Callable[[SendStats], object] | None = None,
 ) -> TrainingBatchSender:
     """Open a sender that writes one message per step to ``url``.
 
@@ -52,9 +62,27 @@ def open_sender(
             parallel worker threads.
         sidecar: field names (e.g. ``("routed_experts",)``) whose array and bytes values,
             at any depth, travel raw in a sidecar beside the main message.
-        on_existing: what to do when ``url`` already holds steps: ``"error"`` (refuse),
-            ``"overwrite"`` (delete them when the sender opens) or ``"resume"`` (keep
-            them and continue with the step after the last one).
+        on_existing: what to do when ``url`` already holds steps: ``"error"`` (refuse
+            any at or after ``start_step``), ``"resume"`` (continue after the last one,
+            or at ``start_step``; refuses a stored sequence with a hole or an incomplete
+            step, naming the step and the repair), ``"truncate"`` (delete the steps at
+            or after ``start_step`` and keep the earlier ones: a restart from a
+            checkpoint) or ``"overwrite"`` (delete them all). Steps are deleted when the
+            sender opens, each step's main messages first.
+        start_step: the step to send first (default: 0, or after the last stored step
+            with ``"resume"``); required by ``"truncate"``. On ZeroMQ, receivers opened
+            with the same ``start_step`` accept it.
+        keep_last: on a store (files, fsspec), delete a step once every rank's
+            receiver has moved past it (asked for a later step; see
+            ``open_receiver(record_consumed=)``) and it is not among the newest
+            ``keep_last``; a step some rank has not moved past is never deleted. The
+            ranks are those of each send (``len(objs)`` for ``send_ranks``, 1 for
+            ``send``).
+        max_ahead: on a store, make each send wait, with the event loop free, while
+            the step to send is more than ``max_ahead`` steps ahead of the slowest
+            rank's receiver (a rank that recorded nothing yet counts as being at the
+            sender's first step). Bound the wait with ``anyio.fail_after``: a cancelled
+            wait sends nothing.
         fsync: make each step durable before it becomes visible.
         checksum: record an xxh3-64 checksum of the header and of every buffer, which
             receivers verify (about 40 GB/s; switch off only to measure its cost).
@@ -70,6 +98,9 @@ def open_sender(
         storage_options: options for the sink: fsspec's storage options for fsspec URLs
             (credentials, ``endpoint_url``, ...); ZeroMQ's for ``zmq+`` URLs (see the
             guide). A sink rejects keys it does not know.
+        on_stats: called in the event loop with the :class:`~rlwire.SendStats` of each
+            step once it is sent (also ``sender.last_stats``); what it raises, ``send``
+            raises, after the step was sent.
 
     Raises:
         ConfigError: an unknown codec, compression or URL scheme (the message lists the
@@ -103,9 +134,47 @@ def open_sender(
         made,
         compression=Compressor.parse(compression),
         on_existing=on_existing,
+        start_step=start_step,
+        keep_last=keep_last,
+        max_ahead=max_ahead,
         limiter=limiter,
         checks=validate if isinstance(validate, Checks) else None,
+        on_stats=on_stats,
     )
+
+
+class _SendClock:
+    """The figures of one send, gathered as it goes."""
+
+    def __init__(self, ranks: int) -> None:
+        self.start = time.perf_counter()
+        self.staged = self.start
+        self.waited = 0.0
+        self.sizes = [0] * ranks
+        self.sidecar_bytes = 0
+        self.seconds = {"encode": 0.0, "compress": 0.0}
+        self.resumes = Resumes()
+
+    def timed(self, slices: Sliced[T], what: str) -> Sliced[T]:
+        return timed(slices, self.seconds, what)
+
+    def stats(self, step: int) -> SendStats:
+        now = time.perf_counter()
+        staging = self.staged - self.start - self.waited
+        encode, compress = self.seconds["encode"], self.seconds["compress"]
+        return SendStats(
+            step=step,
+            ranks=len(self.sizes),
+            bytes_per_rank=tuple(self.sizes),
+            sidecar_bytes=self.sidecar_bytes,
+            encode_seconds=encode,
+            compress_seconds=compress,
+            write_seconds=max(0.0, staging - encode - compress),
+            commit_seconds=now - self.staged,
+            wait_seconds=self.waited,
+            total_seconds=now - self.start,
+            worst_loop_lag_seconds=self.resumes.worst,
+        )
 
 
 class TrainingBatchSender:
@@ -124,13 +193,40 @@ class TrainingBatchSender:
         *,
         compression: Compressor | None = None,
         on_existing: OnExisting = "error",
+        start_step: int | None = None,
+        keep_last: int | None = None,
+        max_ahead: int | None = None,
         limiter: CapacityLimiter | int | None = None,
         checks: Checks | None = None,
+        on_stats: Callable[[SendStats], object] | None = None,
     ) -> None:
-        if on_existing not in ("error", "overwrite", "resume"):
+        if on_existing not in ("error", "resume", "truncate", "overwrite"):
             raise ConfigError(
-                f"on_existing must be 'error', 'overwrite' or 'resume', got {on_existing!r}"
+                "on_existing must be 'error', 'resume', 'truncate' or 'overwrite', "
+                f"got {on_existing!r}"
             )
+        if start_step is not None:
+            check_int(start_step, "start_step", error=ConfigError)
+        elif on_existing == "truncate":
+            raise ConfigError(
+                "on_existing='truncate' needs start_step: the steps at or after it are "
+                "deleted (for a restart from a checkpoint at step N, start_step=N)"
+            )
+        self._start_step = start_step
+        if keep_last is not None:
+            check_int(keep_last, "keep_last", low=1)
+        if max_ahead is not None:
+            check_int(max_ahead, "max_ahead")
+        if (keep_last is not None or max_ahead is not None) and (
+            type(sink).consumed is Sink.consumed
+        ):
+            raise ConfigError(
+                f"keep_last and max_ahead need a store that records what receivers "
+                f"consumed (files, fsspec); {sink!r} does not (ZeroMQ has its own "
+                "backpressure: the storage option 'hwm')"
+            )
+        self._keep_last = keep_last
+        self._max_ahead = max_ahead
         self._sink = sink
         self._codec = codec
         self._compressor = compression
@@ -139,6 +235,11 @@ class TrainingBatchSender:
         self._lock = anyio.Lock()
         self._opened = False
         self._closed = False
+        self._finished = False
+        self._first_step = 0  # where this sender started: a rank with no mark is there
+        self._pruned = 0  # steps before this one are deleted
+        self._last_stats: SendStats | None = None
+        self._on_stats = on_stats
         self._next_step = 0
         self._last_step: int | None = None
         self._checks = checks
@@ -184,14 +285,17 @@ class TrainingBatchSender:
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
         if not self._opened:
-            self._next_step = await self._sink.aopen(self._on_existing, self._limiter)
+            self._next_step = await self._sink.aopen(
+                self._on_existing, self._limiter, self._start_step
+            )
+            self._first_step = self._next_step
             self._opened = True
 
     async def send(self, obj: Any, *, step: int | None = None) -> int:
         """Send ``obj`` as ``step`` (default: the next step) for rank 0.
 
         Returns:
-            The step number used.
+            The step number used; :attr:`last_stats` then holds the step's figures.
 
         Raises:
             SchemaError: ``obj`` fails validation (a TrainingSample's own rules, or the
@@ -219,33 +323,24 @@ class TrainingBatchSender:
             raise ConfigError("send_ranks needs a non-empty sequence with one object per rank")
         async with self._lock:
             await self._open_locked()
+            if self._finished:
+                raise ClosedError(f"{self!r} finished its stream: nothing can be sent after")
             step = self._resolve_step(step)
-            frames = []
-            for rank, obj in enumerate(objs):
-                try:
-                    if self._checks is not None:
-                        await offload_sliced(
-                            self._checks.validate_sliced(obj, check_names=not self._names_checked),
-                            self._limiter,
-                        )
-                        self._names_checked = True
-                    frame = await offload_sliced(self._codec.encode_sliced(obj), self._limiter)
-                    if self._compressor is not None:
-                        frame = await offload_sliced(
-                            compress_sliced(
-                                frame, self._compressor, threads=thread_count(self._limiter)
-                            ),
-                            self._limiter,
-                        )
-                    frames.append(frame)
-                except RlwireError as exc:
-                    exc.add_context(step=step, rank=rank)
-                    raise
+            # Each rank is validated and encoded when the sink is ready to write it, so
+            # only one rank's encoded message is held at a time.
+            clock = _SendClock(len(objs))
+            if self._keep_last is not None or self._max_ahead is not None:
+                await self._make_room(step, len(objs))
+                clock.waited = time.perf_counter() - clock.start
+            frames = [self._encode(obj, step, rank, clock) for rank, obj in enumerate(objs)]
             try:
-                staged = await offload_sliced(self._sink.stage(step, frames), self._limiter)
+                staged = await offload_sliced(
+                    self._sink.stage(step, frames), self._limiter, clock.resumes
+                )
             except RlwireError as exc:
                 exc.add_context(step=step)
                 raise
+            clock.staged = time.perf_counter()
             try:
                 await staged.acommit(self._limiter)
             except BaseException:
@@ -257,7 +352,56 @@ class TrainingBatchSender:
                 if staged.visible:  # even a partly visible step must never be sent again
                     self._last_step = step
                     self._next_step = step + 1
+            self._last_stats = stats = clock.stats(step)
+        if self._on_stats is not None:
+            self._on_stats(stats)
         return step
+
+    async def _make_room(self, step: int, ranks: int) -> None:
+        """Wait while ``step`` is more than ``max_ahead`` steps ahead of the slowest
+        rank, then delete the steps ``keep_last`` lets go."""
+        delay = 0.005
+        while True:
+            marks = await to_thread.run_sync(
+                self._sink.consumed, ranks, step, limiter=self._limiter
+            )
+            slowest = min(self._first_step if m is None else m for m in marks)
+            if self._max_ahead is None or step - slowest <= self._max_ahead:
+                break
+            await anyio.sleep(delay)  # the receivers' marks are polled, not pushed
+            delay = min(delay * 2, 0.25)
+        if self._keep_last is not None:
+            below = min(slowest, step + 1 - self._keep_last)
+            if below > self._pruned:
+                await to_thread.run_sync(self._sink.prune, below, limiter=self._limiter)
+                self._pruned = below
+
+    def _encode(self, obj: Any, step: int, rank: int, clock: _SendClock) -> Sliced[Frame]:
+        """Validate, encode and compress one rank's object, in slices."""
+        try:
+            if self._checks is not None:
+                yield from clock.timed(
+                    self._checks.validate_sliced(obj, check_names=not self._names_checked),
+                    "encode",
+                )
+                self._names_checked = True
+            frame = yield from clock.timed(self._codec.encode_sliced(obj), "encode")
+            if self._compressor is not None:
+                frame = yield from clock.timed(
+                    compress_sliced(frame, self._compressor, threads=thread_count(self._limiter)),
+                    "compress",
+                )
+        except RlwireError as exc:
+            exc.add_context(step=step, rank=rank)
+            raise
+        clock.sizes[rank] = frame.nbytes
+        clock.sidecar_bytes += sum(frame.buffers[i].nbytes for i in frame.sidecar)
+        return frame
+
+    @property
+    def last_stats(self) -> SendStats | None:
+        """The figures of the last step sent, or ``None`` before the first."""
+        return self._last_stats
 
     def _resolve_step(self, step: int | None) -> int:
         if step is None:
@@ -278,6 +422,36 @@ class TrainingBatchSender:
             f"step {step} skips ahead of step {self._next_step}; a receiver "
             "would wait forever for the missing steps"
         )
+
+    async def finish(self) -> None:
+        """Mark the end of the stream after the last step sent: receivers then get
+        :class:`~rlwire.EndOfStream` from ``receive`` and ``areceive`` (and ``for`` /
+        ``async for`` end) instead of waiting for the next step. On ZeroMQ, the
+        receivers connected until the sender closes are told. A second call does
+        nothing; a send after it is a :class:`~rlwire.ClosedError`. A sender opened
+        later on the same URL with ``on_existing="resume"`` continues the stream.
+
+        Raises:
+            TransportError: the mark cannot be written.
+            ConfigError: the sink cannot mark the end of a stream (a plugin's).
+            ClosedError: the sender is closed.
+
+        Example:
+            >>> import anyio, rlwire, tempfile
+            >>> async def main(path: str) -> None:
+            ...     async with rlwire.open_sender(path) as sender:
+            ...         await sender.send(rlwire.TrainingBatch(samples=[]))
+            ...         await sender.finish()
+            ...     with rlwire.open_receiver(path) as receiver:
+            ...         print([len(batch.samples) for batch in receiver])
+            >>> anyio.run(main, tempfile.mkdtemp())
+            [0]
+        """
+        async with self._lock:
+            await self._open_locked()
+            if not self._finished:
+                await self._sink.afinish(self._next_step, self._limiter)
+                self._finished = True
 
     async def aclose(self) -> None:
         """Wait for an in-flight send to finish, then flush what the sink accepted and

@@ -33,10 +33,11 @@ import anyio
 import pytest
 
 from ._batches import assert_batches_equal, make_batch, make_sample
-from .errors import ConfigError, ReceiveTimeout, StepExistsError
+from .errors import ClosedError, ConfigError, EndOfStream, ReceiveTimeout, StepExistsError
 from .receiver import TrainingBatchReceiver, open_receiver
 from .schema import TrainingBatch
 from .sender import TrainingBatchSender, open_sender
+from .transport._base import Sink
 
 __all__ = ["SinkContract", "assert_batches_equal", "make_batch", "make_sample"]
 
@@ -323,6 +324,206 @@ class SinkContract:
         with open_receiver(sink_url, storage_options=receiver_options) as receiver:
             assert_batches_equal(await receiver.areceive(timeout=TIMEOUT), fresh)
             assert receiver.poll() is None  # steps 1 and 2 of the old run are gone
+
+    async def test_restart_from_a_checkpoint_truncates_later_steps(
+        self,
+        sink_url: str,
+        sender_options: Mapping[str, Any],
+        receiver_options: Mapping[str, Any],
+    ) -> None:
+        self._require_store()
+        old = [[make_batch(1, seed=10 * s + r) for r in range(2)] for s in range(4)]
+
+        def reopen(on_existing: Any, start_step: int | None) -> TrainingBatchSender:
+            return open_sender(
+                sink_url,
+                storage_options=sender_options,
+                on_existing=on_existing,
+                start_step=start_step,
+            )
+
+        async with reopen("error", None) as first:
+            for per_rank in old:
+                await first.send_ranks(per_rank)
+        for on_existing in ("error", "resume"):
+            with pytest.raises(StepExistsError, match=r"steps 2\.\.3"):
+                async with reopen(on_existing, 2):
+                    pass
+        new = [make_batch(1, seed=99 + r) for r in range(2)]
+        async with reopen("truncate", 2) as again:
+            assert again.next_step == 2
+            assert await again.send_ranks(new) == 2
+        for rank in range(2):
+            with open_receiver(sink_url, rank=rank, storage_options=receiver_options) as rx:
+                for step in range(2):  # the steps before the checkpoint are kept
+                    assert_batches_equal(await rx.areceive(timeout=TIMEOUT), old[step][rank])
+                assert_batches_equal(await rx.areceive(timeout=TIMEOUT), new[rank])
+                assert rx.poll() is None  # the old step 3 is gone
+        async with reopen("resume", None) as resumed:
+            assert resumed.next_step == 3
+
+    async def test_finish_ends_the_stream(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        steps = [[make_batch(1, seed=10 * s + r) for r in range(2)] for s in range(2)]
+
+        async def send_all() -> None:
+            async with sender:
+                for payloads in steps:
+                    await sender.send_ranks(payloads)
+                await sender.finish()
+                await sender.finish()  # a second call does nothing
+                with pytest.raises(ClosedError, match="finished"):
+                    await sender.send(steps[0][0])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_all)
+            for rank, receiver in enumerate(receivers):
+                with anyio.fail_after(TIMEOUT):
+                    got = [batch async for batch in receiver]  # ends at the mark
+                assert len(got) == 2
+                for step, batch in enumerate(got):
+                    assert_batches_equal(batch, steps[step][rank])
+                with pytest.raises(EndOfStream):
+                    await receiver.areceive(timeout=TIMEOUT)
+
+    async def test_wait_does_not_consume(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        receiver = receivers[0]
+        assert not await receiver.await_next(timeout=0.05)
+        batch = make_batch(2, seed=5)
+
+        async def send_one() -> None:
+            async with sender:
+                await sender.send(batch)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_one)
+            assert await receiver.await_next(timeout=TIMEOUT)
+            assert receiver.step is None and receiver.next_step == 0
+            assert await receiver.await_next(timeout=0)  # still there, still not taken
+            assert_batches_equal(receiver.poll(), batch)  # type: ignore[arg-type]
+        assert receiver.step == 0 and not receiver.wait(timeout=0.05)
+
+    async def test_a_finished_stream_resumes(
+        self,
+        sender: TrainingBatchSender,
+        sink_url: str,
+        sender_options: Mapping[str, Any],
+        receiver_options: Mapping[str, Any],
+    ) -> None:
+        self._require_store()
+        async with sender:
+            await sender.send(make_batch(1, seed=1))
+            await sender.finish()
+        with open_receiver(sink_url, start_step=5, storage_options=receiver_options) as late:
+            with pytest.raises(EndOfStream):  # started beyond the end
+                late.receive(timeout=TIMEOUT)
+            with pytest.raises(EndOfStream):
+                late.wait(timeout=0)
+        with pytest.raises(StepExistsError):
+            async with open_sender(sink_url, storage_options=sender_options):
+                pass
+        more = make_batch(1, seed=2)
+        with open_receiver(sink_url, storage_options=receiver_options) as receiver:
+            assert [len(b.samples) for b in receiver] == [1]  # step 0, then the end
+            async with open_sender(
+                sink_url, storage_options=sender_options, on_existing="resume"
+            ) as again:
+                assert await again.send(more) == 1
+            assert_batches_equal(receiver.receive(timeout=TIMEOUT), more)
+
+    def _require_retention(self, sender: TrainingBatchSender) -> None:
+        if type(sender.sink).consumed is Sink.consumed:
+            pytest.skip("the sink does not record what receivers consumed (optional)")
+
+    def _stored(self, sink_url: str, receiver_options: Mapping[str, Any], steps: int) -> list[int]:
+        """The steps of rank 0 still stored, read without recording anything."""
+        kept = []
+        for step in range(steps):
+            with open_receiver(
+                sink_url,
+                start_step=step,
+                record_consumed=False,
+                storage_options=receiver_options,
+            ) as probe:
+                if probe.poll() is not None:
+                    kept.append(step)
+        return kept
+
+    async def test_keep_last_deletes_only_what_every_rank_moved_past(
+        self,
+        sink_url: str,
+        sender_options: Mapping[str, Any],
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+        receiver_options: Mapping[str, Any],
+    ) -> None:
+        self._require_store()
+        sender = open_sender(sink_url, storage_options=sender_options, keep_last=1)
+        self._require_retention(sender)
+
+        def step(s: int) -> list[TrainingBatch]:
+            return [make_batch(1, seed=10 * s + r) for r in range(2)]
+
+        async def take(rank: int, count: int) -> None:
+            for _ in range(count):
+                await receivers[rank].areceive(timeout=TIMEOUT)
+            receivers[rank].wait(timeout=0)  # looks for the next step: moves past
+
+        async with sender:
+            for s in range(3):
+                await sender.send_ranks(step(s))
+            assert self._stored(sink_url, receiver_options, 3) == [0, 1, 2]
+            await take(0, 3)  # rank 0 moved past steps 0-2, rank 1 past none
+            await sender.send_ranks(step(3))
+            assert self._stored(sink_url, receiver_options, 4) == [0, 1, 2, 3]
+            await take(1, 1)  # rank 1 moved past step 0
+            await sender.send_ranks(step(4))
+            assert self._stored(sink_url, receiver_options, 5) == [1, 2, 3, 4]
+            await take(1, 4)  # every rank moved past 0-2; rank 0 is still at step 3
+            await sender.send_ranks(step(5))
+            assert self._stored(sink_url, receiver_options, 6) == [3, 4, 5]
+            await take(0, 3)
+            await take(1, 1)  # both moved past everything: only the newest is kept
+            await sender.send_ranks(step(6))
+            assert self._stored(sink_url, receiver_options, 7) == [6]
+
+    async def test_max_ahead_waits_for_the_slowest_rank(
+        self,
+        sink_url: str,
+        sender_options: Mapping[str, Any],
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+        receiver_options: Mapping[str, Any],
+    ) -> None:
+        self._require_store()
+        sender = open_sender(sink_url, storage_options=sender_options, max_ahead=1)
+        self._require_retention(sender)
+        batch = make_batch(1, seed=3)
+        async with sender:
+            await sender.send(batch)
+            await sender.send(batch)  # one step ahead of the receivers: allowed
+            with pytest.raises(TimeoutError):
+                with anyio.fail_after(0.3):
+                    await sender.send(batch)  # two ahead: waits
+            assert sender.next_step == 2  # the cancelled wait sent nothing
+            assert self._stored(sink_url, receiver_options, 3) == [0, 1]
+
+            async def move_on() -> None:
+                await anyio.sleep(0.2)
+                await receivers[0].areceive(timeout=TIMEOUT)  # step 0
+                receivers[0].wait(timeout=0)  # looks for step 1: moves past step 0
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(move_on)
+                with anyio.fail_after(TIMEOUT):
+                    assert await sender.send(batch) == 2
+            stats = sender.last_stats
+            assert stats is not None and stats.wait_seconds >= 0.1
 
 
 def _big_batch() -> TrainingBatch:

@@ -443,6 +443,19 @@ async def test_gap_when_the_sender_starts_ahead(tmp_path: Path, backend: dict[st
     assert steps_of(events) == [3, 4]
 
 
+@pytest.mark.anyio
+async def test_start_step_on_both_sides(tmp_path: Path, backend: dict[str, Any]) -> None:
+    """A sender restarted from a checkpoint with start_step=5 sends step 5 first, and a
+    receiver opened with the same start_step takes it with no gap reported."""
+    url = make_url("ipc", tmp_path)
+    with Child("receiver", url=url, receives=2, start_step=5, **backend) as child:
+        async with rlwire.open_sender(url, start_step=5, on_existing="truncate") as sender:
+            assert sender.next_step == 5
+            assert [await sender.send(batch(step)) for step in (5, 6)] == [5, 6]
+        events = await child.afinish()
+    assert steps_of(events) == [5, 6]
+
+
 def test_gap_after_the_sender_restarts(tmp_path: Path) -> None:
     """A blocking receiver re-announces itself to a sender that restarted, and is told
     that the new sender's step 0 is not the step 2 it waits for."""

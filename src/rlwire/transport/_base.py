@@ -18,16 +18,40 @@ from ._url import URL
 
 __all__ = [
     "OnExisting",
+    "PendingFrame",
     "Sink",
     "SinkOptions",
     "Source",
     "SourceOptions",
     "Staged",
     "reject_unknown",
+    "take_frame",
 ]
 
 #: What a sink does with steps that already exist at its destination when it opens.
-OnExisting = Literal["error", "overwrite", "resume"]
+OnExisting = Literal["error", "overwrite", "resume", "truncate"]
+
+#: One rank's message as :meth:`Sink.stage` receives it: the :class:`~rlwire.Frame`
+#: itself, or a sliced generator that encodes it (what the sender passes, so that only
+#: the rank being staged is held encoded in memory). Take it with :func:`take_frame`.
+PendingFrame = Frame | Sliced[Frame]
+
+
+def take_frame(pending: PendingFrame) -> Sliced[Frame]:
+    """The frame of one rank, produced in slices if it is still to be encoded.
+
+    A sink's :meth:`~Sink.stage` calls ``frame = yield from take_frame(frames[rank])``
+    once per rank, in rank order, when it is ready to write that rank. Errors are those
+    of the encoding (``SchemaError``, ``EncodeError``, ...), raised from that point.
+
+    Example:
+        >>> from rlwire.abc import run_sliced
+        >>> run_sliced(take_frame(Frame(b"hdr"))).header
+        b'hdr'
+    """
+    if isinstance(pending, Frame):
+        return pending
+    return (yield from pending)
 
 
 class Staged(abc.ABC):
@@ -140,29 +164,82 @@ class Sink(abc.ABC):
         raise ConfigError(f"{cls.__name__} has no source for {url!r}")
 
     @abc.abstractmethod
-    def open(self, on_existing: OnExisting) -> int:
+    def open(self, on_existing: OnExisting, start_step: int | None = None) -> int:
         """Prepare the destination and return the first step a new sender should use.
 
+        ``start_step`` is the sender's (``None`` when not given). A store applies
+        :func:`rlwire.transport.layout.start_step` and deletes what
+        :func:`~rlwire.transport.layout.names_to_delete` lists; a stream starts at
+        ``start_step`` or 0.
+
         Raises:
+            StepExistsError: stored steps conflict with ``on_existing``.
             TransportError: the destination cannot be written.
         """
 
     @abc.abstractmethod
-    def stage(self, step: int, frames: Sequence[Frame]) -> Sliced[Staged]:
-        """Write ``frames[rank]`` for every rank of ``step`` where readers cannot see
-        them yet. If the generator is closed before it returns, nothing is left behind.
+    def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
+        """Write the frame of every rank of ``step`` where readers cannot see it yet.
+        If the generator is closed before it returns, or raises, nothing is left behind.
+
+        ``frames[rank]`` is taken with ``frame = yield from take_frame(frames[rank])``,
+        once per rank and in rank order. A sink that writes each rank as it is taken and
+        then drops the frame holds one rank's encoded message at a time.
 
         Raises:
             StepExistsError: the step exists at the destination.
             TransportError: the destination cannot be written.
+            RlwireError: whatever taking a frame raised (a rank that fails validation or
+                encoding), after what was staged for earlier ranks is removed.
         """
+
+    def finish(self, end: int) -> None:
+        """Mark the end of the stream: no step at or after ``end`` will come, and
+        readers waiting for one get :class:`~rlwire.EndOfStream`. Called once, after the
+        last step is committed; a sender opened later with ``"resume"``, ``"truncate"``
+        or ``"overwrite"`` removes the mark when it opens.
+
+        Raises:
+            TransportError: the mark cannot be written.
+        """
+        raise ConfigError(f"{type(self).__name__} cannot mark the end of a stream")
+
+    def consumed(self, ranks: int, sent: int) -> list[int | None]:
+        """For each rank below ``ranks``, the first step its receiver has not moved past
+        (its consumption mark), or ``None`` if it has recorded none; what ``keep_last``
+        and ``max_ahead`` go by. The steps below ``sent`` are those sent so far.
+
+        Raises:
+            CorruptFrameError: a mark is garbled or records steps not sent yet.
+            TransportError: the marks cannot be read.
+            ConfigError: the sink does not track consumption (the default; streams
+                have backpressure of their own).
+        """
+        raise ConfigError(f"{type(self).__name__} does not track what receivers consumed")
+
+    def prune(self, below: int) -> None:
+        """Delete every stored step before ``below``: each step's main parts from rank
+        0 up, then its sidecars, oldest step first.
+
+        Raises:
+            TransportError: a step cannot be deleted.
+            ConfigError: the sink does not track consumption (the default).
+        """
+        raise ConfigError(f"{type(self).__name__} does not track what receivers consumed")
+
+    async def afinish(self, end: int, limiter: CapacityLimiter) -> None:
+        """:meth:`finish` in a worker thread, shielded."""
+        with anyio.CancelScope(shield=True):
+            await to_thread.run_sync(self.finish, end, limiter=limiter)
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources. Sinks that hold none need not override this."""
 
-    async def aopen(self, on_existing: OnExisting, limiter: CapacityLimiter) -> int:
+    async def aopen(
+        self, on_existing: OnExisting, limiter: CapacityLimiter, start_step: int | None = None
+    ) -> int:
         """:meth:`open` in a worker thread."""
-        return await to_thread.run_sync(self.open, on_existing, limiter=limiter)
+        return await to_thread.run_sync(self.open, on_existing, start_step, limiter=limiter)
 
     async def aclose(self, limiter: CapacityLimiter) -> None:
         """:meth:`close` in a worker thread, shielded: what was accepted is flushed."""
@@ -191,6 +268,15 @@ class Source(abc.ABC):
 
         Raises:
             CorruptFrameError: the stored data is truncated or garbled.
+        """
+
+    def mark_consumed(self, next_step: int) -> None:  # noqa: B027 - optional hook
+        """Record that this rank's receiver moved past every step before ``next_step``
+        (the receiver calls it once per step, before reading ``next_step``). Stores
+        write a small mark beside the steps; sources that keep no steps do nothing.
+
+        Raises:
+            TransportError: the mark cannot be written.
         """
 
     def read_next(self, step: int) -> tuple[int, Frame] | None:
@@ -222,6 +308,45 @@ class Source(abc.ABC):
     def describe(self, step: int) -> str:
         """Names the message of ``step`` in error messages (e.g. its path)."""
         return f"{self!r}: step {step}"
+
+    def finish(self, end: int) -> None:
+        """Mark the end of the stream: no step at or after ``end`` will come, and
+        readers waiting for one get :class:`~rlwire.EndOfStream`. Called once, after the
+        last step is committed; a sender opened later with ``"resume"``, ``"truncate"``
+        or ``"overwrite"`` removes the mark when it opens.
+
+        Raises:
+            TransportError: the mark cannot be written.
+        """
+        raise ConfigError(f"{type(self).__name__} cannot mark the end of a stream")
+
+    def consumed(self, ranks: int, sent: int) -> list[int | None]:
+        """For each rank below ``ranks``, the first step its receiver has not moved past
+        (its consumption mark), or ``None`` if it has recorded none; what ``keep_last``
+        and ``max_ahead`` go by. The steps below ``sent`` are those sent so far.
+
+        Raises:
+            CorruptFrameError: a mark is garbled or records steps not sent yet.
+            TransportError: the marks cannot be read.
+            ConfigError: the sink does not track consumption (the default; streams
+                have backpressure of their own).
+        """
+        raise ConfigError(f"{type(self).__name__} does not track what receivers consumed")
+
+    def prune(self, below: int) -> None:
+        """Delete every stored step before ``below``: each step's main parts from rank
+        0 up, then its sidecars, oldest step first.
+
+        Raises:
+            TransportError: a step cannot be deleted.
+            ConfigError: the sink does not track consumption (the default).
+        """
+        raise ConfigError(f"{type(self).__name__} does not track what receivers consumed")
+
+    async def afinish(self, end: int, limiter: CapacityLimiter) -> None:
+        """:meth:`finish` in a worker thread, shielded."""
+        with anyio.CancelScope(shield=True):
+            await to_thread.run_sync(self.finish, end, limiter=limiter)
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources. Sources that hold none need not override this."""

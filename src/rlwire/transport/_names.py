@@ -11,25 +11,36 @@ import re
 from collections.abc import Iterable
 
 from .._files import temp_name
-from ..errors import StepExistsError
+from ..errors import ConfigError, StepExistsError
 from ._base import OnExisting
 
 __all__ = [
+    "CONSUMED_RE",
+    "END_NAME",
     "MAIN_RE",
+    "PART_RE",
     "STORED_RE",
     "TEMP_RE",
+    "consumed_name",
     "main_name",
+    "names_to_delete",
     "sidecar_name",
     "start_step",
     "temp_name",
 ]
 
+#: The end-of-stream mark a finished sender leaves (see :func:`~rlwire.transport.layout.end_mark`).
+END_NAME = "end.rlw"
+#: A rank's consumption mark; group: rank.
+CONSUMED_RE = re.compile(r"consumed\.rank-(\d+)\.rlw")
 #: A main part; groups: step, rank.
 MAIN_RE = re.compile(r"step-(\d+)\.rank-(\d+)\.rlw")
-#: A main or sidecar part.
-STORED_RE = re.compile(r"step-\d+\.rank-\d+(\.sidecar)?\.rlw")
+#: A main or sidecar part; groups: step, rank, sidecar suffix.
+STORED_RE = re.compile(r"step-(\d+)\.rank-(\d+)(\.sidecar)?\.rlw")
 #: A part still being written (or left behind by a sender that was killed).
 TEMP_RE = re.compile(r"\.step-\d+\.rank-\d+(\.sidecar)?\.rlw\.[0-9a-f]+\.tmp")
+#: Any part, stored or being written; groups: step, rank.
+PART_RE = re.compile(r"\.?step-(\d+)\.rank-(\d+)(?:\.sidecar)?\.rlw(?:\.[0-9a-f]+\.tmp)?")
 
 
 def main_name(step: int, rank: int) -> str:
@@ -42,39 +53,136 @@ def sidecar_name(step: int, rank: int) -> str:
     return f"step-{step:08d}.rank-{rank:04d}.sidecar.rlw"
 
 
-def start_step(where: str, names: Iterable[str], on_existing: OnExisting) -> int:
-    """The first step a sender sends to a destination holding ``names``.
+def consumed_name(rank: int) -> str:
+    """Name of the mark where ``rank``'s receiver records the steps it moved past."""
+    return f"consumed.rank-{rank:04d}.rlw"
 
-    ``"error"`` refuses a destination with steps in it, ``"resume"`` continues after the
-    last step, and ``"overwrite"`` starts at 0 (the caller deletes what is there, main
-    parts first, so that no reader meets a main part without its sidecar).
 
-    Raises:
-        StepExistsError: ``"error"`` and steps exist; ``"resume"`` and the last step has
-            fewer ranks than the one before it.
-    """
-    ranks: dict[int, set[int]] = {}
+def _span(steps: list[int]) -> str:
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    return f"steps {steps[0]}..{steps[-1]} ({len(steps)} steps)"
+
+
+def _scan(names: Iterable[str]) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
+    """The ranks of each step whose main part is visible, and those with any part at
+    all (main, sidecar, or one still being written)."""
+    mains: dict[int, set[int]] = {}
+    parts: dict[int, set[int]] = {}
     for name in names:
         m = MAIN_RE.fullmatch(name)
         if m:
-            ranks.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
-    steps = sorted(ranks)
-    if on_existing == "overwrite" or not steps:
-        return 0
-    if on_existing == "resume":
-        if len(steps) >= 2 and len(ranks[steps[-1]]) < len(ranks[steps[-2]]):
-            # A send killed between its commits: resuming after it would leave the
-            # missing ranks waiting forever for a step that will never come.
-            raise StepExistsError(
-                f"step {steps[-1]} is incomplete (ranks {sorted(ranks[steps[-1]])} "
-                f"of {sorted(ranks[steps[-2]])}); delete it to resume before it, or use "
-                "on_existing='overwrite'",
-                where=where,
-            )
-        return steps[-1] + 1
-    span = str(steps[0]) if len(steps) == 1 else f"{steps[0]}..{steps[-1]} ({len(steps)} steps)"
-    raise StepExistsError(
-        f"holds steps {span} from an earlier run; open the sender with "
-        "on_existing='overwrite' to delete them or on_existing='resume' to continue after them",
-        where=where,
-    )
+            mains.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+        m = PART_RE.fullmatch(name)
+        if m:
+            parts.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+    return mains, parts
+
+
+def start_step(
+    where: str, names: Iterable[str], on_existing: OnExisting, first: int | None = None
+) -> int:
+    """The first step a sender sends to a destination holding ``names``.
+
+    ``first`` is the sender's ``start_step`` (``None``: not given). ``"error"`` refuses
+    stored steps at or after ``first`` (any step when ``first`` is ``None``);
+    ``"resume"`` refuses them too, and a stored sequence with a hole or an incomplete
+    step, then continues at ``first`` or after the last stored step; ``"truncate"``
+    starts at ``first`` and ``"overwrite"`` at ``first`` or 0. The caller then deletes
+    what :func:`names_to_delete` lists. An end-of-stream mark (:data:`END_NAME`) is
+    refused by ``"error"`` and deleted by the others.
+
+    Raises:
+        StepExistsError: the stored steps conflict with ``on_existing``; the message
+            names the steps and ranks and how to repair the destination.
+        ConfigError: ``"truncate"`` without ``first``.
+    """
+    if on_existing == "truncate" and first is None:
+        raise ConfigError("on_existing='truncate' needs start_step (the step to send next)")
+    if on_existing in ("overwrite", "truncate"):
+        return first or 0
+    names = list(names)
+    mains, parts = _scan(names)
+    later = sorted(s for s in mains if s >= (first or 0))
+    if later and (on_existing == "error" or first is not None):
+        after = "" if first is None else f" at or after start_step {first}"
+        repair = (
+            "open the sender with on_existing='overwrite' to delete them or "
+            "on_existing='resume' to continue after them"
+            if first is None
+            else f"open the sender with start_step={first}, on_existing='truncate' to "
+            f"delete them (a restart from a checkpoint), keeping the earlier steps"
+        )
+        raise StepExistsError(
+            f"holds {_span(later)}{after} from an earlier run; {repair}", where=where
+        )
+    if on_existing == "error" and END_NAME in names:
+        raise StepExistsError(
+            f"holds the end-of-stream mark of a finished run ({END_NAME}); open the sender "
+            "with on_existing='resume' to continue that stream, or 'overwrite'",
+            where=where,
+        )
+    if on_existing == "error" or not mains:
+        return first or 0
+    _check_resumable(where, mains, parts, first)
+    return first if first is not None else max(mains) + 1
+
+
+def _check_resumable(
+    where: str, mains: dict[int, set[int]], parts: dict[int, set[int]], first: int | None
+) -> None:
+    """Refuse to resume after a hole or an incomplete step: receivers of the missing
+    ranks would wait forever for it."""
+    steps = sorted(mains)
+    ranks = set().union(*mains.values(), *(parts.get(s, set()) for s in steps))
+    for step in range(steps[0], steps[-1] + 1):
+        have = mains.get(step)
+        if have is None:
+            problem = f"step {step} is missing (a hole)"
+        elif have == ranks or (step == steps[0] and step != steps[-1] and 0 not in have):
+            # All ranks are there; or the oldest step, partly deleted by retention,
+            # which removes a step's main parts from rank 0 up (a failed commit makes
+            # them visible from rank 0 up, so it never lacks rank 0).
+            continue
+        else:
+            problem = f"step {step} is incomplete (ranks {sorted(have)} of {sorted(ranks)})"
+        raise StepExistsError(
+            f"cannot resume: {problem}; open the sender with start_step={step}, "
+            f"on_existing='truncate' to delete step {step} and every later one, then "
+            f"send from step {step} again",
+            where=where,
+        )
+    if first is not None and first > steps[-1] + 1:
+        raise StepExistsError(
+            f"cannot resume at start_step {first}: the last stored step is {steps[-1]}, "
+            f"so steps {steps[-1] + 1}..{first - 1} would be a hole; open the sender with "
+            f"start_step={first}, on_existing='truncate' (keeps the stored steps) or "
+            "resume without start_step",
+            where=where,
+        )
+
+
+def names_to_delete(
+    names: Iterable[str], on_existing: OnExisting, first: int | None = None
+) -> tuple[list[str], list[str]]:
+    """What a sender opening with ``on_existing`` and ``start_step=first`` deletes, as
+    ``(main parts, other parts)``: delete every main part before any other, so that no
+    reader meets a main part without its sidecar. ``"overwrite"`` deletes every stored
+    step, ``"truncate"`` the steps at or after ``first``, the others none; every mode but
+    ``"error"`` deletes an end-of-stream mark, and ``"overwrite"`` and ``"truncate"``
+    the ranks' consumption marks (last, with the other parts)."""
+    names = list(names)
+    end = [END_NAME] if END_NAME in names and on_existing != "error" else []
+    if on_existing not in ("overwrite", "truncate"):
+        return [], end
+    # Consumption marks of the steps deleted would let retention delete new steps as
+    # consumed; receivers write theirs again as they move on.
+    end += sorted(n for n in names if CONSUMED_RE.fullmatch(n))
+    low = first if on_existing == "truncate" and first is not None else 0
+    mains: list[str] = []
+    rest: list[str] = []
+    for name in names:
+        m = STORED_RE.fullmatch(name)
+        if m and int(m.group(1)) >= low:
+            (rest if m.group(3) else mains).append(name)
+    return sorted(mains), sorted(rest) + end

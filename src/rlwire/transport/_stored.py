@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import abc
 
-from ..errors import CorruptFrameError
+from ..errors import CorruptFrameError, EndOfStream
 from ..frame import Frame
 from ._base import Source
-from ._layout import parse_main
-from ._names import main_name, sidecar_name
+from ._layout import END_MAGIC, consumed_mark, parse_main, parse_mark
+from ._names import END_NAME, consumed_name, main_name, sidecar_name
 
 __all__ = ["StoredSource"]
 
@@ -19,8 +19,8 @@ class StoredSource(Source):
     when the message has one, ``sidecar_name(s, rank)``, as views over what
     :meth:`load` returns.
 
-    Subclasses set :attr:`rank` and :attr:`verify` and provide :meth:`load` and
-    :meth:`locate`.
+    Subclasses set :attr:`rank` and :attr:`verify` and provide :meth:`load`,
+    :meth:`save` and :meth:`locate`.
     """
 
     rank: int
@@ -36,8 +36,31 @@ class StoredSource(Source):
         """
 
     @abc.abstractmethod
+    def save(self, name: str, data: bytes) -> None:
+        """Write the small part ``name`` so that it appears whole, replacing any.
+
+        Raises:
+            TransportError: the part cannot be written.
+        """
+
+    def mark_consumed(self, next_step: int) -> None:
+        self.save(consumed_name(self.rank), consumed_mark(next_step))
+
+    @abc.abstractmethod
     def locate(self, name: str) -> str:
         """Where the part called ``name`` lives (a path or URL), for error messages."""
+
+    def check_end(self, step: int) -> None:
+        """Raise :class:`~rlwire.EndOfStream` if the sender finished before ``step``.
+        Called only when ``step`` is missing: the mark is written after the last step."""
+        mark = self.load(END_NAME)
+        if mark is None:
+            return
+        where = self.locate(END_NAME)
+        end = parse_mark(mark, END_MAGIC, where)
+        if step >= end:
+            last = f"step {end - 1} was its last" if end else "it sent no step"
+            raise EndOfStream(f"the sender finished the stream: {last}", where=where)
 
     def describe(self, step: int) -> str:
         return self.locate(main_name(step, self.rank))
@@ -46,6 +69,7 @@ class StoredSource(Source):
         name = main_name(step, self.rank)
         data = self.load(name)
         if data is None:
+            self.check_end(step)
             return None
 
         def load_sidecar() -> memoryview:

@@ -6,8 +6,9 @@ message per step and rank as files or objects (docs/format.md specifies the byte
 being written goes under :func:`temp_name`, beside its final name, and is renamed or
 moved into place: sidecars first, the main part last, because the main part's appearance
 is what tells readers the message is there. :data:`MAIN_RE`, :data:`STORED_RE` and
-:data:`TEMP_RE` recognise them when listing a destination, and :func:`start_step` says
-where a sender starts given what is listed and its ``on_existing``.
+:data:`TEMP_RE` recognise them when listing a destination (:data:`PART_RE` any of them);
+:func:`start_step` says where a sender starts given what is listed, its ``on_existing``
+and its ``start_step``, and :func:`names_to_delete` what it deletes first.
 
 **Bytes.** :func:`checksum_segments` hashes a frame's segments (a sliced generator);
 :func:`plan` lays the frame out as the byte chunks of a main and a sidecar part, each
@@ -41,18 +42,30 @@ from ._layout import (
     plan,
     verify_segments,
 )
-from ._names import MAIN_RE, STORED_RE, TEMP_RE, main_name, sidecar_name, start_step, temp_name
+from ._names import (
+    MAIN_RE,
+    PART_RE,
+    STORED_RE,
+    TEMP_RE,
+    main_name,
+    names_to_delete,
+    sidecar_name,
+    start_step,
+    temp_name,
+)
 
 __all__ = [
     "ALIGN",
     "CHECKSUM",
     "FORMAT_VERSION",
     "MAIN_RE",
+    "PART_RE",
     "STORED_RE",
     "TEMP_RE",
     "Layout",
     "checksum_segments",
     "main_name",
+    "names_to_delete",
     "parse_main",
     "placeholder_checksums",
     "plan",

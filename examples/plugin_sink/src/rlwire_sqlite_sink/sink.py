@@ -47,6 +47,7 @@ from urllib.parse import unquote
 from rlwire import (
     ConfigError,
     CorruptFrameError,
+    EndOfStream,
     Frame,
     RlwireError,
     StepExistsError,
@@ -55,6 +56,7 @@ from rlwire import (
 from rlwire.abc import (
     URL,
     OnExisting,
+    PendingFrame,
     Sink,
     SinkOptions,
     Sliced,
@@ -64,6 +66,7 @@ from rlwire.abc import (
     Staged,
     parse_url,
     reject_unknown,
+    take_frame,
     transport_error,
 )
 from rlwire.transport.layout import checksum_segments, parse_main, plan
@@ -72,6 +75,8 @@ __all__ = ["DEFAULT_TABLE", "DEFAULT_TIMEOUT", "SqliteSink", "SqliteSource", "sq
 
 #: The table messages go to unless the ``table`` storage option names another.
 DEFAULT_TABLE = "rlwire_messages"
+#: The rank of the row that marks the end of a finished stream (its step is the end).
+END_RANK = -1
 #: Seconds to wait for another connection's lock before giving up (``timeout`` option).
 DEFAULT_TIMEOUT = 5.0
 
@@ -301,29 +306,69 @@ class SqliteSink(Sink):
             self._conn = conn
         return self._conn
 
-    def open(self, on_existing: OnExisting) -> int:
+    def open(self, on_existing: OnExisting, start_step: int | None = None) -> int:
         conn = self._connect()
+        low = start_step or 0
         with _sqlite_errors("read the steps already stored", where=self._where):
-            if on_existing == "overwrite":
+            ended = conn.execute(
+                f"SELECT step FROM {self.table} WHERE rank = {END_RANK}"
+            ).fetchone()
+            if on_existing != "error":
+                # A sender that continues or replaces the stream removes its end mark.
+                conn.execute(f"DELETE FROM {self.table} WHERE rank = {END_RANK}")
+            if on_existing in ("overwrite", "truncate"):
                 # One statement is one transaction: a reader sees every old step or none,
                 # never a step with some of its ranks gone.
-                conn.execute(f"DELETE FROM {self.table}")
-                return 0
-            first, last = conn.execute(f"SELECT min(step), max(step) FROM {self.table}").fetchone()
-        if last is None:
-            return 0
-        if on_existing == "resume":
+                conn.execute(
+                    f"DELETE FROM {self.table} WHERE step >= ?",
+                    (low if on_existing == "truncate" else 0,),
+                )
+                return low
+            first, last = conn.execute(
+                f"SELECT min(step), max(step) FROM {self.table} WHERE step >= ? AND rank >= 0",
+                (low,),
+            ).fetchone()
+            before = conn.execute(
+                f"SELECT max(step) FROM {self.table} WHERE step < ? AND rank >= 0", (low,)
+            ).fetchone()[0]
+        if on_existing == "resume" and start_step is None:
             # Steps are committed whole, so the last one stored is complete: unlike a
             # directory of files, there is no torn step to detect here.
-            return int(last) + 1
-        raise StepExistsError(
-            f"holds steps {first}..{last} from an earlier run; open the sender with "
-            "on_existing='overwrite' to delete them or on_existing='resume' to continue "
-            "after them",
-            where=self._where,
-        )
+            return 0 if last is None else int(last) + 1
+        if last is not None:
+            raise StepExistsError(
+                f"holds steps {first}..{last} from an earlier run; open the sender with "
+                + (
+                    "on_existing='overwrite' to delete them or on_existing='resume' to "
+                    "continue after them"
+                    if start_step is None
+                    else f"start_step={start_step}, on_existing='truncate' to delete them"
+                ),
+                where=self._where,
+            )
+        if on_existing == "error" and ended is not None:
+            raise StepExistsError(
+                "holds the end mark of a finished stream; open the sender with "
+                "on_existing='resume' to continue it",
+                where=self._where,
+            )
+        if on_existing == "resume" and before is not None and before < low - 1:
+            raise StepExistsError(
+                f"cannot resume at start_step {low}: the last stored step is {before}, "
+                "so the steps between would be a hole",
+                where=self._where,
+            )
+        return low
 
-    def stage(self, step: int, frames: Sequence[Frame]) -> Sliced[Staged]:
+    def finish(self, end: int) -> None:
+        conn = self._connect()
+        with _sqlite_errors("mark the end of the stream", where=self._where):
+            conn.execute(
+                f"INSERT INTO {self.table} (step, rank, main) VALUES (?, {END_RANK}, x'')",
+                (end,),
+            )
+
+    def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
         conn = self._connect()
         with _sqlite_errors("start a transaction", where=self._where, step=step):
             # IMMEDIATE takes the write lock now, before any work: a second writer on
@@ -338,7 +383,10 @@ class SqliteSink(Sink):
                 f"SELECT 1 FROM {self.table} WHERE step = ? LIMIT 1", (step,)
             ).fetchone():
                 raise StepExistsError("already exists", where=self._where, step=step)
-            for rank, frame in enumerate(frames):
+            for rank, pending in enumerate(frames):
+                # The sender encodes each rank only now, in slices; taking the frames
+                # one by one keeps one rank's encoded message in memory at a time.
+                frame = yield from take_frame(pending)
                 # Checksums first, in slices (each slice hashes at most 64 MiB with the
                 # GIL released), then the layout that records them.
                 sums = (yield from checksum_segments(frame)) if self.checksum else None
@@ -511,6 +559,7 @@ class SqliteSource(Source):
                 (step, self.rank),
             ).fetchone()
         if row is None:
+            self._check_end(conn, step)
             return None
         main, sidecar = row
         if not isinstance(main, bytes) or not isinstance(sidecar, bytes | None):
@@ -537,6 +586,15 @@ class SqliteSource(Source):
             where=self.describe(step),
             verify=self.verify,
         )
+
+    def _check_end(self, conn: sqlite3.Connection, step: int) -> None:
+        """Raise EndOfStream if the sender finished before ``step``."""
+        with _sqlite_errors("read", where=self._where, step=step, rank=self.rank):
+            mark = conn.execute(f"SELECT step FROM {self.table} WHERE rank = {END_RANK}").fetchone()
+        if mark is not None and step >= mark[0]:
+            raise EndOfStream(
+                f"the sender finished the stream before step {mark[0]}", where=self._where
+            )
 
     def _view(self, data: bytes) -> memoryview:
         # bytes are read-only; a writable receiver gets one copy it may change freely.

@@ -10,10 +10,11 @@ from anyio import CapacityLimiter
 from ..._args import check_int
 from ..._slicing import Sliced
 from ...errors import StepExistsError
-from ...frame import Frame
-from .._base import OnExisting, Sink, SinkOptions, SourceOptions, Staged
-from .._layout import checksum_segments, plan
-from .._names import MAIN_RE, STORED_RE, main_name, sidecar_name, start_step
+from .._base import OnExisting, PendingFrame, Sink, SinkOptions, SourceOptions, Staged, take_frame
+from .._layout import checksum_segments, end_mark, plan
+from .._names import END_NAME, main_name, names_to_delete, sidecar_name
+from .._names import start_step as first_step
+from .._retention import read_consumed, steps_to_prune
 from .._url import URL
 from ._connection import Connection, translate_errors
 from ._s3_upload import MIN_PART_BYTES, PART_BYTES
@@ -97,33 +98,52 @@ class FsspecSink(Sink):
             storage_options=options.storage_options,
         )
 
-    async def aopen(self, on_existing: OnExisting, limiter: CapacityLimiter) -> int:
+    async def aopen(
+        self, on_existing: OnExisting, limiter: CapacityLimiter, start_step: int | None = None
+    ) -> int:
         # Connect in an abandonable thread first: cancelling this open does not wait for
         # a slow first request, and the connection is still made for the next caller.
         await self._conn.aget(limiter)
-        return await super().aopen(on_existing, limiter)
+        return await super().aopen(on_existing, limiter, start_step)
 
-    def open(self, on_existing: OnExisting) -> int:
+    def open(self, on_existing: OnExisting, start_step: int | None = None) -> int:
         store = self._conn.get()
         with translate_errors(self.url, "list the destination"):
             names = store.names()
-        step = start_step(self.url, names, on_existing)
+        step = first_step(self.url, names, on_existing, start_step)
         if on_existing == "error":
             return step
         # Leftovers of a killed sender (temporary keys, unfinished multipart uploads) are
         # invisible to readers, but billed.
         with translate_errors(self.url, "clean up after an earlier run"):
             store.clean_leftovers(names)
-        if on_existing == "overwrite":
-            with translate_errors(self.url, "delete earlier steps"):
-                # Main objects first, so no reader meets a main object without its sidecar.
-                store.remove([n for n in names if MAIN_RE.fullmatch(n)])
-                store.remove(
-                    [n for n in names if STORED_RE.fullmatch(n) and not MAIN_RE.fullmatch(n)]
-                )
+        with translate_errors(self.url, "delete earlier steps"):
+            # Main objects first, so no reader meets a main object without its sidecar.
+            for doomed in names_to_delete(names, on_existing, start_step):
+                store.remove(doomed)
         return step
 
-    def stage(self, step: int, frames: Sequence[Frame]) -> Sliced[Staged]:
+    def finish(self, end: int) -> None:
+        with translate_errors(f"{self.url}/{END_NAME}", "mark the end of the stream"):
+            self._conn.get().save(END_NAME, end_mark(end))
+
+    def consumed(self, ranks: int, sent: int) -> list[int | None]:
+        store = self._conn.get()
+
+        def load(name: str) -> bytes | bytearray | None:
+            with translate_errors(f"{self.url}/{name}", "read"):
+                return store.get(store.path(name))
+
+        return read_consumed(load, lambda name: f"{self.url}/{name}", ranks, sent)
+
+    def prune(self, below: int) -> None:
+        store = self._conn.get()
+        with translate_errors(self.url, "delete steps every rank consumed"):
+            for step in steps_to_prune(store.names(), below):
+                for batch in step:
+                    store.remove(batch)
+
+    def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
         store = self._conn.get()
         with translate_errors(self.url, f"check whether step {step} exists"):
             existing = store.existing([store.path(main_name(step, r)) for r in range(len(frames))])
@@ -134,8 +154,10 @@ class FsspecSink(Sink):
             )
         staging = store.staging(part_bytes=self.part_bytes, max_concurrency=self.max_concurrency)
         try:
-            with translate_errors(self.url, f"{store.stage_verb} step {step}"):
-                for rank, frame in enumerate(frames):
+            action = f"{store.stage_verb} step {step}"
+            for rank, pending in enumerate(frames):
+                frame = yield from take_frame(pending)  # the codec's errors stay its own
+                with translate_errors(self.url, action):
                     sums = (yield from checksum_segments(frame)) if self.checksum else None
                     layout = plan(frame, step, rank, sums)
                     if layout.sidecar:
@@ -143,6 +165,7 @@ class FsspecSink(Sink):
                         yield from staging.add(side_path, layout.sidecar, main=False)
                     main_path = store.path(main_name(step, rank))
                     yield from staging.add(main_path, layout.main, main=True)
+            with translate_errors(self.url, action):
                 yield from staging.finish()
         except BaseException:
             staging.discard()

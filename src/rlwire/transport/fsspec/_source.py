@@ -79,6 +79,10 @@ class FsspecSource(StoredSource):
     def locate(self, name: str) -> str:
         return f"{self.url}/{name}"
 
+    def save(self, name: str, data: bytes) -> None:
+        with translate_errors(self.locate(name), "record what this rank consumed"):
+            self._conn.get().save(name, data)
+
     def read(self, step: int) -> Frame | None:
         frame = super().read(step)
         if frame is None:

@@ -13,11 +13,14 @@ import abc
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from ..._slicing import Sliced
+from ..._slicing import Sliced, run_sliced
 from .._base import Staged
 from .._names import TEMP_RE
 
 __all__ = ["Staging", "Store"]
+
+#: Part size for :meth:`Store.save`'s marks (a few bytes: a single PUT).
+_SMALL_PART_BYTES = 5 << 20
 
 
 class Staging(Staged):
@@ -91,6 +94,18 @@ class Store(abc.ABC):
         if names:
             self.fs.rm([self.path(n) for n in names])
             self.fs.invalidate_cache(self.root)
+
+    def save(self, name: str, data: bytes) -> None:
+        """Write the small object ``name`` directly under the root so that it appears
+        whole (staged like a main object: one PUT, or a move into place)."""
+        staging = self.staging(part_bytes=_SMALL_PART_BYTES, max_concurrency=1)
+        try:
+            run_sliced(staging.add(self.path(name), [data], main=True))
+            run_sliced(staging.finish())
+            staging.commit()
+        except BaseException:
+            staging.discard()
+            raise
 
     def clean_leftovers(self, names: Sequence[str]) -> None:
         """Remove what a killed sender left behind, invisible to readers: the temporary

@@ -18,7 +18,7 @@ from typing import Literal
 import zmq
 
 from ...errors import TransportError, transport_error
-from ._protocol import ACK, BYE, PING, READY, parse_ack, parse_ready
+from ._protocol import ACK, BYE, PING, READY, end_message, parse_ack, parse_ready
 from ._sockets import RETRY_SECONDS, Socket, has_message, wait_descriptor
 
 __all__ = ["Pattern", "Peers"]
@@ -55,6 +55,9 @@ class Peers:
     consumers: int
     ready_timeout: float | None
     delivered: bool = field(default=False, init=False)
+    #: The end step once the sender finished: receivers that announce themselves later
+    #: are told at once.
+    end: int | None = field(default=None, init=False)
     # rank -> routing id of its receiver
     _rank_peer: dict[int, bytes] = field(default_factory=dict, init=False, repr=False)
     # routing id -> next sequence number
@@ -165,10 +168,21 @@ class Peers:
                         self.forget(peer)
                 self.socket.poll(int(RETRY_SECONDS * 1000), zmq.POLLIN)
 
+    def send_end(self, peers: list[bytes] | None = None) -> None:
+        """Tell ``peers`` (default: every receiver known) that the stream ended at
+        :attr:`end`. A receiver whose queue is full or that vanished is skipped: it
+        hears it when it announces itself again."""
+        assert self.end is not None
+        for peer in list(self._seq) if peers is None else peers:
+            with contextlib.suppress(zmq.Again, zmq.ZMQError):
+                self.socket.send_multipart([peer, *end_message(self.end)], zmq.NOBLOCK)
+
     def _ready(self, peer: bytes, body: bytes) -> None:
         rank = parse_ready(body)
         if rank is None:
             return
+        if self.end is not None:
+            self.send_end([peer])
         self._seq.setdefault(peer, 0)
         if self.pattern == "ranks":
             old = self._rank_peer.get(rank)

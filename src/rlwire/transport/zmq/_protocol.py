@@ -11,7 +11,7 @@ part 2 …
     one part per out-of-band buffer (segments 1 …), in order, unpadded
 
 Control messages are a kind and a body: ``ready``, ``ack`` and ``bye`` go from a receiver
-to the sender, ``ping`` (a single part) from a sender to a receiver.
+to the sender, ``ping`` (a single part) and ``end`` from a sender to a receiver.
 
 This module builds and checks those parts and touches no socket. What it writes is the
 wire format: a change here is a change of docs/format.md, and of :data:`VERSION`.
@@ -31,6 +31,7 @@ from .._layout import CHECKSUM, check_magic
 __all__ = [
     "ACK",
     "BYE",
+    "END",
     "MAGIC",
     "PING",
     "READY",
@@ -40,12 +41,14 @@ __all__ = [
     "Ready",
     "ack_message",
     "bye_message",
+    "end_message",
     "first_part",
     "frame_of",
     "is_ping",
     "make_head",
     "parse_ack",
     "parse_batch",
+    "parse_end",
     "parse_ready",
     "ready_message",
 ]
@@ -67,9 +70,13 @@ BYE = b"bye"
 #: Sender -> receiver, a single part, ignored: a closing sender finds vanished receivers
 #: by the sends that fail.
 PING = b"ping"
+#: Sender -> receiver, body: the end step (u64 LE): the sender finished the stream, and
+#: no step at or after it will come.
+END = b"end"
 REANNOUNCE_SECONDS = 1.0
 
 _ACK_BODY = struct.Struct("<8sQ")
+_END_BODY = struct.Struct("<Q")
 
 
 class Head(msgspec.Struct, array_like=True, frozen=True):
@@ -142,6 +149,18 @@ def first_part(head: Head, seq: int) -> bytes:
     """Part 0 of a batch message: the prelude, then ``head`` as message ``seq`` of its
     session to one receiver."""
     return _PRELUDE_BYTES + _head_encoder.encode(msgspec.structs.replace(head, seq=seq))
+
+
+def end_message(end: int) -> list[bytes]:
+    """The ``end`` message: no step at or after ``end`` will come."""
+    return [END, _END_BODY.pack(end)]
+
+
+def parse_end(parts: Sequence[bytes | memoryview]) -> int | None:
+    """The end step if ``parts`` is a sender's ``end`` message, else ``None``."""
+    if len(parts) != 2 or bytes(parts[0]) != END or len(parts[1]) != _END_BODY.size:
+        return None
+    return int(_END_BODY.unpack(parts[1])[0])
 
 
 def is_ping(parts: Sequence[bytes | memoryview]) -> bool:

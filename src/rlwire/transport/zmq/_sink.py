@@ -16,8 +16,16 @@ from anyio import CapacityLimiter
 from ..._args import check_int, check_positive
 from ..._slicing import Sliced, SliceTimer
 from ...errors import ConfigError, RlwireError, TransportError, transport_error
-from ...frame import Frame
-from .._base import OnExisting, Sink, SinkOptions, SourceOptions, Staged, reject_unknown
+from .._base import (
+    OnExisting,
+    PendingFrame,
+    Sink,
+    SinkOptions,
+    SourceOptions,
+    Staged,
+    reject_unknown,
+    take_frame,
+)
 from .._layout import checksum_segments
 from .._url import URL
 from ._peers import Pattern, Peers
@@ -159,8 +167,9 @@ class ZmqSink(Sink):
     def open_source(cls, url: URL, options: SourceOptions) -> ZmqSource:
         return open_source(url, options)
 
-    def open(self, on_existing: OnExisting) -> int:
-        # A socket keeps nothing from earlier runs, so every on_existing starts at 0.
+    def open(self, on_existing: OnExisting, start_step: int | None = None) -> int:
+        # A socket keeps nothing from earlier runs: every on_existing starts at
+        # start_step, which receivers opened with the same start_step expect.
         context: Context = zmq.Context()
         sock = context.socket(zmq.ROUTER)
         auth = None
@@ -185,9 +194,9 @@ class ZmqSink(Sink):
             consumers=self.consumers,
             ready_timeout=self.ready_timeout,
         )
-        return 0
+        return start_step or 0
 
-    def stage(self, step: int, frames: Sequence[Frame]) -> Sliced[Staged]:
+    def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
         if self.pattern == "shared" and len(frames) > 1:
             raise ConfigError(
                 f"the 'shared' pattern sends one object per step; got {len(frames)} "
@@ -195,7 +204,8 @@ class ZmqSink(Sink):
                 where=self.endpoint,
             )
         messages = []
-        for rank, frame in enumerate(frames):
+        for rank, pending in enumerate(frames):
+            frame = yield from take_frame(pending)
             sums = (yield from checksum_segments(frame)) if self.checksum else None
             head = make_head(
                 frame,
@@ -234,6 +244,14 @@ class ZmqSink(Sink):
             while not tracker.done:
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 0.01)
+
+    async def afinish(self, end: int, limiter: CapacityLimiter) -> None:
+        # In the sender's task, like a send: only one thread may use the socket.
+        if self._peers is None:
+            raise TransportError("the sink is not open", where=self.endpoint)
+        self._peers.drain()
+        self._peers.end = end
+        self._peers.send_end()
 
     def close(self) -> None:
         """Stop sending: wait, up to ``linger`` seconds, until every receiver still

@@ -10,7 +10,14 @@ import time
 import zmq
 
 from ..._args import check_int
-from ...errors import ConfigError, CorruptFrameError, StepGapError, TransportError, transport_error
+from ...errors import (
+    ConfigError,
+    CorruptFrameError,
+    EndOfStream,
+    StepGapError,
+    TransportError,
+    transport_error,
+)
 from ...frame import Frame
 from .._base import Source, SourceOptions, reject_unknown
 from .._layout import verify_segments
@@ -23,6 +30,7 @@ from ._protocol import (
     frame_of,
     is_ping,
     parse_batch,
+    parse_end,
     ready_message,
 )
 from ._sockets import (
@@ -116,6 +124,7 @@ class ZmqSource(Source):
         self._next_seq = 0
         self._received = False
         self._pending: tuple[int, Frame] | None = None
+        self._end: int | None = None  # the end step, once the sender finished
         self._heard = 0.0  # when a message last arrived or this receiver last announced
         self._ack: list[bytes] | None = None  # an acknowledgement still to send
         try:
@@ -141,6 +150,8 @@ class ZmqSource(Source):
             if self._pending is not None:
                 got, self._pending = self._pending, None
                 return got
+            if self._end is not None:
+                raise EndOfStream(self._ended(), where=self.endpoint)
             sock = self._require_socket()
             self._send_ack()
             while True:
@@ -156,6 +167,11 @@ class ZmqSource(Source):
                 views = [part.buffer for part in parts]
                 if is_ping(views):
                     continue
+                end = parse_end(views)
+                if end is not None:
+                    # Sent after every message to this receiver, on the same connection.
+                    self._end = end
+                    raise EndOfStream(self._ended(), where=self.endpoint)
                 head, frame = self._parse(views, step)
                 self._ack = ack_message(head.session, head.seq)
                 self._send_ack()
@@ -195,6 +211,11 @@ class ZmqSource(Source):
             with contextlib.suppress(zmq.ZMQError):  # else the sender learns from ZeroMQ
                 sock.send_multipart(bye_message(), zmq.NOBLOCK)
             release(sock, self._context, None, linger=100)
+
+    def _ended(self) -> str:
+        assert self._end is not None
+        last = f"step {self._end - 1} was its last" if self._end else "it sent no step"
+        return f"the sender finished the stream: {last}"
 
     def _require_socket(self) -> Socket:
         if self._socket is None:

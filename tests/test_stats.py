@@ -1,0 +1,83 @@
+"""Per-step figures: SendStats from senders, ReceiveStats from receivers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+from helpers import make_batch
+
+import rlwire
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.parametrize("compression", [None, "lz4"])
+async def test_send_and_receive_stats_agree_with_what_moved(
+    tmp_path: Path, compression: str | None
+) -> None:
+    seen: list[rlwire.SendStats] = []
+    per_rank = [make_batch(2, 40_000, seed=r) for r in range(2)]
+    for batch in per_rank:
+        for sample in batch.samples:
+            sample.routed_experts[:] = 7  # compressible, so that lz4 is kept
+    async with rlwire.open_sender(
+        tmp_path, sidecar="routed_experts", compression=compression, on_stats=seen.append
+    ) as sender:
+        assert sender.last_stats is None
+        await sender.send_ranks(per_rank)
+    stats = sender.last_stats
+    assert stats is not None and seen == [stats]
+    assert (stats.step, stats.ranks, len(stats.bytes_per_rank)) == (0, 2, 2)
+    files = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    for rank in range(2):
+        stored = sum(size for name, size in files.items() if f"rank-{rank:04d}" in name)
+        # The files hold the frame plus a small envelope and alignment padding.
+        assert stats.bytes_per_rank[rank] <= stored < stats.bytes_per_rank[rank] + 8192
+    sidecars = sum(size for name, size in files.items() if "sidecar" in name)
+    assert 0 < stats.sidecar_bytes <= sidecars < stats.sidecar_bytes + 8192
+    assert stats.encode_seconds > 0 and stats.write_seconds > 0 and stats.commit_seconds > 0
+    assert (stats.compress_seconds > 0) == (compression is not None)
+    parts = stats.encode_seconds + stats.compress_seconds + stats.write_seconds
+    assert parts + stats.commit_seconds <= stats.total_seconds * 1.01
+    assert 0 <= stats.worst_loop_lag_seconds < stats.total_seconds
+    assert stats.as_dict()["bytes"] == stats.bytes == sum(stats.bytes_per_rank)
+    for rank in range(2):
+        with rlwire.open_receiver(tmp_path, rank=rank) as receiver:
+            assert receiver.last_stats is None
+            receiver.receive(timeout=5)
+            got = receiver.last_stats
+            assert got is not None and (got.step, got.rank) == (0, rank)
+            assert got.bytes == stats.bytes_per_rank[rank]  # the same frame, as sent
+            assert got.read_seconds > 0 and got.decode_seconds > 0
+            assert (got.decompress_seconds > 0) == (compression is not None)
+            inner = got.read_seconds + got.decompress_seconds + got.decode_seconds
+            assert inner + got.wait_seconds == pytest.approx(got.total_seconds)
+
+
+async def test_receive_stats_count_the_wait(tmp_path: Path) -> None:
+    async def send_later() -> None:
+        await anyio.sleep(0.3)
+        async with rlwire.open_sender(tmp_path) as sender:
+            await sender.send(make_batch(1))
+
+    with rlwire.open_receiver(tmp_path, poll_interval=0.005) as receiver:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_later)
+            await receiver.areceive(timeout=10)
+    stats = receiver.last_stats
+    assert stats is not None and stats.wait_seconds >= 0.25
+    assert stats.read_seconds < stats.wait_seconds
+
+
+async def test_a_failing_stats_callback_is_raised_after_the_step_is_sent(tmp_path: Path) -> None:
+    def broken(stats: rlwire.SendStats) -> None:
+        raise RuntimeError(f"logger down at step {stats.step}")
+
+    async with rlwire.open_sender(tmp_path, on_stats=broken) as sender:
+        with pytest.raises(RuntimeError, match="logger down at step 0"):
+            await sender.send(make_batch(1))
+        assert sender.next_step == 1  # the step was sent before the callback ran
+    with rlwire.open_receiver(tmp_path) as receiver:
+        assert receiver.poll() is not None

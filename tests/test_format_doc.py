@@ -138,3 +138,24 @@ def test_independent_reader_matches_a_fresh_message(tmp_path: Path) -> None:
         ours = receiver.receive(timeout=5)
     assert_same(read_as_documented(tmp_path, 1, 0), ours)
     assert_same(ours, obj)
+
+
+def read_mark_as_documented(path: Path, magic: bytes) -> int:
+    """Follow 'Marks' in docs/format.md."""
+    found, major, minor, step = struct.unpack("<4sHHQ", path.read_bytes())
+    assert (found, major, minor) == (magic, 1, 0)
+    return int(step)
+
+
+def test_marks_are_as_documented(tmp_path: Path) -> None:
+    async def send() -> None:
+        async with rlwire.open_sender(tmp_path) as sender:
+            for _ in range(3):
+                await sender.send(rlwire.TrainingBatch(samples=[]))
+            await sender.finish()
+
+    anyio.run(send)
+    with rlwire.open_receiver(tmp_path) as receiver:
+        assert len(list(receiver)) == 3  # asks for step 3 last: moved past 0-2
+    assert read_mark_as_documented(tmp_path / "end.rlw", b"RLWE") == 3
+    assert read_mark_as_documented(tmp_path / "consumed.rank-0000.rlw", b"RLWC") == 3

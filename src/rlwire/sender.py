@@ -370,7 +370,8 @@ class TrainingBatchSender:
                 break
             await anyio.sleep(delay)  # the receivers' marks are polled, not pushed
             delay = min(delay * 2, 0.25)
-        if self._keep_last is not None:
+        if self._keep_last is not None and None not in marks:
+            # A rank with no mark has moved past nothing, as far as anyone can tell.
             below = min(slowest, step + 1 - self._keep_last)
             if below > self._pruned:
                 await to_thread.run_sync(self._sink.prune, below, limiter=self._limiter)

@@ -10,6 +10,12 @@ is what tells readers the message is there. :data:`MAIN_RE`, :data:`STORED_RE` a
 :func:`start_step` says where a sender starts given what is listed, its ``on_existing``
 and its ``start_step``, and :func:`names_to_delete` what it deletes first.
 
+**Marks.** A finished sender leaves :data:`END_NAME` (:func:`end_mark`); each rank's
+receiver records the first step it has not moved past in :func:`consumed_name`
+(:func:`consumed_mark`), which :func:`read_consumed` reads back for ``keep_last`` and
+``max_ahead``, and :func:`steps_to_prune` orders the deletions; :func:`parse_mark`
+reads either mark.
+
 **Bytes.** :func:`checksum_segments` hashes a frame's segments (a sliced generator);
 :func:`plan` lays the frame out as the byte chunks of a main and a sidecar part, each
 buffer aligned to :data:`ALIGN` bytes; write them in order. :func:`parse_main` turns the
@@ -34,29 +40,42 @@ Example:
 from ._layout import (
     ALIGN,
     CHECKSUM,
+    CONSUMED_MAGIC,
+    END_MAGIC,
     FORMAT_VERSION,
     Layout,
     checksum_segments,
+    consumed_mark,
+    end_mark,
     parse_main,
+    parse_mark,
     placeholder_checksums,
     plan,
     verify_segments,
 )
 from ._names import (
+    CONSUMED_RE,
+    END_NAME,
     MAIN_RE,
     PART_RE,
     STORED_RE,
     TEMP_RE,
+    consumed_name,
     main_name,
     names_to_delete,
     sidecar_name,
     start_step,
     temp_name,
 )
+from ._retention import read_consumed, steps_to_prune
 
 __all__ = [
     "ALIGN",
     "CHECKSUM",
+    "CONSUMED_MAGIC",
+    "CONSUMED_RE",
+    "END_MAGIC",
+    "END_NAME",
     "FORMAT_VERSION",
     "MAIN_RE",
     "PART_RE",
@@ -64,13 +83,19 @@ __all__ = [
     "TEMP_RE",
     "Layout",
     "checksum_segments",
+    "consumed_mark",
+    "consumed_name",
+    "end_mark",
     "main_name",
     "names_to_delete",
     "parse_main",
+    "parse_mark",
     "placeholder_checksums",
     "plan",
+    "read_consumed",
     "sidecar_name",
     "start_step",
+    "steps_to_prune",
     "temp_name",
     "verify_segments",
 ]

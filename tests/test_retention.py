@@ -1,0 +1,124 @@
+"""Consumption marks, keep_last and max_ahead beyond the contract: bad marks, bad
+options, and a trainer in another process moving on while the sender deletes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from helpers import make_batch
+
+import rlwire
+from rlwire.transport.layout import consumed_mark, main_name
+
+pytestmark = pytest.mark.anyio
+
+
+def stored_steps(path: Path) -> list[int]:
+    return sorted(int(p.name[5:13]) for p in path.glob("step-*.rank-0000.rlw"))
+
+
+@pytest.mark.parametrize(
+    ("mark", "message"),
+    [
+        (b"garbage", "a consumption mark is 16 bytes, this one 7"),
+        (b"RLWE" + bytes(12), "not an rlwire consumption mark"),
+        (consumed_mark(40), "says rank 0 moved past step 39, but only steps before 3 were"),
+    ],
+)
+async def test_a_bad_mark_is_an_error_naming_it_and_deletes_nothing(
+    tmp_path: Path, mark: bytes, message: str
+) -> None:
+    async with rlwire.open_sender(tmp_path, keep_last=1) as sender:
+        for _ in range(3):
+            await sender.send(make_batch(1))
+        assert stored_steps(tmp_path) == [0, 1, 2]  # no mark yet: nothing consumed
+        (tmp_path / "consumed.rank-0000.rlw").write_bytes(mark)
+        with pytest.raises(rlwire.CorruptFrameError, match=message) as caught:
+            await sender.send(make_batch(1))
+        assert "consumed.rank-0000.rlw" in str(caught.value)
+        assert sender.next_step == 3
+    assert stored_steps(tmp_path) == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"keep_last": 0}, "keep_last must be an int of at least 1, got 0"),
+        ({"max_ahead": -1}, "max_ahead must be an int of at least 0, got -1"),
+        ({"keep_last": True}, "keep_last must be an int"),
+    ],
+)
+def test_bad_retention_options(tmp_path: Path, options: dict[str, object], message: str) -> None:
+    with pytest.raises(rlwire.ConfigError, match=message):
+        rlwire.open_sender(tmp_path, **options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("option", ["keep_last", "max_ahead"])
+def test_streams_refuse_retention(option: str) -> None:
+    with pytest.raises(rlwire.ConfigError, match=f"{option}|keep_last and max_ahead.*hwm"):
+        rlwire.open_sender("zmq+tcp://127.0.0.1:0", **{option: 1})  # type: ignore[arg-type]
+
+
+async def test_truncate_forgets_the_marks_of_the_steps_it_deletes(tmp_path: Path) -> None:
+    async with rlwire.open_sender(tmp_path) as sender:
+        for _ in range(4):
+            await sender.send(make_batch(1))
+    with rlwire.open_receiver(tmp_path) as receiver:
+        for _ in range(4):
+            receiver.receive(timeout=5)
+        receiver.wait(timeout=0)  # moved past step 3
+    assert (tmp_path / "consumed.rank-0000.rlw").read_bytes() == consumed_mark(4)
+    # Restart from step 1: the old mark (4) would let keep_last delete the new steps.
+    async with rlwire.open_sender(
+        tmp_path, start_step=1, on_existing="truncate", keep_last=1
+    ) as sender:
+        await sender.send(make_batch(1))
+        await sender.send(make_batch(1))
+    assert not (tmp_path / "consumed.rank-0000.rlw").exists()
+    assert stored_steps(tmp_path) == [0, 1, 2]
+
+
+TRAINER = textwrap.dedent("""
+    import sys, rlwire
+    from rlwire.testing import make_batch
+    path, steps = sys.argv[1], int(sys.argv[2])
+    with rlwire.open_receiver(path, poll_interval=0.002) as receiver:
+        for step, batch in enumerate(receiver):
+            want = make_batch(2, 512, seed=step)
+            assert batch.samples[0].token_ids.tobytes() == want.samples[0].token_ids.tobytes()
+            assert batch.samples[1].routed_experts.sum() == want.samples[1].routed_experts.sum()
+    print(receiver.step, flush=True)
+""")
+
+
+async def test_a_trainer_process_moves_on_while_the_sender_deletes(tmp_path: Path) -> None:
+    """Every step arrives intact in another process while the sender deletes behind it
+    and waits for it; at the end only the newest steps are stored."""
+    steps = 30
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, str(tmp_path), str(steps)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        async with rlwire.open_sender(
+            tmp_path, sidecar="routed_experts", keep_last=2, max_ahead=3
+        ) as sender:
+            most = 0
+            for step in range(steps):
+                await sender.send(make_batch(2, 512, seed=step))
+                most = max(most, len(stored_steps(tmp_path)))
+            await sender.finish()
+        out, _ = trainer.communicate(timeout=60)
+    finally:
+        trainer.kill()
+    assert trainer.returncode == 0 and out.strip() == str(steps - 1)
+    assert most <= 2 + 3  # keep_last plus what max_ahead lets the sender run ahead
+    # The trainer moved past step 28 when it asked for 29; 29 was its last step.
+    assert stored_steps(tmp_path) == [28, 29]
+    assert not list(tmp_path.glob("step-00000000.*"))
+    assert (tmp_path / main_name(29, 0)).exists()

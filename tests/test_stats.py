@@ -81,3 +81,33 @@ async def test_a_failing_stats_callback_is_raised_after_the_step_is_sent(tmp_pat
         assert sender.next_step == 1  # the step was sent before the callback ran
     with rlwire.open_receiver(tmp_path) as receiver:
         assert receiver.poll() is not None
+
+
+async def test_prometheus_metrics_count_what_the_stats_say(tmp_path: Path) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from rlwire.metrics import Metrics
+
+    registry = prometheus_client.CollectorRegistry()
+    metrics = Metrics(registry=registry, namespace="t")
+    async with rlwire.open_sender(
+        tmp_path, sidecar="routed_experts", on_stats=metrics.observe_send
+    ) as sender:
+        for seed in range(3):
+            await sender.send(make_batch(2, 1000, seed=seed))
+    stats = sender.last_stats
+    assert stats is not None
+    assert registry.get_sample_value("t_sent_steps_total") == 3
+    assert registry.get_sample_value("t_sent_bytes_total") == 3 * stats.bytes
+    assert registry.get_sample_value("t_sent_sidecar_bytes_total") == 3 * stats.sidecar_bytes
+    assert registry.get_sample_value("t_send_seconds_count", {"phase": "encode"}) == 3
+    with rlwire.open_receiver(tmp_path) as receiver:
+        metrics.observe_receive(receiver.last_stats)  # None before the first: ignored
+        received = 0
+        for _ in range(3):
+            receiver.receive(timeout=5)
+            metrics.observe_receive(receiver.last_stats)
+            assert receiver.last_stats is not None
+            received += receiver.last_stats.bytes
+    assert registry.get_sample_value("t_received_steps_total", {"rank": "0"}) == 3
+    assert registry.get_sample_value("t_received_bytes_total", {"rank": "0"}) == received
+    assert registry.get_sample_value("t_receive_seconds_count", {"phase": "decode"}) == 3

@@ -13,6 +13,7 @@ Example:
 """
 
 from ._aio import LagMonitor
+from ._sync_sender import SyncSender, open_sync_sender
 from .checks import Checks
 from .errors import (
     ClosedError,
@@ -58,6 +59,7 @@ __all__ = [
     "StepExistsError",
     "StepGapError",
     "StepOrderError",
+    "SyncSender",
     "TrainingBatch",
     "TrainingBatchReceiver",
     "TrainingBatchSender",
@@ -66,4 +68,5 @@ __all__ = [
     "UnsupportedVersionError",
     "open_receiver",
     "open_sender",
+    "open_sync_sender",
 ]

@@ -66,7 +66,7 @@ def open_sync_sender(url: str | os.PathLike[str], **options: Any) -> SyncSender:
 
     Example:
         >>> import rlwire, tempfile
-        >>> from rlwire._sync_sender import open_sync_sender
+        >>> from rlwire import open_sync_sender
         >>> path = tempfile.mkdtemp()
         >>> with open_sync_sender(path) as sender:
         ...     sender.send(rlwire.TrainingBatch(samples=[]))

@@ -309,44 +309,5 @@ class Source(abc.ABC):
         """Names the message of ``step`` in error messages (e.g. its path)."""
         return f"{self!r}: step {step}"
 
-    def finish(self, end: int) -> None:
-        """Mark the end of the stream: no step at or after ``end`` will come, and
-        readers waiting for one get :class:`~rlwire.EndOfStream`. Called once, after the
-        last step is committed; a sender opened later with ``"resume"``, ``"truncate"``
-        or ``"overwrite"`` removes the mark when it opens.
-
-        Raises:
-            TransportError: the mark cannot be written.
-        """
-        raise ConfigError(f"{type(self).__name__} cannot mark the end of a stream")
-
-    def consumed(self, ranks: int, sent: int) -> list[int | None]:
-        """For each rank below ``ranks``, the first step its receiver has not moved past
-        (its consumption mark), or ``None`` if it has recorded none; what ``keep_last``
-        and ``max_ahead`` go by. The steps below ``sent`` are those sent so far.
-
-        Raises:
-            CorruptFrameError: a mark is garbled or records steps not sent yet.
-            TransportError: the marks cannot be read.
-            ConfigError: the sink does not track consumption (the default; streams
-                have backpressure of their own).
-        """
-        raise ConfigError(f"{type(self).__name__} does not track what receivers consumed")
-
-    def prune(self, below: int) -> None:
-        """Delete every stored step before ``below``: each step's main parts from rank
-        0 up, then its sidecars, oldest step first.
-
-        Raises:
-            TransportError: a step cannot be deleted.
-            ConfigError: the sink does not track consumption (the default).
-        """
-        raise ConfigError(f"{type(self).__name__} does not track what receivers consumed")
-
-    async def afinish(self, end: int, limiter: CapacityLimiter) -> None:
-        """:meth:`finish` in a worker thread, shielded."""
-        with anyio.CancelScope(shield=True):
-            await to_thread.run_sync(self.finish, end, limiter=limiter)
-
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources. Sources that hold none need not override this."""

@@ -16,7 +16,7 @@ from ._slicing import Sliced, timed
 from .checks import Checks
 from .codecs import Codec, make_codec
 from .compression import Compressor, compress_sliced
-from .errors import ClosedError, ConfigError, RlwireError, StepOrderError
+from .errors import ClosedError, ConfigError, RlwireError, StepOrderError, TransportError
 from .frame import Frame
 from .schema import check_object
 from .stats import SendStats
@@ -236,6 +236,7 @@ class TrainingBatchSender:
         self._opened = False
         self._closed = False
         self._finished = False
+        self._unknown_step: int | None = None  # a step whose commit left it undecided
         self._first_step = 0  # where this sender started: a rank with no mark is there
         self._pruned = 0  # steps before this one are deleted
         self._last_stats: SendStats | None = None
@@ -325,6 +326,13 @@ class TrainingBatchSender:
             await self._open_locked()
             if self._finished:
                 raise ClosedError(f"{self!r} finished its stream: nothing can be sent after")
+            if self._unknown_step is not None:
+                raise TransportError(
+                    f"whether step {self._unknown_step} became visible is unknown (its "
+                    "commit failed and the store could not be asked); open a new sender "
+                    "with on_existing='resume', which settles it, to go on",
+                    where=self._sink,
+                )
             step = self._resolve_step(step)
             # Each rank is validated and encoded when the sink is ready to write it, so
             # only one rank's encoded message is held at a time.
@@ -343,8 +351,14 @@ class TrainingBatchSender:
             clock.staged = time.perf_counter()
             try:
                 await staged.acommit(self._limiter)
-            except BaseException:
-                if not staged.visible:  # e.g. a cancelled async commit
+            except BaseException as exc:
+                if staged.visible is None:
+                    # Neither sending the step again nor going on is safe: a receiver
+                    # could get two versions of it, or wait forever for it.
+                    self._unknown_step = step
+                    if isinstance(exc, RlwireError):
+                        exc.add_context(step=step)
+                elif not staged.visible:  # e.g. a cancelled async commit
                     with anyio.CancelScope(shield=True):
                         await to_thread.run_sync(staged.discard, limiter=self._limiter)
                 raise

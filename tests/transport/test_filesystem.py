@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import make_batch
 
 import rlwire
 from rlwire._slicing import run_sliced
@@ -108,3 +110,70 @@ def test_resume_refuses_a_step_missing_ranks(tmp_path: Path) -> None:
         FileSink(tmp_path).open("resume")
     FileSink(tmp_path).open("overwrite")
     assert names(tmp_path) == []
+
+
+@pytest.mark.anyio
+async def test_a_commit_of_unknown_outcome_stops_the_sender_until_resume(tmp_path: Path) -> None:
+    """A sink whose commit fails without knowing whether the step became visible (as S3
+    when the store cannot be asked): the sender refuses to go on, saying resume settles
+    it, and a resumed sender continues from what is really stored."""
+
+    class UnknownCommit(FileSink):  # a real sink whose first commit fails undecided
+        failed = False
+
+        def stage(self, step: int, frames: object) -> object:  # type: ignore[override]
+            staged = yield from super().stage(step, frames)  # type: ignore[arg-type]
+            if not UnknownCommit.failed:
+                UnknownCommit.failed = True
+
+                def commit() -> None:
+                    staged.visible = None
+                    raise rlwire.TransportError("the store did not answer")
+
+                staged.commit = commit
+            return staged
+
+    async with rlwire.TrainingBatchSender(UnknownCommit(tmp_path), MsgpackCodec()) as sender:
+        with pytest.raises(rlwire.TransportError, match="step 0: the store did not answer"):
+            await sender.send({"a": 0})
+        for attempt in ({"a": 0}, {"a": 1}):
+            with pytest.raises(rlwire.TransportError, match=r"step 0 .* is unknown.*'resume'"):
+                await sender.send(attempt)
+    async with rlwire.open_sender(tmp_path, on_existing="resume", codec="msgpack") as again:
+        assert again.next_step == 0  # nothing of step 0 was committed: it is sent again
+        await again.send({"a": 0})
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+@pytest.mark.parametrize("part", ["main", "sidecar"])
+def test_odd_files_at_a_step_path_are_typed_errors_not_hangs(
+    tmp_path: Path, kind: str, part: str
+) -> None:
+    """Whatever sits at a step's path, a receive returns within its timeout: a FIFO would
+    block a plain open forever waiting for a writer."""
+    import time
+
+    import anyio
+
+    async def send() -> None:
+        async with rlwire.open_sender(tmp_path, sidecar="routed_experts") as sender:
+            await sender.send(make_batch(1))
+
+    anyio.run(send)
+    name = "step-00000000.rank-0000" + (".sidecar.rlw" if part == "sidecar" else ".rlw")
+    target = tmp_path / name
+    target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "directory":
+        target.mkdir()
+    else:
+        target.symlink_to("/dev/zero")
+    what = {"fifo": "FIFO", "directory": "directory", "device": "character device"}[kind]
+    began = time.monotonic()
+    with rlwire.open_receiver(tmp_path) as receiver:
+        with pytest.raises(
+            rlwire.CorruptFrameError, match=f"{name}: not a regular file but a {what}"
+        ):
+            receiver.receive(timeout=2)
+    assert time.monotonic() - began < 2

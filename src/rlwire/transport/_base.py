@@ -59,7 +59,9 @@ class Staged(abc.ABC):
 
     #: True once any rank's main message may be visible to readers. A sender then counts
     #: the step as used even if :meth:`commit` fails, so a retry never reuses its number.
-    visible: bool = False
+    #: ``None`` when a failed commit cannot tell (the store could not be asked): the
+    #: sender then refuses further sends until it is reopened with ``"resume"``.
+    visible: bool | None = False
 
     def commit(self) -> None:
         """Make the step visible to readers: sidecars first, main messages last, with

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -326,12 +327,9 @@ class FileSource(StoredSource):
 
     def load(self, name: str) -> memoryview | None:
         path = self.root / name
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+        fd = _open_regular(path)
+        if fd is None:
             return None
-        except OSError as exc:
-            raise transport_error(exc, "open", where=path) from exc
         try:
             size = os.fstat(fd).st_size
             if size == 0:
@@ -409,14 +407,57 @@ def _load_small(root: Path) -> Callable[[str], bytes | None]:
     """Reads a small part of ``root`` whole (``None`` if missing)."""
 
     def load(name: str) -> bytes | None:
-        try:
-            return (root / name).read_bytes()
-        except FileNotFoundError:
+        fd = _open_regular(root / name)
+        if fd is None:
             return None
+        try:
+            with os.fdopen(fd, "rb") as file:
+                return file.read(_MAX_MARK_BYTES)
         except OSError as exc:
             raise transport_error(exc, "read", where=root / name) from exc
 
     return load
+
+
+#: More than any mark holds: a larger file at a mark's name is refused by its length.
+_MAX_MARK_BYTES = 4096
+
+
+def _open_regular(path: Path) -> int | None:
+    """A descriptor of the regular file at ``path``, or ``None`` if nothing is there.
+
+    Opened without blocking, so that a FIFO (which would wait for a writer) or a device
+    at a step's path cannot hang a reader.
+
+    Raises:
+        CorruptFrameError: something other than a regular file is there.
+        TransportError: it cannot be opened.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise transport_error(exc, "open", where=path) from exc
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError as exc:
+        os.close(fd)
+        raise transport_error(exc, "open", where=path) from exc
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = _KINDS.get(stat.S_IFMT(mode), "special file")
+        raise CorruptFrameError(f"not a regular file but a {kind}", where=path)
+    return fd
+
+
+_KINDS = {
+    stat.S_IFDIR: "directory",
+    stat.S_IFIFO: "FIFO",
+    stat.S_IFSOCK: "socket",
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+}
 
 
 def _fsync_dir(path: Path) -> None:

@@ -356,3 +356,39 @@ def test_envelope_codec_name_that_is_not_utf8(
     main.write_bytes(bytes(data))
     with pytest.raises(CorruptFrameError, match=re.escape(str(main))):
         receive(tmp_path)
+
+
+def test_a_small_file_declaring_gigabytes_is_refused_by_default(tmp_path: Path) -> None:
+    """Three zstd segments declared at 1 GiB each in a file of a few KB: within the
+    absolute limit, refused by the ratio to the stored size before anything is made."""
+    frame = compressed_frame()
+    sizes = [
+        size if c == 0 else 1 << 30
+        for c, size in zip(frame.compression, frame.raw_sizes, strict=True)
+    ]
+    store(tmp_path, forged(frame, raw_sizes=tuple(sizes)))
+    assert sum(p.stat().st_size for p in tmp_path.iterdir()) < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(FrameTooLargeError, match=r"raise max_compression_ratio \(now 1024x"):
+            receive(tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20
+
+
+def test_data_that_compresses_beyond_the_ratio_needs_the_option(tmp_path: Path) -> None:
+    zeros = {"mask": np.zeros(1 << 27, np.uint8)}  # 128 MiB that zstd stores in kilobytes
+
+    async def send() -> None:
+        async with rlwire.open_sender(tmp_path, compression="zstd") as sender:
+            await sender.send(zeros)
+
+    anyio.run(send)
+    with rlwire.open_receiver(tmp_path, type=dict) as receiver:
+        with pytest.raises(FrameTooLargeError, match="max_compression_ratio"):
+            receiver.poll()
+    with rlwire.open_receiver(tmp_path, type=dict, max_compression_ratio=1e9) as receiver:
+        got = receiver.receive(timeout=5)
+    assert got["mask"].nbytes == 1 << 27 and not got["mask"].any()

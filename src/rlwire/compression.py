@@ -34,6 +34,8 @@ from .frame import Frame, as_byte_view
 __all__ = [
     "COMPRESSION_IDS",
     "DEFAULT_MAX_DECOMPRESSED",
+    "DEFAULT_MAX_RATIO",
+    "RATIO_FLOOR",
     "Compressor",
     "compress",
     "compress_sliced",
@@ -49,6 +51,11 @@ _EXTRAS = {LZ4: ("lz4", "lz4"), ZSTD: ("zstandard", "zstd")}
 
 #: Default bound on the bytes one frame may decompress to (16 GiB).
 DEFAULT_MAX_DECOMPRESSED = 16 << 30
+#: Default bound on how many times its stored size a frame may decompress to: a stored
+#: message under 1 MB can then never make a receiver allocate more than 1 GiB.
+DEFAULT_MAX_RATIO = 1024.0
+#: Any frame may decompress to this much, whatever its ratio.
+RATIO_FLOOR = 64 << 20
 DEFAULT_MIN_SIZE = 64 << 10
 _SAMPLE = 64 << 10
 _KEEP_RATIO = 0.9  # keep a compressed segment only when it is at most 90 % of the original
@@ -289,9 +296,21 @@ def compress(frame: Frame, compressor: Compressor, *, threads: int = 1) -> Frame
     return run_sliced(compress_sliced(frame, compressor, threads=threads))
 
 
-def _check_sizes(frame: Frame, max_bytes: int) -> list[tuple[int, int, Segment, int]]:
+def _check_sizes(
+    frame: Frame, max_bytes: int, max_ratio: float
+) -> list[tuple[int, int, Segment, int]]:
     """The compressed segments as ``(segment, id, data, raw size)``, after checking that
-    their declared sizes fit under ``max_bytes``."""
+    their declared sizes fit under ``max_bytes`` and under ``max_ratio`` times the
+    frame's stored size (at least :data:`RATIO_FLOOR`)."""
+    by_ratio = max(RATIO_FLOOR, int(max_ratio * frame.nbytes))
+    limit, option = (
+        (max_bytes, "max_decompressed_bytes")
+        if max_bytes <= by_ratio
+        else (
+            by_ratio,
+            f"max_compression_ratio (now {max_ratio:g}x the {frame.nbytes} bytes stored)",
+        )
+    )
     jobs = []
     total = 0
     for i, (cid, raw) in enumerate(zip(frame.compression, frame.raw_sizes, strict=True)):
@@ -304,11 +323,10 @@ def _check_sizes(frame: Frame, max_bytes: int) -> list[tuple[int, int, Segment, 
                 segment=i,
             )
         total += raw
-        if total > max_bytes:
+        if total > limit:
             raise FrameTooLargeError(
-                f"the frame declares more than {max_bytes} bytes once decompressed "
-                f"(segment {i} alone declares {raw}); raise max_decompressed_bytes to "
-                "accept it"
+                f"the frame declares more than {limit} bytes once decompressed "
+                f"(segment {i} alone declares {raw}); raise {option} to accept it"
             )
         jobs.append((i, cid, frame.header if i == 0 else frame.buffers[i - 1], raw))
     return jobs
@@ -340,14 +358,18 @@ def _expand(job: tuple[int, int, Segment, int]) -> bytes:
 
 
 def decompress_sliced(
-    frame: Frame, *, max_bytes: int = DEFAULT_MAX_DECOMPRESSED, threads: int = 1
+    frame: Frame,
+    *,
+    max_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+    max_ratio: float = DEFAULT_MAX_RATIO,
+    threads: int = 1,
 ) -> Sliced[Frame]:
     """:func:`decompress` as a sliced generator, in up to ``threads`` threads of the
     shared pool; its errors are those of :func:`decompress`, raised before anything
     is allocated when the declared sizes are too large."""
     if not frame.compression:
         return frame
-    jobs = _check_sizes(frame, max_bytes)
+    jobs = _check_sizes(frame, max_bytes, max_ratio)
     outs = yield from _in_groups(_expand, jobs, [job[3] for job in jobs], threads)
     segs = _segments(frame)
     for (i, *_), out in zip(jobs, outs, strict=True):
@@ -356,14 +378,22 @@ def decompress_sliced(
 
 
 def decompress(
-    frame: Frame, *, max_bytes: int = DEFAULT_MAX_DECOMPRESSED, threads: int = 1
+    frame: Frame,
+    *,
+    max_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+    max_ratio: float = DEFAULT_MAX_RATIO,
+    threads: int = 1,
 ) -> Frame:
     """Undo :func:`compress`, in up to ``threads`` threads.
 
     Raises:
-        FrameTooLargeError: the compressed segments declare more than ``max_bytes``.
+        FrameTooLargeError: the frame declares more than ``max_bytes`` once
+            decompressed, or more than ``max_ratio`` times its stored size (and more
+            than :data:`RATIO_FLOOR`); the message names the option that raises it.
         CorruptFrameError: an unknown compression id, or data that does not decompress
             to exactly its declared size; :attr:`~rlwire.RlwireError.segment` says which.
         ConfigError: the frame uses an algorithm whose library is not installed.
     """
-    return run_sliced(decompress_sliced(frame, max_bytes=max_bytes, threads=threads))
+    return run_sliced(
+        decompress_sliced(frame, max_bytes=max_bytes, max_ratio=max_ratio, threads=threads)
+    )

@@ -15,7 +15,7 @@ from ._aio import make_limiter, offload_sliced, thread_count
 from ._args import check_int, check_positive
 from ._slicing import Sliced, run_sliced, timed
 from .codecs import Codec, get_codec
-from .compression import DEFAULT_MAX_DECOMPRESSED, decompress_sliced
+from .compression import DEFAULT_MAX_DECOMPRESSED, DEFAULT_MAX_RATIO, decompress_sliced
 from .errors import (
     ClosedError,
     ConfigError,
@@ -46,6 +46,7 @@ class ReceiverOptions(TypedDict, total=False):
     validate: bool
     verify: bool
     max_decompressed_bytes: int
+    max_compression_ratio: float
     limiter: CapacityLimiter | int | None
     record_consumed: bool
     storage_options: Mapping[str, Any] | None
@@ -70,6 +71,7 @@ def open_receiver(
     validate: bool = False,
     verify: bool = True,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+    max_compression_ratio: float = DEFAULT_MAX_RATIO,
     limiter: CapacityLimiter | int | None = None,
     record_consumed: bool = True,
     storage_options: Mapping[str, Any] | None = None,
@@ -91,6 +93,11 @@ def open_receiver(
         max_decompressed_bytes: refuse (FrameTooLargeError) a compressed message that
             declares more than this many bytes once decompressed (default 16 GiB),
             before allocating anything.
+        max_compression_ratio: refuse (FrameTooLargeError) a message that declares more
+            than this many times its stored size once decompressed (default 1024; any
+            message may reach 64 MiB): a stored message under 1 MB can never make a
+            receiver allocate more than 1 GiB. Raise it for data that compresses
+            better, such as steps of mostly zeros.
         limiter: bounds the worker threads of the async methods, and the number of
             segments decompressed in parallel.
         record_consumed: on a store (files, fsspec), write this rank's consumption mark
@@ -110,6 +117,7 @@ def open_receiver(
     check_int(rank, "rank")
     check_int(max_decompressed_bytes, "max_decompressed_bytes")
     check_positive(poll_interval, "poll_interval")
+    check_positive(max_compression_ratio, "max_compression_ratio")
     return TrainingBatchReceiver(
         open_source(
             url,
@@ -127,6 +135,7 @@ def open_receiver(
         validate=validate,
         writable=writable,
         max_decompressed_bytes=max_decompressed_bytes,
+        max_compression_ratio=max_compression_ratio,
         limiter=limiter,
         record_consumed=record_consumed,
     )
@@ -151,6 +160,7 @@ class TrainingBatchReceiver(Generic[T]):
         validate: bool = False,
         writable: bool = False,
         max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+        max_compression_ratio: float = DEFAULT_MAX_RATIO,
         limiter: CapacityLimiter | int | None = None,
         record_consumed: bool = True,
     ) -> None:
@@ -158,6 +168,7 @@ class TrainingBatchReceiver(Generic[T]):
         self._rank = rank
         self._codecs: dict[str, Codec] = {}
         self._max_decompressed = max_decompressed_bytes
+        self._max_ratio = max_compression_ratio
         self._type = type
         self._next_step = start_step
         self._step: int | None = None
@@ -259,7 +270,10 @@ class TrainingBatchReceiver(Generic[T]):
         if frame.compression:
             frame = yield from timed(
                 decompress_sliced(
-                    frame, max_bytes=self._max_decompressed, threads=thread_count(self._limiter)
+                    frame,
+                    max_bytes=self._max_decompressed,
+                    max_ratio=self._max_ratio,
+                    threads=thread_count(self._limiter),
                 ),
                 seconds,
                 "decompress",

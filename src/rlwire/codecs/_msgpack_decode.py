@@ -11,6 +11,7 @@ them whole: the same result, in one longer call.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import sys
@@ -81,6 +82,11 @@ class Decoding:
         # table that makes the reader decode more than this is hostile.
         self.budget = 4 * frame.nbytes
         self.typed: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
+        # What the extension hook made during the latest decode call: the walk that
+        # looks for them stops once it has found them all, and is skipped if none.
+        self.chunked_made = 0
+        self.bytes_made = 0
+        self.to_find = 0
 
     def ext_hook(self, code: int, data: memoryview) -> Any:
         try:
@@ -95,8 +101,10 @@ class Decoding:
                 )
             if code == EXT_BYTES:
                 buf = _buffer(self.buffers, _bytes_ref.decode(data).index)
+                self.bytes_made += 1
                 return bytearray(buf) if self.writable and buf.readonly else buf
             if code in (EXT_CHUNKED_ARRAY, EXT_CHUNKED_MAP):
+                self.chunked_made += 1
                 return self._chunked(code == EXT_CHUNKED_MAP, _chunks_ref.decode(data))
         except msgspec.DecodeError as exc:
             raise CorruptFrameError(f"header: malformed extension {code}: {exc}") from exc
@@ -141,12 +149,40 @@ class Decoding:
 
     def run(self, annotation: Any) -> Sliced[Any]:
         """The header decoded into ``annotation`` (``Any``: plain builtins)."""
-        raw = self.decode(self.header)
+        self.chunked_made = self.bytes_made = 0
+        skeleton = _skeleton(annotation) if isinstance(annotation, type) else None
+        raw = self._known_fields(skeleton) if skeleton is not None else _NONE
+        if raw is _NONE:
+            raw = self.decode(self.header)
         yield
         return (yield from self.assemble(raw, annotation))
 
+    def _known_fields(self, skeleton: _Skeleton) -> Any:
+        """The header of a Struct, with only the fields the receiving type knows
+        decoded: the others are skipped in C, so that a header cannot make the reader
+        build objects the type would drop anyway. ``_NONE`` if it is not such a Struct's
+        header (the plain decode then says what is wrong)."""
+        try:
+            parts = skeleton.decoder.decode(self.header)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return _NONE
+        values = [getattr(parts, f"f{i}") for i in range(len(skeleton.names))]
+        if skeleton.array_like:
+            while values and values[-1] is msgspec.UNSET:
+                values.pop()
+            if msgspec.UNSET in values:
+                return _NONE
+            head = [] if skeleton.tag is None else [skeleton.tag]
+            return head + [self.decode(v) for v in values]
+        raw = {} if skeleton.tag is None else {skeleton.tag_field: skeleton.tag}
+        for name, value in zip(skeleton.names, values, strict=True):
+            if value is not msgspec.UNSET:
+                raw[name] = self.decode(value)
+        return raw
+
     def assemble(self, raw: Any, annotation: Any) -> Sliced[Any]:
-        """``raw`` (plain builtins, with chunked containers unfilled) as ``annotation``.
+        """``raw`` (plain builtins, with chunked containers unfilled, just decoded) as
+        ``annotation``.
 
         Out-of-band bytes come out of the header as memoryviews: into a field annotated
         ``bytes`` they are copied, each in a slice of its own, not all in one call.
@@ -154,7 +190,10 @@ class Decoding:
         if annotation is Any or annotation is object:
             annotation = None
         found: list[_Found] = []
-        raw = yield from self._unfilled(raw, [], found, typed=annotation is not None)
+        into_type = annotation is not None
+        self.to_find = self.chunked_made + (self.bytes_made if into_type else 0)
+        if self.to_find:
+            raw = yield from self._unfilled(raw, (), found, typed=into_type)
         if annotation is None:
             typed = raw
         else:
@@ -191,30 +230,38 @@ class Decoding:
         return _convert(raw, annotation)
 
     def _unfilled(
-        self, raw: Any, path: list[_Step], found: list[_Found], *, typed: bool
+        self, raw: Any, path: tuple[Any, ...], found: list[_Found], *, typed: bool
     ) -> Sliced[Any]:
         """``raw`` with each chunked container replaced by an empty one and, when it is
         to be converted to a type, each out-of-band bytes value by ``b""``; each
-        recorded in ``found`` with its path and placeholder."""
+        recorded in ``found`` with its path and placeholder. Stops once it has found
+        all :attr:`to_find`: a header full of other containers costs no walk past them.
+        ``path`` is a chain ``(parent chain, step)``, made into a list only when found."""
         if isinstance(raw, _Chunked):
             empty: Any = {} if raw.is_map else []
-            found.append((list(path), raw, empty))
+            found.append((_steps(path), raw, empty))
+            self.to_find -= 1
             return empty
         if typed and type(raw) is memoryview:
-            found.append((list(path), raw, b""))
+            found.append((_steps(path), raw, b""))
+            self.to_find -= 1
             return b""
         if type(raw) is dict:
             for key, value in raw.items():
-                if type(value) in _LOOK_INSIDE:
+                if type(value) in _LOOK_INSIDE and value:
                     step: _Step = (key, dict)
-                    raw[key] = yield from self._unfilled(value, [*path, step], found, typed=typed)
+                    raw[key] = yield from self._unfilled(value, (path, step), found, typed=typed)
+                    if not self.to_find:
+                        break
         elif type(raw) is list:
             if _LOOK_INSIDE_SET.isdisjoint(set(map(type, raw))):  # in C: lists of numbers
                 return raw
             for i, value in enumerate(raw):
-                if type(value) in _LOOK_INSIDE:
+                if type(value) in _LOOK_INSIDE and value:
                     step = (i, list)
-                    raw[i] = yield from self._unfilled(value, [*path, step], found, typed=typed)
+                    raw[i] = yield from self._unfilled(value, (path, step), found, typed=typed)
+                    if not self.to_find:
+                        break
                 if i & 4095 == 4095:
                     yield
         return raw
@@ -255,10 +302,60 @@ class Decoding:
                 if not isinstance(part, kind):
                     raise _CannotFollow
                 return part
+        self.chunked_made = self.bytes_made = 0
         raw = self.decode(data)
         if type(raw) is not kind:
             raise CorruptFrameError(f"chunked container: a chunk is a {type(raw).__name__}")
         return (yield from self.assemble(raw, annotation))
+
+
+_NONE: Any = object()
+
+
+class _Skeleton:
+    """A Struct type's fields as :class:`msgspec.Raw` values, to decode its known
+    fields only."""
+
+    __slots__ = ("array_like", "decoder", "names", "tag", "tag_field")
+
+    def __init__(self, cls: type[msgspec.Struct]) -> None:
+        config = cls.__struct_config__
+        self.names = tuple(f.encode_name for f in msgspec.structs.fields(cls))
+        self.array_like = config.array_like
+        self.tag, self.tag_field = config.tag, config.tag_field
+        fields = [
+            (f"f{i}", msgspec.Raw | msgspec.UnsetType, msgspec.UNSET)
+            for i in range(len(self.names))
+        ]
+        shape = msgspec.defstruct(
+            f"{cls.__name__}Fields",
+            fields,
+            array_like=config.array_like,
+            tag=config.tag,
+            tag_field=config.tag_field,
+            rename={f"f{i}": name for i, name in enumerate(self.names)},
+        )
+        self.decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(shape)
+
+
+@functools.cache
+def _skeleton(annotation: type) -> _Skeleton | None:
+    """The skeleton of a Struct type that ignores unknown fields, else ``None``."""
+    if not issubclass(annotation, msgspec.Struct):
+        return None
+    if annotation.__struct_config__.forbid_unknown_fields:
+        return None
+    return _Skeleton(annotation)
+
+
+def _steps(chain: tuple[Any, ...]) -> list[_Step]:
+    """The steps of a path chain ``(parent chain, step)``, root first."""
+    steps: list[_Step] = []
+    while chain:
+        chain, step = chain
+        steps.append(step)
+    steps.reverse()
+    return steps
 
 
 def _follow(typed: Any, path: list[_Step]) -> Any:

@@ -418,3 +418,18 @@ def test_unknown_fields_in_a_header_cost_nothing(tmp_path: Path, array_like: boo
     finally:
         tracemalloc.stop()
     assert peak < 4 * len(header) and elapsed < 1.0  # building them: ~250 MB, ~2 s
+
+
+def test_a_flood_of_empty_buffers_is_refused_before_any_view(tmp_path: Path) -> None:
+    """Empty buffers take no room in a file, so millions fit in a few MB; each would
+    cost the reader a view and a checksum."""
+    flood = Frame(msgspec.msgpack.encode({}), tuple(memoryview(b"") for _ in range(200_000)))
+    store(tmp_path, flood)
+    start = time.perf_counter()
+    with pytest.raises(CorruptFrameError, match="200000 buffers in a message of"):
+        receive(tmp_path)
+    assert time.perf_counter() - start < 0.5
+    few = Frame(msgspec.msgpack.encode({}), tuple(memoryview(b"") for _ in range(3000)))
+    store(tmp_path, few)  # a few thousand empty ones are fine
+    with rlwire.open_receiver(tmp_path, type=dict) as receiver:
+        assert receiver.receive(timeout=5) == {}

@@ -53,6 +53,8 @@ MAIN_MAGIC = b"\x89RLW\r\n\x1a\n"
 SIDECAR_MAGIC = b"\x89RLS\r\n\x1a\n"
 FORMAT_VERSION = (1, 0)
 ALIGN = 64
+#: How many empty buffers a message may hold beyond one per ALIGN bytes of it.
+MAX_EMPTY_BUFFERS = 4096
 MAX_ENVELOPE = 64 << 20
 #: The checksum algorithm this writer records, and the only one this reader knows.
 CHECKSUM = "xxh3-64"
@@ -341,6 +343,16 @@ def parse_main(
         raise CorruptFrameError(
             f"buffer {i} at offset {offsets[i]} length "
             f"{lengths[i]} lies outside the {int(limit[i])}-byte {part}",
+            where=where,
+        )
+    stored = data.nbytes + sidecar.nbytes
+    if n > stored // ALIGN + MAX_EMPTY_BUFFERS:
+        # Every non-empty buffer starts on its own ALIGN-byte boundary, so a message
+        # has room for at most this many; more are empty buffers that would only cost
+        # the reader a view and a checksum each.
+        raise CorruptFrameError(
+            f"{n} buffers in a message of {stored} bytes: at most one per {ALIGN} bytes "
+            f"plus {MAX_EMPTY_BUFFERS} empty ones can be real",
             where=where,
         )
     views = (data, sidecar)

@@ -403,7 +403,7 @@ def test_unknown_fields_in_a_header_cost_nothing(tmp_path: Path, array_like: boo
         name: str
         count: int = 0
 
-    junk = [[] for _ in range(4_000_000)]
+    junk = [[] for _ in range(1_000_000)]
     raw: object = ["a", 3, junk] if array_like else {"name": "a", "count": 3, "junk": junk}
     header = msgspec.msgpack.encode(raw)
     del junk, raw
@@ -417,7 +417,7 @@ def test_unknown_fields_in_a_header_cost_nothing(tmp_path: Path, array_like: boo
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 4 * len(header) and elapsed < 1.0  # building them: ~250 MB, ~2 s
+    assert peak < 4 * len(header) and elapsed < 1.0  # building them: ~60 MB, ~4 s before
 
 
 def test_a_flood_of_empty_buffers_is_refused_before_any_view(tmp_path: Path) -> None:

@@ -382,13 +382,15 @@ async def test_a_step_waits_for_every_rank(tmp_path: Path, backend: dict[str, An
 
 @pytest.mark.anyio
 async def test_shared_work(tmp_path: Path, backend: dict[str, Any]) -> None:
-    """One producer, two consumers in their own processes: every step is delivered
-    exactly once in total, in order within each consumer, and both get some."""
+    """One producer, two consumers in their own processes (one told the pattern, one
+    not): every step is delivered exactly once in total, in order within each consumer,
+    and both get some."""
     url, steps, stop = make_url("ipc", tmp_path), 12, tmp_path / "stop"
     spec = {"url": url, "timeout": 0.2, "stop": str(stop), "slow": 0.02, **backend}
+    shared = {"pattern": "shared"}  # optional for a receiver: the first message says it
     received = StepCount(steps)
     with (
-        Child("receiver", face="sync", on_event=received, **spec) as c0,
+        Child("receiver", face="sync", on_event=received, options=shared, **spec) as c0,
         Child("receiver", face="async", on_event=received, **spec) as c1,
     ):
         options = {"pattern": "shared", "consumers": 2}
@@ -456,21 +458,62 @@ async def test_start_step_on_both_sides(tmp_path: Path, backend: dict[str, Any])
     assert steps_of(events) == [5, 6]
 
 
-def test_gap_after_the_sender_restarts(tmp_path: Path) -> None:
-    """A blocking receiver re-announces itself to a sender that restarted, and is told
-    that the new sender's step 0 is not the step 2 it waits for."""
+def test_a_sender_restarted_behind_repeats_no_step(tmp_path: Path) -> None:
+    """A blocking receiver re-announces itself to a sender that restarted at step 0; it
+    is told once that the new session is behind the step 2 it waits for (nothing was
+    lost), steps 0 and 1 are not handed out again, and step 2 follows."""
     url = make_url("tcp", tmp_path)
     with rlwire.open_receiver(url) as receiver:
         with Child("sender", url=url, steps=2) as first:
             assert receiver.receive(timeout=LONG).samples[0].env_name == "env0"
             assert receiver.receive(timeout=LONG).samples[0].env_name == "env1"
             first.finish()
-        with Child("sender", url=url, steps=1, then="hang") as second:
-            with pytest.raises(rlwire.StepGapError, match="expected step 2, got step 0"):
+        with Child("sender", url=url, steps=4, then="hang") as second:
+            with pytest.raises(rlwire.StepOrderError) as info:
                 receiver.receive(timeout=LONG)
-            assert receiver.receive(timeout=LONG).samples[0].env_name == "env0"
-            assert receiver.step == 0
+            assert type(info.value) is rlwire.StepOrderError
+            assert (
+                "a new sender session started at step 0, behind step 2: steps 0-1 would "
+                "repeat; discarded until step 2"
+            ) in str(info.value)
+            got = [receiver.receive(timeout=LONG).samples[0].env_name for _ in range(2)]
+            assert got == ["env2", "env3"] and receiver.step == 3
             assert second.next() == {"event": "opened"}
+
+
+@pytest.mark.anyio
+async def test_a_sender_of_the_shared_pattern_never_moves_per_rank_receivers(
+    tmp_path: Path, backend: dict[str, Any]
+) -> None:
+    """A sender opened with the shared pattern by mistake, before two per-rank receivers
+    (storage option pattern="ranks"): each message is refused with a typed error naming
+    the pattern, and no receiver is handed a step."""
+    url, steps, stop = make_url("ipc", tmp_path), 6, tmp_path / "stop"
+    spec = {"url": url, "timeout": 0.2, "stop": str(stop), "options": {"pattern": "ranks"}}
+    refused = threading.Semaphore(0)
+
+    def on_event(event: Event) -> None:
+        if "error" in event:
+            refused.release()
+
+    with (
+        Child("receiver", rank=0, on_event=on_event, **spec, **backend) as r0,
+        Child("receiver", rank=1, on_event=on_event, seed_base=1000, **spec) as r1,
+    ):
+        options = {"pattern": "shared", "consumers": 2, "ready_timeout": LONG}
+        async with rlwire.open_sender(url, storage_options=options) as sender:
+            for step in range(steps):
+                await sender.send(batch(step))
+            for _ in range(steps):
+                assert await anyio.to_thread.run_sync(refused.acquire, True, LONG)
+        stop.touch()
+        got = [await child.afinish() for child in (r0, r1)]
+    errors = [e for g in got for e in g if "error" in e]
+    assert len(errors) == steps, got
+    for event in errors:
+        assert event["error"] == "CorruptFrameError"
+        assert "is of the 'shared' pattern; this receiver expects the 'ranks'" in event["message"]
+    assert not [e for g in got for e in g if "step" in e], got
 
 
 # -- messages used up, closing from another thread -----------------------------------
@@ -651,14 +694,12 @@ async def test_receiver_gone(tmp_path: Path, kind: str, how: str, backend: dict[
     url = make_url(kind, tmp_path)
     then = "hang" if how == "kill" else "close"
     with Child("receiver", url=url, receives=1, then=then) as child:
+        # Started, so that its ready message is there well within the short ready_timeout.
+        assert await child.anext() == {"event": "opened"}
         options = {"ready_timeout": SHORT}
         async with rlwire.open_sender(url, storage_options=options) as sender:
             await sender.send(batch(0))
-            assert [e.get("step") for e in [await child.anext() for _ in range(3)]] == [
-                None,
-                0,
-                None,
-            ]
+            assert [e.get("step") for e in [await child.anext() for _ in range(2)]] == [0, None]
             if how == "kill":
                 child.kill()
                 words = "the receiver of rank 0 disconnected"
@@ -825,7 +866,7 @@ def test_sender_config_errors(url: str, options: dict[str, Any], words: str) -> 
 @pytest.mark.parametrize(
     ("options", "words"),
     [
-        ({"pattern": "shared"}, "unknown storage option(s) 'pattern'"),
+        ({"pattern": "fanout"}, "storage option 'pattern' must be 'ranks' or 'shared'"),
         ({"hwm": -2}, "storage option 'hwm' must be an int of at least 1, got -2"),
         ({"curve_server_key": "x" * 39}, "'curve_server_key'"),
         ({"curve_public_key": KEYS[0].decode()}, "needs curve_server_key"),

@@ -262,7 +262,8 @@ def test_a_receiver_refuses_malformed_messages_and_goes_on(
     each is a typed error naming where, and the receiver goes on with the next good
     message; a skipped sequence number is a StepGapError, after which the message that
     revealed it is returned. The receiver acknowledges what it read (even a message that
-    failed its checksums, so a closing sender need not wait for it) and says bye."""
+    failed its checksums or was meant for another rank, so a closing sender need not wait
+    for it) and says bye."""
     url = f"zmq+ipc://{tmp_path}/sock"
     where = url.removeprefix("zmq+")
     router = raw_socket(zmq.ROUTER)
@@ -290,8 +291,221 @@ def test_a_receiver_refuses_malformed_messages_and_goes_on(
         assert receiver.step == 2
         acks = [
             struct.pack("<8sQ", session, seq)
-            for session, seq in [(b"C" * 8, 7), (b"S" * 8, 0), (b"S" * 8, 1), (b"S" * 8, 3)]
+            for session, seq in [
+                (b"S" * 8, 0),  # refused: another rank's payload
+                (b"C" * 8, 7),
+                (b"S" * 8, 0),
+                (b"S" * 8, 1),
+                (b"S" * 8, 3),
+            ]
         ]
         got = receive_until(router, lambda m: m == [peer, b"ack", acks[-1]])
         assert [m[2] for m in got if m[1] == b"ack"] == acks
     assert receive_until(router, lambda m: m[1] != b"ready")[-1] == [peer, b"bye", b""]
+
+
+# -- the order of messages: gaps, repeats, restarts, patterns, the end ---------------------
+
+
+def forged(
+    step: int, seq: int, *, session: bytes = b"S" * 8, rank: int = 0, shared: bool = False
+) -> list[bytes]:
+    """The message of the batch of ``step``, built with the protocol module's own builders
+    (what a sender sends)."""
+    frame = encoded(step)
+    segments = [bytes(frame.header), *map(bytes, frame.buffers)]
+    head = protocol.make_head(
+        frame,
+        session=session,
+        step=step,
+        rank=rank,
+        shared=shared,
+        checksums=checksums_of(segments),
+    )
+    return [protocol.first_part(head, seq), *segments]
+
+
+class Forger:
+    """A raw ROUTER socket playing the sender to one receiver in this process."""
+
+    def __init__(self, raw_socket: RawSocket, url: str) -> None:
+        self.router = raw_socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.bind(url.removeprefix("zmq+"))
+        self.peer: bytes | None = None
+
+    def handshake(self) -> None:
+        peer, kind, _body = self.router.recv_multipart()
+        assert kind == b"ready"
+        self.peer = peer
+
+    def send(self, parts: list[bytes]) -> None:
+        assert self.peer is not None
+        self.router.send_multipart([self.peer, *parts])
+
+
+def env(receiver: Any) -> str:
+    return str(receiver.receive(timeout=LONG).samples[0].env_name)
+
+
+def test_repeated_and_backward_steps_are_refused_and_never_returned(
+    tmp_path: Path, raw_socket: RawSocket
+) -> None:
+    """Within one sender session, a message that repeats a step (with a later sequence
+    number) or goes back (a step, or a sequence number) raises StepOrderError saying so,
+    not a StepGapError about lost messages, and is discarded: nothing is returned twice,
+    and the genuine next message follows with no error."""
+    url = f"zmq+ipc://{tmp_path}/sock"
+    forger = Forger(raw_socket, url)
+    with rlwire.open_receiver(url) as receiver:
+        forger.handshake()
+        for step in range(6):
+            forger.send(forged(step, step))
+        assert [env(receiver) for _ in range(6)] == [f"env{s}" for s in range(6)]
+        refused = [
+            (forged(5, 10), "message 10 of this sender holds step 5 again"),
+            (forged(3, 11), "message 11 of this sender holds step 3, behind step 6"),
+            (forged(6, 2), "message 2 of this sender (step 6) repeats or goes back"),
+        ]
+        for parts, words in refused:
+            forger.send(parts)
+            with pytest.raises(rlwire.StepOrderError) as info:
+                receiver.receive(timeout=LONG)
+            assert type(info.value) is rlwire.StepOrderError, info.value
+            assert words in str(info.value) and "discarded" in str(info.value)
+            assert "lost" not in str(info.value)
+        forger.send(forged(6, 6))
+        assert env(receiver) == "env6" and receiver.step == 6
+        with pytest.raises(rlwire.ReceiveTimeout):
+            receiver.receive(timeout=SHORT / 4)
+
+
+def test_a_new_session_behind_is_reported_once_and_never_repeats_a_step(
+    tmp_path: Path, raw_socket: RawSocket
+) -> None:
+    """A sender that restarts at step 0 while the receiver expects step 5: one
+    StepOrderError (nothing was lost), then steps 0-4 of the new session are discarded
+    without a word, and step 5 is the next one returned."""
+    url = f"zmq+ipc://{tmp_path}/sock"
+    forger = Forger(raw_socket, url)
+    with rlwire.open_receiver(url) as receiver:
+        forger.handshake()
+        for step in range(5):
+            forger.send(forged(step, step, session=b"A" * 8))
+        assert [env(receiver) for _ in range(5)] == [f"env{s}" for s in range(5)]
+        for step in range(7):
+            forger.send(forged(step, step, session=b"B" * 8))
+        with pytest.raises(rlwire.StepOrderError) as info:
+            receiver.receive(timeout=LONG)
+        assert type(info.value) is rlwire.StepOrderError
+        assert (
+            "a new sender session started at step 0, behind step 5: steps 0-4 would "
+            "repeat; discarded until step 5"
+        ) in str(info.value)
+        assert [env(receiver), env(receiver)] == ["env5", "env6"]
+        # A session that starts after a gap is a gap, as before: reported, then returned.
+        forger.send(forged(9, 0, session=b"C" * 8))
+        with pytest.raises(rlwire.StepGapError, match="expected step 7, got step 9"):
+            receiver.receive(timeout=LONG)
+        assert env(receiver) == "env9"
+
+
+def test_a_new_session_at_the_expected_step_goes_on(tmp_path: Path, raw_socket: RawSocket) -> None:
+    """A sender restarted from a checkpoint at the step the receiver expects: no error;
+    the new session's first message must be its message 0 to this receiver."""
+    url = f"zmq+ipc://{tmp_path}/sock"
+    forger = Forger(raw_socket, url)
+    with rlwire.open_receiver(url) as receiver:
+        forger.handshake()
+        forger.send(forged(0, 0, session=b"A" * 8))
+        forger.send(forged(1, 0, session=b"B" * 8))
+        assert [env(receiver), env(receiver)] == ["env0", "env1"]
+        forger.send(forged(2, 4, session=b"C" * 8))
+        with pytest.raises(
+            rlwire.StepGapError, match="expected message 0 of a new sender session, got 4"
+        ):
+            receiver.receive(timeout=LONG)
+        assert env(receiver) == "env2"
+
+
+@pytest.mark.parametrize("option", [None, "ranks"])
+def test_a_shared_message_cannot_move_a_per_rank_receiver(
+    tmp_path: Path, raw_socket: RawSocket, option: str | None
+) -> None:
+    """A receiver of the ranks pattern (set by its storage option, or by the first
+    message) refuses a message flagged shared, whatever its step or rank: a typed error,
+    and the receiver still expects the step it expected."""
+    url = f"zmq+ipc://{tmp_path}/sock"
+    forger = Forger(raw_socket, url)
+    options = {} if option is None else {"pattern": option}
+    with rlwire.open_receiver(url, storage_options=options) as receiver:
+        forger.handshake()
+        for step in range(6):
+            forger.send(forged(step, step))
+        assert [env(receiver) for _ in range(6)] == [f"env{s}" for s in range(6)]
+        forger.send(forged(100, 6, shared=True, rank=7))
+        with pytest.raises(rlwire.CorruptFrameError) as info:
+            receiver.receive(timeout=LONG)
+        assert "step 100 is of the 'shared' pattern; this receiver expects the 'ranks'" in str(
+            info.value
+        )
+        assert receiver.next_step == 6
+        forger.send(forged(6, 7))  # message 6 was the refused one: a gap in the sequence
+        with pytest.raises(rlwire.StepGapError, match="expected message 6 of this sender"):
+            receiver.receive(timeout=LONG)
+        assert env(receiver) == "env6"
+
+
+def test_the_pattern_option_refuses_the_other_pattern_from_the_first_message(
+    tmp_path: Path, raw_socket: RawSocket
+) -> None:
+    """A receiver opened with pattern="ranks" refuses a shared message even as the
+    first one; one opened with pattern="shared" refuses a per-rank one, and takes shared
+    messages of any step above the last, refusing one that goes back."""
+    url = f"zmq+ipc://{tmp_path}/sock"
+    for option, parts, found in [
+        ("ranks", forged(0, 0, shared=True), "'shared' pattern; this receiver expects the 'ranks'"),
+        ("shared", forged(0, 0), "'ranks' pattern; this receiver expects the 'shared'"),
+    ]:
+        forger = Forger(raw_socket, url)
+        with rlwire.open_receiver(url, storage_options={"pattern": option}) as receiver:
+            forger.handshake()
+            forger.send(parts)
+            with pytest.raises(rlwire.CorruptFrameError, match=found):
+                receiver.receive(timeout=LONG)
+            if option == "shared":
+                for step, seq in [(3, 0), (7, 1), (5, 2), (8, 3)]:
+                    forger.send(forged(step, seq, session=b"T" * 8, shared=True))
+                assert [env(receiver), env(receiver)] == ["env3", "env7"]
+                with pytest.raises(rlwire.StepOrderError, match="step 5, behind step 8"):
+                    receiver.receive(timeout=LONG)
+                assert env(receiver) == "env8"
+        forger.router.close()
+
+
+def test_an_end_after_lost_steps_is_a_gap_then_the_end(
+    tmp_path: Path, raw_socket: RawSocket
+) -> None:
+    """In the ranks pattern, an end beyond the expected step says which steps were lost,
+    then the stream ends; an end from a session other than the batches' (a sender that
+    restarted and finished) ends the stream too."""
+    url = f"zmq+ipc://{tmp_path}/sock"
+    forger = Forger(raw_socket, url)
+    with rlwire.open_receiver(url) as receiver:
+        forger.handshake()
+        forger.send(forged(0, 0))
+        forger.send(forged(1, 1))
+        forger.send(protocol.end_message(5))
+        assert [env(receiver), env(receiver)] == ["env0", "env1"]
+        with pytest.raises(rlwire.StepGapError, match="finished the stream at step 5: steps 2-4"):
+            receiver.receive(timeout=LONG)
+        with pytest.raises(rlwire.EndOfStream, match="step 4 was its last"):
+            receiver.receive(timeout=LONG)
+    forger.router.close()
+    forger = Forger(raw_socket, url)
+    with rlwire.open_receiver(url) as receiver:
+        forger.handshake()
+        forger.send(forged(0, 0, session=b"A" * 8))
+        forger.send(protocol.end_message(1))  # the end carries no session
+        assert env(receiver) == "env0"
+        assert list(receiver) == []

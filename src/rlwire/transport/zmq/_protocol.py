@@ -41,6 +41,7 @@ __all__ = [
     "Ready",
     "ack_message",
     "bye_message",
+    "check_recipient",
     "end_message",
     "first_part",
     "frame_of",
@@ -169,12 +170,13 @@ def is_ping(parts: Sequence[bytes | memoryview]) -> bool:
 
 
 def parse_batch(
-    parts: Sequence[bytes | memoryview], *, rank: int, where: str
+    parts: Sequence[bytes | memoryview], *, rank: int | None, where: str
 ) -> tuple[Head, list[memoryview]]:
     """Check a received batch message as docs/format.md asks a reader to, before anything
     is decoded: the prelude and the version, the head, that the head's counts agree with
-    the number of parts, and that the message holds ``rank``'s payload (or is shared).
-    Checksums are left to the caller (see :func:`rlwire.transport._layout.verify_segments`).
+    the number of parts, and that the message holds ``rank``'s payload (or is shared;
+    ``rank=None`` leaves that to :func:`check_recipient`). Checksums are left to the
+    caller (see :func:`rlwire.transport._layout.verify_segments`).
 
     Returns:
         The head, and a view of each segment (parts 1 …), not copied.
@@ -211,9 +213,29 @@ def parse_batch(
                 f"{found} {what} (expected {expected})",
                 where=where,
             )
+    if rank is not None:
+        check_recipient(head, rank=rank, shared=None, where=where)
+    return head, [memoryview(part) for part in parts[1:]]
+
+
+def check_recipient(head: Head, *, rank: int, shared: bool | None, where: str) -> None:
+    """Check that a batch message is meant for a receiver of ``rank`` that expects the
+    ``shared`` pattern (``True``), the ``ranks`` pattern (``False``), or either
+    (``None``).
+
+    Raises:
+        CorruptFrameError: a message of the other pattern, or another rank's payload.
+    """
+    if shared is not None and head.shared != shared:
+        found, expected = ("shared", "ranks") if head.shared else ("ranks", "shared")
+        raise CorruptFrameError(
+            f"step {head.step} is of the {found!r} pattern; this receiver expects the "
+            f"{expected!r} pattern (the sender and receiver disagree on storage option "
+            "'pattern')",
+            where=where,
+        )
     if not head.shared and head.rank != rank:
         raise CorruptFrameError(f"holds rank {head.rank}'s payload", where=where)
-    return head, [memoryview(part) for part in parts[1:]]
 
 
 def frame_of(head: Head, segments: Sequence[memoryview], *, where: str) -> Frame:

@@ -66,6 +66,8 @@ class ZmqSink(Sink):
     ``pattern``
         ``"ranks"`` (default: each rank's receiver gets only its own payload) or
         ``"shared"`` (each step goes to one of the consumers, sharing the work).
+        Receivers may name it too (their storage option ``pattern``) to refuse
+        messages of the other one; else a receiver keeps the pattern of its first.
     ``consumers``
         with ``"shared"``, how many consumers must announce themselves before the first
         send (default 1).

@@ -15,6 +15,7 @@ from ...errors import (
     CorruptFrameError,
     EndOfStream,
     StepGapError,
+    StepOrderError,
     TransportError,
     transport_error,
 )
@@ -22,11 +23,13 @@ from ...frame import Frame
 from .._base import Source, SourceOptions, reject_unknown
 from .._layout import verify_segments
 from .._url import URL
+from ._peers import Pattern
 from ._protocol import (
     REANNOUNCE_SECONDS,
     Head,
     ack_message,
     bye_message,
+    check_recipient,
     frame_of,
     is_ping,
     parse_batch,
@@ -56,6 +59,9 @@ class ZmqSource(Source):
 
     ``hwm``
         messages queued before the sender waits (default 2).
+    ``pattern``
+        the sender's pattern, ``"ranks"`` or ``"shared"``: a message of the other one is
+        refused. Not given, the first message fixes it for the receiver's lifetime.
     ``curve_server_key``
         the sender's CURVE public key: encrypt, and refuse any other sender.
     ``curve_public_key`` / ``curve_secret_key``
@@ -66,12 +72,33 @@ class ZmqSource(Source):
     heard nothing for a second, so a sender that restarted learns it is there; it
     acknowledges every message it reads, so a closing sender knows when it is done.
 
+    Every message is checked against the next one expected (docs/format.md, "ZeroMQ
+    messages"), and no step is handed out twice:
+
+    - a message after a gap (a sequence number skipped or, in the ``ranks`` pattern, a
+      step after the expected one) raises StepGapError; the next read returns it;
+    - a step below the expected one (in the ``shared`` pattern: not above the last one
+      returned) is never returned. From the session of the messages before it (a
+      repeated or reordered message, a sequence number that goes back) it raises
+      StepOrderError and is discarded, each time. From a new sender session (a sender
+      that restarted from an earlier step) it raises one StepOrderError, and that
+      session's messages below the expected step are then discarded without a word;
+      before any message was returned (a receiver opened with a later ``start_step``)
+      they are discarded without an error;
+    - ``end`` ends the stream whichever session sent it (it carries none): a sender that
+      restarted and finished before sending this receiver anything ended it too. In
+      the ``ranks`` pattern, an end beyond the expected step first raises StepGapError
+      (the steps in between were lost), then EndOfStream.
+
     Raises:
-        ConfigError: CURVE keys that do not go together.
+        ConfigError: CURVE keys that do not go together; an unknown pattern.
         TransportError: the socket cannot connect or receive.
         StepGapError: a message was lost (the sequence or, for per-rank messages, the
             step does not follow on); the next read returns the message after the gap.
-        CorruptFrameError: a message that is not well-formed or fails its checksums.
+        StepOrderError: a step that would be returned a second time, or go backwards:
+            discarded, the next read goes on with the next message.
+        CorruptFrameError: a message that is not well-formed, fails its checksums, holds
+            another rank's payload, or is of the other pattern (discarded).
 
     Example:
         >>> source = ZmqSource("tcp://127.0.0.1:5599", rank=1)
@@ -80,7 +107,7 @@ class ZmqSource(Source):
         >>> source.close()
     """
 
-    _OPTIONS = ("hwm", "curve_server_key", "curve_public_key", "curve_secret_key")
+    _OPTIONS = ("hwm", "pattern", "curve_server_key", "curve_public_key", "curve_secret_key")
     consumes = True
 
     def __init__(
@@ -91,10 +118,16 @@ class ZmqSource(Source):
         verify: bool = True,
         writable: bool = False,
         hwm: int = 2,
+        pattern: Pattern | None = None,
         curve_server_key: bytes | None = None,
         curve_public_key: bytes | None = None,
         curve_secret_key: bytes | None = None,
     ) -> None:
+        if pattern not in (None, "ranks", "shared"):
+            raise ConfigError(
+                f"storage option 'pattern' must be 'ranks' or 'shared', got {pattern!r}",
+                where=endpoint,
+            )
         if curve_server_key is None and (curve_public_key or curve_secret_key):
             raise ConfigError("a CURVE key pair needs curve_server_key", where=endpoint)
         if curve_server_key is not None and (curve_public_key is None) != (
@@ -120,9 +153,15 @@ class ZmqSource(Source):
             release(sock, self._context, None, linger=None)
             raise transport_error(exc, "connect", where=endpoint) from exc
         self._socket: Socket | None = sock
+        # The pattern expected (True: shared), fixed by the first message if not given.
+        self._shared: bool | None = None if pattern is None else pattern == "shared"
+        # The session of the last message taken in order, and the seq to follow it.
         self._session: bytes | None = None
         self._next_seq = 0
-        self._received = False
+        self._received = False  # True once a message was returned (or a gap reported)
+        # A new session that started behind: its steps below the expected one are
+        # discarded without a word (it was reported once).
+        self._behind: bytes | None = None
         self._pending: tuple[int, Frame] | None = None
         self._end: int | None = None  # the end step, once the sender finished
         self._heard = 0.0  # when a message last arrived or this receiver last announced
@@ -171,13 +210,18 @@ class ZmqSource(Source):
                 if end is not None:
                     # Sent after every message to this receiver, on the same connection.
                     self._end = end
+                    if self._shared is False and end > step:
+                        raise StepGapError(
+                            f"expected step {step}, but the sender finished the stream "
+                            f"at step {end}: steps {_span(step, end)} were lost; the next "
+                            "receive raises EndOfStream",
+                            where=self.endpoint,
+                            rank=self.rank,
+                        )
                     raise EndOfStream(self._ended(), where=self.endpoint)
-                head, frame = self._parse(views, step)
-                self._ack = ack_message(head.session, head.seq)
-                self._send_ack()
-                if not head.shared and not self._received and head.step < step:
-                    continue  # older than the step this receiver starts at
-                return self._check_order(head, step, frame)
+                taken = self._take(views, step)
+                if taken is not None:
+                    return taken
 
     def wait(self, timeout: float | None) -> None:
         # Bounded, so that the next read_next re-announces this receiver to a sender
@@ -236,42 +280,90 @@ class ZmqSource(Source):
                 self._require_socket().send_multipart(self._ack, zmq.NOBLOCK)
                 self._ack = None
 
-    def _parse(self, parts: list[memoryview], step: int) -> tuple[Head, Frame]:
+    def _take(self, parts: list[memoryview], step: int) -> tuple[int, Frame] | None:
+        """The step and frame of a batch message if it is the next one for this
+        receiver, ``None`` if it is to be discarded without a word; an error otherwise."""
         where = self.describe(step)
-        head, segments = parse_batch(parts, rank=self.rank, where=where)
-        if self.verify and head.checksum is not None:
-            try:
+        head, segments = parse_batch(parts, rank=None, where=where)
+        # Read, whatever follows: a closing sender need not wait for it.
+        self._ack = ack_message(head.session, head.seq)
+        self._send_ack()
+        try:
+            check_recipient(head, rank=self.rank, shared=self._shared, where=where)
+            self._shared = head.shared
+            if self.verify and head.checksum is not None:
                 verify_segments(head.checksum, head.checksums, segments, where)
-            except CorruptFrameError as exc:
-                exc.add_context(step=head.step, rank=self.rank)
-                # Read all the same: the sender need not wait for it when closing. Its
-                # sequence number stays unused, so the next message reports the loss.
-                self._ack = ack_message(head.session, head.seq)
-                self._send_ack()
-                raise
+            frame = frame_of(head, segments, where=where)
+        except CorruptFrameError as exc:
+            # Its sequence number stays unused: the next message reports the loss.
+            exc.add_context(step=head.step, rank=self.rank)
+            raise
+        order = self._order(head, step)
+        if order is None:
+            return None
         if self.writable:
-            segments = [memoryview(bytearray(s)) for s in segments]
-        return head, frame_of(head, segments, where=where)
-
-    def _check_order(self, head: Head, step: int, frame: Frame) -> tuple[int, Frame]:
-        expected_seq = self._next_seq if head.session == self._session else head.seq
-        lost_seq = head.seq != expected_seq
-        lost_step = not head.shared and head.step != step
-        self._session, self._next_seq, self._received = head.session, head.seq + 1, True
-        if lost_seq or lost_step:
-            self._pending = (head.step, frame)
-            detail = (
-                f"expected step {step}, got step {head.step}"
-                if lost_step
-                else f"expected message {expected_seq} of this sender, got {head.seq}"
-            )
+            frame = frame_of(head, [memoryview(bytearray(s)) for s in segments], where=where)
+        got = head.step, frame
+        if order:
+            self._pending = got
             raise StepGapError(
-                f"{detail}: messages were lost (a sender or receiver restarted, or a send "
+                f"{order}: messages were lost (a sender or receiver restarted, or a send "
                 f"failed); the next receive returns step {head.step}",
                 where=self.endpoint,
                 rank=self.rank,
             )
-        return head.step, frame
+        return got
+
+    def _order(self, head: Head, step: int) -> str | None:
+        """Where ``head``'s message stands: ``""`` if it is the next one, what was
+        expected instead if it comes after a gap (it is returned after a StepGapError),
+        or ``None`` to discard it without a word. The state moves on past it.
+
+        Raises:
+            StepOrderError: it repeats or goes back: discarded (it moves the state on only
+                if it is the next in the sequence, with a step already past).
+        """
+        new = head.session != self._session
+        expected_seq = 0 if new else self._next_seq
+        sender = "a new sender session" if new else "this sender"
+        ordinal = f"message {head.seq} of {sender}"
+        if not new and head.seq < expected_seq:
+            raise StepOrderError(
+                f"{ordinal} (step {head.step}) repeats or goes back: expected message "
+                f"{expected_seq}; discarded",
+                where=self.endpoint,
+                rank=self.rank,
+            )
+        if head.step < step:
+            if new or head.session == self._behind:
+                report = new and self._received
+                self._session, self._next_seq = head.session, head.seq + 1
+                self._behind = head.session
+                if not report:
+                    return None  # older than the step this receiver starts at
+                raise StepOrderError(
+                    f"a new sender session started at step {head.step}, behind step "
+                    f"{step}: steps {_span(head.step, step)} would repeat; discarded "
+                    f"until step {step}",
+                    where=self.endpoint,
+                    rank=self.rank,
+                )
+            if head.seq == expected_seq:
+                self._next_seq += 1  # the next in the sequence, with a wrong step
+            again = head.step == step - 1
+            what = f"step {head.step} again" if again else f"step {head.step}, behind step {step}"
+            raise StepOrderError(
+                f"{ordinal} holds {what}: already past it; discarded",
+                where=self.endpoint,
+                rank=self.rank,
+            )
+        self._session, self._next_seq, self._behind = head.session, head.seq + 1, None
+        self._received = True
+        if not head.shared and head.step != step:
+            return f"expected step {step}, got step {head.step}"
+        if head.seq != expected_seq:
+            return f"expected message {expected_seq} of {sender}, got {head.seq}"
+        return ""
 
 
 def open_source(url: URL, options: SourceOptions) -> ZmqSource:
@@ -289,6 +381,7 @@ def open_source(url: URL, options: SourceOptions) -> ZmqSource:
         verify=options.verify,
         writable=options.writable,
         hwm=check_int(opts.get("hwm", 2), "storage option 'hwm'", low=1),
+        pattern=opts.get("pattern"),
         curve_server_key=option_key(opts, "curve_server_key"),
         curve_public_key=option_key(opts, "curve_public_key"),
         curve_secret_key=option_key(opts, "curve_secret_key"),
@@ -299,3 +392,8 @@ def _deadline(timeout: float | None) -> float:
     """When a wait of ``timeout`` seconds ends: never later than a re-announcement is due."""
     limit = REANNOUNCE_SECONDS if timeout is None else min(timeout, REANNOUNCE_SECONDS)
     return time.monotonic() + limit
+
+
+def _span(first: int, end: int) -> str:
+    """Steps ``first`` up to ``end`` (excluded), in words: ``"3"`` or ``"3-7"``."""
+    return str(first) if end - first == 1 else f"{first}-{end - 1}"

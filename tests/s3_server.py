@@ -2,7 +2,8 @@
 
 ``s3_endpoint`` (session scope) starts ``python -m moto.server`` on 127.0.0.1 and gives
 the fsspec storage options that reach it; ``s3_url`` makes a fresh bucket per test and
-gives its ``s3://`` URL. Nothing leaves 127.0.0.1: the credentials are moto's dummies.
+gives its ``s3://`` URL; ``s3_proxy`` puts a :class:`FaultProxy` in front of the
+server, to fail chosen requests. Nothing leaves 127.0.0.1: the credentials are moto's dummies.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -22,7 +25,18 @@ from typing import Any
 
 import pytest
 
-__all__ = ["moto_server", "s3_client", "s3_endpoint", "s3_url"]
+__all__ = [
+    "DROP_REPLY",
+    "HOLD",
+    "PASS",
+    "RESET",
+    "FaultProxy",
+    "moto_server",
+    "s3_client",
+    "s3_endpoint",
+    "s3_proxy",
+    "s3_url",
+]
 
 #: Dummy credentials moto accepts; set for the server and given to clients explicitly.
 _CREDENTIALS = {
@@ -112,3 +126,184 @@ def s3_url(s3_endpoint: dict[str, Any]) -> str:
     bucket = f"rlwire-{uuid.uuid4().hex[:16]}"
     s3_client(s3_endpoint).create_bucket(Bucket=bucket)
     return f"s3://{bucket}"
+
+
+# ------------------------------------------------------------------ fault injection
+
+#: What :class:`FaultProxy` does with one request: forward it, reset the connection
+#: before the server sees it, or forward it and reset the connection instead of
+#: returning the server's reply (the request lands, its reply is lost).
+PASS, RESET, DROP_REPLY = "pass", "reset", "drop-reply"
+#: Hold the request, unanswered, until :meth:`FaultProxy.release` (many requests then
+#: fail at the same moment), then reset its connection.
+HOLD = "hold"
+
+
+class FaultProxy:
+    """An HTTP proxy on loopback in front of the moto server that fails chosen requests.
+
+    ``fault(method, target)`` (``target`` is the request line's path and query, e.g.
+    ``/bucket/key?uploadId=...``) decides what happens to each request: :data:`PASS`,
+    :data:`RESET`, :data:`DROP_REPLY` or :data:`HOLD`; ``None`` means :data:`PASS`. It
+    runs in the proxy's threads, one per connection. Setting
+    :attr:`down` resets every request (an outage). :attr:`seen` records
+    ``(method, target, action)`` of every request.
+
+    Each request gets its own connection to the server (the proxy asks for
+    ``Connection: close``), so a fault hits exactly one request. ``Expect:
+    100-continue`` is answered by the proxy itself, so that a dropped reply drops the
+    server's whole answer.
+
+    Use it as a context manager; :attr:`options` are storage options that reach the
+    server through it, with botocore's own retries off (s3fs still retries).
+    """
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.upstream = options["endpoint_url"].removeprefix("http://").rpartition(":")
+        self.fault: Any = None
+        self.down = False
+        self.seen: list[tuple[str, str, str]] = []
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.1)
+        port = self._listener.getsockname()[1]
+        self.options: dict[str, Any] = {
+            **options,
+            "endpoint_url": f"http://127.0.0.1:{port}",
+            "config_kwargs": {"retries": {"total_max_attempts": 1}, "connect_timeout": 2},
+        }
+        self._stop = threading.Event()
+        self._released = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def __enter__(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._released.set()
+        self._thread.join(5)
+        self._listener.close()
+
+    def release(self) -> None:
+        """Reset every held request (and any request held from now on) at once."""
+        self._released.set()
+
+    def requests(self, method: str | None = None) -> list[tuple[str, str, str]]:
+        """What :attr:`seen` holds (of ``method`` only, if given)."""
+        with self._lock:
+            return [s for s in self.seen if method is None or s[0] == method]
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(client,), daemon=True).start()
+
+    def _decide(self, method: str, target: str) -> str:
+        action = RESET if self.down else (self.fault(method, target) if self.fault else None)
+        action = action or PASS
+        with self._lock:
+            self.seen.append((method, target, action))
+        return str(action)
+
+    def _handle(self, client: socket.socket) -> None:
+        upstream: socket.socket | None = None
+        try:
+            client.settimeout(30)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = client.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head, _, rest = data.partition(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            method, target = lines[0].split(" ")[:2]
+            action = self._decide(method, target)
+            if action == HOLD:
+                self._released.wait(30)
+            if action in (RESET, HOLD):
+                _reset(client)
+                return
+            kept = [
+                line
+                for line in lines[1:]
+                if line.partition(":")[0].strip().lower() not in ("connection", "expect")
+            ]
+            expect = any(line.lower().startswith("expect: 100-continue") for line in lines)
+            out = "\r\n".join([lines[0], *kept, "Connection: close"]) + "\r\n\r\n"
+            host, _, port = self.upstream
+            upstream = socket.create_connection((host, int(port)), timeout=30)
+            upstream.sendall(out.encode("latin-1") + rest)
+            if expect:
+                client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+            pump = threading.Thread(target=_pump, args=(client, upstream), daemon=True)
+            pump.start()
+            if action == DROP_REPLY:
+                _read_reply(upstream, method)
+                # Wake the pump's recv first: a socket another thread reads from is not
+                # really closed (no reset sent) until that read returns.
+                client.shutdown(socket.SHUT_RD)
+                pump.join(5)
+                _reset(client)
+                return
+            _pump(upstream, client)
+        except OSError:
+            pass
+        finally:
+            for s in (client, upstream):
+                if s is not None:
+                    with contextlib.suppress(OSError):
+                        s.close()
+
+
+def _read_reply(sock: socket.socket, method: str) -> None:
+    """Read one whole HTTP reply from ``sock`` (interim 1xx replies skipped)."""
+    data = b""
+    while True:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return
+            data += chunk
+        head, _, data = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        if not lines[0].split(" ")[1].startswith("1"):
+            break
+    fields = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    if method == "HEAD":
+        return
+    if "chunked" in fields.get("transfer-encoding", ""):
+        while not data.endswith(b"0\r\n\r\n") and (chunk := sock.recv(65536)):
+            data += chunk
+        return
+    left = int(fields.get("content-length", "0")) - len(data)
+    while left > 0 and (chunk := sock.recv(min(left, 65536))):
+        left -= len(chunk)
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    """Copy ``src`` to ``dst`` until either closes."""
+    with contextlib.suppress(OSError):
+        while chunk := src.recv(65536):
+            dst.sendall(chunk)
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close ``sock`` with a TCP reset (SO_LINGER 0), as a failing network does."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+@pytest.fixture
+def s3_proxy(s3_endpoint: dict[str, Any]) -> Iterator[FaultProxy]:
+    """A :class:`FaultProxy` in front of the session's moto server."""
+    with FaultProxy(s3_endpoint) as proxy:
+        yield proxy

@@ -91,6 +91,11 @@ class Connection:
         given, options = str(url), dict(storage_options or {})
         self._once: Once[Store] = Once(lambda: _connect(given, protocol, options))
 
+    @property
+    def connected(self) -> bool:
+        """True once :meth:`get` has succeeded (it then returns at once)."""
+        return self._once.done
+
     def get(self) -> Store:
         """The store, connecting first if no attempt has succeeded yet (blocking).
 

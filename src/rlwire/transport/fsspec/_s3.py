@@ -1,20 +1,24 @@
 """S3 through s3fs: the store that stages steps as multipart uploads
 (``_s3_upload``) and reads large objects with concurrent ranged GETs.
 
-Every request runs on fsspec's I/O loop. Unfinished uploads left by a killed sender are
-invisible to readers but billed: the next ``on_existing="resume"`` or ``"overwrite"``
-aborts them.
+Every request runs on fsspec's I/O loop. Unfinished uploads are invisible to readers but
+billed. A failed send aborts its own (retrying); those an outage kept from aborting, and
+twins made when botocore retried a "create upload" request whose reply was lost, are
+listed and aborted when the sink closes (:meth:`S3Store.settle_leftovers`). A killed sender's
+are aborted by the next ``on_existing="resume"``, ``"truncate"`` or ``"overwrite"``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from ...errors import ConfigError, CorruptFrameError, TransportError, transport_error
 from .._names import STORED_RE
-from ._s3_upload import S3Staging, on_loop
+from ._s3_upload import S3Staging, on_loop, retried
 from ._store import Store
 
 __all__ = ["READ_BYTES", "S3Store"]
@@ -44,6 +48,9 @@ class S3Store(Store):
     """
 
     stage_verb = "upload"
+    #: True once a staging started a multipart upload here (and so may have left one),
+    #: until :meth:`settle_leftovers` aborts what is left.
+    made_uploads = False
 
     @staticmethod
     def serves(fs: Any) -> bool:
@@ -103,6 +110,34 @@ class S3Store(Store):
         if uploads:
             on_loop(self.loop, self._abort_uploads(uploads))
 
+    def settle_leftovers(self) -> str | None:
+        """If a staging started multipart uploads here, list the unfinished uploads of
+        rlwire objects directly under the root and abort them (the sink is closing:
+        none of them belongs to a send in progress). Requests are retried.
+
+        Returns:
+            None, or what is left behind and why, if S3 could not be reached.
+        """
+        if not self.made_uploads:
+            return None
+        try:
+            uploads = self._pending_uploads()
+        except Exception as exc:
+            return f"unfinished multipart uploads could not be listed ({exc})"
+        try:
+            on_loop(self.loop, self._abort_uploads(uploads))
+        except Exception as exc:
+            left = len(self._pending_uploads_or_all(uploads))
+            return f"{left} unfinished multipart upload(s) could not be aborted ({exc})"
+        self.made_uploads = False
+        return None
+
+    def _pending_uploads_or_all(self, uploads: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        try:
+            return self._pending_uploads()
+        except Exception:
+            return uploads
+
     def _pending_uploads(self) -> list[tuple[str, str]]:
         """``(key, upload id)`` of every unfinished multipart upload of an rlwire object
         directly under the root."""
@@ -112,7 +147,15 @@ class S3Store(Store):
         while True:
             page = on_loop(
                 self.loop,
-                self.fs._call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix, **marker),
+                retried(
+                    functools.partial(
+                        self.fs._call_s3,
+                        "list_multipart_uploads",
+                        Bucket=bucket,
+                        Prefix=prefix,
+                        **marker,
+                    )
+                ),
             )
             for upload in page.get("Uploads", []) or []:
                 key = str(upload["Key"])
@@ -126,13 +169,22 @@ class S3Store(Store):
             }
 
     async def _abort_uploads(self, uploads: Sequence[tuple[str, str]]) -> None:
+        """Abort each upload, retrying; one that is gone already counts as aborted.
+        Raises the first failure, once every abort has been tried."""
         bucket = self.bucket
-        await _gather_or_cancel(
-            [
-                self.fs._call_s3("abort_multipart_upload", Bucket=bucket, Key=k, UploadId=u)
-                for k, u in uploads
-            ]
-        )
+
+        async def abort(key: str, upload_id: str) -> None:
+            with contextlib.suppress(FileNotFoundError):
+                await retried(
+                    lambda: self.fs._call_s3(
+                        "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id
+                    )
+                )
+
+        errs = await asyncio.gather(*(abort(k, u) for k, u in uploads), return_exceptions=True)
+        for err in errs:
+            if isinstance(err, BaseException):
+                raise err
 
     def staging(self, *, part_bytes: int, max_concurrency: int | None) -> S3Staging:
         return S3Staging(self, part_bytes, self.concurrency(max_concurrency))
@@ -182,7 +234,8 @@ class S3Store(Store):
                 finally:
                     r["Body"].close()
             if len(data) != end - start:
-                raise CorruptFrameError(f"{self.url}/{key}: short read at offset {start}")
+                name = key.rpartition("/")[2]  # the key repeats the URL's prefix
+                raise CorruptFrameError(f"{self.url}/{name}: short read at offset {start}")
             buf[start:end] = data
 
         await _gather_or_cancel([fetch(s) for s in range(len(first), total, READ_BYTES)])

@@ -6,6 +6,10 @@ on fsspec's I/O loop, while the staging thread cuts the next part. The step beco
 visible only when :meth:`S3Staging.commit` completes the uploads, and a cancelled or
 failed send aborts them, so nothing is ever half-visible. Small objects are put whole at
 commit.
+
+Requests whose answer rlwire must have (did a main object land after its request
+failed? is an upload aborted?) are retried with backoff (:func:`retried`) on top of
+s3fs's own retries; what still cannot be known is reported as such, never guessed.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import io
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -25,7 +29,16 @@ from ._store import Staging
 if TYPE_CHECKING:
     from ._s3 import S3Store
 
-__all__ = ["MIN_PART_BYTES", "PART_BYTES", "SMALL_BYTES", "S3Staging", "on_loop"]
+__all__ = [
+    "MIN_PART_BYTES",
+    "PART_BYTES",
+    "RETRY_DELAYS",
+    "SMALL_BYTES",
+    "S3Staging",
+    "on_loop",
+    "retried",
+    "settled",
+]
 
 T = TypeVar("T")
 
@@ -40,11 +53,42 @@ _MAX_PARTS = 10_000
 SMALL_BYTES = 1 << 20
 #: Bytes copied (GIL held) between checks for the end of a slice of work.
 _COPY_BYTES = 2 << 20
+#: Seconds waited before each retry of a request whose answer rlwire needs (see
+#: :func:`retried`), on top of s3fs's and botocore's own retries: rides out an outage of
+#: a few seconds.
+RETRY_DELAYS = (0.1, 0.3, 1.0, 2.0)
 
 
 def on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` on fsspec's I/O loop (another thread) and wait for its result."""
     return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+
+async def retried(call: Callable[[], Awaitable[T]]) -> T:
+    """``await call()``, called again after each of :data:`RETRY_DELAYS` while it fails;
+    the last failure is raised. ``FileNotFoundError`` and ``PermissionError`` are
+    answers, not failures: they are raised at once."""
+    for delay in RETRY_DELAYS:
+        try:
+            return await call()
+        except (FileNotFoundError, PermissionError):
+            raise
+        except Exception:
+            await asyncio.sleep(delay)
+    return await call()
+
+
+async def settled(call: Callable[[], Awaitable[object]]) -> bool | None:
+    """Whether ``call`` (a request about one key) finds it: True if it succeeds, False
+    if S3 answers that the key or upload does not exist, None if no answer came
+    (:func:`retried`)."""
+    try:
+        await retried(call)
+    except FileNotFoundError:
+        return False
+    except Exception:
+        return None
+    return True
 
 
 @dataclass(eq=False)
@@ -73,12 +117,33 @@ class _S3Object:
         self.finished = True
         self.data = None
 
-    async def abort(self, fs: Any) -> None:
+    async def abort(self, fs: Any) -> bool:
+        """Abort the upload (retried); False if it may still be pending."""
         self.data = None
-        if self.upload_id is not None and not self.finished:
-            await fs._call_s3(
-                "abort_multipart_upload", Bucket=self.bucket, Key=self.key, UploadId=self.upload_id
+        if self.upload_id is None or self.finished:
+            return True
+        upload_id = self.upload_id
+        gone = await settled(
+            lambda: fs._call_s3(
+                "abort_multipart_upload", Bucket=self.bucket, Key=self.key, UploadId=upload_id
             )
+        )
+        if gone is None:
+            return False
+        self.upload_id = None  # aborted, or no longer there: nothing to do again
+        return True
+
+    async def exists(self, fs: Any) -> bool | None:
+        """Whether the object is there (finished, or found), asked with retries; None
+        if S3 cannot be asked."""
+        if not self.finished:
+            found = await settled(
+                lambda: fs._call_s3("head_object", Bucket=self.bucket, Key=self.key)
+            )
+            if not found:
+                return found
+            self.finished = True  # it landed: its upload is complete, nothing to abort
+        return True
 
 
 async def _each(
@@ -86,6 +151,11 @@ async def _each(
 ) -> list[BaseException | None]:
     """Run ``action`` on every object at once; the exception of each, or None."""
     return await asyncio.gather(*(action(o) for o in objs), return_exceptions=True)
+
+
+async def _gather_results(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run every coroutine at once (each handles its own errors); their results."""
+    return list(await asyncio.gather(*coros))
 
 
 async def _delete(fs: Any, objs: Sequence[_S3Object]) -> None:
@@ -129,6 +199,9 @@ class S3Staging(Staging):
             obj.data = b"".join(views)
             into.append(obj)
             return
+        # Whatever happens next (a lost reply that botocore answers by asking again, an
+        # abort that fails), an upload may be left: the sink lists them when it closes.
+        self.store.made_uploads = True
         out = on_loop(
             self.store.loop,
             self.store.fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key),
@@ -176,43 +249,52 @@ class S3Staging(Staging):
                 failed[0], "commit the step (nothing was made visible)", where=url
             )
         errs = on_loop(loop, _each(self.mains, lambda o: o.finish(fs)))
-        ranks = [rank for rank, e in enumerate(errs) if e is None]
         failed = [e for e in errs if e is not None]
         if not failed:
             self.visible = True
             return
-        # A request that failed may still have landed (a lost reply): ask, and count the
-        # step as visible when unsure, so the sender never reuses its number.
-        self.visible = bool(ranks) or self._any_main_exists()
+        # A request that failed may still have landed (a lost reply): ask which main
+        # objects are there, retrying while S3 cannot be reached. A step is never guessed
+        # visible or not: the sender must neither reuse its number nor skip it.
+        states = on_loop(loop, _gather_results([o.exists(fs) for o in self.mains]))
+        ranks = [rank for rank, state in enumerate(states) if state]
+        unknown = [rank for rank, state in enumerate(states) if state is None]
+        if len(ranks) == len(self.mains):
+            self.visible = True  # every request that failed had landed: committed
+            return
+        self.visible = True if ranks else None if unknown else False
         self.discard()
         if self.visible:
+            unsure = f"; whether ranks {unknown} are too is unknown" if unknown else ""
             raise transport_error(
-                failed[0], f"commit the step in full (visible for ranks {ranks} only)", where=url
+                failed[0],
+                f"commit the step in full (visible for ranks {ranks} only{unsure})",
+                where=url,
+            )
+        if self.visible is None:
+            # Sidecars stay: deleting them could tear a step that did become visible.
+            raise transport_error(
+                failed[0],
+                "commit the step, and whether it became visible is unknown (S3 could not be "
+                "asked); a sender opened with on_existing='resume' settles it",
+                where=url,
             )
         with contextlib.suppress(Exception):
             on_loop(loop, _delete(fs, self.sidecars))
         raise transport_error(failed[0], "commit the step (nothing was made visible)", where=url)
 
-    def _any_main_exists(self) -> bool:
-        async def exists(o: _S3Object) -> None:
-            await self.store.fs._call_s3("head_object", Bucket=o.bucket, Key=o.key)
-
-        try:
-            errs = on_loop(
-                self.store.loop, _each([o for o in self.mains if not o.finished], exists)
-            )
-        except Exception:
-            return True
-        return any(e is None or not isinstance(e, FileNotFoundError) for e in errs)
-
     def discard(self) -> None:
-        # Best effort: a failure here must not hide the error that led to it, and a
-        # multipart upload left behind is invisible to readers (the next
-        # on_existing="overwrite" or "resume" aborts it).
+        # Best effort: a failure here must not hide the error that led to it. Each abort
+        # is retried; an upload that still cannot be aborted is invisible to readers,
+        # and the sink lists and aborts such uploads when it closes (as does the next
+        # on_existing="resume", "truncate" or "overwrite").
         self._uploader.cancel()
         fs = self.store.fs
         with contextlib.suppress(Exception):
-            on_loop(self.store.loop, _each([*self.mains, *self.sidecars], lambda o: o.abort(fs)))
+            on_loop(
+                self.store.loop,
+                _gather_results([o.abort(fs) for o in (*self.mains, *self.sidecars)]),
+            )
 
 
 async def _upload_part(fs: Any, obj: _S3Object, number: int, body: io.BytesIO) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,8 +44,9 @@ class FsspecSink(Sink):
 
     ``fsync`` is meaningless for object stores and ignored: an object is durable once
     the request that makes it visible returns. Every send is committed before it
-    returns, so :meth:`close` has nothing to flush; it does not close the filesystem,
-    which fsspec caches and shares within the process.
+    returns, so :meth:`close` has nothing to flush; on S3 it aborts the unfinished
+    multipart uploads a failed send could not (see :meth:`close`). It does not close
+    the filesystem, which fsspec caches and shares within the process.
 
     Raises:
         ConfigError: a malformed URL, a protocol or package fsspec lacks, or storage
@@ -122,6 +124,27 @@ class FsspecSink(Sink):
             for doomed in names_to_delete(names, on_existing, start_step):
                 store.remove(doomed)
         return step
+
+    def close(self) -> None:
+        """On S3, if this sink started multipart uploads, list the unfinished ones under
+        its root and abort them: a failed send aborts its own, but an outage can keep it
+        from doing so, and botocore retrying a request whose reply was lost can start a
+        twin that rlwire never hears of. Never raises: what cannot be aborted (S3 still
+        out of reach) is reported by a :class:`ResourceWarning`; it is invisible to
+        readers, and the next sender opened with ``on_existing="resume"``,
+        ``"truncate"`` or ``"overwrite"`` aborts it.
+        """
+        if not self._conn.connected:
+            return
+        left = self._conn.get().settle_leftovers()
+        if left is not None:
+            warnings.warn(
+                f"{self.url}: {left}; they are invisible to readers but billed, and the "
+                "next sender opened with on_existing='resume', 'truncate' or 'overwrite' "
+                "aborts them",
+                ResourceWarning,
+                stacklevel=2,
+            )
 
     def finish(self, end: int) -> None:
         with translate_errors(f"{self.url}/{END_NAME}", "mark the end of the stream"):

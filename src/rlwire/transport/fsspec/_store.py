@@ -112,6 +112,15 @@ class Store(abc.ABC):
         keys among ``names`` (the root's listing)."""
         self.remove([n for n in names if TEMP_RE.fullmatch(n)])
 
+    def settle_leftovers(self) -> str | None:
+        """Called when the sink closes: remove what failed sends may have left behind,
+        invisible to readers (S3's unfinished multipart uploads). Never raises.
+
+        Returns:
+            None, or what is left behind and why.
+        """
+        return None
+
     @abc.abstractmethod
     def existing(self, paths: Sequence[str]) -> list[int]:
         """Indices of ``paths`` that exist."""

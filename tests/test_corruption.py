@@ -433,3 +433,20 @@ def test_a_flood_of_empty_buffers_is_refused_before_any_view(tmp_path: Path) -> 
     store(tmp_path, few)  # a few thousand empty ones are fine
     with rlwire.open_receiver(tmp_path, type=dict) as receiver:
         assert receiver.receive(timeout=5) == {}
+
+
+def test_a_header_of_the_wrong_shape_is_refused_without_building_it(tmp_path: Path) -> None:
+    """An array of a million empty arrays received as a TrainingBatch (a map): refused
+    from its first byte, not built into a million lists and then refused."""
+    header = b"\xdd" + struct.pack(">I", 1_000_000) + b"\x90" * 1_000_000
+    store(tmp_path, Frame(header))
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        with pytest.raises(rlwire.DecodeError, match="does not match TrainingBatch"):
+            receive(tmp_path)
+        elapsed = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * len(header) and elapsed < 0.5  # building them: ~60 MB

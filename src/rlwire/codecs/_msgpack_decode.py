@@ -164,8 +164,15 @@ class Decoding:
         header (the plain decode then says what is wrong)."""
         try:
             parts = skeleton.decoder.decode(self.header)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return _NONE
+        except msgspec.ValidationError as exc:
+            if bytes(self.header[:1]) in _EXT_MARKERS:  # e.g. a heavy dict sent whole, chunked
+                return _NONE
+            # Not the type's shape: say so now, without building what the header holds.
+            raise DecodeError(
+                f"received data does not match {_type_name(skeleton.cls)}: {exc}"
+            ) from exc
+        except msgspec.DecodeError:
+            return _NONE  # malformed: the plain decode says where
         values = [getattr(parts, f"f{i}") for i in range(len(skeleton.names))]
         if skeleton.array_like:
             while values and values[-1] is msgspec.UNSET:
@@ -310,15 +317,18 @@ class Decoding:
 
 
 _NONE: Any = object()
+#: First bytes of a msgpack extension value (fixext 1-16, ext 8/16/32).
+_EXT_MARKERS = {bytes([b]) for b in (0xD4, 0xD5, 0xD6, 0xD7, 0xD8, 0xC7, 0xC8, 0xC9)}
 
 
 class _Skeleton:
     """A Struct type's fields as :class:`msgspec.Raw` values, to decode its known
     fields only."""
 
-    __slots__ = ("array_like", "decoder", "names", "tag", "tag_field")
+    __slots__ = ("array_like", "cls", "decoder", "names", "tag", "tag_field")
 
     def __init__(self, cls: type[msgspec.Struct]) -> None:
+        self.cls = cls
         config = cls.__struct_config__
         self.names = tuple(f.encode_name for f in msgspec.structs.fields(cls))
         self.array_like = config.array_like

@@ -4,8 +4,10 @@
     python3 tasks.py demo    # create or reuse .venv, install rlwire[dev], run `rlwire demo`
     python3 tasks.py test    # the same set-up, then ruff, mypy and the whole pytest suite
     python3 tasks.py bench   # the send-path benchmark (docs/benchmarks.md)
+    python3 tasks.py chaos   # the chaos suite (docs/reliability.md): kills, corruption, ...
 
-Extra arguments after the task name go to the command (pytest, rlwire demo, the benchmark).
+Extra arguments after the task name go to the command (pytest, rlwire demo, the benchmark,
+the chaos suite: `--kills N --corruptions N --seed S`, `--help` for the rest).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def ensure_env() -> None:
 
 def main() -> None:
     task, extra = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else ("", [])
-    if task not in ("demo", "test", "bench"):
+    if task not in ("demo", "test", "bench", "chaos"):
         sys.exit(__doc__)
     ensure_env()
     if task == "demo":
@@ -56,6 +58,9 @@ def main() -> None:
         run(BIN / "ruff", "format", "--check", "src", "tests", "examples", "benchmarks", "tasks.py")
         run(BIN / "mypy")
         run(PYTHON, "-m", "pytest", *extra)
+    elif task == "chaos":
+        os.environ["PYTHONPATH"] = str(ROOT / "tests")  # the suite is the package tests/chaos
+        run(PYTHON, "-m", "chaos.run", *extra)
     else:
         run(PYTHON, "benchmarks/bench_send.py", *extra)
 

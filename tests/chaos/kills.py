@@ -1,0 +1,334 @@
+"""kill -9 of a sender: at every filesystem call of a send, and at random times.
+
+A sender runs in a forked process. For "every call", that process wraps the ``os``
+functions a file sink uses so that the N-th call made while opening, sending and
+closing kills the process with SIGKILL; N runs over every call of the send (counted in a
+calibration run). For "random times", the parent kills a sender sending several steps
+after a random delay. Then the directory is judged (:func:`classify`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+import rlwire
+from rlwire.transport.layout import END_NAME, MAIN_RE
+
+from ._model import (
+    EXACT,
+    HALF,
+    HANG,
+    PARTLY,
+    TYPED,
+    UNTYPED,
+    WRONG,
+    describe,
+    payload,
+    receive_one,
+)
+from ._proc import Job
+
+HOOKED = ("open", "write", "writev", "pwrite", "replace", "fsync", "unlink", "rename")
+
+
+def install_hooks(kill_at: int | None) -> list[str]:
+    """Wrap the ``os`` functions in :data:`HOOKED`; the ``kill_at``-th call (from 1) kills
+    this process with SIGKILL before it happens. Returns the list of calls made so far."""
+    calls: list[str] = []
+    lock = threading.Lock()
+
+    def wrap(name: str) -> Any:
+        real = getattr(os, name)
+
+        def hooked(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                calls.append(name)
+                if kill_at is not None and len(calls) >= kill_at:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return real(*args, **kwargs)
+
+        return hooked
+
+    for name in HOOKED:
+        setattr(os, name, wrap(name))
+    return calls
+
+
+def _sender_options(compression: str | None, fsync: bool) -> dict[str, Any]:
+    return {
+        "sidecar": ("routed_experts",),
+        "compression": compression,
+        "fsync": fsync,
+        "on_existing": "resume",
+    }
+
+
+async def _send_steps(
+    directory: Path,
+    ranks: int,
+    steps: range,
+    compression: str | None,
+    fsync: bool,
+    n: int,
+    finish: bool = False,
+) -> None:
+    async with rlwire.open_sender(directory, **_sender_options(compression, fsync)) as sender:
+        for step in steps:
+            if ranks == 1:
+                got = await sender.send(payload(step, 0, n), step=step)
+            else:
+                got = await sender.send_ranks(
+                    [payload(step, r, n) for r in range(ranks)], step=step
+                )
+            assert got == step
+        if finish:
+            await sender.finish()
+
+
+def _visible(directory: Path) -> dict[int, set[int]]:
+    """The ranks whose main part is visible, by step."""
+    mains: dict[int, set[int]] = {}
+    for name in os.listdir(directory):
+        m = MAIN_RE.fullmatch(name)
+        if m:
+            mains.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+    return mains
+
+
+def classify(
+    directory: Path, ranks: int, compression: str | None, fsync: bool, n: int
+) -> dict[str, Any]:
+    """Judge a directory a sender was killed in, then check a resumed sender goes on."""
+    mains = _visible(directory)
+    for step in sorted(mains):
+        for rank in sorted(mains[step]):
+            got = receive_one(directory, step, rank, payload(step, rank, n), timeout=1)
+            if got["outcome"] == TYPED:
+                return {"outcome": HALF, "detail": f"step {step} rank {rank} visible: {got}"}
+            if got["outcome"] != EXACT:
+                return got
+    incomplete = sorted(s for s, have in mains.items() if len(have) != ranks)
+    if incomplete:
+        last = max(mains)
+        if incomplete != [last]:
+            return {"outcome": HALF, "detail": f"incomplete steps {incomplete} (last {last})"}
+        try:
+            anyio.run(_send_steps, directory, ranks, range(0), compression, fsync, n)
+        except rlwire.StepExistsError as exc:
+            if f"step {last} " in str(exc) or str(exc).endswith(f"step {last}"):
+                return _repair(directory, ranks, compression, fsync, n, last, mains[last], exc)
+            return {"outcome": HALF, "detail": f"resume refused, but not naming {last}: {exc}"}
+        except Exception as exc:
+            return {"outcome": UNTYPED, "detail": describe(exc)}
+        return {"outcome": HALF, "detail": f"resume accepted step {last} with ranks {mains[last]}"}
+    # A consistent directory. An end mark must stop receivers at the next step.
+    nxt = max(mains) + 1 if mains else 0
+    if (directory / END_NAME).exists():
+        for rank in range(ranks):
+            try:
+                with rlwire.open_receiver(
+                    directory, rank=rank, start_step=nxt, record_consumed=False
+                ) as receiver:
+                    receiver.receive(timeout=1)
+            except rlwire.EndOfStream:
+                continue
+            except Exception as exc:
+                return {"outcome": UNTYPED, "detail": f"after the end mark: {describe(exc)}"}
+            return {"outcome": WRONG, "detail": f"rank {rank} got step {nxt} after the end"}
+    # A resumed sender must go on at the next step.
+    try:
+        anyio.run(_send_steps, directory, ranks, range(nxt, nxt + 1), compression, fsync, n)
+    except rlwire.RlwireError as exc:
+        return {"outcome": TYPED, "detail": f"resume after a kill failed: {describe(exc)}"}
+    except Exception as exc:
+        return {"outcome": UNTYPED, "detail": f"resume after a kill failed: {describe(exc)}"}
+    for rank in range(ranks):
+        got = receive_one(directory, nxt, rank, payload(nxt, rank, n), timeout=1)
+        if got["outcome"] != EXACT:
+            got["detail"] = f"step sent after resuming: {got['detail']}"
+            return got
+    seen = "nothing visible" if not mains else f"steps {sorted(mains)} whole"
+    return {"outcome": EXACT, "detail": seen}
+
+
+async def _truncate_and_send(
+    directory: Path, ranks: int, step: int, compression: str | None, fsync: bool, n: int
+) -> None:
+    options = {**_sender_options(compression, fsync), "on_existing": "truncate"}
+    async with rlwire.open_sender(directory, start_step=step, **options) as sender:
+        await sender.send_ranks([payload(step, r, n) for r in range(ranks)])
+
+
+def _repair(
+    directory: Path,
+    ranks: int,
+    compression: str | None,
+    fsync: bool,
+    n: int,
+    step: int,
+    have: set[int],
+    refusal: Exception,
+) -> dict[str, Any]:
+    """Follow the refusal's advice (truncate at the step, send it again): every rank
+    must then receive it exactly."""
+    try:
+        anyio.run(_truncate_and_send, directory, ranks, step, compression, fsync, n)
+    except Exception as exc:
+        return {"outcome": UNTYPED, "detail": f"repair after a partly visible step: {exc!r}"}
+    for rank in range(ranks):
+        got = receive_one(directory, step, rank, payload(step, rank, n), timeout=1)
+        if got["outcome"] != EXACT:
+            got["detail"] = f"step sent again after truncating: {got['detail']}"
+            return got
+    return {"outcome": PARTLY, "detail": f"ranks {sorted(have)} visible: {refusal}"}
+
+
+def _reap(pid: int, timeout: float) -> bool:
+    """Wait for ``pid``; kill it at ``timeout``. Whether it ended on its own."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return True
+        time.sleep(0.001)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return False
+
+
+def calibrate(
+    root: str, ranks: int, compression: str | None, fsync: bool, mode: int, n: int
+) -> dict[str, Any]:
+    """Count the hooked calls of one send (see :data:`MODES` for ``mode``)."""
+    directory = Path(tempfile.mkdtemp(dir=root))
+    first, finish = min(mode, 1), mode == 2
+    anyio.run(_send_steps, directory, ranks, range(first), compression, fsync, n)
+    calls = install_hooks(None)
+    start = time.monotonic()
+    anyio.run(_send_steps, directory, ranks, range(first, first + 1), compression, fsync, n, finish)
+    return {"outcome": EXACT, "calls": list(calls), "seconds": time.monotonic() - start}
+
+
+def kill_at_call(
+    root: str, ranks: int, compression: str | None, fsync: bool, mode: int, n: int, at: int
+) -> dict[str, Any]:
+    directory = Path(tempfile.mkdtemp(dir=root))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the victim
+        try:
+            first, finish = min(mode, 1), mode == 2
+            anyio.run(_send_steps, directory, ranks, range(first), compression, fsync, n)
+            install_hooks(at)
+            anyio.run(
+                _send_steps,
+                *(directory, ranks, range(first, first + 1), compression, fsync, n, finish),
+            )
+        finally:
+            os._exit(0)
+    if not _reap(pid, 20):
+        return {"outcome": HANG, "detail": "the sender did not end"}
+    try:
+        return classify(directory, ranks, compression, fsync, n)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def kill_at_random(
+    root: str, ranks: int, compression: str | None, fsync: bool, n: int, steps: int, delay: float
+) -> dict[str, Any]:
+    directory = Path(tempfile.mkdtemp(dir=root))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the victim
+        try:
+            anyio.run(_send_steps, directory, ranks, range(steps), compression, fsync, n)
+        finally:
+            os._exit(0)
+    time.sleep(delay)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    try:
+        return classify(directory, ranks, compression, fsync, n)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+#: What the killed sender does: 0 sends step 0 to an empty directory; 1 sends step 1
+#: after a whole step 0; 2 does that and then finishes the stream (the end mark).
+MODES = {0: "step 0", 1: "step 1 after step 0", 2: "step 1, then finish()"}
+CONFIGS = [
+    (ranks, compression, fsync)
+    for ranks in (1, 2)
+    for compression in (None, "lz4", "zstd")
+    for fsync in (False, True)
+]
+
+
+def jobs(root: str, total: int, seed: int, calibration: dict[Any, Any]) -> Iterator[Job]:
+    """Kill jobs: every call of a send for each configuration (with and without an
+    earlier step), then random-time kills until ``total``; a sample when ``total`` is
+    below the number of calls."""
+    rng = random.Random(seed)
+    exhaustive = [
+        (cfg, mode, at)
+        for cfg in CONFIGS
+        for mode in MODES
+        for at in range(1, len(calibration[(*cfg, mode)]["calls"]) + 1)
+    ]
+    if total < len(exhaustive):  # a sample: mostly calls, some random times
+        exhaustive = rng.sample(exhaustive, total - total // 4)
+    for (ranks, compression, fsync), mode, at in exhaustive:
+        call = calibration[(ranks, compression, fsync, mode)]["calls"][at - 1]
+        yield Job(
+            kill_at_call,
+            (root, ranks, compression, fsync, mode, 600, at),
+            timeout=60,
+            tag=(
+                "kill -9 at each fs call",
+                f"{ranks} rank(s) {compression} fsync={fsync} {MODES[mode]}, call #{at} ({call})",
+            ),
+        )
+    for _ in range(total - len(exhaustive)):
+        ranks, compression, fsync = rng.choice(CONFIGS)
+        seconds = calibration[("random", ranks, compression, fsync)]["seconds"]
+        delay = rng.uniform(0, seconds * 1.2)
+        yield Job(
+            kill_at_random,
+            (root, ranks, compression, fsync, 20_000, 3, delay),
+            timeout=60,
+            tag=(
+                "kill -9 at random times",
+                f"{ranks} rank(s) {compression} fsync={fsync} after {delay * 1000:.1f} ms",
+            ),
+        )
+
+
+def time_random(root: str, ranks: int, compression: str | None, fsync: bool) -> dict[str, Any]:
+    """How long a forked sender of 3 steps of the random-time campaign takes."""
+    directory = Path(tempfile.mkdtemp(dir=root))
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover
+        try:
+            anyio.run(_send_steps, directory, ranks, range(3), compression, fsync, 20_000)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    return {"outcome": EXACT, "seconds": time.monotonic() - start}
+
+
+def calibration_jobs(root: str) -> Iterator[Job]:
+    for cfg in CONFIGS:
+        for mode in MODES:
+            yield Job(calibrate, (root, *cfg, mode, 600), timeout=60, tag=(*cfg, mode))
+        yield Job(time_random, (root, *cfg), timeout=60, tag=("random", *cfg))

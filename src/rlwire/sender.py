@@ -306,8 +306,12 @@ class TrainingBatchSender:
             EncodeError: ``obj`` holds a value the codec cannot carry; names its path.
             StepOrderError: ``step`` repeats, goes backwards or skips ahead.
             StepExistsError: the step already exists at the destination.
-            TransportError: the destination cannot be written.
-            ClosedError: the sender is closed.
+            TransportError: the destination cannot be written; or an earlier commit
+                failed without knowing whether its step became visible (reopen with
+                ``on_existing="resume"``).
+            CorruptFrameError: with ``keep_last`` or ``max_ahead``, a receiver's
+                consumption mark is garbled or records steps not sent yet.
+            ClosedError: the sender is closed, or finished its stream.
         """
         return await self.send_ranks([obj], step=step)
 

@@ -1054,7 +1054,7 @@ def significant(data: bytes, ranges: list[tuple[int, int]]) -> np.ndarray:
     return mask
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     case=frames_with_sums(),
     where=st.integers(0, 2**32),

@@ -158,6 +158,17 @@ class EndOfStream(RlwireError):
     the end will come. ``receive`` and ``areceive`` raise it; ``for`` and ``async for``
     over a receiver simply end."""
 
+    @classmethod
+    def at(cls, end: int, *, where: object) -> EndOfStream:
+        """The error for a stream whose end step is ``end`` (its first step never sent).
+
+        Example:
+            >>> str(EndOfStream.at(3, where="/run"))
+            '/run: the sender finished the stream: step 2 was its last'
+        """
+        last = f"step {end - 1} was its last" if end else "it sent no step"
+        return cls(f"the sender finished the stream: {last}", where=where)
+
 
 def transport_error(exc: BaseException, action: str, *, where: object) -> TransportError:
     """The :class:`TransportError` for ``exc`` (an OSError, or what botocore, aiohttp or

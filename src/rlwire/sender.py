@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 from anyio import CapacityLimiter, to_thread
@@ -24,8 +24,6 @@ from .transport import open_sink
 from .transport._base import OnExisting, Sink, SinkOptions
 
 __all__ = ["TrainingBatchSender", "open_sender"]
-
-T = TypeVar("T")
 
 
 def open_sender(
@@ -154,9 +152,6 @@ class _SendClock:
         self.sidecar_bytes = 0
         self.seconds = {"encode": 0.0, "compress": 0.0}
         self.resumes = Resumes()
-
-    def timed(self, slices: Sliced[T], what: str) -> Sliced[T]:
-        return timed(slices, self.seconds, what)
 
     def stats(self, step: int) -> SendStats:
         now = time.perf_counter()
@@ -399,15 +394,17 @@ class TrainingBatchSender:
         """Validate, encode and compress one rank's object, in slices."""
         try:
             if self._checks is not None:
-                yield from clock.timed(
+                yield from timed(
                     self._checks.validate_sliced(obj, check_names=not self._names_checked),
+                    clock.seconds,
                     "encode",
                 )
                 self._names_checked = True
-            frame = yield from clock.timed(self._codec.encode_sliced(obj), "encode")
+            frame = yield from timed(self._codec.encode_sliced(obj), clock.seconds, "encode")
             if self._compressor is not None:
-                frame = yield from clock.timed(
+                frame = yield from timed(
                     compress_sliced(frame, self._compressor, threads=thread_count(self._limiter)),
+                    clock.seconds,
                     "compress",
                 )
         except RlwireError as exc:

@@ -59,8 +59,7 @@ class StoredSource(Source):
         where = self.locate(END_NAME)
         end = parse_mark(mark, END_MAGIC, where)
         if step >= end:
-            last = f"step {end - 1} was its last" if end else "it sent no step"
-            raise EndOfStream(f"the sender finished the stream: {last}", where=where)
+            raise EndOfStream.at(end, where=where)
 
     def describe(self, step: int) -> str:
         return self.locate(main_name(step, self.rank))

@@ -190,7 +190,7 @@ class ZmqSource(Source):
                 got, self._pending = self._pending, None
                 return got
             if self._end is not None:
-                raise EndOfStream(self._ended(), where=self.endpoint)
+                raise EndOfStream.at(self._end, where=self.endpoint)
             sock = self._require_socket()
             self._send_ack()
             while True:
@@ -218,7 +218,7 @@ class ZmqSource(Source):
                             where=self.endpoint,
                             rank=self.rank,
                         )
-                    raise EndOfStream(self._ended(), where=self.endpoint)
+                    raise EndOfStream.at(self._end, where=self.endpoint)
                 taken = self._take(views, step)
                 if taken is not None:
                     return taken
@@ -255,11 +255,6 @@ class ZmqSource(Source):
             with contextlib.suppress(zmq.ZMQError):  # else the sender learns from ZeroMQ
                 sock.send_multipart(bye_message(), zmq.NOBLOCK)
             release(sock, self._context, None, linger=100)
-
-    def _ended(self) -> str:
-        assert self._end is not None
-        last = f"step {self._end - 1} was its last" if self._end else "it sent no step"
-        return f"the sender finished the stream: {last}"
 
     def _require_socket(self) -> Socket:
         if self._socket is None:

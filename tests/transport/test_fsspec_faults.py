@@ -228,11 +228,23 @@ async def test_a_short_outage_during_a_send_leaves_no_upload(
     async with rlwire.open_sender(
         s3_url, storage_options=s3_proxy.options, sidecar=("routed_experts",)
     ) as sender:
-        outage_from(s3_proxy, "PUT", ".sidecar.rlw")  # the first part
-        timer = end_outage_in(s3_proxy, 0.3)  # shorter than the retries (0.75 s)
+        down = False
+
+        def fault(method: str, target: str) -> str | None:
+            # Down from the first part on; back up once the first abort has failed, so
+            # the send fails whatever the timing and only a retried abort can succeed.
+            nonlocal down
+            if method == "PUT" and target.partition("?")[0].endswith(".sidecar.rlw"):
+                down = True
+            if down and method == "DELETE" and "uploadId" in target:
+                down = False
+                s3_proxy.fault = None
+                return RESET
+            return RESET if down else None
+
+        s3_proxy.fault = fault
         with pytest.raises(rlwire.TransportError):
             await sender.send(batch(24 * MiB))
-        timer.join()
         assert uploads(s3_endpoint, s3_url) == []  # before close: the abort itself retried
         assert sender.next_step == 0
         assert await sender.send(batch(1000)) == 0

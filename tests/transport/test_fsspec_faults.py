@@ -87,16 +87,6 @@ def outage_from(proxy: FaultProxy, method: str, suffix: str) -> None:
     proxy.fault = fault
 
 
-def end_outage_in(proxy: FaultProxy, seconds: float) -> threading.Timer:
-    def end() -> None:
-        proxy.fault = None
-        proxy.down = False
-
-    timer = threading.Timer(seconds, end)
-    timer.start()
-    return timer
-
-
 @pytest.fixture(autouse=True)
 def short_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     """rlwire's own retries after a failed request wait 0.1-2 s (3.4 s in all), meant

@@ -202,6 +202,24 @@ def future_major() -> tuple[bytes, Any]:
     return build_main(msgspec.msgpack.encode(1), major=2), None
 
 
+def tiny_inline_arrays() -> tuple[bytes, Any]:
+    one = msgspec.msgpack.encode(ext(2, "|u1", [1], "C", b"x"))
+    return build_main(b"\xdd" + struct.pack(">I", 2_000_000) + one * 2_000_000), None
+
+
+def negative_fixints() -> tuple[bytes, Any]:
+    count = 32_000_000
+    return build_main(b"\xdd" + struct.pack(">I", count) + b"\xe0" * count), None
+
+
+def one_buffer_many_times() -> tuple[bytes, Any]:
+    """A 1 MiB buffer (in 1 KB of zstd) that 100,000 arrays claim: copied for a writable
+    receiver, 100 GiB."""
+    frame = zstandard.ZstdCompressor().compress(bytes(1 << 20))
+    header = msgspec.msgpack.encode([ext(1, 0, "|u1", [1 << 20], "C")] * 100_000)
+    return build_main(header, [frame], compression=[0, 2], raw_sizes=[0, 1 << 20]), None
+
+
 def many_small_strings() -> tuple[bytes, Any]:
     count = 4_000_000
     header = b"\xdd" + struct.pack(">I", count) + b"\xa1a" * count
@@ -236,14 +254,11 @@ CASES: dict[str, Case] = {
     "unknown extension type": unknown_ext,
     "unknown compression id": unknown_compression,
     "major version 2": future_major,
+    "header of 2M tiny inline arrays": tiny_inline_arrays,
+    "header of 32M negative fixints": negative_fixints,
+    "one buffer referred to 100,000 times": one_buffer_many_times,
     "header of 4M one-letter strings": many_small_strings,
     "map of 1M entries": huge_map,
-}
-#: Cases whose defects are known and being fixed (the CI sample marks them xfail).
-KNOWN_DEFECTS = {
-    "header of 32M empty arrays (type=Any)": "known defect: received as Any (plain "
-    "builtins), a 32 MB header of empty arrays builds 32 M lists (2.4 GB); into a type it "
-    "is refused at once",
 }
 
 

@@ -60,8 +60,6 @@ KINDS = (
     "/dev/null symlink",
     "empty file",
 )
-#: Known defects being fixed (the CI sample marks them xfail); none left.
-KNOWN_DEFECTS: dict[str, str] = {}
 
 
 def run_case(root: str, where: str, kind: str) -> dict[str, Any]:

@@ -75,30 +75,16 @@ def hostile_and_odd(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {what: outcome for _, what, outcome in result["trials"]}
 
 
-def _cases(names: list[str], known: dict[str, str]) -> list[Any]:
-    """Each case; those ``known`` names (whole, or without its ``(type=...)``) xfail."""
-
-    def reason(n: str) -> str | None:
-        return known.get(n) or known.get(n.split(" (type=")[0])
-
-    return [
-        pytest.param(n, marks=pytest.mark.xfail(strict=False, reason=why), id=n)
-        if (why := reason(n)) is not None
-        else pytest.param(n, id=n)
-        for n in names
-    ]
-
-
 HOSTILE = [f"{name} (type={t})" for name in hostile.CASES for t in ("Any", "TrainingBatch")]
 ODD = [oddfiles.name(where, kind) for where in ("main part", "sidecar") for kind in oddfiles.KINDS]
 
 
-@pytest.mark.parametrize("case", _cases(HOSTILE, hostile.KNOWN_DEFECTS))
+@pytest.mark.parametrize("case", HOSTILE)
 def test_hostile_message(hostile_and_odd: dict[str, str], case: str) -> None:
     assert hostile_and_odd[case] in (EXACT, TYPED)
 
 
-@pytest.mark.parametrize("case", _cases(ODD, oddfiles.KNOWN_DEFECTS))
+@pytest.mark.parametrize("case", ODD)
 def test_odd_file_type(hostile_and_odd: dict[str, str], case: str) -> None:
     assert hostile_and_odd[case] == TYPED
 

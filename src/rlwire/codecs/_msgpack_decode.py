@@ -23,8 +23,9 @@ import msgspec
 import numpy as np
 
 from .._slicing import Sliced
-from ..errors import CorruptFrameError, DecodeError, RlwireError
+from ..errors import CorruptFrameError, DecodeError, FrameTooLargeError, RlwireError
 from ..frame import Frame
+from ._msgpack_cost import WORST_RATIO, plain_cost
 from ._msgpack_encode import (
     EXT_ARRAY,
     EXT_BYTES,
@@ -69,6 +70,11 @@ _Step = tuple[Any, type]
 _Found = tuple[list[_Step], Any, Any]
 _LOOK_INSIDE = (dict, list, _Chunked, memoryview)
 _LOOK_INSIDE_SET = frozenset(_LOOK_INSIDE)
+# Plain builtins decoded from one message may take this much heap, plus HEAP_RATIO
+# times the message's size: far more than any header the encoder writes needs (it moves
+# heavy containers into chunks), far less than a hostile one could make msgspec build.
+HEAP_FLOOR = 256 << 20
+HEAP_RATIO = 16
 
 
 class Decoding:
@@ -81,6 +87,15 @@ class Decoding:
         # Chunks are decoded at most twice (a typed try, then plain builtins): a chunk
         # table that makes the reader decode more than this is hostile.
         self.budget = 4 * frame.nbytes
+        self.heap_left = self.heap_limit = HEAP_FLOOR + HEAP_RATIO * frame.nbytes
+        self.nbytes = frame.nbytes
+        # Data decoded so far charged its worst case, with that charge.
+        self.unsettled: list[tuple[bytes | memoryview, int]] = []
+        # Buffers referred to by arrays and bytes values: each may be referred to once,
+        # or a small header could have one large buffer copied many times. (A typed
+        # decode that fails and is tried again into builtins never took any: the types
+        # tried first hold no arrays or bytes, so msgspec never calls the hook.)
+        self.claimed: set[int] = set()
         self.typed: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
         # What the extension hook made during the latest decode call: the walk that
         # looks for them stops once it has found them all, and is skipped if none.
@@ -92,7 +107,7 @@ class Decoding:
         try:
             if code == EXT_ARRAY:
                 ref = _array_ref.decode(data)
-                buf = _buffer(self.buffers, ref.index)
+                buf = self._claim(ref.index)
                 return _make_array(buf, ref.dtype, ref.shape, ref.order, self.writable)
             if code == EXT_INLINE_ARRAY:
                 inl = _inline.decode(data)
@@ -100,7 +115,7 @@ class Decoding:
                     memoryview(inl.data), inl.dtype, inl.shape, inl.order, self.writable
                 )
             if code == EXT_BYTES:
-                buf = _buffer(self.buffers, _bytes_ref.decode(data).index)
+                buf = self._claim(_bytes_ref.decode(data).index)
                 self.bytes_made += 1
                 return bytearray(buf) if self.writable and buf.readonly else buf
             if code in (EXT_CHUNKED_ARRAY, EXT_CHUNKED_MAP):
@@ -111,6 +126,16 @@ class Decoding:
         raise CorruptFrameError(
             f"header: unknown msgpack extension type {code} (written by a newer rlwire?)"
         )
+
+    def _claim(self, index: int) -> memoryview:
+        buf = _buffer(self.buffers, index)
+        if index in self.claimed:
+            raise CorruptFrameError(
+                f"header refers to buffer {index} twice (an array or bytes value may "
+                "have a buffer of its own only)"
+            )
+        self.claimed.add(index)
+        return buf
 
     def _chunked(self, is_map: bool, ref: _ChunksRef) -> _Chunked:
         buf = _buffer(self.buffers, ref.index)
@@ -129,6 +154,7 @@ class Decoding:
         """One msgspec call: ``data`` as ``annotation`` (None: plain builtins)."""
         try:
             if annotation is None:
+                self._charge(data)
                 return msgspec.msgpack.decode(data, ext_hook=self.ext_hook)
             decoder = self.typed.get(annotation)
             if decoder is None:
@@ -146,6 +172,32 @@ class Decoding:
             raise CorruptFrameError(f"header: {exc}") from exc
         except (TypeError, ValueError) as exc:  # e.g. a bytes extension used as a map key
             raise CorruptFrameError(f"header: malformed: {exc}") from exc
+
+    def _charge(self, data: bytes | memoryview) -> None:
+        """Take what decoding ``data`` into plain builtins costs from the message's
+        heap allowance, or refuse it (before decoding) if that is more than what is
+        left. Data is charged its worst case unless that does not fit: then what was
+        charged so far is walked to tell its real cost, and so is ``data``."""
+        worst = WORST_RATIO * memoryview(data).nbytes  # data: bytes, a view or a Raw
+        if worst > self.heap_left and self.unsettled:
+            for earlier, charged in self.unsettled:
+                self.heap_left += charged - plain_cost(earlier, self.heap_limit)
+            self.unsettled.clear()
+        if worst <= self.heap_left:
+            self.unsettled.append((data, worst))
+            self.heap_left -= worst
+            return
+        cost = plain_cost(data, self.heap_left)
+        if cost > self.heap_left:
+            raise FrameTooLargeError(
+                f"header: decoding it would build over {self.heap_limit >> 20} MiB "
+                f"of Python objects from a {self.nbytes}-byte message (the limit is "
+                f"{HEAP_RATIO} times the message's size + {HEAP_FLOOR >> 20} MiB): "
+                "it is made of tiny values, such as empty lists or maps. Received "
+                "into a Struct type, fields the type does not declare are skipped "
+                "without being built"
+            )
+        self.heap_left -= cost
 
     def run(self, annotation: Any) -> Sliced[Any]:
         """The header decoded into ``annotation`` (``Any``: plain builtins)."""

@@ -9,6 +9,7 @@ after a random delay. Then the directory is judged (:func:`classify`).
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shutil
@@ -23,7 +24,7 @@ from typing import Any
 import anyio
 
 import rlwire
-from rlwire.transport.layout import END_NAME, MAIN_RE
+from rlwire.transport.layout import END_NAME, MAIN_RE, consumed_mark, consumed_name
 
 from ._model import (
     EXACT,
@@ -82,8 +83,10 @@ async def _send_steps(
     fsync: bool,
     n: int,
     finish: bool = False,
+    **options: Any,
 ) -> None:
-    async with rlwire.open_sender(directory, **_sender_options(compression, fsync)) as sender:
+    options = {**_sender_options(compression, fsync), **options}
+    async with rlwire.open_sender(directory, **options) as sender:
         for step in steps:
             if ranks == 1:
                 got = await sender.send(payload(step, 0, n), step=step)
@@ -118,7 +121,12 @@ def classify(
                 return {"outcome": HALF, "detail": f"step {step} rank {rank} visible: {got}"}
             if got["outcome"] != EXACT:
                 return got
+    if mains and len(mains) != max(mains) - min(mains) + 1:
+        return {"outcome": HALF, "detail": f"a hole: steps {sorted(mains)} visible"}
     incomplete = sorted(s for s, have in mains.items() if len(have) != ranks)
+    oldest = min(mains, default=None)
+    if incomplete[:1] == [oldest] and len(mains) > 1 and 0 not in mains[oldest]:
+        incomplete.pop(0)  # retention cut short: the oldest step goes rank 0 first
     if incomplete:
         last = max(mains)
         if incomplete != [last]:
@@ -207,16 +215,42 @@ def _reap(pid: int, timeout: float) -> bool:
     return False
 
 
+def _before(
+    directory: Path, ranks: int, compression: str | None, fsync: bool, mode: int, n: int
+) -> None:
+    """What is stored before the send that is killed (see :data:`MODES`)."""
+    if mode < 3:
+        anyio.run(_send_steps, directory, ranks, range(min(mode, 1)), compression, fsync, n)
+    else:  # steps 0-2, finished, and read by every rank up to step 2
+        anyio.run(_send_steps, directory, ranks, range(3), compression, fsync, n, True)
+        for rank in range(ranks):
+            (directory / consumed_name(rank)).write_bytes(consumed_mark(2))
+
+
+def _killed_send(
+    directory: Path, ranks: int, compression: str | None, fsync: bool, mode: int, n: int
+) -> None:
+    """The send that is killed (see :data:`MODES`)."""
+    args = (directory, ranks, compression, fsync, n)
+    if mode < 3:
+        first = min(mode, 1)
+        anyio.run(_send_steps, args[0], ranks, range(first, first + 1), *args[2:], mode == 2)
+    elif mode == 3:
+        options = {"start_step": 1, "on_existing": "truncate"}
+        anyio.run(functools.partial(_send_steps, *args[:2], range(1, 2), *args[2:], **options))
+    else:
+        anyio.run(functools.partial(_send_steps, *args[:2], range(3, 4), *args[2:], keep_last=2))
+
+
 def calibrate(
     root: str, ranks: int, compression: str | None, fsync: bool, mode: int, n: int
 ) -> dict[str, Any]:
     """Count the hooked calls of one send (see :data:`MODES` for ``mode``)."""
     directory = Path(tempfile.mkdtemp(dir=root))
-    first, finish = min(mode, 1), mode == 2
-    anyio.run(_send_steps, directory, ranks, range(first), compression, fsync, n)
+    _before(directory, ranks, compression, fsync, mode, n)
     calls = install_hooks(None)
     start = time.monotonic()
-    anyio.run(_send_steps, directory, ranks, range(first, first + 1), compression, fsync, n, finish)
+    _killed_send(directory, ranks, compression, fsync, mode, n)
     return {"outcome": EXACT, "calls": list(calls), "seconds": time.monotonic() - start}
 
 
@@ -227,13 +261,9 @@ def kill_at_call(
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the victim
         try:
-            first, finish = min(mode, 1), mode == 2
-            anyio.run(_send_steps, directory, ranks, range(first), compression, fsync, n)
+            _before(directory, ranks, compression, fsync, mode, n)
             install_hooks(at)
-            anyio.run(
-                _send_steps,
-                *(directory, ranks, range(first, first + 1), compression, fsync, n, finish),
-            )
+            _killed_send(directory, ranks, compression, fsync, mode, n)
         finally:
             os._exit(0)
     if not _reap(pid, 20):
@@ -264,8 +294,17 @@ def kill_at_random(
 
 
 #: What the killed sender does: 0 sends step 0 to an empty directory; 1 sends step 1
-#: after a whole step 0; 2 does that and then finishes the stream (the end mark).
-MODES = {0: "step 0", 1: "step 1 after step 0", 2: "step 1, then finish()"}
+#: after a whole step 0; 2 does that and then finishes the stream (the end mark); 3
+#: restarts at step 1 (``on_existing="truncate"``) over steps 0-2 of a finished stream
+#: that every rank has read, and sends step 1; 4 sends step 3 after those with
+#: ``keep_last=2`` (retention deletes steps 0 and 1).
+MODES = {
+    0: "step 0",
+    1: "step 1 after step 0",
+    2: "step 1, then finish()",
+    3: "truncate at step 1 over steps 0-2, send step 1",
+    4: "step 3 after steps 0-2 with keep_last=2",
+}
 CONFIGS = [
     (ranks, compression, fsync)
     for ranks in (1, 2)

@@ -12,7 +12,14 @@ import pytest
 from helpers import assert_batches_equal, make_batch
 
 import rlwire
-from rlwire.transport.layout import main_name, names_to_delete, sidecar_name, start_step
+from rlwire.transport.layout import (
+    END_NAME,
+    consumed_name,
+    main_name,
+    names_to_delete,
+    sidecar_name,
+    start_step,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -78,15 +85,20 @@ def test_error_refuses_only_steps_at_or_after_start_step() -> None:
         start_step("d", names, "error")
 
 
-def test_names_to_delete_puts_main_parts_first() -> None:
+def test_names_to_delete_orders_marks_then_main_parts_from_the_last_step() -> None:
+    """Cut short anywhere, the deletion leaves no hole, no end mark past the steps kept,
+    no consumption mark of a deleted step, and no main part without its sidecar."""
     names = stored({0: [0, 1], 1: [0, 1], 2: [0, 1]}, sidecars=True)
-    mains, rest = names_to_delete(names, "truncate", 1)
-    assert mains == [main_name(s, r) for s in (1, 2) for r in (0, 1)]
-    assert rest == [sidecar_name(s, r) for s in (1, 2) for r in (0, 1)]
-    assert names_to_delete(names, "overwrite", 2)[0] == sorted(
-        stored({0: [0, 1], 1: [0, 1], 2: [0, 1]})
-    )
-    assert names_to_delete(names, "resume", 1) == ([], [])
+    names += [END_NAME, consumed_name(0)]
+    assert names_to_delete(names, "truncate", 1) == [
+        [END_NAME, consumed_name(0)],
+        [main_name(2, 0), main_name(2, 1)],
+        [main_name(1, 0), main_name(1, 1)],
+        [sidecar_name(s, r) for s in (1, 2) for r in (0, 1)],
+    ]
+    assert [main_name(0, 0), main_name(0, 1)] == names_to_delete(names, "overwrite", 2)[-2]
+    assert names_to_delete(names, "resume", 1) == [[END_NAME]]
+    assert names_to_delete(stored({0: [0]}), "resume") == []
 
 
 @pytest.mark.parametrize(

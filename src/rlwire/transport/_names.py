@@ -164,25 +164,33 @@ def _check_resumable(
 
 def names_to_delete(
     names: Iterable[str], on_existing: OnExisting, first: int | None = None
-) -> tuple[list[str], list[str]]:
+) -> list[list[str]]:
     """What a sender opening with ``on_existing`` and ``start_step=first`` deletes, as
-    ``(main parts, other parts)``: delete every main part before any other, so that no
-    reader meets a main part without its sidecar. ``"overwrite"`` deletes every stored
-    step, ``"truncate"`` the steps at or after ``first``, the others none; every mode but
+    batches to delete one after the other. ``"overwrite"`` deletes every stored step,
+    ``"truncate"`` the steps at or after ``first``, the others none; every mode but
     ``"error"`` deletes an end-of-stream mark, and ``"overwrite"`` and ``"truncate"``
-    the ranks' consumption marks (last, with the other parts)."""
+    the ranks' consumption marks.
+
+    The order keeps a deletion cut short (a kill, an outage) from leaving a state that
+    misleads: the marks first (an end mark past the steps kept would stop receivers at
+    a hole; a consumption mark of a deleted step would let retention delete the new
+    one unread), then the main parts step by step from the last (so the steps left are
+    never a hole, only a shorter run whose last step ``resume`` may find incomplete),
+    then the sidecars (no reader meets a main part without its sidecar)."""
     names = list(names)
-    end = [END_NAME] if END_NAME in names and on_existing != "error" else []
+    marks = [END_NAME] if END_NAME in names and on_existing != "error" else []
     if on_existing not in ("overwrite", "truncate"):
-        return [], end
-    # Consumption marks of the steps deleted would let retention delete new steps as
-    # consumed; receivers write theirs again as they move on.
-    end += sorted(n for n in names if CONSUMED_RE.fullmatch(n))
+        return [marks] if marks else []
+    marks += sorted(n for n in names if CONSUMED_RE.fullmatch(n))
     low = first if on_existing == "truncate" and first is not None else 0
-    mains: list[str] = []
+    mains: dict[int, list[str]] = {}
     rest: list[str] = []
     for name in names:
         m = STORED_RE.fullmatch(name)
         if m and int(m.group(1)) >= low:
-            (rest if m.group(3) else mains).append(name)
-    return sorted(mains), sorted(rest) + end
+            if m.group(3):
+                rest.append(name)
+            else:
+                mains.setdefault(int(m.group(1)), []).append(name)
+    batches = [marks] + [sorted(mains[s]) for s in sorted(mains, reverse=True)] + [sorted(rest)]
+    return [batch for batch in batches if batch]

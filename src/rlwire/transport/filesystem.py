@@ -175,7 +175,7 @@ class FileSink(Sink):
         if on_existing != "error":
             self._remove([n for n in names if TEMP_RE.fullmatch(n)])
         for doomed in names_to_delete(names, on_existing, start_step):
-            self._remove(doomed)  # main files first, so no reader sees a torn step
+            self._remove(doomed)  # in the order names_to_delete gives: see why there
         return step
 
     def finish(self, end: int) -> None:

@@ -120,8 +120,7 @@ class FsspecSink(Sink):
         with translate_errors(self.url, "clean up after an earlier run"):
             store.clean_leftovers(names)
         with translate_errors(self.url, "delete earlier steps"):
-            # Main objects first, so no reader meets a main object without its sidecar.
-            for doomed in names_to_delete(names, on_existing, start_step):
+            for doomed in names_to_delete(names, on_existing, start_step):  # in order
                 store.remove(doomed)
         return step
 

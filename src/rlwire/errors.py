@@ -8,7 +8,7 @@ or ``OSError`` keeps working.
 from __future__ import annotations
 
 import re
-from typing import Self
+from typing import Any, Self
 
 
 class RlwireError(Exception):
@@ -65,6 +65,14 @@ class RlwireError(Exception):
         if self.segment is None:
             self.segment = segment
         return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Errors cross process boundaries (a process pool's worker, a trainer's child).
+        # OSError keeps errno in a slot that default pickling drops.
+        state = dict(self.__dict__)
+        if isinstance(self, OSError):
+            state["errno"] = self.errno
+        return (type(self), (self.message,), state)
 
     def __str__(self) -> str:
         known = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ..._slicing import Sliced, SliceTimer
 from ...errors import transport_error
@@ -74,31 +74,65 @@ class TempStaging(Staging):
 
     def commit(self) -> None:
         fs, url = self.store.fs, self.store.url
-        ranks: list[int] = []
         moved: list[str] = []
         try:
             for tmp, final in self.sidecars:
                 fs.mv(tmp, final)
                 moved.append(final)
-            for rank, (tmp, final) in enumerate(self.mains):
-                fs.mv(tmp, final)
-                ranks.append(rank)
-                self.visible = True
         except Exception as exc:
             self.discard()
-            if ranks:
-                raise transport_error(
-                    exc, f"commit the step in full (visible for ranks {ranks} only)", where=url
-                ) from exc
             _remove(fs, moved)
             raise transport_error(
                 exc, "commit the step (nothing was made visible)", where=url
             ) from exc
         finally:
             fs.invalidate_cache(self.store.root)
+        ranks: list[int] = []
+        for rank, (tmp, final) in enumerate(self.mains):
+            try:
+                fs.mv(tmp, final)
+            except Exception as exc:
+                # A move that failed may still have happened (a lost reply): ask. A step
+                # is never guessed visible or not: the sender must neither reuse its
+                # number nor skip it.
+                landed = _exists(fs, self.store.root, final)
+                if not landed:
+                    self._failed(exc, ranks, unknown=landed is None)
+            ranks.append(rank)
+            self.visible = True
+        fs.invalidate_cache(self.store.root)
+
+    def _failed(self, exc: Exception, ranks: list[int], *, unknown: bool) -> NoReturn:
+        fs, url = self.store.fs, self.store.url
+        self.visible = True if ranks else None if unknown else False
+        self.discard()
+        if self.visible:
+            unsure = "; whether the next one is too is unknown" if unknown else ""
+            raise transport_error(
+                exc, f"commit the step in full (visible for ranks {ranks} only{unsure})", where=url
+            ) from exc
+        if self.visible is None:
+            # Sidecars stay: deleting them could tear a step that did become visible.
+            raise transport_error(
+                exc,
+                "commit the step, and whether it became visible is unknown (the store could "
+                "not be asked); a sender opened with on_existing='resume' settles it",
+                where=url,
+            ) from exc
+        _remove(fs, [final for _, final in self.sidecars])
+        raise transport_error(exc, "commit the step (nothing was made visible)", where=url) from exc
 
     def discard(self) -> None:
         _remove(self.store.fs, [tmp for tmp, _ in (*self.mains, *self.sidecars)])
+
+
+def _exists(fs: Any, root: str, path: str) -> bool | None:
+    """Whether ``path`` exists; None if the store cannot be asked."""
+    try:
+        fs.invalidate_cache(root)
+        return bool(fs.exists(path))
+    except Exception:
+        return None
 
 
 def _remove(fs: Any, paths: Sequence[str]) -> None:

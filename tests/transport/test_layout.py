@@ -23,14 +23,16 @@ from hypothesis import strategies as st
 from rlwire import CorruptFrameError, Frame, RlwireError, UnsupportedVersionError
 from rlwire._slicing import run_sliced
 from rlwire.codecs.msgpack import MsgpackCodec
-from rlwire.transport import FileSink, FileSource
+from rlwire.transport import FileSink, FileSource, _layout
 from rlwire.transport._layout import (
     ALIGN,
+    CHECKSUM,
     FORMAT_VERSION,
     Layout,
     checksum_segments,
     parse_main,
     plan,
+    verify_segments,
 )
 from rlwire.transport.layout import main_name, sidecar_name
 
@@ -1100,3 +1102,20 @@ def test_every_truncation_with_checksums_is_caught(
     data[part] = data[part][: cut % len(data[part])]
     with pytest.raises(CorruptFrameError):
         parse(data[0], data[1])
+
+
+@pytest.mark.parametrize("bad", [0, 1, 17, 39])
+def test_parallel_verification_names_the_damaged_segment(
+    monkeypatch: pytest.MonkeyPatch, bad: int
+) -> None:
+    """A large message's segments are hashed by several threads, in groups: the
+    mismatch found is still the right segment's, and an intact message passes."""
+    monkeypatch.setattr(_layout, "PARALLEL_HASH_BYTES", 0)
+    segments = [memoryview(bytes([i]) * (1000 + 97 * i)) for i in range(40)]
+    sums = struct.pack("<40Q", *(xxhash.xxh3_64_intdigest(s) for s in segments))
+    verify_segments(CHECKSUM, sums, segments, "here")
+    damaged = list(segments)
+    damaged[bad] = memoryview(b"\xff" + bytes(segments[bad][1:]))
+    with pytest.raises(CorruptFrameError, match="does not match its checksum") as info:
+        verify_segments(CHECKSUM, sums, damaged, "here")
+    assert info.value.segment == bad

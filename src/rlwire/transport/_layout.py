@@ -18,8 +18,10 @@ of the envelope, so every byte but the zero padding is covered.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -395,8 +397,7 @@ def verify_segments(
             where=where,
         )
     stored = np.frombuffer(checksums, _U64).tolist()
-    for i, seg in enumerate(segments):
-        computed = xxhash.xxh3_64_intdigest(seg)
+    for i, (seg, computed) in enumerate(zip(segments, _digests(segments), strict=True)):
         if computed != stored[i]:
             what = "the header" if i == 0 else f"buffer {i - 1} ({seg.nbytes} bytes)"
             raise CorruptFrameError(
@@ -405,6 +406,32 @@ def verify_segments(
                 where=where,
                 segment=i,
             )
+
+
+#: Below this many bytes a message's segments are hashed in the calling thread.
+PARALLEL_HASH_BYTES = 32 << 20
+_hash_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_hash_pool_lock = threading.Lock()
+
+
+def _digests(segments: Sequence[memoryview]) -> list[int]:
+    """The xxh3-64 of each segment. A large message's segments are hashed by as many
+    threads as there are cores, in groups of about equal bytes: xxhash releases the GIL,
+    and so does the page fault that first touches each page of a fresh mapping."""
+    global _hash_pool
+    total = sum(seg.nbytes for seg in segments)
+    workers = min(os.cpu_count() or 1, 8)
+    if total < PARALLEL_HASH_BYTES or workers < 2 or len(segments) < 2:
+        return [xxhash.xxh3_64_intdigest(seg) for seg in segments]
+    with _hash_pool_lock:
+        if _hash_pool is None:
+            _hash_pool = concurrent.futures.ThreadPoolExecutor(workers, "rlwire-hash")
+    bounds = np.searchsorted(
+        np.cumsum([seg.nbytes for seg in segments]), np.arange(1, workers) * (total / workers)
+    ).tolist()
+    groups = [segments[a:b] for a, b in zip([0, *bounds], [*bounds, len(segments)], strict=True)]
+    hashed = _hash_pool.map(lambda group: [xxhash.xxh3_64_intdigest(s) for s in group], groups)
+    return [digest for group in hashed for digest in group]
 
 
 def check_magic(

@@ -3,7 +3,7 @@
 
     python3 tasks.py demo    # create or reuse .venv, install rlwire[dev], run `rlwire demo`
     python3 tasks.py test    # the same set-up, then ruff, mypy and the whole pytest suite
-    python3 tasks.py bench   # the send-path benchmark (docs/benchmarks.md)
+    python3 tasks.py bench   # the whole benchmark suite (docs/benchmarks.md)
     python3 tasks.py chaos   # the chaos suite (docs/reliability.md): kills, corruption, ...
 
 Extra arguments after the task name go to the command (pytest, rlwire demo, the benchmark,
@@ -62,7 +62,7 @@ def main() -> None:
         os.environ["PYTHONPATH"] = str(ROOT / "tests")  # the suite is the package tests/chaos
         run(PYTHON, "-m", "chaos.run", *extra)
     else:
-        run(PYTHON, "benchmarks/bench_send.py", *extra)
+        run(PYTHON, "benchmarks/suite.py", *extra)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,329 @@
+"""The whole benchmark suite in one command: ``python3 tasks.py bench``.
+
+Runs, each in a process of its own, the benchmark scripts beside this one over a matrix
+of sinks, event loops, step sizes and workloads, each row beside its baseline in the
+same run, then prints one table of ratios and writes every sample as JSON:
+
+* **file, 256 large samples** (``bench_send.py``, the numpy ``TrainingBatch`` of 8,192
+  tokens a sample, 95 % of it ``routed_experts``, one rank): the send against the floor
+  (one thread writing the same bytes with ``os.write``), target 1.1 x; the receive,
+  checksums verified, against reading the same bytes once, target 2 x.
+* **file, 8,000 small samples** (the same script, 8,000 samples of as few tokens as the
+  step size gives): the same two rows.
+* **zmq-tcp, zmq-ipc** (``bench_sinks.py``): rlwire's throughput to another process
+  against raw pyzmq sending the same buffers as one zero-copy multipart message, target
+  0.9 x.
+* **s3** (``bench_sinks.py``, moto on loopback): against s3fs putting the same bytes,
+  target 1.0 x. moto, a Python server, takes about 40 MB/s, so S3 rows stop at
+  ``--s3-max-gb`` (default 0.4).
+* **users' types, 8 ranks** (``bench_user_types.py``, framework-shaped Structs with
+  list fields): ``send_ranks`` against the frameworks' own raw-sidecar writer, target
+  1.1 x; ``areceive`` against a msgspec decode of the same message.
+
+Every rlwire row's worst event-loop stall (target 2 ms) and p99, and its peak extra
+memory (target 64 MB for sends), come from the script's own monitor. Ratios are of
+medians; the range is over the samples.
+
+Usage::
+
+    python3 tasks.py bench                          # every size, asyncio and trio
+    python3 tasks.py bench --quick                  # 0.1 GB only, a few minutes
+    python3 tasks.py bench --sizes 0.1,0.8 --sinks file,zmq-ipc --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SIZES_GB = (0.1, 0.4, 0.8, 1.6, 3.2)
+SINKS = ("file", "file-small", "zmq-tcp", "zmq-ipc", "s3", "user-types")
+BACKENDS = ("asyncio", "trio")
+#: Bytes of array data per token of bench_send.py's workload (48 layers x top-8 experts
+#: as uint8, then token id, mask, logprob, advantage).
+BYTES_PER_TOKEN = 48 * 8 + 4 + 1 + 4 + 4
+LARGE_TOKENS = 8192
+SMALL_SAMPLES = 8000
+#: bench_user_types.py's default step (256 samples x 8,192 tokens, 8 ranks), in GB.
+USER_TYPES_GB = 0.88
+TARGET_STALL_MS = 2.0
+TARGET_PEAK_MB = 64.0
+
+
+@dataclass
+class Job:
+    sink: str
+    backend: str
+    size_gb: float
+    argv: list[str]
+    seconds: float = 0.0
+    error: str = ""
+    result: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return f"{self.sink} {self.backend} {self.size_gb:g} GB"
+
+
+@dataclass
+class Ratio:
+    """One row of the table: an rlwire operation against its baseline."""
+
+    sink: str
+    backend: str
+    size_gb: float
+    operation: str
+    rlwire_ms: float
+    baseline: str
+    baseline_ms: float
+    ratio: float  # time ratio, or throughput ratio where ``higher_is_better``
+    ratio_range: tuple[float, float]
+    target: float
+    higher_is_better: bool
+    worst_stall_ms: float | None
+    p99_stall_ms: float | None
+    peak_mb: float | None
+
+    @property
+    def met(self) -> bool:
+        ok = self.ratio >= self.target if self.higher_is_better else self.ratio <= self.target
+        stall = self.worst_stall_ms is None or self.worst_stall_ms <= TARGET_STALL_MS
+        peak = (
+            self.peak_mb is None or "send" not in self.operation or self.peak_mb <= TARGET_PEAK_MB
+        )
+        return ok and stall and peak
+
+
+def jobs(args: argparse.Namespace) -> list[Job]:
+    out: list[Job] = []
+    rounds = ["--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+    for size in args.sizes:
+        for backend in args.backends:
+            for sink in args.sinks:
+                tokens = round(size * 1e9 / BYTES_PER_TOKEN)
+                if sink == "file":
+                    script = ["bench_send.py", "--samples", str(max(1, tokens // LARGE_TOKENS))]
+                elif sink == "file-small":
+                    per = max(1, tokens // SMALL_SAMPLES)
+                    script = [
+                        "bench_send.py",
+                        "--samples",
+                        str(SMALL_SAMPLES),
+                        "--tokens",
+                        str(per),
+                    ]
+                elif sink == "user-types":
+                    if backend != args.backends[0]:
+                        continue  # the script runs both loops itself
+                    scale = size / USER_TYPES_GB
+                    script = ["bench_user_types.py", "--scale", f"{scale:.4f}", "--backend", "both"]
+                    script += ["--no-memory-round"]
+                else:
+                    if sink == "s3" and size > args.s3_max_gb:
+                        continue
+                    samples = max(1, tokens // LARGE_TOKENS)
+                    script = ["bench_sinks.py", "--sink", sink, "--samples", str(samples)]
+                    script += ["--no-checksum-row"] if sink != "s3" else []
+                if sink != "user-types":
+                    script += ["--backend", backend]
+                out.append(Job(sink, backend, size, [*script, *rounds]))
+    return out
+
+
+def run_job(job: Job, workdir: Path) -> None:
+    out = workdir / f"{len(os.listdir(workdir))}.json"
+    cmd = [sys.executable, str(HERE / job.argv[0]), *job.argv[1:], "--json", str(out)]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    job.seconds = time.monotonic() - start
+    if proc.returncode != 0 or not out.exists():
+        lines = (proc.stderr or proc.stdout or "no output").strip().splitlines()
+        job.error = f"exit {proc.returncode}: {lines[-1] if lines else ''}"
+        return
+    job.result = json.loads(out.read_text())
+
+
+def _samples(row: dict[str, Any], measure: str) -> list[float]:
+    if "samples" in row:  # bench_user_types.py: a list of sample dicts
+        return [s[measure] for s in row["samples"] if s.get(measure) is not None]
+    return [v for v in row[measure] if v is not None]
+
+
+def _pair(
+    job: Job,
+    rows: dict[str, Any],
+    operation: str,
+    mine: str,
+    theirs: str,
+    target: float,
+    *,
+    backend: str | None = None,
+    throughput: bool = False,
+) -> Ratio:
+    a, b = _samples(rows[mine], "seconds"), _samples(rows[theirs], "seconds")
+    ma, mb = statistics.median(a), statistics.median(b)
+    if throughput:  # how fast rlwire goes relative to the baseline
+        ratio, span = mb / ma, (min(b) / max(a), max(b) / min(a))
+    else:
+        ratio, span = ma / mb, (min(a) / max(b), max(a) / min(b))
+    stalls = _samples(rows[mine], "stall_max")
+    p99 = _samples(rows[mine], "stall_p99")
+    peaks = _samples(rows[mine], "peak")
+    return Ratio(
+        job.sink,
+        backend or job.backend,
+        job.size_gb,
+        operation,
+        ma * 1e3,
+        theirs,
+        mb * 1e3,
+        ratio,
+        span,
+        target,
+        throughput,
+        max(stalls) * 1e3 if stalls else None,
+        statistics.median(p99) * 1e3 if p99 else None,
+        max(peaks) / 1e6 if peaks else None,
+    )
+
+
+def ratios(job: Job) -> list[Ratio]:
+    if not job.result:
+        return []
+    if job.sink in ("file", "file-small"):
+        rows = job.result["rows"]
+        return [
+            _pair(job, rows, "send", "rlwire send", "floor (c)", 1.1),
+            _pair(job, rows, "receive (verified)", "receive open", "read once", 2.0),
+        ]
+    if job.sink == "user-types":
+        out = []
+        for backend, data in job.result["backends"].items():
+            rows = data["rows"]
+            send = next(n for n in rows if n.startswith("(b)"))
+            decode = next(n for n in rows if n.startswith("msgspec decode"))
+            out.append(_pair(job, rows, "send_ranks", "rlwire send", send, 1.1, backend=backend))
+            out.append(
+                _pair(job, rows, "areceive", "rlwire areceive", decode, 1.0, backend=backend)
+            )
+        return out
+    rows = job.result["rows"]
+    base = "s3fs direct" if job.sink == "s3" else "raw pyzmq"
+    target = 1.0 if job.sink == "s3" else 0.9
+    return [_pair(job, rows, "send to receiver", "rlwire", base, target, throughput=True)]
+
+
+def table(found: list[Ratio]) -> str:
+    head = (
+        "| sink | loop | GB | operation | rlwire ms | baseline | baseline ms | ratio (range) "
+        "| target | worst stall ms | p99 ms | peak MB | met |"
+    )
+    lines = [head, "|---|---|---:|---|---:|---|---:|---|---|---:|---:|---:|---|"]
+    for r in found:
+        sign = "≥" if r.higher_is_better else "≤"
+        lo, hi = r.ratio_range
+        stall = "—" if r.worst_stall_ms is None else f"{r.worst_stall_ms:.1f}"
+        p99 = "—" if r.p99_stall_ms is None else f"{r.p99_stall_ms:.1f}"
+        peak = "—" if r.peak_mb is None else f"{r.peak_mb:.0f}"
+        lines.append(
+            f"| {r.sink} | {r.backend} | {r.size_gb:g} | {r.operation} | {r.rlwire_ms:.0f} "
+            f"| {r.baseline} | {r.baseline_ms:.0f} | {r.ratio:.2f} ({lo:.2f}-{hi:.2f}) "
+            f"| {sign} {r.target:g}x | {stall} | {p99} | {peak} | {'yes' if r.met else '**no**'} |"
+        )
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if "model name" in line), "")
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": model,
+        "memory_gb": round(mem / 1e9, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="tasks.py bench", description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", help="step sizes in GB, comma-separated (default all)")
+    p.add_argument("--sinks", help=f"comma-separated, of {', '.join(SINKS)} (default all)")
+    p.add_argument("--backends", default="asyncio,trio")
+    p.add_argument("--repeats", type=int, default=2, help="measured rounds per script (2)")
+    p.add_argument("--warmup", type=int, default=1, help="discarded rounds first (1)")
+    p.add_argument("--s3-max-gb", type=float, default=0.4, help="largest S3 step (0.4)")
+    p.add_argument("--json", default="bench-results.json", help="where to write the results")
+    p.add_argument("--quick", action="store_true", help="0.1 GB, one measured round")
+    args = p.parse_args(argv)
+    args.sizes = (
+        [float(s) for s in args.sizes.split(",")]
+        if args.sizes
+        else ([0.1] if args.quick else list(SIZES_GB))
+    )
+    args.sinks = args.sinks.split(",") if args.sinks else list(SINKS)
+    args.backends = args.backends.split(",")
+    if args.quick:
+        args.repeats = 1
+    unknown = set(args.sinks) - set(SINKS) or set(args.backends) - set(BACKENDS)
+    if unknown:
+        p.error(f"unknown: {sorted(unknown)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    todo = jobs(args)
+    started = datetime.datetime.now(datetime.UTC)
+    found: list[Ratio] = []
+    with tempfile.TemporaryDirectory(prefix="rlwire-suite-") as tmp:
+        for i, job in enumerate(todo, 1):
+            print(
+                f"[{i}/{len(todo)}] {job.name}: {' '.join(job.argv)}", file=sys.stderr, flush=True
+            )
+            run_job(job, Path(tmp))
+            found += ratios(job)
+            state = f"failed: {job.error}" if job.error else "done"
+            print(f"    {state} in {job.seconds:.0f} s", file=sys.stderr, flush=True)
+    command = " ".join(["python3 tasks.py bench", *argv])
+    results = {
+        "command": command,
+        "date": started.isoformat(timespec="seconds"),
+        "machine": machine(),
+        "ratios": [asdict(r) | {"met": r.met} for r in found],
+        "runs": [asdict(j) for j in todo],
+    }
+    Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    print(
+        f"Command: `{command}`; {started:%Y-%m-%d}; {machine()['cpus']} CPUs, "
+        f"{machine()['memory_gb']} GB, {machine()['cpu']}"
+    )
+    print()
+    print(table(found))
+    failed = [j for j in todo if j.error]
+    for job in failed:
+        print(f"\nfailed: {job.name}: {job.error}")
+    print(f"\nresults: {args.json}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -513,7 +513,25 @@ def _dtype(dtype_str: str) -> np.dtype[Any]:
 def _make_array(
     buf: memoryview, dtype_str: str, shape: list[int], order: str, writable: bool
 ) -> np.ndarray:
-    dtype = _dtype(dtype_str)
+    dtype = _DTYPES.get(dtype_str) or _dtype(dtype_str)
+    if len(shape) == 1 and order == "C":  # the common case, in fewer calls
+        count = shape[0]
+        if type(count) is not int or count < 0 or count * dtype.itemsize != buf.nbytes:
+            raise CorruptFrameError(
+                f"array descriptor: shape {shape} of {dtype_str} does not fit its "
+                f"{buf.nbytes}-byte buffer"
+            )
+        arr = np.frombuffer(buf, dtype=dtype, count=count)
+    else:
+        arr = _shaped_array(buf, dtype, dtype_str, shape, order)
+    if writable and not arr.flags.writeable:
+        arr = arr.copy(order="K")
+    return arr
+
+
+def _shaped_array(
+    buf: memoryview, dtype: np.dtype[Any], dtype_str: str, shape: list[int], order: str
+) -> np.ndarray:
     if len(shape) > _MAX_NDIM or (shape and (min(shape) < 0 or max(shape) > sys.maxsize)):
         raise CorruptFrameError(f"array descriptor: invalid shape {shape}")
     count = math.prod(shape)
@@ -526,12 +544,9 @@ def _make_array(
         raise CorruptFrameError(f"array descriptor: invalid order {order!r}")
     arr = np.frombuffer(buf, dtype=dtype, count=count)
     try:
-        arr = arr.reshape(shape) if order == "C" else arr.reshape(shape[::-1]).T
+        return arr.reshape(shape) if order == "C" else arr.reshape(shape[::-1]).T
     except ValueError as exc:  # e.g. a zero-size shape with a dimension numpy refuses
         raise CorruptFrameError(f"array descriptor: invalid shape {shape}: {exc}") from None
-    if writable and not arr.flags.writeable:
-        arr = arr.copy(order="K")
-    return arr
 
 
 def _dec_hook(tp: Any, obj: Any) -> Any:

@@ -346,29 +346,19 @@ class Encoding:
 
     def array(self, arr: np.ndarray, path: KeyPath, side: bool) -> msgspec.msgpack.Ext:
         dtype = arr.dtype
-        if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
-            hint = (
-                " (object arrays would need pickle, which rlwire never uses)"
-                if dtype.kind == "O"
-                else ""
-            )
-            raise EncodeError(
-                f"{render_path(path)}: numpy arrays of dtype {dtype} are not "
-                f"supported; only bool and numeric dtypes are{hint}"
-            )
+        if dtype not in _PLAIN_DTYPES:
+            _check_dtype(dtype, path)
         if arr.flags.c_contiguous:
             order, flat = "C", arr
         elif arr.flags.f_contiguous:
             order, flat = "F", arr.T
         else:
             order, flat = "C", np.ascontiguousarray(arr)
-        shape = list(arr.shape)
-        raw = flat.reshape(-1).view(np.uint8)
         if side or arr.nbytes >= self.inline_threshold:
-            index = self.add_buffer(raw.data, side)
-            ref = _ArrayRef(index, dtype.str, shape, order)
+            index = self.add_buffer(_byte_view(flat), side)
+            ref = _ArrayRef(index, dtype.str, arr.shape, order)  # type: ignore[arg-type]
             return msgspec.msgpack.Ext(EXT_ARRAY, self.encoder.encode(ref))
-        inline = _InlineArray(dtype.str, shape, order, raw.tobytes())
+        inline = _InlineArray(dtype.str, arr.shape, order, flat.tobytes())  # type: ignore[arg-type]
         return msgspec.msgpack.Ext(EXT_INLINE_ARRAY, self.encoder.encode(inline))
 
     def bytes_value(
@@ -385,6 +375,32 @@ class Encoding:
             return msgspec.msgpack.Ext(EXT_BYTES, self.encoder.encode(_BytesRef(index))), 1
         inline = obj if isinstance(obj, bytes | bytearray) else view.tobytes()
         return inline, 1 + view.nbytes // 64
+
+
+def _byte_view(flat: np.ndarray) -> memoryview:
+    """The bytes of a contiguous array, without a copy."""
+    try:
+        return flat.data.cast("B")  # the quick way; not for empty or non-native long doubles
+    except (TypeError, ValueError):
+        return flat.reshape(-1).view(np.uint8).data
+
+
+# dtypes already checked: bool and numeric, no fields, no sub-arrays.
+_PLAIN_DTYPES: set[np.dtype[Any]] = set()
+
+
+def _check_dtype(dtype: np.dtype[Any], path: KeyPath) -> None:
+    if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
+        hint = (
+            " (object arrays would need pickle, which rlwire never uses)"
+            if dtype.kind == "O"
+            else ""
+        )
+        raise EncodeError(
+            f"{render_path(path)}: numpy arrays of dtype {dtype} are not "
+            f"supported; only bool and numeric dtypes are{hint}"
+        )
+    _PLAIN_DTYPES.add(dtype)
 
 
 def _scalar(obj: np.generic, path: KeyPath) -> Any:

@@ -913,3 +913,48 @@ async def test_port_0_url_reaches_receivers(tmp_path: Path, backend: dict[str, A
             await sender.send(batch(0))
             events = await child.afinish()
     assert events[1:-1] == [{"step": 0, "ok": True, "env": "env0"}]
+
+
+# -- the end of the stream ---------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_receiver_with_a_full_queue_still_hears_the_end(
+    tmp_path: Path, backend: dict[str, Any]
+) -> None:
+    """The end message finds the receiver's queue full (a small high-water mark, a slow
+    trainer): the closing sender tells it again once there is room, instead of dropping
+    it and leaving the receiver to wait forever."""
+    url = f"zmq+ipc://{tmp_path}/end.sock"
+    options = {"hwm": 2}
+    with Child(
+        "receiver", url=url, options=options, n=2048, slow=0.015, receives=25, timeout=5.0,
+        **backend,
+    ) as child:
+        assert (await child.anext())["event"] == "opened"
+        async with rlwire.open_sender(url, storage_options=options) as sender:
+            for step in range(24):  # messages of 2 x 2048 tokens: socket buffers fill up
+                await sender.send(make_batch(2, 2048, seed=step))
+            await sender.finish()
+        events = await child.afinish()
+    assert [e["step"] for e in events if "step" in e] == list(range(24))
+    assert all(e["ok"] for e in events if "step" in e)
+    assert events[-2]["error"] == "EndOfStream", events[-3:]
+
+
+@pytest.mark.anyio
+async def test_a_restarted_sender_with_nothing_to_send_tells_connected_receivers(
+    tmp_path: Path, backend: dict[str, Any]
+) -> None:
+    """A sender restarted at the step after the last one, that only finishes: receivers
+    still connected from the first sender announce themselves to it before it closes."""
+    url = f"zmq+ipc://{tmp_path}/restart.sock"
+    with Child("receiver", url=url, receives=2, timeout=5.0, **backend) as child:
+        assert (await child.anext())["event"] == "opened"
+        async with rlwire.open_sender(url) as sender:
+            await sender.send(make_batch(2, 16, seed=0))
+            assert (await child.anext())["step"] == 0
+        async with rlwire.open_sender(url, start_step=1) as sender:
+            await sender.finish()
+        events = await child.afinish()
+    assert events[0]["error"] == "EndOfStream", events

@@ -18,7 +18,16 @@ from typing import Literal
 import zmq
 
 from ...errors import TransportError, transport_error
-from ._protocol import ACK, BYE, PING, READY, end_message, parse_ack, parse_ready
+from ._protocol import (
+    ACK,
+    BYE,
+    PING,
+    READY,
+    REANNOUNCE_SECONDS,
+    end_message,
+    parse_ack,
+    parse_ready,
+)
 from ._sockets import RETRY_SECONDS, Socket, has_message, wait_descriptor
 
 __all__ = ["Pattern", "Peers"]
@@ -58,6 +67,11 @@ class Peers:
     #: The end step once the sender finished: receivers that announce themselves later
     #: are told at once.
     end: int | None = field(default=None, init=False)
+    #: When :meth:`linger` may stop waiting for receivers not yet known (of
+    #: :func:`time.monotonic`): set when the stream ends, so that every receiver connected
+    #: to this sender has announced itself (at the latest when it has heard nothing for
+    #: ``REANNOUNCE_SECONDS``) and heard of the end.
+    announced_by: float = field(default=0.0, init=False)
     # rank -> routing id of its receiver
     _rank_peer: dict[int, bytes] = field(default_factory=dict, init=False, repr=False)
     # routing id -> next sequence number
@@ -66,6 +80,9 @@ class Peers:
     _acked: dict[bytes, int] = field(default_factory=dict, init=False, repr=False)
     # round robin over consumers, for the shared pattern
     _turn: int = field(default=0, init=False, repr=False)
+    # receivers not yet told the end (their queue was full)
+    _end_pending: set[bytes] = field(default_factory=set, init=False, repr=False)
+    _opened: float = field(default_factory=time.monotonic, init=False, repr=False)
 
     async def await_ranks(self, ranks: int) -> None:
         """Wait, sending nothing, until a receiver of each of ``ranks`` ranks has announced
@@ -145,20 +162,31 @@ class Peers:
         """Drop ``peer`` (gone, or replaced by a receiver of the same rank)."""
         self._seq.pop(peer, None)
         self._acked.pop(peer, None)
+        self._end_pending.discard(peer)
         for rank, known in list(self._rank_peer.items()):
             if known == peer:
                 del self._rank_peer[rank]
 
     def linger(self, deadline: float) -> None:
         """Wait, until ``deadline`` (of :func:`time.monotonic`), for every receiver still
-        connected to read every message sent to it.
+        connected to read every message sent to it and, once the stream ended, to be told
+        the end (including receivers that announce themselves meanwhile; see
+        :attr:`announced_by`).
 
         ZeroMQ's own linger is not enough: a receiver whose queue is full stops reading
         its connection, and drops what is left in it once the sender closes it. A ZeroMQ
         error ends the wait: the socket is being closed anyway.
         """
         with contextlib.suppress(zmq.ZMQError):
-            while (waiting := self._waiting()) and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
+                waiting = self._waiting()
+                if self._end_pending:
+                    self.send_end(list(self._end_pending))
+                told = not self._end_pending and (
+                    self.end is None or time.monotonic() >= self.announced_by
+                )
+                if not waiting and told:
+                    return
                 for peer in waiting:  # one that went away without a word is unreachable
                     try:
                         self.socket.send_multipart([peer, PING], zmq.NOBLOCK)
@@ -168,14 +196,29 @@ class Peers:
                         self.forget(peer)
                 self.socket.poll(int(RETRY_SECONDS * 1000), zmq.POLLIN)
 
+    def finish(self, end: int) -> None:
+        """Record that the stream ended at ``end`` and tell every receiver known."""
+        self.end = end
+        # A receiver connected to this sender announces itself when it opens, and again
+        # after hearing nothing for REANNOUNCE_SECONDS: a sender that finishes soon after
+        # opening (a restart with nothing left to send) waits that long for them.
+        self.announced_by = self._opened + REANNOUNCE_SECONDS + RETRY_SECONDS * 10
+        self.send_end()
+
     def send_end(self, peers: list[bytes] | None = None) -> None:
         """Tell ``peers`` (default: every receiver known) that the stream ended at
-        :attr:`end`. A receiver whose queue is full or that vanished is skipped: it
-        hears it when it announces itself again."""
+        :attr:`end`. A receiver whose queue is full is told again by :meth:`linger`
+        (or when it announces itself again); one that vanished is forgotten."""
         assert self.end is not None
         for peer in list(self._seq) if peers is None else peers:
-            with contextlib.suppress(zmq.Again, zmq.ZMQError):
+            try:
                 self.socket.send_multipart([peer, *end_message(self.end)], zmq.NOBLOCK)
+            except zmq.Again:
+                self._end_pending.add(peer)
+            except zmq.ZMQError:
+                self.forget(peer)
+            else:
+                self._end_pending.discard(peer)
 
     def _ready(self, peer: bytes, body: bytes) -> None:
         rank = parse_ready(body)

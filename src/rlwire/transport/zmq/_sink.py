@@ -252,8 +252,7 @@ class ZmqSink(Sink):
         if self._peers is None:
             raise TransportError("the sink is not open", where=self.endpoint)
         self._peers.drain()
-        self._peers.end = end
-        self._peers.send_end()
+        self._peers.finish(end)
 
     def close(self) -> None:
         """Stop sending: wait, up to ``linger`` seconds, until every receiver still

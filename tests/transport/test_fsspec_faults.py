@@ -205,6 +205,45 @@ def test_a_partly_visible_step_names_its_visible_ranks(s3_proxy: FaultProxy, s3_
     assert staged.visible is True
 
 
+@pytest.mark.anyio
+async def test_a_failed_rank_0_commit_makes_no_other_rank_visible(
+    s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: str
+) -> None:
+    """Rank 0's main object goes up first: when it fails, no other rank's is made
+    visible, so the sender reuses the step's number. (Committed all at once, rank 1 could
+    land alone; resume then took that step, missing rank 0, for the oldest step cut
+    short by retention, and rank 0's receiver waited for it forever.)"""
+    fast_fs(s3_proxy)
+    s3_proxy.fault = lambda m, t: RESET if m == "PUT" and t.endswith(MAIN0) else None
+    async with rlwire.open_sender(s3_url, storage_options=s3_proxy.options) as sender:
+        with pytest.raises(rlwire.TransportError, match="nothing was made visible"):
+            await sender.send_ranks([batch(1000), batch(1000)])
+        assert [k for k in objects(s3_endpoint, s3_url) if "rank" in k] == []
+        s3_proxy.fault = None
+        assert await sender.send_ranks([batch(1000), batch(1000)]) == 0
+    for rank in (0, 1):
+        with rlwire.open_receiver(s3_url, storage_options=s3_endpoint, rank=rank) as receiver:
+            receiver.receive(timeout=10)
+            assert receiver.step == 0
+
+
+def test_a_sidecar_whose_reply_was_lost_is_deleted_with_the_failed_step(
+    s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: str
+) -> None:
+    """The sidecar's PUT landed but its reply was lost: the step fails with nothing
+    visible, and the sidecar it did write is deleted too, not left behind."""
+    fast_fs(s3_proxy)
+    sink = FsspecSink(s3_url, storage_options=s3_proxy.options)
+    sink.open("error")
+    staged = run_sliced(sink.stage(0, [frame(1000)]))
+    side = "step-00000000.rank-0000.sidecar.rlw"
+    s3_proxy.fault = lambda m, t: DROP_REPLY if m == "PUT" and t.endswith(side) else None
+    with pytest.raises(rlwire.TransportError, match="nothing was made visible"):
+        staged.commit()
+    s3_proxy.fault = None
+    assert objects(s3_endpoint, s3_url) == []
+
+
 # ------------------------------------------------ 2. no multipart upload is left behind
 
 

@@ -110,7 +110,7 @@ def test_a_failed_move_the_store_cannot_be_asked_about_is_unknown(url: str) -> N
     FaultyMemory.mv_faults = {"step-00000000.rank-0000.rlw": "after"}
     step = staged(url, 1)
     FaultyMemory.exists_fails = {"step-00000000.rank-0000.rlw"}
-    with pytest.raises(rlwire.TransportError, match="unknown.*on_existing='resume'"):
+    with pytest.raises(rlwire.TransportError, match=r"unknown.*on_existing='resume'"):
         step.commit()
     assert step.visible is None
     FaultyMemory.exists_fails = set()

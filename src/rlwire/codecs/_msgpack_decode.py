@@ -514,15 +514,9 @@ def _make_array(
     buf: memoryview, dtype_str: str, shape: list[int], order: str, writable: bool
 ) -> np.ndarray:
     dtype = _DTYPES.get(dtype_str) or _dtype(dtype_str)
-    if len(shape) == 1 and order == "C":  # the common case, in fewer calls
-        count = shape[0]
-        if type(count) is not int or count < 0 or count * dtype.itemsize != buf.nbytes:
-            raise CorruptFrameError(
-                f"array descriptor: shape {shape} of {dtype_str} does not fit its "
-                f"{buf.nbytes}-byte buffer"
-            )
-        arr = np.frombuffer(buf, dtype=dtype, count=count)
-    else:
+    if len(shape) == 1 and order == "C" and 0 <= shape[0] * dtype.itemsize == buf.nbytes:
+        arr = np.frombuffer(buf, dtype=dtype, count=shape[0])  # the common case, quickly
+    else:  # the general case, which also says what is wrong
         arr = _shaped_array(buf, dtype, dtype_str, shape, order)
     if writable and not arr.flags.writeable:
         arr = arr.copy(order="K")

@@ -101,8 +101,10 @@ class _S3Object:
     upload_id: str | None = None
     etags: dict[int, str] = field(default_factory=dict)
     finished: bool = False
+    tried: bool = False  # finish() was called: the object may exist
 
     async def finish(self, fs: Any) -> None:
+        self.tried = True
         if self.data is not None:
             await fs._call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=self.data)
         else:
@@ -136,6 +138,8 @@ class _S3Object:
     async def exists(self, fs: Any) -> bool | None:
         """Whether the object is there (finished, or found), asked with retries; None
         if S3 cannot be asked."""
+        if not self.tried:
+            return False  # never put or completed
         if not self.finished:
             found = await settled(
                 lambda: fs._call_s3("head_object", Bucket=self.bucket, Key=self.key)
@@ -244,11 +248,16 @@ class S3Staging(Staging):
         if failed:
             self.discard()
             with contextlib.suppress(Exception):  # sidecars without a main are garbage
-                on_loop(loop, _delete(fs, [o for o in self.sidecars if o.finished]))
+                on_loop(loop, _delete(fs, [o for o in self.sidecars if o.tried]))
             raise transport_error(
                 failed[0], "commit the step (nothing was made visible)", where=url
             )
-        errs = on_loop(loop, _each(self.mains, lambda o: o.finish(fs)))
+        # Rank 0's main object first, then the others at once: a commit cut short leaves
+        # the step visible from rank 0 up, which resume tells apart from the oldest step
+        # cut short by retention (that one goes rank 0 first).
+        errs = on_loop(loop, _each(self.mains[:1], lambda o: o.finish(fs)))
+        if errs[0] is None or on_loop(loop, self.mains[0].exists(fs)):
+            errs += on_loop(loop, _each(self.mains[1:], lambda o: o.finish(fs)))
         failed = [e for e in errs if e is not None]
         if not failed:
             self.visible = True

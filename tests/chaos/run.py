@@ -1,7 +1,8 @@
 """Run the chaos campaigns and print the table of outcomes (``python3 tasks.py chaos``).
 
     python -m chaos.run [--kills N] [--corruptions N] [--cancels N] [--forgeries N]
-                        [--full-disks N] [--seed S] [--campaign NAME ...] [--case NAME ...]
+                        [--full-disks N] [--s3-trials N] [--zmq-kills N] [--seed S]
+                        [--campaign NAME ...] [--case NAME ...]
                         [--json FILE] [--jobs J] [--tmp DIR] [-v]
 
 (with ``tests/`` on ``PYTHONPATH``). Exit status 1 when any bad outcome was seen.
@@ -18,11 +19,21 @@ import tempfile
 import time
 from typing import Any
 
-from . import cancel, corrupt, fulldisk, hostile, kills, oddfiles, zmqforge
+from . import cancel, corrupt, fulldisk, hostile, kills, oddfiles, s3chaos, zmqforge, zmqkill
 from ._model import BAD, COMPRESSIONS, Table
 from ._proc import Job, run_jobs
 
-CAMPAIGNS = ("kills", "cancel", "corruption", "hostile", "oddfiles", "fulldisk", "zmq")
+CAMPAIGNS = (
+    "kills",
+    "cancel",
+    "corruption",
+    "hostile",
+    "oddfiles",
+    "fulldisk",
+    "zmq",
+    "zmqkill",
+    "s3",
+)
 
 
 def _setup(job: Job, result: dict[str, Any], into: dict[Any, Any]) -> None:
@@ -76,6 +87,13 @@ def run(args: argparse.Namespace) -> Table:
             job = Job(zmqforge.capture, (root,), timeout=60, tag="zmq capture")
             run_jobs([job], lambda j, r: _setup(j, r, cap), 1)
             timed("forged ZeroMQ messages", zmqforge.jobs(root, args.forgeries, args.seed))
+        if "zmqkill" in args.campaign and args.zmq_kills:
+            timed("ZeroMQ kills", zmqkill.jobs(root, args.zmq_kills, args.seed))
+        if "s3" in args.campaign and args.s3_trials:
+            with s3chaos.server() as endpoint:
+                timed(
+                    "S3 kills and faults", s3chaos.jobs(root, endpoint, args.s3_trials, args.seed)
+                )
         if "fulldisk" in args.campaign and args.full_disks:
             why = fulldisk.available()
             if why:
@@ -95,6 +113,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cancels", type=int, default=400, help="cancelled sends (default 400)")
     p.add_argument("--forgeries", type=int, default=300, help="forged ZeroMQ messages (300)")
     p.add_argument("--full-disks", type=int, default=100, help="full-disk trials (100)")
+    p.add_argument("--zmq-kills", type=int, default=100, help="ZeroMQ process kills (100)")
+    p.add_argument("--s3-trials", type=int, default=300, help="S3 kills and faults (300)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="trials in parallel")
     p.add_argument("--campaign", action="append", choices=CAMPAIGNS, help="only these (repeatable)")

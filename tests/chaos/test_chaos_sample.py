@@ -2,8 +2,7 @@
 
 The campaigns run in a subprocess (``python -m chaos.run``), which forks one child per
 trial; this file checks that none of the bad outcomes happened. ``CHAOS_SEED`` picks
-another sample. Known defects that are being fixed are marked xfail (not strict), so the
-sample stays green until the fix lands and passes after.
+another sample.
 """
 
 from __future__ import annotations
@@ -113,3 +112,15 @@ def test_full_disk(tmp_path: Path) -> None:
     result = campaign(tmp_path, "--campaign", "fulldisk", "--full-disks", "6")
     assert_no_bad(result)
     assert len(result["trials"]) == 6
+
+
+def test_zeromq_kills(tmp_path: Path) -> None:
+    result = campaign(tmp_path, "--campaign", "zmqkill", "--zmq-kills", "6")
+    assert_no_bad(result, allowed={EXACT})
+    assert len(result["trials"]) == 6
+
+
+def test_s3_kills_and_faults(tmp_path: Path) -> None:
+    result = campaign(tmp_path, "--campaign", "s3", "--s3-trials", "10")
+    assert_no_bad(result, allowed={EXACT, PARTLY})
+    assert len(result["trials"]) == 10

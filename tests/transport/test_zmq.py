@@ -928,7 +928,13 @@ async def test_a_receiver_with_a_full_queue_still_hears_the_end(
     url = f"zmq+ipc://{tmp_path}/end.sock"
     options = {"hwm": 2}
     with Child(
-        "receiver", url=url, options=options, n=2048, slow=0.015, receives=25, timeout=5.0,
+        "receiver",
+        url=url,
+        options=options,
+        n=2048,
+        slow=0.015,
+        receives=25,
+        timeout=5.0,
         **backend,
     ) as child:
         assert (await child.anext())["event"] == "opened"

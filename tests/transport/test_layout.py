@@ -1113,6 +1113,7 @@ def test_parallel_verification_names_the_damaged_segment(
     monkeypatch.setattr(_layout, "PARALLEL_HASH_BYTES", 0)
     segments = [memoryview(bytes([i]) * (1000 + 97 * i)) for i in range(40)]
     sums = struct.pack("<40Q", *(xxhash.xxh3_64_intdigest(s) for s in segments))
+    assert run_sliced(checksum_segments(Frame(segments[0], tuple(segments[1:])))) == sums
     verify_segments(CHECKSUM, sums, segments, "here")
     damaged = list(segments)
     damaged[bad] = memoryview(b"\xff" + bytes(segments[bad][1:]))

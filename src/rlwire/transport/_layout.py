@@ -163,23 +163,33 @@ def _chunks(
 
 def checksum_segments(frame: Frame) -> Sliced[bytes]:
     """The xxh3-64 checksum of each segment (header, then buffers) as packed little-endian
-    u64, computed in slices of at most 64 MiB or 0.3 ms of Python."""
-    sums = np.empty(len(frame.buffers) + 1, _U64)
+    u64, computed in slices of at most 64 MiB per thread or 0.3 ms of Python. Segments up
+    to 64 MiB are hashed in groups, by as many threads as there are cores."""
+    sums: list[int] = []
+    group: list[memoryview] = []
+    group_bytes = 0
     slicer = SliceTimer()
-    for i, seg in enumerate([frame.header, *frame.buffers]):
+    for seg in [frame.header, *frame.buffers]:
         view = memoryview(seg)
-        if view.nbytes <= _CHECKSUM_CHUNK:
-            sums[i] = xxhash.xxh3_64_intdigest(view)
-        else:
+        if view.nbytes > _CHECKSUM_CHUNK:  # one large segment, in chunks
+            sums += _digests(group)
+            group, group_bytes = [], 0
             hasher = xxhash.xxh3_64()
             for start in range(0, view.nbytes, _CHECKSUM_CHUNK):
                 hasher.update(view[start : start + _CHECKSUM_CHUNK])
                 yield
-            sums[i] = hasher.intdigest()
-        if slicer.due():
+            sums.append(hasher.intdigest())
+            slicer.restart()
+            continue
+        group.append(view)
+        group_bytes += view.nbytes
+        if group_bytes >= _CHECKSUM_CHUNK * _hash_workers() or slicer.due():
+            sums += _digests(group)
+            group, group_bytes = [], 0
             yield
             slicer.restart()
-    return sums.tobytes()
+    sums += _digests(group)
+    return np.array(sums, _U64).tobytes()
 
 
 def plan(frame: Frame, step: int, rank: int, checksums: bytes | None = None) -> Layout:
@@ -414,13 +424,17 @@ _hash_pool: concurrent.futures.ThreadPoolExecutor | None = None
 _hash_pool_lock = threading.Lock()
 
 
+def _hash_workers() -> int:
+    return min(os.cpu_count() or 1, 8)
+
+
 def _digests(segments: Sequence[memoryview]) -> list[int]:
     """The xxh3-64 of each segment. A large message's segments are hashed by as many
     threads as there are cores, in groups of about equal bytes: xxhash releases the GIL,
     and so does the page fault that first touches each page of a fresh mapping."""
     global _hash_pool
     total = sum(seg.nbytes for seg in segments)
-    workers = min(os.cpu_count() or 1, 8)
+    workers = _hash_workers()
     if total < PARALLEL_HASH_BYTES or workers < 2 or len(segments) < 2:
         return [xxhash.xxh3_64_intdigest(seg) for seg in segments]
     with _hash_pool_lock:

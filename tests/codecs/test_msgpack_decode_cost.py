@@ -70,6 +70,13 @@ def test_plain_cost_is_an_upper_bound_of_what_decoding_takes(value: Any) -> None
     assert plain_cost(data, 1 << 62) <= WORST_RATIO * len(data)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64), st.integers(0, 1 << 20))
+def test_plain_cost_of_any_bytes_is_a_number(data: bytes, limit: int) -> None:
+    """Malformed or truncated input is for the decoder to report: the walk just stops."""
+    assert plain_cost(data, limit) >= 0
+
+
 @pytest.mark.parametrize(
     ("item", "each"),
     [(b"\x90", 56), (b"\x80", 64), (b"\xe0", 32), (b"\xcb" + bytes(8), 24), (b"\xa2ab", 51)],

@@ -163,6 +163,8 @@ def plain_cost(data: bytes | memoryview, limit: int) -> int:
             continue
         kind, n = variable.get(b, _MALFORMED)
         pos += 1
+        if pos >= end:
+            break  # truncated: for the decoder to report
         if n < 0:  # the length or count follows, in -n bytes
             n, pos = (view[pos], pos + 1) if n == -1 else (_uint(view, pos, -n), pos - n)
         if kind == _ARRAY:

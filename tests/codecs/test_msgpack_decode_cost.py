@@ -21,6 +21,7 @@ from msgspec.msgpack import Ext
 from msgspec.msgpack import encode as mp
 
 from rlwire import CorruptFrameError, Frame, FrameTooLargeError, TrainingBatch
+from rlwire.codecs import _msgpack_decode
 from rlwire.codecs._msgpack_cost import WORST_RATIO, plain_cost
 from rlwire.codecs.msgpack import MsgpackCodec
 
@@ -107,27 +108,37 @@ def test_the_same_header_into_a_struct_skips_the_unknown_field() -> None:
     assert peak < 32 * MiB
 
 
+@pytest.fixture
+def small_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allowance's floor at 1 MiB instead of 256, so that the tests below need
+    messages of kilobytes, not megabytes, to reach it."""
+    monkeypatch.setattr(_msgpack_decode, "HEAP_FLOOR", MiB)
+
+
+@pytest.mark.usefixtures("small_floor")
 def test_header_of_tiny_inline_arrays_received_as_any_is_refused() -> None:
     one = mp(Ext(2, mp(["|u1", [1], "C", b"x"])))
-    frame = Frame(_array32(one, 1_000_000), ())  # 650 MB of arrays; the limit is 484 MiB
+    frame = Frame(_array32(one, 10_000), ())  # 6.5 MB of arrays; the limit is 3.4 MB
     with pytest.raises(FrameTooLargeError):
         MsgpackCodec().decode(frame)
 
 
+@pytest.mark.usefixtures("small_floor")
 def test_large_header_of_cheap_values_is_walked_and_decoded() -> None:
-    """6 MB of small ints could cost 384 MB at worst, over this message's limit, so the
-    decoder walks it, finds 48 MB, and decodes it."""
-    frame = Frame(_array32(b"\x07", 6_000_000), ())
+    """200 KB of small ints could cost 19 MB at worst, over this message's limit (4.2 MB),
+    so the decoder walks it, finds 1.6 MB, and decodes it."""
+    frame = Frame(_array32(b"\x07", 200_000), ())
     out = MsgpackCodec().decode(frame)
-    assert len(out) == 6_000_000 and out[-1] == 7
+    assert len(out) == 200_000 and out[-1] == 7
 
 
+@pytest.mark.usefixtures("small_floor")
 def test_chunks_share_the_message_allowance() -> None:
     """A chunk table may name the same chunk of empty arrays many times: together they
     are refused, though each alone would fit."""
-    chunk = _array32(b"\x90", 3_000_000)  # 168 MB of lists; the limit is 304 MB
+    chunk = _array32(b"\x90", 10_000)  # 0.56 MB of lists; the limit is 1.2 MB
     ranges = [0, len(chunk)] * 4
-    header = mp(Ext(4, mp([0, 12_000_000, ranges])))
+    header = mp(Ext(4, mp([0, 40_000, ranges])))
     error, _ = _peak(lambda: MsgpackCodec().decode(Frame(header, (memoryview(chunk),))))
     assert isinstance(error, FrameTooLargeError), error
 

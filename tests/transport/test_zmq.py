@@ -919,6 +919,7 @@ async def test_port_0_url_reaches_receivers(tmp_path: Path, backend: dict[str, A
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # uvloop adds nothing here
 async def test_a_receiver_with_a_full_queue_still_hears_the_end(
     tmp_path: Path, backend: dict[str, Any]
 ) -> None:
@@ -949,6 +950,7 @@ async def test_a_receiver_with_a_full_queue_still_hears_the_end(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_a_restarted_sender_with_nothing_to_send_tells_connected_receivers(
     tmp_path: Path, backend: dict[str, Any]
 ) -> None:

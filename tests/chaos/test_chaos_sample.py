@@ -121,6 +121,6 @@ def test_zeromq_kills(tmp_path: Path) -> None:
 
 
 def test_s3_kills_and_faults(tmp_path: Path) -> None:
-    result = campaign(tmp_path, "--campaign", "s3", "--s3-trials", "10")
+    result = campaign(tmp_path, "--campaign", "s3", "--s3-trials", "6")
     assert_no_bad(result, allowed={EXACT, PARTLY})
-    assert len(result["trials"]) == 10
+    assert len(result["trials"]) == 6

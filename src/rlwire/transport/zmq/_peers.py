@@ -68,9 +68,9 @@ class Peers:
     #: are told at once.
     end: int | None = field(default=None, init=False)
     #: When :meth:`linger` may stop waiting for receivers not yet known (of
-    #: :func:`time.monotonic`): set when the stream ends, so that every receiver connected
-    #: to this sender has announced itself (at the latest when it has heard nothing for
-    #: ``REANNOUNCE_SECONDS``) and heard of the end.
+    #: :func:`time.monotonic`): set when a stream ends before anything was sent, so that
+    #: every receiver connected to this sender has announced itself (at the latest when
+    #: it has heard nothing for ``REANNOUNCE_SECONDS``) and heard of the end.
     announced_by: float = field(default=0.0, init=False)
     # rank -> routing id of its receiver
     _rank_peer: dict[int, bytes] = field(default_factory=dict, init=False, repr=False)
@@ -199,10 +199,12 @@ class Peers:
     def finish(self, end: int) -> None:
         """Record that the stream ended at ``end`` and tell every receiver known."""
         self.end = end
-        # A receiver connected to this sender announces itself when it opens, and again
-        # after hearing nothing for REANNOUNCE_SECONDS: a sender that finishes soon after
-        # opening (a restart with nothing left to send) waits that long for them.
-        self.announced_by = self._opened + REANNOUNCE_SECONDS + RETRY_SECONDS * 10
+        if not self.delivered:
+            # A sender that sent nothing (a restart with nothing left to send) may not
+            # know the receivers still connected from before: they announce themselves
+            # again after hearing nothing for REANNOUNCE_SECONDS. Wait that long for them.
+            # (A sender that sent has heard from every receiver its sends waited for.)
+            self.announced_by = self._opened + REANNOUNCE_SECONDS + RETRY_SECONDS * 10
         self.send_end()
 
     def send_end(self, peers: list[bytes] | None = None) -> None:

@@ -115,9 +115,9 @@ def test_full_disk(tmp_path: Path) -> None:
 
 
 def test_zeromq_kills(tmp_path: Path) -> None:
-    result = campaign(tmp_path, "--campaign", "zmqkill", "--zmq-kills", "6")
+    result = campaign(tmp_path, "--campaign", "zmqkill", "--zmq-kills", "4")
     assert_no_bad(result, allowed={EXACT})
-    assert len(result["trials"]) == 6
+    assert len(result["trials"]) == 4
 
 
 def test_s3_kills_and_faults(tmp_path: Path) -> None:

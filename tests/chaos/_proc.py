@@ -53,6 +53,19 @@ def rss(pid: int | str = "self") -> int:
         return 0
 
 
+def reap(pid: int, timeout: float) -> int | None:
+    """Wait for ``pid``'s exit status; kill it at ``timeout`` (then None)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.001)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
+
+
 def _child(job: Job, w: int) -> None:
     try:
         base = rss()

@@ -38,7 +38,7 @@ from ._model import (
     payload,
     receive_one,
 )
-from ._proc import Job
+from ._proc import Job, reap
 
 HOOKED = ("open", "write", "writev", "pwrite", "replace", "fsync", "unlink", "rename")
 
@@ -202,19 +202,6 @@ def _repair(
     return {"outcome": PARTLY, "detail": f"ranks {sorted(have)} visible: {refusal}"}
 
 
-def _reap(pid: int, timeout: float) -> bool:
-    """Wait for ``pid``; kill it at ``timeout``. Whether it ended on its own."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return True
-        time.sleep(0.001)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return False
-
-
 def _before(
     directory: Path, ranks: int, compression: str | None, fsync: bool, mode: int, n: int
 ) -> None:
@@ -266,7 +253,7 @@ def kill_at_call(
             _killed_send(directory, ranks, compression, fsync, mode, n)
         finally:
             os._exit(0)
-    if not _reap(pid, 20):
+    if reap(pid, 20) is None:
         return {"outcome": HANG, "detail": "the sender did not end"}
     try:
         return classify(directory, ranks, compression, fsync, n)

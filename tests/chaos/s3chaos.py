@@ -53,7 +53,6 @@ import os
 import random
 import signal
 import threading
-import time
 import traceback
 import uuid
 import warnings
@@ -83,7 +82,7 @@ from ._model import (
     payload,
     receive_one,
 )
-from ._proc import Job, run_jobs
+from ._proc import Job, reap, run_jobs
 
 CAMPAIGN = "S3 kills and faults"
 BUCKET = "rlwire-chaos"
@@ -338,19 +337,6 @@ def calibrate(
     return {"outcome": EXACT, "calls": out}
 
 
-def _wait(pid: int, timeout: float) -> int | None:
-    """Wait for ``pid``'s exit status; kill it at ``timeout`` (then None)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        time.sleep(0.002)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return None
-
-
 def kill_at_call(
     endpoint: dict[str, Any],
     ranks: int,
@@ -380,7 +366,7 @@ def kill_at_call(
             os._exit(code)
     os.close(w)
     try:
-        status = _wait(pid, TIMEOUT / 2)
+        status = reap(pid, TIMEOUT / 2)
         with os.fdopen(r, "rb") as f:
             said = f.read().decode(errors="replace")
         if status is None:

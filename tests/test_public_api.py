@@ -84,13 +84,14 @@ def test_errors_form_one_hierarchy() -> None:
 
 
 #: Package -> the packages it must never import. Codecs and transport meet only in the
-#: sender and receiver; the Frame, errors, slicing and compression sit below both.
+#: sender and receiver; the Frame, errors, slicing, copying and compression sit below both.
 FORBIDDEN = {
     "codecs": ("rlwire.transport",),
     "transport": ("rlwire.codecs",),
     "frame": ("rlwire.codecs", "rlwire.transport"),
     "errors": ("rlwire.codecs", "rlwire.transport"),
     "_slicing": ("rlwire.codecs", "rlwire.transport"),
+    "_copying": ("rlwire.codecs", "rlwire.transport"),
     "compression": ("rlwire.codecs", "rlwire.transport"),
 }
 

@@ -35,9 +35,9 @@ class SliceTimer:
 
     __slots__ = ("_deadline", "_seconds")
 
-    def __init__(self, seconds: float = SLICE_SECONDS) -> None:
-        self._seconds = seconds
-        self._deadline = time.perf_counter() + seconds
+    def __init__(self, seconds: float | None = None) -> None:
+        self._seconds = SLICE_SECONDS if seconds is None else seconds
+        self._deadline = time.perf_counter() + self._seconds
 
     def due(self) -> bool:
         """True when the current slice is over: yield, then call :meth:`restart`."""

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlwire import CorruptFrameError, DecodeError, Frame, RlwireError
+from rlwire import CorruptFrameError, DecodeError, Frame, RlwireError, _slicing
 from rlwire.codecs._msgpack_encode import CHUNK_WEIGHT
 from rlwire.codecs.msgpack import MsgpackCodec
 
@@ -104,9 +104,19 @@ def test_framework_batches_are_chunked_and_come_back_equal() -> None:
     assert len(frame.header) < 2048 and 4 in ext_codes(frame.header)
     chunks = chunk_count(frame.header)
     assert chunks >= 3 * 3 * N // CHUNK_WEIGHT  # no chunk heavier than CHUNK_WEIGHT
-    got, decode_slices = decode(frame, list[MicroBatch])
+    got, _ = decode(frame, list[MicroBatch])
     assert got == sent
-    assert decode_slices >= chunks  # a chunk per slice at most
+
+
+def test_chunks_decode_several_to_a_slice_but_never_past_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    frame, _ = encode([micro_batch(N, seed) for seed in range(3)], sidecar=("routed",))
+    chunks = chunk_count(frame.header)
+    monkeypatch.setattr(_slicing, "SLICE_SECONDS", 0.0)  # every slice over at once
+    assert decode(frame, list[MicroBatch])[1] >= chunks
+    monkeypatch.setattr(_slicing, "SLICE_SECONDS", 60.0)  # no slice ever over
+    assert decode(frame, list[MicroBatch])[1] < chunks // 2
 
 
 def test_light_objects_are_not_chunked() -> None:
@@ -201,7 +211,7 @@ HEAVY, _ = encode({"ids": list(range(N))})
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        (lambda i, c, r: (i, c + 1, r), "hold 98304 items, its table says 98305"),
+        (lambda i, c, r: (i, c + 1, r), f"hold {N} items, its table says {N + 1}"),
         (lambda i, c, r: (i, c, [*r, 0]), "malformed chunk table"),
         (lambda i, c, r: (i, c, [0, 1 << 40]), "outside its"),
         (lambda i, c, r: (i + 5, c, r), "refers to buffer"),
@@ -255,12 +265,9 @@ def test_no_msgspec_call_gets_a_heavy_struct_whole(monkeypatch: pytest.MonkeyPat
         inner = msgspec.msgpack.Encoder()
 
         def encode(self, obj: Any) -> bytes:
-            return self.inner.encode(obj)
-
-        def encode_into(self, obj: Any, buffer: bytearray, offset: int = 0) -> None:
-            before = len(buffer)
-            self.inner.encode_into(obj, buffer, offset)
-            written.append(len(buffer) - before)
+            out = self.inner.encode(obj)
+            written.append(len(out))
+            return out
 
     codec = MsgpackCodec()
     monkeypatch.setattr(codec, "_encoder", Recording())

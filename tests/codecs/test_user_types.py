@@ -996,6 +996,24 @@ def test_bytes_fields_get_their_own_bytes() -> None:
         assert g == w
 
 
+class LargeRaw(msgspec.Struct):
+    data: bytes
+    scratch: bytearray
+    parts: list[bytes]
+
+
+def test_large_bytes_fields_get_whole_copies_of_their_own() -> None:
+    # Above a megabyte the copy is made by GIL-free memmoves, chunk by chunk: sizes that
+    # are not a whole number of chunks, and fields beside and inside containers.
+    want = LargeRaw(blob((9 << 20) + 3, 1), bytearray(blob((2 << 20) + 1, 2)), [blob(3 << 20, 3)])
+    frame, buffers = controlled(MsgpackCodec().encode(want))
+    got = MsgpackCodec().decode(frame, type=LargeRaw)
+    assert (type(got.data), type(got.scratch), type(got.parts[0])) == (bytes, bytearray, bytes)
+    assert got == want
+    invert(buffers)
+    assert got == want
+
+
 @SECONDARY_SETTINGS
 @given(user_values())
 def test_large_views_of_random_user_types_share_the_received_memory(

@@ -22,7 +22,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from .._slicing import Sliced
+from .._copying import copied
+from .._slicing import Sliced, SliceTimer
 from ..errors import CorruptFrameError, DecodeError, FrameTooLargeError, RlwireError
 from ..frame import Frame
 from ._msgpack_cost import WORST_RATIO, plain_cost
@@ -89,6 +90,7 @@ class Decoding:
         self.budget = 4 * frame.nbytes
         self.heap_left = self.heap_limit = HEAP_FLOOR + HEAP_RATIO * frame.nbytes
         self.nbytes = frame.nbytes
+        self.timer = SliceTimer()
         # Data decoded so far charged its worst case, with that charge.
         self.unsettled: list[tuple[bytes | memoryview, int]] = []
         # Buffers referred to by arrays and bytes values: each may be referred to once,
@@ -271,10 +273,10 @@ class Decoding:
                     if isinstance(payload, _Chunked):
                         yield from self._fill(_follow(typed, path), payload, inner)
                     elif path:
-                        _put(typed, path, _as_annotated(payload, inner))
+                        _put(typed, path, (yield from _as_annotated(payload, inner)))
                         yield
                     else:  # the whole message is one out-of-band bytes value
-                        typed = _as_annotated(payload, inner)
+                        typed = yield from _as_annotated(payload, inner)
                 return typed
             except _CannotFollow:
                 pass
@@ -344,7 +346,9 @@ class Decoding:
                 target.update(part)
             else:
                 target.extend(part)
-            yield
+            if self.timer.due():  # chunks are short: several to a slice
+                yield
+                self.timer.restart()
         if len(target) - before != ref.count:
             raise CorruptFrameError(
                 f"chunked container: its chunks hold {len(target) - before} items, "
@@ -452,16 +456,17 @@ def _put(container: Any, path: list[_Step], value: Any) -> None:
         raise _CannotFollow
 
 
-def _as_annotated(view: memoryview, annotation: Any) -> Any:
+def _as_annotated(view: memoryview, annotation: Any) -> Sliced[Any]:
     """Out-of-band bytes as a field annotated ``annotation`` wants them: the view itself
-    (no copy) for ``memoryview`` or ``Any``, a copy for ``bytes`` or ``bytearray``."""
+    (no copy) for ``memoryview`` or ``Any``, a copy for ``bytes`` or ``bytearray`` (made
+    with the GIL released, a slice at a time)."""
     members = {annotation, *typing.get_args(annotation)}
     if memoryview in members or Any in members or object in members:
         return view
     if bytes in members:
-        return bytes(view)
+        return (yield from copied(view, bytes))
     if bytearray in members:
-        return bytearray(view)
+        return (yield from copied(view, bytearray))
     return _convert(view, annotation)  # raises DecodeError naming the mismatch
 
 

@@ -8,10 +8,10 @@ is left to msgspec, which encodes it in C.
 msgspec holds the GIL for the whole of one call, so no call may get much work: each
 value carries a *weight*, an estimate of the items msgspec must write for it. A container
 heavier than :data:`CHUNK_WEIGHT` is cut into chunks of at most that weight, each encoded
-by its own call, in its own time slice, into one growing buffer (the *bulk* buffer, an
-out-of-band buffer like any other); the header holds a small extension value that lists
-where the chunks are. What is left for the header is light, and a receiver can decode
-the chunks one slice at a time too.
+by its own call, in its own time slice; the chunks are then copied, with the GIL
+released, into one buffer (the *bulk* buffer, an out-of-band buffer like any other); the
+header holds a small extension value that lists where the chunks are. What is left for
+the header is light, and a receiver can decode the chunks one slice at a time too.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from .._copying import concatenated
 from .._paths import KeyPath, render_path
 from .._slicing import Sliced, SliceTimer
 from ..errors import EncodeError
@@ -50,8 +51,9 @@ EXT_CHUNKED_ARRAY = 4
 EXT_CHUNKED_MAP = 5
 
 #: The most weight (about one item of a list, or 64 bytes of a string) one msgspec call
-#: gets: some 0.1-0.3 ms of GIL-holding C code.
-CHUNK_WEIGHT = 32768
+#: gets: some 0.1-0.5 ms of GIL-holding C code on either side (decoding makes an object
+#: per item, and takes several times longer where fresh memory is slow to fault in).
+CHUNK_WEIGHT = 8192
 # A container lighter than this is never worth chunking on its own.
 _MIN_CHUNKED = 1024
 # Items checked at a time when making sure a long list holds only scalars.
@@ -125,7 +127,10 @@ class Encoding:
         self.check = check
         self.buffers: list[memoryview] = []
         self.sidecar: list[int] = []
-        self.bulk: bytearray | None = None
+        # The chunks encoded so far, and their total size: one bytes object each, never
+        # one growing bytearray, whose reallocations copy it whole under the GIL.
+        self.bulk: list[bytes] = []
+        self.bulk_size = 0
         self.bulk_index = -1
         self.timer = SliceTimer()
 
@@ -140,8 +145,9 @@ class Encoding:
             ) from None
         yield
         header = self.encode(tree, None)
-        if self.bulk is not None:
-            self.buffers[self.bulk_index] = memoryview(self.bulk)
+        if self.bulk:
+            joined = yield from concatenated(self.bulk, self.bulk_size)
+            self.buffers[self.bulk_index] = memoryview(joined)
         return Frame(header, tuple(self.buffers), frozenset(self.sidecar))
 
     # -- the walk -----------------------------------------------------------------------
@@ -313,19 +319,19 @@ class Encoding:
         return bounds
 
     def encode_chunk(self, part: Any, path: KeyPath, offset: int) -> list[int]:
-        """Append ``part`` to the bulk buffer; its ``[start, end]``."""
-        if self.bulk is None:
-            self.bulk = bytearray()
+        """Add ``part`` to the bulk buffer; its ``[start, end]``."""
+        if self.bulk_index < 0:
             self.bulk_index = self.add_buffer(memoryview(b""), False)
-        start = len(self.bulk)
         try:
-            self.encoder.encode_into(part, self.bulk, -1)
+            chunk = self.encoder.encode(part)
         except (TypeError, ValueError, OverflowError) as exc:
-            del self.bulk[start:]
             tree = dict(enumerate(part, offset)) if isinstance(part, list | tuple) else part
             culprit = _find_unencodable(self.encoder, tree, path)
             raise EncodeError(f"{render_path(culprit)}: cannot encode: {exc}") from None
-        return [start, len(self.bulk)]
+        start = self.bulk_size
+        self.bulk.append(chunk)
+        self.bulk_size += len(chunk)
+        return [start, self.bulk_size]
 
     def encode(self, tree: Any, path: KeyPath) -> bytes:
         """msgspec-encode ``tree``, naming the path of a value msgspec refuses."""

@@ -249,11 +249,14 @@ class FileSink(Sink):
                     for view, seg in batch:
                         if seg >= 0:
                             hashers[seg].update(view)
+                # Only the work between writes holds the GIL (many small buffers to
+                # hash make it long); the writes themselves leave the event loop free.
+                busy = slicer.due()
                 written += _writev_all(fd, [view for view, _ in batch])
-                if written >= SLICE_BYTES or slicer.due():
+                if written >= SLICE_BYTES or busy:
                     written = 0
                     yield
-                    slicer.restart()
+                slicer.restart()
             if head is not None:
                 data = head()
                 if os.pwrite(fd, data, 0) != len(data):

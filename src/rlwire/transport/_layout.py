@@ -44,6 +44,7 @@ __all__ = [
     "checksum_segments",
     "consumed_mark",
     "end_mark",
+    "hash_pool",
     "parse_main",
     "parse_mark",
     "placeholder_checksums",
@@ -428,23 +429,29 @@ def _hash_workers() -> int:
     return min(os.cpu_count() or 1, 8)
 
 
+def hash_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads that hash large data beside the thread that reads or writes it, one
+    per core (at most 8): xxhash releases the GIL."""
+    global _hash_pool
+    with _hash_pool_lock:
+        if _hash_pool is None:
+            _hash_pool = concurrent.futures.ThreadPoolExecutor(_hash_workers(), "rlwire-hash")
+        return _hash_pool
+
+
 def _digests(segments: Sequence[memoryview]) -> list[int]:
     """The xxh3-64 of each segment. A large message's segments are hashed by as many
     threads as there are cores, in groups of about equal bytes: xxhash releases the GIL,
     and so does the page fault that first touches each page of a fresh mapping."""
-    global _hash_pool
     total = sum(seg.nbytes for seg in segments)
     workers = _hash_workers()
     if total < PARALLEL_HASH_BYTES or workers < 2 or len(segments) < 2:
         return [xxhash.xxh3_64_intdigest(seg) for seg in segments]
-    with _hash_pool_lock:
-        if _hash_pool is None:
-            _hash_pool = concurrent.futures.ThreadPoolExecutor(workers, "rlwire-hash")
     bounds = np.searchsorted(
         np.cumsum([seg.nbytes for seg in segments]), np.arange(1, workers) * (total / workers)
     ).tolist()
     groups = [segments[a:b] for a, b in zip([0, *bounds], [*bounds, len(segments)], strict=True)]
-    hashed = _hash_pool.map(lambda group: [xxhash.xxh3_64_intdigest(s) for s in group], groups)
+    hashed = hash_pool().map(lambda group: [xxhash.xxh3_64_intdigest(s) for s in group], groups)
     return [digest for group in hashed for digest in group]
 
 

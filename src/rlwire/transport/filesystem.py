@@ -10,6 +10,7 @@ with mmap, so arrays are views over the page cache.
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import mmap
 import os
@@ -39,7 +40,7 @@ from ._base import (
     reject_unknown,
     take_frame,
 )
-from ._layout import Layout, end_mark, placeholder_checksums, plan
+from ._layout import Layout, end_mark, hash_pool, placeholder_checksums, plan
 from ._names import (
     END_NAME,
     TEMP_RE,
@@ -59,9 +60,11 @@ __all__ = ["FileSink", "FileSource", "local_path"]
 #: Bytes written per slice. os.write releases the GIL, so large slices cost the event
 #: loop nothing; they only bound how long a cancelled send takes to stop (tens of ms).
 SLICE_BYTES = 64 << 20
-#: Bytes per writev call. Each segment is hashed just before it is written, in chunks
-#: this small, so the write copies it from cache: checksums then cost almost nothing.
+#: Bytes per writev call. Each is hashed while it is written, in chunks this small, so
+#: the hash and the write read it from cache: checksums then cost almost nothing.
 _CHUNK_BYTES = 2 << 20
+#: A writev batch of at most this many buffers holds large ones: hashed in another thread.
+_FEW_VIEWS = 4
 _IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16)
 
 
@@ -241,14 +244,20 @@ class FileSink(Sink):
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as exc:
             raise transport_error(exc, "create a file", where=tmp) from exc
+        hashing: concurrent.futures.Future[None] | None = None
         try:
             written = 0
             slicer = SliceTimer()
             for batch in _batches(chunks, segments):
-                if hashers:
-                    for view, seg in batch:
-                        if seg >= 0:
-                            hashers[seg].update(view)
+                if hashing is not None:  # segments are hashed in order, a batch at a time
+                    hashing.result()
+                    hashing = None
+                if hashers and len(batch) <= _FEW_VIEWS:
+                    # Large buffers: another core hashes the batch while this one writes
+                    # it (xxhash and the write both release the GIL).
+                    hashing = hash_pool().submit(_hash_batch, hashers, batch)
+                elif hashers:
+                    _hash_batch(hashers, batch)
                 # Only the work between writes holds the GIL (many small buffers to
                 # hash make it long); the writes themselves leave the event loop free.
                 busy = slicer.due()
@@ -257,6 +266,9 @@ class FileSink(Sink):
                     written = 0
                     yield
                 slicer.restart()
+            if hashing is not None:
+                hashing.result()
+                hashing = None
             if head is not None:
                 data = head()
                 if os.pwrite(fd, data, 0) != len(data):
@@ -271,6 +283,9 @@ class FileSink(Sink):
             os.close(fd)
             tmp.unlink(missing_ok=True)
             raise
+        finally:
+            if hashing is not None:  # stopped midway: let the hashing thread finish first
+                concurrent.futures.wait([hashing])
         os.close(fd)
         return tmp
 
@@ -356,6 +371,12 @@ def _head(layout: Layout, hashers: Sequence[Any]) -> Callable[[], bytes]:
         return data
 
     return head
+
+
+def _hash_batch(hashers: Sequence[Any], batch: list[tuple[memoryview, int]]) -> None:
+    for view, seg in batch:
+        if seg >= 0:
+            hashers[seg].update(view)
 
 
 def _batches(

@@ -177,3 +177,33 @@ def test_odd_files_at_a_step_path_are_typed_errors_not_hangs(
         ):
             receiver.receive(timeout=2)
     assert time.monotonic() - began < 2
+
+
+def mapped(path: Path) -> bool:
+    """Whether this process maps ``path`` (Linux: /proc/self/maps)."""
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    return any(line.rstrip().endswith(str(path)) for line in maps)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+def test_a_dropped_step_is_unmapped_by_the_next_read_not_where_it_was_dropped(
+    tmp_path: Path,
+) -> None:
+    # Unmapping a large step takes ~0.1 s: it must happen in a reading thread, not in
+    # the event-loop thread that drops the last array of the previous step.
+    with rlwire.open_sync_sender(tmp_path, sidecar=("routed_experts",)) as sender:
+        for step in range(3):
+            sender.send({"routed_experts": np.full(1 << 20, step, np.uint8)})
+    main = tmp_path / "step-00000000.rank-0000.rlw"
+    side = tmp_path / "step-00000000.rank-0000.sidecar.rlw"
+    with rlwire.open_receiver(tmp_path, type=dict) as receiver:
+        got = receiver.receive(timeout=5)
+        assert mapped(main) and mapped(side)
+        receiver.receive(timeout=5)  # step 1: step 0's header was decoded, its array is in use
+        assert not mapped(main) and mapped(side)
+        assert int(got["routed_experts"][-1]) == 0
+        del got
+        assert mapped(side)  # dropping the array did not unmap it
+        receiver.receive(timeout=5)  # the next read does
+        assert not mapped(side)
+    assert not any(mapped(p) for p in tmp_path.iterdir())  # close unmaps what is unused

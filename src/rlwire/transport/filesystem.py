@@ -15,6 +15,7 @@ import errno
 import mmap
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -333,9 +334,32 @@ class FileSource(StoredSource):
         self.rank = rank
         self.writable = writable
         self.verify = verify
+        # Every mapping handed out, unmapped here once no view of it is left: in the
+        # thread that reads the next step, not wherever the last array of a step is
+        # dropped. Unmapping a step of 1.6 GB takes ~0.15 s; in a trainer's event-loop
+        # thread (``batch = await receiver.areceive()`` drops the previous batch) that
+        # is a 0.15 s stall.
+        self._mapped: list[mmap.mmap] = []
+        self._mapped_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"FileSource({str(self.root)!r}, rank={self.rank})"
+
+    def close(self) -> None:
+        """Unmap the mappings nothing uses; the others go when their last view does."""
+        self._unmap_unused()
+        with self._mapped_lock:
+            self._mapped.clear()
+
+    def _unmap_unused(self) -> None:
+        with self._mapped_lock:
+            in_use = []
+            for mapping in self._mapped:
+                try:
+                    mapping.close()  # munmap, with the GIL released
+                except BufferError:  # arrays or views over it are still alive
+                    in_use.append(mapping)
+            self._mapped = in_use
 
     def locate(self, name: str) -> str:
         return str(self.root / name)
@@ -344,6 +368,7 @@ class FileSource(StoredSource):
         _save(self.root / name, data, "record what this rank consumed")
 
     def load(self, name: str) -> memoryview | None:
+        self._unmap_unused()
         path = self.root / name
         fd = _open_regular(path)
         if fd is None:
@@ -354,7 +379,10 @@ class FileSource(StoredSource):
                 raise CorruptFrameError("empty file", where=path)
             # The mapping outlives fd; arrays keep it alive through their memoryviews.
             # Always copy-on-write, even when read-only to Python: see the class docstring.
-            view = memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_COPY))
+            mapping = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+            with self._mapped_lock:
+                self._mapped.append(mapping)
+            view = memoryview(mapping)
             return view if self.writable else view.toreadonly()
         except OSError as exc:
             raise transport_error(exc, "map", where=path) from exc

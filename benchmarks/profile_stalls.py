@@ -18,6 +18,7 @@ Usage::
 
     .venv/bin/python benchmarks/profile_stalls.py user-types --scale 1.8
     .venv/bin/python benchmarks/profile_stalls.py file --samples 256 --backend trio
+    .venv/bin/python benchmarks/profile_stalls.py file --samples 8000 --tokens 31
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("workload", choices=("user-types", "file"))
     p.add_argument("--scale", type=float, default=1.0, help="user-types: step scale (1 = 0.88 GB)")
     p.add_argument("--samples", type=int, default=256, help="file: samples per batch")
+    p.add_argument("--tokens", type=int, default=8192, help="file: tokens per sample")
     p.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     p.add_argument("--over", type=float, default=3.0, help="stalls listed, in ms (default 3)")
     p.add_argument("--dir", default=None, help="where to write (default: /dev/shm or /tmp)")
@@ -153,7 +155,7 @@ def main() -> None:
     else:
         import bench_send
 
-        objects = [bench_send.make_workload(args.samples, 8192, 48, 8, 0).batch]
+        objects = [bench_send.make_workload(args.samples, args.tokens, 48, 8, 0).batch]
         receive_type = rlwire.TrainingBatch
     gc.freeze()  # the step's objects out of the collector's way, as the benchmarks do
     rlwire.sender.offload_sliced = recording_offload  # type: ignore[assignment]

@@ -275,3 +275,41 @@ def test_no_msgspec_call_gets_a_heavy_struct_whole(monkeypatch: pytest.MonkeyPat
     frame = codec.encode(sent)
     assert written and max(written) < 10 * CHUNK_WEIGHT  # bytes; ~3-9 per item
     assert decode(frame, Step)[0] == sent
+
+
+class Blobs(msgspec.Struct):
+    blobs: dict[str, bytes]
+    pad: list[int]
+
+
+class BlobsThenTuple(msgspec.Struct):
+    items: list[Blobs]
+    numbers: tuple[int, ...]  # chunked too, and a chunked tuple cannot be filled typed
+
+
+def test_a_typed_fill_given_up_midway_is_redone_from_the_start() -> None:
+    """The typed decode fills ``items`` (claiming each bytes value's buffer), then cannot
+    fill the tuple and starts again into builtins: its claims and its part-filled lists
+    are dropped, so the second fill neither refuses the buffers nor repeats items."""
+    rng = np.random.default_rng(5)
+    sent = BlobsThenTuple(
+        [Blobs({"x": rng.bytes(5000 + i)}, list(range(100))) for i in range(200)],
+        tuple(range(3 * CHUNK_WEIGHT)),
+    )
+    frame, _ = encode(sent)
+    assert chunk_count(frame.header) >= 4  # both fields chunked, items in several chunks
+    assert decode(frame, BlobsThenTuple)[0] == sent
+
+
+class AnyThenTuple(msgspec.Struct):
+    first: Any  # msgspec hands an Any field's list over as it is: shared with the raw data
+    numbers: tuple[int, ...]
+
+
+def test_a_list_filled_by_a_typed_try_is_not_filled_twice() -> None:
+    sent = AnyThenTuple(list(range(3 * CHUNK_WEIGHT)), tuple(range(3 * CHUNK_WEIGHT)))
+    frame, _ = encode(sent)
+    assert chunk_count(frame.header) >= 6
+    got = decode(frame, AnyThenTuple)[0]
+    assert len(got.first) == len(sent.first)
+    assert got == sent

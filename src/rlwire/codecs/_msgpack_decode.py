@@ -98,6 +98,7 @@ class Decoding:
         # decode that fails and is tried again into builtins never took any: the types
         # tried first hold no arrays or bytes, so msgspec never calls the hook.)
         self.claimed: set[int] = set()
+        self.claim_log: list[int] = []  # the same, in order: a failed try is undone
         self.typed: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
         # What the extension hook made during the latest decode call: the walk that
         # looks for them stops once it has found them all, and is skipped if none.
@@ -137,6 +138,7 @@ class Decoding:
                 "have a buffer of its own only)"
             )
         self.claimed.add(index)
+        self.claim_log.append(index)
         return buf
 
     def _chunked(self, is_map: bool, ref: _ChunksRef) -> _Chunked:
@@ -265,6 +267,7 @@ class Decoding:
                     raise
                 typed = None  # e.g. a dict received into a Struct: fill, then convert
         if typed is not None:
+            claims = len(self.claim_log)
             try:
                 for path, payload, _ in found:
                     inner = _annotation_at(annotation, path)
@@ -279,9 +282,13 @@ class Decoding:
                         typed = yield from _as_annotated(payload, inner)
                 return typed
             except _CannotFollow:
-                pass
+                # The typed try is dropped, with what it decoded: its buffers may be
+                # claimed again, and its chunks decoded again from the start.
+                self.claimed.difference_update(self.claim_log[claims:])
+                del self.claim_log[claims:]
         for path, payload, placeholder in found:
             if isinstance(payload, _Chunked):
+                placeholder.clear()  # the typed try may have filled it part way
                 yield from self._fill(placeholder, payload, None)
             elif path:
                 _put(raw, path, payload)

@@ -11,9 +11,9 @@ shows the median per row (the send and floor rows have two samples per round):
 * baseline (b): the same encode + write in one worker thread (``anyio.to_thread``).
 * floor (c): writing as many bytes as rlwire wrote, straight from the arrays' buffers,
   with ``os.write`` from one worker thread into a new file in the same directory.
-* receive open: ``rlwire.open_receiver(dir).receive()`` of the step just sent (mmap,
-  zero-copy, checksums verified as by default), checked for equality against the sent
-  batch.
+* receive open: ``await rlwire.open_receiver(dir).areceive()`` of the step just sent
+  (mmap, zero-copy, checksums verified as by default), under the LagMonitor like the
+  sends, checked for equality against the sent batch.
 * read once: the same files read with ``os.readv`` into memory already faulted in, the
   reference for a receive that verifies (it reads every byte once); not a baseline of
   the send, so its ratio to the floor means nothing.
@@ -341,20 +341,23 @@ class Bench:
             raise AssertionError(f"rlwire wrote {sample.nbytes} bytes, {self.total_bytes} before")
         return sample
 
-    def measure_receive(self) -> Sample:
-        """receive open of the step in ``send_dir`` (the trainer side: synchronous)."""
-        gc.collect()
-        self.mem.start()
-        t0 = time.perf_counter()
-        receiver = rlwire.open_receiver(self.send_dir)
-        got = receiver.receive(timeout=30)
-        seconds = time.perf_counter() - t0
-        peak = self.mem.stop()
-        check_received(got, self.work.batch)
-        receiver.close()
-        del got, receiver
+    async def measure_receive(self) -> Sample:
+        """receive open of the step in ``send_dir``, as an async trainer runs it."""
+        receivers: list[rlwire.TrainingBatchReceiver[Any]] = []
+        got: list[rlwire.TrainingBatch] = []
+
+        async def receive() -> int:
+            receivers.append(rlwire.open_receiver(self.send_dir))
+            got.append(await receivers[0].areceive(timeout=30))
+            return 0
+
+        sample = await on_loop(receive, self.mem)
+        check_received(got[0], self.work.batch)
+        receivers[0].close()
+        receivers.clear()
+        got.clear()
         gc.collect()  # drop the mmaps before unlinking, so tmpfs frees the pages
-        return Sample(seconds, peak=peak)
+        return sample
 
     def measure_read_once(self) -> Sample:
         """read once: the step's files read into memory already faulted in (os.readv),
@@ -399,7 +402,7 @@ class Bench:
         """
         floor1 = await self.measure_floor()
         send1 = await self.measure_send()
-        receive = self.measure_receive()
+        receive = await self.measure_receive()
         read = self.measure_read_once()
         clear_dir(self.send_dir)
         send2 = await self.measure_send()

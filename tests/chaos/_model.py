@@ -155,6 +155,66 @@ class Table:
         return "\n".join(fmt.format(*r) for r in [heads, *rows])
 
 
+#: ``(step, rank) -> outcome dict``: receive that step of that rank and compare it.
+Receive = Callable[[int, int], dict[str, Any]]
+
+
+def check_visible(mains: dict[int, set[int]], receive: Receive) -> dict[str, Any] | None:
+    """Every visible step of every rank must come back exact: a typed error on one is a
+    half-visible step. None if all did, else the outcome."""
+    for step in sorted(mains):
+        for rank in sorted(mains[step]):
+            got = receive(step, rank)
+            if got["outcome"] == TYPED:
+                return {"outcome": HALF, "detail": f"step {step} rank {rank} visible: {got}"}
+            if got["outcome"] != EXACT:
+                return got
+    return None
+
+
+def check_end_and_resume(
+    destination: Path | str,
+    ranks: int,
+    nxt: int,
+    *,
+    has_end: bool,
+    receive: Receive,
+    send_next: Callable[[], None],
+    **receiver_options: Any,
+) -> dict[str, Any] | None:
+    """After a consistent prefix ending before ``nxt``: an end mark must stop receivers
+    at ``nxt``, and a resumed sender must then send ``nxt`` (``send_next``), which every
+    rank must receive exact. None if so, else the outcome."""
+    if has_end:
+        for rank in range(ranks):
+            try:
+                with rlwire.open_receiver(
+                    destination,
+                    rank=rank,
+                    start_step=nxt,
+                    record_consumed=False,
+                    **receiver_options,
+                ) as receiver:
+                    receiver.receive(timeout=1)
+            except rlwire.EndOfStream:
+                continue
+            except Exception as exc:
+                return {"outcome": UNTYPED, "detail": f"after the end mark: {describe(exc)}"}
+            return {"outcome": WRONG, "detail": f"rank {rank} got step {nxt} after the end"}
+    try:
+        send_next()
+    except rlwire.RlwireError as exc:
+        return {"outcome": TYPED, "detail": f"resume failed: {describe(exc)}"}
+    except Exception as exc:
+        return {"outcome": UNTYPED, "detail": f"resume failed: {describe(exc)}"}
+    for rank in range(ranks):
+        got = receive(nxt, rank)
+        if got["outcome"] != EXACT:
+            got["detail"] = f"step sent after resuming: {got['detail']}"
+            return got
+    return None
+
+
 def fresh_dir(root: Path, name: str) -> Path:
     path = root / name
     path.mkdir(parents=True, exist_ok=False)

@@ -31,9 +31,9 @@ from ._model import (
     HALF,
     HANG,
     PARTLY,
-    TYPED,
     UNTYPED,
-    WRONG,
+    check_end_and_resume,
+    check_visible,
     describe,
     payload,
     receive_one,
@@ -114,13 +114,13 @@ def classify(
 ) -> dict[str, Any]:
     """Judge a directory a sender was killed in, then check a resumed sender goes on."""
     mains = _visible(directory)
-    for step in sorted(mains):
-        for rank in sorted(mains[step]):
-            got = receive_one(directory, step, rank, payload(step, rank, n), timeout=1)
-            if got["outcome"] == TYPED:
-                return {"outcome": HALF, "detail": f"step {step} rank {rank} visible: {got}"}
-            if got["outcome"] != EXACT:
-                return got
+
+    def receive(step: int, rank: int) -> dict[str, Any]:
+        return receive_one(directory, step, rank, payload(step, rank, n), timeout=1)
+
+    bad = check_visible(mains, receive)
+    if bad is not None:
+        return bad
     if mains and len(mains) != max(mains) - min(mains) + 1:
         return {"outcome": HALF, "detail": f"a hole: steps {sorted(mains)} visible"}
     incomplete = sorted(s for s, have in mains.items() if len(have) != ranks)
@@ -140,32 +140,20 @@ def classify(
         except Exception as exc:
             return {"outcome": UNTYPED, "detail": describe(exc)}
         return {"outcome": HALF, "detail": f"resume accepted step {last} with ranks {mains[last]}"}
-    # A consistent directory. An end mark must stop receivers at the next step.
+    # A consistent directory: the end mark and a resumed sender.
     nxt = max(mains) + 1 if mains else 0
-    if (directory / END_NAME).exists():
-        for rank in range(ranks):
-            try:
-                with rlwire.open_receiver(
-                    directory, rank=rank, start_step=nxt, record_consumed=False
-                ) as receiver:
-                    receiver.receive(timeout=1)
-            except rlwire.EndOfStream:
-                continue
-            except Exception as exc:
-                return {"outcome": UNTYPED, "detail": f"after the end mark: {describe(exc)}"}
-            return {"outcome": WRONG, "detail": f"rank {rank} got step {nxt} after the end"}
-    # A resumed sender must go on at the next step.
-    try:
-        anyio.run(_send_steps, directory, ranks, range(nxt, nxt + 1), compression, fsync, n)
-    except rlwire.RlwireError as exc:
-        return {"outcome": TYPED, "detail": f"resume after a kill failed: {describe(exc)}"}
-    except Exception as exc:
-        return {"outcome": UNTYPED, "detail": f"resume after a kill failed: {describe(exc)}"}
-    for rank in range(ranks):
-        got = receive_one(directory, nxt, rank, payload(nxt, rank, n), timeout=1)
-        if got["outcome"] != EXACT:
-            got["detail"] = f"step sent after resuming: {got['detail']}"
-            return got
+    bad = check_end_and_resume(
+        directory,
+        ranks,
+        nxt,
+        has_end=(directory / END_NAME).exists(),
+        receive=receive,
+        send_next=lambda: anyio.run(
+            _send_steps, directory, ranks, range(nxt, nxt + 1), compression, fsync, n
+        ),
+    )
+    if bad is not None:
+        return bad
     seen = "nothing visible" if not mains else f"steps {sorted(mains)} whole"
     return {"outcome": EXACT, "detail": seen}
 

@@ -78,6 +78,8 @@ from ._model import (
     TYPED,
     UNTYPED,
     WRONG,
+    check_end_and_resume,
+    check_visible,
     describe,
     payload,
     receive_one,
@@ -604,13 +606,13 @@ def _classify(
     url: str, endpoint: dict[str, Any], ranks: int, comp: str | None, n: int, partial: int | None
 ) -> dict[str, Any]:
     mains = _visible(_names(_client(endpoint), url))
-    for step in sorted(mains):
-        for rank in sorted(mains[step]):
-            got = receive_one(url, step, rank, payload(step, rank, n), timeout=1)
-            if got["outcome"] == TYPED:
-                return {"outcome": HALF, "detail": f"step {step} rank {rank} visible: {got}"}
-            if got["outcome"] != EXACT:
-                return got
+
+    def receive(step: int, rank: int) -> dict[str, Any]:
+        return receive_one(url, step, rank, payload(step, rank, n), timeout=1)
+
+    bad = check_visible(mains, receive)
+    if bad is not None:
+        return bad
     holes = [s for s in range(min(mains), max(mains)) if s not in mains] if mains else []
     if holes:
         return {"outcome": HALF, "detail": f"steps {holes} missing (a hole)"}
@@ -630,36 +632,21 @@ def _classify(
         except Exception as exc:
             return {"outcome": UNTYPED, "detail": describe(exc)}
         return {"outcome": HALF, "detail": f"resume accepted steps {sorted(mains)}, ranks {have}"}
-    # A consistent prefix. An end mark must stop receivers at the next step.
+    # A consistent prefix: the end mark and a resumed sender.
     nxt = max(mains) + 1 if mains else 0
-    if END_NAME in _names(_client(endpoint), url):
-        for rank in range(ranks):
-            try:
-                with rlwire.open_receiver(
-                    url,
-                    rank=rank,
-                    start_step=nxt,
-                    record_consumed=False,
-                    storage_options=endpoint,
-                ) as receiver:
-                    receiver.receive(timeout=1)
-            except rlwire.EndOfStream:
-                continue
-            except Exception as exc:
-                return {"outcome": UNTYPED, "detail": f"after the end mark: {describe(exc)}"}
-            return {"outcome": WRONG, "detail": f"rank {rank} got step {nxt} after the end"}
-    # A resumed sender must go on at the next step.
-    try:
-        anyio.run(_send_steps, url, endpoint, ranks, range(nxt, nxt + 1), comp, n)
-    except rlwire.RlwireError as exc:
-        return {"outcome": TYPED, "detail": f"resume failed: {describe(exc)}"}
-    except Exception as exc:
-        return {"outcome": UNTYPED, "detail": f"resume failed: {describe(exc)}"}
-    for rank in range(ranks):
-        got = receive_one(url, nxt, rank, payload(nxt, rank, n), timeout=1)
-        if got["outcome"] != EXACT:
-            got["detail"] = f"step sent after resuming: {got['detail']}"
-            return got
+    bad = check_end_and_resume(
+        url,
+        ranks,
+        nxt,
+        has_end=END_NAME in _names(_client(endpoint), url),
+        receive=receive,
+        send_next=lambda: anyio.run(
+            _send_steps, url, endpoint, ranks, range(nxt, nxt + 1), comp, n
+        ),
+        storage_options=endpoint,
+    )
+    if bad is not None:
+        return bad
     seen = "nothing visible" if not mains else f"steps {sorted(mains)} whole"
     return {"outcome": EXACT, "detail": seen}
 

@@ -1,7 +1,8 @@
 """Forged ZeroMQ messages: a fake sender (a raw ROUTER socket) answers a real receiver's
-*ready* with a real batch that was damaged (bit flips, truncated, dropped, extra or
-swapped parts, a replayed or skipped sequence number). The receiver must return the
-data sent or a typed error, within its timeout (plus a slack)."""
+*ready* with a real batch, cut into several data messages and a seal, that was damaged
+(bit flips, truncated, dropped, extra or swapped parts, dropped or swapped messages, a
+replayed or skipped sequence number). The receiver must return the data sent or a typed
+error, within its timeout (plus a slack)."""
 
 from __future__ import annotations
 
@@ -36,29 +37,36 @@ KINDS = (
     "sequence number skipped",
     "another rank",
     "junk appended to a part",
+    "message dropped",
+    "messages swapped",
 )
+#: Small enough to cut the captured batch into several data messages.
+MESSAGE_BYTES = 8 << 10
+
+Batch = list[list[bytes]]
 
 
 def capture(root: str) -> dict[str, Any]:
-    """Send one batch through a real sender to a raw DEALER; save the parts it got."""
+    """Send one batch through a real sender to a raw DEALER; save the messages it got."""
     import zmq
 
     endpoint = f"ipc://{root}/capture.sock"
-    got: list[bytes] = []
+    got: Batch = []
 
     def dealer() -> None:
         ctx = zmq.Context()
         sock = ctx.socket(zmq.DEALER)
         sock.connect(endpoint)
-        sock.send_multipart([b"ready", msgspec.msgpack.encode([1, 0])])
+        sock.send_multipart([b"ready", msgspec.msgpack.encode([2, 0])])
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if sock.poll(100):
                 parts = sock.recv_multipart()
                 if parts[0][:4] == b"RLWZ":
-                    got.extend(parts)
-                    head = msgspec.msgpack.decode(parts[0][8:])
-                    sock.send_multipart([b"ack", head[0] + struct.pack("<Q", head[1])])
+                    got.append(parts)
+                elif parts[0] == b"seal":
+                    got.append(parts)
+                    sock.send_multipart([b"ack", parts[1][:16]])  # its session and seq
                     sock.send_multipart([b"bye", b""])
                     break
         sock.close(linger=1000)
@@ -69,53 +77,71 @@ def capture(root: str) -> dict[str, Any]:
 
     async def send() -> None:
         async with rlwire.open_sender(
-            f"zmq+{endpoint}", sidecar=("routed_experts",), compression="lz4"
+            f"zmq+{endpoint}",
+            sidecar=("routed_experts",),
+            compression="lz4",
+            storage_options={"message_bytes": MESSAGE_BYTES},
         ) as sender:
             await sender.send(payload(0, 0, N))
 
     anyio.run(send)
     thread.join()
     Path(root, "zmq-captured.msgpack").write_bytes(msgspec.msgpack.encode(got))
-    return {"outcome": EXACT if got else TYPED, "detail": f"{len(got)} parts"}
+    whole = len(got) > 2 and got[-1][0] == b"seal"
+    return {"outcome": EXACT if whole else TYPED, "detail": f"{len(got)} messages"}
 
 
-def forge(parts: list[bytes], kind: str, rng: random.Random) -> tuple[list[bytes], str]:
-    parts = [bytes(p) for p in parts]
+def forge(batch: Batch, kind: str, rng: random.Random) -> tuple[Batch, str]:
+    batch = [[bytes(p) for p in message] for message in batch]
+    m = rng.randrange(len(batch))
+    if kind == "message dropped":
+        del batch[m]
+        return batch, f"{kind}: {m}"
+    if kind == "messages swapped":
+        j = (m + rng.randrange(1, len(batch))) % len(batch)  # another message
+        batch[m], batch[j] = batch[j], batch[m]
+        return batch, f"{kind}: {m} and {j}"
+    if kind in ("sequence number skipped", "another rank"):
+        # Every data message's head, and the seal for the sequence number.
+        for message in batch[:-1]:
+            prelude, head = message[0][:8], msgspec.msgpack.decode(message[0][8:])
+            if kind == "another rank":
+                head[3] = 1
+            else:  # after the intact step 0 (seq 0), step 1 with seq 2 or more: lost
+                head[1], head[2] = 2 + m, 1
+            message[0] = prelude + msgspec.msgpack.encode(head)
+        if kind == "another rank":
+            return batch, kind
+        seal = batch[-1]
+        seal[1] = seal[1][:8] + struct.pack("<Q", 2 + m) + seal[1][16:]
+        return batch, f"{kind} (to {2 + m})"
+    parts = batch[m]
     i = rng.randrange(len(parts))
+    where = f"message {m} part {i}"
     if kind.startswith("bit flips"):
         i = 0 if kind.endswith("head") else i
         data = bytearray(parts[i])
         for _ in range(rng.randint(1, 4)):
             data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
         parts[i] = bytes(data)
-        return parts, f"{kind}: part {i}"
+        return batch, f"{kind}: message {m} part {i}"
     if kind == "part truncated":
         parts[i] = parts[i][: rng.randrange(len(parts[i]))]
     elif kind == "part dropped":
         del parts[i]
     elif kind == "part added":
         parts.insert(i + 1, os.urandom(rng.randint(0, 100)))
-    elif kind == "parts swapped":
+    elif kind == "parts swapped" and len(parts) > 1:
         j = (i + rng.randrange(1, len(parts))) % len(parts)  # another part
         parts[i], parts[j] = parts[j], parts[i]
-        return parts, f"{kind}: {i} and {j}"
+        return batch, f"{kind}: message {m}, parts {i} and {j}"
     elif kind == "junk appended to a part":
         parts[i] += os.urandom(rng.randint(1, 100))
-    elif kind in ("sequence number skipped", "another rank"):
-        prelude, head = parts[0][:8], msgspec.msgpack.decode(parts[0][8:])
-        if kind == "another rank":
-            head[3] = 1
-            parts[0] = prelude + msgspec.msgpack.encode(head)
-            return parts, kind
-        # After the intact step 0 (seq 0), step 1 arrives with seq 2 or more: a lost message.
-        head[1], head[2] = rng.randint(2, 1 << 40), 1
-        parts[0] = prelude + msgspec.msgpack.encode(head)
-        return parts, f"{kind} (to {head[1]})"
-    return parts, f"{kind}: part {i}"
+    return batch, f"{kind}: {where}"
 
 
-def run_forged(root: str, parts: list[bytes], after: list[bytes] | None = None) -> dict[str, Any]:
-    """Serve ``parts`` (after ``after``, the intact step 0, if given) to a receiver."""
+def run_forged(root: str, batch: Batch, after: Batch | None = None) -> dict[str, Any]:
+    """Serve ``batch`` (after ``after``, the intact step 0, if given) to a receiver."""
     import zmq
 
     directory = tempfile.mkdtemp(dir=root)
@@ -129,9 +155,8 @@ def run_forged(root: str, parts: list[bytes], after: list[bytes] | None = None) 
         if router.poll(int(TIMEOUT * 1000)):
             ident, kind, *_ = router.recv_multipart()
             if kind == b"ready":
-                if after is not None:
-                    router.send_multipart([ident, *after])
-                router.send_multipart([ident, *parts])
+                for message in [*(after or []), *batch]:
+                    router.send_multipart([ident, *message])
 
     thread = threading.Thread(target=fake_sender, daemon=True)
     thread.start()
@@ -168,12 +193,12 @@ def _receive_two(url: str) -> dict[str, Any]:
 
 def jobs(root: str, total: int, seed: int) -> Iterator[Job]:
     rng = random.Random(seed)
-    parts = msgspec.msgpack.decode(Path(root, "zmq-captured.msgpack").read_bytes())
-    yield Job(run_forged, (root, parts), timeout=20, tag=("forged ZeroMQ messages", "intact"))
+    batch = msgspec.msgpack.decode(Path(root, "zmq-captured.msgpack").read_bytes())
+    yield Job(run_forged, (root, batch), timeout=20, tag=("forged ZeroMQ messages", "intact"))
     for i in range(total - 1):
         kind = KINDS[i % len(KINDS)] if i < 3 * len(KINDS) else rng.choice(KINDS)
-        forged, what = forge(parts, kind, rng)
-        after = parts if kind == "sequence number skipped" else None
+        forged, what = forge(batch, kind, rng)
+        after = batch if kind == "sequence number skipped" else None
         yield Job(
             run_forged, (root, forged, after), timeout=20, tag=("forged ZeroMQ messages", what)
         )

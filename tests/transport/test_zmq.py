@@ -607,6 +607,67 @@ async def test_full_queue_blocks_the_sender(tmp_path: Path, backend: dict[str, A
     assert steps_of(events) == list(range(steps))
 
 
+@pytest.mark.anyio
+async def test_a_send_cancelled_midway_delivers_nothing(
+    tmp_path: Path, backend: dict[str, Any]
+) -> None:
+    """A step cut into many data messages, whose send is cancelled while the receiver's
+    queue is full, is not delivered at all: the sender may send the step again, and the
+    receiver, which dropped what it got of the first try, returns it once, intact, with
+    no error."""
+    url = make_url("ipc", tmp_path)
+    size = {"count": 1, "n": 200_000}  # about 6 MB: 24 data messages of 256 KiB
+    options = {"hwm": 1, "message_bytes": 256 << 10}
+    spec = {"url": url, "gate": True, "receives": 2, "options": {"hwm": 1}, **size}
+    with Child("receiver", face="async", **spec, **backend) as child:
+        assert await child.anext() == {"event": "opened"}
+        async with rlwire.open_sender(url, storage_options=options) as sender:
+            with anyio.move_on_after(SHORT) as scope:
+                await sender.send(batch(0, **size))
+            assert scope.cancelled_caught and sender.next_step == 0
+            child.open_gate()
+            assert await sender.send(batch(0, **size)) == 0
+            assert await sender.send(batch(1, **size)) == 1
+        events = await child.afinish()
+    assert events == [
+        {"step": 0, "ok": True, "env": "env0"},
+        {"step": 1, "ok": True, "env": "env1"},
+        {"event": "done"},
+    ]
+
+
+@pytest.mark.anyio
+async def test_a_rank_stopped_midway_loses_only_its_own_copy(
+    tmp_path: Path, backend: dict[str, Any]
+) -> None:
+    """With two ranks, a send cancelled after rank 0's batch was sealed but in the middle
+    of rank 1's counts as sent (rank 0 may have it): rank 1's receiver drops the part it
+    got and reports the step as lost when the next one comes."""
+    url = make_url("ipc", tmp_path)
+    size = {"count": 1, "n": 200_000}
+    options = {"hwm": 1, "message_bytes": 256 << 10}
+    spec = {"url": url, "receives": 2, "options": {"hwm": 1}, **size}
+    with (
+        Child("receiver", face="async", rank=0, **spec, **backend) as rank0,
+        Child(
+            "receiver", face="async", rank=1, seed_base=1000, gate=True, **spec, **backend
+        ) as rank1,
+    ):
+        assert [await rank0.anext(), await rank1.anext()] == [{"event": "opened"}] * 2
+        async with rlwire.open_sender(url, storage_options=options) as sender:
+            payloads = [batch(0, rank, **size) for rank in range(2)]
+            with anyio.move_on_after(SHORT * 2) as scope:
+                await sender.send_ranks(payloads)
+            assert scope.cancelled_caught and sender.next_step == 1
+            rank1.open_gate()
+            await sender.send_ranks([batch(1, rank, **size) for rank in range(2)])
+        events = [await rank0.afinish(), await rank1.afinish()]
+    assert steps_of(events[0]) == [0, 1]
+    assert events[1][0]["error"] == "StepGapError", events[1]
+    assert "expected step 0, got step 1" in events[1][0]["message"]
+    assert steps_of(events[1]) == [1]
+
+
 def test_close_flushes_accepted_steps(tmp_path: Path) -> None:
     """A sender that closes right after its last send, with messages still queued in
     ZeroMQ (a reader that has not started reading), delivers them all before its

@@ -43,11 +43,15 @@ HEAD_FIELDS = (
     "compression",
     "raw_sizes",
     "checksum",
-    "checksums",
+    "segments",
+    "index",
+    "count",
 )
 
+Batch = list[list[bytes]]
 
-def documented_message(
+
+def documented_batch(
     frame: Frame,
     *,
     step: int,
@@ -55,25 +59,38 @@ def documented_message(
     rank: int = 0,
     shared: bool = False,
     session: bytes = b"S" * 8,
-    version: int = 1,
+    version: int = 2,
     checksums: bool = True,
-) -> list[bytes]:
-    """The parts of the message that carries ``frame``, as docs/format.md describes them."""
+    cut: tuple[int, ...] = (),
+) -> Batch:
+    """The messages that carry ``frame``, as docs/format.md describes them: data messages
+    of ``cut`` segments each (the last one takes the rest), then the seal."""
     segments = [bytes(frame.header), *map(bytes, frame.buffers)]
-    head = [
-        session,
-        seq,
-        step,
-        rank,
-        shared,
-        frame.codec,
-        sorted(frame.sidecar),
-        bytes(frame.compression),
-        list(frame.raw_sizes),
-        "xxh3-64" if checksums else None,
-        checksums_of(segments) if checksums else b"",
-    ]
-    return [PRELUDE.pack(b"RLWZ", version, 0) + msgspec.msgpack.encode(head), *segments]
+    counts = [*cut, len(segments) - sum(cut)]
+    messages = []
+    for index, n in enumerate(counts):
+        head = [
+            session,
+            seq,
+            step,
+            rank,
+            shared,
+            frame.codec,
+            sorted(frame.sidecar),
+            bytes(frame.compression),
+            list(frame.raw_sizes),
+            "xxh3-64" if checksums else None,
+            len(segments),
+            index,
+            len(counts),
+        ]
+        first = sum(counts[:index])
+        carried = segments[first : first + n]
+        messages.append(
+            [PRELUDE.pack(b"RLWZ", version, 0) + msgspec.msgpack.encode(head), *carried]
+        )
+    body = struct.pack("<8sQ", session, seq) + (checksums_of(segments) if checksums else b"")
+    return [*messages, [b"seal", body]]
 
 
 def checksums_of(segments: list[bytes]) -> bytes:
@@ -88,25 +105,26 @@ def encoded(step: int) -> Frame:
     return frame
 
 
-def wire_message(
+def wire_batch(
     step: int,
     seq: int,
     *,
     rank: int = 0,
     session: bytes = b"S" * 8,
-    version: int = 1,
+    version: int = 2,
     corrupt_buffer: bool = False,
-) -> list[bytes]:
-    """The documented message of the batch of ``step``, optionally with a flipped byte in
-    its last buffer (after its checksum was taken)."""
-    parts = documented_message(
-        encoded(step), step=step, seq=seq, rank=rank, session=session, version=version
+    cut: tuple[int, ...] = (),
+) -> Batch:
+    """The documented messages of the batch of ``step``, optionally with a flipped byte
+    in its last buffer (after its checksum was taken)."""
+    messages = documented_batch(
+        encoded(step), step=step, seq=seq, rank=rank, session=session, version=version, cut=cut
     )
     if corrupt_buffer:
-        last = bytearray(parts[-1])
+        last = bytearray(messages[-2][-1])
         last[0] ^= 0xFF
-        parts[-1] = bytes(last)
-    return parts
+        messages[-2][-1] = bytes(last)
+    return messages
 
 
 # -- rlwire writes and reads the documented bytes --------------------------------------
@@ -114,61 +132,93 @@ def wire_message(
 
 @pytest.mark.parametrize("checksums", [True, False])
 @pytest.mark.parametrize(("rank", "shared"), [(0, False), (3, False), (0, True)])
-def test_first_part_is_the_documented_bytes(checksums: bool, rank: int, shared: bool) -> None:
+def test_first_parts_and_seal_are_the_documented_bytes(
+    checksums: bool, rank: int, shared: bool
+) -> None:
     frame = encoded(5)
-    expected = documented_message(
-        frame, step=5, seq=9, rank=rank, shared=shared, checksums=checksums
+    expected = documented_batch(
+        frame, step=5, seq=9, rank=rank, shared=shared, checksums=checksums, cut=(2, 1)
     )
-    sums = checksums_of(expected[1:]) if checksums else None
     head = protocol.make_head(
-        frame, session=b"S" * 8, step=5, rank=rank, shared=shared, checksums=sums
+        frame, session=b"S" * 8, step=5, rank=rank, shared=shared, checksum=checksums
     )
-    assert protocol.first_part(head, 9) == expected[0]
+    for index, message in enumerate(expected[:-1]):
+        assert protocol.first_part(head, seq=9, index=index, count=3) == message[0]
+    segments = [bytes(frame.header), *map(bytes, frame.buffers)]
+    sums = checksums_of(segments) if checksums else b""
+    assert protocol.seal_message(b"S" * 8, 9, sums) == expected[-1]
 
 
-def test_a_documented_message_parses() -> None:
+def test_a_documented_batch_parses() -> None:
     frame = encoded(4)
-    parts = documented_message(frame, step=4, seq=2, rank=1)
-    head, segments = protocol.parse_batch(parts, rank=1, where="here")
+    *data, seal = documented_batch(frame, step=4, seq=2, rank=1, cut=(1,))
+    heads, segments = [], []
+    for message in data:
+        head, carried = protocol.parse_data(message, where="here")
+        heads.append(head)
+        segments += carried
+        assert [bytes(s) for s in carried] == message[1:]
+    n = 1 + len(frame.buffers)
+    assert [(h.index, h.count, h.segments) for h in heads] == [(0, 2, n), (1, 2, n)]
+    head = heads[0]
     assert (head.session, head.seq, head.step, head.rank, head.shared) == (b"S" * 8, 2, 4, 1, False)
-    assert [bytes(s) for s in segments] == parts[1:]
     assert protocol.frame_of(head, segments, where="here") == Frame(
-        parts[1], tuple(map(memoryview, parts[2:])), frozenset(), "msgpack"
+        data[0][1], tuple(map(memoryview, data[1][1:])), frozenset(), "msgpack"
     )
+    parsed = protocol.parse_seal(seal, where="here")
+    assert parsed == protocol.Seal(b"S" * 8, 2, checksums_of([data[0][1], *data[1][1:]]))
 
 
 def test_control_messages_are_as_documented() -> None:
-    assert protocol.ready_message(3) == [b"ready", msgspec.msgpack.encode([1, 3])]
+    assert protocol.ready_message(3) == [b"ready", msgspec.msgpack.encode([2, 3])]
     assert protocol.ack_message(b"C" * 8, 7) == [b"ack", struct.pack("<8sQ", b"C" * 8, 7)]
     assert protocol.bye_message() == [b"bye", b""]
+    assert protocol.abort_message(b"C" * 8, 7) == [b"abort", struct.pack("<8sQ", b"C" * 8, 7)]
     assert protocol.is_ping([b"ping"]) and not protocol.is_ping([b"ping", b""])
-    assert protocol.parse_ready(msgspec.msgpack.encode([1, 3])) == 3
-    for body in (msgspec.msgpack.encode([2, 3]), msgspec.msgpack.encode([1, -1]), b"\xc1"):
+    assert protocol.parse_ready(msgspec.msgpack.encode([2, 3])) == 3
+    for body in (msgspec.msgpack.encode([1, 3]), msgspec.msgpack.encode([2, -1]), b"\xc1"):
         assert protocol.parse_ready(body) is None  # ignored: another version, or not one
     assert protocol.parse_ack(struct.pack("<8sQ", b"C" * 8, 7)) == (b"C" * 8, 7)
     assert protocol.parse_ack(b"C" * 15) is None
+    assert protocol.parse_abort([b"abort", struct.pack("<8sQ", b"C" * 8, 7)]) == (b"C" * 8, 7)
+    assert protocol.parse_abort([b"abort", b"C" * 15]) is None
+    for body in (b"C" * 15, b"C" * 16 + b"sum"):
+        with pytest.raises(rlwire.CorruptFrameError, match="here: malformed seal"):
+            protocol.parse_seal([b"seal", body], where="here")
 
 
-_first, *_rest = wire_message(0, 0)
+_first, *_rest = wire_batch(0, 0)[0]
 _CORRUPT = rlwire.CorruptFrameError
-#: Malformed messages for rank 0: the parts, the error, words of its message.
+_N = len(_rest)  # segments
+
+
+def _head(**changes: Any) -> bytes:
+    """The first part of step 0's only data message, with ``changes`` to its head."""
+    values = dict(zip(HEAD_FIELDS, msgspec.msgpack.decode(_first[PRELUDE.size :]), strict=True))
+    values.update(changes)
+    return _first[: PRELUDE.size] + msgspec.msgpack.encode(list(values.values()))
+
+
+#: Malformed data messages: the parts, the error, words of its message.
 BAD: list[tuple[list[bytes], type[rlwire.RlwireError], str]] = [
     ([b"xy"], _CORRUPT, "not an rlwire message (2-byte head)"),
     ([b"XXXX" + _first[4:], *_rest], _CORRUPT, "bad magic"),
     ([_first[:8] + b"\xc1\xc1", *_rest], _CORRUPT, "malformed message head"),
-    (wire_message(0, 0, version=9), rlwire.UnsupportedVersionError, "version 9"),
-    ([_first, _rest[0]], _CORRUPT, "head disagrees with the message: 1 segments"),
-    ([_first], _CORRUPT, "head disagrees with the message: 0 segments"),
-    (wire_message(0, 0, rank=3), _CORRUPT, "holds rank 3's payload"),
+    (wire_batch(0, 0, version=9)[0], rlwire.UnsupportedVersionError, "version 9"),
+    ([_first], _CORRUPT, f"data message 0 of 1 carries 0 of {_N} segments"),
+    ([_first, *_rest, b"more"], _CORRUPT, f"data message 0 of 1 carries {_N + 1} of {_N} segments"),
+    ([_head(index=1), *_rest], _CORRUPT, "data message 1 of 1 carries"),
+    ([_head(compression=b"\x00"), *_rest], _CORRUPT, f"{_N} segments, 1 compression ids"),
+    ([_head(compression=b"\x00" * _N), *_rest], _CORRUPT, f"{_N} segments, 0 raw sizes"),
 ]
 
 
 @pytest.mark.parametrize(("parts", "error", "words"), BAD)
-def test_a_malformed_message_is_refused(
+def test_a_malformed_data_message_is_refused(
     parts: list[bytes], error: type[rlwire.RlwireError], words: str
 ) -> None:
     with pytest.raises(error) as info:
-        protocol.parse_batch(parts, rank=0, where="ipc:///run: step 0 rank 0")
+        protocol.parse_data(parts, where="ipc:///run: step 0 rank 0")
     assert type(info.value) is error
     assert str(info.value).startswith("ipc:///run: step 0 rank 0: ") and words in str(info.value)
 
@@ -207,41 +257,61 @@ def receive_until(sock: zmq.Socket[bytes], wanted: Any) -> list[list[bytes]]:
     return got
 
 
+def receive_batch(sock: zmq.Socket[bytes]) -> tuple[list[list[bytes]], list[bytes]]:
+    """The data messages of the next batch ``sock`` receives, and its seal."""
+    data = []
+    while (message := sock.recv_multipart())[0] != b"seal":
+        data.append(message)
+    return data, message
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_what_a_sender_sends_reads_as_documented(
     tmp_path: Path, raw_socket: RawSocket
 ) -> None:
     """Two raw DEALER sockets announce ranks 0 and 1; what a sender sends them (sidecar
-    and lz4 included) reads as docs/format.md says, and a closing sender pings a receiver
-    that has not acknowledged what it was sent."""
+    and lz4 included, the large batches cut into several data messages) reads as
+    docs/format.md says, and a closing sender pings a receiver that has not acknowledged
+    what it was sent."""
     url = f"zmq+ipc://{tmp_path}/sock"
     dealers = [raw_socket(zmq.DEALER) for _ in range(2)]
-    options = {"linger": SHORT}
+    options = {"linger": SHORT, "message_bytes": 100_000}
     async with rlwire.open_sender(
         url, sidecar="routed_experts", compression="lz4", storage_options=options
     ) as sender:
         for rank, dealer in enumerate(dealers):
             dealer.connect(url.removeprefix("zmq+"))
-            dealer.send_multipart([b"ready", msgspec.msgpack.encode([1, rank])])
+            dealer.send_multipart([b"ready", msgspec.msgpack.encode([2, rank])])
         for step in range(2):
-            big = make_batch(1, 20_000, seed=step)  # compresses: lz4 ids appear
+            big = make_batch(4, 20_000, seed=step)  # compresses: lz4 ids appear
             await sender.send_ranks([big, make_batch(2, 16, seed=step)])
-        messages = [[dealer.recv_multipart() for _ in range(2)] for dealer in dealers]
+        batches = [[receive_batch(dealer) for _ in range(2)] for dealer in dealers]
     # The sender closed; rank 0 acknowledged nothing, so it was pinged meanwhile.
     assert dealers[0].recv_multipart() == [b"ping"]
-    sessions, compressed = set(), []
-    for rank, received in enumerate(messages):
-        for seq, (first, *segments) in enumerate(received):
-            assert PRELUDE.unpack_from(first) == (b"RLWZ", 1, 0)
-            values = msgspec.msgpack.decode(first[PRELUDE.size :])
-            head = dict(zip(HEAD_FIELDS, values, strict=True))
+    sessions, compressed, counts = set(), [], []
+    for rank, received in enumerate(batches):
+        for seq, (data, seal) in enumerate(received):
+            heads, segments = [], []
+            for index, (first, *carried) in enumerate(data):
+                assert PRELUDE.unpack_from(first) == (b"RLWZ", 2, 0)
+                values = msgspec.msgpack.decode(first[PRELUDE.size :])
+                head = dict(zip(HEAD_FIELDS, values, strict=True))
+                assert carried and (head["index"], head["count"]) == (index, len(data))
+                heads.append({k: v for k, v in head.items() if k != "index"})
+                segments += carried
+            counts.append(len(data))
+            head = heads[0]
+            assert all(h == head for h in heads)  # the data messages differ only in index
             sessions.add(head["session"])
             assert (head["seq"], head["step"], head["rank"]) == (seq, seq, rank)
             assert (head["shared"], head["codec"]) == (False, "msgpack")
+            assert head["segments"] == len(segments)
             assert head["sidecar"] and all(0 <= i < len(segments) - 1 for i in head["sidecar"])
             assert head["checksum"] == "xxh3-64"
-            assert head["checksums"] == checksums_of(segments)
+            session, seal_seq = struct.unpack_from("<8sQ", seal[1])
+            assert (seal[0], session, seal_seq) == (b"seal", head["session"], seq)
+            assert seal[1][16:] == checksums_of(segments)
             if head["compression"]:
                 compressed.append(rank)
                 sizes = zip(head["compression"], head["raw_sizes"], segments, strict=True)
@@ -253,6 +323,7 @@ async def test_what_a_sender_sends_reads_as_documented(
                 assert head["raw_sizes"] == []
     assert len(sessions) == 1 and len(next(iter(sessions))) == 8
     assert compressed == [0, 0]  # the big batches, not the small ones
+    assert counts[0] > 1 and counts[1] > 1 and counts[2:] == [1, 1]
 
 
 def test_a_receiver_refuses_malformed_messages_and_goes_on(
@@ -260,10 +331,10 @@ def test_a_receiver_refuses_malformed_messages_and_goes_on(
 ) -> None:
     """A raw ROUTER socket answers a receiver's ready message with malformed messages:
     each is a typed error naming where, and the receiver goes on with the next good
-    message; a skipped sequence number is a StepGapError, after which the message that
-    revealed it is returned. The receiver acknowledges what it read (even a message that
-    failed its checksums or was meant for another rank, so a closing sender need not wait
-    for it) and says bye."""
+    batch; a skipped sequence number is a StepGapError, after which the batch that
+    revealed it is returned. The receiver acknowledges each batch it read whole (even
+    one that failed its checksums or was meant for another rank, so a closing sender
+    need not wait for it) and says bye."""
     url = f"zmq+ipc://{tmp_path}/sock"
     where = url.removeprefix("zmq+")
     router = raw_socket(zmq.ROUTER)
@@ -271,16 +342,34 @@ def test_a_receiver_refuses_malformed_messages_and_goes_on(
     router.bind(url.removeprefix("zmq+"))
     with rlwire.open_receiver(url) as receiver:
         peer, kind, body = router.recv_multipart()
-        assert (kind, msgspec.msgpack.decode(body)) == (b"ready", [1, 0])
-        corrupt = wire_message(0, 7, session=b"C" * 8, corrupt_buffer=True)
-        for parts, error, words in [*BAD, (corrupt, rlwire.CorruptFrameError, "checksum")]:
-            router.send_multipart([peer, *parts])
+        assert (kind, msgspec.msgpack.decode(body)) == (b"ready", [2, 0])
+        refused: list[tuple[Batch, type[rlwire.RlwireError], str]] = [
+            ([parts], error, words) for parts, error, words in BAD
+        ]
+        refused += [
+            (wire_batch(0, 0, rank=3), _CORRUPT, "holds rank 3's payload"),
+            (
+                wire_batch(0, 7, session=b"C" * 8, corrupt_buffer=True, cut=(1,)),
+                _CORRUPT,
+                f"segment {_N - 1}: buffer {_N - 2} (",  # in data message 1
+            ),
+            ([*wire_batch(0, 8)[:-1], [b"seal", b"\0" * 20]], _CORRUPT, "malformed seal"),
+            (
+                [*wire_batch(0, 9)[:-1], [b"seal", struct.pack("<8sQ", b"S" * 8, 9)]],
+                _CORRUPT,
+                f"{_N} segments in the head, {_N} received, 0 checksums",
+            ),
+        ]
+        for batch, error, words in refused:
+            for message in batch:
+                router.send_multipart([peer, *message])
             with pytest.raises(error) as info:
                 receiver.receive(timeout=LONG)
             assert type(info.value) is error
-            assert where in str(info.value) and words in str(info.value)
-        for step, seq in [(0, 0), (1, 1), (2, 3)]:  # message 2 was lost
-            router.send_multipart([peer, *wire_message(step, seq)])
+            assert where in str(info.value) and words in str(info.value), info.value
+        for step, seq in [(0, 0), (1, 1), (2, 3)]:  # batch 2 was lost
+            for message in wire_batch(step, seq, cut=(2,)):
+                router.send_multipart([peer, *message])
         assert [receiver.receive(timeout=LONG).samples[0].env_name for _ in range(2)] == [
             "env0",
             "env1",
@@ -294,6 +383,7 @@ def test_a_receiver_refuses_malformed_messages_and_goes_on(
             for session, seq in [
                 (b"S" * 8, 0),  # refused: another rank's payload
                 (b"C" * 8, 7),
+                (b"S" * 8, 9),
                 (b"S" * 8, 0),
                 (b"S" * 8, 1),
                 (b"S" * 8, 3),
@@ -308,21 +398,30 @@ def test_a_receiver_refuses_malformed_messages_and_goes_on(
 
 
 def forged(
-    step: int, seq: int, *, session: bytes = b"S" * 8, rank: int = 0, shared: bool = False
-) -> list[bytes]:
-    """The message of the batch of ``step``, built with the protocol module's own builders
-    (what a sender sends)."""
+    step: int,
+    seq: int,
+    *,
+    session: bytes = b"S" * 8,
+    rank: int = 0,
+    shared: bool = False,
+    cut: tuple[int, ...] = (),
+) -> Batch:
+    """The messages of the batch of ``step``, built with the protocol module's own
+    builders (what a sender sends)."""
     frame = encoded(step)
     segments = [bytes(frame.header), *map(bytes, frame.buffers)]
     head = protocol.make_head(
-        frame,
-        session=session,
-        step=step,
-        rank=rank,
-        shared=shared,
-        checksums=checksums_of(segments),
+        frame, session=session, step=step, rank=rank, shared=shared, checksum=True
     )
-    return [protocol.first_part(head, seq), *segments]
+    counts = [*cut, len(segments) - sum(cut)]
+    data = [
+        [
+            protocol.first_part(head, seq=seq, index=index, count=len(counts)),
+            *segments[sum(counts[:index]) : sum(counts[: index + 1])],
+        ]
+        for index in range(len(counts))
+    ]
+    return [*data, protocol.seal_message(session, seq, checksums_of(segments))]
 
 
 class Forger:
@@ -339,9 +438,10 @@ class Forger:
         assert kind == b"ready"
         self.peer = peer
 
-    def send(self, parts: list[bytes]) -> None:
+    def send(self, messages: Batch) -> None:
         assert self.peer is not None
-        self.router.send_multipart([self.peer, *parts])
+        for parts in messages:
+            self.router.send_multipart([self.peer, *parts])
 
 
 def env(receiver: Any) -> str:
@@ -367,8 +467,8 @@ def test_repeated_and_backward_steps_are_refused_and_never_returned(
             (forged(3, 11), "message 11 of this sender holds step 3, behind step 6"),
             (forged(6, 2), "message 2 of this sender (step 6) repeats or goes back"),
         ]
-        for parts, words in refused:
-            forger.send(parts)
+        for batch, words in refused:
+            forger.send(batch)
             with pytest.raises(rlwire.StepOrderError) as info:
                 receiver.receive(timeout=LONG)
             assert type(info.value) is rlwire.StepOrderError, info.value
@@ -463,14 +563,14 @@ def test_the_pattern_option_refuses_the_other_pattern_from_the_first_message(
     first one; one opened with pattern="shared" refuses a per-rank one, and takes shared
     messages of any step above the last, refusing one that goes back."""
     url = f"zmq+ipc://{tmp_path}/sock"
-    for option, parts, found in [
+    for option, batch, found in [
         ("ranks", forged(0, 0, shared=True), "'shared' pattern; this receiver expects the 'ranks'"),
         ("shared", forged(0, 0), "'ranks' pattern; this receiver expects the 'shared'"),
     ]:
         forger = Forger(raw_socket, url)
         with rlwire.open_receiver(url, storage_options={"pattern": option}) as receiver:
             forger.handshake()
-            forger.send(parts)
+            forger.send(batch)
             with pytest.raises(rlwire.CorruptFrameError, match=found):
                 receiver.receive(timeout=LONG)
             if option == "shared":
@@ -495,7 +595,7 @@ def test_an_end_after_lost_steps_is_a_gap_then_the_end(
         forger.handshake()
         forger.send(forged(0, 0))
         forger.send(forged(1, 1))
-        forger.send(protocol.end_message(5))
+        forger.send([protocol.end_message(5)])
         assert [env(receiver), env(receiver)] == ["env0", "env1"]
         with pytest.raises(rlwire.StepGapError, match="finished the stream at step 5: steps 2-4"):
             receiver.receive(timeout=LONG)
@@ -506,6 +606,47 @@ def test_an_end_after_lost_steps_is_a_gap_then_the_end(
     with rlwire.open_receiver(url) as receiver:
         forger.handshake()
         forger.send(forged(0, 0, session=b"A" * 8))
-        forger.send(protocol.end_message(1))  # the end carries no session
+        forger.send([protocol.end_message(1)])  # the end carries no session
         assert env(receiver) == "env0"
         assert list(receiver) == []
+
+
+def test_a_batch_stopped_midway_is_dropped_and_counts_as_lost(
+    tmp_path: Path, raw_socket: RawSocket
+) -> None:
+    """The data messages of a batch whose seal never comes are never returned, in part
+    or whole: they are dropped on the sender's abort of that batch (an abort of another
+    is ignored), on the first data message of the next batch, or on the end. Data
+    messages of a batch whose start never came, and a seal without its batch, are
+    discarded without a word. Each dropped batch is a lost one: the batch returned
+    after it reports the gap, or the end does."""
+    url = f"zmq+ipc://{tmp_path}/sock"
+    forger = Forger(raw_socket, url)
+    with rlwire.open_receiver(url) as receiver:
+        forger.handshake()
+        forger.send(forged(0, 0, cut=(2,)))
+        assert env(receiver) == "env0"
+        one = forged(1, 1, cut=(2, 2))
+        forger.send([*one[:2], protocol.abort_message(b"S" * 8, 0)])  # another batch's
+        forger.send([one[2], protocol.abort_message(b"S" * 8, 1), one[3]])
+        forger.send(forged(2, 2, cut=(2,)))
+        with pytest.raises(rlwire.StepGapError, match="expected step 1, got step 2"):
+            receiver.receive(timeout=LONG)
+        assert env(receiver) == "env2"
+        forger.send(forged(3, 3, cut=(2,))[:1])
+        forger.send(forged(4, 4, cut=(2,)))
+        with pytest.raises(rlwire.StepGapError, match="expected step 3, got step 4"):
+            receiver.receive(timeout=LONG)
+        assert env(receiver) == "env4"
+        forger.send(forged(5, 5, cut=(2,))[1:])
+        with pytest.raises(rlwire.ReceiveTimeout):
+            receiver.receive(timeout=SHORT / 4)
+        forger.send(forged(6, 6, cut=(3, 1)))
+        with pytest.raises(rlwire.StepGapError, match="expected step 5, got step 6"):
+            receiver.receive(timeout=LONG)
+        assert env(receiver) == "env6"
+        forger.send([*forged(7, 7, cut=(2,))[:1], protocol.end_message(8)])
+        with pytest.raises(rlwire.StepGapError, match="finished the stream at step 8: steps 7"):
+            receiver.receive(timeout=LONG)
+        with pytest.raises(rlwire.EndOfStream):
+            receiver.receive(timeout=LONG)

@@ -40,8 +40,10 @@ __all__ = [
     "END_MAGIC",
     "FORMAT_VERSION",
     "Layout",
+    "check_algorithm",
     "check_magic",
     "checksum_segments",
+    "compare_digests",
     "consumed_mark",
     "end_mark",
     "hash_pool",
@@ -49,6 +51,7 @@ __all__ = [
     "parse_mark",
     "placeholder_checksums",
     "plan",
+    "segment_digests",
     "verify_segments",
 ]
 
@@ -173,7 +176,7 @@ def checksum_segments(frame: Frame) -> Sliced[bytes]:
     for seg in [frame.header, *frame.buffers]:
         view = memoryview(seg)
         if view.nbytes > _CHECKSUM_CHUNK:  # one large segment, in chunks
-            sums += _digests(group)
+            sums += segment_digests(group)
             group, group_bytes = [], 0
             hasher = xxhash.xxh3_64()
             for start in range(0, view.nbytes, _CHECKSUM_CHUNK):
@@ -185,11 +188,11 @@ def checksum_segments(frame: Frame) -> Sliced[bytes]:
         group.append(view)
         group_bytes += view.nbytes
         if group_bytes >= _CHECKSUM_CHUNK * _hash_workers() or slicer.due():
-            sums += _digests(group)
+            sums += segment_digests(group)
             group, group_bytes = [], 0
             yield
             slicer.restart()
-    sums += _digests(group)
+    sums += segment_digests(group)
     return np.array(sums, _U64).tobytes()
 
 
@@ -401,14 +404,35 @@ def verify_segments(
         UnsupportedVersionError: an algorithm this reader does not know.
         CorruptFrameError: a mismatch, naming the segment.
     """
+    check_algorithm(algorithm, where)
+    compare_digests(checksums, segment_digests(segments), segments, where)
+
+
+def check_algorithm(algorithm: str, where: str) -> None:
+    """Check that ``algorithm`` is the checksum algorithm this reader computes.
+
+    Raises:
+        UnsupportedVersionError: it is another.
+    """
     if algorithm != CHECKSUM:
         raise UnsupportedVersionError(
             f"checksum algorithm {algorithm!r} is not one this reader knows "
             f"({CHECKSUM}); receive with verify=False to skip checking",
             where=where,
         )
+
+
+def compare_digests(
+    checksums: bytes, digests: Sequence[int], segments: Sequence[memoryview], where: str
+) -> None:
+    """Check ``digests`` (from :func:`segment_digests`) of ``segments`` against the
+    packed little-endian u64 ``checksums`` recorded for them, one per segment.
+
+    Raises:
+        CorruptFrameError: a mismatch, naming the segment.
+    """
     stored = np.frombuffer(checksums, _U64).tolist()
-    for i, (seg, computed) in enumerate(zip(segments, _digests(segments), strict=True)):
+    for i, (seg, computed) in enumerate(zip(segments, digests, strict=True)):
         if computed != stored[i]:
             what = "the header" if i == 0 else f"buffer {i - 1} ({seg.nbytes} bytes)"
             raise CorruptFrameError(
@@ -439,7 +463,7 @@ def hash_pool() -> concurrent.futures.ThreadPoolExecutor:
         return _hash_pool
 
 
-def _digests(segments: Sequence[memoryview]) -> list[int]:
+def segment_digests(segments: Sequence[memoryview]) -> list[int]:
     """The xxh3-64 of each segment. A large message's segments are hashed by as many
     threads as there are cores, in groups of about equal bytes: xxhash releases the GIL,
     and so does the page fault that first touches each page of a fresh mapping."""

@@ -11,11 +11,17 @@ it sends step 0 and a receiver that starts late misses nothing. Two patterns:
     one producer, consumers sharing work: each step goes to one consumer, the next one
     whose queue has room, so a slow consumer gets less.
 
-A message is a multipart ZeroMQ message: a small *head* (magic, version, session, step,
-sequence number, rank, codec, per-segment compression, checksums), the codec's header,
-then one frame per out-of-band buffer, sent zero-copy. Every message to a receiver carries
-the next sequence number of the sender's session, so a receiver detects a lost message
-and raises :class:`~rlwire.errors.StepGapError` instead of training on a hole.
+A step's payload for one receiver, a *batch*, is one or more *data messages* of about
+``message_bytes`` each, then a *seal*. A data message is a multipart ZeroMQ message: a
+small *head* (magic, version, session, step, sequence number, rank, codec, per-segment
+compression, its place in the batch), then the batch's next segments (the codec's header,
+the out-of-band buffers), sent zero-copy. The seal carries every segment's checksum: the
+sender hashes each data message while ZeroMQ sends it, and the receiver each one while the
+next arrives, since ZeroMQ moves a multipart message only once it is all queued. A
+receiver returns a batch only once sealed; a sender stopped midway says ``abort``. Every
+batch to a receiver carries the next sequence number of the sender's session, so a
+receiver detects a lost batch and raises :class:`~rlwire.errors.StepGapError` instead of
+training on a hole.
 High-water marks bound the queue per receiver; a full queue makes the sender wait, never
 drop. A send returns once ZeroMQ has released the message's buffers (handed them to the
 kernel), so the caller may reuse its arrays. Receivers acknowledge what they read, and

@@ -24,6 +24,7 @@ from ._protocol import (
     PING,
     READY,
     REANNOUNCE_SECONDS,
+    abort_message,
     end_message,
     parse_ack,
     parse_ready,
@@ -102,37 +103,46 @@ class Peers:
                 raise self._timed_out(missing)
             await self._wait()
 
-    async def claim(self, rank: int) -> bytes:
-        """The routing id of the receiver that gets ``rank``'s message, once its queue has
-        room. The routing id part is sent here: the rest of the message must follow at
-        once, in the same task, with no checkpoint that could cancel it in between.
+    async def claim(self, rank: int, *, peer: bytes | None = None) -> bytes:
+        """The routing id of the receiver that gets ``rank``'s message (``peer``, for
+        the next message of a batch already going to it), once its queue has room. The
+        routing id part is sent here: the rest of the message must follow at once, in
+        the same task, with no checkpoint that could cancel it in between.
 
         Raises:
-            TransportError: the receiver of ``rank`` disconnected (``ranks`` pattern), or
-                no receiver is there after ``ready_timeout``.
+            TransportError: the receiver of ``rank`` (or ``peer``) disconnected, or no
+                receiver is there after ``ready_timeout``.
         """
         deadline = self._deadline()
         while True:
             self.drain()
-            for peer in self._candidates(rank):
+            if peer is not None and peer not in self._seq:
+                raise self._gone(rank)
+            for candidate in self._candidates(rank) if peer is None else [peer]:
                 try:
-                    self.socket.send(peer, zmq.SNDMORE | zmq.NOBLOCK)
+                    self.socket.send(candidate, zmq.SNDMORE | zmq.NOBLOCK)
                 except zmq.Again:
                     continue  # this receiver's queue is full: backpressure
                 except zmq.ZMQError as exc:
                     if exc.errno != zmq.EHOSTUNREACH:
                         raise transport_error(exc, "send", where=None) from exc
-                    self.forget(peer)
-                    if self.pattern == "ranks":
-                        raise TransportError(
-                            f"the receiver of rank {rank} disconnected; it will get a "
-                            "StepGapError for this step when it reconnects"
-                        ) from exc
+                    self.forget(candidate)
+                    if self.pattern == "ranks" or peer is not None:
+                        raise self._gone(rank) from exc
                     continue
-                return peer
-            if _expired(deadline) and not self._candidates(rank):
+                return candidate
+            if peer is None and _expired(deadline) and not self._candidates(rank):
                 raise self._timed_out([rank])
             await self._wait()
+
+    def abort(self, peer: bytes, seq: int) -> None:
+        """Tell ``peer`` to drop what it got of batch ``seq``, the last one taken for it,
+        which is given up before its seal, if its queue has room (if not, the first data
+        message of the next batch tells it). ``seq`` goes to the next batch."""
+        if self._seq.get(peer) == seq + 1:
+            self._seq[peer] = seq
+        with contextlib.suppress(zmq.ZMQError):
+            self.socket.send_multipart([peer, *abort_message(self.session, seq)], zmq.NOBLOCK)
 
     def take_seq(self, peer: bytes) -> int:
         """The sequence number of the message now going to ``peer``, counted as sent."""
@@ -265,6 +275,14 @@ class Peers:
 
     def _deadline(self) -> float | None:
         return None if self.ready_timeout is None else time.monotonic() + self.ready_timeout
+
+    def _gone(self, rank: int) -> TransportError:
+        if self.pattern == "shared":
+            return TransportError("the consumer being sent this step disconnected")
+        return TransportError(
+            f"the receiver of rank {rank} disconnected; it will get a StepGapError for "
+            "this step when it reconnects"
+        )
 
     def _timed_out(self, ranks: list[int]) -> TransportError:
         if self.pattern == "ranks":

@@ -1,17 +1,21 @@
 """The ZeroMQ messages, exactly as docs/format.md ("ZeroMQ messages") specifies them.
 
-A batch travels as one multipart message:
+A batch travels as one or more *data messages*, then a *seal*. Each data message is:
 
 part 0
     the prelude (:data:`MAGIC`, then the major and minor :data:`VERSION` as little-endian
     u16), then the :class:`Head`, a msgpack array; :func:`first_part` builds it
-part 1
-    the codec header (segment 0)
-part 2 …
-    one part per out-of-band buffer (segments 1 …), in order, unpadded
+part 1 …
+    the next segments of the frame, in order, unpadded: the codec header (segment 0) is
+    the first part of data message 0, then the out-of-band buffers (segments 1 …)
+
+The seal (:func:`seal_message`) carries the checksums of every segment. Splitting a batch
+lets both sides hash while ZeroMQ moves the bytes: ZeroMQ starts sending a multipart
+message only once its last part is queued, and hands it to the reader only whole.
 
 Control messages are a kind and a body: ``ready``, ``ack`` and ``bye`` go from a receiver
-to the sender, ``ping`` (a single part) and ``end`` from a sender to a receiver.
+to the sender, ``ping`` (a single part), ``seal``, ``abort`` and ``end`` from a sender to
+a receiver.
 
 This module builds and checks those parts and touches no socket. What it writes is the
 wire format: a change here is a change of docs/format.md, and of :data:`VERSION`.
@@ -29,6 +33,7 @@ from ...frame import Frame
 from .._layout import CHECKSUM, check_magic
 
 __all__ = [
+    "ABORT",
     "ACK",
     "BYE",
     "END",
@@ -36,9 +41,12 @@ __all__ = [
     "PING",
     "READY",
     "REANNOUNCE_SECONDS",
+    "SEAL",
     "VERSION",
     "Head",
     "Ready",
+    "Seal",
+    "abort_message",
     "ack_message",
     "bye_message",
     "check_recipient",
@@ -47,16 +55,19 @@ __all__ = [
     "frame_of",
     "is_ping",
     "make_head",
+    "parse_abort",
     "parse_ack",
-    "parse_batch",
+    "parse_data",
     "parse_end",
     "parse_ready",
+    "parse_seal",
     "ready_message",
+    "seal_message",
 ]
 
 MAGIC = b"RLWZ"
 #: (major, minor): a reader refuses a major version it does not know.
-VERSION = (1, 0)
+VERSION = (2, 0)
 _PRELUDE = struct.Struct("<4sHH")
 _PRELUDE_BYTES = _PRELUDE.pack(MAGIC, *VERSION)
 
@@ -74,19 +85,27 @@ PING = b"ping"
 #: Sender -> receiver, body: the end step (u64 LE): the sender finished the stream, and
 #: no step at or after it will come.
 END = b"end"
+#: Sender -> receiver, body: the batch's session and ``seq``, then its checksums: the
+#: batch's data messages are all sent.
+SEAL = b"seal"
+#: Sender -> receiver, body: the batch's session and ``seq``: the sender stopped midway
+#: through the batch (a cancelled send); what arrived of it is discarded.
+ABORT = b"abort"
 REANNOUNCE_SECONDS = 1.0
 
 _ACK_BODY = struct.Struct("<8sQ")
 _END_BODY = struct.Struct("<Q")
+# session, seq: the body of an abort, and what opens the body of a seal
+_BATCH_ID = struct.Struct("<8sQ")
 
 
 class Head(msgspec.Struct, array_like=True, frozen=True):
-    """What part 0 of a batch message carries after the prelude, field by field as
-    docs/format.md lists them.
+    """What part 0 of a data message carries after the prelude, field by field as
+    docs/format.md lists them. The data messages of one batch differ only in ``index``.
 
     Attributes:
         session: 8 random bytes, new for every sender.
-        seq: how many messages this session sent to this receiver before this one.
+        seq: how many batches this session sent to this receiver before this one.
         step: the step.
         rank: the rank whose payload this is (meaningless when ``shared``).
         shared: true for the ``shared`` pattern.
@@ -94,8 +113,10 @@ class Head(msgspec.Struct, array_like=True, frozen=True):
         sidecar: indices of the buffers the sender named sidecar fields.
         compression: one compression id per segment, or empty.
         raw_sizes: each segment's size before compression, or empty.
-        checksum: ``"xxh3-64"``, or ``None``.
-        checksums: one packed little-endian u64 per segment, or empty.
+        checksum: ``"xxh3-64"`` (the seal carries one per segment), or ``None``.
+        segments: how many segments the batch has (the header and the buffers).
+        index: this data message's place among the batch's, from 0.
+        count: how many data messages the batch has.
     """
 
     session: bytes
@@ -108,6 +129,17 @@ class Head(msgspec.Struct, array_like=True, frozen=True):
     compression: bytes
     raw_sizes: list[int]
     checksum: str | None
+    segments: int
+    index: int
+    count: int
+
+
+class Seal(msgspec.Struct, frozen=True):
+    """A ``seal`` message: the batch ``seq`` of ``session`` is whole, and these are its
+    ``checksums`` (packed little-endian u64, one per segment, or empty)."""
+
+    session: bytes
+    seq: int
     checksums: bytes
 
 
@@ -124,12 +156,11 @@ _ready_decoder = msgspec.msgpack.Decoder(Ready)
 
 
 def make_head(
-    frame: Frame, *, session: bytes, step: int, rank: int, shared: bool, checksums: bytes | None
+    frame: Frame, *, session: bytes, step: int, rank: int, shared: bool, checksum: bool
 ) -> Head:
-    """The head of the message that carries ``frame``, with ``seq`` left at 0 for
-    :func:`first_part` to set per receiver.
-
-    ``checksums`` is the packed xxh3-64 of every segment, or ``None`` to send none.
+    """The head of the data messages that carry ``frame``, with ``seq``, ``index`` and
+    ``count`` left at 0 for :func:`first_part` to set. With ``checksum``, the seal will
+    carry the xxh3-64 of every segment.
     """
     return Head(
         session=session,
@@ -141,15 +172,61 @@ def make_head(
         sidecar=sorted(frame.sidecar),
         compression=bytes(frame.compression),
         raw_sizes=list(frame.raw_sizes),
-        checksum=None if checksums is None else CHECKSUM,
-        checksums=b"" if checksums is None else checksums,
+        checksum=CHECKSUM if checksum else None,
+        segments=1 + len(frame.buffers),
+        index=0,
+        count=0,
     )
 
 
-def first_part(head: Head, seq: int) -> bytes:
-    """Part 0 of a batch message: the prelude, then ``head`` as message ``seq`` of its
-    session to one receiver."""
-    return _PRELUDE_BYTES + _head_encoder.encode(msgspec.structs.replace(head, seq=seq))
+def first_part(head: Head, *, seq: int, index: int, count: int) -> bytes:
+    """Part 0 of data message ``index`` of ``count``, of batch ``seq`` of its session to
+    one receiver: the prelude, then ``head``."""
+    head = msgspec.structs.replace(head, seq=seq, index=index, count=count)
+    return _PRELUDE_BYTES + _head_encoder.encode(head)
+
+
+def seal_message(session: bytes, seq: int, checksums: bytes) -> list[bytes]:
+    """The ``seal`` of batch ``seq`` of ``session``: its data messages are all sent, and
+    ``checksums`` are its segments' (packed little-endian u64, or empty for none)."""
+    return [SEAL, _BATCH_ID.pack(session, seq) + checksums]
+
+
+def parse_seal(parts: Sequence[bytes | memoryview], *, where: str) -> Seal | None:
+    """The seal if ``parts`` is a ``seal`` message, else ``None``.
+
+    Raises:
+        CorruptFrameError: a seal whose body is malformed; ``where`` says where.
+
+    Example:
+        >>> parse_seal(seal_message(b"S" * 8, 3, b""), where="ipc:///run")
+        Seal(session=b'SSSSSSSS', seq=3, checksums=b'')
+    """
+    if len(parts) != 2 or bytes(parts[0]) != SEAL:
+        return None
+    body = bytes(parts[1])
+    if len(body) < _BATCH_ID.size or (len(body) - _BATCH_ID.size) % 8:
+        raise CorruptFrameError(f"malformed seal ({len(body)}-byte body)", where=where)
+    session, seq = _BATCH_ID.unpack_from(body)
+    return Seal(session, seq, body[_BATCH_ID.size :])
+
+
+def abort_message(session: bytes, seq: int) -> list[bytes]:
+    """The ``abort`` of batch ``seq`` of ``session``: the sender stopped midway."""
+    return [ABORT, _BATCH_ID.pack(session, seq)]
+
+
+def parse_abort(parts: Sequence[bytes | memoryview]) -> tuple[bytes, int] | None:
+    """``(session, seq)`` if ``parts`` is an ``abort`` message, else ``None``.
+
+    Example:
+        >>> parse_abort(abort_message(b"S" * 8, 3)), parse_abort([b"abort", b"short"])
+        ((b'SSSSSSSS', 3), None)
+    """
+    if len(parts) != 2 or bytes(parts[0]) != ABORT or len(parts[1]) != _BATCH_ID.size:
+        return None
+    session, seq = _BATCH_ID.unpack(parts[1])
+    return session, seq
 
 
 def end_message(end: int) -> list[bytes]:
@@ -169,24 +246,21 @@ def is_ping(parts: Sequence[bytes | memoryview]) -> bool:
     return len(parts) == 1 and bytes(parts[0]) == PING
 
 
-def parse_batch(
-    parts: Sequence[bytes | memoryview], *, rank: int | None, where: str
-) -> tuple[Head, list[memoryview]]:
-    """Check a received batch message as docs/format.md asks a reader to, before anything
-    is decoded: the prelude and the version, the head, that the head's counts agree with
-    the number of parts, and that the message holds ``rank``'s payload (or is shared;
-    ``rank=None`` leaves that to :func:`check_recipient`). Checksums are left to the
-    caller (see :func:`rlwire.transport._layout.verify_segments`).
+def parse_data(parts: Sequence[bytes | memoryview], *, where: str) -> tuple[Head, list[memoryview]]:
+    """Check a received data message as docs/format.md asks a reader to, before anything
+    is decoded: the prelude and the version, the head, and that the head's counts agree
+    with each other. Which receiver it is for, whether it follows on from the messages
+    before it, and checksums are left to the caller.
 
     Returns:
-        The head, and a view of each segment (parts 1 …), not copied.
+        The head, and a view of each segment it carries (parts 1 …), not copied.
 
     Raises:
         UnsupportedVersionError: a major version this reader does not know.
         CorruptFrameError: anything else that is not as specified; ``where`` says where.
 
     Example:
-        >>> parse_batch([b"xy"], rank=0, where="ipc:///run")
+        >>> parse_data([b"xy"], where="ipc:///run")
         Traceback (most recent call last):
         ...
         rlwire.errors.CorruptFrameError: ipc:///run: not an rlwire message (2-byte head)
@@ -200,26 +274,29 @@ def parse_batch(
         head = _head_decoder.decode(first[_PRELUDE.size :])
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise CorruptFrameError(f"malformed message head: {exc}", where=where) from exc
-    segments = len(parts) - 1
-    checks = {
-        "compression ids": (len(head.compression), segments if head.compression else 0),
-        "raw sizes": (len(head.raw_sizes), segments if head.compression else 0),
-        "checksums": (len(head.checksums), 8 * segments if head.checksum else 0),
-    }
-    for what, (found, expected) in checks.items():
-        if segments < 1 or found != expected:
+    carried = len(parts) - 1
+    if not 0 <= head.index < head.count or not 1 <= carried <= head.segments:
+        raise CorruptFrameError(
+            f"the head disagrees with the message: data message {head.index} of "
+            f"{head.count} carries {carried} of {head.segments} segments",
+            where=where,
+        )
+    for what, found in (
+        ("compression ids", len(head.compression)),
+        ("raw sizes", len(head.raw_sizes)),
+    ):
+        expected = head.segments if head.compression else 0
+        if found != expected:
             raise CorruptFrameError(
-                f"the head disagrees with the message: {segments} segments, "
+                f"the head disagrees with the message: {head.segments} segments, "
                 f"{found} {what} (expected {expected})",
                 where=where,
             )
-    if rank is not None:
-        check_recipient(head, rank=rank, shared=None, where=where)
     return head, [memoryview(part) for part in parts[1:]]
 
 
 def check_recipient(head: Head, *, rank: int, shared: bool | None, where: str) -> None:
-    """Check that a batch message is meant for a receiver of ``rank`` that expects the
+    """Check that a batch is meant for a receiver of ``rank`` that expects the
     ``shared`` pattern (``True``), the ``ranks`` pattern (``False``), or either
     (``None``).
 
@@ -239,7 +316,7 @@ def check_recipient(head: Head, *, rank: int, shared: bool | None, where: str) -
 
 
 def frame_of(head: Head, segments: Sequence[memoryview], *, where: str) -> Frame:
-    """The Frame of a checked message: its segments, described by its head.
+    """The Frame of a checked batch: its segments, described by its head.
 
     Raises:
         CorruptFrameError: the head's description does not fit the segments.

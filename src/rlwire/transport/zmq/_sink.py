@@ -10,8 +10,9 @@ from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
+import numpy as np
 import zmq
-from anyio import CapacityLimiter
+from anyio import CapacityLimiter, to_thread
 
 from ..._args import check_int, check_positive
 from ..._slicing import Sliced, SliceTimer
@@ -26,36 +27,43 @@ from .._base import (
     reject_unknown,
     take_frame,
 )
-from .._layout import checksum_segments
+from .._layout import segment_digests
 from .._url import URL
 from ._peers import Pattern, Peers
-from ._protocol import Head, first_part, make_head
+from ._protocol import Head, first_part, make_head, seal_message
 from ._sockets import Context, Socket, curve_server_keys, endpoint, release, start_authenticator
 from ._source import ZmqSource, open_source
 
 __all__ = ["ZmqSink"]
 
 
+#: The default of storage option ``message_bytes``.
+MESSAGE_BYTES = 32 << 20
+
+
 @dataclass
-class _Message:
+class _Batch:
+    """One rank's frame, as the data messages it is sent as."""
+
     head: Head
-    parts: list[bytes | memoryview]  # the frame's segments: parts 1 … of the message
+    segments: list[bytes | memoryview]  # the header, then the buffers
+    bounds: list[tuple[int, int]]  # the segments each data message carries
 
 
 class _ZmqStaged(Staged):
-    def __init__(self, sink: ZmqSink, messages: list[_Message]) -> None:
+    def __init__(self, sink: ZmqSink, batches: list[_Batch]) -> None:
         self.sink = sink
-        self.messages = messages
+        self.batches = batches
 
     async def acommit(self, limiter: CapacityLimiter) -> None:
         try:
-            await self.sink._deliver(self)
+            await self.sink._deliver(self, limiter)
         except RlwireError as exc:
             exc.add_context(where=self.sink.endpoint)
             raise
 
     def discard(self) -> None:
-        self.messages = []  # nothing reached the socket
+        self.batches = []  # nothing reached the socket
 
 
 class ZmqSink(Sink):
@@ -73,6 +81,10 @@ class ZmqSink(Sink):
         send (default 1).
     ``hwm``
         messages queued per receiver before a send waits (default 2).
+    ``message_bytes``
+        the size of the data messages a step's payload for one receiver is cut into, at
+        buffer boundaries (default 32 MiB): each side hashes one while ZeroMQ moves the
+        next (docs/format.md, "ZeroMQ messages").
     ``ready_timeout``
         seconds a send waits for a receiver that has not announced itself (default:
         no limit) before raising TransportError.
@@ -101,6 +113,7 @@ class ZmqSink(Sink):
         "pattern",
         "consumers",
         "hwm",
+        "message_bytes",
         "ready_timeout",
         "linger",
         "curve_secret_key",
@@ -116,6 +129,7 @@ class ZmqSink(Sink):
         pattern: Pattern = "ranks",
         consumers: int = 1,
         hwm: int = 2,
+        message_bytes: int = MESSAGE_BYTES,
         ready_timeout: float | None = None,
         linger: float = 30.0,
         curve_secret_key: bytes | None = None,
@@ -128,6 +142,7 @@ class ZmqSink(Sink):
         self.pattern = pattern
         self.consumers = consumers
         self.hwm = hwm
+        self.message_bytes = message_bytes
         self.ready_timeout = ready_timeout
         self.linger = linger
         self.curve_secret_key = curve_secret_key
@@ -157,6 +172,9 @@ class ZmqSink(Sink):
             pattern=opts.get("pattern", "ranks"),
             consumers=check_int(opts.get("consumers", 1), "storage option 'consumers'", low=1),
             hwm=check_int(opts.get("hwm", 2), "storage option 'hwm'", low=1),
+            message_bytes=check_int(
+                opts.get("message_bytes", MESSAGE_BYTES), "storage option 'message_bytes'", low=1
+            ),
             ready_timeout=None
             if ready_timeout is None
             else check_positive(ready_timeout, "storage option 'ready_timeout'"),
@@ -205,40 +223,30 @@ class ZmqSink(Sink):
                 "(use pattern='ranks' for per-rank payloads)",
                 where=self.endpoint,
             )
-        messages = []
+        batches = []
         for rank, pending in enumerate(frames):
             frame = yield from take_frame(pending)
-            sums = (yield from checksum_segments(frame)) if self.checksum else None
             head = make_head(
                 frame,
                 session=self._session,
                 step=step,
                 rank=rank,
                 shared=self.pattern == "shared",
-                checksums=sums,
+                checksum=self.checksum,
             )
-            messages.append(_Message(head, [frame.header, *frame.buffers]))
-        return _ZmqStaged(self, messages)
+            segments = [frame.header, *frame.buffers]
+            batches.append(_Batch(head, segments, _cut(segments, self.message_bytes)))
+        return _ZmqStaged(self, batches)
 
-    async def _deliver(self, staged: _ZmqStaged) -> None:
+    async def _deliver(self, staged: _ZmqStaged, limiter: CapacityLimiter) -> None:
         if self._peers is None:
             raise TransportError("the sink is not open", where=self.endpoint)
         peers = self._peers
         if self.pattern == "ranks":
-            await peers.await_ranks(len(staged.messages))
+            await peers.await_ranks(len(staged.batches))
         trackers: list[zmq.MessageTracker] = []
-        for message in staged.messages:
-            rank = message.head.rank
-            peer = await peers.claim(rank)
-            # Once the routing id is accepted ZeroMQ takes the rest (its queue limit
-            # counts whole messages), so the message is delivered whole or not at all.
-            with anyio.CancelScope(shield=True):
-                staged.visible = True
-                first = first_part(message.head, peers.take_seq(peer))
-                try:
-                    await _send_rest(peers.socket, [first, *message.parts], trackers)
-                except zmq.ZMQError as exc:
-                    raise transport_error(exc, f"send rank {rank}", where=self.endpoint) from exc
+        for batch in staged.batches:
+            await self._send_batch(staged, batch, trackers, limiter)
         # The caller's arrays are referenced, not copied: return only once ZeroMQ has
         # let go of them, so they may be reused. A tracker has no descriptor to wait on.
         delay = 0.0005
@@ -246,6 +254,51 @@ class ZmqSink(Sink):
             while not tracker.done:
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 0.01)
+
+    async def _send_batch(
+        self,
+        staged: _ZmqStaged,
+        batch: _Batch,
+        trackers: list[zmq.MessageTracker],
+        limiter: CapacityLimiter,
+    ) -> None:
+        """Send ``batch``'s data messages, each hashed while ZeroMQ sends it, then its
+        seal. Stopped before the seal (cancelled, or an error), it tells the receiver to
+        drop what it got, and the batch's sequence number goes to the next batch: a
+        receiver returns a batch only once sealed, so the step was not delivered."""
+        assert self._peers is not None
+        peers, rank = self._peers, batch.head.rank
+        peer = await peers.claim(rank)
+        seq = peers.take_seq(peer)
+        digests: list[int] = []
+        try:
+            for index, (start, stop) in enumerate(batch.bounds):
+                if index:
+                    await peers.claim(rank, peer=peer)
+                segments = batch.segments[start:stop]
+                # Once the routing id is accepted ZeroMQ takes the rest (its queue limit
+                # counts whole messages), so the message is delivered whole or not at all.
+                with anyio.CancelScope(shield=True):
+                    first = first_part(batch.head, seq=seq, index=index, count=len(batch.bounds))
+                    try:
+                        await _send_rest(peers.socket, [first, *segments], trackers)
+                    except zmq.ZMQError as exc:
+                        raise transport_error(
+                            exc, f"send rank {rank}", where=self.endpoint
+                        ) from exc
+                if self.checksum:
+                    views = [memoryview(segment) for segment in segments]
+                    digests += await to_thread.run_sync(segment_digests, views, limiter=limiter)
+            await peers.claim(rank, peer=peer)
+        except BaseException:
+            peers.abort(peer, seq)
+            raise
+        staged.visible = True
+        checksums = np.array(digests, "<u8").tobytes()
+        try:
+            peers.socket.send_multipart(seal_message(self._session, seq, checksums), zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            raise transport_error(exc, f"send rank {rank}", where=self.endpoint) from exc
 
     async def afinish(self, end: int, limiter: CapacityLimiter) -> None:
         # In the sender's task, like a send: only one thread may use the socket.
@@ -286,3 +339,18 @@ async def _send_rest(
         if slicer.due():
             await anyio.lowlevel.checkpoint()
             slicer.restart()
+
+
+def _cut(segments: list[bytes | memoryview], limit: int) -> list[tuple[int, int]]:
+    """Where to cut ``segments`` into data messages: runs of whole segments, each closed
+    once it holds ``limit`` bytes or more."""
+    bounds = []
+    start = size = 0
+    for i, segment in enumerate(segments):
+        size += memoryview(segment).nbytes
+        if size >= limit:
+            bounds.append((start, i + 1))
+            start, size = i + 1, 0
+    if start < len(segments):
+        bounds.append((start, len(segments)))
+    return bounds

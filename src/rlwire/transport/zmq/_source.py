@@ -6,7 +6,9 @@ import contextlib
 import os
 import threading
 import time
+from dataclasses import dataclass, field
 
+import msgspec
 import zmq
 
 from ..._args import check_int
@@ -21,19 +23,22 @@ from ...errors import (
 )
 from ...frame import Frame
 from .._base import Source, SourceOptions, reject_unknown
-from .._layout import verify_segments
+from .._layout import CHECKSUM, check_algorithm, compare_digests, segment_digests
 from .._url import URL
 from ._peers import Pattern
 from ._protocol import (
     REANNOUNCE_SECONDS,
     Head,
+    Seal,
     ack_message,
     bye_message,
     check_recipient,
     frame_of,
     is_ping,
-    parse_batch,
+    parse_abort,
+    parse_data,
     parse_end,
+    parse_seal,
     ready_message,
 )
 from ._sockets import (
@@ -49,6 +54,20 @@ from ._sockets import (
 )
 
 __all__ = ["ZmqSource", "open_source"]
+
+
+@dataclass
+class _Partial:
+    """The data messages of a batch received so far, hashed as they came."""
+
+    head: Head  # of data message 0
+    segments: list[memoryview] = field(default_factory=list)
+    digests: list[int] = field(default_factory=list)
+    received: int = 0  # data messages
+
+    def follows(self, head: Head) -> bool:
+        """True if ``head`` is of the data message that comes next in this batch."""
+        return head.index == self.received and msgspec.structs.replace(head, index=0) == self.head
 
 
 class ZmqSource(Source):
@@ -163,6 +182,7 @@ class ZmqSource(Source):
         # discarded without a word (it was reported once).
         self._behind: bytes | None = None
         self._pending: tuple[int, Frame] | None = None
+        self._partial: _Partial | None = None  # a batch whose seal has not come
         self._end: int | None = None  # the end step, once the sender finished
         self._heard = 0.0  # when a message last arrived or this receiver last announced
         self._ack: list[bytes] | None = None  # an acknowledgement still to send
@@ -209,6 +229,7 @@ class ZmqSource(Source):
                 end = parse_end(views)
                 if end is not None:
                     # Sent after every message to this receiver, on the same connection.
+                    self._partial = None
                     self._end = end
                     if self._shared is False and end > step:
                         raise StepGapError(
@@ -276,21 +297,77 @@ class ZmqSource(Source):
                 self._ack = None
 
     def _take(self, parts: list[memoryview], step: int) -> tuple[int, Frame] | None:
-        """The step and frame of a batch message if it is the next one for this
-        receiver, ``None`` if it is to be discarded without a word; an error otherwise."""
+        """The step and frame of the batch ``parts`` completes if it is the next one for
+        this receiver; ``None`` if it completes none, or one to discard without a word;
+        an error otherwise."""
         where = self.describe(step)
-        head, segments = parse_batch(parts, rank=None, where=where)
+        aborted = parse_abort(parts)
+        if aborted is not None:
+            if self._partial is not None and aborted == (
+                self._partial.head.session,
+                self._partial.head.seq,
+            ):
+                self._partial = None
+            return None
+        seal = parse_seal(parts, where=where)
+        if seal is not None:
+            return self._sealed(seal, step)
+        try:
+            head, segments = parse_data(parts, where=where)
+        except CorruptFrameError:
+            self._partial = None
+            raise
+        if head.index == 0:
+            self._partial = _Partial(head)  # one stopped midway is dropped
+        elif self._partial is None or not self._partial.follows(head):
+            # Part of a batch whose start was lost: the whole batch is, and the next
+            # batch reports the loss.
+            self._partial = None
+            return None
+        partial = self._partial
+        partial.segments += segments
+        partial.received += 1
+        if len(partial.segments) > head.segments:
+            self._partial = None
+            raise CorruptFrameError(
+                f"data message {head.index} of step {head.step} takes the batch to "
+                f"{len(partial.segments)} segments; its head says {head.segments}",
+                where=where,
+            )
+        if self.verify and head.checksum == CHECKSUM:  # while the next message arrives
+            partial.digests += segment_digests(segments)
+        return None
+
+    def _sealed(self, seal: Seal, step: int) -> tuple[int, Frame] | None:
+        """The step and frame of the batch ``seal`` closes, as :meth:`_take` says."""
+        where = self.describe(step)
+        partial, self._partial = self._partial, None
+        if (
+            partial is None
+            or (partial.head.session, partial.head.seq) != (seal.session, seal.seq)
+            or partial.received != partial.head.count
+        ):
+            return None  # the seal of a batch not whole here: lost, as above
+        head, segments = partial.head, partial.segments
         # Read, whatever follows: a closing sender need not wait for it.
         self._ack = ack_message(head.session, head.seq)
         self._send_ack()
         try:
+            expected = 8 * head.segments if head.checksum else 0
+            if len(segments) != head.segments or len(seal.checksums) != expected:
+                raise CorruptFrameError(
+                    f"the batch disagrees with its head: {head.segments} segments in the "
+                    f"head, {len(segments)} received, {len(seal.checksums) // 8} checksums",
+                    where=where,
+                )
             check_recipient(head, rank=self.rank, shared=self._shared, where=where)
             self._shared = head.shared
             if self.verify and head.checksum is not None:
-                verify_segments(head.checksum, head.checksums, segments, where)
+                check_algorithm(head.checksum, where)
+                compare_digests(seal.checksums, partial.digests, segments, where)
             frame = frame_of(head, segments, where=where)
         except CorruptFrameError as exc:
-            # Its sequence number stays unused: the next message reports the loss.
+            # Its sequence number stays unused: the next batch reports the loss.
             exc.add_context(step=head.step, rank=self.rank)
             raise
         order = self._order(head, step)

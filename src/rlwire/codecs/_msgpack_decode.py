@@ -76,6 +76,16 @@ _LOOK_INSIDE_SET = frozenset(_LOOK_INSIDE)
 # heavy containers into chunks), far less than a hostile one could make msgspec build.
 HEAP_FLOOR = 256 << 20
 HEAP_RATIO = 16
+#: A msgpack array this long or longer is decoded, and converted to its type, item by
+#: item, several items to a time slice: each array or bytes value in it costs a Python
+#: callback, and thousands of them in one msgspec call would hold the GIL for tens of ms.
+ITEMWISE_BYTES = 8 << 10
+ITEMWISE_ITEMS = 64
+# Items smaller than this on average are decoded in one call.
+_ITEMWISE_MIN_ITEM = 64
+# First bytes of a msgpack array of 16 items or more (array 16, array 32).
+_LONG_ARRAY_MARKERS = (0xDC, 0xDD)
+_raw_items = msgspec.msgpack.Decoder(list[msgspec.Raw])
 
 
 class Decoding:
@@ -207,13 +217,59 @@ class Decoding:
         """The header decoded into ``annotation`` (``Any``: plain builtins)."""
         self.chunked_made = self.bytes_made = 0
         skeleton = _skeleton(annotation) if isinstance(annotation, type) else None
-        raw = self._known_fields(skeleton) if skeleton is not None else _NONE
+        raw = (yield from self._known_fields(skeleton)) if skeleton is not None else _NONE
         if raw is _NONE:
-            raw = self.decode(self.header)
+            raw = yield from self.plain(self.header)
         yield
         return (yield from self.assemble(raw, annotation))
 
-    def _known_fields(self, skeleton: _Skeleton) -> Any:
+    def plain(self, data: bytes | memoryview) -> Sliced[Any]:
+        """``data`` decoded into plain builtins; a long msgpack array item by item (see
+        :data:`ITEMWISE_BYTES`)."""
+        view = memoryview(data).cast("B")
+        if view.nbytes < ITEMWISE_BYTES or view[0] not in _LONG_ARRAY_MARKERS:
+            return self.decode(data)
+        width = 2 if view[0] == 0xDC else 4
+        count = int.from_bytes(view[1 : 1 + width], "big")
+        if count * _ITEMWISE_MIN_ITEM > view.nbytes:
+            # Tiny items (numbers, empty lists) call no hook, and a view of each would
+            # cost far more than the item: one call, charged as a whole.
+            return self.decode(data)
+        try:
+            items = _raw_items.decode(data)
+        except msgspec.DecodeError:
+            return self.decode(data)  # malformed: the whole decode says where
+        out = []
+        for item in items:
+            out.append(self.decode(item))
+            if self.timer.due():
+                yield
+                self.timer.restart()
+        return out
+
+    def converted(self, raw: Any, annotation: Any) -> Sliced[Any]:
+        """``raw`` (plain builtins) converted to ``annotation``; a long list into
+        ``list[T]`` item by item (see :data:`ITEMWISE_BYTES`)."""
+        item = _list_item(annotation)
+        if item is None or type(raw) is not list or len(raw) < ITEMWISE_ITEMS:
+            return _convert(raw, annotation)
+        out = []
+        for i, value in enumerate(raw):
+            try:
+                out.append(msgspec.convert(value, item, dec_hook=_dec_hook))
+            except msgspec.ValidationError as exc:
+                where = str(exc).replace(" - at `$", f" - at `$[{i}]", 1)
+                if where == str(exc):
+                    where += f" - at `$[{i}]`"
+                raise DecodeError(
+                    f"received data does not match {_type_name(annotation)}: {where}"
+                ) from exc
+            if self.timer.due():
+                yield
+                self.timer.restart()
+        return out
+
+    def _known_fields(self, skeleton: _Skeleton) -> Sliced[Any]:
         """The header of a Struct, with only the fields the receiving type knows
         decoded: the others are skipped in C, so that a header cannot make the reader
         build objects the type would drop anyway. ``_NONE`` if it is not such a Struct's
@@ -235,12 +291,14 @@ class Decoding:
                 values.pop()
             if msgspec.UNSET in values:
                 return _NONE
-            head = [] if skeleton.tag is None else [skeleton.tag]
-            return head + [self.decode(v) for v in values]
+            out = [] if skeleton.tag is None else [skeleton.tag]
+            for value in values:
+                out.append((yield from self.plain(value)))
+            return out
         raw = {} if skeleton.tag is None else {skeleton.tag_field: skeleton.tag}
         for name, value in zip(skeleton.names, values, strict=True):
             if value is not msgspec.UNSET:
-                raw[name] = self.decode(value)
+                raw[name] = yield from self.plain(value)
         return raw
 
     def assemble(self, raw: Any, annotation: Any) -> Sliced[Any]:
@@ -261,7 +319,7 @@ class Decoding:
             typed = raw
         else:
             try:
-                typed = _convert(raw, annotation)
+                typed = yield from self.converted(raw, annotation)
             except DecodeError:
                 if not found:
                     raise
@@ -295,7 +353,7 @@ class Decoding:
             else:
                 raw = payload
         yield
-        return _convert(raw, annotation)
+        return (yield from self.converted(raw, annotation))
 
     def _unfilled(
         self, raw: Any, path: tuple[Any, ...], found: list[_Found], *, typed: bool
@@ -373,7 +431,7 @@ class Decoding:
                     raise _CannotFollow
                 return part
         self.chunked_made = self.bytes_made = 0
-        raw = self.decode(data)
+        raw = yield from self.plain(data)
         if type(raw) is not kind:
             raise CorruptFrameError(f"chunked container: a chunk is a {type(raw).__name__}")
         return (yield from self.assemble(raw, annotation))
@@ -484,6 +542,14 @@ def _annotation_at(annotation: Any, path: list[_Step]) -> Any:
             return None
         annotation = child_annotation(annotation, key, container)
     return annotation
+
+
+def _list_item(annotation: Any) -> Any:
+    """``T`` of an annotation ``list[T]``, else None."""
+    if typing.get_origin(annotation) is list:
+        args = typing.get_args(annotation)
+        return args[0] if args else None
+    return None
 
 
 def _convert(raw: Any, annotation: Any) -> Any:

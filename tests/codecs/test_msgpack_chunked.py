@@ -9,10 +9,11 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+from helpers import assert_batches_equal, make_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlwire import CorruptFrameError, DecodeError, Frame, RlwireError, _slicing
+from rlwire import CorruptFrameError, DecodeError, Frame, RlwireError, TrainingBatch, _slicing
 from rlwire.codecs._msgpack_encode import CHUNK_WEIGHT
 from rlwire.codecs.msgpack import MsgpackCodec
 
@@ -313,3 +314,38 @@ def test_a_list_filled_by_a_typed_try_is_not_filled_twice() -> None:
     got = decode(frame, AnyThenTuple)[0]
     assert len(got.first) == len(sent.first)
     assert got == sent
+
+
+def test_a_long_list_of_arrays_decodes_item_by_item_in_slices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A header whose list holds a thousand arrays (not chunked: it is light) is not
+    decoded in one call: with every slice over at once, each sample is a slice of its
+    own, into builtins and into a type; with slices that never end, a handful."""
+    sent = make_batch(256, 4, seed=3)
+    frame, _ = encode(sent, inline_threshold=1 << 20)
+    assert not frame.buffers and len(frame.header) > 8 << 10
+    monkeypatch.setattr(_slicing, "SLICE_SECONDS", 0.0)
+    for type_ in (Any, TrainingBatch):
+        got, slices = decode(frame, type_)
+        assert slices >= 256, (type_, slices)
+    assert_batches_equal(got, sent)
+    monkeypatch.setattr(_slicing, "SLICE_SECONDS", 60.0)
+    assert decode(frame, TrainingBatch)[1] < 8
+
+
+def test_an_item_refused_in_a_long_list_is_named_by_its_index() -> None:
+    """Converted item by item, a list still names the item that does not fit, and where
+    inside it."""
+    sent = [{"ids": [1, 2, 3], "name": f"s{i}", "pad": "x" * 200} for i in range(100)]
+    sent[57]["ids"] = [1, "two", 3]
+    frame, _ = encode(sent)
+
+    class Item(msgspec.Struct):
+        ids: list[int]
+        name: str
+
+    with pytest.raises(
+        DecodeError, match=r"does not match list: .*at `\$\[57\]\.ids\[1\]`"
+    ):
+        decode(frame, list[Item])

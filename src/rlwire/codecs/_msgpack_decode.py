@@ -81,11 +81,29 @@ HEAP_RATIO = 16
 #: callback, and thousands of them in one msgspec call would hold the GIL for tens of ms.
 ITEMWISE_BYTES = 8 << 10
 ITEMWISE_ITEMS = 64
+# How deep inside a message containers are taken apart item by item.
+_ITEMWISE_DEPTH = 4
 # Items smaller than this on average are decoded in one call.
 _ITEMWISE_MIN_ITEM = 64
-# First bytes of a msgpack array of 16 items or more (array 16, array 32).
-_LONG_ARRAY_MARKERS = (0xDC, 0xDD)
 _raw_items = msgspec.msgpack.Decoder(list[msgspec.Raw])
+_raw_values = msgspec.msgpack.Decoder(dict[str, msgspec.Raw])
+
+
+def _container(view: memoryview) -> type | None:
+    """``list`` or ``dict`` if ``view`` is a msgpack array or map worth decoding item by
+    item (see :data:`ITEMWISE_BYTES`), else None. Tiny items (numbers, empty lists)
+    call no hook, and a view of each would cost more than the item: those go whole."""
+    if view.nbytes < ITEMWISE_BYTES:
+        return None
+    first = view[0]
+    if 0x80 <= first <= 0x8F:  # fixmap: a Struct's fields, say
+        return dict
+    widths = {0xDC: (list, 2), 0xDD: (list, 4), 0xDE: (dict, 2), 0xDF: (dict, 4)}
+    if first not in widths:
+        return None
+    kind, width = widths[first]
+    count = int.from_bytes(view[1 : 1 + width], "big")
+    return kind if count * _ITEMWISE_MIN_ITEM <= view.nbytes else None
 
 
 class Decoding:
@@ -164,7 +182,7 @@ class Decoding:
                 )
         return _Chunked(is_map, ref)
 
-    def decode(self, data: bytes | memoryview, annotation: Any = None) -> Any:
+    def decode(self, data: bytes | memoryview | msgspec.Raw, annotation: Any = None) -> Any:
         """One msgspec call: ``data`` as ``annotation`` (None: plain builtins)."""
         try:
             if annotation is None:
@@ -223,29 +241,32 @@ class Decoding:
         yield
         return (yield from self.assemble(raw, annotation))
 
-    def plain(self, data: bytes | memoryview) -> Sliced[Any]:
-        """``data`` decoded into plain builtins; a long msgpack array item by item (see
-        :data:`ITEMWISE_BYTES`)."""
-        view = memoryview(data).cast("B")
-        if view.nbytes < ITEMWISE_BYTES or view[0] not in _LONG_ARRAY_MARKERS:
-            return self.decode(data)
-        width = 2 if view[0] == 0xDC else 4
-        count = int.from_bytes(view[1 : 1 + width], "big")
-        if count * _ITEMWISE_MIN_ITEM > view.nbytes:
-            # Tiny items (numbers, empty lists) call no hook, and a view of each would
-            # cost far more than the item: one call, charged as a whole.
-            return self.decode(data)
+    def plain(self, data: bytes | memoryview | msgspec.Raw, depth: int = 0) -> Sliced[Any]:
+        """``data`` decoded into plain builtins; a long msgpack array item by item, and
+        a map with string keys value by value, down to :data:`_ITEMWISE_DEPTH` levels
+        (see :data:`ITEMWISE_BYTES`)."""
+        kind = _container(memoryview(data).cast("B")) if depth < _ITEMWISE_DEPTH else None
         try:
-            items = _raw_items.decode(data)
-        except msgspec.DecodeError:
-            return self.decode(data)  # malformed: the whole decode says where
-        out = []
+            if kind is dict:
+                fields = _raw_values.decode(data)
+            elif kind is list:
+                items = _raw_items.decode(data)
+            else:
+                return self.decode(data)
+        except (msgspec.DecodeError, RecursionError):  # keys other than strings, malformed
+            return self.decode(data)  # the whole decode says what is wrong, if anything
+        if kind is dict:
+            out: dict[str, Any] = {}
+            for key, value in fields.items():
+                out[key] = yield from self.plain(value, depth + 1)
+            return out
+        values = []
         for item in items:
-            out.append(self.decode(item))
+            values.append((yield from self.plain(item, depth + 1)))
             if self.timer.due():
                 yield
                 self.timer.restart()
-        return out
+        return values
 
     def converted(self, raw: Any, annotation: Any) -> Sliced[Any]:
         """``raw`` (plain builtins) converted to ``annotation``; a long list into

@@ -22,6 +22,7 @@ import concurrent.futures
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -470,13 +471,29 @@ def segment_digests(segments: Sequence[memoryview]) -> list[int]:
     total = sum(seg.nbytes for seg in segments)
     workers = _hash_workers()
     if total < PARALLEL_HASH_BYTES or workers < 2 or len(segments) < 2:
-        return [xxhash.xxh3_64_intdigest(seg) for seg in segments]
+        return _hashed(segments)
     bounds = np.searchsorted(
         np.cumsum([seg.nbytes for seg in segments]), np.arange(1, workers) * (total / workers)
     ).tolist()
     groups = [segments[a:b] for a, b in zip([0, *bounds], [*bounds, len(segments)], strict=True)]
-    hashed = hash_pool().map(lambda group: [xxhash.xxh3_64_intdigest(s) for s in group], groups)
-    return [digest for group in hashed for digest in group]
+    return [digest for group in hash_pool().map(_hashed, groups) for digest in group]
+
+
+#: Segments hashed between two moments when the hashing thread lets others have the GIL.
+_HASHES_PER_TURN = 256
+
+
+def _hashed(segments: Sequence[memoryview]) -> list[int]:
+    """The xxh3-64 of each segment. Many small segments are a Python loop that holds the
+    GIL between calls: it lets go every :data:`_HASHES_PER_TURN` segments, so that an
+    event loop waiting for the GIL is not held up for a whole switch interval (5 ms)."""
+    if len(segments) <= _HASHES_PER_TURN:
+        return [xxhash.xxh3_64_intdigest(seg) for seg in segments]
+    out: list[int] = []
+    for start in range(0, len(segments), _HASHES_PER_TURN):
+        out += [xxhash.xxh3_64_intdigest(s) for s in segments[start : start + _HASHES_PER_TURN]]
+        time.sleep(0)
+    return out
 
 
 def check_magic(

@@ -345,7 +345,5 @@ def test_an_item_refused_in_a_long_list_is_named_by_its_index() -> None:
         ids: list[int]
         name: str
 
-    with pytest.raises(
-        DecodeError, match=r"does not match list: .*at `\$\[57\]\.ids\[1\]`"
-    ):
+    with pytest.raises(DecodeError, match=r"does not match list: .*at `\$\[57\]\.ids\[1\]`"):
         decode(frame, list[Item])

@@ -1120,3 +1120,21 @@ def test_parallel_verification_names_the_damaged_segment(
     with pytest.raises(CorruptFrameError, match="does not match its checksum") as info:
         verify_segments(CHECKSUM, sums, damaged, "here")
     assert info.value.segment == bad
+
+
+@pytest.mark.parametrize("parallel_bytes", [0, 1 << 40])
+def test_many_small_segments_are_hashed_in_turns_in_order(
+    monkeypatch: pytest.MonkeyPatch, parallel_bytes: int
+) -> None:
+    """Hundreds of segments are hashed a few hundred at a time (the thread lets go of
+    the GIL in between), inline or by several threads: every digest is still its own
+    segment's, and a mismatch names the right one."""
+    monkeypatch.setattr(_layout, "PARALLEL_HASH_BYTES", parallel_bytes)
+    segments = [memoryview(i.to_bytes(2, "little") * (1 + i % 7)) for i in range(1000)]
+    sums = struct.pack("<1000Q", *(xxhash.xxh3_64_intdigest(s) for s in segments))
+    verify_segments(CHECKSUM, sums, segments, "here")
+    damaged = list(segments)
+    damaged[700] = memoryview(b"\xff" + bytes(segments[700][1:]))
+    with pytest.raises(CorruptFrameError, match="buffer 699 ") as info:
+        verify_segments(CHECKSUM, sums, damaged, "here")
+    assert info.value.segment == 700

@@ -339,7 +339,7 @@ def ready_message(rank: int) -> list[bytes]:
 
     Example:
         >>> ready_message(2)
-        [b'ready', b'\\x92\\x01\\x02']
+        [b'ready', b'\\x92\\x02\\x02']
     """
     return [READY, msgspec.msgpack.encode(Ready(VERSION[0], rank))]
 

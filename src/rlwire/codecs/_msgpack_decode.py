@@ -81,6 +81,9 @@ HEAP_RATIO = 16
 #: callback, and thousands of them in one msgspec call would hold the GIL for tens of ms.
 ITEMWISE_BYTES = 8 << 10
 ITEMWISE_ITEMS = 64
+# An item of a long array this large is taken apart itself; smaller ones are decoded
+# in runs of ITEMWISE_BYTES or so.
+_ITEMWISE_BIG = 1 << 20
 # How deep inside a message containers are taken apart item by item.
 _ITEMWISE_DEPTH = 4
 # Items smaller than this on average are decoded in one call.
@@ -260,13 +263,36 @@ class Decoding:
             for key, value in fields.items():
                 out[key] = yield from self.plain(value, depth + 1)
             return out
-        values = []
+        values: list[Any] = []
+        run: list[msgspec.Raw] = []  # small items, decoded together as one array
+        run_bytes = 0
         for item in items:
-            values.append((yield from self.plain(item, depth + 1)))
+            size = len(memoryview(item))
+            if size >= _ITEMWISE_BIG:  # e.g. a list of lists of samples
+                values += self._run(run)
+                run, run_bytes = [], 0
+                values.append((yield from self.plain(item, depth + 1)))
+            else:
+                run.append(item)
+                run_bytes += size
+                if run_bytes < ITEMWISE_BYTES:
+                    continue
+                values += self._run(run)
+                run, run_bytes = [], 0
             if self.timer.due():
                 yield
                 self.timer.restart()
+        values += self._run(run)
         return values
+
+    def _run(self, items: list[msgspec.Raw]) -> list[Any]:
+        """Consecutive small items of an array, decoded in one call (as an array of
+        them: one call per item would cost more than the item)."""
+        if len(items) < 2:
+            return [self.decode(item) for item in items]
+        joined = b"\xdd" + len(items).to_bytes(4, "big") + b"".join(items)
+        decoded: list[Any] = self.decode(joined)
+        return decoded
 
     def converted(self, raw: Any, annotation: Any) -> Sliced[Any]:
         """``raw`` (plain builtins) converted to ``annotation``; a long list into
@@ -274,14 +300,13 @@ class Decoding:
         item = _list_item(annotation)
         if item is None or type(raw) is not list or len(raw) < ITEMWISE_ITEMS:
             return _convert(raw, annotation)
-        out = []
-        for i, value in enumerate(raw):
+        out: list[Any] = []
+        step = max(1, ITEMWISE_ITEMS // 4)
+        for start in range(0, len(raw), step):
             try:
-                out.append(msgspec.convert(value, item, dec_hook=_dec_hook))
+                out += msgspec.convert(raw[start : start + step], annotation, dec_hook=_dec_hook)
             except msgspec.ValidationError as exc:
-                where = str(exc).replace(" - at `$", f" - at `$[{i}]", 1)
-                if where == str(exc):
-                    where += f" - at `$[{i}]`"
+                where = _shift_index(str(exc), start)
                 raise DecodeError(
                     f"received data does not match {_type_name(annotation)}: {where}"
                 ) from exc
@@ -563,6 +588,12 @@ def _annotation_at(annotation: Any, path: list[_Step]) -> Any:
             return None
         annotation = child_annotation(annotation, key, container)
     return annotation
+
+
+def _shift_index(message: str, by: int) -> str:
+    """A msgspec error message about part of a list, with its path made the whole
+    list's: ``$[i]`` becomes ``$[by + i]``."""
+    return re.sub(r" - at `\$\[(\d+)\]", lambda m: f" - at `$[{by + int(m[1])}]", message, count=1)
 
 
 def _list_item(annotation: Any) -> Any:

@@ -22,7 +22,6 @@ import concurrent.futures
 import os
 import struct
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -479,21 +478,8 @@ def segment_digests(segments: Sequence[memoryview]) -> list[int]:
     return [digest for group in hash_pool().map(_hashed, groups) for digest in group]
 
 
-#: Segments hashed between two moments when the hashing thread lets others have the GIL.
-_HASHES_PER_TURN = 256
-
-
 def _hashed(segments: Sequence[memoryview]) -> list[int]:
-    """The xxh3-64 of each segment. Many small segments are a Python loop that holds the
-    GIL between calls: it lets go every :data:`_HASHES_PER_TURN` segments, so that an
-    event loop waiting for the GIL is not held up for a whole switch interval (5 ms)."""
-    if len(segments) <= _HASHES_PER_TURN:
-        return [xxhash.xxh3_64_intdigest(seg) for seg in segments]
-    out: list[int] = []
-    for start in range(0, len(segments), _HASHES_PER_TURN):
-        out += [xxhash.xxh3_64_intdigest(s) for s in segments[start : start + _HASHES_PER_TURN]]
-        time.sleep(0)
-    return out
+    return [xxhash.xxh3_64_intdigest(segment) for segment in segments]
 
 
 def check_magic(

@@ -1,9 +1,10 @@
 """The messages in tests/golden/: what each holds and how it was written.
 
-The files were written once by rlwire 0.1.0 (wire format 1.0), and the chunked case once
-by the first rlwire that chunks heavy containers (format 1.0 with extension types 4 and
-5), with ``python tests/golden_cases.py [NAME]``; never rewrite them to make a test
-pass. A reader must keep decoding them into exactly the objects below.
+The files were written once by rlwire 0.1.0 (wire format 1.0), the chunked case once by
+the first rlwire that chunks heavy containers (format 1.0 with extension types 4 and 5),
+and the ZeroMQ messages once by the first rlwire that speaks ZeroMQ version 2.0, with
+``python tests/golden_cases.py [NAME]``; never rewrite them to make a test pass. A
+reader must keep decoding them into exactly the objects below.
 """
 
 from __future__ import annotations
@@ -85,6 +86,57 @@ CASES: dict[str, tuple[Callable[[], Any], dict[str, Any], Any]] = {
 }
 
 
+#: ZeroMQ messages are never stored: this file holds what a sender sent a receiver for
+#: one batch (``batch()``, routed experts as sidecar, lz4, cut into data messages of
+#: 2 KiB), as a msgpack list of messages, each a list of parts; the ZeroMQ version is
+#: in its name.
+ZMQ_GOLDEN = GOLDEN / "zmq-2.0.msgpack"
+ZMQ_OPTIONS: dict[str, Any] = {
+    "sidecar": ("routed_experts",),
+    "compression": Compressor("lz4", 0, SMALL),
+    "storage_options": {"message_bytes": 2 << 10},
+}
+
+
+def _write_zmq() -> None:
+    """Send ``batch()`` to a raw DEALER socket and keep the messages it gets."""
+    import tempfile
+    import threading
+
+    import msgspec
+    import zmq
+
+    endpoint = f"ipc://{tempfile.mkdtemp()}/golden.sock"
+    got: list[list[bytes]] = []
+
+    def dealer() -> None:
+        context = zmq.Context()
+        sock = context.socket(zmq.DEALER)
+        sock.connect(endpoint)
+        sock.send_multipart([b"ready", msgspec.msgpack.encode([2, 0])])
+        while True:
+            parts = sock.recv_multipart()
+            if parts[0][:4] == b"RLWZ" or parts[0] == b"seal":
+                got.append(parts)
+            if parts[0] == b"seal":
+                sock.send_multipart([b"ack", parts[1][:16]])
+                sock.send_multipart([b"bye", b""])
+                break
+        sock.close(linger=1000)
+        context.term()
+
+    thread = threading.Thread(target=dealer)
+    thread.start()
+
+    async def send() -> None:
+        async with rlwire.open_sender(f"zmq+{endpoint}", **ZMQ_OPTIONS) as sender:
+            await sender.send(batch())
+
+    anyio.run(send)
+    thread.join()
+    ZMQ_GOLDEN.write_bytes(msgspec.msgpack.encode(got))
+
+
 async def _write(name: str) -> None:
     make, options, _ = CASES[name]
     path = GOLDEN / name
@@ -94,6 +146,9 @@ async def _write(name: str) -> None:
 
 
 if __name__ == "__main__":
-    for case in sys.argv[1:] or CASES:
-        anyio.run(_write, case)
+    for case in sys.argv[1:] or [*CASES, ZMQ_GOLDEN.name]:
+        if case == ZMQ_GOLDEN.name:
+            _write_zmq()
+        else:
+            anyio.run(_write, case)
         print("wrote", GOLDEN / case)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from golden_cases import CASES, GOLDEN
+from golden_cases import CASES, GOLDEN, ZMQ_GOLDEN, batch
 from helpers import assert_batches_equal
 from test_format_doc import assert_same
 
@@ -56,3 +56,35 @@ def test_the_chunked_case_holds_chunked_containers() -> None:
 
     msgspec.msgpack.decode(frame.header, ext_hook=ext_hook)
     assert {4, 5} <= codes and len(frame.header) < 1024
+
+
+def test_golden_zeromq_messages_decode(tmp_path: Path) -> None:
+    """The ZeroMQ messages a version-2.0 sender sent for one batch (several data
+    messages and a seal), played to a real receiver by a raw ROUTER socket, still come
+    back as that batch, verified; with one byte flipped, as a CorruptFrameError."""
+    import zmq
+
+    messages = msgspec.msgpack.decode(ZMQ_GOLDEN.read_bytes())
+    assert len(messages) > 2 and messages[-1][0] == b"seal"
+    flipped = [list(m) for m in messages]
+    flipped[1][-1] = bytes([flipped[1][-1][0] ^ 1]) + flipped[1][-1][1:]
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.RCVTIMEO, 30_000)
+    url = f"zmq+ipc://{tmp_path}/golden.sock"
+    router.bind(url.removeprefix("zmq+"))
+    try:
+        with rlwire.open_receiver(url) as receiver:
+            peer, kind, _ = router.recv_multipart()
+            assert kind == b"ready"
+            for message in messages:
+                router.send_multipart([peer, *message])
+            assert_batches_equal(receiver.receive(timeout=30), batch())
+            for message in flipped:
+                router.send_multipart([peer, *message])
+            with pytest.raises(rlwire.CorruptFrameError, match="does not match its checksum"):
+                receiver.receive(timeout=30)
+    finally:
+        router.close()
+        context.term()

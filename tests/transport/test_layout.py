@@ -1123,12 +1123,11 @@ def test_parallel_verification_names_the_damaged_segment(
 
 
 @pytest.mark.parametrize("parallel_bytes", [0, 1 << 40])
-def test_many_small_segments_are_hashed_in_turns_in_order(
+def test_many_small_segments_are_hashed_in_order(
     monkeypatch: pytest.MonkeyPatch, parallel_bytes: int
 ) -> None:
-    """Hundreds of segments are hashed a few hundred at a time (the thread lets go of
-    the GIL in between), inline or by several threads: every digest is still its own
-    segment's, and a mismatch names the right one."""
+    """A thousand small segments, hashed inline or in groups by several threads: every
+    digest is still its own segment's, and a mismatch names the right one."""
     monkeypatch.setattr(_layout, "PARALLEL_HASH_BYTES", parallel_bytes)
     segments = [memoryview(i.to_bytes(2, "little") * (1 + i % 7)) for i in range(1000)]
     sums = struct.pack("<1000Q", *(xxhash.xxh3_64_intdigest(s) for s in segments))

@@ -101,39 +101,11 @@ ZMQ_OPTIONS: dict[str, Any] = {
 def _write_zmq() -> None:
     """Send ``batch()`` to a raw DEALER socket and keep the messages it gets."""
     import tempfile
-    import threading
 
     import msgspec
-    import zmq
+    from helpers import capture_zmq_batch
 
-    endpoint = f"ipc://{tempfile.mkdtemp()}/golden.sock"
-    got: list[list[bytes]] = []
-
-    def dealer() -> None:
-        context = zmq.Context()
-        sock = context.socket(zmq.DEALER)
-        sock.connect(endpoint)
-        sock.send_multipart([b"ready", msgspec.msgpack.encode([2, 0])])
-        while True:
-            parts = sock.recv_multipart()
-            if parts[0][:4] == b"RLWZ" or parts[0] == b"seal":
-                got.append(parts)
-            if parts[0] == b"seal":
-                sock.send_multipart([b"ack", parts[1][:16]])
-                sock.send_multipart([b"bye", b""])
-                break
-        sock.close(linger=1000)
-        context.term()
-
-    thread = threading.Thread(target=dealer)
-    thread.start()
-
-    async def send() -> None:
-        async with rlwire.open_sender(f"zmq+{endpoint}", **ZMQ_OPTIONS) as sender:
-            await sender.send(batch())
-
-    anyio.run(send)
-    thread.join()
+    got = capture_zmq_batch(tempfile.mkdtemp(), batch(), **ZMQ_OPTIONS)
     ZMQ_GOLDEN.write_bytes(msgspec.msgpack.encode(got))
 
 

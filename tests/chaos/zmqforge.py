@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import msgspec
 
 import rlwire
@@ -48,44 +47,15 @@ Batch = list[list[bytes]]
 
 def capture(root: str) -> dict[str, Any]:
     """Send one batch through a real sender to a raw DEALER; save the messages it got."""
-    import zmq
+    from helpers import capture_zmq_batch
 
-    endpoint = f"ipc://{root}/capture.sock"
-    got: Batch = []
-
-    def dealer() -> None:
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.DEALER)
-        sock.connect(endpoint)
-        sock.send_multipart([b"ready", msgspec.msgpack.encode([2, 0])])
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if sock.poll(100):
-                parts = sock.recv_multipart()
-                if parts[0][:4] == b"RLWZ":
-                    got.append(parts)
-                elif parts[0] == b"seal":
-                    got.append(parts)
-                    sock.send_multipart([b"ack", parts[1][:16]])  # its session and seq
-                    sock.send_multipart([b"bye", b""])
-                    break
-        sock.close(linger=1000)
-        ctx.term()
-
-    thread = threading.Thread(target=dealer)
-    thread.start()
-
-    async def send() -> None:
-        async with rlwire.open_sender(
-            f"zmq+{endpoint}",
-            sidecar=("routed_experts",),
-            compression="lz4",
-            storage_options={"message_bytes": MESSAGE_BYTES},
-        ) as sender:
-            await sender.send(payload(0, 0, N))
-
-    anyio.run(send)
-    thread.join()
+    got = capture_zmq_batch(
+        root,
+        payload(0, 0, N),
+        sidecar=("routed_experts",),
+        compression="lz4",
+        storage_options={"message_bytes": MESSAGE_BYTES},
+    )
     Path(root, "zmq-captured.msgpack").write_bytes(msgspec.msgpack.encode(got))
     whole = len(got) > 2 and got[-1][0] == b"seal"
     return {"outcome": EXACT if whole else TYPED, "detail": f"{len(got)} messages"}

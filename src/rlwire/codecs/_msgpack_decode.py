@@ -76,11 +76,15 @@ _LOOK_INSIDE_SET = frozenset(_LOOK_INSIDE)
 # heavy containers into chunks), far less than a hostile one could make msgspec build.
 HEAP_FLOOR = 256 << 20
 HEAP_RATIO = 16
-#: A msgpack array this long or longer is decoded, and converted to its type, item by
-#: item, several items to a time slice: each array or bytes value in it costs a Python
-#: callback, and thousands of them in one msgspec call would hold the GIL for tens of ms.
+#: A msgpack array or map this long or longer is not decoded in one msgspec call: each
+#: array or bytes value in it costs a Python callback, and thousands of them in one call
+#: would hold the GIL for tens of ms. An array's items are decoded in runs of about this
+#: many bytes, a map's values one by one, several calls to a time slice.
 ITEMWISE_BYTES = 8 << 10
+#: A list this long or longer is converted to ``list[T]`` in groups of
+#: :data:`_CONVERT_GROUP` items, several groups to a time slice.
 ITEMWISE_ITEMS = 64
+_CONVERT_GROUP = 16
 # An item of a long array this large is taken apart itself; smaller ones are decoded
 # in runs of ITEMWISE_BYTES or so.
 _ITEMWISE_BIG = 1 << 20
@@ -245,9 +249,9 @@ class Decoding:
         return (yield from self.assemble(raw, annotation))
 
     def plain(self, data: bytes | memoryview | msgspec.Raw, depth: int = 0) -> Sliced[Any]:
-        """``data`` decoded into plain builtins; a long msgpack array item by item, and
-        a map with string keys value by value, down to :data:`_ITEMWISE_DEPTH` levels
-        (see :data:`ITEMWISE_BYTES`)."""
+        """``data`` decoded into plain builtins; a long msgpack array in runs of items,
+        and a map with string keys value by value, down to :data:`_ITEMWISE_DEPTH`
+        levels (see :data:`ITEMWISE_BYTES`)."""
         kind = _container(memoryview(data).cast("B")) if depth < _ITEMWISE_DEPTH else None
         try:
             if kind is dict:
@@ -296,15 +300,15 @@ class Decoding:
 
     def converted(self, raw: Any, annotation: Any) -> Sliced[Any]:
         """``raw`` (plain builtins) converted to ``annotation``; a long list into
-        ``list[T]`` item by item (see :data:`ITEMWISE_BYTES`)."""
+        ``list[T]`` in groups (see :data:`ITEMWISE_ITEMS`)."""
         item = _list_item(annotation)
         if item is None or type(raw) is not list or len(raw) < ITEMWISE_ITEMS:
             return _convert(raw, annotation)
         out: list[Any] = []
-        step = max(1, ITEMWISE_ITEMS // 4)
-        for start in range(0, len(raw), step):
+        for start in range(0, len(raw), _CONVERT_GROUP):
+            group = raw[start : start + _CONVERT_GROUP]
             try:
-                out += msgspec.convert(raw[start : start + step], annotation, dec_hook=_dec_hook)
+                out += msgspec.convert(group, annotation, dec_hook=_dec_hook)
             except msgspec.ValidationError as exc:
                 where = _shift_index(str(exc), start)
                 raise DecodeError(

@@ -1,4 +1,5 @@
-"""The async helpers: LagMonitor sees stalls, offload_sliced cleans up on cancellation."""
+"""The async helpers: LagMonitor sees stalls; offload_sliced runs many slices a trip and
+cleans up on cancellation."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import anyio
 import pytest
 
 import rlwire
-from rlwire._aio import offload_sliced
+from rlwire._aio import TRIP_SECONDS, Resumes, offload_sliced
 from rlwire._slicing import Sliced
 
 pytestmark = pytest.mark.anyio
@@ -67,3 +68,27 @@ async def test_run_slices_closes_generator_on_cancel() -> None:
             tg.start_soon(watch)
             await offload_sliced(work(), anyio.CapacityLimiter(1))
     assert started.is_set() and cleaned.is_set()
+
+
+async def test_one_trip_to_a_worker_thread_runs_many_short_slices() -> None:
+    # A trip per slice cost a thread hand-off per slice, as long as the slice itself.
+    def work() -> Sliced[int]:
+        for _ in range(2000):
+            yield
+        return 7
+
+    resumes = Resumes()
+    assert await offload_sliced(work(), anyio.CapacityLimiter(1), resumes) == 7
+    assert 1 <= resumes.trips <= 20
+
+
+async def test_a_trip_ends_once_its_slices_have_run_for_trip_seconds() -> None:
+    # So a cancellation waits for one trip at most, not for the whole generator.
+    def work() -> Sliced[None]:
+        for _ in range(4):
+            time.sleep(TRIP_SECONDS)
+            yield
+
+    resumes = Resumes()
+    await offload_sliced(work(), anyio.CapacityLimiter(1), resumes)
+    assert resumes.trips == 5  # one per slice, and the last to see it return

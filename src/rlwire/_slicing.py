@@ -2,9 +2,10 @@
 
 A *sliced generator* does its work between ``yield`` statements and returns its result.
 Each resumption is short (about a millisecond of GIL-holding Python, or one bounded
-system call that releases the GIL), so a driver can run every slice in a worker thread
-and the event loop gets the GIL back between slices. The same generator runs
-synchronously with :func:`run_sliced`; :mod:`rlwire._aio` drives it from async code.
+system call that releases the GIL), so a driver can run the slices in a worker thread,
+letting go of the GIL between them, and the event loop gets it back between slices.
+The same generator runs synchronously with :func:`run_sliced`; :mod:`rlwire._aio`
+drives it from async code.
 """
 
 from __future__ import annotations

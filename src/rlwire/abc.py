@@ -17,9 +17,9 @@ guide's "Add a sink of your own" walks through a whole plugin, and
 
 Work that takes long is written as a **sliced generator** (:data:`Sliced`): it does a
 short slice of work between ``yield`` statements, asking a :class:`SliceTimer` when the
-slice is over, and returns its result. The sender runs each slice in a worker thread, so
-the event loop gets the GIL back between slices; :func:`run_sliced` runs one to the end
-in the calling thread (in tests, say).
+slice is over, and returns its result. The sender runs the slices in worker threads and
+lets go of the GIL between them, so the event loop gets it back between slices;
+:func:`run_sliced` runs one to the end in the calling thread (in tests, say).
 
 Example:
     >>> from rlwire.abc import SliceTimer, Sliced, run_sliced

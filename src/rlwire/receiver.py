@@ -206,9 +206,10 @@ class TrainingBatchReceiver(Generic[T]):
     def _take(self, started: float) -> Sliced[Any]:
         """The core, a sliced generator: the next step's object, or ``_NOTHING`` if it
         is not there yet. The sync faces run it in the calling thread; the async ones
-        run each slice in a worker thread, so that decoding a large message never keeps
-        the event loop from the GIL for long. The mutex is held across slices, which may
-        run in different threads (a ``threading.Lock`` may be released by any thread)."""
+        run its slices in worker threads, letting go of the GIL between them, so that
+        decoding a large message never keeps the event loop from the GIL for long. The
+        mutex is held across slices, which may run in different threads (a
+        ``threading.Lock`` may be released by any thread)."""
         with self._mutex:
             got = self._peeked or self._read()
             self._peeked = None

@@ -445,6 +445,10 @@ def compare_digests(
 
 #: Below this many bytes a message's segments are hashed in the calling thread.
 PARALLEL_HASH_BYTES = 32 << 20
+# Nor are segments this small on average hashed by the pool: each hash call takes the GIL,
+# and passing it among the pool's threads costs more than the hashing (and it kept the
+# event loop waiting for it several switch intervals in a row).
+_POOLED_SEGMENT_BYTES = 256 << 10
 _hash_pool: concurrent.futures.ThreadPoolExecutor | None = None
 _hash_pool_lock = threading.Lock()
 
@@ -469,7 +473,12 @@ def segment_digests(segments: Sequence[memoryview]) -> list[int]:
     and so does the page fault that first touches each page of a fresh mapping."""
     total = sum(seg.nbytes for seg in segments)
     workers = _hash_workers()
-    if total < PARALLEL_HASH_BYTES or workers < 2 or len(segments) < 2:
+    if (
+        total < PARALLEL_HASH_BYTES
+        or total < len(segments) * _POOLED_SEGMENT_BYTES
+        or workers < 2
+        or len(segments) < 2
+    ):
         return _hashed(segments)
     bounds = np.searchsorted(
         np.cumsum([seg.nbytes for seg in segments]), np.arange(1, workers) * (total / workers)

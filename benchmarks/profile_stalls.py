@@ -1,7 +1,7 @@
 """Which slice of rlwire's work stalled the event loop: a profile of one send and receive.
 
 rlwire runs its CPU work as sliced generators in worker threads (``rlwire._aio.
-offload_sliced``). A loop stall happens when a worker thread holds the GIL for long: one
+drive_sliced``). A loop stall happens when a worker thread holds the GIL for long: one
 C call that does not release it (a msgspec decode, a ``bytes`` copy), or Python code
 that runs past the interpreter's switch interval (5 ms) while the loop waits for the GIL.
 This script wraps that driver to record, for every slice, when it ran, how long it took
@@ -75,7 +75,7 @@ def where(gen: Generator[Any, Any, Any]) -> str:
 
 
 async def recording_offload(slices: Any, limiter: Any, resumes: Any = None) -> Any:
-    """rlwire._aio.offload_sliced, recording every slice (no cancellation handling: a
+    """rlwire._aio.drive_sliced, recording every slice (no cancellation handling: a
     profile runs to the end): slices back to back for up to TRIP_SECONDS a trip, with
     the GIL let go between them."""
 
@@ -164,8 +164,8 @@ def main() -> None:
         objects = [bench_send.make_workload(args.samples, args.tokens, 48, 8, 0).batch]
         receive_type = rlwire.TrainingBatch
     gc.freeze()  # the step's objects out of the collector's way, as the benchmarks do
-    rlwire.sender.offload_sliced = recording_offload  # type: ignore[assignment]
-    rlwire.receiver.offload_sliced = recording_offload  # type: ignore[assignment]
+    rlwire.sender.drive_sliced = recording_offload  # type: ignore[assignment]
+    rlwire.receiver.drive_sliced = recording_offload  # type: ignore[assignment]
     root = tempfile.mkdtemp(dir=args.dir or default_dir())
     sidecar = ("routed_experts",)
 

@@ -1,5 +1,5 @@
-"""The async helpers: LagMonitor sees stalls; offload_sliced runs many slices a trip and
-cleans up on cancellation."""
+"""The event-loop toolkit: LagMonitor sees stalls; offload bounds its threads; offload_sliced
+runs many slices a trip and cleans up on cancellation (Once has its own file)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import anyio
 import pytest
 
 import rlwire
-from rlwire._aio import TRIP_SECONDS, Resumes, offload_sliced
+from rlwire._aio import Resumes, drive_sliced
 from rlwire._slicing import Sliced
+from rlwire.aio import TRIP_SECONDS, offload, offload_sliced
 
 pytestmark = pytest.mark.anyio
 
@@ -43,7 +44,7 @@ async def test_run_slices_runs_in_threads_and_returns() -> None:
             yield
         return 7
 
-    assert await offload_sliced(work(), anyio.CapacityLimiter(1)) == 7
+    assert await offload_sliced(work(), limiter=anyio.CapacityLimiter(1)) == 7
     assert threading.get_ident() not in threads
 
 
@@ -66,7 +67,7 @@ async def test_run_slices_closes_generator_on_cancel() -> None:
     with anyio.move_on_after(0.05):
         async with anyio.create_task_group() as tg:
             tg.start_soon(watch)
-            await offload_sliced(work(), anyio.CapacityLimiter(1))
+            await offload_sliced(work())
     assert started.is_set() and cleaned.is_set()
 
 
@@ -78,7 +79,7 @@ async def test_one_trip_to_a_worker_thread_runs_many_short_slices() -> None:
         return 7
 
     resumes = Resumes()
-    assert await offload_sliced(work(), anyio.CapacityLimiter(1), resumes) == 7
+    assert await drive_sliced(work(), anyio.CapacityLimiter(1), resumes) == 7
     assert 1 <= resumes.trips <= 20
 
 
@@ -90,5 +91,51 @@ async def test_a_trip_ends_once_its_slices_have_run_for_trip_seconds() -> None:
             yield
 
     resumes = Resumes()
-    await offload_sliced(work(), anyio.CapacityLimiter(1), resumes)
+    await drive_sliced(work(), anyio.CapacityLimiter(1), resumes)
     assert resumes.trips == 5  # one per slice, and the last to see it return
+
+
+async def test_offload_runs_calls_in_threads_no_more_at_once_than_the_limiter_allows() -> None:
+    running: list[int] = []
+    most = 0
+    lock = threading.Lock()
+
+    def work(i: int) -> tuple[int, int]:
+        nonlocal most
+        with lock:
+            running.append(i)
+            most = max(most, len(running))
+        time.sleep(0.02)
+        with lock:
+            running.remove(i)
+        return i, threading.get_ident()
+
+    limiter = anyio.CapacityLimiter(2)
+    results: list[tuple[int, int]] = []
+
+    async def one(i: int) -> None:
+        results.append(await offload(work, i, limiter=limiter))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(6):
+            tg.start_soon(one, i)
+    assert sorted(i for i, _ in results) == list(range(6))
+    assert most == 2
+    assert threading.get_ident() not in {thread for _, thread in results}
+
+
+async def test_offload_and_offload_sliced_raise_what_the_work_raised() -> None:
+    closed = threading.Event()
+
+    def fails() -> Sliced[None]:
+        try:
+            yield
+            raise ValueError("bad rollout 3")
+        finally:
+            closed.set()
+
+    with pytest.raises(ValueError, match="bad rollout 3"):
+        await offload_sliced(fails())
+    assert closed.is_set()
+    with pytest.raises(ZeroDivisionError):
+        await offload(divmod, 1, 0)

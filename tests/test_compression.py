@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import rlwire
 from rlwire import ConfigError, CorruptFrameError, Frame, FrameTooLargeError
-from rlwire._aio import offload_sliced
 from rlwire._slicing import run_sliced
+from rlwire.aio import offload_sliced
 from rlwire.compression import (
     _GROUP_BYTES,
     Compressor,
@@ -289,7 +289,9 @@ def test_closing_the_generator_cancels_groups_not_started() -> None:
 async def test_the_sender_path_matches_the_receiver_path(algorithm: str) -> None:
     frame = frame_of(compressible(1 << 20, 1), incompressible(300 * KiB), compressible(1 << 19))
     limiter = anyio.CapacityLimiter(2)
-    out = await offload_sliced(compress_sliced(frame, Compressor(algorithm), threads=2), limiter)
+    out = await offload_sliced(
+        compress_sliced(frame, Compressor(algorithm), threads=2), limiter=limiter
+    )
     sync = compress(frame, Compressor(algorithm))
     assert out.compression == sync.compression and out.raw_sizes == sync.raw_sizes
     assert [bytes(b) for b in out.buffers] == [bytes(b) for b in sync.buffers]

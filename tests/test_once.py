@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import anyio
 import pytest
 
-from rlwire._once import Once
+from rlwire.aio import Once
 
 
 class Factory:

@@ -18,7 +18,14 @@ MODULES = sorted(name for _, name, _ in pkgutil.walk_packages(rlwire.__path__, p
 
 #: Modules that only re-export: every public name they hold is listed in __all__, and
 #: nothing else is (as anyio checks its own face).
-FACES = ["rlwire", "rlwire.abc", "rlwire.codecs", "rlwire.transport", "rlwire.transport.layout"]
+FACES = [
+    "rlwire",
+    "rlwire.abc",
+    "rlwire.aio",
+    "rlwire.codecs",
+    "rlwire.transport",
+    "rlwire.transport.layout",
+]
 
 
 def export_problems(module: types.ModuleType, *, face: bool) -> list[str]:

@@ -1,12 +1,14 @@
-"""Async helpers shared by the sender and receiver: time-sliced work offloaded to threads,
-thread counts, and loop-lag monitoring."""
+"""The event-loop toolkit: work offloaded to threads (whole calls, or sliced generators a
+slice at a time), loop-lag monitoring, and the thread counts the sender and receiver use.
+Public through :mod:`rlwire.aio`."""
 
 from __future__ import annotations
 
 import math
 import os
 import time
-from typing import TypeVar
+from collections.abc import Callable
+from typing import TypeVar, TypeVarTuple, Unpack
 
 import anyio
 import anyio.abc
@@ -16,15 +18,19 @@ from ._args import check_int
 from ._slicing import Sliced
 
 __all__ = [
+    "TRIP_SECONDS",
     "LagMonitor",
     "Resumes",
+    "drive_sliced",
     "make_limiter",
+    "offload",
     "offload_sliced",
     "percentile",
     "thread_count",
 ]
 
 T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 
 def make_limiter(limiter: CapacityLimiter | int | None, default: int = 2) -> CapacityLimiter:
@@ -55,17 +61,81 @@ class Resumes:
 TRIP_SECONDS = 0.02
 
 
-async def offload_sliced(
+async def offload(
+    func: Callable[[Unpack[Args]], T],
+    *args: *Args,
+    limiter: CapacityLimiter | None = None,
+) -> T:
+    """Run ``func(*args)`` in a worker thread, under ``limiter``, and return its result.
+
+    For a call that does its work in C with the GIL released (compression, hashing,
+    file I/O, numpy on large arrays), or that is short: the event loop runs meanwhile.
+    Python that holds the GIL for long still stalls the loop from the thread; write it
+    as a sliced generator and use :func:`offload_sliced`. A cancelled caller waits for
+    the call to finish (a thread cannot be stopped midway).
+
+    Args:
+        func: the call.
+        limiter: bounds how many such calls run at once, shared by every caller that
+            passes it (default: anyio's default thread limiter, 40 threads).
+
+    Raises:
+        Exception: what ``func`` raised, as it raised it.
+
+    Example:
+        >>> import anyio, hashlib
+        >>> async def main() -> str:
+        ...     limiter = anyio.CapacityLimiter(2)  # at most two CPU-bound calls at once
+        ...     digest = await offload(hashlib.sha256, b"rollouts", limiter=limiter)
+        ...     return digest.hexdigest()[:8]
+        >>> anyio.run(main)
+        '6a3db1f6'
+    """
+    return await to_thread.run_sync(func, *args, limiter=limiter)
+
+
+async def offload_sliced(slices: Sliced[T], *, limiter: CapacityLimiter | None = None) -> T:
+    """Run a sliced generator in worker threads, a slice at a time, and return its result.
+
+    Each slice should hold the GIL briefly (:class:`~rlwire.aio.SliceTimer` tells it
+    when to ``yield``). One trip to a worker thread runs slices back to back for up to
+    :data:`TRIP_SECONDS` and lets go of the GIL between them, so the event loop gets it
+    within a slice. On cancellation or error the generator is closed in a worker thread
+    (shielded), so its ``finally`` blocks run off the loop; a cancellation waits for the
+    trip under way.
+
+    Args:
+        slices: the generator, not yet started.
+        limiter: bounds how many trips run at once (default: anyio's default thread
+            limiter).
+
+    Raises:
+        Exception: what the generator raised, as it raised it.
+
+    Example:
+        >>> import anyio
+        >>> from rlwire.aio import SliceTimer, Sliced
+        >>> def total(values: list[int]) -> Sliced[int]:
+        ...     timer, acc = SliceTimer(), 0
+        ...     for v in values:
+        ...         acc += v
+        ...         if timer.due():
+        ...             yield
+        ...             timer.restart()
+        ...     return acc
+        >>> anyio.run(offload_sliced, total(list(range(100_000))))
+        4999950000
+    """
+    if limiter is None:
+        limiter = to_thread.current_default_thread_limiter()
+    return await drive_sliced(slices, limiter)
+
+
+async def drive_sliced(
     slices: Sliced[T], limiter: CapacityLimiter, resumes: Resumes | None = None
 ) -> T:
-    """Run the slices of ``slices`` in worker threads and return the generator's result.
-
-    One trip to a worker thread runs slices for up to :data:`TRIP_SECONDS`, and lets go
-    of the GIL between them, so the event loop gets it back within a slice. On
-    cancellation or error the generator is closed in a worker thread (shielded), so its
-    cleanup runs off the loop. ``resumes``, if given, records how late the loop got back
-    to this call after each trip.
-    """
+    """:func:`offload_sliced`, recording in ``resumes`` (if given) the trips made and
+    how late the loop got back to this call after each."""
 
     def advance() -> tuple[bool, T | None, float]:
         deadline = time.perf_counter() + TRIP_SECONDS

@@ -163,8 +163,9 @@ class SyncSender:
 
         Raises:
             ClosedError: the sender is closed.
-            SchemaError, ConfigError, EncodeError, StepOrderError, StepExistsError,
-            TransportError: as :meth:`rlwire.TrainingBatchSender.send`.
+            RlwireError: the others of :meth:`rlwire.TrainingBatchSender.send`
+                (``SchemaError``, ``ConfigError``, ``EncodeError``, ``StepOrderError``,
+                ``StepExistsError``, ``TransportError``), for the same reasons.
         """
         return self._call(self._sender.send, obj, step=step)
 

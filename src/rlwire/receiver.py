@@ -11,7 +11,7 @@ from typing import Any, Generic, TypedDict, TypeVar, overload
 from anyio import CapacityLimiter, to_thread
 from typing_extensions import Unpack
 
-from ._aio import make_limiter, offload_sliced, thread_count
+from ._aio import drive_sliced, make_limiter, thread_count
 from ._args import check_int, check_positive
 from ._slicing import Sliced, run_sliced, timed
 from .codecs import Codec, get_codec
@@ -328,8 +328,9 @@ class TrainingBatchReceiver(Generic[T]):
 
         Raises:
             ReceiveTimeout: nothing arrived within ``timeout`` seconds.
-            EndOfStream, CorruptFrameError, DecodeError, SchemaError, StepGapError,
-            TransportError, ClosedError: as :meth:`poll`.
+            RlwireError: the others of :meth:`poll` (``EndOfStream``,
+                ``CorruptFrameError``, ``DecodeError``, ``SchemaError``, ``StepGapError``,
+                ``TransportError``, ``ClosedError``), for the same reasons.
         """
         started = time.perf_counter()
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -346,7 +347,7 @@ class TrainingBatchReceiver(Generic[T]):
         started = time.perf_counter()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            obj = await offload_sliced(self._take(started), self._limiter)
+            obj = await drive_sliced(self._take(started), self._limiter)
             if obj is not _NOTHING:
                 return obj  # type: ignore[no-any-return]
             await self._source.await_message(self._left(deadline, timeout))

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 from anyio import CapacityLimiter, to_thread
 
-from ._aio import Resumes, make_limiter, offload_sliced, thread_count
+from ._aio import Resumes, drive_sliced, make_limiter, thread_count
 from ._args import check_int
 from ._slicing import Sliced, timed
 from .checks import Checks
@@ -341,7 +341,7 @@ class TrainingBatchSender:
                 clock.waited = time.perf_counter() - clock.start
             frames = [self._encode(obj, step, rank, clock) for rank, obj in enumerate(objs)]
             try:
-                staged = await offload_sliced(
+                staged = await drive_sliced(
                     self._sink.stage(step, frames), self._limiter, clock.resumes
                 )
             except RlwireError as exc:

@@ -27,7 +27,7 @@ import msgspec
 import orjson
 from anyio import CapacityLimiter, to_thread
 
-from .._aio import make_limiter, offload_sliced
+from .._aio import drive_sliced, make_limiter
 from .._args import check_int
 from .._slicing import Sliced, SliceTimer, run_sliced
 from ..errors import (
@@ -176,7 +176,7 @@ async def adump_jsonl(
     """
     lim = make_limiter(limiter)
     if not isinstance(records, AsyncIterable):
-        return await offload_sliced(_dump_sliced(records, file, append), lim)
+        return await drive_sliced(_dump_sliced(records, file, append), lim)
     output = await to_thread.run_sync(OutputFile, file, append, limiter=lim)
     try:
         writer = _LineWriter(output)
@@ -184,11 +184,11 @@ async def adump_jsonl(
         async for record in records:
             batch.append(record)
             if len(batch) >= _ASYNC_BATCH:
-                await offload_sliced(writer.feed(batch), lim)
+                await drive_sliced(writer.feed(batch), lim)
                 batch = []
         if batch:
-            await offload_sliced(writer.feed(batch), lim)
-        await offload_sliced(writer.finish(), lim)
+            await drive_sliced(writer.feed(batch), lim)
+        await drive_sliced(writer.finish(), lim)
     except BaseException:
         with anyio.CancelScope(shield=True):
             await to_thread.run_sync(output.abort, limiter=lim)
@@ -372,7 +372,7 @@ async def aload_jsonl(
     lim = make_limiter(limiter)
     reader = await to_thread.run_sync(_LineReader, file, type, max_line_bytes, limiter=lim)
     try:
-        while (records := await offload_sliced(reader.batch(), lim)) is not None:
+        while (records := await drive_sliced(reader.batch(), lim)) is not None:
             for record in records:
                 yield record
     finally:

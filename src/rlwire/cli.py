@@ -1,9 +1,12 @@
-"""The ``rlwire`` command: ``rlwire demo`` and ``rlwire inspect PATH``."""
+"""The ``rlwire`` command: ``rlwire demo``, ``rlwire inspect PATH [--type MODULE:NAME]`` and
+``rlwire bench`` (the benchmark suite of a source checkout)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -12,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import numpy as np
 
 from ._aio import LagMonitor, percentile
 from ._batches import assert_batches_equal, make_batch
-from .errors import RlwireError
+from .errors import ConfigError, RlwireError
 from .receiver import open_receiver
 from .schema import TrainingBatch
 from .sender import open_sender
@@ -136,32 +140,104 @@ async def _demo(ns: argparse.Namespace, directory: str) -> int:
     return 0
 
 
+def _bench(options: list[str]) -> int:
+    """Run ``benchmarks/suite.py`` of the checkout this rlwire is installed from."""
+    suite = Path(__file__).resolve().parents[2] / "benchmarks" / "suite.py"
+    if not suite.is_file():
+        raise ConfigError(
+            "rlwire bench runs the benchmark suite of a source checkout (benchmarks/suite.py), "
+            "which this installation does not have: clone the repository and run "
+            "`python3 tasks.py bench` there"
+        )
+    return subprocess.call([sys.executable, str(suite), *options])
+
+
 def _inspect(ns: argparse.Namespace) -> int:
     path = Path(ns.path)
     step, rank = ns.step, ns.rank
-    with open_receiver(path, type=Any, start_step=step, rank=rank) as receiver:
+    target = _load_type(ns.type) if ns.type else Any
+    with open_receiver(path, type=target, start_step=step, rank=rank) as receiver:
         obj = receiver.poll()
     if obj is None:
         print(f"{path}: no step {step} for rank {rank}", file=sys.stderr)
         return 1
-    print(_describe(obj))
+    print(f"step {step} rank {rank}: {_size(_nbytes(obj))}{_describe(obj)}")
     return 0
+
+
+def _load_type(spec: str) -> Any:
+    """The type ``module:Name`` (``Name`` may be dotted) names, imported."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise ConfigError(f"--type {spec!r}: expected module:Name, e.g. myproject.types:Rollout")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in name.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--type {spec!r}: {exc}") from None
+    return found
+
+
+def _fields(obj: Any) -> dict[str, Any] | None:
+    """A Struct's or dict's fields by name, or None for anything else."""
+    if isinstance(obj, msgspec.Struct):
+        return {name: getattr(obj, name) for name in obj.__struct_fields__}
+    if isinstance(obj, dict):
+        return {str(key): value for key, value in obj.items()}
+    return None
+
+
+def _nbytes(obj: Any) -> int:
+    """The bytes of the arrays, bytes and strings in ``obj``."""
+    if isinstance(obj, np.ndarray | memoryview):
+        return int(obj.nbytes)
+    if isinstance(obj, bytes | bytearray | str):
+        return len(obj)
+    fields = _fields(obj)
+    if fields is not None:
+        return sum(_nbytes(value) for value in fields.values())
+    if isinstance(obj, list | tuple):
+        return sum(_nbytes(item) for item in obj)
+    return 0
+
+
+def _size(nbytes: int) -> str:
+    if nbytes < 10_000:
+        return f"{nbytes} bytes"
+    return f"{nbytes / 1e3:.1f} kB" if nbytes < 10_000_000 else f"{nbytes / 1e6:.1f} MB"
 
 
 def _describe(obj: Any, indent: str = "") -> str:
     if isinstance(obj, np.ndarray):
-        return f"ndarray {obj.dtype} {list(obj.shape)} ({obj.nbytes} bytes)"
-    if isinstance(obj, memoryview):
-        return f"bytes ({obj.nbytes})"
-    if isinstance(obj, dict):
-        inner = indent + "  "
-        return "\n".join([""] + [f"{inner}{k}: {_describe(v, inner)}" for k, v in obj.items()])
-    if isinstance(obj, list) and obj:
-        inner = indent + "  "
-        head = [f"{inner}[{i}]: {_describe(v, inner)}" for i, v in enumerate(obj[:3])]
+        return f" ndarray {obj.dtype} {list(obj.shape)} ({obj.nbytes} bytes)"
+    if isinstance(obj, memoryview | bytes | bytearray):
+        return f" bytes ({memoryview(obj).nbytes})"
+    inner = indent + "  "
+    fields = _fields(obj)
+    if fields is not None:
+        kind = f" {type(obj).__name__}" if isinstance(obj, msgspec.Struct) else ""
+        lines = [f"{inner}{k}:{_describe(v, inner)}" for k, v in fields.items()]
+        return "\n".join([kind, *lines])
+    if isinstance(obj, list | tuple) and obj:
+        head = [f"{inner}[{i}]:{_describe(v, inner)}" for i, v in enumerate(obj[:3])]
         more = [f"{inner}... {len(obj) - 3} more"] if len(obj) > 3 else []
-        return "\n".join(["", *head, *more])
-    return repr(obj)
+        title = f" {len(obj)} items ({_size(_nbytes(obj))})"
+        return "\n".join([title, *head, *more, *_per_field(obj, inner)])
+    return f" {obj!r}"
+
+
+def _per_field(items: list[Any] | tuple[Any, ...], indent: str) -> list[str]:
+    """For a list of Structs or dicts: each field's bytes over all of them."""
+    totals: dict[str, int] = {}
+    for item in items:
+        fields = _fields(item)
+        if fields is None:
+            return []
+        for name, value in fields.items():
+            totals[name] = totals.get(name, 0) + _nbytes(value)
+    sizes = ", ".join(f"{name} {_size(n)}" for name, n in totals.items() if n)
+    return [f"{indent}bytes per field, all {len(items)}: {sizes}"] if sizes else []
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -183,21 +259,34 @@ def _parser() -> argparse.ArgumentParser:
     trainer.add_argument("--steps", type=int, required=True)
     trainer.add_argument("--timeout", type=float, default=60)
     batch_options(trainer)
+    # Its options are the suite's own (`rlwire bench --help` shows them).
+    sub.add_parser("bench", help="the whole benchmark suite of a source checkout", add_help=False)
     inspect = sub.add_parser("inspect", help="describe one stored message")
     inspect.add_argument("path", help="the directory a sender writes to")
     inspect.add_argument("--step", type=int, default=0)
     inspect.add_argument("--rank", type=int, default=0)
+    inspect.add_argument(
+        "--type",
+        metavar="MODULE:NAME",
+        help="decode into this type (e.g. myproject.types:Rollout): field names for "
+        "array_like Structs, which the message stores as lists",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rlwire`` command."""
-    ns = _parser().parse_args(argv)
+    parser = _parser()
+    ns, rest = parser.parse_known_args(argv)
+    if rest and ns.command != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         if ns.command == "_trainer":
             return _trainer(ns)
         if ns.command == "inspect":
             return _inspect(ns)
+        if ns.command == "bench":
+            return _bench(rest)
         if ns.dir:
             return anyio.run(_demo, ns, ns.dir)
         with tempfile.TemporaryDirectory(prefix="rlwire-demo-") as directory:

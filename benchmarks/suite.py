@@ -24,11 +24,17 @@ Every rlwire row's worst event-loop stall (target 2 ms) and p99, and its peak ex
 memory (target 64 MB for sends), come from the script's own monitor. Ratios are of
 medians; the range is over the samples.
 
+It shows a progress bar while it runs; ``--plot DIR`` also draws, from the same run, how
+each row's time, worst stall and peak memory grow with the step size (``plots.py``).
+``rlwire bench`` runs it from a source checkout; ``python3 tasks.py bench`` calls that.
+
 Usage::
 
-    python3 tasks.py bench                          # every size, asyncio and trio
-    python3 tasks.py bench --quick                  # 0.1 GB only, a few minutes
-    python3 tasks.py bench --sizes 0.1,0.8 --sinks file,zmq-ipc --json out.json
+    rlwire bench                                    # every size, asyncio and trio
+    rlwire bench --quick                            # 0.1 GB only, a few minutes
+    rlwire bench --sizes 0.1,0.8 --sinks file,zmq-ipc --json out.json
+    rlwire bench --json out.json --plot docs/plots  # the table and its charts, one run
+    rlwire bench --from-json out.json --plot DIR    # an earlier run's table and charts
 """
 
 from __future__ import annotations
@@ -97,13 +103,23 @@ class Ratio:
     peak_mb: float | None
 
     @property
+    def met_time(self) -> bool:
+        return self.ratio >= self.target if self.higher_is_better else self.ratio <= self.target
+
+    @property
+    def met_stall(self) -> bool:
+        return self.worst_stall_ms is None or self.worst_stall_ms <= TARGET_STALL_MS
+
+    @property
+    def met_memory(self) -> bool | None:
+        """None where no memory target applies (receives map the files they read)."""
+        if self.peak_mb is None or "send" not in self.operation:
+            return None
+        return self.peak_mb <= TARGET_PEAK_MB
+
+    @property
     def met(self) -> bool:
-        ok = self.ratio >= self.target if self.higher_is_better else self.ratio <= self.target
-        stall = self.worst_stall_ms is None or self.worst_stall_ms <= TARGET_STALL_MS
-        peak = (
-            self.peak_mb is None or "send" not in self.operation or self.peak_mb <= TARGET_PEAK_MB
-        )
-        return ok and stall and peak
+        return self.met_time and self.met_stall and self.met_memory is not False
 
 
 def jobs(args: argparse.Namespace) -> list[Job]:
@@ -228,7 +244,7 @@ def ratios(job: Job) -> list[Ratio]:
 def table(found: list[Ratio]) -> str:
     head = (
         "| sink | loop | GB | operation | rlwire ms | baseline | baseline ms | ratio (range) "
-        "| target | worst stall ms | p99 ms | peak MB | met |"
+        "| target | worst stall ms | p99 ms | peak MB | met: time, stall, memory |"
     )
     lines = [head, "|---|---|---:|---|---:|---|---:|---|---|---:|---:|---:|---|"]
     for r in found:
@@ -240,9 +256,37 @@ def table(found: list[Ratio]) -> str:
         lines.append(
             f"| {r.sink} | {r.backend} | {r.size_gb:g} | {r.operation} | {r.rlwire_ms:.0f} "
             f"| {r.baseline} | {r.baseline_ms:.0f} | {r.ratio:.2f} ({lo:.2f}-{hi:.2f}) "
-            f"| {sign} {r.target:g}x | {stall} | {p99} | {peak} | {'yes' if r.met else '**no**'} |"
+            f"| {sign} {r.target:g}x | {stall} | {p99} | {peak} | {_verdicts(r)} |"
         )
     return "\n".join(lines)
+
+
+def growth(found: list[Ratio], backend: str = "asyncio") -> str:
+    """How each row's time and worst stall grow with the step size, under ``backend``."""
+    sizes = sorted({r.size_gb for r in found})
+    rows: dict[str, dict[float, Ratio]] = {}
+    for r in found:
+        if r.backend == backend:
+            rows.setdefault(f"{r.sink} {r.operation}", {})[r.size_gb] = r
+    head = "| row | " + " | ".join(f"{s:g} GB" for s in sizes) + " |"
+    lines = [head, "| --- |" + " ---: |" * len(sizes)]
+    for label, attribute in (("", "rlwire_ms"), ("*worst stall:* ", "worst_stall_ms")):
+        for name, by_size in rows.items():
+            cells = []
+            for size in sizes:
+                value = getattr(by_size[size], attribute) if size in by_size else None
+                cells.append(
+                    "—" if value is None else f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+                )
+            lines.append(f"| {label}{name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _verdicts(r: Ratio) -> str:
+    def word(ok: bool | None) -> str:
+        return "—" if ok is None else "yes" if ok else "**no**"
+
+    return ", ".join(word(ok) for ok in (r.met_time, r.met_stall, r.met_memory))
 
 
 def machine() -> dict[str, Any]:
@@ -263,7 +307,7 @@ def machine() -> dict[str, Any]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="tasks.py bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="rlwire bench", description=__doc__.split("\n")[0])
     p.add_argument("--sizes", help="step sizes in GB, comma-separated (default all)")
     p.add_argument("--sinks", help=f"comma-separated, of {', '.join(SINKS)} (default all)")
     p.add_argument("--backends", default="asyncio,trio")
@@ -272,6 +316,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--s3-max-gb", type=float, default=0.4, help="largest S3 step (0.4)")
     p.add_argument("--json", default="bench-results.json", help="where to write the results")
     p.add_argument("--quick", action="store_true", help="0.1 GB, one measured round")
+    p.add_argument(
+        "--plot",
+        metavar="DIR",
+        help="also draw PNG charts of time, worst stall and memory against step size, per "
+        "sink, into DIR (needs matplotlib: pip install 'rlwire[plot]')",
+    )
+    p.add_argument(
+        "--from-json",
+        metavar="PATH",
+        help="run nothing: print the table of an earlier run's results (and --plot them)",
+    )
     args = p.parse_args(argv)
     args.sizes = (
         [float(s) for s in args.sizes.split(",")]
@@ -285,44 +340,97 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     unknown = set(args.sinks) - set(SINKS) or set(args.backends) - set(BACKENDS)
     if unknown:
         p.error(f"unknown: {sorted(unknown)}")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401 - checked before a run of an hour, not after
+        except ImportError:
+            p.error("--plot needs matplotlib: pip install 'rlwire[plot]'")
     return args
+
+
+def progress(done: int, total: int, began: float, doing: str) -> str:
+    """``[#####.......] 12/49  8:12 elapsed, ~21 min left  <what runs now>``"""
+    width = 24
+    filled = width * done // max(1, total)
+    elapsed = time.monotonic() - began
+    left = f", ~{elapsed / done * (total - done) / 60:.0f} min left" if done else ""
+    return (
+        f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}  "
+        f"{int(elapsed // 60)}:{int(elapsed % 60):02d} elapsed{left}  {doing}"
+    )
+
+
+def run_all(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    todo = jobs(args)
+    started = datetime.datetime.now(datetime.UTC)
+    began = time.monotonic()
+    found: list[Ratio] = []
+    with tempfile.TemporaryDirectory(prefix="rlwire-suite-") as tmp:
+        for i, job in enumerate(todo):
+            print(progress(i, len(todo), began, job.name), file=sys.stderr, flush=True)
+            print(f"    {' '.join(job.argv)}", file=sys.stderr, flush=True)
+            run_job(job, Path(tmp))
+            found += ratios(job)
+            state = f"failed: {job.error}" if job.error else "done"
+            print(f"    {state} in {job.seconds:.0f} s", file=sys.stderr, flush=True)
+    print(progress(len(todo), len(todo), began, "finished"), file=sys.stderr, flush=True)
+    return {
+        "command": command,
+        "date": started.isoformat(timespec="seconds"),
+        "machine": machine(),
+        "ratios": [
+            asdict(r)
+            | {
+                "met": r.met,
+                "met_time": r.met_time,
+                "met_stall": r.met_stall,
+                "met_memory": r.met_memory,
+            }
+            for r in found
+        ],
+        "runs": [asdict(j) for j in todo],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    todo = jobs(args)
-    started = datetime.datetime.now(datetime.UTC)
-    found: list[Ratio] = []
-    with tempfile.TemporaryDirectory(prefix="rlwire-suite-") as tmp:
-        for i, job in enumerate(todo, 1):
-            print(
-                f"[{i}/{len(todo)}] {job.name}: {' '.join(job.argv)}", file=sys.stderr, flush=True
-            )
-            run_job(job, Path(tmp))
-            found += ratios(job)
-            state = f"failed: {job.error}" if job.error else "done"
-            print(f"    {state} in {job.seconds:.0f} s", file=sys.stderr, flush=True)
-    command = " ".join(["python3 tasks.py bench", *argv])
-    results = {
-        "command": command,
-        "date": started.isoformat(timespec="seconds"),
-        "machine": machine(),
-        "ratios": [asdict(r) | {"met": r.met} for r in found],
-        "runs": [asdict(j) for j in todo],
-    }
-    Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    if args.from_json:
+        results = json.loads(Path(args.from_json).read_text())
+    else:
+        results = run_all(args, " ".join(["rlwire bench", *argv]))
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    found = [Ratio(**_fields_of(r)) for r in results["ratios"]]
+    mach = results["machine"]
     print(
-        f"Command: `{command}`; {started:%Y-%m-%d}; {machine()['cpus']} CPUs, "
-        f"{machine()['memory_gb']} GB, {machine()['cpu']}"
+        f"Command: `{results['command']}`; {results['date'][:10]}; {mach['cpus']} CPUs, "
+        f"{mach['memory_gb']} GB, {mach['cpu']}"
     )
     print()
     print(table(found))
-    failed = [j for j in todo if j.error]
-    for job in failed:
-        print(f"\nfailed: {job.name}: {job.error}")
-    print(f"\nresults: {args.json}")
+    print()
+    print("How each cost grows with the step size: rlwire ms, and the worst stall in ms, asyncio.")
+    print()
+    print(growth(found))
+    if args.plot:
+        from plots import plot_all  # beside this file; imports matplotlib
+
+        for path in plot_all(found, Path(args.plot), results["command"]):
+            print(f"plot: {path}")
+    failed = [r for r in results["runs"] if r["error"]]
+    for run in failed:
+        print(f"\nfailed: {run['sink']} {run['backend']} {run['size_gb']:g} GB: {run['error']}")
+    if not args.from_json:
+        print(f"\nresults: {args.json}")
     return 1 if failed else 0
+
+
+def _fields_of(row: dict[str, Any]) -> dict[str, Any]:
+    """A Ratio's constructor arguments from its JSON form (which adds the verdicts)."""
+    names = {f for f in Ratio.__dataclass_fields__}
+    out = {k: v for k, v in row.items() if k in names}
+    out["ratio_range"] = tuple(out["ratio_range"])
+    return out
 
 
 if __name__ == "__main__":

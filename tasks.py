@@ -2,7 +2,7 @@
 """Development tasks that need nothing but python3 (3.11+) on the PATH.
 
     python3 tasks.py demo    # create or reuse .venv, install rlwire[dev], run `rlwire demo`
-    python3 tasks.py test    # the same set-up, then ruff, mypy and the whole pytest suite
+    python3 tasks.py test    # the same set-up, then ruff, mypy, the docs site and pytest
     python3 tasks.py bench   # the whole benchmark suite (docs/benchmarks.md)
     python3 tasks.py chaos   # the chaos suite (docs/reliability.md): kills, corruption, ...
 
@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / "python"
+LINTED = ("src", "tests", "examples", "benchmarks", "docs/_ext", "tasks.py")
 
 
 def run(*args: str | Path) -> None:
@@ -54,15 +55,17 @@ def main() -> None:
     if task == "demo":
         run(BIN / "rlwire", "demo", *extra)
     elif task == "test":
-        run(BIN / "ruff", "check", "src", "tests", "examples", "benchmarks", "tasks.py")
-        run(BIN / "ruff", "format", "--check", "src", "tests", "examples", "benchmarks", "tasks.py")
+        run(BIN / "ruff", "check", *LINTED)
+        run(BIN / "ruff", "format", "--check", *LINTED)
         run(BIN / "mypy")
+        # The documentation site: a broken link, anchor or included file fails the build.
+        run(BIN / "mkdocs", "build", "--strict", "--quiet", "--site-dir", "build/site")
         run(PYTHON, "-m", "pytest", *extra)
     elif task == "chaos":
         os.environ["PYTHONPATH"] = str(ROOT / "tests")  # the suite is the package tests/chaos
         run(PYTHON, "-m", "chaos.run", *extra)
     else:
-        run(PYTHON, "benchmarks/suite.py", *extra)
+        run(BIN / "rlwire", "bench", *extra)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ it and sending it again must give every rank the step); an end mark stops every 
 receives exactly (a partly visible step the sender went on after may be incomplete
 although not the last: ``resume`` must refuse it, and truncating at it and sending it
 and the later steps again must work). Finally, once that sender has closed, no
-unfinished multipart upload may be left under the prefix (docs/guide.md: the next
+unfinished multipart upload may be left under the prefix (docs/how-to/destinations.md: the next
 sender opened with ``resume``, ``truncate`` or ``overwrite`` aborts a killed sender's
 uploads, and a closing sender those of its failed sends).
 """

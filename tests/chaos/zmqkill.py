@@ -6,7 +6,7 @@ real ``zmq+ipc://`` or ``zmq+tcp://127.0.0.1`` sender and one or two real receiv
 the stream, ``send``). The sender sends :data:`STEPS` steps of :func:`._model.payload`
 and then ``finish()``; the receivers take their time over each step, as a trainer would.
 At a random moment (seeded) one process gets SIGKILL, and is restarted the way
-docs/guide.md says a user restarts it:
+docs/how-to/destinations.md says a user restarts it:
 
 - a sender with ``start_step=`` the step after the last one its ``send`` returned for
   (*resume*), or from step 0 as a naive user would (*naive*);
@@ -19,7 +19,7 @@ what a killed process saw before it died counts too. The trial then judges the l
 - every step returned is exactly the payload for its step (and rank);
 - no step is returned twice as new, and steps go up (by one in the ``ranks`` pattern,
   unless a ``StepGapError`` came just before);
-- every exception is the ``RlwireError`` docs/guide.md names for what happened:
+- every exception is the ``RlwireError`` docs/how-to/ names for what happened:
   ``StepGapError`` for messages lost with a killed process, one ``StepOrderError`` per
   receiver for a sender restarted behind it, ``ReceiveTimeout`` while no sender is there,
   ``EndOfStream`` at the end. Expected typed errors are listed in the detail of an exact

@@ -278,7 +278,8 @@ def parse_main(
 
     Args:
         data: the whole main part.
-        step, rank: what the caller expects the message to be.
+        step: the step the caller expects the message to hold.
+        rank: the rank the caller expects it to be for.
         load_sidecar: returns the whole sidecar part; called only if the message has one.
         where: names the message in error messages (a path or URL).
         verify: check the checksum of every segment (the envelope's is always checked).

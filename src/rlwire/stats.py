@@ -33,9 +33,9 @@ class SendStats:
         wait_seconds: time waiting for slow trainers (``max_ahead``) before sending.
         total_seconds: the whole ``send`` / ``send_ranks`` call.
         worst_loop_lag_seconds: the longest the event loop took to resume the send
-            after a slice of its work finished in a worker thread: a reading of the
-            loop's responsiveness during the send, taken at no cost (a loop blocked
-            by other work shows up here too).
+            after a trip of its work to a worker thread (up to 20 ms of slices): a
+            reading of the loop's responsiveness during the send, taken at no cost (a
+            loop blocked by other work shows up here too).
 
     Example:
         >>> stats = SendStats(step=3, ranks=1, bytes_per_rank=(100,))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import subprocess
 import sys
 import textwrap
@@ -352,20 +353,31 @@ async def test_the_first_connection_happens_off_the_loop_once(s3_endpoint: dict[
     endpoint costs nothing until the first use, which runs in a worker thread. A
     cancelled first open returns at once; the next open joins the same attempt and
     gets its error."""
-    options = {
-        **s3_endpoint,
-        "endpoint_url": "http://127.0.0.1:9",
-        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 1},
-    }
-    start = time.perf_counter()
-    sender = rlwire.open_sender("s3://bucket/run", storage_options=options)
-    rlwire.open_receiver("s3://bucket/run", storage_options=options).close()
-    assert time.perf_counter() - start < 0.5
-    with anyio.move_on_after(0.05) as scope:
-        await sender.aopen()
-    assert scope.cancelled_caught
-    with pytest.raises(rlwire.TransportError, match="cannot reach bucket 'bucket'"):
-        await sender.aopen()
+    # An endpoint that accepts connections and never answers holds the first attempt,
+    # however fast the machine (a refused port fails in microseconds); closing it then
+    # fails that attempt at once.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        options = {
+            **s3_endpoint,
+            "endpoint_url": f"http://127.0.0.1:{silent.getsockname()[1]}",
+            "config_kwargs": {
+                "retries": {"max_attempts": 1},
+                "connect_timeout": 1,
+                "read_timeout": 1,
+            },
+        }
+        start = time.perf_counter()
+        sender = rlwire.open_sender("s3://bucket/run", storage_options=options)
+        rlwire.open_receiver("s3://bucket/run", storage_options=options).close()
+        assert time.perf_counter() - start < 0.5
+        with anyio.move_on_after(0.05) as scope:
+            await sender.aopen()
+        assert scope.cancelled_caught
+        silent.close()
+        with pytest.raises(rlwire.TransportError, match="cannot reach bucket 'bucket'"):
+            await sender.aopen()
 
 
 # ------------------------------------------------------------------- S3: reading

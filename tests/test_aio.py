@@ -95,6 +95,26 @@ async def test_a_trip_ends_once_its_slices_have_run_for_trip_seconds() -> None:
     assert resumes.trips == 5  # one per slice, and the last to see it return
 
 
+async def test_a_cancelled_caller_ends_the_trip_after_the_slice_under_way() -> None:
+    ran = 0
+    closed = threading.Event()
+
+    def work() -> Sliced[None]:
+        nonlocal ran
+        try:
+            for _ in range(1000):
+                time.sleep(0.001)  # 20 of these fill a trip
+                ran += 1
+                yield
+        finally:
+            closed.set()
+
+    with anyio.move_on_after(0.004):
+        await offload_sliced(work())
+    assert closed.is_set()
+    assert ran < 12, f"{ran} slices ran: the trip went on after the cancellation"
+
+
 async def test_offload_runs_calls_in_threads_no_more_at_once_than_the_limiter_allows() -> None:
     running: list[int] = []
     most = 0

@@ -12,7 +12,7 @@ from typing import TypeVar, TypeVarTuple, Unpack
 
 import anyio
 import anyio.abc
-from anyio import CapacityLimiter, to_thread
+from anyio import CapacityLimiter, from_thread, to_thread
 
 from ._args import check_int
 from ._slicing import Sliced
@@ -55,9 +55,9 @@ class Resumes:
 
 
 #: The longest one trip to a worker thread runs slices back to back before the event loop
-#: hears from it, in seconds: about what a cancellation waits for, since a thread cannot
-#: be stopped midway. A trip per slice cost a hand-off of ~0.3 ms each, as long as the
-#: slice itself; between slices the thread lets go of the GIL instead.
+#: hears from it, in seconds. A trip per slice cost a hand-off of ~0.3 ms each, as long as
+#: the slice itself; between slices the thread lets go of the GIL instead, and ends the
+#: trip early if the caller was cancelled, so a cancellation waits for one slice.
 TRIP_SECONDS = 0.02
 
 
@@ -102,7 +102,7 @@ async def offload_sliced(slices: Sliced[T], *, limiter: CapacityLimiter | None =
     :data:`TRIP_SECONDS` and lets go of the GIL between them, so the event loop gets it
     within a slice. On cancellation or error the generator is closed in a worker thread
     (shielded), so its ``finally`` blocks run off the loop; a cancellation waits for the
-    trip under way.
+    slice under way.
 
     Args:
         slices: the generator, not yet started.
@@ -146,6 +146,10 @@ async def drive_sliced(
                 return True, stop.value, time.perf_counter()
             now = time.perf_counter()
             if now >= deadline:
+                return False, None, now
+            try:
+                from_thread.check_cancelled()
+            except BaseException:  # the caller was cancelled: end the trip, the loop raises it
                 return False, None, now
             time.sleep(0)  # lets go of the GIL: a loop waiting for it runs now
 

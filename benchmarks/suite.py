@@ -348,12 +348,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def progress(done: int, total: int, began: float, doing: str) -> str:
-    """``[#####.......] 12/49  8:12 elapsed, ~21 min left  <what runs now>``"""
-    width = 24
+def progress(todo: list[Job], done: int, began: float, doing: str) -> str:
+    """``[#####.......] 12/49  8:12 elapsed, ~21 min left  <what runs now>``; the time left
+    assumes a job takes time in proportion to its step size, as the rows do."""
+    width, total = 24, len(todo)
     filled = width * done // max(1, total)
     elapsed = time.monotonic() - began
-    left = f", ~{elapsed / done * (total - done) / 60:.0f} min left" if done else ""
+    weight = [job.size_gb + 0.05 for job in todo]  # + a script's start-up
+    finished = sum(weight[:done])
+    left = f", ~{elapsed / finished * sum(weight[done:]) / 60:.0f} min left" if done else ""
     return (
         f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}  "
         f"{int(elapsed // 60)}:{int(elapsed % 60):02d} elapsed{left}  {doing}"
@@ -367,13 +370,13 @@ def run_all(args: argparse.Namespace, command: str) -> dict[str, Any]:
     found: list[Ratio] = []
     with tempfile.TemporaryDirectory(prefix="rlwire-suite-") as tmp:
         for i, job in enumerate(todo):
-            print(progress(i, len(todo), began, job.name), file=sys.stderr, flush=True)
+            print(progress(todo, i, began, job.name), file=sys.stderr, flush=True)
             print(f"    {' '.join(job.argv)}", file=sys.stderr, flush=True)
             run_job(job, Path(tmp))
             found += ratios(job)
             state = f"failed: {job.error}" if job.error else "done"
             print(f"    {state} in {job.seconds:.0f} s", file=sys.stderr, flush=True)
-    print(progress(len(todo), len(todo), began, "finished"), file=sys.stderr, flush=True)
+    print(progress(todo, len(todo), began, "finished"), file=sys.stderr, flush=True)
     return {
         "command": command,
         "date": started.isoformat(timespec="seconds"),

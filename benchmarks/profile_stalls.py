@@ -34,13 +34,12 @@ from types import FrameType
 from typing import Any
 
 import anyio
-from anyio import to_thread
 from bench_send import default_dir
 
 import rlwire
 import rlwire.receiver
 import rlwire.sender
-from rlwire._aio import TRIP_SECONDS
+from rlwire._aio import drive_sliced
 
 
 @dataclass
@@ -74,29 +73,23 @@ def where(gen: Generator[Any, Any, Any]) -> str:
     return f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} {frame.f_code.co_name}"
 
 
-async def recording_offload(slices: Any, limiter: Any, resumes: Any = None) -> Any:
-    """rlwire._aio.drive_sliced, recording every slice (no cancellation handling: a
-    profile runs to the end): slices back to back for up to TRIP_SECONDS a trip, with
-    the GIL let go between them."""
-
-    def advance() -> tuple[bool, Any]:
-        deadline = time.perf_counter() + TRIP_SECONDS
-        while True:
-            start, began = where(slices), time.perf_counter()
-            try:
-                next(slices)
-            except StopIteration as stop:
-                SLICES.append(Slice(began, time.perf_counter() - began, start, "end"))
-                return True, stop.value
-            SLICES.append(Slice(began, time.perf_counter() - began, start, where(slices)))
-            if time.perf_counter() >= deadline:
-                return False, None
-            time.sleep(0)
-
+def recorded(slices: Any) -> Any:
+    """``slices``, recording when each of its slices ran, how long, and where it started
+    and stopped."""
     while True:
-        done, value = await to_thread.run_sync(advance, limiter=limiter)
-        if done:
-            return value
+        start, began = where(slices), time.perf_counter()
+        try:
+            next(slices)
+        except StopIteration as stop:
+            SLICES.append(Slice(began, time.perf_counter() - began, start, "end"))
+            return stop.value
+        SLICES.append(Slice(began, time.perf_counter() - began, start, where(slices)))
+        yield
+
+
+async def recording_offload(slices: Any, limiter: Any, resumes: Any = None) -> Any:
+    """rlwire's own driver, ``rlwire._aio.drive_sliced``, over the recorded slices."""
+    return await drive_sliced(recorded(slices), limiter, resumes)
 
 
 async def measure(name: str, op: Callable[[], Awaitable[object]], over_ms: float) -> None:

@@ -420,9 +420,9 @@ def main(argv: list[str] | None = None) -> int:
 
         for path in plot_all(found, Path(args.plot), results["command"]):
             print(f"plot: {path}")
-    failed = [r for r in results["runs"] if r["error"]]
-    for run in failed:
-        print(f"\nfailed: {run['sink']} {run['backend']} {run['size_gb']:g} GB: {run['error']}")
+    failed = [job for job in (Job(**run) for run in results["runs"]) if job.error]
+    for job in failed:
+        print(f"\nfailed: {job.name}: {job.error}")
     if not args.from_json:
         print(f"\nresults: {args.json}")
     return 1 if failed else 0
@@ -430,8 +430,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _fields_of(row: dict[str, Any]) -> dict[str, Any]:
     """A Ratio's constructor arguments from its JSON form (which adds the verdicts)."""
-    names = {f for f in Ratio.__dataclass_fields__}
-    out = {k: v for k, v in row.items() if k in names}
+    out = {k: v for k, v in row.items() if k in Ratio.__dataclass_fields__}
     out["ratio_range"] = tuple(out["ratio_range"])
     return out
 

@@ -47,7 +47,7 @@ import numpy as np
 from bench_send import MB, PeakMemory, Sample, check_received, make_workload, on_loop
 
 import rlwire
-from rlwire.compression import Compressor
+from rlwire._frame.compression import Compressor
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "no checksum": {"checksum": False},

@@ -13,7 +13,7 @@ Rows, in the same run:
 * encode, untimed / timed: the msgpack codec's ``encode_sliced`` of a dict of three
   lists of ``--list-items`` ints, floats and bools (about a hundred slices) run to the
   end, bare and wrapped in the clock that fills ``SendStats``
-  (``rlwire._slicing.timed``): the statistics' whole cost, as a ratio.
+  (``rlwire._core.slicing.timed``): the statistics' whole cost, as a ratio.
 
 Each round runs plain, retention, retention, plain (ABBA), then encode untimed, timed,
 timed, untimed; medians and ranges over the rounds.
@@ -37,7 +37,7 @@ from pathlib import Path
 import anyio
 
 import rlwire
-from rlwire._slicing import run_sliced, timed
+from rlwire._core.slicing import run_sliced, timed
 from rlwire.codecs import make_codec
 from rlwire.testing import make_batch
 

@@ -44,7 +44,7 @@ import anyio
 import numpy as np
 
 import rlwire
-from rlwire._sync_sender import open_sync_sender
+from rlwire._api.sync_sender import open_sync_sender
 from rlwire.testing import make_batch
 
 MB = 1e6  # decimal megabytes throughout

@@ -1,6 +1,6 @@
 """Which slice of rlwire's work stalled the event loop: a profile of one send and receive.
 
-rlwire runs its CPU work as sliced generators in worker threads (``rlwire._aio.
+rlwire runs its CPU work as sliced generators in worker threads (``rlwire._core.offload.
 drive_sliced``). A loop stall happens when a worker thread holds the GIL for long: one
 C call that does not release it (a msgspec decode, a ``bytes`` copy), or Python code
 that runs past the interpreter's switch interval (5 ms) while the loop waits for the GIL.
@@ -37,9 +37,9 @@ import anyio
 from bench_send import default_dir
 
 import rlwire
-import rlwire.receiver
-import rlwire.sender
-from rlwire._aio import drive_sliced
+import rlwire._api.receiver
+import rlwire._api.sender
+from rlwire._core.offload import drive_sliced
 
 
 @dataclass
@@ -88,7 +88,7 @@ def recorded(slices: Any) -> Any:
 
 
 async def recording_offload(slices: Any, limiter: Any, resumes: Any = None) -> Any:
-    """rlwire's own driver, ``rlwire._aio.drive_sliced``, over the recorded slices."""
+    """rlwire's own driver, ``rlwire._core.offload.drive_sliced``, over the recorded slices."""
     return await drive_sliced(recorded(slices), limiter, resumes)
 
 
@@ -157,8 +157,8 @@ def main() -> None:
         objects = [bench_send.make_workload(args.samples, args.tokens, 48, 8, 0).batch]
         receive_type = rlwire.TrainingBatch
     gc.freeze()  # the step's objects out of the collector's way, as the benchmarks do
-    rlwire.sender.drive_sliced = recording_offload  # type: ignore[assignment]
-    rlwire.receiver.drive_sliced = recording_offload  # type: ignore[assignment]
+    rlwire._api.sender.drive_sliced = recording_offload  # type: ignore[assignment]
+    rlwire._api.receiver.drive_sliced = recording_offload  # type: ignore[assignment]
     root = tempfile.mkdtemp(dir=args.dir or default_dir())
     sidecar = ("routed_experts",)
 

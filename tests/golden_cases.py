@@ -19,7 +19,7 @@ import anyio
 import numpy as np
 
 import rlwire
-from rlwire.compression import Compressor
+from rlwire._frame.compression import Compressor
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -45,7 +45,7 @@ def test_a_flipped_byte_in_a_golden_file_is_caught(tmp_path: Path) -> None:
 
 def test_the_chunked_case_holds_chunked_containers() -> None:
     """The case is only worth keeping if its header really refers to chunks (ext 4, 5)."""
-    from rlwire.compression import decompress
+    from rlwire._frame.compression import decompress
     from rlwire.transport import FileSource
 
     frame = decompress(FileSource(GOLDEN / "msgpack-chunked").read(0))

@@ -12,10 +12,13 @@ Example:
     np.int64(28)
 """
 
-from ._aio import LagMonitor
-from ._sync_sender import SyncSender, open_sync_sender
-from .checks import Checks
-from .errors import (
+from rlwire._api.receiver import TrainingBatchReceiver, open_receiver
+from rlwire._api.schema import TrainingBatch, TrainingSample
+from rlwire._api.sender import TrainingBatchSender, open_sender
+from rlwire._api.stats import ReceiveStats, SendStats
+from rlwire._api.sync_sender import SyncSender, open_sync_sender
+from rlwire._checks.checks import Checks
+from rlwire._core.errors import (
     ClosedError,
     ConfigError,
     CorruptFrameError,
@@ -32,17 +35,17 @@ from .errors import (
     TransportError,
     UnsupportedVersionError,
 )
-from .frame import Frame
-from .receiver import TrainingBatchReceiver, open_receiver
-from .schema import TrainingBatch, TrainingSample
-from .sender import TrainingBatchSender, open_sender
-from .stats import ReceiveStats, SendStats
+from rlwire._core.faces import alias_old_modules, claim
+from rlwire._frame.compression import Compressor
+from rlwire._frame.frame import Frame
+from rlwire.aio import LagMonitor
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Checks",
     "ClosedError",
+    "Compressor",
     "ConfigError",
     "CorruptFrameError",
     "DecodeError",
@@ -70,3 +73,22 @@ __all__ = [
     "open_sender",
     "open_sync_sender",
 ]
+
+claim(__name__, globals(), __all__)
+
+# Modules that were public before 0.2 and are private now: importable, with a warning.
+alias_old_modules(
+    {
+        "rlwire.checks": "rlwire._checks.checks",
+        "rlwire.cli": "rlwire._api.cli",
+        "rlwire.codecs.json": "rlwire.codecs._json.codec",
+        "rlwire.codecs.msgpack": "rlwire.codecs._msgpack.codec",
+        "rlwire.compression": "rlwire._frame.compression",
+        "rlwire.frame": "rlwire._frame.frame",
+        "rlwire.receiver": "rlwire._api.receiver",
+        "rlwire.schema": "rlwire._api.schema",
+        "rlwire.sender": "rlwire._api.sender",
+        "rlwire.stats": "rlwire._api.stats",
+        "rlwire.transport.filesystem": "rlwire.transport._file.sink",
+    }
+)

@@ -1,5 +1,4 @@
-"""What a plugin author implements or calls: codecs, sinks and sources, and the
-time-slicing helpers that keep a sender's event loop responsive.
+"""What a plugin author implements: codecs, sinks and the sources that read them back.
 
 A **codec** turns objects into a :class:`~rlwire.Frame` (a small header plus raw
 buffers) and back; it satisfies the :class:`Codec` protocol and registers a factory in
@@ -7,22 +6,23 @@ the ``rlwire.codecs`` entry point group. A **sink** moves frames to a destinatio
 subclasses :class:`Sink`, with a :class:`Source` that reads them back; it registers under
 each URL scheme it serves in the ``rlwire.sinks`` group, and is built from the parsed
 :class:`URL` and a :class:`SinkOptions` (a :class:`SourceOptions` for its source).
-Its :meth:`Sink.stage` takes each rank's frame with :func:`take_frame` as it writes
-that rank: the sender encodes a rank only then, so one rank's message is in memory at a
-time.
+Its :meth:`Sink.stage` takes each rank's frame with :func:`rlwire.transport.take_frame`
+as it writes that rank: the sender encodes a rank only then, so one rank's message is in
+memory at a time; the :class:`Staged` step it returns is committed or aborted whole.
 A sink that stores one message per step and rank, as files or objects, lays them out
 with :mod:`rlwire.transport.layout`, the byte layout every built-in store shares. The
 guide's "Add a sink of your own" walks through a whole plugin, and
-:class:`rlwire.testing.SinkContract` is the test suite every sink passes.
+:class:`rlwire.testing.SinkContract` is the test suite every sink passes; the helpers a
+sink calls (:func:`~rlwire.transport.parse_url`, :func:`~rlwire.transport.transport_error`,
+...) are in :mod:`rlwire.transport`.
 
 Work that takes long is written as a **sliced generator** (:data:`Sliced`): it does a
 short slice of work between ``yield`` statements, asking a :class:`SliceTimer` when the
-slice is over, and returns its result. The sender runs the slices in worker threads and
-lets go of the GIL between them, so the event loop gets it back between slices;
-:func:`run_sliced` runs one to the end in the calling thread (in tests, say).
+slice is over, and returns its result; :mod:`rlwire.aio` has the tools that run one.
 
 Example:
-    >>> from rlwire.abc import SliceTimer, Sliced, run_sliced
+    >>> from rlwire.abc import SliceTimer, Sliced
+    >>> from rlwire.aio import run_sliced
     >>> def total(values: list[int]) -> Sliced[int]:
     ...     timer, acc = SliceTimer(), 0
     ...     for v in values:
@@ -35,10 +35,10 @@ Example:
     499500
 """
 
-from ._slicing import SLICE_SECONDS, Sliced, SliceTimer, run_sliced
-from .codecs._registry import Codec
-from .errors import transport_error
-from .transport._base import (
+from rlwire._core.faces import claim, names_on_demand
+from rlwire.aio import Sliced, SliceTimer
+from rlwire.codecs._registry import Codec
+from rlwire.transport._base import (
     OnExisting,
     PendingFrame,
     Sink,
@@ -46,13 +46,10 @@ from .transport._base import (
     Source,
     SourceOptions,
     Staged,
-    reject_unknown,
-    take_frame,
 )
-from .transport._url import URL, parse_url
+from rlwire.transport._url import URL
 
 __all__ = [
-    "SLICE_SECONDS",
     "URL",
     "Codec",
     "OnExisting",
@@ -64,9 +61,19 @@ __all__ = [
     "Source",
     "SourceOptions",
     "Staged",
-    "parse_url",
-    "reject_unknown",
-    "run_sliced",
-    "take_frame",
-    "transport_error",
 ]
+
+claim(__name__, globals(), __all__)
+
+# Helpers that lived here before 0.2: they are where they belong now.
+__getattr__ = names_on_demand(
+    __name__,
+    moved={
+        "SLICE_SECONDS": "rlwire.aio:SLICE_SECONDS",
+        "run_sliced": "rlwire.aio:run_sliced",
+        "parse_url": "rlwire.transport:parse_url",
+        "reject_unknown": "rlwire.transport:reject_unknown",
+        "take_frame": "rlwire.transport:take_frame",
+        "transport_error": "rlwire.transport:transport_error",
+    },
+)

@@ -38,9 +38,10 @@ Example:
     50000
 """
 
-from ._aio import TRIP_SECONDS, LagMonitor, offload, offload_sliced
-from ._once import Once
-from ._slicing import SLICE_SECONDS, Sliced, SliceTimer, run_sliced
+from rlwire._core.faces import claim
+from rlwire._core.offload import TRIP_SECONDS, LagMonitor, offload, offload_sliced
+from rlwire._core.once import Once
+from rlwire._core.slicing import SLICE_SECONDS, Sliced, SliceTimer, run_sliced
 
 __all__ = [
     "SLICE_SECONDS",
@@ -53,3 +54,5 @@ __all__ = [
     "offload_sliced",
     "run_sliced",
 ]
+
+claim(__name__, globals(), __all__)

@@ -63,8 +63,8 @@ def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 def test_builtin_codecs_are_registered_as_entry_points() -> None:
     registered = {ep.name: ep.value for ep in entry_points(group=GROUP)}
-    assert registered["msgpack"] == "rlwire.codecs.msgpack:MsgpackCodec"
-    assert registered["json"] == "rlwire.codecs.json:JsonCodec"
+    assert registered["msgpack"] == "rlwire.codecs:MsgpackCodec"
+    assert registered["json"] == "rlwire.codecs:JsonCodec"
     assert get_codec("msgpack") is MsgpackCodec
     assert {"json", "msgpack"} <= set(available_codecs())
 

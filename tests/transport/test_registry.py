@@ -19,7 +19,7 @@ from helpers import assert_batches_equal, make_batch
 
 import rlwire
 from rlwire import ConfigError
-from rlwire.abc import run_sliced
+from rlwire.aio import run_sliced
 from rlwire.codecs import make_codec
 from rlwire.transport import available_schemes, get_sink_class
 from rlwire.transport._registry import _entry_points

@@ -18,9 +18,11 @@ from rlwire import (
     open_receiver,
     open_sender,
 )
-from rlwire.abc import SinkOptions, SourceOptions, parse_url, run_sliced
+from rlwire.abc import SinkOptions, SourceOptions
+from rlwire.aio import run_sliced
 from rlwire.codecs import make_codec
 from rlwire.testing import assert_batches_equal, make_batch
+from rlwire.transport import parse_url
 
 from rlwire_sqlite_sink import SqliteSink, SqliteSource, sqlite_url
 

@@ -1,18 +1,29 @@
 """Codecs: objects to :class:`~rlwire.Frame` and back. Never imports ``rlwire.transport``.
 
 Codecs are found by name through the ``rlwire.codecs`` entry point group
-(:func:`available_codecs`, :func:`make_codec`); :mod:`rlwire.compression` compresses the
-segments of any codec's frames, which are Frames by then.
+(:func:`available_codecs`, :func:`make_codec`): :class:`MsgpackCodec` (the default) and
+:class:`JsonCodec` (``rlwire[json]``, imported on first use) are registered there like any
+plugin. A codec author implements :class:`rlwire.abc.Codec`. JSON-lines files are
+:mod:`rlwire.codecs.jsonl`.
 """
 
-from ._registry import GROUP, Codec, available_codecs, get_codec, make_codec
-from .msgpack import MsgpackCodec
+from rlwire._core.faces import claim, names_on_demand
+from rlwire.abc import Codec
+from rlwire.codecs._msgpack.codec import MsgpackCodec
+from rlwire.codecs._registry import GROUP, available_codecs, get_codec, make_codec
 
 __all__ = [
     "GROUP",
     "Codec",
+    "JsonCodec",
     "MsgpackCodec",
     "available_codecs",
     "get_codec",
     "make_codec",
 ]
+
+claim(__name__, globals(), [name for name in __all__ if name != "JsonCodec"])
+
+__getattr__ = names_on_demand(
+    __name__, optional={"JsonCodec": "rlwire.codecs._json.codec:JsonCodec"}
+)

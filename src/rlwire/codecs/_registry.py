@@ -16,10 +16,10 @@ import functools
 from collections.abc import Callable
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
-from .._plugins import load_target, registered
-from .._slicing import Sliced
-from ..errors import ConfigError
-from ..frame import Frame
+from rlwire._core.errors import ConfigError
+from rlwire._core.registry import load_target, registered
+from rlwire._core.slicing import Sliced
+from rlwire._frame.frame import Frame
 
 __all__ = ["GROUP", "Check", "Codec", "available_codecs", "get_codec", "make_codec"]
 
@@ -27,8 +27,8 @@ __all__ = ["GROUP", "Check", "Codec", "available_codecs", "get_codec", "make_cod
 GROUP = "rlwire.codecs"
 # Used only when rlwire's own entry points are missing (e.g. run from a source tree).
 _BUILTIN = {
-    "json": "rlwire.codecs.json:JsonCodec",
-    "msgpack": "rlwire.codecs.msgpack:MsgpackCodec",
+    "json": "rlwire.codecs._json.codec:JsonCodec",
+    "msgpack": "rlwire.codecs._msgpack.codec:MsgpackCodec",
 }
 
 

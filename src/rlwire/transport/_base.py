@@ -11,10 +11,10 @@ from typing import Any, Literal
 import anyio
 from anyio import CapacityLimiter, to_thread
 
-from .._slicing import Sliced
-from ..errors import ConfigError
-from ..frame import Frame
-from ._url import URL
+from rlwire._core.errors import ConfigError
+from rlwire._core.slicing import Sliced
+from rlwire._frame.frame import Frame
+from rlwire.transport._url import URL
 
 __all__ = [
     "OnExisting",
@@ -45,7 +45,9 @@ def take_frame(pending: PendingFrame) -> Sliced[Frame]:
     of the encoding (``SchemaError``, ``EncodeError``, ...), raised from that point.
 
     Example:
-        >>> from rlwire.abc import run_sliced
+        >>> from rlwire import Frame
+        >>> from rlwire.aio import run_sliced
+        >>> from rlwire.transport import take_frame
         >>> run_sliced(take_frame(Frame(b"hdr"))).header
         b'hdr'
     """

@@ -19,10 +19,10 @@ import functools
 import os
 from typing import Any
 
-from .._plugins import load_target, registered
-from ..errors import ConfigError
-from ._base import Sink, SinkOptions, Source, SourceOptions
-from ._url import URL, parse_url
+from rlwire._core.errors import ConfigError
+from rlwire._core.registry import load_target, registered
+from rlwire.transport._base import Sink, SinkOptions, Source, SourceOptions
+from rlwire.transport._url import URL, parse_url
 
 __all__ = ["GROUP", "available_schemes", "get_sink_class", "open_sink", "open_source"]
 
@@ -32,7 +32,7 @@ _FSSPEC = "rlwire.transport.fsspec:FsspecSink"
 _ZMQ = "rlwire.transport.zmq:ZmqSink"
 # Used only when rlwire's own entry points are missing (e.g. run from a source tree).
 _BUILTIN = {
-    "file": "rlwire.transport.filesystem:FileSink",
+    "file": "rlwire.transport._file.sink:FileSink",
     "memory": _FSSPEC,
     "s3": _FSSPEC,
     "gs": _FSSPEC,

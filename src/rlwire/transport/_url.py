@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from urllib.parse import SplitResult, urlsplit
 
-from ..errors import ConfigError
+from rlwire._core.errors import ConfigError
 
 __all__ = ["URL", "parse_url"]
 
@@ -24,6 +24,7 @@ class URL:
             ``port``, ``netloc`` and ``path``.
 
     Example:
+        >>> from rlwire.transport import parse_url
         >>> url = parse_url("zmq+tcp://127.0.0.1:5555")
         >>> url.scheme, url.rest, url.parts.port
         ('zmq+tcp', '127.0.0.1:5555', 5555)

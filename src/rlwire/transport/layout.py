@@ -24,7 +24,7 @@ bytes of a main part (and its sidecar) back into a :class:`~rlwire.Frame` of vie
 
 Example:
     >>> from rlwire import Frame
-    >>> from rlwire.abc import run_sliced
+    >>> from rlwire.aio import run_sliced
     >>> frame = Frame(b"header", (memoryview(b"payload"),))
     >>> layout = plan(frame, 7, 0, run_sliced(checksum_segments(frame)))
     >>> main = b"".join(layout.main)
@@ -37,7 +37,8 @@ Example:
     b'payload'
 """
 
-from ._layout import (
+from rlwire._core.faces import claim
+from rlwire.transport._stored.layout import (
     ALIGN,
     CHECKSUM,
     CONSUMED_MAGIC,
@@ -53,7 +54,7 @@ from ._layout import (
     plan,
     verify_segments,
 )
-from ._names import (
+from rlwire.transport._stored.names import (
     CONSUMED_RE,
     END_NAME,
     MAIN_RE,
@@ -67,7 +68,7 @@ from ._names import (
     start_step,
     temp_name,
 )
-from ._retention import read_consumed, steps_to_prune
+from rlwire.transport._stored.retention import read_consumed, steps_to_prune
 
 __all__ = [
     "ALIGN",
@@ -99,3 +100,5 @@ __all__ = [
     "temp_name",
     "verify_segments",
 ]
+
+claim(__name__, globals(), __all__)

@@ -64,11 +64,8 @@ from rlwire.abc import (
     Source,
     SourceOptions,
     Staged,
-    parse_url,
-    reject_unknown,
-    take_frame,
-    transport_error,
 )
+from rlwire.transport import parse_url, reject_unknown, take_frame, transport_error
 from rlwire.transport.layout import checksum_segments, parse_main, plan
 
 __all__ = ["DEFAULT_TABLE", "DEFAULT_TIMEOUT", "SqliteSink", "SqliteSource", "sqlite_url"]

@@ -28,7 +28,10 @@ Example:
     (0, True)
 """
 
-from ._sink import FsspecSink
-from ._source import FsspecSource
+from rlwire._core.faces import claim
+from rlwire.transport.fsspec._sink import FsspecSink
+from rlwire.transport.fsspec._source import FsspecSource
 
 __all__ = ["FsspecSink", "FsspecSource"]
+
+claim(__name__, globals(), __all__)

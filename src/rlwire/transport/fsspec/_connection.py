@@ -17,13 +17,13 @@ from typing import Any
 
 from anyio import CapacityLimiter
 
-from ..._once import Once
-from ...errors import ConfigError, RlwireError, transport_error
-from .._base import reject_unknown
-from .._url import URL, parse_url
-from ._generic import GenericStore
-from ._s3 import S3Store
-from ._store import Store
+from rlwire._core.errors import ConfigError, RlwireError, transport_error
+from rlwire._core.once import Once
+from rlwire.transport._base import reject_unknown
+from rlwire.transport._url import URL, parse_url
+from rlwire.transport.fsspec._generic import GenericStore
+from rlwire.transport.fsspec._s3 import S3Store
+from rlwire.transport.fsspec._store import Store
 
 __all__ = ["Connection", "translate_errors"]
 
@@ -49,7 +49,7 @@ def translate_errors(where: str, action: str) -> Iterator[None]:
         ...     raise PermissionError(13, "Permission denied")
         Traceback (most recent call last):
         ...
-        rlwire.errors.TransportError: memory://run: cannot list the destination: Permission denied
+        rlwire.TransportError: memory://run: cannot list the destination: Permission denied
     """
     try:
         yield
@@ -141,7 +141,7 @@ def _split_url(given: str | URL) -> tuple[str, str]:
 def _connect(url: str, protocol: str, storage_options: Mapping[str, Any]) -> Store:
     """Import the implementation, make the filesystem, choose its store and check it.
 
-    Runs in a worker thread (through :class:`~rlwire._once.Once`): importing s3fs and
+    Runs in a worker thread (through :class:`~rlwire._core.once.Once`): importing s3fs and
     the first request take long enough to stall an event loop.
     """
     import fsspec

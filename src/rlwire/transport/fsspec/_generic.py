@@ -13,10 +13,10 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from ..._slicing import Sliced, SliceTimer
-from ...errors import transport_error
-from .._names import temp_name
-from ._store import Staging, Store
+from rlwire._core.errors import transport_error
+from rlwire._core.slicing import Sliced, SliceTimer
+from rlwire.transport._stored.names import temp_name
+from rlwire.transport.fsspec._store import Staging, Store
 
 __all__ = ["GenericStore", "TempStaging"]
 

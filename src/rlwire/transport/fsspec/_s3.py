@@ -16,10 +16,10 @@ import functools
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from ...errors import ConfigError, CorruptFrameError, TransportError, transport_error
-from .._names import STORED_RE
-from ._s3_upload import S3Staging, on_loop, retried
-from ._store import Store
+from rlwire._core.errors import ConfigError, CorruptFrameError, TransportError, transport_error
+from rlwire.transport._stored.names import STORED_RE
+from rlwire.transport.fsspec._s3_upload import S3Staging, on_loop, retried
+from rlwire.transport.fsspec._store import Store
 
 __all__ = ["READ_BYTES", "S3Store"]
 

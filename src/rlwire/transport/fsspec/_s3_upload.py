@@ -22,12 +22,12 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..._slicing import Sliced, SliceTimer
-from ...errors import transport_error
-from ._store import Staging
+from rlwire._core.errors import transport_error
+from rlwire._core.slicing import Sliced, SliceTimer
+from rlwire.transport.fsspec._store import Staging
 
 if TYPE_CHECKING:
-    from ._s3 import S3Store
+    from rlwire.transport.fsspec._s3 import S3Store
 
 __all__ = [
     "MIN_PART_BYTES",

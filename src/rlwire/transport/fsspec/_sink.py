@@ -8,18 +8,26 @@ from typing import Any
 
 from anyio import CapacityLimiter
 
-from ..._args import check_int
-from ..._slicing import Sliced
-from ...errors import StepExistsError
-from .._base import OnExisting, PendingFrame, Sink, SinkOptions, SourceOptions, Staged, take_frame
-from .._layout import checksum_segments, end_mark, plan
-from .._names import END_NAME, main_name, names_to_delete, sidecar_name
-from .._names import start_step as first_step
-from .._retention import read_consumed, steps_to_prune
-from .._url import URL
-from ._connection import Connection, translate_errors
-from ._s3_upload import MIN_PART_BYTES, PART_BYTES
-from ._source import FsspecSource
+from rlwire._core.args import check_int
+from rlwire._core.errors import StepExistsError
+from rlwire._core.slicing import Sliced
+from rlwire.transport._base import (
+    OnExisting,
+    PendingFrame,
+    Sink,
+    SinkOptions,
+    SourceOptions,
+    Staged,
+    take_frame,
+)
+from rlwire.transport._stored.layout import checksum_segments, end_mark, plan
+from rlwire.transport._stored.names import END_NAME, main_name, names_to_delete, sidecar_name
+from rlwire.transport._stored.names import start_step as first_step
+from rlwire.transport._stored.retention import read_consumed, steps_to_prune
+from rlwire.transport._url import URL
+from rlwire.transport.fsspec._connection import Connection, translate_errors
+from rlwire.transport.fsspec._s3_upload import MIN_PART_BYTES, PART_BYTES
+from rlwire.transport.fsspec._source import FsspecSource
 
 __all__ = ["FsspecSink"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...frame import Frame
-from .._stored import StoredSource
-from .._url import URL
-from ._connection import Connection, translate_errors
+from rlwire._frame.frame import Frame
+from rlwire.transport._stored.source import StoredSource
+from rlwire.transport._url import URL
+from rlwire.transport.fsspec._connection import Connection, translate_errors
 
 __all__ = ["MAX_POLL_INTERVAL", "FsspecSource"]
 

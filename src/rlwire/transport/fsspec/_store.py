@@ -13,9 +13,9 @@ import abc
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from ..._slicing import Sliced, run_sliced
-from .._base import Staged
-from .._names import TEMP_RE
+from rlwire._core.slicing import Sliced, run_sliced
+from rlwire.transport._base import Staged
+from rlwire.transport._stored.names import TEMP_RE
 
 __all__ = ["Staging", "Store"]
 

@@ -45,7 +45,10 @@ The modules, one concept each:
     :class:`ZmqSink` and :class:`ZmqSource`
 """
 
-from ._sink import ZmqSink
-from ._source import ZmqSource
+from rlwire._core.faces import claim
+from rlwire.transport.zmq._sink import ZmqSink
+from rlwire.transport.zmq._source import ZmqSource
 
 __all__ = ["ZmqSink", "ZmqSource"]
+
+claim(__name__, globals(), __all__)

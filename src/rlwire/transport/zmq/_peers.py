@@ -17,8 +17,8 @@ from typing import Literal
 
 import zmq
 
-from ...errors import TransportError, transport_error
-from ._protocol import (
+from rlwire._core.errors import TransportError, transport_error
+from rlwire.transport.zmq._protocol import (
     ACK,
     BYE,
     PING,
@@ -29,7 +29,7 @@ from ._protocol import (
     parse_ack,
     parse_ready,
 )
-from ._sockets import RETRY_SECONDS, Socket, has_message, wait_descriptor
+from rlwire.transport.zmq._sockets import RETRY_SECONDS, Socket, has_message, wait_descriptor
 
 __all__ = ["Pattern", "Peers"]
 

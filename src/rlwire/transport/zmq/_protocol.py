@@ -28,9 +28,9 @@ from collections.abc import Sequence
 
 import msgspec
 
-from ...errors import CorruptFrameError
-from ...frame import Frame
-from .._layout import CHECKSUM, check_magic
+from rlwire._core.errors import CorruptFrameError
+from rlwire._frame.frame import Frame
+from rlwire.transport._stored.layout import CHECKSUM, check_magic
 
 __all__ = [
     "ABORT",
@@ -263,7 +263,7 @@ def parse_data(parts: Sequence[bytes | memoryview], *, where: str) -> tuple[Head
         >>> parse_data([b"xy"], where="ipc:///run")
         Traceback (most recent call last):
         ...
-        rlwire.errors.CorruptFrameError: ipc:///run: not an rlwire message (2-byte head)
+        rlwire.CorruptFrameError: ipc:///run: not an rlwire message (2-byte head)
     """
     first = bytes(parts[0])
     if len(first) < _PRELUDE.size:

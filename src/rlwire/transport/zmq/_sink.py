@@ -14,10 +14,10 @@ import numpy as np
 import zmq
 from anyio import CapacityLimiter, to_thread
 
-from ..._args import check_int, check_positive
-from ..._slicing import Sliced, SliceTimer
-from ...errors import ConfigError, RlwireError, TransportError, transport_error
-from .._base import (
+from rlwire._core.args import check_int, check_positive
+from rlwire._core.errors import ConfigError, RlwireError, TransportError, transport_error
+from rlwire._core.slicing import Sliced, SliceTimer
+from rlwire.transport._base import (
     OnExisting,
     PendingFrame,
     Sink,
@@ -27,12 +27,19 @@ from .._base import (
     reject_unknown,
     take_frame,
 )
-from .._layout import segment_digests
-from .._url import URL
-from ._peers import Pattern, Peers
-from ._protocol import Head, first_part, make_head, seal_message
-from ._sockets import Context, Socket, curve_server_keys, endpoint, release, start_authenticator
-from ._source import ZmqSource, open_source
+from rlwire.transport._stored.layout import segment_digests
+from rlwire.transport._url import URL
+from rlwire.transport.zmq._peers import Pattern, Peers
+from rlwire.transport.zmq._protocol import Head, first_part, make_head, seal_message
+from rlwire.transport.zmq._sockets import (
+    Context,
+    Socket,
+    curve_server_keys,
+    endpoint,
+    release,
+    start_authenticator,
+)
+from rlwire.transport.zmq._source import ZmqSource, open_source
 
 __all__ = ["ZmqSink"]
 
@@ -103,7 +110,8 @@ class ZmqSink(Sink):
             was being sent to; no receiver announced itself within ``ready_timeout``.
 
     Example:
-        >>> from rlwire.abc import SinkOptions, parse_url
+        >>> from rlwire.abc import SinkOptions
+        >>> from rlwire.transport import parse_url
         >>> sink = ZmqSink.from_url(parse_url("zmq+tcp://127.0.0.1:5599"), SinkOptions())
         >>> sink.endpoint
         'tcp://127.0.0.1:5599'

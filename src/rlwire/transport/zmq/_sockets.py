@@ -11,8 +11,8 @@ import anyio
 import zmq
 import zmq.auth
 
-from ...errors import ConfigError
-from .._url import URL
+from rlwire._core.errors import ConfigError
+from rlwire.transport._url import URL
 
 __all__ = [
     "RETRY_SECONDS",
@@ -44,7 +44,7 @@ def endpoint(url: URL) -> str:
         ConfigError: not a ``zmq+tcp://host:port`` or ``zmq+ipc:///path`` URL.
 
     Example:
-        >>> from rlwire.abc import parse_url
+        >>> from rlwire.transport import parse_url
         >>> endpoint(parse_url("zmq+tcp://127.0.0.1:5555")), endpoint(parse_url("zmq+ipc:///r"))
         ('tcp://127.0.0.1:5555', 'ipc:///r')
     """

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import msgspec
 import zmq
 
-from ..._args import check_int
-from ...errors import (
+from rlwire._core.args import check_int
+from rlwire._core.errors import (
     ConfigError,
     CorruptFrameError,
     EndOfStream,
@@ -21,12 +21,17 @@ from ...errors import (
     TransportError,
     transport_error,
 )
-from ...frame import Frame
-from .._base import Source, SourceOptions, reject_unknown
-from .._layout import CHECKSUM, check_algorithm, compare_digests, segment_digests
-from .._url import URL
-from ._peers import Pattern
-from ._protocol import (
+from rlwire._frame.frame import Frame
+from rlwire.transport._base import Source, SourceOptions, reject_unknown
+from rlwire.transport._stored.layout import (
+    CHECKSUM,
+    check_algorithm,
+    compare_digests,
+    segment_digests,
+)
+from rlwire.transport._url import URL
+from rlwire.transport.zmq._peers import Pattern
+from rlwire.transport.zmq._protocol import (
     REANNOUNCE_SECONDS,
     Head,
     Seal,
@@ -41,7 +46,7 @@ from ._protocol import (
     parse_seal,
     ready_message,
 )
-from ._sockets import (
+from rlwire.transport.zmq._sockets import (
     RETRY_SECONDS,
     Context,
     Socket,

@@ -1,0 +1,300 @@
+"""The ``rlwire`` command: ``rlwire demo``, ``rlwire inspect PATH [--type MODULE:NAME]`` and
+``rlwire bench`` (the benchmark suite of a source checkout)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import numpy as np
+
+from rlwire._api.receiver import open_receiver
+from rlwire._api.schema import TrainingBatch
+from rlwire._api.sender import open_sender
+from rlwire._api.synthetic import assert_batches_equal, make_batch
+from rlwire._core.errors import ConfigError, RlwireError
+from rlwire._core.offload import LagMonitor, percentile
+
+__all__ = ["main"]
+
+_ARRAYS = ("token_ids", "mask", "logprobs", "temperatures", "advantages", "routed_experts")
+
+
+def _step_batch(step: int, ns: argparse.Namespace) -> TrainingBatch:
+    """The demo's batch for ``step``: the producer and the trainer make the same bits."""
+    return make_batch(ns.samples, ns.tokens, seed=step * ns.samples, layers=ns.layers, topk=ns.topk)
+
+
+def _batch_args(ns: argparse.Namespace) -> dict[str, int]:
+    return {"samples": ns.samples, "tokens": ns.tokens, "layers": ns.layers, "topk": ns.topk}
+
+
+def _trainer(ns: argparse.Namespace) -> int:
+    """The demo's trainer process: receive every step, check it bit-exact, report."""
+    with open_receiver(ns.dir) as receiver:
+        for step in range(ns.steps):
+            batch = receiver.receive(timeout=ns.timeout)
+            try:
+                assert_batches_equal(batch, _step_batch(step, ns))
+                ok = True
+            except AssertionError:
+                ok = False
+            print(f"{'ok' if ok else 'MISMATCH'} {step}", flush=True)
+            if not ok:
+                return 1
+    return 0
+
+
+def _bar(done: int, total: int, width: int = 24) -> str:
+    filled = width * done // max(1, total)
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+async def _demo(ns: argparse.Namespace, directory: str) -> int:
+    verified: list[int] = []
+    trainer_cmd = [
+        sys.executable,
+        "-m",
+        "rlwire._api.cli",
+        "_trainer",
+        "--dir",
+        directory,
+        "--steps",
+        str(ns.steps),
+        "--timeout",
+        "60",
+        *(f"--{k}={v}" for k, v in _batch_args(ns).items()),
+    ]
+    print(
+        f"rlwire demo: {ns.steps} steps of {ns.samples} samples x ~{ns.tokens} tokens, "
+        f"routed_experts [tokens, {ns.layers}, {ns.topk}] uint8, sidecar on"
+    )
+    print(f"  producer: this process (anyio); trainer: another process; files in {directory}")
+    # Open the destination first: a directory holding steps fails here, before any trainer.
+    async with (
+        open_sender(directory, sidecar=("routed_experts",)) as sender,
+        await anyio.open_process(trainer_cmd, stderr=None) as trainer,
+    ):
+
+        async def read_trainer() -> None:
+            assert trainer.stdout is not None
+            buffered = b""
+            async for chunk in trainer.stdout:
+                buffered += chunk
+                *lines, buffered = buffered.split(b"\n")
+                for line in lines:
+                    status, step = line.decode().split()
+                    if status == "ok":
+                        verified.append(int(step))
+
+        all_lags: list[float] = []
+        total_bytes = 0
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_trainer)
+            for step in range(ns.steps):
+                batch = await anyio.to_thread.run_sync(_step_batch, step, ns)
+                nbytes = sum(getattr(s, f).nbytes for s in batch.samples for f in _ARRAYS)
+                async with LagMonitor() as lag:
+                    t0 = time.perf_counter()
+                    await sender.send(batch)
+                    elapsed = time.perf_counter() - t0
+                all_lags.extend(lag.lags)
+                total_bytes += nbytes
+                print(
+                    f"{_bar(step + 1, ns.steps)} step {step + 1:>3}/{ns.steps} "
+                    f"{nbytes / 1e6:7.1f} MB in {elapsed * 1e3:6.1f} ms "
+                    f"{nbytes / 1e6 / elapsed:7.0f} MB/s | loop lag max "
+                    f"{lag.max * 1e3:5.2f} ms p99 {lag.percentile(99) * 1e3:5.2f} ms | "
+                    f"trainer verified {len(verified)}",
+                    flush=True,
+                )
+            code = await trainer.wait()
+            tg.cancel_scope.cancel()
+    worst, p99 = max(all_lags, default=0.0), percentile(all_lags, 99)
+    print(
+        f"sent {total_bytes / 1e9:.2f} GB in {time.perf_counter() - start:.1f} s; loop lag "
+        f"during sends: max {worst * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms"
+    )
+    print(
+        f"  (the trainer process shares this machine's {os.cpu_count()} cores with the producer; "
+        "docs/benchmarks.md measures lag without it)"
+    )
+    if code != 0 or len(verified) != ns.steps:
+        print(
+            f"FAILED: the trainer verified {len(verified)} of {ns.steps} steps (exit code {code})",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"trainer verified all {ns.steps} steps bit-exact")
+    return 0
+
+
+def _bench(options: list[str]) -> int:
+    """Run ``benchmarks/suite.py`` of the checkout this rlwire is installed from."""
+    suite = Path(__file__).resolve().parents[2] / "benchmarks" / "suite.py"
+    if not suite.is_file():
+        raise ConfigError(
+            "rlwire bench runs the benchmark suite of a source checkout (benchmarks/suite.py), "
+            "which this installation does not have: clone the repository and run "
+            "`python3 tasks.py bench` there"
+        )
+    return subprocess.call([sys.executable, str(suite), *options])
+
+
+def _inspect(ns: argparse.Namespace) -> int:
+    path = Path(ns.path)
+    step, rank = ns.step, ns.rank
+    target = _load_type(ns.type) if ns.type else Any
+    with open_receiver(path, type=target, start_step=step, rank=rank) as receiver:
+        obj = receiver.poll()
+    if obj is None:
+        print(f"{path}: no step {step} for rank {rank}", file=sys.stderr)
+        return 1
+    print(f"step {step} rank {rank}: {_size(_nbytes(obj))}{_describe(obj)}")
+    return 0
+
+
+def _load_type(spec: str) -> Any:
+    """The type ``module:Name`` (``Name`` may be dotted) names, imported."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise ConfigError(f"--type {spec!r}: expected module:Name, e.g. myproject.types:Rollout")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in name.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--type {spec!r}: {exc}") from None
+    return found
+
+
+def _fields(obj: Any) -> dict[str, Any] | None:
+    """A Struct's or dict's fields by name, or None for anything else."""
+    if isinstance(obj, msgspec.Struct):
+        return {name: getattr(obj, name) for name in obj.__struct_fields__}
+    if isinstance(obj, dict):
+        return {str(key): value for key, value in obj.items()}
+    return None
+
+
+def _nbytes(obj: Any) -> int:
+    """The bytes of the arrays, bytes and strings in ``obj``."""
+    if isinstance(obj, np.ndarray | memoryview):
+        return int(obj.nbytes)
+    if isinstance(obj, bytes | bytearray | str):
+        return len(obj)
+    fields = _fields(obj)
+    if fields is not None:
+        return sum(_nbytes(value) for value in fields.values())
+    if isinstance(obj, list | tuple):
+        return sum(_nbytes(item) for item in obj)
+    return 0
+
+
+def _size(nbytes: int) -> str:
+    if nbytes < 10_000:
+        return f"{nbytes} bytes"
+    return f"{nbytes / 1e3:.1f} kB" if nbytes < 10_000_000 else f"{nbytes / 1e6:.1f} MB"
+
+
+def _describe(obj: Any, indent: str = "") -> str:
+    if isinstance(obj, np.ndarray):
+        return f" ndarray {obj.dtype} {list(obj.shape)} ({obj.nbytes} bytes)"
+    if isinstance(obj, memoryview | bytes | bytearray):
+        return f" bytes ({memoryview(obj).nbytes})"
+    inner = indent + "  "
+    fields = _fields(obj)
+    if fields is not None:
+        kind = f" {type(obj).__name__}" if isinstance(obj, msgspec.Struct) else ""
+        lines = [f"{inner}{k}:{_describe(v, inner)}" for k, v in fields.items()]
+        return "\n".join([kind, *lines])
+    if isinstance(obj, list | tuple) and obj:
+        head = [f"{inner}[{i}]:{_describe(v, inner)}" for i, v in enumerate(obj[:3])]
+        more = [f"{inner}... {len(obj) - 3} more"] if len(obj) > 3 else []
+        title = f" {len(obj)} items ({_size(_nbytes(obj))})"
+        return "\n".join([title, *head, *more, *_per_field(obj, inner)])
+    return f" {obj!r}"
+
+
+def _per_field(items: list[Any] | tuple[Any, ...], indent: str) -> list[str]:
+    """For a list of Structs or dicts: each field's bytes over all of them."""
+    totals: dict[str, int] = {}
+    for item in items:
+        fields = _fields(item)
+        if fields is None:
+            return []
+        for name, value in fields.items():
+            totals[name] = totals.get(name, 0) + _nbytes(value)
+    sizes = ", ".join(f"{name} {_size(n)}" for name, n in totals.items() if n)
+    return [f"{indent}bytes per field, all {len(items)}: {sizes}"] if sizes else []
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlwire", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def batch_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--samples", type=int, default=64, help="samples per step")
+        p.add_argument("--tokens", type=int, default=4096, help="tokens per sample (at most)")
+        p.add_argument("--layers", type=int, default=24, help="MoE layers")
+        p.add_argument("--topk", type=int, default=8, help="experts per token")
+
+    demo = sub.add_parser("demo", help="send synthetic batches to a trainer process")
+    demo.add_argument("--steps", type=int, default=40)
+    demo.add_argument("--dir", help="directory to use (default: a new temporary one)")
+    batch_options(demo)
+    trainer = sub.add_parser("_trainer")  # the demo's other process
+    trainer.add_argument("--dir", required=True)
+    trainer.add_argument("--steps", type=int, required=True)
+    trainer.add_argument("--timeout", type=float, default=60)
+    batch_options(trainer)
+    # Its options are the suite's own (`rlwire bench --help` shows them).
+    sub.add_parser("bench", help="the whole benchmark suite of a source checkout", add_help=False)
+    inspect = sub.add_parser("inspect", help="describe one stored message")
+    inspect.add_argument("path", help="the directory a sender writes to")
+    inspect.add_argument("--step", type=int, default=0)
+    inspect.add_argument("--rank", type=int, default=0)
+    inspect.add_argument(
+        "--type",
+        metavar="MODULE:NAME",
+        help="decode into this type (e.g. myproject.types:Rollout): field names for "
+        "array_like Structs, which the message stores as lists",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``rlwire`` command."""
+    parser = _parser()
+    ns, rest = parser.parse_known_args(argv)
+    if rest and ns.command != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        if ns.command == "_trainer":
+            return _trainer(ns)
+        if ns.command == "inspect":
+            return _inspect(ns)
+        if ns.command == "bench":
+            return _bench(rest)
+        if ns.dir:
+            return anyio.run(_demo, ns, ns.dir)
+        with tempfile.TemporaryDirectory(prefix="rlwire-demo-") as directory:
+            return anyio.run(_demo, ns, directory)
+    except RlwireError as exc:
+        print(f"rlwire: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The default schema: :class:`TrainingSample` and :class:`TrainingBatch`.
+
+These are plain msgspec Structs holding numpy arrays. Any other msgspec Struct, dict or
+list tree works with rlwire too; these add validation that catches the silent
+corruptions RL frameworks have met (NaN logprobs, misaligned routed experts, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from rlwire._core.errors import SchemaError
+
+__all__ = ["TrainingBatch", "TrainingSample", "check_object"]
+
+_PER_TOKEN_FLOATS = ("logprobs", "temperatures", "advantages")
+_MUST_BE_FINITE = ("logprobs", "advantages", "ref_logprobs", "temperatures")
+
+
+class TrainingSample(msgspec.Struct, kw_only=True):
+    """One trainable sequence.
+
+    Per-token fields are 1-D arrays of one common length ``seq_len``.
+
+    Attributes:
+        token_ids: integer token ids.
+        mask: bool, ``True`` where the token is trained on.
+        logprobs: float log-probabilities from the rollout policy (finite).
+        temperatures: float sampling temperature per token (finite).
+        advantages: float advantage per token (finite).
+        env_name: the environment that produced the sample.
+        ref_logprobs: optional float log-probabilities from a reference policy.
+        routed_experts: optional ``uint8``/``uint16`` array ``[seq_len, layers, topk]``
+            of MoE expert ids chosen at rollout time (router replay).
+        extras: any other arrays, by name.
+
+    Example:
+        >>> import numpy as np
+        >>> s = TrainingSample(token_ids=np.arange(4), mask=np.ones(4, bool),
+        ...     logprobs=np.zeros(4, np.float32), temperatures=np.ones(4, np.float32),
+        ...     advantages=np.zeros(4, np.float32), env_name="gsm8k")
+        >>> s.validate()
+    """
+
+    token_ids: np.ndarray
+    mask: np.ndarray
+    logprobs: np.ndarray
+    temperatures: np.ndarray
+    advantages: np.ndarray
+    env_name: str
+    ref_logprobs: np.ndarray | None = None
+    routed_experts: np.ndarray | None = None
+    extras: dict[str, np.ndarray] = msgspec.field(default_factory=dict)
+
+    @property
+    def seq_len(self) -> int:
+        """Number of tokens in the sample."""
+        return len(self.token_ids)
+
+    def validate(self, where: str = "sample") -> None:
+        """Check types, lengths and finiteness.
+
+        Args:
+            where: how error messages name this sample, e.g. ``"samples[3]"``.
+
+        Raises:
+            SchemaError: naming the sample and field, e.g.
+                ``samples[3].logprobs: 1 non-finite value (first at token 17)``.
+        """
+        ids = _array(self, "token_ids", where, ndim=1)
+        if ids.dtype.kind not in "iu":
+            raise SchemaError(
+                f"{where}.token_ids: token ids must be integers, got dtype {ids.dtype}"
+            )
+        n = len(ids)
+        mask = _array(self, "mask", where, ndim=1)
+        if mask.dtype != np.bool_:
+            raise SchemaError(f"{where}.mask: must be a bool array, got dtype {mask.dtype}")
+        names = ["mask", *_PER_TOKEN_FLOATS]
+        if self.ref_logprobs is not None:
+            names.append("ref_logprobs")
+        for name in names:
+            arr = _array(self, name, where, ndim=1)
+            if name != "mask" and arr.dtype.kind != "f":
+                raise SchemaError(f"{where}.{name}: must be a float array, got dtype {arr.dtype}")
+            if len(arr) != n:
+                raise SchemaError(
+                    f"{where}.{name}: has {len(arr)} entries but token_ids "
+                    f"has {n}; per-token arrays must have the same length"
+                )
+            if name in _MUST_BE_FINITE:
+                _check_finite(arr, f"{where}.{name}")
+        if self.routed_experts is not None:
+            re = _array(self, "routed_experts", where, ndim=3)
+            if re.dtype not in (np.uint8, np.uint16):
+                raise SchemaError(
+                    f"{where}.routed_experts: must be uint8 or uint16 expert ids, "
+                    f"got dtype {re.dtype} (uint8 holds at most 256 experts)"
+                )
+            if re.shape[0] != n:
+                raise SchemaError(
+                    f"{where}.routed_experts: has {re.shape[0]} rows but "
+                    f"token_ids has {n}; expected shape [seq_len, layers, topk]"
+                )
+        if not isinstance(self.env_name, str):
+            raise SchemaError(f"{where}.env_name: must be str, got {type(self.env_name).__name__}")
+        if not isinstance(self.extras, dict):
+            raise SchemaError(
+                f"{where}.extras: must be a dict of arrays, got {type(self.extras).__name__}"
+            )
+        for key, value in self.extras.items():
+            if not isinstance(key, str):
+                raise SchemaError(f"{where}.extras: keys must be str, got {key!r}")
+            if not isinstance(value, np.ndarray):
+                raise SchemaError(
+                    f"{where}.extras[{key!r}]: expected a numpy array, got {type(value).__name__}"
+                )
+
+
+class TrainingBatch(msgspec.Struct, kw_only=True):
+    """The samples of one training step (for one data-parallel rank).
+
+    Example:
+        >>> TrainingBatch(samples=[]).validate()
+    """
+
+    samples: list[TrainingSample]
+
+    def validate(self, where: str = "batch") -> None:
+        """Validate every sample.
+
+        Raises:
+            SchemaError: naming the sample index and field of the first problem.
+        """
+        self._check_samples(where)
+        for i, sample in enumerate(self.samples):
+            sample.validate(f"{where}.samples[{i}]")
+
+    def _check_samples(self, where: str) -> None:
+        if not isinstance(self.samples, list):
+            raise SchemaError(f"{where}.samples: must be a list, got {type(self.samples).__name__}")
+        for i, sample in enumerate(self.samples):
+            if not isinstance(sample, TrainingSample):
+                raise SchemaError(
+                    f"{where}.samples[{i}]: expected TrainingSample, got {type(sample).__name__}"
+                )
+
+
+def check_object(obj: Any, path: str) -> None:
+    """Validate ``obj`` if it is a :class:`TrainingSample` or :class:`TrainingBatch`; the
+    codecs' ``check`` hook.
+
+    The encoder calls this for every Struct it walks, so samples are validated at any
+    depth, inside the user's own Structs too, and in the same pass that encodes them (a
+    batch's samples are checked one by one as the encoder reaches them).
+    """
+    if isinstance(obj, TrainingSample):
+        obj.validate(path)
+    elif isinstance(obj, TrainingBatch):
+        obj._check_samples(path)
+
+
+def _array(obj: Any, name: str, where: str, *, ndim: int) -> np.ndarray:
+    value = getattr(obj, name)
+    if not isinstance(value, np.ndarray):
+        raise SchemaError(f"{where}.{name}: expected a numpy array, got {type(value).__name__}")
+    if value.ndim != ndim:
+        raise SchemaError(f"{where}.{name}: expected {ndim} dimension(s), got shape {value.shape}")
+    return value
+
+
+def _check_finite(arr: np.ndarray, where: str) -> None:
+    finite = np.isfinite(arr)
+    if finite.all():
+        return
+    bad = np.flatnonzero(~finite)
+    plural = "value" if len(bad) == 1 else "values"
+    raise SchemaError(
+        f"{where}: {len(bad)} non-finite {plural} (NaN or Inf; first at token "
+        f"{int(bad[0])}); logprobs, advantages and temperatures must be finite"
+    )

@@ -1,0 +1,270 @@
+"""SyncSender: a TrainingBatchSender for synchronous code, on a private event-loop thread."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+import anyio
+from anyio.from_thread import BlockingPortal
+
+from rlwire._api.sender import TrainingBatchSender, open_sender
+from rlwire._api.stats import SendStats
+from rlwire._core.errors import ClosedError
+from rlwire.transport._base import Sink
+
+__all__ = ["SyncSender", "open_sync_sender"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: The name of every SyncSender's event-loop thread (as threading.current_thread() has it).
+_THREAD_NAME = "rlwire-sync-sender"
+
+
+def _same_parameters(
+    like: Callable[P, object],
+) -> Callable[[Callable[..., SyncSender]], Callable[P, SyncSender]]:
+    """Give the decorated function the parameters of ``like``, for type checkers (through
+    ``P``) and for :func:`inspect.signature` (so ``help()`` and autodoc list them)."""
+
+    def adopt(func: Callable[..., SyncSender]) -> Callable[P, SyncSender]:
+        signature = inspect.signature(like).replace(return_annotation="SyncSender")
+        func.__dict__["__signature__"] = signature
+        return func
+
+    return adopt
+
+
+@_same_parameters(open_sender)
+def open_sync_sender(url: str | os.PathLike[str], **options: Any) -> SyncSender:
+    """Open a sender for synchronous code: :func:`~rlwire.open_sender`'s parameters, the
+    same behaviour, but plain blocking methods instead of coroutines.
+
+    The sender runs on its own event-loop thread (asyncio), which this call starts; it
+    then opens the destination at once (unlike the async sender, which opens on
+    ``async with`` or the first send), so that a destination that cannot be used is
+    reported here, and ``sender.sink.url`` is already the bound address of a
+    ``zmq+tcp://host:0`` sender. If opening fails, what the sink acquired is released
+    and the thread is stopped before the error is raised. ``on_stats`` is called on
+    that thread, not on the thread that sends.
+
+    Raises:
+        ConfigError: as :func:`~rlwire.open_sender` (before any thread is started).
+        StepExistsError: the destination holds steps and ``on_existing="error"``.
+        TransportError: the destination cannot be written.
+
+    Returns:
+        An open :class:`SyncSender`; use it as ``with``, or call
+        :meth:`~SyncSender.close`.
+
+    Example:
+        >>> import rlwire, tempfile
+        >>> from rlwire import open_sync_sender
+        >>> path = tempfile.mkdtemp()
+        >>> with open_sync_sender(path) as sender:
+        ...     sender.send(rlwire.TrainingBatch(samples=[]))
+        ...     sender.send(rlwire.TrainingBatch(samples=[]))
+        0
+        1
+        >>> with rlwire.open_receiver(path, start_step=1) as receiver:
+        ...     receiver.receive(timeout=5).samples
+        []
+    """
+    return SyncSender(open_sender(url, **options))
+
+
+class SyncSender:
+    """A :class:`~rlwire.TrainingBatchSender` driven from synchronous code.
+
+    The async sender runs on a private event-loop thread (an anyio blocking portal,
+    asyncio); each method hands its call to that thread and blocks until it is done, so
+    a send still encodes and writes in worker threads, in slices, exactly as the async
+    one does. Usually made by :func:`open_sync_sender`; constructing one from a
+    :class:`~rlwire.TrainingBatchSender` that was never opened takes it over, starts the
+    thread and opens the destination, as :func:`open_sync_sender` describes.
+
+    Methods may be called from any number of threads: sends are serialized, so
+    concurrent callers get consecutive steps in the order they acquire the sender.
+    Errors are those of the async sender, raised unchanged (same type, same message).
+    An exception that interrupts a waiting caller (``KeyboardInterrupt``) cancels the
+    send it waits for; a cancelled send leaves nothing visible. Each call costs one
+    round trip to the event-loop thread (a fraction of a millisecond), on top of the
+    async send.
+
+    :meth:`close` (or leaving ``with``) closes the sender, then stops the thread. The
+    thread is a daemon thread, so a forgotten close does not keep the process from
+    exiting; but until then it keeps the thread, the event loop and the sink's files or
+    sockets, and what a ZeroMQ sink still queues at exit is lost. Use ``with``.
+    """
+
+    def __init__(self, sender: TrainingBatchSender) -> None:
+        self._sender = sender
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._portal, self._thread = _start_portal()
+        try:
+            _wait(self._portal.start_task_soon(sender.aopen))
+        except BaseException:
+            self._closed = True
+            try:
+                # Release what a failed open may hold (a socket bound, a connection
+                # made); the open's own error is the one to report.
+                with contextlib.suppress(Exception):
+                    self._portal.call(sender.aclose)
+            finally:
+                self._stop_portal()
+            raise
+
+    def __repr__(self) -> str:
+        return f"SyncSender({self._sender!r})"
+
+    @property
+    def next_step(self) -> int:
+        """The step ``send(obj)`` without ``step=`` will use."""
+        return self._sender.next_step
+
+    @property
+    def last_step(self) -> int | None:
+        """The last step sent by this sender, or ``None``."""
+        return self._sender.last_step
+
+    @property
+    def last_stats(self) -> SendStats | None:
+        """The figures of the last step sent, or ``None`` before the first."""
+        return self._sender.last_stats
+
+    @property
+    def sink(self) -> Sink:
+        """The sink this sender writes to; ``sender.sink.url`` is, for example, the
+        address a ``zmq+tcp://host:0`` sender actually bound."""
+        return self._sender.sink
+
+    def __enter__(self) -> SyncSender:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def send(self, obj: Any, *, step: int | None = None) -> int:
+        """Send ``obj`` as ``step`` (default: the next step) for rank 0, and return the
+        step number used once it is visible to readers.
+
+        Raises:
+            ClosedError: the sender is closed.
+            RlwireError: the others of :meth:`rlwire.TrainingBatchSender.send`
+                (``SchemaError``, ``ConfigError``, ``EncodeError``, ``StepOrderError``,
+                ``StepExistsError``, ``TransportError``), for the same reasons.
+        """
+        return self._call(self._sender.send, obj, step=step)
+
+    def send_ranks(self, objs: Sequence[Any], *, step: int | None = None) -> int:
+        """Send ``objs[r]`` to data-parallel rank ``r``, all as one step, and return the
+        step number used; see :meth:`rlwire.TrainingBatchSender.send_ranks`.
+
+        Raises:
+            ClosedError: the sender is closed.
+            ConfigError: ``objs`` is not a non-empty sequence; otherwise the errors of
+                :meth:`send`, naming the rank.
+        """
+        return self._call(self._sender.send_ranks, objs, step=step)
+
+    def finish(self) -> None:
+        """Mark the end of the stream after the last step sent: receivers then get
+        :class:`~rlwire.EndOfStream` instead of waiting for the next step. A second call
+        does nothing; a send after it raises :class:`~rlwire.ClosedError`. See
+        :meth:`rlwire.TrainingBatchSender.finish`.
+
+        Raises:
+            ClosedError: the sender is closed.
+            TransportError, ConfigError: as :meth:`rlwire.TrainingBatchSender.finish`.
+        """
+        self._call(self._sender.finish)
+
+    def close(self) -> None:
+        """Wait for sends in flight, close the sender (flushing what the sink accepted and
+        releasing its files and sockets), then stop the event-loop thread. Idempotent;
+        later calls of the other methods raise :class:`~rlwire.ClosedError`."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._portal.call(self._sender.aclose)
+            finally:
+                self._stop_portal()
+
+    def _stop_portal(self) -> None:
+        """Stop the event loop, letting calls already queued finish, and join its thread."""
+        try:
+            self._portal.call(self._portal.stop)
+        except RuntimeError:
+            pass  # the loop has already ended
+        finally:
+            self._thread.join()
+
+    def _call(self, func: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Run ``func(*args, **kwargs)`` on the event-loop thread and wait for it."""
+        if self._closed:
+            raise ClosedError(f"{self!r} is closed")
+
+        async def run() -> T:
+            return await func(*args, **kwargs)
+
+        try:
+            future = self._portal.start_task_soon(run)
+        except RuntimeError:
+            if self._closed:  # closed by another thread since the check above
+                raise ClosedError(f"{self!r} is closed") from None
+            raise
+        return _wait(future)
+
+
+def _start_portal() -> tuple[BlockingPortal, threading.Thread]:
+    """Start an event loop (asyncio) on a new daemon thread, running a blocking portal.
+
+    Not :func:`anyio.from_thread.start_blocking_portal`: its context manager is a
+    generator, and a generator left open is closed when it is garbage collected, which
+    calls into the portal; at interpreter exit, with daemon threads already frozen, that
+    call would wait forever for a sender someone forgot to close.
+    """
+    ready: Future[BlockingPortal] = Future()
+
+    async def serve() -> None:
+        async with BlockingPortal() as portal:
+            ready.set_result(portal)
+            await portal.sleep_until_stopped()
+
+    def run() -> None:
+        try:
+            anyio.run(serve)
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+            else:
+                raise
+
+    thread = threading.Thread(target=run, name=_THREAD_NAME, daemon=True)
+    thread.start()
+    return ready.result(), thread
+
+
+def _wait(future: Future[T]) -> T:
+    """The result of a call made through the portal. If the wait itself is interrupted
+    (``KeyboardInterrupt`` in the calling thread), the call is cancelled."""
+    try:
+        return future.result()
+    except BaseException:
+        future.cancel()  # a no-op once the call is done
+        raise

@@ -1,0 +1,346 @@
+"""The walk of :class:`~rlwire.Checks`: one pass over one object, as a sliced generator.
+
+Per-token lists of millions of numbers are never walked item by item in Python on the
+happy path: a chunk of a list of floats is proven finite by ``math.isfinite(sum(chunk))``
+(a sum of finite floats is non-finite only on overflow, and then an exact check follows),
+a chunk of ints is bounded by ``max(chunk)``, and arrays are checked by numpy. Only a
+failing chunk is looked at item by item, to name the first offending index. Where no rule
+is in force, the walk only searches for named fields, where the plans of
+:mod:`rlwire._checks.plan` say one can be.
+
+Example:
+    >>> from rlwire._checks.plan import ANY, Planner, rules_by_name
+    >>> from rlwire._core.slicing import run_sliced
+    >>> planner = Planner(rules_by_name(("x",), {}), (), frozenset({"x"}))
+    >>> run_sliced(Walk(planner, collect=False).visit({"x": [0.5, float("inf")]}, None, None, ANY))
+    Traceback (most recent call last):
+    ...
+    rlwire.SchemaError: $.x[1]: inf is not finite ('x' is checked finite)
+"""
+
+from __future__ import annotations
+
+import cmath
+import dataclasses
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+import msgspec
+import numpy as np
+
+from rlwire._checks.plan import ANY, Planner, Rules, Shape, merge_rules
+from rlwire._core.errors import SchemaError
+from rlwire._core.paths import KeyPath, render_path
+from rlwire._core.slicing import Sliced, SliceTimer
+
+__all__ = ["Walk"]
+
+# -- values and chunks ------------------------------------------------------------------
+
+#: Values that hold no names and need no look when no rule is in force.
+_PLAIN: Final = frozenset({int, float, bool, str, bytes, type(None), complex})
+#: Element types for which ``sum`` / ``max`` prove a whole chunk at C speed.
+_NUMBERS: Final = frozenset({int, float, bool})
+#: Items that mark an untyped list as a list of leaves (None does not: ``[None, {...}]``).
+_LEAVES: Final = frozenset({int, float, bool, str, bytes, complex})
+_LISTS: Final = frozenset({list, tuple})
+#: Levels of nested lists flattened at C speed (e.g. [seq_len][layers][topk] is 3).
+_MAX_DEPTH: Final = 6
+
+#: Numbers per chunk of a list: ``sum`` takes about 5 ns a number, ``max`` about 15 ns (and
+#: the chunk's copy a few ns), so a chunk takes well under a tenth of a millisecond and a
+#: slice ends soon after its time is up.
+_SUM_CHUNK: Final = 8_192
+_MAX_CHUNK: Final = 4_096
+#: What a nested list costs to flatten, in numbers.
+_LIST_COST: Final = 4
+#: Elements per chunk of an array (numpy releases the GIL while it scans); bounds the
+#: temporary bool array too.
+_ARRAY_CHUNK: Final = 1 << 18
+
+
+class Walk:
+    """One pass over one object, under the rules and plans of ``planner``; with
+    ``collect``, the field names met are gathered in :attr:`seen`."""
+
+    def __init__(self, planner: Planner, *, collect: bool) -> None:
+        self.planner = planner
+        self.names = planner.names
+        self.ordered = sorted(self.names)
+        self.rules = planner.rules
+        self.groups = planner.groups
+        self.collect = collect
+        self.seen: set[str] = set()  # field names met (collected for the first object only)
+        self.slicer = SliceTimer()
+
+    def tick(self) -> Sliced[None]:
+        if self.slicer.due():
+            yield
+            self.slicer.restart()
+
+    def visit(self, value: Any, path: KeyPath, rules: Rules | None, shape: Shape) -> Sliced[None]:
+        """Check ``value`` under ``rules`` (None: only search it for named fields, where
+        ``shape`` says one can be)."""
+        kind = type(value)
+        if kind in _PLAIN:
+            if rules is not None:
+                _scalar(value, path, rules)
+            return
+        if rules is None and shape is None:
+            return
+        if kind is list or kind is tuple:
+            yield from self.sequence(value, path, rules, shape)
+        elif kind is dict:
+            yield from self.mapping(value, path, rules, shape)
+        elif isinstance(value, np.ndarray):
+            yield from self.array(value, path, rules)
+        elif isinstance(value, msgspec.Struct) or (
+            dataclasses.is_dataclass(value) and not isinstance(value, type)
+        ):
+            yield from self.record(value, path, rules)
+        elif isinstance(value, np.generic):
+            if rules is not None:
+                _scalar(value.item(), path, rules)
+        elif isinstance(value, dict):
+            yield from self.mapping(value, path, rules, shape)
+        elif isinstance(value, list | tuple | set | frozenset):
+            yield from self.sequence(list(value), path, rules, shape)
+
+    # -- containers -------------------------------------------------------------------
+
+    def record(self, obj: Any, path: KeyPath, rules: Rules | None) -> Sliced[None]:
+        plan = self.planner.plan(type(obj))
+        if self.collect:
+            self.seen |= plan.declared
+        for field in plan.search if rules is None else plan.every:
+            value = getattr(obj, field.name, None)
+            if value is None:
+                continue
+            inner = merge_rules(rules, field.rules)
+            if inner is None and type(value) in _PLAIN:
+                continue
+            yield from self.visit(value, (path, field.name), inner, field.shape)
+        for group, mine in plan.groups:
+            _same_length(path, group, [(name, getattr(obj, name, None)) for name in mine])
+        yield from self.tick()
+
+    def mapping(
+        self, obj: dict[Any, Any], path: KeyPath, rules: Rules | None, shape: Shape
+    ) -> Sliced[None]:
+        hits = obj.keys() & self.names  # the named fields, found at C speed
+        if self.collect:
+            self.seen |= hits
+            if len(obj) <= 1024:  # other keys only serve to suggest a misspelt name
+                self.seen.update(k for k in obj if isinstance(k, str))
+        if rules is None:
+            inner_shape = shape[1] if isinstance(shape, tuple) and shape[0] == "dict" else ANY
+            for key in self.ordered:  # in a fixed order: the same object fails the same way
+                if key not in hits:
+                    continue
+                yield from self.visit(obj[key], (path, key), self.rules.get(key), inner_shape)
+            if inner_shape is not None:
+                for i, (key, value) in enumerate(obj.items()):
+                    if key in hits or type(value) in _PLAIN:
+                        continue
+                    yield from self.visit(value, (path, key), None, inner_shape)
+                    if i & 255 == 255:
+                        yield from self.tick()
+        else:
+            for i, (key, value) in enumerate(obj.items()):
+                inner = merge_rules(rules, self.rules.get(key)) if key in hits else rules
+                yield from self.visit(value, (path, key), inner, ANY)
+                if i & 255 == 255:
+                    yield from self.tick()
+        for group in self.groups:
+            present = [name for name in group if name in hits]
+            if len(present) >= 2:
+                _same_length(path, group, [(name, obj[name]) for name in present])
+        yield from self.tick()
+
+    def sequence(
+        self, seq: list[Any] | tuple[Any, ...], path: KeyPath, rules: Rules | None, shape: Shape
+    ) -> Sliced[None]:
+        if not seq:
+            return
+        if rules is None:
+            if isinstance(shape, tuple) and shape[0] == "items":
+                item_shape = shape[1]
+            else:
+                # Untyped: a list whose ends are numbers or strings is taken to hold no
+                # named fields (looking at every item would cost a Python loop).
+                if type(seq[0]) in _LEAVES and type(seq[-1]) in _LEAVES:
+                    return
+                item_shape = ANY
+            for i, item in enumerate(seq):
+                if type(item) not in _PLAIN:
+                    yield from self.visit(item, (path, i), None, item_shape)
+                if i & 63 == 63:
+                    yield from self.tick()
+            return
+        depth, cost, numeric = _nesting(seq[0])
+        # Chunks of about the same cost, however deeply the lists nest.
+        size = max(1, (_SUM_CHUNK if rules.limit_name is None else _MAX_CHUNK) // cost)
+        for start in range(0, len(seq), size):
+            chunk = seq if len(seq) <= size else seq[start : start + size]
+            if not (numeric and _proven(chunk, rules, depth)):
+                yield from self.items(chunk, path, rules, start)
+            yield from self.tick()
+
+    def items(self, chunk: Sequence[Any], path: KeyPath, rules: Rules, start: int) -> Sliced[None]:
+        """Check a chunk item by item: nested containers, mixed items, or a failure to
+        place (the first offending item raises)."""
+        for i, item in enumerate(chunk):
+            if type(item) in _PLAIN:
+                _scalar(item, (path, start + i), rules)
+            else:
+                yield from self.visit(item, (path, start + i), rules, ANY)
+            if i & 1023 == 1023:
+                yield from self.tick()
+
+    def array(self, arr: np.ndarray, path: KeyPath, rules: Rules | None) -> Sliced[None]:
+        if arr.dtype.kind == "O":  # objects: checked like the nested lists they are
+            yield from self.visit(arr.tolist(), path, rules, ANY)
+            return
+        if rules is None:
+            return
+        finite = rules.finite is not None and arr.dtype.kind in "fc"
+        bounded = rules.limit_name is not None and arr.dtype.kind in "iub"
+        if not (finite or bounded):
+            return
+        if arr.dtype.kind == "b":
+            arr = arr.view(np.uint8)
+        # A contiguous array is scanned in chunks of a flat view; any other in one go.
+        if arr.flags.c_contiguous:
+            flat = arr.reshape(-1)
+        elif arr.flags.f_contiguous:
+            flat = arr.T.reshape(-1)
+        else:
+            flat = None
+        chunks = (
+            [arr]
+            if flat is None
+            else (flat[i : i + _ARRAY_CHUNK] for i in range(0, flat.size, _ARRAY_CHUNK))
+        )
+        for chunk in chunks:
+            if finite and not np.isfinite(chunk).all():
+                index = np.argwhere(~np.isfinite(arr))[0]
+                _fail_finite(_at(path, index), arr[tuple(index)], rules)
+            if bounded and chunk.size and int(chunk.max()) > rules.limit:
+                index = np.argwhere(arr > rules.limit)[0]
+                _fail_max(_at(path, index), arr[tuple(index)], rules)
+            yield from self.tick()
+
+
+def _nesting(first: Any) -> tuple[int, int, bool]:
+    """How deeply lists nest below a list whose first item is ``first``, judged by first
+    items: (levels of lists, the cost of one item in numbers, whether numbers seem to be
+    at the bottom). Each nested list costs about as much as four numbers."""
+    lengths: list[int] = []
+    while type(first) in _LISTS and len(lengths) < _MAX_DEPTH:
+        lengths.append(len(first))
+        if not first:
+            break
+        first = first[0]
+    cost = 1
+    for n in reversed(lengths):
+        cost = n * cost + _LIST_COST
+    numeric = (
+        not first
+        if type(first) in _LISTS
+        else (type(first) in _NUMBERS or isinstance(first, np.number | np.bool_))
+    )  # an empty list: let the C-speed test find out
+    return len(lengths), cost, numeric
+
+
+def _proven(chunk: Sequence[Any], rules: Rules, depth: int = 0) -> bool:
+    """True if ``chunk`` is shown to pass ``rules`` by a few C-speed calls; False when
+    they cannot tell (the caller then checks it item by item).
+
+    ``depth`` levels of nested lists are flattened first, in C; each level is first
+    checked to hold only lists and tuples (a dict would flatten to its keys).
+    """
+    for _ in range(depth):
+        if not set(map(type, chunk)) <= _LISTS:
+            return False
+        chunk = list(itertools.chain.from_iterable(chunk))
+        if not chunk:
+            return True
+    try:
+        if rules.finite is not None:
+            total = sum(chunk)
+            # NaN or Inf anywhere makes the sum non-finite; so can overflow of finite
+            # floats, which the exact check then clears. A sum of ints is an int.
+            if type(total) is not int and not math.isfinite(total):
+                return False
+        if rules.limit_name is not None:
+            top = max(chunk)
+            # An int maximum bounds every int in the chunk; a float maximum (floats are not
+            # compared, or a NaN came first) needs the exact check.
+            if type(top) is not int and not isinstance(top, np.integer | bool | np.bool_):
+                return False
+            if top > rules.limit:
+                return False
+    except (TypeError, ValueError, OverflowError):
+        return False  # mixed items (None, strings, containers): check them one by one
+    return True
+
+
+def _scalar(value: Any, path: KeyPath, rules: Rules) -> None:
+    kind = type(value)
+    if kind is float:
+        if rules.finite is not None and not math.isfinite(value):
+            _fail_finite(path, value, rules)
+    elif kind is int or kind is bool:
+        if rules.limit_name is not None and value > rules.limit:
+            _fail_max(path, value, rules)
+    elif kind is complex:
+        if rules.finite is not None and not cmath.isfinite(value):
+            _fail_finite(path, value, rules)
+    elif isinstance(value, np.generic):
+        _scalar(value.item(), path, rules)
+
+
+def _fail_finite(path: KeyPath, value: Any, rules: Rules) -> None:
+    raise SchemaError(
+        f"{render_path(path)}: {_show(value)} is not finite ({rules.finite!r} is checked finite)"
+    )
+
+
+def _fail_max(path: KeyPath, value: Any, rules: Rules) -> None:
+    raise SchemaError(
+        f"{render_path(path)}: {_show(value)} is above {rules.limit}, "
+        f"the max_value of {rules.limit_name!r}"
+    )
+
+
+def _same_length(path: KeyPath, group: Sequence[str], fields: list[tuple[str, Any]]) -> None:
+    lengths: list[tuple[str, int]] = []
+    for name, value in fields:
+        if value is None or value is msgspec.UNSET:
+            continue
+        try:
+            lengths.append((name, len(value)))
+        except TypeError:
+            raise SchemaError(
+                f"{render_path((path, name))}: has no length ({type(value).__name__}), but "
+                f"same_length group {tuple(group)!r} compares it"
+            ) from None
+    if len({n for _, n in lengths}) > 1:
+        listed = ", ".join(f"{name} has {n}" for name, n in lengths)
+        raise SchemaError(
+            f"{render_path(path)}: same_length group {tuple(group)!r} disagrees: {listed}"
+        )
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, np.generic):
+        value = value.item()
+    return repr(value)
+
+
+def _at(path: KeyPath, index: Iterable[int]) -> KeyPath:
+    for i in index:
+        path = (path, int(i))
+    return path

@@ -1,0 +1,86 @@
+"""Work cut into slices: the shape every CPU- or I/O-heavy step of rlwire takes.
+
+A *sliced generator* does its work between ``yield`` statements and returns its result.
+Each resumption is short (about a millisecond of GIL-holding Python, or one bounded
+system call that releases the GIL), so a driver can run the slices in a worker thread,
+letting go of the GIL between them, and the event loop gets it back between slices.
+The same generator runs synchronously with :func:`run_sliced`; :mod:`rlwire._core.offload`
+drives it from async code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from typing import TypeVar
+
+__all__ = ["SliceTimer", "Sliced", "run_sliced", "timed"]
+
+T = TypeVar("T")
+
+#: A generator that yields between slices of work and returns a result.
+Sliced = Generator[None, None, T]
+
+#: Default length of one slice of GIL-holding Python work, in seconds.
+SLICE_SECONDS = 0.0003
+
+
+class SliceTimer:
+    """Tells a sliced generator when its current slice has run long enough.
+
+    Example:
+        >>> s = SliceTimer(0.001)
+        >>> s.due()  # just started
+        False
+    """
+
+    __slots__ = ("_deadline", "_seconds")
+
+    def __init__(self, seconds: float | None = None) -> None:
+        self._seconds = SLICE_SECONDS if seconds is None else seconds
+        self._deadline = time.perf_counter() + self._seconds
+
+    def due(self) -> bool:
+        """True when the current slice is over: yield, then call :meth:`restart`."""
+        return time.perf_counter() >= self._deadline
+
+    def restart(self) -> None:
+        """Start a new slice now (call after resuming from a yield)."""
+        self._deadline = time.perf_counter() + self._seconds
+
+
+def run_sliced(slices: Sliced[T]) -> T:
+    """Run every slice of ``slices`` in the calling thread and return its result."""
+    while True:
+        try:
+            next(slices)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+
+
+def timed(slices: Sliced[T], seconds: dict[str, float], key: str) -> Sliced[T]:
+    """``slices``, adding the time spent inside each of its slices to ``seconds[key]``
+    (the time between slices, in hand-offs or waits, is not counted).
+
+    Example:
+        >>> seconds = {"work": 0.0}
+        >>> def work() -> Sliced[int]:
+        ...     yield
+        ...     return 7
+        >>> run_sliced(timed(work(), seconds, "work")), seconds["work"] < 1
+        (7, True)
+    """
+    try:
+        while True:
+            began = time.perf_counter()
+            try:
+                next(slices)
+            except StopIteration as stop:
+                seconds[key] += time.perf_counter() - began
+                result: T = stop.value
+                return result
+            seconds[key] += time.perf_counter() - began
+            yield
+    finally:
+        slices.close()

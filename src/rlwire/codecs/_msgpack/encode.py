@@ -1,0 +1,438 @@
+"""One encoding pass of the msgpack codec: buffers out of band, heavy containers chunked.
+
+The pass walks the object in Python only where an out-of-band buffer can be (numpy
+arrays, bytes-like values; Struct fields whose annotation allows them, see
+:mod:`._type_plans`) and swaps each buffer for a small extension value. Everything else
+is left to msgspec, which encodes it in C.
+
+msgspec holds the GIL for the whole of one call, so no call may get much work: each
+value carries a *weight*, an estimate of the items msgspec must write for it. A container
+heavier than :data:`CHUNK_WEIGHT` is cut into chunks of at most that weight, each encoded
+by its own call, in its own time slice; the chunks are then copied, with the GIL
+released, into one buffer (the *bulk* buffer, an out-of-band buffer like any other); the
+header holds a small extension value that lists where the chunks are. What is left for
+the header is light, and a receiver can decode the chunks one slice at a time too.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from rlwire._core.copying import concatenated
+from rlwire._core.errors import EncodeError
+from rlwire._core.paths import KeyPath, render_path
+from rlwire._core.slicing import Sliced, SliceTimer
+from rlwire._core.types import buffer_fields
+from rlwire._frame.frame import Frame, as_byte_view
+from rlwire.codecs._registry import Check
+
+__all__ = [
+    "CHUNK_WEIGHT",
+    "EXT_ARRAY",
+    "EXT_BYTES",
+    "EXT_CHUNKED_ARRAY",
+    "EXT_CHUNKED_MAP",
+    "EXT_INLINE_ARRAY",
+    "Encoding",
+    "weight",
+]
+
+EXT_ARRAY = 1
+EXT_INLINE_ARRAY = 2
+EXT_BYTES = 3
+EXT_CHUNKED_ARRAY = 4
+EXT_CHUNKED_MAP = 5
+
+#: The most weight (about one item of a list, or 64 bytes of a string) one msgspec call
+#: gets: some 0.1-0.5 ms of GIL-holding C code on either side (decoding makes an object
+#: per item, and takes several times longer where fresh memory is slow to fault in).
+CHUNK_WEIGHT = 8192
+# A container lighter than this is never worth chunking on its own.
+_MIN_CHUNKED = 1024
+# Items checked at a time when making sure a long list holds only scalars.
+_SCAN = 65536
+
+_SCALARS = (str, int, float, bool, type(None))
+_SCALAR_SET = frozenset(_SCALARS)
+_BUFFER_LIKE = (np.ndarray, bytes, bytearray, memoryview)
+
+
+class _ArrayRef(msgspec.Struct, array_like=True):
+    index: int
+    dtype: str
+    shape: list[int]
+    order: str
+
+
+class _InlineArray(msgspec.Struct, array_like=True):
+    dtype: str
+    shape: list[int]
+    order: str
+    data: bytes
+
+
+class _BytesRef(msgspec.Struct, array_like=True):
+    index: int
+
+
+class _ChunksRef(msgspec.Struct, array_like=True):
+    """Where a chunked container's chunks are: ``count`` items in all, chunk ``i`` at
+    bytes ``ranges[2 i]`` to ``ranges[2 i + 1]`` of buffer ``index``."""
+
+    index: int
+    count: int
+    ranges: list[int]
+
+
+def weight(obj: Any) -> int:
+    """An estimate of what msgspec must write for ``obj``: its items, and 64-byte runs
+    of its strings. Long containers are sampled (first, middle, last item), not read."""
+    kind = type(obj)
+    if kind is str or kind is bytes:
+        return 1 + len(obj) // 64
+    if kind is list or kind is tuple:
+        n = len(obj)
+        if n < 3:
+            return 1 + sum(weight(item) for item in obj)
+        return 1 + n * max(weight(obj[0]), weight(obj[n // 2]), weight(obj[-1]))
+    if kind is dict:
+        n = len(obj)
+        return 1 + (n * (1 + weight(next(iter(obj.values())))) if n else 0)
+    if isinstance(obj, msgspec.Struct):
+        return 1 + sum(weight(getattr(obj, name)) for name in obj.__struct_fields__)
+    return 1
+
+
+class Encoding:
+    """One pass over one object; :meth:`run` returns its :class:`~rlwire.Frame`."""
+
+    def __init__(
+        self,
+        encoder: msgspec.msgpack.Encoder,
+        *,
+        sidecar: frozenset[str],
+        inline_threshold: int,
+        check: Check | None,
+    ) -> None:
+        self.encoder = encoder
+        self.sidecar_names = sidecar
+        self.inline_threshold = inline_threshold
+        self.check = check
+        self.buffers: list[memoryview] = []
+        self.sidecar: list[int] = []
+        # The chunks encoded so far, and their total size: one bytes object each, never
+        # one growing bytearray, whose reallocations copy it whole under the GIL.
+        self.bulk: list[bytes] = []
+        self.bulk_size = 0
+        self.bulk_index = -1
+        self.timer = SliceTimer()
+
+    def run(self, obj: Any) -> Sliced[Frame]:
+        try:
+            tree, heft = yield from self.value(obj, None, False)
+            if heft > CHUNK_WEIGHT and type(tree) in (list, tuple, dict):
+                tree = yield from self.chunked(tree, None)
+        except RecursionError:
+            raise EncodeError(
+                "$: nests too deeply for Python's recursion limit (or contains itself)"
+            ) from None
+        yield
+        header = self.encode(tree, None)
+        if self.bulk:
+            joined = yield from concatenated(self.bulk, self.bulk_size)
+            self.buffers[self.bulk_index] = memoryview(joined)
+        return Frame(header, tuple(self.buffers), frozenset(self.sidecar))
+
+    # -- the walk -----------------------------------------------------------------------
+
+    def tick(self) -> Sliced[None]:
+        if self.timer.due():
+            yield
+            self.timer.restart()
+
+    def value(self, obj: Any, path: KeyPath, side: bool) -> Sliced[tuple[Any, int]]:
+        """``(what to encode in obj's place, its weight)``."""
+        kind = type(obj)
+        if kind in _SCALARS:
+            return obj, (1 + len(obj) // 64 if kind is str else 1)
+        if isinstance(obj, np.ndarray):
+            return self.array(obj, path, side), 1
+        if isinstance(obj, msgspec.Struct):
+            return (yield from self.struct(obj, path, side))
+        if kind is dict:
+            return (yield from self.mapping(obj, path, side))
+        if kind is list or kind is tuple:
+            return (yield from self.sequence(obj, path, side))
+        if isinstance(obj, bytes | bytearray | memoryview):
+            return self.bytes_value(obj, path, side)
+        if isinstance(obj, np.generic):
+            return _scalar(obj, path), 1
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+            return (yield from self.mapping(fields, path, side))
+        if isinstance(obj, dict | list | tuple):
+            raise EncodeError(
+                f"{render_path(path)}: subclasses of dict, list and tuple "
+                f"({kind.__name__}) are not supported; convert to the base type"
+            )
+        try:
+            self.encoder.encode(obj)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise EncodeError(
+                f"{render_path(path)}: cannot encode value of type "
+                f"{kind.__module__}.{kind.__qualname__}: {exc}"
+            ) from None
+        return obj, 1
+
+    def struct(self, obj: msgspec.Struct, path: KeyPath, side: bool) -> Sliced[tuple[Any, int]]:
+        if self.check is not None:
+            self.check(obj, render_path(path))
+        entries: list[list[Any]] = []
+        for name, may_hold in buffer_fields(type(obj)):
+            old = getattr(obj, name)
+            # The annotation is a promise Python does not keep: look at what is there.
+            if may_hold or isinstance(old, _BUFFER_LIKE):
+                new, heft = yield from self.value(
+                    old, (path, name), side or name in self.sidecar_names
+                )
+            else:
+                new, heft = old, weight(old)
+            entries.append([name, new, heft])
+        total = yield from self.lighten(entries, path)
+        out = obj
+        for name, new, _ in entries:
+            if new is not getattr(obj, name):
+                if out is obj:
+                    out = copy.copy(obj)  # shallow; unlike replace() it skips __post_init__
+                msgspec.structs.force_setattr(out, name, new)
+        yield from self.tick()
+        return out, total
+
+    def mapping(self, obj: dict[Any, Any], path: KeyPath, side: bool) -> Sliced[tuple[Any, int]]:
+        entries: list[list[Any]] = []
+        for key, item in obj.items():
+            new, heft = yield from self.value(item, (path, key), side or key in self.sidecar_names)
+            entries.append([key, new, heft + 1])
+            yield from self.tick()
+        total = yield from self.lighten(entries, path)
+        return {key: new for key, new, _ in entries}, total + 1
+
+    def sequence(
+        self, obj: list[Any] | tuple[Any, ...], path: KeyPath, side: bool
+    ) -> Sliced[tuple[Any, int]]:
+        if not obj:
+            return obj, 1
+        if type(obj[0]) in _SCALARS and (yield from self.only_scalars(obj)):
+            return obj, weight(obj)
+        entries: list[list[Any]] = []
+        for i, item in enumerate(obj):
+            new, heft = yield from self.value(item, (path, i), side)
+            entries.append([i, new, heft])
+            yield from self.tick()
+        total = yield from self.lighten(entries, path)
+        out = [new for _, new, _ in entries]
+        return (out if type(obj) is list else tuple(out)), total + 1
+
+    def only_scalars(self, items: list[Any] | tuple[Any, ...]) -> Sliced[bool]:
+        """True if every item is a plain scalar, checked in C a slice of items at a time."""
+        for start in range(0, len(items), _SCAN):
+            if not set(map(type, items[start : start + _SCAN])) <= _SCALAR_SET:
+                return False
+            yield from self.tick()
+        return True
+
+    def lighten(self, entries: list[list[Any]], path: KeyPath) -> Sliced[int]:
+        """If ``entries`` (``[key, value, weight]``, updated in place) weigh more than
+        CHUNK_WEIGHT together, chunk every container among them that is not light;
+        returns their weight then.
+
+        Every one, not just enough to get under the limit: a chunk that holds a list
+        inline beside a chunked one decodes in two passes, a list on its own in one.
+        """
+        total: int = sum(entry[2] for entry in entries)
+        if total <= CHUNK_WEIGHT:
+            return total
+        for entry in entries:
+            key, value, heft = entry
+            if heft >= _MIN_CHUNKED and type(value) in (list, tuple, dict):
+                entry[1] = yield from self.chunked(value, (path, key))
+                entry[2] = 1
+                total -= heft - 1
+        return total
+
+    # -- chunked containers -----------------------------------------------------------
+
+    def chunked(self, obj: Any, path: KeyPath) -> Sliced[msgspec.msgpack.Ext]:
+        """Encode the list, tuple or dict ``obj`` as chunks in the bulk buffer; return the
+        extension value that stands for it."""
+        is_map = type(obj) is dict
+        n = len(obj)
+        first = next(iter(obj.values())) if is_map else obj[0]
+        ranges: list[int] = []
+        if type(first) in _SCALARS:
+            # A run of scalars: cut by count, straight from obj, with no copy of it all
+            # (copying a list of millions holds the GIL for milliseconds).
+            per = max(1, CHUNK_WEIGHT // max(weight(first), 1))
+            entries = iter(obj.items()) if is_map else None
+            for a in range(0, n, per):
+                part = obj[a : a + per] if entries is None else dict(itertools.islice(entries, per))
+                ranges += self.encode_chunk(part, path, a)
+                yield from self.tick()
+        else:
+            items: list[Any] = list(obj.items()) if is_map else list(obj)
+            bounds = yield from self.bounds(items, is_map, path)
+            for a, b in itertools.pairwise(bounds):
+                part = dict(items[a:b]) if is_map else items[a:b]
+                ranges += self.encode_chunk(part, path, a)
+                yield from self.tick()
+        ref = _ChunksRef(self.bulk_index, n, ranges)
+        code = EXT_CHUNKED_MAP if is_map else EXT_CHUNKED_ARRAY
+        return msgspec.msgpack.Ext(code, self.encoder.encode(ref))
+
+    def bounds(self, items: list[Any], is_map: bool, path: KeyPath) -> Sliced[list[int]]:
+        """Where to cut ``items`` (containers, updated in place where one is chunked on
+        its own) so that no chunk weighs more than CHUNK_WEIGHT."""
+        bounds, load = [0], 0
+        for i, item in enumerate(items):
+            value = item[1] if is_map else item
+            heft = weight(value)
+            if heft > CHUNK_WEIGHT:
+                key = item[0] if is_map else i
+                if type(value) in (list, tuple, dict):
+                    value, heft = (yield from self.chunked(value, (path, key))), 1
+                elif isinstance(value, msgspec.Struct):  # its heavy fields become chunks
+                    value, heft = yield from self.struct(value, (path, key), False)
+                items[i] = (key, value) if is_map else value
+            if load and load + heft > CHUNK_WEIGHT:
+                bounds.append(i)
+                load = 0
+            load += heft
+            yield from self.tick()
+        bounds.append(len(items))
+        return bounds
+
+    def encode_chunk(self, part: Any, path: KeyPath, offset: int) -> list[int]:
+        """Add ``part`` to the bulk buffer; its ``[start, end]``."""
+        if self.bulk_index < 0:
+            self.bulk_index = self.add_buffer(memoryview(b""), False)
+        try:
+            chunk = self.encoder.encode(part)
+        except (TypeError, ValueError, OverflowError) as exc:
+            tree = dict(enumerate(part, offset)) if isinstance(part, list | tuple) else part
+            culprit = _find_unencodable(self.encoder, tree, path)
+            raise EncodeError(f"{render_path(culprit)}: cannot encode: {exc}") from None
+        start = self.bulk_size
+        self.bulk.append(chunk)
+        self.bulk_size += len(chunk)
+        return [start, self.bulk_size]
+
+    def encode(self, tree: Any, path: KeyPath) -> bytes:
+        """msgspec-encode ``tree``, naming the path of a value msgspec refuses."""
+        try:
+            return self.encoder.encode(tree)
+        except (TypeError, ValueError, OverflowError) as exc:
+            culprit = _find_unencodable(self.encoder, tree, path)
+            raise EncodeError(f"{render_path(culprit)}: cannot encode: {exc}") from None
+
+    # -- buffers ----------------------------------------------------------------------
+
+    def add_buffer(self, view: memoryview, side: bool) -> int:
+        index = len(self.buffers)
+        self.buffers.append(view)
+        if side:
+            self.sidecar.append(index)
+        return index
+
+    def array(self, arr: np.ndarray, path: KeyPath, side: bool) -> msgspec.msgpack.Ext:
+        dtype = arr.dtype
+        if dtype not in _PLAIN_DTYPES:
+            _check_dtype(dtype, path)
+        if arr.flags.c_contiguous:
+            order, flat = "C", arr
+        elif arr.flags.f_contiguous:
+            order, flat = "F", arr.T
+        else:
+            order, flat = "C", np.ascontiguousarray(arr)
+        if side or arr.nbytes >= self.inline_threshold:
+            index = self.add_buffer(_byte_view(flat), side)
+            ref = _ArrayRef(index, dtype.str, arr.shape, order)  # type: ignore[arg-type]
+            return msgspec.msgpack.Ext(EXT_ARRAY, self.encoder.encode(ref))
+        inline = _InlineArray(dtype.str, arr.shape, order, flat.tobytes())  # type: ignore[arg-type]
+        return msgspec.msgpack.Ext(EXT_INLINE_ARRAY, self.encoder.encode(inline))
+
+    def bytes_value(
+        self, obj: bytes | bytearray | memoryview, path: KeyPath, side: bool
+    ) -> tuple[Any, int]:
+        view = memoryview(obj)
+        if not view.contiguous:
+            raise EncodeError(
+                f"{render_path(path)}: non-contiguous memoryview cannot be sent; "
+                "copy it with bytes() first"
+            )
+        if side or view.nbytes >= self.inline_threshold:
+            index = self.add_buffer(as_byte_view(view), side)
+            return msgspec.msgpack.Ext(EXT_BYTES, self.encoder.encode(_BytesRef(index))), 1
+        inline = obj if isinstance(obj, bytes | bytearray) else view.tobytes()
+        return inline, 1 + view.nbytes // 64
+
+
+def _byte_view(flat: np.ndarray) -> memoryview:
+    """The bytes of a contiguous array, without a copy."""
+    try:
+        return flat.data.cast("B")  # the quick way; not for empty or non-native long doubles
+    except (TypeError, ValueError):
+        return flat.reshape(-1).view(np.uint8).data
+
+
+# dtypes already checked: bool and numeric, no fields, no sub-arrays.
+_PLAIN_DTYPES: set[np.dtype[Any]] = set()
+
+
+def _check_dtype(dtype: np.dtype[Any], path: KeyPath) -> None:
+    if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
+        hint = (
+            " (object arrays would need pickle, which rlwire never uses)"
+            if dtype.kind == "O"
+            else ""
+        )
+        raise EncodeError(
+            f"{render_path(path)}: numpy arrays of dtype {dtype} are not "
+            f"supported; only bool and numeric dtypes are{hint}"
+        )
+    _PLAIN_DTYPES.add(dtype)
+
+
+def _scalar(obj: np.generic, path: KeyPath) -> Any:
+    value = obj.item()
+    if type(value) not in (bool, int, float):
+        raise EncodeError(
+            f"{render_path(path)}: numpy scalar of dtype {obj.dtype} has no plain number "
+            "equivalent"
+            + ("; send it as a 0-d array (np.asarray(value))" if obj.dtype.kind in "biufc" else "")
+        )
+    return value
+
+
+def _find_unencodable(encoder: msgspec.msgpack.Encoder, tree: Any, path: KeyPath) -> KeyPath:
+    """The path of the first leaf of ``tree`` that ``encoder`` refuses (``path`` if none)."""
+    if isinstance(tree, msgspec.Struct):
+        items: Iterable[tuple[Any, Any]] = ((f, getattr(tree, f)) for f in tree.__struct_fields__)
+    elif isinstance(tree, dict):
+        items = tree.items()
+    elif isinstance(tree, list | tuple):
+        items = enumerate(tree)
+    else:
+        return path
+    for key, item in items:
+        try:
+            encoder.encode(item)
+        except (TypeError, ValueError, OverflowError):
+            return _find_unencodable(encoder, item, (path, key))
+    return path

@@ -1,0 +1,33 @@
+"""Test helpers and the contract every sink must meet, for rlwire and for plugin authors.
+
+:class:`SinkContract` is a pytest test class. Subclass it in a test module of your
+plugin, give it a ``sink_url`` fixture that returns a fresh URL for each test, and pytest
+runs the whole contract against your sink: round trips through the public
+:func:`~rlwire.open_sender` / :func:`~rlwire.open_receiver`, per-rank payloads, the
+sidecar, receivers that start late, timeouts, cancelled sends and closing. rlwire runs
+the same class against each of its own sinks (``tests/transport/test_contract.py``)::
+
+    import pytest
+    from rlwire.testing import SinkContract
+
+    class TestMySink(SinkContract):
+        @pytest.fixture
+        def sink_url(self, tmp_path):
+            return f"myscheme://{tmp_path}/run"
+
+Needs pytest, and anyio's pytest plugin (installed with anyio); the async tests run
+under asyncio and, when it is installed, trio. Override ``sender_options`` /
+``receiver_options`` to pass ``storage_options``, and set ``persistent = False`` for a
+sink that keeps nothing once the sender is gone (a socket rather than a store).
+
+The batch helpers (:func:`make_sample`, :func:`make_batch`,
+:func:`assert_batches_equal`) are useful in any test of code that sends batches.
+"""
+
+from rlwire._api.synthetic import assert_batches_equal, make_batch, make_sample
+from rlwire._core.faces import claim
+from rlwire.testing._contract import SinkContract
+
+__all__ = ["SinkContract", "assert_batches_equal", "make_batch", "make_sample"]
+
+claim(__name__, globals(), __all__)

@@ -1,0 +1,196 @@
+"""Names of stored messages (files or objects) and where a sender starts among them.
+
+Shared by every sink that stores one message per step and rank under a directory or key
+prefix: ``step-00000007.rank-0000.rlw`` holds the main part, ``….sidecar.rlw`` the
+sidecar part, and ``.<name>.<random hex>.tmp`` a part being written.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from rlwire._core.atomic import temp_name
+from rlwire._core.errors import ConfigError, StepExistsError
+from rlwire.transport._base import OnExisting
+
+__all__ = [
+    "CONSUMED_RE",
+    "END_NAME",
+    "MAIN_RE",
+    "PART_RE",
+    "STORED_RE",
+    "TEMP_RE",
+    "consumed_name",
+    "main_name",
+    "names_to_delete",
+    "sidecar_name",
+    "start_step",
+    "temp_name",
+]
+
+#: The end-of-stream mark a finished sender leaves (see :func:`~rlwire.transport.layout.end_mark`).
+END_NAME = "end.rlw"
+#: A rank's consumption mark; group: rank.
+CONSUMED_RE = re.compile(r"consumed\.rank-(\d+)\.rlw")
+#: A main part; groups: step, rank.
+MAIN_RE = re.compile(r"step-(\d+)\.rank-(\d+)\.rlw")
+#: A main or sidecar part; groups: step, rank, sidecar suffix.
+STORED_RE = re.compile(r"step-(\d+)\.rank-(\d+)(\.sidecar)?\.rlw")
+#: A part still being written (or left behind by a sender that was killed).
+TEMP_RE = re.compile(r"\.step-\d+\.rank-\d+(\.sidecar)?\.rlw\.[0-9a-f]+\.tmp")
+#: Any part, stored or being written; groups: step, rank.
+PART_RE = re.compile(r"\.?step-(\d+)\.rank-(\d+)(?:\.sidecar)?\.rlw(?:\.[0-9a-f]+\.tmp)?")
+
+
+def main_name(step: int, rank: int) -> str:
+    """Name of the main part of ``step`` for ``rank``."""
+    return f"step-{step:08d}.rank-{rank:04d}.rlw"
+
+
+def sidecar_name(step: int, rank: int) -> str:
+    """Name of the sidecar part of ``step`` for ``rank``."""
+    return f"step-{step:08d}.rank-{rank:04d}.sidecar.rlw"
+
+
+def consumed_name(rank: int) -> str:
+    """Name of the mark where ``rank``'s receiver records the steps it moved past."""
+    return f"consumed.rank-{rank:04d}.rlw"
+
+
+def _span(steps: list[int]) -> str:
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    return f"steps {steps[0]}..{steps[-1]} ({len(steps)} steps)"
+
+
+def _scan(names: Iterable[str]) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
+    """The ranks of each step whose main part is visible, and those with any part at
+    all (main, sidecar, or one still being written)."""
+    mains: dict[int, set[int]] = {}
+    parts: dict[int, set[int]] = {}
+    for name in names:
+        m = MAIN_RE.fullmatch(name)
+        if m:
+            mains.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+        m = PART_RE.fullmatch(name)
+        if m:
+            parts.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+    return mains, parts
+
+
+def start_step(
+    where: str, names: Iterable[str], on_existing: OnExisting, first: int | None = None
+) -> int:
+    """The first step a sender sends to a destination holding ``names``.
+
+    ``first`` is the sender's ``start_step`` (``None``: not given). ``"error"`` refuses
+    stored steps at or after ``first`` (any step when ``first`` is ``None``);
+    ``"resume"`` refuses them too, and a stored sequence with a hole or an incomplete
+    step, then continues at ``first`` or after the last stored step; ``"truncate"``
+    starts at ``first`` and ``"overwrite"`` at ``first`` or 0. The caller then deletes
+    what :func:`names_to_delete` lists. An end-of-stream mark (:data:`END_NAME`) is
+    refused by ``"error"`` and deleted by the others.
+
+    Raises:
+        StepExistsError: the stored steps conflict with ``on_existing``; the message
+            names the steps and ranks and how to repair the destination.
+        ConfigError: ``"truncate"`` without ``first``.
+    """
+    if on_existing == "truncate" and first is None:
+        raise ConfigError("on_existing='truncate' needs start_step (the step to send next)")
+    if on_existing in ("overwrite", "truncate"):
+        return first or 0
+    names = list(names)
+    mains, parts = _scan(names)
+    later = sorted(s for s in mains if s >= (first or 0))
+    if later and (on_existing == "error" or first is not None):
+        after = "" if first is None else f" at or after start_step {first}"
+        repair = (
+            "open the sender with on_existing='overwrite' to delete them or "
+            "on_existing='resume' to continue after them"
+            if first is None
+            else f"open the sender with start_step={first}, on_existing='truncate' to "
+            f"delete them (a restart from a checkpoint), keeping the earlier steps"
+        )
+        raise StepExistsError(
+            f"holds {_span(later)}{after} from an earlier run; {repair}", where=where
+        )
+    if on_existing == "error" and END_NAME in names:
+        raise StepExistsError(
+            f"holds the end-of-stream mark of a finished run ({END_NAME}); open the sender "
+            "with on_existing='resume' to continue that stream, or 'overwrite'",
+            where=where,
+        )
+    if on_existing == "error" or not mains:
+        return first or 0
+    _check_resumable(where, mains, parts, first)
+    return first if first is not None else max(mains) + 1
+
+
+def _check_resumable(
+    where: str, mains: dict[int, set[int]], parts: dict[int, set[int]], first: int | None
+) -> None:
+    """Refuse to resume after a hole or an incomplete step: receivers of the missing
+    ranks would wait forever for it."""
+    steps = sorted(mains)
+    ranks = set().union(*mains.values(), *(parts.get(s, set()) for s in steps))
+    for step in range(steps[0], steps[-1] + 1):
+        have = mains.get(step)
+        if have is None:
+            problem = f"step {step} is missing (a hole)"
+        elif have == ranks or (step == steps[0] and step != steps[-1] and 0 not in have):
+            # All ranks are there; or the oldest step, partly deleted by retention,
+            # which removes a step's main parts from rank 0 up (a failed commit makes
+            # them visible from rank 0 up, so it never lacks rank 0).
+            continue
+        else:
+            problem = f"step {step} is incomplete (ranks {sorted(have)} of {sorted(ranks)})"
+        raise StepExistsError(
+            f"cannot resume: {problem}; open the sender with start_step={step}, "
+            f"on_existing='truncate' to delete step {step} and every later one, then "
+            f"send from step {step} again",
+            where=where,
+        )
+    if first is not None and first > steps[-1] + 1:
+        raise StepExistsError(
+            f"cannot resume at start_step {first}: the last stored step is {steps[-1]}, "
+            f"so steps {steps[-1] + 1}..{first - 1} would be a hole; open the sender with "
+            f"start_step={first}, on_existing='truncate' (keeps the stored steps) or "
+            "resume without start_step",
+            where=where,
+        )
+
+
+def names_to_delete(
+    names: Iterable[str], on_existing: OnExisting, first: int | None = None
+) -> list[list[str]]:
+    """What a sender opening with ``on_existing`` and ``start_step=first`` deletes, as
+    batches to delete one after the other. ``"overwrite"`` deletes every stored step,
+    ``"truncate"`` the steps at or after ``first``, the others none; every mode but
+    ``"error"`` deletes an end-of-stream mark, and ``"overwrite"`` and ``"truncate"``
+    the ranks' consumption marks.
+
+    The order keeps a deletion cut short (a kill, an outage) from leaving a state that
+    misleads: the marks first (an end mark past the steps kept would stop receivers at
+    a hole; a consumption mark of a deleted step would let retention delete the new
+    one unread), then the main parts step by step from the last (so the steps left are
+    never a hole, only a shorter run whose last step ``resume`` may find incomplete),
+    then the sidecars (no reader meets a main part without its sidecar)."""
+    names = list(names)
+    marks = [END_NAME] if END_NAME in names and on_existing != "error" else []
+    if on_existing not in ("overwrite", "truncate"):
+        return [marks] if marks else []
+    marks += sorted(n for n in names if CONSUMED_RE.fullmatch(n))
+    low = first if on_existing == "truncate" and first is not None else 0
+    mains: dict[int, list[str]] = {}
+    rest: list[str] = []
+    for name in names:
+        m = STORED_RE.fullmatch(name)
+        if m and int(m.group(1)) >= low:
+            if m.group(3):
+                rest.append(name)
+            else:
+                mains.setdefault(int(m.group(1)), []).append(name)
+    batches = [marks] + [sorted(mains[s]) for s in sorted(mains, reverse=True)] + [sorted(rest)]
+    return [batch for batch in batches if batch]

@@ -1,0 +1,63 @@
+"""Consumption marks and retention, for stores that keep each step as named parts.
+
+Each rank's receiver records, in a small mark beside the steps, the first step it has not
+moved past (:func:`~rlwire.transport._stored.layout.consumed_mark`). A sender with ``keep_last``
+or ``max_ahead`` reads the marks of its ranks before each send, and deletes steps every
+rank has moved past; this module holds what the file and fsspec sinks share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from rlwire._core.errors import CorruptFrameError
+from rlwire.transport._stored.layout import CONSUMED_MAGIC, parse_mark
+from rlwire.transport._stored.names import STORED_RE, consumed_name
+
+__all__ = ["read_consumed", "steps_to_prune"]
+
+
+def read_consumed(
+    load: Callable[[str], bytes | bytearray | memoryview | None],
+    locate: Callable[[str], str],
+    ranks: int,
+    sent: int,
+) -> list[int | None]:
+    """For each rank below ``ranks``, the first step its receiver has not moved past, or
+    ``None`` if it has recorded nothing yet. ``load`` returns a part's bytes or
+    ``None``; ``locate`` names it for errors.
+
+    Raises:
+        CorruptFrameError: a mark is garbled, or records steps beyond ``sent`` (the
+            steps below ``sent`` are all that were sent): never a reason to delete.
+    """
+    found: list[int | None] = []
+    for rank in range(ranks):
+        name = consumed_name(rank)
+        data = load(name)
+        if data is None:
+            found.append(None)
+            continue
+        step = parse_mark(data, CONSUMED_MAGIC, locate(name))
+        if step > sent:
+            raise CorruptFrameError(
+                f"says rank {rank} moved past step {step - 1}, but only steps before "
+                f"{sent} were sent (a mark left by another run?)",
+                where=locate(name),
+            )
+        found.append(step)
+    return found
+
+
+def steps_to_prune(names: Iterable[str], below: int) -> list[list[list[str]]]:
+    """The stored steps before ``below``, oldest first, each as the batches of names to
+    delete in order: rank 0's main part, the other main parts, then the sidecars. A
+    deletion cut short then leaves the oldest step without rank 0, which ``resume``
+    tells apart from a failed commit (visible from rank 0 up)."""
+    steps: dict[int, list[list[str]]] = {}
+    for name in names:
+        m = STORED_RE.fullmatch(name)
+        if m and int(m.group(1)) < below:
+            batches = steps.setdefault(int(m.group(1)), [[], [], []])
+            batches[2 if m.group(3) else 0 if int(m.group(2)) == 0 else 1].append(name)
+    return [[sorted(batch) for batch in steps[step]] for step in sorted(steps)]

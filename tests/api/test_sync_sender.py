@@ -1,0 +1,359 @@
+"""The synchronous sender: SyncSender and open_sync_sender, against real files and sockets."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+from helpers import assert_batches_equal, make_batch
+
+import rlwire
+from rlwire._api.sync_sender import SyncSender, open_sync_sender
+from rlwire.transport._file.sink import FileSink
+
+#: For what should happen: far longer than it takes, even on a busy machine.
+LONG = 30.0
+
+
+def receive_step(path: Path, step: int, *, rank: int = 0) -> Any:
+    with rlwire.open_receiver(path, rank=rank, start_step=step) as receiver:
+        return receiver.receive(timeout=5)
+
+
+def threads_settle(baseline: set[threading.Thread]) -> set[threading.Thread]:
+    """The threads beyond ``baseline`` once they had up to LONG seconds to end (anyio's
+    idle worker threads are told to stop when the loop ends, but not joined)."""
+    deadline = time.monotonic() + LONG
+    while (extra := set(threading.enumerate()) - baseline) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return extra
+
+
+def portal_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "rlwire-sync-sender"]
+
+
+# -- round trips -----------------------------------------------------------------------
+
+
+def test_round_trip_through_files(tmp_path: Path) -> None:
+    batches = [make_batch(3, seed=10 * i) for i in range(3)]
+    with open_sync_sender(tmp_path, sidecar=("routed_experts",)) as sender:
+        assert isinstance(sender, SyncSender)
+        assert (sender.next_step, sender.last_step, sender.last_stats) == (0, None, None)
+        assert [sender.send(b) for b in batches] == [0, 1, 2]
+        assert (sender.next_step, sender.last_step) == (3, 2)
+        assert sender.last_stats is not None and sender.last_stats.step == 2
+        assert isinstance(sender.sink, FileSink) and sender.sink.root == tmp_path
+    with rlwire.open_receiver(tmp_path) as receiver:
+        for batch in batches:
+            assert_batches_equal(receiver.receive(timeout=5), batch)
+
+
+def test_send_with_explicit_steps(tmp_path: Path) -> None:
+    with open_sync_sender(tmp_path) as sender:
+        assert sender.send(make_batch(seed=1), step=7) == 7
+        assert sender.send(make_batch(seed=2), step=8) == 8
+    assert_batches_equal(receive_step(tmp_path, 8), make_batch(seed=2))
+
+
+def test_send_ranks(tmp_path: Path) -> None:
+    per_rank = [make_batch(2, seed=100 * rank) for rank in range(3)]
+    with open_sync_sender(tmp_path) as sender:
+        assert sender.send_ranks(per_rank) == 0
+        assert sender.last_stats is not None and sender.last_stats.ranks == 3
+    for rank, batch in enumerate(per_rank):
+        assert_batches_equal(receive_step(tmp_path, 0, rank=rank), batch)
+
+
+def test_options_reach_the_async_sender(tmp_path: Path) -> None:
+    """Options are open_sender's: here start_step, and on_stats (which runs on the
+    sender's event-loop thread, not the caller's)."""
+    seen: list[tuple[int, str]] = []
+
+    def on_stats(stats: rlwire.SendStats) -> None:
+        seen.append((stats.step, threading.current_thread().name))
+
+    with open_sync_sender(tmp_path, start_step=4, on_stats=on_stats) as sender:
+        assert sender.next_step == 4
+        sender.send(make_batch())
+    assert seen == [(4, "rlwire-sync-sender")]
+
+
+def test_zmq_round_trip() -> None:
+    pytest.importorskip("zmq")
+    batches = [make_batch(2, seed=s) for s in (5, 6)]
+    with open_sync_sender("zmq+tcp://127.0.0.1:0") as sender:
+        url = sender.sink.url
+        assert url.startswith("zmq+tcp://127.0.0.1:") and not url.endswith(":0")
+        with rlwire.open_receiver(url) as receiver:
+            for step, batch in enumerate(batches):
+                assert sender.send(batch) == step
+                assert_batches_equal(receiver.receive(timeout=LONG), batch)
+
+
+def test_finish_ends_the_stream(tmp_path: Path) -> None:
+    with open_sync_sender(tmp_path) as sender:
+        sender.send(make_batch())
+        sender.finish()
+        sender.finish()  # a second call does nothing
+        with pytest.raises(rlwire.ClosedError, match="finished its stream"):
+            sender.send(make_batch())
+    with rlwire.open_receiver(tmp_path) as receiver:
+        assert_batches_equal(receiver.receive(timeout=5), make_batch())
+        with pytest.raises(rlwire.EndOfStream):
+            receiver.receive(timeout=5)
+
+
+# -- errors ----------------------------------------------------------------------------
+
+
+def nan_logprobs() -> rlwire.TrainingBatch:
+    batch = make_batch(3)
+    batch.samples[2].logprobs[4] = np.nan
+    return batch
+
+
+def async_error(path: Path, send: Callable[[rlwire.TrainingBatchSender], Any]) -> BaseException:
+    """What the async sender raises for the same call, for comparison."""
+
+    async def main() -> BaseException:
+        async with rlwire.open_sender(path) as sender:
+            try:
+                await send(sender)
+            except rlwire.RlwireError as exc:
+                return exc
+        raise AssertionError("the async sender raised nothing")
+
+    return anyio.run(main)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (
+            lambda s: s.send(nan_logprobs()),
+            rlwire.SchemaError,
+            r"samples\[2\]\.logprobs: 1 non-finite value .* 4",
+        ),
+        (lambda s: s.send_ranks([]), rlwire.ConfigError, "non-empty sequence"),
+        (lambda s: s.send(make_batch(), step=-1), rlwire.StepOrderError, "at least 0"),
+    ],
+)
+def test_errors_propagate_unchanged(
+    tmp_path: Path, call: Callable[[Any], Any], error: type[Exception], match: str
+) -> None:
+    """Same type and same message as the async sender's; nothing is written."""
+    with open_sync_sender(tmp_path / "sync") as sender:
+        with pytest.raises(error, match=match) as caught:
+            call(sender)
+        assert sender.next_step == 0
+        assert sender.send(make_batch()) == 0  # the sender is still usable
+    expected = async_error(tmp_path / "async", call)
+    assert type(caught.value) is type(expected)
+    assert str(caught.value) == str(expected)
+
+
+def test_step_order_error(tmp_path: Path) -> None:
+    with open_sync_sender(tmp_path) as sender:
+        sender.send(make_batch(), step=5)
+        with pytest.raises(rlwire.StepOrderError, match="step 5 repeats step 5"):
+            sender.send(make_batch(), step=5)
+        with pytest.raises(rlwire.StepOrderError, match="skips ahead of step 6"):
+            sender.send(make_batch(), step=8)
+        assert sender.send(make_batch()) == 6
+
+
+def test_step_exists_at_open_leaves_no_thread(tmp_path: Path) -> None:
+    with open_sync_sender(tmp_path) as sender:
+        sender.send(make_batch())
+    baseline = set(threading.enumerate())
+    with pytest.raises(rlwire.StepExistsError):
+        open_sync_sender(tmp_path)
+    assert portal_threads() == []  # joined before the error is raised
+    assert threads_settle(baseline) == set()
+
+
+def test_config_error_starts_no_thread(tmp_path: Path) -> None:
+    baseline = set(threading.enumerate())
+    with pytest.raises(rlwire.ConfigError, match="unknown"):
+        open_sync_sender(tmp_path, codec="no-such-codec")
+    assert set(threading.enumerate()) == baseline
+
+
+# -- closing ---------------------------------------------------------------------------
+
+
+def test_use_after_close_raises_closed_error(tmp_path: Path) -> None:
+    sender = open_sync_sender(tmp_path)
+    sender.send(make_batch())
+    sender.close()
+    sender.close()  # idempotent
+    for call in (
+        lambda: sender.send(make_batch()),
+        lambda: sender.send_ranks([make_batch()]),
+        sender.finish,
+    ):
+        with pytest.raises(rlwire.ClosedError, match="is closed"):
+            call()
+    assert (sender.next_step, sender.last_step) == (1, 0)  # still readable
+    with sender:  # entering a closed sender and leaving it again is harmless
+        pass
+
+
+def test_close_stops_the_thread(tmp_path: Path) -> None:
+    baseline = set(threading.enumerate())
+    sender = open_sync_sender(tmp_path)
+    assert len(portal_threads()) == 1 and portal_threads()[0].daemon
+    sender.send(make_batch())  # starts worker threads too
+    sender.close()
+    assert portal_threads() == []
+    assert threads_settle(baseline) == set()
+
+
+def test_leaving_with_on_an_error_closes(tmp_path: Path) -> None:
+    with pytest.raises(rlwire.SchemaError):
+        with open_sync_sender(tmp_path) as sender:
+            sender.send(make_batch())
+            sender.send(nan_logprobs())
+    assert portal_threads() == []
+    with pytest.raises(rlwire.ClosedError):
+        sender.send(make_batch())
+    assert_batches_equal(receive_step(tmp_path, 0), make_batch())
+
+
+def test_close_from_another_thread_waits_for_the_send_in_flight(tmp_path: Path) -> None:
+    """close() while another thread sends: the send completes, later calls get
+    ClosedError, and no call fails with anything else."""
+    sender = open_sync_sender(tmp_path)
+    errors: list[BaseException] = []
+    sent: list[int] = []
+    started = threading.Event()
+
+    def keep_sending() -> None:
+        try:
+            for i in range(1000):
+                sent.append(sender.send(make_batch(seed=i)))
+                started.set()
+        except BaseException as exc:
+            errors.append(exc)
+        started.set()
+
+    thread = threading.Thread(target=keep_sending)
+    thread.start()
+    assert started.wait(LONG)
+    sender.close()
+    thread.join(LONG)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], rlwire.ClosedError), errors
+    assert sent == list(range(len(sent)))
+    assert_batches_equal(receive_step(tmp_path, sent[-1]), make_batch(seed=sent[-1]))
+
+
+def test_forgotten_close_does_not_keep_the_process_alive(tmp_path: Path) -> None:
+    """The thread is a daemon; the process exits without close(), both with the sender
+    still referenced at exit and with the sender garbage collected before it."""
+    script = textwrap.dedent(f"""
+        import gc, sys
+        from rlwire._api.sync_sender import open_sync_sender
+        from rlwire.testing import make_batch
+        kept = open_sync_sender({str(tmp_path / "kept")!r})
+        kept.send(make_batch())
+        dropped = open_sync_sender({str(tmp_path / "dropped")!r})
+        dropped.send(make_batch())
+        del dropped
+        gc.collect()
+        print("done", flush=True)
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=LONG
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "done\n"
+    assert_batches_equal(receive_step(tmp_path / "kept", 0), make_batch())
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread() or os.name != "posix",
+    reason="needs SIGINT delivered to the main thread",
+)
+def test_ctrl_c_cancels_the_send_it_interrupts() -> None:
+    """A ZeroMQ send with no receiver waits (ready_timeout=None: for ever); Ctrl-C in
+    the waiting thread cancels it, and nothing was sent."""
+    pytest.importorskip("zmq")
+    main = threading.get_ident()
+    with open_sync_sender("zmq+tcp://127.0.0.1:0") as sender:
+        timer = threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT))
+        timer.start()
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                sender.send(make_batch())
+        finally:
+            timer.cancel()  # never let the signal reach pytest itself
+            timer.join()
+        assert time.monotonic() - t0 < LONG / 2
+        assert (sender.next_step, sender.last_step) == (0, None)
+    assert portal_threads() == []
+
+
+# -- threads ---------------------------------------------------------------------------
+
+
+def test_concurrent_sends_from_many_threads(tmp_path: Path) -> None:
+    """Eight threads sending at once get consecutive distinct steps, each thread's in
+    increasing order, and every step holds the batch its sender sent."""
+    threads, per_thread = 8, 6
+    results: dict[int, list[tuple[int, int]]] = {t: [] for t in range(threads)}  # (step, seed)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(threads)
+
+    def producer(sender: SyncSender, t: int) -> None:
+        try:
+            barrier.wait(LONG)
+            for i in range(per_thread):
+                seed = 1000 * t + i
+                results[t].append((sender.send(make_batch(2, seed=seed)), seed))
+        except BaseException as exc:
+            errors.append(exc)
+
+    with open_sync_sender(tmp_path) as sender:
+        workers = [threading.Thread(target=producer, args=(sender, t)) for t in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(LONG)
+        assert not any(w.is_alive() for w in workers)
+        assert errors == []
+        assert sender.next_step == threads * per_thread
+    seeds = {}
+    for sent in results.values():
+        steps = [step for step, _ in sent]
+        assert steps == sorted(steps)
+        seeds.update(sent)
+    assert sorted(seeds) == list(range(threads * per_thread))
+    with rlwire.open_receiver(tmp_path) as receiver:
+        for step in range(threads * per_thread):
+            assert_batches_equal(receiver.receive(timeout=5), make_batch(2, seed=seeds[step]))
+
+
+# -- the signature ---------------------------------------------------------------------
+
+
+def test_open_sync_sender_has_the_parameters_of_open_sender() -> None:
+    mine = inspect.signature(open_sync_sender)
+    theirs = inspect.signature(rlwire.open_sender)
+    assert list(mine.parameters.values()) == list(theirs.parameters.values())
+    assert mine.return_annotation == "SyncSender"

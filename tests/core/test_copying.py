@@ -1,0 +1,101 @@
+"""Copies into new ``bytes`` / ``bytearray`` objects made a slice at a time
+(``rlwire._core.copying``): exact bytes at every size around the thresholds, one slice per
+chunk copied, and nothing left referenced once a copy is dropped midway."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlwire._core import copying as _copying
+from rlwire._core.copying import concatenated, copied
+from rlwire._core.slicing import run_sliced
+
+
+@pytest.fixture
+def small_steps(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Thresholds small enough that hypothesis's sizes cross every boundary."""
+    monkeypatch.setattr(_copying, "_SMALL", 64)
+    monkeypatch.setattr(_copying, "COPY_CHUNK_BYTES", 1000)
+    return 1000
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    data=st.binary(max_size=5000), kind=st.sampled_from([bytes, bytearray]), skip=st.integers(0, 7)
+)
+def test_a_copy_holds_exactly_the_source_bytes(
+    small_steps: int, data: bytes, kind: type[bytes] | type[bytearray], skip: int
+) -> None:
+    view = memoryview(data)[skip:]  # views that start inside a buffer, too
+    got = run_sliced(copied(view, kind))
+    assert type(got) is kind
+    assert got == bytes(view)
+
+
+def test_each_chunk_is_copied_in_a_slice_of_its_own(small_steps: int) -> None:
+    source = np.arange(4500, dtype=np.uint8)
+    slices = copied(memoryview(source), bytes)
+    count = 0
+    while True:
+        try:
+            next(slices)
+        except StopIteration as stop:
+            got = stop.value
+            break
+        count += 1
+    assert count == 5  # 4,500 bytes in chunks of 1,000
+    assert got == source.tobytes()
+
+
+def test_a_copy_leaves_its_source_untouched_and_does_not_share_it(small_steps: int) -> None:
+    source = bytearray(b"x" * 3000)
+    got = run_sliced(copied(memoryview(source), bytearray))
+    got[0] = ord("y")
+    assert source[0] == ord("x")
+
+
+def test_copies_of_views_that_are_not_contiguous_are_right() -> None:
+    data = np.arange(3 << 20, dtype=np.uint8)
+    view = memoryview(data)[::3]
+    assert run_sliced(copied(view, bytes)) == bytes(view)
+
+
+def test_a_copy_closed_midway_releases_its_source(small_steps: int) -> None:
+    source = np.arange(5000, dtype=np.uint8)
+    alive = weakref.ref(source)
+    slices = copied(memoryview(source), bytes)
+    next(slices)
+    slices.close()
+    del slices, source
+    gc.collect()
+    assert alive() is None
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(parts=st.lists(st.binary(max_size=700), max_size=20))
+def test_concatenated_is_the_join_and_lets_go_of_each_part(
+    small_steps: int, parts: list[bytes]
+) -> None:
+    want = b"".join(parts)
+    given_parts = list(parts)
+    got = run_sliced(concatenated(given_parts, len(want)))
+    assert type(got) is bytes
+    assert got == want
+    if len(want) >= 64:  # copied part by part: none is held twice
+        assert all(part == b"" for part in given_parts)
+
+
+@pytest.mark.parametrize("size", [2999, 3001])
+def test_concatenated_refuses_parts_that_do_not_add_up(small_steps: int, size: int) -> None:
+    with pytest.raises(ValueError, match="bytes"):
+        run_sliced(concatenated([b"a" * 1000] * 3, size))

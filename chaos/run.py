@@ -5,7 +5,8 @@
                         [--campaign NAME ...] [--case NAME ...]
                         [--json FILE] [--jobs J] [--tmp DIR] [-v]
 
-(with the repository and ``tests/`` on ``PYTHONPATH``, as ``python3 tasks.py chaos`` sets them). Exit status 1 when any bad outcome was seen.
+(with the repository and ``tests/`` on ``PYTHONPATH``, as ``python3 tasks.py chaos`` sets
+them). Exit status 1 when any bad outcome was seen.
 """
 
 from __future__ import annotations

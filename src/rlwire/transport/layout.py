@@ -38,21 +38,23 @@ Example:
 """
 
 from rlwire._core.faces import claim
+from rlwire._frame.checksums import (
+    CHECKSUM,
+    checksum_segments,
+    placeholder_checksums,
+    verify_segments,
+)
 from rlwire.transport._stored.layout import (
     ALIGN,
-    CHECKSUM,
     CONSUMED_MAGIC,
     END_MAGIC,
     FORMAT_VERSION,
     Layout,
-    checksum_segments,
     consumed_mark,
     end_mark,
     parse_main,
     parse_mark,
-    placeholder_checksums,
     plan,
-    verify_segments,
 )
 from rlwire.transport._stored.names import (
     CONSUMED_RE,

@@ -22,19 +22,11 @@ from hypothesis import strategies as st
 
 from rlwire import CorruptFrameError, Frame, RlwireError, UnsupportedVersionError
 from rlwire._core.slicing import run_sliced
+from rlwire._frame import checksums
+from rlwire._frame.checksums import CHECKSUM, checksum_segments, verify_segments
 from rlwire.codecs._msgpack.codec import MsgpackCodec
 from rlwire.transport import FileSink, FileSource
-from rlwire.transport._stored import layout as _layout
-from rlwire.transport._stored.layout import (
-    ALIGN,
-    CHECKSUM,
-    FORMAT_VERSION,
-    Layout,
-    checksum_segments,
-    parse_main,
-    plan,
-    verify_segments,
-)
+from rlwire.transport._stored.layout import ALIGN, FORMAT_VERSION, Layout, parse_main, plan
 from rlwire.transport.layout import main_name, sidecar_name
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -1111,7 +1103,7 @@ def test_parallel_verification_names_the_damaged_segment(
 ) -> None:
     """A large message's segments are hashed by several threads, in groups: the
     mismatch found is still the right segment's, and an intact message passes."""
-    monkeypatch.setattr(_layout, "PARALLEL_HASH_BYTES", 0)
+    monkeypatch.setattr(checksums, "PARALLEL_HASH_BYTES", 0)
     segments = [memoryview(bytes([i]) * (1000 + 97 * i)) for i in range(40)]
     sums = struct.pack("<40Q", *(xxhash.xxh3_64_intdigest(s) for s in segments))
     assert run_sliced(checksum_segments(Frame(segments[0], tuple(segments[1:])))) == sums
@@ -1129,7 +1121,7 @@ def test_many_small_segments_are_hashed_in_order(
 ) -> None:
     """A thousand small segments, hashed inline or in groups by several threads: every
     digest is still its own segment's, and a mismatch names the right one."""
-    monkeypatch.setattr(_layout, "PARALLEL_HASH_BYTES", parallel_bytes)
+    monkeypatch.setattr(checksums, "PARALLEL_HASH_BYTES", parallel_bytes)
     segments = [memoryview(i.to_bytes(2, "little") * (1 + i % 7)) for i in range(1000)]
     sums = struct.pack("<1000Q", *(xxhash.xxh3_64_intdigest(s) for s in segments))
     verify_segments(CHECKSUM, sums, segments, "here")

@@ -31,6 +31,7 @@ from rlwire._core.errors import (
     transport_error,
 )
 from rlwire._core.slicing import Sliced, SliceTimer
+from rlwire._frame.checksums import hash_pool, placeholder_checksums
 from rlwire.transport._base import (
     OnExisting,
     PendingFrame,
@@ -41,7 +42,7 @@ from rlwire.transport._base import (
     reject_unknown,
     take_frame,
 )
-from rlwire.transport._stored.layout import Layout, end_mark, hash_pool, placeholder_checksums, plan
+from rlwire.transport._stored.layout import Layout, end_mark, plan
 from rlwire.transport._stored.names import (
     END_NAME,
     TEMP_RE,

@@ -11,6 +11,7 @@ from anyio import CapacityLimiter
 from rlwire._core.args import check_int
 from rlwire._core.errors import StepExistsError
 from rlwire._core.slicing import Sliced
+from rlwire._frame.checksums import checksum_segments
 from rlwire.transport._base import (
     OnExisting,
     PendingFrame,
@@ -20,7 +21,7 @@ from rlwire.transport._base import (
     Staged,
     take_frame,
 )
-from rlwire.transport._stored.layout import checksum_segments, end_mark, plan
+from rlwire.transport._stored.layout import end_mark, plan
 from rlwire.transport._stored.names import END_NAME, main_name, names_to_delete, sidecar_name
 from rlwire.transport._stored.names import start_step as first_step
 from rlwire.transport._stored.retention import read_consumed, steps_to_prune

@@ -29,8 +29,9 @@ from collections.abc import Sequence
 import msgspec
 
 from rlwire._core.errors import CorruptFrameError
+from rlwire._frame.checksums import CHECKSUM
 from rlwire._frame.frame import Frame
-from rlwire.transport._stored.layout import CHECKSUM, check_magic
+from rlwire.transport._stored.layout import check_magic
 
 __all__ = [
     "ABORT",

@@ -17,6 +17,7 @@ from anyio import CapacityLimiter, to_thread
 from rlwire._core.args import check_int, check_positive
 from rlwire._core.errors import ConfigError, RlwireError, TransportError, transport_error
 from rlwire._core.slicing import Sliced, SliceTimer
+from rlwire._frame.checksums import segment_digests
 from rlwire.transport._base import (
     OnExisting,
     PendingFrame,
@@ -27,7 +28,6 @@ from rlwire.transport._base import (
     reject_unknown,
     take_frame,
 )
-from rlwire.transport._stored.layout import segment_digests
 from rlwire.transport._url import URL
 from rlwire.transport.zmq._peers import Pattern, Peers
 from rlwire.transport.zmq._protocol import Head, first_part, make_head, seal_message

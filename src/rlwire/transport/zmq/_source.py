@@ -21,14 +21,9 @@ from rlwire._core.errors import (
     TransportError,
     transport_error,
 )
+from rlwire._frame.checksums import CHECKSUM, check_algorithm, compare_digests, segment_digests
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source, SourceOptions, reject_unknown
-from rlwire.transport._stored.layout import (
-    CHECKSUM,
-    check_algorithm,
-    compare_digests,
-    segment_digests,
-)
 from rlwire.transport._url import URL
 from rlwire.transport.zmq._peers import Pattern
 from rlwire.transport.zmq._protocol import (

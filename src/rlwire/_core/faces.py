@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
+__all__ = ["alias_old_modules", "claim", "is_private", "names_on_demand"]
+
 
 def is_private(module: str) -> bool:
     """Whether a dotted module path has a private part (``rlwire._core.errors``)."""

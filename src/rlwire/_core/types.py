@@ -1,10 +1,10 @@
 """What a type annotation can hold, decided once per type.
 
-Both the msgspec codec and :class:`~rlwire.Checks` decide, once per type, which parts of a
-value are worth looking into. They read the annotations through ``msgspec.inspect``, and
+Both the msgpack codec and :class:`~rlwire.Checks` decide, once per type, where in a value
+it is worth looking. They read the annotations through ``msgspec.inspect``, and
 :func:`children` and :func:`reachable` are the one walk over those types.
 
-The msgpack codec walks, in Python, only the parts of an object where an out-of-band buffer
+The msgpack codec walks, in Python, only the places in an object where an out-of-band buffer
 (a numpy array, a large bytes value) can be: a Struct field annotated ``list[int]`` or
 ``str`` cannot hold one, so msgspec encodes it in C without the codec looking inside. On
 the way back, the decoder needs the annotation found at a path (``$.micro_batches[3]

@@ -94,7 +94,7 @@ def type_name(tp: Any) -> str:
 
 
 def _shift_index(message: str, by: int) -> str:
-    """A msgspec error message about part of a list, with its path made the whole
+    """A msgspec error message about a group of a list's items, with its path made the whole
     list's: ``$[i]`` becomes ``$[by + i]``."""
     return re.sub(r" - at `\$\[(\d+)\]", lambda m: f" - at `$[{by + int(m[1])}]", message, count=1)
 

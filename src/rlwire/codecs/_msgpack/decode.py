@@ -119,7 +119,7 @@ class Decoding:
                 self.received.unclaim_since(mark)
         for path, payload, placeholder in found:
             if isinstance(payload, Chunked):
-                placeholder.clear()  # the typed try may have filled it part way
+                placeholder.clear()  # the typed try may have begun to fill it
                 yield from self._fill(placeholder, payload, None)
             elif path:
                 put(raw, path, payload)

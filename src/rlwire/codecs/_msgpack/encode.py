@@ -21,6 +21,7 @@ import copy
 import dataclasses
 import itertools
 from collections.abc import Iterable
+from itertools import islice
 from typing import Any
 
 import msgspec
@@ -192,7 +193,7 @@ class Encoding:
         return (out if type(obj) is list else tuple(out)), total + 1
 
     def only_scalars(self, items: list[Any] | tuple[Any, ...]) -> Sliced[bool]:
-        """True if every item is a plain scalar, checked in C a slice of items at a time."""
+        """True if every item is a plain scalar, checked in C a group of items at a time."""
         for start in range(0, len(items), _SCAN):
             if not set(map(type, items[start : start + _SCAN])) <= _SCALAR_SET:
                 return False
@@ -233,15 +234,15 @@ class Encoding:
             per = max(1, CHUNK_WEIGHT // max(weight(first), 1))
             entries = iter(obj.items()) if is_map else None
             for a in range(0, n, per):
-                part = obj[a : a + per] if entries is None else dict(itertools.islice(entries, per))
-                ranges += self.encode_chunk(part, path, a)
+                group = obj[a : a + per] if entries is None else dict(islice(entries, per))
+                ranges += self.encode_chunk(group, path, a)
                 yield from self.tick()
         else:
             items: list[Any] = list(obj.items()) if is_map else list(obj)
             bounds = yield from self.bounds(items, is_map, path)
             for a, b in itertools.pairwise(bounds):
-                part = dict(items[a:b]) if is_map else items[a:b]
-                ranges += self.encode_chunk(part, path, a)
+                group = dict(items[a:b]) if is_map else items[a:b]
+                ranges += self.encode_chunk(group, path, a)
                 yield from self.tick()
         ref = ChunksRef(self.sent.bulk_index, n, ranges)
         code = EXT_CHUNKED_MAP if is_map else EXT_CHUNKED_ARRAY
@@ -269,12 +270,12 @@ class Encoding:
         bounds.append(len(items))
         return bounds
 
-    def encode_chunk(self, part: Any, path: KeyPath, offset: int) -> list[int]:
-        """Add ``part`` to the bulk buffer; its ``[start, end]``."""
+    def encode_chunk(self, group: Any, path: KeyPath, offset: int) -> list[int]:
+        """Encode ``group`` (a chunk's items) into the bulk buffer; its ``[start, end]``."""
         try:
-            chunk = self.encoder.encode(part)
+            chunk = self.encoder.encode(group)
         except (TypeError, ValueError, OverflowError) as exc:
-            tree = dict(enumerate(part, offset)) if isinstance(part, list | tuple) else part
+            tree = dict(enumerate(group, offset)) if isinstance(group, list | tuple) else group
             culprit = _find_unencodable(self.encoder, tree, path)
             raise EncodeError(f"{render_path(culprit)}: cannot encode: {exc}") from None
         return self.sent.add_chunk(chunk)

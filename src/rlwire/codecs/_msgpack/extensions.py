@@ -1,6 +1,6 @@
 """The msgpack extension values the codec writes in a header: their type codes and layouts.
 
-Part of the wire format (docs/format.md): each extension value's payload is a msgpack
+These are in the wire format (docs/format.md): each extension value's payload is a msgpack
 array with the fields below, in order.
 
 * ``1`` out-of-band array (:class:`ArrayRef`)

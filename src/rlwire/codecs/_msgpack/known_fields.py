@@ -7,8 +7,8 @@ Example:
     >>> class Old(msgspec.Struct):
     ...     a: int
     >>> fields = skeleton(Old)
-    >>> parts = fields.decoder.decode(msgspec.msgpack.encode({"a": 1, "b": [0] * 3}))
-    >>> fields.names, bytes(parts.f0)  # the field "b" is skipped, never built
+    >>> raw = fields.decoder.decode(msgspec.msgpack.encode({"a": 1, "b": [0] * 3}))
+    >>> fields.names, bytes(raw.f0)  # the field "b" is skipped, never built
     (('a',), b'\\x01')
 """
 
@@ -76,7 +76,7 @@ def known_fields(header: bytes | memoryview, skeleton: Skeleton, calls: DecodeCa
         DecodeError: the header is not the type's shape (said before building it).
     """
     try:
-        parts = skeleton.decoder.decode(header)
+        raw = skeleton.decoder.decode(header)
     except msgspec.ValidationError as exc:
         if bytes(header[:1]) in _EXT_MARKERS:  # e.g. a heavy dict sent whole, chunked
             return None
@@ -84,7 +84,7 @@ def known_fields(header: bytes | memoryview, skeleton: Skeleton, calls: DecodeCa
         raise DecodeError(f"received data does not match {type_name(skeleton.cls)}: {exc}") from exc
     except msgspec.DecodeError:
         return None  # malformed: the plain decode says where
-    values = [getattr(parts, f"f{i}") for i in range(len(skeleton.names))]
+    values = [getattr(raw, f"f{i}") for i in range(len(skeleton.names))]
     if skeleton.array_like:
         while values and values[-1] is msgspec.UNSET:
             values.pop()

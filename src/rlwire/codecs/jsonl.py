@@ -18,10 +18,9 @@ Example:
 """
 
 from rlwire._core.faces import claim
+from rlwire.codecs._json.files import JsonlDestination, JsonlSource
 from rlwire.codecs._json.jsonl import (
     DEFAULT_MAX_LINE_BYTES,
-    JsonlDestination,
-    JsonlSource,
     adump_jsonl,
     aload_jsonl,
     dump_jsonl,

@@ -33,15 +33,7 @@ from rlwire.codecs._json.files import (
 )
 from rlwire.codecs._json.values import OPTION, convert, dumps, type_name
 
-__all__ = [
-    "DEFAULT_MAX_LINE_BYTES",
-    "JsonlDestination",
-    "JsonlSource",
-    "adump_jsonl",
-    "aload_jsonl",
-    "dump_jsonl",
-    "load_jsonl",
-]
+__all__ = ["DEFAULT_MAX_LINE_BYTES", "adump_jsonl", "aload_jsonl", "dump_jsonl", "load_jsonl"]
 
 #: Longest line :func:`load_jsonl` accepts by default (bytes, newline excluded).
 DEFAULT_MAX_LINE_BYTES = 256 << 20

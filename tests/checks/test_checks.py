@@ -270,10 +270,10 @@ def test_arrays_at_depth(order: str) -> None:
     if order == "strided":
         arr = np.zeros((12, 5, 4), np.float32)[::2]
     arr[4, 1, 2] = -np.inf
-    obj = {"batch": [{"logprobs": np.zeros(3)}, {"logprobs": arr}]}
+    obj = {"samples": [{"logprobs": np.zeros(3)}, {"logprobs": arr}]}
     message = schema_error(rlwire.Checks(finite=("logprobs",)), obj)
-    assert (
-        message == "$.batch[1].logprobs[4][1][2]: -inf is not finite ('logprobs' is checked finite)"
+    assert message == (
+        "$.samples[1].logprobs[4][1][2]: -inf is not finite ('logprobs' is checked finite)"
     )
 
 

@@ -999,7 +999,7 @@ def test_bytes_fields_get_their_own_bytes() -> None:
 class LargeRaw(msgspec.Struct):
     data: bytes
     scratch: bytearray
-    parts: list[bytes]
+    pieces: list[bytes]
 
 
 def test_large_bytes_fields_get_whole_copies_of_their_own() -> None:
@@ -1008,7 +1008,7 @@ def test_large_bytes_fields_get_whole_copies_of_their_own() -> None:
     want = LargeRaw(blob((9 << 20) + 3, 1), bytearray(blob((2 << 20) + 1, 2)), [blob(3 << 20, 3)])
     frame, buffers = controlled(MsgpackCodec().encode(want))
     got = MsgpackCodec().decode(frame, type=LargeRaw)
-    assert (type(got.data), type(got.scratch), type(got.parts[0])) == (bytes, bytearray, bytes)
+    assert (type(got.data), type(got.scratch), type(got.pieces[0])) == (bytes, bytearray, bytes)
     assert got == want
     invert(buffers)
     assert got == want

@@ -25,6 +25,8 @@ import msgspec
 import msgspec.inspect as mi
 import numpy as np
 
+from rlwire._core.types import PathStep, Step, children, reachable
+
 __all__ = [
     "ANY",
     "RECORD",
@@ -93,8 +95,6 @@ RECORD: Final = Kind("RECORD")
 # for a dict (its string keys are names; its values have that shape).
 Shape: TypeAlias = "Kind | tuple[str, Shape] | None"
 
-_ITEM_TYPES = (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)
-
 
 def _union(shapes: Iterable[Shape]) -> Shape:
     found = {id(s): s for s in shapes if s is not None}
@@ -162,7 +162,7 @@ class Planner:
             info = mi.type_info(cls)
             assert isinstance(info, mi.StructType | mi.DataclassType)
             annotated = [(f.name, self.shape(f.type, set())) for f in info.fields]
-            names = declared(info, set())
+            names = declared(info)
         except Exception:  # msgspec raises several types for annotations it cannot resolve
             if issubclass(cls, msgspec.Struct):
                 fields = cls.__struct_fields__
@@ -182,29 +182,23 @@ class Planner:
 
     def shape(self, t: mi.Type, seen: set[type]) -> Shape:
         """Where a named field can be inside a value annotated ``t``."""
-        if isinstance(t, mi.Metadata):
-            return self.shape(t.type, seen)
         if isinstance(t, mi.AnyType):
             return ANY
         if isinstance(t, mi.StructType | mi.DataclassType):
             return RECORD if self.record_holds(t, seen) else None
         if isinstance(t, mi.TypedDictType):
             return ("dict", ANY)
-        if isinstance(t, mi.DictType):
-            return ("dict", self.shape(t.value_type, seen))
-        if isinstance(t, _ITEM_TYPES):
-            item = self.shape(t.item_type, seen)
-            return None if item is None else ("items", item)
-        if isinstance(t, mi.TupleType | mi.NamedTupleType):
-            items = t.item_types if isinstance(t, mi.TupleType) else [f.type for f in t.fields]
-            item = _union(self.shape(i, seen) for i in items)
-            return None if item is None else ("items", item)
-        if isinstance(t, mi.UnionType):
-            return _union(self.shape(member, seen) for member in t.types)
         if isinstance(t, mi.CustomType):
             # numpy arrays hold numbers, never names; any other class is unknown.
             return None if issubclass(t.cls, np.ndarray | np.generic) else ANY
-        return None  # numbers, strings, bytes, None, literals, enums, dates, ...
+        # a dict's keys are names themselves, found at run time: only its values matter
+        inner = _union(self.shape(i, seen) for step, i in children(t) if step is not Step.KEY)
+        if isinstance(t, mi.DictType):
+            return ("dict", inner)
+        if isinstance(t, mi.Metadata | mi.UnionType):
+            return inner
+        # a list, set, tuple or NamedTuple; or a type holding no other (numbers, strings, ...)
+        return None if inner is None else ("items", inner)
 
     def record_holds(self, t: mi.StructType | mi.DataclassType, seen: set[type]) -> bool:
         """True if a value of the record type ``t`` can hold a named field at any depth."""
@@ -221,22 +215,15 @@ class Planner:
         return holds
 
 
-def declared(t: mi.Type, seen: set[int]) -> set[str]:
-    """Every record field name in the annotation ``t``, at any depth."""
-    if isinstance(t, mi.StructType | mi.DataclassType | mi.TypedDictType):
-        if id(t) in seen:
-            return set()
-        seen.add(id(t))
-        return {f.name for f in t.fields}.union(*(declared(f.type, seen) for f in t.fields))
-    return set().union(*(declared(inner, seen) for inner in _parts(t)))
+def declared(t: mi.Type) -> set[str]:
+    """Every record field name in the annotation ``t``, at any depth (not inside the keys of
+    a dict, nor inside a NamedTuple)."""
+    names: set[str] = set()
+    for inner in reachable(t, _declares):
+        if isinstance(inner, mi.StructType | mi.DataclassType | mi.TypedDictType):
+            names.update(f.name for f in inner.fields)
+    return names
 
 
-def _parts(t: mi.Type) -> Sequence[mi.Type]:
-    """The annotations ``t`` is built from (a record's fields aside)."""
-    if isinstance(t, mi.Metadata):
-        return (t.type,)
-    if isinstance(t, _ITEM_TYPES):
-        return (t.item_type,)
-    if isinstance(t, mi.DictType):
-        return (t.value_type,)
-    return getattr(t, "item_types", None) or getattr(t, "types", None) or ()
+def _declares(parent: mi.Type, step: PathStep) -> bool:
+    return step is not Step.KEY and not isinstance(parent, mi.NamedTupleType)

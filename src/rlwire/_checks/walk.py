@@ -1,12 +1,12 @@
 """The walk of :class:`~rlwire.Checks`: one pass over one object, as a sliced generator.
 
 Per-token lists of millions of numbers are never walked item by item in Python on the
-happy path: a chunk of a list of floats is proven finite by ``math.isfinite(sum(chunk))``
+happy path: a group of a list's floats is proven finite by ``math.isfinite(sum(group))``
 (a sum of finite floats is non-finite only on overflow, and then an exact check follows),
-a chunk of ints is bounded by ``max(chunk)``, and arrays are checked by numpy. Only a
-failing chunk is looked at item by item, to name the first offending index. Where no rule
-is in force, the walk only searches for named fields, where the plans of
-:mod:`rlwire._checks.plan` say one can be.
+a group of ints is bounded by ``max(group)``, and arrays are checked by numpy, a block of
+elements at a time. Only a failing group is looked at item by item, to name the first
+offending index. Where no rule is in force, the walk only searches for named fields, where
+the plans of :mod:`rlwire._checks.plan` say one can be.
 
 Example:
     >>> from rlwire._checks.plan import ANY, Planner, rules_by_name
@@ -37,11 +37,11 @@ from rlwire._core.slicing import Sliced, SliceTimer
 
 __all__ = ["Walk"]
 
-# -- values and chunks ------------------------------------------------------------------
+# -- values, groups and blocks ----------------------------------------------------------
 
 #: Values that hold no names and need no look when no rule is in force.
 _PLAIN: Final = frozenset({int, float, bool, str, bytes, type(None), complex})
-#: Element types for which ``sum`` / ``max`` prove a whole chunk at C speed.
+#: Element types for which ``sum`` / ``max`` prove a whole group at C speed.
 _NUMBERS: Final = frozenset({int, float, bool})
 #: Items that mark an untyped list as a list of leaves (None does not: ``[None, {...}]``).
 _LEAVES: Final = frozenset({int, float, bool, str, bytes, complex})
@@ -49,16 +49,16 @@ _LISTS: Final = frozenset({list, tuple})
 #: Levels of nested lists flattened at C speed (e.g. [seq_len][layers][topk] is 3).
 _MAX_DEPTH: Final = 6
 
-#: Numbers per chunk of a list: ``sum`` takes about 5 ns a number, ``max`` about 15 ns (and
-#: the chunk's copy a few ns), so a chunk takes well under a tenth of a millisecond and a
+#: Numbers per group of a list's items: ``sum`` takes about 5 ns a number, ``max`` about
+#: 15 ns (and the group's copy a few ns), so a group takes well under a tenth of a millisecond and a
 #: slice ends soon after its time is up.
-_SUM_CHUNK: Final = 8_192
-_MAX_CHUNK: Final = 4_096
+_SUM_GROUP: Final = 8_192
+_MAX_GROUP: Final = 4_096
 #: What a nested list costs to flatten, in numbers.
 _LIST_COST: Final = 4
-#: Elements per chunk of an array (numpy releases the GIL while it scans); bounds the
+#: Elements per block of an array (numpy releases the GIL while it scans); bounds the
 #: temporary bool array too.
-_ARRAY_CHUNK: Final = 1 << 18
+_ARRAY_BLOCK: Final = 1 << 18
 
 
 class Walk:
@@ -180,18 +180,18 @@ class Walk:
                     yield from self.tick()
             return
         depth, cost, numeric = _nesting(seq[0])
-        # Chunks of about the same cost, however deeply the lists nest.
-        size = max(1, (_SUM_CHUNK if rules.limit_name is None else _MAX_CHUNK) // cost)
+        # Groups of about the same cost, however deeply the lists nest.
+        size = max(1, (_SUM_GROUP if rules.limit_name is None else _MAX_GROUP) // cost)
         for start in range(0, len(seq), size):
-            chunk = seq if len(seq) <= size else seq[start : start + size]
-            if not (numeric and _proven(chunk, rules, depth)):
-                yield from self.items(chunk, path, rules, start)
+            group = seq if len(seq) <= size else seq[start : start + size]
+            if not (numeric and _proven(group, rules, depth)):
+                yield from self.items(group, path, rules, start)
             yield from self.tick()
 
-    def items(self, chunk: Sequence[Any], path: KeyPath, rules: Rules, start: int) -> Sliced[None]:
-        """Check a chunk item by item: nested containers, mixed items, or a failure to
+    def items(self, group: Sequence[Any], path: KeyPath, rules: Rules, start: int) -> Sliced[None]:
+        """Check a group of items one by one: nested containers, mixed items, or a failure to
         place (the first offending item raises)."""
-        for i, item in enumerate(chunk):
+        for i, item in enumerate(group):
             if type(item) in _PLAIN:
                 _scalar(item, (path, start + i), rules)
             else:
@@ -211,23 +211,23 @@ class Walk:
             return
         if arr.dtype.kind == "b":
             arr = arr.view(np.uint8)
-        # A contiguous array is scanned in chunks of a flat view; any other in one go.
+        # A contiguous array is scanned in blocks of a flat view; any other in one go.
         if arr.flags.c_contiguous:
             flat = arr.reshape(-1)
         elif arr.flags.f_contiguous:
             flat = arr.T.reshape(-1)
         else:
             flat = None
-        chunks = (
+        blocks = (
             [arr]
             if flat is None
-            else (flat[i : i + _ARRAY_CHUNK] for i in range(0, flat.size, _ARRAY_CHUNK))
+            else (flat[i : i + _ARRAY_BLOCK] for i in range(0, flat.size, _ARRAY_BLOCK))
         )
-        for chunk in chunks:
-            if finite and not np.isfinite(chunk).all():
+        for block in blocks:
+            if finite and not np.isfinite(block).all():
                 index = np.argwhere(~np.isfinite(arr))[0]
                 _fail_finite(_at(path, index), arr[tuple(index)], rules)
-            if bounded and chunk.size and int(chunk.max()) > rules.limit:
+            if bounded and block.size and int(block.max()) > rules.limit:
                 index = np.argwhere(arr > rules.limit)[0]
                 _fail_max(_at(path, index), arr[tuple(index)], rules)
             yield from self.tick()
@@ -254,29 +254,29 @@ def _nesting(first: Any) -> tuple[int, int, bool]:
     return len(lengths), cost, numeric
 
 
-def _proven(chunk: Sequence[Any], rules: Rules, depth: int = 0) -> bool:
-    """True if ``chunk`` is shown to pass ``rules`` by a few C-speed calls; False when
+def _proven(group: Sequence[Any], rules: Rules, depth: int = 0) -> bool:
+    """True if ``group`` is shown to pass ``rules`` by a few C-speed calls; False when
     they cannot tell (the caller then checks it item by item).
 
     ``depth`` levels of nested lists are flattened first, in C; each level is first
     checked to hold only lists and tuples (a dict would flatten to its keys).
     """
     for _ in range(depth):
-        if not set(map(type, chunk)) <= _LISTS:
+        if not set(map(type, group)) <= _LISTS:
             return False
-        chunk = list(itertools.chain.from_iterable(chunk))
-        if not chunk:
+        group = list(itertools.chain.from_iterable(group))
+        if not group:
             return True
     try:
         if rules.finite is not None:
-            total = sum(chunk)
+            total = sum(group)
             # NaN or Inf anywhere makes the sum non-finite; so can overflow of finite
             # floats, which the exact check then clears. A sum of ints is an int.
             if type(total) is not int and not math.isfinite(total):
                 return False
         if rules.limit_name is not None:
-            top = max(chunk)
-            # An int maximum bounds every int in the chunk; a float maximum (floats are not
+            top = max(group)
+            # An int maximum bounds every int in the group; a float maximum (floats are not
             # compared, or a NaN came first) needs the exact check.
             if type(top) is not int and not isinstance(top, np.integer | bool | np.bool_):
                 return False

@@ -1,6 +1,10 @@
 """What a type annotation can hold, decided once per type.
 
-The msgpack codec walks, in Python, only the parts of an object where an out-of-band buffer
+Both the msgpack codec and :class:`~rlwire.Checks` decide, once per type, where in a value
+it is worth looking. They read the annotations through ``msgspec.inspect``, and
+:func:`children` and :func:`reachable` are the one walk over those types.
+
+The msgpack codec walks, in Python, only the places in an object where an out-of-band buffer
 (a numpy array, a large bytes value) can be: a Struct field annotated ``list[int]`` or
 ``str`` cannot hold one, so msgspec encodes it in C without the codec looking inside. On
 the way back, the decoder needs the annotation found at a path (``$.micro_batches[3]
@@ -15,46 +19,108 @@ Example:
     (('input_ids', False), ('routed_experts', True))
     >>> child_annotation(Sample, "input_ids", dict)
     list[int]
+    >>> [(step, type(t).__name__) for step, t in children(mi.type_info(dict[str, list[int]]))]
+    [(<Step.KEY: 'key'>, 'StrType'), (<Step.VALUE: 'value'>, 'ListType')]
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import types
 import typing
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeAlias
 
 import msgspec
 import msgspec.inspect as mi
 
-__all__ = ["buffer_fields", "child_annotation", "field_at", "may_hold_buffer"]
+__all__ = [
+    "ITEM_TYPES",
+    "RECORD_TYPES",
+    "PathStep",
+    "Step",
+    "buffer_fields",
+    "child_annotation",
+    "children",
+    "field_at",
+    "may_hold_buffer",
+    "reachable",
+]
+
+# -- walking msgspec.inspect types --------------------------------------------------------
+
+#: Containers whose items all share one annotation (``item_type``): list, set, frozenset,
+#: ``tuple[X, ...]``.
+ITEM_TYPES = (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)
+#: Types made of named fields (``fields``).
+RECORD_TYPES = (mi.StructType, mi.DataclassType, mi.TypedDictType, mi.NamedTupleType)
+
+
+class Step(enum.Enum):
+    """How an inner annotation is reached from the one holding it (besides a field name or a
+    position in a fixed-length tuple)."""
+
+    SAME = "same"  # the same value: inside ``Annotated``/``Meta``, or one member of a union
+    ITEM = "item"  # any item of a list, set, frozenset or ``tuple[X, ...]``
+    KEY = "key"  # any key of a dict
+    VALUE = "value"  # any value of a dict
+
+
+#: A :class:`Step`, a position in a fixed-length tuple (int) or a record's field name (str).
+PathStep: TypeAlias = Step | int | str
+
+
+def children(t: mi.Type) -> Iterator[tuple[PathStep, mi.Type]]:
+    """The annotations ``t`` is built from, each with the step that leads to it; none for a
+    type that holds no other (numbers, strings, bytes, literals, enums, custom classes...)."""
+    if isinstance(t, mi.Metadata):
+        yield Step.SAME, t.type
+    elif isinstance(t, mi.UnionType):
+        for member in t.types:
+            yield Step.SAME, member
+    elif isinstance(t, ITEM_TYPES):
+        yield Step.ITEM, t.item_type
+    elif isinstance(t, mi.TupleType):
+        yield from enumerate(t.item_types)
+    elif isinstance(t, mi.DictType):
+        yield Step.KEY, t.key_type
+        yield Step.VALUE, t.value_type
+    elif isinstance(t, RECORD_TYPES):
+        for field in t.fields:
+            yield field.name, field.type
+
+
+def _always(parent: mi.Type, step: PathStep) -> bool:
+    return True
+
+
+def reachable(
+    t: mi.Type, follow: Callable[[mi.Type, PathStep], bool] = _always
+) -> Iterator[mi.Type]:
+    """``t`` and every annotation inside it, through the steps ``follow`` allows; each record
+    type once, so a recursive type ends."""
+    seen: set[int] = set()
+    pending = [t]
+    while pending:
+        t = pending.pop()
+        if isinstance(t, RECORD_TYPES):
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+        yield t
+        pending.extend(reversed([inner for step, inner in children(t) if follow(t, step)]))
+
+
+# -- where a buffer can be -----------------------------------------------------------------
 
 _BUFFER_TYPES = (mi.BytesType, mi.ByteArrayType, mi.MemoryViewType, mi.AnyType, mi.CustomType)
-_ITEM_TYPES = (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)
-_RECORD_TYPES = (mi.StructType, mi.DataclassType, mi.TypedDictType, mi.NamedTupleType)
 
 
-def _may_hold_buffer(t: mi.Type, seen: set[int]) -> bool:
-    """True if a value of type ``t`` can hold bytes-like data or an array at any depth."""
-    if isinstance(t, _BUFFER_TYPES):
-        return True
-    if isinstance(t, mi.Metadata):
-        return _may_hold_buffer(t.type, seen)
-    if isinstance(t, _ITEM_TYPES):
-        return _may_hold_buffer(t.item_type, seen)
-    if isinstance(t, mi.TupleType):
-        return any(_may_hold_buffer(item, seen) for item in t.item_types)
-    if isinstance(t, mi.DictType):
-        return _may_hold_buffer(t.key_type, seen) or _may_hold_buffer(t.value_type, seen)
-    if isinstance(t, mi.UnionType):
-        return any(_may_hold_buffer(member, seen) for member in t.types)
-    if isinstance(t, _RECORD_TYPES):
-        if id(t) in seen:  # a recursive type: its fields are being looked at already
-            return False
-        seen.add(id(t))
-        return any(_may_hold_buffer(f.type, seen) for f in t.fields)
-    return False  # numbers, strings, None, literals, enums, dates, ...
+def _may_hold_buffer(t: mi.Type) -> bool:
+    """True if a value of type ``t`` can hold bytes-like data or an array at any depth
+    (numbers, strings, None, literals, enums, dates, ... cannot)."""
+    return any(isinstance(inner, _BUFFER_TYPES) for inner in reachable(t))
 
 
 @functools.cache
@@ -70,7 +136,7 @@ def buffer_fields(cls: type[msgspec.Struct]) -> tuple[tuple[str, bool], ...]:
     except Exception:  # msgspec raises several types for annotations it cannot resolve
         return tuple((name, True) for name in names)
     assert isinstance(info, mi.StructType)
-    return tuple((f.name, _may_hold_buffer(f.type, set())) for f in info.fields)
+    return tuple((f.name, _may_hold_buffer(f.type)) for f in info.fields)
 
 
 @functools.cache
@@ -78,7 +144,7 @@ def may_hold_buffer(annotation: Any) -> bool:
     """True if a value annotated ``annotation`` may hold bytes or an array at any depth
     (then a chunk of such values may hold extension values a typed decode refuses)."""
     try:
-        return _may_hold_buffer(mi.type_info(annotation), set())
+        return _may_hold_buffer(mi.type_info(annotation))
     except Exception:  # an annotation msgspec cannot inspect: assume the worst
         return True
 

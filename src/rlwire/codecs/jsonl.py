@@ -2,7 +2,7 @@
 
 :func:`dump_jsonl` writes records and :func:`load_jsonl` reads them back; the async
 :func:`adump_jsonl` and :func:`aload_jsonl` do the same work in worker threads, in slices
-short enough that the event loop stays responsive. Files are streamed a batch of lines at
+short enough that the event loop stays responsive. Files are streamed a run of lines at
 a time, never held in memory whole, and a file written to a path appears whole or not at
 all. Records follow the value rules of the JSON codec (docs/json.md): numpy arrays become
 lists, NaN and Inf become ``null``.
@@ -18,10 +18,9 @@ Example:
 """
 
 from rlwire._core.faces import claim
+from rlwire.codecs._json.files import JsonlDestination, JsonlSource
 from rlwire.codecs._json.jsonl import (
     DEFAULT_MAX_LINE_BYTES,
-    JsonlDestination,
-    JsonlSource,
     adump_jsonl,
     aload_jsonl,
     dump_jsonl,

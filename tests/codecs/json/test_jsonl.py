@@ -368,7 +368,7 @@ async def test_async_errors_and_cancellation_leave_nothing(tmp_path: Path) -> No
 
 @pytest.mark.anyio
 async def test_cancelled_adump_leaves_nothing(tmp_path: Path) -> None:
-    """Cancelled once lines are being written (the temporary file holds several batches),
+    """Cancelled once lines are being written (the temporary file holds several runs of lines),
     from an async iterable on the loop and from an iterable read in a worker thread."""
     path = tmp_path / "x.jsonl"
     record = {"pad": "p" * 2000}

@@ -386,7 +386,7 @@ def test_sidecar_at_any_depth_in_dicts_and_lists() -> None:
     codec = MsgpackCodec(sidecar="routed_experts")  # a single name is accepted too
     re_arrays = [np.arange(4, dtype=np.uint8), np.ones((2, 2), ">f8")]
     obj = {
-        "batch": [
+        "samples": [
             {"routed_experts": {"deep": [re_arrays[0], {"x": re_arrays[1]}], "b": b"ab"}},
             {"other": np.zeros(3), "big": np.zeros(10_000, np.uint8)},
         ],
@@ -402,11 +402,11 @@ def test_sidecar_at_any_depth_in_dicts_and_lists() -> None:
     non_side = [i for i in range(len(frame.buffers)) if i not in frame.sidecar]
     assert [frame.buffers[i].nbytes for i in non_side] == [10_000]
     out = codec.decode(received(frame))
-    deep = out["batch"][0]["routed_experts"]["deep"]
+    deep = out["samples"][0]["routed_experts"]["deep"]
     assert_same_array(deep[0], re_arrays[0])
     assert_same_array(deep[1]["x"], re_arrays[1])
-    assert bytes(out["batch"][0]["routed_experts"]["b"]) == b"ab"
-    assert_same_array(out["batch"][1]["other"], np.zeros(3))
+    assert bytes(out["samples"][0]["routed_experts"]["b"]) == b"ab"
+    assert_same_array(out["samples"][1]["other"], np.zeros(3))
     assert out["routed_experts"] == "a string stays in the header"
 
 

@@ -291,7 +291,7 @@ class BlobsThenTuple(msgspec.Struct):
 
 def test_a_typed_fill_given_up_midway_is_redone_from_the_start() -> None:
     """The typed decode fills ``items`` (claiming each bytes value's buffer), then cannot
-    fill the tuple and starts again into builtins: its claims and its part-filled lists
+    fill the tuple and starts again into builtins: its claims and its half-filled lists
     are dropped, so the second fill neither refuses the buffers nor repeats items."""
     rng = np.random.default_rng(5)
     sent = BlobsThenTuple(

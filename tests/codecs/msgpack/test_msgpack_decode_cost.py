@@ -21,7 +21,7 @@ from msgspec.msgpack import Ext
 from msgspec.msgpack import encode as mp
 
 from rlwire import CorruptFrameError, Frame, FrameTooLargeError, TrainingBatch
-from rlwire.codecs._msgpack import decode as _msgpack_decode
+from rlwire.codecs._msgpack import decode_calls
 from rlwire.codecs._msgpack.codec import MsgpackCodec
 from rlwire.codecs._msgpack.cost import WORST_RATIO, plain_cost
 
@@ -112,7 +112,7 @@ def test_the_same_header_into_a_struct_skips_the_unknown_field() -> None:
 def small_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     """The allowance's floor at 1 MiB instead of 256, so that the tests below need
     messages of kilobytes, not megabytes, to reach it."""
-    monkeypatch.setattr(_msgpack_decode, "HEAP_FLOOR", MiB)
+    monkeypatch.setattr(decode_calls, "HEAP_FLOOR", MiB)
 
 
 @pytest.mark.usefixtures("small_floor")

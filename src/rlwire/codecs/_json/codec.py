@@ -52,14 +52,12 @@ __all__ = ["JsonCodec"]
 _SCALARS = (str, int, float, bool, type(None))
 
 # Encoding in slices: containers are encoded in groups of entries sized (from the cost of
-# the previous group) to take about _GROUP_SECONDS; arrays with more than _ARRAY_SLICE
+# the previous group) to take about _GROUP_SECONDS; arrays with more than _ARRAY_BLOCK
 # elements are encoded a block of rows at a time. Containers deeper than _SPLIT_DEPTH are
 # encoded in one call.
 _GROUP_SECONDS = 0.00015
-_ARRAY_SLICE = 16384
+_ARRAY_BLOCK = 16384
 _SPLIT_DEPTH = 6
-
-#: The ``check`` hook: called as ``check(struct, path)`` for every Struct encoded.
 
 
 def _check_walk(obj: Any, path: KeyPath, check: Check, slicer: SliceTimer) -> Sliced[None]:
@@ -82,7 +80,7 @@ def _check_walk(obj: Any, path: KeyPath, check: Check, slicer: SliceTimer) -> Sl
 
 def _splittable(obj: Any) -> bool:
     if isinstance(obj, np.ndarray):
-        return obj.ndim >= 1 and obj.size > _ARRAY_SLICE and len(obj) > 1
+        return obj.ndim >= 1 and obj.size > _ARRAY_BLOCK and len(obj) > 1
     return isinstance(obj, msgspec.Struct | dict | list | tuple) or (
         dataclasses.is_dataclass(obj) and not isinstance(obj, type)
     )
@@ -187,7 +185,7 @@ class _Writer:
 
     def _array(self, arr: np.ndarray, path: KeyPath) -> Sliced[None]:
         """Write a large array a block of rows at a time."""
-        rows = max(1, _ARRAY_SLICE // max(1, arr[0].size))
+        rows = max(1, _ARRAY_BLOCK // max(1, arr[0].size))
         out = self.out
         out += b"["
         for start in range(0, len(arr), rows):

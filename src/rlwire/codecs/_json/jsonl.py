@@ -33,30 +33,22 @@ from rlwire.codecs._json.files import (
 )
 from rlwire.codecs._json.values import OPTION, convert, dumps, type_name
 
-__all__ = [
-    "DEFAULT_MAX_LINE_BYTES",
-    "JsonlDestination",
-    "JsonlSource",
-    "adump_jsonl",
-    "aload_jsonl",
-    "dump_jsonl",
-    "load_jsonl",
-]
+__all__ = ["DEFAULT_MAX_LINE_BYTES", "adump_jsonl", "aload_jsonl", "dump_jsonl", "load_jsonl"]
 
 #: Longest line :func:`load_jsonl` accepts by default (bytes, newline excluded).
 DEFAULT_MAX_LINE_BYTES = 256 << 20
 
 _LINE_OPTION = OPTION | orjson.OPT_APPEND_NEWLINE
 
-# Bytes read per chunk, bytes encoded before a write, records per batch taken from an
+# Bytes read per chunk, bytes encoded before a write, records taken at a time from an
 # async iterable.
 _READ_CHUNK = 1 << 20
 _WRITE_BYTES = 1 << 20
-_ASYNC_BATCH = 256
+_ASYNC_RECORDS = 256
 
 
 class _LineWriter:
-    """Encodes records as lines and writes them a batch (~1 MiB) at a time."""
+    """Encodes records as lines and writes them about a megabyte at a time."""
 
     def __init__(self, output: OutputFile) -> None:
         self.output = output
@@ -115,7 +107,7 @@ def dump_jsonl(records: Iterable[Any], file: JsonlDestination, *, append: bool =
     the file is never held in memory whole.
 
     Given a path, the lines go to a temporary file beside it that is renamed into place
-    at the end: a reader sees the old file or the whole new one, never a part. With
+    at the end: a reader sees the old file or the whole new one, never one cut short. With
     ``append=True`` the lines are appended to the file (created if missing) directly, in
     whole lines. A binary file object is written at its position and not closed.
 
@@ -149,7 +141,7 @@ async def adump_jsonl(
     under ``limiter``, in slices short enough that the event loop stays responsive.
 
     ``records`` may be an async iterable; its records are taken on the event loop and
-    encoded a batch (up to 256 records) at a time. Cancelling leaves nothing at a path
+    encoded up to 256 at a time. Cancelling leaves nothing at a path
     written without ``append``. Raises what :func:`dump_jsonl` raises.
 
     Example:
@@ -164,14 +156,14 @@ async def adump_jsonl(
     output = await to_thread.run_sync(OutputFile, file, append, limiter=lim)
     try:
         writer = _LineWriter(output)
-        batch: list[Any] = []
+        taken: list[Any] = []
         async for record in records:
-            batch.append(record)
-            if len(batch) >= _ASYNC_BATCH:
-                await drive_sliced(writer.feed(batch), lim)
-                batch = []
-        if batch:
-            await drive_sliced(writer.feed(batch), lim)
+            taken.append(record)
+            if len(taken) >= _ASYNC_RECORDS:
+                await drive_sliced(writer.feed(taken), lim)
+                taken = []
+        if taken:
+            await drive_sliced(writer.feed(taken), lim)
         await drive_sliced(writer.finish(), lim)
     except BaseException:
         with anyio.CancelScope(shield=True):
@@ -228,10 +220,10 @@ class _LineReader:
             where=self.name,
         )
 
-    def batch(self) -> Sliced[list[Any] | None]:
+    def next_records(self) -> Sliced[list[Any] | None]:
         """The records of the lines completed by the next chunk(s), or None at the end.
 
-        A bad line ends the batch: the records before it are returned, and the error is
+        A bad line ends the run of lines: the records before it are returned, and the error is
         raised by the next call."""
         if self.error is not None:
             error, self.error, self.done = self.error, None, True
@@ -327,7 +319,7 @@ def load_jsonl(
     """
     reader = _LineReader(file, type, max_line_bytes)
     try:
-        while (records := run_sliced(reader.batch())) is not None:
+        while (records := run_sliced(reader.next_records())) is not None:
             yield from records
     finally:
         reader.close()
@@ -340,9 +332,9 @@ async def aload_jsonl(
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     limiter: CapacityLimiter | int | None = None,
 ) -> AsyncGenerator[Any, None]:
-    """:func:`load_jsonl` for async code: an async generator that reads and parses each
-    chunk of lines in worker threads under ``limiter``, in slices short enough that the
-    event loop stays responsive. Raises what :func:`load_jsonl` raises.
+    """:func:`load_jsonl` for async code: an async generator that reads the file a chunk
+    at a time and parses its lines in worker threads under ``limiter``, in slices short
+    enough that the event loop stays responsive. Raises what :func:`load_jsonl` raises.
 
     Close it (``contextlib.aclosing``) if you stop iterating early.
 
@@ -356,7 +348,7 @@ async def aload_jsonl(
     lim = make_limiter(limiter)
     reader = await to_thread.run_sync(_LineReader, file, type, max_line_bytes, limiter=lim)
     try:
-        while (records := await drive_sliced(reader.batch(), lim)) is not None:
+        while (records := await drive_sliced(reader.next_records(), lim)) is not None:
             for record in records:
                 yield record
     finally:

@@ -9,9 +9,10 @@ Your own types go at msgspec's speed: the codec looks, in Python, only where a b
 be (a Struct field annotated ``list[int]`` cannot hold one), and cuts containers that
 would keep msgspec busy for long into chunks encoded one call each, in short time slices,
 so your event loop stays responsive; receivers decode those chunks a slice at a time too
-(:mod:`._msgpack_encode`, :mod:`._msgpack_decode`).
+(:mod:`rlwire.codecs._msgpack.encode`, :mod:`rlwire.codecs._msgpack.decode`).
 
-Extension types in the header (see docs/format.md):
+Extension types in the header (see docs/format.md and
+:mod:`rlwire.codecs._msgpack.extensions`):
 
 * ``1`` out-of-band array: ``[buffer index, dtype, shape, order]``
 * ``2`` inline array: ``[dtype, shape, order, raw bytes]`` (arrays below the threshold)

@@ -15,6 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlwire.codecs._msgpack.extensions import (
+    EXT_ARRAY,
+    EXT_BYTES,
+    EXT_CHUNKED_ARRAY,
+    EXT_CHUNKED_MAP,
+    EXT_INLINE_ARRAY,
+)
+
 __all__ = ["WORST_RATIO", "plain_cost"]
 
 # Bytes of heap per object, upper bounds measured on CPython 3.11-3.13 (sys.getsizeof,
@@ -121,12 +129,21 @@ _VARIABLE: dict[int, tuple[int, int]] = {
     **{b: (_EXT, 1 << (b - 0xD4)) for b in range(0xD4, 0xD9)},  # fixext 1-16
 }
 _MALFORMED = (-1, 0)
-# What rlwire's extension values cost (codes of ._msgpack_encode, not imported to keep
-# this module a leaf), without their payload; unknown codes cost nothing: the decoder
-# refuses them.
-_EXT_COST = {1: _ARRAY_OBJECT, 2: _ARRAY_OBJECT, 3: _VIEW, 4: _CHUNKED, 5: _CHUNKED}
+# What rlwire's extension values cost, without their payload; unknown codes cost
+# nothing: the decoder refuses them.
+_EXT_COST = {
+    EXT_ARRAY: _ARRAY_OBJECT,
+    EXT_INLINE_ARRAY: _ARRAY_OBJECT,
+    EXT_BYTES: _VIEW,
+    EXT_CHUNKED_ARRAY: _CHUNKED,
+    EXT_CHUNKED_MAP: _CHUNKED,
+}
 # Per byte of payload: an inline array's data is copied; a chunk table's ints are built.
-_EXT_BYTE_COST = {2: 1, 4: _CHUNK_TABLE_BYTE, 5: _CHUNK_TABLE_BYTE}
+_EXT_BYTE_COST = {
+    EXT_INLINE_ARRAY: 1,
+    EXT_CHUNKED_ARRAY: _CHUNK_TABLE_BYTE,
+    EXT_CHUNKED_MAP: _CHUNK_TABLE_BYTE,
+}
 
 
 def plain_cost(data: bytes | memoryview, limit: int) -> int:

@@ -2,8 +2,9 @@
 
 The pass walks the object in Python only where an out-of-band buffer can be (numpy
 arrays, bytes-like values; Struct fields whose annotation allows them, see
-:mod:`._type_plans`) and swaps each buffer for a small extension value. Everything else
-is left to msgspec, which encodes it in C.
+:mod:`rlwire._core.types`) and swaps each buffer for a small extension value
+(:mod:`rlwire.codecs._msgpack.sent_buffers`). Everything else is left to msgspec, which
+encodes it in C.
 
 msgspec holds the GIL for the whole of one call, so no call may get much work: each
 value carries a *weight*, an estimate of the items msgspec must write for it. A container
@@ -20,35 +21,22 @@ import copy
 import dataclasses
 import itertools
 from collections.abc import Iterable
+from itertools import islice
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from rlwire._core.copying import concatenated
 from rlwire._core.errors import EncodeError
 from rlwire._core.paths import KeyPath, render_path
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire._core.types import buffer_fields
-from rlwire._frame.frame import Frame, as_byte_view
+from rlwire._frame.frame import Frame
+from rlwire.codecs._msgpack.extensions import EXT_CHUNKED_ARRAY, EXT_CHUNKED_MAP, ChunksRef
+from rlwire.codecs._msgpack.sent_buffers import SentBuffers
 from rlwire.codecs._registry import Check
 
-__all__ = [
-    "CHUNK_WEIGHT",
-    "EXT_ARRAY",
-    "EXT_BYTES",
-    "EXT_CHUNKED_ARRAY",
-    "EXT_CHUNKED_MAP",
-    "EXT_INLINE_ARRAY",
-    "Encoding",
-    "weight",
-]
-
-EXT_ARRAY = 1
-EXT_INLINE_ARRAY = 2
-EXT_BYTES = 3
-EXT_CHUNKED_ARRAY = 4
-EXT_CHUNKED_MAP = 5
+__all__ = ["CHUNK_WEIGHT", "Encoding", "weight"]
 
 #: The most weight (about one item of a list, or 64 bytes of a string) one msgspec call
 #: gets: some 0.1-0.5 ms of GIL-holding C code on either side (decoding makes an object
@@ -62,33 +50,6 @@ _SCAN = 65536
 _SCALARS = (str, int, float, bool, type(None))
 _SCALAR_SET = frozenset(_SCALARS)
 _BUFFER_LIKE = (np.ndarray, bytes, bytearray, memoryview)
-
-
-class _ArrayRef(msgspec.Struct, array_like=True):
-    index: int
-    dtype: str
-    shape: list[int]
-    order: str
-
-
-class _InlineArray(msgspec.Struct, array_like=True):
-    dtype: str
-    shape: list[int]
-    order: str
-    data: bytes
-
-
-class _BytesRef(msgspec.Struct, array_like=True):
-    index: int
-
-
-class _ChunksRef(msgspec.Struct, array_like=True):
-    """Where a chunked container's chunks are: ``count`` items in all, chunk ``i`` at
-    bytes ``ranges[2 i]`` to ``ranges[2 i + 1]`` of buffer ``index``."""
-
-    index: int
-    count: int
-    ranges: list[int]
 
 
 def weight(obj: Any) -> int:
@@ -123,15 +84,8 @@ class Encoding:
     ) -> None:
         self.encoder = encoder
         self.sidecar_names = sidecar
-        self.inline_threshold = inline_threshold
         self.check = check
-        self.buffers: list[memoryview] = []
-        self.sidecar: list[int] = []
-        # The chunks encoded so far, and their total size: one bytes object each, never
-        # one growing bytearray, whose reallocations copy it whole under the GIL.
-        self.bulk: list[bytes] = []
-        self.bulk_size = 0
-        self.bulk_index = -1
+        self.sent = SentBuffers(encoder, inline_threshold)
         self.timer = SliceTimer()
 
     def run(self, obj: Any) -> Sliced[Frame]:
@@ -145,10 +99,8 @@ class Encoding:
             ) from None
         yield
         header = self.encode(tree, None)
-        if self.bulk:
-            joined = yield from concatenated(self.bulk, self.bulk_size)
-            self.buffers[self.bulk_index] = memoryview(joined)
-        return Frame(header, tuple(self.buffers), frozenset(self.sidecar))
+        yield from self.sent.join_bulk()
+        return Frame(header, tuple(self.sent.buffers), frozenset(self.sent.sidecar))
 
     # -- the walk -----------------------------------------------------------------------
 
@@ -163,7 +115,7 @@ class Encoding:
         if kind in _SCALARS:
             return obj, (1 + len(obj) // 64 if kind is str else 1)
         if isinstance(obj, np.ndarray):
-            return self.array(obj, path, side), 1
+            return self.sent.array(obj, path, side), 1
         if isinstance(obj, msgspec.Struct):
             return (yield from self.struct(obj, path, side))
         if kind is dict:
@@ -171,7 +123,7 @@ class Encoding:
         if kind is list or kind is tuple:
             return (yield from self.sequence(obj, path, side))
         if isinstance(obj, bytes | bytearray | memoryview):
-            return self.bytes_value(obj, path, side)
+            return self.sent.bytes_value(obj, path, side)
         if isinstance(obj, np.generic):
             return _scalar(obj, path), 1
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -241,7 +193,7 @@ class Encoding:
         return (out if type(obj) is list else tuple(out)), total + 1
 
     def only_scalars(self, items: list[Any] | tuple[Any, ...]) -> Sliced[bool]:
-        """True if every item is a plain scalar, checked in C a slice of items at a time."""
+        """True if every item is a plain scalar, checked in C a group of items at a time."""
         for start in range(0, len(items), _SCAN):
             if not set(map(type, items[start : start + _SCAN])) <= _SCALAR_SET:
                 return False
@@ -282,17 +234,17 @@ class Encoding:
             per = max(1, CHUNK_WEIGHT // max(weight(first), 1))
             entries = iter(obj.items()) if is_map else None
             for a in range(0, n, per):
-                part = obj[a : a + per] if entries is None else dict(itertools.islice(entries, per))
-                ranges += self.encode_chunk(part, path, a)
+                group = obj[a : a + per] if entries is None else dict(islice(entries, per))
+                ranges += self.encode_chunk(group, path, a)
                 yield from self.tick()
         else:
             items: list[Any] = list(obj.items()) if is_map else list(obj)
             bounds = yield from self.bounds(items, is_map, path)
             for a, b in itertools.pairwise(bounds):
-                part = dict(items[a:b]) if is_map else items[a:b]
-                ranges += self.encode_chunk(part, path, a)
+                group = dict(items[a:b]) if is_map else items[a:b]
+                ranges += self.encode_chunk(group, path, a)
                 yield from self.tick()
-        ref = _ChunksRef(self.bulk_index, n, ranges)
+        ref = ChunksRef(self.sent.bulk_index, n, ranges)
         code = EXT_CHUNKED_MAP if is_map else EXT_CHUNKED_ARRAY
         return msgspec.msgpack.Ext(code, self.encoder.encode(ref))
 
@@ -318,20 +270,15 @@ class Encoding:
         bounds.append(len(items))
         return bounds
 
-    def encode_chunk(self, part: Any, path: KeyPath, offset: int) -> list[int]:
-        """Add ``part`` to the bulk buffer; its ``[start, end]``."""
-        if self.bulk_index < 0:
-            self.bulk_index = self.add_buffer(memoryview(b""), False)
+    def encode_chunk(self, group: Any, path: KeyPath, offset: int) -> list[int]:
+        """Encode ``group`` (a chunk's items) into the bulk buffer; its ``[start, end]``."""
         try:
-            chunk = self.encoder.encode(part)
+            chunk = self.encoder.encode(group)
         except (TypeError, ValueError, OverflowError) as exc:
-            tree = dict(enumerate(part, offset)) if isinstance(part, list | tuple) else part
+            tree = dict(enumerate(group, offset)) if isinstance(group, list | tuple) else group
             culprit = _find_unencodable(self.encoder, tree, path)
             raise EncodeError(f"{render_path(culprit)}: cannot encode: {exc}") from None
-        start = self.bulk_size
-        self.bulk.append(chunk)
-        self.bulk_size += len(chunk)
-        return [start, self.bulk_size]
+        return self.sent.add_chunk(chunk)
 
     def encode(self, tree: Any, path: KeyPath) -> bytes:
         """msgspec-encode ``tree``, naming the path of a value msgspec refuses."""
@@ -340,73 +287,6 @@ class Encoding:
         except (TypeError, ValueError, OverflowError) as exc:
             culprit = _find_unencodable(self.encoder, tree, path)
             raise EncodeError(f"{render_path(culprit)}: cannot encode: {exc}") from None
-
-    # -- buffers ----------------------------------------------------------------------
-
-    def add_buffer(self, view: memoryview, side: bool) -> int:
-        index = len(self.buffers)
-        self.buffers.append(view)
-        if side:
-            self.sidecar.append(index)
-        return index
-
-    def array(self, arr: np.ndarray, path: KeyPath, side: bool) -> msgspec.msgpack.Ext:
-        dtype = arr.dtype
-        if dtype not in _PLAIN_DTYPES:
-            _check_dtype(dtype, path)
-        if arr.flags.c_contiguous:
-            order, flat = "C", arr
-        elif arr.flags.f_contiguous:
-            order, flat = "F", arr.T
-        else:
-            order, flat = "C", np.ascontiguousarray(arr)
-        if side or arr.nbytes >= self.inline_threshold:
-            index = self.add_buffer(_byte_view(flat), side)
-            ref = _ArrayRef(index, dtype.str, arr.shape, order)  # type: ignore[arg-type]
-            return msgspec.msgpack.Ext(EXT_ARRAY, self.encoder.encode(ref))
-        inline = _InlineArray(dtype.str, arr.shape, order, flat.tobytes())  # type: ignore[arg-type]
-        return msgspec.msgpack.Ext(EXT_INLINE_ARRAY, self.encoder.encode(inline))
-
-    def bytes_value(
-        self, obj: bytes | bytearray | memoryview, path: KeyPath, side: bool
-    ) -> tuple[Any, int]:
-        view = memoryview(obj)
-        if not view.contiguous:
-            raise EncodeError(
-                f"{render_path(path)}: non-contiguous memoryview cannot be sent; "
-                "copy it with bytes() first"
-            )
-        if side or view.nbytes >= self.inline_threshold:
-            index = self.add_buffer(as_byte_view(view), side)
-            return msgspec.msgpack.Ext(EXT_BYTES, self.encoder.encode(_BytesRef(index))), 1
-        inline = obj if isinstance(obj, bytes | bytearray) else view.tobytes()
-        return inline, 1 + view.nbytes // 64
-
-
-def _byte_view(flat: np.ndarray) -> memoryview:
-    """The bytes of a contiguous array, without a copy."""
-    try:
-        return flat.data.cast("B")  # the quick way; not for empty or non-native long doubles
-    except (TypeError, ValueError):
-        return flat.reshape(-1).view(np.uint8).data
-
-
-# dtypes already checked: bool and numeric, no fields, no sub-arrays.
-_PLAIN_DTYPES: set[np.dtype[Any]] = set()
-
-
-def _check_dtype(dtype: np.dtype[Any], path: KeyPath) -> None:
-    if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
-        hint = (
-            " (object arrays would need pickle, which rlwire never uses)"
-            if dtype.kind == "O"
-            else ""
-        )
-        raise EncodeError(
-            f"{render_path(path)}: numpy arrays of dtype {dtype} are not "
-            f"supported; only bool and numeric dtypes are{hint}"
-        )
-    _PLAIN_DTYPES.add(dtype)
 
 
 def _scalar(obj: np.generic, path: KeyPath) -> Any:

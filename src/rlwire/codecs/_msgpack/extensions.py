@@ -1,0 +1,70 @@
+"""The msgpack extension values the codec writes in a header: their type codes and layouts.
+
+These are in the wire format (docs/format.md): each extension value's payload is a msgpack
+array with the fields below, in order.
+
+* ``1`` out-of-band array (:class:`ArrayRef`)
+* ``2`` inline array (:class:`InlineArray`), for arrays below the inline threshold
+* ``3`` out-of-band bytes (:class:`BytesRef`)
+* ``4`` / ``5`` chunked array / map (:class:`ChunksRef`), each chunk a msgpack array /
+  map in that buffer
+
+Example:
+    >>> msgspec.msgpack.encode(BytesRef(index=2))
+    b'\\x91\\x02'
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = [
+    "EXT_ARRAY",
+    "EXT_BYTES",
+    "EXT_CHUNKED_ARRAY",
+    "EXT_CHUNKED_MAP",
+    "EXT_INLINE_ARRAY",
+    "ArrayRef",
+    "BytesRef",
+    "ChunksRef",
+    "InlineArray",
+]
+
+EXT_ARRAY = 1
+EXT_INLINE_ARRAY = 2
+EXT_BYTES = 3
+EXT_CHUNKED_ARRAY = 4
+EXT_CHUNKED_MAP = 5
+
+
+class ArrayRef(msgspec.Struct, array_like=True):
+    """An array whose bytes are out-of-band buffer ``index``."""
+
+    index: int
+    dtype: str
+    shape: list[int]
+    order: str
+
+
+class InlineArray(msgspec.Struct, array_like=True):
+    """A small array whose bytes are in the header."""
+
+    dtype: str
+    shape: list[int]
+    order: str
+    data: bytes
+
+
+class BytesRef(msgspec.Struct, array_like=True):
+    """A bytes value that is out-of-band buffer ``index``."""
+
+    index: int
+
+
+class ChunksRef(msgspec.Struct, array_like=True):
+    """Where a chunked container's chunks are: ``count`` items in all, chunk ``i`` at
+    bytes ``ranges[2 i]`` to ``ranges[2 i + 1]`` of buffer ``index``."""
+
+    index: int
+    count: int
+    ranges: list[int]

@@ -1,0 +1,144 @@
+"""The out-of-band buffers of a received frame: what each extension value in its header
+becomes, with each buffer taken by one value at most.
+
+An array becomes a view over its buffer, out-of-band bytes a memoryview of theirs, and a
+chunked container a :class:`Chunked` placeholder, filled later; every reference and
+chunk table is checked against the buffers first.
+
+Example:
+    >>> import msgspec
+    >>> from rlwire.codecs._msgpack.extensions import EXT_BYTES, BytesRef
+    >>> received = ReceivedBuffers((memoryview(b"abc"),), writable=False)
+    >>> ref = memoryview(msgspec.msgpack.encode(BytesRef(0)))
+    >>> bytes(received.ext_hook(EXT_BYTES, ref))
+    b'abc'
+    >>> received.ext_hook(EXT_BYTES, ref)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    rlwire.CorruptFrameError: header refers to buffer 0 twice ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from rlwire._core.errors import CorruptFrameError
+from rlwire.codecs._msgpack.arrays import make_array
+from rlwire.codecs._msgpack.extensions import (
+    EXT_ARRAY,
+    EXT_BYTES,
+    EXT_CHUNKED_ARRAY,
+    EXT_CHUNKED_MAP,
+    EXT_INLINE_ARRAY,
+    ArrayRef,
+    BytesRef,
+    ChunksRef,
+    InlineArray,
+)
+
+__all__ = ["Chunked", "ReceivedBuffers"]
+
+_array_ref = msgspec.msgpack.Decoder(ArrayRef)
+_inline = msgspec.msgpack.Decoder(InlineArray)
+_bytes_ref = msgspec.msgpack.Decoder(BytesRef)
+_chunks_ref = msgspec.msgpack.Decoder(ChunksRef)
+
+
+class Chunked:
+    """A chunked container met in the header or in a chunk, before it is filled."""
+
+    __slots__ = ("is_map", "ref")
+
+    def __init__(self, is_map: bool, ref: ChunksRef) -> None:
+        self.is_map = is_map
+        self.ref = ref
+
+
+class ReceivedBuffers:
+    """The buffers of one frame, and the extension hook that hands them out."""
+
+    def __init__(self, buffers: Sequence[memoryview], writable: bool) -> None:
+        self.buffers = buffers
+        self.writable = writable
+        # Buffers referred to by arrays and bytes values: each may be referred to once,
+        # or a small header could have one large buffer copied many times. (A typed
+        # decode that fails and is tried again into builtins never took any: the types
+        # tried first hold no arrays or bytes, so msgspec never calls the hook.)
+        self.claimed: set[int] = set()
+        self.claim_log: list[int] = []  # the same, in order: a failed try is undone
+        # What the hook made since :meth:`count_from_zero`: the walk that looks for them
+        # stops once it has found them all, and is skipped if none.
+        self.chunked_made = 0
+        self.bytes_made = 0
+
+    def count_from_zero(self) -> None:
+        """Start counting the chunked containers and bytes values made anew."""
+        self.chunked_made = self.bytes_made = 0
+
+    def claims_mark(self) -> int:
+        """A mark to undo the claims made after it (:meth:`unclaim_since`)."""
+        return len(self.claim_log)
+
+    def unclaim_since(self, mark: int) -> None:
+        """Undo the claims made since ``mark``: a dropped decode may take them again."""
+        self.claimed.difference_update(self.claim_log[mark:])
+        del self.claim_log[mark:]
+
+    def ext_hook(self, code: int, data: memoryview) -> Any:
+        """msgspec's ``ext_hook``: the value an extension value stands for."""
+        try:
+            if code == EXT_ARRAY:
+                ref = _array_ref.decode(data)
+                buf = self._claim(ref.index)
+                return make_array(buf, ref.dtype, ref.shape, ref.order, self.writable)
+            if code == EXT_INLINE_ARRAY:
+                inl = _inline.decode(data)
+                return make_array(
+                    memoryview(inl.data), inl.dtype, inl.shape, inl.order, self.writable
+                )
+            if code == EXT_BYTES:
+                buf = self._claim(_bytes_ref.decode(data).index)
+                self.bytes_made += 1
+                return bytearray(buf) if self.writable and buf.readonly else buf
+            if code in (EXT_CHUNKED_ARRAY, EXT_CHUNKED_MAP):
+                self.chunked_made += 1
+                return self._chunked(code == EXT_CHUNKED_MAP, _chunks_ref.decode(data))
+        except msgspec.DecodeError as exc:
+            raise CorruptFrameError(f"header: malformed extension {code}: {exc}") from exc
+        raise CorruptFrameError(
+            f"header: unknown msgpack extension type {code} (written by a newer rlwire?)"
+        )
+
+    def buffer(self, index: int) -> memoryview:
+        """Buffer ``index``, which the header refers to."""
+        if not 0 <= index < len(self.buffers):
+            raise CorruptFrameError(
+                f"header refers to buffer {index} but the frame has {len(self.buffers)} buffers"
+            )
+        return self.buffers[index]
+
+    def _claim(self, index: int) -> memoryview:
+        buf = self.buffer(index)
+        if index in self.claimed:
+            raise CorruptFrameError(
+                f"header refers to buffer {index} twice (an array or bytes value may "
+                "have a buffer of its own only)"
+            )
+        self.claimed.add(index)
+        self.claim_log.append(index)
+        return buf
+
+    def _chunked(self, is_map: bool, ref: ChunksRef) -> Chunked:
+        buf = self.buffer(ref.index)
+        bounds = ref.ranges
+        if ref.count < 0 or len(bounds) % 2 or (ref.count and not bounds):
+            raise CorruptFrameError(f"chunked container: malformed chunk table {ref}")
+        for start, end in zip(bounds[::2], bounds[1::2], strict=True):
+            if not 0 <= start <= end <= buf.nbytes:
+                raise CorruptFrameError(
+                    f"chunked container: chunk {start}..{end} lies outside its "
+                    f"{buf.nbytes}-byte buffer"
+                )
+        return Chunked(is_map, ref)

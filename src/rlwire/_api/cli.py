@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
+import pkgutil
 import subprocess
 import sys
 import tempfile
@@ -171,12 +171,9 @@ def _load_type(spec: str) -> Any:
     if not module_name or not name:
         raise ConfigError(f"--type {spec!r}: expected module:Name, e.g. myproject.types:Rollout")
     try:
-        found: Any = importlib.import_module(module_name)
-        for part in name.split("."):
-            found = getattr(found, part)
+        return pkgutil.resolve_name(spec)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"--type {spec!r}: {exc}") from None
-    return found
 
 
 def _fields(obj: Any) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ Example:
     np.int64(28)
 """
 
+from rlwire._api.options import Integrity, Limits, Retention
 from rlwire._api.receiver import TrainingBatchReceiver, open_receiver
 from rlwire._api.schema import TrainingBatch, TrainingSample
 from rlwire._api.sender import TrainingBatchSender, open_sender
@@ -53,9 +54,12 @@ __all__ = [
     "EndOfStream",
     "Frame",
     "FrameTooLargeError",
+    "Integrity",
     "LagMonitor",
+    "Limits",
     "ReceiveStats",
     "ReceiveTimeout",
+    "Retention",
     "RlwireError",
     "SchemaError",
     "SendStats",

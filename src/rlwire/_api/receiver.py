@@ -6,11 +6,12 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Generic, TypedDict, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 from anyio import CapacityLimiter, to_thread
 from typing_extensions import Unpack
 
+from rlwire._api.options import Limits, LimitsKeywords, from_keywords
 from rlwire._api.schema import TrainingBatch, TrainingSample
 from rlwire._api.stats import ReceiveStats
 from rlwire._core.args import check_int, check_positive
@@ -24,7 +25,7 @@ from rlwire._core.errors import (
 )
 from rlwire._core.offload import drive_sliced, make_limiter, thread_count
 from rlwire._core.slicing import Sliced, run_sliced, timed
-from rlwire._frame.compression import DEFAULT_MAX_DECOMPRESSED, DEFAULT_MAX_RATIO, decompress_sliced
+from rlwire._frame.compression import decompress_sliced
 from rlwire._frame.frame import Frame
 from rlwire.codecs import Codec, get_codec
 from rlwire.transport import open_source
@@ -36,8 +37,8 @@ T = TypeVar("T")
 _NOTHING: Any = object()
 
 
-class ReceiverOptions(TypedDict, total=False):
-    """The keyword options of :func:`open_receiver` besides ``type``, for typing."""
+class ReceiverOptions(LimitsKeywords, total=False):
+    """The keyword options of :func:`open_receiver` besides ``type``, for its overloads."""
 
     start_step: int
     rank: int
@@ -45,8 +46,7 @@ class ReceiverOptions(TypedDict, total=False):
     writable: bool
     validate: bool
     verify: bool
-    max_decompressed_bytes: int
-    max_compression_ratio: float
+    limits: Limits | None
     limiter: CapacityLimiter | int | None
     record_consumed: bool
     storage_options: Mapping[str, Any] | None
@@ -70,11 +70,11 @@ def open_receiver(
     writable: bool = False,
     validate: bool = False,
     verify: bool = True,
-    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
-    max_compression_ratio: float = DEFAULT_MAX_RATIO,
+    limits: Limits | None = None,
     limiter: CapacityLimiter | int | None = None,
     record_consumed: bool = True,
     storage_options: Mapping[str, Any] | None = None,
+    **keywords: Unpack[LimitsKeywords],
 ) -> TrainingBatchReceiver[Any]:
     """Open a receiver for one data-parallel rank, reading steps in order.
 
@@ -90,14 +90,9 @@ def open_receiver(
         validate: validate received TrainingBatch / TrainingSample objects too.
         verify: check the header and every buffer against the checksums the sender
             recorded; a mismatch raises CorruptFrameError naming step, rank and buffer.
-        max_decompressed_bytes: refuse (FrameTooLargeError) a compressed message that
-            declares more than this many bytes once decompressed (default 16 GiB),
-            before allocating anything.
-        max_compression_ratio: refuse (FrameTooLargeError) a message that declares more
-            than this many times its stored size once decompressed (default 1024; any
-            message may reach 64 MiB): a stored message under 1 MB can never make a
-            receiver allocate more than 1 GiB. Raise it for data that compresses
-            better, such as steps of mostly zeros.
+        limits: the :class:`~rlwire.Limits` of what one message may make the receiver
+            allocate (``max_decompressed_bytes``, default 16 GiB, and
+            ``max_compression_ratio``, default 1024); beyond them, FrameTooLargeError.
         limiter: bounds the worker threads of the async methods, and the number of
             segments decompressed in parallel.
         record_consumed: on a store (files, fsspec), write this rank's consumption mark
@@ -106,6 +101,11 @@ def open_receiver(
             for a reader that must not hold the producer back (e.g. an evaluation job
             reading rank 0 beside the trainer).
         storage_options: options for the source, as for :func:`open_sender`.
+        keywords: ``max_decompressed_bytes`` and ``max_compression_ratio`` may also be
+            given flat, as in earlier versions.
+
+    Raises:
+        ConfigError: an invalid option or URL, or a flat keyword beside ``limits=``.
 
     Example:
         >>> import rlwire, tempfile
@@ -115,9 +115,8 @@ def open_receiver(
     """
     check_int(start_step, "start_step")
     check_int(rank, "rank")
-    check_int(max_decompressed_bytes, "max_decompressed_bytes")
+    limits = from_keywords(Limits, limits, keywords, parameter="limits", function="open_receiver")
     check_positive(poll_interval, "poll_interval")
-    check_positive(max_compression_ratio, "max_compression_ratio")
     return TrainingBatchReceiver(
         open_source(
             url,
@@ -134,8 +133,7 @@ def open_receiver(
         rank=rank,
         validate=validate,
         writable=writable,
-        max_decompressed_bytes=max_decompressed_bytes,
-        max_compression_ratio=max_compression_ratio,
+        limits=limits,
         limiter=limiter,
         record_consumed=record_consumed,
     )
@@ -159,16 +157,17 @@ class TrainingBatchReceiver(Generic[T]):
         rank: int | None = None,
         validate: bool = False,
         writable: bool = False,
-        max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
-        max_compression_ratio: float = DEFAULT_MAX_RATIO,
+        limits: Limits | None = None,
         limiter: CapacityLimiter | int | None = None,
         record_consumed: bool = True,
+        **keywords: Unpack[LimitsKeywords],
     ) -> None:
         self._source = source
         self._rank = rank
         self._codecs: dict[str, Codec] = {}
-        self._max_decompressed = max_decompressed_bytes
-        self._max_ratio = max_compression_ratio
+        self._limits = from_keywords(
+            Limits, limits, keywords, parameter="limits", function="TrainingBatchReceiver"
+        )
         self._type = type
         self._next_step = start_step
         self._step: int | None = None
@@ -272,8 +271,8 @@ class TrainingBatchReceiver(Generic[T]):
             frame = yield from timed(
                 decompress_sliced(
                     frame,
-                    max_bytes=self._max_decompressed,
-                    max_ratio=self._max_ratio,
+                    max_bytes=self._limits.max_decompressed_bytes,
+                    max_ratio=self._limits.max_compression_ratio,
                     threads=thread_count(self._limiter),
                 ),
                 seconds,

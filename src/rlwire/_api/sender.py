@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -9,7 +10,15 @@ from typing import Any
 
 import anyio
 from anyio import CapacityLimiter, to_thread
+from typing_extensions import Unpack
 
+from rlwire._api.options import (
+    Integrity,
+    Retention,
+    RetentionKeywords,
+    SenderKeywords,
+    from_keywords,
+)
 from rlwire._api.schema import check_object
 from rlwire._api.stats import SendStats
 from rlwire._checks.checks import Checks
@@ -40,15 +49,14 @@ def open_sender(
     sidecar: Iterable[str] | str | None = None,
     on_existing: OnExisting = "error",
     start_step: int | None = None,
-    keep_last: int | None = None,
-    max_ahead: int | None = None,
-    fsync: bool = False,
-    checksum: bool = True,
+    retention: Retention | None = None,
+    integrity: Integrity | None = None,
     limiter: CapacityLimiter | int | None = None,
     inline_threshold: int | None = None,
     validate: bool | Checks = True,
     storage_options: Mapping[str, Any] | None = None,
     on_stats: Callable[[SendStats], object] | None = None,
+    **keywords: Unpack[SenderKeywords],
 ) -> TrainingBatchSender:
     """Open a sender that writes one message per step to ``url``.
 
@@ -76,20 +84,13 @@ def open_sender(
         start_step: the step to send first (default: 0, or after the last stored step
             with ``"resume"``); required by ``"truncate"``. On ZeroMQ, receivers opened
             with the same ``start_step`` accept it.
-        keep_last: on a store (files, fsspec), delete a step once every rank's
-            receiver has moved past it (asked for a later step; see
-            ``open_receiver(record_consumed=)``) and it is not among the newest
-            ``keep_last``; a step some rank has not moved past is never deleted. The
-            ranks are those of each send (``len(objs)`` for ``send_ranks``, 1 for
-            ``send``).
-        max_ahead: on a store, make each send wait, with the event loop free, while
-            the step to send is more than ``max_ahead`` steps ahead of the slowest
-            rank's receiver (a rank that recorded nothing yet counts as being at the
-            sender's first step). Bound the wait with ``anyio.fail_after``: a cancelled
-            wait sends nothing.
-        fsync: make each step durable before it becomes visible.
-        checksum: record an xxh3-64 checksum of the header and of every buffer, which
-            receivers verify (about 40 GB/s; switch off only to measure its cost).
+        retention: a :class:`~rlwire.Retention`: on a store (files, fsspec), delete
+            steps every rank's receiver has moved past beyond the newest ``keep_last``,
+            and make sends wait while more than ``max_ahead`` steps ahead of the
+            slowest rank. Default: keep everything, never wait.
+        integrity: an :class:`~rlwire.Integrity`: record checksums (``checksum``,
+            default on) and make each step durable before it is visible (``fsync``,
+            default off).
         limiter: the CapacityLimiter (or its size) that bounds the worker threads doing
             encoding and I/O; share one between senders to bound them together.
         inline_threshold: arrays and bytes smaller than this many bytes stay in the
@@ -105,11 +106,14 @@ def open_sender(
         on_stats: called in the event loop with the :class:`~rlwire.SendStats` of each
             step once it is sent (also ``sender.last_stats``); what it raises, ``send``
             raises, after the step was sent.
+        keywords: ``keep_last``, ``max_ahead``, ``checksum`` and ``fsync`` may also be
+            given flat, as in earlier versions: ``open_sender(url, keep_last=4)`` is
+            ``open_sender(url, retention=Retention(keep_last=4))``.
 
     Raises:
         ConfigError: an unknown codec, compression or URL scheme (the message lists the
-            known ones), an option the codec or sink does not take, or a missing
-            optional dependency.
+            known ones), an option the codec or sink does not take, a missing optional
+            dependency, or a flat keyword given beside the group it belongs to.
 
     Returns:
         A :class:`TrainingBatchSender`; use it as ``async with``.
@@ -122,6 +126,9 @@ def open_sender(
         >>> anyio.run(main, tempfile.mkdtemp())
         0
     """
+    group = functools.partial(from_keywords, keywords=keywords, function="open_sender")
+    retention = group(Retention, retention, parameter="retention", others=(Integrity,))
+    integrity = group(Integrity, integrity, parameter="integrity", others=(Retention,))
     if not isinstance(validate, bool | Checks):
         raise ConfigError(f"validate must be True, False or a rlwire.Checks, got {validate!r}")
     options = {"sidecar": sidecar, "inline_threshold": inline_threshold}
@@ -133,14 +140,17 @@ def open_sender(
     return TrainingBatchSender(
         open_sink(
             url,
-            SinkOptions(fsync=fsync, checksum=checksum, storage_options=storage_options or {}),
+            SinkOptions(
+                fsync=integrity.fsync,
+                checksum=integrity.checksum,
+                storage_options=storage_options or {},
+            ),
         ),
         made,
         compression=Compressor.parse(compression),
         on_existing=on_existing,
         start_step=start_step,
-        keep_last=keep_last,
-        max_ahead=max_ahead,
+        retention=retention,
         limiter=limiter,
         checks=validate if isinstance(validate, Checks) else None,
         on_stats=on_stats,
@@ -195,11 +205,11 @@ class TrainingBatchSender:
         compression: Compressor | None = None,
         on_existing: OnExisting = "error",
         start_step: int | None = None,
-        keep_last: int | None = None,
-        max_ahead: int | None = None,
+        retention: Retention | None = None,
         limiter: CapacityLimiter | int | None = None,
         checks: Checks | None = None,
         on_stats: Callable[[SendStats], object] | None = None,
+        **keywords: Unpack[RetentionKeywords],
     ) -> None:
         if on_existing not in ("error", "resume", "truncate", "overwrite"):
             raise ConfigError(
@@ -214,20 +224,15 @@ class TrainingBatchSender:
                 "deleted (for a restart from a checkpoint at step N, start_step=N)"
             )
         self._start_step = start_step
-        if keep_last is not None:
-            check_int(keep_last, "keep_last", low=1)
-        if max_ahead is not None:
-            check_int(max_ahead, "max_ahead")
-        if (keep_last is not None or max_ahead is not None) and (
-            type(sink).consumed is Sink.consumed
-        ):
+        self._retention = from_keywords(
+            Retention, retention, keywords, parameter="retention", function="TrainingBatchSender"
+        )
+        if self._retention.active and type(sink).consumed is Sink.consumed:
             raise ConfigError(
                 f"keep_last and max_ahead need a store that records what receivers "
                 f"consumed (files, fsspec); {sink!r} does not (ZeroMQ has its own "
                 "backpressure: the storage option 'hwm')"
             )
-        self._keep_last = keep_last
-        self._max_ahead = max_ahead
         self._sink = sink
         self._codec = codec
         self._compressor = compression
@@ -342,7 +347,7 @@ class TrainingBatchSender:
             # Each rank is validated and encoded when the sink is ready to write it, so
             # only one rank's encoded message is held at a time.
             clock = _SendClock(len(objs))
-            if self._keep_last is not None or self._max_ahead is not None:
+            if self._retention.active:
                 await self._make_room(step, len(objs))
                 clock.waited = time.perf_counter() - clock.start
             frames = [self._encode(obj, step, rank, clock) for rank, obj in enumerate(objs)]
@@ -379,19 +384,20 @@ class TrainingBatchSender:
     async def _make_room(self, step: int, ranks: int) -> None:
         """Wait while ``step`` is more than ``max_ahead`` steps ahead of the slowest
         rank, then delete the steps ``keep_last`` lets go."""
+        keep_last, max_ahead = self._retention.keep_last, self._retention.max_ahead
         delay = 0.005
         while True:
             marks = await to_thread.run_sync(
                 self._sink.consumed, ranks, step, limiter=self._limiter
             )
             slowest = min(self._first_step if m is None else m for m in marks)
-            if self._max_ahead is None or step - slowest <= self._max_ahead:
+            if max_ahead is None or step - slowest <= max_ahead:
                 break
             await anyio.sleep(delay)  # the receivers' marks are polled, not pushed
             delay = min(delay * 2, 0.25)
-        if self._keep_last is not None and None not in marks:
+        if keep_last is not None and None not in marks:
             # A rank with no mark has moved past nothing, as far as anyone can tell.
-            below = min(slowest, step + 1 - self._keep_last)
+            below = min(slowest, step + 1 - keep_last)
             if below > self._pruned:
                 await to_thread.run_sync(self._sink.prune, below, limiter=self._limiter)
                 self._pruned = below

@@ -33,7 +33,7 @@ RECEIVER = textwrap.dedent("""
                 assert a.routed_experts.tobytes() == b.routed_experts.tobytes()
                 assert a.token_ids.tobytes() == b.token_ids.tobytes()
                 assert a.logprobs.tobytes() == b.logprobs.tobytes()
-            print(receiver.step, flush=True)
+            print(receiver.last_step, flush=True)
 """)
 
 SENDER = textwrap.dedent("""

@@ -1,10 +1,26 @@
-"""TrainingBatchReceiver: a source and a codec, with sync and async faces over one core."""
+"""TrainingBatchReceiver: a source and a codec, with sync and async faces over one core.
+
+The rule for sync and async faces, everywhere in rlwire:
+
+* The awaitable twin of a blocking method has the same name with an ``a`` prefix:
+  ``receive`` / ``areceive``, ``close`` / ``aclose``; ``wait_next`` / ``await_next``
+  (the ``a`` of ``await``). Iteration and context managers come in both forms too
+  (``for`` / ``async for``, ``with`` / ``async with``).
+* One object offers both faces where it can: a receiver owns no event loop, its work is
+  a sliced generator that the blocking methods run in the calling thread and the
+  awaitable ones in worker threads, so both share one core and can be mixed.
+* A sender owns its event loop's resources (its sink, its lock, the tasks of a send), so
+  its blocking face is a separate object with the same method names, made by
+  ``open_sync_sender`` and running the async sender on a thread of its own, as httpx
+  has ``Client`` beside ``AsyncClient``.
+"""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any, Generic, TypeVar, overload
 
@@ -14,6 +30,7 @@ from typing_extensions import Unpack
 from rlwire._api.options import Limits, LimitsKeywords, from_keywords
 from rlwire._api.schema import TrainingBatch, TrainingSample
 from rlwire._api.stats import ReceiveStats
+from rlwire._checks.checks import Checks
 from rlwire._core.args import check_int, check_positive
 from rlwire._core.errors import (
     ClosedError,
@@ -44,7 +61,7 @@ class ReceiverOptions(LimitsKeywords, total=False):
     rank: int
     poll_interval: float
     writable: bool
-    validate: bool
+    validate: bool | Checks
     verify: bool
     limits: Limits | None
     limiter: CapacityLimiter | int | None
@@ -68,7 +85,7 @@ def open_receiver(
     rank: int = 0,
     poll_interval: float = 0.01,
     writable: bool = False,
-    validate: bool = False,
+    validate: bool | Checks = False,
     verify: bool = True,
     limits: Limits | None = None,
     limiter: CapacityLimiter | int | None = None,
@@ -87,7 +104,11 @@ def open_receiver(
         poll_interval: seconds between checks while waiting for a step (object stores
             back off from this up to a second; sockets are woken, not polled).
         writable: return writable arrays (copy-on-write mappings, still no copy).
-        validate: validate received TrainingBatch / TrainingSample objects too.
+        validate: checks of the received values, as the sender's ``validate``:
+            ``False`` (default): none; ``True``: rlwire's own rules for a received
+            :class:`~rlwire.TrainingBatch` or :class:`~rlwire.TrainingSample`; or a
+            :class:`~rlwire.Checks` for any type, run on each object as it is decoded
+            (in the same slices), with rlwire's own rules still applied as well.
         verify: check the header and every buffer against the checksums the sender
             recorded; a mismatch raises CorruptFrameError naming step, rank and buffer.
         limits: the :class:`~rlwire.Limits` of what one message may make the receiver
@@ -155,7 +176,7 @@ class TrainingBatchReceiver(Generic[T]):
         *,
         start_step: int = 0,
         rank: int | None = None,
-        validate: bool = False,
+        validate: bool | Checks = False,
         writable: bool = False,
         limits: Limits | None = None,
         limiter: CapacityLimiter | int | None = None,
@@ -171,12 +192,15 @@ class TrainingBatchReceiver(Generic[T]):
         self._type = type
         self._next_step = start_step
         self._step: int | None = None
+        if not isinstance(validate, bool | Checks):
+            raise ConfigError(f"validate must be True, False or a rlwire.Checks, got {validate!r}")
         self._validate = validate
+        self._names_checked = False  # Checks names are matched against the first object only
         self._writable = writable
         self._limiter = make_limiter(limiter)
         self._mutex = threading.Lock()
         self._closed = False
-        self._peeked: tuple[int, Frame] | None = None  # read by wait(), not yet decoded
+        self._peeked: tuple[int, Frame] | None = None  # read by wait_next(), not yet decoded
         self._read_seconds = 0.0  # of the last read
         self._record_consumed = record_consumed
         # The step last written to this rank's consumption mark: nothing to write until
@@ -188,8 +212,19 @@ class TrainingBatchReceiver(Generic[T]):
         return f"TrainingBatchReceiver({self._source!r}, next_step={self._next_step})"
 
     @property
+    def last_step(self) -> int | None:
+        """The step of the object last returned, or ``None`` before the first (as the
+        sender's ``last_step`` is the step it last sent)."""
+        return self._step
+
+    @property
     def step(self) -> int | None:
-        """The step of the object last returned, or ``None`` before the first."""
+        """Deprecated: :attr:`last_step`."""
+        warnings.warn(
+            "receiver.step is deprecated: use receiver.last_step",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self._step
 
     @property
@@ -218,8 +253,7 @@ class TrainingBatchReceiver(Generic[T]):
             seconds = {"read": self._read_seconds, "decompress": 0.0, "decode": 0.0}
             try:
                 obj = yield from self._decode(frame, seconds)
-                if self._validate and isinstance(obj, TrainingBatch | TrainingSample):
-                    obj.validate(f"step {step}")
+                yield from self._check(obj, step)
             except RlwireError as exc:
                 # A stored message can be read again, or skipped; one a socket has handed
                 # over is gone, and waiting for it again would only report a gap.
@@ -241,6 +275,14 @@ class TrainingBatchReceiver(Generic[T]):
                 total_seconds=total,
             )
             return obj
+
+    def _check(self, obj: Any, step: int) -> Sliced[None]:
+        """Validate ``obj`` as ``validate=`` asks, in slices."""
+        if isinstance(self._validate, Checks):
+            yield from self._validate.validate_sliced(obj, check_names=not self._names_checked)
+            self._names_checked = True
+        if self._validate is not False and isinstance(obj, TrainingBatch | TrainingSample):
+            obj.validate(f"step {step}")
 
     def _read(self) -> tuple[int, Frame] | None:
         """The next step's frame if it has arrived (call with the mutex held)."""
@@ -312,7 +354,9 @@ class TrainingBatchReceiver(Generic[T]):
         Raises:
             CorruptFrameError: the stored message is truncated or garbled.
             DecodeError: the message does not match ``type``.
-            SchemaError: ``validate=True`` and the batch is invalid.
+            SchemaError: ``validate`` is on and the object breaks a rule.
+            ConfigError: a :class:`~rlwire.Checks` name matches no field of the first
+                object received.
             EndOfStream: the sender finished the stream before the next step.
             StepGapError: a stream source (ZeroMQ) lost a message; the next call returns
                 the message after the gap.
@@ -351,7 +395,7 @@ class TrainingBatchReceiver(Generic[T]):
                 return obj  # type: ignore[no-any-return]
             await self._source.await_message(self._left(deadline, timeout))
 
-    def wait(self, timeout: float | None = None) -> bool:
+    def wait_next(self, timeout: float | None = None) -> bool:
         """Wait until the next step can be received, without receiving it.
 
         Returns:
@@ -365,7 +409,7 @@ class TrainingBatchReceiver(Generic[T]):
         Example:
             >>> import rlwire, tempfile
             >>> with rlwire.open_receiver(tempfile.mkdtemp()) as receiver:
-            ...     receiver.wait(timeout=0.01)
+            ...     receiver.wait_next(timeout=0.01)
             False
         """
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -376,9 +420,18 @@ class TrainingBatchReceiver(Generic[T]):
             self._source.wait(remaining)
         return True
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Deprecated: :meth:`wait_next`."""
+        warnings.warn(
+            "receiver.wait() is deprecated: use receiver.wait_next()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.wait_next(timeout)
+
     async def await_next(self, timeout: float | None = None) -> bool:
-        """:meth:`wait` without blocking the event loop (``await`` itself is a keyword,
-        so the async twin is not ``a``-prefixed like :meth:`areceive`)."""
+        """:meth:`wait_next` without blocking the event loop: the peek runs in a worker
+        thread."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not await to_thread.run_sync(self._peek, limiter=self._limiter):
             remaining = self._remaining(deadline)

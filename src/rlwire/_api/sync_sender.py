@@ -1,4 +1,9 @@
-"""SyncSender: a TrainingBatchSender for synchronous code, on a private event-loop thread."""
+"""SyncSender: a TrainingBatchSender for synchronous code, on a private event-loop thread.
+
+A sender's blocking face is a separate object with the same method names (``send``,
+``send_ranks``, ``finish``, ``close``), as httpx's ``Client`` beside ``AsyncClient``; a
+receiver offers both faces itself. The rule is written out in :mod:`rlwire._api.receiver`.
+"""
 
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ class SinkContract:
             tg.start_soon(send_all)
             for i, batch in enumerate(batches):
                 assert_batches_equal(await receivers[0].areceive(timeout=TIMEOUT), batch)
-                assert receivers[0].step == i
+                assert receivers[0].last_step == i
 
     async def test_each_rank_gets_its_own_payload(
         self,
@@ -156,7 +156,7 @@ class SinkContract:
             await anyio.sleep(0.3)
             with open_receiver(sink_url, storage_options=receiver_options) as receiver:
                 assert_batches_equal(await receiver.areceive(timeout=TIMEOUT), batch)
-                assert receiver.step == 0
+                assert receiver.last_step == 0
 
     @pytest.mark.parametrize(
         "options",
@@ -387,10 +387,10 @@ class SinkContract:
         async with anyio.create_task_group() as tg:
             tg.start_soon(send_one)
             assert await receiver.await_next(timeout=TIMEOUT)
-            assert receiver.step is None and receiver.next_step == 0
+            assert receiver.last_step is None and receiver.next_step == 0
             assert await receiver.await_next(timeout=0)  # still there, still not taken
             assert_batches_equal(receiver.poll(), batch)  # type: ignore[arg-type]
-        assert receiver.step == 0 and not receiver.wait(timeout=0.05)
+        assert receiver.last_step == 0 and not receiver.wait_next(timeout=0.05)
 
     async def test_a_finished_stream_resumes(
         self,
@@ -407,7 +407,7 @@ class SinkContract:
             with pytest.raises(EndOfStream):  # started beyond the end
                 late.receive(timeout=TIMEOUT)
             with pytest.raises(EndOfStream):
-                late.wait(timeout=0)
+                late.wait_next(timeout=0)
         with pytest.raises(StepExistsError):
             async with open_sender(sink_url, storage_options=sender_options):
                 pass
@@ -455,7 +455,7 @@ class SinkContract:
         async def take(rank: int, count: int) -> None:
             for _ in range(count):
                 await receivers[rank].areceive(timeout=TIMEOUT)
-            receivers[rank].wait(timeout=0)  # looks for the next step: moves past
+            receivers[rank].wait_next(timeout=0)  # looks for the next step: moves past
 
         async with sender:
             for s in range(3):
@@ -498,7 +498,7 @@ class SinkContract:
             async def move_on() -> None:
                 await anyio.sleep(0.2)
                 await receivers[0].areceive(timeout=TIMEOUT)  # step 0
-                receivers[0].wait(timeout=0)  # looks for step 1: moves past step 0
+                receivers[0].wait_next(timeout=0)  # looks for step 1: moves past step 0
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(move_on)

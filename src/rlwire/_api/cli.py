@@ -24,7 +24,7 @@ from rlwire._api.schema import TrainingBatch
 from rlwire._api.sender import open_sender
 from rlwire._api.synthetic import assert_batches_equal, make_batch
 from rlwire._core.errors import ConfigError, RlwireError
-from rlwire._core.offload import LagMonitor, percentile
+from rlwire._core.lag import LagMonitor, percentile
 
 __all__ = ["main"]
 

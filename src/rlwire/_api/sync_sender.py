@@ -19,7 +19,8 @@ from typing import Any, ParamSpec, TypeVar
 import anyio
 from anyio.from_thread import BlockingPortal
 
-from rlwire._api.sender import TrainingBatchSender, open_sender
+from rlwire._api.batch_sender import TrainingBatchSender
+from rlwire._api.sender import open_sender
 from rlwire._api.stats import SendStats
 from rlwire._core.errors import ClosedError
 from rlwire.transport._base import Sink

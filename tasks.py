@@ -69,7 +69,19 @@ def main() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
         run(PYTHON, "-m", "chaos.run", *extra)
     else:
-        run(BIN / "rlwire", "bench", *extra)
+        os.environ["PYTHONPATH"] = bench_path()
+        run(*bench_command(PYTHON, extra))
+
+
+def bench_path() -> str:
+    """PYTHONPATH for the benchmark suite: this checkout's src first, then the checkout."""
+    return os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+
+
+def bench_command(python: str | Path, extra: list[str]) -> list[str | Path]:
+    """The benchmark suite's command line: benchmarks/suite.py, whose directory Python puts
+    first on sys.path (its scripts import each other by file name), run by ``python``."""
+    return [python, ROOT / "benchmarks" / "suite.py", *extra]
 
 
 if __name__ == "__main__":

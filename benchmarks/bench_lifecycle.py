@@ -61,7 +61,7 @@ async def steps_seconds(root: Path, args: argparse.Namespace, *, retention: bool
                 await sender.send_ranks(per_rank)
                 for receiver in receivers:
                     receiver.receive(timeout=10)
-                    receiver.wait(timeout=0)
+                    receiver.wait_next(timeout=0)
             took = time.perf_counter() - began
         if retention:
             assert len(list(path.glob("step-*.rank-0000.rlw"))) <= 2

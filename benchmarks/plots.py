@@ -1,5 +1,5 @@
-"""Charts of a benchmark run (``rlwire bench --plot DIR``): how each cost grows with the
-step size.
+"""Charts of a benchmark run (``python3 tasks.py bench --plot DIR``): how each cost grows
+with the step size.
 
 One PNG per measure (time, worst event-loop stall, peak extra memory), one panel per
 operation kind (sends, receives), one line per sink and event loop, the step size in GB
@@ -10,21 +10,25 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
-
-if TYPE_CHECKING:
-    from suite import Ratio
+from ratio import TARGET_PEAK_MB, TARGET_STALL_MS, Ratio  # beside this file
 
 #: (file name, title, the Ratio attribute plotted, its unit, target line or None)
 MEASURES = (
     ("time.png", "rlwire's time per operation", "rlwire_ms", "ms", None),
-    ("stall.png", "worst event-loop stall during the operation", "worst_stall_ms", "ms", 2.0),
-    ("memory.png", "peak extra memory during the operation", "peak_mb", "MB", 64.0),
+    (
+        "stall.png",
+        "worst event-loop stall during the operation",
+        "worst_stall_ms",
+        "ms",
+        TARGET_STALL_MS,
+    ),
+    ("memory.png", "peak extra memory during the operation", "peak_mb", "MB", TARGET_PEAK_MB),
 )
 
 

@@ -26,15 +26,16 @@ medians; the range is over the samples.
 
 It shows a progress bar while it runs; ``--plot DIR`` also draws, from the same run, how
 each row's time, worst stall and peak memory grow with the step size (``plots.py``).
-``rlwire bench`` runs it from a source checkout; ``python3 tasks.py bench`` calls that.
+It needs the source checkout (these scripts), so it is a task of ``tasks.py``, not a
+command of the installed package.
 
 Usage::
 
-    rlwire bench                                    # every size, asyncio and trio
-    rlwire bench --quick                            # 0.1 GB only, a few minutes
-    rlwire bench --sizes 0.1,0.8 --sinks file,zmq-ipc --json out.json
-    rlwire bench --json out.json --plot docs/plots  # the table and its charts, one run
-    rlwire bench --from-json out.json --plot DIR    # an earlier run's table and charts
+    python3 tasks.py bench                                    # every size, asyncio and trio
+    python3 tasks.py bench --quick                            # 0.1 GB only, a few minutes
+    python3 tasks.py bench --sizes 0.1,0.8 --sinks file,zmq-ipc --json out.json
+    python3 tasks.py bench --json out.json --plot docs/plots  # the table and its charts
+    python3 tasks.py bench --from-json out.json --plot DIR    # an earlier run's, again
 """
 
 from __future__ import annotations
@@ -53,7 +54,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ratio import Ratio  # beside this file
+
 HERE = Path(__file__).resolve().parent
+#: How a run is started, as its results record it.
+COMMAND = "python3 tasks.py bench"
 SIZES_GB = (0.1, 0.4, 0.8, 1.6, 3.2)
 SINKS = ("file", "file-small", "zmq-tcp", "zmq-ipc", "s3", "user-types")
 BACKENDS = ("asyncio", "trio")
@@ -64,8 +69,6 @@ LARGE_TOKENS = 8192
 SMALL_SAMPLES = 8000
 #: bench_user_types.py's default step (256 samples x 8,192 tokens, 8 ranks), in GB.
 USER_TYPES_GB = 0.88
-TARGET_STALL_MS = 2.0
-TARGET_PEAK_MB = 64.0
 
 
 @dataclass
@@ -81,45 +84,6 @@ class Job:
     @property
     def name(self) -> str:
         return f"{self.sink} {self.backend} {self.size_gb:g} GB"
-
-
-@dataclass
-class Ratio:
-    """One row of the table: an rlwire operation against its baseline."""
-
-    sink: str
-    backend: str
-    size_gb: float
-    operation: str
-    rlwire_ms: float
-    baseline: str
-    baseline_ms: float
-    ratio: float  # time ratio, or throughput ratio where ``higher_is_better``
-    ratio_range: tuple[float, float]
-    target: float
-    higher_is_better: bool
-    worst_stall_ms: float | None
-    p99_stall_ms: float | None
-    peak_mb: float | None
-
-    @property
-    def met_time(self) -> bool:
-        return self.ratio >= self.target if self.higher_is_better else self.ratio <= self.target
-
-    @property
-    def met_stall(self) -> bool:
-        return self.worst_stall_ms is None or self.worst_stall_ms <= TARGET_STALL_MS
-
-    @property
-    def met_memory(self) -> bool | None:
-        """None where no memory target applies (receives map the files they read)."""
-        if self.peak_mb is None or "send" not in self.operation:
-            return None
-        return self.peak_mb <= TARGET_PEAK_MB
-
-    @property
-    def met(self) -> bool:
-        return self.met_time and self.met_stall and self.met_memory is not False
 
 
 def jobs(args: argparse.Namespace) -> list[Job]:
@@ -307,7 +271,7 @@ def machine() -> dict[str, Any]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="rlwire bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n")[0])
     p.add_argument("--sizes", help="step sizes in GB, comma-separated (default all)")
     p.add_argument("--sinks", help=f"comma-separated, of {', '.join(SINKS)} (default all)")
     p.add_argument("--backends", default="asyncio,trio")
@@ -401,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         results = json.loads(Path(args.from_json).read_text())
     else:
-        results = run_all(args, " ".join(["rlwire bench", *argv]))
+        results = run_all(args, " ".join([COMMAND, *argv]))
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     found = [Ratio(**_fields_of(r)) for r in results["ratios"]]
     mach = results["machine"]

@@ -83,7 +83,7 @@ def train(path: str, rank: int, seen: list[str]) -> None:
     """A synchronous trainer: for every step, its rank's micro-batches, typed."""
     with rlwire.open_receiver(path, rank=rank, type=list[MicroBatch]) as receiver:
         for micro_batches in receiver:  # ends at the producer's finish()
-            step = receiver.step
+            step = receiver.last_step
             assert micro_batches == [micro_batch(step, rank, i) for i in range(MICRO_BATCHES)]
             tokens = sum(len(mb.input_ids) for mb in micro_batches)
             seen.append(

@@ -52,7 +52,7 @@ def trainer(path: str) -> None:
     with rlwire.open_receiver(path, start_step=CHECKPOINT, type=dict) as receiver:
         for batch in receiver:
             assert batch["run"] == "restarted", batch["run"]
-            assert batch["step"] == receiver.step
+            assert batch["step"] == receiver.last_step
             print(f"trainer: step {batch['step']} from the {batch['run']} run")
 
 

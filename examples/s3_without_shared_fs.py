@@ -56,7 +56,7 @@ def produce(url: str, storage: dict[str, object]) -> None:
 def train(url: str, storage: dict[str, object], rank: int) -> None:
     with rlwire.open_receiver(url, rank=rank, storage_options=storage, type=dict) as receiver:
         for batch in receiver:  # ends at the producer's finish()
-            want = payload(receiver.step or 0, rank)
+            want = payload(receiver.last_step or 0, rank)
             assert np.array_equal(batch["routed_experts"], want["routed_experts"])
             print(f"trainer {rank}: step {batch['step']}", flush=True)
 

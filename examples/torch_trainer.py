@@ -73,7 +73,7 @@ def train(path: str) -> None:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            print(f"step {receiver.step}: {tuple(ids.shape)} tokens, loss {loss.item():+.4f}")
+            print(f"step {receiver.last_step}: {tuple(ids.shape)} tokens, loss {loss.item():+.4f}")
 
 
 def main() -> None:

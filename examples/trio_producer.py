@@ -54,12 +54,13 @@ async def produce(path: str) -> None:
 async def train(path: str) -> None:
     with rlwire.open_receiver(path) as receiver:
         async for batch in receiver:  # ends at the producer's finish()
-            want = make_batch(receiver.step or 0)
+            want = make_batch(receiver.last_step or 0)
             for got, sent in zip(batch.samples, want.samples, strict=True):
                 assert np.array_equal(got.routed_experts, sent.routed_experts)
                 assert np.array_equal(got.advantages, sent.advantages)
             tokens = sum(len(s.token_ids) for s in batch.samples)
-            print(f"trained on step {receiver.step}: {len(batch.samples)} samples, {tokens} tokens")
+            step, samples = receiver.last_step, len(batch.samples)
+            print(f"trained on step {step}: {samples} samples, {tokens} tokens")
 
 
 async def main() -> None:

@@ -40,9 +40,11 @@ def trainer(url: str, rank: int) -> None:
     """One trainer process: connect, receive every step of its rank, check it."""
     with rlwire.open_receiver(url, rank=rank) as receiver:
         for batch in receiver:  # ends when the producer calls finish()
-            want = payload(receiver.step or 0, rank)
+            want = payload(receiver.last_step or 0, rank)
             assert np.array_equal(batch.samples[0].routed_experts, want.samples[0].routed_experts)
-            print(f"rank {rank}: step {receiver.step}, {len(batch.samples)} samples", flush=True)
+            print(
+                f"rank {rank}: step {receiver.last_step}, {len(batch.samples)} samples", flush=True
+            )
 
 
 async def produce() -> None:

@@ -18,7 +18,7 @@ with rlwire.open_receiver(PATH) as receiver:
         trained = sum(int(s.mask.sum()) for s in batch.samples)
         experts = batch.samples[0].routed_experts  # a view of the file: nothing copied
         print(
-            f"step {receiver.step}: {len(batch.samples)} samples, {tokens} tokens "
+            f"step {receiver.last_step}: {len(batch.samples)} samples, {tokens} tokens "
             f"({trained} trained on), routed_experts {experts.dtype} {experts.shape}",
             flush=True,
         )

@@ -12,9 +12,12 @@ Example:
     np.int64(28)
 """
 
-from rlwire._api.receiver import TrainingBatchReceiver, open_receiver
+from rlwire._api.batch_receiver import TrainingBatchReceiver
+from rlwire._api.batch_sender import TrainingBatchSender
+from rlwire._api.options import Integrity, Limits, Retention
+from rlwire._api.receiver import open_receiver
 from rlwire._api.schema import TrainingBatch, TrainingSample
-from rlwire._api.sender import TrainingBatchSender, open_sender
+from rlwire._api.sender import open_sender
 from rlwire._api.stats import ReceiveStats, SendStats
 from rlwire._api.sync_sender import SyncSender, open_sync_sender
 from rlwire._checks.checks import Checks
@@ -53,9 +56,12 @@ __all__ = [
     "EndOfStream",
     "Frame",
     "FrameTooLargeError",
+    "Integrity",
     "LagMonitor",
+    "Limits",
     "ReceiveStats",
     "ReceiveTimeout",
+    "Retention",
     "RlwireError",
     "SchemaError",
     "SendStats",

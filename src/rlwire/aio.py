@@ -39,7 +39,8 @@ Example:
 """
 
 from rlwire._core.faces import claim
-from rlwire._core.offload import TRIP_SECONDS, LagMonitor, offload, offload_sliced
+from rlwire._core.lag import LagMonitor
+from rlwire._core.offload import TRIP_SECONDS, offload, offload_sliced
 from rlwire._core.once import Once
 from rlwire._core.slicing import SLICE_SECONDS, Sliced, SliceTimer, run_sliced
 

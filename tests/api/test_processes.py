@@ -33,7 +33,7 @@ RECEIVER = textwrap.dedent("""
                 assert a.routed_experts.tobytes() == b.routed_experts.tobytes()
                 assert a.token_ids.tobytes() == b.token_ids.tobytes()
                 assert a.logprobs.tobytes() == b.logprobs.tobytes()
-            print(receiver.step, flush=True)
+            print(receiver.last_step, flush=True)
 """)
 
 SENDER = textwrap.dedent("""
@@ -221,12 +221,21 @@ def test_inspect_names_the_fields_of_array_like_structs_given_their_type(tmp_pat
         assert "ConfigError" in failed.stderr and "Traceback" not in failed.stderr
 
 
-def test_bench_runs_the_suite_with_a_progress_bar_and_draws_its_charts(tmp_path: Path) -> None:
+def test_bench_runs_the_suite_with_a_progress_bar_and_draws_its_charts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As `python3 tasks.py bench` runs it, in this environment instead of the task's .venv.
+    import tasks
+
+    monkeypatch.setenv("PYTHONPATH", tasks.bench_path())
+
+    def suite(*options: str) -> subprocess.CompletedProcess[str]:
+        return run(*map(str, tasks.bench_command(sys.executable, list(options))))
+
     results, plots = tmp_path / "results.json", tmp_path / "plots"
     small = ("--sinks", "file", "--backends", "asyncio", "--sizes", "0.004")
     rounds = ("--repeats", "1", "--warmup", "0")
-    cli = (sys.executable, "-m", "rlwire._api.cli", "bench")
-    result = run(*cli, *small, *rounds, "--json", str(results), "--plot", str(plots))
+    result = suite(*small, *rounds, "--json", str(results), "--plot", str(plots))
     assert result.returncode == 0, result.stderr
     assert "] 0/1 " in result.stderr and "[########################] 1/1" in result.stderr
     row = "| file | asyncio | 0.004 | send | "
@@ -235,14 +244,16 @@ def test_bench_runs_the_suite_with_a_progress_bar_and_draws_its_charts(tmp_path:
     )
     saved = json.loads(results.read_text())
     assert saved["command"] == " ".join(
-        ["rlwire bench", *small, *rounds, "--json", str(results), "--plot", str(plots)]
+        ["python3 tasks.py bench", *small, *rounds, "--json", str(results), "--plot", str(plots)]
     )
     assert {r["operation"] for r in saved["ratios"]} == {"send", "receive (verified)"}
     for name in ("time.png", "stall.png", "memory.png"):
         assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    again = run(*cli, "--from-json", str(results))  # the same table, nothing run
+    again = suite("--from-json", str(results))  # the same table, nothing run
     assert again.returncode == 0 and row in again.stdout and again.stderr == ""
-    assert "--plot" in run(*cli, "--help").stdout
+    assert "--plot" in suite("--help").stdout
+    moved = run(sys.executable, "-m", "rlwire._api.cli", "bench")
+    assert moved.returncode == 2 and "python3 tasks.py bench" in moved.stderr
 
 
 def test_the_tutorial_producer_and_trainer_work_as_two_processes(tmp_path: Path) -> None:

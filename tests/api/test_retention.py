@@ -70,7 +70,7 @@ async def test_truncate_forgets_the_marks_of_the_steps_it_deletes(tmp_path: Path
     with rlwire.open_receiver(tmp_path) as receiver:
         for _ in range(4):
             receiver.receive(timeout=5)
-        receiver.wait(timeout=0)  # moved past step 3
+        receiver.wait_next(timeout=0)  # moved past step 3
     assert (tmp_path / "consumed.rank-0000.rlw").read_bytes() == consumed_mark(4)
     # Restart from step 1: the old mark (4) would let keep_last delete the new steps.
     async with rlwire.open_sender(
@@ -91,7 +91,7 @@ TRAINER = textwrap.dedent("""
             want = make_batch(2, 512, seed=step)
             assert batch.samples[0].token_ids.tobytes() == want.samples[0].token_ids.tobytes()
             assert batch.samples[1].routed_experts.sum() == want.samples[1].routed_experts.sum()
-    print(receiver.step, flush=True)
+    print(receiver.last_step, flush=True)
 """)
 
 

@@ -37,7 +37,7 @@ async def test_round_trip(tmp_path: Path, sidecar: tuple[str, ...] | None) -> No
         for i, batch in enumerate(batches):
             got = receiver.receive(timeout=5)
             assert isinstance(got, rlwire.TrainingBatch)
-            assert receiver.step == i
+            assert receiver.last_step == i
             assert_batches_equal(got, batch)
         assert receiver.poll() is None
 

@@ -7,16 +7,24 @@ import textwrap
 from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import rlwire
 from rlwire import ConfigError
-from rlwire.codecs import GROUP, MsgpackCodec, available_codecs, get_codec, make_codec
-from rlwire.codecs._registry import _entry_points
+from rlwire.codecs import (
+    GROUP,
+    MsgpackCodec,
+    available_codecs,
+    get_codec,
+    make_codec,
+    register_codec,
+)
 
 PLUGIN = '''
 """A plugin codec: UTF-8 text, stored reversed."""
+
 from typing import Any
 
 from rlwire import Frame
@@ -37,15 +45,11 @@ class ReversedText:
 '''
 
 
-def clear_caches() -> None:
-    _entry_points.cache_clear()
-    get_codec.cache_clear()
-
-
 @pytest.fixture
 def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Install a plugin distribution on sys.path: a module plus dist-info metadata that
-    registers it in the entry point group, as `pip install` would."""
+    registers it in the entry point group, as `pip install` would. The registry reads
+    the group again for a name it does not know yet, so nothing needs refreshing."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "reversed_codec.py").write_text(textwrap.dedent(PLUGIN))
@@ -56,9 +60,8 @@ def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         f"[{GROUP}]\nreversed = reversed_codec:ReversedText\nbroken = no_such_module:Codec\n"
     )
     monkeypatch.syspath_prepend(str(site))
-    clear_caches()
     yield "reversed"
-    clear_caches()
+    sys.modules.pop("reversed_codec", None)
 
 
 def test_builtin_codecs_are_registered_as_entry_points() -> None:
@@ -110,20 +113,52 @@ def test_plugin_that_cannot_load(plugin: str) -> None:
         make_codec("broken")
 
 
+class UpperText:
+    """A codec made in the test: UTF-8 text, stored upper-case."""
+
+    name = "test-upper"
+
+    def __init__(self, *, check: Any = None) -> None:
+        pass
+
+    def encode_sliced(self, obj: str) -> Iterator[None]:  # a sliced generator
+        yield
+        return rlwire.Frame(obj.upper().encode(), codec=self.name)  # type: ignore[return-value]
+
+    def decode(self, frame: rlwire.Frame, type: Any = Any, *, writable: bool = False) -> str:
+        return bytes(frame.header).decode()
+
+
 @pytest.mark.anyio
-async def test_message_from_a_codec_this_receiver_lacks(
-    plugin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    async with rlwire.open_sender(tmp_path, codec=plugin) as sender:
+async def test_register_codec_in_process(tmp_path: Path) -> None:
+    register_codec("test-upper", UpperText, clobber=True)  # clobber: run once per backend
+    register_codec("test-upper", UpperText)  # the same target again: no conflict
+    assert "test-upper" in available_codecs() and get_codec("test-upper") is UpperText
+    async with rlwire.open_sender(tmp_path, codec="test-upper") as sender:
+        await sender.send("hello")
+    with rlwire.open_receiver(tmp_path, type=str) as receiver:
+        assert receiver.receive(timeout=5) == "HELLO"
+    with pytest.raises(ConfigError, match=r"codec 'msgpack' is already registered .*clobber"):
+        register_codec("msgpack", UpperText)
+    with pytest.raises(ConfigError, match=r"codec 'x': 42 is not callable"):
+        register_codec("x", 42)  # type: ignore[arg-type]
+    register_codec("test-upper", "rlwire.codecs:MsgpackCodec", clobber=True)
+    assert get_codec("test-upper") is MsgpackCodec
+
+
+@pytest.mark.anyio
+async def test_message_from_a_codec_this_receiver_lacks(tmp_path: Path) -> None:
+    class Unregistered(UpperText):
+        name = "test-unregistered"
+
+    # A codec object is used as given: no process registered its name.
+    async with rlwire.open_sender(tmp_path, codec=Unregistered()) as sender:
         await sender.send("x")
-    # As seen from a process without the plugin:
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if not p.endswith("site")])
-    clear_caches()
     with rlwire.open_receiver(tmp_path, type=str) as receiver:
         with pytest.raises(
             rlwire.DecodeError,
             match=r"step-00000000.rank-0000.rlw: written "
-            r"with codec 'reversed', which this reader cannot load: unknown codec",
+            r"with codec 'test-unregistered', which this reader cannot load: unknown codec",
         ) as caught:
             receiver.poll()
     assert (caught.value.step, caught.value.rank) == (0, 0)

@@ -21,16 +21,10 @@ import rlwire
 from rlwire import ConfigError
 from rlwire.aio import run_sliced
 from rlwire.codecs import make_codec
-from rlwire.transport import available_schemes, get_sink_class
-from rlwire.transport._registry import _entry_points
+from rlwire.transport import available_schemes, get_sink_class, register_sink
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plugin_sink"
 BUILTIN_SCHEMES = {"file", "memory", "s3", "gs", "gcs", "zmq+tcp", "zmq+ipc"}
-
-
-def clear_caches() -> None:
-    _entry_points.cache_clear()
-    get_sink_class.cache_clear()
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +59,12 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def plugin_on_path(site: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """The installed plugin visible to this process, as if installed in its environment."""
+    """The installed plugin visible to this process, as if installed in its environment:
+    the registry reads the entry points again for a scheme it does not know yet."""
     monkeypatch.syspath_prepend(str(site))
-    clear_caches()
     yield site
-    clear_caches()
-    for name in [m for m in sys.modules if m.split(".")[0] == "rlwire_sqlite_sink"]:
-        del sys.modules[name]
+    # The plugin stays imported (and its scheme loaded) for the rest of the session, as
+    # in a process that uses an installed plugin: `site` is module-scoped.
 
 
 # Run in a fresh interpreter, so that the only way rlwire can know the `sqlite` scheme is
@@ -192,9 +185,7 @@ def broken_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
         "[rlwire.sinks]\nmissing = no_such_module:Sink\nthing = not_a_sink:Thing\n"
     )
     monkeypatch.syspath_prepend(str(site))
-    clear_caches()
     yield
-    clear_caches()
     sys.modules.pop("not_a_sink", None)
 
 
@@ -249,3 +240,23 @@ async def test_plugin_sink_objects_with_the_sender_and_receiver(
     finally:
         for receiver in receivers:
             receiver.close()
+
+
+class MemorySink(rlwire.transport.FileSink):
+    """A sink class registered in process (a FileSink under another scheme)."""
+
+
+def test_register_sink_in_process() -> None:
+    register_sink("test-registered", MemorySink)
+    assert "test-registered" in available_schemes()
+    assert get_sink_class("test-registered") is MemorySink
+    register_sink("test-registered", MemorySink)  # the same target again: no conflict
+    with pytest.raises(ConfigError, match=r"sink for 'file' is already registered .*clobber=True"):
+        register_sink("file", MemorySink)
+    with pytest.raises(ConfigError, match=r"sink for 'x': .*Thing'> is not a rlwire.trans"):
+        register_sink("x", type("Thing", (), {}))
+    register_sink("test-registered", "rlwire.transport:FileSink", clobber=True)
+    assert get_sink_class("test-registered") is rlwire.transport.FileSink
+    register_sink("test-lazy", "no_such_module:Sink")  # imported on first use only
+    with pytest.raises(ConfigError, match=r"sink for 'test-lazy' \(no_such_module:Sink\)"):
+        get_sink_class("test-lazy")

@@ -1,12 +1,13 @@
-"""The ``rlwire`` command: ``rlwire demo``, ``rlwire inspect PATH [--type MODULE:NAME]`` and
-``rlwire bench`` (the benchmark suite of a source checkout)."""
+"""The ``rlwire`` command: ``rlwire demo`` and ``rlwire inspect PATH [--type MODULE:NAME]``.
+
+The benchmark suite needs a source checkout (its scripts are not installed), so it is run
+there as ``python3 tasks.py bench``."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
-import subprocess
+import pkgutil
 import sys
 import tempfile
 import time
@@ -23,7 +24,7 @@ from rlwire._api.schema import TrainingBatch
 from rlwire._api.sender import open_sender
 from rlwire._api.synthetic import assert_batches_equal, make_batch
 from rlwire._core.errors import ConfigError, RlwireError
-from rlwire._core.offload import LagMonitor, percentile
+from rlwire._core.lag import LagMonitor, percentile
 
 __all__ = ["main"]
 
@@ -140,18 +141,6 @@ async def _demo(ns: argparse.Namespace, directory: str) -> int:
     return 0
 
 
-def _bench(options: list[str]) -> int:
-    """Run ``benchmarks/suite.py`` of the checkout this rlwire is installed from."""
-    suite = Path(__file__).resolve().parents[2] / "benchmarks" / "suite.py"
-    if not suite.is_file():
-        raise ConfigError(
-            "rlwire bench runs the benchmark suite of a source checkout (benchmarks/suite.py), "
-            "which this installation does not have: clone the repository and run "
-            "`python3 tasks.py bench` there"
-        )
-    return subprocess.call([sys.executable, str(suite), *options])
-
-
 def _inspect(ns: argparse.Namespace) -> int:
     path = Path(ns.path)
     step, rank = ns.step, ns.rank
@@ -171,12 +160,9 @@ def _load_type(spec: str) -> Any:
     if not module_name or not name:
         raise ConfigError(f"--type {spec!r}: expected module:Name, e.g. myproject.types:Rollout")
     try:
-        found: Any = importlib.import_module(module_name)
-        for part in name.split("."):
-            found = getattr(found, part)
+        return pkgutil.resolve_name(spec)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"--type {spec!r}: {exc}") from None
-    return found
 
 
 def _fields(obj: Any) -> dict[str, Any] | None:
@@ -259,8 +245,6 @@ def _parser() -> argparse.ArgumentParser:
     trainer.add_argument("--steps", type=int, required=True)
     trainer.add_argument("--timeout", type=float, default=60)
     batch_options(trainer)
-    # Its options are the suite's own (`rlwire bench --help` shows them).
-    sub.add_parser("bench", help="the whole benchmark suite of a source checkout", add_help=False)
     inspect = sub.add_parser("inspect", help="describe one stored message")
     inspect.add_argument("path", help="the directory a sender writes to")
     inspect.add_argument("--step", type=int, default=0)
@@ -276,17 +260,20 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rlwire`` command."""
-    parser = _parser()
-    ns, rest = parser.parse_known_args(argv)
-    if rest and ns.command != "bench":
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["bench"]:  # the command of earlier versions
+        print(
+            "rlwire: the benchmark suite moved out of the installed command: run "
+            "`python3 tasks.py bench` in a source checkout",
+            file=sys.stderr,
+        )
+        return 2
+    ns = _parser().parse_args(args)
     try:
         if ns.command == "_trainer":
             return _trainer(ns)
         if ns.command == "inspect":
             return _inspect(ns)
-        if ns.command == "bench":
-            return _bench(rest)
         if ns.dir:
             return anyio.run(_demo, ns, ns.dir)
         with tempfile.TemporaryDirectory(prefix="rlwire-demo-") as directory:

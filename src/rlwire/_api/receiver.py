@@ -1,52 +1,52 @@
-"""TrainingBatchReceiver: a source and a codec, with sync and async faces over one core."""
+"""TrainingBatchReceiver: a source and a codec, with sync and async faces over one core.
+
+The rule for sync and async faces, everywhere in rlwire:
+
+* The awaitable twin of a blocking method has the same name with an ``a`` prefix:
+  ``receive`` / ``areceive``, ``close`` / ``aclose``; ``wait_next`` / ``await_next``
+  (the ``a`` of ``await``). Iteration and context managers come in both forms too
+  (``for`` / ``async for``, ``with`` / ``async with``).
+* One object offers both faces where it can: a receiver owns no event loop, its work is
+  a sliced generator that the blocking methods run in the calling thread and the
+  awaitable ones in worker threads, so both share one core and can be mixed.
+* A sender owns its event loop's resources (its sink, its lock, the tasks of a send), so
+  its blocking face is a separate object with the same method names, made by
+  ``open_sync_sender`` and running the async sender on a thread of its own, as httpx
+  has ``Client`` beside ``AsyncClient``.
+"""
 
 from __future__ import annotations
 
 import os
-import threading
-import time
 from collections.abc import Mapping
-from typing import Any, Generic, TypedDict, TypeVar, overload
+from typing import Any, TypeVar, overload
 
-from anyio import CapacityLimiter, to_thread
+from anyio import CapacityLimiter
 from typing_extensions import Unpack
 
-from rlwire._api.schema import TrainingBatch, TrainingSample
-from rlwire._api.stats import ReceiveStats
+from rlwire._api.batch_receiver import TrainingBatchReceiver
+from rlwire._api.options import Limits, LimitsKeywords, from_keywords
+from rlwire._api.schema import TrainingBatch
+from rlwire._checks.checks import Checks
 from rlwire._core.args import check_int, check_positive
-from rlwire._core.errors import (
-    ClosedError,
-    ConfigError,
-    DecodeError,
-    EndOfStream,
-    ReceiveTimeout,
-    RlwireError,
-)
-from rlwire._core.offload import drive_sliced, make_limiter, thread_count
-from rlwire._core.slicing import Sliced, run_sliced, timed
-from rlwire._frame.compression import DEFAULT_MAX_DECOMPRESSED, DEFAULT_MAX_RATIO, decompress_sliced
-from rlwire._frame.frame import Frame
-from rlwire.codecs import Codec, get_codec
 from rlwire.transport import open_source
-from rlwire.transport._base import Source, SourceOptions
+from rlwire.transport._base import SourceOptions
 
 __all__ = ["ReceiverOptions", "TrainingBatchReceiver", "open_receiver"]
 
 T = TypeVar("T")
-_NOTHING: Any = object()
 
 
-class ReceiverOptions(TypedDict, total=False):
-    """The keyword options of :func:`open_receiver` besides ``type``, for typing."""
+class ReceiverOptions(LimitsKeywords, total=False):
+    """The keyword options of :func:`open_receiver` besides ``type``, for its overloads."""
 
     start_step: int
     rank: int
     poll_interval: float
     writable: bool
-    validate: bool
+    validate: bool | Checks
     verify: bool
-    max_decompressed_bytes: int
-    max_compression_ratio: float
+    limits: Limits | None
     limiter: CapacityLimiter | int | None
     record_consumed: bool
     storage_options: Mapping[str, Any] | None
@@ -68,13 +68,13 @@ def open_receiver(
     rank: int = 0,
     poll_interval: float = 0.01,
     writable: bool = False,
-    validate: bool = False,
+    validate: bool | Checks = False,
     verify: bool = True,
-    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
-    max_compression_ratio: float = DEFAULT_MAX_RATIO,
+    limits: Limits | None = None,
     limiter: CapacityLimiter | int | None = None,
     record_consumed: bool = True,
     storage_options: Mapping[str, Any] | None = None,
+    **keywords: Unpack[LimitsKeywords],
 ) -> TrainingBatchReceiver[Any]:
     """Open a receiver for one data-parallel rank, reading steps in order.
 
@@ -87,17 +87,16 @@ def open_receiver(
         poll_interval: seconds between checks while waiting for a step (object stores
             back off from this up to a second; sockets are woken, not polled).
         writable: return writable arrays (copy-on-write mappings, still no copy).
-        validate: validate received TrainingBatch / TrainingSample objects too.
+        validate: checks of the received values, as the sender's ``validate``:
+            ``False`` (default): none; ``True``: rlwire's own rules for a received
+            :class:`~rlwire.TrainingBatch` or :class:`~rlwire.TrainingSample`; or a
+            :class:`~rlwire.Checks` for any type, run on each object as it is decoded
+            (in the same slices), with rlwire's own rules still applied as well.
         verify: check the header and every buffer against the checksums the sender
             recorded; a mismatch raises CorruptFrameError naming step, rank and buffer.
-        max_decompressed_bytes: refuse (FrameTooLargeError) a compressed message that
-            declares more than this many bytes once decompressed (default 16 GiB),
-            before allocating anything.
-        max_compression_ratio: refuse (FrameTooLargeError) a message that declares more
-            than this many times its stored size once decompressed (default 1024; any
-            message may reach 64 MiB): a stored message under 1 MB can never make a
-            receiver allocate more than 1 GiB. Raise it for data that compresses
-            better, such as steps of mostly zeros.
+        limits: the :class:`~rlwire.Limits` of what one message may make the receiver
+            allocate (``max_decompressed_bytes``, default 16 GiB, and
+            ``max_compression_ratio``, default 1024); beyond them, FrameTooLargeError.
         limiter: bounds the worker threads of the async methods, and the number of
             segments decompressed in parallel.
         record_consumed: on a store (files, fsspec), write this rank's consumption mark
@@ -106,6 +105,11 @@ def open_receiver(
             for a reader that must not hold the producer back (e.g. an evaluation job
             reading rank 0 beside the trainer).
         storage_options: options for the source, as for :func:`open_sender`.
+        keywords: ``max_decompressed_bytes`` and ``max_compression_ratio`` may also be
+            given flat, as in earlier versions.
+
+    Raises:
+        ConfigError: an invalid option or URL, or a flat keyword beside ``limits=``.
 
     Example:
         >>> import rlwire, tempfile
@@ -115,9 +119,8 @@ def open_receiver(
     """
     check_int(start_step, "start_step")
     check_int(rank, "rank")
-    check_int(max_decompressed_bytes, "max_decompressed_bytes")
+    limits = from_keywords(Limits, limits, keywords, parameter="limits", function="open_receiver")
     check_positive(poll_interval, "poll_interval")
-    check_positive(max_compression_ratio, "max_compression_ratio")
     return TrainingBatchReceiver(
         open_source(
             url,
@@ -134,308 +137,7 @@ def open_receiver(
         rank=rank,
         validate=validate,
         writable=writable,
-        max_decompressed_bytes=max_decompressed_bytes,
-        max_compression_ratio=max_compression_ratio,
+        limits=limits,
         limiter=limiter,
         record_consumed=record_consumed,
     )
-
-
-class TrainingBatchReceiver(Generic[T]):
-    """Receives the objects of consecutive steps for one rank.
-
-    Synchronous (``receive``, ``poll``, ``for``, ``with``) for trainer processes, and
-    asynchronous (``areceive``, ``async for``, ``async with``) for event-loop code. Both
-    faces share one core, so they can be mixed. Each message is decoded by the codec
-    whose name it records, and decompressed segment by segment in parallel threads.
-    """
-
-    def __init__(
-        self,
-        source: Source,
-        type: Any,
-        *,
-        start_step: int = 0,
-        rank: int | None = None,
-        validate: bool = False,
-        writable: bool = False,
-        max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
-        max_compression_ratio: float = DEFAULT_MAX_RATIO,
-        limiter: CapacityLimiter | int | None = None,
-        record_consumed: bool = True,
-    ) -> None:
-        self._source = source
-        self._rank = rank
-        self._codecs: dict[str, Codec] = {}
-        self._max_decompressed = max_decompressed_bytes
-        self._max_ratio = max_compression_ratio
-        self._type = type
-        self._next_step = start_step
-        self._step: int | None = None
-        self._validate = validate
-        self._writable = writable
-        self._limiter = make_limiter(limiter)
-        self._mutex = threading.Lock()
-        self._closed = False
-        self._peeked: tuple[int, Frame] | None = None  # read by wait(), not yet decoded
-        self._read_seconds = 0.0  # of the last read
-        self._record_consumed = record_consumed
-        # The step last written to this rank's consumption mark: nothing to write until
-        # the receiver moves past its first step (the store may not even exist yet).
-        self._recorded = start_step
-        self._last_stats: ReceiveStats | None = None
-
-    def __repr__(self) -> str:
-        return f"TrainingBatchReceiver({self._source!r}, next_step={self._next_step})"
-
-    @property
-    def step(self) -> int | None:
-        """The step of the object last returned, or ``None`` before the first."""
-        return self._step
-
-    @property
-    def next_step(self) -> int:
-        """The step the next receive returns."""
-        return self._next_step
-
-    @property
-    def last_stats(self) -> ReceiveStats | None:
-        """The figures of the last step received, or ``None`` before the first."""
-        return self._last_stats
-
-    def _take(self, started: float) -> Sliced[Any]:
-        """The core, a sliced generator: the next step's object, or ``_NOTHING`` if it
-        is not there yet. The sync faces run it in the calling thread; the async ones
-        run its slices in worker threads, letting go of the GIL between them, so that
-        decoding a large message never keeps the event loop from the GIL for long. The
-        mutex is held across slices, which may run in different threads (a
-        ``threading.Lock`` may be released by any thread)."""
-        with self._mutex:
-            got = self._peeked or self._read()
-            self._peeked = None
-            if got is None:
-                return _NOTHING
-            step, frame = got
-            seconds = {"read": self._read_seconds, "decompress": 0.0, "decode": 0.0}
-            try:
-                obj = yield from self._decode(frame, seconds)
-                if self._validate and isinstance(obj, TrainingBatch | TrainingSample):
-                    obj.validate(f"step {step}")
-            except RlwireError as exc:
-                # A stored message can be read again, or skipped; one a socket has handed
-                # over is gone, and waiting for it again would only report a gap.
-                if self._source.consumes:
-                    self._next_step = step + 1
-                where = self._source.describe(step) if isinstance(exc, DecodeError) else None
-                exc.add_context(where=where, step=step, rank=self._rank)
-                raise
-            self._step, self._next_step = step, step + 1
-            total = time.perf_counter() - started
-            self._last_stats = ReceiveStats(
-                step=step,
-                rank=self._rank or 0,
-                bytes=frame.nbytes,
-                wait_seconds=max(0.0, total - sum(seconds.values())),
-                read_seconds=seconds["read"],
-                decompress_seconds=seconds["decompress"],
-                decode_seconds=seconds["decode"],
-                total_seconds=total,
-            )
-            return obj
-
-    def _read(self) -> tuple[int, Frame] | None:
-        """The next step's frame if it has arrived (call with the mutex held)."""
-        if self._closed:
-            raise ClosedError(f"{self!r} is closed")
-        began = time.perf_counter()
-        try:
-            if self._record_consumed and self._next_step > self._recorded:
-                self._source.mark_consumed(self._next_step)
-                self._recorded = self._next_step
-            return self._source.read_next(self._next_step)
-        except RlwireError as exc:
-            exc.add_context(rank=self._rank)
-            raise
-        finally:
-            self._read_seconds = time.perf_counter() - began
-
-    def _peek(self) -> bool:
-        """Read the next step's frame, if it has arrived, and keep it for the next
-        receive: True if there is one."""
-        with self._mutex:
-            if self._peeked is None:
-                self._peeked = self._read()
-            return self._peeked is not None
-
-    def _decode(self, frame: Frame, seconds: dict[str, float]) -> Sliced[Any]:
-        if frame.compression:
-            frame = yield from timed(
-                decompress_sliced(
-                    frame,
-                    max_bytes=self._max_decompressed,
-                    max_ratio=self._max_ratio,
-                    threads=thread_count(self._limiter),
-                ),
-                seconds,
-                "decompress",
-            )
-        began = time.perf_counter()
-        codec = self._codecs.get(frame.codec)
-        if codec is None:
-            try:
-                codec = self._codecs[frame.codec] = get_codec(frame.codec)()
-            except ConfigError as exc:
-                raise DecodeError(
-                    f"written with codec {frame.codec!r}, which this reader cannot load: {exc}"
-                ) from None
-        decode_sliced = getattr(codec, "decode_sliced", None)  # optional for plugin codecs
-        if decode_sliced is None:
-            try:
-                return codec.decode(frame, self._type, writable=self._writable)
-            finally:
-                seconds["decode"] += time.perf_counter() - began
-        return (
-            yield from timed(
-                decode_sliced(frame, self._type, writable=self._writable), seconds, "decode"
-            )
-        )
-
-    def skip(self) -> int:
-        """Give up on the next step (for example after a CorruptFrameError) and move on to
-        the one after it. Returns the step skipped."""
-        with self._mutex:
-            self._next_step += 1
-            return self._next_step - 1
-
-    def poll(self) -> T | None:
-        """Return the next step's object if it has arrived, else ``None`` at once.
-
-        Raises:
-            CorruptFrameError: the stored message is truncated or garbled.
-            DecodeError: the message does not match ``type``.
-            SchemaError: ``validate=True`` and the batch is invalid.
-            EndOfStream: the sender finished the stream before the next step.
-            StepGapError: a stream source (ZeroMQ) lost a message; the next call returns
-                the message after the gap.
-            TransportError: the source cannot be read (a network or disk failure).
-            ClosedError: the receiver is closed.
-        """
-        obj = run_sliced(self._take(time.perf_counter()))
-        return None if obj is _NOTHING else obj
-
-    def receive(self, timeout: float | None = None) -> T:
-        """Wait for the next step and return its object.
-
-        Raises:
-            ReceiveTimeout: nothing arrived within ``timeout`` seconds.
-            RlwireError: the others of :meth:`poll` (``EndOfStream``,
-                ``CorruptFrameError``, ``DecodeError``, ``SchemaError``, ``StepGapError``,
-                ``TransportError``, ``ClosedError``), for the same reasons.
-        """
-        started = time.perf_counter()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            obj = run_sliced(self._take(started))
-            if obj is not _NOTHING:
-                return obj  # type: ignore[no-any-return]
-            self._source.wait(self._left(deadline, timeout))
-
-    async def areceive(self, timeout: float | None = None) -> T:
-        """Like :meth:`receive`, without blocking the event loop: reads and decoding run
-        in worker threads.
-        """
-        started = time.perf_counter()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            obj = await drive_sliced(self._take(started), self._limiter)
-            if obj is not _NOTHING:
-                return obj  # type: ignore[no-any-return]
-            await self._source.await_message(self._left(deadline, timeout))
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait until the next step can be received, without receiving it.
-
-        Returns:
-            True once the next step has arrived (the next :meth:`receive` returns it at
-            once, without reading it again); False if ``timeout`` seconds pass first.
-
-        Raises:
-            EndOfStream: the sender finished before the next step.
-            CorruptFrameError, TransportError, ClosedError: as :meth:`poll`.
-
-        Example:
-            >>> import rlwire, tempfile
-            >>> with rlwire.open_receiver(tempfile.mkdtemp()) as receiver:
-            ...     receiver.wait(timeout=0.01)
-            False
-        """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._peek():
-            remaining = self._remaining(deadline)
-            if remaining is not None and remaining <= 0:
-                return False
-            self._source.wait(remaining)
-        return True
-
-    async def await_next(self, timeout: float | None = None) -> bool:
-        """:meth:`wait` without blocking the event loop (``await`` itself is a keyword,
-        so the async twin is not ``a``-prefixed like :meth:`areceive`)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not await to_thread.run_sync(self._peek, limiter=self._limiter):
-            remaining = self._remaining(deadline)
-            if remaining is not None and remaining <= 0:
-                return False
-            await self._source.await_message(remaining)
-        return True
-
-    def _remaining(self, deadline: float | None) -> float | None:
-        return None if deadline is None else deadline - time.monotonic()
-
-    def _left(self, deadline: float | None, timeout: float | None) -> float | None:
-        remaining = self._remaining(deadline)
-        if remaining is not None and remaining <= 0:
-            raise ReceiveTimeout(
-                f"{self._source!r}: step {self._next_step} did not arrive within {timeout} s"
-            )
-        return remaining
-
-    def __iter__(self) -> TrainingBatchReceiver[T]:
-        return self
-
-    def __next__(self) -> T:
-        try:
-            return self.receive()
-        except EndOfStream:
-            raise StopIteration from None
-
-    def __aiter__(self) -> TrainingBatchReceiver[T]:
-        return self
-
-    async def __anext__(self) -> T:
-        try:
-            return await self.areceive()
-        except EndOfStream:
-            raise StopAsyncIteration from None
-
-    def close(self) -> None:
-        """Stop receiving; objects already returned stay valid. Idempotent."""
-        with self._mutex:
-            if not self._closed:
-                self._closed = True
-                self._source.close()
-
-    async def aclose(self) -> None:
-        """Async :meth:`close`."""
-        await to_thread.run_sync(self.close, limiter=self._limiter)
-
-    def __enter__(self) -> TrainingBatchReceiver[T]:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> TrainingBatchReceiver[T]:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()

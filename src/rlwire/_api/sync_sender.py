@@ -1,4 +1,9 @@
-"""SyncSender: a TrainingBatchSender for synchronous code, on a private event-loop thread."""
+"""SyncSender: a TrainingBatchSender for synchronous code, on a private event-loop thread.
+
+A sender's blocking face is a separate object with the same method names (``send``,
+``send_ranks``, ``finish``, ``close``), as httpx's ``Client`` beside ``AsyncClient``; a
+receiver offers both faces itself. The rule is written out in :mod:`rlwire._api.receiver`.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,8 @@ from typing import Any, ParamSpec, TypeVar
 import anyio
 from anyio.from_thread import BlockingPortal
 
-from rlwire._api.sender import TrainingBatchSender, open_sender
+from rlwire._api.batch_sender import TrainingBatchSender
+from rlwire._api.sender import open_sender
 from rlwire._api.stats import SendStats
 from rlwire._core.errors import ClosedError
 from rlwire.transport._base import Sink

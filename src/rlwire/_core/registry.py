@@ -1,30 +1,160 @@
-"""Entry-point plugin lookup shared by the codec and sink registries."""
+"""One plugin registry: names to objects, from an entry point group and from ``register``.
+
+Modelled on fsspec's ``registry`` and ``register_implementation``. An entry is a
+``"module:attr"`` string (an entry point's value, or rlwire's own table when its entry
+points are missing, e.g. when run from a source tree) imported on first use with
+:func:`pkgutil.resolve_name`, or an object registered in process. Every failure is a
+:class:`~rlwire.ConfigError` naming the entry and, for an unknown name, what is available.
+
+The entry point group is read again whenever a name is not known yet, so a plugin
+installed (or put on ``sys.path``) after the first lookup is found without any cache to
+clear; a name once loaded keeps its object until it is registered anew.
+"""
 
 from __future__ import annotations
 
+import pkgutil
+import threading
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
-__all__ = ["load_target", "registered"]
+from rlwire._core.errors import ConfigError
+
+__all__ = ["Registry"]
 
 
-def registered(group: str, builtin: dict[str, str]) -> dict[str, str]:
-    """``{name: "module:attr"}`` for ``group``: rlwire's own entries (used when its
-    entry points are missing, e.g. when run from a source tree), then installed ones."""
-    found = dict(builtin)
-    found.update((ep.name, ep.value) for ep in entry_points(group=group))
-    return found
+class Registry:
+    """Named plugins of one kind (codecs, sinks).
 
+    Args:
+        group: the entry point group plugins register in.
+        label: how an error names an entry, with ``{name}`` in it, e.g. ``"codec {name!r}"``.
+        unknown: the message for an unknown name, with ``{name}`` and ``{available}``.
+        builtin: rlwire's own ``{name: "module:attr"}``, used under the entry points.
+        hints: an install hint per optional entry, shown when its import fails.
+        accepts: a test every loaded object must pass, and ``expected`` says what it wants.
 
-def load_target(target: str) -> Any:
-    """Import ``"module:attr.sub"`` and return the object it names.
-
-    Raises:
-        ImportError: the module (or something it imports) is missing.
-        AttributeError: the module has no such attribute.
+    Example:
+        >>> reg = Registry("example.group", label="thing {name!r}",
+        ...                unknown="no thing {name!r}; known: {available}")
+        >>> reg.register("path", "os:path")
+        >>> reg.load("path").join("a", "b")
+        'a/b'
+        >>> reg.load("nope")
+        Traceback (most recent call last):
+        rlwire.ConfigError: no thing 'nope'; known: path
     """
-    module, _, attr = target.partition(":")
-    obj: Any = __import__(module, fromlist=[attr] if attr else [])
-    for part in filter(None, attr.split(".")):
-        obj = getattr(obj, part)
-    return obj
+
+    def __init__(
+        self,
+        group: str,
+        *,
+        label: str,
+        unknown: str,
+        builtin: Mapping[str, str] | None = None,
+        hints: Mapping[str, str] | None = None,
+        accepts: Callable[[Any], bool] | None = None,
+        expected: str = "",
+    ) -> None:
+        self.group = group
+        self._label = label
+        self._unknown = unknown
+        self._builtin = dict(builtin or {})
+        self._hints = dict(hints or {})
+        self._accepts = accepts
+        self._expected = expected
+        self._registered: dict[str, object] = {}  # objects or "module:attr" strings
+        self._entries: dict[str, str] = self._builtin
+        self._scanned = False
+        self._loaded: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _scan(self) -> dict[str, str]:
+        """Read the entry point group again (rlwire's own table under it)."""
+        found = dict(self._builtin)
+        found.update((ep.name, ep.value) for ep in entry_points(group=self.group))
+        self._entries, self._scanned = found, True
+        return found
+
+    def _target(self, name: str) -> object | None:
+        if name in self._registered:
+            return self._registered[name]
+        entries = self._entries if self._scanned and name in self._entries else self._scan()
+        return entries.get(name)
+
+    def names(self) -> list[str]:
+        """Every name known now, sorted."""
+        return sorted(self._scan().keys() | self._registered.keys())
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._target(name) is not None
+
+    def unknown(self, name: object, *, also: str = "") -> ConfigError:
+        """The error for a name nothing is registered under, listing the known ones
+        (``also`` ends the message)."""
+        available = ", ".join(self.names())
+        return ConfigError(self._unknown.format(name=name, available=available) + also)
+
+    def register(self, name: str, target: object, *, clobber: bool = False) -> None:
+        """Register ``target`` (an object, or ``"module:attr"`` imported on first use)
+        under ``name``.
+
+        Raises:
+            ConfigError: ``name`` is taken and ``clobber`` is false, or ``target`` is an
+                object this registry does not accept.
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{self._label.format(name=name)}: a name must be a non-empty str")
+        if not isinstance(target, str):
+            self._check(name, target, repr(target))
+        with self._lock:
+            current = self._target(name)
+            if current is not None and current != target and not clobber:
+                raise ConfigError(
+                    f"{self._label.format(name=name)} is already registered ({current!r}); "
+                    "pass clobber=True to replace it"
+                )
+            self._registered[name] = target
+            self._loaded.pop(name, None)
+
+    def load(self, name: str) -> Any:
+        """The object registered under ``name``, imported on first use.
+
+        Raises:
+            ConfigError: unknown name (the message lists the known ones), or its target
+                cannot be imported (with an install hint for rlwire's optional parts),
+                does not exist, or is not what this registry accepts.
+        """
+        if name in self._loaded:
+            return self._loaded[name]
+        target = self._target(name) if isinstance(name, str) else None
+        if target is None:
+            raise self.unknown(name)
+        obj = self.resolve(name, target)
+        self._loaded[name] = obj
+        return obj
+
+    def resolve(self, name: str, target: object) -> Any:
+        """``target`` itself, or the object the ``"module:attr"`` string names, checked,
+        with errors that name the entry as ``name``."""
+        if not isinstance(target, str):
+            return target
+        label = self._label.format(name=name)
+        try:
+            obj = pkgutil.resolve_name(target)
+        except ImportError as exc:
+            hint = f" ({self._hints[name]})" if name in self._hints else ""
+            raise ConfigError(f"{label} ({target}) cannot be loaded: {exc}{hint}") from exc
+        except AttributeError as exc:
+            raise ConfigError(f"{label}: {target} does not exist: {exc}") from exc
+        except Exception as exc:  # a plugin whose module fails as it is imported
+            raise ConfigError(
+                f"{label} ({target}) cannot be loaded: {type(exc).__name__}: {exc}"
+            ) from exc
+        self._check(name, obj, target)
+        return obj
+
+    def _check(self, name: str, obj: object, shown: str) -> None:
+        if self._accepts is not None and not self._accepts(obj):
+            raise ConfigError(f"{self._label.format(name=name)}: {shown} is not {self._expected}")

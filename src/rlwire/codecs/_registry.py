@@ -5,6 +5,8 @@ A package adds a codec by registering a factory (usually the codec class) under 
     [project.entry-points."rlwire.codecs"]
     mycodec = "mypackage.codec:MyCodec"
 
+and a program can do the same for itself with ``register_codec("mycodec", MyCodec)``.
+
 rlwire's own codecs are registered the same way in its pyproject.toml. The name is
 recorded in every message, so a receiver decodes each message with the codec that made
 it, looked up here.
@@ -12,16 +14,23 @@ it, looked up here.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from rlwire._core.errors import ConfigError
-from rlwire._core.registry import load_target, registered
+from rlwire._core.registry import Registry
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
 
-__all__ = ["GROUP", "Check", "Codec", "available_codecs", "get_codec", "make_codec"]
+__all__ = [
+    "GROUP",
+    "Check",
+    "Codec",
+    "available_codecs",
+    "get_codec",
+    "make_codec",
+    "register_codec",
+]
 
 #: The entry point group codecs register in.
 GROUP = "rlwire.codecs"
@@ -63,43 +72,62 @@ class Codec(Protocol):
     def decode(self, frame: Frame, type: Any = Any, *, writable: bool = False) -> Any: ...
 
 
-@functools.cache
-def _entry_points() -> dict[str, str]:
-    return registered(GROUP, _BUILTIN)
+_REGISTRY = Registry(
+    GROUP,
+    label="codec {name!r}",
+    unknown="unknown codec {name!r}; installed codecs: {available}",
+    builtin=_BUILTIN,
+    hints={"json": "pip install 'rlwire[json]'"},
+    accepts=callable,
+    expected="callable (a codec factory)",
+)
 
 
 def available_codecs() -> list[str]:
-    """The names of the installed codecs, sorted.
+    """The names of the installed and registered codecs, sorted.
 
     Example:
         >>> {"json", "msgpack"} <= set(available_codecs())
         True
     """
-    return sorted(_entry_points())
+    return _REGISTRY.names()
 
 
-@functools.cache
 def get_codec(name: str) -> Callable[..., Codec]:
-    """The factory registered under ``name``.
+    """The factory registered under ``name``, imported on first use.
 
     Raises:
         ConfigError: no codec has that name (the message lists the installed ones), or
             its module cannot be imported (e.g. an optional dependency is missing).
     """
-    target = _entry_points().get(name) if isinstance(name, str) else None
-    if target is None:
-        raise ConfigError(
-            f"unknown codec {name!r}; installed codecs: {', '.join(available_codecs())}"
-        )
-    try:
-        obj = load_target(target)
-    except ImportError as exc:
-        hint = " (pip install 'rlwire[json]')" if name == "json" else ""
-        raise ConfigError(f"codec {name!r} ({target}) cannot be loaded: {exc}{hint}") from exc
-    except AttributeError as exc:
-        raise ConfigError(f"codec {name!r}: {target} does not exist: {exc}") from exc
-    factory: Callable[..., Codec] = obj
+    factory: Callable[..., Codec] = _REGISTRY.load(name)
     return factory
+
+
+def register_codec(
+    name: str, factory: Callable[..., Codec] | str, *, clobber: bool = False
+) -> None:
+    """Make ``factory`` the codec called ``name`` in this process, as an entry point in
+    the ``rlwire.codecs`` group does for every process.
+
+    ``factory`` is the codec class (or any callable taking the codec's keyword options),
+    or a ``"module:attr"`` string imported on first use. The factory's codecs must carry
+    ``name`` as their ``name``: it is recorded in every message, and receivers look it
+    up here to decode it.
+
+    Raises:
+        ConfigError: the name is taken (by a built-in, an entry point or an earlier
+            call) and ``clobber`` is false, or ``factory`` is not callable.
+
+    Example:
+        >>> register_codec("mycodec", "mypackage.codec:MyCodec")  # imported on first use
+        >>> "mycodec" in available_codecs()
+        True
+        >>> register_codec("msgpack", "mypackage:Other")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        rlwire.ConfigError: codec 'msgpack' is already registered (...); ...
+    """
+    _REGISTRY.register(name, factory, clobber=clobber)
 
 
 def make_codec(codec: str | Codec, **options: Any) -> Codec:

@@ -6,6 +6,8 @@ under each URL scheme it serves::
     [project.entry-points."rlwire.sinks"]
     myscheme = "mypackage.sink:MySink"
 
+(or, in one program, ``register_sink("myscheme", MySink)``)
+
 ``open_sender("myscheme://...")`` then calls ``MySink.from_url`` with the parsed
 :class:`~rlwire.abc.URL`, and ``open_receiver``
 calls ``MySink.open_source``. rlwire's own sinks are registered the same way. A plain
@@ -15,16 +17,20 @@ the fsspec sink when fsspec is installed.
 
 from __future__ import annotations
 
-import functools
 import os
-from typing import Any
 
-from rlwire._core.errors import ConfigError
-from rlwire._core.registry import load_target, registered
+from rlwire._core.registry import Registry
 from rlwire.transport._base import Sink, SinkOptions, Source, SourceOptions
 from rlwire.transport._url import URL, parse_url
 
-__all__ = ["GROUP", "available_schemes", "get_sink_class", "open_sink", "open_source"]
+__all__ = [
+    "GROUP",
+    "available_schemes",
+    "get_sink_class",
+    "open_sink",
+    "open_source",
+    "register_sink",
+]
 
 #: The entry point group sinks register in, keyed by URL scheme.
 GROUP = "rlwire.sinks"
@@ -41,22 +47,36 @@ _BUILTIN = {
     "zmq+ipc": _ZMQ,
 }
 # The fsspec sink imports fsspec only when used, and names the missing package itself.
-_HINTS = {_ZMQ: "pip install 'rlwire[zmq]'"}
+_HINTS = {
+    "s3": "pip install 'rlwire[s3]'",
+    "zmq+tcp": "pip install 'rlwire[zmq]'",
+    "zmq+ipc": "pip install 'rlwire[zmq]'",
+}
 
 
-@functools.cache
-def _entry_points() -> dict[str, str]:
-    return registered(GROUP, _BUILTIN)
+def _is_sink_class(obj: object) -> bool:
+    return isinstance(obj, type) and issubclass(obj, Sink)
+
+
+_REGISTRY = Registry(
+    GROUP,
+    label="sink for {name!r}",
+    unknown="unknown URL scheme {name!r}; installed sinks serve: {available}, plain paths",
+    builtin=_BUILTIN,
+    hints=_HINTS,
+    accepts=_is_sink_class,
+    expected="a rlwire.transport.Sink",
+)
 
 
 def available_schemes() -> list[str]:
-    """The URL schemes of the installed sinks, sorted.
+    """The URL schemes of the installed and registered sinks, sorted.
 
     Example:
         >>> {"file", "memory", "s3", "zmq+tcp"} <= set(available_schemes())
         True
     """
-    return sorted(_entry_points())
+    return _REGISTRY.names()
 
 
 def _fsspec_protocols() -> list[str]:
@@ -68,38 +88,49 @@ def _fsspec_protocols() -> list[str]:
     return list(fsspec.available_protocols())
 
 
-@functools.cache
 def get_sink_class(scheme: str) -> type[Sink]:
-    """The sink class registered for ``scheme`` (``"file"`` for plain paths).
+    """The sink class registered for ``scheme`` (``"file"`` for plain paths), imported
+    on first use; any other protocol fsspec knows goes to the fsspec sink.
 
     Raises:
         ConfigError: no installed sink serves the scheme (the message lists those that
             are installed), or its module cannot be imported.
     """
-    target = _entry_points().get(scheme)
-    if target is None:
+    if scheme not in _REGISTRY:
         protocols = _fsspec_protocols()
         if scheme not in protocols:
-            raise ConfigError(
-                f"unknown URL scheme {scheme!r}; installed sinks serve: "
-                f"{', '.join(available_schemes())}, plain paths"
-                + (", and any other fsspec protocol" if protocols else "")
+            raise _REGISTRY.unknown(
+                scheme, also=", and any other fsspec protocol" * bool(protocols)
             )
-        target = _FSSPEC
-    try:
-        cls: Any = load_target(target)
-    except ImportError as exc:
-        hint = f" ({_HINTS[target]})" if target in _HINTS else ""
-        raise ConfigError(f"sink for {scheme!r} ({target}) cannot be loaded: {exc}{hint}") from exc
-    except AttributeError as exc:
-        raise ConfigError(f"sink for {scheme!r}: {target} does not exist: {exc}") from exc
-    except Exception as exc:  # a plugin whose module fails as it is imported
-        raise ConfigError(
-            f"sink for {scheme!r} ({target}) cannot be loaded: {type(exc).__name__}: {exc}"
-        ) from exc
-    if not (isinstance(cls, type) and issubclass(cls, Sink)):
-        raise ConfigError(f"sink for {scheme!r}: {target} is not a rlwire.transport.Sink")
-    return cls
+        cls: type[Sink] = _REGISTRY.resolve(scheme, _FSSPEC)
+        return cls
+    found: type[Sink] = _REGISTRY.load(scheme)
+    return found
+
+
+def register_sink(scheme: str, sink: type[Sink] | str, *, clobber: bool = False) -> None:
+    """Make ``sink`` serve URLs of ``scheme`` in this process, as an entry point in the
+    ``rlwire.sinks`` group does for every process.
+
+    ``sink`` is a :class:`~rlwire.abc.Sink` subclass, or a ``"module:attr"`` string
+    naming one, imported on first use. ``open_sender("scheme://...")`` then calls its
+    ``from_url``, and ``open_receiver`` its ``open_source``.
+
+    Raises:
+        ConfigError: the scheme is taken (by a built-in, an entry point or an earlier
+            call) and ``clobber`` is false, or ``sink`` is not a Sink subclass.
+
+    Example:
+        >>> from rlwire.transport import FileSink
+        >>> class MirrorSink(FileSink): ...
+        >>> register_sink("mirror", MirrorSink)
+        >>> get_sink_class("mirror") is MirrorSink
+        True
+        >>> register_sink("s3", MirrorSink)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        rlwire.ConfigError: sink for 's3' is already registered (...); ...
+    """
+    _REGISTRY.register(scheme, sink, clobber=clobber)
 
 
 def open_sink(url: str | os.PathLike[str] | URL, options: SinkOptions) -> Sink:

@@ -1,0 +1,369 @@
+"""TrainingBatchReceiver: a source and a codec, with sync and async faces over one core
+(the rule for the two faces is in :mod:`rlwire._api.receiver`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from typing import Any, Generic, TypeVar
+
+from anyio import CapacityLimiter, to_thread
+from typing_extensions import Unpack
+
+from rlwire._api.options import Limits, LimitsKeywords, from_keywords
+from rlwire._api.schema import TrainingBatch, TrainingSample
+from rlwire._api.stats import ReceiveStats
+from rlwire._checks.checks import Checks
+from rlwire._core.errors import (
+    ClosedError,
+    ConfigError,
+    DecodeError,
+    EndOfStream,
+    ReceiveTimeout,
+    RlwireError,
+)
+from rlwire._core.offload import drive_sliced, make_limiter, thread_count
+from rlwire._core.slicing import Sliced, run_sliced, timed
+from rlwire._frame.compression import decompress_sliced
+from rlwire._frame.frame import Frame
+from rlwire.codecs import Codec, get_codec
+from rlwire.transport._base import Source
+
+__all__ = ["TrainingBatchReceiver"]
+
+T = TypeVar("T")
+_NOTHING: Any = object()
+
+
+class TrainingBatchReceiver(Generic[T]):
+    """Receives the objects of consecutive steps for one rank.
+
+    Synchronous (``receive``, ``poll``, ``for``, ``with``) for trainer processes, and
+    asynchronous (``areceive``, ``async for``, ``async with``) for event-loop code. Both
+    faces share one core, so they can be mixed. Each message is decoded by the codec
+    whose name it records, and decompressed segment by segment in parallel threads.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        type: Any,
+        *,
+        start_step: int = 0,
+        rank: int | None = None,
+        validate: bool | Checks = False,
+        writable: bool = False,
+        limits: Limits | None = None,
+        limiter: CapacityLimiter | int | None = None,
+        record_consumed: bool = True,
+        **keywords: Unpack[LimitsKeywords],
+    ) -> None:
+        self._source = source
+        self._rank = rank
+        self._codecs: dict[str, Codec] = {}
+        self._limits = from_keywords(
+            Limits, limits, keywords, parameter="limits", function="TrainingBatchReceiver"
+        )
+        self._type = type
+        self._next_step = start_step
+        self._step: int | None = None
+        if not isinstance(validate, bool | Checks):
+            raise ConfigError(f"validate must be True, False or a rlwire.Checks, got {validate!r}")
+        self._validate = validate
+        self._names_checked = False  # Checks names are matched against the first object only
+        self._writable = writable
+        self._limiter = make_limiter(limiter)
+        self._mutex = threading.Lock()
+        self._closed = False
+        self._peeked: tuple[int, Frame] | None = None  # read by wait_next(), not yet decoded
+        self._read_seconds = 0.0  # of the last read
+        self._record_consumed = record_consumed
+        # The step last written to this rank's consumption mark: nothing to write until
+        # the receiver moves past its first step (the store may not even exist yet).
+        self._recorded = start_step
+        self._last_stats: ReceiveStats | None = None
+
+    def __repr__(self) -> str:
+        return f"TrainingBatchReceiver({self._source!r}, next_step={self._next_step})"
+
+    @property
+    def last_step(self) -> int | None:
+        """The step of the object last returned, or ``None`` before the first (as the
+        sender's ``last_step`` is the step it last sent)."""
+        return self._step
+
+    @property
+    def step(self) -> int | None:
+        """Deprecated: :attr:`last_step`."""
+        warnings.warn(
+            "receiver.step is deprecated: use receiver.last_step",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._step
+
+    @property
+    def next_step(self) -> int:
+        """The step the next receive returns."""
+        return self._next_step
+
+    @property
+    def last_stats(self) -> ReceiveStats | None:
+        """The figures of the last step received, or ``None`` before the first."""
+        return self._last_stats
+
+    def _take(self, started: float) -> Sliced[Any]:
+        """The core, a sliced generator: the next step's object, or ``_NOTHING`` if it
+        is not there yet. The sync faces run it in the calling thread; the async ones
+        run its slices in worker threads, letting go of the GIL between them, so that
+        decoding a large message never keeps the event loop from the GIL for long. The
+        mutex is held across slices, which may run in different threads (a
+        ``threading.Lock`` may be released by any thread)."""
+        with self._mutex:
+            got = self._peeked or self._read()
+            self._peeked = None
+            if got is None:
+                return _NOTHING
+            step, frame = got
+            seconds = {"read": self._read_seconds, "decompress": 0.0, "decode": 0.0}
+            try:
+                obj = yield from self._decode(frame, seconds)
+                yield from self._check(obj, step)
+            except RlwireError as exc:
+                # A stored message can be read again, or skipped; one a socket has handed
+                # over is gone, and waiting for it again would only report a gap.
+                if self._source.consumes:
+                    self._next_step = step + 1
+                where = self._source.describe(step) if isinstance(exc, DecodeError) else None
+                exc.add_context(where=where, step=step, rank=self._rank)
+                raise
+            self._step, self._next_step = step, step + 1
+            total = time.perf_counter() - started
+            self._last_stats = ReceiveStats(
+                step=step,
+                rank=self._rank or 0,
+                bytes=frame.nbytes,
+                wait_seconds=max(0.0, total - sum(seconds.values())),
+                read_seconds=seconds["read"],
+                decompress_seconds=seconds["decompress"],
+                decode_seconds=seconds["decode"],
+                total_seconds=total,
+            )
+            return obj
+
+    def _check(self, obj: Any, step: int) -> Sliced[None]:
+        """Validate ``obj`` as ``validate=`` asks, in slices."""
+        if isinstance(self._validate, Checks):
+            yield from self._validate.validate_sliced(obj, check_names=not self._names_checked)
+            self._names_checked = True
+        if self._validate is not False and isinstance(obj, TrainingBatch | TrainingSample):
+            obj.validate(f"step {step}")
+
+    def _read(self) -> tuple[int, Frame] | None:
+        """The next step's frame if it has arrived (call with the mutex held)."""
+        if self._closed:
+            raise ClosedError(f"{self!r} is closed")
+        began = time.perf_counter()
+        try:
+            if self._record_consumed and self._next_step > self._recorded:
+                self._source.mark_consumed(self._next_step)
+                self._recorded = self._next_step
+            return self._source.read_next(self._next_step)
+        except RlwireError as exc:
+            exc.add_context(rank=self._rank)
+            raise
+        finally:
+            self._read_seconds = time.perf_counter() - began
+
+    def _peek(self) -> bool:
+        """Read the next step's frame, if it has arrived, and keep it for the next
+        receive: True if there is one."""
+        with self._mutex:
+            if self._peeked is None:
+                self._peeked = self._read()
+            return self._peeked is not None
+
+    def _decode(self, frame: Frame, seconds: dict[str, float]) -> Sliced[Any]:
+        if frame.compression:
+            frame = yield from timed(
+                decompress_sliced(
+                    frame,
+                    max_bytes=self._limits.max_decompressed_bytes,
+                    max_ratio=self._limits.max_compression_ratio,
+                    threads=thread_count(self._limiter),
+                ),
+                seconds,
+                "decompress",
+            )
+        began = time.perf_counter()
+        codec = self._codecs.get(frame.codec)
+        if codec is None:
+            try:
+                codec = self._codecs[frame.codec] = get_codec(frame.codec)()
+            except ConfigError as exc:
+                raise DecodeError(
+                    f"written with codec {frame.codec!r}, which this reader cannot load: {exc}"
+                ) from None
+        decode_sliced = getattr(codec, "decode_sliced", None)  # optional for plugin codecs
+        if decode_sliced is None:
+            try:
+                return codec.decode(frame, self._type, writable=self._writable)
+            finally:
+                seconds["decode"] += time.perf_counter() - began
+        return (
+            yield from timed(
+                decode_sliced(frame, self._type, writable=self._writable), seconds, "decode"
+            )
+        )
+
+    def skip(self) -> int:
+        """Give up on the next step (for example after a CorruptFrameError) and move on to
+        the one after it. Returns the step skipped."""
+        with self._mutex:
+            self._next_step += 1
+            return self._next_step - 1
+
+    def poll(self) -> T | None:
+        """Return the next step's object if it has arrived, else ``None`` at once.
+
+        Raises:
+            CorruptFrameError: the stored message is truncated or garbled.
+            DecodeError: the message does not match ``type``.
+            SchemaError: ``validate`` is on and the object breaks a rule.
+            ConfigError: a :class:`~rlwire.Checks` name matches no field of the first
+                object received.
+            EndOfStream: the sender finished the stream before the next step.
+            StepGapError: a stream source (ZeroMQ) lost a message; the next call returns
+                the message after the gap.
+            TransportError: the source cannot be read (a network or disk failure).
+            ClosedError: the receiver is closed.
+        """
+        obj = run_sliced(self._take(time.perf_counter()))
+        return None if obj is _NOTHING else obj
+
+    def receive(self, timeout: float | None = None) -> T:
+        """Wait for the next step and return its object.
+
+        Raises:
+            ReceiveTimeout: nothing arrived within ``timeout`` seconds.
+            RlwireError: the others of :meth:`poll` (``EndOfStream``,
+                ``CorruptFrameError``, ``DecodeError``, ``SchemaError``, ``StepGapError``,
+                ``TransportError``, ``ClosedError``), for the same reasons.
+        """
+        started = time.perf_counter()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            obj = run_sliced(self._take(started))
+            if obj is not _NOTHING:
+                return obj  # type: ignore[no-any-return]
+            self._source.wait(self._left(deadline, timeout))
+
+    async def areceive(self, timeout: float | None = None) -> T:
+        """Like :meth:`receive`, without blocking the event loop: reads and decoding run
+        in worker threads.
+        """
+        started = time.perf_counter()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            obj = await drive_sliced(self._take(started), self._limiter)
+            if obj is not _NOTHING:
+                return obj  # type: ignore[no-any-return]
+            await self._source.await_message(self._left(deadline, timeout))
+
+    def wait_next(self, timeout: float | None = None) -> bool:
+        """Wait until the next step can be received, without receiving it.
+
+        Returns:
+            True once the next step has arrived (the next :meth:`receive` returns it at
+            once, without reading it again); False if ``timeout`` seconds pass first.
+
+        Raises:
+            EndOfStream: the sender finished before the next step.
+            CorruptFrameError, TransportError, ClosedError: as :meth:`poll`.
+
+        Example:
+            >>> import rlwire, tempfile
+            >>> with rlwire.open_receiver(tempfile.mkdtemp()) as receiver:
+            ...     receiver.wait_next(timeout=0.01)
+            False
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._peek():
+            remaining = self._remaining(deadline)
+            if remaining is not None and remaining <= 0:
+                return False
+            self._source.wait(remaining)
+        return True
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Deprecated: :meth:`wait_next`."""
+        warnings.warn(
+            "receiver.wait() is deprecated: use receiver.wait_next()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.wait_next(timeout)
+
+    async def await_next(self, timeout: float | None = None) -> bool:
+        """:meth:`wait_next` without blocking the event loop: the peek runs in a worker
+        thread."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not await to_thread.run_sync(self._peek, limiter=self._limiter):
+            remaining = self._remaining(deadline)
+            if remaining is not None and remaining <= 0:
+                return False
+            await self._source.await_message(remaining)
+        return True
+
+    def _remaining(self, deadline: float | None) -> float | None:
+        return None if deadline is None else deadline - time.monotonic()
+
+    def _left(self, deadline: float | None, timeout: float | None) -> float | None:
+        remaining = self._remaining(deadline)
+        if remaining is not None and remaining <= 0:
+            raise ReceiveTimeout(
+                f"{self._source!r}: step {self._next_step} did not arrive within {timeout} s"
+            )
+        return remaining
+
+    def __iter__(self) -> TrainingBatchReceiver[T]:
+        return self
+
+    def __next__(self) -> T:
+        try:
+            return self.receive()
+        except EndOfStream:
+            raise StopIteration from None
+
+    def __aiter__(self) -> TrainingBatchReceiver[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        try:
+            return await self.areceive()
+        except EndOfStream:
+            raise StopAsyncIteration from None
+
+    def close(self) -> None:
+        """Stop receiving; objects already returned stay valid. Idempotent."""
+        with self._mutex:
+            if not self._closed:
+                self._closed = True
+                self._source.close()
+
+    async def aclose(self) -> None:
+        """Async :meth:`close`."""
+        await to_thread.run_sync(self.close, limiter=self._limiter)
+
+    def __enter__(self) -> TrainingBatchReceiver[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> TrainingBatchReceiver[T]:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

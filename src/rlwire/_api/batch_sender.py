@@ -1,0 +1,369 @@
+"""TrainingBatchSender: a codec and a sink, step bookkeeping, thread offload."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+from anyio import CapacityLimiter, to_thread
+from typing_extensions import Unpack
+
+from rlwire._api.options import (
+    Retention,
+    RetentionKeywords,
+    from_keywords,
+)
+from rlwire._api.stats import SendStats
+from rlwire._checks.checks import Checks
+from rlwire._core.args import check_int
+from rlwire._core.errors import (
+    ClosedError,
+    ConfigError,
+    RlwireError,
+    StepOrderError,
+    TransportError,
+)
+from rlwire._core.offload import Resumes, drive_sliced, make_limiter, thread_count
+from rlwire._core.slicing import Sliced, timed
+from rlwire._frame.compression import Compressor, compress_sliced
+from rlwire._frame.frame import Frame
+from rlwire.codecs import Codec
+from rlwire.transport._base import OnExisting, Sink
+
+__all__ = ["TrainingBatchSender"]
+
+
+class _SendClock:
+    """The figures of one send, gathered as it goes."""
+
+    def __init__(self, ranks: int) -> None:
+        self.start = time.perf_counter()
+        self.staged = self.start
+        self.waited = 0.0
+        self.sizes = [0] * ranks
+        self.sidecar_bytes = 0
+        self.seconds = {"encode": 0.0, "compress": 0.0}
+        self.resumes = Resumes()
+
+    def stats(self, step: int) -> SendStats:
+        now = time.perf_counter()
+        staging = self.staged - self.start - self.waited
+        encode, compress = self.seconds["encode"], self.seconds["compress"]
+        return SendStats(
+            step=step,
+            ranks=len(self.sizes),
+            bytes_per_rank=tuple(self.sizes),
+            sidecar_bytes=self.sidecar_bytes,
+            encode_seconds=encode,
+            compress_seconds=compress,
+            write_seconds=max(0.0, staging - encode - compress),
+            commit_seconds=now - self.staged,
+            wait_seconds=self.waited,
+            total_seconds=now - self.start,
+            worst_loop_lag_seconds=self.resumes.worst,
+        )
+
+
+class TrainingBatchSender:
+    """Sends one object per step (or one per data-parallel rank) through a sink.
+
+    Each send encodes and writes in worker threads, in slices short enough that the
+    event loop stays responsive, and returns once the step is visible to readers. A
+    cancelled or failed send leaves nothing visible. Sends are serialized: concurrent
+    callers get consecutive steps in the order they acquire the sender.
+    """
+
+    def __init__(
+        self,
+        sink: Sink,
+        codec: Codec,
+        *,
+        compression: Compressor | None = None,
+        on_existing: OnExisting = "error",
+        start_step: int | None = None,
+        retention: Retention | None = None,
+        limiter: CapacityLimiter | int | None = None,
+        checks: Checks | None = None,
+        on_stats: Callable[[SendStats], object] | None = None,
+        **keywords: Unpack[RetentionKeywords],
+    ) -> None:
+        if on_existing not in ("error", "resume", "truncate", "overwrite"):
+            raise ConfigError(
+                "on_existing must be 'error', 'resume', 'truncate' or 'overwrite', "
+                f"got {on_existing!r}"
+            )
+        if start_step is not None:
+            check_int(start_step, "start_step", error=ConfigError)
+        elif on_existing == "truncate":
+            raise ConfigError(
+                "on_existing='truncate' needs start_step: the steps at or after it are "
+                "deleted (for a restart from a checkpoint at step N, start_step=N)"
+            )
+        self._start_step = start_step
+        self._retention = from_keywords(
+            Retention, retention, keywords, parameter="retention", function="TrainingBatchSender"
+        )
+        if self._retention.active and type(sink).consumed is Sink.consumed:
+            raise ConfigError(
+                f"keep_last and max_ahead need a store that records what receivers "
+                f"consumed (files, fsspec); {sink!r} does not (ZeroMQ has its own "
+                "backpressure: the storage option 'hwm')"
+            )
+        self._sink = sink
+        self._codec = codec
+        self._compressor = compression
+        self._on_existing: OnExisting = on_existing
+        self._limiter = make_limiter(limiter)
+        self._lock = anyio.Lock()
+        self._opened = False
+        self._closed = False
+        self._finished = False
+        self._unknown_step: int | None = None  # a step whose commit left it undecided
+        self._first_step = 0  # where this sender started: a rank with no mark is there
+        self._pruned = 0  # steps before this one are deleted
+        self._last_stats: SendStats | None = None
+        self._on_stats = on_stats
+        self._next_step = 0
+        self._last_step: int | None = None
+        self._checks = checks
+        self._names_checked = False  # Checks names are matched against the first object only
+
+    def __repr__(self) -> str:
+        return f"TrainingBatchSender({self._sink!r}, next_step={self._next_step})"
+
+    @property
+    def next_step(self) -> int:
+        """The step ``send(obj)`` without ``step=`` will use."""
+        return self._next_step
+
+    @property
+    def last_step(self) -> int | None:
+        """The last step sent by this sender, or ``None``."""
+        return self._last_step
+
+    @property
+    def sink(self) -> Sink:
+        """The sink this sender writes to; for example, once open, ``sender.sink.url``
+        is the address a ``zmq+tcp://host:0`` sender actually bound."""
+        return self._sink
+
+    async def __aenter__(self) -> TrainingBatchSender:
+        await self.aopen()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aopen(self) -> None:
+        """Prepare the destination (``async with`` and the first send do this).
+
+        Raises:
+            StepExistsError: the destination holds steps and ``on_existing="error"``.
+            TransportError: the destination cannot be written.
+        """
+        async with self._lock:
+            await self._open_locked()
+
+    async def _open_locked(self) -> None:
+        if self._closed:
+            raise ClosedError(f"{self!r} is closed")
+        if not self._opened:
+            self._next_step = await self._sink.aopen(
+                self._on_existing, self._limiter, self._start_step
+            )
+            self._first_step = self._next_step
+            self._opened = True
+
+    async def send(self, obj: Any, *, step: int | None = None) -> int:
+        """Send ``obj`` as ``step`` (default: the next step) for rank 0.
+
+        Returns:
+            The step number used; :attr:`last_stats` then holds the step's figures.
+
+        Raises:
+            SchemaError: ``obj`` fails validation (a TrainingSample's own rules, or the
+                sender's :class:`~rlwire.Checks`); nothing is written.
+            ConfigError: a :class:`~rlwire.Checks` name matches no field of the first
+                object sent.
+            EncodeError: ``obj`` holds a value the codec cannot carry; names its path.
+            StepOrderError: ``step`` repeats, goes backwards or skips ahead.
+            StepExistsError: the step already exists at the destination.
+            TransportError: the destination cannot be written; or an earlier commit
+                failed without knowing whether its step became visible (reopen with
+                ``on_existing="resume"``).
+            CorruptFrameError: with ``keep_last`` or ``max_ahead``, a receiver's
+                consumption mark is garbled or records steps not sent yet.
+            ClosedError: the sender is closed, or finished its stream.
+        """
+        return await self.send_ranks([obj], step=step)
+
+    async def send_ranks(self, objs: Sequence[Any], *, step: int | None = None) -> int:
+        """Send ``objs[r]`` to data-parallel rank ``r``, all as one step.
+
+        Every rank's message is written before any becomes visible; the commit is then a
+        quick burst of renames, main messages last. If one of those renames fails, the
+        step is reported as partial (``TransportError``) and its number is used up, so a
+        retry can never give two ranks different data for one step. Errors are those
+        of :meth:`send`; messages name the rank.
+        """
+        if isinstance(objs, str | bytes) or not isinstance(objs, Sequence) or not objs:
+            raise ConfigError("send_ranks needs a non-empty sequence with one object per rank")
+        async with self._lock:
+            await self._open_locked()
+            if self._finished:
+                raise ClosedError(f"{self!r} finished its stream: nothing can be sent after")
+            if self._unknown_step is not None:
+                raise TransportError(
+                    f"whether step {self._unknown_step} became visible is unknown (its "
+                    "commit failed and the store could not be asked); open a new sender "
+                    "with on_existing='resume', which settles it, to go on",
+                    where=self._sink,
+                )
+            step = self._resolve_step(step)
+            # Each rank is validated and encoded when the sink is ready to write it, so
+            # only one rank's encoded message is held at a time.
+            clock = _SendClock(len(objs))
+            if self._retention.active:
+                await self._make_room(step, len(objs))
+                clock.waited = time.perf_counter() - clock.start
+            frames = [self._encode(obj, step, rank, clock) for rank, obj in enumerate(objs)]
+            try:
+                staged = await drive_sliced(
+                    self._sink.stage(step, frames), self._limiter, clock.resumes
+                )
+            except RlwireError as exc:
+                exc.add_context(step=step)
+                raise
+            clock.staged = time.perf_counter()
+            try:
+                await staged.acommit(self._limiter)
+            except BaseException as exc:
+                if staged.visible is None:
+                    # Neither sending the step again nor going on is safe: a receiver
+                    # could get two versions of it, or wait forever for it.
+                    self._unknown_step = step
+                    if isinstance(exc, RlwireError):
+                        exc.add_context(step=step)
+                elif not staged.visible:  # e.g. a cancelled async commit
+                    with anyio.CancelScope(shield=True):
+                        await to_thread.run_sync(staged.discard, limiter=self._limiter)
+                raise
+            finally:
+                if staged.visible:  # even a partly visible step must never be sent again
+                    self._last_step = step
+                    self._next_step = step + 1
+            self._last_stats = stats = clock.stats(step)
+        if self._on_stats is not None:
+            self._on_stats(stats)
+        return step
+
+    async def _make_room(self, step: int, ranks: int) -> None:
+        """Wait while ``step`` is more than ``max_ahead`` steps ahead of the slowest
+        rank, then delete the steps ``keep_last`` lets go."""
+        keep_last, max_ahead = self._retention.keep_last, self._retention.max_ahead
+        delay = 0.005
+        while True:
+            marks = await to_thread.run_sync(
+                self._sink.consumed, ranks, step, limiter=self._limiter
+            )
+            slowest = min(self._first_step if m is None else m for m in marks)
+            if max_ahead is None or step - slowest <= max_ahead:
+                break
+            await anyio.sleep(delay)  # the receivers' marks are polled, not pushed
+            delay = min(delay * 2, 0.25)
+        if keep_last is not None and None not in marks:
+            # A rank with no mark has moved past nothing, as far as anyone can tell.
+            below = min(slowest, step + 1 - keep_last)
+            if below > self._pruned:
+                await to_thread.run_sync(self._sink.prune, below, limiter=self._limiter)
+                self._pruned = below
+
+    def _encode(self, obj: Any, step: int, rank: int, clock: _SendClock) -> Sliced[Frame]:
+        """Validate, encode and compress one rank's object, in slices."""
+        try:
+            if self._checks is not None:
+                yield from timed(
+                    self._checks.validate_sliced(obj, check_names=not self._names_checked),
+                    clock.seconds,
+                    "encode",
+                )
+                self._names_checked = True
+            frame = yield from timed(self._codec.encode_sliced(obj), clock.seconds, "encode")
+            if self._compressor is not None:
+                frame = yield from timed(
+                    compress_sliced(frame, self._compressor, threads=thread_count(self._limiter)),
+                    clock.seconds,
+                    "compress",
+                )
+        except RlwireError as exc:
+            exc.add_context(step=step, rank=rank)
+            raise
+        clock.sizes[rank] = frame.nbytes
+        clock.sidecar_bytes += sum(frame.buffers[i].nbytes for i in frame.sidecar)
+        return frame
+
+    @property
+    def last_stats(self) -> SendStats | None:
+        """The figures of the last step sent, or ``None`` before the first."""
+        return self._last_stats
+
+    def _resolve_step(self, step: int | None) -> int:
+        if step is None:
+            return self._next_step
+        check_int(step, "step", error=StepOrderError)
+        if step == self._next_step:
+            return step
+        if step < self._next_step:
+            what = "repeats" if step == self._last_step else "goes backwards from"
+            last = self._last_step if self._last_step is not None else self._next_step - 1
+            raise StepOrderError(
+                f"step {step} {what} step {last}; steps must increase by 1 "
+                f"(next is {self._next_step})"
+            )
+        if self._last_step is None and self._next_step == 0:
+            return step  # a fresh destination may start anywhere, e.g. after a checkpoint
+        raise StepOrderError(
+            f"step {step} skips ahead of step {self._next_step}; a receiver "
+            "would wait forever for the missing steps"
+        )
+
+    async def finish(self) -> None:
+        """Mark the end of the stream after the last step sent: receivers then get
+        :class:`~rlwire.EndOfStream` from ``receive`` and ``areceive`` (and ``for`` /
+        ``async for`` end) instead of waiting for the next step. On ZeroMQ, the
+        receivers connected until the sender closes are told. A second call does
+        nothing; a send after it is a :class:`~rlwire.ClosedError`. A sender opened
+        later on the same URL with ``on_existing="resume"`` continues the stream.
+
+        Raises:
+            TransportError: the mark cannot be written.
+            ConfigError: the sink cannot mark the end of a stream (a plugin's).
+            ClosedError: the sender is closed.
+
+        Example:
+            >>> import anyio, rlwire, tempfile
+            >>> async def main(path: str) -> None:
+            ...     async with rlwire.open_sender(path) as sender:
+            ...         await sender.send(rlwire.TrainingBatch(samples=[]))
+            ...         await sender.finish()
+            ...     with rlwire.open_receiver(path) as receiver:
+            ...         print([len(batch.samples) for batch in receiver])
+            >>> anyio.run(main, tempfile.mkdtemp())
+            [0]
+        """
+        async with self._lock:
+            await self._open_locked()
+            if not self._finished:
+                await self._sink.afinish(self._next_step, self._limiter)
+                self._finished = True
+
+    async def aclose(self) -> None:
+        """Wait for an in-flight send to finish, then flush what the sink accepted and
+        release its files and sockets. Idempotent."""
+        async with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            await self._sink.aclose(self._limiter)

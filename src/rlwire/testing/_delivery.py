@@ -1,0 +1,204 @@
+"""The contract on delivery: every sink moves steps in order, per rank, intact."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import pytest
+
+from rlwire._api.batch_receiver import TrainingBatchReceiver
+from rlwire._api.batch_sender import TrainingBatchSender
+from rlwire._api.receiver import open_receiver
+from rlwire._api.schema import TrainingBatch
+from rlwire._api.sender import open_sender
+from rlwire._api.synthetic import assert_batches_equal, make_batch
+from rlwire._core.errors import (
+    ConfigError,
+    ReceiveTimeout,
+)
+from rlwire.testing._fixtures import TIMEOUT, ContractFixtures, big_batch, receive_beside
+
+__all__ = ["DeliveryContract"]
+
+
+class DeliveryContract(ContractFixtures):
+    """Round trips, ranks, timeouts, late receivers, codecs, cancellation, closing."""
+
+    async def test_round_trip_in_order(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        batches = [make_batch(3, seed=10 * i) for i in range(3)]
+
+        async def send_all() -> None:
+            async with sender:
+                for i, batch in enumerate(batches):
+                    assert await sender.send(batch) == i
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_all)
+            for i, batch in enumerate(batches):
+                assert_batches_equal(await receivers[0].areceive(timeout=TIMEOUT), batch)
+                assert receivers[0].last_step == i
+
+    async def test_each_rank_gets_its_own_payload(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        steps = [[make_batch(2, seed=100 * s + r) for r in range(2)] for s in range(2)]
+
+        async def send_all() -> None:
+            async with sender:
+                for payloads in steps:
+                    await sender.send_ranks(payloads)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_all)
+            for payloads in steps:
+                for rank, receiver in enumerate(receivers):
+                    got = await receiver.areceive(timeout=TIMEOUT)
+                    assert_batches_equal(got, payloads[rank])
+
+    async def test_blocking_receive_in_a_thread(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        batch = make_batch(2, seed=7)
+
+        async def send_one() -> None:
+            async with sender:
+                await sender.send(batch)
+
+        got = await receive_beside(
+            send_one, lambda: anyio.to_thread.run_sync(receivers[0].receive, TIMEOUT)
+        )
+        assert_batches_equal(got, batch)
+
+    async def test_receive_times_out_when_nothing_is_sent(
+        self, receivers: list[TrainingBatchReceiver[TrainingBatch]]
+    ) -> None:
+        with anyio.fail_after(TIMEOUT), pytest.raises(ReceiveTimeout):
+            await receivers[0].areceive(timeout=0.2)
+        with pytest.raises(ReceiveTimeout):
+            receivers[0].receive(timeout=0.1)
+        assert receivers[0].poll() is None
+
+    async def test_receiver_that_starts_late_gets_step_zero(
+        self, sink_url: str, sender: TrainingBatchSender, receiver_options: Mapping[str, Any]
+    ) -> None:
+        batch = make_batch(2, seed=3)
+        async with sender, anyio.create_task_group() as tg:
+            tg.start_soon(sender.send, batch)
+            await anyio.sleep(0.3)
+            with open_receiver(sink_url, storage_options=receiver_options) as receiver:
+                assert_batches_equal(await receiver.areceive(timeout=TIMEOUT), batch)
+                assert receiver.last_step == 0
+
+    @pytest.mark.parametrize(
+        "options",
+        [{"compression": "lz4"}, {"compression": "zstd", "checksum": False}],
+        ids=["lz4", "zstd-no-checksum"],
+    )
+    async def test_codecs_and_compression_pass_through(
+        self,
+        sink_url: str,
+        sender_options: Mapping[str, Any],
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+        options: dict[str, Any],
+    ) -> None:
+        batch = make_batch(2, n=5000, seed=5)
+        routed = batch.samples[0].routed_experts
+        assert routed is not None
+        routed[:] = 1  # compressible, so lz4/zstd keep their output
+
+        async def send_one() -> None:
+            async with open_sender(sink_url, storage_options=sender_options, **options) as s:
+                await s.send(batch)
+
+        got = await receive_beside(send_one, lambda: receivers[0].areceive(timeout=TIMEOUT))
+        assert_batches_equal(got, batch)
+
+    async def test_arrays_may_be_reused_once_send_returns(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        batch = make_batch(2, n=70_000, seed=11)
+        sent = make_batch(2, n=70_000, seed=11)
+
+        async def send_then_scribble() -> None:
+            async with sender:
+                await sender.send(batch)
+                for sample in batch.samples:
+                    sample.token_ids[:] = -1
+                    assert sample.routed_experts is not None
+                    sample.routed_experts[:] = 0
+
+        got = await receive_beside(
+            send_then_scribble, lambda: receivers[0].areceive(timeout=TIMEOUT)
+        )
+        assert_batches_equal(got, sent)
+
+    async def test_closing_flushes_accepted_steps(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        # Small enough to sit in a socket's queues, so that sends return before anything
+        # is read and closing must deliver what is still queued.
+        batches = [make_batch(2, seed=s) for s in range(3)]
+        closed = anyio.Event()
+
+        async def send_and_close() -> None:
+            async with sender:
+                for batch in batches:
+                    await sender.send(batch)
+            closed.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_and_close)
+            for batch in batches:
+                assert_batches_equal(await receivers[0].areceive(timeout=TIMEOUT), batch)
+            with anyio.fail_after(TIMEOUT):
+                await closed.wait()
+
+    async def test_cancelled_send_leaves_no_partial_step(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        big = big_batch()
+        small = make_batch(2, seed=22)
+        cancelled = False
+
+        async def send_both() -> None:
+            nonlocal cancelled
+            async with sender:
+                # 2 ms into a send of 64 MB: encoding, writing or committing, never done.
+                with anyio.move_on_after(0.002) as scope:
+                    await sender.send(big)
+                cancelled = scope.cancelled_caught
+                await sender.send(small)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_both)
+            first = await receivers[0].areceive(timeout=TIMEOUT)
+            if first.samples[0].token_ids.size == big.samples[0].token_ids.size:
+                # A stream may have handed the whole message over before the cancel.
+                assert_batches_equal(first, big)
+                first = await receivers[0].areceive(timeout=TIMEOUT)
+            assert_batches_equal(first, small)
+        assert cancelled, "the send finished before it was cancelled: nothing was tested"
+
+    async def test_unknown_storage_option_is_a_config_error(self, sink_url: str) -> None:
+        with pytest.raises(ConfigError, match="no_such_option"):
+            async with open_sender(sink_url, storage_options={"no_such_option": 1}) as s:
+                await s.send(make_batch(1))
+        with pytest.raises(ConfigError, match="no_such_option"):
+            with open_receiver(sink_url, storage_options={"no_such_option": 1}) as r:
+                r.poll()

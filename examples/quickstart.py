@@ -34,6 +34,6 @@ with rlwire.open_receiver(path) as receiver:  # in the trainer process
     for _ in range(2):
         batch = receiver.receive(timeout=10)
         print(
-            f"step {receiver.step}: {len(batch.samples)} samples, "
+            f"step {receiver.last_step}: {len(batch.samples)} samples, "
             f"routed_experts {batch.samples[0].routed_experts.shape}"
         )

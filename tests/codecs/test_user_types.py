@@ -1288,7 +1288,7 @@ async def send_and_receive(sink: Sink, payloads: list[Any], item_type: Any) -> l
             tg.start_soon(send)
             for receiver in receivers:
                 got.append(await receiver.areceive(timeout=TIMEOUT))
-                assert receiver.step == 0
+                assert receiver.last_step == 0
     return got
 
 

@@ -16,9 +16,9 @@ from structure import (
     face_problems,
     import_graph,
     long_modules,
+    mirrored_privacy_problems,
     rank_problems,
     src_privacy_problems,
-    mirrored_privacy_problems,
     unresolved_references,
 )
 

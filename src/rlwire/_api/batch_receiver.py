@@ -45,7 +45,7 @@ class TrainingBatchReceiver(Generic[T]):
     whose name it records, and decompressed segment by segment in parallel threads.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (the options open_receiver resolved, one each)
         self,
         source: Source,
         type: Any,

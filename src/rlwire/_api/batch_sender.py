@@ -75,7 +75,7 @@ class TrainingBatchSender:
     callers get consecutive steps in the order they acquire the sender.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (the options open_sender resolved, one each)
         self,
         sink: Sink,
         codec: Codec,

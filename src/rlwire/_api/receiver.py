@@ -60,7 +60,7 @@ def open_receiver(
 def open_receiver(
     url: str | os.PathLike[str], **options: Unpack[ReceiverOptions]
 ) -> TrainingBatchReceiver[TrainingBatch]: ...
-def open_receiver(
+def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped in Limits)
     url: str | os.PathLike[str],
     *,
     type: Any = TrainingBatch,

@@ -31,7 +31,7 @@ from rlwire.transport._base import OnExisting, SinkOptions
 __all__ = ["TrainingBatchSender", "open_sender"]
 
 
-def open_sender(
+def open_sender(  # noqa: PLR0913 (the public keywords; the rest are grouped in Retention, Integrity)
     url: str | os.PathLike[str],
     *,
     codec: str | Codec = "msgpack",

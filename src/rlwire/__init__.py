@@ -21,27 +21,11 @@ from rlwire._api.sender import open_sender
 from rlwire._api.stats import ReceiveStats, SendStats
 from rlwire._api.sync_sender import SyncSender, open_sync_sender
 from rlwire._checks.checks import Checks
-from rlwire._core.errors import (
-    ClosedError,
-    ConfigError,
-    CorruptFrameError,
-    DecodeError,
-    EncodeError,
-    EndOfStream,
-    FrameTooLargeError,
-    ReceiveTimeout,
-    RlwireError,
-    SchemaError,
-    StepExistsError,
-    StepGapError,
-    StepOrderError,
-    TransportError,
-    UnsupportedVersionError,
-)
 from rlwire._core.faces import alias_old_modules, claim
 from rlwire._frame.compression import Compressor
 from rlwire._frame.frame import Frame
 from rlwire.aio import LagMonitor
+from rlwire.errors import *  # noqa: F403 (the errors, which rlwire.errors owns)
 
 __version__ = "0.1.0"
 

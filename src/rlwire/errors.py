@@ -1,8 +1,9 @@
 """The errors rlwire raises: one hierarchy under :class:`RlwireError`.
 
-Every class here is also importable from :mod:`rlwire` itself (``rlwire.DecodeError``),
-which is where each reports it lives. Each one derives from the closest built-in
-exception too, so code that already catches ``ValueError`` or ``OSError`` keeps working.
+Every class here is also importable from :mod:`rlwire` itself (``rlwire.DecodeError``);
+each reports this module as where it lives, as tracebacks show. Each one derives from the
+closest built-in exception too, so code that already catches ``ValueError`` or ``OSError``
+keeps working.
 
 Example:
     >>> import rlwire.errors
@@ -10,7 +11,7 @@ Example:
     True
 """
 
-from rlwire import (
+from rlwire._core.errors import (
     ClosedError,
     ConfigError,
     CorruptFrameError,
@@ -27,7 +28,7 @@ from rlwire import (
     TransportError,
     UnsupportedVersionError,
 )
-from rlwire._core.faces import names_on_demand
+from rlwire._core.faces import claim, names_on_demand
 
 __all__ = [
     "ClosedError",
@@ -46,6 +47,8 @@ __all__ = [
     "TransportError",
     "UnsupportedVersionError",
 ]
+
+claim(__name__, globals(), __all__)
 
 # Before 0.2 this module also held a helper for sink authors.
 __getattr__ = names_on_demand(

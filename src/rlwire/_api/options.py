@@ -57,7 +57,7 @@ class Retention:
         Retention(keep_last=8, max_ahead=2)
         >>> Retention(keep_last=0)
         Traceback (most recent call last):
-        rlwire.ConfigError: keep_last must be an int of at least 1, got 0
+        rlwire.errors.ConfigError: keep_last must be an int of at least 1, got 0
     """
 
     keep_last: int | None = None
@@ -116,7 +116,7 @@ class Limits:
         4096
         >>> Limits(max_compression_ratio=0)
         Traceback (most recent call last):
-        rlwire.ConfigError: max_compression_ratio must be a positive number, got 0
+        rlwire.errors.ConfigError: max_compression_ratio must be a positive number, got 0
     """
 
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED

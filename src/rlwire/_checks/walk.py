@@ -15,7 +15,7 @@ Example:
     >>> run_sliced(Walk(planner, collect=False).visit({"x": [0.5, float("inf")]}, None, None, ANY))
     Traceback (most recent call last):
     ...
-    rlwire.SchemaError: $.x[1]: inf is not finite ('x' is checked finite)
+    rlwire.errors.SchemaError: $.x[1]: inf is not finite ('x' is checked finite)
 """
 
 from __future__ import annotations

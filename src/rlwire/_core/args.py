@@ -24,7 +24,7 @@ def check_int(
         >>> check_int(0, "keep_last", low=1)
         Traceback (most recent call last):
         ...
-        rlwire.ConfigError: keep_last must be an int of at least 1, got 0
+        rlwire.errors.ConfigError: keep_last must be an int of at least 1, got 0
     """
     if (
         isinstance(value, bool)

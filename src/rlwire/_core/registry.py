@@ -43,7 +43,7 @@ class Registry:
         'a/b'
         >>> reg.load("nope")
         Traceback (most recent call last):
-        rlwire.ConfigError: no thing 'nope'; known: path
+        rlwire.errors.ConfigError: no thing 'nope'; known: path
     """
 
     def __init__(

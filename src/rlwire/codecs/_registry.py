@@ -125,7 +125,7 @@ def register_codec(
         True
         >>> register_codec("msgpack", "mypackage:Other")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
-        rlwire.ConfigError: codec 'msgpack' is already registered (...); ...
+        rlwire.errors.ConfigError: codec 'msgpack' is already registered (...); ...
     """
     _REGISTRY.register(name, factory, clobber=clobber)
 

@@ -128,7 +128,7 @@ def register_sink(scheme: str, sink: type[Sink] | str, *, clobber: bool = False)
         True
         >>> register_sink("s3", MirrorSink)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
-        rlwire.ConfigError: sink for 's3' is already registered (...); ...
+        rlwire.errors.ConfigError: sink for 's3' is already registered (...); ...
     """
     _REGISTRY.register(scheme, sink, clobber=clobber)
 

@@ -4,9 +4,9 @@ out-of-band bytes copied (or not) as the annotation wants them.
 Example:
     >>> convert([1, 2], list[float])
     [1.0, 2.0]
-    >>> convert(["x"], list[int])
+    >>> convert(["x"], list[int])  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    rlwire.DecodeError: received data does not match list: Expected `int`, got `str` - at `$[0]`
+    rlwire.errors.DecodeError: received data does not match list: Expected `int`, got `str` ...
 """
 
 from __future__ import annotations

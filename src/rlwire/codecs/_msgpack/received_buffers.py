@@ -14,7 +14,7 @@ Example:
     b'abc'
     >>> received.ext_hook(EXT_BYTES, ref)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    rlwire.CorruptFrameError: header refers to buffer 0 twice ...
+    rlwire.errors.CorruptFrameError: header refers to buffer 0 twice ...
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def translate_errors(where: str, action: str) -> Iterator[None]:
         ...     raise PermissionError(13, "Permission denied")
         Traceback (most recent call last):
         ...
-        rlwire.TransportError: memory://run: cannot list the destination: Permission denied
+        rlwire.errors.TransportError: memory://run: cannot list the destination: Permission denied
     """
     try:
         yield

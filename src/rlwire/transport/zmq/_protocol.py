@@ -264,7 +264,7 @@ def parse_data(parts: Sequence[bytes | memoryview], *, where: str) -> tuple[Head
         >>> parse_data([b"xy"], where="ipc:///run")
         Traceback (most recent call last):
         ...
-        rlwire.CorruptFrameError: ipc:///run: not an rlwire message (2-byte head)
+        rlwire.errors.CorruptFrameError: ipc:///run: not an rlwire message (2-byte head)
     """
     first = bytes(parts[0])
     if len(first) < _PRELUDE.size:

@@ -20,8 +20,8 @@ import pytest
 from helpers import assert_batches_equal, make_batch
 
 import rlwire
-from rlwire._api.sync_sender import SyncSender, open_sync_sender
-from rlwire.transport._file.sink import FileSink
+from rlwire import SyncSender, open_sync_sender
+from rlwire.transport import FileSink
 
 #: For what should happen: far longer than it takes, even on a busy machine.
 LONG = 30.0

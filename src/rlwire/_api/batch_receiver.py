@@ -27,7 +27,7 @@ from rlwire._core.offload import drive_sliced, make_limiter, thread_count
 from rlwire._core.slicing import Sliced, run_sliced, timed
 from rlwire._frame.compression import decompress_sliced
 from rlwire._frame.frame import Frame
-from rlwire.codecs import Codec, get_codec
+from rlwire.codecs._registry import Codec, get_codec
 from rlwire.transport._base import Source
 
 __all__ = ["TrainingBatchReceiver"]

@@ -29,7 +29,7 @@ from rlwire._core.offload import Resumes, drive_sliced, make_limiter, thread_cou
 from rlwire._core.slicing import Sliced, timed
 from rlwire._frame.compression import Compressor, compress_sliced
 from rlwire._frame.frame import Frame
-from rlwire.codecs import Codec
+from rlwire.codecs._registry import Codec
 from rlwire.transport._base import OnExisting, Sink
 
 __all__ = ["TrainingBatchSender"]

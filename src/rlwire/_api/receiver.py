@@ -29,8 +29,8 @@ from rlwire._api.options import Limits, LimitsKeywords, from_keywords
 from rlwire._api.schema import TrainingBatch
 from rlwire._checks.checks import Checks
 from rlwire._core.args import check_int, check_positive
-from rlwire.transport import open_source
 from rlwire.transport._base import SourceOptions
+from rlwire.transport._registry import open_source
 
 __all__ = ["ReceiverOptions", "TrainingBatchReceiver", "open_receiver"]
 

@@ -24,9 +24,9 @@ from rlwire._core.errors import (
     ConfigError,
 )
 from rlwire._frame.compression import Compressor
-from rlwire.codecs import Codec, make_codec
-from rlwire.transport import open_sink
+from rlwire.codecs._registry import Codec, make_codec
 from rlwire.transport._base import OnExisting, SinkOptions
+from rlwire.transport._registry import open_sink
 
 __all__ = ["TrainingBatchSender", "open_sender"]
 
@@ -59,7 +59,7 @@ def open_sender(  # noqa: PLR0913 (the public keywords; the rest are grouped in 
             plugins add more through the ``rlwire.codecs`` entry point group), or a codec
             object. Receivers pick the codec from each message, so they need no option.
         compression: ``None`` (default), ``"lz4"``, ``"zstd"`` or ``"zstd:LEVEL"`` (see
-            :class:`~rlwire.codecs.Compressor`): compress the header and each
+            :class:`~rlwire.Compressor`): compress the header and each
             out-of-band buffer of at least 64 KiB that shrinks by 10 % or more, in
             parallel worker threads.
         sidecar: field names (e.g. ``("routed_experts",)``) whose array and bytes values,

@@ -1,6 +1,6 @@
 """Sinks by URL scheme, found through the ``rlwire.sinks`` entry point group.
 
-A package adds a transport by registering its :class:`~rlwire.transport.Sink` subclass
+A package adds a transport by registering its :class:`~rlwire.abc.Sink` subclass
 under each URL scheme it serves::
 
     [project.entry-points."rlwire.sinks"]
@@ -65,7 +65,7 @@ _REGISTRY = Registry(
     builtin=_BUILTIN,
     hints=_HINTS,
     accepts=_is_sink_class,
-    expected="a rlwire.transport.Sink",
+    expected="a subclass of rlwire.abc.Sink",
 )
 
 

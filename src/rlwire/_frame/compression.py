@@ -4,11 +4,12 @@ A frame's *segments* are its header (segment 0) and its buffers (segment ``i + 1
 buffer ``i``). Each segment of at least ``min_size`` bytes is compressed on its own and
 kept compressed only when that saves at least 10 %; large segments are first tried on a
 64 KiB sample, so float arrays that barely compress cost almost nothing. Both libraries
-release the GIL, so segments compress and decompress in parallel threads of one shared
-pool, in groups of a few MiB. Both directions take the same path: a sliced generator
-(:func:`compress_sliced`, :func:`decompress_sliced`) that hands the groups to the pool
-and yields as each one finishes, so the sender drives it from worker threads under its
-limiter and stays cancellable, and the receiver drives it in its own thread.
+release the GIL, so segments compress and decompress in parallel threads of rlwire's
+shared executor (:mod:`rlwire._core.pools`), in groups of a few MiB. Both directions take
+the same path: a sliced generator (:func:`compress_sliced`, :func:`decompress_sliced`)
+that hands the groups to the executor and yields as each one finishes, so the sender
+drives it from worker threads under its limiter and stays cancellable, and the receiver
+drives it in its own thread.
 
 Decompression is bounded: the declared sizes are checked against a limit before any
 memory is allocated, and every segment must expand to exactly its declared size.
@@ -28,6 +29,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from rlwire._core.args import check_int
 from rlwire._core.errors import ConfigError, CorruptFrameError, FrameTooLargeError
+from rlwire._core.pools import shared_executor
 from rlwire._core.slicing import Sliced, run_sliced
 from rlwire._frame.frame import Frame, as_byte_view
 
@@ -62,7 +64,6 @@ _KEEP_RATIO = 0.9  # keep a compressed segment only when it is at most 90 % of t
 _LZ4_MAX_INPUT = 0x7E000000  # LZ4_MAX_INPUT_SIZE: larger segments are stored as they are
 _LEVELS = {LZ4: (0, 12, 0), ZSTD: (1, 22, 3)}  # (min, max, default)
 _GROUP_BYTES = 4 << 20  # uncompressed bytes per parallel task, at least
-_POOL_THREADS = 64
 
 Segment: TypeAlias = "bytes | memoryview"
 J = TypeVar("J")
@@ -185,28 +186,11 @@ def _segments(frame: Frame) -> list[Segment]:
     return [frame.header, *frame.buffers]
 
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _shared_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """One pool for every sender and receiver. Each call bounds its own work (``threads``,
-    which the sender and receiver size by their limiter and the cores); the pool starts
-    threads only as that work needs them."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                _POOL_THREADS, thread_name_prefix="rlwire-compression"
-            )
-        return _pool
-
-
 def _in_groups(
     func: Callable[[J], R], jobs: Sequence[J], sizes: Sequence[int], threads: int
 ) -> Sliced[list[R]]:
     """``[func(job) for job in jobs]``, jobs taken in groups of at least _GROUP_BYTES,
-    up to ``threads`` groups at once in the shared pool; yields as each group finishes.
+    up to ``threads`` groups at once in the shared executor; yields as each group finishes.
 
     One task per group rather than per job: thousands of small segments would otherwise
     cost thousands of futures, each a few microseconds of GIL-holding Python. Closing
@@ -231,7 +215,7 @@ def _in_groups(
                 results[i] = out
             yield
         return results
-    pool = _shared_pool()
+    pool = shared_executor()
     waiting = iter(groups)
     running: dict[concurrent.futures.Future[list[R]], list[int]] = {}
     try:
@@ -269,7 +253,7 @@ def _with_segments(frame: Frame, results: Sequence[tuple[int, Segment]]) -> Fram
 
 def compress_sliced(frame: Frame, compressor: Compressor, *, threads: int = 1) -> Sliced[Frame]:
     """:func:`compress` as a sliced generator: the segments large enough to try are
-    compressed in up to ``threads`` threads of a shared pool, and the generator yields
+    compressed in up to ``threads`` threads of the shared executor, and the generator yields
     as each group of them finishes."""
     segs = _segments(frame)
     big = [i for i, s in enumerate(segs) if len(s) >= compressor.min_size]
@@ -365,7 +349,7 @@ def decompress_sliced(
     threads: int = 1,
 ) -> Sliced[Frame]:
     """:func:`decompress` as a sliced generator, in up to ``threads`` threads of the
-    shared pool; its errors are those of :func:`decompress`, raised before anything
+    shared executor; its errors are those of :func:`decompress`, raised before anything
     is allocated when the declared sizes are too large."""
     if not frame.compression:
         return frame

@@ -41,6 +41,10 @@ The modules, one concept each:
     the sender's bookkeeping of its receivers: handshake, ranks, acknowledgements
 ``_sockets``
     endpoints, CURVE keys, waiting on a socket's descriptor
+``_reassembly``
+    a receiver puts a batch back together from its data messages and checks it
+``_ordering``
+    a receiver places each batch against the one it expects next
 ``_sink`` / ``_source``
     :class:`ZmqSink` and :class:`ZmqSource`
 """

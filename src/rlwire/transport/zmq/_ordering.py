@@ -1,4 +1,4 @@
-"""Where each batch a receiver gets stands against the one it expects next: the sender's
+"""Where each message a receiver gets stands against the one it expects next: the sender's
 session, the sequence number and the step (docs/format.md, "ZeroMQ messages")."""
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ class Ordering:
     def __init__(self, endpoint: str, *, rank: int) -> None:
         self.endpoint = endpoint
         self.rank = rank
-        # The session of the last batch taken in order, and the seq to follow it.
+        # The session of the last message taken in order, and the seq to follow it.
         self._session: bytes | None = None
         self._next_seq = 0
-        self._received = False  # True once a batch was returned (or a gap reported)
+        self._received = False  # True once a message was returned (or a gap reported)
         # A new session that started behind: its steps below the expected one are
         # discarded without a word (it was reported once).
         self._behind: bytes | None = None
 
     def place(self, head: Head, step: int) -> str | None:
-        """Where ``head``'s batch stands when ``step`` is expected: ``""`` if it is the
+        """Where ``head``'s message stands when ``step`` is expected: ``""`` if it is the
         next one, what was expected instead if it comes after a gap (it is returned
         after a StepGapError), or ``None`` to discard it without a word. The state moves
         on past it.

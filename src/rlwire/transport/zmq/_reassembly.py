@@ -1,8 +1,8 @@
-"""A receiver puts each batch back together from its data messages, and checks it at its seal.
+"""A receiver puts each message back together from its data packets, and checks it at its seal.
 
-Data messages arrive one by one; each is hashed as it arrives (while the next one is on
-its way), and the batch is returned only once its seal closes it whole. What breaks the
-run (an ``abort``, another batch's data message 0, a data message that does not follow
+Data packets arrive one by one; each is hashed as it arrives (while the next one is on
+its way), and the message is returned only once its seal closes it whole. What breaks the
+run (an ``abort``, another message's data packet 0, a data packet that does not follow
 on, an ``end``) drops what came before it (docs/format.md, "ZeroMQ messages").
 """
 
@@ -28,27 +28,27 @@ __all__ = ["Reassembly", "Sealed"]
 
 @dataclass
 class _Partial:
-    """The data messages of a batch received so far, hashed as they came."""
+    """The data packets of a message received so far, hashed as they came."""
 
-    head: Head  # of data message 0
+    head: Head  # of data packet 0
     segments: list[memoryview] = field(default_factory=list)
     digests: list[int] = field(default_factory=list)
-    received: int = 0  # data messages
+    received: int = 0  # data packets
 
     def follows(self, head: Head) -> bool:
-        """True if ``head`` is of the data message that comes next in this batch."""
+        """True if ``head`` is of the data packet that comes next in this message."""
         return head.index == self.received and msgspec.structs.replace(head, index=0) == self.head
 
 
 @dataclass(frozen=True)
 class Sealed:
-    """A batch whose seal arrived after all its data messages, not checked yet.
+    """A message whose seal arrived after all its data packets, not checked yet.
 
     Attributes:
-        head: the head of its data message 0.
+        head: the head of its data packet 0.
         segments: its segments, views of the received ZeroMQ frames.
         checksums: what its seal carries (packed little-endian u64, or empty).
-        digests: the checksums computed as its data messages arrived (empty when not
+        digests: the checksums computed as its data packets arrived (empty when not
             verifying).
     """
 
@@ -58,7 +58,7 @@ class Sealed:
     digests: list[int]
 
     def check(self, *, rank: int, shared: bool | None, verify: bool, where: str) -> None:
-        """Check the batch against its head, that it is for a receiver of ``rank``
+        """Check the message against its head, that it is for a receiver of ``rank``
         expecting the ``shared`` pattern (or either, if ``None``), and, with ``verify``,
         its checksums.
 
@@ -70,7 +70,7 @@ class Sealed:
         expected = 8 * head.segments if head.checksum else 0
         if len(segments) != head.segments or len(self.checksums) != expected:
             raise CorruptFrameError(
-                f"the batch disagrees with its head: {head.segments} segments in the "
+                f"the message disagrees with its head: {head.segments} segments in the "
                 f"head, {len(segments)} received, {len(self.checksums) // 8} checksums",
                 where=where,
             )
@@ -81,30 +81,30 @@ class Sealed:
 
 
 class Reassembly:
-    """The batch under way on one receiver's connection, put back together.
+    """The message under way on one receiver's connection, put back together.
 
     Example:
-        >>> from rlwire.transport.zmq._protocol import abort_message
-        >>> Reassembly(verify=True).take(abort_message(b"S" * 8, 0), where="ipc:///run")
+        >>> from rlwire.transport.zmq._protocol import abort_packet
+        >>> Reassembly(verify=True).take(abort_packet(b"S" * 8, 0), where="ipc:///run")
     """
 
     def __init__(self, *, verify: bool) -> None:
         self.verify = verify
-        self._partial: _Partial | None = None  # a batch whose seal has not come
+        self._partial: _Partial | None = None  # a message whose seal has not come
 
     def drop(self) -> None:
-        """Drop the batch under way (the stream ended)."""
+        """Drop the message under way (the stream ended)."""
         self._partial = None
 
     def take(self, parts: Sequence[bytes | memoryview], *, where: str) -> Sealed | None:
-        """The batch that ``parts`` (an ``abort``, a seal or a data message) completes,
+        """The message that ``parts`` (an ``abort``, a seal or a data packet) completes,
         or ``None`` if it completes none.
 
         Raises:
-            CorruptFrameError: a data message or seal that is not well-formed, or that
-                takes the batch beyond the segments its head declares (the batch under
-                way is dropped).
-            UnsupportedVersionError: a data message of a major version this reader
+            CorruptFrameError: a data packet or seal that is not well-formed, or that
+                takes the message beyond the segments its head declares (the message
+                under way is dropped).
+            UnsupportedVersionError: a data packet of a major version this reader
                 does not know.
         """
         aborted = parse_abort(parts)
@@ -121,7 +121,7 @@ class Reassembly:
                 or (partial.head.session, partial.head.seq) != (seal.session, seal.seq)
                 or partial.received != partial.head.count
             ):
-                return None  # the seal of a batch not whole here: lost, as below
+                return None  # the seal of a message not whole here: lost, as below
             return Sealed(partial.head, partial.segments, seal.checksums, partial.digests)
         try:
             head, segments = parse_data(parts, where=where)
@@ -131,8 +131,8 @@ class Reassembly:
         if head.index == 0:
             self._partial = _Partial(head)  # one stopped midway is dropped
         elif self._partial is None or not self._partial.follows(head):
-            # Part of a batch whose start was lost: the whole batch is, and the next
-            # batch reports the loss.
+            # Of a message whose start was lost: the whole message is, and the next
+            # message reports the loss.
             self._partial = None
             return None
         partial = self._partial
@@ -141,10 +141,10 @@ class Reassembly:
         if len(partial.segments) > head.segments:
             self._partial = None
             raise CorruptFrameError(
-                f"data message {head.index} of step {head.step} takes the batch to "
+                f"data packet {head.index} of step {head.step} takes the message to "
                 f"{len(partial.segments)} segments; its head says {head.segments}",
                 where=where,
             )
-        if self.verify and head.checksum == CHECKSUM:  # while the next message arrives
+        if self.verify and head.checksum == CHECKSUM:  # while the next packet arrives
             partial.digests += segment_digests(segments)
         return None

@@ -25,12 +25,12 @@ from rlwire.transport.zmq._ordering import Ordering, span
 from rlwire.transport.zmq._peers import Pattern
 from rlwire.transport.zmq._protocol import (
     REANNOUNCE_SECONDS,
-    ack_message,
-    bye_message,
+    ack_packet,
+    bye_packet,
     frame_of,
     is_ping,
     parse_end,
-    ready_message,
+    ready_packet,
 )
 from rlwire.transport.zmq._reassembly import Reassembly, Sealed
 from rlwire.transport.zmq._sockets import (
@@ -39,7 +39,7 @@ from rlwire.transport.zmq._sockets import (
     Socket,
     connect_curve,
     endpoint,
-    has_message,
+    has_packet,
     option_key,
     release,
     wait_descriptor,
@@ -55,7 +55,7 @@ class ZmqSource(Source):
     each buffer once. Storage options (``open_receiver(..., storage_options={...})``):
 
     ``hwm``
-        messages queued before the sender waits (default 2).
+        packets queued before the sender waits (default 2).
     ``pattern``
         the sender's pattern, ``"ranks"`` or ``"shared"``: a message of the other one is
         refused. Not given, the first message fixes it for the receiver's lifetime.
@@ -156,7 +156,7 @@ class ZmqSource(Source):
         self._reassembly = Reassembly(verify=verify)
         self._pending: tuple[int, Frame] | None = None
         self._end: int | None = None  # the end step, once the sender finished
-        self._heard = 0.0  # when a message last arrived or this receiver last announced
+        self._heard = 0.0  # when a packet last arrived or this receiver last announced
         self._ack: list[bytes] | None = None  # an acknowledgement still to send
         try:
             self._announce()
@@ -234,7 +234,7 @@ class ZmqSource(Source):
         while (remaining := deadline - time.monotonic()) > 0:
             sock = self._socket
             try:
-                if sock is None or has_message(sock):
+                if sock is None or has_packet(sock):
                     return
                 await wait_descriptor(sock, min(remaining, RETRY_SECONDS))
             except zmq.ZMQError:
@@ -246,7 +246,7 @@ class ZmqSource(Source):
             if sock is None:
                 return
             with contextlib.suppress(zmq.ZMQError):  # else the sender learns from ZeroMQ
-                sock.send_multipart(bye_message(), zmq.NOBLOCK)
+                sock.send_multipart(bye_packet(), zmq.NOBLOCK)
             release(sock, self._context, None, linger=100)
 
     def _require_socket(self) -> Socket:
@@ -258,7 +258,7 @@ class ZmqSource(Source):
         sock = self._require_socket()
         # Not connected yet and the queue full: a later announcement goes instead.
         with contextlib.suppress(zmq.Again):
-            sock.send_multipart(ready_message(self.rank), zmq.NOBLOCK)
+            sock.send_multipart(ready_packet(self.rank), zmq.NOBLOCK)
         self._heard = time.monotonic()
 
     def _send_ack(self) -> None:
@@ -269,9 +269,9 @@ class ZmqSource(Source):
                 self._ack = None
 
     def _take(self, parts: list[memoryview], step: int) -> tuple[int, Frame] | None:
-        """The step and frame of the batch ``parts`` completes if it is the next one for
-        this receiver; ``None`` if it completes none, or one to discard without a word;
-        an error otherwise."""
+        """The step and frame of the message that packet ``parts`` completes if it is the
+        next one for this receiver; ``None`` if it completes none, or one to discard
+        without a word; an error otherwise."""
         sealed = self._reassembly.take(parts, where=self.describe(step))
         return None if sealed is None else self._sealed(sealed, step)
 
@@ -280,14 +280,14 @@ class ZmqSource(Source):
         where = self.describe(step)
         head, segments = sealed.head, sealed.segments
         # Read, whatever follows: a closing sender need not wait for it.
-        self._ack = ack_message(head.session, head.seq)
+        self._ack = ack_packet(head.session, head.seq)
         self._send_ack()
         try:
             sealed.check(rank=self.rank, shared=self._shared, verify=self.verify, where=where)
             self._shared = head.shared
             frame = frame_of(head, segments, where=where)
         except CorruptFrameError as exc:
-            # Its sequence number stays unused: the next batch reports the loss.
+            # Its sequence number stays unused: the next message reports the loss.
             exc.add_context(step=head.step, rank=self.rank)
             raise
         order = self._ordering.place(head, step)

@@ -1,6 +1,6 @@
 """Forged ZeroMQ messages: a fake sender (a raw ROUTER socket) answers a real receiver's
-*ready* with a real batch, cut into several data messages and a seal, that was damaged
-(bit flips, truncated, dropped, extra or swapped parts, dropped or swapped messages, a
+*ready* with a real message, cut into several data packets and a seal, that was damaged
+(bit flips, truncated, dropped, extra or swapped parts, dropped or swapped packets, a
 replayed or skipped sequence number). The receiver must return the data sent or a typed
 error, within its timeout (plus a slack)."""
 
@@ -36,17 +36,17 @@ KINDS = (
     "sequence number skipped",
     "another rank",
     "junk appended to a part",
-    "message dropped",
-    "messages swapped",
+    "packet dropped",
+    "packets swapped",
 )
-#: Small enough to cut the captured batch into several data messages.
-MESSAGE_BYTES = 8 << 10
+#: Small enough to cut the captured message into several data packets.
+PACKET_BYTES = 8 << 10
 
-Batch = list[list[bytes]]
+Packets = list[list[bytes]]
 
 
 def capture(root: str) -> dict[str, Any]:
-    """Send one batch through a real sender to a raw DEALER; save the messages it got."""
+    """Send one message through a real sender to a raw DEALER; save the packets it got."""
     from helpers import capture_zmq_batch
 
     got = capture_zmq_batch(
@@ -54,47 +54,47 @@ def capture(root: str) -> dict[str, Any]:
         payload(0, 0, N),
         sidecar=("routed_experts",),
         compression="lz4",
-        storage_options={"message_bytes": MESSAGE_BYTES},
+        storage_options={"message_bytes": PACKET_BYTES},
     )
     Path(root, "zmq-captured.msgpack").write_bytes(msgspec.msgpack.encode(got))
     whole = len(got) > 2 and got[-1][0] == b"seal"
-    return {"outcome": EXACT if whole else TYPED, "detail": f"{len(got)} messages"}
+    return {"outcome": EXACT if whole else TYPED, "detail": f"{len(got)} packets"}
 
 
-def forge(batch: Batch, kind: str, rng: random.Random) -> tuple[Batch, str]:
-    batch = [[bytes(p) for p in message] for message in batch]
-    m = rng.randrange(len(batch))
-    if kind == "message dropped":
-        del batch[m]
-        return batch, f"{kind}: {m}"
-    if kind == "messages swapped":
-        j = (m + rng.randrange(1, len(batch))) % len(batch)  # another message
-        batch[m], batch[j] = batch[j], batch[m]
-        return batch, f"{kind}: {m} and {j}"
+def forge(packets: Packets, kind: str, rng: random.Random) -> tuple[Packets, str]:
+    packets = [[bytes(p) for p in packet] for packet in packets]
+    m = rng.randrange(len(packets))
+    if kind == "packet dropped":
+        del packets[m]
+        return packets, f"{kind}: {m}"
+    if kind == "packets swapped":
+        j = (m + rng.randrange(1, len(packets))) % len(packets)  # another packet
+        packets[m], packets[j] = packets[j], packets[m]
+        return packets, f"{kind}: {m} and {j}"
     if kind in ("sequence number skipped", "another rank"):
-        # Every data message's head, and the seal for the sequence number.
-        for message in batch[:-1]:
-            prelude, head = message[0][:8], msgspec.msgpack.decode(message[0][8:])
+        # Every data packet's head, and the seal for the sequence number.
+        for packet in packets[:-1]:
+            prelude, head = packet[0][:8], msgspec.msgpack.decode(packet[0][8:])
             if kind == "another rank":
                 head[3] = 1
             else:  # after the intact step 0 (seq 0), step 1 with seq 2 or more: lost
                 head[1], head[2] = 2 + m, 1
-            message[0] = prelude + msgspec.msgpack.encode(head)
+            packet[0] = prelude + msgspec.msgpack.encode(head)
         if kind == "another rank":
-            return batch, kind
-        seal = batch[-1]
+            return packets, kind
+        seal = packets[-1]
         seal[1] = seal[1][:8] + struct.pack("<Q", 2 + m) + seal[1][16:]
-        return batch, f"{kind} (to {2 + m})"
-    parts = batch[m]
+        return packets, f"{kind} (to {2 + m})"
+    parts = packets[m]
     i = rng.randrange(len(parts))
-    where = f"message {m} part {i}"
+    where = f"packet {m} part {i}"
     if kind.startswith("bit flips"):
         i = 0 if kind.endswith("head") else i
         data = bytearray(parts[i])
         for _ in range(rng.randint(1, 4)):
             data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
         parts[i] = bytes(data)
-        return batch, f"{kind}: message {m} part {i}"
+        return packets, f"{kind}: packet {m} part {i}"
     if kind == "part truncated":
         parts[i] = parts[i][: rng.randrange(len(parts[i]))]
     elif kind == "part dropped":
@@ -104,14 +104,14 @@ def forge(batch: Batch, kind: str, rng: random.Random) -> tuple[Batch, str]:
     elif kind == "parts swapped" and len(parts) > 1:
         j = (i + rng.randrange(1, len(parts))) % len(parts)  # another part
         parts[i], parts[j] = parts[j], parts[i]
-        return batch, f"{kind}: message {m}, parts {i} and {j}"
+        return packets, f"{kind}: packet {m}, parts {i} and {j}"
     elif kind == "junk appended to a part":
         parts[i] += os.urandom(rng.randint(1, 100))
-    return batch, f"{kind}: {where}"
+    return packets, f"{kind}: {where}"
 
 
-def run_forged(root: str, batch: Batch, after: Batch | None = None) -> dict[str, Any]:
-    """Serve ``batch`` (after ``after``, the intact step 0, if given) to a receiver."""
+def run_forged(root: str, packets: Packets, after: Packets | None = None) -> dict[str, Any]:
+    """Serve ``packets`` (after ``after``, the intact step 0, if given) to a receiver."""
     import zmq
 
     directory = tempfile.mkdtemp(dir=root)
@@ -125,8 +125,8 @@ def run_forged(root: str, batch: Batch, after: Batch | None = None) -> dict[str,
         if router.poll(int(TIMEOUT * 1000)):
             ident, kind, *_ = router.recv_multipart()
             if kind == b"ready":
-                for message in [*(after or []), *batch]:
-                    router.send_multipart([ident, *message])
+                for packet in [*(after or []), *packets]:
+                    router.send_multipart([ident, *packet])
 
     thread = threading.Thread(target=fake_sender, daemon=True)
     thread.start()
@@ -163,12 +163,12 @@ def _receive_two(url: str) -> dict[str, Any]:
 
 def jobs(root: str, total: int, seed: int) -> Iterator[Job]:
     rng = random.Random(seed)
-    batch = msgspec.msgpack.decode(Path(root, "zmq-captured.msgpack").read_bytes())
-    yield Job(run_forged, (root, batch), timeout=20, tag=("forged ZeroMQ messages", "intact"))
+    packets = msgspec.msgpack.decode(Path(root, "zmq-captured.msgpack").read_bytes())
+    yield Job(run_forged, (root, packets), timeout=20, tag=("forged ZeroMQ messages", "intact"))
     for i in range(total - 1):
         kind = KINDS[i % len(KINDS)] if i < 3 * len(KINDS) else rng.choice(KINDS)
-        forged, what = forge(batch, kind, rng)
-        after = batch if kind == "sequence number skipped" else None
+        forged, what = forge(packets, kind, rng)
+        after = packets if kind == "sequence number skipped" else None
         yield Job(
             run_forged, (root, forged, after), timeout=20, tag=("forged ZeroMQ messages", what)
         )

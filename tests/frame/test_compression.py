@@ -1,4 +1,5 @@
-"""Per-segment compression (rlwire._frame.compression), alone and through the public API."""
+"""Per-segment compression (rlwire._frame.algorithms, rlwire._frame.compression), alone and
+through the public API."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ from hypothesis import strategies as st
 import rlwire
 from rlwire import ConfigError, CorruptFrameError, Frame, FrameTooLargeError
 from rlwire._core.slicing import run_sliced
+from rlwire._frame.algorithms import _zstd_compressor
 from rlwire._frame.compression import (
     _GROUP_BYTES,
     Compressor,
     _in_groups,
-    _zstd_compressor,
     compress,
     compress_sliced,
     decompress,

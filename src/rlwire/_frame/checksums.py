@@ -2,21 +2,20 @@
 
 Every sink records them and every source verifies them (docs/format.md): the stored
 layout in its envelope, ZeroMQ in each message's seal. Hashing runs beside the thread that
-reads or writes (xxhash releases the GIL), in slices, by as many threads as there are
-cores for large messages.
+reads or writes (xxhash releases the GIL), in slices; a large message by as many threads
+as :func:`rlwire._core.pools.worker_count` allows, in rlwire's shared executor.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import os
-import threading
 from collections.abc import Sequence
 
 import numpy as np
 import xxhash
 
 from rlwire._core.errors import CorruptFrameError, UnsupportedVersionError
+from rlwire._core.pools import shared_executor, worker_count
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire._frame.frame import Frame
 
@@ -43,8 +42,6 @@ PARALLEL_HASH_BYTES = 32 << 20
 # and passing it among the pool's threads costs more than the hashing (and it kept the
 # event loop waiting for it several switch intervals in a row).
 _POOLED_SEGMENT_BYTES = 256 << 10
-_hash_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_hash_pool_lock = threading.Lock()
 
 
 def placeholder_checksums(frame: Frame) -> bytes:
@@ -56,7 +53,8 @@ def placeholder_checksums(frame: Frame) -> bytes:
 def checksum_segments(frame: Frame) -> Sliced[bytes]:
     """The xxh3-64 checksum of each segment (header, then buffers) as packed little-endian
     u64, computed in slices of at most 64 MiB per thread or 0.3 ms of Python. Segments up
-    to 64 MiB are hashed in groups, by as many threads as there are cores."""
+    to 64 MiB are hashed in groups, by up to :func:`~rlwire._core.pools.worker_count`
+    threads."""
     sums: list[int] = []
     group: list[memoryview] = []
     group_bytes = 0
@@ -75,7 +73,7 @@ def checksum_segments(frame: Frame) -> Sliced[bytes]:
             continue
         group.append(view)
         group_bytes += view.nbytes
-        if group_bytes >= _CHECKSUM_CHUNK * _hash_workers() or slicer.due():
+        if group_bytes >= _CHECKSUM_CHUNK * worker_count() or slicer.due():
             sums += segment_digests(group)
             group, group_bytes = [], 0
             yield
@@ -133,26 +131,19 @@ def compare_digests(
             )
 
 
-def _hash_workers() -> int:
-    return min(os.cpu_count() or 1, 8)
-
-
 def hash_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The threads that hash large data beside the thread that reads or writes it, one
-    per core (at most 8): xxhash releases the GIL."""
-    global _hash_pool
-    with _hash_pool_lock:
-        if _hash_pool is None:
-            _hash_pool = concurrent.futures.ThreadPoolExecutor(_hash_workers(), "rlwire-hash")
-        return _hash_pool
+    """The threads that hash large data beside the thread that reads or writes it:
+    rlwire's one shared executor (:func:`rlwire._core.pools.shared_executor`)."""
+    return shared_executor()
 
 
 def segment_digests(segments: Sequence[memoryview]) -> list[int]:
-    """The xxh3-64 of each segment. A large message's segments are hashed by as many
-    threads as there are cores, in groups of about equal bytes: xxhash releases the GIL,
-    and so does the page fault that first touches each page of a fresh mapping."""
+    """The xxh3-64 of each segment. A large message's segments are hashed by
+    :func:`~rlwire._core.pools.worker_count` threads, in groups of about equal bytes:
+    xxhash releases the GIL, and so does the page fault that first touches each page of
+    a fresh mapping."""
     total = sum(seg.nbytes for seg in segments)
-    workers = _hash_workers()
+    workers = worker_count()
     if (
         total < PARALLEL_HASH_BYTES
         or total < len(segments) * _POOLED_SEGMENT_BYTES
@@ -164,7 +155,7 @@ def segment_digests(segments: Sequence[memoryview]) -> list[int]:
         np.cumsum([seg.nbytes for seg in segments]), np.arange(1, workers) * (total / workers)
     ).tolist()
     groups = [segments[a:b] for a, b in zip([0, *bounds], [*bounds, len(segments)], strict=True)]
-    return [digest for group in hash_pool().map(_hashed, groups) for digest in group]
+    return [digest for group in shared_executor().map(_hashed, groups) for digest in group]
 
 
 def _hashed(segments: Sequence[memoryview]) -> list[int]:

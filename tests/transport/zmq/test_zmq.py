@@ -1,9 +1,9 @@
 """The ZeroMQ sink and source, with sender and receivers in separate processes.
 
 Each child process runs :data:`CHILD` with a JSON spec: a *receiver* (either face, under
-any anyio backend) that checks every batch against the one it expects and prints one
+any anyio backend) that checks every message against the one it expects and prints one
 JSON line per outcome, or a *sender*. The test process plays the other side, under the
-module's anyio backends (asyncio, asyncio + uvloop, trio). Hand-made messages, and what
+module's anyio backends (asyncio, asyncio + uvloop, trio). Hand-made packets, and what
 is on the wire byte for byte, are in test_zmq_protocol.py.
 
 Timeouts are generous for what should happen and short only for what should not.
@@ -612,12 +612,12 @@ async def test_full_queue_blocks_the_sender(tmp_path: Path, backend: dict[str, A
 async def test_a_send_cancelled_midway_delivers_nothing(
     tmp_path: Path, backend: dict[str, Any]
 ) -> None:
-    """A step cut into many data messages, whose send is cancelled while the receiver's
+    """A step cut into many data packets, whose send is cancelled while the receiver's
     queue is full, is not delivered at all: the sender may send the step again, and the
     receiver, which dropped what it got of the first try, returns it once, intact, with
     no error."""
     url = make_url("ipc", tmp_path)
-    size = {"count": 1, "n": 200_000}  # about 6 MB: 24 data messages of 256 KiB
+    size = {"count": 1, "n": 200_000}  # about 6 MB: 24 data packets of 256 KiB
     options = {"hwm": 1, "message_bytes": 256 << 10}
     spec = {"url": url, "gate": True, "receives": 2, "options": {"hwm": 1}, **size}
     with Child("receiver", face="async", **spec, **backend) as child:
@@ -641,7 +641,7 @@ async def test_a_send_cancelled_midway_delivers_nothing(
 async def test_a_rank_stopped_midway_loses_only_its_own_copy(
     tmp_path: Path, backend: dict[str, Any]
 ) -> None:
-    """With two ranks, a send cancelled after rank 0's batch was sealed but in the middle
+    """With two ranks, a send cancelled after rank 0's message was sealed but in the middle
     of rank 1's counts as sent (rank 0 may have it): rank 1's receiver drops the part it
     got and reports the step as lost when the next one comes."""
     url = make_url("ipc", tmp_path)
@@ -756,7 +756,7 @@ async def test_receiver_gone(tmp_path: Path, kind: str, how: str, backend: dict[
     url = make_url(kind, tmp_path)
     then = "hang" if how == "kill" else "close"
     with Child("receiver", url=url, receives=1, then=then) as child:
-        # Started, so that its ready message is there well within the short ready_timeout.
+        # Started, so that its ready packet is there well within the short ready_timeout.
         assert await child.anext() == {"event": "opened"}
         options = {"ready_timeout": SHORT}
         async with rlwire.open_sender(url, storage_options=options) as sender:
@@ -985,7 +985,7 @@ async def test_port_0_url_reaches_receivers(tmp_path: Path, backend: dict[str, A
 async def test_a_receiver_with_a_full_queue_still_hears_the_end(
     tmp_path: Path, backend: dict[str, Any]
 ) -> None:
-    """The end message finds the receiver's queue full (a small high-water mark, a slow
+    """The end packet finds the receiver's queue full (a small high-water mark, a slow
     trainer): the closing sender tells it again once there is room, instead of dropping
     it and leaving the receiver to wait forever."""
     url = f"zmq+ipc://{tmp_path}/end.sock"

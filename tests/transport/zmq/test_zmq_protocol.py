@@ -1,8 +1,8 @@
-"""The ZeroMQ messages against docs/format.md ("ZeroMQ messages").
+"""The ZeroMQ packets against docs/format.md ("ZeroMQ messages").
 
-Messages made by hand from the document alone are what rlwire sends and what it reads;
+Packets made by hand from the document alone are what rlwire sends and what it reads;
 what rlwire sends reads back as the document says; and a receiver turns every malformed
-message into a typed error and goes on. The test plays the other side with a raw pyzmq
+packet into a typed error and goes on. The test plays the other side with a raw pyzmq
 socket, in this process.
 """
 
@@ -48,10 +48,10 @@ HEAD_FIELDS = (
     "count",
 )
 
-Batch = list[list[bytes]]
+Packets = list[list[bytes]]
 
 
-def documented_batch(
+def documented_packets(
     frame: Frame,
     *,
     step: int,
@@ -62,12 +62,12 @@ def documented_batch(
     version: int = 2,
     checksums: bool = True,
     cut: tuple[int, ...] = (),
-) -> Batch:
-    """The messages that carry ``frame``, as docs/format.md describes them: data messages
+) -> Packets:
+    """The packets that carry ``frame``, as docs/format.md describes them: data packets
     of ``cut`` segments each (the last one takes the rest), then the seal."""
     segments = [bytes(frame.header), *map(bytes, frame.buffers)]
     counts = [*cut, len(segments) - sum(cut)]
-    messages = []
+    packets = []
     for index, n in enumerate(counts):
         head = [
             session,
@@ -86,11 +86,9 @@ def documented_batch(
         ]
         first = sum(counts[:index])
         carried = segments[first : first + n]
-        messages.append(
-            [PRELUDE.pack(b"RLWZ", version, 0) + msgspec.msgpack.encode(head), *carried]
-        )
+        packets.append([PRELUDE.pack(b"RLWZ", version, 0) + msgspec.msgpack.encode(head), *carried])
     body = struct.pack("<8sQ", session, seq) + (checksums_of(segments) if checksums else b"")
-    return [*messages, [b"seal", body]]
+    return [*packets, [b"seal", body]]
 
 
 def checksums_of(segments: list[bytes]) -> bytes:
@@ -99,13 +97,13 @@ def checksums_of(segments: list[bytes]) -> bytes:
 
 
 def encoded(step: int) -> Frame:
-    """A small batch of ``step`` with several out-of-band buffers."""
+    """A small message of ``step`` with several out-of-band buffers."""
     frame = MsgpackCodec(inline_threshold=64).encode(make_batch(2, 16, seed=step))
     assert len(frame.buffers) > 1
     return frame
 
 
-def wire_batch(
+def wire_packets(
     step: int,
     seq: int,
     *,
@@ -114,17 +112,17 @@ def wire_batch(
     version: int = 2,
     corrupt_buffer: bool = False,
     cut: tuple[int, ...] = (),
-) -> Batch:
-    """The documented messages of the batch of ``step``, optionally with a flipped byte
+) -> Packets:
+    """The documented packets of the message of ``step``, optionally with a flipped byte
     in its last buffer (after its checksum was taken)."""
-    messages = documented_batch(
+    packets = documented_packets(
         encoded(step), step=step, seq=seq, rank=rank, session=session, version=version, cut=cut
     )
     if corrupt_buffer:
-        last = bytearray(messages[-2][-1])
+        last = bytearray(packets[-2][-1])
         last[0] ^= 0xFF
-        messages[-2][-1] = bytes(last)
-    return messages
+        packets[-2][-1] = bytes(last)
+    return packets
 
 
 # -- rlwire writes and reads the documented bytes --------------------------------------
@@ -136,28 +134,28 @@ def test_first_parts_and_seal_are_the_documented_bytes(
     checksums: bool, rank: int, shared: bool
 ) -> None:
     frame = encoded(5)
-    expected = documented_batch(
+    expected = documented_packets(
         frame, step=5, seq=9, rank=rank, shared=shared, checksums=checksums, cut=(2, 1)
     )
     head = protocol.make_head(
         frame, session=b"S" * 8, step=5, rank=rank, shared=shared, checksum=checksums
     )
-    for index, message in enumerate(expected[:-1]):
-        assert protocol.first_part(head, seq=9, index=index, count=3) == message[0]
+    for index, packet in enumerate(expected[:-1]):
+        assert protocol.first_part(head, seq=9, index=index, count=3) == packet[0]
     segments = [bytes(frame.header), *map(bytes, frame.buffers)]
     sums = checksums_of(segments) if checksums else b""
-    assert protocol.seal_message(b"S" * 8, 9, sums) == expected[-1]
+    assert protocol.seal_packet(b"S" * 8, 9, sums) == expected[-1]
 
 
-def test_a_documented_batch_parses() -> None:
+def test_a_documented_packets_parses() -> None:
     frame = encoded(4)
-    *data, seal = documented_batch(frame, step=4, seq=2, rank=1, cut=(1,))
+    *data, seal = documented_packets(frame, step=4, seq=2, rank=1, cut=(1,))
     heads, segments = [], []
-    for message in data:
-        head, carried = protocol.parse_data(message, where="here")
+    for packet in data:
+        head, carried = protocol.parse_data(packet, where="here")
         heads.append(head)
         segments += carried
-        assert [bytes(s) for s in carried] == message[1:]
+        assert [bytes(s) for s in carried] == packet[1:]
     n = 1 + len(frame.buffers)
     assert [(h.index, h.count, h.segments) for h in heads] == [(0, 2, n), (1, 2, n)]
     head = heads[0]
@@ -169,11 +167,11 @@ def test_a_documented_batch_parses() -> None:
     assert parsed == protocol.Seal(b"S" * 8, 2, checksums_of([data[0][1], *data[1][1:]]))
 
 
-def test_control_messages_are_as_documented() -> None:
-    assert protocol.ready_message(3) == [b"ready", msgspec.msgpack.encode([2, 3])]
-    assert protocol.ack_message(b"C" * 8, 7) == [b"ack", struct.pack("<8sQ", b"C" * 8, 7)]
-    assert protocol.bye_message() == [b"bye", b""]
-    assert protocol.abort_message(b"C" * 8, 7) == [b"abort", struct.pack("<8sQ", b"C" * 8, 7)]
+def test_control_packets_are_as_documented() -> None:
+    assert protocol.ready_packet(3) == [b"ready", msgspec.msgpack.encode([2, 3])]
+    assert protocol.ack_packet(b"C" * 8, 7) == [b"ack", struct.pack("<8sQ", b"C" * 8, 7)]
+    assert protocol.bye_packet() == [b"bye", b""]
+    assert protocol.abort_packet(b"C" * 8, 7) == [b"abort", struct.pack("<8sQ", b"C" * 8, 7)]
     assert protocol.is_ping([b"ping"]) and not protocol.is_ping([b"ping", b""])
     assert protocol.parse_ready(msgspec.msgpack.encode([2, 3])) == 3
     for body in (msgspec.msgpack.encode([1, 3]), msgspec.msgpack.encode([2, -1]), b"\xc1"):
@@ -187,34 +185,34 @@ def test_control_messages_are_as_documented() -> None:
             protocol.parse_seal([b"seal", body], where="here")
 
 
-_first, *_rest = wire_batch(0, 0)[0]
+_first, *_rest = wire_packets(0, 0)[0]
 _CORRUPT = rlwire.CorruptFrameError
 _N = len(_rest)  # segments
 
 
 def _head(**changes: Any) -> bytes:
-    """The first part of step 0's only data message, with ``changes`` to its head."""
+    """The first part of step 0's only data packet, with ``changes`` to its head."""
     values = dict(zip(HEAD_FIELDS, msgspec.msgpack.decode(_first[PRELUDE.size :]), strict=True))
     values.update(changes)
     return _first[: PRELUDE.size] + msgspec.msgpack.encode(list(values.values()))
 
 
-#: Malformed data messages: the parts, the error, words of its message.
+#: Malformed data packets: the parts, the error, words of the error.
 BAD: list[tuple[list[bytes], type[rlwire.RlwireError], str]] = [
-    ([b"xy"], _CORRUPT, "not an rlwire message (2-byte head)"),
+    ([b"xy"], _CORRUPT, "not an rlwire packet (2-byte head)"),
     ([b"XXXX" + _first[4:], *_rest], _CORRUPT, "bad magic"),
-    ([_first[:8] + b"\xc1\xc1", *_rest], _CORRUPT, "malformed message head"),
-    (wire_batch(0, 0, version=9)[0], rlwire.UnsupportedVersionError, "version 9"),
-    ([_first], _CORRUPT, f"data message 0 of 1 carries 0 of {_N} segments"),
-    ([_first, *_rest, b"more"], _CORRUPT, f"data message 0 of 1 carries {_N + 1} of {_N} segments"),
-    ([_head(index=1), *_rest], _CORRUPT, "data message 1 of 1 carries"),
+    ([_first[:8] + b"\xc1\xc1", *_rest], _CORRUPT, "malformed packet head"),
+    (wire_packets(0, 0, version=9)[0], rlwire.UnsupportedVersionError, "version 9"),
+    ([_first], _CORRUPT, f"data packet 0 of 1 carries 0 of {_N} segments"),
+    ([_first, *_rest, b"more"], _CORRUPT, f"data packet 0 of 1 carries {_N + 1} of {_N} segments"),
+    ([_head(index=1), *_rest], _CORRUPT, "data packet 1 of 1 carries"),
     ([_head(compression=b"\x00"), *_rest], _CORRUPT, f"{_N} segments, 1 compression ids"),
     ([_head(compression=b"\x00" * _N), *_rest], _CORRUPT, f"{_N} segments, 0 raw sizes"),
 ]
 
 
 @pytest.mark.parametrize(("parts", "error", "words"), BAD)
-def test_a_malformed_data_message_is_refused(
+def test_a_malformed_data_packet_is_refused(
     parts: list[bytes], error: type[rlwire.RlwireError], words: str
 ) -> None:
     with pytest.raises(error) as info:
@@ -250,19 +248,19 @@ def raw_socket() -> Iterator[RawSocket]:
 
 
 def receive_until(sock: zmq.Socket[bytes], wanted: Any) -> list[list[bytes]]:
-    """Every message ``sock`` receives up to the first for which ``wanted`` is true."""
+    """Every packet ``sock`` receives up to the first for which ``wanted`` is true."""
     got = [sock.recv_multipart()]
     while not wanted(got[-1]):
         got.append(sock.recv_multipart())
     return got
 
 
-def receive_batch(sock: zmq.Socket[bytes]) -> tuple[list[list[bytes]], list[bytes]]:
-    """The data messages of the next batch ``sock`` receives, and its seal."""
+def receive_message(sock: zmq.Socket[bytes]) -> tuple[list[list[bytes]], list[bytes]]:
+    """The data packets of the next message ``sock`` receives, and its seal."""
     data = []
-    while (message := sock.recv_multipart())[0] != b"seal":
-        data.append(message)
-    return data, message
+    while (packet := sock.recv_multipart())[0] != b"seal":
+        data.append(packet)
+    return data, packet
 
 
 @pytest.mark.anyio
@@ -271,7 +269,7 @@ async def test_what_a_sender_sends_reads_as_documented(
     tmp_path: Path, raw_socket: RawSocket
 ) -> None:
     """Two raw DEALER sockets announce ranks 0 and 1; what a sender sends them (sidecar
-    and lz4 included, the large batches cut into several data messages) reads as
+    and lz4 included, the large messages cut into several data packets) reads as
     docs/format.md says, and a closing sender pings a receiver that has not acknowledged
     what it was sent."""
     url = f"zmq+ipc://{tmp_path}/sock"
@@ -286,11 +284,11 @@ async def test_what_a_sender_sends_reads_as_documented(
         for step in range(2):
             big = make_batch(4, 20_000, seed=step)  # compresses: lz4 ids appear
             await sender.send_ranks([big, make_batch(2, 16, seed=step)])
-        batches = [[receive_batch(dealer) for _ in range(2)] for dealer in dealers]
+        messages = [[receive_message(dealer) for _ in range(2)] for dealer in dealers]
     # The sender closed; rank 0 acknowledged nothing, so it was pinged meanwhile.
     assert dealers[0].recv_multipart() == [b"ping"]
     sessions, compressed, counts = set(), [], []
-    for rank, received in enumerate(batches):
+    for rank, received in enumerate(messages):
         for seq, (data, seal) in enumerate(received):
             heads, segments = [], []
             for index, (first, *carried) in enumerate(data):
@@ -302,7 +300,7 @@ async def test_what_a_sender_sends_reads_as_documented(
                 segments += carried
             counts.append(len(data))
             head = heads[0]
-            assert all(h == head for h in heads)  # the data messages differ only in index
+            assert all(h == head for h in heads)  # the data packets differ only in index
             sessions.add(head["session"])
             assert (head["seq"], head["step"], head["rank"]) == (seq, seq, rank)
             assert (head["shared"], head["codec"]) == (False, "msgpack")
@@ -322,17 +320,17 @@ async def test_what_a_sender_sends_reads_as_documented(
             else:
                 assert head["raw_sizes"] == []
     assert len(sessions) == 1 and len(next(iter(sessions))) == 8
-    assert compressed == [0, 0]  # the big batches, not the small ones
+    assert compressed == [0, 0]  # the big messages, not the small ones
     assert counts[0] > 1 and counts[1] > 1 and counts[2:] == [1, 1]
 
 
-def test_a_receiver_refuses_malformed_messages_and_goes_on(
+def test_a_receiver_refuses_malformed_packets_and_goes_on(
     tmp_path: Path, raw_socket: RawSocket
 ) -> None:
-    """A raw ROUTER socket answers a receiver's ready message with malformed messages:
+    """A raw ROUTER socket answers a receiver's ready packet with malformed packets:
     each is a typed error naming where, and the receiver goes on with the next good
-    batch; a skipped sequence number is a StepGapError, after which the batch that
-    revealed it is returned. The receiver acknowledges each batch it read whole (even
+    message; a skipped sequence number is a StepGapError, after which the message that
+    revealed it is returned. The receiver acknowledges each message it read whole (even
     one that failed its checksums or was meant for another rank, so a closing sender
     need not wait for it) and says bye."""
     url = f"zmq+ipc://{tmp_path}/sock"
@@ -343,33 +341,33 @@ def test_a_receiver_refuses_malformed_messages_and_goes_on(
     with rlwire.open_receiver(url) as receiver:
         peer, kind, body = router.recv_multipart()
         assert (kind, msgspec.msgpack.decode(body)) == (b"ready", [2, 0])
-        refused: list[tuple[Batch, type[rlwire.RlwireError], str]] = [
+        refused: list[tuple[Packets, type[rlwire.RlwireError], str]] = [
             ([parts], error, words) for parts, error, words in BAD
         ]
         refused += [
-            (wire_batch(0, 0, rank=3), _CORRUPT, "holds rank 3's payload"),
+            (wire_packets(0, 0, rank=3), _CORRUPT, "holds rank 3's payload"),
             (
-                wire_batch(0, 7, session=b"C" * 8, corrupt_buffer=True, cut=(1,)),
+                wire_packets(0, 7, session=b"C" * 8, corrupt_buffer=True, cut=(1,)),
                 _CORRUPT,
-                f"segment {_N - 1}: buffer {_N - 2} (",  # in data message 1
+                f"segment {_N - 1}: buffer {_N - 2} (",  # in data packet 1
             ),
-            ([*wire_batch(0, 8)[:-1], [b"seal", b"\0" * 20]], _CORRUPT, "malformed seal"),
+            ([*wire_packets(0, 8)[:-1], [b"seal", b"\0" * 20]], _CORRUPT, "malformed seal"),
             (
-                [*wire_batch(0, 9)[:-1], [b"seal", struct.pack("<8sQ", b"S" * 8, 9)]],
+                [*wire_packets(0, 9)[:-1], [b"seal", struct.pack("<8sQ", b"S" * 8, 9)]],
                 _CORRUPT,
                 f"{_N} segments in the head, {_N} received, 0 checksums",
             ),
         ]
-        for batch, error, words in refused:
-            for message in batch:
-                router.send_multipart([peer, *message])
+        for packets, error, words in refused:
+            for packet in packets:
+                router.send_multipart([peer, *packet])
             with pytest.raises(error) as info:
                 receiver.receive(timeout=LONG)
             assert type(info.value) is error
             assert where in str(info.value) and words in str(info.value), info.value
-        for step, seq in [(0, 0), (1, 1), (2, 3)]:  # batch 2 was lost
-            for message in wire_batch(step, seq, cut=(2,)):
-                router.send_multipart([peer, *message])
+        for step, seq in [(0, 0), (1, 1), (2, 3)]:  # message 2 was lost
+            for packet in wire_packets(step, seq, cut=(2,)):
+                router.send_multipart([peer, *packet])
         assert [receiver.receive(timeout=LONG).samples[0].env_name for _ in range(2)] == [
             "env0",
             "env1",
@@ -405,8 +403,8 @@ def forged(
     rank: int = 0,
     shared: bool = False,
     cut: tuple[int, ...] = (),
-) -> Batch:
-    """The messages of the batch of ``step``, built with the protocol module's own
+) -> Packets:
+    """The packets of the message of ``step``, built with the protocol module's own
     builders (what a sender sends)."""
     frame = encoded(step)
     segments = [bytes(frame.header), *map(bytes, frame.buffers)]
@@ -421,7 +419,7 @@ def forged(
         ]
         for index in range(len(counts))
     ]
-    return [*data, protocol.seal_message(session, seq, checksums_of(segments))]
+    return [*data, protocol.seal_packet(session, seq, checksums_of(segments))]
 
 
 class Forger:
@@ -438,9 +436,9 @@ class Forger:
         assert kind == b"ready"
         self.peer = peer
 
-    def send(self, messages: Batch) -> None:
+    def send(self, packets: Packets) -> None:
         assert self.peer is not None
-        for parts in messages:
+        for parts in packets:
             self.router.send_multipart([self.peer, *parts])
 
 
@@ -467,8 +465,8 @@ def test_repeated_and_backward_steps_are_refused_and_never_returned(
             (forged(3, 11), "message 11 of this sender holds step 3, behind step 6"),
             (forged(6, 2), "message 2 of this sender (step 6) repeats or goes back"),
         ]
-        for batch, words in refused:
-            forger.send(batch)
+        for packets, words in refused:
+            forger.send(packets)
             with pytest.raises(rlwire.StepOrderError) as info:
                 receiver.receive(timeout=LONG)
             assert type(info.value) is rlwire.StepOrderError, info.value
@@ -563,14 +561,14 @@ def test_the_pattern_option_refuses_the_other_pattern_from_the_first_message(
     first one; one opened with pattern="shared" refuses a per-rank one, and takes shared
     messages of any step above the last, refusing one that goes back."""
     url = f"zmq+ipc://{tmp_path}/sock"
-    for option, batch, found in [
+    for option, packets, found in [
         ("ranks", forged(0, 0, shared=True), "'shared' pattern; this receiver expects the 'ranks'"),
         ("shared", forged(0, 0), "'ranks' pattern; this receiver expects the 'shared'"),
     ]:
         forger = Forger(raw_socket, url)
         with rlwire.open_receiver(url, storage_options={"pattern": option}) as receiver:
             forger.handshake()
-            forger.send(batch)
+            forger.send(packets)
             with pytest.raises(rlwire.CorruptFrameError, match=found):
                 receiver.receive(timeout=LONG)
             if option == "shared":
@@ -587,7 +585,7 @@ def test_an_end_after_lost_steps_is_a_gap_then_the_end(
     tmp_path: Path, raw_socket: RawSocket
 ) -> None:
     """In the ranks pattern, an end beyond the expected step says which steps were lost,
-    then the stream ends; an end from a session other than the batches' (a sender that
+    then the stream ends; an end from a session other than the messages' (a sender that
     restarted and finished) ends the stream too."""
     url = f"zmq+ipc://{tmp_path}/sock"
     forger = Forger(raw_socket, url)
@@ -595,7 +593,7 @@ def test_an_end_after_lost_steps_is_a_gap_then_the_end(
         forger.handshake()
         forger.send(forged(0, 0))
         forger.send(forged(1, 1))
-        forger.send([protocol.end_message(5)])
+        forger.send([protocol.end_packet(5)])
         assert [env(receiver), env(receiver)] == ["env0", "env1"]
         with pytest.raises(rlwire.StepGapError, match="finished the stream at step 5: steps 2-4"):
             receiver.receive(timeout=LONG)
@@ -606,19 +604,19 @@ def test_an_end_after_lost_steps_is_a_gap_then_the_end(
     with rlwire.open_receiver(url) as receiver:
         forger.handshake()
         forger.send(forged(0, 0, session=b"A" * 8))
-        forger.send([protocol.end_message(1)])  # the end carries no session
+        forger.send([protocol.end_packet(1)])  # the end carries no session
         assert env(receiver) == "env0"
         assert list(receiver) == []
 
 
-def test_a_batch_stopped_midway_is_dropped_and_counts_as_lost(
+def test_a_message_stopped_midway_is_dropped_and_counts_as_lost(
     tmp_path: Path, raw_socket: RawSocket
 ) -> None:
-    """The data messages of a batch whose seal never comes are never returned, in part
-    or whole: they are dropped on the sender's abort of that batch (an abort of another
-    is ignored), on the first data message of the next batch, or on the end. Data
-    messages of a batch whose start never came, and a seal without its batch, are
-    discarded without a word. Each dropped batch is a lost one: the batch returned
+    """The data packets of a message whose seal never comes are never returned, in part
+    or whole: they are dropped on the sender's abort of that message (an abort of another
+    is ignored), on the first data packet of the next message, or on the end. Data
+    packets of a message whose start never came, and a seal without its message, are
+    discarded without a word. Each dropped message is a lost one: the message returned
     after it reports the gap, or the end does."""
     url = f"zmq+ipc://{tmp_path}/sock"
     forger = Forger(raw_socket, url)
@@ -627,8 +625,8 @@ def test_a_batch_stopped_midway_is_dropped_and_counts_as_lost(
         forger.send(forged(0, 0, cut=(2,)))
         assert env(receiver) == "env0"
         one = forged(1, 1, cut=(2, 2))
-        forger.send([*one[:2], protocol.abort_message(b"S" * 8, 0)])  # another batch's
-        forger.send([one[2], protocol.abort_message(b"S" * 8, 1), one[3]])
+        forger.send([*one[:2], protocol.abort_packet(b"S" * 8, 0)])  # another message's
+        forger.send([one[2], protocol.abort_packet(b"S" * 8, 1), one[3]])
         forger.send(forged(2, 2, cut=(2,)))
         with pytest.raises(rlwire.StepGapError, match="expected step 1, got step 2"):
             receiver.receive(timeout=LONG)
@@ -645,7 +643,7 @@ def test_a_batch_stopped_midway_is_dropped_and_counts_as_lost(
         with pytest.raises(rlwire.StepGapError, match="expected step 5, got step 6"):
             receiver.receive(timeout=LONG)
         assert env(receiver) == "env6"
-        forger.send([*forged(7, 7, cut=(2,))[:1], protocol.end_message(8)])
+        forger.send([*forged(7, 7, cut=(2,))[:1], protocol.end_packet(8)])
         with pytest.raises(rlwire.StepGapError, match="finished the stream at step 8: steps 7"):
             receiver.receive(timeout=LONG)
         with pytest.raises(rlwire.EndOfStream):

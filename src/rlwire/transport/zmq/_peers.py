@@ -1,6 +1,6 @@
 """The sender's bookkeeping of the receivers connected to its ROUTER socket.
 
-A receiver counts once its ``ready`` message has arrived (the handshake of
+A receiver counts once its ``ready`` packet has arrived (the handshake of
 docs/format.md): in the ``ranks`` pattern as the receiver of the rank it names, replacing
 an earlier one (a receiver that restarted), in the ``shared`` pattern as one more
 consumer. Each message to a receiver carries that receiver's next sequence number; the
@@ -24,12 +24,12 @@ from rlwire.transport.zmq._protocol import (
     PING,
     READY,
     REANNOUNCE_SECONDS,
-    abort_message,
-    end_message,
+    abort_packet,
+    end_packet,
     parse_ack,
     parse_ready,
 )
-from rlwire.transport.zmq._sockets import RETRY_SECONDS, Socket, has_message, wait_descriptor
+from rlwire.transport.zmq._sockets import RETRY_SECONDS, Socket, has_packet, wait_descriptor
 
 __all__ = ["Pattern", "Peers"]
 
@@ -105,8 +105,8 @@ class Peers:
 
     async def claim(self, rank: int, *, peer: bytes | None = None) -> bytes:
         """The routing id of the receiver that gets ``rank``'s message (``peer``, for
-        the next message of a batch already going to it), once its queue has room. The
-        routing id part is sent here: the rest of the message must follow at once, in
+        the next data packet of a message already going to it), once its queue has room.
+        The routing id part is sent here: the rest of the packet must follow at once, in
         the same task, with no checkpoint that could cancel it in between.
 
         Raises:
@@ -136,13 +136,13 @@ class Peers:
             await self._wait()
 
     def abort(self, peer: bytes, seq: int) -> None:
-        """Tell ``peer`` to drop what it got of batch ``seq``, the last one taken for it,
+        """Tell ``peer`` to drop what it got of message ``seq``, the last one taken for it,
         which is given up before its seal, if its queue has room (if not, the first data
-        message of the next batch tells it). ``seq`` goes to the next batch."""
+        packet of the next message tells it). ``seq`` goes to the next message."""
         if self._seq.get(peer) == seq + 1:
             self._seq[peer] = seq
         with contextlib.suppress(zmq.ZMQError):
-            self.socket.send_multipart([peer, *abort_message(self.session, seq)], zmq.NOBLOCK)
+            self.socket.send_multipart([peer, *abort_packet(self.session, seq)], zmq.NOBLOCK)
 
     def take_seq(self, peer: bytes) -> int:
         """The sequence number of the message now going to ``peer``, counted as sent."""
@@ -152,7 +152,7 @@ class Peers:
         return seq
 
     def drain(self) -> None:
-        """Take every ``ready``, ``ack`` and ``bye`` message waiting on the socket."""
+        """Take every ``ready``, ``ack`` and ``bye`` packet waiting on the socket."""
         while True:
             try:
                 parts = self.socket.recv_multipart(zmq.NOBLOCK)
@@ -224,7 +224,7 @@ class Peers:
         assert self.end is not None
         for peer in list(self._seq) if peers is None else peers:
             try:
-                self.socket.send_multipart([peer, *end_message(self.end)], zmq.NOBLOCK)
+                self.socket.send_multipart([peer, *end_packet(self.end)], zmq.NOBLOCK)
             except zmq.Again:
                 self._end_pending.add(peer)
             except zmq.ZMQError:
@@ -268,9 +268,9 @@ class Peers:
         return [peer for peer, sent in self._seq.items() if self._acked.get(peer, 0) < sent]
 
     async def _wait(self) -> None:
-        """Wait for any change on the socket (a message in, room in a queue), at most
+        """Wait for any change on the socket (a packet in, room in a queue), at most
         :data:`RETRY_SECONDS`."""
-        if not has_message(self.socket):
+        if not has_packet(self.socket):
             await wait_descriptor(self.socket, RETRY_SECONDS)
 
     def _deadline(self) -> float | None:

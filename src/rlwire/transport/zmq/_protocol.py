@@ -1,19 +1,20 @@
-"""The ZeroMQ messages, exactly as docs/format.md ("ZeroMQ messages") specifies them.
+"""The packets, exactly as docs/format.md ("ZeroMQ messages") specifies them.
 
-A batch travels as one or more *data messages*, then a *seal*. Each data message is:
+A *packet* is one multipart ZeroMQ message. A message (one rank's frame of one step)
+travels as one or more *data packets*, then a *seal* packet. Each data packet is:
 
 part 0
     the prelude (:data:`MAGIC`, then the major and minor :data:`VERSION` as little-endian
     u16), then the :class:`Head`, a msgpack array; :func:`first_part` builds it
 part 1 …
     the next segments of the frame, in order, unpadded: the codec header (segment 0) is
-    the first part of data message 0, then the out-of-band buffers (segments 1 …)
+    the first part of data packet 0, then the out-of-band buffers (segments 1 …)
 
-The seal (:func:`seal_message`) carries the checksums of every segment. Splitting a batch
-lets both sides hash while ZeroMQ moves the bytes: ZeroMQ starts sending a multipart
-message only once its last part is queued, and hands it to the reader only whole.
+The seal (:func:`seal_packet`) carries the checksums of every segment. Splitting a message
+lets both sides hash while ZeroMQ moves the bytes: ZeroMQ starts sending a packet only
+once its last part is queued, and hands it to the reader only whole.
 
-Control messages are a kind and a body: ``ready``, ``ack`` and ``bye`` go from a receiver
+Control packets are a kind and a body: ``ready``, ``ack`` and ``bye`` go from a receiver
 to the sender, ``ping`` (a single part), ``seal``, ``abort`` and ``end`` from a sender to
 a receiver.
 
@@ -47,11 +48,11 @@ __all__ = [
     "Head",
     "Ready",
     "Seal",
-    "abort_message",
-    "ack_message",
-    "bye_message",
+    "abort_packet",
+    "ack_packet",
+    "bye_packet",
     "check_recipient",
-    "end_message",
+    "end_packet",
     "first_part",
     "frame_of",
     "is_ping",
@@ -62,8 +63,8 @@ __all__ = [
     "parse_end",
     "parse_ready",
     "parse_seal",
-    "ready_message",
-    "seal_message",
+    "ready_packet",
+    "seal_packet",
 ]
 
 MAGIC = b"RLWZ"
@@ -86,27 +87,27 @@ PING = b"ping"
 #: Sender -> receiver, body: the end step (u64 LE): the sender finished the stream, and
 #: no step at or after it will come.
 END = b"end"
-#: Sender -> receiver, body: the batch's session and ``seq``, then its checksums: the
-#: batch's data messages are all sent.
+#: Sender -> receiver, body: the message's session and ``seq``, then its checksums: the
+#: message's data packets are all sent.
 SEAL = b"seal"
-#: Sender -> receiver, body: the batch's session and ``seq``: the sender stopped midway
-#: through the batch (a cancelled send); what arrived of it is discarded.
+#: Sender -> receiver, body: the message's session and ``seq``: the sender stopped midway
+#: through the message (a cancelled send); what arrived of it is discarded.
 ABORT = b"abort"
 REANNOUNCE_SECONDS = 1.0
 
 _ACK_BODY = struct.Struct("<8sQ")
 _END_BODY = struct.Struct("<Q")
 # session, seq: the body of an abort, and what opens the body of a seal
-_BATCH_ID = struct.Struct("<8sQ")
+_MESSAGE_ID = struct.Struct("<8sQ")
 
 
 class Head(msgspec.Struct, array_like=True, frozen=True):
-    """What part 0 of a data message carries after the prelude, field by field as
-    docs/format.md lists them. The data messages of one batch differ only in ``index``.
+    """What part 0 of a data packet carries after the prelude, field by field as
+    docs/format.md lists them. The data packets of one message differ only in ``index``.
 
     Attributes:
         session: 8 random bytes, new for every sender.
-        seq: how many batches this session sent to this receiver before this one.
+        seq: how many messages this session sent to this receiver before this one.
         step: the step.
         rank: the rank whose payload this is (meaningless when ``shared``).
         shared: true for the ``shared`` pattern.
@@ -115,9 +116,9 @@ class Head(msgspec.Struct, array_like=True, frozen=True):
         compression: one compression id per segment, or empty.
         raw_sizes: each segment's size before compression, or empty.
         checksum: ``"xxh3-64"`` (the seal carries one per segment), or ``None``.
-        segments: how many segments the batch has (the header and the buffers).
-        index: this data message's place among the batch's, from 0.
-        count: how many data messages the batch has.
+        segments: how many segments the message has (the header and the buffers).
+        index: this data packet's place among the message's, from 0.
+        count: how many data packets the message has.
     """
 
     session: bytes
@@ -136,7 +137,7 @@ class Head(msgspec.Struct, array_like=True, frozen=True):
 
 
 class Seal(msgspec.Struct, frozen=True):
-    """A ``seal`` message: the batch ``seq`` of ``session`` is whole, and these are its
+    """A ``seal`` packet: message ``seq`` of ``session`` is whole, and these are its
     ``checksums`` (packed little-endian u64, one per segment, or empty)."""
 
     session: bytes
@@ -145,7 +146,7 @@ class Seal(msgspec.Struct, frozen=True):
 
 
 class Ready(msgspec.Struct, array_like=True, frozen=True):
-    """The body of a ``ready`` message: the receiver's major version and its rank."""
+    """The body of a ``ready`` packet: the receiver's major version and its rank."""
 
     major: int
     rank: int
@@ -159,7 +160,7 @@ _ready_decoder = msgspec.msgpack.Decoder(Ready)
 def make_head(
     frame: Frame, *, session: bytes, step: int, rank: int, shared: bool, checksum: bool
 ) -> Head:
-    """The head of the data messages that carry ``frame``, with ``seq``, ``index`` and
+    """The head of the data packets that carry ``frame``, with ``seq``, ``index`` and
     ``count`` left at 0 for :func:`first_part` to set. With ``checksum``, the seal will
     carry the xxh3-64 of every segment.
     """
@@ -181,62 +182,62 @@ def make_head(
 
 
 def first_part(head: Head, *, seq: int, index: int, count: int) -> bytes:
-    """Part 0 of data message ``index`` of ``count``, of batch ``seq`` of its session to
+    """Part 0 of data packet ``index`` of ``count``, of message ``seq`` of its session to
     one receiver: the prelude, then ``head``."""
     head = msgspec.structs.replace(head, seq=seq, index=index, count=count)
     return _PRELUDE_BYTES + _head_encoder.encode(head)
 
 
-def seal_message(session: bytes, seq: int, checksums: bytes) -> list[bytes]:
-    """The ``seal`` of batch ``seq`` of ``session``: its data messages are all sent, and
+def seal_packet(session: bytes, seq: int, checksums: bytes) -> list[bytes]:
+    """The ``seal`` of message ``seq`` of ``session``: its data packets are all sent, and
     ``checksums`` are its segments' (packed little-endian u64, or empty for none)."""
-    return [SEAL, _BATCH_ID.pack(session, seq) + checksums]
+    return [SEAL, _MESSAGE_ID.pack(session, seq) + checksums]
 
 
 def parse_seal(parts: Sequence[bytes | memoryview], *, where: str) -> Seal | None:
-    """The seal if ``parts`` is a ``seal`` message, else ``None``.
+    """The seal if ``parts`` is a ``seal`` packet, else ``None``.
 
     Raises:
         CorruptFrameError: a seal whose body is malformed; ``where`` says where.
 
     Example:
-        >>> parse_seal(seal_message(b"S" * 8, 3, b""), where="ipc:///run")
+        >>> parse_seal(seal_packet(b"S" * 8, 3, b""), where="ipc:///run")
         Seal(session=b'SSSSSSSS', seq=3, checksums=b'')
     """
     if len(parts) != 2 or bytes(parts[0]) != SEAL:
         return None
     body = bytes(parts[1])
-    if len(body) < _BATCH_ID.size or (len(body) - _BATCH_ID.size) % 8:
+    if len(body) < _MESSAGE_ID.size or (len(body) - _MESSAGE_ID.size) % 8:
         raise CorruptFrameError(f"malformed seal ({len(body)}-byte body)", where=where)
-    session, seq = _BATCH_ID.unpack_from(body)
-    return Seal(session, seq, body[_BATCH_ID.size :])
+    session, seq = _MESSAGE_ID.unpack_from(body)
+    return Seal(session, seq, body[_MESSAGE_ID.size :])
 
 
-def abort_message(session: bytes, seq: int) -> list[bytes]:
-    """The ``abort`` of batch ``seq`` of ``session``: the sender stopped midway."""
-    return [ABORT, _BATCH_ID.pack(session, seq)]
+def abort_packet(session: bytes, seq: int) -> list[bytes]:
+    """The ``abort`` of message ``seq`` of ``session``: the sender stopped midway."""
+    return [ABORT, _MESSAGE_ID.pack(session, seq)]
 
 
 def parse_abort(parts: Sequence[bytes | memoryview]) -> tuple[bytes, int] | None:
-    """``(session, seq)`` if ``parts`` is an ``abort`` message, else ``None``.
+    """``(session, seq)`` if ``parts`` is an ``abort`` packet, else ``None``.
 
     Example:
-        >>> parse_abort(abort_message(b"S" * 8, 3)), parse_abort([b"abort", b"short"])
+        >>> parse_abort(abort_packet(b"S" * 8, 3)), parse_abort([b"abort", b"short"])
         ((b'SSSSSSSS', 3), None)
     """
-    if len(parts) != 2 or bytes(parts[0]) != ABORT or len(parts[1]) != _BATCH_ID.size:
+    if len(parts) != 2 or bytes(parts[0]) != ABORT or len(parts[1]) != _MESSAGE_ID.size:
         return None
-    session, seq = _BATCH_ID.unpack(parts[1])
+    session, seq = _MESSAGE_ID.unpack(parts[1])
     return session, seq
 
 
-def end_message(end: int) -> list[bytes]:
-    """The ``end`` message: no step at or after ``end`` will come."""
+def end_packet(end: int) -> list[bytes]:
+    """The ``end`` packet: no step at or after ``end`` will come."""
     return [END, _END_BODY.pack(end)]
 
 
 def parse_end(parts: Sequence[bytes | memoryview]) -> int | None:
-    """The end step if ``parts`` is a sender's ``end`` message, else ``None``."""
+    """The end step if ``parts`` is a sender's ``end`` packet, else ``None``."""
     if len(parts) != 2 or bytes(parts[0]) != END or len(parts[1]) != _END_BODY.size:
         return None
     return int(_END_BODY.unpack(parts[1])[0])
@@ -248,9 +249,9 @@ def is_ping(parts: Sequence[bytes | memoryview]) -> bool:
 
 
 def parse_data(parts: Sequence[bytes | memoryview], *, where: str) -> tuple[Head, list[memoryview]]:
-    """Check a received data message as docs/format.md asks a reader to, before anything
+    """Check a received data packet as docs/format.md asks a reader to, before anything
     is decoded: the prelude and the version, the head, and that the head's counts agree
-    with each other. Which receiver it is for, whether it follows on from the messages
+    with each other. Which receiver it is for, whether it follows on from the packets
     before it, and checksums are left to the caller.
 
     Returns:
@@ -264,21 +265,21 @@ def parse_data(parts: Sequence[bytes | memoryview], *, where: str) -> tuple[Head
         >>> parse_data([b"xy"], where="ipc:///run")
         Traceback (most recent call last):
         ...
-        rlwire.errors.CorruptFrameError: ipc:///run: not an rlwire message (2-byte head)
+        rlwire.errors.CorruptFrameError: ipc:///run: not an rlwire packet (2-byte head)
     """
     first = bytes(parts[0])
     if len(first) < _PRELUDE.size:
-        raise CorruptFrameError(f"not an rlwire message ({len(first)}-byte head)", where=where)
+        raise CorruptFrameError(f"not an rlwire packet ({len(first)}-byte head)", where=where)
     magic, major, _minor = _PRELUDE.unpack_from(first)
-    check_magic(magic, major, expected=MAGIC, known=VERSION[0], what="ZeroMQ message", where=where)
+    check_magic(magic, major, expected=MAGIC, known=VERSION[0], what="ZeroMQ packet", where=where)
     try:
         head = _head_decoder.decode(first[_PRELUDE.size :])
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise CorruptFrameError(f"malformed message head: {exc}", where=where) from exc
+        raise CorruptFrameError(f"malformed packet head: {exc}", where=where) from exc
     carried = len(parts) - 1
     if not 0 <= head.index < head.count or not 1 <= carried <= head.segments:
         raise CorruptFrameError(
-            f"the head disagrees with the message: data message {head.index} of "
+            f"the head disagrees with the packet: data packet {head.index} of "
             f"{head.count} carries {carried} of {head.segments} segments",
             where=where,
         )
@@ -289,7 +290,7 @@ def parse_data(parts: Sequence[bytes | memoryview], *, where: str) -> tuple[Head
         expected = head.segments if head.compression else 0
         if found != expected:
             raise CorruptFrameError(
-                f"the head disagrees with the message: {head.segments} segments, "
+                f"the head disagrees with the packet: {head.segments} segments, "
                 f"{found} {what} (expected {expected})",
                 where=where,
             )
@@ -297,7 +298,7 @@ def parse_data(parts: Sequence[bytes | memoryview], *, where: str) -> tuple[Head
 
 
 def check_recipient(head: Head, *, rank: int, shared: bool | None, where: str) -> None:
-    """Check that a batch is meant for a receiver of ``rank`` that expects the
+    """Check that a message is meant for a receiver of ``rank`` that expects the
     ``shared`` pattern (``True``), the ``ranks`` pattern (``False``), or either
     (``None``).
 
@@ -317,7 +318,7 @@ def check_recipient(head: Head, *, rank: int, shared: bool | None, where: str) -
 
 
 def frame_of(head: Head, segments: Sequence[memoryview], *, where: str) -> Frame:
-    """The Frame of a checked batch: its segments, described by its head.
+    """The Frame of a checked message: its segments, described by its head.
 
     Raises:
         CorruptFrameError: the head's description does not fit the segments.
@@ -335,11 +336,11 @@ def frame_of(head: Head, segments: Sequence[memoryview], *, where: str) -> Frame
         raise CorruptFrameError(str(exc), where=where) from exc
 
 
-def ready_message(rank: int) -> list[bytes]:
-    """The ``ready`` message of a receiver of ``rank``.
+def ready_packet(rank: int) -> list[bytes]:
+    """The ``ready`` packet of a receiver of ``rank``.
 
     Example:
-        >>> ready_message(2)
+        >>> ready_packet(2)
         [b'ready', b'\\x92\\x02\\x02']
     """
     return [READY, msgspec.msgpack.encode(Ready(VERSION[0], rank))]
@@ -350,7 +351,7 @@ def parse_ready(body: bytes) -> int | None:
     major version (a sender ignores such a receiver).
 
     Example:
-        >>> parse_ready(ready_message(2)[1]), parse_ready(b"\\x92\\x09\\x02")  # version 9
+        >>> parse_ready(ready_packet(2)[1]), parse_ready(b"\\x92\\x09\\x02")  # version 9
         (2, None)
     """
     try:
@@ -360,11 +361,11 @@ def parse_ready(body: bytes) -> int | None:
     return ready.rank if ready.major == VERSION[0] and ready.rank >= 0 else None
 
 
-def ack_message(session: bytes, seq: int) -> list[bytes]:
-    """The ``ack`` message of a receiver that has read message ``seq`` of ``session``.
+def ack_packet(session: bytes, seq: int) -> list[bytes]:
+    """The ``ack`` packet of a receiver that has read message ``seq`` of ``session``.
 
     Example:
-        >>> ack_message(b"S" * 8, 7)
+        >>> ack_packet(b"S" * 8, 7)
         [b'ack', b'SSSSSSSS\\x07\\x00\\x00\\x00\\x00\\x00\\x00\\x00']
     """
     return [ACK, _ACK_BODY.pack(session, seq)]
@@ -374,7 +375,7 @@ def parse_ack(body: bytes) -> tuple[bytes, int] | None:
     """``(session, seq)`` of an ``ack`` body, or ``None`` if it is malformed.
 
     Example:
-        >>> parse_ack(ack_message(b"S" * 8, 7)[1]), parse_ack(b"short")
+        >>> parse_ack(ack_packet(b"S" * 8, 7)[1]), parse_ack(b"short")
         ((b'SSSSSSSS', 7), None)
     """
     if len(body) != _ACK_BODY.size:
@@ -383,6 +384,6 @@ def parse_ack(body: bytes) -> tuple[bytes, int] | None:
     return session, seq
 
 
-def bye_message() -> list[bytes]:
-    """The ``bye`` message of a receiver that is closing."""
+def bye_packet() -> list[bytes]:
+    """The ``bye`` packet of a receiver that is closing."""
     return [BYE, b""]

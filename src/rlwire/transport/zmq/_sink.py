@@ -1,4 +1,4 @@
-"""ZmqSink: binds a ROUTER socket and sends each step's frames to the receivers there."""
+"""ZmqSink: binds a ROUTER socket and sends each step's messages to the receivers there."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from rlwire.transport._base import (
 )
 from rlwire.transport._url import URL
 from rlwire.transport.zmq._peers import Pattern, Peers
-from rlwire.transport.zmq._protocol import Head, first_part, make_head, seal_message
+from rlwire.transport.zmq._protocol import Head, first_part, make_head, seal_packet
 from rlwire.transport.zmq._sockets import (
     Context,
     Socket,
@@ -44,23 +44,23 @@ from rlwire.transport.zmq._source import ZmqSource, open_source
 __all__ = ["ZmqSink"]
 
 
-#: The default of storage option ``message_bytes``.
-MESSAGE_BYTES = 32 << 20
+#: The default of storage option ``message_bytes``: the size of a data packet, at least.
+PACKET_BYTES = 32 << 20
 
 
 @dataclass
-class _Batch:
-    """One rank's frame, as the data messages it is sent as."""
+class _Message:
+    """One rank's frame, as the data packets it is sent as."""
 
     head: Head
     segments: list[bytes | memoryview]  # the header, then the buffers
-    bounds: list[tuple[int, int]]  # the segments each data message carries
+    bounds: list[tuple[int, int]]  # the segments each data packet carries
 
 
 class _ZmqStaged(Staged):
-    def __init__(self, sink: ZmqSink, batches: list[_Batch]) -> None:
+    def __init__(self, sink: ZmqSink, messages: list[_Message]) -> None:
         self.sink = sink
-        self.batches = batches
+        self.messages = messages
 
     async def acommit(self, limiter: CapacityLimiter) -> None:
         try:
@@ -70,7 +70,7 @@ class _ZmqStaged(Staged):
             raise
 
     def discard(self) -> None:
-        self.batches = []  # nothing reached the socket
+        self.messages = []  # nothing reached the socket
 
 
 class ZmqSink(Sink):
@@ -87,11 +87,11 @@ class ZmqSink(Sink):
         with ``"shared"``, how many consumers must announce themselves before the first
         send (default 1).
     ``hwm``
-        messages queued per receiver before a send waits (default 2).
+        packets queued per receiver before a send waits (default 2).
     ``message_bytes``
-        the size of the data messages a step's payload for one receiver is cut into, at
-        buffer boundaries (default 32 MiB): each side hashes one while ZeroMQ moves the
-        next (docs/format.md, "ZeroMQ messages").
+        the size of the data packets a message (a step's payload for one receiver) is
+        cut into, at buffer boundaries (default 32 MiB): each side hashes one while
+        ZeroMQ moves the next (docs/format.md, "ZeroMQ messages").
     ``ready_timeout``
         seconds a send waits for a receiver that has not announced itself (default:
         no limit) before raising TransportError.
@@ -137,7 +137,7 @@ class ZmqSink(Sink):
         pattern: Pattern = "ranks",
         consumers: int = 1,
         hwm: int = 2,
-        message_bytes: int = MESSAGE_BYTES,
+        message_bytes: int = PACKET_BYTES,
         ready_timeout: float | None = None,
         linger: float = 30.0,
         curve_secret_key: bytes | None = None,
@@ -181,7 +181,7 @@ class ZmqSink(Sink):
             consumers=check_int(opts.get("consumers", 1), "storage option 'consumers'", low=1),
             hwm=check_int(opts.get("hwm", 2), "storage option 'hwm'", low=1),
             message_bytes=check_int(
-                opts.get("message_bytes", MESSAGE_BYTES), "storage option 'message_bytes'", low=1
+                opts.get("message_bytes", PACKET_BYTES), "storage option 'message_bytes'", low=1
             ),
             ready_timeout=None
             if ready_timeout is None
@@ -231,7 +231,7 @@ class ZmqSink(Sink):
                 "(use pattern='ranks' for per-rank payloads)",
                 where=self.endpoint,
             )
-        batches = []
+        messages = []
         for rank, pending in enumerate(frames):
             frame = yield from take_frame(pending)
             head = make_head(
@@ -243,18 +243,18 @@ class ZmqSink(Sink):
                 checksum=self.checksum,
             )
             segments = [frame.header, *frame.buffers]
-            batches.append(_Batch(head, segments, _cut(segments, self.message_bytes)))
-        return _ZmqStaged(self, batches)
+            messages.append(_Message(head, segments, _cut(segments, self.message_bytes)))
+        return _ZmqStaged(self, messages)
 
     async def _deliver(self, staged: _ZmqStaged, limiter: CapacityLimiter) -> None:
         if self._peers is None:
             raise TransportError("the sink is not open", where=self.endpoint)
         peers = self._peers
         if self.pattern == "ranks":
-            await peers.await_ranks(len(staged.batches))
+            await peers.await_ranks(len(staged.messages))
         trackers: list[zmq.MessageTracker] = []
-        for batch in staged.batches:
-            await self._send_batch(staged, batch, trackers, limiter)
+        for message in staged.messages:
+            await self._send_message(staged, message, trackers, limiter)
         # The caller's arrays are referenced, not copied: return only once ZeroMQ has
         # let go of them, so they may be reused. A tracker has no descriptor to wait on.
         delay = 0.0005
@@ -263,31 +263,33 @@ class ZmqSink(Sink):
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 0.01)
 
-    async def _send_batch(
+    async def _send_message(
         self,
         staged: _ZmqStaged,
-        batch: _Batch,
+        message: _Message,
         trackers: list[zmq.MessageTracker],
         limiter: CapacityLimiter,
     ) -> None:
-        """Send ``batch``'s data messages, each hashed while ZeroMQ sends it, then its
+        """Send ``message``'s data packets, each hashed while ZeroMQ sends it, then its
         seal. Stopped before the seal (cancelled, or an error), it tells the receiver to
-        drop what it got, and the batch's sequence number goes to the next batch: a
-        receiver returns a batch only once sealed, so the step was not delivered."""
+        drop what it got, and the message's sequence number goes to the next message: a
+        receiver returns a message only once sealed, so the step was not delivered."""
         assert self._peers is not None
-        peers, rank = self._peers, batch.head.rank
+        peers, rank = self._peers, message.head.rank
         peer = await peers.claim(rank)
         seq = peers.take_seq(peer)
         digests: list[int] = []
         try:
-            for index, (start, stop) in enumerate(batch.bounds):
+            for index, (start, stop) in enumerate(message.bounds):
                 if index:
                     await peers.claim(rank, peer=peer)
-                segments = batch.segments[start:stop]
+                segments = message.segments[start:stop]
                 # Once the routing id is accepted ZeroMQ takes the rest (its queue limit
-                # counts whole messages), so the message is delivered whole or not at all.
+                # counts whole packets), so the packet is delivered whole or not at all.
                 with anyio.CancelScope(shield=True):
-                    first = first_part(batch.head, seq=seq, index=index, count=len(batch.bounds))
+                    first = first_part(
+                        message.head, seq=seq, index=index, count=len(message.bounds)
+                    )
                     try:
                         await _send_rest(peers.socket, [first, *segments], trackers)
                     except zmq.ZMQError as exc:
@@ -304,7 +306,7 @@ class ZmqSink(Sink):
         staged.visible = True
         checksums = np.array(digests, "<u8").tobytes()
         try:
-            peers.socket.send_multipart(seal_message(self._session, seq, checksums), zmq.NOBLOCK)
+            peers.socket.send_multipart(seal_packet(self._session, seq, checksums), zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             raise transport_error(exc, f"send rank {rank}", where=self.endpoint) from exc
 
@@ -350,7 +352,7 @@ async def _send_rest(
 
 
 def _cut(segments: list[bytes | memoryview], limit: int) -> list[tuple[int, int]]:
-    """Where to cut ``segments`` into data messages: runs of whole segments, each closed
+    """Where to cut ``segments`` into data packets: runs of whole segments, each closed
     once it holds ``limit`` bytes or more."""
     bounds = []
     start = size = 0

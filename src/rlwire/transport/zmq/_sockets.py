@@ -22,7 +22,7 @@ __all__ = [
     "curve_key",
     "curve_server_keys",
     "endpoint",
-    "has_message",
+    "has_packet",
     "option_key",
     "release",
     "start_authenticator",
@@ -149,16 +149,17 @@ def connect_curve(
     sock.setsockopt(zmq.CURVE_SECRETKEY, secret_key)
 
 
-def has_message(sock: Socket) -> bool:
-    """True if a message waits on ``sock``. Reading ``ZMQ_EVENTS`` also re-arms the
-    socket's edge-triggered descriptor, so call this after every wake-up."""
+def has_packet(sock: Socket) -> bool:
+    """True if a packet (a multipart ZeroMQ message) waits on ``sock``. Reading
+    ``ZMQ_EVENTS`` also re-arms the socket's edge-triggered descriptor, so call this
+    after every wake-up."""
     return bool(cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
 
 async def wait_descriptor(sock: Socket, timeout: float | None) -> None:
-    """Wait for ``sock``'s descriptor to signal a change (a message in, room in a queue),
+    """Wait for ``sock``'s descriptor to signal a change (a packet in, room in a queue),
     at most ``timeout`` seconds. The descriptor is edge-triggered: check
-    :func:`has_message` first, or a change that came before is never signalled."""
+    :func:`has_packet` first, or a change that came before is never signalled."""
     with anyio.move_on_after(timeout):
         await anyio.wait_readable(cast(int, sock.getsockopt(zmq.FD)))
 

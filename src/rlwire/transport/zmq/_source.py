@@ -6,9 +6,7 @@ import contextlib
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 
-import msgspec
 import zmq
 
 from rlwire._core.args import check_int
@@ -17,57 +15,37 @@ from rlwire._core.errors import (
     CorruptFrameError,
     EndOfStream,
     StepGapError,
-    StepOrderError,
     TransportError,
     transport_error,
 )
-from rlwire._frame.checksums import CHECKSUM, check_algorithm, compare_digests, segment_digests
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source, SourceOptions, reject_unknown
 from rlwire.transport._url import URL
+from rlwire.transport.zmq._ordering import Ordering, span
 from rlwire.transport.zmq._peers import Pattern
 from rlwire.transport.zmq._protocol import (
     REANNOUNCE_SECONDS,
-    Head,
-    Seal,
-    ack_message,
-    bye_message,
-    check_recipient,
+    ack_packet,
+    bye_packet,
     frame_of,
     is_ping,
-    parse_abort,
-    parse_data,
     parse_end,
-    parse_seal,
-    ready_message,
+    ready_packet,
 )
+from rlwire.transport.zmq._reassembly import Reassembly, Sealed
 from rlwire.transport.zmq._sockets import (
     RETRY_SECONDS,
     Context,
     Socket,
     connect_curve,
     endpoint,
-    has_message,
+    has_packet,
     option_key,
     release,
     wait_descriptor,
 )
 
 __all__ = ["ZmqSource", "open_source"]
-
-
-@dataclass
-class _Partial:
-    """The data messages of a batch received so far, hashed as they came."""
-
-    head: Head  # of data message 0
-    segments: list[memoryview] = field(default_factory=list)
-    digests: list[int] = field(default_factory=list)
-    received: int = 0  # data messages
-
-    def follows(self, head: Head) -> bool:
-        """True if ``head`` is of the data message that comes next in this batch."""
-        return head.index == self.received and msgspec.structs.replace(head, index=0) == self.head
 
 
 class ZmqSource(Source):
@@ -77,7 +55,7 @@ class ZmqSource(Source):
     each buffer once. Storage options (``open_receiver(..., storage_options={...})``):
 
     ``hwm``
-        messages queued before the sender waits (default 2).
+        packets queued before the sender waits (default 2).
     ``pattern``
         the sender's pattern, ``"ranks"`` or ``"shared"``: a message of the other one is
         refused. Not given, the first message fixes it for the receiver's lifetime.
@@ -174,17 +152,11 @@ class ZmqSource(Source):
         self._socket: Socket | None = sock
         # The pattern expected (True: shared), fixed by the first message if not given.
         self._shared: bool | None = None if pattern is None else pattern == "shared"
-        # The session of the last message taken in order, and the seq to follow it.
-        self._session: bytes | None = None
-        self._next_seq = 0
-        self._received = False  # True once a message was returned (or a gap reported)
-        # A new session that started behind: its steps below the expected one are
-        # discarded without a word (it was reported once).
-        self._behind: bytes | None = None
+        self._ordering = Ordering(endpoint, rank=rank)
+        self._reassembly = Reassembly(verify=verify)
         self._pending: tuple[int, Frame] | None = None
-        self._partial: _Partial | None = None  # a batch whose seal has not come
         self._end: int | None = None  # the end step, once the sender finished
-        self._heard = 0.0  # when a message last arrived or this receiver last announced
+        self._heard = 0.0  # when a packet last arrived or this receiver last announced
         self._ack: list[bytes] | None = None  # an acknowledgement still to send
         try:
             self._announce()
@@ -229,12 +201,12 @@ class ZmqSource(Source):
                 end = parse_end(views)
                 if end is not None:
                     # Sent after every message to this receiver, on the same connection.
-                    self._partial = None
+                    self._reassembly.drop()
                     self._end = end
                     if self._shared is False and end > step:
                         raise StepGapError(
                             f"expected step {step}, but the sender finished the stream "
-                            f"at step {end}: steps {_span(step, end)} were lost; the next "
+                            f"at step {end}: steps {span(step, end)} were lost; the next "
                             "receive raises EndOfStream",
                             where=self.endpoint,
                             rank=self.rank,
@@ -262,7 +234,7 @@ class ZmqSource(Source):
         while (remaining := deadline - time.monotonic()) > 0:
             sock = self._socket
             try:
-                if sock is None or has_message(sock):
+                if sock is None or has_packet(sock):
                     return
                 await wait_descriptor(sock, min(remaining, RETRY_SECONDS))
             except zmq.ZMQError:
@@ -274,7 +246,7 @@ class ZmqSource(Source):
             if sock is None:
                 return
             with contextlib.suppress(zmq.ZMQError):  # else the sender learns from ZeroMQ
-                sock.send_multipart(bye_message(), zmq.NOBLOCK)
+                sock.send_multipart(bye_packet(), zmq.NOBLOCK)
             release(sock, self._context, None, linger=100)
 
     def _require_socket(self) -> Socket:
@@ -286,7 +258,7 @@ class ZmqSource(Source):
         sock = self._require_socket()
         # Not connected yet and the queue full: a later announcement goes instead.
         with contextlib.suppress(zmq.Again):
-            sock.send_multipart(ready_message(self.rank), zmq.NOBLOCK)
+            sock.send_multipart(ready_packet(self.rank), zmq.NOBLOCK)
         self._heard = time.monotonic()
 
     def _send_ack(self) -> None:
@@ -297,80 +269,28 @@ class ZmqSource(Source):
                 self._ack = None
 
     def _take(self, parts: list[memoryview], step: int) -> tuple[int, Frame] | None:
-        """The step and frame of the batch ``parts`` completes if it is the next one for
-        this receiver; ``None`` if it completes none, or one to discard without a word;
-        an error otherwise."""
-        where = self.describe(step)
-        aborted = parse_abort(parts)
-        if aborted is not None:
-            if self._partial is not None and aborted == (
-                self._partial.head.session,
-                self._partial.head.seq,
-            ):
-                self._partial = None
-            return None
-        seal = parse_seal(parts, where=where)
-        if seal is not None:
-            return self._sealed(seal, step)
-        try:
-            head, segments = parse_data(parts, where=where)
-        except CorruptFrameError:
-            self._partial = None
-            raise
-        if head.index == 0:
-            self._partial = _Partial(head)  # one stopped midway is dropped
-        elif self._partial is None or not self._partial.follows(head):
-            # Part of a batch whose start was lost: the whole batch is, and the next
-            # batch reports the loss.
-            self._partial = None
-            return None
-        partial = self._partial
-        partial.segments += segments
-        partial.received += 1
-        if len(partial.segments) > head.segments:
-            self._partial = None
-            raise CorruptFrameError(
-                f"data message {head.index} of step {head.step} takes the batch to "
-                f"{len(partial.segments)} segments; its head says {head.segments}",
-                where=where,
-            )
-        if self.verify and head.checksum == CHECKSUM:  # while the next message arrives
-            partial.digests += segment_digests(segments)
-        return None
+        """The step and frame of the message that packet ``parts`` completes if it is the
+        next one for this receiver; ``None`` if it completes none, or one to discard
+        without a word; an error otherwise."""
+        sealed = self._reassembly.take(parts, where=self.describe(step))
+        return None if sealed is None else self._sealed(sealed, step)
 
-    def _sealed(self, seal: Seal, step: int) -> tuple[int, Frame] | None:
-        """The step and frame of the batch ``seal`` closes, as :meth:`_take` says."""
+    def _sealed(self, sealed: Sealed, step: int) -> tuple[int, Frame] | None:
+        """The step and frame of ``sealed``, as :meth:`_take` says."""
         where = self.describe(step)
-        partial, self._partial = self._partial, None
-        if (
-            partial is None
-            or (partial.head.session, partial.head.seq) != (seal.session, seal.seq)
-            or partial.received != partial.head.count
-        ):
-            return None  # the seal of a batch not whole here: lost, as above
-        head, segments = partial.head, partial.segments
+        head, segments = sealed.head, sealed.segments
         # Read, whatever follows: a closing sender need not wait for it.
-        self._ack = ack_message(head.session, head.seq)
+        self._ack = ack_packet(head.session, head.seq)
         self._send_ack()
         try:
-            expected = 8 * head.segments if head.checksum else 0
-            if len(segments) != head.segments or len(seal.checksums) != expected:
-                raise CorruptFrameError(
-                    f"the batch disagrees with its head: {head.segments} segments in the "
-                    f"head, {len(segments)} received, {len(seal.checksums) // 8} checksums",
-                    where=where,
-                )
-            check_recipient(head, rank=self.rank, shared=self._shared, where=where)
+            sealed.check(rank=self.rank, shared=self._shared, verify=self.verify, where=where)
             self._shared = head.shared
-            if self.verify and head.checksum is not None:
-                check_algorithm(head.checksum, where)
-                compare_digests(seal.checksums, partial.digests, segments, where)
             frame = frame_of(head, segments, where=where)
         except CorruptFrameError as exc:
-            # Its sequence number stays unused: the next batch reports the loss.
+            # Its sequence number stays unused: the next message reports the loss.
             exc.add_context(step=head.step, rank=self.rank)
             raise
-        order = self._order(head, step)
+        order = self._ordering.place(head, step)
         if order is None:
             return None
         if self.writable:
@@ -385,57 +305,6 @@ class ZmqSource(Source):
                 rank=self.rank,
             )
         return got
-
-    def _order(self, head: Head, step: int) -> str | None:
-        """Where ``head``'s message stands: ``""`` if it is the next one, what was
-        expected instead if it comes after a gap (it is returned after a StepGapError),
-        or ``None`` to discard it without a word. The state moves on past it.
-
-        Raises:
-            StepOrderError: it repeats or goes back: discarded (it moves the state on only
-                if it is the next in the sequence, with a step already past).
-        """
-        new = head.session != self._session
-        expected_seq = 0 if new else self._next_seq
-        sender = "a new sender session" if new else "this sender"
-        ordinal = f"message {head.seq} of {sender}"
-        if not new and head.seq < expected_seq:
-            raise StepOrderError(
-                f"{ordinal} (step {head.step}) repeats or goes back: expected message "
-                f"{expected_seq}; discarded",
-                where=self.endpoint,
-                rank=self.rank,
-            )
-        if head.step < step:
-            if new or head.session == self._behind:
-                report = new and self._received
-                self._session, self._next_seq = head.session, head.seq + 1
-                self._behind = head.session
-                if not report:
-                    return None  # older than the step this receiver starts at
-                raise StepOrderError(
-                    f"a new sender session started at step {head.step}, behind step "
-                    f"{step}: steps {_span(head.step, step)} would repeat; discarded "
-                    f"until step {step}",
-                    where=self.endpoint,
-                    rank=self.rank,
-                )
-            if head.seq == expected_seq:
-                self._next_seq += 1  # the next in the sequence, with a wrong step
-            again = head.step == step - 1
-            what = f"step {head.step} again" if again else f"step {head.step}, behind step {step}"
-            raise StepOrderError(
-                f"{ordinal} holds {what}: already past it; discarded",
-                where=self.endpoint,
-                rank=self.rank,
-            )
-        self._session, self._next_seq, self._behind = head.session, head.seq + 1, None
-        self._received = True
-        if not head.shared and head.step != step:
-            return f"expected step {step}, got step {head.step}"
-        if head.seq != expected_seq:
-            return f"expected message {expected_seq} of {sender}, got {head.seq}"
-        return ""
 
 
 def open_source(url: URL, options: SourceOptions) -> ZmqSource:
@@ -464,8 +333,3 @@ def _deadline(timeout: float | None) -> float:
     """When a wait of ``timeout`` seconds ends: never later than a re-announcement is due."""
     limit = REANNOUNCE_SECONDS if timeout is None else min(timeout, REANNOUNCE_SECONDS)
     return time.monotonic() + limit
-
-
-def _span(first: int, end: int) -> str:
-    """Steps ``first`` up to ``end`` (excluded), in words: ``"3"`` or ``"3-7"``."""
-    return str(first) if end - first == 1 else f"{first}-{end - 1}"

@@ -1,0 +1,94 @@
+"""Where each message a receiver gets stands against the one it expects next: the sender's
+session, the sequence number and the step (docs/format.md, "ZeroMQ messages")."""
+
+from __future__ import annotations
+
+from rlwire._core.errors import StepOrderError
+from rlwire.transport.zmq._protocol import Head
+
+__all__ = ["Ordering", "span"]
+
+
+class Ordering:
+    """The session and sequence number a receiver expects next, and whether it has
+    returned anything yet.
+
+    Example:
+        >>> from rlwire.transport.zmq._protocol import Head
+        >>> head = Head(b"S" * 8, 0, 4, 0, False, "msgpack", [], b"", [], None, 1, 0, 1)
+        >>> Ordering("ipc:///run", rank=0).place(head, step=4)
+        ''
+    """
+
+    def __init__(self, endpoint: str, *, rank: int) -> None:
+        self.endpoint = endpoint
+        self.rank = rank
+        # The session of the last message taken in order, and the seq to follow it.
+        self._session: bytes | None = None
+        self._next_seq = 0
+        self._received = False  # True once a message was returned (or a gap reported)
+        # A new session that started behind: its steps below the expected one are
+        # discarded without a word (it was reported once).
+        self._behind: bytes | None = None
+
+    def place(self, head: Head, step: int) -> str | None:
+        """Where ``head``'s message stands when ``step`` is expected: ``""`` if it is the
+        next one, what was expected instead if it comes after a gap (it is returned
+        after a StepGapError), or ``None`` to discard it without a word. The state moves
+        on past it.
+
+        Raises:
+            StepOrderError: it repeats or goes back: discarded (it moves the state on only
+                if it is the next in the sequence, with a step already past).
+        """
+        new = head.session != self._session
+        expected_seq = 0 if new else self._next_seq
+        sender = "a new sender session" if new else "this sender"
+        ordinal = f"message {head.seq} of {sender}"
+        if not new and head.seq < expected_seq:
+            raise StepOrderError(
+                f"{ordinal} (step {head.step}) repeats or goes back: expected message "
+                f"{expected_seq}; discarded",
+                where=self.endpoint,
+                rank=self.rank,
+            )
+        if head.step < step:
+            if new or head.session == self._behind:
+                report = new and self._received
+                self._session, self._next_seq = head.session, head.seq + 1
+                self._behind = head.session
+                if not report:
+                    return None  # older than the step this receiver starts at
+                raise StepOrderError(
+                    f"a new sender session started at step {head.step}, behind step "
+                    f"{step}: steps {span(head.step, step)} would repeat; discarded "
+                    f"until step {step}",
+                    where=self.endpoint,
+                    rank=self.rank,
+                )
+            if head.seq == expected_seq:
+                self._next_seq += 1  # the next in the sequence, with a wrong step
+            again = head.step == step - 1
+            what = f"step {head.step} again" if again else f"step {head.step}, behind step {step}"
+            raise StepOrderError(
+                f"{ordinal} holds {what}: already past it; discarded",
+                where=self.endpoint,
+                rank=self.rank,
+            )
+        self._session, self._next_seq, self._behind = head.session, head.seq + 1, None
+        self._received = True
+        if not head.shared and head.step != step:
+            return f"expected step {step}, got step {head.step}"
+        if head.seq != expected_seq:
+            return f"expected message {expected_seq} of {sender}, got {head.seq}"
+        return ""
+
+
+def span(first: int, end: int) -> str:
+    """Steps ``first`` up to ``end`` (excluded), in words: ``"3"`` or ``"3-7"``.
+
+    Example:
+        >>> span(3, 4), span(3, 8)
+        ('3', '3-7')
+    """
+    return str(first) if end - first == 1 else f"{first}-{end - 1}"

@@ -1,0 +1,150 @@
+"""A receiver puts each message back together from its data packets, and checks it at its seal.
+
+Data packets arrive one by one; each is hashed as it arrives (while the next one is on
+its way), and the message is returned only once its seal closes it whole. What breaks the
+run (an ``abort``, another message's data packet 0, a data packet that does not follow
+on, an ``end``) drops what came before it (docs/format.md, "ZeroMQ messages").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from rlwire._core.errors import CorruptFrameError
+from rlwire._frame.checksums import CHECKSUM, check_algorithm, compare_digests, segment_digests
+from rlwire.transport.zmq._protocol import (
+    Head,
+    check_recipient,
+    parse_abort,
+    parse_data,
+    parse_seal,
+)
+
+__all__ = ["Reassembly", "Sealed"]
+
+
+@dataclass
+class _Partial:
+    """The data packets of a message received so far, hashed as they came."""
+
+    head: Head  # of data packet 0
+    segments: list[memoryview] = field(default_factory=list)
+    digests: list[int] = field(default_factory=list)
+    received: int = 0  # data packets
+
+    def follows(self, head: Head) -> bool:
+        """True if ``head`` is of the data packet that comes next in this message."""
+        return head.index == self.received and msgspec.structs.replace(head, index=0) == self.head
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """A message whose seal arrived after all its data packets, not checked yet.
+
+    Attributes:
+        head: the head of its data packet 0.
+        segments: its segments, views of the received ZeroMQ frames.
+        checksums: what its seal carries (packed little-endian u64, or empty).
+        digests: the checksums computed as its data packets arrived (empty when not
+            verifying).
+    """
+
+    head: Head
+    segments: list[memoryview]
+    checksums: bytes
+    digests: list[int]
+
+    def check(self, *, rank: int, shared: bool | None, verify: bool, where: str) -> None:
+        """Check the message against its head, that it is for a receiver of ``rank``
+        expecting the ``shared`` pattern (or either, if ``None``), and, with ``verify``,
+        its checksums.
+
+        Raises:
+            CorruptFrameError: any of these fails.
+            UnsupportedVersionError: a checksum algorithm this reader does not know.
+        """
+        head, segments = self.head, self.segments
+        expected = 8 * head.segments if head.checksum else 0
+        if len(segments) != head.segments or len(self.checksums) != expected:
+            raise CorruptFrameError(
+                f"the message disagrees with its head: {head.segments} segments in the "
+                f"head, {len(segments)} received, {len(self.checksums) // 8} checksums",
+                where=where,
+            )
+        check_recipient(head, rank=rank, shared=shared, where=where)
+        if verify and head.checksum is not None:
+            check_algorithm(head.checksum, where)
+            compare_digests(self.checksums, self.digests, segments, where)
+
+
+class Reassembly:
+    """The message under way on one receiver's connection, put back together.
+
+    Example:
+        >>> from rlwire.transport.zmq._protocol import abort_packet
+        >>> Reassembly(verify=True).take(abort_packet(b"S" * 8, 0), where="ipc:///run")
+    """
+
+    def __init__(self, *, verify: bool) -> None:
+        self.verify = verify
+        self._partial: _Partial | None = None  # a message whose seal has not come
+
+    def drop(self) -> None:
+        """Drop the message under way (the stream ended)."""
+        self._partial = None
+
+    def take(self, parts: Sequence[bytes | memoryview], *, where: str) -> Sealed | None:
+        """The message that ``parts`` (an ``abort``, a seal or a data packet) completes,
+        or ``None`` if it completes none.
+
+        Raises:
+            CorruptFrameError: a data packet or seal that is not well-formed, or that
+                takes the message beyond the segments its head declares (the message
+                under way is dropped).
+            UnsupportedVersionError: a data packet of a major version this reader
+                does not know.
+        """
+        aborted = parse_abort(parts)
+        if aborted is not None:
+            partial = self._partial
+            if partial is not None and aborted == (partial.head.session, partial.head.seq):
+                self._partial = None
+            return None
+        seal = parse_seal(parts, where=where)
+        if seal is not None:
+            partial, self._partial = self._partial, None
+            if (
+                partial is None
+                or (partial.head.session, partial.head.seq) != (seal.session, seal.seq)
+                or partial.received != partial.head.count
+            ):
+                return None  # the seal of a message not whole here: lost, as below
+            return Sealed(partial.head, partial.segments, seal.checksums, partial.digests)
+        try:
+            head, segments = parse_data(parts, where=where)
+        except CorruptFrameError:
+            self._partial = None
+            raise
+        if head.index == 0:
+            self._partial = _Partial(head)  # one stopped midway is dropped
+        elif self._partial is None or not self._partial.follows(head):
+            # Of a message whose start was lost: the whole message is, and the next
+            # message reports the loss.
+            self._partial = None
+            return None
+        partial = self._partial
+        partial.segments += segments
+        partial.received += 1
+        if len(partial.segments) > head.segments:
+            self._partial = None
+            raise CorruptFrameError(
+                f"data packet {head.index} of step {head.step} takes the message to "
+                f"{len(partial.segments)} segments; its head says {head.segments}",
+                where=where,
+            )
+        if self.verify and head.checksum == CHECKSUM:  # while the next packet arrives
+            partial.digests += segment_digests(segments)
+        return None

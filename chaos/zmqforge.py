@@ -47,9 +47,9 @@ Packets = list[list[bytes]]
 
 def capture(root: str) -> dict[str, Any]:
     """Send one message through a real sender to a raw DEALER; save the packets it got."""
-    from helpers import capture_zmq_batch
+    from helpers import capture_zmq_message
 
-    got = capture_zmq_batch(
+    got = capture_zmq_message(
         root,
         payload(0, 0, N),
         sidecar=("routed_experts",),

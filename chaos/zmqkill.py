@@ -265,7 +265,7 @@ def receiver_main(
                 log("error", typed=False, type=type(exc).__name__, error=describe(exc))
                 return
             took = time.monotonic() - began
-            step = receiver.step
+            step = receiver.last_step
             assert step is not None
             ok = same(batch, payload(step, 0 if pattern == "shared" else rank, N))
             del batch

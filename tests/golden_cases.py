@@ -86,9 +86,9 @@ CASES: dict[str, tuple[Callable[[], Any], dict[str, Any], Any]] = {
 }
 
 
-#: ZeroMQ messages are never stored: this file holds what a sender sent a receiver for
-#: one batch (``batch()``, routed experts as sidecar, lz4, cut into data messages of
-#: 2 KiB), as a msgpack list of messages, each a list of parts; the ZeroMQ version is
+#: ZeroMQ packets are never stored: this file holds what a sender sent a receiver for
+#: one message (``batch()``, routed experts as sidecar, lz4, cut into data packets of
+#: 2 KiB), as a msgpack list of packets, each a list of ZeroMQ frames; the ZeroMQ version is
 #: in its name.
 ZMQ_GOLDEN = GOLDEN / "zmq-2.0.msgpack"
 ZMQ_OPTIONS: dict[str, Any] = {
@@ -103,9 +103,9 @@ def _write_zmq() -> None:
     import tempfile
 
     import msgspec
-    from helpers import capture_zmq_batch
+    from helpers import capture_zmq_message
 
-    got = capture_zmq_batch(tempfile.mkdtemp(), batch(), **ZMQ_OPTIONS)
+    got = capture_zmq_message(tempfile.mkdtemp(), batch(), **ZMQ_OPTIONS)
     ZMQ_GOLDEN.write_bytes(msgspec.msgpack.encode(got))
 
 

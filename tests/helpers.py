@@ -7,12 +7,12 @@ from typing import Any
 
 from rlwire.testing import assert_batches_equal, make_batch, make_sample
 
-__all__ = ["assert_batches_equal", "capture_zmq_batch", "make_batch", "make_sample"]
+__all__ = ["assert_batches_equal", "capture_zmq_message", "make_batch", "make_sample"]
 
 
-def capture_zmq_batch(directory: str, obj: Any, **options: Any) -> list[list[bytes]]:
-    """The ZeroMQ messages a real sender, opened with ``options``, sends for ``obj`` to a
-    raw DEALER socket that announces itself as rank 0: its data messages, then its seal
+def capture_zmq_message(directory: str, obj: Any, **options: Any) -> list[list[bytes]]:
+    """The packets a real ZeroMQ sender, opened with ``options``, sends for ``obj`` to a
+    raw DEALER socket that announces itself as rank 0: its data packets, then its seal
     (acknowledged, so the sender closes at once). ``directory`` holds the socket."""
     import threading
     import time

@@ -4,7 +4,6 @@ loop-lag monitor is :mod:`rlwire._core.lag`."""
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import TypeVar, TypeVarTuple, Unpack
@@ -14,6 +13,7 @@ import anyio.abc
 from anyio import CapacityLimiter, from_thread, to_thread
 
 from rlwire._core.args import check_int
+from rlwire._core.pools import worker_count
 from rlwire._core.slicing import Sliced
 
 __all__ = [
@@ -166,5 +166,5 @@ async def drive_sliced(
 
 def thread_count(limiter: CapacityLimiter) -> int:
     """How many threads work that releases the GIL (compression) may use under
-    ``limiter``: its size, at most the number of cores."""
-    return int(min(limiter.total_tokens, os.cpu_count() or 2))
+    ``limiter``: its size, within the one policy of :func:`~rlwire._core.pools.worker_count`."""
+    return worker_count(limiter.total_tokens)

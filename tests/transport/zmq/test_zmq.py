@@ -79,7 +79,7 @@ CHILD = textwrap.dedent("""
                         continue
                     emit(error=type(exc).__name__, message=str(exc))
                 else:
-                    step = receiver.step
+                    step = receiver.last_step
                     try:
                         assert_batches_equal(batch, payload(step, spec["seed_base"]))
                         ok = True
@@ -478,7 +478,7 @@ def test_a_sender_restarted_behind_repeats_no_step(tmp_path: Path) -> None:
                 "repeat; discarded until step 2"
             ) in str(info.value)
             got = [receiver.receive(timeout=LONG).samples[0].env_name for _ in range(2)]
-            assert got == ["env2", "env3"] and receiver.step == 3
+            assert got == ["env2", "env3"] and receiver.last_step == 3
             assert second.next() == {"event": "opened"}
 
 

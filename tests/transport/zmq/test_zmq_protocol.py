@@ -375,7 +375,7 @@ def test_a_receiver_refuses_malformed_packets_and_goes_on(
         with pytest.raises(rlwire.StepGapError, match="expected message 2 of this sender, got 3"):
             receiver.receive(timeout=LONG)
         assert receiver.receive(timeout=LONG).samples[0].env_name == "env2"
-        assert receiver.step == 2
+        assert receiver.last_step == 2
         acks = [
             struct.pack("<8sQ", session, seq)
             for session, seq in [
@@ -473,7 +473,7 @@ def test_repeated_and_backward_steps_are_refused_and_never_returned(
             assert words in str(info.value) and "discarded" in str(info.value)
             assert "lost" not in str(info.value)
         forger.send(forged(6, 6))
-        assert env(receiver) == "env6" and receiver.step == 6
+        assert env(receiver) == "env6" and receiver.last_step == 6
         with pytest.raises(rlwire.ReceiveTimeout):
             receiver.receive(timeout=SHORT / 4)
 

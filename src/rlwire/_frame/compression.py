@@ -79,14 +79,7 @@ def _in_groups(
     cost thousands of futures, each a few microseconds of GIL-holding Python. Closing
     the generator cancels the groups not started yet.
     """
-    groups: list[list[int]] = [[]]
-    size = 0
-    for i, n in enumerate(sizes):
-        if size >= _GROUP_BYTES:
-            groups.append([])
-            size = 0
-        groups[-1].append(i)
-        size += n
+    groups = _grouped(sizes)
 
     def run(group: list[int]) -> list[R]:
         return [func(jobs[i]) for i in group]
@@ -98,6 +91,27 @@ def _in_groups(
                 results[i] = out
             yield
         return results
+    yield from _pooled(run, groups, threads, results)
+    return results
+
+
+def _grouped(sizes: Sequence[int]) -> list[list[int]]:
+    """Indices of consecutive jobs, cut into groups of at least _GROUP_BYTES."""
+    groups: list[list[int]] = [[]]
+    size = 0
+    for i, n in enumerate(sizes):
+        if size >= _GROUP_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(i)
+        size += n
+    return groups
+
+
+def _pooled(
+    run: Callable[[list[int]], list[R]], groups: list[list[int]], threads: int, results: list[R]
+) -> Sliced[None]:
+    """Run ``groups`` in the shared executor, ``threads`` at once, into ``results``."""
     pool = shared_executor()
     waiting = iter(groups)
     running: dict[concurrent.futures.Future[list[R]], list[int]] = {}
@@ -106,7 +120,7 @@ def _in_groups(
             for group in itertools.islice(waiting, threads - len(running)):
                 running[pool.submit(run, group)] = group
             if not running:
-                return results
+                return
             done, _ = concurrent.futures.wait(running, return_when="FIRST_COMPLETED")
             for future in done:
                 for i, out in zip(running.pop(future), future.result(), strict=True):

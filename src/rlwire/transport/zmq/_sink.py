@@ -129,7 +129,7 @@ class ZmqSink(Sink):
         "curve_clients",
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (its storage options, one each; from_url parses them)
         self,
         endpoint: str,
         *,

@@ -70,54 +70,13 @@ class TrainingSample(msgspec.Struct, kw_only=True):
             SchemaError: naming the sample and field, e.g.
                 ``samples[3].logprobs: 1 non-finite value (first at token 17)``.
         """
-        ids = _array(self, "token_ids", where, ndim=1)
-        if ids.dtype.kind not in "iu":
-            raise SchemaError(
-                f"{where}.token_ids: token ids must be integers, got dtype {ids.dtype}"
-            )
-        n = len(ids)
-        mask = _array(self, "mask", where, ndim=1)
-        if mask.dtype != np.bool_:
-            raise SchemaError(f"{where}.mask: must be a bool array, got dtype {mask.dtype}")
-        names = ["mask", *_PER_TOKEN_FLOATS]
-        if self.ref_logprobs is not None:
-            names.append("ref_logprobs")
-        for name in names:
-            arr = _array(self, name, where, ndim=1)
-            if name != "mask" and arr.dtype.kind != "f":
-                raise SchemaError(f"{where}.{name}: must be a float array, got dtype {arr.dtype}")
-            if len(arr) != n:
-                raise SchemaError(
-                    f"{where}.{name}: has {len(arr)} entries but token_ids "
-                    f"has {n}; per-token arrays must have the same length"
-                )
-            if name in _MUST_BE_FINITE:
-                _check_finite(arr, f"{where}.{name}")
+        n = _token_count(self, where)
+        _check_per_token(self, where, n)
         if self.routed_experts is not None:
-            re = _array(self, "routed_experts", where, ndim=3)
-            if re.dtype not in (np.uint8, np.uint16):
-                raise SchemaError(
-                    f"{where}.routed_experts: must be uint8 or uint16 expert ids, "
-                    f"got dtype {re.dtype} (uint8 holds at most 256 experts)"
-                )
-            if re.shape[0] != n:
-                raise SchemaError(
-                    f"{where}.routed_experts: has {re.shape[0]} rows but "
-                    f"token_ids has {n}; expected shape [seq_len, layers, topk]"
-                )
+            _check_routed_experts(self, where, n)
         if not isinstance(self.env_name, str):
             raise SchemaError(f"{where}.env_name: must be str, got {type(self.env_name).__name__}")
-        if not isinstance(self.extras, dict):
-            raise SchemaError(
-                f"{where}.extras: must be a dict of arrays, got {type(self.extras).__name__}"
-            )
-        for key, value in self.extras.items():
-            if not isinstance(key, str):
-                raise SchemaError(f"{where}.extras: keys must be str, got {key!r}")
-            if not isinstance(value, np.ndarray):
-                raise SchemaError(
-                    f"{where}.extras[{key!r}]: expected a numpy array, got {type(value).__name__}"
-                )
+        _check_extras(self.extras, where)
 
 
 class TrainingBatch(msgspec.Struct, kw_only=True):
@@ -161,6 +120,63 @@ def check_object(obj: Any, path: str) -> None:
         obj.validate(path)
     elif isinstance(obj, TrainingBatch):
         obj._check_samples(path)
+
+
+def _token_count(sample: TrainingSample, where: str) -> int:
+    """The length of ``sample``'s token ids, once they are shown to be a 1-D int array."""
+    ids = _array(sample, "token_ids", where, ndim=1)
+    if ids.dtype.kind not in "iu":
+        raise SchemaError(f"{where}.token_ids: token ids must be integers, got dtype {ids.dtype}")
+    return len(ids)
+
+
+def _check_per_token(sample: TrainingSample, where: str, n: int) -> None:
+    """The mask and the per-token floats: 1-D, ``n`` long, of their dtype, finite."""
+    mask = _array(sample, "mask", where, ndim=1)
+    if mask.dtype != np.bool_:
+        raise SchemaError(f"{where}.mask: must be a bool array, got dtype {mask.dtype}")
+    names = ["mask", *_PER_TOKEN_FLOATS]
+    if sample.ref_logprobs is not None:
+        names.append("ref_logprobs")
+    for name in names:
+        arr = _array(sample, name, where, ndim=1)
+        if name != "mask" and arr.dtype.kind != "f":
+            raise SchemaError(f"{where}.{name}: must be a float array, got dtype {arr.dtype}")
+        if len(arr) != n:
+            raise SchemaError(
+                f"{where}.{name}: has {len(arr)} entries but token_ids "
+                f"has {n}; per-token arrays must have the same length"
+            )
+        if name in _MUST_BE_FINITE:
+            _check_finite(arr, f"{where}.{name}")
+
+
+def _check_routed_experts(sample: TrainingSample, where: str, n: int) -> None:
+    """Expert ids: a uint8/uint16 array of ``n`` rows, ``[seq_len, layers, topk]``."""
+    re = _array(sample, "routed_experts", where, ndim=3)
+    if re.dtype not in (np.uint8, np.uint16):
+        raise SchemaError(
+            f"{where}.routed_experts: must be uint8 or uint16 expert ids, "
+            f"got dtype {re.dtype} (uint8 holds at most 256 experts)"
+        )
+    if re.shape[0] != n:
+        raise SchemaError(
+            f"{where}.routed_experts: has {re.shape[0]} rows but "
+            f"token_ids has {n}; expected shape [seq_len, layers, topk]"
+        )
+
+
+def _check_extras(extras: Any, where: str) -> None:
+    """``extras``: a dict of arrays by str name."""
+    if not isinstance(extras, dict):
+        raise SchemaError(f"{where}.extras: must be a dict of arrays, got {type(extras).__name__}")
+    for key, value in extras.items():
+        if not isinstance(key, str):
+            raise SchemaError(f"{where}.extras: keys must be str, got {key!r}")
+        if not isinstance(value, np.ndarray):
+            raise SchemaError(
+                f"{where}.extras[{key!r}]: expected a numpy array, got {type(value).__name__}"
+            )
 
 
 def _array(obj: Any, name: str, where: str, *, ndim: int) -> np.ndarray:

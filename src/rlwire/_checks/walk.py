@@ -131,33 +131,51 @@ class Walk:
     ) -> Sliced[None]:
         hits = obj.keys() & self.names  # the named fields, found at C speed
         if self.collect:
-            self.seen |= hits
-            if len(obj) <= 1024:  # other keys only serve to suggest a misspelt name
-                self.seen.update(k for k in obj if isinstance(k, str))
+            self.note_keys(obj, hits)
         if rules is None:
-            inner_shape = shape[1] if isinstance(shape, tuple) and shape[0] == "dict" else ANY
-            for key in self.ordered:  # in a fixed order: the same object fails the same way
-                if key not in hits:
-                    continue
-                yield from self.visit(obj[key], (path, key), self.rules.get(key), inner_shape)
-            if inner_shape is not None:
-                for i, (key, value) in enumerate(obj.items()):
-                    if key in hits or type(value) in _PLAIN:
-                        continue
-                    yield from self.visit(value, (path, key), None, inner_shape)
-                    if i & 255 == 255:
-                        yield from self.tick()
+            yield from self.search_entries(obj, path, hits, shape)
         else:
-            for i, (key, value) in enumerate(obj.items()):
-                inner = merge_rules(rules, self.rules.get(key)) if key in hits else rules
-                yield from self.visit(value, (path, key), inner, ANY)
-                if i & 255 == 255:
-                    yield from self.tick()
+            yield from self.check_entries(obj, path, hits, rules)
         for group in self.groups:
             present = [name for name in group if name in hits]
             if len(present) >= 2:
                 _same_length(path, group, [(name, obj[name]) for name in present])
         yield from self.tick()
+
+    def note_keys(self, obj: dict[Any, Any], hits: set[Any]) -> None:
+        """Gather the field names of ``obj`` in :attr:`seen`."""
+        self.seen |= hits
+        if len(obj) <= 1024:  # other keys only serve to suggest a misspelt name
+            self.seen.update(k for k in obj if isinstance(k, str))
+
+    def search_entries(
+        self, obj: dict[Any, Any], path: KeyPath, hits: set[Any], shape: Shape
+    ) -> Sliced[None]:
+        """With no rule in force: check the named fields ``hits`` under their own rules,
+        and search the other values for named fields where ``shape`` says one can be."""
+        inner_shape = shape[1] if isinstance(shape, tuple) and shape[0] == "dict" else ANY
+        for key in self.ordered:  # in a fixed order: the same object fails the same way
+            if key not in hits:
+                continue
+            yield from self.visit(obj[key], (path, key), self.rules.get(key), inner_shape)
+        if inner_shape is None:
+            return
+        for i, (key, value) in enumerate(obj.items()):
+            if key in hits or type(value) in _PLAIN:
+                continue
+            yield from self.visit(value, (path, key), None, inner_shape)
+            if i & 255 == 255:
+                yield from self.tick()
+
+    def check_entries(
+        self, obj: dict[Any, Any], path: KeyPath, hits: set[Any], rules: Rules
+    ) -> Sliced[None]:
+        """Under ``rules``: check every value, a named field's under its own rules too."""
+        for i, (key, value) in enumerate(obj.items()):
+            inner = merge_rules(rules, self.rules.get(key)) if key in hits else rules
+            yield from self.visit(value, (path, key), inner, ANY)
+            if i & 255 == 255:
+                yield from self.tick()
 
     def sequence(
         self, seq: list[Any] | tuple[Any, ...], path: KeyPath, rules: Rules | None, shape: Shape

@@ -232,45 +232,61 @@ class _LineReader:
             chunk = self._read()
             yield  # the read released the GIL; parsing is the next slice
             if not chunk:
-                self.done = True
-                tail = b"".join(self.pending)
-                self.pending = []
-                if not tail or tail.isspace():
-                    return None
-                if len(tail) > self.max_line_bytes:
+                return self._last_records()
+            lines = self._complete_lines(chunk)
+            if lines is not None:
+                return (yield from self._parse_lines(lines))
+        return None
+
+    def _last_records(self) -> list[Any] | None:
+        """At the end of the file: the record of a last line without a newline, if any."""
+        self.done = True
+        tail = b"".join(self.pending)
+        self.pending = []
+        if not tail or tail.isspace():
+            return None
+        if len(tail) > self.max_line_bytes:
+            raise self._too_long()
+        self.lineno += 1
+        return [self._parse(tail, last=True)]
+
+    def _complete_lines(self, chunk: bytes) -> list[bytes] | None:
+        """The lines that ``chunk`` completes (None if it ends none); the start of the
+        line it leaves open is kept for later chunks."""
+        lines = chunk.split(b"\n")
+        if len(lines) == 1:
+            self.pending.append(chunk)
+            self.pending_len += len(chunk)
+            if self.pending_len > self.max_line_bytes:
+                raise self._too_long()
+            return None
+        if self.pending:
+            self.pending.append(lines[0])
+            lines[0] = b"".join(self.pending)
+        tail = lines.pop()
+        self.pending = [tail] if tail else []
+        self.pending_len = len(tail)
+        return lines
+
+    def _parse_lines(self, lines: list[bytes]) -> Sliced[list[Any]]:
+        """The records of ``lines``; a bad line ends them, its error held for the next
+        call (or raised now if it is the first)."""
+        records: list[Any] = []
+        try:
+            for line in lines:
+                if len(line) > self.max_line_bytes:
                     raise self._too_long()
                 self.lineno += 1
-                return [self._parse(tail, last=True)]
-            lines = chunk.split(b"\n")
-            if len(lines) == 1:
-                self.pending.append(chunk)
-                self.pending_len += len(chunk)
-                if self.pending_len > self.max_line_bytes:
-                    raise self._too_long()
-                continue
-            if self.pending:
-                self.pending.append(lines[0])
-                lines[0] = b"".join(self.pending)
-            tail = lines.pop()
-            self.pending = [tail] if tail else []
-            self.pending_len = len(tail)
-            records: list[Any] = []
-            try:
-                for line in lines:
-                    if len(line) > self.max_line_bytes:
-                        raise self._too_long()
-                    self.lineno += 1
-                    if line and not line.isspace():
-                        records.append(self._parse(line, last=False))
-                    if self.slicer.due():
-                        yield
-                        self.slicer.restart()
-            except RlwireError as exc:
-                if not records:
-                    raise
-                self.error = exc
-            return records
-        return None
+                if line and not line.isspace():
+                    records.append(self._parse(line, last=False))
+                if self.slicer.due():
+                    yield
+                    self.slicer.restart()
+        except RlwireError as exc:
+            if not records:
+                raise
+            self.error = exc
+        return records
 
     def _parse(self, line: bytes, *, last: bool) -> Any:
         """The record on line ``self.lineno``; ``last``: the file ends without a newline."""

@@ -290,6 +290,15 @@ def dumps(obj: Any, option: int, path: KeyPath, prefix: str = "") -> bytes:
 def _to_array(obj: Any, tp: Any) -> np.ndarray:
     """A fresh array from decoded JSON for a field typed ``tp`` (``np.ndarray`` or
     ``NDArray[dtype]``)."""
+    arr = _number_array(obj)
+    target = _annotated_dtype(tp)
+    if target is None or target == arr.dtype:
+        return arr
+    return _cast(arr, target)
+
+
+def _number_array(obj: Any) -> np.ndarray:
+    """An array of the numbers in ``obj`` (decoded JSON), of the dtype numpy infers."""
     if obj is None:
         raise ValueError(
             "null where an array was expected: JSON has no NaN or Inf (rlwire writes them "
@@ -314,9 +323,11 @@ def _to_array(obj: Any, tp: Any) -> np.ndarray:
             exact = np.array(obj, dtype=np.uint64)
             if np.array_equal(exact.astype(np.float64), arr):
                 arr = exact
-    target = _annotated_dtype(tp)
-    if target is None or target == arr.dtype:
-        return arr
+    return arr
+
+
+def _cast(arr: np.ndarray, target: np.dtype[Any]) -> np.ndarray:
+    """``arr`` as ``target``, refused if a value would change or the kinds do not fit."""
     if target.kind == "b" or target.kind in "iu":
         if arr.dtype.kind not in ("b" if target.kind == "b" else "biu"):
             raise ValueError(f"expected {target} values, got {arr.dtype} ones")

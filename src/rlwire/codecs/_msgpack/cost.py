@@ -146,7 +146,7 @@ _EXT_BYTE_COST = {
 }
 
 
-def plain_cost(data: bytes | memoryview, limit: int) -> int:
+def plain_cost(data: bytes | memoryview, limit: int) -> int:  # noqa: C901 - a call per item would slow this hot loop
     """An upper bound of the heap, in bytes, that decoding ``data`` (one msgpack value,
     possibly malformed) into plain builtins would take; it stops counting, and returns
     the running total, as soon as that exceeds ``limit``. Malformed input is not

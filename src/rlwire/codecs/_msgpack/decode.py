@@ -101,22 +101,37 @@ class Decoding:
         if typed is not None:
             mark = self.received.claims_mark()
             try:
-                for path, payload, _ in found:
-                    inner = annotation_at(annotation, path)
-                    if inner is None:  # e.g. inside a tagged union: no type to aim at
-                        raise CannotFollow
-                    if isinstance(payload, Chunked):
-                        yield from self._fill(follow(typed, path), payload, inner)
-                    elif path:
-                        put(typed, path, (yield from as_annotated(payload, inner)))
-                        yield
-                    else:  # the whole message is one out-of-band bytes value
-                        typed = yield from as_annotated(payload, inner)
-                return typed
+                return (yield from self._fill_typed(typed, annotation, found))
             except CannotFollow:
                 # The typed try is dropped, with what it decoded: its buffers may be
                 # claimed again, and its chunks decoded again from the start.
                 self.received.unclaim_since(mark)
+        raw = yield from self._fill_plain(raw, found)
+        yield
+        return (yield from converted(raw, annotation, self.timer))
+
+    def _fill_typed(self, typed: Any, annotation: Any, found: list[_Found]) -> Sliced[Any]:
+        """``typed`` (converted to ``annotation``) with what ``found`` holds put in, each
+        as the annotation at its path.
+
+        Raises:
+            CannotFollow: the typed value does not follow a path, or has no type at it.
+        """
+        for path, payload, _ in found:
+            inner = annotation_at(annotation, path)
+            if inner is None:  # e.g. inside a tagged union: no type to aim at
+                raise CannotFollow
+            if isinstance(payload, Chunked):
+                yield from self._fill(follow(typed, path), payload, inner)
+            elif path:
+                put(typed, path, (yield from as_annotated(payload, inner)))
+                yield
+            else:  # the whole message is one out-of-band bytes value
+                typed = yield from as_annotated(payload, inner)
+        return typed
+
+    def _fill_plain(self, raw: Any, found: list[_Found]) -> Sliced[Any]:
+        """``raw`` with what ``found`` holds put in, as plain builtins."""
         for path, payload, placeholder in found:
             if isinstance(payload, Chunked):
                 placeholder.clear()  # the typed try may have begun to fill it
@@ -125,8 +140,7 @@ class Decoding:
                 put(raw, path, payload)
             else:
                 raw = payload
-        yield
-        return (yield from converted(raw, annotation, self.timer))
+        return raw
 
     def _unfilled(
         self, raw: Any, path: tuple[Any, ...], found: list[_Found], *, typed: bool
@@ -146,24 +160,36 @@ class Decoding:
             self.to_find -= 1
             return b""
         if type(raw) is dict:
-            for key, value in raw.items():
-                if type(value) in _LOOK_INSIDE and value:
-                    step: RawStep = (key, dict)
-                    raw[key] = yield from self._unfilled(value, (path, step), found, typed=typed)
-                    if not self.to_find:
-                        break
+            yield from self._unfilled_values(raw, path, found, typed=typed)
         elif type(raw) is list:
-            if _LOOK_INSIDE_SET.isdisjoint(set(map(type, raw))):  # in C: lists of numbers
-                return raw
-            for i, value in enumerate(raw):
-                if type(value) in _LOOK_INSIDE and value:
-                    step = (i, list)
-                    raw[i] = yield from self._unfilled(value, (path, step), found, typed=typed)
-                    if not self.to_find:
-                        break
-                if i & 4095 == 4095:
-                    yield
+            yield from self._unfilled_items(raw, path, found, typed=typed)
         return raw
+
+    def _unfilled_values(
+        self, raw: dict[Any, Any], path: tuple[Any, ...], found: list[_Found], *, typed: bool
+    ) -> Sliced[None]:
+        """:meth:`_unfilled` on the values of ``raw``, in place."""
+        for key, value in raw.items():
+            if type(value) in _LOOK_INSIDE and value:
+                step: RawStep = (key, dict)
+                raw[key] = yield from self._unfilled(value, (path, step), found, typed=typed)
+                if not self.to_find:
+                    break
+
+    def _unfilled_items(
+        self, raw: list[Any], path: tuple[Any, ...], found: list[_Found], *, typed: bool
+    ) -> Sliced[None]:
+        """:meth:`_unfilled` on the items of ``raw``, in place."""
+        if _LOOK_INSIDE_SET.isdisjoint(set(map(type, raw))):  # in C: lists of numbers
+            return
+        for i, value in enumerate(raw):
+            if type(value) in _LOOK_INSIDE and value:
+                step: RawStep = (i, list)
+                raw[i] = yield from self._unfilled(value, (path, step), found, typed=typed)
+                if not self.to_find:
+                    break
+            if i & 4095 == 4095:
+                yield
 
     def _fill(self, target: Any, chunked: Chunked, annotation: Any) -> Sliced[None]:
         """Decode ``chunked``'s chunks one call each and add them to ``target``."""

@@ -63,7 +63,7 @@ _ARRAY_BLOCK: Final = 1 << 18
 
 class Walk:
     """One pass over one object, under the rules and plans of ``planner``; with
-    ``collect``, the field names met are gathered in :attr:`seen`."""
+    ``collect``, the field names met are gathered in ``seen``."""
 
     def __init__(self, planner: Planner, *, collect: bool) -> None:
         self.planner = planner
@@ -143,7 +143,7 @@ class Walk:
         yield from self.tick()
 
     def note_keys(self, obj: dict[Any, Any], hits: set[Any]) -> None:
-        """Gather the field names of ``obj`` in :attr:`seen`."""
+        """Gather the field names of ``obj`` in ``seen``."""
         self.seen |= hits
         if len(obj) <= 1024:  # other keys only serve to suggest a misspelt name
             self.seen.update(k for k in obj if isinstance(k, str))

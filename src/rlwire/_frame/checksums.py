@@ -46,7 +46,7 @@ _POOLED_SEGMENT_BYTES = 256 << 10
 
 def placeholder_checksums(frame: Frame) -> bytes:
     """Zero checksums for every segment of ``frame``: plan with these, hash while
-    writing, then write :meth:`Layout.head` over the first chunk."""
+    writing, then write the stored layout's head over the first chunk."""
     return bytes(8 * (len(frame.buffers) + 1))
 
 

@@ -148,7 +148,7 @@ class Decoding:
         """``raw`` with each chunked container replaced by an empty one and, when it is
         to be converted to a type, each out-of-band bytes value by ``b""``; each
         recorded in ``found`` with its path and placeholder. Stops once it has found
-        all :attr:`to_find`: a header full of other containers costs no walk past them.
+        all ``to_find``: a header full of other containers costs no walk past them.
         ``path`` is a chain ``(parent chain, step)``, made into a list only when found."""
         if isinstance(raw, Chunked):
             empty: Any = {} if raw.is_map else []

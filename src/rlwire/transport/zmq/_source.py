@@ -49,7 +49,8 @@ __all__ = ["ZmqSource", "open_source"]
 
 
 class ZmqSource(Source):
-    """Receives what a :class:`ZmqSink` sends to one rank, over a DEALER socket.
+    """Receives what a :class:`~rlwire.transport.zmq.ZmqSink` sends to one rank, over a
+    DEALER socket.
 
     Buffers are views of the received ZeroMQ frames (no copy); ``writable=True`` copies
     each buffer once. Storage options (``open_receiver(..., storage_options={...})``):
@@ -308,7 +309,8 @@ class ZmqSource(Source):
 
 
 def open_source(url: URL, options: SourceOptions) -> ZmqSource:
-    """The :class:`ZmqSource` for ``url`` (what :meth:`ZmqSink.open_source` returns).
+    """The :class:`ZmqSource` for ``url`` (what
+    :meth:`~rlwire.transport.zmq.ZmqSink.open_source` returns).
 
     Raises:
         ConfigError: a malformed URL, or an unknown or malformed storage option.

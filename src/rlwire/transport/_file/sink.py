@@ -24,6 +24,7 @@ from urllib.parse import unquote
 import numpy as np
 import xxhash
 
+from rlwire._core.atomic import AtomicFile, fsync_dir, write_atomic
 from rlwire._core.errors import (
     ConfigError,
     CorruptFrameError,
@@ -49,7 +50,6 @@ from rlwire.transport._stored.names import (
     main_name,
     names_to_delete,
     sidecar_name,
-    temp_name,
 )
 from rlwire.transport._stored.names import start_step as first_step
 from rlwire.transport._stored.retention import read_consumed, steps_to_prune
@@ -90,8 +90,8 @@ class _FileStaged(Staged):
     def __init__(self, root: Path, fsync: bool) -> None:
         self.root = root
         self.fsync = fsync
-        self.sidecars: list[tuple[Path, Path]] = []  # (temporary, final)
-        self.mains: list[tuple[Path, Path]] = []
+        self.sidecars: list[AtomicFile] = []
+        self.mains: list[AtomicFile] = []
 
     def commit(self) -> None:
         # Everything that can fail routinely happens before the first main file appears:
@@ -99,16 +99,16 @@ class _FileStaged(Staged):
         # one directory remain; if one of those fails, what is visible stays visible.
         ranks: list[int] = []
         try:
-            for tmp, final in self.sidecars:
-                os.replace(tmp, final)
+            for out in self.sidecars:
+                out.rename()
             if self.fsync and self.sidecars:
-                _fsync_dir(self.root)
-            for rank, (tmp, final) in enumerate(self.mains):
-                os.replace(tmp, final)
+                fsync_dir(self.root)
+            for rank, out in enumerate(self.mains):
+                out.rename()
                 ranks.append(rank)
                 self.visible = True
             if self.fsync:
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
         except OSError as exc:
             self.discard()
             if ranks:
@@ -117,15 +117,15 @@ class _FileStaged(Staged):
                     f"commit the step in full (visible for ranks {ranks} only)",
                     where=self.root,
                 ) from exc
-            for _, final in self.sidecars:
-                final.unlink(missing_ok=True)
+            for out in self.sidecars:
+                out.final.unlink(missing_ok=True)
             raise transport_error(
                 exc, "commit the step (nothing was made visible)", where=self.root
             ) from exc
 
     def discard(self) -> None:
-        for tmp, _ in (*self.mains, *self.sidecars):
-            tmp.unlink(missing_ok=True)
+        for out in (*self.mains, *self.sidecars):
+            out.discard()
 
 
 class FileSink(Sink):
@@ -216,16 +216,16 @@ class FileSink(Sink):
                 )
                 if layout.sidecar:
                     final = self.root / sidecar_name(step, rank)
-                    tmp = yield from self._write(
+                    out = yield from self._write(
                         final, layout.sidecar, layout.sidecar_segments, hashers
                     )
-                    staged.sidecars.append((tmp, final))
+                    staged.sidecars.append(out)
                 final = self.root / main_name(step, rank)
                 head = _head(layout, hashers) if self.checksum else None
-                tmp = yield from self._write(
+                out = yield from self._write(
                     final, layout.main, layout.main_segments, hashers, head
                 )
-                staged.mains.append((tmp, final))
+                staged.mains.append(out)
         except BaseException:
             staged.discard()
             raise
@@ -238,14 +238,14 @@ class FileSink(Sink):
         segments: Sequence[int],
         hashers: Sequence[Any],
         head: Callable[[], bytes] | None = None,
-    ) -> Sliced[Path]:
+    ) -> Sliced[AtomicFile]:
         """Write ``chunks`` to a temporary file beside ``final``, hashing each chunk of a
         segment into ``hashers[segment]`` as it goes; then write ``head()`` at offset 0."""
-        tmp = final.with_name(temp_name(final.name))
+        out = AtomicFile(final, fsync=self.fsync)
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            out.create()
         except OSError as exc:
-            raise transport_error(exc, "create a file", where=tmp) from exc
+            raise transport_error(exc, "create a file", where=out.tmp) from exc
         hashing: concurrent.futures.Future[None] | None = None
         try:
             written = 0
@@ -263,7 +263,7 @@ class FileSink(Sink):
                 # Only the work between writes holds the GIL (many small buffers to
                 # hash make it long); the writes themselves leave the event loop free.
                 busy = slicer.due()
-                written += _writev_all(fd, [view for view, _ in batch])
+                written += _writev_all(out.fd, [view for view, _ in batch])
                 if written >= SLICE_BYTES or busy:
                     written = 0
                     yield
@@ -273,23 +273,19 @@ class FileSink(Sink):
                 hashing = None
             if head is not None:
                 data = head()
-                if os.pwrite(fd, data, 0) != len(data):
+                if os.pwrite(out.fd, data, 0) != len(data):
                     raise OSError(errno.EIO, "short write of the envelope")
-            if self.fsync:
-                os.fsync(fd)
+            out.close()
         except OSError as exc:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
-            raise transport_error(exc, "write", where=tmp) from exc
+            out.discard()
+            raise transport_error(exc, "write", where=out.tmp) from exc
         except BaseException:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
+            out.discard()
             raise
         finally:
             if hashing is not None:  # stopped midway: let the hashing thread finish first
                 concurrent.futures.wait([hashing])
-        os.close(fd)
-        return tmp
+        return out
 
     def _remove(self, names: Sequence[str]) -> None:
         try:
@@ -441,18 +437,10 @@ def _writev_all(fd: int, views: list[memoryview]) -> int:
 
 
 def _save(final: Path, data: bytes, action: str, fsync: bool = False) -> None:
-    """Write ``data`` to ``final`` through a temporary file, so that it appears whole."""
-    tmp = final.with_name(temp_name(final.name))
+    """Write ``data`` to ``final`` so that it appears whole."""
     try:
-        with open(tmp, "xb") as out:
-            out.write(data)
-            if fsync:
-                os.fsync(out.fileno())
-        os.replace(tmp, final)
-        if fsync:
-            _fsync_dir(final.parent)
+        write_atomic(final, data, fsync=fsync)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise transport_error(exc, f"{action}", where=final) from exc
 
 
@@ -511,11 +499,3 @@ _KINDS = {
     stat.S_IFCHR: "character device",
     stat.S_IFBLK: "block device",
 }
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -12,14 +12,8 @@ import pytest
 from helpers import assert_batches_equal, make_batch
 
 import rlwire
-from rlwire.transport.layout import (
-    END_NAME,
-    consumed_name,
-    main_name,
-    names_to_delete,
-    sidecar_name,
-    start_step,
-)
+from rlwire.transport._stored.names import names_to_delete, start_step
+from rlwire.transport.layout import END_NAME, consumed_name, main_name, sidecar_name
 
 pytestmark = pytest.mark.anyio
 

@@ -23,6 +23,7 @@ from rlwire.aio import run_sliced
 from rlwire.codecs import make_codec
 from rlwire.testing import assert_batches_equal, make_batch
 from rlwire.transport import parse_url
+from rlwire.transport.layout import main_name
 
 from rlwire_sqlite_sink import SqliteSink, SqliteSource, sqlite_url
 
@@ -149,12 +150,12 @@ def test_bad_urls(url: str, message: str) -> None:
     [
         # One byte near the end of the last buffer flipped: the checksum catches it.
         (
-            "CAST(substr(main, 1, length(main) - 200) || x'ff' "
-            "|| substr(main, length(main) - 198) AS BLOB)",
+            "CAST(substr(data, 1, length(data) - 200) || x'ff' "
+            "|| substr(data, length(data) - 198) AS BLOB)",
             "does not match its checksum",
         ),
-        ("substr(main, 1, 1000)", "truncated"),
-        ("42", "does not hold BLOBs"),
+        ("substr(data, 1, 1000)", "truncated"),
+        ("42", "does not hold a BLOB"),
     ],
     ids=["flipped-byte", "truncated", "not-a-blob"],
 )
@@ -165,6 +166,8 @@ def test_a_damaged_row_is_a_corrupt_frame_error(db: Path, damage: str, message: 
 
     anyio.run(send)
     with contextlib.closing(sqlite3.connect(db)) as conn, conn:  # closed, after a commit
-        conn.execute(f"UPDATE rlwire_messages SET main = {damage}")
+        conn.execute(
+            f"UPDATE rlwire_messages SET data = {damage} WHERE name = ?", (main_name(0, 0),)
+        )
     with open_receiver(sqlite_url(db)) as receiver, pytest.raises(CorruptFrameError, match=message):
         receiver.receive(timeout=5)

@@ -191,12 +191,12 @@ class S3Staging(Staging):
         """The most part uploads that were in flight at once while staging (diagnostic)."""
         return self._uploader.max_in_flight
 
-    def add(self, path: str, chunks: Sequence[bytes | memoryview], *, main: bool) -> Sliced[None]:
+    def add(self, name: str, chunks: Sequence[bytes | memoryview], *, main: bool) -> Sliced[None]:
         """Hold a small object for a put at commit; start a multipart upload of a large
         one, whose parts are copied out one at a time and uploaded concurrently."""
         views = [memoryview(c).cast("B") for c in chunks]
         size = sum(v.nbytes for v in views)
-        bucket, key = self.store.bucket_key(path)
+        bucket, key = self.store.bucket_key(self.store.path(name))
         obj = _S3Object(bucket, key)
         into = self.mains if main else self.sidecars
         if size < SMALL_BYTES:
@@ -238,7 +238,7 @@ class S3Staging(Staging):
                     yield
                     timer.restart()
 
-    def finish(self) -> Sliced[None]:
+    def drain(self) -> Sliced[None]:
         return self._uploader.drain()
 
     def commit(self) -> None:

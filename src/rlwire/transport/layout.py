@@ -25,7 +25,7 @@ Example:
 """
 
 from rlwire._core.faces import claim, names_on_demand
-from rlwire.transport._stored.layout import consumed_mark, end_mark
+from rlwire.transport._stored.marks import consumed_mark, end_mark
 from rlwire.transport._stored.names import END_NAME, consumed_name, main_name, sidecar_name
 from rlwire.transport._stored.sink import StoredSink, StoredStaging
 from rlwire.transport._stored.source import StoredSource
@@ -47,17 +47,18 @@ claim(__name__, globals(), __all__)
 # What a sink built on StoredSink no longer calls itself: private to rlwire since 0.2.
 _LAYOUT = "rlwire.transport._stored.layout"
 _NAMES = "rlwire.transport._stored.names"
+_MARKS = "rlwire.transport._stored.marks"
 _CHECKSUMS = "rlwire._frame.checksums"
 __getattr__ = names_on_demand(
     __name__,
     moved={
         "ALIGN": f"{_LAYOUT}:ALIGN",
-        "CONSUMED_MAGIC": f"{_LAYOUT}:CONSUMED_MAGIC",
-        "END_MAGIC": f"{_LAYOUT}:END_MAGIC",
+        "CONSUMED_MAGIC": f"{_MARKS}:CONSUMED_MAGIC",
+        "END_MAGIC": f"{_MARKS}:END_MAGIC",
         "FORMAT_VERSION": f"{_LAYOUT}:FORMAT_VERSION",
         "Layout": f"{_LAYOUT}:Layout",
         "parse_main": f"{_LAYOUT}:parse_main",
-        "parse_mark": f"{_LAYOUT}:parse_mark",
+        "parse_mark": f"{_MARKS}:parse_mark",
         "plan": f"{_LAYOUT}:plan",
         "CHECKSUM": f"{_CHECKSUMS}:CHECKSUM",
         "checksum_segments": f"{_CHECKSUMS}:checksum_segments",

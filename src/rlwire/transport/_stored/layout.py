@@ -33,15 +33,10 @@ from rlwire._frame.frame import Frame
 
 __all__ = [
     "ALIGN",
-    "CONSUMED_MAGIC",
-    "END_MAGIC",
     "FORMAT_VERSION",
     "Layout",
     "check_magic",
-    "consumed_mark",
-    "end_mark",
     "parse_main",
-    "parse_mark",
     "plan",
 ]
 
@@ -57,12 +52,6 @@ MAX_ENVELOPE = 64 << 20
 _PRELUDE = struct.Struct("<8sHHIQ")
 _SIDECAR_PRELUDE = struct.Struct("<8sHHI16s")
 _ZEROS = bytes(ALIGN)
-
-#: Marks: magic, major and minor version, a step (u64 LE). The end-of-stream mark
-#: records the end step; a rank's consumption mark the first step it has not moved past.
-END_MAGIC = b"RLWE"
-CONSUMED_MAGIC = b"RLWC"
-_MARK = struct.Struct("<4sHHQ")
 
 MAIN, SIDECAR = 0, 1
 
@@ -363,34 +352,6 @@ def check_magic(
             f"knows version {known} (upgrade rlwire to read it)",
             where=where,
         )
-
-
-def end_mark(end: int) -> bytes:
-    """The bytes of the end-of-stream mark: no step at or after ``end`` will come."""
-    return _MARK.pack(END_MAGIC, *FORMAT_VERSION, end)
-
-
-def consumed_mark(next_step: int) -> bytes:
-    """The bytes of a rank's consumption mark: its receiver moved past every step
-    before ``next_step``."""
-    return _MARK.pack(CONSUMED_MAGIC, *FORMAT_VERSION, next_step)
-
-
-def parse_mark(data: memoryview | bytes | bytearray, magic: bytes, where: str) -> int:
-    """The step a mark (:func:`end_mark` or :func:`consumed_mark`, by ``magic``) records.
-
-    Raises:
-        CorruptFrameError: ``data`` is not such a mark.
-        UnsupportedVersionError: a major version this reader does not know.
-    """
-    what = "end mark" if magic == END_MAGIC else "consumption mark"
-    if len(data) != _MARK.size:
-        raise CorruptFrameError(
-            f"a {what} is {_MARK.size} bytes, this one {len(data)}", where=where
-        )
-    found, major, _minor, step = _MARK.unpack_from(data)
-    check_magic(found, major, expected=magic, known=FORMAT_VERSION[0], what=what, where=where)
-    return int(step)
 
 
 def _check_sidecar(side: memoryview, msg_id: bytes, size: int, where: str) -> None:

@@ -1,7 +1,7 @@
 """Consumption marks and retention, for stores that keep each step as named parts.
 
 Each rank's receiver records, in a small mark beside the steps, the first step it has not
-moved past (:func:`~rlwire.transport._stored.layout.consumed_mark`). A sender with ``keep_last``
+moved past (:func:`~rlwire.transport._stored.marks.consumed_mark`). A sender with ``keep_last``
 or ``max_ahead`` reads the marks of its ranks before each send, and deletes steps every
 rank has moved past; this module holds what the file and fsspec sinks share.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from rlwire._core.errors import CorruptFrameError
-from rlwire.transport._stored.layout import CONSUMED_MAGIC, parse_mark
+from rlwire.transport._stored.marks import CONSUMED_MAGIC, parse_mark
 from rlwire.transport._stored.names import STORED_RE, consumed_name
 
 __all__ = ["read_consumed", "steps_to_prune"]

@@ -13,7 +13,8 @@ from rlwire._core.slicing import Sliced
 from rlwire._frame.checksums import checksum_segments
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import OnExisting, PendingFrame, Sink, Staged, take_frame
-from rlwire.transport._stored.layout import end_mark, plan
+from rlwire.transport._stored.layout import plan
+from rlwire.transport._stored.marks import end_mark
 from rlwire.transport._stored.names import (
     END_NAME,
     TEMP_RE,

@@ -8,7 +8,8 @@ import abc
 from rlwire._core.errors import CorruptFrameError, EndOfStream
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
-from rlwire.transport._stored.layout import END_MAGIC, consumed_mark, parse_main, parse_mark
+from rlwire.transport._stored.layout import parse_main
+from rlwire.transport._stored.marks import END_MAGIC, consumed_mark, parse_mark
 from rlwire.transport._stored.names import END_NAME, consumed_name, main_name, sidecar_name
 
 __all__ = ["StoredSource"]

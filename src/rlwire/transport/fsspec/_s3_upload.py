@@ -20,14 +20,12 @@ import contextlib
 import io
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from rlwire._core.errors import transport_error
 from rlwire._core.slicing import Sliced, SliceTimer
+from rlwire.transport.fsspec._s3_bucket import S3Bucket
 from rlwire.transport.fsspec._store import Staging
-
-if TYPE_CHECKING:
-    from rlwire.transport.fsspec._s3 import S3Store
 
 __all__ = [
     "MIN_PART_BYTES",
@@ -35,7 +33,6 @@ __all__ = [
     "RETRY_DELAYS",
     "SMALL_BYTES",
     "S3Staging",
-    "on_loop",
     "retried",
     "settled",
 ]
@@ -57,11 +54,6 @@ _COPY_BYTES = 2 << 20
 #: :func:`retried`), on top of s3fs's and botocore's own retries: rides out an outage of
 #: a few seconds.
 RETRY_DELAYS = (0.1, 0.3, 1.0, 2.0)
-
-
-def on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on fsspec's I/O loop (another thread) and wait for its result."""
-    return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
 
 async def retried(call: Callable[[], Awaitable[T]]) -> T:
@@ -179,7 +171,7 @@ class S3Staging(Staging):
         window: parts uploaded at once.
     """
 
-    def __init__(self, store: S3Store, part_bytes: int, window: int) -> None:
+    def __init__(self, store: S3Bucket, part_bytes: int, window: int) -> None:
         self.store = store
         self.part_bytes = part_bytes
         self.sidecars: list[_S3Object] = []
@@ -206,9 +198,8 @@ class S3Staging(Staging):
         # Whatever happens next (a lost reply that botocore answers by asking again, an
         # abort that fails), an upload may be left: the sink lists them when it closes.
         self.store.made_uploads = True
-        out = on_loop(
-            self.store.loop,
-            self.store.fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key),
+        out = self.store.run(
+            self.store.fs._call_s3, "create_multipart_upload", Bucket=bucket, Key=key
         )
         obj.upload_id = str(out["UploadId"])
         into.append(obj)  # from here on, discard() aborts it
@@ -242,22 +233,22 @@ class S3Staging(Staging):
         return self._uploader.drain()
 
     def commit(self) -> None:
-        fs, url, loop = self.store.fs, self.store.url, self.store.loop
-        errs = on_loop(loop, _each(self.sidecars, lambda o: o.finish(fs)))
+        fs, url, run = self.store.fs, self.store.url, self.store.run
+        errs = run(_each, self.sidecars, lambda o: o.finish(fs))
         failed = [e for e in errs if e is not None]
         if failed:
             self.discard()
             with contextlib.suppress(Exception):  # sidecars without a main are garbage
-                on_loop(loop, _delete(fs, [o for o in self.sidecars if o.tried]))
+                run(_delete, fs, [o for o in self.sidecars if o.tried])
             raise transport_error(
                 failed[0], "commit the step (nothing was made visible)", where=url
             )
         # Rank 0's main object first, then the others at once: a commit cut short leaves
         # the step visible from rank 0 up, which resume tells apart from the oldest step
         # cut short by retention (that one goes rank 0 first).
-        errs = on_loop(loop, _each(self.mains[:1], lambda o: o.finish(fs)))
-        if errs[0] is None or on_loop(loop, self.mains[0].exists(fs)):
-            errs += on_loop(loop, _each(self.mains[1:], lambda o: o.finish(fs)))
+        errs = run(_each, self.mains[:1], lambda o: o.finish(fs))
+        if errs[0] is None or run(self.mains[0].exists, fs):
+            errs += run(_each, self.mains[1:], lambda o: o.finish(fs))
         failed = [e for e in errs if e is not None]
         if not failed:
             self.visible = True
@@ -265,7 +256,7 @@ class S3Staging(Staging):
         # A request that failed may still have landed (a lost reply): ask which main
         # objects are there, retrying while S3 cannot be reached. A step is never guessed
         # visible or not: the sender must neither reuse its number nor skip it.
-        states = on_loop(loop, _gather_results([o.exists(fs) for o in self.mains]))
+        states = run(_gather_results, [o.exists(fs) for o in self.mains])
         ranks = [rank for rank, state in enumerate(states) if state]
         unknown = [rank for rank, state in enumerate(states) if state is None]
         if len(ranks) == len(self.mains):
@@ -289,7 +280,7 @@ class S3Staging(Staging):
                 where=url,
             )
         with contextlib.suppress(Exception):
-            on_loop(loop, _delete(fs, self.sidecars))
+            run(_delete, fs, self.sidecars)
         raise transport_error(failed[0], "commit the step (nothing was made visible)", where=url)
 
     def discard(self) -> None:
@@ -300,10 +291,7 @@ class S3Staging(Staging):
         self._uploader.cancel()
         fs = self.store.fs
         with contextlib.suppress(Exception):
-            on_loop(
-                self.store.loop,
-                _gather_results([o.abort(fs) for o in (*self.mains, *self.sidecars)]),
-            )
+            self.store.run(_gather_results, [o.abort(fs) for o in (*self.mains, *self.sidecars)])
 
 
 async def _upload_part(fs: Any, obj: _S3Object, number: int, body: io.BytesIO) -> str:
@@ -340,7 +328,7 @@ class _Uploader:
     """Uploads parts on fsspec's I/O loop, at most ``window`` at a time, while the
     staging thread cuts the next ones."""
 
-    def __init__(self, store: S3Store, window: int) -> None:
+    def __init__(self, store: S3Bucket, window: int) -> None:
         self.store = store
         self.window = window
         self.inflight: dict[concurrent.futures.Future[str], tuple[_S3Object, int]] = {}

@@ -66,7 +66,7 @@ __getattr__ = names_on_demand(
         "verify_segments": f"{_CHECKSUMS}:verify_segments",
         "CONSUMED_RE": f"{_NAMES}:CONSUMED_RE",
         "MAIN_RE": f"{_NAMES}:MAIN_RE",
-        "PART_RE": f"{_NAMES}:PART_RE",
+        "PART_RE": f"{_NAMES}:FILE_RE",
         "STORED_RE": f"{_NAMES}:STORED_RE",
         "TEMP_RE": f"{_NAMES}:TEMP_RE",
         "names_to_delete": f"{_NAMES}:names_to_delete",

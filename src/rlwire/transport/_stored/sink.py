@@ -78,7 +78,7 @@ class StoredSink(Sink):
     consumption marks, in the byte layout every built-in store shares.
 
     It implements :meth:`open` (``on_existing``, ``start_step``), :meth:`stage`,
-    :meth:`finish`, :meth:`consumed` and :meth:`prune` over a few primitives that a
+    :meth:`finish`, :meth:`read_consumption` and :meth:`prune` over a few primitives that a
     subclass provides: :meth:`names` lists the destination, :meth:`load` reads a small
     file, :meth:`save` writes one, :meth:`remove` deletes files, :meth:`staging`
     starts a step's :class:`StoredStaging`, and :meth:`locate` names a file in errors.
@@ -170,7 +170,7 @@ class StoredSink(Sink):
         with self.errors("mark the end of the stream", END_NAME):
             self.save(END_NAME, end_mark(end))
 
-    def consumed(self, ranks: int, sent: int) -> list[int | None]:
+    def read_consumption(self, ranks: int, sent: int) -> list[int | None]:
         def load(name: str) -> bytes | bytearray | memoryview | None:
             with self.errors("read", name):
                 return self.load(name)

@@ -26,16 +26,16 @@ class FsspecSink(StoredSink):
     Works with any fsspec filesystem; S3 (s3fs) gets streamed, concurrent multipart
     uploads. ``storage_options`` go to the filesystem's constructor as fsspec users
     expect (``endpoint_url``, ``key``, ``secret``, ``client_kwargs``, ``anon``, ...);
-    s3fs's ``max_concurrency`` also bounds how many parts are uploaded at once. The
+    s3fs's ``max_concurrency`` also bounds how many upload parts are uploaded at once. The
     filesystem is made, and the bucket checked, lazily in a worker thread, once.
 
     Args:
         url: ``protocol://path``, e.g. ``s3://bucket/run-7`` or ``memory://run``.
         storage_options: keyword arguments for the fsspec filesystem.
         checksum: record an xxh3-64 checksum of every segment, which readers verify.
-        part_bytes: size of one multipart-upload part (at least 5 MiB; grown when an
-            object would need more than 10,000 parts).
-        max_concurrency: parts uploaded at once (default: the filesystem's
+        part_bytes: size of one upload part (at least 5 MiB; grown when an
+            object would need more than 10,000 upload parts).
+        max_concurrency: upload parts uploaded at once (default: the filesystem's
             ``max_concurrency``, else 8). Memory use is about ``part_bytes`` times this.
 
     ``fsync`` is meaningless for object stores and ignored: an object is durable once

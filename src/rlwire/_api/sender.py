@@ -219,7 +219,7 @@ class TrainingBatchSender:
         if max_ahead is not None:
             check_int(max_ahead, "max_ahead")
         if (keep_last is not None or max_ahead is not None) and (
-            type(sink).consumed is Sink.consumed
+            type(sink).read_consumption is Sink.read_consumption
         ):
             raise ConfigError(
                 f"keep_last and max_ahead need a store that records what receivers "
@@ -382,7 +382,7 @@ class TrainingBatchSender:
         delay = 0.005
         while True:
             marks = await to_thread.run_sync(
-                self._sink.consumed, ranks, step, limiter=self._limiter
+                self._sink.read_consumption, ranks, step, limiter=self._limiter
             )
             slowest = min(self._first_step if m is None else m for m in marks)
             if self._max_ahead is None or step - slowest <= self._max_ahead:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import TracebackType
 
 __all__ = ["AtomicFile", "fsync_dir", "temp_name", "write_atomic"]
 
@@ -113,12 +112,7 @@ class AtomicFile:
     def __enter__(self) -> AtomicFile:
         return self.create()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *details: object) -> None:
         if exc_type is not None:
             self.discard()
 

@@ -127,7 +127,7 @@ class ZmqSource(Source):
     """
 
     _OPTIONS = ("hwm", "pattern", "curve_server_key", "curve_public_key", "curve_secret_key")
-    consumes = True
+    reads_once = True
 
     def __init__(
         self,

@@ -59,22 +59,27 @@ def test_a_step_appears_for_all_ranks_at_commit_and_never_after_discard(db: Path
             source.close()
 
 
-def test_a_second_writer_waits_timeout_seconds_then_fails(db: Path) -> None:
+def test_an_abandoned_step_stays_hidden_and_the_next_sender_removes_it(db: Path) -> None:
+    """A step staged and never committed or discarded (a killed sender) leaves hidden
+    rows only; receivers can record their marks meanwhile, and the next sender that
+    resumes deletes the rows."""
     codec = make_codec("msgpack")
     frames = [run_sliced(codec.encode_sliced(make_batch(1)))]
     first, second = SqliteSink(db), SqliteSink(db, timeout=0.1)
+    source = SqliteSource(db, timeout=0.1)
     try:
-        first.open("overwrite")
-        second.open("resume")
-        staged = run_sliced(first.stage(0, frames))  # holds the write lock until commit
-        with pytest.raises(TransportError, match="database is locked") as info:
-            run_sliced(second.stage(1, frames))
-        assert info.value.step == 1
-        staged.commit()
-        run_sliced(second.stage(1, frames)).commit()
+        first.open("error")
+        run_sliced(first.stage(0, frames))  # never committed
+        assert source.read(0) is None
+        source.mark_consumed(0)  # the write lock is free between statements
+        assert second.open("resume") == 0
+        assert second.names() == ["consumed.rank-0000.rlw"]
+        run_sliced(second.stage(0, frames)).commit()
+        assert source.read(0) is not None
     finally:
         first.close()
         second.close()
+        source.close()
 
 
 def test_errors_say_where_and_keep_the_errno(db: Path, tmp_path: Path) -> None:

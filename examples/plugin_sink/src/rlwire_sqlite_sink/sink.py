@@ -15,10 +15,11 @@ what retention removes. This module only stores named files, one row each, in a 
     name TEXT PRIMARY KEY | data BLOB
 
 How the sink keeps rlwire's promise that nothing is ever half-visible: every row of a
-step is inserted inside one SQLite transaction, and ``commit`` is that transaction's
-``COMMIT``: it covers all ranks at once. A cancelled or failed send is a ``ROLLBACK``;
-after a crash or ``kill -9`` SQLite rolls the open transaction back the next time the
-database is opened. Nothing needs cleaning up by hand.
+step is inserted under a hidden temporary name, and ``commit`` renames them all in one
+transaction, so the step appears for all ranks at once. A cancelled or failed send
+deletes its rows; rows a crash or ``kill -9`` left behind are hidden from readers, and
+the next sender opened with ``on_existing="resume"``, ``"truncate"`` or ``"overwrite"``
+deletes them.
 
 Errors are rlwire's own: ``ConfigError`` for a bad URL or option, ``StepExistsError`` for
 a step already stored, ``CorruptFrameError`` for a damaged row, and ``TransportError``
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import re
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
@@ -172,18 +174,20 @@ class _Table:
 
 
 class _SqliteStaging(StoredStaging):
-    """A step whose rows are inserted in a transaction that is still open."""
+    """A step whose rows are inserted under hidden temporary names (``.<name>.<hex>.tmp``,
+    which readers never ask for) and renamed in one transaction at commit."""
 
     def __init__(self, conn: sqlite3.Connection, table: str, where: str) -> None:
         self._conn = conn
         self._table = table
         self._where = where
+        self._rows: list[tuple[str, str]] = []  # (temporary, final), sidecar files first
 
     def add(self, name: str, chunks: Sequence[bytes | memoryview], *, main: bool) -> Sliced[None]:
         """Insert the row: reserve a BLOB of the right size with ``zeroblob``, then stream
-        the chunks into it, so that no chunk is ever joined into one large ``bytes``. The
-        order of main and sidecar files does not matter: the transaction makes them
-        visible together, which is stronger than the sidecar-first rule files need."""
+        the chunks into it, so that no chunk is ever joined into one large ``bytes``. Each
+        statement commits on its own: the write lock is never held between slices, so
+        receivers can record their consumption marks meanwhile."""
         views = [memoryview(c).cast("B") for c in chunks]
         size = sum(v.nbytes for v in views)
         limit = self._conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
@@ -193,9 +197,11 @@ class _SqliteStaging(StoredStaging):
                 "value (send it with sidecar= to split it, or use another sink)",
                 where=f"{self._where} row {name}",
             )
+        tmp = f".{name}.{os.urandom(6).hex()}.tmp"  # what StoredSink cleans up after a kill
         cur = self._conn.execute(
-            f"INSERT INTO {self._table} (name, data) VALUES (?, zeroblob(?))", (name, size)
+            f"INSERT INTO {self._table} (name, data) VALUES (?, zeroblob(?))", (tmp, size)
         )
+        self._rows.append((tmp, name))  # from here on, discard() deletes it
         assert cur.lastrowid is not None  # an INSERT of one row always sets it
         slicer = SliceTimer()
         with self._conn.blobopen(self._table, "data", cur.lastrowid) as blob:
@@ -207,22 +213,29 @@ class _SqliteStaging(StoredStaging):
                         slicer.restart()
 
     def commit(self) -> None:
+        # One transaction renames every row: the whole step appears at once, for every
+        # rank, which is stronger than the sidecar-first rule files need.
         try:
+            self._conn.execute("BEGIN IMMEDIATE")
+            for tmp, name in self._rows:
+                self._conn.execute(f"UPDATE {self._table} SET name = ? WHERE name = ?", (name, tmp))
             self._conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            # A COMMIT that fails leaves the transaction uncommitted: no rank can see
-            # anything, so `visible` stays False and the sender may retry the step.
+            # A transaction that fails to commit is rolled back: no rank sees anything,
+            # so `visible` stays False and the sender may retry the step.
             self.discard()
             action = "commit (nothing was made visible)"
             raise transport_error(exc, action, where=self._where) from exc
-        self.visible = True  # one COMMIT covers every rank: the whole step appeared at once
+        self.visible = True
 
     def discard(self) -> None:
-        # A ROLLBACK that fails leaves nothing visible either: SQLite drops an
-        # uncommitted transaction when its connection closes or its process dies.
+        # Best effort: rows left behind are hidden, and the next sender's open removes them.
         with contextlib.suppress(sqlite3.Error):
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")
+            tmps = [tmp for tmp, _ in self._rows]
+            marks = ", ".join("?" * len(tmps))
+            self._conn.execute(f"DELETE FROM {self._table} WHERE name IN ({marks})", tmps)
 
 
 class SqliteSink(_Table, StoredSink):
@@ -337,12 +350,7 @@ class SqliteSink(_Table, StoredSink):
         self._connect().execute(f"DELETE FROM {self.table} WHERE name IN ({marks})", tuple(names))
 
     def staging(self, step: int) -> StoredStaging:
-        conn = self._connect()
-        with _sqlite_errors("start a transaction", where=self.locate(), step=step):
-            # IMMEDIATE takes the write lock now, before any work: a second writer on
-            # the same database waits `timeout` seconds here and then fails cleanly.
-            conn.execute("BEGIN IMMEDIATE")
-        return _SqliteStaging(conn, self.table, self.locate())
+        return _SqliteStaging(self._connect(), self.table, self.locate())
 
     def step_exists(self, step: int, rank: int) -> StepExistsError:
         return StepExistsError("already exists", where=self.locate(), step=step)

@@ -21,7 +21,8 @@ from typing import Any
 import anyio
 
 import rlwire
-from rlwire.transport.layout import MAIN_RE, PART_RE
+from rlwire.transport._stored.names import FILE_RE as PART_RE
+from rlwire.transport._stored.names import MAIN_RE
 
 from ._model import EXACT, HALF, TYPED, UNTYPED, describe, payload, receive_one
 from ._proc import Job

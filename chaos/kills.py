@@ -24,7 +24,8 @@ from typing import Any
 import anyio
 
 import rlwire
-from rlwire.transport.layout import END_NAME, MAIN_RE, consumed_mark, consumed_name
+from rlwire.transport._stored.names import MAIN_RE
+from rlwire.transport.layout import END_NAME, consumed_mark, consumed_name
 
 from ._model import (
     EXACT,

@@ -68,7 +68,8 @@ from s3_server import _CREDENTIALS, DROP_REPLY, HOLD, RESET, FaultProxy, moto_se
 
 import rlwire
 from rlwire.transport.fsspec import _s3_upload
-from rlwire.transport.layout import END_NAME, MAIN_RE
+from rlwire.transport._stored.names import MAIN_RE
+from rlwire.transport.layout import END_NAME
 
 from ._model import (
     EXACT,

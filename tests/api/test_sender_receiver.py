@@ -468,27 +468,6 @@ async def test_received_type_mismatch(tmp_path: Path) -> None:
             receiver.receive(timeout=5)
 
 
-async def test_write_batching_across_slice_and_iovec_limits(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from rlwire.transport._file import sink as filesystem
-
-    monkeypatch.setattr(filesystem, "SLICE_BYTES", 4096)  # split buffers into many chunks
-    monkeypatch.setattr(filesystem, "_IOV_MAX", 7)  # and writev batches into many calls
-    rng = np.random.default_rng(1)
-    obj = {
-        f"a{i}": rng.integers(0, 255, int(rng.integers(0, 20_000)), np.uint8) for i in range(300)
-    }
-    obj["routed_experts"] = rng.integers(0, 255, 50_001, np.uint8)
-    async with rlwire.open_sender(tmp_path, sidecar="routed_experts", inline_threshold=1) as s:
-        await s.send(obj)
-    with rlwire.open_receiver(tmp_path, type=dict[str, np.ndarray]) as receiver:
-        got = receiver.receive(timeout=5)
-    assert got.keys() == obj.keys()
-    for key, value in obj.items():
-        assert got[key].tobytes() == value.tobytes(), key
-
-
 async def test_work_runs_in_threads_under_the_given_limiter(tmp_path: Path) -> None:
     limiter = anyio.CapacityLimiter(1)
     seen: set[int] = set()

@@ -129,8 +129,11 @@ SCRIPT = textwrap.dedent(
     if site not in Path(rlwire_sqlite_sink.__file__).parents:
         sys.exit(f"the plugin was imported from {rlwire_sqlite_sink.__file__}, not {site}")
     with contextlib.closing(sqlite3.connect(db)) as conn:
-        rows = conn.execute("SELECT count(*), count(sidecar) FROM rlwire_messages").fetchone()
-    if rows != (4, 4):
+        rows = conn.execute(
+            "SELECT count(*), sum(name LIKE '%.sidecar.rlw') FROM rlwire_messages "
+            "WHERE name LIKE 'step-%'"
+        ).fetchone()
+    if rows != (8, 4):
         sys.exit(f"expected 4 rows with sidecars in {db}, found {rows}")
 
     try:

@@ -12,14 +12,8 @@ import pytest
 from helpers import assert_batches_equal, make_batch
 
 import rlwire
-from rlwire.transport.layout import (
-    END_NAME,
-    consumed_name,
-    main_name,
-    names_to_delete,
-    sidecar_name,
-    start_step,
-)
+from rlwire.transport._stored.names import names_to_delete, start_step
+from rlwire.transport.layout import END_NAME, consumed_name, main_name, sidecar_name
 
 pytestmark = pytest.mark.anyio
 
@@ -47,7 +41,7 @@ def test_resume_continues_after_complete_steps() -> None:
             r"step 0 is incomplete \(ranks \[0\] of \[0, 1\]\); .*start_step=0, "
             r"on_existing='truncate'",
         ),
-        # The same with sidecars: rank 1's sidecar is in place, its main part is not.
+        # The same with sidecars: rank 1's sidecar is in place, its main file is not.
         (
             [main_name(0, 0), sidecar_name(0, 0), sidecar_name(0, 1)],
             r"step 0 is incomplete \(ranks \[0\] of \[0, 1\]\)",
@@ -64,7 +58,7 @@ def test_resume_refuses_holes_and_incomplete_steps(names: list[str], message: st
 
 
 def test_resume_accepts_an_oldest_step_partly_deleted_by_retention() -> None:
-    # Retention deletes a step's main parts from rank 0 up; a failed commit makes them
+    # Retention deletes a step's main files from rank 0 up; a failed commit makes them
     # visible from rank 0 up. An oldest step without rank 0 is a deletion cut short.
     assert start_step("d", stored({4: [1], 5: [0, 1]}), "resume") == 6
     with pytest.raises(rlwire.StepExistsError, match="step 4 is incomplete"):
@@ -87,7 +81,7 @@ def test_error_refuses_only_steps_at_or_after_start_step() -> None:
 
 def test_names_to_delete_orders_marks_then_main_parts_from_the_last_step() -> None:
     """Cut short anywhere, the deletion leaves no hole, no end mark past the steps kept,
-    no consumption mark of a deleted step, and no main part without its sidecar."""
+    no consumption mark of a deleted step, and no main file without its sidecar."""
     names = stored({0: [0, 1], 1: [0, 1], 2: [0, 1]}, sidecars=True)
     names += [END_NAME, consumed_name(0)]
     assert names_to_delete(names, "truncate", 1) == [

@@ -23,6 +23,7 @@ from rlwire.aio import run_sliced
 from rlwire.codecs import make_codec
 from rlwire.testing import assert_batches_equal, make_batch
 from rlwire.transport import parse_url
+from rlwire.transport.layout import main_name
 
 from rlwire_sqlite_sink import SqliteSink, SqliteSource, sqlite_url
 
@@ -58,22 +59,27 @@ def test_a_step_appears_for_all_ranks_at_commit_and_never_after_discard(db: Path
             source.close()
 
 
-def test_a_second_writer_waits_timeout_seconds_then_fails(db: Path) -> None:
+def test_an_abandoned_step_stays_hidden_and_the_next_sender_removes_it(db: Path) -> None:
+    """A step staged and never committed or discarded (a killed sender) leaves hidden
+    rows only; receivers can record their marks meanwhile, and the next sender that
+    resumes deletes the rows."""
     codec = make_codec("msgpack")
     frames = [run_sliced(codec.encode_sliced(make_batch(1)))]
     first, second = SqliteSink(db), SqliteSink(db, timeout=0.1)
+    source = SqliteSource(db, timeout=0.1)
     try:
-        first.open("overwrite")
-        second.open("resume")
-        staged = run_sliced(first.stage(0, frames))  # holds the write lock until commit
-        with pytest.raises(TransportError, match="database is locked") as info:
-            run_sliced(second.stage(1, frames))
-        assert info.value.step == 1
-        staged.commit()
-        run_sliced(second.stage(1, frames)).commit()
+        first.open("error")
+        run_sliced(first.stage(0, frames))  # never committed
+        assert source.read(0) is None
+        source.mark_consumed(0)  # the write lock is free between statements
+        assert second.open("resume") == 0
+        assert second.names() == ["consumed.rank-0000.rlw"]
+        run_sliced(second.stage(0, frames)).commit()
+        assert source.read(0) is not None
     finally:
         first.close()
         second.close()
+        source.close()
 
 
 def test_errors_say_where_and_keep_the_errno(db: Path, tmp_path: Path) -> None:
@@ -149,12 +155,12 @@ def test_bad_urls(url: str, message: str) -> None:
     [
         # One byte near the end of the last buffer flipped: the checksum catches it.
         (
-            "CAST(substr(main, 1, length(main) - 200) || x'ff' "
-            "|| substr(main, length(main) - 198) AS BLOB)",
+            "CAST(substr(data, 1, length(data) - 200) || x'ff' "
+            "|| substr(data, length(data) - 198) AS BLOB)",
             "does not match its checksum",
         ),
-        ("substr(main, 1, 1000)", "truncated"),
-        ("42", "does not hold BLOBs"),
+        ("substr(data, 1, 1000)", "truncated"),
+        ("42", "does not hold a BLOB"),
     ],
     ids=["flipped-byte", "truncated", "not-a-blob"],
 )
@@ -165,6 +171,8 @@ def test_a_damaged_row_is_a_corrupt_frame_error(db: Path, damage: str, message: 
 
     anyio.run(send)
     with contextlib.closing(sqlite3.connect(db)) as conn, conn:  # closed, after a commit
-        conn.execute(f"UPDATE rlwire_messages SET main = {damage}")
+        conn.execute(
+            f"UPDATE rlwire_messages SET data = {damage} WHERE name = ?", (main_name(0, 0),)
+        )
     with open_receiver(sqlite_url(db)) as receiver, pytest.raises(CorruptFrameError, match=message):
         receiver.receive(timeout=5)

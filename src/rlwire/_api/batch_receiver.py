@@ -133,7 +133,7 @@ class TrainingBatchReceiver(Generic[T]):
             except RlwireError as exc:
                 # A stored message can be read again, or skipped; one a socket has handed
                 # over is gone, and waiting for it again would only report a gap.
-                if self._source.consumes:
+                if self._source.reads_once:
                     self._next_step = step + 1
                 where = self._source.describe(step) if isinstance(exc, DecodeError) else None
                 exc.add_context(where=where, step=step, rank=self._rank)

@@ -105,7 +105,7 @@ class TrainingBatchSender:
         self._retention = from_keywords(
             Retention, retention, keywords, parameter="retention", function="TrainingBatchSender"
         )
-        if self._retention.active and type(sink).consumed is Sink.consumed:
+        if self._retention.active and type(sink).read_consumption is Sink.read_consumption:
             raise ConfigError(
                 f"keep_last and max_ahead need a store that records what receivers "
                 f"consumed (files, fsspec); {sink!r} does not (ZeroMQ has its own "
@@ -266,7 +266,7 @@ class TrainingBatchSender:
         delay = 0.005
         while True:
             marks = await to_thread.run_sync(
-                self._sink.consumed, ranks, step, limiter=self._limiter
+                self._sink.read_consumption, ranks, step, limiter=self._limiter
             )
             slowest = min(self._first_step if m is None else m for m in marks)
             if max_ahead is None or step - slowest <= max_ahead:

@@ -24,7 +24,7 @@ class RetentionContract(ContractFixtures):
     """keep_last and max_ahead, skipped for a sink that records no consumption."""
 
     def _require_retention(self, sender: TrainingBatchSender) -> None:
-        if type(sender.sink).consumed is Sink.consumed:
+        if type(sender.sink).read_consumption is Sink.read_consumption:
             pytest.skip("the sink does not record what receivers consumed (optional)")
 
     def _stored(self, sink_url: str, receiver_options: Mapping[str, Any], steps: int) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -208,7 +209,7 @@ class Sink(abc.ABC):
         """
         raise ConfigError(f"{type(self).__name__} cannot mark the end of a stream")
 
-    def consumed(self, ranks: int, sent: int) -> list[int | None]:
+    def read_consumption(self, ranks: int, sent: int) -> list[int | None]:
         """For each rank below ``ranks``, the first step its receiver has not moved past
         (its consumption mark), or ``None`` if it has recorded none; what ``keep_last``
         and ``max_ahead`` go by. The steps below ``sent`` are those sent so far.
@@ -221,8 +222,29 @@ class Sink(abc.ABC):
         """
         raise ConfigError(f"{type(self).__name__} does not track what receivers consumed")
 
+    def consumed(self, ranks: int, sent: int) -> list[int | None]:
+        """Deprecated name of :meth:`read_consumption`."""
+        warnings.warn(
+            "Sink.consumed() is deprecated: call read_consumption()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.read_consumption(ranks, sent)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A plugin written before 0.2 implements consumed(): it is its read_consumption.
+        old = cls.__dict__.get("consumed")
+        if old is not None and "read_consumption" not in cls.__dict__:
+            warnings.warn(
+                f"{cls.__qualname__}.consumed() is deprecated: name it read_consumption()",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cls.read_consumption = old  # type: ignore[method-assign]
+
     def prune(self, below: int) -> None:
-        """Delete every stored step before ``below``: each step's main parts from rank
+        """Delete every stored step before ``below``: each step's main files from rank
         0 up, then its sidecars, oldest step first.
 
         Raises:
@@ -259,11 +281,30 @@ class Source(abc.ABC):
 
     #: Longest wait between two checks for a message, in seconds.
     poll_interval: float = 0.01
-    #: True when reading a message takes it away (a socket), so that it cannot be read
-    #: again: the receiver then moves past a step that fails to decode or validate
+    #: True when a message can be read only once, because reading takes it away (a
+    #: socket): the receiver then moves past a step that fails to decode or validate
     #: instead of waiting for it again. Stored messages (files, objects) stay put until
     #: the receiver skips them.
-    consumes: bool = False
+    reads_once: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A plugin written before 0.2 sets consumes: it is its reads_once.
+        if "consumes" in cls.__dict__ and "reads_once" not in cls.__dict__:
+            warnings.warn(
+                f"{cls.__qualname__}.consumes is deprecated: name it reads_once",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cls.reads_once = bool(cls.__dict__["consumes"])
+
+    @property
+    def consumes(self) -> bool:
+        """Deprecated name of :attr:`reads_once`."""
+        warnings.warn(
+            "Source.consumes is deprecated: read reads_once", DeprecationWarning, stacklevel=2
+        )
+        return self.reads_once
 
     @abc.abstractmethod
     def read(self, step: int) -> Frame | None:

@@ -207,3 +207,25 @@ def test_a_dropped_step_is_unmapped_by_the_next_read_not_where_it_was_dropped(
         receiver.receive(timeout=5)  # the next read does
         assert not mapped(side)
     assert not any(mapped(p) for p in tmp_path.iterdir())  # close unmaps what is unused
+
+
+@pytest.mark.anyio
+async def test_write_batching_across_slice_and_iovec_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlwire.transport._file import staging, writev
+
+    monkeypatch.setattr(staging, "SLICE_BYTES", 4096)  # split buffers into many chunks
+    monkeypatch.setattr(writev, "_IOV_MAX", 7)  # and writev batches into many calls
+    rng = np.random.default_rng(1)
+    obj = {
+        f"a{i}": rng.integers(0, 255, int(rng.integers(0, 20_000)), np.uint8) for i in range(300)
+    }
+    obj["routed_experts"] = rng.integers(0, 255, 50_001, np.uint8)
+    async with rlwire.open_sender(tmp_path, sidecar="routed_experts", inline_threshold=1) as s:
+        await s.send(obj)
+    with rlwire.open_receiver(tmp_path, type=dict[str, np.ndarray]) as receiver:
+        got = receiver.receive(timeout=5)
+    assert got.keys() == obj.keys()
+    for key, value in obj.items():
+        assert got[key].tobytes() == value.tobytes(), key

@@ -35,7 +35,7 @@ CODEC = MsgpackCodec(sidecar=["routed_experts"])
 
 
 def frame(routed_bytes: int, value: int = 7, *, extra: int = 0) -> rlwire.Frame:
-    """A frame with a sidecar of ``routed_bytes`` and ``extra`` bytes in the main part."""
+    """A frame with a sidecar of ``routed_bytes`` and ``extra`` bytes in the main file."""
     return CODEC.encode(
         {
             "ids": np.arange(extra // 8, dtype=np.int64),

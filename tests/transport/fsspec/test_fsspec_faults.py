@@ -224,7 +224,7 @@ async def test_a_failed_rank_0_commit_makes_no_other_rank_visible(
     for rank in (0, 1):
         with rlwire.open_receiver(s3_url, storage_options=s3_endpoint, rank=rank) as receiver:
             receiver.receive(timeout=10)
-            assert receiver.step == 0
+            assert receiver.last_step == 0
 
 
 def test_a_sidecar_whose_reply_was_lost_is_deleted_with_the_failed_step(

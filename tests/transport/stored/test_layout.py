@@ -40,8 +40,8 @@ STEP, RANK = 7, 3
 # -- helpers --------------------------------------------------------------------------
 
 
-def join(parts: list[bytes | memoryview]) -> bytes:
-    return b"".join(parts)
+def join(chunks: list[bytes | memoryview]) -> bytes:
+    return b"".join(chunks)
 
 
 def laid_out(frame: Frame, step: int = STEP, rank: int = RANK) -> tuple[bytes, bytes]:
@@ -96,7 +96,7 @@ FRAME_NO_SIDE = make_frame(sidecar=frozenset())
 
 
 def forge(envelope: dict[str, object], body: bytes = b"") -> bytes:
-    """A main part with this envelope, its checksum right, followed by ``body``."""
+    """A main file with this envelope, its checksum right, followed by ``body``."""
     env = msgspec.msgpack.encode(envelope)
     return (
         PRELUDE.pack(MAGIC, *FORMAT_VERSION, len(env), xxhash.xxh3_64_intdigest(env)) + env + body
@@ -119,9 +119,9 @@ def rehash(data: bytearray) -> bytearray:
 def check_round_trip(frame: Frame, step: int = STEP, rank: int = RANK) -> None:
     layout = plan(frame, step, rank)
     main, side = join(layout.main), join(layout.sidecar)
-    for part, joined in ((layout.main, main), (layout.sidecar, side)):
-        assert all(isinstance(p, bytes | memoryview) for p in part)
-        assert sum(memoryview(p).nbytes for p in part) == len(joined)
+    for chunks, joined in ((layout.main, main), (layout.sidecar, side)):
+        assert all(isinstance(p, bytes | memoryview) for p in chunks)
+        assert sum(memoryview(p).nbytes for p in chunks) == len(joined)
     assert bool(side) == bool(frame.sidecar)
     # The layout refers to the frame's buffers instead of copying them.
     for buf in frame.buffers:
@@ -140,7 +140,7 @@ def check_round_trip(frame: Frame, step: int = STEP, rank: int = RANK) -> None:
     assert (magic, major) == (b"\x89RLW\r\n\x1a\n", FORMAT_VERSION[0])
     covered = [(0, PRELUDE.size + env_len)]
     side_covered = [(0, SIDECAR_PRELUDE.size)] if side else []
-    # Header and every buffer start at a multiple of 64 from the start of their part.
+    # Header and every buffer start at a multiple of 64 from the start of their file.
     header_offset = addr(got.header) - addr(main_view)
     assert header_offset % ALIGN == 0
     assert header_offset >= PRELUDE.size + env_len
@@ -221,7 +221,7 @@ def test_random_frames_round_trip(frame: Frame, step: int, rank: int) -> None:
     check_round_trip(frame, step, rank)
 
 
-# -- corruption of the main part ------------------------------------------------------
+# -- corruption of the main file ------------------------------------------------------
 
 
 @pytest.mark.parametrize("frame", [FRAME, FRAME_NO_SIDE], ids=["sidecar", "no-sidecar"])
@@ -756,11 +756,11 @@ def reforged(main: bytes, **changes: object) -> bytes:
         else:
             env[key] = value
     h_off, h_len = env["header"]  # type: ignore[misc]
-    parts = np.frombuffer(env["parts"], np.uint8)  # type: ignore[call-overload]
+    files = np.frombuffer(env["parts"], np.uint8)  # type: ignore[call-overload]
     delta = 0
     while True:
         offsets = np.frombuffer(env["offsets"], "<u8").copy()  # type: ignore[call-overload]
-        offsets[parts == 0] += np.uint64(delta)
+        offsets[files == 0] += np.uint64(delta)
         moved = {**env, "header": [h_off + delta, h_len], "offsets": offsets.tobytes()}
         moved["size"] = env["size"] + delta  # type: ignore[operator]
         new = msgspec.msgpack.encode(moved)
@@ -773,7 +773,7 @@ def reforged(main: bytes, **changes: object) -> bytes:
 
 
 def segment_positions(main: bytes, side: bytes) -> list[tuple[int, int, int]]:
-    """(part, start, end) of the header and each buffer, in segment order."""
+    """(file, start, end) of the header and each buffer, in segment order."""
     env = decoded_envelope(main)
     n = len(env["parts"])  # type: ignore[arg-type]
     offsets = struct.unpack(f"<{n}Q", env["offsets"])  # type: ignore[arg-type]
@@ -871,8 +871,8 @@ def setitem(key: str, value: object) -> Callable[[dict[str, Any]], None]:
     return lambda env: env.__setitem__(key, value)
 
 
-# FRAME stored with checksums: a 768-byte main part (header at 320) and a 128-byte
-# sidecar holding buffers 1 and 2; buffers 0, 3 and 4 are in the main part.
+# FRAME stored with checksums: a 768-byte main file (header at 320) and a 128-byte
+# sidecar holding buffers 1 and 2; buffers 0, 3 and 4 are in the main file.
 DEEPER = {
     "step": (setitem("step", STEP + 1), rf"holds step {STEP + 1} rank {RANK}, expected step"),
     "rank": (setitem("rank", RANK + 1), rf"holds step {STEP} rank {RANK + 1}, expected"),
@@ -885,7 +885,7 @@ DEEPER = {
     ),
     "offset-outside-main": (
         set_u64("offsets", 0, 768),
-        "buffer 0 at offset 768 length 100 lies outside the 768-byte main part",
+        "buffer 0 at offset 768 length 100 lies outside the 768-byte main file",
     ),
     "length-outside-main": (
         set_u64("lengths", 4, 2**64 - 1),
@@ -903,7 +903,7 @@ DEEPER = {
         set_u64("offsets", 0, lambda off: off + 64),
         r"step 7, rank 3, segment 1: buffer 0 \(100 bytes\) does not match its checksum",
     ),
-    "unknown-part": (setitem("parts", b"\x02\x01\x01\x00\x00"), "buffer 0 is in unknown part 2"),
+    "unknown-part": (setitem("parts", b"\x02\x01\x01\x00\x00"), "buffer 0 is in unknown file 2"),
     "undeclared-sidecar": (
         lambda env: env.pop("sidecar_size"),
         "buffers refer to a sidecar the message does not declare",

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Protocol, TypeAlias
 
-from rlwire._core.atomic import temp_name
+from rlwire._core.atomic import AtomicFile
 from rlwire._core.errors import ConfigError, transport_error
 
 __all__ = [
@@ -62,18 +62,20 @@ class OutputFile:
 
     def __init__(self, file: JsonlDestination, append: bool) -> None:
         self.fd = -1
-        self.tmp: Path | None = None
+        self.atomic: AtomicFile | None = None
         self.path: Path | None = None
         self.fileobj: BinaryWriter | None = None
         if isinstance(file, str | os.PathLike):
             self.path = Path(os.fspath(file))
-            if append:
-                target, flags = self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND
-            else:
-                self.tmp = target = self.path.with_name(temp_name(self.path.name))
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+            target = self.path
             try:
-                self.fd = os.open(target, flags, 0o644)
+                if append:
+                    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                    self.fd = os.open(target, flags, 0o644)
+                else:
+                    self.atomic = AtomicFile(self.path)
+                    target = self.atomic.tmp
+                    self.fd = self.atomic.create().fd
             except OSError as exc:
                 raise transport_error(exc, "create a file", where=target) from exc
             return
@@ -104,7 +106,8 @@ class OutputFile:
                     n = os.write(self.fd, view)
                 view = view[n:]
         except OSError as exc:
-            raise transport_error(exc, "write", where=self.tmp or self.name) from exc
+            where = self.atomic.tmp if self.atomic is not None else self.name
+            raise transport_error(exc, "write", where=where) from exc
         finally:
             view.release()
 
@@ -116,20 +119,23 @@ class OutputFile:
                 if flush is not None:
                     flush()
                 return
-            os.close(self.fd)
-            self.fd = -1
-            if self.tmp is not None:
-                os.replace(self.tmp, self.path)  # type: ignore[arg-type]
-                self.tmp = None
+            if self.atomic is not None:
+                self.fd = -1  # the atomic file closes it
+                self.atomic.rename()
+                self.atomic = None
+            else:
+                os.close(self.fd)
+                self.fd = -1
         except OSError as exc:
             self.abort()
             raise transport_error(exc, "write", where=self.name) from exc
 
     def abort(self) -> None:
         """Close the file and remove the temporary file, if any; safe to call twice."""
-        if self.fd >= 0:
+        if self.atomic is not None:
+            self.fd = -1
+            self.atomic.discard()
+            self.atomic = None
+        elif self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        if self.tmp is not None:
-            self.tmp.unlink(missing_ok=True)
-            self.tmp = None

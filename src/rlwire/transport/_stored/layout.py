@@ -1,16 +1,16 @@
-"""The byte layout of a stored message: main part and sidecar part (docs/format.md).
+"""The byte layout of a stored message: main file and sidecar file (docs/format.md).
 
-Shared by every sink that stores messages as files or objects. The main part is::
+Shared by every sink that stores messages as files or objects. The main file is::
 
     magic (8) | major u16 | minor u16 | envelope length u32 | envelope xxh3-64 u64
     | envelope (msgpack) | zero padding to 64 | header | padding to 64 | buffer | ...
 
-The sidecar part is::
+The sidecar file is::
 
     sidecar magic (8) | major u16 | minor u16 | reserved u32 | message id (16)
     | zero padding to 64 | buffer | padding to 64 | buffer | padding to 64 | ...
 
-Every buffer starts at a multiple of 64 bytes from the start of its part, so views
+Every buffer starts at a multiple of 64 bytes from the start of its file, so views
 over a page-aligned mmap are aligned for every dtype. The envelope carries an xxh3-64
 checksum of every stored segment (the header, then each buffer); the prelude carries one
 of the envelope, so every byte but the zero padding is covered.
@@ -33,15 +33,10 @@ from rlwire._frame.frame import Frame
 
 __all__ = [
     "ALIGN",
-    "CONSUMED_MAGIC",
-    "END_MAGIC",
     "FORMAT_VERSION",
     "Layout",
     "check_magic",
-    "consumed_mark",
-    "end_mark",
     "parse_main",
-    "parse_mark",
     "plan",
 ]
 
@@ -58,12 +53,6 @@ _PRELUDE = struct.Struct("<8sHHIQ")
 _SIDECAR_PRELUDE = struct.Struct("<8sHHI16s")
 _ZEROS = bytes(ALIGN)
 
-#: Marks: magic, major and minor version, a step (u64 LE). The end-of-stream mark
-#: records the end step; a rank's consumption mark the first step it has not moved past.
-END_MAGIC = b"RLWE"
-CONSUMED_MAGIC = b"RLWC"
-_MARK = struct.Struct("<4sHHQ")
-
 MAIN, SIDECAR = 0, 1
 
 
@@ -73,8 +62,8 @@ class _Envelope(msgspec.Struct, omit_defaults=True):
     rank: int
     size: int
     header: tuple[int, int]
-    parts: bytes  # one byte per buffer: MAIN or SIDECAR
-    offsets: bytes  # little-endian u64 per buffer, from the start of its part
+    parts: bytes  # one byte per buffer, the file it is in: MAIN or SIDECAR (on-disk key)
+    offsets: bytes  # little-endian u64 per buffer, from the start of its file
     lengths: bytes  # little-endian u64 per buffer
     codec: str  # the name of the codec that made the header
     sidecar_size: int | None = None
@@ -90,11 +79,11 @@ _U64 = np.dtype("<u8")
 
 
 class Layout(NamedTuple):
-    """A message laid out for storage: the byte chunks of each part, in order, padding
+    """A message laid out for storage: the byte chunks of each file, in order, padding
     included, so a sink can write or stream them one after the other.
 
     ``main_segments[j]`` (``sidecar_segments[j]``) is the segment that chunk ``j`` of the
-    part holds, or -1 for the prelude, envelope and padding: a sink can hash each segment
+    file holds, or -1 for the prelude, envelope and padding: a sink can hash each segment
     while it writes it, and then :meth:`head` renders the prelude and envelope with those
     checksums, to be written over ``main[0]`` (the same length when the layout was planned
     with placeholder checksums, as :func:`placeholder_checksums` gives).
@@ -107,7 +96,7 @@ class Layout(NamedTuple):
     envelope: _Envelope
 
     def head(self, checksums: bytes) -> bytes:
-        """The prelude and envelope of the main part, with ``checksums`` recorded."""
+        """The prelude and envelope of the main file, with ``checksums`` recorded."""
         env = _envelope_encoder.encode(
             msgspec.structs.replace(self.envelope, checksum=CHECKSUM, checksums=checksums)
         )
@@ -148,7 +137,7 @@ def _chunks(
 
 
 def plan(frame: Frame, step: int, rank: int, checksums: bytes | None = None) -> Layout:
-    """Lay ``frame`` out as a main part and a sidecar part (empty without sidecar).
+    """Lay ``frame`` out as a main file and a sidecar file (empty without sidecar).
 
     ``checksums`` comes from :func:`checksum_segments`; without it the message carries no
     segment checksums. Offsets come from numpy arithmetic and the buffer table is
@@ -157,10 +146,10 @@ def plan(frame: Frame, step: int, rank: int, checksums: bytes | None = None) -> 
     msg_id = os.urandom(16)
     n = len(frame.buffers)
     lengths = np.fromiter((b.nbytes for b in frame.buffers), _U64, n)
-    parts = np.zeros(n, np.uint8)
+    files = np.zeros(n, np.uint8)
     if frame.sidecar:
-        parts[sorted(frame.sidecar)] = SIDECAR
-    in_side = parts == SIDECAR
+        files[sorted(frame.sidecar)] = SIDECAR
+    in_side = files == SIDECAR
     padded = (lengths + np.uint64(ALIGN - 1)) // np.uint64(ALIGN) * np.uint64(ALIGN)
     offsets = np.empty(n, _U64)
     offsets[in_side] = _starts(padded[in_side], ALIGN)
@@ -180,7 +169,7 @@ def plan(frame: Frame, step: int, rank: int, checksums: bytes | None = None) -> 
             rank=rank,
             size=size,
             header=(header_offset, header_len),
-            parts=parts.tobytes(),
+            parts=files.tobytes(),
             offsets=offsets.tobytes(),
             lengths=lengths.tobytes(),
             sidecar_size=sidecar_size,
@@ -225,13 +214,13 @@ def parse_main(
     where: str,
     verify: bool = True,
 ) -> Frame:
-    """Rebuild a Frame from a main part, as views over ``data`` and the sidecar.
+    """Rebuild a Frame from a main file, as views over ``data`` and the sidecar.
 
     Args:
-        data: the whole main part.
+        data: the whole main file.
         step: the step the caller expects the message to hold.
         rank: the rank the caller expects it to be for.
-        load_sidecar: returns the whole sidecar part; called only if the message has one.
+        load_sidecar: returns the whole sidecar file; called only if the message has one.
         where: names the message in error messages (a path or URL).
         verify: check the checksum of every segment (the envelope's is always checked).
 
@@ -288,14 +277,14 @@ def parse_main(
                 f"{found} bytes of {name} (expected {expected})",
                 where=where,
             )
-    parts = np.frombuffer(env.parts, np.uint8)
+    files = np.frombuffer(env.parts, np.uint8)
     offsets = np.frombuffer(env.offsets, _U64)
     lengths = np.frombuffer(env.lengths, _U64)
-    if (parts > SIDECAR).any():
-        i = int(np.argmax(parts > SIDECAR))
-        raise CorruptFrameError(f"buffer {i} is in unknown part {parts[i]}", where=where)
+    if (files > SIDECAR).any():
+        i = int(np.argmax(files > SIDECAR))
+        raise CorruptFrameError(f"buffer {i} is in unknown file {files[i]}", where=where)
     sidecar = data[:0]
-    if (parts == SIDECAR).any():
+    if (files == SIDECAR).any():
         if env.sidecar_size is None:
             raise CorruptFrameError(
                 "buffers refer to a sidecar the message does not declare",
@@ -303,14 +292,14 @@ def parse_main(
             )
         sidecar = load_sidecar()
         _check_sidecar(sidecar, env.id, env.sidecar_size, where)
-    limit = np.where(parts == MAIN, np.uint64(data.nbytes), np.uint64(sidecar.nbytes))
+    limit = np.where(files == MAIN, np.uint64(data.nbytes), np.uint64(sidecar.nbytes))
     outside = (offsets > limit) | (lengths > limit - np.minimum(offsets, limit))
     if outside.any():
         i = int(np.argmax(outside))
-        part = "sidecar" if parts[i] == SIDECAR else "main part"
+        file = "sidecar" if files[i] == SIDECAR else "main file"
         raise CorruptFrameError(
             f"buffer {i} at offset {offsets[i]} length "
-            f"{lengths[i]} lies outside the {int(limit[i])}-byte {part}",
+            f"{lengths[i]} lies outside the {int(limit[i])}-byte {file}",
             where=where,
         )
     stored = data.nbytes + sidecar.nbytes
@@ -325,9 +314,9 @@ def parse_main(
         )
     views = (data, sidecar)
     buffers = [
-        views[part][off : off + length]
-        for part, off, length in zip(
-            parts.tolist(), offsets.tolist(), lengths.tolist(), strict=True
+        views[file][off : off + length]
+        for file, off, length in zip(
+            files.tolist(), offsets.tolist(), lengths.tolist(), strict=True
         )
     ]
     if verify and env.checksum is not None:
@@ -339,7 +328,7 @@ def parse_main(
     return Frame(
         header,
         tuple(buffers),
-        frozenset(np.flatnonzero(parts == SIDECAR).tolist()),
+        frozenset(np.flatnonzero(files == SIDECAR).tolist()),
         env.codec,
         tuple(env.compression),
         tuple(np.frombuffer(env.raw_sizes, _U64).tolist()),
@@ -349,7 +338,7 @@ def parse_main(
 def check_magic(
     magic: bytes, major: int, *, expected: bytes, known: int, what: str, where: str
 ) -> None:
-    """Check the magic bytes and major version that open every part rlwire writes.
+    """Check the magic bytes and major version that open every file rlwire writes.
 
     Raises:
         CorruptFrameError: ``magic`` is not ``expected``: not an rlwire ``what``.
@@ -363,34 +352,6 @@ def check_magic(
             f"knows version {known} (upgrade rlwire to read it)",
             where=where,
         )
-
-
-def end_mark(end: int) -> bytes:
-    """The bytes of the end-of-stream mark: no step at or after ``end`` will come."""
-    return _MARK.pack(END_MAGIC, *FORMAT_VERSION, end)
-
-
-def consumed_mark(next_step: int) -> bytes:
-    """The bytes of a rank's consumption mark: its receiver moved past every step
-    before ``next_step``."""
-    return _MARK.pack(CONSUMED_MAGIC, *FORMAT_VERSION, next_step)
-
-
-def parse_mark(data: memoryview | bytes | bytearray, magic: bytes, where: str) -> int:
-    """The step a mark (:func:`end_mark` or :func:`consumed_mark`, by ``magic``) records.
-
-    Raises:
-        CorruptFrameError: ``data`` is not such a mark.
-        UnsupportedVersionError: a major version this reader does not know.
-    """
-    what = "end mark" if magic == END_MAGIC else "consumption mark"
-    if len(data) != _MARK.size:
-        raise CorruptFrameError(
-            f"a {what} is {_MARK.size} bytes, this one {len(data)}", where=where
-        )
-    found, major, _minor, step = _MARK.unpack_from(data)
-    check_magic(found, major, expected=magic, known=FORMAT_VERSION[0], what=what, where=where)
-    return int(step)
 
 
 def _check_sidecar(side: memoryview, msg_id: bytes, size: int, where: str) -> None:

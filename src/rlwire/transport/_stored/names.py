@@ -1,8 +1,8 @@
 """Names of stored messages (files or objects) and where a sender starts among them.
 
 Shared by every sink that stores one message per step and rank under a directory or key
-prefix: ``step-00000007.rank-0000.rlw`` holds the main part, ``….sidecar.rlw`` the
-sidecar part, and ``.<name>.<random hex>.tmp`` a part being written.
+prefix: ``step-00000007.rank-0000.rlw`` holds the main file, ``….sidecar.rlw`` the
+sidecar file, and ``.<name>.<random hex>.tmp`` a file being written.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from rlwire.transport._base import OnExisting
 __all__ = [
     "CONSUMED_RE",
     "END_NAME",
+    "FILE_RE",
     "MAIN_RE",
-    "PART_RE",
     "STORED_RE",
     "TEMP_RE",
     "consumed_name",
@@ -33,23 +33,23 @@ __all__ = [
 END_NAME = "end.rlw"
 #: A rank's consumption mark; group: rank.
 CONSUMED_RE = re.compile(r"consumed\.rank-(\d+)\.rlw")
-#: A main part; groups: step, rank.
+#: A main file; groups: step, rank.
 MAIN_RE = re.compile(r"step-(\d+)\.rank-(\d+)\.rlw")
-#: A main or sidecar part; groups: step, rank, sidecar suffix.
+#: A main or sidecar file; groups: step, rank, sidecar suffix.
 STORED_RE = re.compile(r"step-(\d+)\.rank-(\d+)(\.sidecar)?\.rlw")
-#: A part still being written (or left behind by a sender that was killed).
+#: A file still being written (or left behind by a sender that was killed).
 TEMP_RE = re.compile(r"\.step-\d+\.rank-\d+(\.sidecar)?\.rlw\.[0-9a-f]+\.tmp")
-#: Any part, stored or being written; groups: step, rank.
-PART_RE = re.compile(r"\.?step-(\d+)\.rank-(\d+)(?:\.sidecar)?\.rlw(?:\.[0-9a-f]+\.tmp)?")
+#: Any file, stored or being written; groups: step, rank.
+FILE_RE = re.compile(r"\.?step-(\d+)\.rank-(\d+)(?:\.sidecar)?\.rlw(?:\.[0-9a-f]+\.tmp)?")
 
 
 def main_name(step: int, rank: int) -> str:
-    """Name of the main part of ``step`` for ``rank``."""
+    """Name of the main file of ``step`` for ``rank``."""
     return f"step-{step:08d}.rank-{rank:04d}.rlw"
 
 
 def sidecar_name(step: int, rank: int) -> str:
-    """Name of the sidecar part of ``step`` for ``rank``."""
+    """Name of the sidecar file of ``step`` for ``rank``."""
     return f"step-{step:08d}.rank-{rank:04d}.sidecar.rlw"
 
 
@@ -65,18 +65,18 @@ def _span(steps: list[int]) -> str:
 
 
 def _scan(names: Iterable[str]) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
-    """The ranks of each step whose main part is visible, and those with any part at
+    """The ranks of each step whose main file is visible, and those with any file at
     all (main, sidecar, or one still being written)."""
     mains: dict[int, set[int]] = {}
-    parts: dict[int, set[int]] = {}
+    any_file: dict[int, set[int]] = {}
     for name in names:
         m = MAIN_RE.fullmatch(name)
         if m:
             mains.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
-        m = PART_RE.fullmatch(name)
+        m = FILE_RE.fullmatch(name)
         if m:
-            parts.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
-    return mains, parts
+            any_file.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+    return mains, any_file
 
 
 def start_step(
@@ -102,7 +102,7 @@ def start_step(
     if on_existing in ("overwrite", "truncate"):
         return first or 0
     names = list(names)
-    mains, parts = _scan(names)
+    mains, any_file = _scan(names)
     later = sorted(s for s in mains if s >= (first or 0))
     if later and (on_existing == "error" or first is not None):
         after = "" if first is None else f" at or after start_step {first}"
@@ -124,24 +124,24 @@ def start_step(
         )
     if on_existing == "error" or not mains:
         return first or 0
-    _check_resumable(where, mains, parts, first)
+    _check_resumable(where, mains, any_file, first)
     return first if first is not None else max(mains) + 1
 
 
 def _check_resumable(
-    where: str, mains: dict[int, set[int]], parts: dict[int, set[int]], first: int | None
+    where: str, mains: dict[int, set[int]], any_file: dict[int, set[int]], first: int | None
 ) -> None:
     """Refuse to resume after a hole or an incomplete step: receivers of the missing
     ranks would wait forever for it."""
     steps = sorted(mains)
-    ranks = set().union(*mains.values(), *(parts.get(s, set()) for s in steps))
+    ranks = set().union(*mains.values(), *(any_file.get(s, set()) for s in steps))
     for step in range(steps[0], steps[-1] + 1):
         have = mains.get(step)
         if have is None:
             problem = f"step {step} is missing (a hole)"
         elif have == ranks or (step == steps[0] and step != steps[-1] and 0 not in have):
             # All ranks are there; or the oldest step, partly deleted by retention,
-            # which removes a step's main parts from rank 0 up (a failed commit makes
+            # which removes a step's main files from rank 0 up (a failed commit makes
             # them visible from rank 0 up, so it never lacks rank 0).
             continue
         else:
@@ -174,9 +174,9 @@ def names_to_delete(
     The order keeps a deletion cut short (a kill, an outage) from leaving a state that
     misleads: the marks first (an end mark past the steps kept would stop receivers at
     a hole; a consumption mark of a deleted step would let retention delete the new
-    one unread), then the main parts step by step from the last (so the steps left are
+    one unread), then the main files step by step from the last (so the steps left are
     never a hole, only a shorter run whose last step ``resume`` may find incomplete),
-    then the sidecars (no reader meets a main part without its sidecar)."""
+    then the sidecars (no reader meets a main file without its sidecar)."""
     names = list(names)
     marks = [END_NAME] if END_NAME in names and on_existing != "error" else []
     if on_existing not in ("overwrite", "truncate"):

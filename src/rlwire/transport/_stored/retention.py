@@ -1,7 +1,7 @@
-"""Consumption marks and retention, for stores that keep each step as named parts.
+"""Consumption marks and retention, for stores that keep each step as named files.
 
 Each rank's receiver records, in a small mark beside the steps, the first step it has not
-moved past (:func:`~rlwire.transport._stored.layout.consumed_mark`). A sender with ``keep_last``
+moved past (:func:`~rlwire.transport._stored.marks.consumed_mark`). A sender with ``keep_last``
 or ``max_ahead`` reads the marks of its ranks before each send, and deletes steps every
 rank has moved past; this module holds what the file and fsspec sinks share.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from rlwire._core.errors import CorruptFrameError
-from rlwire.transport._stored.layout import CONSUMED_MAGIC, parse_mark
+from rlwire.transport._stored.marks import CONSUMED_MAGIC, parse_mark
 from rlwire.transport._stored.names import STORED_RE, consumed_name
 
 __all__ = ["read_consumed", "steps_to_prune"]
@@ -24,7 +24,7 @@ def read_consumed(
     sent: int,
 ) -> list[int | None]:
     """For each rank below ``ranks``, the first step its receiver has not moved past, or
-    ``None`` if it has recorded nothing yet. ``load`` returns a part's bytes or
+    ``None`` if it has recorded nothing yet. ``load`` returns a file's bytes or
     ``None``; ``locate`` names it for errors.
 
     Raises:
@@ -51,7 +51,7 @@ def read_consumed(
 
 def steps_to_prune(names: Iterable[str], below: int) -> list[list[list[str]]]:
     """The stored steps before ``below``, oldest first, each as the batches of names to
-    delete in order: rank 0's main part, the other main parts, then the sidecars. A
+    delete in order: rank 0's main file, the other main files, then the sidecars. A
     deletion cut short then leaves the oldest step without rank 0, which ``resume``
     tells apart from a failed commit (visible from rank 0 up)."""
     steps: dict[int, list[list[str]]] = {}

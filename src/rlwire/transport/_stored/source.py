@@ -1,5 +1,5 @@
 """StoredSource: the reading side shared by stores that keep each step's messages as
-named parts (files or objects) in rlwire's layout."""
+named files (or objects) in rlwire's layout."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ import abc
 from rlwire._core.errors import CorruptFrameError, EndOfStream
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
-from rlwire.transport._stored.layout import END_MAGIC, consumed_mark, parse_main, parse_mark
+from rlwire.transport._stored.layout import parse_main
+from rlwire.transport._stored.marks import END_MAGIC, consumed_mark, parse_mark
 from rlwire.transport._stored.names import END_NAME, consumed_name, main_name, sidecar_name
 
 __all__ = ["StoredSource"]
 
 
 class StoredSource(Source):
-    """Reads step ``s`` of :attr:`rank` from the parts named ``main_name(s, rank)`` and,
+    """Reads step ``s`` of :attr:`rank` from the files named ``main_name(s, rank)`` and,
     when the message has one, ``sidecar_name(s, rank)``, as views over what
     :meth:`load` returns.
 
@@ -28,19 +29,19 @@ class StoredSource(Source):
 
     @abc.abstractmethod
     def load(self, name: str) -> memoryview | None:
-        """The whole part called ``name``, or ``None`` if it does not exist (yet).
+        """The whole file called ``name``, or ``None`` if it does not exist (yet).
 
         Raises:
-            CorruptFrameError: the part exists but cannot be a message (e.g. empty).
-            TransportError: the part cannot be read.
+            CorruptFrameError: the file exists but cannot be a message (e.g. empty).
+            TransportError: the file cannot be read.
         """
 
     @abc.abstractmethod
     def save(self, name: str, data: bytes) -> None:
-        """Write the small part ``name`` so that it appears whole, replacing any.
+        """Write the small file ``name`` so that it appears whole, replacing any.
 
         Raises:
-            TransportError: the part cannot be written.
+            TransportError: the file cannot be written.
         """
 
     def mark_consumed(self, next_step: int) -> None:
@@ -48,7 +49,7 @@ class StoredSource(Source):
 
     @abc.abstractmethod
     def locate(self, name: str) -> str:
-        """Where the part called ``name`` lives (a path or URL), for error messages."""
+        """Where the file called ``name`` lives (a path or URL), for error messages."""
 
     def check_end(self, step: int) -> None:
         """Raise :class:`~rlwire.EndOfStream` if the sender finished before ``step``.
@@ -76,7 +77,7 @@ class StoredSource(Source):
             view = self.load(side)
             if view is None:
                 raise CorruptFrameError(
-                    "missing; the main part refers to it", where=self.locate(side)
+                    "missing; the main file refers to it", where=self.locate(side)
                 )
             return view
 

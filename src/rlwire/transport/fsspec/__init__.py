@@ -6,9 +6,9 @@ Objects have the names and bytes of the filesystem sink's files
 layout parser read them unchanged. Object stores have no rename, so the main object is
 the "ready" marker: every sidecar object is made visible first, the main objects last.
 
-On S3 (s3fs) each large object is a multipart upload whose parts are cut from the
-frame's buffers one part at a time (never joining the whole object in memory) and
-uploaded several at once while the next part is being cut; the step becomes visible only
+On S3 (s3fs) each large object is a multipart upload whose upload parts are cut from the
+frame's buffers one at a time (never joining the whole object in memory) and
+uploaded several at once while the next one is being cut; the step becomes visible only
 when :meth:`Staged.commit <rlwire.abc.Staged.commit>` completes the uploads, and a
 cancelled or failed send aborts them, so nothing is ever half-visible. Small objects are
 put whole at commit. On other filesystems each object is written under a hidden

@@ -12,14 +12,15 @@ import contextlib
 import importlib.util
 import inspect
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from anyio import CapacityLimiter
 
-from rlwire._core.errors import ConfigError, RlwireError, transport_error
+from rlwire._core.errors import ConfigError, transport_error
 from rlwire._core.once import Once
 from rlwire.transport._base import reject_unknown
+from rlwire.transport._stored.sink import translate_errors
 from rlwire.transport._url import URL, parse_url
 from rlwire.transport.fsspec._generic import GenericStore
 from rlwire.transport.fsspec._s3 import S3Store
@@ -36,27 +37,6 @@ _PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
 _LOCAL = frozenset({"memory"})
 #: Keys fsspec's base classes take from any filesystem's options.
 _FSSPEC_OPTIONS = ("skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths")
-
-
-@contextlib.contextmanager
-def translate_errors(where: str, action: str) -> Iterator[None]:
-    """Turn whatever a backend raises (botocore, aiohttp, OSError, ...) into a
-    :class:`~rlwire.errors.TransportError` saying that ``action`` failed at ``where``;
-    rlwire's own errors and BaseExceptions (cancellation) pass through.
-
-    Example:
-        >>> with translate_errors("memory://run", "list the destination"):
-        ...     raise PermissionError(13, "Permission denied")
-        Traceback (most recent call last):
-        ...
-        rlwire.errors.TransportError: memory://run: cannot list the destination: Permission denied
-    """
-    try:
-        yield
-    except RlwireError:
-        raise
-    except Exception as exc:
-        raise transport_error(exc, action, where=where) from exc
 
 
 class Connection:

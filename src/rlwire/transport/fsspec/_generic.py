@@ -51,9 +51,8 @@ class TempStaging(Staging):
         self.sidecars: list[tuple[str, str]] = []  # (temporary, final)
         self.mains: list[tuple[str, str]] = []
 
-    def add(self, path: str, chunks: Sequence[bytes | memoryview], *, main: bool) -> Sliced[None]:
-        head, _, name = path.rpartition("/")
-        tmp = f"{head}/{temp_name(name)}"
+    def add(self, name: str, chunks: Sequence[bytes | memoryview], *, main: bool) -> Sliced[None]:
+        path, tmp = self.store.path(name), self.store.path(temp_name(name))
         (self.mains if main else self.sidecars).append((tmp, path))  # discard() removes it
         f = self.store.fs.open(tmp, "wb")
         try:

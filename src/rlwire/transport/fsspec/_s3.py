@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 from rlwire._core.errors import ConfigError, CorruptFrameError, TransportError, transport_error
 from rlwire.transport._stored.names import STORED_RE
-from rlwire.transport.fsspec._s3_upload import S3Staging, on_loop, retried
-from rlwire.transport.fsspec._store import Store
+from rlwire.transport.fsspec._s3_bucket import S3Bucket
+from rlwire.transport.fsspec._s3_upload import S3Staging, retried
 
 __all__ = ["READ_BYTES", "S3Store"]
 
@@ -40,49 +40,16 @@ async def _gather_or_cancel(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
         raise
 
 
-class S3Store(Store):
-    """An S3 bucket (or a key prefix in one) through s3fs's async client.
-
-    Requests run on fsspec's I/O loop; blocking methods wait for them from the calling
-    worker thread.
-    """
+class S3Store(S3Bucket):
+    """The S3 store: stages steps as multipart uploads (:class:`S3Staging`), reads
+    large objects with concurrent ranged GETs, and aborts the uploads left behind."""
 
     stage_verb = "upload"
-    #: True once a staging started a multipart upload here (and so may have left one),
-    #: until :meth:`settle_leftovers` aborts what is left.
-    made_uploads = False
-
-    @staticmethod
-    def serves(fs: Any) -> bool:
-        """True if ``fs`` is an s3fs filesystem whose async client rlwire can call."""
-        protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-        return "s3" in protocols and hasattr(fs, "_call_s3")
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """fsspec's I/O loop, where s3fs's requests run."""
-        loop: asyncio.AbstractEventLoop = self.fs.loop
-        return loop
-
-    @property
-    def bucket(self) -> str:
-        """The bucket's name."""
-        return self.root.partition("/")[0]
-
-    @staticmethod
-    def bucket_key(path: str) -> tuple[str, str]:
-        """``(bucket, key)`` of a filesystem path."""
-        bucket, _, key = path.partition("/")
-        return bucket, key
-
-    def concurrency(self, requested: int | None = None) -> int:
-        """Requests in flight at once: ``requested``, else s3fs's ``max_concurrency``."""
-        return max(1, requested or int(getattr(self.fs, "max_concurrency", 8)))
 
     def check(self) -> None:
         bucket = self.bucket
         try:
-            on_loop(self.loop, self.fs._call_s3("head_bucket", Bucket=bucket))
+            self.run(self.fs._call_s3, "head_bucket", Bucket=bucket)
         except TypeError as exc:  # s3fs hands unknown options to the session it makes now
             raise ConfigError(f"{self.url!r}: s3fs rejects the storage options: {exc}") from exc
         except FileNotFoundError as exc:
@@ -99,7 +66,7 @@ class S3Store(Store):
                 return False
             return True
 
-        found = on_loop(self.loop, _gather_or_cancel([exists(p) for p in paths]))
+        found = self.run(_gather_or_cancel, [exists(p) for p in paths])
         return [i for i, hit in enumerate(found) if hit]
 
     def clean_leftovers(self, names: Sequence[str]) -> None:
@@ -108,7 +75,7 @@ class S3Store(Store):
         super().clean_leftovers(names)
         uploads = self._pending_uploads()
         if uploads:
-            on_loop(self.loop, self._abort_uploads(uploads))
+            self.run(self._abort_uploads, uploads)
 
     def settle_leftovers(self) -> str | None:
         """If a staging started multipart uploads here, list the unfinished uploads of
@@ -125,7 +92,7 @@ class S3Store(Store):
         except Exception as exc:
             return f"unfinished multipart uploads could not be listed ({exc})"
         try:
-            on_loop(self.loop, self._abort_uploads(uploads))
+            self.run(self._abort_uploads, uploads)
         except Exception as exc:
             left = len(self._pending_uploads_or_all(uploads))
             return f"{left} unfinished multipart upload(s) could not be aborted ({exc})"
@@ -145,16 +112,14 @@ class S3Store(Store):
         out: list[tuple[str, str]] = []
         marker: dict[str, str] = {}
         while True:
-            page = on_loop(
-                self.loop,
-                retried(
-                    functools.partial(
-                        self.fs._call_s3,
-                        "list_multipart_uploads",
-                        Bucket=bucket,
-                        Prefix=prefix,
-                        **marker,
-                    )
+            page = self.run(
+                retried,
+                functools.partial(
+                    self.fs._call_s3,
+                    "list_multipart_uploads",
+                    Bucket=bucket,
+                    Prefix=prefix,
+                    **marker,
                 ),
             )
             for upload in page.get("Uploads", []) or []:
@@ -190,7 +155,7 @@ class S3Store(Store):
         return S3Staging(self, part_bytes, self.concurrency(max_concurrency))
 
     def get(self, path: str) -> bytes | bytearray | None:
-        return on_loop(self.loop, self._get(path, self.concurrency()))
+        return self.run(self._get, path, self.concurrency())
 
     async def _get(self, path: str, window: int) -> bytes | bytearray | None:
         """One ranged GET answers small objects and tells the size of large ones, whose

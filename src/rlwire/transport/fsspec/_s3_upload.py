@@ -1,8 +1,8 @@
 """S3 multipart uploads: how one step goes up to S3 without becoming visible.
 
-Each large object is a multipart upload whose parts are cut from the frame's buffers one
-part at a time (never joining the whole object in memory) and uploaded several at once,
-on fsspec's I/O loop, while the staging thread cuts the next part. The step becomes
+Each large object is a multipart upload whose upload parts are cut from the frame's buffers one
+upload part at a time (never joining the whole object in memory) and uploaded several at once,
+on fsspec's I/O loop, while the staging thread cuts the next upload part. The step becomes
 visible only when :meth:`S3Staging.commit` completes the uploads, and a cancelled or
 failed send aborts them, so nothing is ever half-visible. Small objects are put whole at
 commit.
@@ -20,14 +20,12 @@ import contextlib
 import io
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from rlwire._core.errors import transport_error
 from rlwire._core.slicing import Sliced, SliceTimer
+from rlwire.transport.fsspec._s3_bucket import S3Bucket
 from rlwire.transport.fsspec._store import Staging
-
-if TYPE_CHECKING:
-    from rlwire.transport.fsspec._s3 import S3Store
 
 __all__ = [
     "MIN_PART_BYTES",
@@ -35,18 +33,17 @@ __all__ = [
     "RETRY_DELAYS",
     "SMALL_BYTES",
     "S3Staging",
-    "on_loop",
     "retried",
     "settled",
 ]
 
 T = TypeVar("T")
 
-#: Default size of one multipart-upload part. Parts are copied out of the frame's buffers
+#: Default size of one upload part. Upload parts are copied out of the frame's buffers
 #: (botocore takes bytes, bytearrays or files, not memoryviews), one at a time, so memory
-#: use is bounded by (concurrency + 1) parts, whatever the size of the step.
+#: use is bounded by (concurrency + 1) upload parts, whatever the size of the step.
 PART_BYTES = 8 << 20
-#: S3's smallest part (all but the last), and its largest number of parts per upload.
+#: S3's smallest upload part (all but the last), and its most upload parts per upload.
 MIN_PART_BYTES = 5 << 20
 _MAX_PARTS = 10_000
 #: Objects below this are put whole at commit: one request instead of three.
@@ -57,11 +54,6 @@ _COPY_BYTES = 2 << 20
 #: :func:`retried`), on top of s3fs's and botocore's own retries: rides out an outage of
 #: a few seconds.
 RETRY_DELAYS = (0.1, 0.3, 1.0, 2.0)
-
-
-def on_loop(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on fsspec's I/O loop (another thread) and wait for its result."""
-    return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
 
 async def retried(call: Callable[[], Awaitable[T]]) -> T:
@@ -100,10 +92,11 @@ class _S3Object:
     data: bytes | None = None
     upload_id: str | None = None
     etags: dict[int, str] = field(default_factory=dict)
-    finished: bool = False
-    tried: bool = False  # finish() was called: the object may exist
+    committed: bool = False
+    tried: bool = False  # commit() was called: the object may exist
 
-    async def finish(self, fs: Any) -> None:
+    async def commit(self, fs: Any) -> None:
+        """Make the object visible: put it whole, or complete its multipart upload."""
         self.tried = True
         if self.data is not None:
             await fs._call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=self.data)
@@ -116,13 +109,13 @@ class _S3Object:
                 UploadId=self.upload_id,
                 MultipartUpload={"Parts": parts},
             )
-        self.finished = True
+        self.committed = True
         self.data = None
 
     async def abort(self, fs: Any) -> bool:
         """Abort the upload (retried); False if it may still be pending."""
         self.data = None
-        if self.upload_id is None or self.finished:
+        if self.upload_id is None or self.committed:
             return True
         upload_id = self.upload_id
         gone = await settled(
@@ -136,17 +129,17 @@ class _S3Object:
         return True
 
     async def exists(self, fs: Any) -> bool | None:
-        """Whether the object is there (finished, or found), asked with retries; None
+        """Whether the object is there (committed, or found), asked with retries; None
         if S3 cannot be asked."""
         if not self.tried:
             return False  # never put or completed
-        if not self.finished:
+        if not self.committed:
             found = await settled(
                 lambda: fs._call_s3("head_object", Bucket=self.bucket, Key=self.key)
             )
             if not found:
                 return found
-            self.finished = True  # it landed: its upload is complete, nothing to abort
+            self.committed = True  # it landed: its upload is complete, nothing to abort
         return True
 
 
@@ -170,16 +163,16 @@ async def _delete(fs: Any, objs: Sequence[_S3Object]) -> None:
 
 
 class S3Staging(Staging):
-    """Multipart uploads with every part uploaded, and small objects held in memory.
+    """Multipart uploads with every upload part uploaded, and small objects held in memory.
 
     Args:
         store: where the objects go.
-        part_bytes: size of one part (grown when an object would need more than
-            10,000 parts).
-        window: parts uploaded at once.
+        part_bytes: size of one upload part (grown when an object would need more than
+            10,000 upload parts).
+        window: upload parts uploaded at once.
     """
 
-    def __init__(self, store: S3Store, part_bytes: int, window: int) -> None:
+    def __init__(self, store: S3Bucket, part_bytes: int, window: int) -> None:
         self.store = store
         self.part_bytes = part_bytes
         self.sidecars: list[_S3Object] = []
@@ -191,12 +184,12 @@ class S3Staging(Staging):
         """The most part uploads that were in flight at once while staging (diagnostic)."""
         return self._uploader.max_in_flight
 
-    def add(self, path: str, chunks: Sequence[bytes | memoryview], *, main: bool) -> Sliced[None]:
+    def add(self, name: str, chunks: Sequence[bytes | memoryview], *, main: bool) -> Sliced[None]:
         """Hold a small object for a put at commit; start a multipart upload of a large
-        one, whose parts are copied out one at a time and uploaded concurrently."""
+        one, whose upload parts are copied out one at a time and uploaded concurrently."""
         views = [memoryview(c).cast("B") for c in chunks]
         size = sum(v.nbytes for v in views)
-        bucket, key = self.store.bucket_key(path)
+        bucket, key = self.store.bucket_key(self.store.path(name))
         obj = _S3Object(bucket, key)
         into = self.mains if main else self.sidecars
         if size < SMALL_BYTES:
@@ -206,9 +199,8 @@ class S3Staging(Staging):
         # Whatever happens next (a lost reply that botocore answers by asking again, an
         # abort that fails), an upload may be left: the sink lists them when it closes.
         self.store.made_uploads = True
-        out = on_loop(
-            self.store.loop,
-            self.store.fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key),
+        out = self.store.run(
+            self.store.fs._call_s3, "create_multipart_upload", Bucket=bucket, Key=key
         )
         obj.upload_id = str(out["UploadId"])
         into.append(obj)  # from here on, discard() aborts it
@@ -238,26 +230,26 @@ class S3Staging(Staging):
                     yield
                     timer.restart()
 
-    def finish(self) -> Sliced[None]:
+    def drain(self) -> Sliced[None]:
         return self._uploader.drain()
 
     def commit(self) -> None:
-        fs, url, loop = self.store.fs, self.store.url, self.store.loop
-        errs = on_loop(loop, _each(self.sidecars, lambda o: o.finish(fs)))
+        fs, url, run = self.store.fs, self.store.url, self.store.run
+        errs = run(_each, self.sidecars, lambda o: o.commit(fs))
         failed = [e for e in errs if e is not None]
         if failed:
             self.discard()
             with contextlib.suppress(Exception):  # sidecars without a main are garbage
-                on_loop(loop, _delete(fs, [o for o in self.sidecars if o.tried]))
+                run(_delete, fs, [o for o in self.sidecars if o.tried])
             raise transport_error(
                 failed[0], "commit the step (nothing was made visible)", where=url
             )
         # Rank 0's main object first, then the others at once: a commit cut short leaves
         # the step visible from rank 0 up, which resume tells apart from the oldest step
         # cut short by retention (that one goes rank 0 first).
-        errs = on_loop(loop, _each(self.mains[:1], lambda o: o.finish(fs)))
-        if errs[0] is None or on_loop(loop, self.mains[0].exists(fs)):
-            errs += on_loop(loop, _each(self.mains[1:], lambda o: o.finish(fs)))
+        errs = run(_each, self.mains[:1], lambda o: o.commit(fs))
+        if errs[0] is None or run(self.mains[0].exists, fs):
+            errs += run(_each, self.mains[1:], lambda o: o.commit(fs))
         failed = [e for e in errs if e is not None]
         if not failed:
             self.visible = True
@@ -265,7 +257,7 @@ class S3Staging(Staging):
         # A request that failed may still have landed (a lost reply): ask which main
         # objects are there, retrying while S3 cannot be reached. A step is never guessed
         # visible or not: the sender must neither reuse its number nor skip it.
-        states = on_loop(loop, _gather_results([o.exists(fs) for o in self.mains]))
+        states = run(_gather_results, [o.exists(fs) for o in self.mains])
         ranks = [rank for rank, state in enumerate(states) if state]
         unknown = [rank for rank, state in enumerate(states) if state is None]
         if len(ranks) == len(self.mains):
@@ -289,7 +281,7 @@ class S3Staging(Staging):
                 where=url,
             )
         with contextlib.suppress(Exception):
-            on_loop(loop, _delete(fs, self.sidecars))
+            run(_delete, fs, self.sidecars)
         raise transport_error(failed[0], "commit the step (nothing was made visible)", where=url)
 
     def discard(self) -> None:
@@ -300,16 +292,13 @@ class S3Staging(Staging):
         self._uploader.cancel()
         fs = self.store.fs
         with contextlib.suppress(Exception):
-            on_loop(
-                self.store.loop,
-                _gather_results([o.abort(fs) for o in (*self.mains, *self.sidecars)]),
-            )
+            self.store.run(_gather_results, [o.abort(fs) for o in (*self.mains, *self.sidecars)])
 
 
 async def _upload_part(fs: Any, obj: _S3Object, number: int, body: io.BytesIO) -> str:
-    """Upload one part; its ETag.
+    """Upload one upload part; its ETag.
 
-    The part goes as a BytesIO, which aiohttp streams in chunks (a large bytes body
+    The upload part goes as a BytesIO, which aiohttp streams in chunks (a large bytes body
     would be written in one go, and aiohttp warns about it). A stream is consumed by a
     try, so this calls the client directly: botocore's own retries rewind the stream,
     where a retry around the call (s3fs's) would resend it from its end.
@@ -337,10 +326,10 @@ async def _upload_part(fs: Any, obj: _S3Object, number: int, body: io.BytesIO) -
 
 
 class _Uploader:
-    """Uploads parts on fsspec's I/O loop, at most ``window`` at a time, while the
+    """Uploads upload parts on fsspec's I/O loop, at most ``window`` at a time, while the
     staging thread cuts the next ones."""
 
-    def __init__(self, store: S3Store, window: int) -> None:
+    def __init__(self, store: S3Bucket, window: int) -> None:
         self.store = store
         self.window = window
         self.inflight: dict[concurrent.futures.Future[str], tuple[_S3Object, int]] = {}
@@ -355,13 +344,13 @@ class _Uploader:
         self.max_in_flight = max(self.max_in_flight, len(self.inflight))
 
     def room(self) -> Sliced[None]:
-        """Wait until another part may be submitted."""
+        """Wait until another upload part may be submitted."""
         while len(self.inflight) >= self.window:
             self._wait()
             yield
 
     def drain(self) -> Sliced[None]:
-        """Wait until every part is uploaded."""
+        """Wait until every upload part is uploaded."""
         while self.inflight:
             self._wait()
             yield

@@ -9,46 +9,33 @@ from typing import Any
 from anyio import CapacityLimiter
 
 from rlwire._core.args import check_int
-from rlwire._core.errors import StepExistsError
-from rlwire._core.slicing import Sliced
-from rlwire._frame.checksums import checksum_segments
-from rlwire.transport._base import (
-    OnExisting,
-    PendingFrame,
-    Sink,
-    SinkOptions,
-    SourceOptions,
-    Staged,
-    take_frame,
-)
-from rlwire.transport._stored.layout import end_mark, plan
-from rlwire.transport._stored.names import END_NAME, main_name, names_to_delete, sidecar_name
-from rlwire.transport._stored.names import start_step as first_step
-from rlwire.transport._stored.retention import read_consumed, steps_to_prune
+from rlwire.transport._base import OnExisting, SinkOptions, SourceOptions
+from rlwire.transport._stored.sink import StoredSink
 from rlwire.transport._url import URL
-from rlwire.transport.fsspec._connection import Connection, translate_errors
+from rlwire.transport.fsspec._connection import Connection
 from rlwire.transport.fsspec._s3_upload import MIN_PART_BYTES, PART_BYTES
 from rlwire.transport.fsspec._source import FsspecSource
+from rlwire.transport.fsspec._store import Staging
 
 __all__ = ["FsspecSink"]
 
 
-class FsspecSink(Sink):
+class FsspecSink(StoredSink):
     """Writes each step's frames as objects under an fsspec URL.
 
     Works with any fsspec filesystem; S3 (s3fs) gets streamed, concurrent multipart
     uploads. ``storage_options`` go to the filesystem's constructor as fsspec users
     expect (``endpoint_url``, ``key``, ``secret``, ``client_kwargs``, ``anon``, ...);
-    s3fs's ``max_concurrency`` also bounds how many parts are uploaded at once. The
+    s3fs's ``max_concurrency`` also bounds how many upload parts are uploaded at once. The
     filesystem is made, and the bucket checked, lazily in a worker thread, once.
 
     Args:
         url: ``protocol://path``, e.g. ``s3://bucket/run-7`` or ``memory://run``.
         storage_options: keyword arguments for the fsspec filesystem.
         checksum: record an xxh3-64 checksum of every segment, which readers verify.
-        part_bytes: size of one multipart-upload part (at least 5 MiB; grown when an
-            object would need more than 10,000 parts).
-        max_concurrency: parts uploaded at once (default: the filesystem's
+        part_bytes: size of one upload part (at least 5 MiB; grown when an
+            object would need more than 10,000 upload parts).
+        max_concurrency: upload parts uploaded at once (default: the filesystem's
             ``max_concurrency``, else 8). Memory use is about ``part_bytes`` times this.
 
     ``fsync`` is meaningless for object stores and ignored: an object is durable once
@@ -117,22 +104,6 @@ class FsspecSink(Sink):
         await self._conn.aget(limiter)
         return await super().aopen(on_existing, limiter, start_step)
 
-    def open(self, on_existing: OnExisting, start_step: int | None = None) -> int:
-        store = self._conn.get()
-        with translate_errors(self.url, "list the destination"):
-            names = store.names()
-        step = first_step(self.url, names, on_existing, start_step)
-        if on_existing == "error":
-            return step
-        # Leftovers of a killed sender (temporary keys, unfinished multipart uploads) are
-        # invisible to readers, but billed.
-        with translate_errors(self.url, "clean up after an earlier run"):
-            store.clean_leftovers(names)
-        with translate_errors(self.url, "delete earlier steps"):
-            for doomed in names_to_delete(names, on_existing, start_step):  # in order
-                store.remove(doomed)
-        return step
-
     def close(self) -> None:
         """On S3, if this sink started multipart uploads, list the unfinished ones under
         its root and abort them: a failed send aborts its own, but an outage can keep it
@@ -154,51 +125,34 @@ class FsspecSink(Sink):
                 stacklevel=2,
             )
 
-    def finish(self, end: int) -> None:
-        with translate_errors(f"{self.url}/{END_NAME}", "mark the end of the stream"):
-            self._conn.get().save(END_NAME, end_mark(end))
+    @property
+    def stage_verb(self) -> str:
+        return self._conn.get().stage_verb
 
-    def consumed(self, ranks: int, sent: int) -> list[int | None]:
+    def locate(self, name: str | None = None) -> str:
+        return self.url if name is None else f"{self.url}/{name}"
+
+    def names(self) -> list[str]:
+        return self._conn.get().names()
+
+    def load(self, name: str) -> bytes | bytearray | None:
         store = self._conn.get()
+        return store.get(store.path(name))
 
-        def load(name: str) -> bytes | bytearray | None:
-            with translate_errors(f"{self.url}/{name}", "read"):
-                return store.get(store.path(name))
+    def save(self, name: str, data: bytes) -> None:
+        self._conn.get().save(name, data)
 
-        return read_consumed(load, lambda name: f"{self.url}/{name}", ranks, sent)
+    def remove(self, names: Sequence[str]) -> None:
+        self._conn.get().remove(names)
 
-    def prune(self, below: int) -> None:
+    def existing(self, names: Sequence[str]) -> list[int]:
         store = self._conn.get()
-        with translate_errors(self.url, "delete steps every rank consumed"):
-            for step in steps_to_prune(store.names(), below):
-                for batch in step:
-                    store.remove(batch)
+        return store.existing([store.path(name) for name in names])
 
-    def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
-        store = self._conn.get()
-        with translate_errors(self.url, f"check whether step {step} exists"):
-            existing = store.existing([store.path(main_name(step, r)) for r in range(len(frames))])
-        if existing:
-            raise StepExistsError(
-                f"{self.url}/{main_name(step, existing[0])}: step {step} rank {existing[0]} "
-                "already exists at the destination"
-            )
-        staging = store.staging(part_bytes=self.part_bytes, max_concurrency=self.max_concurrency)
-        try:
-            action = f"{store.stage_verb} step {step}"
-            for rank, pending in enumerate(frames):
-                frame = yield from take_frame(pending)  # the codec's errors stay its own
-                with translate_errors(self.url, action):
-                    sums = (yield from checksum_segments(frame)) if self.checksum else None
-                    layout = plan(frame, step, rank, sums)
-                    if layout.sidecar:
-                        side_path = store.path(sidecar_name(step, rank))
-                        yield from staging.add(side_path, layout.sidecar, main=False)
-                    main_path = store.path(main_name(step, rank))
-                    yield from staging.add(main_path, layout.main, main=True)
-            with translate_errors(self.url, action):
-                yield from staging.finish()
-        except BaseException:
-            staging.discard()
-            raise
-        return staging
+    def clean_leftovers(self, names: Sequence[str]) -> None:
+        self._conn.get().clean_leftovers(names)
+
+    def staging(self, step: int) -> Staging:
+        return self._conn.get().staging(
+            part_bytes=self.part_bytes, max_concurrency=self.max_concurrency
+        )

@@ -13,9 +13,9 @@ import abc
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from rlwire._core.slicing import Sliced, run_sliced
-from rlwire.transport._base import Staged
+from rlwire._core.slicing import run_sliced
 from rlwire.transport._stored.names import TEMP_RE
+from rlwire.transport._stored.sink import StoredStaging
 
 __all__ = ["Staging", "Store"]
 
@@ -23,26 +23,14 @@ __all__ = ["Staging", "Store"]
 _SMALL_PART_BYTES = 5 << 20
 
 
-class Staging(Staged):
+class Staging(StoredStaging):
     """A step being written where readers cannot see it yet, one object at a time: each
-    rank's sidecar (if it has one), then its main object.
+    rank's sidecar object (if it has one), then its main object, named as files are and
+    put directly under the store's root.
 
-    :meth:`commit` makes the objects visible, sidecars first and main objects last;
-    :meth:`discard` removes everything staged, including what is still in flight.
+    :meth:`commit` makes the objects visible, sidecar objects first and main objects
+    last; :meth:`discard` removes everything staged, including what is still in flight.
     """
-
-    @abc.abstractmethod
-    def add(self, path: str, chunks: Sequence[bytes | memoryview], *, main: bool) -> Sliced[None]:
-        """Stage the object at ``path`` whose bytes are ``chunks``, in order. ``main``
-        says whether it is a main object (made visible last) or a sidecar. From the
-        first slice on, :meth:`discard` removes whatever this call left behind.
-        Backend errors pass through: the sink turns them into a TransportError.
-        """
-
-    def finish(self) -> Sliced[None]:
-        """Wait for the writes :meth:`add` left in flight; raises the first one's error.
-        Stores that write synchronously have nothing to wait for."""
-        yield from ()
 
 
 class Store(abc.ABC):
@@ -100,8 +88,8 @@ class Store(abc.ABC):
         whole (staged like a main object: one PUT, or a move into place)."""
         staging = self.staging(part_bytes=_SMALL_PART_BYTES, max_concurrency=1)
         try:
-            run_sliced(staging.add(self.path(name), [data], main=True))
-            run_sliced(staging.finish())
+            run_sliced(staging.add(name, [data], main=True))
+            run_sliced(staging.drain())
             staging.commit()
         except BaseException:
             staging.discard()

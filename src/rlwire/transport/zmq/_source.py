@@ -106,7 +106,7 @@ class ZmqSource(Source):
     """
 
     _OPTIONS = ("hwm", "pattern", "curve_server_key", "curve_public_key", "curve_secret_key")
-    consumes = True
+    reads_once = True
 
     def __init__(  # noqa: PLR0913 (its storage options, one each; from_url parses them)
         self,

@@ -1,0 +1,217 @@
+"""StoredSink: the writing side shared by stores that keep each step's messages as named
+files (objects, rows) in rlwire's layout; :class:`~rlwire.transport._stored.source.StoredSource`
+is the reading side."""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Iterator, Sequence
+
+from rlwire._core.errors import RlwireError, StepExistsError, transport_error
+from rlwire._core.slicing import Sliced
+from rlwire._frame.checksums import checksum_segments
+from rlwire._frame.frame import Frame
+from rlwire.transport._base import OnExisting, PendingFrame, Sink, Staged, take_frame
+from rlwire.transport._stored.layout import plan
+from rlwire.transport._stored.marks import end_mark
+from rlwire.transport._stored.names import (
+    END_NAME,
+    TEMP_RE,
+    main_name,
+    names_to_delete,
+    sidecar_name,
+    start_step,
+)
+from rlwire.transport._stored.retention import read_consumed, steps_to_prune
+
+__all__ = ["StoredSink", "StoredStaging", "translate_errors"]
+
+
+@contextlib.contextmanager
+def translate_errors(where: str, action: str) -> Iterator[None]:
+    """Turn whatever a backend raises (OSError, botocore, aiohttp, sqlite3, ...) into a
+    :class:`~rlwire.errors.TransportError` saying that ``action`` failed at ``where``;
+    rlwire's own errors and BaseExceptions (cancellation) pass through.
+
+    Example:
+        >>> with translate_errors("memory://run", "list the destination"):
+        ...     raise PermissionError(13, "Permission denied")
+        Traceback (most recent call last):
+        ...
+        rlwire.errors.TransportError: memory://run: cannot list the destination: Permission denied
+    """
+    try:
+        yield
+    except RlwireError:
+        raise
+    except Exception as exc:
+        raise transport_error(exc, action, where=where) from exc
+
+
+class StoredStaging(Staged):
+    """A step being written where readers cannot see it yet, one file at a time: each
+    rank's sidecar file (if it has one), then its main file.
+
+    :meth:`commit` makes the files visible, sidecar files first and main files last
+    (or all at once, for a store with transactions); :meth:`discard` removes
+    everything staged.
+    """
+
+    @abc.abstractmethod
+    def add(self, name: str, chunks: Sequence[bytes | memoryview], *, main: bool) -> Sliced[None]:
+        """Stage the file ``name`` whose bytes are ``chunks``, in order, where readers
+        cannot see it. ``main`` says whether it is a main file (made visible last) or a
+        sidecar file. From the first slice on, :meth:`discard` removes whatever this call
+        left behind. Backend errors pass through: the sink says what failed where.
+        """
+
+    def drain(self) -> Sliced[None]:
+        """Wait for the writes :meth:`add` left in flight; raises the first one's error.
+        Stores that write synchronously have nothing to wait for."""
+        yield from ()
+
+
+class StoredSink(Sink):
+    """A sink that stores step ``s`` of rank ``r`` as the files ``main_name(s, r)`` and,
+    when the message has one, ``sidecar_name(s, r)``, beside an end mark and the ranks'
+    consumption marks, in the byte layout every built-in store shares.
+
+    It implements :meth:`open` (``on_existing``, ``start_step``), :meth:`stage`,
+    :meth:`finish`, :meth:`read_consumption` and :meth:`prune` over a few primitives that a
+    subclass provides: :meth:`names` lists the destination, :meth:`load` reads a small
+    file, :meth:`save` writes one, :meth:`remove` deletes files, :meth:`staging`
+    starts a step's :class:`StoredStaging`, and :meth:`locate` names a file in errors.
+    Primitives raise what their backend raises; the sink turns it into a
+    :class:`~rlwire.errors.TransportError` saying what failed where (:meth:`errors`).
+
+    Attributes:
+        checksum: record an xxh3-64 checksum of every segment, which readers verify.
+    """
+
+    checksum: bool = True
+
+    @property
+    def stage_verb(self) -> str:
+        """The verb naming what :meth:`stage` does, in error messages."""
+        return "write"
+
+    @abc.abstractmethod
+    def names(self) -> list[str]:
+        """The names of every file directly in the destination (none if it is missing)."""
+
+    @abc.abstractmethod
+    def load(self, name: str) -> bytes | bytearray | memoryview | None:
+        """The whole small file ``name`` (a mark), or ``None`` if it does not exist."""
+
+    @abc.abstractmethod
+    def save(self, name: str, data: bytes) -> None:
+        """Write the small file ``name`` so that it appears whole, replacing any."""
+
+    @abc.abstractmethod
+    def remove(self, names: Sequence[str]) -> None:
+        """Delete the files ``names``, in order; missing ones are no error."""
+
+    @abc.abstractmethod
+    def staging(self, step: int) -> StoredStaging:
+        """A new, empty :class:`StoredStaging` for ``step``."""
+
+    @abc.abstractmethod
+    def locate(self, name: str | None = None) -> str:
+        """Where the file ``name`` lives (a path or URL), or the destination itself when
+        ``name`` is ``None``: for error messages."""
+
+    def prepare(self) -> None:
+        """Make sure the destination exists and can be written; :meth:`open` calls it
+        first. Raises what the backend raises."""
+
+    def existing(self, names: Sequence[str]) -> list[int]:
+        """Indices of ``names`` that exist (by default, found in :meth:`names`)."""
+        stored = set(self.names())
+        return [i for i, name in enumerate(names) if name in stored]
+
+    def clean_leftovers(self, names: Sequence[str]) -> None:
+        """Remove what a killed sender left behind, invisible to readers: the temporary
+        files among ``names`` (the destination's listing)."""
+        self.remove([n for n in names if TEMP_RE.fullmatch(n)])
+
+    def errors(
+        self, action: str, name: str | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """A context in which backend errors become a TransportError saying that
+        ``action`` failed at :meth:`locate` ``(name)``."""
+        return translate_errors(self.locate(name), action)
+
+    def step_exists(self, step: int, rank: int) -> StepExistsError:
+        """The error for a step found at the destination (rank ``rank`` of it)."""
+        return StepExistsError(
+            f"{self.locate(main_name(step, rank))}: step {step} rank {rank} already exists "
+            "at the destination"
+        )
+
+    def open(self, on_existing: OnExisting, start_step: int | None = None) -> int:
+        with self.errors("write to the destination"):
+            self.prepare()
+        with self.errors("list the destination"):
+            names = self.names()
+        step = _start_step(self.locate(), names, on_existing, start_step)
+        if on_existing == "error":
+            return step
+        # Leftovers of a killed sender (temporary files, unfinished uploads) are
+        # invisible to readers, but take space.
+        with self.errors("clean up after an earlier run"):
+            self.clean_leftovers(names)
+        with self.errors("delete earlier steps"):
+            for doomed in names_to_delete(names, on_existing, start_step):  # in order
+                self.remove(doomed)
+        return step
+
+    def finish(self, end: int) -> None:
+        with self.errors("mark the end of the stream", END_NAME):
+            self.save(END_NAME, end_mark(end))
+
+    def read_consumption(self, ranks: int, sent: int) -> list[int | None]:
+        def load(name: str) -> bytes | bytearray | memoryview | None:
+            with self.errors("read", name):
+                return self.load(name)
+
+        return read_consumed(load, self.locate, ranks, sent)
+
+    def prune(self, below: int) -> None:
+        with self.errors("delete steps every rank consumed"):
+            for step in steps_to_prune(self.names(), below):
+                for batch in step:
+                    self.remove(batch)
+
+    def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
+        with self.errors(f"check whether step {step} exists"):
+            found = self.existing([main_name(step, rank) for rank in range(len(frames))])
+        if found:
+            raise self.step_exists(step, found[0])
+        staging = self.staging(step)
+        try:
+            for rank, pending in enumerate(frames):
+                frame = yield from take_frame(pending)  # the codec's errors stay its own
+                yield from self.write_message(staging, step, rank, frame)
+            with self.errors(f"{self.stage_verb} step {step}"):
+                yield from staging.drain()
+        except BaseException:
+            staging.discard()
+            raise
+        return staging
+
+    def write_message(
+        self, staging: StoredStaging, step: int, rank: int, frame: Frame
+    ) -> Sliced[None]:
+        """Stage the files of one rank's message: checksums first (in slices), then the
+        sidecar file, then the main file. Stores that hash while they write override it.
+        """
+        with self.errors(f"{self.stage_verb} step {step}"):
+            sums = (yield from checksum_segments(frame)) if self.checksum else None
+            layout = plan(frame, step, rank, sums)
+            if layout.sidecar:
+                yield from staging.add(sidecar_name(step, rank), layout.sidecar, main=False)
+            yield from staging.add(main_name(step, rank), layout.main, main=True)
+
+
+_start_step = start_step  # Sink.open's parameter shadows the function's name

@@ -1,0 +1,61 @@
+"""What the S3 store and its uploads share: the bucket, its keys, and requests waited
+for on fsspec's I/O loop (through :func:`fsspec.asyn.sync`, which a worker thread can be
+interrupted in)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from rlwire.transport.fsspec._store import Store
+
+__all__ = ["S3Bucket"]
+
+T = TypeVar("T")
+
+
+class S3Bucket(Store):
+    """An S3 bucket (or a key prefix in one) through s3fs's async client.
+
+    Requests run on fsspec's I/O loop; blocking methods wait for them from the calling
+    worker thread (:meth:`run`).
+    """
+
+    #: True once a staging started a multipart upload here (and so may have left one),
+    #: until the store aborts what is left.
+    made_uploads = False
+
+    @staticmethod
+    def serves(fs: Any) -> bool:
+        """True if ``fs`` is an s3fs filesystem whose async client rlwire can call."""
+        protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+        return "s3" in protocols and hasattr(fs, "_call_s3")
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """fsspec's I/O loop, where s3fs's requests run."""
+        loop: asyncio.AbstractEventLoop = self.fs.loop
+        return loop
+
+    @property
+    def bucket(self) -> str:
+        """The bucket's name."""
+        return self.root.partition("/")[0]
+
+    @staticmethod
+    def bucket_key(path: str) -> tuple[str, str]:
+        """``(bucket, key)`` of a filesystem path."""
+        bucket, _, key = path.partition("/")
+        return bucket, key
+
+    def concurrency(self, requested: int | None = None) -> int:
+        """Requests in flight at once: ``requested``, else s3fs's ``max_concurrency``."""
+        return max(1, requested or int(getattr(self.fs, "max_concurrency", 8)))
+
+    def run(self, func: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
+        """``await func(*args, **kwargs)`` on fsspec's I/O loop, from this thread."""
+        from fsspec.asyn import sync
+
+        result: T = sync(self.loop, func, *args, **kwargs)
+        return result

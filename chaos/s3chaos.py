@@ -67,8 +67,8 @@ import s3fs
 from s3_server import _CREDENTIALS, DROP_REPLY, HOLD, RESET, FaultProxy, moto_server, s3_client
 
 import rlwire
-from rlwire.transport.fsspec import _s3_upload
 from rlwire.transport._stored.names import MAIN_RE
+from rlwire.transport.fsspec import _s3_upload
 from rlwire.transport.layout import END_NAME
 
 from ._model import (

@@ -33,11 +33,11 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 class AtomicFile:
-    """A file written under :attr:`tmp` (a :func:`temp_name` beside :attr:`final`) and
+    """A file written under ``tmp`` (a :func:`temp_name` beside ``final``) and
     renamed into place by :meth:`commit`.
 
     :meth:`create` (or entering the ``with`` block) makes the temporary file; write
-    through :meth:`write` or the descriptor :attr:`fd`. Leaving the ``with`` block by an
+    through :meth:`write` or the descriptor ``fd``. Leaving the ``with`` block by an
     exception (a cancelled sliced generator too) calls :meth:`discard`; leaving it
     normally keeps the temporary file for a later :meth:`rename` or :meth:`commit`,
     which lets a caller move several files into place together. Methods raise the

@@ -20,7 +20,7 @@ class URL:
         scheme: the scheme that chose the sink; ``"file"`` for a plain path.
         rest: what follows ``scheme://``, untouched (query and fragment included); the
             whole text for a plain path.
-        parts: :func:`urllib.parse.urlsplit` of :attr:`text`, for ``hostname``,
+        parts: :func:`urllib.parse.urlsplit` of ``text``, for ``hostname``,
             ``port``, ``netloc`` and ``path``.
 
     Example:

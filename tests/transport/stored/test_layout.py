@@ -24,7 +24,7 @@ from rlwire import CorruptFrameError, Frame, RlwireError, UnsupportedVersionErro
 from rlwire._core.slicing import run_sliced
 from rlwire._frame import checksums
 from rlwire._frame.checksums import CHECKSUM, checksum_segments, verify_segments
-from rlwire.codecs._msgpack.codec import MsgpackCodec
+from rlwire.codecs import MsgpackCodec
 from rlwire.transport import FileSink, FileSource
 from rlwire.transport._stored.layout import ALIGN, FORMAT_VERSION, Layout, parse_main, plan
 from rlwire.transport.layout import main_name, sidecar_name

@@ -16,7 +16,7 @@ __all__ = ["FileSource", "open_regular"]
 
 
 class FileSource(StoredSource):
-    """Reads the files a :class:`FileSink` wrote, for one rank, as mmap views.
+    """Reads the files a :class:`~rlwire.transport.FileSink` wrote, for one rank, as mmap views.
 
     Every file is mapped private and copy-on-write (``mmap.ACCESS_COPY``, i.e.
     ``MAP_PRIVATE``). Reading such a mapping shares the page cache's pages, so opening a

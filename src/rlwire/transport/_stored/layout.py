@@ -86,7 +86,7 @@ class Layout(NamedTuple):
     file holds, or -1 for the prelude, envelope and padding: a sink can hash each segment
     while it writes it, and then :meth:`head` renders the prelude and envelope with those
     checksums, to be written over ``main[0]`` (the same length when the layout was planned
-    with placeholder checksums, as :func:`placeholder_checksums` gives).
+    with placeholder checksums, as :func:`~rlwire._frame.checksums.placeholder_checksums` gives).
     """
 
     main: list[bytes | memoryview]
@@ -139,8 +139,8 @@ def _chunks(
 def plan(frame: Frame, step: int, rank: int, checksums: bytes | None = None) -> Layout:
     """Lay ``frame`` out as a main file and a sidecar file (empty without sidecar).
 
-    ``checksums`` comes from :func:`checksum_segments`; without it the message carries no
-    segment checksums. Offsets come from numpy arithmetic and the buffer table is
+    ``checksums`` comes from :func:`~rlwire._frame.checksums.checksum_segments`; without
+    it the message carries no segment checksums. Offsets come from numpy arithmetic and the buffer table is
     packed arrays, so this costs microseconds per thousand buffers.
     """
     msg_id = os.urandom(16)

@@ -16,11 +16,11 @@ __all__ = ["StoredSource"]
 
 
 class StoredSource(Source):
-    """Reads step ``s`` of :attr:`rank` from the files named ``main_name(s, rank)`` and,
+    """Reads step ``s`` of ``rank`` from the files named ``main_name(s, rank)`` and,
     when the message has one, ``sidecar_name(s, rank)``, as views over what
     :meth:`load` returns.
 
-    Subclasses set :attr:`rank` and :attr:`verify` and provide :meth:`load`,
+    Subclasses set ``rank`` and ``verify`` and provide :meth:`load`,
     :meth:`save` and :meth:`locate`.
     """
 

@@ -70,8 +70,9 @@ class S3Store(S3Bucket):
         return [i for i, hit in enumerate(found) if hit]
 
     def clean_leftovers(self, names: Sequence[str]) -> None:
-        """Remove temporary keys (see :class:`Store`) and abort every unfinished
-        multipart upload of an rlwire object directly under the root."""
+        """Remove temporary keys (see :class:`~rlwire.transport.fsspec._store.Store`) and
+        abort every unfinished multipart upload of an rlwire object directly under the
+        root."""
         super().clean_leftovers(names)
         uploads = self._pending_uploads()
         if uploads:

@@ -17,7 +17,7 @@ MAX_POLL_INTERVAL = 1.0
 
 
 class FsspecSource(StoredSource):
-    """Reads the objects an :class:`FsspecSink` wrote, for one rank.
+    """Reads the objects an :class:`~rlwire.transport.fsspec.FsspecSink` wrote, for one rank.
 
     Each read is one GET of the main object (S3: ranged GETs, several at once, for
     large objects, straight into one buffer) and, if the message has one, of its

@@ -107,11 +107,8 @@ def names_on_demand(
             raise AttributeError(f"module {face!r} has no attribute {name!r}")
         module, _, attribute = target.partition(":")
         if name in moved:
-            warnings.warn(
-                f"{face}.{name} is deprecated: use {module}.{attribute}",
-                DeprecationWarning,
-                stacklevel=2,
-            )
+            hint = "private since 0.2" if is_private(module) else f"use {module}.{attribute}"
+            warnings.warn(f"{face}.{name} is deprecated: {hint}", DeprecationWarning, stacklevel=2)
         value = getattr(importlib.import_module(module), attribute)
         if name in optional:
             claim(face, {name: value}, [name])

@@ -8,7 +8,6 @@ as :func:`rlwire._core.pools.worker_count` allows, in rlwire's shared executor.
 
 from __future__ import annotations
 
-import concurrent.futures
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,7 +24,6 @@ __all__ = [
     "check_algorithm",
     "checksum_segments",
     "compare_digests",
-    "hash_pool",
     "placeholder_checksums",
     "segment_digests",
     "verify_segments",
@@ -129,12 +127,6 @@ def compare_digests(
                 where=where,
                 segment=i,
             )
-
-
-def hash_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The threads that hash large data beside the thread that reads or writes it:
-    rlwire's one shared executor (:func:`rlwire._core.pools.shared_executor`)."""
-    return shared_executor()
 
 
 def segment_digests(segments: Sequence[memoryview]) -> list[int]:

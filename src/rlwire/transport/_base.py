@@ -172,9 +172,9 @@ class Sink(abc.ABC):
     def open(self, on_existing: OnExisting, start_step: int | None = None) -> int:
         """Prepare the destination and return the first step a new sender should use.
 
-        ``start_step`` is the sender's (``None`` when not given). A store applies
-        :func:`rlwire.transport.layout.start_step` and deletes what
-        :func:`~rlwire.transport.layout.names_to_delete` lists; a stream starts at
+        ``start_step`` is the sender's (``None`` when not given). A store applies the
+        ``on_existing`` rules to what it holds and deletes what they say (a
+        :class:`~rlwire.transport.layout.StoredSink` does both); a stream starts at
         ``start_step`` or 0.
 
         Raises:

@@ -44,33 +44,30 @@ __all__ = [
 
 claim(__name__, globals(), __all__)
 
-# What a sink built on StoredSink no longer calls itself: private to rlwire since 0.2.
-_LAYOUT = "rlwire.transport._stored.layout"
-_NAMES = "rlwire.transport._stored.names"
-_MARKS = "rlwire.transport._stored.marks"
-_CHECKSUMS = "rlwire._frame.checksums"
+# What a sink built on StoredSink no longer calls itself: private since 0.2, still
+# importable here with a DeprecationWarning.
 __getattr__ = names_on_demand(
     __name__,
     moved={
-        "ALIGN": f"{_LAYOUT}:ALIGN",
-        "CONSUMED_MAGIC": f"{_MARKS}:CONSUMED_MAGIC",
-        "END_MAGIC": f"{_MARKS}:END_MAGIC",
-        "FORMAT_VERSION": f"{_LAYOUT}:FORMAT_VERSION",
-        "Layout": f"{_LAYOUT}:Layout",
-        "parse_main": f"{_LAYOUT}:parse_main",
-        "parse_mark": f"{_MARKS}:parse_mark",
-        "plan": f"{_LAYOUT}:plan",
-        "CHECKSUM": f"{_CHECKSUMS}:CHECKSUM",
-        "checksum_segments": f"{_CHECKSUMS}:checksum_segments",
-        "placeholder_checksums": f"{_CHECKSUMS}:placeholder_checksums",
-        "verify_segments": f"{_CHECKSUMS}:verify_segments",
-        "CONSUMED_RE": f"{_NAMES}:CONSUMED_RE",
-        "MAIN_RE": f"{_NAMES}:MAIN_RE",
-        "PART_RE": f"{_NAMES}:FILE_RE",
-        "STORED_RE": f"{_NAMES}:STORED_RE",
-        "TEMP_RE": f"{_NAMES}:TEMP_RE",
-        "names_to_delete": f"{_NAMES}:names_to_delete",
-        "start_step": f"{_NAMES}:start_step",
+        "ALIGN": "rlwire.transport._stored.layout:ALIGN",
+        "CONSUMED_MAGIC": "rlwire.transport._stored.marks:CONSUMED_MAGIC",
+        "END_MAGIC": "rlwire.transport._stored.marks:END_MAGIC",
+        "FORMAT_VERSION": "rlwire.transport._stored.layout:FORMAT_VERSION",
+        "Layout": "rlwire.transport._stored.layout:Layout",
+        "parse_main": "rlwire.transport._stored.layout:parse_main",
+        "parse_mark": "rlwire.transport._stored.marks:parse_mark",
+        "plan": "rlwire.transport._stored.layout:plan",
+        "CHECKSUM": "rlwire._frame.checksums:CHECKSUM",
+        "checksum_segments": "rlwire._frame.checksums:checksum_segments",
+        "placeholder_checksums": "rlwire._frame.checksums:placeholder_checksums",
+        "verify_segments": "rlwire._frame.checksums:verify_segments",
+        "CONSUMED_RE": "rlwire.transport._stored.names:CONSUMED_RE",
+        "MAIN_RE": "rlwire.transport._stored.names:MAIN_RE",
+        "PART_RE": "rlwire.transport._stored.names:FILE_RE",
+        "STORED_RE": "rlwire.transport._stored.names:STORED_RE",
+        "TEMP_RE": "rlwire.transport._stored.names:TEMP_RE",
+        "names_to_delete": "rlwire.transport._stored.names:names_to_delete",
+        "start_step": "rlwire.transport._stored.names:start_step",
         "temp_name": "rlwire._core.atomic:temp_name",
         "read_consumed": "rlwire.transport._stored.retention:read_consumed",
         "steps_to_prune": "rlwire.transport._stored.retention:steps_to_prune",

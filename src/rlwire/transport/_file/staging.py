@@ -15,8 +15,8 @@ import numpy as np
 
 from rlwire._core.atomic import AtomicFile, fsync_dir
 from rlwire._core.errors import transport_error
+from rlwire._core.pools import shared_executor
 from rlwire._core.slicing import Sliced, SliceTimer
-from rlwire._frame.checksums import hash_pool
 from rlwire.transport._file.writev import FEW_VIEWS, batches, hash_batch, writev_all
 from rlwire.transport._stored.layout import Layout
 from rlwire.transport._stored.sink import StoredStaging
@@ -61,31 +61,8 @@ class FileStaging(StoredStaging):
             out.create()
         except OSError as exc:
             raise transport_error(exc, "create a file", where=out.tmp) from exc
-        hashing: concurrent.futures.Future[None] | None = None
         try:
-            written = 0
-            slicer = SliceTimer()
-            for batch in batches(chunks, segments):
-                if hashing is not None:  # segments are hashed in order, a batch at a time
-                    hashing.result()
-                    hashing = None
-                if hashers and len(batch) <= FEW_VIEWS:
-                    # Large buffers: another core hashes the batch while this one writes
-                    # it (xxhash and the write both release the GIL).
-                    hashing = hash_pool().submit(hash_batch, hashers, batch)
-                elif hashers:
-                    hash_batch(hashers, batch)
-                # Only the work between writes holds the GIL (many small buffers to
-                # hash make it long); the writes themselves leave the event loop free.
-                busy = slicer.due()
-                written += writev_all(out.fd, [view for view, _ in batch])
-                if written >= SLICE_BYTES or busy:
-                    written = 0
-                    yield
-                slicer.restart()
-            if hashing is not None:
-                hashing.result()
-                hashing = None
+            yield from _write_hashed(out.fd, chunks, segments, hashers)
             if head is not None:
                 data = head()
                 if os.pwrite(out.fd, data, 0) != len(data):
@@ -97,9 +74,6 @@ class FileStaging(StoredStaging):
         except BaseException:
             out.discard()
             raise
-        finally:
-            if hashing is not None:  # stopped midway: let the hashing thread finish first
-                concurrent.futures.wait([hashing])
         (self.mains if main else self.sidecars).append(out)
 
     def commit(self) -> None:
@@ -149,3 +123,41 @@ def envelope(layout: Layout, hashers: Sequence[Any]) -> Callable[[], bytes]:
         return data
 
     return head
+
+
+def _write_hashed(
+    fd: int,
+    chunks: Sequence[bytes | memoryview],
+    segments: Sequence[int],
+    hashers: Sequence[Any],
+) -> Sliced[None]:
+    """Write ``chunks`` to ``fd`` with ``writev``, hashing each chunk of a segment into
+    ``hashers[segment]``; the hashing thread has finished whenever this returns or raises."""
+    hashing: concurrent.futures.Future[None] | None = None
+    try:
+        written = 0
+        slicer = SliceTimer()
+        for batch in batches(chunks, segments):
+            if hashing is not None:  # segments are hashed in order, a batch at a time
+                hashing.result()
+                hashing = None
+            if hashers and len(batch) <= FEW_VIEWS:
+                # Large buffers: another core hashes the batch while this one writes it
+                # (xxhash and the write both release the GIL).
+                hashing = shared_executor().submit(hash_batch, hashers, batch)
+            elif hashers:
+                hash_batch(hashers, batch)
+            # Only the work between writes holds the GIL (many small buffers to hash make
+            # it long); the writes themselves leave the event loop free.
+            busy = slicer.due()
+            written += writev_all(fd, [view for view, _ in batch])
+            if written >= SLICE_BYTES or busy:
+                written = 0
+                yield
+            slicer.restart()
+        if hashing is not None:
+            hashing.result()
+            hashing = None
+    finally:
+        if hashing is not None:  # stopped midway: let the hashing thread finish first
+            concurrent.futures.wait([hashing])

@@ -140,8 +140,8 @@ def plan(frame: Frame, step: int, rank: int, checksums: bytes | None = None) -> 
     """Lay ``frame`` out as a main file and a sidecar file (empty without sidecar).
 
     ``checksums`` comes from :func:`~rlwire._frame.checksums.checksum_segments`; without
-    it the message carries no segment checksums. Offsets come from numpy arithmetic and the buffer table is
-    packed arrays, so this costs microseconds per thousand buffers.
+    it the message carries no segment checksums. Offsets come from numpy arithmetic and
+    the buffer table is packed arrays, so this costs microseconds per thousand buffers.
     """
     msg_id = os.urandom(16)
     n = len(frame.buffers)
@@ -230,32 +230,7 @@ def parse_main(
         CorruptFrameError: anything truncated, garbled or inconsistent, or a segment
             whose checksum does not match (the message names step, rank and buffer).
     """
-    if data.nbytes < _PRELUDE.size:
-        raise CorruptFrameError(
-            f"truncated: {data.nbytes} bytes is shorter than the {_PRELUDE.size}-byte prelude",
-            where=where,
-        )
-    magic, major, _minor, env_len, env_sum = _PRELUDE.unpack_from(data)
-    check_magic(
-        magic, major, expected=MAIN_MAGIC, known=FORMAT_VERSION[0], what="message", where=where
-    )
-    if env_len > min(MAX_ENVELOPE, data.nbytes - _PRELUDE.size):
-        raise CorruptFrameError(
-            f"envelope length {env_len} exceeds the message ({data.nbytes} bytes)",
-            where=where,
-        )
-    raw_env = data[_PRELUDE.size : _PRELUDE.size + env_len]
-    if xxhash.xxh3_64_intdigest(raw_env) != env_sum:
-        raise CorruptFrameError("the envelope does not match its checksum", where=where)
-    try:
-        env = _envelope_decoder.decode(raw_env)
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # a str field that is not UTF-8
-        raise CorruptFrameError(f"malformed envelope: {exc}", where=where) from exc
-    if env.size != data.nbytes:
-        raise CorruptFrameError(
-            f"truncated or extended: the envelope says {env.size} bytes, found {data.nbytes}",
-            where=where,
-        )
+    env = _envelope(data, where)
     if (env.step, env.rank) != (step, rank):
         raise CorruptFrameError(
             f"holds step {env.step} rank {env.rank}, expected step {step} rank {rank}",
@@ -263,20 +238,7 @@ def parse_main(
         )
     header = _span(data, env.header[0], env.header[1], where, "header")
     n = len(env.parts)
-    sizes = {
-        "offsets": (len(env.offsets), 8 * n),
-        "lengths": (len(env.lengths), 8 * n),
-        "checksums": (len(env.checksums), 8 * (n + 1) if env.checksum else 0),
-        "compression": (len(env.compression), n + 1 if env.compression else 0),
-        "raw_sizes": (len(env.raw_sizes), 8 * (n + 1) if env.compression else 0),
-    }
-    for name, (found, expected) in sizes.items():
-        if found != expected:
-            raise CorruptFrameError(
-                f"the buffer table disagrees with itself: {n} buffers, "
-                f"{found} bytes of {name} (expected {expected})",
-                where=where,
-            )
+    _check_table_sizes(env, n, where)
     files = np.frombuffer(env.parts, np.uint8)
     offsets = np.frombuffer(env.offsets, _U64)
     lengths = np.frombuffer(env.lengths, _U64)
@@ -333,6 +295,55 @@ def parse_main(
         tuple(env.compression),
         tuple(np.frombuffer(env.raw_sizes, _U64).tolist()),
     )
+
+
+def _envelope(data: memoryview, where: str) -> _Envelope:
+    """The envelope of a main file, its prelude, length, checksum and size checked."""
+    if data.nbytes < _PRELUDE.size:
+        raise CorruptFrameError(
+            f"truncated: {data.nbytes} bytes is shorter than the {_PRELUDE.size}-byte prelude",
+            where=where,
+        )
+    magic, major, _minor, env_len, env_sum = _PRELUDE.unpack_from(data)
+    check_magic(
+        magic, major, expected=MAIN_MAGIC, known=FORMAT_VERSION[0], what="message", where=where
+    )
+    if env_len > min(MAX_ENVELOPE, data.nbytes - _PRELUDE.size):
+        raise CorruptFrameError(
+            f"envelope length {env_len} exceeds the message ({data.nbytes} bytes)",
+            where=where,
+        )
+    raw_env = data[_PRELUDE.size : _PRELUDE.size + env_len]
+    if xxhash.xxh3_64_intdigest(raw_env) != env_sum:
+        raise CorruptFrameError("the envelope does not match its checksum", where=where)
+    try:
+        env = _envelope_decoder.decode(raw_env)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # a str field that is not UTF-8
+        raise CorruptFrameError(f"malformed envelope: {exc}", where=where) from exc
+    if env.size != data.nbytes:
+        raise CorruptFrameError(
+            f"truncated or extended: the envelope says {env.size} bytes, found {data.nbytes}",
+            where=where,
+        )
+    return env
+
+
+def _check_table_sizes(env: _Envelope, n: int, where: str) -> None:
+    """Check that every array of the buffer table holds one entry per buffer."""
+    sizes = {
+        "offsets": (len(env.offsets), 8 * n),
+        "lengths": (len(env.lengths), 8 * n),
+        "checksums": (len(env.checksums), 8 * (n + 1) if env.checksum else 0),
+        "compression": (len(env.compression), n + 1 if env.compression else 0),
+        "raw_sizes": (len(env.raw_sizes), 8 * (n + 1) if env.compression else 0),
+    }
+    for name, (found, expected) in sizes.items():
+        if found != expected:
+            raise CorruptFrameError(
+                f"the buffer table disagrees with itself: {n} buffers, "
+                f"{found} bytes of {name} (expected {expected})",
+                where=where,
+            )
 
 
 def check_magic(

@@ -1,7 +1,7 @@
 """Every fsspec filesystem but S3 (``memory://``, ``gs://``, ...): each object is written
 under a hidden temporary key beside its final one and moved into place at commit.
 
-Temporary keys (:func:`~rlwire.transport.layout.temp_name`) never match the names
+Temporary keys (``.<name>.<hex>.tmp``, as the file sink's) never match the names
 readers look for, so a step is invisible until its main objects are moved; a killed
 sender's temporary keys are removed by the next ``on_existing="resume"`` or
 ``"overwrite"``.

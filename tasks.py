@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PYTHON = BIN / "python"
-LINTED = ("src", "tests", "examples", "benchmarks", "docs/_ext", "tasks.py")
+LINTED = ("src", "tests", "examples", "benchmarks", "chaos", "docs/_ext", "tasks.py")
 
 
 def run(*args: str | Path) -> None:

@@ -309,6 +309,29 @@ def test_ctrl_c_cancels_the_send_it_interrupts() -> None:
     assert portal_threads() == []
 
 
+def test_ctrl_c_while_a_send_is_handed_over_cancels_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interrupt lands after the portal has started the send but before the caller
+    holds its future: the send is cancelled all the same, and close() does not wait for
+    it (it used to wait for ever for a receiver that never came)."""
+    pytest.importorskip("zmq")
+    with open_sync_sender("zmq+tcp://127.0.0.1:0") as sender:
+        portal = sender._portal
+        handed_over = portal.start_task_soon
+
+        def interrupted(*args: object, **kwargs: object) -> object:
+            handed_over(*args, **kwargs)  # type: ignore[arg-type]
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(portal, "start_task_soon", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            sender.send(make_batch())
+        monkeypatch.undo()
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < LONG / 2
+    assert (sender.next_step, sender.last_step) == (0, None)
+    assert portal_threads() == []
+
+
 # -- threads ---------------------------------------------------------------------------
 
 

@@ -225,14 +225,31 @@ class SyncSender:
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
 
+        # An interrupt (Ctrl-C) can land while the call is being handed over, before
+        # there is a future to cancel; the call then cancels itself, or is cancelled
+        # here, whichever of the two sees the other's mark first (so close() never
+        # waits for a send nobody is waiting for).
+        interrupted = threading.Event()
+        scopes: list[anyio.CancelScope] = []
+
         async def run() -> T:
-            return await func(*args, **kwargs)
+            with anyio.CancelScope() as scope:
+                scopes.append(scope)
+                if interrupted.is_set():
+                    scope.cancel()
+                return await func(*args, **kwargs)
+            raise anyio.get_cancelled_exc_class()  # cancelled before it began
 
         try:
             future = self._portal.start_task_soon(run)
         except RuntimeError:
             if self._closed:  # closed by another thread since the check above
                 raise ClosedError(f"{self!r} is closed") from None
+            raise
+        except BaseException:
+            interrupted.set()
+            if scopes:
+                self._portal.call(scopes[0].cancel)
             raise
         return _wait(future)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -18,7 +17,15 @@ from rlwire._core.errors import (
     ConfigError,
     ReceiveTimeout,
 )
-from rlwire.testing._fixtures import TIMEOUT, ContractFixtures, big_batch, receive_beside
+from rlwire.testing._fixtures import (
+    TIMEOUT,
+    ContractFixtures,
+    Endpoint,
+    big_batch,
+    rank_batches,
+    receive_beside,
+    send_steps,
+)
 
 __all__ = ["DeliveryContract"]
 
@@ -49,12 +56,11 @@ class DeliveryContract(ContractFixtures):
         sender: TrainingBatchSender,
         receivers: list[TrainingBatchReceiver[TrainingBatch]],
     ) -> None:
-        steps = [[make_batch(2, seed=100 * s + r) for r in range(2)] for s in range(2)]
+        steps = [rank_batches(s, samples=2, seed_stride=100) for s in range(2)]
 
         async def send_all() -> None:
             async with sender:
-                for payloads in steps:
-                    await sender.send_ranks(payloads)
+                await send_steps(sender, steps)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(send_all)
@@ -89,13 +95,13 @@ class DeliveryContract(ContractFixtures):
         assert receivers[0].poll() is None
 
     async def test_receiver_that_starts_late_gets_step_zero(
-        self, sink_url: str, sender: TrainingBatchSender, receiver_options: Mapping[str, Any]
+        self, endpoint: Endpoint, sender: TrainingBatchSender
     ) -> None:
         batch = make_batch(2, seed=3)
         async with sender, anyio.create_task_group() as tg:
             tg.start_soon(sender.send, batch)
             await anyio.sleep(0.3)
-            with open_receiver(sink_url, storage_options=receiver_options) as receiver:
+            with endpoint.open_receiver() as receiver:
                 assert_batches_equal(await receiver.areceive(timeout=TIMEOUT), batch)
                 assert receiver.last_step == 0
 
@@ -106,8 +112,7 @@ class DeliveryContract(ContractFixtures):
     )
     async def test_codecs_and_compression_pass_through(
         self,
-        sink_url: str,
-        sender_options: Mapping[str, Any],
+        endpoint: Endpoint,
         receivers: list[TrainingBatchReceiver[TrainingBatch]],
         options: dict[str, Any],
     ) -> None:
@@ -117,7 +122,7 @@ class DeliveryContract(ContractFixtures):
         routed[:] = 1  # compressible, so lz4/zstd keep their output
 
         async def send_one() -> None:
-            async with open_sender(sink_url, storage_options=sender_options, **options) as s:
+            async with endpoint.open_sender(**options) as s:
                 await s.send(batch)
 
         got = await receive_beside(send_one, lambda: receivers[0].areceive(timeout=TIMEOUT))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 import anyio
@@ -13,14 +14,43 @@ from rlwire._api.batch_sender import TrainingBatchSender
 from rlwire._api.receiver import open_receiver
 from rlwire._api.schema import TrainingBatch
 from rlwire._api.sender import open_sender
-from rlwire._api.synthetic import make_sample
+from rlwire._api.synthetic import make_batch, make_sample
 
-__all__ = ["TIMEOUT", "ContractFixtures", "big_batch", "receive_beside"]
+__all__ = [
+    "RANKS",
+    "TIMEOUT",
+    "ContractFixtures",
+    "Endpoint",
+    "big_batch",
+    "rank_batches",
+    "receive_beside",
+    "send_steps",
+]
 
 T = TypeVar("T")
 
 #: Seconds a contract test waits for something that should happen.
 TIMEOUT = 30.0
+
+#: Ranks the contract's receivers stand for.
+RANKS = 2
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """The sink a contract test runs against: its URL and the storage options of each side."""
+
+    url: str
+    sender_options: Mapping[str, Any]
+    receiver_options: Mapping[str, Any]
+
+    def open_sender(self, **options: Any) -> TrainingBatchSender:
+        """A sender to :attr:`url` with the sender's storage options and ``options``."""
+        return open_sender(self.url, storage_options=self.sender_options, **options)
+
+    def open_receiver(self, **options: Any) -> TrainingBatchReceiver[TrainingBatch]:
+        """A receiver of :attr:`url` with the receivers' storage options and ``options``."""
+        return open_receiver(self.url, storage_options=self.receiver_options, **options)
 
 
 class ContractFixtures:
@@ -51,24 +81,43 @@ class ContractFixtures:
         return {}
 
     @pytest.fixture
-    def sender(self, sink_url: str, sender_options: Mapping[str, Any]) -> TrainingBatchSender:
-        return open_sender(sink_url, storage_options=sender_options, sidecar="routed_experts")
+    def endpoint(
+        self,
+        sink_url: str,
+        sender_options: Mapping[str, Any],
+        receiver_options: Mapping[str, Any],
+    ) -> Endpoint:
+        return Endpoint(sink_url, sender_options, receiver_options)
 
     @pytest.fixture
-    def receivers(
-        self, sink_url: str, receiver_options: Mapping[str, Any]
-    ) -> Iterator[list[TrainingBatchReceiver[TrainingBatch]]]:
-        opened = [
-            open_receiver(sink_url, rank=rank, storage_options=receiver_options)
-            for rank in range(2)
-        ]
+    def store(self, endpoint: Endpoint) -> Endpoint:
+        """The endpoint, for a test that needs steps to outlive the sender (skipped else)."""
+        if not self.persistent:
+            pytest.skip("needs a sink whose steps outlive the sender")
+        return endpoint
+
+    @pytest.fixture
+    def sender(self, endpoint: Endpoint) -> TrainingBatchSender:
+        return endpoint.open_sender(sidecar="routed_experts")
+
+    @pytest.fixture
+    def receivers(self, endpoint: Endpoint) -> Iterator[list[TrainingBatchReceiver[TrainingBatch]]]:
+        opened = [endpoint.open_receiver(rank=rank) for rank in range(RANKS)]
         yield opened
         for receiver in opened:
             receiver.close()
 
-    def _require_store(self) -> None:
-        if not self.persistent:
-            pytest.skip("needs a sink whose steps outlive the sender")
+
+def rank_batches(step: int, *, samples: int = 1, seed_stride: int = 10) -> list[TrainingBatch]:
+    """One batch per rank for ``step``, each of its own data (seeded
+    ``seed_stride * step + rank``)."""
+    return [make_batch(samples, seed=seed_stride * step + rank) for rank in range(RANKS)]
+
+
+async def send_steps(sender: TrainingBatchSender, steps: Iterable[list[TrainingBatch]]) -> None:
+    """Send each of ``steps``, one batch per rank, in order."""
+    for payloads in steps:
+        await sender.send_ranks(payloads)
 
 
 def big_batch() -> TrainingBatch:

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import anyio
 import pytest
 
 from rlwire._api.batch_receiver import TrainingBatchReceiver
 from rlwire._api.batch_sender import TrainingBatchSender
-from rlwire._api.receiver import open_receiver
 from rlwire._api.schema import TrainingBatch
-from rlwire._api.sender import open_sender
 from rlwire._api.synthetic import make_batch
-from rlwire.testing._fixtures import TIMEOUT, ContractFixtures
+from rlwire.testing._fixtures import TIMEOUT, ContractFixtures, Endpoint, rank_batches
 from rlwire.transport._base import Sink
 
 __all__ = ["RetentionContract"]
@@ -27,33 +22,20 @@ class RetentionContract(ContractFixtures):
         if type(sender.sink).read_consumption is Sink.read_consumption:
             pytest.skip("the sink does not record what receivers consumed (optional)")
 
-    def _stored(self, sink_url: str, receiver_options: Mapping[str, Any], steps: int) -> list[int]:
+    def _stored(self, store: Endpoint, steps: int) -> list[int]:
         """The steps of rank 0 still stored, read without recording anything."""
         kept = []
         for step in range(steps):
-            with open_receiver(
-                sink_url,
-                start_step=step,
-                record_consumed=False,
-                storage_options=receiver_options,
-            ) as probe:
+            with store.open_receiver(start_step=step, record_consumed=False) as probe:
                 if probe.poll() is not None:
                     kept.append(step)
         return kept
 
     async def test_keep_last_deletes_only_what_every_rank_moved_past(
-        self,
-        sink_url: str,
-        sender_options: Mapping[str, Any],
-        receivers: list[TrainingBatchReceiver[TrainingBatch]],
-        receiver_options: Mapping[str, Any],
+        self, store: Endpoint, receivers: list[TrainingBatchReceiver[TrainingBatch]]
     ) -> None:
-        self._require_store()
-        sender = open_sender(sink_url, storage_options=sender_options, keep_last=1)
+        sender = store.open_sender(keep_last=1)
         self._require_retention(sender)
-
-        def step(s: int) -> list[TrainingBatch]:
-            return [make_batch(1, seed=10 * s + r) for r in range(2)]
 
         async def take(rank: int, count: int) -> None:
             for _ in range(count):
@@ -62,31 +44,26 @@ class RetentionContract(ContractFixtures):
 
         async with sender:
             for s in range(3):
-                await sender.send_ranks(step(s))
-            assert self._stored(sink_url, receiver_options, 3) == [0, 1, 2]
+                await sender.send_ranks(rank_batches(s))
+            assert self._stored(store, 3) == [0, 1, 2]
             await take(0, 3)  # rank 0 moved past steps 0-2, rank 1 past none
-            await sender.send_ranks(step(3))
-            assert self._stored(sink_url, receiver_options, 4) == [0, 1, 2, 3]
+            await sender.send_ranks(rank_batches(3))
+            assert self._stored(store, 4) == [0, 1, 2, 3]
             await take(1, 1)  # rank 1 moved past step 0
-            await sender.send_ranks(step(4))
-            assert self._stored(sink_url, receiver_options, 5) == [1, 2, 3, 4]
+            await sender.send_ranks(rank_batches(4))
+            assert self._stored(store, 5) == [1, 2, 3, 4]
             await take(1, 4)  # every rank moved past 0-2; rank 0 is still at step 3
-            await sender.send_ranks(step(5))
-            assert self._stored(sink_url, receiver_options, 6) == [3, 4, 5]
+            await sender.send_ranks(rank_batches(5))
+            assert self._stored(store, 6) == [3, 4, 5]
             await take(0, 3)
             await take(1, 1)  # both moved past everything: only the newest is kept
-            await sender.send_ranks(step(6))
-            assert self._stored(sink_url, receiver_options, 7) == [6]
+            await sender.send_ranks(rank_batches(6))
+            assert self._stored(store, 7) == [6]
 
     async def test_max_ahead_waits_for_the_slowest_rank(
-        self,
-        sink_url: str,
-        sender_options: Mapping[str, Any],
-        receivers: list[TrainingBatchReceiver[TrainingBatch]],
-        receiver_options: Mapping[str, Any],
+        self, store: Endpoint, receivers: list[TrainingBatchReceiver[TrainingBatch]]
     ) -> None:
-        self._require_store()
-        sender = open_sender(sink_url, storage_options=sender_options, max_ahead=1)
+        sender = store.open_sender(max_ahead=1)
         self._require_retention(sender)
         batch = make_batch(1, seed=3)
         async with sender:
@@ -96,7 +73,7 @@ class RetentionContract(ContractFixtures):
                 with anyio.fail_after(0.3):
                     await sender.send(batch)  # two ahead: waits
             assert sender.next_step == 2  # the cancelled wait sent nothing
-            assert self._stored(sink_url, receiver_options, 3) == [0, 1]
+            assert self._stored(store, 3) == [0, 1]
 
             async def move_on() -> None:
                 await anyio.sleep(0.2)

@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import anyio
 import pytest
 
 from rlwire._api.batch_receiver import TrainingBatchReceiver
 from rlwire._api.batch_sender import TrainingBatchSender
-from rlwire._api.receiver import open_receiver
 from rlwire._api.schema import TrainingBatch
-from rlwire._api.sender import open_sender
 from rlwire._api.synthetic import assert_batches_equal, make_batch
 from rlwire._core.errors import (
     ClosedError,
     EndOfStream,
     StepExistsError,
 )
-from rlwire.testing._fixtures import TIMEOUT, ContractFixtures
+from rlwire.testing._fixtures import (
+    TIMEOUT,
+    ContractFixtures,
+    Endpoint,
+    rank_batches,
+    send_steps,
+)
 
 __all__ = ["StoredContract"]
 
@@ -28,70 +29,45 @@ class StoredContract(ContractFixtures):
     """Steps that outlive the sender, on_existing, restarts from a checkpoint, finish."""
 
     async def test_steps_outlive_the_sender(
-        self,
-        sender: TrainingBatchSender,
-        sink_url: str,
-        receiver_options: Mapping[str, Any],
+        self, store: Endpoint, sender: TrainingBatchSender
     ) -> None:
-        self._require_store()
         batches = [make_batch(2, seed=s) for s in range(2)]
         async with sender:
             for batch in batches:
                 await sender.send(batch)
-        with open_receiver(sink_url, storage_options=receiver_options) as receiver:
+        with store.open_receiver() as receiver:
             for batch in batches:
                 assert_batches_equal(await receiver.areceive(timeout=TIMEOUT), batch)
 
     async def test_existing_steps_are_refused_resumed_or_overwritten(
-        self,
-        sender: TrainingBatchSender,
-        sink_url: str,
-        sender_options: Mapping[str, Any],
-        receiver_options: Mapping[str, Any],
+        self, store: Endpoint, sender: TrainingBatchSender
     ) -> None:
-        self._require_store()
         async with sender:
             await sender.send(make_batch(1, seed=1))
             await sender.send(make_batch(1, seed=2))
-
-        def reopen(on_existing: Any) -> TrainingBatchSender:
-            return open_sender(sink_url, storage_options=sender_options, on_existing=on_existing)
-
         with pytest.raises(StepExistsError):
-            async with reopen("error"):
+            async with store.open_sender(on_existing="error"):
                 pass
         resumed = make_batch(1, seed=3)
-        async with reopen("resume") as again:
+        async with store.open_sender(on_existing="resume") as again:
             assert await again.send(resumed) == 2
-        with open_receiver(sink_url, start_step=2, storage_options=receiver_options) as receiver:
+        with store.open_receiver(start_step=2) as receiver:
             assert_batches_equal(await receiver.areceive(timeout=TIMEOUT), resumed)
         fresh = make_batch(1, seed=4)
-        async with reopen("overwrite") as again:
+        async with store.open_sender(on_existing="overwrite") as again:
             assert await again.send(fresh) == 0
-        with open_receiver(sink_url, storage_options=receiver_options) as receiver:
+        with store.open_receiver() as receiver:
             assert_batches_equal(await receiver.areceive(timeout=TIMEOUT), fresh)
             assert receiver.poll() is None  # steps 1 and 2 of the old run are gone
 
-    async def test_restart_from_a_checkpoint_truncates_later_steps(
-        self,
-        sink_url: str,
-        sender_options: Mapping[str, Any],
-        receiver_options: Mapping[str, Any],
-    ) -> None:
-        self._require_store()
-        old = [[make_batch(1, seed=10 * s + r) for r in range(2)] for s in range(4)]
+    async def test_restart_from_a_checkpoint_truncates_later_steps(self, store: Endpoint) -> None:
+        old = [rank_batches(s) for s in range(4)]
 
-        def reopen(on_existing: Any, start_step: int | None) -> TrainingBatchSender:
-            return open_sender(
-                sink_url,
-                storage_options=sender_options,
-                on_existing=on_existing,
-                start_step=start_step,
-            )
+        def reopen(on_existing: str, start_step: int | None) -> TrainingBatchSender:
+            return store.open_sender(on_existing=on_existing, start_step=start_step)
 
         async with reopen("error", None) as first:
-            for per_rank in old:
-                await first.send_ranks(per_rank)
+            await send_steps(first, old)
         for on_existing in ("error", "resume"):
             with pytest.raises(StepExistsError, match=r"steps 2\.\.3"):
                 async with reopen(on_existing, 2):
@@ -101,7 +77,7 @@ class StoredContract(ContractFixtures):
             assert again.next_step == 2
             assert await again.send_ranks(new) == 2
         for rank in range(2):
-            with open_receiver(sink_url, rank=rank, storage_options=receiver_options) as rx:
+            with store.open_receiver(rank=rank) as rx:
                 for step in range(2):  # the steps before the checkpoint are kept
                     assert_batches_equal(await rx.areceive(timeout=TIMEOUT), old[step][rank])
                 assert_batches_equal(await rx.areceive(timeout=TIMEOUT), new[rank])
@@ -114,12 +90,11 @@ class StoredContract(ContractFixtures):
         sender: TrainingBatchSender,
         receivers: list[TrainingBatchReceiver[TrainingBatch]],
     ) -> None:
-        steps = [[make_batch(1, seed=10 * s + r) for r in range(2)] for s in range(2)]
+        steps = [rank_batches(s) for s in range(2)]
 
         async def send_all() -> None:
             async with sender:
-                for payloads in steps:
-                    await sender.send_ranks(payloads)
+                await send_steps(sender, steps)
                 await sender.finish()
                 await sender.finish()  # a second call does nothing
                 with pytest.raises(ClosedError, match="finished"):
@@ -158,29 +133,22 @@ class StoredContract(ContractFixtures):
         assert receiver.last_step == 0 and not receiver.wait_next(timeout=0.05)
 
     async def test_a_finished_stream_resumes(
-        self,
-        sender: TrainingBatchSender,
-        sink_url: str,
-        sender_options: Mapping[str, Any],
-        receiver_options: Mapping[str, Any],
+        self, store: Endpoint, sender: TrainingBatchSender
     ) -> None:
-        self._require_store()
         async with sender:
             await sender.send(make_batch(1, seed=1))
             await sender.finish()
-        with open_receiver(sink_url, start_step=5, storage_options=receiver_options) as late:
+        with store.open_receiver(start_step=5) as late:
             with pytest.raises(EndOfStream):  # started beyond the end
                 late.receive(timeout=TIMEOUT)
             with pytest.raises(EndOfStream):
                 late.wait_next(timeout=0)
         with pytest.raises(StepExistsError):
-            async with open_sender(sink_url, storage_options=sender_options):
+            async with store.open_sender():
                 pass
         more = make_batch(1, seed=2)
-        with open_receiver(sink_url, storage_options=receiver_options) as receiver:
+        with store.open_receiver() as receiver:
             assert [len(b.samples) for b in receiver] == [1]  # step 0, then the end
-            async with open_sender(
-                sink_url, storage_options=sender_options, on_existing="resume"
-            ) as again:
+            async with store.open_sender(on_existing="resume") as again:
                 assert await again.send(more) == 1
             assert_batches_equal(receiver.receive(timeout=TIMEOUT), more)

@@ -45,11 +45,11 @@ class Endpoint:
     receiver_options: Mapping[str, Any]
 
     def open_sender(self, **options: Any) -> TrainingBatchSender:
-        """A sender to :attr:`url` with the sender's storage options and ``options``."""
+        """A sender to ``url`` with the sender's storage options and ``options``."""
         return open_sender(self.url, storage_options=self.sender_options, **options)
 
     def open_receiver(self, **options: Any) -> TrainingBatchReceiver[TrainingBatch]:
-        """A receiver of :attr:`url` with the receivers' storage options and ``options``."""
+        """A receiver of ``url`` with the receivers' storage options and ``options``."""
         return open_receiver(self.url, storage_options=self.receiver_options, **options)
 
 

@@ -536,3 +536,25 @@ async def test_plain_path_with_a_colon(tmp_path: Path, monkeypatch: pytest.Monke
     async with rlwire.open_sender("run:1") as sender:
         await sender.send({"a": 1})
     assert (tmp_path / "run:1" / "step-00000000.rank-0000.rlw").exists()
+
+
+@pytest.mark.parametrize("start_step", [-1, 2**64 - 1, 2**64, 2**70])
+def test_a_start_step_out_of_the_format_range_is_refused(tmp_path: Path, start_step: int) -> None:
+    """Steps are stored as u64 and the end mark is the step after the last: a sender
+    starts from 0 to 2**64 - 2, else ConfigError names the range, before anything is
+    written (open_sync_sender starts no thread)."""
+    message = r"start_step must be an int from 0 to 18446744073709551614 \(2\*\*64 - 2: steps"
+    for open_ in (rlwire.open_sender, rlwire.open_sync_sender):
+        with pytest.raises(rlwire.ConfigError, match=message):
+            open_(tmp_path / "run", start_step=start_step)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_last_start_step_in_range_sends_and_finishes(tmp_path: Path) -> None:
+    with rlwire.open_sync_sender(tmp_path, start_step=2**64 - 2) as sender:
+        assert sender.send(make_batch()) == 2**64 - 2
+        sender.finish()
+    with rlwire.open_receiver(tmp_path, start_step=2**64 - 2) as receiver:
+        assert_batches_equal(receiver.receive(timeout=5), make_batch())
+        with pytest.raises(rlwire.EndOfStream):
+            receiver.receive(timeout=5)

@@ -380,3 +380,46 @@ def test_open_sync_sender_has_the_parameters_of_open_sender() -> None:
     theirs = inspect.signature(rlwire.open_sender)
     assert list(mine.parameters.values()) == list(theirs.parameters.values())
     assert mine.return_annotation == "SyncSender"
+
+
+# -- fork ------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_gets_closed_error_from_its_parents_sender(tmp_path: Path) -> None:
+    """The parent's event-loop thread does not exist in a forked child: the child's calls
+    of the parent's sender raise ClosedError at once (instead of waiting forever for that
+    thread), its close() returns, and the parent's sender carries on."""
+    script = textwrap.dedent(f"""
+        import os, sys, time, rlwire
+        from rlwire.testing import make_batch
+        sender = rlwire.open_sync_sender({str(tmp_path)!r})
+        sender.send(make_batch())
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                sender.send(make_batch())
+            except rlwire.ClosedError as exc:
+                print("child:", exc, flush=True)
+                sender.close()
+                with sender:
+                    pass
+                code = 0
+            os._exit(code)
+        deadline = time.monotonic() + {LONG}
+        while not (done := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not done[0]:
+            os.kill(pid, 9)
+            sys.exit("the forked child hung")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+        assert sender.send(make_batch(seed=1)) == 1
+        sender.close()
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=2 * LONG
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "which forked this one" in done.stdout
+    assert_batches_equal(receive_step(tmp_path, 1), make_batch(seed=1))

@@ -20,6 +20,7 @@ from rlwire._api.options import (
 from rlwire._api.schema import check_object
 from rlwire._api.stats import SendStats
 from rlwire._checks.checks import Checks
+from rlwire._core.args import check_step
 from rlwire._core.errors import (
     ConfigError,
 )
@@ -71,9 +72,11 @@ def open_sender(  # noqa: PLR0913 (the public keywords; the rest are grouped in 
             or after ``start_step`` and keep the earlier ones: a restart from a
             checkpoint) or ``"overwrite"`` (delete them all). Steps are deleted when the
             sender opens, each step's main messages first.
-        start_step: the step to send first (default: 0, or after the last stored step
-            with ``"resume"``); required by ``"truncate"``. On ZeroMQ, receivers opened
-            with the same ``start_step`` accept it.
+        start_step: the step to send first, an int from 0 to 2**64 - 2 (the format
+            stores steps as u64, and the end mark as the step after the last; default:
+            0, or after the last stored step with ``"resume"``); required by
+            ``"truncate"``. On ZeroMQ, receivers opened with the same ``start_step``
+            accept it.
         retention: a :class:`~rlwire.Retention`: on a store (files, fsspec), delete
             steps every rank's receiver has moved past beyond the newest ``keep_last``,
             and make sends wait while more than ``max_ahead`` steps ahead of the
@@ -82,7 +85,9 @@ def open_sender(  # noqa: PLR0913 (the public keywords; the rest are grouped in 
             default on) and make each step durable before it is visible (``fsync``,
             default off).
         limiter: the CapacityLimiter (or its size) that bounds the worker threads doing
-            encoding and I/O; share one between senders to bound them together.
+            encoding and I/O; share one between senders to bound them together. A
+            process forked while tasks of the parent held tokens of a limiter keeps
+            those tokens borrowed: in a forked child, pass a new limiter (or a size).
         inline_threshold: arrays and bytes smaller than this many bytes stay in the
             header (msgpack codec; default 4096).
         validate: ``True`` (default): rlwire's own rules, which validate every
@@ -103,7 +108,8 @@ def open_sender(  # noqa: PLR0913 (the public keywords; the rest are grouped in 
     Raises:
         ConfigError: an unknown codec, compression or URL scheme (the message lists the
             known ones), an option the codec or sink does not take, a missing optional
-            dependency, or a flat keyword given beside the group it belongs to.
+            dependency, a flat keyword given beside the group it belongs to, or a
+            ``start_step`` out of range.
 
     Returns:
         A :class:`TrainingBatchSender`; use it as ``async with``.
@@ -116,6 +122,8 @@ def open_sender(  # noqa: PLR0913 (the public keywords; the rest are grouped in 
         >>> anyio.run(main, tempfile.mkdtemp())
         0
     """
+    if start_step is not None:
+        check_step(start_step, "start_step")
     group = functools.partial(from_keywords, keywords=keywords, function="open_sender")
     retention = group(Retention, retention, parameter="retention", others=(Integrity,))
     integrity = group(Integrity, integrity, parameter="integrity", others=(Retention,))

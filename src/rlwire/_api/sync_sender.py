@@ -108,10 +108,16 @@ class SyncSender:
     thread is a daemon thread, so a forgotten close does not keep the process from
     exiting; but until then it keeps the thread, the event loop and the sink's files or
     sockets, and what a ZeroMQ sink still queues at exit is lost. Use ``with``.
+
+    A process forked from the one that opened the sender (``os.fork``, multiprocessing's
+    ``"fork"`` start method, DataLoader workers) has no event-loop thread for it: there
+    its methods raise :class:`~rlwire.ClosedError` at once, and :meth:`close` only marks
+    it closed, leaving the files and sockets to the parent. Open a sender in the child.
     """
 
     def __init__(self, sender: TrainingBatchSender) -> None:
         self._sender = sender
+        self._pid = os.getpid()  # the process whose thread runs the event loop
         self._closed = False
         self._close_lock = threading.Lock()
         self._portal, self._thread = _start_portal()
@@ -201,7 +207,11 @@ class SyncSender:
     def close(self) -> None:
         """Wait for sends in flight, close the sender (flushing what the sink accepted and
         releasing its files and sockets), then stop the event-loop thread. Idempotent;
-        later calls of the other methods raise :class:`~rlwire.ClosedError`."""
+        later calls of the other methods raise :class:`~rlwire.ClosedError`. In a forked
+        child, only marks this sender closed (the thread and the sink are the parent's)."""
+        if self._forked():
+            self._closed = True  # not under _close_lock: a parent's thread may hold it
+            return
         with self._close_lock:
             if self._closed:
                 return
@@ -220,8 +230,18 @@ class SyncSender:
         finally:
             self._thread.join()
 
+    def _forked(self) -> bool:
+        """Whether this is a process forked from the one that opened the sender."""
+        return os.getpid() != self._pid
+
     def _call(self, func: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Run ``func(*args, **kwargs)`` on the event-loop thread and wait for it."""
+        if self._forked():
+            raise ClosedError(
+                f"{self!r} was opened in process {self._pid}, which forked this one "
+                f"({os.getpid()}); its event-loop thread is not here: open a sender in "
+                "this process"
+            )
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
 

@@ -1,10 +1,15 @@
-"""The one argument check shared by every entry point that takes a count or a size."""
+"""The one argument check shared by every entry point that takes a count, a size or a
+step."""
 
 from __future__ import annotations
 
 from rlwire._core.errors import ConfigError, RlwireError
 
-__all__ = ["check_int", "check_positive"]
+__all__ = ["MAX_STEP", "check_int", "check_positive", "check_step"]
+
+#: The highest step a sender may send: the format stores a step as a u64, and the end
+#: mark records the step after the last one sent (docs/format.md), which must fit too.
+MAX_STEP = 2**64 - 2
 
 
 def check_int(
@@ -14,9 +19,10 @@ def check_int(
     low: int = 0,
     high: int | None = None,
     error: type[RlwireError] = ConfigError,
+    why: str = "",
 ) -> int:
     """Return ``value`` if it is an int (not a bool) from ``low`` to ``high``, else raise
-    ``error`` naming ``what``.
+    ``error`` naming ``what`` (and, in parentheses after the range, ``why`` if given).
 
     Example:
         >>> check_int(3, "rank")
@@ -33,7 +39,8 @@ def check_int(
         or (high is not None and value > high)
     ):
         span = f"from {low} to {high}" if high is not None else f"of at least {low}"
-        raise error(f"{what} must be an int {span}, got {value!r}")
+        because = f" ({why})" if why else ""
+        raise error(f"{what} must be an int {span}{because}, got {value!r}")
     return value
 
 
@@ -43,3 +50,24 @@ def check_positive(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigError(f"{what} must be a positive number, got {value!r}")
     return float(value)
+
+
+def check_step(value: object, what: str) -> int:
+    """Return ``value`` if it is a step a sender may send, an int from 0 to
+    :data:`MAX_STEP` (2**64 - 2), else raise :class:`ConfigError` naming ``what`` and
+    the range.
+
+    Example:
+        >>> check_step(2**64 - 2, "start_step") == MAX_STEP
+        True
+        >>> check_step(2**64 - 1, "start_step")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        rlwire.errors.ConfigError: start_step must be an int from 0 to 18446744073709551614 (...
+    """
+    return check_int(
+        value,
+        what,
+        high=MAX_STEP,
+        why="2**64 - 2: steps are stored as u64, and the end mark as the step after the last",
+    )

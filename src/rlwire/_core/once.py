@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from anyio import CapacityLimiter, to_thread
 
@@ -24,6 +26,10 @@ class Once(Generic[T]):
     code, :meth:`aget` runs the factory in a worker thread, so the event loop never
     blocks on it, and a cancelled caller leaves the run going for the others.
 
+    A process forked while a run is under way in another thread (that thread stays in
+    the parent) forgets the run: the child's first caller starts its own. A result the
+    parent already had is kept.
+
     Example:
         >>> calls = []
         >>> once = Once(lambda: calls.append(1) or "ready")
@@ -31,7 +37,7 @@ class Once(Generic[T]):
         ('ready', 'ready', 1)
     """
 
-    __slots__ = ("_factory", "_lock", "_result", "_running")
+    __slots__ = ("__weakref__", "_factory", "_lock", "_result", "_running")
 
     def __init__(self, factory: Callable[[], T]) -> None:
         self._factory = factory
@@ -39,6 +45,7 @@ class Once(Generic[T]):
         self._running: Future[T] | None = None
         # A 1-tuple once a run has succeeded, so that a factory may return None.
         self._result: tuple[T] | None = None
+        _LIVE.add(self)
 
     @property
     def done(self) -> bool:
@@ -88,3 +95,19 @@ class Once(Generic[T]):
         if result is not None:
             return result[0]
         return await to_thread.run_sync(self.get, limiter=limiter, abandon_on_cancel=True)
+
+
+#: Every Once alive, for :func:`_forget_runs_after_fork`.
+_LIVE: weakref.WeakSet[Once[Any]] = weakref.WeakSet()
+
+
+def _forget_runs_after_fork() -> None:
+    """In a forked child: forget the runs under way (their threads stayed in the parent)
+    and the locks (a thread of the parent may have held one when the process forked)."""
+    for once in list(_LIVE):
+        once._lock = threading.Lock()
+        once._running = None
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which cannot fork
+    os.register_at_fork(after_in_child=_forget_runs_after_fork)

@@ -11,6 +11,13 @@ limiter allows; the executor starts threads only as that work needs them.
 
 Tasks given to the executor must never wait for other tasks of it: a full executor
 would then wait for itself.
+
+A process forked after using the executor (``os.fork``, multiprocessing's ``"fork"``
+start method, which PyTorch's DataLoader workers use) has only the thread that forked: the
+executor's threads stayed in the parent, yet the executor would believe an idle one
+waits for work, and the child's first compression would wait forever. So the child
+forgets the parent's executor (and its lock, which another thread may have held at the
+fork) and creates its own on first use (:func:`_forget_after_fork`).
 """
 
 from __future__ import annotations
@@ -63,3 +70,15 @@ def shared_executor() -> concurrent.futures.ThreadPoolExecutor:
                 EXECUTOR_THREADS, thread_name_prefix="rlwire-worker"
             )
         return _executor
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: drop the parent's executor, whose threads do not exist here,
+    and its lock, which a thread of the parent may have held when the process forked."""
+    global _executor, _executor_lock
+    _executor = None
+    _executor_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which cannot fork
+    os.register_at_fork(after_in_child=_forget_after_fork)

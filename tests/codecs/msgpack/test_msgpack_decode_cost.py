@@ -9,6 +9,7 @@ copied many times.
 
 from __future__ import annotations
 
+import itertools
 import struct
 import tracemalloc
 from typing import Any
@@ -137,7 +138,7 @@ def test_chunks_share_the_message_allowance() -> None:
     """Chunks of empty arrays: together they are refused, though each alone would fit."""
     chunk = _array32(b"\x90", 10_000)  # 0.56 MB of lists; the limit is 1.8 MB
     ranges = [i * len(chunk) for i in range(9)]
-    header = mp(Ext(4, mp([0, 80_000, [r for pair in zip(ranges, ranges[1:]) for r in pair]])))
+    header = mp(Ext(4, mp([0, 80_000, [r for pair in itertools.pairwise(ranges) for r in pair]])))
     frame = Frame(header, (memoryview(chunk * 8),))
     for annotation in (Any, list[list[int]]):
         error, _ = _peak(lambda: MsgpackCodec().decode(frame, annotation))  # noqa: B023

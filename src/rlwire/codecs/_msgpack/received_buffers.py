@@ -109,10 +109,7 @@ class ReceivedBuffers:
                 buf = self._claim(ref.index)
                 return make_array(buf, ref.dtype, ref.shape, ref.order, self.writable)
             if code == EXT_INLINE_ARRAY:
-                inl = _inline.decode(data)
-                return make_array(
-                    memoryview(inl.data), inl.dtype, inl.shape, inl.order, self.writable
-                )
+                return self._inline(data)
             if code == EXT_BYTES:
                 buf = self._claim(_bytes_ref.decode(data).index)
                 self.bytes_made += 1
@@ -125,6 +122,16 @@ class ReceivedBuffers:
         raise CorruptFrameError(
             f"header: unknown msgpack extension type {code} (written by a newer rlwire?)"
         )
+
+    def _inline(self, data: memoryview) -> Any:
+        """An inline array, in memory of its own: the bytes msgspec decoded may be an
+        object CPython shares (every one-byte ``bytes`` is one cached object), and a
+        library that ignores the read-only flag must not write through to them."""
+        inl = _inline.decode(data)
+        arr = make_array(memoryview(inl.data), inl.dtype, inl.shape, inl.order, writable=False)
+        arr = arr.copy(order="K")
+        arr.flags.writeable = self.writable
+        return arr
 
     def buffer(self, index: int) -> memoryview:
         """Buffer ``index``, which the header refers to."""

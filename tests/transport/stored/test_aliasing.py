@@ -42,7 +42,7 @@ RECEIVE = textwrap.dedent(
     began = time.monotonic()
     try:
         with rlwire.open_receiver(sys.argv[1], type=object) as receiver:
-            receiver.receive(timeout=2)
+            receiver.receive(timeout=10)
         out = "received"
     except rlwire.RlwireError as exc:
         out = type(exc).__name__ + ": " + str(exc)

@@ -6,6 +6,7 @@ there as ``python3 tasks.py bench``."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import pkgutil
 import sys
@@ -145,13 +146,26 @@ def _inspect(ns: argparse.Namespace) -> int:
     path = Path(ns.path)
     step, rank = ns.step, ns.rank
     target = _load_type(ns.type) if ns.type else Any
-    with open_receiver(path, type=target, start_step=step, rank=rank) as receiver:
-        obj = receiver.poll()
+    try:
+        with open_receiver(path, type=target, start_step=step, rank=rank) as receiver:
+            obj = receiver.poll()
+    except (RecursionError, MemoryError) as exc:  # a type of the user's, say
+        print(f"rlwire: {path}: cannot decode step {step} rank {rank}: {exc!r}", file=sys.stderr)
+        return 2
     if obj is None:
         print(f"{path}: no step {step} for rank {rank}", file=sys.stderr)
         return 1
-    print(f"step {step} rank {rank}: {_size(_nbytes(obj))}{_describe(obj)}")
+    print(f"step {step} rank {rank}: {_size(*_nbytes(obj, _MAX_VISITS))}{_describe(obj)}")
     return 0
+
+
+# The description is bounded whatever the message holds: this many levels, fields and
+# items shown per level, and objects visited to add up sizes.
+_MAX_DEPTH = 8
+_MAX_FIELDS = 24
+_MAX_ITEMS = 3
+_MAX_VISITS = 1_000_000
+_TITLE_VISITS = 20_000
 
 
 def _load_type(spec: str) -> Any:
@@ -165,33 +179,46 @@ def _load_type(spec: str) -> Any:
         raise ConfigError(f"--type {spec!r}: {exc}") from None
 
 
-def _fields(obj: Any) -> dict[str, Any] | None:
-    """A Struct's or dict's fields by name, or None for anything else."""
+def _fields(obj: Any, most: int) -> dict[str, Any] | None:
+    """A Struct's or dict's first ``most`` fields by name, or None for anything else."""
     if isinstance(obj, msgspec.Struct):
-        return {name: getattr(obj, name) for name in obj.__struct_fields__}
+        names = obj.__struct_fields__[: max(most, 0)]
+        return {name: getattr(obj, name) for name in names}
     if isinstance(obj, dict):
-        return {str(key): value for key, value in obj.items()}
+        items = itertools.islice(obj.items(), max(most, 0))
+        return {str(key)[:100]: value for key, value in items}
     return None
 
 
-def _nbytes(obj: Any) -> int:
-    """The bytes of the arrays, bytes and strings in ``obj``."""
-    if isinstance(obj, np.ndarray | memoryview):
-        return int(obj.nbytes)
-    if isinstance(obj, bytes | bytearray | str):
-        return len(obj)
-    fields = _fields(obj)
-    if fields is not None:
-        return sum(_nbytes(value) for value in fields.values())
-    if isinstance(obj, list | tuple):
-        return sum(_nbytes(item) for item in obj)
-    return 0
+def _nbytes(obj: Any, visits: int) -> tuple[int, int]:
+    """The bytes of the arrays, bytes and strings in ``obj``, visiting at most ``visits``
+    objects (without recursion: a message may nest deeper than Python's stack), and the
+    visits left: negative if it stopped before the end."""
+    total, stack = 0, [obj]
+    while stack:
+        visits -= 1
+        if visits < 0:
+            return total, visits
+        item = stack.pop()
+        if isinstance(item, np.ndarray | memoryview):
+            total += int(item.nbytes)
+        elif isinstance(item, bytes | bytearray | str):
+            total += len(item)
+        elif isinstance(item, list | tuple):
+            stack.extend(item[: visits + 1])
+        else:
+            fields = _fields(item, visits + 1)
+            if fields is not None:
+                stack.extend(fields.values())
+    return total, visits
 
 
-def _size(nbytes: int) -> str:
+def _size(nbytes: int, visits_left: int = 0) -> str:
     if nbytes < 10_000:
-        return f"{nbytes} bytes"
-    return f"{nbytes / 1e3:.1f} kB" if nbytes < 10_000_000 else f"{nbytes / 1e6:.1f} MB"
+        text = f"{nbytes} bytes"
+    else:
+        text = f"{nbytes / 1e3:.1f} kB" if nbytes < 10_000_000 else f"{nbytes / 1e6:.1f} MB"
+    return text if visits_left >= 0 else f"over {text}"
 
 
 def _describe(obj: Any, indent: str = "") -> str:
@@ -200,30 +227,46 @@ def _describe(obj: Any, indent: str = "") -> str:
     if isinstance(obj, memoryview | bytes | bytearray):
         return f" bytes ({memoryview(obj).nbytes})"
     inner = indent + "  "
-    fields = _fields(obj)
+    fields = _fields(obj, _MAX_FIELDS + 1)
+    deep = len(inner) > 2 * _MAX_DEPTH
     if fields is not None:
         kind = f" {type(obj).__name__}" if isinstance(obj, msgspec.Struct) else ""
-        lines = [f"{inner}{k}:{_describe(v, inner)}" for k, v in fields.items()]
+        if deep:
+            return f"{kind or ' dict'} (nested too deep to show)"
+        shown = list(fields.items())[:_MAX_FIELDS]
+        lines = [f"{inner}{k}:{_describe(v, inner)}" for k, v in shown]
+        if len(fields) > _MAX_FIELDS:
+            lines.append(f"{inner}... more fields")
         return "\n".join([kind, *lines])
     if isinstance(obj, list | tuple) and obj:
-        head = [f"{inner}[{i}]:{_describe(v, inner)}" for i, v in enumerate(obj[:3])]
-        more = [f"{inner}... {len(obj) - 3} more"] if len(obj) > 3 else []
-        title = f" {len(obj)} items ({_size(_nbytes(obj))})"
+        title = f" {len(obj)} items ({_size(*_nbytes(obj, _TITLE_VISITS))})"
+        if deep:
+            return f"{title} (nested too deep to show)"
+        head = [f"{inner}[{i}]:{_describe(v, inner)}" for i, v in enumerate(obj[:_MAX_ITEMS])]
+        more = [f"{inner}... {len(obj) - _MAX_ITEMS} more"] if len(obj) > _MAX_ITEMS else []
         return "\n".join([title, *head, *more, *_per_field(obj, inner)])
-    return f" {obj!r}"
+    text = repr(obj)
+    return f" {text[:200]}..." if len(text) > 200 else f" {text}"
 
 
 def _per_field(items: list[Any] | tuple[Any, ...], indent: str) -> list[str]:
     """For a list of Structs or dicts: each field's bytes over all of them."""
     totals: dict[str, int] = {}
+    visits = _TITLE_VISITS
     for item in items:
-        fields = _fields(item)
-        if fields is None:
+        fields = _fields(item, _MAX_FIELDS + 1)
+        if fields is None or len(fields) > _MAX_FIELDS:
             return []
         for name, value in fields.items():
-            totals[name] = totals.get(name, 0) + _nbytes(value)
+            size, visits = _nbytes(value, visits)
+            totals[name] = totals.get(name, 0) + size
+            if visits < 0:
+                break
+        if visits < 0:
+            break
     sizes = ", ".join(f"{name} {_size(n)}" for name, n in totals.items() if n)
-    return [f"{indent}bytes per field, all {len(items)}: {sizes}"] if sizes else []
+    some = "" if visits >= 0 else " (adding up the first ones)"
+    return [f"{indent}bytes per field{some}, all {len(items)}: {sizes}"] if sizes else []
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -181,13 +181,14 @@ def _check_sizes(frame: Frame, max_bytes: int, max_ratio: float) -> list[Compres
     """The compressed segments of ``frame``, after checking that their declared sizes
     fit under ``max_bytes`` and under ``max_ratio`` times the frame's stored size (at
     least :data:`RATIO_FLOOR`)."""
-    by_ratio = max(RATIO_FLOOR, int(max_ratio * frame.nbytes))
+    stored = frame.stored_nbytes  # each stored byte once, whatever the table lists
+    by_ratio = max(RATIO_FLOOR, int(max_ratio * stored))
     limit, option = (
         (max_bytes, "max_decompressed_bytes")
         if max_bytes <= by_ratio
         else (
             by_ratio,
-            f"max_compression_ratio (now {max_ratio:g}x the {frame.nbytes} bytes stored)",
+            f"max_compression_ratio (now {max_ratio:g}x the {stored} bytes stored)",
         )
     )
     jobs = []
@@ -223,7 +224,13 @@ def decompress_sliced(
     segs = _segments(frame)
     for job, out in zip(jobs, outs, strict=True):
         segs[job.segment] = memoryview(out)
-    return Frame(segs[0], tuple(as_byte_view(s) for s in segs[1:]), frame.sidecar, frame.codec)
+    return Frame(
+        segs[0],
+        tuple(as_byte_view(s) for s in segs[1:]),
+        frame.sidecar,
+        frame.codec,
+        stored_size=frame.stored_nbytes,  # the decode bound stays on what was stored
+    )
 
 
 def decompress(

@@ -37,6 +37,10 @@ class Frame:
             compressed: an id per segment (0 none, 1 lz4, 2 zstd), or ``()`` when none is.
         raw_sizes: each segment's size after decompression, or ``()`` when none is
             compressed.
+        stored_size: the bytes the message took where it was stored or received (its
+            files, its packets), when a source knows it; decompression keeps it. Every
+            allocation bound of a receiver is computed from it (:attr:`stored_nbytes`),
+            never from sizes the message declares.
 
     Example:
         >>> frame = Frame(b"hdr", (memoryview(b"payload"),))
@@ -50,6 +54,7 @@ class Frame:
     codec: str = "msgpack"
     compression: tuple[int, ...] = ()
     raw_sizes: tuple[int, ...] = ()
+    stored_size: int | None = None
 
     def __post_init__(self) -> None:
         bad = [i for i in self.sidecar if not 0 <= i < len(self.buffers)]
@@ -68,3 +73,9 @@ class Frame:
     def nbytes(self) -> int:
         """Total size of the header and all buffers, in bytes."""
         return len(self.header) + sum(b.nbytes for b in self.buffers)
+
+    @property
+    def stored_nbytes(self) -> int:
+        """The bytes the message took where it was stored: :attr:`stored_size` when a
+        source recorded it, else :attr:`nbytes`."""
+        return self.nbytes if self.stored_size is None else self.stored_size

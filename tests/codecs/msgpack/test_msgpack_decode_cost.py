@@ -9,6 +9,7 @@ copied many times.
 
 from __future__ import annotations
 
+import itertools
 import struct
 import tracemalloc
 from typing import Any
@@ -21,7 +22,7 @@ from msgspec.msgpack import Ext
 from msgspec.msgpack import encode as mp
 
 from rlwire import CorruptFrameError, Frame, FrameTooLargeError, TrainingBatch
-from rlwire.codecs._msgpack import decode_calls
+from rlwire.codecs._msgpack import decode
 from rlwire.codecs._msgpack.codec import MsgpackCodec
 from rlwire.codecs._msgpack.cost import WORST_RATIO, plain_cost
 
@@ -112,7 +113,7 @@ def test_the_same_header_into_a_struct_skips_the_unknown_field() -> None:
 def small_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     """The allowance's floor at 1 MiB instead of 256, so that the tests below need
     messages of kilobytes, not megabytes, to reach it."""
-    monkeypatch.setattr(decode_calls, "HEAP_FLOOR", MiB)
+    monkeypatch.setattr(decode, "heap_allowance", lambda frame: MiB + 16 * frame.stored_nbytes)
 
 
 @pytest.mark.usefixtures("small_floor")
@@ -134,13 +135,24 @@ def test_large_header_of_cheap_values_is_walked_and_decoded() -> None:
 
 @pytest.mark.usefixtures("small_floor")
 def test_chunks_share_the_message_allowance() -> None:
-    """A chunk table may name the same chunk of empty arrays many times: together they
-    are refused, though each alone would fit."""
-    chunk = _array32(b"\x90", 10_000)  # 0.56 MB of lists; the limit is 1.2 MB
-    ranges = [0, len(chunk)] * 4
-    header = mp(Ext(4, mp([0, 40_000, ranges])))
-    error, _ = _peak(lambda: MsgpackCodec().decode(Frame(header, (memoryview(chunk),))))
-    assert isinstance(error, FrameTooLargeError), error
+    """Chunks of empty arrays: together they are refused, though each alone would fit."""
+    chunk = _array32(b"\x90", 10_000)  # 0.56 MB of lists; the limit is 1.8 MB
+    ranges = [i * len(chunk) for i in range(9)]
+    header = mp(Ext(4, mp([0, 80_000, [r for pair in itertools.pairwise(ranges) for r in pair]])))
+    frame = Frame(header, (memoryview(chunk * 8),))
+    for annotation in (Any, list[list[int]]):
+        error, _ = _peak(lambda: MsgpackCodec().decode(frame, annotation))  # noqa: B023
+        assert isinstance(error, FrameTooLargeError), (annotation, error)
+
+
+@pytest.mark.parametrize("annotation", [Any, list[list[int]]])
+def test_a_chunk_listed_twice_is_corrupt(annotation: Any) -> None:
+    """Defect 3: one chunk listed four times made the reader decode it four times."""
+    chunk = _array32(b"\x90", 10)
+    for ranges in ([0, len(chunk)] * 4, [0, len(chunk), 1, len(chunk)]):
+        header = mp(Ext(4, mp([0, 40, ranges])))
+        with pytest.raises(CorruptFrameError, match="overlaps another chunk"):
+            MsgpackCodec().decode(Frame(header, (memoryview(chunk),)), annotation)
 
 
 @pytest.mark.parametrize("code", [1, 3], ids=["arrays", "bytes"])

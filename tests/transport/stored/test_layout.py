@@ -881,7 +881,7 @@ DEEPER = {
     "header-too-long": (setitem("header", [320, 449]), "header at offset 320 length 449"),
     "header-moved": (
         setitem("header", [0, 12]),
-        r"step 7, rank 3, segment 0: the header does not match",
+        r"lays the prelude and envelope and the header over the same bytes",
     ),
     "offset-outside-main": (
         set_u64("offsets", 0, 768),
@@ -901,7 +901,11 @@ DEEPER = {
     ),
     "offset-moved-inside": (
         set_u64("offsets", 0, lambda off: off + 64),
-        r"step 7, rank 3, segment 1: buffer 0 \(100 bytes\) does not match its checksum",
+        r"lays buffer 0 and buffer 3 over the same bytes of the main file",
+    ),
+    "offset-moved-inside-padding": (
+        set_u64("offsets", 4, lambda off: off + 32),
+        r"step 7, rank 3, segment 5: buffer 4 \(130 bytes\) does not match its checksum",
     ),
     "unknown-part": (setitem("parts", b"\x02\x01\x01\x00\x00"), "buffer 0 is in unknown file 2"),
     "undeclared-sidecar": (

@@ -32,10 +32,12 @@ import msgspec
 import numpy as np
 import orjson
 
-from rlwire._core.errors import CorruptFrameError, DecodeError, EncodeError
+from rlwire._core.errors import CorruptFrameError, DecodeError, EncodeError, FrameTooLargeError
 from rlwire._core.paths import KeyPath, render_path
 from rlwire._core.slicing import Sliced, SliceTimer, run_sliced
+from rlwire._frame.bounds import HEAP_FLOOR, HEAP_RATIO, heap_allowance
 from rlwire._frame.frame import Frame
+from rlwire.codecs._json.cost import json_cost
 from rlwire.codecs._json.values import (
     OPTION,
     child_items,
@@ -263,11 +265,22 @@ class JsonCodec:
 
         Raises:
             CorruptFrameError: the header is not valid JSON, or the frame has buffers.
+            FrameTooLargeError: parsing the header could build more Python objects than
+                the message's stored size allows (see :mod:`rlwire.codecs._json.cost`).
             DecodeError: the data does not match ``type``; the message names the path.
         """
         if frame.buffers:
             raise CorruptFrameError(
                 f"json frame has {len(frame.buffers)} out-of-band buffers; json frames have none"
+            )
+        allowance = heap_allowance(frame)
+        cost = json_cost(frame.header, allowance)
+        if cost > allowance:
+            raise FrameTooLargeError(
+                f"header: parsing it could build over {allowance >> 20} MiB of Python "
+                f"objects from a message of {frame.stored_nbytes} stored bytes (the limit "
+                f"is {HEAP_RATIO} times its stored size + {HEAP_FLOOR >> 20} MiB): it is "
+                "made of tiny values, such as empty lists or objects"
             )
         try:
             raw = orjson.loads(frame.header)

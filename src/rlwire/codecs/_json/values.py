@@ -139,6 +139,12 @@ def struct_plan(cls: type[msgspec.Struct]) -> StructPlan:
 
 
 def _array_problem(arr: np.ndarray) -> str | None:
+    if isinstance(arr, np.ma.MaskedArray):
+        return (
+            "numpy masked arrays are not supported: the mask would be lost and the masked "
+            "values written as data; write arr.filled(value) and the mask as arrays of "
+            "their own"
+        )
     dtype = arr.dtype
     if dtype.fields is None and dtype.subdtype is None:
         if dtype.kind in "biuM" or (dtype.kind == "f" and dtype.itemsize <= 8):

@@ -24,7 +24,7 @@ import numpy as np
 from rlwire._core.errors import CorruptFrameError, EncodeError
 from rlwire._core.paths import KeyPath, render_path
 
-__all__ = ["PLAIN_DTYPES", "byte_view", "check_dtype", "make_array"]
+__all__ = ["PLAIN_DTYPES", "byte_view", "check_dtype", "check_plain", "make_array"]
 
 # -- sending --------------------------------------------------------------------------
 
@@ -45,6 +45,18 @@ def check_dtype(dtype: np.dtype[Any], path: KeyPath) -> None:
             f"supported; only bool and numeric dtypes are{hint}"
         )
     PLAIN_DTYPES.add(dtype)
+
+
+def check_plain(arr: np.ndarray, path: KeyPath) -> None:
+    """Raise :class:`EncodeError` if ``arr`` carries more than its bytes: a masked
+    array's mask would be dropped, and its masked values (a NaN, say) received as
+    data."""
+    if isinstance(arr, np.ma.MaskedArray):
+        raise EncodeError(
+            f"{render_path(path)}: numpy masked arrays are not supported: the mask "
+            "would be lost and the masked values received as data; send "
+            "arr.filled(value) and the mask (np.ma.getmaskarray(arr)) as arrays of their own"
+        )
 
 
 def byte_view(flat: np.ndarray) -> memoryview:

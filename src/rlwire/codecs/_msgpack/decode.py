@@ -24,6 +24,7 @@ import msgspec
 from rlwire._core.errors import CorruptFrameError, DecodeError
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire._core.types import may_hold_buffer
+from rlwire._frame.bounds import heap_allowance
 from rlwire._frame.frame import Frame
 from rlwire.codecs._msgpack.conversion import as_annotated, converted
 from rlwire.codecs._msgpack.decode_calls import DecodeCalls
@@ -57,7 +58,9 @@ class Decoding:
         self.budget = 4 * frame.nbytes
         self.timer = SliceTimer()
         self.received = ReceivedBuffers(frame.buffers, writable)
-        self.calls = DecodeCalls(frame.nbytes, self.received.ext_hook, self.timer)
+        self.calls = DecodeCalls(
+            heap_allowance(frame), frame.stored_nbytes, self.received.ext_hook, self.timer
+        )
         # Chunked containers and bytes values still to find in the raw data (the walk
         # stops once it has found them all).
         self.to_find = 0

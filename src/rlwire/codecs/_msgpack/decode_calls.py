@@ -16,16 +16,12 @@ import msgspec
 
 from rlwire._core.errors import CorruptFrameError, FrameTooLargeError, RlwireError
 from rlwire._core.slicing import Sliced, SliceTimer
+from rlwire._frame.bounds import HEAP_FLOOR, HEAP_RATIO
 from rlwire.codecs._msgpack.conversion import dec_hook
 from rlwire.codecs._msgpack.cost import WORST_RATIO, plain_cost
 
-__all__ = ["HEAP_FLOOR", "HEAP_RATIO", "ITEMWISE_BYTES", "DecodeCalls"]
+__all__ = ["ITEMWISE_BYTES", "DecodeCalls"]
 
-# Plain builtins decoded from one message may take this much heap, plus HEAP_RATIO
-# times the message's size: far more than any header the encoder writes needs (it moves
-# heavy containers into chunks), far less than a hostile one could make msgspec build.
-HEAP_FLOOR = 256 << 20
-HEAP_RATIO = 16
 #: A msgpack array or map this long or longer is not decoded in one msgspec call. An
 #: array's items are decoded in runs of about this many bytes, a map's values one by one,
 #: several calls to a time slice.
@@ -59,24 +55,34 @@ def _container(view: memoryview) -> type | None:
 
 
 class DecodeCalls:
-    """The decode calls of one frame of ``nbytes`` bytes, all with ``ext_hook``."""
+    """The decode calls of one frame, all with ``ext_hook``, within ``heap_limit`` bytes
+    of Python objects (:func:`~rlwire._frame.bounds.heap_allowance` of the frame, which
+    took ``stored`` bytes where it was stored)."""
 
     def __init__(
-        self, nbytes: int, ext_hook: Callable[[int, memoryview], Any], timer: SliceTimer
+        self,
+        heap_limit: int,
+        stored: int,
+        ext_hook: Callable[[int, memoryview], Any],
+        timer: SliceTimer,
     ) -> None:
         self.ext_hook = ext_hook
         self.timer = timer
-        self.heap_left = self.heap_limit = HEAP_FLOOR + HEAP_RATIO * nbytes
-        self.nbytes = nbytes
+        self.heap_left = self.heap_limit = heap_limit
+        self.stored = stored
         # Data decoded so far charged its worst case, with that charge.
         self.unsettled: list[tuple[bytes | memoryview, int]] = []
         self.typed: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
 
     def decode(self, data: bytes | memoryview | msgspec.Raw, annotation: Any = None) -> Any:
-        """One msgspec call: ``data`` as ``annotation`` (None: plain builtins)."""
+        """One msgspec call: ``data`` as ``annotation`` (None: plain builtins), charged
+        against the allowance either way: values of a type cost no more than the plain
+        builtins of the same data (a Struct is smaller than a dict, fields it does not
+        declare are skipped), so a chunk decoded straight into ``list[list[int]]`` is
+        bounded as it would be into ``Any``."""
+        charged = self._charge(data)
         try:
             if annotation is None:
-                self._charge(data)
                 return msgspec.msgpack.decode(data, ext_hook=self.ext_hook)
             decoder = self.typed.get(annotation)
             if decoder is None:
@@ -88,6 +94,7 @@ class DecodeCalls:
             raise
         except msgspec.ValidationError as exc:
             if annotation is not None:
+                self._refund(data, charged)  # what it built is gone
                 raise  # the caller tries again into plain builtins
             raise CorruptFrameError(f"header: {exc}") from exc  # e.g. a bad timestamp
         except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
@@ -95,7 +102,12 @@ class DecodeCalls:
         except (TypeError, ValueError) as exc:  # e.g. a bytes extension used as a map key
             raise CorruptFrameError(f"header: malformed: {exc}") from exc
 
-    def _charge(self, data: bytes | memoryview) -> None:
+    def _refund(self, data: bytes | memoryview | msgspec.Raw, charged: int) -> None:
+        if self.unsettled and self.unsettled[-1][0] is data:
+            self.unsettled.pop()
+        self.heap_left += charged
+
+    def _charge(self, data: bytes | memoryview | msgspec.Raw) -> int:
         """Take what decoding ``data`` into plain builtins costs from the message's
         heap allowance, or refuse it (before decoding) if that is more than what is
         left. Data is charged its worst case unless that does not fit: then what was
@@ -108,18 +120,19 @@ class DecodeCalls:
         if worst <= self.heap_left:
             self.unsettled.append((data, worst))
             self.heap_left -= worst
-            return
+            return worst
         cost = plain_cost(data, self.heap_left)
         if cost > self.heap_left:
             raise FrameTooLargeError(
                 f"header: decoding it would build over {self.heap_limit >> 20} MiB "
-                f"of Python objects from a {self.nbytes}-byte message (the limit is "
-                f"{HEAP_RATIO} times the message's size + {HEAP_FLOOR >> 20} MiB): "
+                f"of Python objects from a message of {self.stored} stored bytes (the "
+                f"limit is {HEAP_RATIO} times its stored size + {HEAP_FLOOR >> 20} MiB): "
                 "it is made of tiny values, such as empty lists or maps. Received "
                 "into a Struct type, fields the type does not declare are skipped "
                 "without being built"
             )
         self.heap_left -= cost
+        return cost
 
     def plain(self, data: bytes | memoryview | msgspec.Raw, depth: int = 0) -> Sliced[Any]:
         """``data`` decoded into plain builtins; a long msgpack array in runs of items,

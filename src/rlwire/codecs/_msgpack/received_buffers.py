@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Any
 
@@ -67,7 +68,14 @@ class ReceivedBuffers:
         # decode that fails and is tried again into builtins never took any: the types
         # tried first hold no arrays or bytes, so msgspec never calls the hook.)
         self.claimed: set[int] = set()
-        self.claim_log: list[int] = []  # the same, in order: a failed try is undone
+        # Byte ranges of buffers referred to by chunk tables, each (start, end) sorted:
+        # each byte may be in one chunk only, or a small chunk table could list one
+        # chunk thousands of times.
+        self.chunk_starts: dict[int, list[int]] = {}
+        self.chunk_ends: dict[int, list[int]] = {}
+        # The claims, in order, a buffer's index or a chunk's (index, start): a failed
+        # try is undone.
+        self.claim_log: list[int | tuple[int, int]] = []
         # What the hook made since :meth:`count_from_zero`: the walk that looks for them
         # stops once it has found them all, and is skipped if none.
         self.chunked_made = 0
@@ -83,7 +91,14 @@ class ReceivedBuffers:
 
     def unclaim_since(self, mark: int) -> None:
         """Undo the claims made since ``mark``: a dropped decode may take them again."""
-        self.claimed.difference_update(self.claim_log[mark:])
+        for claim in self.claim_log[mark:]:
+            if isinstance(claim, int):
+                self.claimed.discard(claim)
+            else:
+                index, start = claim
+                starts = self.chunk_starts[index]
+                at = bisect.bisect_left(starts, start)
+                del starts[at], self.chunk_ends[index][at]
         del self.claim_log[mark:]
 
     def ext_hook(self, code: int, data: memoryview) -> Any:
@@ -94,10 +109,7 @@ class ReceivedBuffers:
                 buf = self._claim(ref.index)
                 return make_array(buf, ref.dtype, ref.shape, ref.order, self.writable)
             if code == EXT_INLINE_ARRAY:
-                inl = _inline.decode(data)
-                return make_array(
-                    memoryview(inl.data), inl.dtype, inl.shape, inl.order, self.writable
-                )
+                return self._inline(data)
             if code == EXT_BYTES:
                 buf = self._claim(_bytes_ref.decode(data).index)
                 self.bytes_made += 1
@@ -110,6 +122,16 @@ class ReceivedBuffers:
         raise CorruptFrameError(
             f"header: unknown msgpack extension type {code} (written by a newer rlwire?)"
         )
+
+    def _inline(self, data: memoryview) -> Any:
+        """An inline array, in memory of its own: the bytes msgspec decoded may be an
+        object CPython shares (every one-byte ``bytes`` is one cached object), and a
+        library that ignores the read-only flag must not write through to them."""
+        inl = _inline.decode(data)
+        arr = make_array(memoryview(inl.data), inl.dtype, inl.shape, inl.order, writable=False)
+        arr = arr.copy(order="K")
+        arr.flags.writeable = self.writable
+        return arr
 
     def buffer(self, index: int) -> memoryview:
         """Buffer ``index``, which the header refers to."""
@@ -141,4 +163,21 @@ class ReceivedBuffers:
                     f"chunked container: chunk {start}..{end} lies outside its "
                     f"{buf.nbytes}-byte buffer"
                 )
+        for start, end in zip(bounds[::2], bounds[1::2], strict=True):
+            if end > start:
+                self._claim_chunk(ref.index, start, end)
         return Chunked(is_map, ref)
+
+    def _claim_chunk(self, index: int, start: int, end: int) -> None:
+        """Claim bytes ``start:end`` of buffer ``index`` for one chunk."""
+        starts = self.chunk_starts.setdefault(index, [])
+        ends = self.chunk_ends.setdefault(index, [])
+        at = bisect.bisect_right(starts, start)
+        if (at and ends[at - 1] > start) or (at < len(starts) and starts[at] < end):
+            raise CorruptFrameError(
+                f"chunked container: chunk {start}..{end} of buffer {index} overlaps "
+                "another chunk (each chunk's bytes may be listed once)"
+            )
+        starts.insert(at, start)
+        ends.insert(at, end)
+        self.claim_log.append((index, start))

@@ -26,7 +26,7 @@ from rlwire._core.errors import EncodeError
 from rlwire._core.paths import KeyPath, render_path
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import as_byte_view
-from rlwire.codecs._msgpack.arrays import PLAIN_DTYPES, byte_view, check_dtype
+from rlwire.codecs._msgpack.arrays import PLAIN_DTYPES, byte_view, check_dtype, check_plain
 from rlwire.codecs._msgpack.extensions import (
     EXT_ARRAY,
     EXT_BYTES,
@@ -63,6 +63,8 @@ class SentBuffers:
 
     def array(self, arr: np.ndarray, path: KeyPath, side: bool) -> msgspec.msgpack.Ext:
         """The extension value that stands for ``arr``, out of band or inline."""
+        if type(arr) is not np.ndarray:
+            check_plain(arr, path)
         dtype = arr.dtype
         if dtype not in PLAIN_DTYPES:
             check_dtype(dtype, path)

@@ -30,6 +30,14 @@ import xxhash
 from rlwire._core.errors import CorruptFrameError, UnsupportedVersionError
 from rlwire._frame.checksums import CHECKSUM, verify_segments
 from rlwire._frame.frame import Frame
+from rlwire.transport._stored.table import (
+    ALIGN,
+    SIDECAR,
+    check_count,
+    check_disjoint,
+    check_table_sizes,
+    check_within,
+)
 
 __all__ = [
     "ALIGN",
@@ -43,17 +51,12 @@ __all__ = [
 MAIN_MAGIC = b"\x89RLW\r\n\x1a\n"
 SIDECAR_MAGIC = b"\x89RLS\r\n\x1a\n"
 FORMAT_VERSION = (1, 0)
-ALIGN = 64
-#: How many empty buffers a message may hold beyond one per ALIGN bytes of it.
-MAX_EMPTY_BUFFERS = 4096
 MAX_ENVELOPE = 64 << 20
 #: The checksum algorithm this writer records, and the only one this reader knows.
 
 _PRELUDE = struct.Struct("<8sHHIQ")
 _SIDECAR_PRELUDE = struct.Struct("<8sHHI16s")
 _ZEROS = bytes(ALIGN)
-
-MAIN, SIDECAR = 0, 1
 
 
 class _Envelope(msgspec.Struct, omit_defaults=True):
@@ -238,7 +241,7 @@ def parse_main(
         )
     header = _span(data, env.header[0], env.header[1], where, "header")
     n = len(env.parts)
-    _check_table_sizes(env, n, where)
+    check_table_sizes(env, n, where)
     files = np.frombuffer(env.parts, np.uint8)
     offsets = np.frombuffer(env.offsets, _U64)
     lengths = np.frombuffer(env.lengths, _U64)
@@ -254,26 +257,18 @@ def parse_main(
             )
         sidecar = load_sidecar()
         _check_sidecar(sidecar, env.id, env.sidecar_size, where)
-    limit = np.where(files == MAIN, np.uint64(data.nbytes), np.uint64(sidecar.nbytes))
-    outside = (offsets > limit) | (lengths > limit - np.minimum(offsets, limit))
-    if outside.any():
-        i = int(np.argmax(outside))
-        file = "sidecar" if files[i] == SIDECAR else "main file"
-        raise CorruptFrameError(
-            f"buffer {i} at offset {offsets[i]} length "
-            f"{lengths[i]} lies outside the {int(limit[i])}-byte {file}",
-            where=where,
-        )
     stored = data.nbytes + sidecar.nbytes
-    if n > stored // ALIGN + MAX_EMPTY_BUFFERS:
-        # Every non-empty buffer starts on its own ALIGN-byte boundary, so a message
-        # has room for at most this many; more are empty buffers that would only cost
-        # the reader a view and a checksum each.
-        raise CorruptFrameError(
-            f"{n} buffers in a message of {stored} bytes: at most one per {ALIGN} bytes "
-            f"plus {MAX_EMPTY_BUFFERS} empty ones can be real",
-            where=where,
-        )
+    check_count(n, stored, where)
+    check_within(files, offsets, lengths, (data.nbytes, sidecar.nbytes), where)
+    head_end = _PRELUDE.size + _PRELUDE.unpack_from(data)[3]
+    check_disjoint(
+        files,
+        offsets,
+        lengths,
+        main=[(0, head_end), (env.header[0], env.header[0] + env.header[1])],
+        sidecar=[(0, _SIDECAR_PRELUDE.size)],
+        where=where,
+    )
     views = (data, sidecar)
     buffers = [
         views[file][off : off + length]
@@ -294,6 +289,7 @@ def parse_main(
         env.codec,
         tuple(env.compression),
         tuple(np.frombuffer(env.raw_sizes, _U64).tolist()),
+        stored_size=stored,
     )
 
 
@@ -326,24 +322,6 @@ def _envelope(data: memoryview, where: str) -> _Envelope:
             where=where,
         )
     return env
-
-
-def _check_table_sizes(env: _Envelope, n: int, where: str) -> None:
-    """Check that every array of the buffer table holds one entry per buffer."""
-    sizes = {
-        "offsets": (len(env.offsets), 8 * n),
-        "lengths": (len(env.lengths), 8 * n),
-        "checksums": (len(env.checksums), 8 * (n + 1) if env.checksum else 0),
-        "compression": (len(env.compression), n + 1 if env.compression else 0),
-        "raw_sizes": (len(env.raw_sizes), 8 * (n + 1) if env.compression else 0),
-    }
-    for name, (found, expected) in sizes.items():
-        if found != expected:
-            raise CorruptFrameError(
-                f"the buffer table disagrees with itself: {n} buffers, "
-                f"{found} bytes of {name} (expected {expected})",
-                where=where,
-            )
 
 
 def check_magic(

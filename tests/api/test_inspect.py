@@ -1,0 +1,101 @@
+"""``rlwire inspect`` on hostile and odd messages: a bounded description, or exit
+status 2, within time and memory bounds (defect 6)."""
+
+from __future__ import annotations
+
+import resource
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import zstandard
+from msgspec.msgpack import Ext
+from msgspec.msgpack import encode as mp
+
+from rlwire import Frame
+from rlwire._core.slicing import run_sliced
+from rlwire.codecs import MsgpackCodec
+from rlwire.transport import FileSink
+
+MiB = 1 << 20
+
+
+def store(root: Path, frame: Frame) -> None:
+    sink = FileSink(root)
+    sink.open("resume")
+    run_sliced(sink.stage(0, [frame])).commit()
+
+
+def limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+
+def inspect(root: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    began = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "rlwire._api.cli", "inspect", str(root), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=limit_memory,
+        check=False,
+    )
+    return proc, time.monotonic() - began
+
+
+def nested(depth: int) -> Any:
+    value: Any = [1]
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_a_900_deep_message_is_described_without_a_traceback(tmp_path: Path) -> None:
+    """Defect 6: a RecursionError traceback on a message the receiver reads fine."""
+    header = b"\x82\xa4deep" + b"\x91" * 900 + b"\x01\xa3ids" + mp(list(range(10)))
+    frame = Frame(header, ())
+    assert MsgpackCodec().decode(frame) == {"deep": nested(899), "ids": list(range(10))}
+    store(tmp_path, frame)
+    proc, _ = inspect(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "nested too deep to show" in proc.stdout
+    assert len(proc.stdout.splitlines()) < 40
+
+
+def test_a_small_zstd_file_of_empty_lists_exits_2_quickly(tmp_path: Path) -> None:
+    """Defect 6: more than 30 s at ~600 MB on a 2.4 kB file; now the decode bound
+    refuses it, and inspect says so with status 2."""
+    chunk = b"\xdd" + struct.pack(">I", MiB) + b"\x90" * MiB
+    ranges = [bound for i in range(60) for bound in (i * len(chunk), (i + 1) * len(chunk))]
+    header = mp(Ext(4, mp([0, 60 * MiB, ranges])))
+    bulk = chunk * 60
+    packed = zstandard.ZstdCompressor(level=19).compress(bulk)
+    store(
+        tmp_path,
+        Frame(
+            header, (memoryview(packed),), compression=(0, 2), raw_sizes=(len(header), len(bulk))
+        ),
+    )
+    for args in ((), ("--type", "builtins:list")):
+        proc, seconds = inspect(tmp_path, *args)
+        assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
+        assert "FrameTooLargeError" in proc.stderr and "Traceback" not in proc.stderr
+        assert seconds < 30
+
+
+def test_a_wide_message_gets_a_bounded_description(tmp_path: Path) -> None:
+    value = {
+        "many": {f"key{i}": [i, [i]] for i in range(50_000)},
+        "long": [[1, 2]] * 300_000,
+        "text": "x" * 100_000,
+    }
+    store(tmp_path, MsgpackCodec().encode(value))
+    proc, seconds = inspect(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout) < 10_000 and "... more fields" in proc.stdout
+    assert "300000 items" in proc.stdout
+    assert seconds < 30

@@ -20,7 +20,19 @@ import tempfile
 import time
 from typing import Any
 
-from . import cancel, corrupt, fulldisk, hostile, kills, oddfiles, s3chaos, zmqforge, zmqkill
+from . import (
+    aliased,
+    cancel,
+    corrupt,
+    fork,
+    fulldisk,
+    hostile,
+    kills,
+    oddfiles,
+    s3chaos,
+    zmqforge,
+    zmqkill,
+)
 from ._model import BAD, COMPRESSIONS, Table
 from ._proc import Job, run_jobs
 
@@ -29,11 +41,13 @@ CAMPAIGNS = (
     "cancel",
     "corruption",
     "hostile",
+    "aliased",
     "oddfiles",
     "fulldisk",
     "zmq",
     "zmqkill",
     "s3",
+    "fork",
 )
 
 
@@ -81,6 +95,10 @@ def run(args: argparse.Namespace) -> Table:
             job = Job(hostile.generate, (root,), timeout=600, mem_limit=1 << 40, tag="hostile")
             run_jobs([job], lambda j, r: _setup(j, r, gen), 1)
             timed("hostile messages", hostile.jobs(root, only=only))
+        if "aliased" in args.campaign and args.aliased:
+            timed(
+                "aliased segments and compound bounds", aliased.jobs(root, args.aliased, args.seed)
+            )
         if "oddfiles" in args.campaign:
             timed("odd file types", oddfiles.jobs(root, only=only))
         if "zmq" in args.campaign and args.forgeries:
@@ -95,6 +113,8 @@ def run(args: argparse.Namespace) -> Table:
                 timed(
                     "S3 kills and faults", s3chaos.jobs(root, endpoint, args.s3_trials, args.seed)
                 )
+        if "fork" in args.campaign and args.forks:
+            timed("forked children", fork.jobs(root, args.forks, args.seed))
         if "fulldisk" in args.campaign and args.full_disks:
             why = fulldisk.available()
             if why:
@@ -116,6 +136,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--full-disks", type=int, default=100, help="full-disk trials (100)")
     p.add_argument("--zmq-kills", type=int, default=100, help="ZeroMQ process kills (100)")
     p.add_argument("--s3-trials", type=int, default=300, help="S3 kills and faults (300)")
+    p.add_argument("--aliased", type=int, default=200, help="aliased tables, compound bounds (200)")
+    p.add_argument("--forks", type=int, default=100, help="forked-children trials (100)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="trials in parallel")
     p.add_argument("--campaign", action="append", choices=CAMPAIGNS, help="only these (repeatable)")

@@ -124,3 +124,15 @@ def test_s3_kills_and_faults(tmp_path: Path) -> None:
     result = campaign(tmp_path, "--campaign", "s3", "--s3-trials", "6")
     assert_no_bad(result, allowed={EXACT, PARTLY})
     assert len(result["trials"]) == 6
+
+
+def test_aliased_segments_and_compound_bounds(tmp_path: Path) -> None:
+    result = campaign(tmp_path, "--campaign", "aliased", "--aliased", "15")
+    assert_no_bad(result, allowed={EXACT, TYPED})
+    assert len(result["trials"]) == 15
+
+
+def test_forked_children(tmp_path: Path) -> None:
+    result = campaign(tmp_path, "--campaign", "fork", "--forks", "8")
+    assert_no_bad(result, allowed={EXACT})
+    assert len(result["trials"]) == 8

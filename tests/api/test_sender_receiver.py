@@ -198,7 +198,9 @@ async def test_step_order_errors(tmp_path: Path) -> None:
             await sender.send(make_batch(1), step=2)
         with pytest.raises(rlwire.StepOrderError, match="skips ahead of step 6"):
             await sender.send(make_batch(1), step=8)
-        with pytest.raises(rlwire.StepOrderError, match="step must be an int of at least 0"):
+        with pytest.raises(
+            rlwire.StepOrderError, match="step must be an int from 0 to 18446744073709551614"
+        ):
             await sender.send(make_batch(1), step=-1)
         assert await sender.send(make_batch(1)) == 6
     assert visible(tmp_path) == ["step-00000005.rank-0000.rlw", "step-00000006.rank-0000.rlw"]
@@ -558,3 +560,16 @@ def test_the_last_start_step_in_range_sends_and_finishes(tmp_path: Path) -> None
         assert_batches_equal(receiver.receive(timeout=5), make_batch())
         with pytest.raises(rlwire.EndOfStream):
             receiver.receive(timeout=5)
+
+
+def test_a_sender_refuses_steps_past_the_last_one_a_destination_can_hold(tmp_path: Path) -> None:
+    with rlwire.open_sync_sender(tmp_path / "near", start_step=2**64 - 2) as sender:
+        sender.send(make_batch())
+        with pytest.raises(rlwire.StepOrderError, match=r"step must be an int from 0 to 1844"):
+            sender.send(make_batch())  # 2**64 - 1: its end mark could not be stored
+        sender.finish()
+    for step in (2**64 - 1, 2**64):
+        with rlwire.open_sync_sender(tmp_path / str(step)) as sender:
+            with pytest.raises(rlwire.StepOrderError, match=r"stored as u64"):
+                sender.send(make_batch(), step=step)
+        assert not list((tmp_path / str(step)).glob("step-*"))

@@ -99,7 +99,7 @@ def test_names_to_delete_orders_marks_then_main_parts_from_the_last_step() -> No
     ("options", "message"),
     [
         ({"on_existing": "truncate"}, "on_existing='truncate' needs start_step"),
-        ({"start_step": -1}, "start_step must be an int of at least 0, got -1"),
+        ({"start_step": -1}, "start_step must be an int from 0 to 18446744073709551614"),
         ({"start_step": 1.5}, "start_step must be an int"),
         ({"on_existing": "keep"}, "on_existing must be 'error', 'resume', 'truncate'"),
     ],

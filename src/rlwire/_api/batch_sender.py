@@ -17,7 +17,7 @@ from rlwire._api.options import (
 )
 from rlwire._api.stats import SendStats
 from rlwire._checks.checks import Checks
-from rlwire._core.args import check_int
+from rlwire._core.args import MAX_STEP, STEP_RANGE, check_int, check_step
 from rlwire._core.errors import (
     ClosedError,
     ConfigError,
@@ -95,7 +95,7 @@ class TrainingBatchSender:
                 f"got {on_existing!r}"
             )
         if start_step is not None:
-            check_int(start_step, "start_step", error=ConfigError)
+            check_step(start_step, "start_step")
         elif on_existing == "truncate":
             raise ConfigError(
                 "on_existing='truncate' needs start_step: the steps at or after it are "
@@ -311,8 +311,9 @@ class TrainingBatchSender:
 
     def _resolve_step(self, step: int | None) -> int:
         if step is None:
-            return self._next_step
-        check_int(step, "step", error=StepOrderError)
+            step = self._next_step
+        # The last step a destination can hold: a sender opened near it runs out here.
+        check_int(step, "step", high=MAX_STEP, error=StepOrderError, why=STEP_RANGE)
         if step == self._next_step:
             return step
         if step < self._next_step:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from rlwire._core.errors import ConfigError, RlwireError
 
-__all__ = ["MAX_STEP", "check_int", "check_positive", "check_step"]
+__all__ = ["MAX_STEP", "STEP_RANGE", "check_int", "check_positive", "check_step"]
 
 #: The highest step a sender may send: the format stores a step as a u64, and the end
 #: mark records the step after the last one sent (docs/format.md), which must fit too.
 MAX_STEP = 2**64 - 2
+#: Why :data:`MAX_STEP` is where it is, for error messages.
+STEP_RANGE = "2**64 - 2: steps are stored as u64, and the end mark as the step after the last"
 
 
 def check_int(
@@ -69,5 +71,5 @@ def check_step(value: object, what: str) -> int:
         value,
         what,
         high=MAX_STEP,
-        why="2**64 - 2: steps are stored as u64, and the end mark as the step after the last",
+        why=STEP_RANGE,
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import random
+import re
 import shutil
 import signal
 import tempfile
@@ -24,7 +25,7 @@ from typing import Any
 import anyio
 
 import rlwire
-from rlwire.transport._stored.names import MAIN_RE
+from rlwire.transport._stored.names import MAIN_RE, REWRITE_NAME
 from rlwire.transport.layout import END_NAME, consumed_mark, consumed_name
 
 from ._model import (
@@ -41,7 +42,7 @@ from ._model import (
 )
 from ._proc import Job, reap
 
-HOOKED = ("open", "write", "writev", "pwrite", "replace", "fsync", "unlink", "rename")
+HOOKED = ("open", "write", "writev", "pwrite", "replace", "link", "fsync", "unlink", "rename")
 
 
 def install_hooks(kill_at: int | None) -> list[str]:
@@ -122,6 +123,8 @@ def classify(
     bad = check_visible(mains, receive)
     if bad is not None:
         return bad
+    if (directory / REWRITE_NAME).exists():  # killed while truncating or overwriting
+        return _rewrite_cut_short(directory, ranks, compression, fsync, n, mains)
     if mains and len(mains) != max(mains) - min(mains) + 1:
         return {"outcome": HALF, "detail": f"a hole: steps {sorted(mains)} visible"}
     incomplete = sorted(s for s, have in mains.items() if len(have) != ranks)
@@ -157,6 +160,29 @@ def classify(
         return bad
     seen = "nothing visible" if not mains else f"steps {sorted(mains)} whole"
     return {"outcome": EXACT, "detail": seen}
+
+
+def _rewrite_cut_short(
+    directory: Path,
+    ranks: int,
+    compression: str | None,
+    fsync: bool,
+    n: int,
+    mains: dict[int, set[int]],
+) -> dict[str, Any]:
+    """Resume must refuse, naming the unfinished rewrite and its repair; the repair
+    (truncate at the step it names, send it again) must then deliver it exactly."""
+    try:
+        anyio.run(_send_steps, directory, ranks, range(0), compression, fsync, n)
+    except rlwire.StepExistsError as exc:
+        found = re.search(r"start_step=(\d+), on_existing='truncate'", str(exc))
+        if "was cut short" not in str(exc) or not (found or "'overwrite'" in str(exc)):
+            return {"outcome": HALF, "detail": f"resume refused, not naming the rewrite: {exc}"}
+        step = int(found.group(1)) if found else 0
+        return _repair(directory, ranks, compression, fsync, n, step, mains.get(step, set()), exc)
+    except Exception as exc:
+        return {"outcome": UNTYPED, "detail": describe(exc)}
+    return {"outcome": HALF, "detail": "resume went on after a rewrite cut short"}
 
 
 async def _truncate_and_send(

@@ -124,3 +124,22 @@ async def test_a_trainer_process_moves_on_while_the_sender_deletes(tmp_path: Pat
     assert kept == list(range(steps - len(kept), steps)) and 2 <= len(kept) <= 2 + 3
     assert not list(tmp_path.glob("step-00000000.*"))
     assert (tmp_path / main_name(29, 0)).exists()
+
+
+@pytest.mark.parametrize("url", ["file", "memory://retention-deleted-step"])
+async def test_a_step_keep_last_deleted_is_a_gap_error_naming_the_oldest(
+    tmp_path: Path, url: str
+) -> None:
+    where = str(tmp_path) if url == "file" else url
+    async with rlwire.open_sender(where, keep_last=1, on_existing="overwrite") as sender:
+        with rlwire.open_receiver(where) as receiver:
+            for _ in range(6):
+                await sender.send(make_batch(1))
+                receiver.receive(timeout=5)
+            receiver.wait_next(timeout=0)  # moved past step 5: the mark says 6
+        await sender.send(make_batch(1))  # deletes the steps before 6
+    with rlwire.open_receiver(where, start_step=2) as late:
+        with pytest.raises(rlwire.StepGapError, match="step 2 is no longer stored") as caught:
+            late.receive(timeout=10)
+    assert "the oldest stored step is 6" in str(caught.value)
+    assert "start_step=6" in str(caught.value)

@@ -115,13 +115,14 @@ def test_bad_options_are_config_errors(
 KILLED_IN_FIRST_COMMIT = textwrap.dedent("""
     import os, signal, sys, anyio, rlwire
     from rlwire.testing import make_batch
-    real_replace = os.replace
-    def replace(src, dst):
-        # Die the moment rank 1's main file is about to appear: rank 0's already has.
-        if os.fspath(dst).endswith("step-00000000.rank-0001.rlw"):
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real_replace(src, dst)
-    os.replace = replace
+    def killing(real):
+        def move(src, dst):
+            # Die the moment rank 1's main file is about to appear: rank 0's already has.
+            if os.fspath(dst).endswith("step-00000000.rank-0001.rlw"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(src, dst)
+        return move
+    os.replace, os.link = killing(os.replace), killing(os.link)
     async def main():
         async with rlwire.open_sender(sys.argv[1]) as sender:
             await sender.send_ranks([make_batch(1, seed=0), make_batch(1, seed=1)])

@@ -3,14 +3,26 @@ lines: a file is written under a fresh hidden name beside its final one,
 ``.<name>.<random hex>.tmp``, optionally fsynced, and renamed into place only when
 complete, so that no reader ever sees part of it. On any failure or cancellation the
 temporary file is removed. Object stores, which have no rename, use :func:`temp_name`
-alone."""
+alone.
+
+A file that must never replace another (a step's files: two senders on one directory
+must not both succeed) is moved into place by :func:`move_no_replace`: ``os.link`` of
+the temporary file to the final name, then ``os.unlink`` of the temporary name. A hard
+link fails with ``EEXIST`` when the name is taken, atomically, on every POSIX local
+filesystem and on NFS (where ``O_EXCL`` and ``RENAME_NOREPLACE`` were long unreliable
+or missing); being plain ``os`` calls, it is also what the kill campaigns can
+interrupt. Filesystems without hard links (FAT, some FUSE and SMB mounts) fall back to
+Linux's ``renameat2(RENAME_NOREPLACE)`` through ctypes, and where that is missing too, to
+a check then a rename, which two writers can still race: the one limit left."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 from pathlib import Path
 
-__all__ = ["AtomicFile", "fsync_dir", "temp_name", "write_atomic"]
+__all__ = ["AtomicFile", "fsync_dir", "move_no_replace", "temp_name", "write_atomic"]
 
 
 def temp_name(name: str) -> str:
@@ -91,10 +103,16 @@ class AtomicFile:
         finally:
             os.close(fd)
 
-    def rename(self) -> None:
-        """:meth:`close`, then move the file into place (the directory is not synced)."""
+    def rename(self, *, replace: bool = True) -> None:
+        """:meth:`close`, then move the file into place (the directory is not synced).
+        With ``replace=False`` a file already at the final name stays and
+        ``FileExistsError`` is raised (:func:`move_no_replace`); the temporary file stays
+        too, for :meth:`discard`."""
         self.close()
-        os.replace(self.tmp, self.final)
+        if replace:
+            os.replace(self.tmp, self.final)
+        else:
+            move_no_replace(self.tmp, self.final)
 
     def commit(self) -> None:
         """:meth:`rename`, then fsync the directory if asked."""
@@ -115,6 +133,67 @@ class AtomicFile:
     def __exit__(self, exc_type: type[BaseException] | None, *details: object) -> None:
         if exc_type is not None:
             self.discard()
+
+
+#: errno values of a filesystem that cannot make hard links.
+_NO_LINKS = frozenset(
+    e for e in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS) if e is not None
+)
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def _renameat2(src: Path, dst: Path) -> bool:
+    """``renameat2(src, dst, RENAME_NOREPLACE)``; False where the C library or the
+    filesystem lacks it. Raises ``FileExistsError`` when ``dst`` exists."""
+    try:
+        func = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    func.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if func(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, *_NO_LINKS):
+        return False
+    raise OSError(err, os.strerror(err), str(dst))
+
+
+def move_no_replace(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
+    """Move the file ``tmp`` to ``final`` unless something is there already (see the
+    module docstring for how). After a kill, a link of ``final`` may remain at ``tmp``.
+
+    Raises:
+        FileExistsError: ``final`` exists; ``tmp`` is left where it is.
+        OSError: the move failed otherwise.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as root:
+        ...     for name, data in (("a", b"1"), ("b", b"2"), ("c", b"3")):
+        ...         (Path(root) / name).write_bytes(data)
+        ...     move_no_replace(Path(root) / "a", Path(root) / "final")
+        ...     try:
+        ...         move_no_replace(Path(root) / "b", Path(root) / "final")
+        ...     except FileExistsError:
+        ...         print("taken")
+        ...     (Path(root) / "final").read_bytes(), sorted(os.listdir(root))
+        taken
+        (b'1', ['b', 'c', 'final'])
+    """
+    tmp, final = Path(tmp), Path(final)
+    try:
+        os.link(tmp, final)
+    except OSError as exc:
+        if exc.errno not in _NO_LINKS or isinstance(exc, FileExistsError):
+            raise
+        if _renameat2(tmp, final):
+            return
+        if os.path.lexists(final):  # the last resort; two writers can race here
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(final)) from exc
+        os.rename(tmp, final)
+        return
+    os.unlink(tmp)
 
 
 def write_atomic(

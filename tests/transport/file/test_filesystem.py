@@ -13,6 +13,7 @@ import rlwire
 from rlwire._core.slicing import run_sliced
 from rlwire.codecs import MsgpackCodec
 from rlwire.transport import FileSink, FileSource
+from rlwire.transport._file.staging import FileStaging
 
 CODEC = MsgpackCodec(sidecar=["routed_experts"])
 
@@ -32,21 +33,20 @@ def test_commit_failure_before_any_main_file_leaves_nothing(tmp_path: Path) -> N
     sink = FileSink(tmp_path)
     sink.open("error")
     staged = run_sliced(sink.stage(0, frames(2)))
-    (tmp_path / "step-00000000.rank-0000.rlw").mkdir()  # rank 0's rename will fail
-    (tmp_path / "step-00000000.rank-0000.rlw" / "x").touch()
+    assert isinstance(staged, FileStaging)
+    staged.mains[0].tmp.unlink()  # rank 0's move into place will fail (ENOENT)
     with pytest.raises(rlwire.TransportError, match="nothing was made visible"):
         staged.commit()
     assert not staged.visible
-    assert names(tmp_path) == ["step-00000000.rank-0000.rlw"]  # only the blocker: no sidecars
+    assert names(tmp_path) == []  # no sidecars, no temporary files
 
 
 def test_commit_failure_after_a_main_file_reports_partial_step(tmp_path: Path) -> None:
     sink = FileSink(tmp_path)
     sink.open("error")
     staged = run_sliced(sink.stage(0, frames(2)))
-    blocker = tmp_path / "step-00000000.rank-0001.rlw"
-    blocker.mkdir()
-    (blocker / "x").touch()
+    assert isinstance(staged, FileStaging)
+    staged.mains[1].tmp.unlink()  # rank 1's move into place will fail (ENOENT)
     with pytest.raises(rlwire.TransportError, match=r"visible for ranks \[0\] only"):
         staged.commit()
     assert staged.visible
@@ -58,12 +58,10 @@ def test_commit_failure_after_a_main_file_reports_partial_step(tmp_path: Path) -
 def test_sender_never_reuses_a_partly_visible_step(tmp_path: Path) -> None:
     import anyio
 
-    class BlockRank1(FileSink):  # a real sink; rank 1's final name is taken mid-send
+    class BlockRank1(FileSink):  # a real sink; rank 1's file vanishes mid-send
         def stage(self, step: int, frames: object) -> object:  # type: ignore[override]
             staged = yield from super().stage(step, frames)  # type: ignore[arg-type]
-            blocker = self.root / f"step-{step:08d}.rank-0001.rlw"
-            blocker.mkdir()
-            (blocker / "x").touch()
+            staged.mains[1].tmp.unlink()
             return staged
 
     async def main() -> None:

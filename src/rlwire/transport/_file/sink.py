@@ -27,14 +27,12 @@ from rlwire.transport._base import SinkOptions, SourceOptions, reject_unknown
 from rlwire.transport._file.source import FileSource, open_regular
 from rlwire.transport._file.staging import FileStaging, envelope
 from rlwire.transport._stored.layout import plan
+from rlwire.transport._stored.marks import MAX_MARK_BYTES
 from rlwire.transport._stored.names import main_name, sidecar_name
 from rlwire.transport._stored.sink import StoredSink, StoredStaging
 from rlwire.transport._url import URL
 
 __all__ = ["FileSink", "FileSource", "local_path"]
-
-#: More than any mark holds: a larger file at a mark's name is refused by its length.
-_MAX_MARK_BYTES = 4096
 
 
 def local_path(url: URL) -> str:
@@ -115,7 +113,7 @@ class FileSink(StoredSink):
         if fd is None:
             return None
         with os.fdopen(fd, "rb") as file:
-            return file.read(_MAX_MARK_BYTES)
+            return file.read(MAX_MARK_BYTES)
 
     def save(self, name: str, data: bytes) -> None:
         write_atomic(self.root / name, data, fsync=self.fsync)

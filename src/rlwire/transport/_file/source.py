@@ -81,8 +81,26 @@ class FileSource(StoredSource):
     def locate(self, name: str) -> str:
         return str(self.root / name)
 
+    def stored_steps(self) -> list[int] | None:
+        try:
+            with os.scandir(self.root) as entries:
+                return self.steps_among([e.name for e in entries])
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise transport_error(exc, "list", where=self.root) from exc
+
     def save(self, name: str, data: bytes) -> None:
         try:
+            for _ in range(3):
+                try:
+                    write_atomic(self.root / name, data)
+                    return
+                except FileNotFoundError:
+                    # A sender opening (resume, overwrite, truncate) removes temporary
+                    # files killed writers left, and may take this one: write it again.
+                    if not self.root.is_dir():
+                        raise
             write_atomic(self.root / name, data)
         except OSError as exc:
             raise transport_error(

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from rlwire._core.atomic import AtomicFile, fsync_dir
-from rlwire._core.errors import transport_error
+from rlwire._core.errors import StepExistsError, transport_error
 from rlwire._core.pools import shared_executor
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire.transport._file.writev import FEW_VIEWS, batches, hash_batch, writev_all
@@ -78,30 +78,42 @@ class FileStaging(StoredStaging):
 
     def commit(self) -> None:
         # Everything that can fail routinely happens before the first main file appears:
-        # a failure there leaves nothing visible. After that only renames of main files in
+        # a failure there leaves nothing visible. After that only moves of main files in
         # one directory remain; if one of those fails, what is visible stays visible.
+        # No move replaces a file (AtomicFile.rename(replace=False)): of two senders
+        # committing the same step, in the same order, the first to move its first file
+        # wins and the other gets StepExistsError having made nothing visible.
         ranks: list[int] = []
+        moved: list[AtomicFile] = []
         try:
             for out in self.sidecars:
-                out.rename()
+                out.rename(replace=False)
+                moved.append(out)
             if self.fsync and self.sidecars:
                 fsync_dir(self.root)
             for rank, out in enumerate(self.mains):
-                out.rename()
+                out.rename(replace=False)
                 ranks.append(rank)
                 self.visible = True
             if self.fsync:
                 fsync_dir(self.root)
         except OSError as exc:
             self.discard()
+            if not ranks:
+                for out in moved:  # only this sender's: nothing replaced them
+                    out.final.unlink(missing_ok=True)
+            if isinstance(exc, FileExistsError):
+                raise StepExistsError(
+                    "another sender committed this step first (two senders on one "
+                    "destination)" + (f"; ranks {ranks} are this sender's" if ranks else ""),
+                    where=exc.filename or self.root,
+                ) from exc
             if ranks:
                 raise transport_error(
                     exc,
                     f"commit the step in full (visible for ranks {ranks} only)",
                     where=self.root,
                 ) from exc
-            for out in self.sidecars:
-                out.final.unlink(missing_ok=True)
             raise transport_error(
                 exc, "commit the step (nothing was made visible)", where=self.root
             ) from exc

@@ -1,5 +1,6 @@
 """The marks beside the stored steps (docs/format.md): the end-of-stream mark a finished
-sender leaves, and each rank's consumption mark. A mark is 16 bytes: magic (4), major and
+sender leaves, each rank's consumption mark, and the mark of an overwrite or truncate
+under way. A mark is 16 bytes: magic (4), major and
 minor version (u16 each), a step (u64), little-endian."""
 
 from __future__ import annotations
@@ -9,13 +10,27 @@ import struct
 from rlwire._core.errors import CorruptFrameError
 from rlwire.transport._stored.layout import FORMAT_VERSION, check_magic
 
-__all__ = ["CONSUMED_MAGIC", "END_MAGIC", "consumed_mark", "end_mark", "parse_mark"]
+__all__ = [
+    "CONSUMED_MAGIC",
+    "END_MAGIC",
+    "MAX_MARK_BYTES",
+    "REWRITE_MAGIC",
+    "consumed_mark",
+    "end_mark",
+    "parse_mark",
+    "rewrite_mark",
+]
 
 #: The end-of-stream mark records the end step; a rank's consumption mark the first
 #: step it has not moved past.
 END_MAGIC = b"RLWE"
 CONSUMED_MAGIC = b"RLWC"
+#: The rewrite mark records the first step an unfinished overwrite or truncate deletes.
+REWRITE_MAGIC = b"RLWR"
 _MARK = struct.Struct("<4sHHQ")
+#: More than any mark holds: a sink reads at most this much of a file at a mark's name,
+#: so a large one is refused by its length without being read whole.
+MAX_MARK_BYTES = 4096
 
 
 def end_mark(end: int) -> bytes:
@@ -29,6 +44,15 @@ def consumed_mark(next_step: int) -> bytes:
     return _MARK.pack(CONSUMED_MAGIC, *FORMAT_VERSION, next_step)
 
 
+def rewrite_mark(first: int) -> bytes:
+    """The bytes of the mark of an overwrite (``first`` 0) or truncate deleting every
+    step from ``first`` on, while it is under way."""
+    return _MARK.pack(REWRITE_MAGIC, *FORMAT_VERSION, first)
+
+
+_WHAT = {END_MAGIC: "end mark", CONSUMED_MAGIC: "consumption mark", REWRITE_MAGIC: "rewrite mark"}
+
+
 def parse_mark(data: memoryview | bytes | bytearray, magic: bytes, where: str) -> int:
     """The step a mark (:func:`end_mark` or :func:`consumed_mark`, by ``magic``) records.
 
@@ -36,7 +60,7 @@ def parse_mark(data: memoryview | bytes | bytearray, magic: bytes, where: str) -
         CorruptFrameError: ``data`` is not such a mark.
         UnsupportedVersionError: a major version this reader does not know.
     """
-    what = "end mark" if magic == END_MAGIC else "consumption mark"
+    what = _WHAT[magic]
     if len(data) != _MARK.size:
         raise CorruptFrameError(
             f"a {what} is {_MARK.size} bytes, this one {len(data)}", where=where

@@ -18,12 +18,15 @@ __all__ = [
     "CONSUMED_RE",
     "END_NAME",
     "FILE_RE",
+    "LEFTOVER_RE",
     "MAIN_RE",
+    "REWRITE_NAME",
     "STORED_RE",
     "TEMP_RE",
     "consumed_name",
     "main_name",
     "names_to_delete",
+    "orphan_sidecars",
     "sidecar_name",
     "start_step",
     "temp_name",
@@ -31,6 +34,10 @@ __all__ = [
 
 #: The end-of-stream mark a finished sender leaves (see :func:`~rlwire.transport.layout.end_mark`).
 END_NAME = "end.rlw"
+#: The mark of an ``on_existing="overwrite"`` or ``"truncate"`` under way: written
+#: (whole) before its first deletion and removed after its last, so that a sender killed
+#: in between leaves it, and ``"resume"`` refuses to continue after the old run's steps.
+REWRITE_NAME = "rewrite.rlw"
 #: A rank's consumption mark; group: rank.
 CONSUMED_RE = re.compile(r"consumed\.rank-(\d+)\.rlw")
 #: A main file; groups: step, rank.
@@ -39,6 +46,12 @@ MAIN_RE = re.compile(r"step-(\d+)\.rank-(\d+)\.rlw")
 STORED_RE = re.compile(r"step-(\d+)\.rank-(\d+)(\.sidecar)?\.rlw")
 #: A file still being written (or left behind by a sender that was killed).
 TEMP_RE = re.compile(r"\.step-\d+\.rank-\d+(\.sidecar)?\.rlw\.[0-9a-f]+\.tmp")
+#: A temporary file any writer may leave when killed: a step's file, a mark
+#: (consumption, end, rewrite) or the sink's probe of the directory.
+LEFTOVER_RE = re.compile(
+    r"\.(?:step-\d+\.rank-\d+(?:\.sidecar)?|consumed\.rank-\d+|end|rewrite)\.rlw\.[0-9a-f]+\.tmp"
+    r"|\.rlwire-probe\.\d+\.[0-9a-f]+\.tmp"
+)
 #: Any file, stored or being written; groups: step, rank.
 FILE_RE = re.compile(r"\.?step-(\d+)\.rank-(\d+)(?:\.sidecar)?\.rlw(?:\.[0-9a-f]+\.tmp)?")
 
@@ -194,3 +207,15 @@ def names_to_delete(
                 mains.setdefault(int(m.group(1)), []).append(name)
     batches = [marks] + [sorted(mains[s]) for s in sorted(mains, reverse=True)] + [sorted(rest)]
     return [batch for batch in batches if batch]
+
+
+def orphan_sidecars(names: Iterable[str], first: int) -> list[str]:
+    """The sidecar files among ``names`` of steps from ``first`` on: a sender killed
+    while committing such a step (no main file is there, or ``first`` would be later)
+    left them, and a commit never replaces a file."""
+    out = []
+    for name in names:
+        m = STORED_RE.fullmatch(name)
+        if m and m.group(3) and int(m.group(1)) >= first:
+            out.append(name)
+    return sorted(out)

@@ -14,12 +14,14 @@ from rlwire._frame.checksums import checksum_segments
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import OnExisting, PendingFrame, Sink, Staged, take_frame
 from rlwire.transport._stored.layout import plan
-from rlwire.transport._stored.marks import end_mark
+from rlwire.transport._stored.marks import REWRITE_MAGIC, end_mark, parse_mark, rewrite_mark
 from rlwire.transport._stored.names import (
     END_NAME,
-    TEMP_RE,
+    LEFTOVER_RE,
+    REWRITE_NAME,
     main_name,
     names_to_delete,
+    orphan_sidecars,
     sidecar_name,
     start_step,
 )
@@ -131,9 +133,10 @@ class StoredSink(Sink):
         return [i for i, name in enumerate(names) if name in stored]
 
     def clean_leftovers(self, names: Sequence[str]) -> None:
-        """Remove what a killed sender left behind, invisible to readers: the temporary
-        files among ``names`` (the destination's listing)."""
-        self.remove([n for n in names if TEMP_RE.fullmatch(n)])
+        """Remove what killed writers left behind, invisible to readers: the temporary
+        files among ``names`` (the destination's listing), of steps, marks and probes
+        (:data:`~rlwire.transport._stored.names.LEFTOVER_RE`)."""
+        self.remove([n for n in names if LEFTOVER_RE.fullmatch(n)])
 
     def errors(
         self, action: str, name: str | None = None
@@ -154,17 +157,58 @@ class StoredSink(Sink):
             self.prepare()
         with self.errors("list the destination"):
             names = self.names()
+        rewriting = on_existing in ("overwrite", "truncate")
+        first = 0 if on_existing == "overwrite" else start_step
+        if REWRITE_NAME in names:
+            self.check_rewrite(on_existing, first)
         step = _start_step(self.locate(), names, on_existing, start_step)
         if on_existing == "error":
             return step
-        # Leftovers of a killed sender (temporary files, unfinished uploads) are
+        # Leftovers of killed writers (temporary files, unfinished uploads) are
         # invisible to readers, but take space.
         with self.errors("clean up after an earlier run"):
             self.clean_leftovers(names)
+        if rewriting:
+            # Written before the first deletion, removed after the last: a sender killed
+            # in between leaves it, and "resume" refuses to go on after the old steps.
+            with self.errors("mark the start of the deletion", REWRITE_NAME):
+                self.save(REWRITE_NAME, rewrite_mark(first or 0))
         with self.errors("delete earlier steps"):
             for doomed in names_to_delete(names, on_existing, start_step):  # in order
                 self.remove(doomed)
+            if on_existing == "resume":  # a killed commit's sidecars, which block the step
+                self.remove(orphan_sidecars(names, step))
+        if rewriting:
+            with self.errors("mark the end of the deletion", REWRITE_NAME):
+                self.remove([REWRITE_NAME])
         return step
+
+    def check_rewrite(self, on_existing: OnExisting, first: int | None) -> None:
+        """Refuse to open in a way that would leave the steps of an unfinished overwrite
+        or truncate (its mark, :data:`REWRITE_NAME`, is there) to receivers.
+
+        Raises:
+            StepExistsError: ``on_existing`` is ``"error"`` or ``"resume"``, or a truncate
+                keeping steps the unfinished one deletes; the message names the repair.
+        """
+        with self.errors("read", REWRITE_NAME):
+            data = self.load(REWRITE_NAME)
+        if data is None:
+            return
+        where = self.locate(REWRITE_NAME)
+        low = parse_mark(data, REWRITE_MAGIC, where)
+        if on_existing in ("overwrite", "truncate") and first is not None and first <= low:
+            return  # it deletes at least what the unfinished one did: it finishes the job
+        what = "an overwrite" if low == 0 else f"a truncate from step {low}"
+        repair = (
+            "on_existing='overwrite'" if low == 0 else f"start_step={low}, on_existing='truncate'"
+        )
+        raise StepExistsError(
+            f"{what} was cut short (a sender killed while deleting the steps of an earlier "
+            f"run): the steps left must not be sent as this run's; open the sender with "
+            f"{repair} to finish it",
+            where=where,
+        )
 
     def finish(self, end: int) -> None:
         with self.errors("mark the end of the stream", END_NAME):

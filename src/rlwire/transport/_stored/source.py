@@ -4,15 +4,36 @@ named files (or objects) in rlwire's layout."""
 from __future__ import annotations
 
 import abc
+import errno
+import time
+import warnings
 
-from rlwire._core.errors import CorruptFrameError, EndOfStream
+from rlwire._core.errors import CorruptFrameError, EndOfStream, StepGapError, TransportError
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 from rlwire.transport._stored.layout import parse_main
 from rlwire.transport._stored.marks import END_MAGIC, consumed_mark, parse_mark
-from rlwire.transport._stored.names import END_NAME, consumed_name, main_name, sidecar_name
+from rlwire.transport._stored.names import (
+    END_NAME,
+    MAIN_RE,
+    consumed_name,
+    main_name,
+    sidecar_name,
+)
 
-__all__ = ["StoredSource"]
+__all__ = ["MarkSkippedWarning", "StoredSource"]
+
+#: Why a consumption mark may not be written while the steps stay readable: a read-only
+#: directory or filesystem, no permission, a full disk or quota.
+_CANNOT_MARK = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
+#: Seconds between two looks, while a step is missing, for whether it was deleted.
+_GONE_CHECK_SECONDS = 1.0
+
+
+class MarkSkippedWarning(RuntimeWarning):
+    """A receiver could not record what its rank consumed (a read-only directory, a full
+    disk): it goes on reading, but a sender's ``keep_last`` and ``max_ahead`` do not see
+    it move on. Warned once per receiver."""
 
 
 class StoredSource(Source):
@@ -26,6 +47,8 @@ class StoredSource(Source):
 
     rank: int
     verify: bool
+    _mark_warned: bool = False
+    _gone_checked: tuple[int, float] | None = None  # (step, when)
 
     @abc.abstractmethod
     def load(self, name: str) -> memoryview | None:
@@ -45,11 +68,61 @@ class StoredSource(Source):
         """
 
     def mark_consumed(self, next_step: int) -> None:
-        self.save(consumed_name(self.rank), consumed_mark(next_step))
+        """Write the consumption mark; where the store cannot take it (read-only, full:
+        :data:`_CANNOT_MARK`) skip it with one :class:`MarkSkippedWarning`, and try again
+        at the next step: stored steps stay readable."""
+        try:
+            self.save(consumed_name(self.rank), consumed_mark(next_step))
+        except TransportError as exc:
+            if exc.errno not in _CANNOT_MARK:
+                raise
+            if not self._mark_warned:
+                self._mark_warned = True
+                warnings.warn(
+                    f"{exc}; this receiver goes on without recording what it consumed, so "
+                    "a sender's keep_last and max_ahead do not see it move on",
+                    MarkSkippedWarning,
+                    stacklevel=2,
+                )
+
+    def stored_steps(self) -> list[int] | None:
+        """The steps whose main file for this rank is stored, or None if the store
+        cannot list them. Raises what :meth:`load` raises."""
+        return None
+
+    def check_gone(self, step: int) -> None:
+        """Raise :class:`~rlwire.StepGapError` if ``step`` is missing because it was
+        deleted (``keep_last``): a later step is stored and none at or before it. Looks
+        on the first miss of ``step``, then at most every second."""
+        now = time.monotonic()
+        if self._gone_checked is not None:
+            last_step, when = self._gone_checked
+            if last_step == step and now - when < _GONE_CHECK_SECONDS:
+                return
+        self._gone_checked = (step, now)
+        steps = self.stored_steps()
+        if not steps or min(steps) <= step:
+            return
+        oldest = min(steps)
+        raise StepGapError(
+            f"step {step} is no longer stored: it was deleted (the sender's keep_last) "
+            f"before this receiver read it; the oldest stored step is {oldest}; open the "
+            f"receiver with start_step={oldest} to go on from there",
+            where=self.describe(step),
+        )
 
     @abc.abstractmethod
     def locate(self, name: str) -> str:
         """Where the file called ``name`` lives (a path or URL), for error messages."""
+
+    def steps_among(self, names: list[str]) -> list[int]:
+        """The steps of this rank's main files among ``names``."""
+        out = []
+        for name in names:
+            m = MAIN_RE.fullmatch(name)
+            if m and int(m.group(2)) == self.rank:
+                out.append(int(m.group(1)))
+        return out
 
     def check_end(self, step: int) -> None:
         """Raise :class:`~rlwire.EndOfStream` if the sender finished before ``step``.
@@ -70,6 +143,7 @@ class StoredSource(Source):
         data = self.load(name)
         if data is None:
             self.check_end(step)
+            self.check_gone(step)
             return None
 
         def load_sidecar() -> memoryview:

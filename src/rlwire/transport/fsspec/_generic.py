@@ -5,6 +5,12 @@ Temporary keys (``.<name>.<hex>.tmp``, as the file sink's) never match the names
 readers look for, so a step is invisible until its main objects are moved; a killed
 sender's temporary keys are removed by the next ``on_existing="resume"`` or
 ``"overwrite"``.
+
+Limit: fsspec's move replaces what is at the final key, and fsspec offers no move that
+refuses to; two senders on one destination are told apart only by the check before the
+step is written (:meth:`~rlwire.transport._stored.sink.StoredSink.stage`), so both can
+succeed for a step they commit at the same moment. Use one sender per destination, or
+the file sink, whose commit never replaces a file.
 """
 
 from __future__ import annotations

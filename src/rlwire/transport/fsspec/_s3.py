@@ -6,6 +6,11 @@ billed. A failed send aborts its own (retrying); those an outage kept from abort
 twins made when botocore retried a "create upload" request whose reply was lost, are
 listed and aborted when the sink closes (:meth:`S3Store.settle_leftovers`). A killed sender's
 are aborted by the next ``on_existing="resume"``, ``"truncate"`` or ``"overwrite"``.
+
+Limit: a step's objects are committed unconditionally, so two senders committing one step
+at the same moment can both succeed (only the check before the step is written tells
+them apart). S3's conditional writes (``If-None-Match: *`` on PUT and on completing a
+multipart upload, which botocore and moto support) are the way to close it; not done yet.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from anyio import CapacityLimiter
 
 from rlwire._core.args import check_int
 from rlwire.transport._base import OnExisting, SinkOptions, SourceOptions
+from rlwire.transport._stored.marks import MAX_MARK_BYTES
 from rlwire.transport._stored.sink import StoredSink
 from rlwire.transport._url import URL
 from rlwire.transport.fsspec._connection import Connection
@@ -136,8 +137,8 @@ class FsspecSink(StoredSink):
         return self._conn.get().names()
 
     def load(self, name: str) -> bytes | bytearray | None:
-        store = self._conn.get()
-        return store.get(store.path(name))
+        store = self._conn.get()  # a mark: never more than MAX_MARK_BYTES read
+        return store.head(store.path(name), MAX_MARK_BYTES)
 
     def save(self, name: str, data: bytes) -> None:
         self._conn.get().save(name, data)

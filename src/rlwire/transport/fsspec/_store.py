@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rlwire._core.slicing import run_sliced
-from rlwire.transport._stored.names import TEMP_RE
+from rlwire.transport._stored.names import LEFTOVER_RE
 from rlwire.transport._stored.sink import StoredStaging
 
 __all__ = ["Staging", "Store"]
@@ -95,10 +95,20 @@ class Store(abc.ABC):
             staging.discard()
             raise
 
+    def head(self, path: str, limit: int) -> bytes | None:
+        """At most the first ``limit`` bytes of the object at ``path`` (one ranged read),
+        or None if it does not exist: how a sink reads a mark, whose size it does not
+        trust."""
+        try:
+            data: bytes = self.fs.cat_file(path, start=0, end=limit)
+        except FileNotFoundError:
+            return None
+        return data
+
     def clean_leftovers(self, names: Sequence[str]) -> None:
         """Remove what a killed sender left behind, invisible to readers: the temporary
         keys among ``names`` (the root's listing)."""
-        self.remove([n for n in names if TEMP_RE.fullmatch(n)])
+        self.remove([n for n in names if LEFTOVER_RE.fullmatch(n)])
 
     def settle_leftovers(self) -> str | None:
         """Called when the sink closes: remove what failed sends may have left behind,

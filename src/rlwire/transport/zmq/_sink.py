@@ -203,6 +203,9 @@ class ZmqSink(Sink):
         auth = None
         try:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or unknown peer is an error
+            # A receiver reconnecting after a blip keeps its routing id: let it take over
+            # a connection this side has not yet seen die, instead of being ignored.
+            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
             sock.setsockopt(zmq.SNDHWM, self.hwm)
             if self.curve_secret_key is not None:
                 auth = start_authenticator(context, self.curve_clients)

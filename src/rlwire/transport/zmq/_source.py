@@ -70,6 +70,10 @@ class ZmqSource(Source):
     heard nothing for a second, so a sender that restarted learns it is there; it
     acknowledges every message it reads, so a closing sender knows when it is done.
 
+    A message returned stays the next one until a read asks for a step after it: a
+    receive cancelled after taking it off the socket (while decoding it) gets it again,
+    as it would a stored step.
+
     Every message is checked against the next one expected (docs/format.md, "ZeroMQ
     messages"), and no step is handed out twice:
 
@@ -155,7 +159,9 @@ class ZmqSource(Source):
         self._shared: bool | None = None if pattern is None else pattern == "shared"
         self._ordering = Ordering(endpoint, rank=rank)
         self._reassembly = Reassembly(verify=verify)
-        self._pending: tuple[int, Frame] | None = None
+        self._pending: tuple[int, Frame] | None = None  # the message after a gap
+        # The message read_next returned last, until the receiver asks for a later step.
+        self._handed: tuple[int, Frame] | None = None
         self._end: int | None = None  # the end step, once the sender finished
         self._heard = 0.0  # when a packet last arrived or this receiver last announced
         self._ack: list[bytes] | None = None  # an acknowledgement still to send
@@ -179,43 +185,55 @@ class ZmqSource(Source):
 
     def read_next(self, step: int) -> tuple[int, Frame] | None:
         with self._lock:
-            if self._pending is not None:
-                got, self._pending = self._pending, None
-                return got
-            if self._end is not None:
+            handed, self._handed = self._handed, None
+            if handed is not None and step <= handed[0]:
+                # The receive that took it was cancelled (it did not move past it): it is
+                # still the next one, as a stored step would be.
+                self._handed = handed
+                return handed
+            got = self._next(step)
+            self._handed = got
+            return got
+
+    def _next(self, step: int) -> tuple[int, Frame] | None:
+        """:meth:`read_next`, with the lock held and nothing handed out to take again."""
+        if self._pending is not None:
+            got, self._pending = self._pending, None
+            return got
+        if self._end is not None:
+            raise EndOfStream.at(self._end, where=self.endpoint)
+        sock = self._require_socket()
+        self._send_ack()
+        while True:
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                if time.monotonic() - self._heard > REANNOUNCE_SECONDS:
+                    self._announce()
+                return None
+            except zmq.ZMQError as exc:
+                raise transport_error(exc, "receive", where=self.endpoint) from exc
+            self._heard = time.monotonic()
+            views = [part.buffer for part in parts]
+            if is_ping(views):
+                continue
+            end = parse_end(views)
+            if end is not None:
+                # Sent after every message to this receiver, on the same connection.
+                self._reassembly.drop()
+                self._end = end
+                if self._shared is False and end > step:
+                    raise StepGapError(
+                        f"expected step {step}, but the sender finished the stream "
+                        f"at step {end}: steps {span(step, end)} were lost; the next "
+                        "receive raises EndOfStream",
+                        where=self.endpoint,
+                        rank=self.rank,
+                    )
                 raise EndOfStream.at(self._end, where=self.endpoint)
-            sock = self._require_socket()
-            self._send_ack()
-            while True:
-                try:
-                    parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    if time.monotonic() - self._heard > REANNOUNCE_SECONDS:
-                        self._announce()
-                    return None
-                except zmq.ZMQError as exc:
-                    raise transport_error(exc, "receive", where=self.endpoint) from exc
-                self._heard = time.monotonic()
-                views = [part.buffer for part in parts]
-                if is_ping(views):
-                    continue
-                end = parse_end(views)
-                if end is not None:
-                    # Sent after every message to this receiver, on the same connection.
-                    self._reassembly.drop()
-                    self._end = end
-                    if self._shared is False and end > step:
-                        raise StepGapError(
-                            f"expected step {step}, but the sender finished the stream "
-                            f"at step {end}: steps {span(step, end)} were lost; the next "
-                            "receive raises EndOfStream",
-                            where=self.endpoint,
-                            rank=self.rank,
-                        )
-                    raise EndOfStream.at(self._end, where=self.endpoint)
-                taken = self._take(views, step)
-                if taken is not None:
-                    return taken
+            taken = self._take(views, step)
+            if taken is not None:
+                return taken
 
     def wait(self, timeout: float | None) -> None:
         # Bounded, so that the next read_next re-announces this receiver to a sender
@@ -244,6 +262,7 @@ class ZmqSource(Source):
     def close(self) -> None:
         with self._lock:
             sock, self._socket = self._socket, None
+            self._pending = self._handed = None
             if sock is None:
                 return
             with contextlib.suppress(zmq.ZMQError):  # else the sender learns from ZeroMQ

@@ -9,13 +9,13 @@ Sender and receivers run in this process, on real sockets, under asyncio and tri
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-import zmq
 
 import rlwire
 from chaos.tcpproxy import TcpProxy
@@ -72,16 +72,19 @@ class Outcomes:
 async def receiving(
     receiver: Any, outcomes: Outcomes, *, stop_after: int | None = None
 ) -> AsyncIterator[anyio.abc.TaskGroup]:
-    """Receive in a task until the stream ends (or ``stop_after`` steps came)."""
+    """Receive in a task until the stream ends (or ``stop_after`` steps came; 0: until
+    the first error)."""
 
     async def run() -> None:
-        while stop_after is None or len(outcomes.steps()) < stop_after:
+        while not stop_after or len(outcomes.steps()) < stop_after:
             try:
                 batch = await receiver.areceive(timeout=LONG)
             except rlwire.EndOfStream:
                 return
             except rlwire.RlwireError as exc:
                 outcomes.events.append(f"{type(exc).__name__}: {exc}")
+                if stop_after == 0:
+                    return
                 continue
             assert_batches_equal(batch, payload(receiver.last_step))
             outcomes.events.append(receiver.last_step)
@@ -200,6 +203,7 @@ async def test_a_cancelled_receive_keeps_the_message_it_took(pattern: str) -> No
     async with rlwire.open_sender(
         "zmq+tcp://127.0.0.1:0", storage_options=options, compression="zstd"
     ) as sender:
+
         async def send() -> None:
             for step in range(3):
                 await sender.send(payload(step, n=big), step=step)
@@ -227,3 +231,75 @@ async def took_the_first_then_the_rest(receiver: Any) -> None:
             await receiver.areceive(timeout=LONG)
             got.append(receiver.last_step)
     assert got == [0, 1, 2]
+
+
+# -- defect 11: patterns that disagree are refused at the handshake ------------------------
+
+
+async def test_a_shared_sender_refuses_a_receiver_that_asks_for_rank_1() -> None:
+    """Receivers of ranks 0 and 1 on a shared sender: rank 1's receiver gets a
+    ConfigError at the handshake and no step; rank 0's gets every step (before, the
+    sender dealt steps 0, 2, 4 to one and 1, 3, 5 to the other, silently)."""
+    options = {"pattern": "shared", "consumers": 1, "linger": 5}
+    async with rlwire.open_sender("zmq+tcp://127.0.0.1:0", storage_options=options) as sender:
+        url = sender.sink.url
+        with rlwire.open_receiver(url, rank=0) as zero, rlwire.open_receiver(url, rank=1) as one:
+            got, refused = Outcomes(), Outcomes()
+            async with receiving(zero, got), receiving(one, refused, stop_after=0):
+                await anyio.sleep(0.2)  # both have announced themselves
+                for step in range(6):
+                    await sender.send(payload(step), step=step)
+                await sender.finish()
+    assert got.events == list(range(6))
+    assert refused.events
+    for error in refused.errors():
+        assert error.startswith("ConfigError"), refused.events
+        assert "refused this receiver of rank 1" in error and "pattern='shared'" in error
+
+
+@pytest.mark.parametrize(
+    ("sender_pattern", "receiver_pattern"), [("ranks", "shared"), ("shared", "ranks")]
+)
+async def test_a_receiver_naming_the_other_pattern_is_refused_at_the_handshake(
+    sender_pattern: str, receiver_pattern: str
+) -> None:
+    """A receiver whose storage option names the other pattern gets a ConfigError from
+    its receive, and no step; the sender, waiting for a receiver that fits, says which
+    one it refused when ready_timeout runs out."""
+    options = {"pattern": sender_pattern, "ready_timeout": 2, "linger": 1}
+    async with rlwire.open_sender("zmq+tcp://127.0.0.1:0", storage_options=options) as sender:
+        with rlwire.open_receiver(
+            sender.sink.url, rank=0, storage_options={"pattern": receiver_pattern}
+        ) as receiver:
+            refused = Outcomes()
+            async with receiving(receiver, refused, stop_after=0):
+                with pytest.raises(rlwire.TransportError, match="refused: this receiver expects"):
+                    await sender.send(payload(0), step=0)
+    assert refused.events and not refused.steps()
+    assert all(f"expects the '{receiver_pattern}'" in e for e in refused.errors())
+
+
+# -- defect 12: an ipc path in use ----------------------------------------------------------
+
+
+async def test_a_second_sender_on_an_ipc_path_in_use_is_refused(tmp_path: Path) -> None:
+    """A second sender on the ipc path of an open one gets a TransportError, as on tcp,
+    and the first goes on reaching its receiver (before, libzmq unlinked the first one's
+    socket file and bound the second silently). A path left by a dead sender may be
+    bound again."""
+    url = f"zmq+ipc://{tmp_path / 'run.sock'}"
+    async with rlwire.open_sender(url, storage_options={"linger": 5}) as first:
+        with pytest.raises(rlwire.TransportError, match=r"run\.sock: cannot bind: address in use"):
+            async with rlwire.open_sender(url):
+                pass
+        with rlwire.open_receiver(url, rank=0) as receiver:
+            got = Outcomes()
+            async with receiving(receiver, got):
+                await first.send(payload(0), step=0)
+                await first.finish()
+        assert got.events == [0]
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(tmp_path / "stale.sock"))  # a file no one listens on
+    stale.close()
+    async with rlwire.open_sender(f"zmq+ipc://{tmp_path / 'stale.sock'}"):
+        pass

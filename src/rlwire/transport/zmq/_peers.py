@@ -3,10 +3,11 @@
 A receiver counts once its ``ready`` packet has arrived (the handshake of
 docs/format.md): in the ``ranks`` pattern as the receiver of the rank it names, replacing
 an earlier one (a receiver that restarted), in the ``shared`` pattern as one more
-consumer. Each message to a receiver carries that receiver's next sequence number; the
-receiver acknowledges what it has read, so a closing sender knows whom it must still wait
-for. A receiver that says ``bye``, or that a send finds unreachable, is forgotten until
-it announces itself again.
+consumer. A receiver that expects the other pattern is refused (a ``refuse`` packet
+tells it why) and gets nothing. Each message to a receiver carries that receiver's next
+sequence number; the receiver acknowledges what it has read, so a closing sender knows
+whom it must still wait for. A receiver that says ``bye``, or that a send finds
+unreachable, is forgotten until it announces itself again.
 
 A receiver is known by its routing id, which it keeps across reconnections (after a
 network blip, ZeroMQ reconnects it with the same id). Its sequence numbers go on for the
@@ -32,10 +33,12 @@ from rlwire.transport.zmq._protocol import (
     PING,
     READY,
     REANNOUNCE_SECONDS,
+    Ready,
     abort_packet,
     end_packet,
     parse_ack,
     parse_ready,
+    refuse_packet,
 )
 from rlwire.transport.zmq._sockets import RETRY_SECONDS, Socket, has_packet, wait_descriptor
 
@@ -89,6 +92,8 @@ class Peers:
     _seq: dict[bytes, int] = field(default_factory=dict, init=False, repr=False)
     # routing id -> messages it has read (never forgotten either)
     _acked: dict[bytes, int] = field(default_factory=dict, init=False, repr=False)
+    #: routing id -> why the sender refused that receiver (its last ``ready``)
+    refused: dict[bytes, str] = field(default_factory=dict, init=False, repr=False)
     # round robin over consumers, for the shared pattern
     _turn: int = field(default=0, init=False, repr=False)
     # receivers not yet told the end (their queue was full)
@@ -243,9 +248,17 @@ class Peers:
                 self._end_pending.discard(peer)
 
     def _ready(self, peer: bytes, body: bytes) -> None:
-        rank = parse_ready(body)
-        if rank is None:
+        ready = parse_ready(body)
+        if ready is None:
             return
+        rank, refused = ready.rank, self._misfit(ready)
+        if refused:
+            self.refused[peer] = refused
+            self.forget(peer)
+            with contextlib.suppress(zmq.ZMQError):
+                self.socket.send_multipart([peer, *refuse_packet(refused)], zmq.NOBLOCK)
+            return
+        self.refused.pop(peer, None)
         if self.end is not None:
             self.send_end([peer])
         self._live[peer] = None
@@ -255,6 +268,23 @@ class Peers:
             if old is not None and old != peer:
                 self.forget(old)  # a restarted receiver replaces the old one
             self._rank_peer[rank] = peer
+
+    def _misfit(self, ready: Ready) -> str:
+        """Why a receiver that announced ``ready`` cannot be served, or ``""``: it
+        expects the other pattern, or (naming none) asks a ``shared`` sender for a rank
+        other than 0, which only the ``ranks`` pattern deals out."""
+        if self.pattern == "shared" and ready.pattern != "shared" and ready.rank:
+            return (
+                f"this receiver asked for rank {ready.rank}, but the sender deals each "
+                "step to one consumer (storage option pattern='shared'); open the sender "
+                "with pattern='ranks' for per-rank payloads, or the consumers with rank 0"
+            )
+        if ready.pattern is not None and ready.pattern != self.pattern:
+            return (
+                f"this receiver expects the {ready.pattern!r} pattern, but the sender "
+                f"uses the {self.pattern!r} pattern (storage option 'pattern')"
+            )
+        return ""
 
     def _acknowledged(self, peer: bytes, body: bytes) -> None:
         ack = parse_ack(body)
@@ -300,7 +330,8 @@ class Peers:
             missing = f"no receiver of rank {', '.join(map(str, ranks))} announced itself"
         else:
             missing = f"{len(self._live)} of {self.consumers} consumers announced themselves"
-        return TransportError(f"{missing} within ready_timeout={self.ready_timeout} s")
+        refused = f"; refused: {next(iter(self.refused.values()))}" if self.refused else ""
+        return TransportError(f"{missing} within ready_timeout={self.ready_timeout} s{refused}")
 
 
 def _expired(deadline: float | None) -> bool:

@@ -36,6 +36,7 @@ from rlwire.transport.zmq._sockets import (
     Socket,
     curve_server_keys,
     endpoint,
+    ensure_ipc_free,
     release,
     start_authenticator,
 )
@@ -198,6 +199,7 @@ class ZmqSink(Sink):
     def open(self, on_existing: OnExisting, start_step: int | None = None) -> int:
         # A socket keeps nothing from earlier runs: every on_existing starts at
         # start_step, which receivers opened with the same start_step expect.
+        ensure_ipc_free(self.endpoint)
         context: Context = zmq.Context()
         sock = context.socket(zmq.ROUTER)
         auth = None

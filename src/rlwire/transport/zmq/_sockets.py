@@ -4,6 +4,9 @@ releasing a socket with its context."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeAlias, cast
 
@@ -11,7 +14,7 @@ import anyio
 import zmq
 import zmq.auth
 
-from rlwire._core.errors import ConfigError
+from rlwire._core.errors import ConfigError, TransportError
 from rlwire.transport._url import URL
 
 __all__ = [
@@ -22,6 +25,7 @@ __all__ = [
     "curve_key",
     "curve_server_keys",
     "endpoint",
+    "ensure_ipc_free",
     "has_packet",
     "option_key",
     "release",
@@ -64,6 +68,34 @@ def endpoint(url: URL) -> str:
             raise ConfigError("a zmq+ipc URL needs a path (zmq+ipc:///tmp/run.sock)", where=url)
         return f"ipc://{path}"
     raise ConfigError("ZeroMQ URLs are zmq+tcp://host:port or zmq+ipc:///path", where=url)
+
+
+def ensure_ipc_free(endpoint: str) -> None:
+    """Refuse to bind an ``ipc://`` endpoint that another socket is listening on: libzmq
+    would unlink that socket's file and bind anyway, leaving the other sender alive but
+    unreachable. A file no one listens on (left by a process that died) may be bound.
+    Abstract addresses (``ipc://@name``) and TCP are left to the kernel, which refuses
+    an address in use by itself.
+
+    Raises:
+        TransportError: something listens on the path.
+    """
+    path = endpoint.removeprefix("ipc://")
+    if not endpoint.startswith("ipc://") or path.startswith("@") or not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except OSError:
+        return  # refused, or not a socket: no one listens there
+    finally:
+        with contextlib.suppress(OSError):
+            probe.close()
+    raise TransportError(
+        "cannot bind: address in use (another sender listens on this ipc path)",
+        where=endpoint,
+    )
 
 
 def curve_key(value: object, name: str) -> bytes:

@@ -30,6 +30,7 @@ from rlwire.transport.zmq._protocol import (
     frame_of,
     is_ping,
     parse_end,
+    parse_refuse,
     ready_packet,
 )
 from rlwire.transport.zmq._reassembly import Reassembly, Sealed
@@ -155,6 +156,7 @@ class ZmqSource(Source):
             release(sock, self._context, None, linger=None)
             raise transport_error(exc, "connect", where=endpoint) from exc
         self._socket: Socket | None = sock
+        self._pattern = pattern  # as given, announced to the sender
         # The pattern expected (True: shared), fixed by the first message if not given.
         self._shared: bool | None = None if pattern is None else pattern == "shared"
         self._ordering = Ordering(endpoint, rank=rank)
@@ -217,6 +219,12 @@ class ZmqSource(Source):
             views = [part.buffer for part in parts]
             if is_ping(views):
                 continue
+            refused = parse_refuse(views)
+            if refused is not None:
+                raise ConfigError(
+                    f"the sender refused this receiver of rank {self.rank}: {refused}",
+                    where=self.endpoint,
+                )
             end = parse_end(views)
             if end is not None:
                 # Sent after every message to this receiver, on the same connection.
@@ -278,7 +286,7 @@ class ZmqSource(Source):
         sock = self._require_socket()
         # Not connected yet and the queue full: a later announcement goes instead.
         with contextlib.suppress(zmq.Again):
-            sock.send_multipart(ready_packet(self.rank), zmq.NOBLOCK)
+            sock.send_multipart(ready_packet(self.rank, self._pattern), zmq.NOBLOCK)
         self._heard = time.monotonic()
 
     def _send_ack(self) -> None:

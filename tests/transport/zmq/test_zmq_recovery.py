@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 import pytest
+import zmq
 
 import rlwire
 from chaos.tcpproxy import TcpProxy
@@ -303,3 +304,25 @@ async def test_a_second_sender_on_an_ipc_path_in_use_is_refused(tmp_path: Path) 
     stale.close()
     async with rlwire.open_sender(f"zmq+ipc://{tmp_path / 'stale.sock'}"):
         pass
+
+
+# -- defect 18: a CURVE key mismatch says so -----------------------------------------------
+
+
+@pytest.mark.parametrize("mismatch", ["wrong server key", "key not allowed"])
+async def test_a_curve_key_mismatch_is_an_authentication_error_on_the_receiver(
+    mismatch: str,
+) -> None:
+    """A receiver whose CURVE handshake fails gets a TransportError saying that
+    authentication failed, not a ReceiveTimeout with nothing to go on."""
+    public, secret = zmq.curve_keypair()
+    allowed, _ = zmq.curve_keypair()
+    options = {"curve_secret_key": secret, "curve_clients": [allowed], "linger": 1}
+    server_key = zmq.curve_keypair()[0] if mismatch == "wrong server key" else public
+    async with rlwire.open_sender("zmq+tcp://127.0.0.1:0", storage_options=options) as sender:
+        with rlwire.open_receiver(
+            sender.sink.url, rank=0, storage_options={"curve_server_key": server_key}
+        ) as receiver:
+            with pytest.raises(rlwire.TransportError, match="CURVE authentication failed"):
+                with anyio.fail_after(LONG):
+                    await receiver.areceive(timeout=5)

@@ -273,16 +273,16 @@ class Peers:
         """Why a receiver that announced ``ready`` cannot be served, or ``""``: it
         expects the other pattern, or (naming none) asks a ``shared`` sender for a rank
         other than 0, which only the ``ranks`` pattern deals out."""
-        if self.pattern == "shared" and ready.pattern != "shared" and ready.rank:
-            return (
-                f"this receiver asked for rank {ready.rank}, but the sender deals each "
-                "step to one consumer (storage option pattern='shared'); open the sender "
-                "with pattern='ranks' for per-rank payloads, or the consumers with rank 0"
-            )
         if ready.pattern is not None and ready.pattern != self.pattern:
             return (
                 f"this receiver expects the {ready.pattern!r} pattern, but the sender "
                 f"uses the {self.pattern!r} pattern (storage option 'pattern')"
+            )
+        if self.pattern == "shared" and ready.pattern is None and ready.rank:
+            return (
+                f"this receiver asked for rank {ready.rank}, but the sender deals each "
+                "step to one consumer (storage option pattern='shared'); open the sender "
+                "with pattern='ranks' for per-rank payloads, or the consumers with rank 0"
             )
         return ""
 

@@ -18,9 +18,11 @@ from rlwire._core.errors import ConfigError, TransportError
 from rlwire.transport._url import URL
 
 __all__ = [
+    "HANDSHAKE_EVENTS",
     "RETRY_SECONDS",
     "Context",
     "Socket",
+    "check_handshake",
     "connect_curve",
     "curve_key",
     "curve_server_keys",
@@ -35,6 +37,14 @@ __all__ = [
 
 Socket: TypeAlias = "zmq.Socket[bytes]"
 Context: TypeAlias = "zmq.Context[zmq.Socket[bytes]]"
+
+#: What the monitor of a CURVE client's socket reports: the handshake's outcome.
+HANDSHAKE_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 
 #: Longest a sender or receiver sleeps between checks of a full queue, a missing
 #: receiver or a closed socket; the socket's descriptor usually wakes it sooner.
@@ -196,10 +206,42 @@ async def wait_descriptor(sock: Socket, timeout: float | None) -> None:
         await anyio.wait_readable(cast(int, sock.getsockopt(zmq.FD)))
 
 
-def release(sock: Socket, context: Context, auth: Any, *, linger: int | None) -> None:
+def check_handshake(monitor: Socket, *, where: str) -> None:
+    """Read the handshake events that ``monitor`` (of a CURVE client's socket, watching
+    :data:`HANDSHAKE_EVENTS`) has queued, without waiting.
+
+    Raises:
+        TransportError: a handshake failed: authentication failed.
+    """
+    from zmq.utils.monitor import parse_monitor_message
+
+    while True:
+        try:
+            event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))["event"]
+        except zmq.Again:
+            return
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            why = "the sender refused this receiver's key (not among its curve_clients)"
+        elif event != zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            why = (
+                "the handshake with the sender failed: is curve_server_key the sender's "
+                "public key, and does the sender use CURVE?"
+            )
+        else:
+            continue
+        raise TransportError(f"CURVE authentication failed: {why}", where=where)
+
+
+def release(
+    sock: Socket, context: Context, auth: Any, *, linger: int | None, monitor: Socket | None = None
+) -> None:
     """Close ``sock``, letting ZeroMQ send what is queued for ``linger`` milliseconds
-    (``None``: the socket's own setting), stop the authenticator if there is one, and
-    terminate ``context``."""
+    (``None``: the socket's own setting), and its ``monitor`` if it has one, stop the
+    authenticator if there is one, and terminate ``context``."""
+    if monitor is not None:
+        with contextlib.suppress(zmq.ZMQError):
+            sock.disable_monitor()
+        monitor.close(linger=0)
     sock.close(linger=linger)
     if auth is not None:
         auth.stop()

@@ -35,9 +35,11 @@ from rlwire.transport.zmq._protocol import (
 )
 from rlwire.transport.zmq._reassembly import Reassembly, Sealed
 from rlwire.transport.zmq._sockets import (
+    HANDSHAKE_EVENTS,
     RETRY_SECONDS,
     Context,
     Socket,
+    check_handshake,
     connect_curve,
     endpoint,
     has_packet,
@@ -95,7 +97,9 @@ class ZmqSource(Source):
 
     Raises:
         ConfigError: CURVE keys that do not go together; an unknown pattern.
-        TransportError: the socket cannot connect or receive.
+        TransportError: the socket cannot connect or receive; CURVE authentication
+            failed (the sender refused this receiver's key, or ``curve_server_key`` is
+            not the sender's): raised by a read, for each handshake that failed.
         StepGapError: a message was lost (the sequence or, for per-rank messages, the
             step does not follow on); the next read returns the message after the gap.
         StepOrderError: a step that would be returned a second time, or go backwards:
@@ -149,11 +153,13 @@ class ZmqSource(Source):
             sock.setsockopt(zmq.RCVHWM, hwm)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTING_ID, os.urandom(12))
+            self._monitor: Socket | None = None
             if curve_server_key is not None:
                 connect_curve(sock, curve_server_key, curve_public_key, curve_secret_key)
+                self._monitor = sock.get_monitor_socket(HANDSHAKE_EVENTS)
             sock.connect(endpoint)
         except zmq.ZMQError as exc:
-            release(sock, self._context, None, linger=None)
+            release(sock, self._context, None, linger=None, monitor=self._monitor)
             raise transport_error(exc, "connect", where=endpoint) from exc
         self._socket: Socket | None = sock
         self._pattern = pattern  # as given, announced to the sender
@@ -193,6 +199,8 @@ class ZmqSource(Source):
                 # still the next one, as a stored step would be.
                 self._handed = handed
                 return handed
+            if self._monitor is not None and self._socket is not None:
+                check_handshake(self._monitor, where=self.endpoint)
             got = self._next(step)
             self._handed = got
             return got
@@ -275,7 +283,7 @@ class ZmqSource(Source):
                 return
             with contextlib.suppress(zmq.ZMQError):  # else the sender learns from ZeroMQ
                 sock.send_multipart(bye_packet(), zmq.NOBLOCK)
-            release(sock, self._context, None, linger=100)
+            release(sock, self._context, None, linger=100, monitor=self._monitor)
 
     def _require_socket(self) -> Socket:
         if self._socket is None:

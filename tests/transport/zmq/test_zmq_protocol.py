@@ -173,7 +173,17 @@ def test_control_packets_are_as_documented() -> None:
     assert protocol.bye_packet() == [b"bye", b""]
     assert protocol.abort_packet(b"C" * 8, 7) == [b"abort", struct.pack("<8sQ", b"C" * 8, 7)]
     assert protocol.is_ping([b"ping"]) and not protocol.is_ping([b"ping", b""])
-    assert protocol.parse_ready(msgspec.msgpack.encode([2, 3])) == 3
+    assert protocol.parse_ready(msgspec.msgpack.encode([2, 3])) == protocol.Ready(2, 3)
+    assert protocol.ready_packet(0, "shared") == [
+        b"ready",
+        msgspec.msgpack.encode([2, 0, "shared"]),
+    ]
+    assert protocol.parse_ready(msgspec.msgpack.encode([2, 1, "ranks"])) == protocol.Ready(
+        2, 1, "ranks"
+    )
+    assert protocol.parse_ready(msgspec.msgpack.encode([2, 1, "odd"])) == protocol.Ready(2, 1)
+    assert protocol.refuse_packet("why") == [b"refuse", b"why"]
+    assert protocol.parse_refuse([b"refuse", b"why"]) == "why"
     for body in (msgspec.msgpack.encode([1, 3]), msgspec.msgpack.encode([2, -1]), b"\xc1"):
         assert protocol.parse_ready(body) is None  # ignored: another version, or not one
     assert protocol.parse_ack(struct.pack("<8sQ", b"C" * 8, 7)) == (b"C" * 8, 7)

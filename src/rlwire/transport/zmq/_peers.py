@@ -3,9 +3,18 @@
 A receiver counts once its ``ready`` packet has arrived (the handshake of
 docs/format.md): in the ``ranks`` pattern as the receiver of the rank it names, replacing
 an earlier one (a receiver that restarted), in the ``shared`` pattern as one more
-consumer. Each message to a receiver carries that receiver's next sequence number; the
-receiver acknowledges what it has read, so a closing sender knows whom it must still wait
-for. A receiver that says ``bye``, or that a send finds unreachable, is forgotten.
+consumer. A receiver that expects the other pattern is refused (a ``refuse`` packet
+tells it why) and gets nothing. Each message to a receiver carries that receiver's next
+sequence number; the receiver acknowledges what it has read, so a closing sender knows
+whom it must still wait for. A receiver that says ``bye``, or that a send finds
+unreachable, is forgotten until it announces itself again.
+
+A receiver is known by its routing id, which it keeps across reconnections (after a
+network blip, ZeroMQ reconnects it with the same id). Its sequence numbers go on for the
+life of the sender, whatever happens to the connection: a receiver that comes back after
+a blip, or that lost its rank to another receiver and won it back, gets the sequence
+number after the last one sent to it, so it reports what it lost meanwhile as one
+StepGapError, and never takes a fresh message for an old one.
 """
 
 from __future__ import annotations
@@ -24,10 +33,12 @@ from rlwire.transport.zmq._protocol import (
     PING,
     READY,
     REANNOUNCE_SECONDS,
+    Ready,
     abort_packet,
     end_packet,
     parse_ack,
     parse_ready,
+    refuse_packet,
 )
 from rlwire.transport.zmq._sockets import RETRY_SECONDS, Socket, has_packet, wait_descriptor
 
@@ -75,10 +86,14 @@ class Peers:
     announced_by: float = field(default=0.0, init=False)
     # rank -> routing id of its receiver
     _rank_peer: dict[int, bytes] = field(default_factory=dict, init=False, repr=False)
-    # routing id -> next sequence number
+    # the routing ids of the receivers there now, in the order they announced themselves
+    _live: dict[bytes, None] = field(default_factory=dict, init=False, repr=False)
+    # routing id -> next sequence number, for the life of the sender (never forgotten)
     _seq: dict[bytes, int] = field(default_factory=dict, init=False, repr=False)
-    # routing id -> messages it has read
+    # routing id -> messages it has read (never forgotten either)
     _acked: dict[bytes, int] = field(default_factory=dict, init=False, repr=False)
+    #: routing id -> why the sender refused that receiver (its last ``ready``)
+    refused: dict[bytes, str] = field(default_factory=dict, init=False, repr=False)
     # round robin over consumers, for the shared pattern
     _turn: int = field(default=0, init=False, repr=False)
     # receivers not yet told the end (their queue was full)
@@ -116,7 +131,7 @@ class Peers:
         deadline = self._deadline()
         while True:
             self.drain()
-            if peer is not None and peer not in self._seq:
+            if peer is not None and peer not in self._live:
                 raise self._gone(rank)
             for candidate in self._candidates(rank) if peer is None else [peer]:
                 try:
@@ -169,9 +184,9 @@ class Peers:
                 self._ready(peer, body)
 
     def forget(self, peer: bytes) -> None:
-        """Drop ``peer`` (gone, or replaced by a receiver of the same rank)."""
-        self._seq.pop(peer, None)
-        self._acked.pop(peer, None)
+        """Drop ``peer`` (gone, or replaced by a receiver of the same rank) until it
+        announces itself again; its sequence number is kept."""
+        self._live.pop(peer, None)
         self._end_pending.discard(peer)
         for rank, known in list(self._rank_peer.items()):
             if known == peer:
@@ -222,7 +237,7 @@ class Peers:
         :attr:`end`. A receiver whose queue is full is told again by :meth:`linger`
         (or when it announces itself again); one that vanished is forgotten."""
         assert self.end is not None
-        for peer in list(self._seq) if peers is None else peers:
+        for peer in list(self._live) if peers is None else peers:
             try:
                 self.socket.send_multipart([peer, *end_packet(self.end)], zmq.NOBLOCK)
             except zmq.Again:
@@ -233,17 +248,43 @@ class Peers:
                 self._end_pending.discard(peer)
 
     def _ready(self, peer: bytes, body: bytes) -> None:
-        rank = parse_ready(body)
-        if rank is None:
+        ready = parse_ready(body)
+        if ready is None:
             return
+        rank, refused = ready.rank, self._misfit(ready)
+        if refused:
+            self.refused[peer] = refused
+            self.forget(peer)
+            with contextlib.suppress(zmq.ZMQError):
+                self.socket.send_multipart([peer, *refuse_packet(refused)], zmq.NOBLOCK)
+            return
+        self.refused.pop(peer, None)
         if self.end is not None:
             self.send_end([peer])
-        self._seq.setdefault(peer, 0)
+        self._live[peer] = None
+        self._seq.setdefault(peer, 0)  # a receiver known before goes on where it was
         if self.pattern == "ranks":
             old = self._rank_peer.get(rank)
             if old is not None and old != peer:
                 self.forget(old)  # a restarted receiver replaces the old one
             self._rank_peer[rank] = peer
+
+    def _misfit(self, ready: Ready) -> str:
+        """Why a receiver that announced ``ready`` cannot be served, or ``""``: it
+        expects the other pattern, or (naming none) asks a ``shared`` sender for a rank
+        other than 0, which only the ``ranks`` pattern deals out."""
+        if ready.pattern is not None and ready.pattern != self.pattern:
+            return (
+                f"this receiver expects the {ready.pattern!r} pattern, but the sender "
+                f"uses the {self.pattern!r} pattern (storage option 'pattern')"
+            )
+        if self.pattern == "shared" and ready.pattern is None and ready.rank:
+            return (
+                f"this receiver asked for rank {ready.rank}, but the sender deals each "
+                "step to one consumer (storage option pattern='shared'); open the sender "
+                "with pattern='ranks' for per-rank payloads, or the consumers with rank 0"
+            )
+        return ""
 
     def _acknowledged(self, peer: bytes, body: bytes) -> None:
         ack = parse_ack(body)
@@ -255,7 +296,7 @@ class Peers:
         if self.pattern == "ranks":
             peer = self._rank_peer.get(rank)
             return [] if peer is None else [peer]
-        peers = list(self._seq)
+        peers = list(self._live)
         if len(peers) < self.consumers and not self.delivered:
             return []  # the first send waits for the consumers the user asked for
         self._turn += 1
@@ -265,7 +306,7 @@ class Peers:
     def _waiting(self) -> list[bytes]:
         """The receivers that have not yet read everything sent to them."""
         self.drain()
-        return [peer for peer, sent in self._seq.items() if self._acked.get(peer, 0) < sent]
+        return [peer for peer in self._live if self._acked.get(peer, 0) < self._seq[peer]]
 
     async def _wait(self) -> None:
         """Wait for any change on the socket (a packet in, room in a queue), at most
@@ -288,8 +329,9 @@ class Peers:
         if self.pattern == "ranks":
             missing = f"no receiver of rank {', '.join(map(str, ranks))} announced itself"
         else:
-            missing = f"{len(self._seq)} of {self.consumers} consumers announced themselves"
-        return TransportError(f"{missing} within ready_timeout={self.ready_timeout} s")
+            missing = f"{len(self._live)} of {self.consumers} consumers announced themselves"
+        refused = f"; refused: {next(iter(self.refused.values()))}" if self.refused else ""
+        return TransportError(f"{missing} within ready_timeout={self.ready_timeout} s{refused}")
 
 
 def _expired(deadline: float | None) -> bool:

@@ -15,8 +15,8 @@ lets both sides hash while ZeroMQ moves the bytes: ZeroMQ starts sending a packe
 once its last part is queued, and hands it to the reader only whole.
 
 Control packets are a kind and a body: ``ready``, ``ack`` and ``bye`` go from a receiver
-to the sender, ``ping`` (a single part), ``seal``, ``abort`` and ``end`` from a sender to
-a receiver.
+to the sender, ``ping`` (a single part), ``seal``, ``abort``, ``end`` and ``refuse`` from
+a sender to a receiver.
 
 This module builds and checks those parts and touches no socket. What it writes is the
 wire format: a change here is a change of docs/format.md, and of :data:`VERSION`.
@@ -43,6 +43,7 @@ __all__ = [
     "PING",
     "READY",
     "REANNOUNCE_SECONDS",
+    "REFUSE",
     "SEAL",
     "VERSION",
     "Head",
@@ -51,7 +52,6 @@ __all__ = [
     "abort_packet",
     "ack_packet",
     "bye_packet",
-    "check_recipient",
     "end_packet",
     "first_part",
     "frame_of",
@@ -62,8 +62,10 @@ __all__ = [
     "parse_data",
     "parse_end",
     "parse_ready",
+    "parse_refuse",
     "parse_seal",
     "ready_packet",
+    "refuse_packet",
     "seal_packet",
 ]
 
@@ -93,6 +95,10 @@ SEAL = b"seal"
 #: Sender -> receiver, body: the message's session and ``seq``: the sender stopped midway
 #: through the message (a cancelled send); what arrived of it is discarded.
 ABORT = b"abort"
+#: Sender -> receiver, body: why (UTF-8, 1000 bytes at most): the sender sends nothing
+#: to a receiver whose ``ready`` does not fit it (it expects the other pattern).
+REFUSE = b"refuse"
+_REFUSE_BYTES = 1000
 REANNOUNCE_SECONDS = 1.0
 
 _ACK_BODY = struct.Struct("<8sQ")
@@ -146,10 +152,12 @@ class Seal(msgspec.Struct, frozen=True):
 
 
 class Ready(msgspec.Struct, array_like=True, frozen=True):
-    """The body of a ``ready`` packet: the receiver's major version and its rank."""
+    """The body of a ``ready`` packet: the receiver's major version, its rank and, if it
+    named one, the pattern it expects (a third item, which a 2.0 sender ignores)."""
 
     major: int
     rank: int
+    pattern: str | None = None
 
 
 _head_encoder = msgspec.msgpack.Encoder()
@@ -297,26 +305,6 @@ def parse_data(parts: Sequence[bytes | memoryview], *, where: str) -> tuple[Head
     return head, [memoryview(part) for part in parts[1:]]
 
 
-def check_recipient(head: Head, *, rank: int, shared: bool | None, where: str) -> None:
-    """Check that a message is meant for a receiver of ``rank`` that expects the
-    ``shared`` pattern (``True``), the ``ranks`` pattern (``False``), or either
-    (``None``).
-
-    Raises:
-        CorruptFrameError: a message of the other pattern, or another rank's payload.
-    """
-    if shared is not None and head.shared != shared:
-        found, expected = ("shared", "ranks") if head.shared else ("ranks", "shared")
-        raise CorruptFrameError(
-            f"step {head.step} is of the {found!r} pattern; this receiver expects the "
-            f"{expected!r} pattern (the sender and receiver disagree on storage option "
-            "'pattern')",
-            where=where,
-        )
-    if not head.shared and head.rank != rank:
-        raise CorruptFrameError(f"holds rank {head.rank}'s payload", where=where)
-
-
 def frame_of(head: Head, segments: Sequence[memoryview], *, where: str) -> Frame:
     """The Frame of a checked message: its segments, described by its head.
 
@@ -336,29 +324,45 @@ def frame_of(head: Head, segments: Sequence[memoryview], *, where: str) -> Frame
         raise CorruptFrameError(str(exc), where=where) from exc
 
 
-def ready_packet(rank: int) -> list[bytes]:
-    """The ``ready`` packet of a receiver of ``rank``.
+def ready_packet(rank: int, pattern: str | None = None) -> list[bytes]:
+    """The ``ready`` packet of a receiver of ``rank`` that expects ``pattern`` (``None``:
+    it named none, and the body is the two items of version 2.0).
 
     Example:
-        >>> ready_packet(2)
-        [b'ready', b'\\x92\\x02\\x02']
+        >>> ready_packet(2), ready_packet(0, "shared")
+        ([b'ready', b'\\x92\\x02\\x02'], [b'ready', b'\\x93\\x02\\x00\\xa6shared'])
     """
-    return [READY, msgspec.msgpack.encode(Ready(VERSION[0], rank))]
+    body: list[object] = [VERSION[0], rank] if pattern is None else [VERSION[0], rank, pattern]
+    return [READY, msgspec.msgpack.encode(body)]
 
 
-def parse_ready(body: bytes) -> int | None:
-    """The rank a ``ready`` body announces, or ``None`` if it is malformed or of another
-    major version (a sender ignores such a receiver).
+def parse_ready(body: bytes) -> Ready | None:
+    """What a ``ready`` body announces (an unknown pattern reads as none), or ``None``
+    if it is malformed or of another major version (a sender ignores such a receiver).
 
     Example:
         >>> parse_ready(ready_packet(2)[1]), parse_ready(b"\\x92\\x09\\x02")  # version 9
-        (2, None)
+        (Ready(major=2, rank=2, pattern=None), None)
     """
     try:
         ready = _ready_decoder.decode(body)
     except msgspec.DecodeError:
         return None
-    return ready.rank if ready.major == VERSION[0] and ready.rank >= 0 else None
+    if ready.pattern not in (None, "ranks", "shared"):
+        ready = msgspec.structs.replace(ready, pattern=None)
+    return ready if ready.major == VERSION[0] and ready.rank >= 0 else None
+
+
+def refuse_packet(reason: str) -> list[bytes]:
+    """The ``refuse`` packet: the sender will send this receiver nothing, for ``reason``."""
+    return [REFUSE, reason.encode()[:_REFUSE_BYTES]]
+
+
+def parse_refuse(parts: Sequence[bytes | memoryview]) -> str | None:
+    """Why the sender refused this receiver, if ``parts`` is a ``refuse`` packet."""
+    if len(parts) != 2 or bytes(parts[0]) != REFUSE:
+        return None
+    return bytes(parts[1])[:_REFUSE_BYTES].decode(errors="replace")
 
 
 def ack_packet(session: bytes, seq: int) -> list[bytes]:

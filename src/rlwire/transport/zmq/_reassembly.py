@@ -17,7 +17,6 @@ from rlwire._core.errors import CorruptFrameError
 from rlwire._frame.checksums import CHECKSUM, check_algorithm, compare_digests, segment_digests
 from rlwire.transport.zmq._protocol import (
     Head,
-    check_recipient,
     parse_abort,
     parse_data,
     parse_seal,
@@ -74,7 +73,7 @@ class Sealed:
                 f"head, {len(segments)} received, {len(self.checksums) // 8} checksums",
                 where=where,
             )
-        check_recipient(head, rank=rank, shared=shared, where=where)
+        _check_recipient(head, rank=rank, shared=shared, where=where)
         if verify and head.checksum is not None:
             check_algorithm(head.checksum, where)
             compare_digests(self.checksums, self.digests, segments, where)
@@ -148,3 +147,23 @@ class Reassembly:
         if self.verify and head.checksum == CHECKSUM:  # while the next packet arrives
             partial.digests += segment_digests(segments)
         return None
+
+
+def _check_recipient(head: Head, *, rank: int, shared: bool | None, where: str) -> None:
+    """Check that a message is meant for a receiver of ``rank`` that expects the
+    ``shared`` pattern (``True``), the ``ranks`` pattern (``False``), or either
+    (``None``).
+
+    Raises:
+        CorruptFrameError: a message of the other pattern, or another rank's payload.
+    """
+    if shared is not None and head.shared != shared:
+        found, expected = ("shared", "ranks") if head.shared else ("ranks", "shared")
+        raise CorruptFrameError(
+            f"step {head.step} is of the {found!r} pattern; this receiver expects the "
+            f"{expected!r} pattern (the sender and receiver disagree on storage option "
+            "'pattern')",
+            where=where,
+        )
+    if not head.shared and head.rank != rank:
+        raise CorruptFrameError(f"holds rank {head.rank}'s payload", where=where)

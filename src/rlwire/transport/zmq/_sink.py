@@ -36,6 +36,7 @@ from rlwire.transport.zmq._sockets import (
     Socket,
     curve_server_keys,
     endpoint,
+    ensure_ipc_free,
     release,
     start_authenticator,
 )
@@ -198,11 +199,15 @@ class ZmqSink(Sink):
     def open(self, on_existing: OnExisting, start_step: int | None = None) -> int:
         # A socket keeps nothing from earlier runs: every on_existing starts at
         # start_step, which receivers opened with the same start_step expect.
+        ensure_ipc_free(self.endpoint)
         context: Context = zmq.Context()
         sock = context.socket(zmq.ROUTER)
         auth = None
         try:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or unknown peer is an error
+            # A receiver reconnecting after a blip keeps its routing id: let it take over
+            # a connection this side has not yet seen die, instead of being ignored.
+            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
             sock.setsockopt(zmq.SNDHWM, self.hwm)
             if self.curve_secret_key is not None:
                 auth = start_authenticator(context, self.curve_clients)

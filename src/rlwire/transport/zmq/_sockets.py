@@ -4,6 +4,9 @@ releasing a socket with its context."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeAlias, cast
 
@@ -11,17 +14,20 @@ import anyio
 import zmq
 import zmq.auth
 
-from rlwire._core.errors import ConfigError
+from rlwire._core.errors import ConfigError, TransportError
 from rlwire.transport._url import URL
 
 __all__ = [
+    "HANDSHAKE_EVENTS",
     "RETRY_SECONDS",
     "Context",
     "Socket",
+    "check_handshake",
     "connect_curve",
     "curve_key",
     "curve_server_keys",
     "endpoint",
+    "ensure_ipc_free",
     "has_packet",
     "option_key",
     "release",
@@ -31,6 +37,14 @@ __all__ = [
 
 Socket: TypeAlias = "zmq.Socket[bytes]"
 Context: TypeAlias = "zmq.Context[zmq.Socket[bytes]]"
+
+#: What the monitor of a CURVE client's socket reports: the handshake's outcome.
+HANDSHAKE_EVENTS = (
+    zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 
 #: Longest a sender or receiver sleeps between checks of a full queue, a missing
 #: receiver or a closed socket; the socket's descriptor usually wakes it sooner.
@@ -64,6 +78,34 @@ def endpoint(url: URL) -> str:
             raise ConfigError("a zmq+ipc URL needs a path (zmq+ipc:///tmp/run.sock)", where=url)
         return f"ipc://{path}"
     raise ConfigError("ZeroMQ URLs are zmq+tcp://host:port or zmq+ipc:///path", where=url)
+
+
+def ensure_ipc_free(endpoint: str) -> None:
+    """Refuse to bind an ``ipc://`` endpoint that another socket is listening on: libzmq
+    would unlink that socket's file and bind anyway, leaving the other sender alive but
+    unreachable. A file no one listens on (left by a process that died) may be bound.
+    Abstract addresses (``ipc://@name``) and TCP are left to the kernel, which refuses
+    an address in use by itself.
+
+    Raises:
+        TransportError: something listens on the path.
+    """
+    path = endpoint.removeprefix("ipc://")
+    if not endpoint.startswith("ipc://") or path.startswith("@") or not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except OSError:
+        return  # refused, or not a socket: no one listens there
+    finally:
+        with contextlib.suppress(OSError):
+            probe.close()
+    raise TransportError(
+        "cannot bind: address in use (another sender listens on this ipc path)",
+        where=endpoint,
+    )
 
 
 def curve_key(value: object, name: str) -> bytes:
@@ -164,10 +206,42 @@ async def wait_descriptor(sock: Socket, timeout: float | None) -> None:
         await anyio.wait_readable(cast(int, sock.getsockopt(zmq.FD)))
 
 
-def release(sock: Socket, context: Context, auth: Any, *, linger: int | None) -> None:
+def check_handshake(monitor: Socket, *, where: str) -> None:
+    """Read the handshake events that ``monitor`` (of a CURVE client's socket, watching
+    :data:`HANDSHAKE_EVENTS`) has queued, without waiting.
+
+    Raises:
+        TransportError: a handshake failed: authentication failed.
+    """
+    from zmq.utils.monitor import parse_monitor_message
+
+    while True:
+        try:
+            event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))["event"]
+        except zmq.Again:
+            return
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            why = "the sender refused this receiver's key (not among its curve_clients)"
+        elif event != zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            why = (
+                "the handshake with the sender failed: is curve_server_key the sender's "
+                "public key, and does the sender use CURVE?"
+            )
+        else:
+            continue
+        raise TransportError(f"CURVE authentication failed: {why}", where=where)
+
+
+def release(
+    sock: Socket, context: Context, auth: Any, *, linger: int | None, monitor: Socket | None = None
+) -> None:
     """Close ``sock``, letting ZeroMQ send what is queued for ``linger`` milliseconds
-    (``None``: the socket's own setting), stop the authenticator if there is one, and
-    terminate ``context``."""
+    (``None``: the socket's own setting), and its ``monitor`` if it has one, stop the
+    authenticator if there is one, and terminate ``context``."""
+    if monitor is not None:
+        with contextlib.suppress(zmq.ZMQError):
+            sock.disable_monitor()
+        monitor.close(linger=0)
     sock.close(linger=linger)
     if auth is not None:
         auth.stop()

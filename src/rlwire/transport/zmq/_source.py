@@ -30,13 +30,16 @@ from rlwire.transport.zmq._protocol import (
     frame_of,
     is_ping,
     parse_end,
+    parse_refuse,
     ready_packet,
 )
 from rlwire.transport.zmq._reassembly import Reassembly, Sealed
 from rlwire.transport.zmq._sockets import (
+    HANDSHAKE_EVENTS,
     RETRY_SECONDS,
     Context,
     Socket,
+    check_handshake,
     connect_curve,
     endpoint,
     has_packet,
@@ -70,6 +73,10 @@ class ZmqSource(Source):
     heard nothing for a second, so a sender that restarted learns it is there; it
     acknowledges every message it reads, so a closing sender knows when it is done.
 
+    A message returned stays the next one until a read asks for a step after it: a
+    receive cancelled after taking it off the socket (while decoding it) gets it again,
+    as it would a stored step.
+
     Every message is checked against the next one expected (docs/format.md, "ZeroMQ
     messages"), and no step is handed out twice:
 
@@ -90,7 +97,9 @@ class ZmqSource(Source):
 
     Raises:
         ConfigError: CURVE keys that do not go together; an unknown pattern.
-        TransportError: the socket cannot connect or receive.
+        TransportError: the socket cannot connect or receive; CURVE authentication
+            failed (the sender refused this receiver's key, or ``curve_server_key`` is
+            not the sender's): raised by a read, for each handshake that failed.
         StepGapError: a message was lost (the sequence or, for per-rank messages, the
             step does not follow on); the next read returns the message after the gap.
         StepOrderError: a step that would be returned a second time, or go backwards:
@@ -144,18 +153,23 @@ class ZmqSource(Source):
             sock.setsockopt(zmq.RCVHWM, hwm)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTING_ID, os.urandom(12))
+            self._monitor: Socket | None = None
             if curve_server_key is not None:
                 connect_curve(sock, curve_server_key, curve_public_key, curve_secret_key)
+                self._monitor = sock.get_monitor_socket(HANDSHAKE_EVENTS)
             sock.connect(endpoint)
         except zmq.ZMQError as exc:
-            release(sock, self._context, None, linger=None)
+            release(sock, self._context, None, linger=None, monitor=self._monitor)
             raise transport_error(exc, "connect", where=endpoint) from exc
         self._socket: Socket | None = sock
+        self._pattern = pattern  # as given, announced to the sender
         # The pattern expected (True: shared), fixed by the first message if not given.
         self._shared: bool | None = None if pattern is None else pattern == "shared"
         self._ordering = Ordering(endpoint, rank=rank)
         self._reassembly = Reassembly(verify=verify)
-        self._pending: tuple[int, Frame] | None = None
+        self._pending: tuple[int, Frame] | None = None  # the message after a gap
+        # The message read_next returned last, until the receiver asks for a later step.
+        self._handed: tuple[int, Frame] | None = None
         self._end: int | None = None  # the end step, once the sender finished
         self._heard = 0.0  # when a packet last arrived or this receiver last announced
         self._ack: list[bytes] | None = None  # an acknowledgement still to send
@@ -179,43 +193,63 @@ class ZmqSource(Source):
 
     def read_next(self, step: int) -> tuple[int, Frame] | None:
         with self._lock:
-            if self._pending is not None:
-                got, self._pending = self._pending, None
-                return got
-            if self._end is not None:
+            handed, self._handed = self._handed, None
+            if handed is not None and step <= handed[0]:
+                # The receive that took it was cancelled (it did not move past it): it is
+                # still the next one, as a stored step would be.
+                self._handed = handed
+                return handed
+            if self._monitor is not None and self._socket is not None:
+                check_handshake(self._monitor, where=self.endpoint)
+            got = self._next(step)
+            self._handed = got
+            return got
+
+    def _next(self, step: int) -> tuple[int, Frame] | None:
+        """:meth:`read_next`, with the lock held and nothing handed out to take again."""
+        if self._pending is not None:
+            got, self._pending = self._pending, None
+            return got
+        if self._end is not None:
+            raise EndOfStream.at(self._end, where=self.endpoint)
+        sock = self._require_socket()
+        self._send_ack()
+        while True:
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                if time.monotonic() - self._heard > REANNOUNCE_SECONDS:
+                    self._announce()
+                return None
+            except zmq.ZMQError as exc:
+                raise transport_error(exc, "receive", where=self.endpoint) from exc
+            self._heard = time.monotonic()
+            views = [part.buffer for part in parts]
+            if is_ping(views):
+                continue
+            refused = parse_refuse(views)
+            if refused is not None:
+                raise ConfigError(
+                    f"the sender refused this receiver of rank {self.rank}: {refused}",
+                    where=self.endpoint,
+                )
+            end = parse_end(views)
+            if end is not None:
+                # Sent after every message to this receiver, on the same connection.
+                self._reassembly.drop()
+                self._end = end
+                if self._shared is False and end > step:
+                    raise StepGapError(
+                        f"expected step {step}, but the sender finished the stream "
+                        f"at step {end}: steps {span(step, end)} were lost; the next "
+                        "receive raises EndOfStream",
+                        where=self.endpoint,
+                        rank=self.rank,
+                    )
                 raise EndOfStream.at(self._end, where=self.endpoint)
-            sock = self._require_socket()
-            self._send_ack()
-            while True:
-                try:
-                    parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    if time.monotonic() - self._heard > REANNOUNCE_SECONDS:
-                        self._announce()
-                    return None
-                except zmq.ZMQError as exc:
-                    raise transport_error(exc, "receive", where=self.endpoint) from exc
-                self._heard = time.monotonic()
-                views = [part.buffer for part in parts]
-                if is_ping(views):
-                    continue
-                end = parse_end(views)
-                if end is not None:
-                    # Sent after every message to this receiver, on the same connection.
-                    self._reassembly.drop()
-                    self._end = end
-                    if self._shared is False and end > step:
-                        raise StepGapError(
-                            f"expected step {step}, but the sender finished the stream "
-                            f"at step {end}: steps {span(step, end)} were lost; the next "
-                            "receive raises EndOfStream",
-                            where=self.endpoint,
-                            rank=self.rank,
-                        )
-                    raise EndOfStream.at(self._end, where=self.endpoint)
-                taken = self._take(views, step)
-                if taken is not None:
-                    return taken
+            taken = self._take(views, step)
+            if taken is not None:
+                return taken
 
     def wait(self, timeout: float | None) -> None:
         # Bounded, so that the next read_next re-announces this receiver to a sender
@@ -244,11 +278,12 @@ class ZmqSource(Source):
     def close(self) -> None:
         with self._lock:
             sock, self._socket = self._socket, None
+            self._pending = self._handed = None
             if sock is None:
                 return
             with contextlib.suppress(zmq.ZMQError):  # else the sender learns from ZeroMQ
                 sock.send_multipart(bye_packet(), zmq.NOBLOCK)
-            release(sock, self._context, None, linger=100)
+            release(sock, self._context, None, linger=100, monitor=self._monitor)
 
     def _require_socket(self) -> Socket:
         if self._socket is None:
@@ -259,7 +294,7 @@ class ZmqSource(Source):
         sock = self._require_socket()
         # Not connected yet and the queue full: a later announcement goes instead.
         with contextlib.suppress(zmq.Again):
-            sock.send_multipart(ready_packet(self.rank), zmq.NOBLOCK)
+            sock.send_multipart(ready_packet(self.rank, self._pattern), zmq.NOBLOCK)
         self._heard = time.monotonic()
 
     def _send_ack(self) -> None:

@@ -1,0 +1,328 @@
+"""What a ZeroMQ sender and its receivers do when things go wrong while both stay open: a
+network blip (a real TCP proxy on loopback, cut and restored), two receivers claiming the
+same rank, a cancelled receive, and the handshake refusing what cannot work (patterns
+that disagree, an ipc path in use, CURVE keys that do not match).
+
+Sender and receivers run in this process, on real sockets, under asyncio and trio.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import zmq
+
+import rlwire
+from chaos.tcpproxy import TcpProxy
+from rlwire.testing import assert_batches_equal, make_batch
+
+pytestmark = pytest.mark.anyio
+
+#: For what should happen: far longer than it takes, even on a busy machine.
+LONG = 10.0
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    return request.param
+
+
+def payload(step: int, n: int = 16) -> rlwire.TrainingBatch:
+    return make_batch(2, n=n, seed=step)
+
+
+def port_of(sender: Any) -> int:
+    return int(sender.sink.url.rsplit(":", 1)[1])
+
+
+class Outcomes:
+    """What one receiver got, in order: steps (checked against their payload) and errors."""
+
+    def __init__(self) -> None:
+        self.events: list[int | str] = []
+
+    def steps(self) -> list[int]:
+        return [e for e in self.events if isinstance(e, int)]
+
+    def errors(self) -> list[str]:
+        return [e for e in self.events if isinstance(e, str)]
+
+    def check_stream(self) -> None:
+        """Steps go up; a step that does not follow on comes right after one StepGapError
+        (what was lost); no other error."""
+        previous: int | None = None
+        gap = False
+        for event in self.events:
+            if isinstance(event, str):
+                assert event.startswith("StepGapError") and not gap, self.events
+                gap = True
+                continue
+            if previous is not None:
+                assert event > previous, self.events
+                assert event == previous + 1 or gap, self.events
+            previous, gap = event, False
+
+
+@contextlib.asynccontextmanager
+async def receiving(
+    receiver: Any, outcomes: Outcomes, *, stop_after: int | None = None
+) -> AsyncIterator[anyio.abc.TaskGroup]:
+    """Receive in a task until the stream ends (or ``stop_after`` steps came; 0: until
+    the first error)."""
+
+    async def run() -> None:
+        while not stop_after or len(outcomes.steps()) < stop_after:
+            try:
+                batch = await receiver.areceive(timeout=LONG)
+            except rlwire.EndOfStream:
+                return
+            except rlwire.RlwireError as exc:
+                outcomes.events.append(f"{type(exc).__name__}: {exc}")
+                if stop_after == 0:
+                    return
+                continue
+            assert_batches_equal(batch, payload(receiver.last_step))
+            outcomes.events.append(receiver.last_step)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        yield tg
+
+
+async def send_retrying(sender: Any, step: int) -> None:
+    """Send ``step``, again while its receiver is away (a TransportError, nothing sent)."""
+    with anyio.fail_after(LONG):
+        while True:
+            try:
+                await sender.send(payload(step), step=step)
+                return
+            except rlwire.TransportError:
+                await anyio.sleep(0.05)
+
+
+async def wait_for(condition: Any) -> None:
+    with anyio.fail_after(LONG):
+        while not condition():
+            await anyio.sleep(0.01)
+
+
+# -- defect 9: a blip keeps the sequence ---------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern", ["ranks", "shared"])
+async def test_a_blip_between_sends_loses_nothing_and_repeats_nothing(pattern: str) -> None:
+    """Cut between two sends, the connection comes back and the same sender goes on: the
+    receiver gets every step once, with no error (before, the sender restarted its
+    sequence at 0 and the receiver discarded 12 fresh steps as StepOrderError)."""
+    options = {"pattern": pattern, "linger": 5}
+    async with rlwire.open_sender("zmq+tcp://127.0.0.1:0", storage_options=options) as sender:
+        with TcpProxy(("127.0.0.1", port_of(sender))) as proxy:
+            outcomes = Outcomes()
+            with rlwire.open_receiver(f"zmq+tcp://{proxy.address}", rank=0) as receiver:
+                async with receiving(receiver, outcomes):
+                    for step in range(12):
+                        await sender.send(payload(step), step=step)
+                    await wait_for(lambda: len(outcomes.events) >= 12)
+                    proxy.cut()
+                    await anyio.sleep(0.3)
+                    proxy.restore()
+                    for step in range(12, 24):
+                        await send_retrying(sender, step)
+                    await sender.finish()
+    assert outcomes.events == list(range(24))
+
+
+@pytest.mark.parametrize("pattern", ["ranks", "shared"])
+async def test_a_blip_with_messages_in_flight_is_one_gap_then_every_later_step(
+    pattern: str,
+) -> None:
+    """Cut while messages are on their way to a slow receiver: what was lost is one
+    StepGapError, then every later step; never an old step as new."""
+    options = {"pattern": pattern, "linger": 5, "hwm": 4}
+    async with rlwire.open_sender("zmq+tcp://127.0.0.1:0", storage_options=options) as sender:
+        with TcpProxy(("127.0.0.1", port_of(sender))) as proxy:
+            outcomes = Outcomes()
+            with rlwire.open_receiver(f"zmq+tcp://{proxy.address}", rank=0) as receiver:
+                async with receiving(receiver, outcomes):
+                    await sender.send(payload(0), step=0)
+                    await wait_for(lambda: outcomes.events)
+                    for step in range(1, 40):
+                        if step in (10, 25):
+                            proxy.cut()
+                            await anyio.sleep(0.2)
+                            proxy.restore()
+                        await send_retrying(sender, step)
+                    await wait_for(lambda: 39 in outcomes.steps())
+                    await sender.finish()
+    outcomes.check_stream()
+    assert outcomes.steps()[-1] == 39
+    assert not any("StepOrderError" in e for e in outcomes.errors())
+
+
+async def test_two_receivers_of_one_rank_never_take_a_fresh_step_for_an_old_one() -> None:
+    """Two receivers claim rank 0: each re-announcement takes the rank over. Each
+    receiver's steps go up, with one StepGapError before each jump (before, each takeover
+    restarted the sequence at 0, and the other receiver discarded fresh steps)."""
+    options = {"linger": 5}
+    async with rlwire.open_sender("zmq+tcp://127.0.0.1:0", storage_options=options) as sender:
+        url = sender.sink.url
+        first, second = Outcomes(), Outcomes()
+        with (
+            rlwire.open_receiver(url, rank=0) as a,
+            rlwire.open_receiver(url, rank=0) as b,
+        ):
+            async with receiving(a, first) as tg_a, receiving(b, second) as tg_b:
+                for step in range(60):
+                    await send_retrying(sender, step)
+                    await anyio.sleep(0.05)  # 3 s: each re-announces at least once
+                await sender.finish()
+                await anyio.sleep(2)  # what is queued is read, the receiver left out too
+                tg_a.cancel_scope.cancel()
+                tg_b.cancel_scope.cancel()
+    for outcomes in (first, second):
+        outcomes.check_stream()
+        assert not any("StepOrderError" in e for e in outcomes.errors())
+    assert first.steps() and second.steps()
+
+
+# -- defect 10: a cancelled receive keeps its message --------------------------------------
+
+
+@pytest.mark.parametrize("pattern", ["ranks", "shared"])
+async def test_a_cancelled_receive_keeps_the_message_it_took(pattern: str) -> None:
+    """A receive cancelled while decoding a message it took off the socket: the next
+    receive returns that message (before: lost, silently in the shared pattern, as a
+    StepGapError in ranks)."""
+    big = 3_000_000  # tokens: decompressing takes many slices
+    options = {"pattern": pattern, "linger": 5}
+    async with rlwire.open_sender(
+        "zmq+tcp://127.0.0.1:0", storage_options=options, compression="zstd"
+    ) as sender:
+
+        async def send() -> None:
+            for step in range(3):
+                await sender.send(payload(step, n=big), step=step)
+            await sender.finish()
+
+        with rlwire.open_receiver(sender.sink.url, rank=0) as receiver:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send)
+                await took_the_first_then_the_rest(receiver)
+
+
+async def took_the_first_then_the_rest(receiver: Any) -> None:
+    """Cancel a receive while it decodes step 0, which has arrived; then receive the
+    rest: steps 0, 1 and 2, each once."""
+    with anyio.fail_after(LONG):
+        while not await receiver.await_next(timeout=LONG):
+            pass
+    with anyio.move_on_after(0.003) as scope:
+        await receiver.areceive(timeout=LONG)
+    assert scope.cancelled_caught, "the receive was not cancelled: step 0 decodes too fast"
+    assert receiver.last_step is None
+    got = []
+    with anyio.fail_after(LONG):
+        for _ in range(3):
+            await receiver.areceive(timeout=LONG)
+            got.append(receiver.last_step)
+    assert got == [0, 1, 2]
+
+
+# -- defect 11: patterns that disagree are refused at the handshake ------------------------
+
+
+async def test_a_shared_sender_refuses_a_receiver_that_asks_for_rank_1() -> None:
+    """Receivers of ranks 0 and 1 on a shared sender: rank 1's receiver gets a
+    ConfigError at the handshake and no step; rank 0's gets every step (before, the
+    sender dealt steps 0, 2, 4 to one and 1, 3, 5 to the other, silently)."""
+    options = {"pattern": "shared", "consumers": 1, "linger": 5}
+    async with rlwire.open_sender("zmq+tcp://127.0.0.1:0", storage_options=options) as sender:
+        url = sender.sink.url
+        with rlwire.open_receiver(url, rank=0) as zero, rlwire.open_receiver(url, rank=1) as one:
+            got, refused = Outcomes(), Outcomes()
+            async with receiving(zero, got), receiving(one, refused, stop_after=0):
+                await anyio.sleep(0.2)  # both have announced themselves
+                for step in range(6):
+                    await sender.send(payload(step), step=step)
+                await sender.finish()
+    assert got.events == list(range(6))
+    assert refused.events
+    for error in refused.errors():
+        assert error.startswith("ConfigError"), refused.events
+        assert "refused this receiver of rank 1" in error and "pattern='shared'" in error
+
+
+@pytest.mark.parametrize(
+    ("sender_pattern", "receiver_pattern"), [("ranks", "shared"), ("shared", "ranks")]
+)
+async def test_a_receiver_naming_the_other_pattern_is_refused_at_the_handshake(
+    sender_pattern: str, receiver_pattern: str
+) -> None:
+    """A receiver whose storage option names the other pattern gets a ConfigError from
+    its receive, and no step; the sender, waiting for a receiver that fits, says which
+    one it refused when ready_timeout runs out."""
+    options = {"pattern": sender_pattern, "ready_timeout": 2, "linger": 1}
+    async with rlwire.open_sender("zmq+tcp://127.0.0.1:0", storage_options=options) as sender:
+        with rlwire.open_receiver(
+            sender.sink.url, rank=0, storage_options={"pattern": receiver_pattern}
+        ) as receiver:
+            refused = Outcomes()
+            async with receiving(receiver, refused, stop_after=0):
+                with pytest.raises(rlwire.TransportError, match="refused: this receiver expects"):
+                    await sender.send(payload(0), step=0)
+    assert refused.events and not refused.steps()
+    assert all(f"expects the '{receiver_pattern}'" in e for e in refused.errors())
+
+
+# -- defect 12: an ipc path in use ----------------------------------------------------------
+
+
+async def test_a_second_sender_on_an_ipc_path_in_use_is_refused(tmp_path: Path) -> None:
+    """A second sender on the ipc path of an open one gets a TransportError, as on tcp,
+    and the first goes on reaching its receiver (before, libzmq unlinked the first one's
+    socket file and bound the second silently). A path left by a dead sender may be
+    bound again."""
+    url = f"zmq+ipc://{tmp_path / 'run.sock'}"
+    async with rlwire.open_sender(url, storage_options={"linger": 5}) as first:
+        with pytest.raises(rlwire.TransportError, match=r"run\.sock: cannot bind: address in use"):
+            async with rlwire.open_sender(url):
+                pass
+        with rlwire.open_receiver(url, rank=0) as receiver:
+            got = Outcomes()
+            async with receiving(receiver, got):
+                await first.send(payload(0), step=0)
+                await first.finish()
+        assert got.events == [0]
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(tmp_path / "stale.sock"))  # a file no one listens on
+    stale.close()
+    async with rlwire.open_sender(f"zmq+ipc://{tmp_path / 'stale.sock'}"):
+        pass
+
+
+# -- defect 18: a CURVE key mismatch says so -----------------------------------------------
+
+
+@pytest.mark.parametrize("mismatch", ["wrong server key", "key not allowed"])
+async def test_a_curve_key_mismatch_is_an_authentication_error_on_the_receiver(
+    mismatch: str,
+) -> None:
+    """A receiver whose CURVE handshake fails gets a TransportError saying that
+    authentication failed, not a ReceiveTimeout with nothing to go on."""
+    public, secret = zmq.curve_keypair()
+    allowed, _ = zmq.curve_keypair()
+    options = {"curve_secret_key": secret, "curve_clients": [allowed], "linger": 1}
+    server_key = zmq.curve_keypair()[0] if mismatch == "wrong server key" else public
+    async with rlwire.open_sender("zmq+tcp://127.0.0.1:0", storage_options=options) as sender:
+        with rlwire.open_receiver(
+            sender.sink.url, rank=0, storage_options={"curve_server_key": server_key}
+        ) as receiver:
+            with pytest.raises(rlwire.TransportError, match="CURVE authentication failed"):
+                with anyio.fail_after(LONG):
+                    await receiver.areceive(timeout=5)

@@ -32,8 +32,8 @@ from typing import Any
 import anyio
 
 import rlwire
+from rlwire.errors import MarkSkippedWarning
 from rlwire.transport._stored.names import MAIN_RE
-from rlwire.transport._stored.source import MarkSkippedWarning
 
 from ._model import EXACT, HANG, TYPED, UNTYPED, WRONG, describe, payload, receive_one, same
 from ._proc import Job, reap

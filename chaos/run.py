@@ -29,7 +29,9 @@ from . import (
     hostile,
     kills,
     oddfiles,
+    producers,
     s3chaos,
+    zmqblips,
     zmqforge,
     zmqkill,
 )
@@ -46,8 +48,10 @@ CAMPAIGNS = (
     "fulldisk",
     "zmq",
     "zmqkill",
+    "zmqblips",
     "s3",
     "fork",
+    "producers",
 )
 
 
@@ -108,6 +112,8 @@ def run(args: argparse.Namespace) -> Table:
             timed("forged ZeroMQ messages", zmqforge.jobs(root, args.forgeries, args.seed))
         if "zmqkill" in args.campaign and args.zmq_kills:
             timed("ZeroMQ kills", zmqkill.jobs(root, args.zmq_kills, args.seed))
+        if "zmqblips" in args.campaign and args.zmq_blips:
+            timed("ZeroMQ blips", zmqblips.jobs(root, args.zmq_blips, args.seed))
         if "s3" in args.campaign and args.s3_trials:
             with s3chaos.server() as endpoint:
                 timed(
@@ -115,6 +121,8 @@ def run(args: argparse.Namespace) -> Table:
                 )
         if "fork" in args.campaign and args.forks:
             timed("forked children", fork.jobs(root, args.forks, args.seed))
+        if "producers" in args.campaign and args.producers:
+            timed("producers and rewrites", producers.jobs(root, args.producers, args.seed))
         if "fulldisk" in args.campaign and args.full_disks:
             why = fulldisk.available()
             if why:
@@ -138,6 +146,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--s3-trials", type=int, default=300, help="S3 kills and faults (300)")
     p.add_argument("--aliased", type=int, default=200, help="aliased tables, compound bounds (200)")
     p.add_argument("--forks", type=int, default=100, help="forked-children trials (100)")
+    p.add_argument("--zmq-blips", type=int, default=100, help="ZeroMQ blips, shared ranks (100)")
+    p.add_argument(
+        "--producers", type=int, default=200, help="two producers, rewrites, read-only (200)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="trials in parallel")
     p.add_argument("--campaign", action="append", choices=CAMPAIGNS, help="only these (repeatable)")

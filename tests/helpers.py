@@ -1,13 +1,26 @@
-"""Test data shared by the test modules (the same helpers plugin authors get), and a
-capture of what a ZeroMQ sender sends, for the wire tests."""
+"""Test data shared by the test modules (the same helpers plugin authors get), a capture
+of what a ZeroMQ sender sends, for the wire tests, and a receive in a fresh process that
+reports its peak memory, for the bounds tests."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from rlwire.testing import assert_batches_equal, make_batch, make_sample
 
-__all__ = ["assert_batches_equal", "capture_zmq_message", "make_batch", "make_sample"]
+__all__ = [
+    "Received",
+    "assert_batches_equal",
+    "capture_zmq_message",
+    "make_batch",
+    "make_sample",
+    "receive_in_child",
+]
 
 
 def capture_zmq_message(directory: str, obj: Any, **options: Any) -> list[list[bytes]]:
@@ -54,3 +67,53 @@ def capture_zmq_message(directory: str, obj: Any, **options: Any) -> list[list[b
     anyio.run(send)
     thread.join()
     return got
+
+
+# The peak is VmHWM, the high-water mark of the child's own memory since exec: its
+# ru_maxrss would start at the test process's (Linux carries it over a vfork and exec).
+_RECEIVE = textwrap.dedent(
+    """
+    import json, resource, sys, time
+    from typing import Any
+    if int(sys.argv[3]):
+        resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[3]),) * 2)
+    import rlwire
+    kind = {"object": object, "any": Any, "typed": list[list[int]]}[sys.argv[2]]
+    began = time.monotonic()
+    try:
+        with rlwire.open_receiver(sys.argv[1], type=kind) as receiver:
+            value = receiver.receive(timeout=float(sys.argv[4]))
+        out = "received " + str(len(value)) if hasattr(value, "__len__") else "received"
+    except rlwire.RlwireError as exc:
+        out = type(exc).__name__ + ": " + str(exc)
+    except BaseException as exc:
+        out = "UNTYPED " + type(exc).__name__ + ": " + str(exc)[:200]
+    seconds = time.monotonic() - began
+    with open("/proc/self/status") as status:
+        peak = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    print(json.dumps([out, peak / 1024, seconds]))
+    """
+)
+
+
+class Received(NamedTuple):
+    out: str  #: "received N", or the error's class and message ("UNTYPED ..." if untyped)
+    peak_mb: float  #: the child's peak resident memory, MiB
+    seconds: float  #: how long the receive took
+
+
+def receive_in_child(
+    root: Path, kind: str = "object", *, address_space: int = 3 << 30, timeout: float = 10
+) -> Received:
+    """Receive step 0 of ``root`` in a new Python process, as ``kind`` ("object", "any"
+    or "typed", i.e. ``list[list[int]]``), under an ``address_space`` limit (0: none)."""
+    args = [str(root), kind, str(address_space), str(timeout)]
+    proc = subprocess.run(
+        [sys.executable, "-c", _RECEIVE, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return Received(*json.loads(proc.stdout))

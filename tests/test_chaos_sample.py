@@ -136,3 +136,15 @@ def test_forked_children(tmp_path: Path) -> None:
     result = campaign(tmp_path, "--campaign", "fork", "--forks", "8")
     assert_no_bad(result, allowed={EXACT})
     assert len(result["trials"]) == 8
+
+
+def test_two_producers_rewrites_and_read_only_receivers(tmp_path: Path) -> None:
+    result = campaign(tmp_path, "--campaign", "producers", "--producers", "10")
+    assert_no_bad(result, allowed={EXACT, TYPED})
+    assert len(result["trials"]) == 10
+
+
+def test_zeromq_blips_shared_ranks_and_cancelled_receives(tmp_path: Path) -> None:
+    result = campaign(tmp_path, "--campaign", "zmqblips", "--zmq-blips", "6")
+    assert_no_bad(result, allowed={EXACT, TYPED})
+    assert len(result["trials"]) == 6

@@ -43,6 +43,7 @@ __all__ = [
     "Integrity",
     "LagMonitor",
     "Limits",
+    "MarkSkippedWarning",
     "ReceiveStats",
     "ReceiveTimeout",
     "Retention",

@@ -3,7 +3,8 @@
 Every class here is also importable from :mod:`rlwire` itself (``rlwire.DecodeError``);
 each reports this module as where it lives, as tracebacks show. Each one derives from the
 closest built-in exception too, so code that already catches ``ValueError`` or ``OSError``
-keeps working.
+keeps working. One warning lives here too: :class:`MarkSkippedWarning`, when a receiver
+reads on without recording what it consumed.
 
 Example:
     >>> import rlwire.errors
@@ -19,6 +20,7 @@ from rlwire._core.errors import (
     EncodeError,
     EndOfStream,
     FrameTooLargeError,
+    MarkSkippedWarning,
     ReceiveTimeout,
     RlwireError,
     SchemaError,
@@ -38,6 +40,7 @@ __all__ = [
     "EncodeError",
     "EndOfStream",
     "FrameTooLargeError",
+    "MarkSkippedWarning",
     "ReceiveTimeout",
     "RlwireError",
     "SchemaError",

@@ -19,9 +19,11 @@ import rlwire
 from rlwire import ConfigError, CorruptFrameError, Frame, FrameTooLargeError
 from rlwire._core.slicing import run_sliced
 from rlwire._frame.algorithms import _zstd_compressor
+from rlwire._frame.bounds import HEAP_FLOOR, heap_allowance
 from rlwire._frame.compression import (
     _GROUP_BYTES,
     Compressor,
+    _check_sizes,
     _in_groups,
     compress,
     compress_sliced,
@@ -193,6 +195,20 @@ def test_limit_counts_all_segments() -> None:
     assert decompress(frame, max_bytes=3 << 20).buffers[2] == one
     with pytest.raises(FrameTooLargeError, match=r"more than 3145727 bytes.*max_decompressed"):
         decompress(frame, max_bytes=(3 << 20) - 1)
+
+
+def test_decompressing_and_decoding_share_one_budget_of_1_gib_under_1_mb() -> None:
+    """Decompression may take the ratio's budget less the 256 MiB kept for decoding the
+    header (HEAP_FLOOR + 16 x stored): with both at their bound, a message of 1 MB costs
+    at most 1 GiB. The declared sizes are forged; nothing is decompressed."""
+    stored = 1_000_000
+    room = 1024 * stored - HEAP_FLOOR
+    frame = Frame(b"h", (memoryview(bytes(stored - 1)),), compression=(0, 2), raw_sizes=(1, room))
+    assert frame.stored_nbytes == stored
+    assert room + heap_allowance(frame) <= 1 << 30
+    assert [job.raw for job in _check_sizes(frame, 1 << 40, 1024)] == [room]
+    with pytest.raises(FrameTooLargeError, match=r"1024x the 1000000 bytes stored, less 256"):
+        decompress(replace(frame, raw_sizes=(1, room + 1)))
 
 
 @pytest.mark.parametrize("algorithm", ["lz4", "zstd"])

@@ -101,8 +101,9 @@ class Limits:
         max_decompressed_bytes: refuse a compressed message that declares more than
             this many bytes once decompressed (default 16 GiB), before allocating
             anything.
-        max_compression_ratio: refuse a message that declares more than this many times
-            its stored size once decompressed (default 1024; any message may reach
+        max_compression_ratio: refuse a message that may cost more than this many
+            times its stored size once decompressed and decoded (default 1024; it may
+            decompress to that less the 256 MiB kept for decoding, and any message to
             64 MiB): a stored message under 1 MB can never make a receiver allocate
             more than 1 GiB. Raise it for data that compresses better, such as steps of
             mostly zeros.

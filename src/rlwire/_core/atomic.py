@@ -171,7 +171,7 @@ def move_no_replace(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) 
         >>> import tempfile
         >>> with tempfile.TemporaryDirectory() as root:
         ...     for name, data in (("a", b"1"), ("b", b"2"), ("c", b"3")):
-        ...         (Path(root) / name).write_bytes(data)
+        ...         _ = (Path(root) / name).write_bytes(data)
         ...     move_no_replace(Path(root) / "a", Path(root) / "final")
         ...     try:
         ...         move_no_replace(Path(root) / "b", Path(root) / "final")

@@ -201,6 +201,18 @@ def transport_error(exc: BaseException, action: str, *, where: object) -> Transp
     return err
 
 
+class MarkSkippedWarning(RuntimeWarning):
+    """A receiver could not record what its rank consumed (a read-only directory, a full
+    disk): it goes on reading, but a sender's ``keep_last`` and ``max_ahead`` do not see
+    it move on. Warned once per receiver.
+
+    Example:
+        >>> import rlwire
+        >>> issubclass(rlwire.MarkSkippedWarning, RuntimeWarning)  # filter it to refuse
+        True
+    """
+
+
 def _named_in(fact: str, where: str) -> bool:
     """True if ``where`` already says ``fact`` (e.g. "step 3" in "…/step-00000003…")."""
     name, value = fact.split(" ")

@@ -5,9 +5,11 @@ size, never by the sizes the message declares for itself (decompressed sizes, ch
 tables, item counts), which a hostile writer chooses. Every decode path (msgpack into a
 type or into plain builtins, JSON, ``rlwire inspect``) draws on the same allowance:
 :func:`heap_allowance`, computed once per message from :attr:`Frame.stored_nbytes
-<rlwire._frame.frame.Frame.stored_nbytes>`. Decompression has its own bound
-(:mod:`rlwire._frame.compression`), on the same stored size, so the two add up, never
-multiply.
+<rlwire._frame.frame.Frame.stored_nbytes>`. Decompression (:mod:`rlwire._frame.compression`)
+draws on the same budget: ``max_compression_ratio`` times the stored size, less the
+:data:`HEAP_FLOOR` kept for decoding. The two add up, never multiply, and a stored message
+under 1 MB stays under 1 GiB in all (at most 1024 x 1 MB - 256 MiB decompressed, plus
+256 MiB + 16 x 1 MB of objects).
 
 Example:
     >>> from rlwire._frame.frame import Frame
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from rlwire._frame.frame import Frame
 
-__all__ = ["HEAP_FLOOR", "HEAP_RATIO", "heap_allowance"]
+__all__ = ["HEAP_FLOOR", "HEAP_RATIO", "heap_allowance", "heap_bytes"]
 
 #: Python objects decoded from any message may take this much heap...
 HEAP_FLOOR = 256 << 20
@@ -28,7 +30,12 @@ HEAP_FLOOR = 256 << 20
 HEAP_RATIO = 16
 
 
+def heap_bytes(stored: int) -> int:
+    """The bytes of Python objects decoding what was stored in ``stored`` bytes may
+    build: :data:`HEAP_FLOOR` plus :data:`HEAP_RATIO` times ``stored``."""
+    return HEAP_FLOOR + HEAP_RATIO * stored
+
+
 def heap_allowance(frame: Frame) -> int:
-    """The bytes of Python objects decoding ``frame`` may build: :data:`HEAP_FLOOR` plus
-    :data:`HEAP_RATIO` times its stored size (not its decompressed size)."""
-    return HEAP_FLOOR + HEAP_RATIO * frame.stored_nbytes
+    """:func:`heap_bytes` of ``frame``'s stored size (not its decompressed size)."""
+    return heap_bytes(frame.stored_nbytes)

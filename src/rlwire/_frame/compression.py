@@ -37,6 +37,7 @@ from rlwire._frame.algorithms import (
     check_known,
     expand,
 )
+from rlwire._frame.bounds import HEAP_FLOOR
 from rlwire._frame.frame import Frame, as_byte_view
 
 __all__ = [
@@ -53,8 +54,9 @@ __all__ = [
 
 #: Default bound on the bytes one frame may decompress to (16 GiB).
 DEFAULT_MAX_DECOMPRESSED = 16 << 30
-#: Default bound on how many times its stored size a frame may decompress to: a stored
-#: message under 1 MB can then never make a receiver allocate more than 1 GiB.
+#: Default bound on how many times its stored size a frame may cost a receiver once
+#: decompressed and decoded: a stored message under 1 MB can then never make a receiver
+#: allocate more than 1 GiB.
 DEFAULT_MAX_RATIO = 1024.0
 #: Any frame may decompress to this much, whatever its ratio.
 RATIO_FLOOR = 64 << 20
@@ -179,16 +181,18 @@ def compress(frame: Frame, compressor: Compressor, *, threads: int = 1) -> Frame
 
 def _check_sizes(frame: Frame, max_bytes: int, max_ratio: float) -> list[Compressed]:
     """The compressed segments of ``frame``, after checking that their declared sizes
-    fit under ``max_bytes`` and under ``max_ratio`` times the frame's stored size (at
-    least :data:`RATIO_FLOOR`)."""
+    fit under ``max_bytes`` and under ``max_ratio`` times the frame's stored size, less
+    the :data:`~rlwire._frame.bounds.HEAP_FLOOR` that decoding may then take (at least
+    :data:`RATIO_FLOOR`): decompressing and decoding share one budget."""
     stored = frame.stored_nbytes  # each stored byte once, whatever the table lists
-    by_ratio = max(RATIO_FLOOR, int(max_ratio * stored))
+    by_ratio = max(RATIO_FLOOR, int(max_ratio * stored) - HEAP_FLOOR)
     limit, option = (
         (max_bytes, "max_decompressed_bytes")
         if max_bytes <= by_ratio
         else (
             by_ratio,
-            f"max_compression_ratio (now {max_ratio:g}x the {stored} bytes stored)",
+            f"max_compression_ratio (now {max_ratio:g}x the {stored} bytes stored, "
+            f"less {HEAP_FLOOR >> 20} MiB kept for decoding)",
         )
     )
     jobs = []
@@ -244,8 +248,9 @@ def decompress(
 
     Raises:
         FrameTooLargeError: the frame declares more than ``max_bytes`` once
-            decompressed, or more than ``max_ratio`` times its stored size (and more
-            than :data:`RATIO_FLOOR`); the message names the option that raises it.
+            decompressed, or more than ``max_ratio`` times its stored size less the
+            256 MiB decoding may take (and more than :data:`RATIO_FLOOR`); the message
+            names the option that raises it.
         CorruptFrameError: an unknown compression id, or data that does not decompress
             to exactly its declared size; :attr:`~rlwire.RlwireError.segment` says which.
         ConfigError: the frame uses an algorithm whose library is not installed.

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 import tracemalloc
 from pathlib import Path
 
 import orjson
 import pytest
 import zstandard
+from helpers import receive_in_child
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,23 +17,6 @@ from rlwire._core.slicing import run_sliced
 from rlwire.codecs import JsonCodec
 from rlwire.codecs._json.cost import json_cost
 from rlwire.transport import FileSink
-
-RECEIVE = textwrap.dedent(
-    """
-    import json, resource, sys
-    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-    import rlwire
-    try:
-        with rlwire.open_receiver(sys.argv[1], type=object) as receiver:
-            value = receiver.receive(timeout=5)
-        out = "received " + str(len(value))
-    except rlwire.RlwireError as exc:
-        out = type(exc).__name__ + ": " + str(exc)
-    except BaseException as exc:
-        out = "UNTYPED " + type(exc).__name__ + ": " + str(exc)[:200]
-    print(json.dumps([out, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]))
-    """
-)
 
 
 def test_a_small_zstd_json_file_of_empty_lists_is_refused(tmp_path: Path) -> None:
@@ -49,15 +29,7 @@ def test_a_small_zstd_json_file_of_empty_lists_is_refused(tmp_path: Path) -> Non
     sink.open("resume")
     run_sliced(sink.stage(0, [frame])).commit()
     assert sum(p.stat().st_size for p in tmp_path.glob("*.rlw")) < 16 << 10
-    proc = subprocess.run(
-        [sys.executable, "-c", RECEIVE, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out, peak = json.loads(proc.stdout)
+    out, peak, _ = receive_in_child(tmp_path, timeout=5)
     assert peak < 400, f"the receiver reached {peak:.0f} MB ({out})"
     assert out.startswith("FrameTooLargeError: "), out
     assert "stored bytes" in out

@@ -9,6 +9,7 @@ import itertools
 import math
 import os
 import re
+import tracemalloc
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,27 @@ def test_max_line_bytes_bounds_memory() -> None:
     assert DEFAULT_MAX_LINE_BYTES == 256 << 20
     with pytest.raises(ConfigError):
         list(load_jsonl(io.BytesIO(b""), max_line_bytes=0))
+
+
+def test_a_line_of_tiny_values_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    """A JSON-lines file gets the decode bound of every message, per line: 16 MiB of
+    ``{},`` would build some 0.9 GB of dicts, over 256 MiB + 16 x its length."""
+    path = tmp_path / "rollouts.jsonl"
+    path.write_bytes(b'{"ok": 1}\n[' + b"{}," * ((16 << 20) // 3) + b"{}]\n")
+    records = load_jsonl(path)
+    assert next(records) == {"ok": 1}
+    tracemalloc.start()
+    try:
+        with pytest.raises(FrameTooLargeError, match=r"line 2: parsing it could build") as err:
+            next(records)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert err.value.where == str(path)
+    assert peak < 200 << 20
+    honest = [{"ids": list(range(200_000))}] * 2  # 1.3 MB lines: counted, and accepted
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in honest))
+    assert list(load_jsonl(path)) == honest
 
 
 def test_dump_jsonl_writes_while_records_are_still_coming(tmp_path: Path) -> None:

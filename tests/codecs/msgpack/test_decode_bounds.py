@@ -8,17 +8,14 @@ whose peak RSS is measured.
 
 from __future__ import annotations
 
-import json
 import struct
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 import zstandard
+from helpers import receive_in_child
 from msgspec.msgpack import Ext
 from msgspec.msgpack import encode as mp
 
@@ -28,38 +25,6 @@ from rlwire.codecs import MsgpackCodec
 from rlwire.transport import FileSink
 
 MiB = 1 << 20
-
-RECEIVE = textwrap.dedent(
-    """
-    import json, resource, sys, time
-    from typing import Any
-    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-    import rlwire
-    kind = {"any": Any, "typed": list[list[int]]}[sys.argv[2]]
-    try:
-        with rlwire.open_receiver(sys.argv[1], type=kind) as receiver:
-            value = receiver.receive(timeout=5)
-        out = "received " + str(len(value))
-    except rlwire.RlwireError as exc:
-        out = type(exc).__name__ + ": " + str(exc)
-    except BaseException as exc:
-        out = "UNTYPED " + type(exc).__name__ + ": " + str(exc)[:200]
-    print(json.dumps([out, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024]))
-    """
-)
-
-
-def receive(root: Path, kind: str) -> tuple[str, float]:
-    proc = subprocess.run(
-        [sys.executable, "-c", RECEIVE, str(root), kind],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    out, peak = json.loads(proc.stdout)
-    return out, peak
 
 
 def chunks_of_empty_lists(chunks: int, per_chunk: int) -> tuple[bytes, bytes]:
@@ -96,7 +61,7 @@ def test_a_small_zstd_file_of_empty_lists_is_refused_within_the_stored_bound(
     draw on 256 MiB + 16 times the few stored kB."""
     header, bulk = chunks_of_empty_lists(60, MiB)
     assert write_zstd(tmp_path, header, bulk) < 64 << 10
-    out, peak = receive(tmp_path, kind)
+    out, peak, _ = receive_in_child(tmp_path, kind, timeout=5)
     assert peak < 600, f"the receiver reached {peak:.0f} MB ({out})"
     assert out.startswith("FrameTooLargeError: "), out
     assert "Python objects" in out and "stored" in out

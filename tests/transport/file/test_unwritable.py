@@ -21,7 +21,7 @@ pytestmark = pytest.mark.anyio
 RECEIVE = textwrap.dedent("""
     import sys, warnings, rlwire
     from rlwire.testing import make_batch
-    from rlwire.transport._stored.source import MarkSkippedWarning
+    from rlwire.errors import MarkSkippedWarning
     path, steps = sys.argv[1], int(sys.argv[2])
     if len(sys.argv) > 3:  # fill the disk first
         try:

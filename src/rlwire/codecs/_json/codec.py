@@ -32,12 +32,11 @@ import msgspec
 import numpy as np
 import orjson
 
-from rlwire._core.errors import CorruptFrameError, DecodeError, EncodeError, FrameTooLargeError
+from rlwire._core.errors import CorruptFrameError, DecodeError, EncodeError
 from rlwire._core.paths import KeyPath, render_path
 from rlwire._core.slicing import Sliced, SliceTimer, run_sliced
-from rlwire._frame.bounds import HEAP_FLOOR, HEAP_RATIO, heap_allowance
 from rlwire._frame.frame import Frame
-from rlwire.codecs._json.cost import json_cost
+from rlwire.codecs._json.cost import refuse_costly
 from rlwire.codecs._json.values import (
     OPTION,
     child_items,
@@ -273,15 +272,7 @@ class JsonCodec:
             raise CorruptFrameError(
                 f"json frame has {len(frame.buffers)} out-of-band buffers; json frames have none"
             )
-        allowance = heap_allowance(frame)
-        cost = json_cost(frame.header, allowance)
-        if cost > allowance:
-            raise FrameTooLargeError(
-                f"header: parsing it could build over {allowance >> 20} MiB of Python "
-                f"objects from a message of {frame.stored_nbytes} stored bytes (the limit "
-                f"is {HEAP_RATIO} times its stored size + {HEAP_FLOOR >> 20} MiB): it is "
-                "made of tiny values, such as empty lists or objects"
-            )
+        refuse_costly(frame.header, frame.stored_nbytes, "header")
         try:
             raw = orjson.loads(frame.header)
         except orjson.JSONDecodeError as exc:

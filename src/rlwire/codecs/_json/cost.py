@@ -6,7 +6,8 @@ JSON message gets the same allowance as every other message,
 :func:`~rlwire._frame.bounds.heap_allowance` of its stored size, and :func:`json_cost`
 bounds what the parse would build from above, counting the bytes that open containers,
 entries, strings and numbers, in numpy, a window at a time, so that the codec refuses a
-hostile document before orjson allocates anything.
+hostile document before orjson allocates anything (:func:`refuse_costly`; a line of a
+JSON-lines file gets the allowance of its own length).
 
 Example:
     >>> json_cost(b"[1, 2, 3]") <= 200
@@ -19,7 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["MOST_PER_BYTE", "json_cost"]
+from rlwire._core.errors import FrameTooLargeError
+from rlwire._frame.bounds import HEAP_FLOOR, HEAP_RATIO, heap_bytes
+
+__all__ = ["MOST_PER_BYTE", "json_cost", "refuse_costly"]
 
 # Bytes of heap, upper bounds on CPython 3.11-3.13 (as in rlwire.codecs._msgpack.cost).
 _LIST, _DICT, _DICT_ITEM, _SLOT = 56, 160, 64, 8
@@ -68,3 +72,18 @@ def json_cost(data: bytes | memoryview, limit: int | None = None) -> int:
         if limit is not None and total > limit:
             break
     return total
+
+
+def refuse_costly(data: bytes | memoryview, stored: int, what: str, where: object = None) -> None:
+    """Raise :class:`~rlwire.FrameTooLargeError` naming ``what`` (and ``where``) if
+    parsing ``data`` could build more than :func:`~rlwire._frame.bounds.heap_bytes` of
+    ``stored``, the bytes it took where it was stored."""
+    allowance = heap_bytes(stored)
+    if json_cost(data, allowance) > allowance:
+        raise FrameTooLargeError(
+            f"{what}: parsing it could build over {allowance >> 20} MiB of Python objects "
+            f"from {stored} stored bytes (the limit is {HEAP_RATIO} times its stored size "
+            f"+ {HEAP_FLOOR >> 20} MiB): it is made of tiny values, such as empty lists or "
+            "objects",
+            where=where,
+        )

@@ -23,6 +23,7 @@ from rlwire._core.errors import (
 )
 from rlwire._core.offload import drive_sliced, make_limiter
 from rlwire._core.slicing import Sliced, SliceTimer, run_sliced
+from rlwire.codecs._json.cost import refuse_costly
 from rlwire.codecs._json.files import (
     BinaryReader,
     JsonlDestination,
@@ -290,6 +291,7 @@ class _LineReader:
 
     def _parse(self, line: bytes, *, last: bool) -> Any:
         """The record on line ``self.lineno``; ``last``: the file ends without a newline."""
+        refuse_costly(line, len(line), f"line {self.lineno}", self.name)
         try:
             raw = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
@@ -325,7 +327,9 @@ def load_jsonl(
             message names the file and the line number.
         DecodeError: a record does not match ``type``; names the line and the path.
         FrameTooLargeError: a line is longer than ``max_line_bytes`` (bytes, newline
-            excluded), so a file without newlines cannot exhaust memory.
+            excluded), so a file without newlines cannot exhaust memory, or parsing a
+            line could build more Python objects than 256 MiB plus 16 times its length
+            (a line of tiny values, such as empty lists).
         TransportError: the file cannot be opened or read.
 
     Example:

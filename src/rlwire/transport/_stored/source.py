@@ -8,7 +8,13 @@ import errno
 import time
 import warnings
 
-from rlwire._core.errors import CorruptFrameError, EndOfStream, StepGapError, TransportError
+from rlwire._core.errors import (
+    CorruptFrameError,
+    EndOfStream,
+    MarkSkippedWarning,
+    StepGapError,
+    TransportError,
+)
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 from rlwire.transport._stored.layout import parse_main
@@ -21,19 +27,13 @@ from rlwire.transport._stored.names import (
     sidecar_name,
 )
 
-__all__ = ["MarkSkippedWarning", "StoredSource"]
+__all__ = ["StoredSource"]
 
 #: Why a consumption mark may not be written while the steps stay readable: a read-only
 #: directory or filesystem, no permission, a full disk or quota.
 _CANNOT_MARK = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
 #: Seconds between two looks, while a step is missing, for whether it was deleted.
 _GONE_CHECK_SECONDS = 1.0
-
-
-class MarkSkippedWarning(RuntimeWarning):
-    """A receiver could not record what its rank consumed (a read-only directory, a full
-    disk): it goes on reading, but a sender's ``keep_last`` and ``max_ahead`` do not see
-    it move on. Warned once per receiver."""
 
 
 class StoredSource(Source):

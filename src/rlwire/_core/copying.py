@@ -68,9 +68,10 @@ def copied(view: memoryview, kind: type[B]) -> Sliced[B]:
     return out
 
 
-def concatenated(parts: list[bytes], size: int) -> Sliced[bytes]:
+def concatenated(parts: list[bytes | memoryview], size: int) -> Sliced[bytes]:
     """``b"".join(parts)``, whose total length is ``size``; each part is released from
-    ``parts`` once copied, so the parts and the result are not both held whole.
+    ``parts`` once copied, so the parts and the result are not both held whole. A
+    memoryview part must be a flat, contiguous byte view.
 
     Example:
         >>> from rlwire._core.slicing import run_sliced
@@ -86,7 +87,8 @@ def concatenated(parts: list[bytes], size: int) -> Sliced[bytes]:
         n = len(part)
         if offset + n > size:
             raise ValueError(f"the parts hold more than {size} bytes")
-        ctypes.memmove(target + offset, part, n)
+        source = part if type(part) is bytes else np.frombuffer(part, np.uint8).ctypes.data
+        ctypes.memmove(target + offset, source, n)
         parts[i] = b""
         offset += n
         copied_since_yield += n

@@ -49,7 +49,7 @@ class SentBuffers:
         self.sidecar: list[int] = []
         # The chunks encoded so far, and their total size: one bytes object each, never
         # one growing bytearray, whose reallocations copy it whole under the GIL.
-        self.bulk: list[bytes] = []
+        self.bulk: list[bytes | memoryview] = []
         self.bulk_size = 0
         self.bulk_index = -1
 

@@ -1,0 +1,122 @@
+"""Ragged arrays and columns met in a received header, checked, then made into rows or
+a :class:`~rlwire.Columns` (see :mod:`rlwire.codecs._msgpack.sent_columns` for why
+lists of samples are stored this way).
+
+Example:
+    >>> import numpy as np
+    >>> x = ragged([np.arange(3), np.array([0, 1, 3])])
+    >>> found = ColumnsFound(2, ROWS_AS_MAPS, ["x", "n"], [x, [7, 8]])
+    >>> [(row["x"].tolist(), row["n"]) for row in rows_of(found)]
+    [([0], 7), ([1, 2], 8)]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rlwire._core.columns import Columns
+from rlwire._core.errors import CorruptFrameError
+from rlwire._core.ragged import Ragged, offsets_problem
+from rlwire.codecs._msgpack.extensions import ROWS_AS_ARRAYS, ROWS_AS_MAPS
+
+__all__ = ["ROW_COST", "ColumnsFound", "columns_of", "parse_columns", "ragged", "rows_of"]
+
+#: Bytes of Python objects one row costs at most, per field, made from columns: a slot
+#: of its dict (or Struct) and, for a ragged column, a numpy view (about 100 bytes).
+ROW_COST = 64 + 128
+
+
+class ColumnsFound:
+    """A columns value (extension 7) from a header, checked, before its rows are made.
+
+    ``columns`` holds, per name, a :class:`~rlwire.Ragged` of ``count`` rows or a list of
+    ``count`` values (which may still hold chunked containers or out-of-band bytes to
+    fill: ``inner`` of them)."""
+
+    __slots__ = ("columns", "count", "inner", "layout", "names")
+
+    def __init__(
+        self, count: int, layout: int, names: list[str], columns: list[Any], inner: int = 0
+    ) -> None:
+        self.count = count
+        self.layout = layout
+        self.names = names
+        self.columns = columns
+        self.inner = inner
+
+
+def ragged(payload: Any) -> Ragged:
+    """The ragged array (extension 6) whose payload decoded to ``payload``.
+
+    Raises:
+        CorruptFrameError: the payload is not two arrays (values of at least one
+            dimension, int64 offsets) or the offsets do not cut the values into rows.
+    """
+    if type(payload) is not list or len(payload) != 2:
+        raise CorruptFrameError("header: a ragged array is not [values, offsets]")
+    values, offsets = payload
+    if not isinstance(values, np.ndarray) or values.ndim < 1:
+        raise CorruptFrameError("header: a ragged array's values are not an array of rows")
+    if not isinstance(offsets, np.ndarray) or offsets.ndim != 1 or offsets.dtype.kind != "i":
+        raise CorruptFrameError("header: a ragged array's offsets are not a 1-D int array")
+    if offsets.dtype != np.int64:
+        raise CorruptFrameError(f"header: a ragged array's offsets are {offsets.dtype}, not int64")
+    problem = offsets_problem(offsets, len(values)) if len(offsets) else "are empty"
+    if problem:
+        raise CorruptFrameError(f"header: a ragged array's offsets {problem}")
+    return Ragged(values, offsets)
+
+
+def parse_columns(payload: Any, inner: int) -> ColumnsFound:
+    """The columns value (extension 7) whose payload decoded to ``payload``; ``inner``:
+    the chunked containers and bytes values its columns hold.
+
+    Raises:
+        CorruptFrameError: the payload is not ``[count, layout, names, columns]`` with
+            distinct string names, one column per name, each of ``count`` rows.
+    """
+    if type(payload) is not list or len(payload) != 4:
+        raise CorruptFrameError("header: a columns value is not [count, layout, names, columns]")
+    count, layout, names, columns = payload
+    if type(count) is not int or count < 0 or layout not in (ROWS_AS_MAPS, ROWS_AS_ARRAYS):
+        raise CorruptFrameError(
+            f"header: a columns value has count {count!r} and layout {layout!r}"
+        )
+    if (
+        type(names) is not list
+        or type(columns) is not list
+        or len(names) != len(columns)
+        or any(type(n) is not str for n in names)
+        or len(set(names)) != len(names)
+    ):
+        raise CorruptFrameError("header: a columns value needs one column per distinct name")
+    for name, column in zip(names, columns, strict=True):
+        rows = _rows_in(column)
+        if rows != count:
+            raise CorruptFrameError(
+                f"header: column {name!r} of a columns value has {rows} rows, not {count}"
+            )
+    return ColumnsFound(count, layout, names, columns, inner)
+
+
+def _rows_in(column: Any) -> int | None:
+    if isinstance(column, Ragged | list):
+        return len(column)
+    count = getattr(getattr(column, "ref", None), "count", None)  # a chunked list
+    return count if getattr(column, "is_map", True) is False else None
+
+
+def rows_of(found: ColumnsFound) -> list[Any]:
+    """The rows, as dicts (or lists, for ``array_like`` Structs) of views and values."""
+    columns = [list(c) if isinstance(c, Ragged) else c for c in found.columns]
+    if found.layout == ROWS_AS_ARRAYS:
+        return [list(values) for values in zip(*columns, strict=True)]
+    names = found.names
+    return [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+
+
+def columns_of(found: ColumnsFound) -> Columns:
+    """The columns as a :class:`~rlwire.Columns` (each list column as it is)."""
+    return Columns(dict(zip(found.names, found.columns, strict=True)))

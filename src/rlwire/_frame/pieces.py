@@ -1,12 +1,12 @@
 """Pieces: one buffer of a Frame made of several runs of bytes, stored back to back.
 
 A column of a list of samples (each sample's ``token_ids``, one after another) or a
-chunked array (``rlwire.Chunked``, to come) is one buffer to the receiver, but its bytes live in many
-arrays on the sending side. Joining them would copy the whole step and hold it twice;
-instead the codec hands the sink the runs, and the sink writes them one after another
-(``writev``), with no padding between them, as one buffer of the message. What is
-stored is exactly the joined bytes: same length, same checksum, same table entry, so a
-reader cannot tell, and gets one contiguous buffer.
+chunked array (``rlwire.Chunked``, to come) is one buffer to the receiver, but its
+bytes live in many arrays on the sending side. Joining them would copy the whole step
+and hold it twice; instead the codec hands the sink the runs, and the sink writes them
+one after another (``writev``), with no padding between them, as one buffer of the
+message. What is stored is exactly the joined bytes: same length, same checksum, same
+table entry, so a reader cannot tell, and gets one contiguous buffer.
 
 Only sending sides see Pieces; a source always returns plain memoryviews. A sink that
 cannot write runs (``Sink.gathers`` false, the default for plugins) gets them joined.

@@ -26,6 +26,7 @@ from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire._core.types import may_hold_buffer
 from rlwire._frame.bounds import heap_allowance
 from rlwire._frame.frame import Frame
+from rlwire._frame.pieces import Pieces
 from rlwire.codecs._msgpack.conversion import as_annotated, converted
 from rlwire.codecs._msgpack.decode_calls import DecodeCalls
 from rlwire.codecs._msgpack.known_fields import known_fields, skeleton
@@ -37,6 +38,7 @@ from rlwire.codecs._msgpack.typed_paths import (
     annotation_at,
     follow,
     put,
+    render_raw,
     steps,
 )
 
@@ -58,7 +60,9 @@ class Decoding:
         # table that makes the reader decode more than this is hostile.
         self.budget = 4 * frame.nbytes
         self.timer = SliceTimer()
-        self.received = ReceivedBuffers(frame.buffers, writable)
+        # A frame straight from an encoder may hold Pieces, which a source never does.
+        buffers = [b.joined() if isinstance(b, Pieces) else b for b in frame.buffers]
+        self.received = ReceivedBuffers(buffers, writable)
         self.calls = DecodeCalls(
             heap_allowance(frame), frame.stored_nbytes, self.received.ext_hook, self.timer
         )
@@ -219,10 +223,13 @@ class Decoding:
             value: Any = columns_of(found)
         else:
             self.calls.charge(found.count * len(found.names) * ROW_COST, "rows from columns")
-            value = rows_of(found)
-            yield
+            value = yield from rows_of(found, self.timer)
             if annotation is not None:
-                value = yield from converted(value, annotation, self.timer)
+                try:
+                    value = yield from converted(value, annotation, self.timer)
+                except DecodeError as exc:  # its path starts at the list: say where that is
+                    where = render_raw(path)
+                    raise DecodeError(str(exc).replace(" - at `$", f" - at `{where}", 1)) from None
         if not path:
             return value
         put(root, path, value)

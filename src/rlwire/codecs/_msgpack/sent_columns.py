@@ -191,7 +191,8 @@ def _ragged_column(
         ref = ArrayRef(w.sent.add(pieces, side), dtype.str, shape, "C")
         column = msgspec.msgpack.Ext(EXT_ARRAY, w.encoder.encode(ref))
     else:
-        column = w.sent.array(np.concatenate(values).reshape(shape), path_of(0), False)
+        joined = np.concatenate(values, dtype=dtype).reshape(shape)  # keeps the byte order
+        column = w.sent.array(joined, path_of(0), False)
     offsets_value = w.sent.array(offsets, path_of(0), False)
     return msgspec.msgpack.Ext(EXT_RAGGED, w.encoder.encode([column, offsets_value]))
 

@@ -39,6 +39,11 @@ from rlwire.codecs._msgpack.sent_buffers import SentBuffers
 __all__ = ["Walker", "list_as_columns", "packed_value"]
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
+_NDARRAY = {np.ndarray}
+_DTYPE = operator.attrgetter("dtype")
+_NDIM = operator.attrgetter("ndim")
+# Rows this small on average are copied into one array rather than sent where they are.
+_SMALL_ROW = 4096
 
 
 class Walker(Protocol):
@@ -168,31 +173,38 @@ def _ragged_column(
     w: Walker, values: list[Any], path_of: Callable[[int], KeyPath], side: bool
 ) -> msgspec.msgpack.Ext | None:
     """The extension value (6) of ``values`` back to back, if they are arrays of one
-    dtype, number of dimensions (at least 1) and trailing shape; else None."""
+    dtype, number of dimensions (at least 1) and trailing shape; else None.
+
+    Rows of a few kB are copied into one array (numpy's C loop: tens of nanoseconds a
+    row, where a view each costs a microsecond of Python); larger rows are written
+    where they are, as the runs of :class:`~rlwire._frame.pieces.Pieces`, so that a
+    large step is never held twice."""
     first = values[0]
     if type(first) is not np.ndarray or first.ndim < 1:
         return None
+    # The checks run in C over the rows (map, set), not a Python loop.
+    if set(map(type, values)) != _NDARRAY or len(set(map(_DTYPE, values))) != 1:
+        return None
+    if set(map(_NDIM, values)) != {first.ndim}:
+        return None
     dtype, tail = first.dtype, first.shape[1:]
-    for value in values:
-        if type(value) is not np.ndarray or value.dtype != dtype or value.shape[1:] != tail:
-            return None
-        if value.ndim != first.ndim:
-            return None
+    if tail and len({v.shape[1:] for v in values}) != 1:
+        return None
     if dtype not in PLAIN_DTYPES:
         check_dtype(dtype, path_of(0))
-    lengths = np.fromiter((len(v) for v in values), np.int64, len(values))
     offsets = np.zeros(len(values) + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    pieces = Pieces(
-        byte_view(v if v.flags.c_contiguous else np.ascontiguousarray(v)) for v in values
-    )
+    np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
     shape = [int(offsets[-1]), *tail]
-    if side or pieces.nbytes >= w.sent.inline_threshold:
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if (nbytes < w.sent.inline_threshold and not side) or nbytes <= _SMALL_ROW * len(values):
+        joined = np.concatenate(values, dtype=dtype).reshape(shape)  # keeps the byte order
+        column = w.sent.array(joined, path_of(0), side)
+    else:
+        pieces = Pieces(
+            byte_view(v if v.flags.c_contiguous else np.ascontiguousarray(v)) for v in values
+        )
         ref = ArrayRef(w.sent.add(pieces, side), dtype.str, shape, "C")
         column = msgspec.msgpack.Ext(EXT_ARRAY, w.encoder.encode(ref))
-    else:
-        joined = np.concatenate(values, dtype=dtype).reshape(shape)  # keeps the byte order
-        column = w.sent.array(joined, path_of(0), False)
     offsets_value = w.sent.array(offsets, path_of(0), False)
     return msgspec.msgpack.Ext(EXT_RAGGED, w.encoder.encode([column, offsets_value]))
 

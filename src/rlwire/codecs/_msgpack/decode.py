@@ -31,7 +31,13 @@ from rlwire.codecs._msgpack.conversion import as_annotated, converted
 from rlwire.codecs._msgpack.decode_calls import DecodeCalls
 from rlwire.codecs._msgpack.known_fields import known_fields, skeleton
 from rlwire.codecs._msgpack.received_buffers import Chunked, ReceivedBuffers
-from rlwire.codecs._msgpack.received_columns import ROW_COST, ColumnsFound, columns_of, rows_of
+from rlwire.codecs._msgpack.received_columns import (
+    ROW_COST,
+    ColumnsFound,
+    columns_of,
+    rows_of,
+    structs_of,
+)
 from rlwire.codecs._msgpack.typed_paths import (
     CannotFollow,
     RawStep,
@@ -223,17 +229,26 @@ class Decoding:
             value: Any = columns_of(found)
         else:
             self.calls.charge(found.count * len(found.names) * ROW_COST, "rows from columns")
-            value = yield from rows_of(found, self.timer)
+            value = None
             if annotation is not None:
-                try:
-                    value = yield from converted(value, annotation, self.timer)
-                except DecodeError as exc:  # its path starts at the list: say where that is
-                    where = render_raw(path)
-                    raise DecodeError(str(exc).replace(" - at `$", f" - at `{where}", 1)) from None
+                value = yield from structs_of(found, annotation, self.timer)
+            if value is None:
+                value = yield from self._rows(found, path, annotation)
         if not path:
             return value
         put(root, path, value)
         return root
+
+    def _rows(self, found: ColumnsFound, path: list[RawStep], annotation: Any) -> Sliced[Any]:
+        """``found``'s rows as plain builtins, converted to ``annotation`` if not None."""
+        value = yield from rows_of(found, self.timer)
+        if annotation is not None:
+            try:
+                value = yield from converted(value, annotation, self.timer)
+            except DecodeError as exc:  # its path starts at the list: say where that is
+                where = render_raw(path)
+                raise DecodeError(str(exc).replace(" - at `$", f" - at `{where}", 1)) from None
+        return value
 
     def _fill(self, target: Any, chunked: Chunked, annotation: Any) -> Sliced[None]:
         """Decode ``chunked``'s chunks one call each and add them to ``target``."""

@@ -13,17 +13,30 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import types
+import typing
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from rlwire._core.columns import Columns
 from rlwire._core.errors import CorruptFrameError
 from rlwire._core.ragged import Ragged, offsets_problem
 from rlwire._core.slicing import Sliced, SliceTimer
+from rlwire.codecs._msgpack.conversion import dec_hook
 from rlwire.codecs._msgpack.extensions import ROWS_AS_ARRAYS, ROWS_AS_MAPS
 
-__all__ = ["ROW_COST", "ColumnsFound", "columns_of", "parse_columns", "ragged", "rows_of"]
+__all__ = [
+    "ROW_COST",
+    "ColumnsFound",
+    "columns_of",
+    "parse_columns",
+    "ragged",
+    "rows_of",
+    "structs_of",
+]
 
 _ROWS_AT_ONCE = 256  # rows made between two looks at the slice timer: ~0.2 ms
 #: Bytes of Python objects one row costs at most, per field, made from columns: a slot
@@ -129,6 +142,91 @@ def rows_of(found: ColumnsFound, timer: SliceTimer) -> Sliced[list[Any]]:
             yield
             timer.restart()
     return out
+
+
+def structs_of(found: ColumnsFound, annotation: Any, timer: SliceTimer) -> Sliced[Any]:
+    """The rows as instances of ``T`` when ``annotation`` is ``list[T]`` of a Struct
+    type that takes each column as it is (array fields typed ``np.ndarray``, other
+    columns converted whole, one msgspec call each), made by calling ``T`` a few hundred
+    rows at a time; None when that cannot be told, for the general conversion to do
+    (and to word its errors)."""
+    kind = _struct_item(annotation)
+    plan = _plan(kind, tuple(found.names)) if kind is not None else None
+    if (
+        kind is None
+        or plan is None
+        or found.layout != (ROWS_AS_ARRAYS if plan[2] else ROWS_AS_MAPS)
+    ):
+        return None
+    attrs, annotations, _ = plan
+    columns: list[Any] = []
+    for column, tp in zip(found.columns, annotations, strict=True):
+        if isinstance(column, Ragged):
+            if not _takes_arrays(tp):
+                return None
+        elif tp not in (Any, object):
+            try:
+                column = msgspec.convert(column, list[tp], dec_hook=dec_hook)  # type: ignore[valid-type]
+            except msgspec.ValidationError:
+                return None
+        columns.append(column)
+    out: list[Any] = []
+    for start in range(0, found.count, _ROWS_AT_ONCE):
+        stop = min(start + _ROWS_AT_ONCE, found.count)
+        part = [list(c[start:stop]) if isinstance(c, Ragged) else c[start:stop] for c in columns]
+        try:
+            out += [
+                kind(**dict(zip(attrs, values, strict=True))) for values in zip(*part, strict=True)
+            ]
+        except (TypeError, ValueError):  # a required field missing, a __post_init__ refusal
+            return None
+        if timer.due():
+            yield
+            timer.restart()
+    return out
+
+
+def _takes_arrays(tp: Any) -> bool:
+    """True if a field annotated ``tp`` takes a numpy array as it is."""
+    return tp in (Any, object, np.ndarray) or (
+        typing.get_origin(tp) in (typing.Union, types.UnionType)
+        and np.ndarray in typing.get_args(tp)
+    )
+
+
+def _struct_item(annotation: Any) -> type[msgspec.Struct] | None:
+    """``T`` of ``list[T]`` when ``T`` is an untagged Struct type that allows no unknown
+    field to be dropped silently wrong, else None."""
+    if typing.get_origin(annotation) is not list:
+        return None
+    args = typing.get_args(annotation)
+    kind = args[0] if args else None
+    if not (isinstance(kind, type) and issubclass(kind, msgspec.Struct)):
+        return None
+    config = kind.__struct_config__
+    return None if config.tag is not None or config.forbid_unknown_fields else kind
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(
+    kind: type[msgspec.Struct], names: tuple[str, ...]
+) -> tuple[list[str], list[Any], bool] | None:
+    """For columns ``names`` into ``kind``: the attribute each fills, its annotation,
+    and whether rows are positional (``array_like``); None if a name is not a field
+    (the general path drops it) or an annotation cannot be resolved."""
+    try:
+        fields = {f.encode_name: f for f in msgspec.structs.fields(kind)}
+        hints = typing.get_type_hints(kind)
+    except Exception:  # an unresolvable annotation: leave it to msgspec
+        return None
+    attrs, annotations = [], []
+    for name in names:
+        field = fields.get(name)
+        if field is None:
+            return None
+        attrs.append(field.name)
+        annotations.append(hints.get(field.name, Any))
+    return attrs, annotations, bool(kind.__struct_config__.array_like)
 
 
 def columns_of(found: ColumnsFound) -> Columns:

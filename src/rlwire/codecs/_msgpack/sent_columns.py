@@ -39,6 +39,7 @@ from rlwire.codecs._msgpack.sent_buffers import SentBuffers
 __all__ = ["Walker", "list_as_columns", "packed_value"]
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
+_CONTAINERS = frozenset((dict, list))
 _NDARRAY = {np.ndarray}
 _DTYPE = operator.attrgetter("dtype")
 _NDIM = operator.attrgetter("ndim")
@@ -102,8 +103,12 @@ def list_as_columns(w: Walker, items: list[Any], path: KeyPath, side: bool) -> S
         return None
     layout, names, getters = shape
     if w.check is not None:
-        for i, item in enumerate(items):
-            w.check(item, render_path((path, i)))
+        rows = getattr(w.check, "rows", None)  # a check of the whole list at once
+        if rows is not None:
+            rows(items, render_path(path))
+        else:
+            for i, item in enumerate(items):
+                w.check(item, render_path((path, i)))
     encoded = []
     for name, get in zip(names, getters, strict=True):
         values = list(map(get, items))
@@ -156,9 +161,12 @@ def _column(
     ragged = _ragged_column(w, values, path_of, side)
     if ragged is not None:
         return ragged
-    if set(map(type, values)) <= _SCALARS:
+    kinds = set(map(type, values))
+    if kinds <= _SCALARS:
         heft = len(values) + sum(len(v) // 64 for v in values if type(v) is str)
         column = values
+    elif kinds <= _CONTAINERS and not any(values):  # e.g. extras={} in every sample
+        heft, column = len(values), values
     else:
         column, heft = [], 1
         for i, value in enumerate(values):

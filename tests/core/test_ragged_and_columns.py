@@ -122,3 +122,21 @@ def test_ragged_values_are_shared_with_torch_style_consumers(
     assert ragged.values is values  # torch.from_numpy(ragged.values) shares this memory
     assert sum(len(r) for r in ragged) == len(values)
     assert rlwire.Ragged is Ragged and Ragged.__module__ == "rlwire"
+
+
+def test_chunked_appends_without_copying_and_checks_each_chunk() -> None:
+    chunked = rlwire.Chunked()
+    assert chunked.shape == (0,) and chunked.dtype is None and len(chunked) == 0
+    turns = [np.full((n, 4, 2), n, np.uint8) for n in (3, 0, 5)]
+    for turn in turns:
+        chunked.append(turn)
+    assert all(a is b for a, b in zip(chunked.chunks, turns, strict=True))
+    assert chunked.shape == (8, 4, 2) and len(chunked) == 8 and chunked.nbytes == 64
+    assert np.array_equal(chunked.to_array(), np.concatenate(turns))
+    with pytest.raises(SchemaError, match=r"chunk 3 has dtype uint16 and shape \(1, 4, 2\)"):
+        chunked.append(np.zeros((1, 4, 2), np.uint16))
+    with pytest.raises(SchemaError, match=r"chunk 3 has dtype uint8 and shape \(1, 4, 3\)"):
+        chunked.append(np.zeros((1, 4, 3), np.uint8))
+    with pytest.raises(SchemaError, match="chunk 3 must be a numpy array of at least one"):
+        chunked.append(np.uint8(1))  # type: ignore[arg-type]
+    assert len(chunked.chunks) == 3  # nothing was added by the refused appends

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from rlwire._core.chunked import Chunked
 from rlwire._core.errors import SchemaError
 
 __all__ = ["TrainingBatch", "TrainingSample", "check_object", "check_rows", "codec_check"]
@@ -260,7 +261,11 @@ def _check_extras(extras: Any, where: str) -> None:
 
 
 def _array(obj: Any, name: str, where: str, *, ndim: int) -> np.ndarray:
+    """The array field ``name`` of ``obj``: an ndarray, or a non-empty :class:`~rlwire.Chunked`
+    (read through its shape and dtype; its chunks are checked one by one)."""
     value = getattr(obj, name)
+    if isinstance(value, Chunked) and value.chunks:
+        return value  # type: ignore[return-value]  # it has the dtype, shape and len used
     if not isinstance(value, np.ndarray):
         raise SchemaError(f"{where}.{name}: expected a numpy array, got {type(value).__name__}")
     if value.ndim != ndim:
@@ -269,6 +274,8 @@ def _array(obj: Any, name: str, where: str, *, ndim: int) -> np.ndarray:
 
 
 def _check_finite(arr: np.ndarray, where: str) -> None:
+    if isinstance(arr, Chunked):
+        arr = arr.to_array()  # a copy, only to find the first bad token's index
     finite = np.isfinite(arr)
     if finite.all():
         return

@@ -1,7 +1,7 @@
 """Pieces: one buffer of a Frame made of several runs of bytes, stored back to back.
 
 A column of a list of samples (each sample's ``token_ids``, one after another) or a
-chunked array (``rlwire.Chunked``, to come) is one buffer to the receiver, but its
+chunked array (:class:`rlwire.Chunked`) is one buffer to the receiver, but its
 bytes live in many arrays on the sending side. Joining them would copy the whole step
 and hold it twice; instead the codec hands the sink the runs, and the sink writes them
 one after another (``writev``), with no padding between them, as one buffer of the

@@ -290,3 +290,32 @@ def test_millions_of_empty_rows_from_a_small_message_are_refused() -> None:
         MsgpackCodec().decode(frame)
     got = MsgpackCodec().decode(frame, as_columns=True)  # no row is built: accepted
     assert len(got["x"]) == rows
+
+
+@pytest.mark.parametrize("threshold", [0, 1 << 30])
+def test_a_chunked_array_arrives_as_one_array(threshold: int) -> None:
+    turns = [np.random.default_rng(n).integers(0, 255, (n, 6, 4), np.uint8) for n in range(40)]
+    chunked = rlwire.Chunked(turns)
+    codec = MsgpackCodec(inline_threshold=threshold)
+    frame = codec.encode({"routed_experts": chunked})
+    if threshold == 0:
+        (buffer,) = frame.buffers
+        assert isinstance(buffer, Pieces) and len(buffer.runs) == 39  # no copy; one empty
+    got = codec.decode(stored(frame))["routed_experts"]
+    assert type(got) is np.ndarray and got.flags.c_contiguous
+    assert_same(got, np.concatenate(turns))
+    assert_same(round_trip({"x": rlwire.Chunked()})["x"], np.zeros(0))
+
+
+def test_a_sample_may_hold_chunked_routed_experts() -> None:
+    batch = make_batch(6, 20)
+    for sample in batch.samples:
+        whole = sample.routed_experts
+        sample.routed_experts = rlwire.Chunked([whole[:7], whole[7:]])  # type: ignore[assignment]
+    codec = MsgpackCodec(sidecar=("routed_experts",), check=check_object, inline_threshold=0)
+    got = codec.decode(stored(codec.encode(batch)), rlwire.TrainingBatch)
+    for sample, back in zip(batch.samples, got.samples, strict=True):
+        assert np.array_equal(back.routed_experts, sample.routed_experts.to_array())  # type: ignore[union-attr]
+    batch.samples[2].routed_experts.append(np.zeros((1, 4, 2), np.uint8))  # type: ignore[union-attr]
+    with pytest.raises(rlwire.SchemaError, match=r"samples\[2\]\.routed_experts: has \d+ rows but"):
+        codec.encode(batch)

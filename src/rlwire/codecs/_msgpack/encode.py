@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from rlwire._core.chunked import Chunked
 from rlwire._core.columns import Columns
 from rlwire._core.errors import EncodeError
 from rlwire._core.paths import KeyPath, render_path
@@ -53,7 +54,7 @@ _SCAN = 65536
 _SCALARS = (str, int, float, bool, type(None))
 _SCALAR_SET = frozenset(_SCALARS)
 _BUFFER_LIKE = (np.ndarray, bytes, bytearray, memoryview)
-_PACKED = frozenset((Ragged, Columns))  # values stored as columns already
+_PACKED = frozenset((Ragged, Columns, Chunked))  # packed by the user: one buffer a field
 
 
 def weight(obj: Any) -> int:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import msgspec
 import numpy as np
 
+from rlwire._core.chunked import Chunked
 from rlwire._core.columns import Columns
 from rlwire._core.paths import KeyPath, render_path
 from rlwire._core.ragged import Ragged
@@ -63,12 +64,31 @@ class Walker(Protocol):
     def tick(self) -> Sliced[None]: ...
 
 
-def packed_value(w: Walker, obj: Ragged | Columns, path: KeyPath, side: bool) -> Sliced[Any]:
-    """The extension value that stands for a :class:`~rlwire.Ragged` (6) or a
-    :class:`~rlwire.Columns` (7)."""
+def packed_value(
+    w: Walker, obj: Ragged | Columns | Chunked, path: KeyPath, side: bool
+) -> Sliced[Any]:
+    """The extension value that stands for a :class:`~rlwire.Ragged` (6), a
+    :class:`~rlwire.Columns` (7) or a :class:`~rlwire.Chunked` (an array, 1 or 2)."""
     if isinstance(obj, Ragged):
         return _ragged_value(w, obj, path, side)
+    if isinstance(obj, Chunked):
+        return _chunked_value(w, obj, path, side)
     return (yield from _columns_value(w, obj, path, side))
+
+
+def _chunked_value(w: Walker, chunked: Chunked, path: KeyPath, side: bool) -> msgspec.msgpack.Ext:
+    """A Chunked as one array: its chunks are the runs of one buffer (copied into one
+    array only when the whole is small enough to go inline)."""
+    first = chunked.chunks[0] if chunked.chunks else None
+    if first is None or (chunked.nbytes < w.sent.inline_threshold and not side):
+        return w.sent.array(chunked.to_array(), path, side)
+    if first.dtype not in PLAIN_DTYPES:
+        check_dtype(first.dtype, path)
+    pieces = Pieces(
+        byte_view(c if c.flags.c_contiguous else np.ascontiguousarray(c)) for c in chunked.chunks
+    )
+    ref = ArrayRef(w.sent.add(pieces, side), first.dtype.str, list(chunked.shape), "C")
+    return msgspec.msgpack.Ext(EXT_ARRAY, w.encoder.encode(ref))
 
 
 def _ragged_value(w: Walker, ragged: Ragged, path: KeyPath, side: bool) -> msgspec.msgpack.Ext:
@@ -147,7 +167,7 @@ def _row_shape(
         layout = ROWS_AS_MAPS
     else:
         return None
-    if not any(isinstance(get(first), np.ndarray | Ragged) for get in getters):
+    if not any(isinstance(get(first), np.ndarray | Ragged | Chunked) for get in getters):
         return None
     return layout, names, getters
 

@@ -50,7 +50,7 @@ __all__ = [
 
 MAIN_MAGIC = b"\x89RLW\r\n\x1a\n"
 SIDECAR_MAGIC = b"\x89RLS\r\n\x1a\n"
-FORMAT_VERSION = (1, 0)
+FORMAT_VERSION = (1, 1)  # 1.1: the msgpack header may hold extension types 6 and 7
 MAX_ENVELOPE = 64 << 20
 #: The checksum algorithm this writer records, and the only one this reader knows.
 

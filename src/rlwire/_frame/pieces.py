@@ -8,6 +8,10 @@ instead the codec hands the sink the runs, and the sink writes them one after an
 stored is exactly the joined bytes: same length, same checksum, same table entry, so a
 reader cannot tell, and gets one contiguous buffer.
 
+Runs that are adjacent views of one block (``values[0:5]`` and ``values[5:9]`` of one
+array, say) are merged into one run, so data the sender already holds packed costs one
+``iovec``, not one per sample.
+
 Only sending sides see Pieces; a source always returns plain memoryviews. A sink that
 cannot write runs (``Sink.gathers`` false, the default for plugins) gets them joined.
 
@@ -22,6 +26,8 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+import numpy as np
 
 from rlwire._core.copying import concatenated
 from rlwire._core.slicing import Sliced, run_sliced
@@ -42,12 +48,16 @@ class Pieces:
     __slots__ = ("nbytes", "runs")
 
     def __init__(self, runs: Iterable[memoryview]) -> None:
-        kept = []
+        kept: list[memoryview] = []
+        stretch = _Stretch()
         for run in runs:
             if run.ndim != 1 or run.format != "B" or not run.c_contiguous:
                 raise ValueError("a run of Pieces must be a flat, contiguous byte view")
-            if run.nbytes:
+            if run.nbytes and not stretch.extend(run):
+                stretch.close(kept)
                 kept.append(run)
+                stretch.start(run)
+        stretch.close(kept)
         self.runs: tuple[memoryview, ...] = tuple(kept)
         self.nbytes: int = sum(run.nbytes for run in kept)
 
@@ -70,3 +80,74 @@ class Pieces:
     def joined(self) -> memoryview:
         """The bytes as one view: the single run itself, or a new copy of them all."""
         return run_sliced(self.joined_sliced())
+
+
+
+class _Stretch:
+    """Consecutive runs that lie back to back in one block, about to become one run.
+
+    Addresses are looked up only when a run's block is the previous run's (an identity
+    test): independent arrays, the common case, cost no more than that.
+    """
+
+    __slots__ = ("begin", "end", "root", "runs")
+
+    def __init__(self) -> None:
+        self.root: object = None
+        self.begin = self.end = self.runs = 0
+
+    def start(self, run: memoryview) -> None:
+        self.root = _root(run)
+        self.runs = 1
+        if self.root is not None:
+            self.begin = _address(run)
+            self.end = self.begin + run.nbytes
+
+    def extend(self, run: memoryview) -> bool:
+        """Take ``run`` into the stretch if it starts where the stretch ends, in the same
+        block."""
+        if self.root is None or _root(run) is not self.root or _address(run) != self.end:
+            return False
+        self.end += run.nbytes
+        self.runs += 1
+        return True
+
+    def close(self, kept: list[memoryview]) -> None:
+        """Replace the stretch's runs, the last of ``kept``, by one view over its block
+        (left as they are if the block does not export its bytes as one block)."""
+        if self.runs > 1:
+            merged = _span(self.root, self.begin, self.end)
+            if merged is not None:
+                kept[-self.runs :] = [merged]
+        self.root, self.runs = None, 0
+
+
+def _root(run: memoryview) -> object:
+    """The object that owns ``run``'s memory, through numpy views and memoryviews to
+    their base (``None`` for a view that names no owner)."""
+    obj: object = run.obj
+    while True:
+        if isinstance(obj, np.ndarray) and obj.base is not None:
+            obj = obj.base
+        elif isinstance(obj, memoryview):
+            obj = obj.obj
+        else:
+            return obj
+
+
+def _address(view: memoryview) -> int:
+    address: int = np.frombuffer(view, np.uint8).ctypes.data
+    return address
+
+
+def _span(root: object, begin: int, end: int) -> memoryview | None:
+    """A read-only byte view of ``root``'s memory from address ``begin`` to ``end``, or
+    None when ``root`` does not export it as one contiguous block holding that range."""
+    try:
+        block = memoryview(root).cast("B")  # type: ignore[arg-type]
+    except (TypeError, ValueError, BufferError):
+        return None
+    base = _address(block) if block.nbytes else 0
+    if not base <= begin <= end <= base + block.nbytes:
+        return None
+    return block[begin - base : end - base].toreadonly()

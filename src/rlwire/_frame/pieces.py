@@ -1,7 +1,7 @@
 """Pieces: one buffer of a Frame made of several runs of bytes, stored back to back.
 
 A column of a list of samples (each sample's ``token_ids``, one after another) or a
-:class:`rlwire.Chunked` array is one buffer to the receiver, but its bytes live in many
+``rlwire.Chunked`` array is one buffer to the receiver, but its bytes live in many
 arrays on the sending side. Joining them would copy the whole step and hold it twice;
 instead the codec hands the sink the runs, and the sink writes them one after another
 (``writev``), with no padding between them, as one buffer of the message. What is
@@ -49,15 +49,20 @@ class Pieces:
 
     def __init__(self, runs: Iterable[memoryview]) -> None:
         kept: list[memoryview] = []
+        taken: list[memoryview] = []  # runs after the first of the open stretch
         stretch = _Stretch()
         for run in runs:
             if run.ndim != 1 or run.format != "B" or not run.c_contiguous:
                 raise ValueError("a run of Pieces must be a flat, contiguous byte view")
-            if run.nbytes and not stretch.extend(run):
-                stretch.close(kept)
-                kept.append(run)
-                stretch.start(run)
-        stretch.close(kept)
+            if not run.nbytes:
+                continue
+            if stretch.extend(run):
+                taken.append(run)
+                continue
+            stretch.close(kept, taken)
+            kept.append(run)
+            stretch.start(run)
+        stretch.close(kept, taken)
         self.runs: tuple[memoryview, ...] = tuple(kept)
         self.nbytes: int = sum(run.nbytes for run in kept)
 
@@ -82,7 +87,6 @@ class Pieces:
         return run_sliced(self.joined_sliced())
 
 
-
 class _Stretch:
     """Consecutive runs that lie back to back in one block, about to become one run.
 
@@ -90,15 +94,14 @@ class _Stretch:
     test): independent arrays, the common case, cost no more than that.
     """
 
-    __slots__ = ("begin", "end", "root", "runs")
+    __slots__ = ("begin", "end", "root")
 
     def __init__(self) -> None:
         self.root: object = None
-        self.begin = self.end = self.runs = 0
+        self.begin = self.end = 0
 
     def start(self, run: memoryview) -> None:
         self.root = _root(run)
-        self.runs = 1
         if self.root is not None:
             self.begin = _address(run)
             self.end = self.begin + run.nbytes
@@ -109,17 +112,20 @@ class _Stretch:
         if self.root is None or _root(run) is not self.root or _address(run) != self.end:
             return False
         self.end += run.nbytes
-        self.runs += 1
         return True
 
-    def close(self, kept: list[memoryview]) -> None:
-        """Replace the stretch's runs, the last of ``kept``, by one view over its block
-        (left as they are if the block does not export its bytes as one block)."""
-        if self.runs > 1:
+    def close(self, kept: list[memoryview], taken: list[memoryview]) -> None:
+        """End the stretch: its first run, the last of ``kept``, becomes one view over
+        the block of all its runs; or, if the block does not export its bytes as one
+        block, the runs ``taken`` into the stretch after the first follow it in ``kept``."""
+        if taken:
             merged = _span(self.root, self.begin, self.end)
             if merged is not None:
-                kept[-self.runs :] = [merged]
-        self.root, self.runs = None, 0
+                kept[-1] = merged
+            else:
+                kept += taken
+            taken.clear()
+        self.root = None
 
 
 def _root(run: memoryview) -> object:

@@ -79,8 +79,8 @@ def checksum_segments(frame: Frame) -> Sliced[bytes]:
 
 def _chunked_digest(seg: bytes | memoryview | Pieces, slicer: SliceTimer) -> Sliced[int]:
     """The xxh3-64 of one segment, hashed a chunk of at most 64 MiB at a time (xxhash
-    releases the GIL meanwhile), yielding after each 64 MiB and whenever the Python
-    between the chunks of many small runs has taken a slice."""
+    releases the GIL meanwhile), yielding after each 64 MiB, at the end, and whenever the
+    Python between the chunks of many small runs has taken a slice."""
     hasher = xxhash.xxh3_64()
     runs = seg.runs if isinstance(seg, Pieces) else (memoryview(seg).cast("B"),)
     hashed = 0
@@ -93,6 +93,9 @@ def _chunked_digest(seg: bytes | memoryview | Pieces, slicer: SliceTimer) -> Sli
                 hashed = 0
                 yield
                 slicer.restart()
+    if hashed:  # the segment's tail, as every chunk, ends a slice
+        yield
+        slicer.restart()
     return hasher.intdigest()
 
 

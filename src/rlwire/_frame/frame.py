@@ -86,6 +86,11 @@ class Frame:
     def views(self) -> list[memoryview]:
         """The buffers as memoryviews: as they are for a received frame, whose buffers
         are memoryviews only; a :class:`~rlwire._frame.pieces.Pieces` is joined (a copy).
+
+        Example:
+            >>> frame = Frame(b"h", (Pieces([memoryview(b"ab"), memoryview(b"c")]),))
+            >>> [bytes(view) for view in frame.views()]
+            [b'abc']
         """
         return [b.joined() if isinstance(b, Pieces) else b for b in self.buffers]
 

@@ -37,12 +37,31 @@ __all__ = ["Pieces"]
 
 class Pieces:
     """The runs of one buffer, in order: flat, C-contiguous byte views (format ``B``),
-    empty runs dropped. They are not copied; their memory must stay unchanged until the
-    message is sent, as for any buffer of a Frame.
+    empty runs dropped, runs that lie back to back in one block merged into one view of
+    it. They are not copied; their memory must stay unchanged until the message is sent,
+    as for any buffer of a Frame.
+
+    A codec puts a Pieces where a buffer goes in :attr:`rlwire.Frame.buffers`; the buffer
+    is stored, hashed and compressed exactly as its joined bytes would be, and starts
+    aligned as any buffer does (the runs after the first are not aligned: each starts
+    where the one before ends). It may be a sidecar buffer. The receiver gets one
+    contiguous memoryview.
 
     Attributes:
-        runs: the non-empty runs.
+        runs: the non-empty runs, adjacent ones merged.
         nbytes: their total length, the buffer's length.
+
+    Raises:
+        ValueError: a run is not a flat, C-contiguous byte view (cast arrays' views with
+            ``memoryview(array).cast("B")``).
+
+    Example:
+        >>> import numpy as np
+        >>> tokens = np.arange(6, dtype=np.int32)
+        >>> rows = [memoryview(tokens[0:2]).cast("B"), memoryview(tokens[2:6]).cast("B")]
+        >>> pieces = Pieces([*rows, memoryview(b"more")])
+        >>> pieces.nbytes, len(pieces.runs)  # the rows of one array became one run
+        (28, 2)
     """
 
     __slots__ = ("nbytes", "runs")

@@ -37,6 +37,21 @@ def batches(
     batch: list[tuple[memoryview, int]] = []
     size = 0
     for chunk, seg in zip(chunks, segments, strict=True):
+        if (
+            type(chunk) is memoryview
+            and chunk.nbytes <= CHUNK_BYTES
+            and chunk.format == "B"
+            and chunk.ndim == 1
+            and chunk.c_contiguous
+        ):
+            # The common case, thousands of times for the runs of Pieces: a flat byte
+            # view, taken as it is.
+            batch.append((chunk, seg))
+            size += chunk.nbytes
+            if size >= CHUNK_BYTES or len(batch) >= _IOV_MAX:
+                yield batch
+                batch, size = [], 0
+            continue
         view = memoryview(chunk).cast("B") if not isinstance(chunk, bytes) else memoryview(chunk)
         for start in range(0, view.nbytes, CHUNK_BYTES):
             piece = view[start : start + CHUNK_BYTES]

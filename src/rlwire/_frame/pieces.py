@@ -75,12 +75,13 @@ class Pieces:
                 raise ValueError("a run of Pieces must be a flat, contiguous byte view")
             if not run.nbytes:
                 continue
-            if stretch.extend(run):
+            root = _root(run)
+            if kept and stretch.extend(run, root, kept[-1]):
                 taken.append(run)
                 continue
             stretch.close(kept, taken)
             kept.append(run)
-            stretch.start(run)
+            stretch.start(run, root)
         stretch.close(kept, taken)
         self.runs: tuple[memoryview, ...] = tuple(kept)
         self.nbytes: int = sum(run.nbytes for run in kept)
@@ -113,22 +114,30 @@ class _Stretch:
     test): independent arrays, the common case, cost no more than that.
     """
 
-    __slots__ = ("begin", "end", "root")
+    __slots__ = ("address", "begin", "end", "root")
 
     def __init__(self) -> None:
         self.root: object = None
-        self.begin = self.end = 0
+        self.begin = self.end = -1  # the stretch's addresses, looked up when first needed
+        self.address = -1  # the address of the run extend() last refused, if looked up
 
-    def start(self, run: memoryview) -> None:
-        self.root = _root(run)
-        if self.root is not None:
-            self.begin = _address(run)
-            self.end = self.begin + run.nbytes
+    def start(self, run: memoryview, root: object) -> None:
+        """Open a stretch at ``run``, whose block is ``root``."""
+        self.root = root
+        self.begin = self.address
+        self.end = self.address + run.nbytes if self.address >= 0 else -1
 
-    def extend(self, run: memoryview) -> bool:
-        """Take ``run`` into the stretch if it starts where the stretch ends, in the same
-        block."""
-        if self.root is None or _root(run) is not self.root or _address(run) != self.end:
+    def extend(self, run: memoryview, root: object, first: memoryview) -> bool:
+        """Take ``run`` (of block ``root``) into the stretch whose first run is ``first``
+        if it starts where the stretch ends, in the same block."""
+        self.address = -1
+        if root is None or root is not self.root:
+            return False
+        if self.end < 0:
+            self.begin = _address(first)
+            self.end = self.begin + first.nbytes
+        self.address = _address(run)
+        if self.address != self.end:
             return False
         self.end += run.nbytes
         return True

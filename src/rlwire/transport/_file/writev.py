@@ -66,12 +66,16 @@ def batches(
 
 def writev_all(fd: int, views: list[memoryview]) -> int:
     """Write every byte of ``views`` to ``fd`` in order; the number of bytes written."""
-    total = sum(v.nbytes for v in views)
-    while views:
-        n = os.writev(fd, views)
-        while views and n >= views[0].nbytes:
-            n -= views[0].nbytes
-            views = views[1:]
-        if views and n:
-            views = [views[0][n:], *views[1:]]
+    total = left = sum(v.nbytes for v in views)
+    first = 0  # views before this one are written; a count, not list slices (O(n) not n²)
+    while first < len(views):
+        n = os.writev(fd, views[first:] if first else views)
+        left -= n
+        if not left:  # all written: the common case, with no walk over the views
+            break
+        while first < len(views) and n >= views[first].nbytes:
+            n -= views[first].nbytes
+            first += 1
+        if n:  # a short write ended inside this view
+            views[first] = views[first][n:]
     return total

@@ -76,12 +76,17 @@ class Pieces:
             if not run.nbytes:
                 continue
             root = _root(run)
-            if kept and stretch.extend(run, root, kept[-1]):
+            if root is None or root is not stretch.root:  # another block: the common case
+                if taken:
+                    stretch.close(kept, taken)
+                kept.append(run)
+                stretch.root, stretch.begin, stretch.end = root, -1, -1
+            elif stretch.extend(run, kept[-1]):
                 taken.append(run)
-                continue
-            stretch.close(kept, taken)
-            kept.append(run)
-            stretch.start(run, root)
+            else:
+                stretch.close(kept, taken)
+                kept.append(run)
+                stretch.start(run, root)
         stretch.close(kept, taken)
         self.runs: tuple[memoryview, ...] = tuple(kept)
         self.nbytes: int = sum(run.nbytes for run in kept)
@@ -119,20 +124,17 @@ class _Stretch:
     def __init__(self) -> None:
         self.root: object = None
         self.begin = self.end = -1  # the stretch's addresses, looked up when first needed
-        self.address = -1  # the address of the run extend() last refused, if looked up
+        self.address = -1  # the address of the run extend() last refused
 
     def start(self, run: memoryview, root: object) -> None:
-        """Open a stretch at ``run``, whose block is ``root``."""
+        """Open a stretch at ``run``, of block ``root``, that :meth:`extend` refused."""
         self.root = root
         self.begin = self.address
         self.end = self.address + run.nbytes if self.address >= 0 else -1
 
-    def extend(self, run: memoryview, root: object, first: memoryview) -> bool:
-        """Take ``run`` (of block ``root``) into the stretch whose first run is ``first``
-        if it starts where the stretch ends, in the same block."""
-        self.address = -1
-        if root is None or root is not self.root:
-            return False
+    def extend(self, run: memoryview, first: memoryview) -> bool:
+        """Take ``run``, of the stretch's block, into the stretch whose first run is
+        ``first`` if it starts where the stretch ends."""
         if self.end < 0:
             self.begin = _address(first)
             self.end = self.begin + first.nbytes
@@ -170,6 +172,7 @@ def _root(run: memoryview) -> object:
 
 
 def _address(view: memoryview) -> int:
+    """Where ``view``'s bytes start in memory."""
     address: int = np.frombuffer(view, np.uint8).ctypes.data
     return address
 

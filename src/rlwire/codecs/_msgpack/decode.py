@@ -26,7 +26,6 @@ from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire._core.types import may_hold_buffer
 from rlwire._frame.bounds import heap_allowance
 from rlwire._frame.frame import Frame
-from rlwire._frame.pieces import Pieces
 from rlwire.codecs._msgpack.conversion import as_annotated, converted
 from rlwire.codecs._msgpack.decode_calls import DecodeCalls
 from rlwire.codecs._msgpack.known_fields import known_fields, skeleton
@@ -67,8 +66,7 @@ class Decoding:
         self.budget = 4 * frame.nbytes
         self.timer = SliceTimer()
         # A frame straight from an encoder may hold Pieces, which a source never does.
-        buffers = [b.joined() if isinstance(b, Pieces) else b for b in frame.buffers]
-        self.received = ReceivedBuffers(buffers, writable)
+        self.received = ReceivedBuffers(frame.views(), writable)
         self.calls = DecodeCalls(
             heap_allowance(frame), frame.stored_nbytes, self.received.ext_hook, self.timer
         )

@@ -105,7 +105,7 @@ class Encoding:
         yield
         header = self.encode(tree, None)
         yield from self.sent.join_bulk()
-        return Frame(header, tuple(self.sent.buffers), frozenset(self.sent.sidecar))  # type: ignore[arg-type]  # Pieces: until Frame types them
+        return Frame(header, tuple(self.sent.buffers), frozenset(self.sent.sidecar))
 
     # -- the walk -----------------------------------------------------------------------
 

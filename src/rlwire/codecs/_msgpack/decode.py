@@ -29,7 +29,7 @@ from rlwire._frame.frame import Frame
 from rlwire.codecs._msgpack.conversion import as_annotated, converted
 from rlwire.codecs._msgpack.decode_calls import DecodeCalls
 from rlwire.codecs._msgpack.known_fields import known_fields, skeleton
-from rlwire.codecs._msgpack.received_buffers import Chunked, ReceivedBuffers
+from rlwire.codecs._msgpack.received_buffers import Chunked, ReceivedBuffers, unbounded
 from rlwire.codecs._msgpack.received_columns import (
     ROW_COST,
     ColumnsFound,
@@ -78,15 +78,21 @@ class Decoding:
 
     def run(self, annotation: Any) -> Sliced[Any]:
         """The header decoded into ``annotation`` (``Any``: plain builtins)."""
-        self.received.count_from_zero()
-        fields = skeleton(annotation) if isinstance(annotation, type) else None
-        raw = None
-        if fields is not None:
-            raw = yield from known_fields(self.header, fields, self.calls)
-        if raw is None:
-            raw = yield from self.calls.plain(self.header)
-        yield
-        return (yield from self.assemble(raw, annotation))
+        try:
+            self.received.count_from_zero()
+            fields = skeleton(annotation) if isinstance(annotation, type) else None
+            raw = None
+            if fields is not None:
+                raw = yield from known_fields(self.header, fields, self.calls)
+            if raw is None:
+                raw = yield from self.calls.plain(self.header)
+            yield
+            return (yield from self.assemble(raw, annotation))
+        finally:
+            # The buffers and their hook refer to each other through decode_payload:
+            # left as a cycle, the received memory (a mapped file) would wait for the
+            # garbage collector to be let go.
+            self.received.decode_payload = unbounded
 
     def assemble(self, raw: Any, annotation: Any) -> Sliced[Any]:
         """``raw`` (plain builtins, with chunked containers unfilled, just decoded) as

@@ -44,7 +44,7 @@ from rlwire.codecs._msgpack.extensions import (
 )
 from rlwire.codecs._msgpack.received_columns import parse_columns, ragged
 
-__all__ = ["Chunked", "ReceivedBuffers"]
+__all__ = ["Chunked", "ReceivedBuffers", "unbounded"]
 
 _array_ref = msgspec.msgpack.Decoder(ArrayRef)
 _inline = msgspec.msgpack.Decoder(InlineArray)
@@ -52,7 +52,8 @@ _bytes_ref = msgspec.msgpack.Decoder(BytesRef)
 _chunks_ref = msgspec.msgpack.Decoder(ChunksRef)
 
 
-def _unbounded(data: memoryview) -> Any:
+def unbounded(data: memoryview) -> Any:
+    """The payload decoder outside a decode: refuses."""
     raise CorruptFrameError("header: a nested extension value outside a decode")
 
 
@@ -92,7 +93,7 @@ class ReceivedBuffers:
         self.columns_made = 0
         # Decodes the payload of a ragged array or columns value, whose items are
         # extension values too, within the frame's heap allowance (set by the decoder).
-        self.decode_payload: Callable[[memoryview], Any] = _unbounded
+        self.decode_payload: Callable[[memoryview], Any] = unbounded
 
     def count_from_zero(self) -> None:
         """Start counting the chunked containers, columns and bytes values made anew."""

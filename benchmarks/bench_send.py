@@ -243,6 +243,32 @@ def write_floor(path: Path, blocks: list[np.ndarray], total: int) -> int:
     return total
 
 
+def faulted_buffer(size: int) -> bytearray:
+    """A buffer of ``size`` bytes with every page already faulted in, for :func:`read_once`."""
+    buffer = bytearray(size)
+    np.frombuffer(buffer, np.uint8)[:: os.sysconf("SC_PAGE_SIZE")] = 1
+    return buffer
+
+
+def read_once(paths: list[Path], buffer: bytearray) -> Sample:
+    """Read ``paths`` back to back into ``buffer`` with ``os.readv``, timed: the reference
+    for a receive that verifies checksums (it reads every byte once)."""
+    view = memoryview(buffer)
+    t0 = time.perf_counter()
+    done = 0
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            got = 0
+            while got < size:
+                got += os.readv(fd, [view[done + got : done + size]])
+        finally:
+            os.close(fd)
+        done += size
+    return Sample(time.perf_counter() - t0, nbytes=done)
+
+
 def rlwire_files(path: Path) -> list[Path]:
     return sorted(p for p in path.iterdir() if p.name.endswith(".rlw"))
 
@@ -363,22 +389,8 @@ class Bench:
         """read once: the step's files read into memory already faulted in (os.readv),
         the reference for a receive that verifies checksums (it reads every page)."""
         if self.read_buffer is None or len(self.read_buffer) < self.total_bytes:
-            self.read_buffer = bytearray(self.total_bytes)
-            np.frombuffer(self.read_buffer, np.uint8)[:: os.sysconf("SC_PAGE_SIZE")] = 1
-        view = memoryview(self.read_buffer)
-        t0 = time.perf_counter()
-        done = 0
-        for path in rlwire_files(self.send_dir):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                size = os.fstat(fd).st_size
-                got = 0
-                while got < size:
-                    got += os.readv(fd, [view[done + got : done + size]])
-            finally:
-                os.close(fd)
-            done += size
-        return Sample(time.perf_counter() - t0, nbytes=done)
+            self.read_buffer = faulted_buffer(self.total_bytes)
+        return read_once(rlwire_files(self.send_dir), self.read_buffer)
 
     async def measure_baseline(self, threaded: bool) -> Sample:
         """baseline (a) (on the loop) or (b) (one worker thread): encode + write."""

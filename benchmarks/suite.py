@@ -16,6 +16,12 @@ same run, then prints one table of ratios and writes every sample as JSON:
 * **s3** (``bench_sinks.py``, moto on loopback): against s3fs putting the same bytes,
   target 1.0 x. moto, a Python server, takes about 40 MB/s, so S3 rows stop at
   ``--s3-max-gb`` (default 0.4).
+* **columns** (``bench_columns.py``, fixed shapes, run once per loop whatever the
+  sizes): the dense (2048 x 2048), ragged (256..4096 tokens) and small (8,000 x 128)
+  steps of issue 25, send against the floor and receive against one read, and 128
+  multi-turn appends of ``routed_experts`` against a list of chunks written with one
+  ``writev``; their stalls are judged on the difference to the idle loop's worst gap
+  over the same durations, measured in the same run (shown beside them).
 * **users' types, 8 ranks** (``bench_user_types.py``, framework-shaped Structs with
   list fields): ``send_ranks`` against the frameworks' own raw-sidecar writer, target
   1.1 x; ``areceive`` against a msgspec decode of the same message.
@@ -50,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +66,7 @@ HERE = Path(__file__).resolve().parent
 #: How a run is started, as its results record it.
 COMMAND = "python3 tasks.py bench"
 SIZES_GB = (0.1, 0.4, 0.8, 1.6, 3.2)
-SINKS = ("file", "file-small", "zmq-tcp", "zmq-ipc", "s3", "user-types")
+SINKS = ("file", "file-small", "zmq-tcp", "zmq-ipc", "s3", "user-types", "columns")
 BACKENDS = ("asyncio", "trio")
 #: Bytes of array data per token of bench_send.py's workload (48 layers x top-8 experts
 #: as uint8, then token id, mask, logprob, advantage).
@@ -104,6 +110,11 @@ def jobs(args: argparse.Namespace) -> list[Job]:
                         "--tokens",
                         str(per),
                     ]
+                elif sink == "columns":
+                    if size != args.sizes[0]:
+                        continue  # fixed shapes: once per loop
+                    script = ["bench_columns.py", "--loops", backend]
+                    script += ["--quick"] if args.quick else []
                 elif sink == "user-types":
                     if backend != args.backends[0]:
                         continue  # the script runs both loops itself
@@ -116,7 +127,7 @@ def jobs(args: argparse.Namespace) -> list[Job]:
                     samples = max(1, tokens // LARGE_TOKENS)
                     script = ["bench_sinks.py", "--sink", sink, "--samples", str(samples)]
                     script += ["--no-checksum-row"] if sink != "s3" else []
-                if sink != "user-types":
+                if sink not in ("user-types", "columns"):
                     script += ["--backend", backend]
                 out.append(Job(sink, backend, size, [*script, *rounds]))
     return out
@@ -179,9 +190,34 @@ def _pair(
     )
 
 
+def column_ratios(job: Job) -> list[Ratio]:
+    """bench_columns.py's pairs that have a target, one sink per shape, with the idle
+    loop's worst gap beside each worst stall."""
+    out = []
+    for backend, shapes in job.result["loops"].items():
+        for shape, data in shapes.items():
+            rows = data["rows"]
+            for _, mine, theirs, target in (p for p in data["pairs"] if p[0] == shape):
+                if target is None or mine not in rows or theirs not in rows:
+                    continue
+                r = _pair(job, rows, mine, mine, theirs, target, backend=backend)
+                idle = _samples(rows.get(f"idle ({mine})", {"stall_max": []}), "stall_max")
+                out.append(
+                    replace(
+                        r,
+                        sink=f"columns-{shape}",
+                        size_gb=round(data["step_bytes"] / 1e9, 3),
+                        idle_stall_ms=max(idle) * 1e3 if idle else None,
+                    )
+                )
+    return out
+
+
 def ratios(job: Job) -> list[Ratio]:
     if not job.result:
         return []
+    if job.sink == "columns":
+        return column_ratios(job)
     if job.sink in ("file", "file-small"):
         rows = job.result["rows"]
         return [
@@ -208,13 +244,15 @@ def ratios(job: Job) -> list[Ratio]:
 def table(found: list[Ratio]) -> str:
     head = (
         "| sink | loop | GB | operation | rlwire ms | baseline | baseline ms | ratio (range) "
-        "| target | worst stall ms | p99 ms | peak MB | met: time, stall, memory |"
+        "| target | worst stall ms (idle loop) | p99 ms | peak MB | met: time, stall, memory |"
     )
     lines = [head, "|---|---|---:|---|---:|---|---:|---|---|---:|---:|---:|---|"]
     for r in found:
         sign = "≥" if r.higher_is_better else "≤"
         lo, hi = r.ratio_range
         stall = "—" if r.worst_stall_ms is None else f"{r.worst_stall_ms:.1f}"
+        if r.idle_stall_ms is not None:
+            stall += f" (idle {r.idle_stall_ms:.1f})"
         p99 = "—" if r.p99_stall_ms is None else f"{r.p99_stall_ms:.1f}"
         peak = "—" if r.peak_mb is None else f"{r.peak_mb:.0f}"
         lines.append(
@@ -227,10 +265,10 @@ def table(found: list[Ratio]) -> str:
 
 def growth(found: list[Ratio], backend: str = "asyncio") -> str:
     """How each row's time and worst stall grow with the step size, under ``backend``."""
-    sizes = sorted({r.size_gb for r in found})
+    sizes = sorted({r.size_gb for r in found if not r.sink.startswith("columns-")})
     rows: dict[str, dict[float, Ratio]] = {}
     for r in found:
-        if r.backend == backend:
+        if r.backend == backend and not r.sink.startswith("columns-"):  # fixed sizes
             rows.setdefault(f"{r.sink} {r.operation}", {})[r.size_gb] = r
     head = "| row | " + " | ".join(f"{s:g} GB" for s in sizes) + " |"
     lines = [head, "| --- |" + " ---: |" * len(sizes)]
@@ -375,10 +413,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     print()
     print(table(found))
-    print()
-    print("How each cost grows with the step size: rlwire ms, and the worst stall in ms, asyncio.")
-    print()
-    print(growth(found))
+    if any(not r.sink.startswith("columns-") for r in found):
+        print()
+        print(
+            "How each cost grows with the step size: rlwire ms, and the worst stall in ms, asyncio."
+        )
+        print()
+        print(growth(found))
     if args.plot:
         from plots import plot_all  # beside this file; imports matplotlib
 

@@ -143,7 +143,7 @@ def test_independent_reader_matches_a_fresh_message(tmp_path: Path) -> None:
 def read_mark_as_documented(path: Path, magic: bytes) -> int:
     """Follow 'Marks' in docs/format.md."""
     found, major, minor, step = struct.unpack("<4sHHQ", path.read_bytes())
-    assert (found, major, minor) == (magic, 1, 0)
+    assert (found, major, minor) == (magic, 1, 1)
     return int(step)
 
 

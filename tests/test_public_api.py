@@ -153,6 +153,30 @@ def test_frame_checks_sidecar_indices() -> None:
         rlwire.Frame(b"h", (memoryview(b"ab"), memoryview(b"c")), frozenset({2}))
 
 
+def test_plugin_authors_get_pieces_from_the_abc_face() -> None:
+    import rlwire.abc
+
+    assert rlwire.abc.__all__ == [
+        "URL",
+        "Codec",
+        "OnExisting",
+        "PendingFrame",
+        "Pieces",
+        "Sink",
+        "SinkOptions",
+        "SliceTimer",
+        "Sliced",
+        "Source",
+        "SourceOptions",
+        "Staged",
+    ]
+    pieces = rlwire.abc.Pieces([memoryview(b"ab"), memoryview(b"c")])
+    assert rlwire.abc.Pieces.__module__ == "rlwire.abc"
+    frame = rlwire.Frame(b"h", (pieces, memoryview(b"d")))
+    assert frame.nbytes == 5
+    assert rlwire.abc.Sink.gathers is False
+
+
 @pytest.mark.parametrize(
     ("old", "name", "face"),
     [

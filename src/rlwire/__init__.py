@@ -21,7 +21,10 @@ from rlwire._api.sender import open_sender
 from rlwire._api.stats import ReceiveStats, SendStats
 from rlwire._api.sync_sender import SyncSender, open_sync_sender
 from rlwire._checks.checks import Checks
+from rlwire._core.chunked import Chunked
+from rlwire._core.columns import Columns
 from rlwire._core.faces import alias_old_modules, claim
+from rlwire._core.ragged import Ragged
 from rlwire._frame.compression import Compressor
 from rlwire._frame.frame import Frame
 from rlwire.aio import LagMonitor
@@ -31,7 +34,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Checks",
+    "Chunked",
     "ClosedError",
+    "Columns",
     "Compressor",
     "ConfigError",
     "CorruptFrameError",
@@ -44,6 +49,7 @@ __all__ = [
     "LagMonitor",
     "Limits",
     "MarkSkippedWarning",
+    "Ragged",
     "ReceiveStats",
     "ReceiveTimeout",
     "Retention",

@@ -16,6 +16,10 @@ guide's "Add a sink of your own" walks through a whole plugin, and
 sink calls (:func:`~rlwire.transport.parse_url`, :func:`~rlwire.transport.transport_error`,
 ...) are in :mod:`rlwire.transport`.
 
+A buffer of a frame to send may be a :class:`Pieces`: runs of bytes (say, one array per
+sample) stored back to back as one buffer, with no copy. A sink that writes them itself
+(``writev``) sets :attr:`Sink.gathers`; for other sinks the sender joins them first.
+
 Work that takes long is written as a **sliced generator** (:data:`Sliced`): it does a
 short slice of work between ``yield`` statements, asking a :class:`SliceTimer` when the
 slice is over, and returns its result; :mod:`rlwire.aio` has the tools that run one.
@@ -36,6 +40,7 @@ Example:
 """
 
 from rlwire._core.faces import claim, names_on_demand
+from rlwire._frame.pieces import Pieces
 from rlwire.aio import Sliced, SliceTimer
 from rlwire.codecs._registry import Codec
 from rlwire.transport._base import (
@@ -54,6 +59,7 @@ __all__ = [
     "Codec",
     "OnExisting",
     "PendingFrame",
+    "Pieces",
     "Sink",
     "SinkOptions",
     "SliceTimer",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 from helpers import make_sample
 
 import rlwire
+from rlwire._api.schema import codec_check
 
 
 def test_valid_sample_and_batch() -> None:
@@ -66,3 +68,41 @@ def test_batch_errors_name_the_sample_index() -> None:
         rlwire.TrainingBatch(samples=[{"token_ids": []}]).validate()  # type: ignore[list-item]
     with pytest.raises(rlwire.SchemaError, match="samples: must be a list"):
         rlwire.TrainingBatch(samples=(make_sample(),)).validate()  # type: ignore[arg-type]
+
+
+CASES = test_invalid_sample.pytestmark[0].args[1]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("sample", "match"), CASES)
+@pytest.mark.parametrize("tokens", [10, 3000])
+def test_a_column_check_names_the_same_sample_and_field(
+    sample: rlwire.TrainingSample, match: str, tokens: int
+) -> None:
+    """The codec's check of a whole list (column by column, for lists stored as columns)
+    refuses what the check of each sample refuses, with the same message, for small
+    rows (joined for one isfinite) and large ones."""
+    good = [make_sample(tokens, routed=False) for _ in range(40)]
+    bad = copy.copy(sample)
+    if "routed_experts" not in match:
+        bad.routed_experts = None
+    rows = [*good[:17], bad, *good[17:]]
+    with pytest.raises(rlwire.SchemaError, match=r"^\$\.samples\[17\]\." + match):
+        codec_check.rows(rows, "$.samples")
+    codec_check.rows(good, "$.samples")  # valid rows pass
+    mixed = [*good, make_sample(5, routed=True)]
+    mixed[3].logprobs = mixed[3].logprobs.astype(np.float64)  # valid, of another dtype
+    codec_check.rows(mixed, "$.samples")
+    mixed[-1].routed_experts = np.zeros((5, 2), np.uint8)
+    with pytest.raises(rlwire.SchemaError, match=r"^\$\.samples\[40\]\.routed_experts"):
+        codec_check.rows(mixed, "$.samples")
+
+
+def test_a_column_check_of_valid_samples_checks_none_of_them_one_by_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = []
+    monkeypatch.setattr(rlwire.TrainingSample, "validate", lambda s, where="": calls.append(where))
+    codec_check.rows([make_sample(n, routed=False) for n in range(1, 300)], "$.samples")
+    assert calls == []
+    codec_check.rows([make_sample(4, routed=True), make_sample(4, routed=False)], "$.samples")
+    assert calls == ["$.samples[0]", "$.samples[1]"]  # routed experts: one by one

@@ -571,7 +571,7 @@ def received(frame: Frame) -> Frame:
     sent objects."""
     return Frame(
         bytes(frame.header),
-        tuple(memoryview(bytes(b)) for b in frame.buffers),
+        tuple(memoryview(bytes(b)) for b in frame.views()),
         frame.sidecar,
         frame.codec,
     )
@@ -579,7 +579,7 @@ def received(frame: Frame) -> Frame:
 
 def controlled(frame: Frame) -> tuple[Frame, list[bytearray]]:
     """``frame`` received into bytearrays the test owns and can change afterwards."""
-    buffers = [bytearray(b) for b in frame.buffers]
+    buffers = [bytearray(b) for b in frame.views()]
     return (
         Frame(
             bytes(frame.header),

@@ -57,6 +57,7 @@ class TrainingBatchReceiver(Generic[T]):
         limits: Limits | None = None,
         limiter: CapacityLimiter | int | None = None,
         record_consumed: bool = True,
+        as_columns: bool = False,
         **keywords: Unpack[LimitsKeywords],
     ) -> None:
         self._source = source
@@ -73,6 +74,7 @@ class TrainingBatchReceiver(Generic[T]):
         self._validate = validate
         self._names_checked = False  # Checks names are matched against the first object only
         self._writable = writable
+        self._as_columns = as_columns
         self._limiter = make_limiter(limiter)
         self._mutex = threading.Lock()
         self._closed = False
@@ -113,7 +115,7 @@ class TrainingBatchReceiver(Generic[T]):
         """The figures of the last step received, or ``None`` before the first."""
         return self._last_stats
 
-    def _take(self, started: float) -> Sliced[Any]:
+    def _take(self, started: float, as_columns: bool | None = None) -> Sliced[Any]:
         """The core, a sliced generator: the next step's object, or ``_NOTHING`` if it
         is not there yet. The sync faces run it in the calling thread; the async ones
         run its slices in worker threads, letting go of the GIL between them, so that
@@ -128,7 +130,8 @@ class TrainingBatchReceiver(Generic[T]):
             step, frame = got
             seconds = {"read": self._read_seconds, "decompress": 0.0, "decode": 0.0}
             try:
-                obj = yield from self._decode(frame, seconds)
+                columns = self._as_columns if as_columns is None else as_columns
+                obj = yield from self._decode(frame, seconds, columns)
                 yield from self._check(obj, step)
             except RlwireError as exc:
                 # A stored message can be read again, or skipped; one a socket has handed
@@ -184,7 +187,7 @@ class TrainingBatchReceiver(Generic[T]):
                 self._peeked = self._read()
             return self._peeked is not None
 
-    def _decode(self, frame: Frame, seconds: dict[str, float]) -> Sliced[Any]:
+    def _decode(self, frame: Frame, seconds: dict[str, float], as_columns: bool) -> Sliced[Any]:
         if frame.compression:
             frame = yield from timed(
                 decompress_sliced(
@@ -205,17 +208,25 @@ class TrainingBatchReceiver(Generic[T]):
                 raise DecodeError(
                     f"written with codec {frame.codec!r}, which this reader cannot load: {exc}"
                 ) from None
+        # Only codecs that store columns know the keyword (optional for plugin codecs).
+        options: dict[str, bool] = {"writable": self._writable}
+        if as_columns:
+            options["as_columns"] = True
         decode_sliced = getattr(codec, "decode_sliced", None)  # optional for plugin codecs
-        if decode_sliced is None:
-            try:
-                return codec.decode(frame, self._type, writable=self._writable)
-            finally:
-                seconds["decode"] += time.perf_counter() - began
-        return (
-            yield from timed(
-                decode_sliced(frame, self._type, writable=self._writable), seconds, "decode"
-            )
-        )
+        try:
+            if decode_sliced is None:
+                try:
+                    return codec.decode(frame, self._type, **options)
+                finally:
+                    seconds["decode"] += time.perf_counter() - began
+            sliced = decode_sliced(frame, self._type, **options)
+        except TypeError as exc:
+            if not as_columns:
+                raise
+            raise ConfigError(
+                f"as_columns: codec {frame.codec!r} cannot return columns ({exc})"
+            ) from None
+        return (yield from timed(sliced, seconds, "decode"))
 
     def skip(self) -> int:
         """Give up on the next step (for example after a CorruptFrameError) and move on to
@@ -224,8 +235,11 @@ class TrainingBatchReceiver(Generic[T]):
             self._next_step += 1
             return self._next_step - 1
 
-    def poll(self) -> T | None:
+    def poll(self, *, as_columns: bool | None = None) -> T | None:
         """Return the next step's object if it has arrived, else ``None`` at once.
+
+        ``as_columns`` overrides the receiver's choice for this step (see
+        :func:`~rlwire.open_receiver`).
 
         Raises:
             CorruptFrameError: the stored message is truncated or garbled.
@@ -239,11 +253,12 @@ class TrainingBatchReceiver(Generic[T]):
             TransportError: the source cannot be read (a network or disk failure).
             ClosedError: the receiver is closed.
         """
-        obj = run_sliced(self._take(time.perf_counter()))
+        obj = run_sliced(self._take(time.perf_counter(), as_columns))
         return None if obj is _NOTHING else obj
 
-    def receive(self, timeout: float | None = None) -> T:
-        """Wait for the next step and return its object.
+    def receive(self, timeout: float | None = None, *, as_columns: bool | None = None) -> T:
+        """Wait for the next step and return its object (``as_columns`` as for
+        :meth:`poll`).
 
         Raises:
             ReceiveTimeout: nothing arrived within ``timeout`` seconds.
@@ -254,19 +269,19 @@ class TrainingBatchReceiver(Generic[T]):
         started = time.perf_counter()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            obj = run_sliced(self._take(started))
+            obj = run_sliced(self._take(started, as_columns))
             if obj is not _NOTHING:
                 return obj  # type: ignore[no-any-return]
             self._source.wait(self._left(deadline, timeout))
 
-    async def areceive(self, timeout: float | None = None) -> T:
+    async def areceive(self, timeout: float | None = None, *, as_columns: bool | None = None) -> T:
         """Like :meth:`receive`, without blocking the event loop: reads and decoding run
         in worker threads.
         """
         started = time.perf_counter()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            obj = await drive_sliced(self._take(started), self._limiter)
+            obj = await drive_sliced(self._take(started, as_columns), self._limiter)
             if obj is not _NOTHING:
                 return obj  # type: ignore[no-any-return]
             await self._source.await_message(self._left(deadline, timeout))

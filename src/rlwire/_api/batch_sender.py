@@ -28,7 +28,7 @@ from rlwire._core.errors import (
 from rlwire._core.offload import Resumes, drive_sliced, make_limiter, thread_count
 from rlwire._core.slicing import Sliced, timed
 from rlwire._frame.compression import Compressor, compress_sliced
-from rlwire._frame.frame import Frame
+from rlwire._frame.frame import Frame, joined_pieces
 from rlwire.codecs._registry import Codec
 from rlwire.transport._base import OnExisting, Sink
 
@@ -297,6 +297,8 @@ class TrainingBatchSender:
                     clock.seconds,
                     "compress",
                 )
+            if not self._sink.gathers:  # a plugin that writes memoryviews only
+                frame = yield from timed(joined_pieces(frame), clock.seconds, "encode")
         except RlwireError as exc:
             exc.add_context(step=step, rank=rank)
             raise

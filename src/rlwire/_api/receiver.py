@@ -49,6 +49,7 @@ class ReceiverOptions(LimitsKeywords, total=False):
     limits: Limits | None
     limiter: CapacityLimiter | int | None
     record_consumed: bool
+    as_columns: bool
     storage_options: Mapping[str, Any] | None
 
 
@@ -73,6 +74,7 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
     limits: Limits | None = None,
     limiter: CapacityLimiter | int | None = None,
     record_consumed: bool = True,
+    as_columns: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     **keywords: Unpack[LimitsKeywords],
 ) -> TrainingBatchReceiver[Any]:
@@ -104,6 +106,13 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
             next), which senders with ``keep_last`` or ``max_ahead`` go by. ``False``
             for a reader that must not hold the producer back (e.g. an evaluation job
             reading rank 0 beside the trainer).
+        as_columns: return each list of samples that was stored column by column (a
+            list of Structs or dicts holding arrays, as senders store them) as an
+            :class:`~rlwire.Columns`: per-token fields as :class:`~rlwire.Ragged`,
+            other fields as lists, all views over the received memory and no object
+            per sample, in the place of the list (``batch.samples`` of a
+            :class:`~rlwire.TrainingBatch`). ``receive(as_columns=...)`` overrides it
+            for one step.
         storage_options: options for the source, as for :func:`open_sender`.
         keywords: ``max_decompressed_bytes`` and ``max_compression_ratio`` may also be
             given flat, as in earlier versions.
@@ -140,4 +149,5 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
         limits=limits,
         limiter=limiter,
         record_consumed=record_consumed,
+        as_columns=as_columns,
     )

@@ -12,9 +12,10 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from rlwire._core.chunked import Chunked
 from rlwire._core.errors import SchemaError
 
-__all__ = ["TrainingBatch", "TrainingSample", "check_object"]
+__all__ = ["TrainingBatch", "TrainingSample", "check_object", "check_rows", "codec_check"]
 
 _PER_TOKEN_FLOATS = ("logprobs", "temperatures", "advantages")
 _MUST_BE_FINITE = ("logprobs", "advantages", "ref_logprobs", "temperatures")
@@ -122,6 +123,86 @@ def check_object(obj: Any, path: str) -> None:
         obj._check_samples(path)
 
 
+def check_rows(items: list[Any], path: str) -> None:
+    """Validate a list the codec stores as columns, as :func:`check_object` would each
+    item (``path[i]``), with a few numpy calls per field rather than per sample: types,
+    dtypes, dimensions and lengths compared over the column, finiteness in one
+    ``isfinite`` over the rows back to back. Anything it does not settle at once (an
+    item that is not a TrainingSample, a bad value) is checked item by item, which
+    names the sample, field and token."""
+    if not items or set(map(type, items)) != {TrainingSample} or not _rows_pass(items):
+        for i, item in enumerate(items):
+            check_object(item, f"{path}[{i}]")
+
+
+def _rows_pass(samples: list[TrainingSample]) -> bool:
+    """True if every sample is valid; False if one may not be (then it is checked on
+    its own, to say what is wrong)."""
+    ids = [s.token_ids for s in samples]
+    if not _column_of(ids, 1, "iu"):
+        return False
+    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+    names = ["mask", *_PER_TOKEN_FLOATS]
+    refs = {s.ref_logprobs is None for s in samples}
+    if refs != {True}:
+        if refs != {False}:
+            return False
+        names.append("ref_logprobs")
+    for name in names:
+        column = [getattr(s, name) for s in samples]
+        if not _column_of(column, 1, "b" if name == "mask" else "f"):
+            return False
+        if not np.array_equal(np.fromiter(map(len, column), np.int64, len(column)), lengths):
+            return False
+        if name in _MUST_BE_FINITE and not _all_finite(column):
+            return False
+    if any(s.routed_experts is not None for s in samples):
+        return False  # rare beside a list this long: checked sample by sample
+    return set(map(type, (s.env_name for s in samples))) == {str} and all(
+        type(s.extras) is dict and not s.extras for s in samples
+    )
+
+
+def _column_of(arrays: list[Any], ndim: int, kinds: str) -> bool:
+    """True if ``arrays`` are numpy arrays of ``ndim`` dimensions, all of one dtype of
+    a kind in ``kinds`` (mask: exactly bool)."""
+    if set(map(type, arrays)) != {np.ndarray} or {a.ndim for a in arrays} != {ndim}:
+        return False
+    dtypes = {a.dtype for a in arrays}
+    return len(dtypes) == 1 and next(iter(dtypes)).kind in kinds
+
+
+def _all_finite(arrays: list[np.ndarray]) -> bool:
+    """True if every value of ``arrays`` is finite, told by sums (a NaN or an infinity
+    makes its sum one; one pass, nothing allocated): of small rows joined, of large
+    rows one by one. A sum that overflows says False, and the rows are then checked
+    value by value."""
+    if not arrays:
+        return True
+    if sum(a.nbytes for a in arrays) <= 4096 * len(arrays):
+        return bool(np.isfinite(_SUM(np.concatenate(arrays))))
+    return bool(np.isfinite(sum(map(_SUM, arrays))))
+
+
+_SUM = np.add.reduce
+
+
+class _CodecCheck:
+    """The codecs' ``check`` hook: :func:`check_object` per Struct, and
+    :func:`check_rows` for a list stored as columns (its ``rows``)."""
+
+    def __call__(self, obj: Any, path: str) -> None:
+        check_object(obj, path)
+
+    @staticmethod
+    def rows(items: list[Any], path: str) -> None:
+        check_rows(items, path)
+
+
+#: What a sender gives its codec as ``check`` (see :func:`check_rows`).
+codec_check = _CodecCheck()
+
+
 def _token_count(sample: TrainingSample, where: str) -> int:
     """The length of ``sample``'s token ids, once they are shown to be a 1-D int array."""
     ids = _array(sample, "token_ids", where, ndim=1)
@@ -180,7 +261,11 @@ def _check_extras(extras: Any, where: str) -> None:
 
 
 def _array(obj: Any, name: str, where: str, *, ndim: int) -> np.ndarray:
+    """The array field ``name`` of ``obj``: an ndarray, or a non-empty :class:`~rlwire.Chunked`
+    (read through its shape and dtype; its chunks are checked one by one)."""
     value = getattr(obj, name)
+    if isinstance(value, Chunked) and value.chunks:
+        return value  # type: ignore[return-value]  # it has the dtype, shape and len used
     if not isinstance(value, np.ndarray):
         raise SchemaError(f"{where}.{name}: expected a numpy array, got {type(value).__name__}")
     if value.ndim != ndim:
@@ -189,6 +274,8 @@ def _array(obj: Any, name: str, where: str, *, ndim: int) -> np.ndarray:
 
 
 def _check_finite(arr: np.ndarray, where: str) -> None:
+    if isinstance(arr, Chunked):
+        arr = arr.to_array()  # a copy, only to find the first bad token's index
     finite = np.isfinite(arr)
     if finite.all():
         return

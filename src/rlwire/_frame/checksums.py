@@ -17,6 +17,7 @@ from rlwire._core.errors import CorruptFrameError, UnsupportedVersionError
 from rlwire._core.pools import shared_executor, worker_count
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire._frame.frame import Frame
+from rlwire._frame.pieces import Pieces
 
 __all__ = [
     "CHECKSUM",
@@ -52,23 +53,19 @@ def checksum_segments(frame: Frame) -> Sliced[bytes]:
     """The xxh3-64 checksum of each segment (header, then buffers) as packed little-endian
     u64, computed in slices of at most 64 MiB per thread or 0.3 ms of Python. Segments up
     to 64 MiB are hashed in groups, by up to :func:`~rlwire._core.pools.worker_count`
-    threads."""
+    threads; a :class:`~rlwire._frame.pieces.Pieces` run by run into one hash, which is
+    the hash of the joined bytes."""
     sums: list[int] = []
     group: list[memoryview] = []
     group_bytes = 0
     slicer = SliceTimer()
     for seg in [frame.header, *frame.buffers]:
-        view = memoryview(seg)
-        if view.nbytes > _CHECKSUM_CHUNK:  # one large segment, in chunks
+        if isinstance(seg, Pieces) or memoryview(seg).nbytes > _CHECKSUM_CHUNK:  # in chunks
             sums += segment_digests(group)
             group, group_bytes = [], 0
-            hasher = xxhash.xxh3_64()
-            for start in range(0, view.nbytes, _CHECKSUM_CHUNK):
-                hasher.update(view[start : start + _CHECKSUM_CHUNK])
-                yield
-            sums.append(hasher.intdigest())
-            slicer.restart()
+            sums.append((yield from _chunked_digest(seg, slicer)))
             continue
+        view = memoryview(seg)
         group.append(view)
         group_bytes += view.nbytes
         if group_bytes >= _CHECKSUM_CHUNK * worker_count() or slicer.due():
@@ -78,6 +75,28 @@ def checksum_segments(frame: Frame) -> Sliced[bytes]:
             slicer.restart()
     sums += segment_digests(group)
     return np.array(sums, _U64).tobytes()
+
+
+def _chunked_digest(seg: bytes | memoryview | Pieces, slicer: SliceTimer) -> Sliced[int]:
+    """The xxh3-64 of one segment, hashed a chunk of at most 64 MiB at a time (xxhash
+    releases the GIL meanwhile), yielding after each 64 MiB, at the end, and whenever the
+    Python between the chunks of many small runs has taken a slice."""
+    hasher = xxhash.xxh3_64()
+    runs = seg.runs if isinstance(seg, Pieces) else (memoryview(seg).cast("B"),)
+    hashed = 0
+    for run in runs:
+        for start in range(0, run.nbytes, _CHECKSUM_CHUNK):
+            chunk = run[start : start + _CHECKSUM_CHUNK]
+            hasher.update(chunk)
+            hashed += chunk.nbytes
+            if hashed >= _CHECKSUM_CHUNK or slicer.due():
+                hashed = 0
+                yield
+                slicer.restart()
+    if hashed:  # the segment's tail, as every chunk, ends a slice
+        yield
+        slicer.restart()
+    return hasher.intdigest()
 
 
 def verify_segments(

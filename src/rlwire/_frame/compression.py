@@ -20,16 +20,21 @@ The algorithms themselves, their wire ids and their libraries are in
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
+import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import TypeAlias, TypeVar
 
 from rlwire._core.errors import FrameTooLargeError
 from rlwire._core.pools import shared_executor
 from rlwire._core.slicing import Sliced, run_sliced
 from rlwire._frame.algorithms import (
+    _LZ4_MAX_INPUT,
+    _SAMPLE,
     COMPRESSION_IDS,
+    LZ4,
     NONE,
     Compressed,
     Compressor,
@@ -39,6 +44,7 @@ from rlwire._frame.algorithms import (
 )
 from rlwire._frame.bounds import HEAP_FLOOR
 from rlwire._frame.frame import Frame, as_byte_view
+from rlwire._frame.pieces import Pieces
 
 __all__ = [
     "COMPRESSION_IDS",
@@ -66,9 +72,54 @@ J = TypeVar("J")
 R = TypeVar("R")
 
 
-def _segments(frame: Frame) -> list[Segment]:
+#: A segment of a frame to send: a received frame's segments are never Pieces.
+Sent: TypeAlias = "bytes | memoryview | Pieces"
+
+
+def _segments(frame: Frame) -> list[Sent]:
     """The frame's header and buffers, in segment order."""
     return [frame.header, *frame.buffers]
+
+
+def _received(frame: Frame) -> list[Segment]:
+    """The segments of a received frame, which holds memoryviews only."""
+    return [frame.header, *frame.views()]
+
+
+class _SegmentCompressor:
+    """Compresses one segment as :meth:`Compressor.segment` does, a
+    :class:`~rlwire._frame.pieces.Pieces` included: its runs are joined (a copy, with the
+    GIL released) only once the segment is to be compressed, after the same 64 KiB
+    sample from its middle that a joined buffer would be tried on has shrunk. The
+    decision is the one for the joined bytes, so the stored message is the same."""
+
+    def __init__(self, compressor: Compressor) -> None:
+        self.compressor = compressor
+        self.sampler = dataclasses.replace(compressor, min_size=0)
+
+    def __call__(self, seg: Sent) -> tuple[int, Sent]:
+        if not isinstance(seg, Pieces):
+            return self.compressor.segment(seg)
+        n = seg.nbytes
+        cid = self.compressor.id
+        if n < self.compressor.min_size or (cid == LZ4 and n > _LZ4_MAX_INPUT):
+            return NONE, seg
+        if n >= 4 * _SAMPLE and self.sampler.segment(_sample(seg, n // 2))[0] == NONE:
+            return NONE, seg
+        result = self.compressor.segment(run_sliced(seg.joined_sliced()))
+        return result if result[0] != NONE else (NONE, seg)  # not the copy: let it go
+
+
+def _sample(pieces: Pieces, start: int) -> bytes:
+    """The bytes ``start:start + 64 KiB`` of ``pieces`` (a small copy across runs)."""
+    ends = list(itertools.accumulate(run.nbytes for run in pieces.runs))
+    i = bisect.bisect_right(ends, start)
+    offset = start - (ends[i - 1] if i else 0)
+    out = bytearray()
+    while len(out) < _SAMPLE and i < len(pieces.runs):
+        out += pieces.runs[i][offset : offset + _SAMPLE - len(out)]
+        i, offset = i + 1, 0
+    return bytes(out)
 
 
 def _in_groups(
@@ -133,16 +184,18 @@ def _pooled(
             future.cancel()
 
 
-def _with_segments(frame: Frame, results: Sequence[tuple[int, Segment]]) -> Frame:
+def _with_segments(frame: Frame, results: Sequence[tuple[int, Sent]]) -> Frame:
     ids = tuple(cid for cid, _ in results)
     if not any(ids):
         return frame
     raw = tuple(
         len(frame.header) if i == 0 else frame.buffers[i - 1].nbytes for i in range(len(ids))
     )
+    header = results[0][1]
+    assert not isinstance(header, Pieces)  # a header is bytes
     return Frame(
-        results[0][1],
-        tuple(as_byte_view(seg) for _, seg in results[1:]),
+        header,
+        tuple(seg if isinstance(seg, Pieces) else as_byte_view(seg) for _, seg in results[1:]),
         frame.sidecar,
         frame.codec,
         ids,
@@ -156,9 +209,12 @@ def compress_sliced(frame: Frame, compressor: Compressor, *, threads: int = 1) -
     as each group of them finishes."""
     segs = _segments(frame)
     big = [i for i, s in enumerate(segs) if len(s) >= compressor.min_size]
-    results: list[tuple[int, Segment]] = [(NONE, s) for s in segs]
+    results: list[tuple[int, Sent]] = [(NONE, s) for s in segs]
     outs = yield from _in_groups(
-        compressor.segment, [segs[i] for i in big], [len(segs[i]) for i in big], threads
+        _SegmentCompressor(compressor),
+        [segs[i] for i in big],
+        [len(segs[i]) for i in big],
+        threads,
     )
     for i, result in zip(big, outs, strict=True):
         results[i] = result
@@ -197,6 +253,7 @@ def _check_sizes(frame: Frame, max_bytes: int, max_ratio: float) -> list[Compres
     )
     jobs = []
     total = 0
+    segments = _received(frame)
     for i, (cid, raw) in enumerate(zip(frame.compression, frame.raw_sizes, strict=True)):
         if cid == NONE:
             continue
@@ -207,7 +264,7 @@ def _check_sizes(frame: Frame, max_bytes: int, max_ratio: float) -> list[Compres
                 f"the frame declares more than {limit} bytes once decompressed "
                 f"(segment {i} alone declares {raw}); raise {option} to accept it"
             )
-        jobs.append(Compressed(i, cid, frame.header if i == 0 else frame.buffers[i - 1], raw))
+        jobs.append(Compressed(i, cid, segments[i], raw))
     return jobs
 
 
@@ -225,7 +282,7 @@ def decompress_sliced(
         return frame
     jobs = _check_sizes(frame, max_bytes, max_ratio)
     outs = yield from _in_groups(expand, jobs, [job.raw for job in jobs], threads)
-    segs = _segments(frame)
+    segs = _received(frame)
     for job, out in zip(jobs, outs, strict=True):
         segs[job.segment] = memoryview(out)
     return Frame(

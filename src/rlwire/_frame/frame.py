@@ -2,15 +2,20 @@
 
 A Frame is a small structured header plus raw out-of-band buffers that are never
 copied into it (the shape pickle protocol 5, Dask's protocol and safetensors share).
-Codecs decide what goes out-of-band; sinks decide where each buffer travels.
+Codecs decide what goes out-of-band; sinks decide where each buffer travels. A buffer
+a sender holds in many arrays is a :class:`~rlwire._frame.pieces.Pieces`: its runs are
+written back to back, as one buffer (received as one contiguous view).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-__all__ = ["Frame", "as_byte_view"]
+from rlwire._core.slicing import Sliced
+from rlwire._frame.pieces import Pieces
+
+__all__ = ["Frame", "as_byte_view", "joined_pieces"]
 
 
 def as_byte_view(data: bytes | bytearray | memoryview) -> memoryview:
@@ -29,6 +34,10 @@ class Frame:
         header: the codec's small structured header.
         buffers: raw byte views; their memory belongs to the objects they came from
             (for example numpy arrays) or to what was received (an mmap, a socket frame).
+            On the sending side a buffer may be a :class:`~rlwire._frame.pieces.Pieces`,
+            runs of bytes stored back to back as that one buffer (same table entry, same
+            bytes, same checksum as the joined runs); a frame a source returns holds
+            memoryviews only.
         sidecar: indices into ``buffers`` that travel in the sidecar rather than beside
             the header (see ``open_sender(..., sidecar=...)``).
         codec: the name of the codec that made the header; receivers decode with the
@@ -49,7 +58,7 @@ class Frame:
     """
 
     header: bytes | memoryview
-    buffers: Sequence[memoryview] = ()
+    buffers: Sequence[memoryview | Pieces] = ()
     sidecar: frozenset[int] = field(default_factory=frozenset)
     codec: str = "msgpack"
     compression: tuple[int, ...] = ()
@@ -74,8 +83,38 @@ class Frame:
         """Total size of the header and all buffers, in bytes."""
         return len(self.header) + sum(b.nbytes for b in self.buffers)
 
+    def views(self) -> list[memoryview]:
+        """The buffers as memoryviews: as they are for a received frame, whose buffers
+        are memoryviews only; a :class:`~rlwire._frame.pieces.Pieces` is joined (a copy).
+
+        Example:
+            >>> frame = Frame(b"h", (Pieces([memoryview(b"ab"), memoryview(b"c")]),))
+            >>> [bytes(view) for view in frame.views()]
+            [b'abc']
+        """
+        return [b.joined() if isinstance(b, Pieces) else b for b in self.buffers]
+
     @property
     def stored_nbytes(self) -> int:
         """The bytes the message took where it was stored: :attr:`stored_size` when a
         source recorded it, else :attr:`nbytes`."""
         return self.nbytes if self.stored_size is None else self.stored_size
+
+
+def joined_pieces(frame: Frame) -> Sliced[Frame]:
+    """``frame`` with every :class:`~rlwire._frame.pieces.Pieces` buffer joined into one
+    memoryview (copies made in slices, the GIL released), for a sink that writes
+    memoryviews only; ``frame`` itself when it holds none.
+
+    Example:
+        >>> from rlwire._core.slicing import run_sliced
+        >>> frame = Frame(b"h", (Pieces([memoryview(b"ab"), memoryview(b"c")]),))
+        >>> bytes(run_sliced(joined_pieces(frame)).buffers[0])
+        b'abc'
+    """
+    if not any(isinstance(b, Pieces) for b in frame.buffers):
+        return frame
+    buffers: list[memoryview] = []
+    for b in frame.buffers:
+        buffers.append((yield from b.joined_sliced()) if isinstance(b, Pieces) else b)
+    return replace(frame, buffers=tuple(buffers))

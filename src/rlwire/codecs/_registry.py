@@ -46,7 +46,10 @@ _BUILTIN = {
 #: TrainingSample this way, in the encoding pass. The msgpack codec walks only where a
 #: buffer may be (a Struct with array or bytes fields, or one in an ``Any`` field), so a
 #: Struct of lists and strings is encoded by msgspec without being shown to ``check``:
-#: rlwire.Checks validates any type.
+#: rlwire.Checks validates any type. A check may also have a ``rows(items, path)``
+#: method: for a list it stores as columns, the msgpack codec calls that once instead of
+#: ``check`` per item, so that a list of thousands of samples is validated a column at a
+#: time.
 Check: TypeAlias = Callable[[Any, str], None]
 
 

@@ -7,7 +7,7 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import anyio
 from anyio import CapacityLimiter, to_thread
@@ -147,7 +147,16 @@ class Sink(abc.ABC):
     the sender awaits, and by default run the blocking ones in threads. A sink found
     through the ``rlwire.sinks`` entry point group (keyed by URL scheme) is built with
     :meth:`from_url`, and its readers with :meth:`open_source`.
+
+    A buffer of a frame may be a :class:`~rlwire.abc.Pieces` (the runs of one buffer, to
+    be written back to back with no padding, as the one buffer they join into). A sink
+    that writes them itself sets :attr:`gathers`; for any other sink the sender joins
+    them first (a copy, in its worker threads), so its frames hold memoryviews only.
     """
+
+    #: The sink writes :class:`~rlwire.abc.Pieces` buffers itself (``writev``, one run
+    #: after another). False, the default: the frames it is handed hold memoryviews only.
+    gathers: ClassVar[bool] = False
 
     @classmethod
     def from_url(cls, url: URL, options: SinkOptions) -> Sink:

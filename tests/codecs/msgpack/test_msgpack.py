@@ -57,14 +57,14 @@ def received(frame: Frame) -> Frame:
     """``frame`` as a receiver would see it: read-only buffers holding copied bytes."""
     return Frame(
         bytes(frame.header),
-        tuple(memoryview(bytes(b)) for b in frame.buffers),
+        tuple(memoryview(bytes(b)) for b in frame.views()),
         frame.sidecar,
     )
 
 
 def writable_copy(frame: Frame) -> Frame:
     return Frame(
-        bytes(frame.header), tuple(memoryview(bytearray(b)) for b in frame.buffers), frame.sidecar
+        bytes(frame.header), tuple(memoryview(bytearray(b)) for b in frame.views()), frame.sidecar
     )
 
 

@@ -321,19 +321,32 @@ def test_a_long_list_of_arrays_decodes_item_by_item_in_slices(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A header whose list holds a thousand arrays (not chunked: it is light) is not
-    decoded in one call: with every slice over at once, samples (about 5 KB each) are
+    decoded in one call: with every slice over at once, rows (about 5 KB each) are
     decoded a run of 8 KiB or so to a slice, into builtins and into a type; with slices
-    that never end, a handful."""
-    sent = make_batch(256, 64, seed=3)
+    that never end, a handful. (Rows of arrays as lists: lists of Structs or dicts are
+    stored as columns.)"""
+    batch = make_batch(256, 64, seed=3)
+    sent = {"rows": [[s.token_ids, s.logprobs, s.advantages, s.mask] for s in batch.samples]}
     frame, _ = encode(sent, inline_threshold=1 << 20)
     assert not frame.buffers and len(frame.header) > 8 << 10
     monkeypatch.setattr(_slicing, "SLICE_SECONDS", 0.0)
-    for type_ in (Any, TrainingBatch):
+    for type_ in (Any, dict[str, list[list[np.ndarray]]]):
         got, slices = decode(frame, type_)
         assert slices >= len(frame.header) // (16 << 10), (type_, slices)
-    assert_batches_equal(got, sent)
+    pairs = zip(got["rows"], sent["rows"], strict=True)
+    assert all(np.array_equal(a, b) for r, s in pairs for a, b in zip(r, s, strict=True))
     monkeypatch.setattr(_slicing, "SLICE_SECONDS", 60.0)
-    assert decode(frame, TrainingBatch)[1] < 8
+    assert decode(frame, dict[str, list[list[np.ndarray]]])[1] < 8
+
+
+def test_rows_from_columns_are_made_in_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """8,000 samples stored as columns: their rows are made a few hundred at a time."""
+    sent = make_batch(8000, 4, seed=3)
+    frame, _ = encode(sent)
+    monkeypatch.setattr(_slicing, "SLICE_SECONDS", 0.0)
+    got, slices = decode(frame, TrainingBatch)
+    assert slices >= 8000 // 256
+    assert_batches_equal(got, sent)
 
 
 def test_an_item_refused_in_a_long_list_is_named_by_its_index() -> None:

@@ -255,12 +255,14 @@ class JsonCodec:
         yield from writer.value(obj, None, 0)
         return Frame(memoryview(writer.out).toreadonly(), (), codec=self.name)
 
-    def decode(self, frame: Frame, type: Any = Any, *, writable: bool = False) -> Any:
+    def decode(
+        self, frame: Frame, type: Any = Any, *, writable: bool = False, as_columns: bool = False
+    ) -> Any:
         """Decode ``frame`` into ``type`` (default: plain dicts, lists and numbers).
 
         Fields typed ``np.ndarray`` get fresh (so always writable) arrays whose dtype
         numpy infers: bool, int64 or float64. ``writable`` is accepted for compatibility
-        with other codecs.
+        with other codecs, and so is ``as_columns``: JSON stores no columns.
 
         Raises:
             CorruptFrameError: the header is not valid JSON, or the frame has buffers.

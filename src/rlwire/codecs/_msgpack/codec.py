@@ -106,24 +106,28 @@ class MsgpackCodec:
         )
         return (yield from encoding.run(obj))
 
-    def decode(self, frame: Frame, type: Any = Any, *, writable: bool = False) -> Any:
+    def decode(
+        self, frame: Frame, type: Any = Any, *, writable: bool = False, as_columns: bool = False
+    ) -> Any:
         """Decode ``frame`` into ``type`` (default: plain dicts and lists).
 
         Arrays are views over ``frame.buffers`` (no copy), and so are out-of-band bytes
         received into a field annotated ``memoryview`` (or ``Any``); a field annotated
         ``bytes`` gets a copy. Views are read-only when the buffers are, unless
-        ``writable=True``, which copies only read-only ones.
+        ``writable=True``, which copies only read-only ones. A list stored as columns
+        (see :mod:`rlwire.codecs._msgpack.sent_columns`) comes back as a list of rows,
+        or as an :class:`~rlwire.Columns` with ``as_columns=True``.
 
         Raises:
             CorruptFrameError: the header or an array descriptor is malformed or does
                 not match its buffer.
             DecodeError: the data does not match ``type``; the message names the path.
         """
-        return run_sliced(self.decode_sliced(frame, type, writable=writable))
+        return run_sliced(self.decode_sliced(frame, type, writable=writable, as_columns=as_columns))
 
     def decode_sliced(
-        self, frame: Frame, type: Any = Any, *, writable: bool = False
+        self, frame: Frame, type: Any = Any, *, writable: bool = False, as_columns: bool = False
     ) -> Sliced[Any]:
         """:meth:`decode` as a sliced generator: a header with chunked containers
         decodes one chunk per slice."""
-        return (yield from Decoding(frame, writable).run(type))
+        return (yield from Decoding(frame, writable, as_columns).run(type))

@@ -29,13 +29,21 @@ from rlwire._frame.frame import Frame
 from rlwire.codecs._msgpack.conversion import as_annotated, converted
 from rlwire.codecs._msgpack.decode_calls import DecodeCalls
 from rlwire.codecs._msgpack.known_fields import known_fields, skeleton
-from rlwire.codecs._msgpack.received_buffers import Chunked, ReceivedBuffers
+from rlwire.codecs._msgpack.received_buffers import Chunked, ReceivedBuffers, unbounded
+from rlwire.codecs._msgpack.received_columns import (
+    ROW_COST,
+    ColumnsFound,
+    columns_of,
+    rows_of,
+    structs_of,
+)
 from rlwire.codecs._msgpack.typed_paths import (
     CannotFollow,
     RawStep,
     annotation_at,
     follow,
     put,
+    render_raw,
     steps,
 )
 
@@ -44,38 +52,47 @@ __all__ = ["Decoding"]
 # What assemble finds to fill in: (path, a chunked container or out-of-band bytes, the
 # placeholder left in the raw data).
 _Found = tuple[list[RawStep], Any, Any]
-_LOOK_INSIDE = (dict, list, Chunked, memoryview)
+_LOOK_INSIDE = (dict, list, Chunked, memoryview, ColumnsFound)
 _LOOK_INSIDE_SET = frozenset(_LOOK_INSIDE)
 
 
 class Decoding:
     """Decodes one frame; :meth:`run` is the sliced generator."""
 
-    def __init__(self, frame: Frame, writable: bool) -> None:
+    def __init__(self, frame: Frame, writable: bool, as_columns: bool = False) -> None:
         self.header = frame.header
         # Chunks are decoded at most twice (a typed try, then plain builtins): a chunk
         # table that makes the reader decode more than this is hostile.
         self.budget = 4 * frame.nbytes
         self.timer = SliceTimer()
-        self.received = ReceivedBuffers(frame.buffers, writable)
+        # A frame straight from an encoder may hold Pieces, which a source never does.
+        self.received = ReceivedBuffers(frame.views(), writable)
         self.calls = DecodeCalls(
             heap_allowance(frame), frame.stored_nbytes, self.received.ext_hook, self.timer
         )
+        self.received.decode_payload = self.calls.decode
+        self.as_columns = as_columns
         # Chunked containers and bytes values still to find in the raw data (the walk
         # stops once it has found them all).
         self.to_find = 0
 
     def run(self, annotation: Any) -> Sliced[Any]:
         """The header decoded into ``annotation`` (``Any``: plain builtins)."""
-        self.received.count_from_zero()
-        fields = skeleton(annotation) if isinstance(annotation, type) else None
-        raw = None
-        if fields is not None:
-            raw = yield from known_fields(self.header, fields, self.calls)
-        if raw is None:
-            raw = yield from self.calls.plain(self.header)
-        yield
-        return (yield from self.assemble(raw, annotation))
+        try:
+            self.received.count_from_zero()
+            fields = skeleton(annotation) if isinstance(annotation, type) else None
+            raw = None
+            if fields is not None:
+                raw = yield from known_fields(self.header, fields, self.calls)
+            if raw is None:
+                raw = yield from self.calls.plain(self.header)
+            yield
+            return (yield from self.assemble(raw, annotation))
+        finally:
+            # The buffers and their hook refer to each other through decode_payload:
+            # left as a cycle, the received memory (a mapped file) would wait for the
+            # garbage collector to be let go.
+            self.received.decode_payload = unbounded
 
     def assemble(self, raw: Any, annotation: Any) -> Sliced[Any]:
         """``raw`` (plain builtins, with chunked containers unfilled, just decoded) as
@@ -89,7 +106,7 @@ class Decoding:
         found: list[_Found] = []
         into_type = annotation is not None
         made = self.received
-        self.to_find = made.chunked_made + (made.bytes_made if into_type else 0)
+        self.to_find = made.chunked_made + made.columns_made + (made.bytes_made if into_type else 0)
         if self.to_find:
             raw = yield from self._unfilled(raw, (), found, typed=into_type)
         if annotation is None:
@@ -126,6 +143,8 @@ class Decoding:
                 raise CannotFollow
             if isinstance(payload, Chunked):
                 yield from self._fill(follow(typed, path), payload, inner)
+            elif isinstance(payload, ColumnsFound):
+                typed = yield from self._fill_columns(typed, path, payload, inner)
             elif path:
                 put(typed, path, (yield from as_annotated(payload, inner)))
                 yield
@@ -139,6 +158,9 @@ class Decoding:
             if isinstance(payload, Chunked):
                 placeholder.clear()  # the typed try may have begun to fill it
                 yield from self._fill(placeholder, payload, None)
+            elif isinstance(payload, ColumnsFound):
+                placeholder.clear()
+                raw = yield from self._fill_columns(raw, path, payload, None)
             elif path:
                 put(raw, path, payload)
             else:
@@ -153,8 +175,8 @@ class Decoding:
         recorded in ``found`` with its path and placeholder. Stops once it has found
         all ``to_find``: a header full of other containers costs no walk past them.
         ``path`` is a chain ``(parent chain, step)``, made into a list only when found."""
-        if isinstance(raw, Chunked):
-            empty: Any = {} if raw.is_map else []
+        if isinstance(raw, Chunked | ColumnsFound):
+            empty: Any = {} if isinstance(raw, Chunked) and raw.is_map else []
             found.append((steps(path), raw, empty))
             self.to_find -= 1
             return empty
@@ -193,6 +215,44 @@ class Decoding:
                     break
             if i & 4095 == 4095:
                 yield
+
+    def _fill_columns(
+        self, root: Any, path: list[RawStep], found: ColumnsFound, annotation: Any
+    ) -> Sliced[Any]:
+        """``root`` with the list at ``path`` (left empty) made of ``found``'s rows, as
+        ``annotation`` (a ``list[T]``; None: plain builtins), or replaced by a
+        :class:`~rlwire.Columns` when the receiver asked for columns. Returns the root
+        (``found`` itself may be the whole message)."""
+        if found.inner:  # columns that hold chunked lists or bytes: plain values first
+            to_find, self.to_find = self.to_find, found.inner
+            inner: list[_Found] = []
+            found.columns = yield from self._unfilled(found.columns, (), inner, typed=False)
+            found.columns = yield from self._fill_plain(found.columns, inner)
+            self.to_find, found.inner = to_find, 0
+        if self.as_columns:
+            value: Any = columns_of(found)
+        else:
+            self.calls.charge(found.count * len(found.names) * ROW_COST, "rows from columns")
+            value = None
+            if annotation is not None:
+                value = yield from structs_of(found, annotation, self.timer)
+            if value is None:
+                value = yield from self._rows(found, path, annotation)
+        if not path:
+            return value
+        put(root, path, value)
+        return root
+
+    def _rows(self, found: ColumnsFound, path: list[RawStep], annotation: Any) -> Sliced[Any]:
+        """``found``'s rows as plain builtins, converted to ``annotation`` if not None."""
+        value = yield from rows_of(found, self.timer)
+        if annotation is not None:
+            try:
+                value = yield from converted(value, annotation, self.timer)
+            except DecodeError as exc:  # its path starts at the list: say where that is
+                where = render_raw(path)
+                raise DecodeError(str(exc).replace(" - at `$", f" - at `{where}", 1)) from None
+        return value
 
     def _fill(self, target: Any, chunked: Chunked, annotation: Any) -> Sliced[None]:
         """Decode ``chunked``'s chunks one call each and add them to ``target``."""

@@ -102,6 +102,29 @@ class DecodeCalls:
         except (TypeError, ValueError) as exc:  # e.g. a bytes extension used as a map key
             raise CorruptFrameError(f"header: malformed: {exc}") from exc
 
+    def charge(self, nbytes: int, what: str) -> None:
+        """Take ``nbytes`` of Python objects that are about to be made (``what``) from
+        the allowance, or refuse them.
+
+        Raises:
+            FrameTooLargeError: more than what is left of the allowance.
+        """
+        if nbytes > self.heap_left and self.unsettled:
+            self._settle()
+        if nbytes > self.heap_left:
+            raise FrameTooLargeError(
+                f"header: {what} would build over {self.heap_limit >> 20} MiB of Python "
+                f"objects from a message of {self.stored} stored bytes (the limit is "
+                f"{HEAP_RATIO} times its stored size + {HEAP_FLOOR >> 20} MiB)"
+            )
+        self.heap_left -= nbytes
+
+    def _settle(self) -> None:
+        """Charge what was decoded so far its real cost instead of its worst case."""
+        for earlier, charged in self.unsettled:
+            self.heap_left += charged - plain_cost(earlier, self.heap_limit)
+        self.unsettled.clear()
+
     def _refund(self, data: bytes | memoryview | msgspec.Raw, charged: int) -> None:
         if self.unsettled and self.unsettled[-1][0] is data:
             self.unsettled.pop()
@@ -114,9 +137,7 @@ class DecodeCalls:
         charged so far is walked to tell its real cost, and so is ``data``."""
         worst = WORST_RATIO * memoryview(data).nbytes  # data: bytes, a view or a Raw
         if worst > self.heap_left and self.unsettled:
-            for earlier, charged in self.unsettled:
-                self.heap_left += charged - plain_cost(earlier, self.heap_limit)
-            self.unsettled.clear()
+            self._settle()
         if worst <= self.heap_left:
             self.unsettled.append((data, worst))
             self.heap_left -= worst

@@ -27,13 +27,17 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from rlwire._core.chunked import Chunked
+from rlwire._core.columns import Columns
 from rlwire._core.errors import EncodeError
 from rlwire._core.paths import KeyPath, render_path
+from rlwire._core.ragged import Ragged
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire._core.types import buffer_fields
 from rlwire._frame.frame import Frame
 from rlwire.codecs._msgpack.extensions import EXT_CHUNKED_ARRAY, EXT_CHUNKED_MAP, ChunksRef
 from rlwire.codecs._msgpack.sent_buffers import SentBuffers
+from rlwire.codecs._msgpack.sent_columns import list_as_columns, packed_value
 from rlwire.codecs._registry import Check
 
 __all__ = ["CHUNK_WEIGHT", "Encoding", "weight"]
@@ -50,6 +54,7 @@ _SCAN = 65536
 _SCALARS = (str, int, float, bool, type(None))
 _SCALAR_SET = frozenset(_SCALARS)
 _BUFFER_LIKE = (np.ndarray, bytes, bytearray, memoryview)
+_PACKED = frozenset((Ragged, Columns, Chunked))  # packed by the user: one buffer a field
 
 
 def weight(obj: Any) -> int:
@@ -116,6 +121,8 @@ class Encoding:
             return obj, (1 + len(obj) // 64 if kind is str else 1)
         if isinstance(obj, np.ndarray):
             return self.sent.array(obj, path, side), 1
+        if kind in _PACKED:
+            return (yield from packed_value(self, obj, path, side)), 1
         if isinstance(obj, msgspec.Struct):
             return (yield from self.struct(obj, path, side))
         if kind is dict:
@@ -183,6 +190,10 @@ class Encoding:
             return obj, 1
         if type(obj[0]) in _SCALARS and (yield from self.only_scalars(obj)):
             return obj, weight(obj)
+        if type(obj) is list:
+            columns = yield from list_as_columns(self, obj, path, side)
+            if columns is not None:
+                return columns, 1
         entries: list[list[Any]] = []
         for i, item in enumerate(obj):
             new, heft = yield from self.value(item, (path, i), side)
@@ -220,6 +231,12 @@ class Encoding:
         return total
 
     # -- chunked containers -----------------------------------------------------------
+
+    def heavy(self, column: list[Any], heft: int, path: KeyPath) -> Sliced[tuple[Any, int]]:
+        """``column`` (a list of encoded values weighing ``heft``), chunked if heavy."""
+        if heft > CHUNK_WEIGHT and len(column) >= 2:
+            return (yield from self.chunked(column, path)), 1
+        return column, heft
 
     def chunked(self, obj: Any, path: KeyPath) -> Sliced[msgspec.msgpack.Ext]:
         """Encode the list, tuple or dict ``obj`` as chunks in the bulk buffer; return the

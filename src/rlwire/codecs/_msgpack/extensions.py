@@ -8,6 +8,10 @@ array with the fields below, in order.
 * ``3`` out-of-band bytes (:class:`BytesRef`)
 * ``4`` / ``5`` chunked array / map (:class:`ChunksRef`), each chunk a msgpack array /
   map in that buffer
+* ``6`` ragged array: ``[values, offsets]``, each an extension value 1 or 2
+* ``7`` columns: a list of rows stored field by field, ``[count, layout, names,
+  columns]`` (:data:`ROWS_AS_MAPS` or :data:`ROWS_AS_ARRAYS`; each column an extension
+  value 6, or a msgpack array of ``count`` values, or an extension value 4 of them)
 
 Example:
     >>> msgspec.msgpack.encode(BytesRef(index=2))
@@ -23,7 +27,11 @@ __all__ = [
     "EXT_BYTES",
     "EXT_CHUNKED_ARRAY",
     "EXT_CHUNKED_MAP",
+    "EXT_COLUMNS",
     "EXT_INLINE_ARRAY",
+    "EXT_RAGGED",
+    "ROWS_AS_ARRAYS",
+    "ROWS_AS_MAPS",
     "ArrayRef",
     "BytesRef",
     "ChunksRef",
@@ -35,6 +43,11 @@ EXT_INLINE_ARRAY = 2
 EXT_BYTES = 3
 EXT_CHUNKED_ARRAY = 4
 EXT_CHUNKED_MAP = 5
+EXT_RAGGED = 6
+EXT_COLUMNS = 7
+#: Layouts of a columns value's rows: maps of name to value (dicts, Structs), or arrays
+#: in the order of the names (Structs with ``array_like=True``).
+ROWS_AS_MAPS, ROWS_AS_ARRAYS = 0, 1
 
 
 class ArrayRef(msgspec.Struct, array_like=True):

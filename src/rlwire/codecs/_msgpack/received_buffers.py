@@ -1,9 +1,11 @@
 """The out-of-band buffers of a received frame: what each extension value in its header
 becomes, with each buffer taken by one value at most.
 
-An array becomes a view over its buffer, out-of-band bytes a memoryview of theirs, and a
-chunked container a :class:`Chunked` placeholder, filled later; every reference and
-chunk table is checked against the buffers first.
+An array becomes a view over its buffer, out-of-band bytes a memoryview of theirs, a
+ragged array a :class:`~rlwire.Ragged` of two such arrays, a chunked container a
+:class:`Chunked` placeholder and a columns value a
+:class:`~rlwire.codecs._msgpack.received_columns.ColumnsFound`, both filled later; every
+reference and chunk table is checked against the buffers first.
 
 Example:
     >>> import msgspec
@@ -20,7 +22,7 @@ Example:
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -32,19 +34,27 @@ from rlwire.codecs._msgpack.extensions import (
     EXT_BYTES,
     EXT_CHUNKED_ARRAY,
     EXT_CHUNKED_MAP,
+    EXT_COLUMNS,
     EXT_INLINE_ARRAY,
+    EXT_RAGGED,
     ArrayRef,
     BytesRef,
     ChunksRef,
     InlineArray,
 )
+from rlwire.codecs._msgpack.received_columns import parse_columns, ragged
 
-__all__ = ["Chunked", "ReceivedBuffers"]
+__all__ = ["Chunked", "ReceivedBuffers", "unbounded"]
 
 _array_ref = msgspec.msgpack.Decoder(ArrayRef)
 _inline = msgspec.msgpack.Decoder(InlineArray)
 _bytes_ref = msgspec.msgpack.Decoder(BytesRef)
 _chunks_ref = msgspec.msgpack.Decoder(ChunksRef)
+
+
+def unbounded(data: memoryview) -> Any:
+    """The payload decoder outside a decode: refuses."""
+    raise CorruptFrameError("header: a nested extension value outside a decode")
 
 
 class Chunked:
@@ -80,10 +90,14 @@ class ReceivedBuffers:
         # stops once it has found them all, and is skipped if none.
         self.chunked_made = 0
         self.bytes_made = 0
+        self.columns_made = 0
+        # Decodes the payload of a ragged array or columns value, whose items are
+        # extension values too, within the frame's heap allowance (set by the decoder).
+        self.decode_payload: Callable[[memoryview], Any] = unbounded
 
     def count_from_zero(self) -> None:
-        """Start counting the chunked containers and bytes values made anew."""
-        self.chunked_made = self.bytes_made = 0
+        """Start counting the chunked containers, columns and bytes values made anew."""
+        self.chunked_made = self.bytes_made = self.columns_made = 0
 
     def claims_mark(self) -> int:
         """A mark to undo the claims made after it (:meth:`unclaim_since`)."""
@@ -117,11 +131,24 @@ class ReceivedBuffers:
             if code in (EXT_CHUNKED_ARRAY, EXT_CHUNKED_MAP):
                 self.chunked_made += 1
                 return self._chunked(code == EXT_CHUNKED_MAP, _chunks_ref.decode(data))
+            if code == EXT_RAGGED:
+                return ragged(self.decode_payload(data))
+            if code == EXT_COLUMNS:
+                return self._columns(data)
         except msgspec.DecodeError as exc:
             raise CorruptFrameError(f"header: malformed extension {code}: {exc}") from exc
         raise CorruptFrameError(
             f"header: unknown msgpack extension type {code} (written by a newer rlwire?)"
         )
+
+    def _columns(self, data: memoryview) -> Any:
+        """A columns value; what its columns hold to be filled later (chunked lists,
+        out-of-band bytes) counts as part of it, not on its own."""
+        chunked, made, columns = self.chunked_made, self.bytes_made, self.columns_made
+        payload = self.decode_payload(data)
+        inner = self.chunked_made - chunked + self.bytes_made - made + self.columns_made - columns
+        self.chunked_made, self.bytes_made, self.columns_made = chunked, made, columns + 1
+        return parse_columns(payload, inner)
 
     def _inline(self, data: memoryview) -> Any:
         """An inline array, in memory of its own: the bytes msgspec decoded may be an

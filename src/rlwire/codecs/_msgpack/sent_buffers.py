@@ -26,6 +26,7 @@ from rlwire._core.errors import EncodeError
 from rlwire._core.paths import KeyPath, render_path
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import as_byte_view
+from rlwire._frame.pieces import Pieces
 from rlwire.codecs._msgpack.arrays import PLAIN_DTYPES, byte_view, check_dtype, check_plain
 from rlwire.codecs._msgpack.extensions import (
     EXT_ARRAY,
@@ -45,7 +46,7 @@ class SentBuffers:
     def __init__(self, encoder: msgspec.msgpack.Encoder, inline_threshold: int) -> None:
         self.encoder = encoder
         self.inline_threshold = inline_threshold
-        self.buffers: list[memoryview] = []
+        self.buffers: list[memoryview | Pieces] = []
         self.sidecar: list[int] = []
         # The chunks encoded so far, and their total size: one bytes object each, never
         # one growing bytearray, whose reallocations copy it whole under the GIL.
@@ -53,7 +54,7 @@ class SentBuffers:
         self.bulk_size = 0
         self.bulk_index = -1
 
-    def add(self, view: memoryview, side: bool) -> int:
+    def add(self, view: memoryview | Pieces, side: bool) -> int:
         """Add a buffer (to the sidecar if ``side``); its index."""
         index = len(self.buffers)
         self.buffers.append(view)

@@ -24,7 +24,7 @@ import msgspec
 
 from rlwire._core.types import child_annotation, field_at
 
-__all__ = ["CannotFollow", "RawStep", "annotation_at", "follow", "put", "steps"]
+__all__ = ["CannotFollow", "RawStep", "annotation_at", "follow", "put", "render_raw", "steps"]
 
 
 class CannotFollow(Exception):
@@ -43,6 +43,11 @@ def steps(chain: tuple[Any, ...]) -> list[RawStep]:
         out.append(step)
     out.reverse()
     return out
+
+
+def render_raw(path: list[RawStep]) -> str:
+    """``path`` as msgspec's errors write paths: ``$.a[0].b``."""
+    return "$" + "".join(f"[{key}]" if kind is list else f".{key}" for key, kind in path)
 
 
 def follow(typed: Any, path: list[RawStep]) -> Any:

@@ -61,6 +61,8 @@ class FileSink(StoredSink):
         checksum: record an xxh3-64 checksum of every segment, which readers verify.
     """
 
+    gathers = True  # write_message writes the layout's chunks, runs of Pieces included
+
     def __init__(
         self, path: str | os.PathLike[str], *, fsync: bool = False, checksum: bool = True
     ) -> None:

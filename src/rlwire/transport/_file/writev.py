@@ -37,6 +37,21 @@ def batches(
     batch: list[tuple[memoryview, int]] = []
     size = 0
     for chunk, seg in zip(chunks, segments, strict=True):
+        if (
+            type(chunk) is memoryview
+            and chunk.nbytes <= CHUNK_BYTES
+            and chunk.format == "B"
+            and chunk.ndim == 1
+            and chunk.c_contiguous
+        ):
+            # The common case, thousands of times for the runs of Pieces: a flat byte
+            # view, taken as it is.
+            batch.append((chunk, seg))
+            size += chunk.nbytes
+            if size >= CHUNK_BYTES or len(batch) >= _IOV_MAX:
+                yield batch
+                batch, size = [], 0
+            continue
         view = memoryview(chunk).cast("B") if not isinstance(chunk, bytes) else memoryview(chunk)
         for start in range(0, view.nbytes, CHUNK_BYTES):
             piece = view[start : start + CHUNK_BYTES]
@@ -51,12 +66,16 @@ def batches(
 
 def writev_all(fd: int, views: list[memoryview]) -> int:
     """Write every byte of ``views`` to ``fd`` in order; the number of bytes written."""
-    total = sum(v.nbytes for v in views)
-    while views:
-        n = os.writev(fd, views)
-        while views and n >= views[0].nbytes:
-            n -= views[0].nbytes
-            views = views[1:]
-        if views and n:
-            views = [views[0][n:], *views[1:]]
+    total = left = sum(v.nbytes for v in views)
+    first = 0  # views before this one are written; a count, not list slices (O(n) not n²)
+    while first < len(views):
+        n = os.writev(fd, views[first:] if first else views)
+        left -= n
+        if not left:  # all written: the common case, with no walk over the views
+            break
+        while first < len(views) and n >= views[first].nbytes:
+            n -= views[first].nbytes
+            first += 1
+        if n:  # a short write ended inside this view
+            views[first] = views[first][n:]
     return total

@@ -14,6 +14,10 @@ Every buffer starts at a multiple of 64 bytes from the start of its file, so vie
 over a page-aligned mmap are aligned for every dtype. The envelope carries an xxh3-64
 checksum of every stored segment (the header, then each buffer); the prelude carries one
 of the envelope, so every byte but the zero padding is covered.
+
+A buffer given as :class:`~rlwire._frame.pieces.Pieces` is laid out as its joined bytes
+would be (one table entry, aligned at its start): its runs are consecutive chunks of the
+file, with no padding between them.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import xxhash
 from rlwire._core.errors import CorruptFrameError, UnsupportedVersionError
 from rlwire._frame.checksums import CHECKSUM, verify_segments
 from rlwire._frame.frame import Frame
+from rlwire._frame.pieces import Pieces
 from rlwire.transport._stored.table import (
     ALIGN,
     SIDECAR,
@@ -50,7 +55,7 @@ __all__ = [
 
 MAIN_MAGIC = b"\x89RLW\r\n\x1a\n"
 SIDECAR_MAGIC = b"\x89RLS\r\n\x1a\n"
-FORMAT_VERSION = (1, 0)
+FORMAT_VERSION = (1, 1)  # 1.1: the msgpack header may hold extension types 6 and 7
 MAX_ENVELOPE = 64 << 20
 #: The checksum algorithm this writer records, and the only one this reader knows.
 
@@ -124,15 +129,20 @@ def _starts(padded: np.ndarray, base: int) -> np.ndarray:
 
 
 def _chunks(
-    bufs: Sequence[tuple[int, bytes | memoryview]],
+    bufs: Sequence[tuple[int, bytes | memoryview | Pieces]],
     out: list[bytes | memoryview],
     segs: list[int],
 ) -> None:
     for seg, buf in bufs:
-        size = memoryview(buf).nbytes
-        if size:
-            out.append(buf)
-            segs.append(seg)
+        if isinstance(buf, Pieces):  # its runs back to back: the joined bytes, uncopied
+            size = buf.nbytes
+            out += buf.runs
+            segs += [seg] * len(buf.runs)
+        else:
+            size = memoryview(buf).nbytes
+            if size:
+                out.append(buf)
+                segs.append(seg)
         pad = _pad(size)
         if pad:
             out.append(_ZEROS[:pad])

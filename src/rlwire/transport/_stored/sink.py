@@ -7,6 +7,7 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
 
 from rlwire._core.errors import RlwireError, StepExistsError, transport_error
 from rlwire._core.slicing import Sliced
@@ -87,11 +88,24 @@ class StoredSink(Sink):
     Primitives raise what their backend raises; the sink turns it into a
     :class:`~rlwire.errors.TransportError` saying what failed where (:meth:`errors`).
 
+    It :attr:`gathers`: the layout lays a :class:`~rlwire.abc.Pieces` buffer out as its
+    runs, consecutive chunks of one file, so :meth:`StoredStaging.add` gets byte chunks
+    only. A subclass that overrides :meth:`stage` or :meth:`write_message` does not
+    gather unless it says so (sets ``gathers = True`` itself).
+
     Attributes:
         checksum: record an xxh3-64 checksum of every segment, which readers verify.
     """
 
     checksum: bool = True
+    gathers: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Its own stage or write_message may read frame.buffers as memoryviews.
+        overrides = "stage" in cls.__dict__ or "write_message" in cls.__dict__
+        if overrides and "gathers" not in cls.__dict__:
+            cls.gathers = False
 
     @property
     def stage_verb(self) -> str:

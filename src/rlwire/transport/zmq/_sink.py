@@ -18,6 +18,7 @@ from rlwire._core.args import check_int, check_positive
 from rlwire._core.errors import ConfigError, RlwireError, TransportError, transport_error
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire._frame.checksums import segment_digests
+from rlwire._frame.pieces import Pieces
 from rlwire.transport._base import (
     OnExisting,
     PendingFrame,
@@ -54,7 +55,7 @@ class _Message:
     """One rank's frame, as the data packets it is sent as."""
 
     head: Head
-    segments: list[bytes | memoryview]  # the header, then the buffers
+    segments: list[bytes | memoryview | Pieces]  # the header, then the buffers
     bounds: list[tuple[int, int]]  # the segments each data packet carries
 
 
@@ -76,6 +77,10 @@ class _ZmqStaged(Staged):
 
 class ZmqSink(Sink):
     """Sends each step's frames over a ZeroMQ ROUTER socket it binds.
+
+    Every buffer is a ZeroMQ part, sent without a copy, but for a
+    :class:`~rlwire._frame.pieces.Pieces` buffer, which is joined into one part as its
+    data packet is sent.
 
     Storage options (``open_sender(..., storage_options={...})``):
 
@@ -129,6 +134,8 @@ class ZmqSink(Sink):
         "curve_public_key",
         "curve_clients",
     )
+
+    gathers = True  # a Pieces buffer is joined per data packet (see _joined)
 
     def __init__(  # noqa: PLR0913 (its storage options, one each; from_url parses them)
         self,
@@ -281,14 +288,18 @@ class ZmqSink(Sink):
         receiver returns a message only once sealed, so the step was not delivered."""
         assert self._peers is not None
         peers, rank = self._peers, message.head.rank
+        # Pieces are joined before the routing id is sent: nothing may wait between it
+        # and the rest of the packet.
+        start, stop = message.bounds[0]
+        segments = await _joined(message.segments[start:stop], limiter)
         peer = await peers.claim(rank)
         seq = peers.take_seq(peer)
         digests: list[int] = []
         try:
             for index, (start, stop) in enumerate(message.bounds):
                 if index:
+                    segments = await _joined(message.segments[start:stop], limiter)
                     await peers.claim(rank, peer=peer)
-                segments = message.segments[start:stop]
                 # Once the routing id is accepted ZeroMQ takes the rest (its queue limit
                 # counts whole packets), so the packet is delivered whole or not at all.
                 with anyio.CancelScope(shield=True):
@@ -356,13 +367,29 @@ async def _send_rest(
             slicer.restart()
 
 
-def _cut(segments: list[bytes | memoryview], limit: int) -> list[tuple[int, int]]:
+async def _joined(
+    segments: list[bytes | memoryview | Pieces], limiter: CapacityLimiter
+) -> list[bytes | memoryview]:
+    """The segments of one data packet as ZeroMQ parts: each is one part, so a
+    :class:`~rlwire._frame.pieces.Pieces` is joined into one buffer here. That is a copy
+    (ZeroMQ sends a part from one contiguous block), made in a worker thread, packet by
+    packet, so only the packets in flight hold one; the other segments go zero-copy."""
+    if not any(isinstance(segment, Pieces) for segment in segments):
+        return cast(list[bytes | memoryview], segments)
+
+    def join() -> list[bytes | memoryview]:
+        return [s.joined() if isinstance(s, Pieces) else s for s in segments]
+
+    return await to_thread.run_sync(join, limiter=limiter)
+
+
+def _cut(segments: list[bytes | memoryview | Pieces], limit: int) -> list[tuple[int, int]]:
     """Where to cut ``segments`` into data packets: runs of whole segments, each closed
     once it holds ``limit`` bytes or more."""
     bounds = []
     start = size = 0
     for i, segment in enumerate(segments):
-        size += memoryview(segment).nbytes
+        size += segment.nbytes if isinstance(segment, Pieces) else memoryview(segment).nbytes
         if size >= limit:
             bounds.append((start, i + 1))
             start, size = i + 1, 0

@@ -1,0 +1,113 @@
+"""Chunked: an array that grows by appending, without ever being concatenated.
+
+Multi-turn rollouts add per-turn arrays (``routed_experts`` of each turn, per-turn
+logprobs) to what a sample already holds. Concatenating after every turn copies all the
+turns so far each time: O(N²) (128 turns of 98 KB: 369 ms, against 0.05 ms for a list).
+A Chunked keeps the chunks as they came; rlwire writes them back to back, one after
+another, as one buffer of the message, and the receiver gets one contiguous array.
+
+Example:
+    >>> import numpy as np
+    >>> c = Chunked()
+    >>> c.append(np.zeros((2, 3), np.uint8)); c.append(np.ones((1, 3), np.uint8))
+    >>> c.shape, len(c.chunks), c.to_array()[:, 0].tolist()
+    ((3, 3), 2, [0, 0, 1])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rlwire._core.errors import SchemaError
+
+__all__ = ["Chunked"]
+
+
+class Chunked:
+    """An array along its first axis in chunks: ``append(chunk)`` is O(1) and copies
+    nothing. Every chunk has the dtype and trailing shape of the first.
+
+    A sender stores it as one array, the chunks written back to back; a receiver gets
+    an ordinary numpy array (a view over the received memory), equal to
+    ``np.concatenate(chunks)``. Keep the chunks unchanged until the step is sent, as
+    any array handed to ``send``.
+
+    Args:
+        chunks: chunks to start with (optional).
+
+    Raises:
+        SchemaError: a chunk that is not a numpy array of at least one dimension, or
+            whose dtype or trailing shape differs from the first's (from
+            :meth:`append` too); names the chunk.
+
+    Example:
+        >>> import numpy as np
+        >>> Chunked([np.arange(2), np.arange(3)]).to_array().tolist()
+        [0, 1, 0, 1, 2]
+    """
+
+    __slots__ = ("_rows", "chunks")
+
+    def __init__(self, chunks: list[np.ndarray] | None = None) -> None:
+        self.chunks: list[np.ndarray] = []
+        self._rows = 0
+        for chunk in chunks or ():
+            self.append(chunk)
+
+    def append(self, chunk: np.ndarray) -> None:
+        """Add ``chunk`` at the end (not copied).
+
+        Raises:
+            SchemaError: ``chunk`` does not match the first chunk's dtype and trailing
+                shape, or is not an array of at least one dimension.
+        """
+        if type(chunk) is not np.ndarray or chunk.ndim < 1:
+            raise SchemaError(
+                f"Chunked: chunk {len(self.chunks)} must be a numpy array of at least one "
+                f"dimension, got {type(chunk).__name__}"
+                + (f" of shape {chunk.shape}" if isinstance(chunk, np.ndarray) else "")
+            )
+        if self.chunks:
+            first = self.chunks[0]
+            if chunk.dtype != first.dtype or chunk.shape[1:] != first.shape[1:]:
+                raise SchemaError(
+                    f"Chunked: chunk {len(self.chunks)} has dtype {chunk.dtype} and shape "
+                    f"{chunk.shape}; chunk 0 has {first.dtype} and {first.shape} (chunks "
+                    "must share a dtype and every dimension but the first)"
+                )
+        self.chunks.append(chunk)
+        self._rows += len(chunk)
+
+    @property
+    def dtype(self) -> np.dtype[Any] | None:
+        """The chunks' dtype (None before the first chunk)."""
+        return self.chunks[0].dtype if self.chunks else None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the whole array: ``(rows, *trailing)``; ``(0,)`` when empty."""
+        return (self._rows, *self.chunks[0].shape[1:]) if self.chunks else (0,)
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions (1 before the first chunk)."""
+        return self.chunks[0].ndim if self.chunks else 1
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of all the chunks."""
+        return sum(chunk.nbytes for chunk in self.chunks)
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def to_array(self) -> np.ndarray:
+        """The chunks concatenated into a new array (a copy)."""
+        if not self.chunks:
+            return np.zeros(0)
+        return np.concatenate(self.chunks, dtype=self.chunks[0].dtype)
+
+    def __repr__(self) -> str:
+        return f"Chunked({len(self.chunks)} chunks, shape {self.shape}, dtype {self.dtype})"

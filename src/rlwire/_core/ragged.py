@@ -1,0 +1,172 @@
+"""Ragged: rows of different lengths as one array of values and one of offsets.
+
+The packed form trainers use (``cu_seqlens`` in flash-attention's varlen kernels, the
+``offsets`` of a jagged tensor): row ``i`` is ``values[offsets[i]:offsets[i + 1]]``. rlwire
+sends a Ragged as two buffers, with no work per row, and receives one as views over the
+received memory.
+
+Example:
+    >>> import numpy as np
+    >>> r = Ragged.from_arrays([np.array([1, 2, 3]), np.array([4])])
+    >>> len(r), r.lengths.tolist(), r[0].tolist(), r.offsets.tolist()
+    (2, [3, 1], [1, 2, 3], [0, 3, 4])
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlwire._core.errors import SchemaError
+
+__all__ = ["Ragged", "offsets_problem"]
+
+
+class Ragged:
+    """A jagged array: ``len(offsets) - 1`` rows, row ``i`` being
+    ``values[offsets[i]:offsets[i + 1]]``, a view.
+
+    ``values`` holds the rows back to back along its first axis (any trailing shape:
+    ``[tokens]`` or ``[tokens, layers, topk]``); ``offsets`` is int64, starts at 0, never
+    decreases and ends at ``len(values)``: what varlen kernels call ``cu_seqlens`` (cast
+    it with ``offsets.astype(np.int32)`` where a kernel wants int32).
+    ``torch.from_numpy(r.values)`` shares the memory.
+
+    Args:
+        values: the rows' items, back to back (at least 1-D).
+        offsets: ``n + 1`` row boundaries (any integer dtype; kept as int64).
+
+    Raises:
+        SchemaError: ``values`` is not a numpy array of at least one dimension, or
+            ``offsets`` is not 1-D, not integers, does not start at 0, decreases, or
+            does not end at ``len(values)``; the message says which.
+
+    Example:
+        >>> import numpy as np
+        >>> r = Ragged(np.arange(5), np.array([0, 2, 5]))
+        >>> [row.tolist() for row in r]
+        [[0, 1], [2, 3, 4]]
+    """
+
+    __slots__ = ("offsets", "values")
+
+    def __init__(self, values: np.ndarray, offsets: np.ndarray | Sequence[int]) -> None:
+        if not isinstance(values, np.ndarray) or values.ndim < 1:
+            raise SchemaError(
+                "Ragged: values must be a numpy array of at least one dimension, got "
+                + (
+                    f"shape {values.shape}"
+                    if isinstance(values, np.ndarray)
+                    else type(values).__name__
+                )
+            )
+        offsets = np.asarray(offsets)
+        if offsets.ndim != 1 or offsets.dtype.kind not in "iu" or len(offsets) < 1:
+            raise SchemaError(
+                f"Ragged: offsets must be a 1-D integer array of n + 1 boundaries, got "
+                f"dtype {offsets.dtype} and shape {offsets.shape}"
+            )
+        offsets = offsets.astype(np.int64, copy=False)
+        problem = offsets_problem(offsets, len(values))
+        if problem:
+            raise SchemaError(f"Ragged: offsets {problem}")
+        self.values = values
+        self.offsets = offsets
+
+    @classmethod
+    def from_arrays(cls, rows: Sequence[np.ndarray]) -> Ragged:
+        """A Ragged holding a copy of ``rows`` (arrays of one dtype and one trailing
+        shape), concatenated.
+
+        Raises:
+            SchemaError: the rows differ in dtype, dimensions or trailing shape, or one
+                is not an array; names the first row that differs.
+        """
+        arrays = [np.asarray(row) for row in rows]
+        if not arrays:
+            raise SchemaError("Ragged.from_arrays: needs at least one row to know its dtype")
+        first = arrays[0]
+        for i, row in enumerate(arrays):
+            if row.ndim < 1 or row.dtype != first.dtype or row.shape[1:] != first.shape[1:]:
+                raise SchemaError(
+                    f"Ragged.from_arrays: row {i} has dtype {row.dtype} and shape "
+                    f"{row.shape}; row 0 has {first.dtype} and {first.shape} (rows must "
+                    "share a dtype and every dimension but the first)"
+                )
+        offsets = np.zeros(len(arrays) + 1, np.int64)
+        np.cumsum([len(row) for row in arrays], out=offsets[1:])
+        return cls(np.concatenate(arrays), offsets)
+
+    @classmethod
+    def from_lengths(cls, values: np.ndarray, lengths: np.ndarray | Sequence[int]) -> Ragged:
+        """A Ragged over ``values`` (not copied) cut into rows of ``lengths``.
+
+        Example:
+            >>> import numpy as np
+            >>> Ragged.from_lengths(np.arange(3), [1, 2]).offsets.tolist()
+            [0, 1, 3]
+        """
+        lengths = np.asarray(lengths, np.int64)
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(values, offsets)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Each row's length (``np.diff(offsets)``)."""
+        return np.diff(self.offsets)
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """The values' dtype."""
+        return self.values.dtype
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, index: int | slice) -> Any:
+        """Row ``index`` as a view of the values; a slice of rows as a Ragged over the
+        same values (offsets rebased)."""
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step != 1:
+                raise IndexError("Ragged: only contiguous slices of rows (step 1)")
+            stop = max(start, stop)
+            base = self.offsets[start]
+            return Ragged(
+                self.values[base : self.offsets[stop]], self.offsets[start : stop + 1] - base
+            )
+        n = len(self)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError(f"Ragged: row {index} out of range for {n} rows")
+        return self.values[self.offsets[i] : self.offsets[i + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        bounds = self.offsets.tolist()
+        values = self.values
+        return (values[a:b] for a, b in itertools.pairwise(bounds))
+
+    def __repr__(self) -> str:
+        return (
+            f"Ragged({len(self)} rows, {len(self.values)} items of {self.values.dtype}"
+            + (f" x {list(self.values.shape[1:])}" if self.values.ndim > 1 else "")
+            + ")"
+        )
+
+
+def offsets_problem(offsets: np.ndarray, total: int) -> str:
+    """What is wrong with ``offsets`` as the boundaries of ``total`` items ('' if none)."""
+    if offsets[0] != 0:
+        return f"must start at 0, got {int(offsets[0])}"
+    if offsets[-1] != total:
+        return f"must end at the number of values ({total}), got {int(offsets[-1])}"
+    if len(offsets) > 1:
+        drops = np.flatnonzero(offsets[1:] < offsets[:-1])
+        if drops.size:
+            i = int(drops[0])
+            return f"decrease at row {i} ({int(offsets[i])} then {int(offsets[i + 1])})"
+    return ""

@@ -1,0 +1,234 @@
+"""Ragged arrays and columns met in a received header, checked, then made into rows or
+a :class:`~rlwire.Columns` (see :mod:`rlwire.codecs._msgpack.sent_columns` for why
+lists of samples are stored this way).
+
+Example:
+    >>> import numpy as np
+    >>> x = ragged([np.arange(3), np.array([0, 1, 3])])
+    >>> found = ColumnsFound(2, ROWS_AS_MAPS, ["x", "n"], [x, [7, 8]])
+    >>> from rlwire._core.slicing import SliceTimer, run_sliced
+    >>> [(row["x"].tolist(), row["n"]) for row in run_sliced(rows_of(found, SliceTimer()))]
+    [([0], 7), ([1, 2], 8)]
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import typing
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from rlwire._core.columns import Columns
+from rlwire._core.errors import CorruptFrameError
+from rlwire._core.ragged import Ragged, offsets_problem
+from rlwire._core.slicing import Sliced, SliceTimer
+from rlwire.codecs._msgpack.conversion import dec_hook
+from rlwire.codecs._msgpack.extensions import ROWS_AS_ARRAYS, ROWS_AS_MAPS
+
+__all__ = [
+    "ROW_COST",
+    "ColumnsFound",
+    "columns_of",
+    "parse_columns",
+    "ragged",
+    "rows_of",
+    "structs_of",
+]
+
+_ROWS_AT_ONCE = 256  # rows made between two looks at the slice timer: ~0.2 ms
+#: Bytes of Python objects one row costs at most, per field, made from columns: a slot
+#: of its dict (or Struct) and, for a ragged column, a numpy view (about 100 bytes).
+ROW_COST = 64 + 128
+
+
+class ColumnsFound:
+    """A columns value (extension 7) from a header, checked, before its rows are made.
+
+    ``columns`` holds, per name, a :class:`~rlwire.Ragged` of ``count`` rows or a list of
+    ``count`` values (which may still hold chunked containers or out-of-band bytes to
+    fill: ``inner`` of them)."""
+
+    __slots__ = ("columns", "count", "inner", "layout", "names")
+
+    def __init__(
+        self, count: int, layout: int, names: list[str], columns: list[Any], inner: int = 0
+    ) -> None:
+        self.count = count
+        self.layout = layout
+        self.names = names
+        self.columns = columns
+        self.inner = inner
+
+
+def ragged(payload: Any) -> Ragged:
+    """The ragged array (extension 6) whose payload decoded to ``payload``.
+
+    Raises:
+        CorruptFrameError: the payload is not two arrays (values of at least one
+            dimension, int64 offsets) or the offsets do not cut the values into rows.
+    """
+    if type(payload) is not list or len(payload) != 2:
+        raise CorruptFrameError("header: a ragged array is not [values, offsets]")
+    values, offsets = payload
+    if not isinstance(values, np.ndarray) or values.ndim < 1:
+        raise CorruptFrameError("header: a ragged array's values are not an array of rows")
+    if not isinstance(offsets, np.ndarray) or offsets.ndim != 1 or offsets.dtype.kind != "i":
+        raise CorruptFrameError("header: a ragged array's offsets are not a 1-D int array")
+    if offsets.dtype != np.int64:
+        raise CorruptFrameError(f"header: a ragged array's offsets are {offsets.dtype}, not int64")
+    problem = offsets_problem(offsets, len(values)) if len(offsets) else "are empty"
+    if problem:
+        raise CorruptFrameError(f"header: a ragged array's offsets {problem}")
+    return Ragged(values, offsets)
+
+
+def parse_columns(payload: Any, inner: int) -> ColumnsFound:
+    """The columns value (extension 7) whose payload decoded to ``payload``; ``inner``:
+    the chunked containers and bytes values its columns hold.
+
+    Raises:
+        CorruptFrameError: the payload is not ``[count, layout, names, columns]`` with
+            distinct string names, one column per name, each of ``count`` rows.
+    """
+    if type(payload) is not list or len(payload) != 4:
+        raise CorruptFrameError("header: a columns value is not [count, layout, names, columns]")
+    count, layout, names, columns = payload
+    if type(count) is not int or count < 0 or layout not in (ROWS_AS_MAPS, ROWS_AS_ARRAYS):
+        raise CorruptFrameError(
+            f"header: a columns value has count {count!r} and layout {layout!r}"
+        )
+    if (
+        type(names) is not list
+        or type(columns) is not list
+        or len(names) != len(columns)
+        or any(type(n) is not str for n in names)
+        or len(set(names)) != len(names)
+    ):
+        raise CorruptFrameError("header: a columns value needs one column per distinct name")
+    for name, column in zip(names, columns, strict=True):
+        rows = _rows_in(column)
+        if rows != count:
+            raise CorruptFrameError(
+                f"header: column {name!r} of a columns value has {rows} rows, not {count}"
+            )
+    return ColumnsFound(count, layout, names, columns, inner)
+
+
+def _rows_in(column: Any) -> int | None:
+    if isinstance(column, Ragged | list):
+        return len(column)
+    count = getattr(getattr(column, "ref", None), "count", None)  # a chunked list
+    return count if getattr(column, "is_map", True) is False else None
+
+
+def rows_of(found: ColumnsFound, timer: SliceTimer) -> Sliced[list[Any]]:
+    """The rows, as dicts (or lists, for ``array_like`` Structs) of views and values,
+    made :data:`_ROWS_AT_ONCE` at a time, yielding when ``timer`` says a slice is over."""
+    out: list[Any] = []
+    names = found.names
+    for start in range(0, found.count, _ROWS_AT_ONCE):
+        stop = min(start + _ROWS_AT_ONCE, found.count)
+        columns = [
+            list(c[start:stop]) if isinstance(c, Ragged) else c[start:stop] for c in found.columns
+        ]
+        if found.layout == ROWS_AS_ARRAYS:
+            out += [list(values) for values in zip(*columns, strict=True)]
+        else:
+            out += [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+        if timer.due():
+            yield
+            timer.restart()
+    return out
+
+
+def structs_of(found: ColumnsFound, annotation: Any, timer: SliceTimer) -> Sliced[Any]:
+    """The rows as instances of ``T`` when ``annotation`` is ``list[T]`` of a Struct
+    type that takes each column as it is (array fields typed ``np.ndarray``, other
+    columns converted whole, one msgspec call each), made by calling ``T`` a few hundred
+    rows at a time; None when that cannot be told, for the general conversion to do
+    (and to word its errors)."""
+    kind = _struct_item(annotation)
+    plan = _plan(kind, tuple(found.names)) if kind is not None else None
+    if (
+        kind is None
+        or plan is None
+        or found.layout != (ROWS_AS_ARRAYS if plan[2] else ROWS_AS_MAPS)
+    ):
+        return None
+    attrs, annotations, _ = plan
+    columns: list[Any] = []
+    for column, tp in zip(found.columns, annotations, strict=True):
+        if isinstance(column, Ragged):
+            if not _takes_arrays(tp):
+                return None
+        elif tp not in (Any, object):
+            try:
+                column = msgspec.convert(column, list[tp], dec_hook=dec_hook)  # type: ignore[valid-type]
+            except msgspec.ValidationError:
+                return None
+        columns.append(column)
+    out: list[Any] = []
+    for start in range(0, found.count, _ROWS_AT_ONCE):
+        stop = min(start + _ROWS_AT_ONCE, found.count)
+        part = [list(c[start:stop]) if isinstance(c, Ragged) else c[start:stop] for c in columns]
+        try:
+            out += [
+                kind(**dict(zip(attrs, values, strict=True))) for values in zip(*part, strict=True)
+            ]
+        except (TypeError, ValueError):  # a required field missing, a __post_init__ refusal
+            return None
+        if timer.due():
+            yield
+            timer.restart()
+    return out
+
+
+def _takes_arrays(tp: Any) -> bool:
+    """True if a field annotated ``tp`` takes a numpy array as it is."""
+    return tp in (Any, object, np.ndarray) or (
+        typing.get_origin(tp) in (typing.Union, types.UnionType)
+        and np.ndarray in typing.get_args(tp)
+    )
+
+
+def _struct_item(annotation: Any) -> type[msgspec.Struct] | None:
+    """``T`` of ``list[T]`` when ``T`` is an untagged Struct type that allows no unknown
+    field to be dropped silently wrong, else None."""
+    if typing.get_origin(annotation) is not list:
+        return None
+    args = typing.get_args(annotation)
+    kind = args[0] if args else None
+    if not (isinstance(kind, type) and issubclass(kind, msgspec.Struct)):
+        return None
+    config = kind.__struct_config__
+    return None if config.tag is not None or config.forbid_unknown_fields else kind
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(
+    kind: type[msgspec.Struct], names: tuple[str, ...]
+) -> tuple[list[str], list[Any], bool] | None:
+    """For columns ``names`` into ``kind``: the attribute each fills, its annotation,
+    and whether rows are positional (``array_like``); None if a name is not a field
+    (the general path drops it) or an annotation cannot be resolved."""
+    try:
+        fields = {f.encode_name: f for f in msgspec.structs.fields(kind)}
+        hints = typing.get_type_hints(kind)
+    except Exception:  # an unresolvable annotation: leave it to msgspec
+        return None
+    attrs, annotations = [], []
+    for name in names:
+        field = fields.get(name)
+        if field is None:
+            return None
+        attrs.append(field.name)
+        annotations.append(hints.get(field.name, Any))
+    return attrs, annotations, bool(kind.__struct_config__.array_like)
+
+
+def columns_of(found: ColumnsFound) -> Columns:
+    """The columns as a :class:`~rlwire.Columns` (each list column as it is)."""
+    return Columns(dict(zip(found.names, found.columns, strict=True)))

@@ -1,0 +1,247 @@
+"""Lists of samples stored column by column, and ragged arrays, for the msgspec encoder.
+
+Most steps are a list of thousands of samples with a few small arrays each. Encoded one
+array at a time, each costs an extension value, a buffer and a table entry, some 10 µs
+of Python per array; stored as columns (each array field one buffer of the rows' bytes
+back to back, :class:`~rlwire._frame.pieces.Pieces`, plus int64 offsets), a field costs
+that once. A list is stored this way when its items are Structs of one type or dicts
+with the same keys, and the first holds an array. A field whose arrays differ in dtype or
+trailing shape, or that holds anything else, is a column of one value per row, each
+encoded as usual; a list whose items differ in type or keys is left a list. Either way
+the receiver gets the same values back.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import msgspec
+import numpy as np
+
+from rlwire._core.chunked import Chunked
+from rlwire._core.columns import Columns
+from rlwire._core.paths import KeyPath, render_path
+from rlwire._core.ragged import Ragged
+from rlwire._core.slicing import Sliced
+from rlwire._frame.pieces import Pieces
+from rlwire.codecs._msgpack.arrays import PLAIN_DTYPES, byte_view, check_dtype
+from rlwire.codecs._msgpack.extensions import (
+    EXT_ARRAY,
+    EXT_COLUMNS,
+    EXT_RAGGED,
+    ROWS_AS_ARRAYS,
+    ROWS_AS_MAPS,
+    ArrayRef,
+)
+from rlwire.codecs._msgpack.sent_buffers import SentBuffers
+
+__all__ = ["Walker", "list_as_columns", "packed_value"]
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+_CONTAINERS = frozenset((dict, list))
+_NDARRAY = {np.ndarray}
+_DTYPE = operator.attrgetter("dtype")
+_NDIM = operator.attrgetter("ndim")
+# Rows this small on average are copied into one array rather than sent where they are.
+_SMALL_ROW = 4096
+
+
+class Walker(Protocol):
+    """What this module needs of the encoder's walk (:class:`Encoding
+    <rlwire.codecs._msgpack.encode.Encoding>`)."""
+
+    sent: SentBuffers
+    encoder: msgspec.msgpack.Encoder
+    sidecar_names: frozenset[str]
+    check: Callable[[Any, str], None] | None
+
+    def value(self, obj: Any, path: KeyPath, side: bool) -> Sliced[tuple[Any, int]]: ...
+
+    def heavy(self, column: list[Any], heft: int, path: KeyPath) -> Sliced[tuple[Any, int]]: ...
+
+    def tick(self) -> Sliced[None]: ...
+
+
+def packed_value(
+    w: Walker, obj: Ragged | Columns | Chunked, path: KeyPath, side: bool
+) -> Sliced[Any]:
+    """The extension value that stands for a :class:`~rlwire.Ragged` (6), a
+    :class:`~rlwire.Columns` (7) or a :class:`~rlwire.Chunked` (an array, 1 or 2)."""
+    if isinstance(obj, Ragged):
+        return _ragged_value(w, obj, path, side)
+    if isinstance(obj, Chunked):
+        return _chunked_value(w, obj, path, side)
+    return (yield from _columns_value(w, obj, path, side))
+
+
+def _chunked_value(w: Walker, chunked: Chunked, path: KeyPath, side: bool) -> msgspec.msgpack.Ext:
+    """A Chunked as one array: its chunks are the runs of one buffer (copied into one
+    array only when the whole is small enough to go inline)."""
+    first = chunked.chunks[0] if chunked.chunks else None
+    if first is None or (chunked.nbytes < w.sent.inline_threshold and not side):
+        return w.sent.array(chunked.to_array(), path, side)
+    if first.dtype not in PLAIN_DTYPES:
+        check_dtype(first.dtype, path)
+    pieces = Pieces(
+        byte_view(c if c.flags.c_contiguous else np.ascontiguousarray(c)) for c in chunked.chunks
+    )
+    ref = ArrayRef(w.sent.add(pieces, side), first.dtype.str, list(chunked.shape), "C")
+    return msgspec.msgpack.Ext(EXT_ARRAY, w.encoder.encode(ref))
+
+
+def _ragged_value(w: Walker, ragged: Ragged, path: KeyPath, side: bool) -> msgspec.msgpack.Ext:
+    """The extension value (6) that stands for ``ragged``: its values and offsets as
+    arrays (the values to the sidecar if ``side``)."""
+    values = w.sent.array(ragged.values, (path, "values"), side)
+    offsets = w.sent.array(ragged.offsets, (path, "offsets"), False)
+    return msgspec.msgpack.Ext(EXT_RAGGED, w.encoder.encode([values, offsets]))
+
+
+def _columns_value(w: Walker, columns: Columns, path: KeyPath, side: bool) -> Sliced[Any]:
+    """The extension value (7) that stands for a :class:`~rlwire.Columns`: rows as maps."""
+    names = list(columns.names)
+    encoded = []
+    for name, column in columns.items():
+        where, on_side = (path, name), side or name in w.sidecar_names
+        if isinstance(column, Ragged):
+            encoded.append(_ragged_value(w, column, where, on_side))
+        else:
+            rows = list(column)  # a list, or an array's rows
+            encoded.append((yield from _column(w, rows, _item_of(where), on_side)))
+        yield from w.tick()
+    payload = [len(columns), ROWS_AS_MAPS, names, encoded]
+    return msgspec.msgpack.Ext(EXT_COLUMNS, w.encoder.encode(payload))
+
+
+def list_as_columns(w: Walker, items: list[Any], path: KeyPath, side: bool) -> Sliced[Any]:
+    """The extension value (7) that stands for ``items`` stored as columns, or None if
+    they are not rows of one shape with an array among their fields."""
+    shape = _row_shape(items)
+    if shape is None:
+        return None
+    layout, names, getters = shape
+    if w.check is not None:
+        rows = getattr(w.check, "rows", None)  # a check of the whole list at once
+        if rows is not None:
+            rows(items, render_path(path))
+        else:
+            for i, item in enumerate(items):
+                w.check(item, render_path((path, i)))
+    encoded = []
+    for name, get in zip(names, getters, strict=True):
+        values = list(map(get, items))
+        on_side = side or name in w.sidecar_names
+        encoded.append((yield from _column(w, values, _field_of(path, name), on_side)))
+        yield from w.tick()
+    payload = [len(items), layout, names, encoded]
+    return msgspec.msgpack.Ext(EXT_COLUMNS, w.encoder.encode(payload))
+
+
+def _row_shape(
+    items: list[Any],
+) -> tuple[int, list[str], list[Callable[[Any], Any]]] | None:
+    """``(layout, encoded names, a getter per field)`` if ``items`` are Structs of one
+    (untagged) type or dicts with the same string keys, with an array among the first
+    one's fields; else None."""
+    first = items[0]
+    kind = type(first)
+    getters: list[Callable[[Any], Any]]
+    if isinstance(first, msgspec.Struct):
+        config = first.__struct_config__
+        if config.tag is not None or any(type(item) is not kind for item in items):
+            return None
+        fields = msgspec.structs.fields(first)
+        names = [f.encode_name for f in fields]
+        getters = [operator.attrgetter(f.name) for f in fields]
+        layout = ROWS_AS_ARRAYS if config.array_like else ROWS_AS_MAPS
+    elif kind is dict:
+        keys = first.keys()
+        if any(type(k) is not str for k in keys):
+            return None
+        if any(type(item) is not dict or item.keys() != keys for item in items):
+            return None
+        names = list(keys)
+        getters = [operator.itemgetter(k) for k in names]
+        layout = ROWS_AS_MAPS
+    else:
+        return None
+    if not any(isinstance(get(first), np.ndarray | Ragged | Chunked) for get in getters):
+        return None
+    return layout, names, getters
+
+
+def _column(
+    w: Walker, values: list[Any], path_of: Callable[[int], KeyPath], side: bool
+) -> Sliced[Any]:
+    """What stands for one column: a ragged array when every row holds an array of one
+    dtype and trailing shape, else the rows' values, each encoded as usual (chunked if
+    heavy). ``path_of(i)``: the path of row ``i``'s value, for error messages."""
+    ragged = _ragged_column(w, values, path_of, side)
+    if ragged is not None:
+        return ragged
+    kinds = set(map(type, values))
+    if kinds <= _SCALARS:
+        heft = len(values) + sum(len(v) // 64 for v in values if type(v) is str)
+        column = values
+    elif kinds <= _CONTAINERS and not any(values):  # e.g. extras={} in every sample
+        heft, column = len(values), values
+    else:
+        column, heft = [], 1
+        for i, value in enumerate(values):
+            new, weight = yield from w.value(value, path_of(i), side)
+            column.append(new)
+            heft += weight
+            yield from w.tick()
+    return (yield from w.heavy(column, heft, path_of(0)))[0]
+
+
+def _ragged_column(
+    w: Walker, values: list[Any], path_of: Callable[[int], KeyPath], side: bool
+) -> msgspec.msgpack.Ext | None:
+    """The extension value (6) of ``values`` back to back, if they are arrays of one
+    dtype, number of dimensions (at least 1) and trailing shape; else None.
+
+    Rows of a few kB are copied into one array (numpy's C loop: tens of nanoseconds a
+    row, where a view each costs a microsecond of Python); larger rows are written
+    where they are, as the runs of :class:`~rlwire._frame.pieces.Pieces`, so that a
+    large step is never held twice."""
+    first = values[0]
+    if type(first) is not np.ndarray or first.ndim < 1:
+        return None
+    # The checks run in C over the rows (map, set), not a Python loop.
+    if set(map(type, values)) != _NDARRAY or len(set(map(_DTYPE, values))) != 1:
+        return None
+    if set(map(_NDIM, values)) != {first.ndim}:
+        return None
+    dtype, tail = first.dtype, first.shape[1:]
+    if tail and len({v.shape[1:] for v in values}) != 1:
+        return None
+    if dtype not in PLAIN_DTYPES:
+        check_dtype(dtype, path_of(0))
+    offsets = np.zeros(len(values) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
+    shape = [int(offsets[-1]), *tail]
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if (nbytes < w.sent.inline_threshold and not side) or nbytes <= _SMALL_ROW * len(values):
+        joined = np.concatenate(values, dtype=dtype).reshape(shape)  # keeps the byte order
+        column = w.sent.array(joined, path_of(0), side)
+    else:
+        pieces = Pieces(
+            byte_view(v if v.flags.c_contiguous else np.ascontiguousarray(v)) for v in values
+        )
+        ref = ArrayRef(w.sent.add(pieces, side), dtype.str, shape, "C")
+        column = msgspec.msgpack.Ext(EXT_ARRAY, w.encoder.encode(ref))
+    offsets_value = w.sent.array(offsets, path_of(0), False)
+    return msgspec.msgpack.Ext(EXT_RAGGED, w.encoder.encode([column, offsets_value]))
+
+
+def _item_of(column: KeyPath) -> Callable[[int], KeyPath]:
+    """The path of item ``i`` of a column given as a list: ``$.columns.name[i]``."""
+    return lambda i: (column, i)
+
+
+def _field_of(items: KeyPath, name: str) -> Callable[[int], KeyPath]:
+    """The path of field ``name`` of row ``i`` of a list: ``$.samples[i].name``."""
+    return lambda i: ((items, i), name)

@@ -1,0 +1,321 @@
+"""Lists of samples stored column by column, ragged arrays and Columns in the msgpack
+codec: the same values back, far fewer buffers, views over the received memory, and
+typed errors for hostile columns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hypothesis.extra.numpy as hnp
+import msgspec
+import numpy as np
+import pytest
+from helpers import assert_batches_equal, make_batch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from msgspec.msgpack import Ext
+from msgspec.msgpack import encode as mp
+
+import rlwire
+from rlwire import Columns, CorruptFrameError, EncodeError, Frame, FrameTooLargeError, Ragged
+from rlwire._api.schema import check_object
+from rlwire._frame.pieces import Pieces
+from rlwire.codecs._msgpack.codec import MsgpackCodec
+from rlwire.codecs._msgpack.extensions import EXT_ARRAY, EXT_COLUMNS, EXT_RAGGED, ArrayRef
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def stored(frame: Frame) -> Frame:
+    """``frame`` as a source returns it: every buffer one contiguous read-only view."""
+    buffers = tuple(
+        (b.joined() if isinstance(b, Pieces) else b).toreadonly() for b in frame.buffers
+    )
+    return Frame(frame.header, buffers, frame.sidecar, frame.codec)
+
+
+def round_trip(obj: Any, tp: Any = Any, codec: MsgpackCodec | None = None, **kw: Any) -> Any:
+    codec = codec or MsgpackCodec()
+    return codec.decode(stored(codec.encode(obj)), tp, **kw)
+
+
+def assert_same(got: Any, want: Any) -> None:
+    """Equal values, arrays compared by dtype, shape and content."""
+    if isinstance(want, np.ndarray):
+        assert isinstance(got, np.ndarray) and got.dtype == want.dtype
+        assert got.shape == want.shape and np.array_equal(got, want, equal_nan=True)
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and list(got) == list(want)
+        for key in want:
+            assert_same(got[key], want[key])
+    elif isinstance(want, list | tuple):
+        assert isinstance(got, list) and len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert_same(g, w)
+    else:
+        assert got == want
+
+
+def test_a_batch_is_two_buffers_per_array_field_not_one_per_array() -> None:
+    """Rows of 8 kB and more stay where they are (runs of Pieces); the small ones (a
+    1 kB mask) are copied into one array."""
+    batch = make_batch(64, 1024)
+    frame = MsgpackCodec(sidecar=("routed_experts",), inline_threshold=0).encode(batch)
+    # token_ids, mask, logprobs, temperatures, advantages, routed_experts: values and offsets
+    assert len(frame.buffers) == 12
+    sizes = {b.nbytes: b for b in frame.buffers}
+    ids = sizes[sum(s.token_ids.nbytes for s in batch.samples)]
+    assert isinstance(ids, Pieces) and len(ids.runs) == 64
+    assert not isinstance(sizes[sum(s.mask.nbytes for s in batch.samples)], Pieces)
+    assert_batches_equal(MsgpackCodec().decode(stored(frame), rlwire.TrainingBatch), batch)
+
+
+def test_received_rows_are_views_over_one_buffer_per_field() -> None:
+    batch = make_batch(8, 50)
+    frame = stored(MsgpackCodec(inline_threshold=0).encode(batch))
+    got = MsgpackCodec().decode(frame, rlwire.TrainingBatch)
+    first, last = got.samples[0].token_ids, got.samples[-1].token_ids
+    assert first.base is not None and np.shares_memory(first.base, last.base)
+    assert not first.flags.writeable
+
+
+def test_as_columns_gives_ragged_views_and_lists() -> None:
+    batch = make_batch(16, 40)
+    frame = stored(MsgpackCodec(inline_threshold=0).encode(batch))
+    got = MsgpackCodec().decode(frame, rlwire.TrainingBatch, as_columns=True)
+    cols = got.samples
+    assert isinstance(cols, Columns) and len(cols) == 16
+    ids = cols["token_ids"]
+    assert isinstance(ids, Ragged)
+    assert ids.lengths.tolist() == [s.seq_len for s in batch.samples]
+    assert np.array_equal(ids.values, np.concatenate([s.token_ids for s in batch.samples]))
+    assert cols["env_name"] == [s.env_name for s in batch.samples]
+    for i, sample in enumerate(batch.samples):
+        row = cols.row(i)
+        assert np.array_equal(row["logprobs"], sample.logprobs)
+    plain = MsgpackCodec().decode(frame, as_columns=True)
+    assert isinstance(plain["samples"], Columns)
+
+
+NAMES = st.sampled_from(["a", "b", "token_ids", "x"])
+DTYPES = st.sampled_from(["<i8", "<f4", "|b1", ">i4", "<u2", "<c8"])
+
+
+@st.composite
+def rows(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Lists of dicts: arrays whose dtype, trailing shape or number of dimensions may
+    differ between rows, lengths from 0, scalars, strings, None, nested dicts; the
+    same keys in every row, or not."""
+    n = draw(st.integers(1, 12))
+    names = draw(st.lists(NAMES, min_size=1, max_size=4, unique=True))
+    same_keys = draw(st.booleans())
+    out = []
+    for _ in range(n):
+        row: dict[str, Any] = {}
+        for name in names:
+            if not same_keys and draw(st.booleans()):
+                continue
+            kind = draw(st.sampled_from(["array", "array", "scalar", "str", "none", "nested"]))
+            if kind == "array":
+                dtype = draw(DTYPES)
+                shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5))
+                row[name] = draw(hnp.arrays(dtype, shape))
+            elif kind == "scalar":
+                row[name] = draw(st.integers(-(2**40), 2**40) | st.floats(allow_nan=False))
+            elif kind == "str":
+                row[name] = draw(st.text(max_size=5))
+            elif kind == "nested":
+                row[name] = {"inner": draw(hnp.arrays(draw(DTYPES), draw(st.integers(0, 4))))}
+            else:
+                row[name] = None
+        out.append(row)
+    return out
+
+
+@SETTINGS
+@given(rows(), st.sampled_from([0, 4096]))
+def test_any_mix_of_fields_round_trips(items: list[dict[str, Any]], threshold: int) -> None:
+    got = round_trip(items, codec=MsgpackCodec(inline_threshold=threshold))
+    assert_same(got, items)
+
+
+@SETTINGS
+@given(rows())
+def test_as_columns_rows_equal_the_sent_rows(items: list[dict[str, Any]]) -> None:
+    got = round_trip(items, as_columns=True)
+    if isinstance(got, Columns):  # stored as columns: the same rows back
+        assert len(got) == len(items)
+        for i, item in enumerate(items):
+            assert_same(got.row(i), item)
+    else:
+        assert_same(got, items)
+
+
+class Turn(msgspec.Struct, array_like=True):
+    tokens: np.ndarray
+    reward: float
+
+
+class Camel(msgspec.Struct, rename="camel", omit_defaults=True):
+    token_ids: np.ndarray
+    old_logprobs: np.ndarray
+    group_id: int = 0
+
+
+class Tagged(msgspec.Struct, tag=True):
+    ids: np.ndarray
+
+
+def test_users_structs_array_like_renamed_and_tagged() -> None:
+    turns = [Turn(np.arange(i, dtype=np.int32), float(i)) for i in range(5)]
+    back = round_trip(turns, list[Turn])
+    assert [t.reward for t in back] == [t.reward for t in turns]
+    assert all(np.array_equal(a.tokens, b.tokens) for a, b in zip(back, turns, strict=True))
+    assert round_trip(turns)[2][0].tolist() == [0, 1]  # rows as arrays, as msgspec sends
+    camels = [Camel(np.arange(i), np.zeros(i, np.float32), i % 2) for i in range(4)]
+    got = round_trip(camels, list[Camel])
+    assert [c.group_id for c in got] == [0, 1, 0, 1]
+    assert all(
+        np.array_equal(a.old_logprobs, b.old_logprobs) for a, b in zip(got, camels, strict=True)
+    )
+    raw = round_trip(camels)
+    assert set(raw[0]) == {"tokenIds", "oldLogprobs", "groupId"}  # the encoded names
+    tagged = [Tagged(np.arange(3)), Tagged(np.arange(2))]
+    codec = MsgpackCodec(inline_threshold=0)
+    assert len(codec.encode(tagged).buffers) == 2  # tagged unions stay one array each
+    assert [t.ids.tolist() for t in round_trip(tagged, list[Tagged], codec)] == [[0, 1, 2], [0, 1]]
+
+
+def test_ragged_and_columns_sent_as_values() -> None:
+    ragged = Ragged.from_arrays([np.arange(3), np.arange(0), np.arange(2)])
+    got = round_trip({"r": ragged})
+    assert isinstance(got["r"], Ragged) and got["r"].offsets.tolist() == [0, 3, 3, 5]
+    cols = Columns({"ids": ragged, "reward": np.array([1.0, 2.0, 3.0]), "env": ["a", "b", "c"]})
+    rows_back = round_trip(cols)
+    assert [r["env"] for r in rows_back] == ["a", "b", "c"]
+    assert rows_back[0]["reward"] == 1.0 and rows_back[1]["ids"].tolist() == []
+    again = round_trip(cols, as_columns=True)
+    assert isinstance(again, Columns) and again["ids"].offsets.tolist() == [0, 3, 3, 5]
+    packed = rlwire.TrainingBatch(
+        samples=Columns(  # type: ignore[arg-type]
+            {
+                "token_ids": ragged,
+                "mask": Ragged(np.ones(5, bool), ragged.offsets),
+                "logprobs": Ragged(np.zeros(5, np.float32), ragged.offsets),
+                "temperatures": Ragged(np.ones(5, np.float32), ragged.offsets),
+                "advantages": Ragged(np.zeros(5, np.float32), ragged.offsets),
+                "env_name": ["a", "b", "c"],
+            }
+        )
+    )
+    batch = round_trip(packed, rlwire.TrainingBatch)
+    assert [s.seq_len for s in batch.samples] == [3, 0, 2]
+    batch.validate()
+
+
+def test_validation_still_names_the_sample() -> None:
+    batch = make_batch(5, 10)
+    batch.samples[3].logprobs[2] = np.nan
+    with pytest.raises(rlwire.SchemaError, match=r"samples\[3\]\.logprobs"):
+        MsgpackCodec(check=check_object).encode(batch)
+
+
+def test_encode_errors_name_the_row() -> None:
+    items = [{"a": np.arange(2)}, {"a": np.array(["x"])}]
+    with pytest.raises(EncodeError, match=r"^\$\[1\]\.a: numpy arrays of dtype <U1"):
+        MsgpackCodec().encode(items)
+    masked = [{"a": np.arange(2)}, {"a": np.ma.masked_array([1, 2], [0, 1])}]
+    with pytest.raises(EncodeError, match=r"^\$\[1\]\.a: numpy masked arrays"):
+        MsgpackCodec().encode(masked)
+
+
+def test_sidecar_fields_go_to_the_sidecar_with_their_offsets_in_the_main_file() -> None:
+    batch = make_batch(4, 30)
+    frame = MsgpackCodec(sidecar=("routed_experts",), inline_threshold=0).encode(batch)
+    side = [frame.buffers[i] for i in frame.sidecar]
+    assert len(side) == 1
+    expected = sum(s.routed_experts.nbytes for s in batch.samples)
+    assert side[0].nbytes == expected
+
+
+# -- hostile columns -------------------------------------------------------------------
+
+
+def ragged_ext(values: int, offsets: int, rows: int, total: int) -> Ext:
+    v = Ext(EXT_ARRAY, mp(ArrayRef(values, "<i8", [total], "C")))
+    o = Ext(EXT_ARRAY, mp(ArrayRef(offsets, "<i8", [rows + 1], "C")))
+    return Ext(EXT_RAGGED, mp([v, o]))
+
+
+def hostile(columns: list[Any], offsets: list[int], total: int, **kw: Any) -> Frame:
+    rows = len(offsets) - 1
+    payload = [kw.get("count", rows), kw.get("layout", 0), kw.get("names", ["a"]), columns]
+    header = mp({"x": Ext(EXT_COLUMNS, mp(payload))})
+    buffers = (
+        memoryview(np.arange(total, dtype="<i8").tobytes()),
+        memoryview(np.array(offsets, "<i8").tobytes()),
+    )
+    return Frame(header, buffers)
+
+
+@pytest.mark.parametrize(
+    ("offsets", "kw", "message"),
+    [
+        ([0, 3, 2, 4], {}, r"offsets decrease at row 1"),
+        ([1, 4], {}, "offsets must start at 0"),
+        ([0, 2], {}, r"must end at the number of values \(4\)"),
+        ([0, 2, 4], {"count": 3}, r"column 'a' of a columns value has 2 rows, not 3"),
+        ([0, 2, 4], {"names": ["a", "a"]}, "one column per distinct name"),
+        ([0, 2, 4], {"layout": 9}, "layout 9"),
+    ],
+)
+def test_hostile_columns_are_corrupt(offsets: list[int], kw: dict[str, Any], message: str) -> None:
+    frame = hostile([ragged_ext(0, 1, len(offsets) - 1, 4)], offsets, 4, **kw)
+    if kw.get("names") == ["a", "a"]:
+        frame = hostile([ragged_ext(0, 1, 2, 4), [1, 2]], offsets, 4, **kw)
+    for tp in (Any, dict[str, list[dict[str, Any]]]):
+        with pytest.raises(CorruptFrameError, match=message):
+            MsgpackCodec().decode(frame, tp)
+
+
+def test_millions_of_empty_rows_from_a_small_message_are_refused() -> None:
+    """Rows cost objects: 5 million empty rows from offsets that zstd would store in
+    kilobytes must be charged, not built (here the frame is held as 40 MB, so its
+    allowance would be 256 MiB + 16 x 40 MB; stored_size says the few kB it took)."""
+    rows = 5_000_000
+    offsets = np.zeros(rows + 1, "<i8")
+    header = mp({"x": Ext(EXT_COLUMNS, mp([rows, 0, ["a"], [ragged_ext(0, 1, rows, 0)]]))})
+    frame = Frame(header, (memoryview(b""), memoryview(offsets.data.cast("B"))), stored_size=4096)
+    with pytest.raises(FrameTooLargeError, match="rows from columns"):
+        MsgpackCodec().decode(frame)
+    got = MsgpackCodec().decode(frame, as_columns=True)  # no row is built: accepted
+    assert len(got["x"]) == rows
+
+
+@pytest.mark.parametrize("threshold", [0, 1 << 30])
+def test_a_chunked_array_arrives_as_one_array(threshold: int) -> None:
+    turns = [np.random.default_rng(n).integers(0, 255, (n, 6, 4), np.uint8) for n in range(40)]
+    chunked = rlwire.Chunked(turns)
+    codec = MsgpackCodec(inline_threshold=threshold)
+    frame = codec.encode({"routed_experts": chunked})
+    if threshold == 0:
+        (buffer,) = frame.buffers
+        assert isinstance(buffer, Pieces) and len(buffer.runs) == 39  # no copy; one empty
+    got = codec.decode(stored(frame))["routed_experts"]
+    assert type(got) is np.ndarray and got.flags.c_contiguous
+    assert_same(got, np.concatenate(turns))
+    assert_same(round_trip({"x": rlwire.Chunked()})["x"], np.zeros(0))
+
+
+def test_a_sample_may_hold_chunked_routed_experts() -> None:
+    batch = make_batch(6, 20)
+    for sample in batch.samples:
+        whole = sample.routed_experts
+        sample.routed_experts = rlwire.Chunked([whole[:7], whole[7:]])  # type: ignore[assignment]
+    codec = MsgpackCodec(sidecar=("routed_experts",), check=check_object, inline_threshold=0)
+    got = codec.decode(stored(codec.encode(batch)), rlwire.TrainingBatch)
+    for sample, back in zip(batch.samples, got.samples, strict=True):
+        assert np.array_equal(back.routed_experts, sample.routed_experts.to_array())  # type: ignore[union-attr]
+    batch.samples[2].routed_experts.append(np.zeros((1, 4, 2), np.uint8))  # type: ignore[union-attr]
+    with pytest.raises(rlwire.SchemaError, match=r"samples\[2\]\.routed_experts: has \d+ rows but"):
+        codec.encode(batch)

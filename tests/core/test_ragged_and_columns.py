@@ -1,0 +1,142 @@
+"""rlwire.Ragged and rlwire.Columns as values users build and index."""
+
+from __future__ import annotations
+
+import hypothesis.extra.numpy as hnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import rlwire
+from rlwire import Columns, Ragged, SchemaError
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(0, 20), min_size=1, max_size=30), st.sampled_from(["<i8", "<f4", "|b1"])
+)
+def test_from_arrays_rows_are_views_equal_to_the_rows(lengths: list[int], dtype: str) -> None:
+    rng = np.random.default_rng(len(lengths))
+    rows = [rng.integers(0, 2, (n, 3)).astype(dtype) for n in lengths]
+    ragged = Ragged.from_arrays(rows)
+    assert len(ragged) == len(rows)
+    assert ragged.lengths.tolist() == lengths
+    assert ragged.offsets[0] == 0 and ragged.offsets[-1] == sum(lengths)
+    for i, row in enumerate(rows):
+        assert np.array_equal(ragged[i], row)
+        assert np.shares_memory(ragged[i], ragged.values) or row.size == 0
+    assert [r.tolist() for r in ragged] == [r.tolist() for r in rows]
+    assert np.array_equal(ragged[-1], rows[-1])
+
+
+def test_slices_are_raggeds_over_the_same_values() -> None:
+    ragged = Ragged(np.arange(10), [0, 2, 5, 5, 10])
+    part = ragged[1:3]
+    assert isinstance(part, Ragged)
+    assert part.offsets.tolist() == [0, 3, 3]
+    assert part[0].tolist() == [2, 3, 4] and part[1].tolist() == []
+    assert np.shares_memory(part.values, ragged.values)
+    assert len(ragged[3:1]) == 0
+    with pytest.raises(IndexError, match="row 4 out of range for 4 rows"):
+        ragged[4]
+    with pytest.raises(IndexError, match="step 1"):
+        ragged[::2]
+
+
+@pytest.mark.parametrize(
+    ("values", "offsets", "message"),
+    [
+        (np.arange(4), [1, 4], "must start at 0, got 1"),
+        (np.arange(4), [0, 3], r"must end at the number of values \(4\), got 3"),
+        (np.arange(4), [0, 3, 2, 4], r"decrease at row 1 \(3 then 2\)"),
+        (np.arange(4), [[0, 4]], "1-D integer array"),
+        (np.arange(4), [0.0, 4.0], "1-D integer array"),
+        (np.int64(3), [0, 1], "at least one dimension"),
+        ([1, 2], [0, 2], "values must be a numpy array"),
+    ],
+)
+def test_bad_offsets_are_schema_errors_that_say_what(
+    values: object, offsets: object, message: str
+) -> None:
+    with pytest.raises(SchemaError, match=message):
+        Ragged(values, offsets)  # type: ignore[arg-type]
+
+
+def test_from_arrays_names_the_first_row_that_differs() -> None:
+    with pytest.raises(SchemaError, match=r"row 2 has dtype float64"):
+        Ragged.from_arrays([np.arange(2), np.arange(3), np.zeros(2)])
+    with pytest.raises(SchemaError, match=r"row 1 .* shape \(2, 4\)"):
+        Ragged.from_arrays([np.zeros((2, 3)), np.zeros((2, 4))])
+    with pytest.raises(SchemaError, match="at least one row"):
+        Ragged.from_arrays([])
+
+
+def test_from_lengths_does_not_copy() -> None:
+    values = np.arange(6)
+    ragged = Ragged.from_lengths(values, [2, 0, 4])
+    assert ragged.values is values
+    assert ragged[2].tolist() == [2, 3, 4, 5]
+
+
+def test_columns_rows_and_mapping_face() -> None:
+    cols = Columns(
+        {
+            "ids": Ragged.from_arrays([np.arange(3), np.arange(1)]),
+            "reward": np.array([0.5, 1.0]),
+            "env": ["a", "b"],
+        }
+    )
+    assert len(cols) == 2 and cols.names == ("ids", "reward", "env")
+    assert "env" in cols and "other" not in cols
+    row = cols.row(-1)
+    assert row["ids"].tolist() == [0] and row["reward"] == 1.0 and row["env"] == "b"
+    assert [r["env"] for r in cols.rows()] == ["a", "b"]
+    assert dict(cols.items()).keys() == {"ids", "reward", "env"}
+    assert repr(cols) == "Columns(2 rows; ids: Ragged, reward: array float64, env: list)"
+    with pytest.raises(IndexError):
+        cols.row(2)
+
+
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        ({"a": [1, 2], "b": [1]}, r"Columns\['b'\]: has 1 rows, the columns before it 2"),
+        ({"a": (1, 2)}, r"must be a Ragged, a numpy array or a list, got tuple"),
+        ({"a": np.float64(1.0)}, "must be a Ragged, a numpy array or a list"),
+        ({"a": np.array(1.0)}, "a 0-d array has no rows"),
+        ({1: [1]}, "names must be str"),
+    ],
+)
+def test_bad_columns_are_schema_errors(columns: dict[object, object], message: str) -> None:
+    with pytest.raises(SchemaError, match=message):
+        Columns(columns)  # type: ignore[arg-type]
+
+
+@given(hnp.arrays(np.float32, st.integers(0, 40)), st.data())
+def test_ragged_values_are_shared_with_torch_style_consumers(
+    values: np.ndarray, data: st.DataObject
+) -> None:
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(values)), max_size=5)))
+    ragged = Ragged(values, [0, *cuts, len(values)])
+    assert ragged.values is values  # torch.from_numpy(ragged.values) shares this memory
+    assert sum(len(r) for r in ragged) == len(values)
+    assert rlwire.Ragged is Ragged and Ragged.__module__ == "rlwire"
+
+
+def test_chunked_appends_without_copying_and_checks_each_chunk() -> None:
+    chunked = rlwire.Chunked()
+    assert chunked.shape == (0,) and chunked.dtype is None and len(chunked) == 0
+    turns = [np.full((n, 4, 2), n, np.uint8) for n in (3, 0, 5)]
+    for turn in turns:
+        chunked.append(turn)
+    assert all(a is b for a, b in zip(chunked.chunks, turns, strict=True))
+    assert chunked.shape == (8, 4, 2) and len(chunked) == 8 and chunked.nbytes == 64
+    assert np.array_equal(chunked.to_array(), np.concatenate(turns))
+    with pytest.raises(SchemaError, match=r"chunk 3 has dtype uint16 and shape \(1, 4, 2\)"):
+        chunked.append(np.zeros((1, 4, 2), np.uint16))
+    with pytest.raises(SchemaError, match=r"chunk 3 has dtype uint8 and shape \(1, 4, 3\)"):
+        chunked.append(np.zeros((1, 4, 3), np.uint8))
+    with pytest.raises(SchemaError, match="chunk 3 must be a numpy array of at least one"):
+        chunked.append(np.uint8(1))  # type: ignore[arg-type]
+    assert len(chunked.chunks) == 3  # nothing was added by the refused appends

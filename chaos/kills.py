@@ -101,7 +101,7 @@ async def _send_steps(
             await sender.finish()
 
 
-def _visible(directory: Path) -> dict[int, set[int]]:
+def visible(directory: Path) -> dict[int, set[int]]:
     """The ranks whose main part is visible, by step."""
     mains: dict[int, set[int]] = {}
     for name in os.listdir(directory):
@@ -115,7 +115,7 @@ def classify(
     directory: Path, ranks: int, compression: str | None, fsync: bool, n: int
 ) -> dict[str, Any]:
     """Judge a directory a sender was killed in, then check a resumed sender goes on."""
-    mains = _visible(directory)
+    mains = visible(directory)
 
     def receive(step: int, rank: int) -> dict[str, Any]:
         return receive_one(directory, step, rank, payload(step, rank, n), timeout=1)

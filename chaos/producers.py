@@ -33,27 +33,17 @@ import anyio
 
 import rlwire
 from rlwire.errors import MarkSkippedWarning
-from rlwire.transport._stored.names import MAIN_RE
 
 from ._model import EXACT, HANG, TYPED, UNTYPED, WRONG, describe, payload, receive_one, same
 from ._proc import Job, reap
 from .fulldisk import available as mounts_available
-from .kills import install_hooks
+from .kills import install_hooks, visible
 
 #: Old-run payloads are ``payload(step + OLD, rank)``: told apart from the new run's.
 OLD = 100_000
 #: The second producer's payloads are ``payload(step + OTHER, rank)``.
 OTHER = 50_000
 N = 400
-
-
-def _visible(directory: Path) -> dict[int, set[int]]:
-    mains: dict[int, set[int]] = {}
-    for name in os.listdir(directory):
-        m = MAIN_RE.fullmatch(name)
-        if m:
-            mains.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
-    return mains
 
 
 def _batch(step: int, rank: int, offset: int) -> rlwire.TrainingBatch:
@@ -160,7 +150,7 @@ def _count_calls(root: str, mode: str, ranks: int) -> int:
 
 def _judge_new(directory: Path, ranks: int, low: int) -> dict[str, Any] | None:
     """Every visible step at or after ``low`` must be the new run's, whole."""
-    for step, have in sorted(_visible(directory).items()):
+    for step, have in sorted(visible(directory).items()):
         for rank in sorted(have):
             if step < low:
                 continue

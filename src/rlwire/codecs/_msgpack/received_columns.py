@@ -129,19 +129,27 @@ def rows_of(found: ColumnsFound, timer: SliceTimer) -> Sliced[list[Any]]:
     made :data:`_ROWS_AT_ONCE` at a time, yielding when ``timer`` says a slice is over."""
     out: list[Any] = []
     names = found.names
-    for start in range(0, found.count, _ROWS_AT_ONCE):
-        stop = min(start + _ROWS_AT_ONCE, found.count)
-        columns = [
-            list(c[start:stop]) if isinstance(c, Ragged) else c[start:stop] for c in found.columns
-        ]
+    for values in (yield from _row_groups(found.columns, found.count, timer)):
         if found.layout == ROWS_AS_ARRAYS:
-            out += [list(values) for values in zip(*columns, strict=True)]
+            out += [list(row) for row in values]
         else:
-            out += [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+            out += [dict(zip(names, row, strict=True)) for row in values]
+    return out
+
+
+def _row_groups(columns: list[Any], count: int, timer: SliceTimer) -> Sliced[list[Any]]:
+    """The rows of ``columns`` (each row a tuple of its values, ragged rows as views), in
+    groups of :data:`_ROWS_AT_ONCE`, made between looks at ``timer``: a list of groups,
+    each a list of rows."""
+    groups = []
+    for start in range(0, count, _ROWS_AT_ONCE):
+        stop = min(start + _ROWS_AT_ONCE, count)
+        part = [list(c[start:stop]) if isinstance(c, Ragged) else c[start:stop] for c in columns]
+        groups.append(list(zip(*part, strict=True)))
         if timer.due():
             yield
             timer.restart()
-    return out
+    return groups
 
 
 def structs_of(found: ColumnsFound, annotation: Any, timer: SliceTimer) -> Sliced[Any]:
@@ -171,18 +179,11 @@ def structs_of(found: ColumnsFound, annotation: Any, timer: SliceTimer) -> Slice
                 return None
         columns.append(column)
     out: list[Any] = []
-    for start in range(0, found.count, _ROWS_AT_ONCE):
-        stop = min(start + _ROWS_AT_ONCE, found.count)
-        part = [list(c[start:stop]) if isinstance(c, Ragged) else c[start:stop] for c in columns]
+    for values in (yield from _row_groups(columns, found.count, timer)):
         try:
-            out += [
-                kind(**dict(zip(attrs, values, strict=True))) for values in zip(*part, strict=True)
-            ]
+            out += [kind(**dict(zip(attrs, row, strict=True))) for row in values]
         except (TypeError, ValueError):  # a required field missing, a __post_init__ refusal
             return None
-        if timer.due():
-            yield
-            timer.restart()
     return out
 
 

@@ -84,9 +84,7 @@ def _chunked_value(w: Walker, chunked: Chunked, path: KeyPath, side: bool) -> ms
         return w.sent.array(chunked.to_array(), path, side)
     if first.dtype not in PLAIN_DTYPES:
         check_dtype(first.dtype, path)
-    pieces = Pieces(
-        byte_view(c if c.flags.c_contiguous else np.ascontiguousarray(c)) for c in chunked.chunks
-    )
+    pieces = _pieces_of(chunked.chunks)
     ref = ArrayRef(w.sent.add(pieces, side), first.dtype.str, list(chunked.shape), "C")
     return msgspec.msgpack.Ext(EXT_ARRAY, w.encoder.encode(ref))
 
@@ -228,13 +226,17 @@ def _ragged_column(
         joined = np.concatenate(values, dtype=dtype).reshape(shape)  # keeps the byte order
         column = w.sent.array(joined, path_of(0), side)
     else:
-        pieces = Pieces(
-            byte_view(v if v.flags.c_contiguous else np.ascontiguousarray(v)) for v in values
-        )
+        pieces = _pieces_of(values)
         ref = ArrayRef(w.sent.add(pieces, side), dtype.str, shape, "C")
         column = msgspec.msgpack.Ext(EXT_ARRAY, w.encoder.encode(ref))
     offsets_value = w.sent.array(offsets, path_of(0), False)
     return msgspec.msgpack.Ext(EXT_RAGGED, w.encoder.encode([column, offsets_value]))
+
+
+def _pieces_of(arrays: list[np.ndarray]) -> Pieces:
+    """The arrays' bytes as the runs of one buffer, in order (a C-contiguous copy only of
+    an array that is not C-contiguous)."""
+    return Pieces(byte_view(a if a.flags.c_contiguous else np.ascontiguousarray(a)) for a in arrays)
 
 
 def _item_of(column: KeyPath) -> Callable[[int], KeyPath]:

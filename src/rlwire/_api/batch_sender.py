@@ -16,6 +16,7 @@ from rlwire._api.options import (
     from_keywords,
 )
 from rlwire._api.stats import SendStats
+from rlwire._api.validation import ChecksBeside, Validation
 from rlwire._checks.checks import Checks
 from rlwire._core.args import MAX_STEP, STEP_RANGE, check_int, check_step
 from rlwire._core.errors import (
@@ -25,7 +26,7 @@ from rlwire._core.errors import (
     StepOrderError,
     TransportError,
 )
-from rlwire._core.offload import Resumes, drive_sliced, make_limiter, thread_count
+from rlwire._core.offload import Resumes, make_limiter, thread_count
 from rlwire._core.slicing import Sliced, timed
 from rlwire._frame.compression import Compressor, compress_sliced
 from rlwire._frame.frame import Frame, joined_pieces
@@ -128,6 +129,10 @@ class TrainingBatchSender:
         self._next_step = 0
         self._last_step: int | None = None
         self._checks = checks
+        # A sender opened by open_sender gives its codec a hook of its own that queues the
+        # checks of column-stored lists, to run beside the write.
+        hook = getattr(codec, "check", None)
+        self._beside = hook if isinstance(hook, ChecksBeside) else None
         self._names_checked = False  # Checks names are matched against the first object only
 
     def __repr__(self) -> str:
@@ -228,14 +233,14 @@ class TrainingBatchSender:
             if self._retention.active:
                 await self._make_room(step, len(objs))
                 clock.waited = time.perf_counter() - clock.start
-            frames = [self._encode(obj, step, rank, clock) for rank, obj in enumerate(objs)]
-            try:
-                staged = await drive_sliced(
-                    self._sink.stage(step, frames), self._limiter, clock.resumes
-                )
-            except RlwireError as exc:
-                exc.add_context(step=step)
-                raise
+            validation = Validation()
+            frames = [
+                self._encode(obj, step, rank, clock, validation) for rank, obj in enumerate(objs)
+            ]
+            staged = await validation.stage(
+                self._sink.stage(step, frames), step, self._limiter, clock.resumes
+            )
+            self._names_checked = True
             clock.staged = time.perf_counter()
             try:
                 await staged.acommit(self._limiter)
@@ -280,17 +285,20 @@ class TrainingBatchSender:
                 await to_thread.run_sync(self._sink.prune, below, limiter=self._limiter)
                 self._pruned = below
 
-    def _encode(self, obj: Any, step: int, rank: int, clock: _SendClock) -> Sliced[Frame]:
-        """Validate, encode and compress one rank's object, in slices."""
+    def _encode(
+        self, obj: Any, step: int, rank: int, clock: _SendClock, validation: Validation
+    ) -> Sliced[Frame]:
+        """Encode and compress one rank's object, in slices, starting its checks beside."""
         try:
             if self._checks is not None:
-                yield from timed(
-                    self._checks.validate_sliced(obj, check_names=not self._names_checked),
-                    clock.seconds,
-                    "encode",
-                )
-                self._names_checked = True
-            frame = yield from timed(self._codec.encode_sliced(obj), clock.seconds, "encode")
+                checks = self._checks.validate_sliced(obj, check_names=not self._names_checked)
+                validation.start(rank, checks)
+            try:
+                frame = yield from timed(self._codec.encode_sliced(obj), clock.seconds, "encode")
+            finally:  # even if encoding failed: the checks' error is the one to raise
+                queued = self._beside.take() if self._beside is not None else None
+                if queued is not None:
+                    validation.start(rank, queued)
             if self._compressor is not None:
                 frame = yield from timed(
                     compress_sliced(frame, self._compressor, threads=thread_count(self._limiter)),

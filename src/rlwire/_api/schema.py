@@ -14,8 +14,16 @@ import numpy as np
 
 from rlwire._core.chunked import Chunked
 from rlwire._core.errors import SchemaError
+from rlwire._core.slicing import Sliced, SliceTimer, run_sliced
 
-__all__ = ["TrainingBatch", "TrainingSample", "check_object", "check_rows", "codec_check"]
+__all__ = [
+    "TrainingBatch",
+    "TrainingSample",
+    "check_object",
+    "check_rows",
+    "check_rows_sliced",
+    "codec_check",
+]
 
 _PER_TOKEN_FLOATS = ("logprobs", "temperatures", "advantages")
 _MUST_BE_FINITE = ("logprobs", "advantages", "ref_logprobs", "temperatures")
@@ -125,23 +133,35 @@ def check_object(obj: Any, path: str) -> None:
 
 def check_rows(items: list[Any], path: str) -> None:
     """Validate a list the codec stores as columns, as :func:`check_object` would each
+    item (``path[i]``); :func:`check_rows_sliced` run at once."""
+    run_sliced(check_rows_sliced(items, path))
+
+
+def check_rows_sliced(items: list[Any], path: str) -> Sliced[None]:
+    """Validate a list the codec stores as columns, as :func:`check_object` would each
     item (``path[i]``), with a few numpy calls per field rather than per sample: types,
     dtypes, dimensions and lengths compared over the column, finiteness in one
-    ``isfinite`` over the rows back to back. Anything it does not settle at once (an
-    item that is not a TrainingSample, a bad value) is checked item by item, which
-    names the sample, field and token."""
-    if not items or set(map(type, items)) != {TrainingSample} or not _rows_pass(items):
-        for i, item in enumerate(items):
-            check_object(item, f"{path}[{i}]")
+    ``isfinite`` over the rows back to back; a slice per field. Anything it does not
+    settle at once (an item that is not a TrainingSample, a bad value) is checked item by
+    item, which names the sample, field and token."""
+    if items and set(map(type, items)) == {TrainingSample} and (yield from _rows_pass(items)):
+        return
+    slicer = SliceTimer()
+    for i, item in enumerate(items):
+        check_object(item, f"{path}[{i}]")
+        if slicer.due():
+            yield
+            slicer.restart()
 
 
-def _rows_pass(samples: list[TrainingSample]) -> bool:
+def _rows_pass(samples: list[TrainingSample]) -> Sliced[bool]:
     """True if every sample is valid; False if one may not be (then it is checked on
     its own, to say what is wrong)."""
     ids = [s.token_ids for s in samples]
     if not _column_of(ids, 1, "iu"):
         return False
     lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+    ends = np.cumsum(lengths)
     names = ["mask", *_PER_TOKEN_FLOATS]
     refs = {s.ref_logprobs is None for s in samples}
     if refs != {True}:
@@ -149,12 +169,13 @@ def _rows_pass(samples: list[TrainingSample]) -> bool:
             return False
         names.append("ref_logprobs")
     for name in names:
+        yield
         column = [getattr(s, name) for s in samples]
         if not _column_of(column, 1, "b" if name == "mask" else "f"):
             return False
         if not np.array_equal(np.fromiter(map(len, column), np.int64, len(column)), lengths):
             return False
-        if name in _MUST_BE_FINITE and not _all_finite(column):
+        if name in _MUST_BE_FINITE and not (yield from _all_finite(column, ends)):
             return False
     if any(s.routed_experts is not None for s in samples):
         return False  # rare beside a list this long: checked sample by sample
@@ -172,18 +193,24 @@ def _column_of(arrays: list[Any], ndim: int, kinds: str) -> bool:
     return len(dtypes) == 1 and next(iter(dtypes)).kind in kinds
 
 
-def _all_finite(arrays: list[np.ndarray]) -> bool:
-    """True if every value of ``arrays`` is finite, told by sums (a NaN or an infinity
-    makes its sum one; one pass, nothing allocated): of small rows joined, of large
-    rows one by one. A sum that overflows says False, and the rows are then checked
-    value by value."""
-    if not arrays:
-        return True
-    if sum(a.nbytes for a in arrays) <= 4096 * len(arrays):
-        return bool(np.isfinite(_SUM(np.concatenate(arrays))))
-    return bool(np.isfinite(sum(map(_SUM, arrays))))
+def _all_finite(arrays: list[np.ndarray], ends: np.ndarray) -> Sliced[bool]:
+    """True if every value of ``arrays`` (the rows of a column, row ``i`` ending at value
+    ``ends[i]``) is finite, told by sums (a NaN or an infinity makes its sum one): of
+    groups of about a MiB of rows joined, a slice each. A sum that overflows says False,
+    and the rows are then checked value by value."""
+    per = max(1, _GROUP_BYTES // arrays[0].dtype.itemsize)
+    cuts = np.searchsorted(ends, np.arange(per, int(ends[-1]), per), side="right").tolist()
+    start = 0
+    for stop in [*dict.fromkeys(cuts), len(arrays)]:
+        if stop > start:
+            if not np.isfinite(_SUM(np.concatenate(arrays[start:stop]))):
+                return False
+            start = stop
+            yield
+    return True
 
 
+_GROUP_BYTES = 1 << 20
 _SUM = np.add.reduce
 
 

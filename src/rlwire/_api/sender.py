@@ -17,8 +17,8 @@ from rlwire._api.options import (
     SenderKeywords,
     from_keywords,
 )
-from rlwire._api.schema import codec_check
 from rlwire._api.stats import SendStats
+from rlwire._api.validation import ChecksBeside
 from rlwire._checks.checks import Checks
 from rlwire._core.args import check_step
 from rlwire._core.errors import (
@@ -132,7 +132,7 @@ def open_sender(  # noqa: PLR0913 (the public keywords; the rest are grouped in 
     options = {"sidecar": sidecar, "inline_threshold": inline_threshold}
     made = make_codec(
         codec,
-        check=codec_check if validate is not False else None,
+        check=ChecksBeside() if validate is not False else None,
         **{k: v for k, v in options.items() if v is not None},
     )
     return TrainingBatchSender(

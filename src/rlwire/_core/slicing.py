@@ -10,11 +10,12 @@ drives it from async code.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Generator
 from typing import TypeVar
 
-__all__ = ["SliceTimer", "Sliced", "run_sliced", "timed"]
+__all__ = ["SliceTimer", "Sliced", "run_sliced", "run_sliced_beside", "timed"]
 
 T = TypeVar("T")
 
@@ -57,6 +58,27 @@ def run_sliced(slices: Sliced[T]) -> T:
         except StopIteration as stop:
             result: T = stop.value
             return result
+
+
+def run_sliced_beside(slices: Sliced[None], stop: threading.Event) -> None:
+    """Run ``slices`` in a thread of its own, beside other work: between slices it lets
+    go of the GIL (``time.sleep(0)``), so the event loop and the other threads get it
+    within a slice; once ``stop`` is set it closes the generator after the current slice.
+
+    Example:
+        >>> def work() -> Sliced[None]:
+        ...     yield
+        >>> run_sliced_beside(work(), threading.Event())
+    """
+    try:
+        while not stop.is_set():
+            try:
+                next(slices)
+            except StopIteration:
+                return
+            time.sleep(0)
+    finally:
+        slices.close()
 
 
 def timed(slices: Sliced[T], seconds: dict[str, float], key: str) -> Sliced[T]:

@@ -46,6 +46,8 @@ _DTYPE = operator.attrgetter("dtype")
 _NDIM = operator.attrgetter("ndim")
 # Rows this small on average are copied into one array rather than sent where they are.
 _SMALL_ROW = 4096
+# Rows copied into one array per call: a slice's worth (some 0.3 µs a row).
+_JOIN_ROWS = 1024
 
 
 class Walker(Protocol):
@@ -176,7 +178,7 @@ def _column(
     """What stands for one column: a ragged array when every row holds an array of one
     dtype and trailing shape, else the rows' values, each encoded as usual (chunked if
     heavy). ``path_of(i)``: the path of row ``i``'s value, for error messages."""
-    ragged = _ragged_column(w, values, path_of, side)
+    ragged = yield from _ragged_column(w, values, path_of, side)
     if ragged is not None:
         return ragged
     kinds = set(map(type, values))
@@ -197,14 +199,14 @@ def _column(
 
 def _ragged_column(
     w: Walker, values: list[Any], path_of: Callable[[int], KeyPath], side: bool
-) -> msgspec.msgpack.Ext | None:
+) -> Sliced[msgspec.msgpack.Ext | None]:
     """The extension value (6) of ``values`` back to back, if they are arrays of one
     dtype, number of dimensions (at least 1) and trailing shape; else None.
 
     Rows of a few kB are copied into one array (numpy's C loop: tens of nanoseconds a
-    row, where a view each costs a microsecond of Python); larger rows are written
-    where they are, as the runs of :class:`~rlwire._frame.pieces.Pieces`, so that a
-    large step is never held twice."""
+    row, where a view each costs a microsecond of Python), a group of rows per slice;
+    larger rows are written where they are, as the runs of
+    :class:`~rlwire._frame.pieces.Pieces`, so that a large step is never held twice."""
     first = values[0]
     if type(first) is not np.ndarray or first.ndim < 1:
         return None
@@ -223,7 +225,11 @@ def _ragged_column(
     shape = [int(offsets[-1]), *tail]
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if (nbytes < w.sent.inline_threshold and not side) or nbytes <= _SMALL_ROW * len(values):
-        joined = np.concatenate(values, dtype=dtype).reshape(shape)  # keeps the byte order
+        joined = np.empty(shape, dtype)  # the same byte order as the rows
+        for start in range(0, len(values), _JOIN_ROWS):
+            stop = min(start + _JOIN_ROWS, len(values))
+            np.concatenate(values[start:stop], out=joined[offsets[start] : offsets[stop]])
+            yield from w.tick()
         column = w.sent.array(joined, path_of(0), side)
     else:
         pieces = _pieces_of(values)

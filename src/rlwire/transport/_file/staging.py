@@ -17,7 +17,7 @@ from rlwire._core.atomic import AtomicFile, fsync_dir
 from rlwire._core.errors import StepExistsError, transport_error
 from rlwire._core.pools import shared_executor
 from rlwire._core.slicing import Sliced, SliceTimer
-from rlwire.transport._file.writev import FEW_VIEWS, batches, hash_batch, writev_all
+from rlwire.transport._file.writev import batches, hash_batch, writev_all
 from rlwire.transport._stored.layout import Layout
 from rlwire.transport._stored.sink import StoredStaging
 
@@ -153,12 +153,10 @@ def _write_hashed(
             if hashing is not None:  # segments are hashed in order, a batch at a time
                 hashing.result()
                 hashing = None
-            if hashers and len(batch) <= FEW_VIEWS:
-                # Large buffers: another core hashes the batch while this one writes it
-                # (xxhash and the write both release the GIL).
+            if hashers:
+                # Another core hashes the batch while this one writes it (xxhash and the
+                # write both release the GIL), the hash reading it from cache.
                 hashing = shared_executor().submit(hash_batch, hashers, batch)
-            elif hashers:
-                hash_batch(hashers, batch)
             # Only the work between writes holds the GIL (many small buffers to hash make
             # it long); the writes themselves leave the event loop free.
             busy = slicer.due()

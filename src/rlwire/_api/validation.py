@@ -1,0 +1,125 @@
+"""Validation beside the write: the checks of a step run in a thread of their own while
+its bytes are written, and the step is committed only once they pass.
+
+The checks that read every value (the finiteness of a 2048 x 2048 step's floats, about
+10 ms; a ``rlwire.Checks`` walk) would otherwise add their time to every send. Writing
+first is safe: nothing is visible before the commit, and a step that fails is discarded.
+What a user sees does not change: a step that fails its checks raises their error, as
+when they ran first, even if its encoding or its write failed meanwhile.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from typing import Any
+
+import anyio
+from anyio import CapacityLimiter, to_thread
+
+from rlwire._api.schema import check_object, check_rows_sliced
+from rlwire._core.errors import RlwireError
+from rlwire._core.offload import Resumes, drive_sliced
+from rlwire._core.pools import shared_executor
+from rlwire._core.slicing import Sliced, run_sliced_beside
+from rlwire.transport._base import Staged
+
+__all__ = ["ChecksBeside", "Validation"]
+
+
+class ChecksBeside:
+    """The codec's ``check`` hook of one sender: each Struct is checked at once
+    (:func:`~rlwire._api.schema.check_object`, a few calls), and each list the codec
+    stores as columns is queued, for :meth:`take` to hand to a :class:`Validation`
+    once the encoding is done (beside it, the two would pass the GIL back and forth and
+    both run slower; beside the write, which lets go of it, the checks cost nothing)."""
+
+    def __init__(self) -> None:
+        self._queued: list[tuple[list[Any], str]] = []
+
+    def __call__(self, obj: Any, path: str) -> None:
+        check_object(obj, path)
+
+    def rows(self, items: list[Any], path: str) -> None:
+        self._queued.append((items, path))
+
+    def take(self) -> Sliced[None] | None:
+        """The queued checks as one sliced generator (None if there are none); the queue
+        is empty after."""
+        queued, self._queued = self._queued, []
+        return _each(queued) if queued else None
+
+
+def _each(queued: list[tuple[list[Any], str]]) -> Sliced[None]:
+    for items, path in queued:
+        yield from check_rows_sliced(items, path)
+
+
+class Validation:
+    """The checks of one send, each rank's started in the shared executor as soon as it
+    is known, settled before the commit."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._ranks: list[tuple[int, concurrent.futures.Future[None]]] = []
+
+    def start(self, rank: int, checks: Sliced[None]) -> None:
+        """Run ``checks`` (of rank ``rank``) beside whatever the caller does next."""
+        future = shared_executor().submit(run_sliced_beside, checks, self._stop)
+        self._ranks.append((rank, future))
+
+    async def settle(self, limiter: CapacityLimiter, *, stop: bool = False) -> RlwireError | None:
+        """Wait for every rank's checks (stopping them first if ``stop``); the error of
+        the first rank that failed, its rank in its context, or None.
+
+        Raises:
+            Exception: a check that failed with something other than an RlwireError.
+        """
+        if stop:
+            self._stop.set()
+        futures = [future for _, future in self._ranks]
+        if futures:
+            await to_thread.run_sync(concurrent.futures.wait, futures, limiter=limiter)
+        for rank, future in self._ranks:
+            exc = future.exception()
+            if isinstance(exc, RlwireError):
+                exc.add_context(rank=rank)
+                return exc
+            if exc is not None:
+                raise exc
+        return None
+
+    async def stage(
+        self, staging: Sliced[Staged], step: int, limiter: CapacityLimiter, resumes: Resumes
+    ) -> Staged:
+        """Write a step (``staging``, not visible yet) while the checks run beside it;
+        the staged step once both are done. A step that fails its checks is discarded and
+        their error raised, whatever else failed meanwhile, as when they ran first.
+
+        Raises:
+            RlwireError: the checks' error, or else the write's; either with ``step``.
+        """
+        try:
+            staged = await drive_sliced(staging, limiter, resumes)
+        except RlwireError as exc:
+            exc.add_context(step=step)
+            failed = await self.settle(limiter)
+            if failed is None:
+                raise
+            raise failed.add_context(step=step) from None
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.settle(limiter, stop=True)
+            raise
+        try:
+            failed = await self.settle(limiter)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.settle(limiter, stop=True)
+                await to_thread.run_sync(staged.discard, limiter=limiter)
+            raise
+        if failed is not None:
+            with anyio.CancelScope(shield=True):
+                await to_thread.run_sync(staged.discard, limiter=limiter)
+            raise failed.add_context(step=step)
+        return staged

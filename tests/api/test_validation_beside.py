@@ -1,0 +1,96 @@
+"""Validation beside the write: a sender checks a column-stored list in a thread while
+the step is written, and commits only once the checks pass."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import make_batch
+
+import rlwire
+from rlwire._api.validation import ChecksBeside
+from rlwire.codecs import MsgpackCodec
+from rlwire.transport import FileSink
+
+pytestmark = pytest.mark.anyio
+
+
+def names(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir())
+
+
+def nan_at(batch: rlwire.TrainingBatch, sample: int, token: int) -> rlwire.TrainingBatch:
+    batch.samples[sample].logprobs[token] = np.nan
+    return batch
+
+
+class Recording(FileSink):
+    """A real file sink that records the files present once each step is staged."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.staged_files: list[list[str]] = []
+
+    def stage(self, step: int, frames: Any) -> Any:
+        staged = yield from super().stage(step, frames)
+        self.staged_files.append(names(Path(self.root)))
+        return staged
+
+
+async def test_the_step_is_written_while_its_rows_are_checked(tmp_path: Path) -> None:
+    sink = Recording(tmp_path)
+    async with rlwire.TrainingBatchSender(sink, MsgpackCodec(check=ChecksBeside())) as sender:
+        with pytest.raises(
+            rlwire.SchemaError, match=r"samples\[17\]\.logprobs: 1 non-finite"
+        ) as info:
+            await sender.send(nan_at(make_batch(41), 17, 3))
+        # The step's files were written before the checks said no, then discarded.
+        assert sink.staged_files and sink.staged_files[0]
+        assert names(tmp_path) == []
+        assert (info.value.step, info.value.rank) == (0, 0)
+        assert sender.next_step == 0
+        assert await sender.send(make_batch(41)) == 0
+
+
+async def test_the_checks_error_wins_over_an_encoding_error(tmp_path: Path) -> None:
+    """As when the checks ran first: sample 3's NaN, not sample 20's object array the
+    encoder refuses."""
+    batch = nan_at(make_batch(41), 3, 0)
+    batch.samples[20].extras["info"] = np.array([{"a": 1}], dtype=object)
+    async with rlwire.open_sender(tmp_path) as sender:
+        with pytest.raises(rlwire.SchemaError, match=r"samples\[3\]\.logprobs: 1 non-finite"):
+            await sender.send(batch)
+        assert names(tmp_path) == []
+        # Nothing of the failed send is left queued for the next one.
+        assert await sender.send(make_batch(41)) == 0
+
+
+async def test_an_encoding_error_stands_when_the_checks_pass(tmp_path: Path) -> None:
+    checks = rlwire.Checks(finite=["score"])
+    rows = [{"x": np.zeros(3), "score": 1.0, "bad": np.array([None])} for _ in range(8)]
+    async with rlwire.open_sender(tmp_path, validate=checks) as sender:
+        with pytest.raises(rlwire.EncodeError, match=r"bad"):
+            await sender.send(rows)
+        assert names(tmp_path) == []
+
+
+async def test_a_checks_error_of_one_rank_names_that_rank(tmp_path: Path) -> None:
+    async with rlwire.open_sender(tmp_path) as sender:
+        with pytest.raises(rlwire.SchemaError, match=r"samples\[5\]") as info:
+            await sender.send_ranks([make_batch(41), nan_at(make_batch(41), 5, 1)])
+        assert info.value.rank == 1
+        assert names(tmp_path) == []
+
+
+def test_the_hook_queues_rows_until_taken() -> None:
+    hook = ChecksBeside()
+    batch = nan_at(make_batch(41), 2, 0)
+    MsgpackCodec(check=hook).encode(batch)  # the rows are queued, not checked
+    queued = hook.take()
+    assert queued is not None and hook.take() is None
+    with pytest.raises(rlwire.SchemaError, match=r"\$\.samples\[2\]\.logprobs"):
+        for _ in queued:  # its slices, run here
+            pass

@@ -2,9 +2,12 @@
 
 The files were written once by rlwire 0.1.0 (wire format 1.0), the chunked case once by
 the first rlwire that chunks heavy containers (format 1.0 with extension types 4 and 5),
-and the ZeroMQ messages once by the first rlwire that speaks ZeroMQ version 2.0, with
-``python tests/golden_cases.py [NAME]``; never rewrite them to make a test pass. A
-reader must keep decoding them into exactly the objects below.
+the ZeroMQ messages once by the first rlwire that speaks ZeroMQ version 2.0, and the
+``msgpack-1.1-*`` cases once by the first rlwire that writes format 1.1 (lists stored as
+columns, extension type 7, and ragged arrays, type 6), with
+``python tests/golden_cases.py [NAME...]`` (without names: the cases that have no files
+yet); never rewrite them to make a test pass. A reader must keep decoding them into
+exactly the objects below.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import numpy as np
 
 import rlwire
@@ -65,6 +69,177 @@ def chunked() -> dict[str, Any]:
     }
 
 
+# Format 1.1: lists stored as columns (ext 7), ragged arrays (ext 6), Chunked arrays.
+
+
+def columns_batch() -> rlwire.TrainingBatch:
+    """A default batch whose samples are stored as columns: per-token fields as ragged
+    columns (routed experts with a trailing shape, the mask inline), the env name a
+    column of strings, a per-sample scalar in ``extras`` (a 0-d array each) and
+    ``ref_logprobs`` present in some samples only (a column of values, not ragged)."""
+    samples = [_sample(i) for i in range(4)]
+    for i, sample in enumerate(samples):
+        sample.extras = {"reward": np.array(0.25 * i, np.float32)}
+        if i % 2:
+            sample.ref_logprobs = sample.logprobs - 0.125
+    samples[2].token_ids = samples[2].token_ids[:0]  # a sample of no tokens
+    for name in ("mask", "logprobs", "temperatures", "advantages", "routed_experts"):
+        setattr(samples[2], name, getattr(samples[2], name)[:0])
+    return rlwire.TrainingBatch(samples=samples)
+
+
+def _rows_of(batch: rlwire.TrainingBatch, name: str) -> list[Any]:
+    return [getattr(sample, name) for sample in batch.samples]
+
+
+def _ragged(rows: list[np.ndarray]) -> rlwire.Ragged:
+    """The ragged column of ``rows``, in their own dtype (byte order included)."""
+    return rlwire.Ragged.from_lengths(
+        np.concatenate(rows, dtype=rows[0].dtype), [len(r) for r in rows]
+    )
+
+
+def columns_batch_as_columns() -> rlwire.TrainingBatch:
+    """``columns_batch()`` received with ``as_columns=True``."""
+    b = columns_batch()
+    ragged = ("token_ids", "mask", "logprobs", "temperatures", "advantages", "routed_experts")
+    cols: dict[str, Any] = {n: _ragged(_rows_of(b, n)) for n in ragged}
+    for name in ("env_name", "ref_logprobs", "extras"):
+        cols[name] = _rows_of(b, name)
+    samples = rlwire.Columns({n: cols[n] for n in rlwire.TrainingSample.__struct_fields__})
+    return rlwire.TrainingBatch(samples=samples)  # type: ignore[arg-type]
+
+
+def packed() -> dict[str, Any]:
+    """What a trainer already holds packed: Ragged arrays (out-of-band with a trailing
+    shape, inline, of no rows) and a Columns sent as it is."""
+    lengths = [5, 0, 400, 17]
+    values = np.arange(sum(lengths) * 3, dtype=np.float32).reshape(-1, 3) / 8
+    return {
+        "hidden": rlwire.Ragged.from_lengths(values, lengths),
+        "small": rlwire.Ragged(np.array([3, 1, 4, 1, 5], np.int16), [0, 2, 2, 5]),
+        "none": rlwire.Ragged(np.zeros(0, np.int64), [0]),
+        "micro_batch": rlwire.Columns(
+            {
+                "input_ids": rlwire.Ragged.from_lengths(
+                    np.arange(2000, dtype=np.int32), [1500, 500]
+                ),
+                "position_ids": rlwire.Ragged(np.array([0, 1, 0], np.int64), [0, 2, 3]),
+                "reward": [1.0, -0.5],
+                "env": ["math", "code"],
+            }
+        ),
+    }
+
+
+def turns() -> dict[str, Any]:
+    """Arrays grown turn by turn (:class:`rlwire.Chunked`), received as one array each:
+    routed experts out-of-band in the sidecar, per-turn logprobs inline."""
+    experts, logprobs = rlwire.Chunked(), rlwire.Chunked()
+    for turn in range(6):
+        n = 40 + 30 * turn
+        experts.append((np.arange(n * 8, dtype=np.uint16) % (7 + turn)).reshape(n, 4, 2))
+        logprobs.append(-np.linspace(0, 1, n // 10, dtype=np.float32) - turn)
+    return {"routed_experts": experts, "logprobs": logprobs, "turns": 6}
+
+
+class Roll(msgspec.Struct, rename="camel"):
+    """A user's own sample: renamed fields (``tokenIds``), a per-sample float and str."""
+
+    token_ids: np.ndarray
+    old_logprobs: np.ndarray
+    reward: float
+    env_name: str
+
+
+class Turn(msgspec.Struct, array_like=True):
+    """A user's own positional sample (rows stored as arrays, layout 1)."""
+
+    ids: np.ndarray
+    score: int
+    tag: str | None = None
+
+
+class Rollouts(msgspec.Struct):
+    renamed: list[Roll]
+    positional: list[Turn]
+
+
+def structs() -> Rollouts:
+    return Rollouts(
+        renamed=[
+            Roll(
+                token_ids=np.arange(100 * i, dtype=np.int64) % 977,
+                old_logprobs=-np.linspace(0, 2, 100 * i).astype(np.float32),
+                reward=i / 4,
+                env_name=f"env-{i}",
+            )
+            for i in range(5)
+        ],
+        positional=[
+            Turn(ids=np.arange(i + 1, dtype=np.uint32), score=i, tag=None if i % 2 else "t")
+            for i in range(7)
+        ],
+    )
+
+
+def dicts() -> list[dict[str, Any]]:
+    """A long ``list[dict]``: its per-row ints a chunked column (ext 4 inside ext 7),
+    big-endian rows, bytes out-of-band in a few rows."""
+    return [
+        {
+            "ids": np.arange(i % 5, dtype=np.int16),
+            "be": np.full(i % 3 + 1, i, dtype=">f4"),
+            "n": i,
+            "blob": bytes([i % 256]) * (5000 if i % 4000 == 1 else i % 3),
+        }
+        for i in range(9000)
+    ]
+
+
+def dicts_as_columns() -> rlwire.Columns:
+    """``dicts()`` received with ``as_columns=True``."""
+    rows = dicts()
+    return rlwire.Columns(
+        {
+            "ids": _ragged([r["ids"] for r in rows]),
+            "be": _ragged([r["be"] for r in rows]),
+            "n": [r["n"] for r in rows],
+            "blob": [r["blob"] for r in rows],
+        }
+    )
+
+
+class A(msgspec.Struct):
+    ids: np.ndarray
+
+
+class B(msgspec.Struct):
+    ids: np.ndarray
+
+
+def fallback() -> dict[str, Any]:
+    """Lists that are not all columns. ``per_field``: rows of one shape whose fields
+    differ, each such field a column of values (dtype, trailing shape, presence, number
+    of dimensions), beside one ragged column. The others stay lists: rows that differ in
+    keys, in Struct type, or whose first row holds no array."""
+    return {
+        "per_field": [
+            {
+                "ids": np.arange(i + 1, dtype=np.int32),
+                "by_dtype": np.arange(i + 1, dtype=np.int32 if i % 2 else np.int64),
+                "by_shape": np.ones((i + 1, 2 + i % 2), np.float32),
+                "by_presence": np.arange(i + 2, dtype=np.uint8) if i != 1 else None,
+                "by_ndim": np.zeros((2, 2) if i == 2 else (2,), np.float64),
+            }
+            for i in range(4)
+        ],
+        "by_keys": [{"ids": np.arange(3)}, {"ids": np.arange(2), "more": 1}],
+        "by_type": [A(ids=np.arange(2)), B(ids=np.arange(3))],
+        "first_without_array": [{"x": None}, {"x": np.arange(4)}],
+    }
+
+
 SMALL = 1024  # compress segments from 1 KiB so the golden files stay small
 
 #: name -> (the object, open_sender options, the type to receive as)
@@ -83,6 +258,25 @@ CASES: dict[str, tuple[Callable[[], Any], dict[str, Any], Any]] = {
         {"sidecar": ("routed_experts",), "compression": Compressor("zstd", 3, SMALL)},
         Any,
     ),
+    "msgpack-1.1-batch": (columns_batch, {}, rlwire.TrainingBatch),
+    "msgpack-1.1-batch-sidecar-zstd": (
+        columns_batch,
+        {"sidecar": ("routed_experts",), "compression": Compressor("zstd", 3, SMALL)},
+        rlwire.TrainingBatch,
+    ),
+    "msgpack-1.1-packed": (packed, {"compression": Compressor("lz4", 0, SMALL)}, Any),
+    "msgpack-1.1-chunked-turns": (turns, {"sidecar": ("routed_experts",)}, Any),
+    "msgpack-1.1-structs": (structs, {}, Rollouts),
+    "msgpack-1.1-dicts": (dicts, {"compression": Compressor("zstd", 3, SMALL)}, Any),
+    "msgpack-1.1-fallback": (fallback, {}, Any),
+}
+
+#: name -> what the case's message decodes to with ``as_columns=True`` (same type)
+AS_COLUMNS: dict[str, Callable[[], Any]] = {
+    "msgpack-1.1-batch": columns_batch_as_columns,
+    "msgpack-1.1-batch-sidecar-zstd": columns_batch_as_columns,
+    "msgpack-1.1-packed": packed,  # the Columns sent comes back as one
+    "msgpack-1.1-dicts": dicts_as_columns,
 }
 
 
@@ -118,7 +312,9 @@ async def _write(name: str) -> None:
 
 
 if __name__ == "__main__":
-    for case in sys.argv[1:] or [*CASES, ZMQ_GOLDEN.name]:
+    # Without names, only the cases that have no files yet: the others stay as written.
+    missing = [c for c in [*CASES, ZMQ_GOLDEN.name] if not (GOLDEN / c).exists()]
+    for case in sys.argv[1:] or missing:
         if case == ZMQ_GOLDEN.name:
             _write_zmq()
         else:

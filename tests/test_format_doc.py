@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,70 @@ import numpy as np
 import pytest
 import xxhash
 import zstandard
-from golden_cases import CASES, GOLDEN
+from golden_cases import AS_COLUMNS, CASES, GOLDEN
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rlwire
 
 
-def read_as_documented(directory: Path, step: int, rank: int, limit: int = 1 << 30) -> Any:
-    """Follow 'Reading, step by step' in docs/format.md."""
+class DocRagged:
+    """A ragged array (extension type 6) as docs/format.md describes it."""
+
+    def __init__(self, values: np.ndarray, offsets: np.ndarray) -> None:
+        self.values, self.offsets = values, offsets
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def row(self, i: int) -> np.ndarray:
+        return self.values[self.offsets[i] : self.offsets[i + 1]]
+
+
+class DocColumns(dict[str, Any]):
+    """A columns value (extension type 7) kept as its columns: name -> DocRagged or list."""
+
+    def __init__(self, count: int, columns: dict[str, Any]) -> None:
+        super().__init__(columns)
+        self.count = count
+
+
+def read_ragged(fields: Any) -> DocRagged:
+    """'Ragged arrays (type 6)' in docs/format.md: ``[values, offsets]``, each an array."""
+    values, offsets = fields
+    assert isinstance(values, np.ndarray) and values.ndim >= 1
+    assert isinstance(offsets, np.ndarray) and offsets.ndim == 1
+    assert offsets.dtype == np.dtype("<i8") and len(offsets) >= 1
+    assert offsets[0] == 0 and offsets[-1] == len(values)
+    assert (np.diff(offsets) >= 0).all()
+    return DocRagged(values, offsets)
+
+
+def read_columns(fields: Any, as_columns: bool) -> Any:
+    """'Columns (type 7)' in docs/format.md: ``[count, layout, names, columns]``, as the
+    list of rows it stands for, or as its columns."""
+    count, layout, names, columns = fields
+    assert type(count) is int and count >= 0 and layout in (0, 1)
+    assert all(type(n) is str for n in names) and len(set(names)) == len(names)
+    assert len(columns) == len(names)
+    for column in columns:  # a chunked column (type 4) is a list once its chunks are read
+        assert isinstance(column, DocRagged | list) and len(column) == count
+    if as_columns:
+        return DocColumns(count, dict(zip(names, columns, strict=True)))
+
+    def cell(column: Any, i: int) -> Any:
+        return column.row(i) if isinstance(column, DocRagged) else column[i]
+
+    if layout == 1:
+        return [[cell(c, i) for c in columns] for i in range(count)]
+    return [{n: cell(c, i) for n, c in zip(names, columns, strict=True)} for i in range(count)]
+
+
+def read_as_documented(
+    directory: Path, step: int, rank: int, limit: int = 1 << 30, *, as_columns: bool = False
+) -> Any:
+    """Follow 'Reading, step by step' in docs/format.md; ``as_columns``: keep each columns
+    value (type 7) as its columns rather than make its rows."""
     main = (directory / f"step-{step:08d}.rank-{rank:04d}.rlw").read_bytes()
     magic, major, _minor, env_len, env_sum = struct.unpack_from("<8sHHIQ", main)
     assert magic == b"\x89RLW\r\n\x1a\n" and major == 1
@@ -67,7 +125,8 @@ def read_as_documented(directory: Path, step: int, rank: int, limit: int = 1 << 
     assert env["codec"] == "msgpack"
 
     def ext_hook(code: int, data: memoryview) -> object:
-        fields = msgspec.msgpack.decode(data)
+        # The payloads of types 6 and 7 hold extension values themselves.
+        fields = msgspec.msgpack.decode(data, ext_hook=ext_hook if code in (6, 7) else None)
         if code == 1:
             index, dtype, shape, order = fields
             return np.frombuffer(buffers[index], dtype).reshape(shape, order=order)
@@ -85,6 +144,10 @@ def read_as_documented(directory: Path, step: int, rank: int, limit: int = 1 << 
                     out.extend(part)
             assert len(out) == count
             return out
+        if code == 6:
+            return read_ragged(fields)
+        if code == 7:
+            return read_columns(fields, as_columns)
         assert code == 3
         return buffers[fields[0]]
 
@@ -92,30 +155,78 @@ def read_as_documented(directory: Path, step: int, rank: int, limit: int = 1 << 
 
 
 def assert_same(got: Any, want: Any) -> None:
-    """Compare an independently read value with what rlwire returned."""
-    if isinstance(want, msgspec.Struct):
-        want = {f: getattr(want, f) for f in want.__struct_fields__}
-    if isinstance(want, dict):
-        assert isinstance(got, dict)
+    """Compare an independently read value with what rlwire returned, or either with
+    the object sent: the same values, arrays of the same dtype."""
+    if isinstance(want, rlwire.Chunked):  # received as one contiguous array
+        assert isinstance(got, np.ndarray) and got.flags.c_contiguous
+        want = want.to_array()
+    if isinstance(want, rlwire.Ragged | DocRagged):
+        assert isinstance(got, rlwire.Ragged | DocRagged)
+        assert_same(got.offsets, want.offsets)
+        assert_same(got.values, want.values)
+    elif isinstance(want, rlwire.Columns | DocColumns):
+        if isinstance(got, list) and isinstance(want, rlwire.Columns):  # received as rows
+            assert_same(got, list(want.rows()))
+            return
+        assert isinstance(got, rlwire.Columns | DocColumns) and _rows(got) == _rows(want)
+        assert list(got.keys()) == list(want.keys())
+        for name, column in want.items():
+            assert_same(got[name], column)
+    elif isinstance(want, msgspec.Struct):
+        _assert_same_struct(got, want)
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and set(got) == set(want), (sorted(got), sorted(want))
         for key, value in want.items():
-            assert_same(got.get(key), value)
+            assert_same(got[key], value)
     elif isinstance(want, list):
-        assert [type(x) for x in got] == [type(x) for x in want] or len(got) == len(want)
+        assert isinstance(got, list) and len(got) == len(want)
         for x, y in zip(got, want, strict=True):
             assert_same(x, y)
     elif isinstance(want, np.ndarray):
         assert isinstance(got, np.ndarray) and got.dtype == want.dtype
-        assert np.array_equal(got, want)
+        assert got.shape == want.shape and np.array_equal(got, want)
     elif isinstance(want, bytes | memoryview):
         assert bytes(got) == bytes(want)
     else:
-        assert got == want
+        assert got == want and type(got) is type(want), (got, want)
+
+
+def _rows(columns: rlwire.Columns | DocColumns) -> int:
+    return columns.count if isinstance(columns, DocColumns) else len(columns)
+
+
+def _assert_same_struct(got: Any, want: msgspec.Struct) -> None:
+    """A Struct: the same Struct, or what msgspec writes for it (an array of its fields
+    with ``array_like``, else a map of their encoded names)."""
+    fields = msgspec.structs.fields(want)
+    if type(got) is type(want):
+        for f in fields:
+            assert_same(getattr(got, f.name), getattr(want, f.name))
+    elif want.__struct_config__.array_like:
+        assert_same(got, [getattr(want, f.name) for f in fields])
+    else:
+        assert_same(got, {f.encode_name: getattr(want, f.name) for f in fields})
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_independent_reader_reads_golden_files(name: str) -> None:
+    """The reader built from the page gets the object sent, and what rlwire decodes
+    (into plain builtins: arrays, Ragged, rows as dicts or lists)."""
     make, _, _ = CASES[name]
-    assert_same(read_as_documented(GOLDEN / name, 0, 0), make())
+    ours = read_as_documented(GOLDEN / name, 0, 0)
+    assert_same(ours, make())
+    with rlwire.open_receiver(GOLDEN / name, type=Any) as receiver:
+        assert_same(ours, receiver.receive(timeout=5))
+
+
+@pytest.mark.parametrize("name", sorted(AS_COLUMNS))
+def test_independent_reader_reads_golden_columns(name: str) -> None:
+    """Kept as columns, the reader's columns are rlwire's ``as_columns`` ones."""
+    ours = read_as_documented(GOLDEN / name, 0, 0, as_columns=True)
+    with rlwire.open_receiver(GOLDEN / name, type=Any, as_columns=True) as receiver:
+        theirs = receiver.receive(timeout=5)
+    assert_same(ours, theirs)
+    assert_same(theirs, AS_COLUMNS[name]())
 
 
 def test_independent_reader_matches_a_fresh_message(tmp_path: Path) -> None:
@@ -138,6 +249,60 @@ def test_independent_reader_matches_a_fresh_message(tmp_path: Path) -> None:
         ours = receiver.receive(timeout=5)
     assert_same(read_as_documented(tmp_path, 1, 0), ours)
     assert_same(ours, obj)
+
+
+_DTYPES = ("<i8", "<i4", "|u1", "<f4", ">f8", "|b1")
+
+
+@st.composite
+def rows_of_arrays(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """A list of dicts with the same keys, each field's arrays alike in every row (a
+    ragged column) or not (in dtype, trailing shape, dimensions or presence: a column
+    of values), of any length including 0, small or large enough to go out-of-band."""
+    count = draw(st.integers(1, 6))
+    fields: dict[str, list[Any]] = {}
+    for k in range(draw(st.integers(1, 4))):
+        dtype = draw(st.sampled_from(_DTYPES))
+        tail = draw(st.sampled_from([(), (3,), (2, 2)]))
+        scale = draw(st.sampled_from([1, 700]))  # 700 rows of 8 bytes: out-of-band
+        alike = draw(st.booleans())  # else each row may differ, or be None
+        column = []
+        for i in range(count):
+            row_dtype = dtype if alike or draw(st.booleans()) else draw(st.sampled_from(_DTYPES))
+            row_tail = tail if alike or k != 3 else draw(st.sampled_from([(), (3,)]))
+            n = draw(st.integers(0, 5)) * scale
+            size = n * int(np.prod(row_tail, dtype=np.int64))
+            value = (np.arange(size) % 5 + i).astype(row_dtype).reshape(n, *row_tail)
+            column.append(value if alike or draw(st.integers(0, 5)) else None)
+        fields[f"f{k}"] = column
+    fields["env"] = [f"env-{i}" for i in range(count)]
+    return [{name: column[i] for name, column in fields.items()} for i in range(count)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=rows_of_arrays(), sidecar=st.booleans())
+def test_independent_reader_matches_fresh_columns(
+    rows: list[dict[str, Any]], sidecar: bool
+) -> None:
+    """Whatever mix of fields a list of samples has, the reader built from the page gets
+    the rows rlwire returns (and that were sent), and its columns are rlwire's."""
+    with tempfile.TemporaryDirectory() as name:
+        directory = Path(name)
+
+        async def send() -> None:
+            side = ["f0"] if sidecar else []
+            async with rlwire.open_sender(directory, sidecar=side) as sender:
+                await sender.send({"samples": rows})
+
+        anyio.run(send)
+        with rlwire.open_receiver(directory, type=Any) as receiver:
+            theirs = receiver.receive(timeout=5)
+        ours = read_as_documented(directory, 0, 0)
+        assert_same(ours, theirs)
+        assert_same(ours, {"samples": rows})
+        with rlwire.open_receiver(directory, type=Any, as_columns=True) as receiver:
+            theirs_columns = receiver.receive(timeout=5)
+        assert_same(read_as_documented(directory, 0, 0, as_columns=True), theirs_columns)
 
 
 def read_mark_as_documented(path: Path, magic: bytes) -> int:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import shutil
+import struct
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
-from golden_cases import CASES, GOLDEN, ZMQ_GOLDEN, batch
+from golden_cases import AS_COLUMNS, CASES, GOLDEN, ZMQ_GOLDEN, batch
 from helpers import assert_batches_equal
 from test_format_doc import assert_same
 
@@ -23,12 +25,33 @@ def test_golden_files_decode(name: str, verify: bool) -> None:
     want = make()
     if isinstance(want, rlwire.TrainingBatch):
         assert_batches_equal(got, want)
-    else:
-        assert_same(got, want)
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("name", sorted(AS_COLUMNS))
+def test_golden_files_decode_as_columns(name: str) -> None:
+    """Asked for columns, a list stored as columns comes back as a Columns of views."""
+    _, _, type_ = CASES[name]
+    with rlwire.open_receiver(GOLDEN / name, type=type_, as_columns=True) as receiver:
+        got = receiver.receive(timeout=5)
+    assert_same(got, AS_COLUMNS[name]())
 
 
 def test_every_case_has_its_files() -> None:
     assert sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) == sorted(CASES)
+
+
+def test_the_golden_files_span_both_minor_versions() -> None:
+    """The 1.0 files keep decoding beside the 1.1 ones: each main file says which
+    version wrote it (bytes 8-11, docs/format.md), and both are here."""
+    versions = {}
+    for name in CASES:
+        main = (GOLDEN / name / "step-00000000.rank-0000.rlw").read_bytes()
+        versions[name] = struct.unpack_from("<HH", main, 8)
+    assert {n for n, v in versions.items() if v == (1, 1)} == {
+        n for n in CASES if n.startswith("msgpack-1.1-")
+    }
+    assert {v for n, v in versions.items() if not n.startswith("msgpack-1.1-")} == {(1, 0)}
 
 
 def test_a_flipped_byte_in_a_golden_file_is_caught(tmp_path: Path) -> None:
@@ -88,3 +111,121 @@ def test_golden_zeromq_messages_decode(tmp_path: Path) -> None:
     finally:
         router.close()
         context.term()
+
+
+def _sketch(value: Any) -> Any:
+    """A golden message's header decoded to what it is made of: each extension value as
+    ``"e<type>"``, a ragged array as ``("ragged", values, offsets)``, a columns value as
+    ``("columns", count, layout, {name: column})``, a list of values as ``"values"``."""
+    if isinstance(value, msgspec.msgpack.Ext):
+        if value.code == 6:
+            values, offsets = msgspec.msgpack.decode(value.data, type=list[msgspec.msgpack.Ext])
+            return ("ragged", _sketch(values), _sketch(offsets))
+        if value.code == 7:
+            count, layout, names, columns = msgspec.msgpack.decode(value.data)
+            return ("columns", count, layout, dict(zip(names, map(_sketch, columns), strict=True)))
+        return f"e{value.code}"
+    if isinstance(value, dict):
+        return {key: _sketch(v) for key, v in value.items()}
+    if isinstance(value, list):
+        return "values"
+    return value
+
+
+def _header_sketch(name: str) -> Any:
+    from rlwire._frame.compression import decompress
+    from rlwire.transport import FileSource
+
+    frame = decompress(FileSource(GOLDEN / name).read(0))
+    return _sketch(msgspec.msgpack.decode(frame.header))
+
+
+OUT, IN = ("ragged", "e1", "e2"), ("ragged", "e2", "e2")  # values out-of-band / inline
+BATCH_COLUMNS = {
+    "token_ids": OUT,
+    "mask": IN,
+    "logprobs": OUT,
+    "temperatures": OUT,
+    "advantages": OUT,
+    "env_name": "values",
+    "ref_logprobs": "values",  # None in some samples: a column of values
+    "routed_experts": OUT,
+    "extras": "values",  # a 0-d reward each: a per-sample scalar
+}
+PER_FIELD = {
+    "ids": IN,
+    **dict.fromkeys(["by_dtype", "by_shape", "by_presence", "by_ndim"], "values"),
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "sketch"),
+    [
+        ("msgpack-1.1-batch", {"samples": ("columns", 4, 0, BATCH_COLUMNS)}),
+        ("msgpack-1.1-batch-sidecar-zstd", {"samples": ("columns", 4, 0, BATCH_COLUMNS)}),
+        (
+            "msgpack-1.1-packed",
+            {
+                "hidden": OUT,
+                "small": IN,
+                "none": IN,
+                "micro_batch": (
+                    "columns",
+                    2,
+                    0,
+                    {"input_ids": OUT, "position_ids": IN, "reward": "values", "env": "values"},
+                ),
+            },
+        ),
+        ("msgpack-1.1-chunked-turns", {"routed_experts": "e1", "logprobs": "e2", "turns": 6}),
+        (
+            "msgpack-1.1-structs",
+            {
+                "renamed": (
+                    "columns",
+                    5,
+                    0,
+                    {"tokenIds": OUT, "oldLogprobs": IN, "reward": "values", "envName": "values"},
+                ),
+                "positional": ("columns", 7, 1, {"ids": IN, "score": "values", "tag": "values"}),
+            },
+        ),
+        (
+            "msgpack-1.1-dicts",
+            (
+                "columns",
+                9000,
+                0,
+                {
+                    "ids": ("ragged", "e1", "e1"),
+                    "be": ("ragged", "e1", "e1"),
+                    "n": "e4",
+                    "blob": "e4",
+                },
+            ),
+        ),
+        (
+            "msgpack-1.1-fallback",
+            {
+                "per_field": ("columns", 4, 0, PER_FIELD),
+                "by_keys": "values",
+                "by_type": "values",
+                "first_without_array": "values",
+            },
+        ),
+    ],
+)
+def test_the_1_1_cases_hold_what_they_are_for(name: str, sketch: Any) -> None:
+    """Each format 1.1 case is only worth keeping if its header holds the columns, ragged
+    arrays and fallbacks it was made for (a change to the writer must not quietly turn
+    a case into another)."""
+    assert _header_sketch(name) == sketch
+
+
+def test_the_1_1_sidecar_case_keeps_ragged_offsets_in_the_main_file() -> None:
+    """``sidecar=("routed_experts",)`` sends that column's values to the sidecar file;
+    its offsets, like every other column, stay in the main file (inline here)."""
+    from rlwire.transport import FileSource
+
+    frame = FileSource(GOLDEN / "msgpack-1.1-batch-sidecar-zstd").read(0)
+    assert frame.sidecar == {4}  # the fifth buffer: routed experts' values

@@ -132,6 +132,16 @@ def packed() -> dict[str, Any]:
     }
 
 
+def packed_as_columns() -> dict[str, Any]:
+    """``packed()`` received with ``as_columns=True``: the Columns sent comes back as one,
+    its list of floats as an array."""
+    sent = packed()
+    micro = sent["micro_batch"]
+    columns = {n: micro[n] for n in micro.names}
+    columns["reward"] = np.array(columns["reward"], np.float64)
+    return {**sent, "micro_batch": rlwire.Columns(columns)}
+
+
 def turns() -> dict[str, Any]:
     """Arrays grown turn by turn (:class:`rlwire.Chunked`), received as one array each:
     routed experts out-of-band in the sidecar, per-turn logprobs inline."""
@@ -204,7 +214,7 @@ def dicts_as_columns() -> rlwire.Columns:
         {
             "ids": _ragged([r["ids"] for r in rows]),
             "be": _ragged([r["be"] for r in rows]),
-            "n": [r["n"] for r in rows],
+            "n": np.array([r["n"] for r in rows], np.int64),  # numbers of one kind
             "blob": [r["blob"] for r in rows],
         }
     )
@@ -275,7 +285,7 @@ CASES: dict[str, tuple[Callable[[], Any], dict[str, Any], Any]] = {
 AS_COLUMNS: dict[str, Callable[[], Any]] = {
     "msgpack-1.1-batch": columns_batch_as_columns,
     "msgpack-1.1-batch-sidecar-zstd": columns_batch_as_columns,
-    "msgpack-1.1-packed": packed,  # the Columns sent comes back as one
+    "msgpack-1.1-packed": packed_as_columns,
     "msgpack-1.1-dicts": dicts_as_columns,
 }
 

@@ -55,6 +55,14 @@ def read_ragged(fields: Any) -> DocRagged:
     return DocRagged(values, offsets)
 
 
+def _numbers(column: Any) -> Any:
+    kinds = {type(v) for v in column} if isinstance(column, list) else set()
+    dtypes = {int: np.int64, float: np.float64, bool: np.bool_}
+    if column and len(kinds) == 1 and (kind := kinds.pop()) in dtypes:
+        return np.array(column, dtypes[kind])
+    return column
+
+
 def read_columns(fields: Any, as_columns: bool) -> Any:
     """'Columns (type 7)' in docs/format.md: ``[count, layout, names, columns]``, as the
     list of rows it stands for, or as its columns."""
@@ -64,8 +72,8 @@ def read_columns(fields: Any, as_columns: bool) -> Any:
     assert len(columns) == len(names)
     for column in columns:  # a chunked column (type 4) is a list once its chunks are read
         assert isinstance(column, DocRagged | list) and len(column) == count
-    if as_columns:
-        return DocColumns(count, dict(zip(names, columns, strict=True)))
+    if as_columns:  # docs/how-to/packed.md: numbers of one kind come back as an array
+        return DocColumns(count, {n: _numbers(c) for n, c in zip(names, columns, strict=True)})
 
     def cell(column: Any, i: int) -> Any:
         return column.row(i) if isinstance(column, DocRagged) else column[i]

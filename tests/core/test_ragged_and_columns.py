@@ -140,3 +140,10 @@ def test_chunked_appends_without_copying_and_checks_each_chunk() -> None:
     with pytest.raises(SchemaError, match="chunk 3 must be a numpy array of at least one"):
         chunked.append(np.uint8(1))  # type: ignore[arg-type]
     assert len(chunked.chunks) == 3  # nothing was added by the refused appends
+
+
+def test_from_arrays_keeps_the_rows_byte_order() -> None:
+    rows = [np.arange(3, dtype=">f4"), np.arange(2, dtype=">f4")]
+    ragged = Ragged.from_arrays(rows)
+    assert ragged.values.dtype == np.dtype(">f4")
+    assert ragged[0].tolist() == [0.0, 1.0, 2.0]

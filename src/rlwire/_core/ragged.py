@@ -98,7 +98,7 @@ class Ragged:
                 )
         offsets = np.zeros(len(arrays) + 1, np.int64)
         np.cumsum([len(row) for row in arrays], out=offsets[1:])
-        return cls(np.concatenate(arrays), offsets)
+        return cls(np.concatenate(arrays, dtype=first.dtype), offsets)  # keeps the byte order
 
     @classmethod
     def from_lengths(cls, values: np.ndarray, lengths: np.ndarray | Sequence[int]) -> Ragged:

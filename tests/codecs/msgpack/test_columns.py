@@ -319,3 +319,37 @@ def test_a_sample_may_hold_chunked_routed_experts() -> None:
     batch.samples[2].routed_experts.append(np.zeros((1, 4, 2), np.uint8))  # type: ignore[union-attr]
     with pytest.raises(rlwire.SchemaError, match=r"samples\[2\]\.routed_experts: has \d+ rows but"):
         codec.encode(batch)
+
+
+@pytest.mark.parametrize(
+    ("values", "want"),
+    [
+        ([3, -1, 7], np.array([3, -1, 7], np.int64)),
+        ([0.5, 1.0, -2.0], np.array([0.5, 1.0, -2.0])),
+        ([True, False, True], np.array([True, False, True])),
+        ([1, 2.5, 3], [1, 2.5, 3]),  # two kinds: as sent
+        ([1, 2**63, 3], [1, 2**63, 3]),  # does not fit int64
+        ([True, 1, 0], [True, 1, 0]),  # bool is its own kind
+        (["a", "b", "c"], ["a", "b", "c"]),
+        ([None, None, None], [None, None, None]),
+    ],
+)
+def test_as_columns_gives_per_row_numbers_of_one_kind_as_an_array(
+    values: list[Any], want: Any
+) -> None:
+    rows = [{"ids": np.arange(i + 1), "n": v} for i, v in enumerate(values)]
+    got = round_trip(rows, as_columns=True)
+    assert isinstance(got, Columns) and isinstance(got["n"], type(want))
+    if isinstance(want, np.ndarray):
+        assert got["n"].dtype == want.dtype and np.array_equal(got["n"], want)
+    else:
+        assert got["n"] == want and [type(v) for v in got["n"]] == [type(v) for v in values]
+
+
+def test_an_int_msgpack_cannot_hold_names_its_row() -> None:
+    rows = [{"ids": np.arange(3), "n": n} for n in (1, 2, 2**70)]
+    with pytest.raises(EncodeError, match=r"\$\[2\]\.n: cannot encode"):
+        MsgpackCodec().encode(rows)
+    packed = {"c": Columns({"ids": Ragged.from_lengths(np.arange(2), [1, 1]), "n": [1, -(2**64)]})}
+    with pytest.raises(EncodeError, match=r"\$\.c\.n\[1\]: cannot encode"):
+        MsgpackCodec().encode(packed)

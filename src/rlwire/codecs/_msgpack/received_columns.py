@@ -231,5 +231,24 @@ def _plan(
 
 
 def columns_of(found: ColumnsFound) -> Columns:
-    """The columns as a :class:`~rlwire.Columns` (each list column as it is)."""
-    return Columns(dict(zip(found.names, found.columns, strict=True)))
+    """The columns as a :class:`~rlwire.Columns`: a list column of per-row numbers of
+    one kind as an array (int64, float64 or bool), any other list as it is."""
+    return Columns({name: _numbers(c) for name, c in zip(found.names, found.columns, strict=True)})
+
+
+_NUMBER_DTYPES = {int: np.int64, float: np.float64, bool: np.bool_}
+
+
+def _numbers(column: Any) -> Any:
+    """``column`` as an array if it is a non-empty list of ints, floats or bools (one
+    of them; ints that do not fit int64 stay a list); else itself."""
+    if type(column) is not list or not column:
+        return column
+    kinds = set(map(type, column))
+    dtype = _NUMBER_DTYPES.get(kinds.pop()) if len(kinds) == 1 else None
+    if dtype is None:
+        return column
+    try:
+        return np.array(column, dtype)
+    except OverflowError:
+        return column

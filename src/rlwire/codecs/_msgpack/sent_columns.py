@@ -22,6 +22,7 @@ import numpy as np
 
 from rlwire._core.chunked import Chunked
 from rlwire._core.columns import Columns
+from rlwire._core.errors import EncodeError
 from rlwire._core.paths import KeyPath, render_path
 from rlwire._core.ragged import Ragged
 from rlwire._core.slicing import Sliced
@@ -112,7 +113,23 @@ def _columns_value(w: Walker, columns: Columns, path: KeyPath, side: bool) -> Sl
             encoded.append((yield from _column(w, rows, _item_of(where), on_side)))
         yield from w.tick()
     payload = [len(columns), ROWS_AS_MAPS, names, encoded]
-    return msgspec.msgpack.Ext(EXT_COLUMNS, w.encoder.encode(payload))
+    paths = [_item_of((path, name)) for name in names]
+    return msgspec.msgpack.Ext(EXT_COLUMNS, _encoded(w, payload, paths))
+
+
+def _encoded(w: Walker, payload: list[Any], paths: list[Callable[[int], KeyPath]]) -> bytes:
+    """The columns value's ``payload`` encoded; if msgspec refuses it (an int beyond 64
+    bits in a column of per-row values), EncodeError naming the first refused row."""
+    try:
+        return w.encoder.encode(payload)
+    except (TypeError, ValueError, OverflowError) as exc:
+        for column, path_of in zip(payload[3], paths, strict=True):
+            for i, value in enumerate(column if type(column) is list else ()):
+                try:
+                    w.encoder.encode(value)
+                except (TypeError, ValueError, OverflowError):
+                    raise EncodeError(f"{render_path(path_of(i))}: cannot encode: {exc}") from None
+        raise EncodeError(f"cannot encode a columns value: {exc}") from None
 
 
 def list_as_columns(w: Walker, items: list[Any], path: KeyPath, side: bool) -> Sliced[Any]:
@@ -136,7 +153,8 @@ def list_as_columns(w: Walker, items: list[Any], path: KeyPath, side: bool) -> S
         encoded.append((yield from _column(w, values, _field_of(path, name), on_side)))
         yield from w.tick()
     payload = [len(items), layout, names, encoded]
-    return msgspec.msgpack.Ext(EXT_COLUMNS, w.encoder.encode(payload))
+    paths = [_field_of(path, name) for name in names]
+    return msgspec.msgpack.Ext(EXT_COLUMNS, _encoded(w, payload, paths))
 
 
 def _row_shape(

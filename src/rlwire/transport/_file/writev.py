@@ -7,13 +7,11 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["CHUNK_BYTES", "FEW_VIEWS", "batches", "hash_batch", "writev_all"]
+__all__ = ["CHUNK_BYTES", "batches", "hash_batch", "writev_all"]
 
 #: Bytes per writev call. Each is hashed while it is written, in chunks this small, so
 #: the hash and the write read it from cache: checksums then cost almost nothing.
 CHUNK_BYTES = 2 << 20
-#: A writev batch of at most this many buffers holds large ones: hashed in another thread.
-FEW_VIEWS = 4
 _IOV_MAX = min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16)
 
 

@@ -106,3 +106,12 @@ def test_a_column_check_of_valid_samples_checks_none_of_them_one_by_one(
     assert calls == []
     codec_check.rows([make_sample(4, routed=True), make_sample(4, routed=False)], "$.samples")
     assert calls == ["$.samples[0]", "$.samples[1]"]  # routed experts: one by one
+
+
+def test_received_samples_are_not_tracked_by_the_garbage_collector() -> None:
+    """A received step is thousands of samples: tracked, each receive would trigger
+    collections (a full one walks every tracked object of the process)."""
+    import gc
+
+    batch = make_batch(3)
+    assert not gc.is_tracked(batch) and not any(map(gc.is_tracked, batch.samples))

@@ -29,7 +29,7 @@ _PER_TOKEN_FLOATS = ("logprobs", "temperatures", "advantages")
 _MUST_BE_FINITE = ("logprobs", "advantages", "ref_logprobs", "temperatures")
 
 
-class TrainingSample(msgspec.Struct, kw_only=True):
+class TrainingSample(msgspec.Struct, kw_only=True, gc=False):
     """One trainable sequence.
 
     Per-token fields are 1-D arrays of one common length ``seq_len``.
@@ -88,7 +88,7 @@ class TrainingSample(msgspec.Struct, kw_only=True):
         _check_extras(self.extras, where)
 
 
-class TrainingBatch(msgspec.Struct, kw_only=True):
+class TrainingBatch(msgspec.Struct, kw_only=True, gc=False):
     """The samples of one training step (for one data-parallel rank).
 
     Example:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import make_sample
+from helpers import make_batch, make_sample
 
 import rlwire
 from rlwire._api.schema import codec_check
@@ -108,7 +108,7 @@ def test_a_column_check_of_valid_samples_checks_none_of_them_one_by_one(
     assert calls == ["$.samples[0]", "$.samples[1]"]  # routed experts: one by one
 
 
-def test_received_samples_are_not_tracked_by_the_garbage_collector() -> None:
+def test_samples_are_not_tracked_by_the_garbage_collector() -> None:
     """A received step is thousands of samples: tracked, each receive would trigger
     collections (a full one walks every tracked object of the process)."""
     import gc

@@ -17,6 +17,7 @@ from rlwire._core.pools import worker_count
 from rlwire._core.slicing import Sliced
 
 __all__ = [
+    "HANDOFF_SECONDS",
     "TRIP_SECONDS",
     "Resumes",
     "drive_sliced",
@@ -56,6 +57,13 @@ class Resumes:
 #: the slice itself; between slices the thread lets go of the GIL instead, and ends the
 #: trip early if the caller was cancelled, so a cancellation waits for one slice.
 TRIP_SECONDS = 0.02
+
+#: The longest a trip runs slices back to back before it lets go of the GIL, in seconds.
+#: Letting go costs ``time.sleep(0)``: some 70 µs here (the kernel's timer slack), time
+#: a waiting loop needs to wake and take the GIL (a shorter pause, ``os.sched_yield``,
+#: lets the worker take it back first). After every 0.3 ms slice that was a quarter of
+#: the work; short slices now run back to back up to this long.
+HANDOFF_SECONDS = 0.001
 
 
 async def offload(
@@ -135,7 +143,8 @@ async def drive_sliced(
     how late the loop got back to this call after each."""
 
     def advance() -> tuple[bool, T | None, float]:
-        deadline = time.perf_counter() + TRIP_SECONDS
+        handed = time.perf_counter()
+        deadline = handed + TRIP_SECONDS
         while True:
             try:
                 next(slices)
@@ -144,11 +153,13 @@ async def drive_sliced(
             now = time.perf_counter()
             if now >= deadline:
                 return False, None, now
-            try:
-                from_thread.check_cancelled()
-            except BaseException:  # the caller was cancelled: end the trip, the loop raises it
-                return False, None, now
-            time.sleep(0)  # lets go of the GIL: a loop waiting for it runs now
+            if now - handed >= HANDOFF_SECONDS:
+                try:
+                    from_thread.check_cancelled()
+                except BaseException:  # the caller was cancelled: end the trip, the loop raises it
+                    return False, None, now
+                time.sleep(0)  # lets go of the GIL long enough for a loop waiting for it to run
+                handed = time.perf_counter()
 
     try:
         while True:

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from rlwire._checks.columns import ColumnWalk
 from rlwire._checks.plan import ANY, Planner, rules_by_name
-from rlwire._checks.walk import Walk
 from rlwire._core.errors import ConfigError, RlwireError, SchemaError
 from rlwire._core.slicing import Sliced, run_sliced
 
@@ -184,7 +184,7 @@ class Checks:
                 or ``check`` refused it.
             ConfigError: ``check_names`` is true and a name matches no field of ``obj``.
         """
-        walk = Walk(self._planner, collect=check_names)
+        walk = ColumnWalk(self._planner, collect=check_names)
         try:
             yield from walk.visit(obj, None, None, ANY)
         except RecursionError:

@@ -35,7 +35,7 @@ from rlwire._core.errors import SchemaError
 from rlwire._core.paths import KeyPath, render_path
 from rlwire._core.slicing import Sliced, SliceTimer
 
-__all__ = ["Walk"]
+__all__ = ["Walk", "same_length"]
 
 # -- values, groups and blocks ----------------------------------------------------------
 
@@ -123,7 +123,7 @@ class Walk:
                 continue
             yield from self.visit(value, (path, field.name), inner, field.shape)
         for group, mine in plan.groups:
-            _same_length(path, group, [(name, getattr(obj, name, None)) for name in mine])
+            same_length(path, group, [(name, getattr(obj, name, None)) for name in mine])
         yield from self.tick()
 
     def mapping(
@@ -139,7 +139,7 @@ class Walk:
         for group in self.groups:
             present = [name for name in group if name in hits]
             if len(present) >= 2:
-                _same_length(path, group, [(name, obj[name]) for name in present])
+                same_length(path, group, [(name, obj[name]) for name in present])
         yield from self.tick()
 
     def note_keys(self, obj: dict[Any, Any], hits: set[Any]) -> None:
@@ -333,7 +333,9 @@ def _fail_max(path: KeyPath, value: Any, rules: Rules) -> None:
     )
 
 
-def _same_length(path: KeyPath, group: Sequence[str], fields: list[tuple[str, Any]]) -> None:
+def same_length(path: KeyPath, group: Sequence[str], fields: list[tuple[str, Any]]) -> None:
+    """Refuse the record or dict at ``path`` if its ``fields`` of a same_length ``group``
+    (name, value) differ in length; None and UNSET values are left out."""
     lengths: list[tuple[str, int]] = []
     for name, value in fields:
         if value is None or value is msgspec.UNSET:

@@ -401,9 +401,9 @@ def spoil(row: dict[str, Any], field: str, where: int, bad: Any) -> None:
     current = row[field]
     if isinstance(current, dict):
         current = current["c"]
-    if isinstance(current, np.ndarray) and current.size and current.dtype.kind != "O":
+    if isinstance(current, np.ndarray) and current.size:
         flat = current.reshape(-1)
-        if current.dtype.kind in "fc" or (isinstance(bad, int) and bad < 128):
+        if current.dtype.kind in "fcO" or (isinstance(bad, int) and bad < 128):
             with np.errstate(over="ignore"):  # 1e300 becomes inf in a float32
                 flat[where % flat.size] = bad
         return

@@ -38,7 +38,7 @@ import msgspec
 import numpy as np
 
 from rlwire._checks.plan import ANY, Rules, Shape, merge_rules
-from rlwire._checks.walk import Walk, same_length
+from rlwire._checks.walk import Walk, group_size, nesting, proven, same_length
 from rlwire._core.paths import KeyPath
 from rlwire._core.slicing import Sliced
 
@@ -102,7 +102,9 @@ class ColumnWalk(Walk):
     def sequence(
         self, seq: list[Any] | tuple[Any, ...], path: KeyPath, rules: Rules | None, shape: Shape
     ) -> Sliced[None]:
-        layout = self.layout(seq, rules, shape) if len(seq) >= MIN_ROWS else None
+        layout = None
+        if len(seq) >= MIN_ROWS and _may_be_row(seq[0]):  # a list of numbers is left at once
+            layout = self.layout(seq, rules, shape)
         if layout is None:
             yield from super().sequence(seq, path, rules, shape)
             return
@@ -214,6 +216,8 @@ class ColumnWalk(Walk):
             some = values if len(rows) == len(values) else [values[i] for i in rows]
             if kind is np.ndarray:
                 marked |= yield from self.arrays(some, rows, rules)
+            elif rules is not None and (kind is list or kind is tuple):
+                marked |= yield from self.lists(some, rows, rules)
             elif not _settled(kind, some, rules):
                 marked.update(rows)
         return marked
@@ -264,6 +268,50 @@ class ColumnWalk(Walk):
             first = last
             yield from self.tick()
         return marked
+
+    def lists(
+        self, lists: list[Sequence[Any]], rows: Sequence[int], rules: Rules
+    ) -> Sliced[set[int]]:
+        """The rows of ``lists`` (of numbers, or nested lists of them) not shown to pass
+        ``rules`` by the walk's own C-speed test (:func:`~rlwire._checks.walk.proven`),
+        run over a group's worth of items of several rows joined."""
+        first = next((items for items in lists if items), None)
+        if first is None:
+            return set()  # all empty
+        depth, cost, numeric = nesting(first[0])
+        if not numeric:
+            return set(rows)  # records, strings, dicts...: row by row
+        size = group_size(rules, cost)
+        ends = list(itertools.accumulate(map(len, lists)))
+        # Long lists are tested one by one: joining them would cost as much as the test.
+        alone = ends[-1] >= len(lists) * (size // 8)
+        marked: set[int] = set()
+        start = done = 0
+        while start < len(lists):
+            last = start + 1 if alone else bisect.bisect_right(ends, done + size, lo=start)
+            if last == start or ends[start] - done > size:
+                marked.add(rows[start])  # longer than a group: the walk checks it in groups
+                last = start + 1
+            elif last == start + 1:
+                if not proven(lists[start], rules, depth):
+                    marked.add(rows[start])
+            elif ends[last - 1] > done:
+                joined = list(itertools.chain.from_iterable(lists[start:last]))
+                if not proven(joined, rules, depth):
+                    marked.update(rows[start:last])
+            done = ends[last - 1]
+            start = last
+            yield from self.tick()
+        return marked
+
+
+def _may_be_row(item: Any) -> bool:
+    """True if ``item`` is a dict, a Struct or a dataclass instance."""
+    return (
+        type(item) is dict
+        or isinstance(item, msgspec.Struct)
+        or (dataclasses.is_dataclass(item) and not isinstance(item, type))
+    )
 
 
 def _test(dtype: np.dtype[Any], rules: Rules | None) -> Callable[[np.ndarray], bool] | None:

@@ -197,6 +197,9 @@ BIG_GOOD = np.zeros(BIG)
 BIG_BAD = np.zeros(BIG)
 BIG_BAD[-1] = np.nan
 
+LONG_GOOD = [0.5] * 9000  # longer than one group of the walk (8,192 numbers)
+LONG_BAD = [*LONG_GOOD[:-1], math.nan]
+
 FINITE_X = rlwire.Checks(finite=("x",))
 IDS_10 = rlwire.Checks(max_value={"ids": 10})
 NAN, INF = math.nan, math.inf
@@ -228,6 +231,7 @@ CASES: list[tuple[str, rlwire.Checks, Make]] = [
     ("max-list", IDS_10, lambda bad: {"ids": [3.5, 2**70 if bad else 2]}),
     ("max-tuple", IDS_10, lambda bad: {"ids": (1, np.int64(12 if bad else 1))}),
     ("max-int8", IDS_10, lambda bad: {"ids": np.array([-3, 11 if bad else 10], np.int8)}),
+    ("long-list", FINITE_X, lambda bad: {"x": LONG_BAD if bad else LONG_GOOD}),
     ("finite-mixed", FINITE_X, lambda bad: {"x": [1, "a", None, NAN if bad else 0.5]}),
     ("finite-overflow", FINITE_X, lambda bad: {"x": [1e308, 1e308, INF if bad else 1e308]}),
     ("finite-complex", FINITE_X, lambda bad: {"x": [1j, complex(1, NAN if bad else 0)]}),

@@ -536,13 +536,18 @@ def test_same_length_and_scalars_are_settled_as_columns(calls: dict[str, int]) -
 
 
 def test_the_first_bad_row_wins_across_fields_and_groups_of_rows() -> None:
-    samples = dense(columns.ROWS + 300, 4)
-    samples[1200].advantages[2] = np.inf
-    samples[1100].token_ids[1] = 5000  # an earlier row, in a field visited earlier
-    samples[1250].logprobs[0] = np.nan
+    rows = columns.ROWS
+    samples = dense(2 * rows + 100, 4)
+    samples[rows + 100].advantages[2] = np.inf
+    samples[rows + 76].token_ids[1] = 5000  # an earlier row, in a field visited earlier
+    samples[2 * rows + 20].logprobs[0] = np.nan  # a later group of rows
     with pytest.raises(rlwire.SchemaError) as info:
         DENSE.validate({"samples": samples})
-    assert str(info.value).startswith("$.samples[1100].token_ids[1]: 5000 is above 1000")
+    assert str(info.value).startswith(f"$.samples[{rows + 76}].token_ids[1]: 5000 is above 1000")
+    samples[rows + 50].advantages[0] = -np.inf  # an earlier row, in a field visited later
+    with pytest.raises(rlwire.SchemaError) as info:
+        DENSE.validate({"samples": samples})
+    assert str(info.value).startswith(f"$.samples[{rows + 50}].advantages[0]: -inf is not")
 
 
 def test_a_float_column_whose_sum_overflows_is_cleared_row_by_row() -> None:

@@ -377,7 +377,7 @@ class DataRow:
 
 
 KINDS = ["f32", "f64", "f16", "c64", "i8", "u8", "i64", "bool", "2d", "none", "float", "int",
-         "floats", "object", "dict", "str"]  # fmt: skip
+         "floats", "object", "dict", "str", "unset"]  # fmt: skip
 BAD = [math.nan, math.inf, -math.inf, 101, 51, 1e300]
 
 
@@ -396,6 +396,7 @@ def value(kind: str, n: int, rng: np.random.Generator) -> Any:
         "object": lambda: np.array([1.5] * n + [None], dtype=object)[:n],
         "dict": lambda: {"c": np.ones(n), "z": [1]},
         "str": lambda: "x" * n,
+        "unset": lambda: msgspec.UNSET,
     }[kind]()
 
 

@@ -54,6 +54,7 @@ ROWS: Final = 512
 BUDGET: Final = 1 << 18
 
 _NONE: Final = type(None)
+_UNSET: Final = type(msgspec.UNSET)
 #: Values that hold no names: with no rule in force a column of them needs no look.
 _PLAIN: Final = frozenset({int, float, bool, str, bytes, complex, _NONE})
 
@@ -338,8 +339,8 @@ def _all_finite(joined: np.ndarray) -> bool:
 def _settled(kind: type, values: list[Any], rules: Rules | None) -> bool:
     """True if ``values``, all of type ``kind`` (not an array), are shown to pass
     ``rules`` (None: to hold no named field), as the walk would check each."""
-    if kind is _NONE:
-        return True  # a record skips None; a dict's None holds nothing
+    if kind is _NONE or kind is _UNSET:
+        return True  # a record skips None; None and UNSET hold nothing
     if rules is None:
         return kind in _PLAIN or issubclass(kind, np.generic)
     if kind is str or kind is bytes:

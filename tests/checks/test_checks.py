@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import rlwire
 import rlwire._checks.checks
+import rlwire._checks.columns
 import rlwire._checks.plan
 import rlwire._checks.walk
 from rlwire.aio import run_sliced
@@ -431,6 +432,7 @@ def test_names_declared_by_types_count_even_when_no_value_holds_them() -> None:
 
 CHECKS_FILES = {
     rlwire._checks.checks.__file__,
+    rlwire._checks.columns.__file__,
     rlwire._checks.walk.__file__,
     rlwire._checks.plan.__file__,
 }

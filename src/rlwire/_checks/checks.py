@@ -11,8 +11,10 @@ Structs, dicts and lists are checked by naming their fields::
 
 The checks run as a sliced generator (see :mod:`rlwire._core.slicing`): the walk over the
 object is :mod:`rlwire._checks.walk` (lists proven a group of items at a time at C
-speed, arrays checked by numpy), and :mod:`rlwire._checks.plan` reads the annotations of
-msgspec Structs and dataclasses to skip the fields that cannot hold a named field.
+speed, arrays checked by numpy), :mod:`rlwire._checks.columns` checks a list of records
+of one type (a step's samples) a field of many rows at a time, and
+:mod:`rlwire._checks.plan` reads the annotations of msgspec Structs and dataclasses to
+skip the fields that cannot hold a named field.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from rlwire._checks.columns import ColumnWalk
 from rlwire._checks.plan import ANY, Planner, rules_by_name
-from rlwire._checks.walk import Walk
 from rlwire._core.errors import ConfigError, RlwireError, SchemaError
 from rlwire._core.slicing import Sliced, run_sliced
 
@@ -64,8 +66,13 @@ class Checks:
     declare) is a :class:`~rlwire.ConfigError`, so a typo cannot silently switch a
     check off; later objects are not checked for that.
 
-    Performance: lists are checked a group of items at a time by ``sum`` and ``max``
-    in C and arrays by numpy; Struct annotations such as ``list[int]`` or ``str`` let whole
+    Performance: a list of Structs, dataclasses or dicts of one type (dicts with the
+    same keys) is checked a column at a time: one field of many rows is settled by one
+    ``isfinite`` or ``max`` over their arrays joined (or one ``sum`` / ``max`` over
+    their lists of numbers), and only the rows a column check refuses are looked at one
+    by one, so an error still names the row and the token. Other lists are checked a
+    group of items at a time by ``sum`` and ``max`` in C and arrays by numpy; Struct
+    annotations such as ``list[int]`` or ``str`` let whole
     fields be skipped. Untyped lists (inside dicts or ``Any`` fields) whose first and
     last items are numbers or strings are taken to hold no named fields.
 
@@ -184,7 +191,7 @@ class Checks:
                 or ``check`` refused it.
             ConfigError: ``check_names`` is true and a name matches no field of ``obj``.
         """
-        walk = Walk(self._planner, collect=check_names)
+        walk = ColumnWalk(self._planner, collect=check_names)
         try:
             yield from walk.visit(obj, None, None, ANY)
         except RecursionError:

@@ -35,7 +35,7 @@ from rlwire._core.errors import SchemaError
 from rlwire._core.paths import KeyPath, render_path
 from rlwire._core.slicing import Sliced, SliceTimer
 
-__all__ = ["Walk"]
+__all__ = ["Walk", "group_size", "nesting", "proven", "same_length"]
 
 # -- values, groups and blocks ----------------------------------------------------------
 
@@ -123,7 +123,7 @@ class Walk:
                 continue
             yield from self.visit(value, (path, field.name), inner, field.shape)
         for group, mine in plan.groups:
-            _same_length(path, group, [(name, getattr(obj, name, None)) for name in mine])
+            same_length(path, group, [(name, getattr(obj, name, None)) for name in mine])
         yield from self.tick()
 
     def mapping(
@@ -139,7 +139,7 @@ class Walk:
         for group in self.groups:
             present = [name for name in group if name in hits]
             if len(present) >= 2:
-                _same_length(path, group, [(name, obj[name]) for name in present])
+                same_length(path, group, [(name, obj[name]) for name in present])
         yield from self.tick()
 
     def note_keys(self, obj: dict[Any, Any], hits: set[Any]) -> None:
@@ -197,12 +197,12 @@ class Walk:
                 if i & 63 == 63:
                     yield from self.tick()
             return
-        depth, cost, numeric = _nesting(seq[0])
+        depth, cost, numeric = nesting(seq[0])
         # Groups of about the same cost, however deeply the lists nest.
-        size = max(1, (_SUM_GROUP if rules.limit_name is None else _MAX_GROUP) // cost)
+        size = group_size(rules, cost)
         for start in range(0, len(seq), size):
             group = seq if len(seq) <= size else seq[start : start + size]
-            if not (numeric and _proven(group, rules, depth)):
+            if not (numeric and proven(group, rules, depth)):
                 yield from self.items(group, path, rules, start)
             yield from self.tick()
 
@@ -251,7 +251,12 @@ class Walk:
             yield from self.tick()
 
 
-def _nesting(first: Any) -> tuple[int, int, bool]:
+def group_size(rules: Rules, cost: int) -> int:
+    """Items per group of a list whose items cost ``cost`` numbers each (see :func:`nesting`)."""
+    return max(1, (_SUM_GROUP if rules.limit_name is None else _MAX_GROUP) // cost)
+
+
+def nesting(first: Any) -> tuple[int, int, bool]:
     """How deeply lists nest below a list whose first item is ``first``, judged by first
     items: (levels of lists, the cost of one item in numbers, whether numbers seem to be
     at the bottom). Each nested list costs about as much as four numbers."""
@@ -272,7 +277,7 @@ def _nesting(first: Any) -> tuple[int, int, bool]:
     return len(lengths), cost, numeric
 
 
-def _proven(group: Sequence[Any], rules: Rules, depth: int = 0) -> bool:
+def proven(group: Sequence[Any], rules: Rules, depth: int = 0) -> bool:
     """True if ``group`` is shown to pass ``rules`` by a few C-speed calls; False when
     they cannot tell (the caller then checks it item by item).
 
@@ -333,7 +338,9 @@ def _fail_max(path: KeyPath, value: Any, rules: Rules) -> None:
     )
 
 
-def _same_length(path: KeyPath, group: Sequence[str], fields: list[tuple[str, Any]]) -> None:
+def same_length(path: KeyPath, group: Sequence[str], fields: list[tuple[str, Any]]) -> None:
+    """Refuse the record or dict at ``path`` if its ``fields`` of a same_length ``group``
+    (name, value) differ in length; None and UNSET values are left out."""
     lengths: list[tuple[str, int]] = []
     for name, value in fields:
         if value is None or value is msgspec.UNSET:

@@ -290,12 +290,14 @@ class TrainingBatchSender:
     ) -> Sliced[Frame]:
         """Encode and compress one rank's object, in slices, starting its checks beside."""
         try:
-            if self._checks is not None:
-                checks = self._checks.validate_sliced(obj, check_names=not self._names_checked)
-                validation.start(rank, checks)
             try:
                 frame = yield from timed(self._codec.encode_sliced(obj), clock.seconds, "encode")
             finally:  # even if encoding failed: the checks' error is the one to raise
+                # Started now, not beside the encoding: both hold the GIL, and passing it
+                # back and forth slowed both; the write lets go of it.
+                if self._checks is not None:
+                    names = not self._names_checked
+                    validation.start(rank, self._checks.validate_sliced(obj, check_names=names))
                 queued = self._beside.take() if self._beside is not None else None
                 if queued is not None:
                     validation.start(rank, queued)

@@ -24,10 +24,13 @@ class SendStats:
         bytes_per_rank: bytes of each rank's message as encoded (and compressed): the
             header and every buffer, sidecar included.
         sidecar_bytes: of those, the bytes of buffers sent in sidecars, all ranks.
-        encode_seconds: time in worker threads validating and encoding.
+        encode_seconds: time in worker threads encoding (and checking each Struct met
+            on the way; the checks of a column-stored list and ``rlwire.Checks`` run
+            beside the write, so their time is in ``write_seconds`` if it is longer).
         compress_seconds: time compressing (with ``compression=``).
         write_seconds: time writing, uploading or queueing the messages where readers
-            cannot see them yet, between the encoding of ranks.
+            cannot see them yet, between the encoding of ranks, and waiting for the
+            checks that run beside.
         commit_seconds: time making the step visible (renames, the last upload, or
             handing the messages to ZeroMQ).
         wait_seconds: time waiting for slow trainers (``max_ahead``) before sending.

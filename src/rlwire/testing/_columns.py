@@ -1,0 +1,98 @@
+"""The contract on columns: lists of samples, ragged and chunked arrays, through the sink.
+
+A list of Structs or dicts holding arrays is stored column by column, large rows as the
+runs of a :class:`~rlwire.abc.Pieces`; a :class:`~rlwire.Ragged` as values plus offsets;
+a :class:`~rlwire.Chunked` as its chunks back to back. Hypothesis draws mixes of fields,
+dtypes, lengths (0 included), missing fields and rows that break their column's pattern,
+and each draw goes through the real sender, the sink and its source, and the real
+receiver: typed (the same types back) on rank 0, with ``as_columns=True`` on rank 1.
+
+Hypothesis would build every fixture anew for each example if it drove the test itself,
+so it runs in a worker thread instead, inside one test: the sender and receivers are
+opened once, and each example is one step, sent and received on the event loop through
+:func:`anyio.from_thread.run`. A stream is used as in production, step after step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import anyio
+import pytest
+
+from rlwire._api.batch_receiver import TrainingBatchReceiver
+from rlwire._api.batch_sender import TrainingBatchSender
+from rlwire._core.errors import RlwireError
+from rlwire.testing._fixtures import TIMEOUT, ContractFixtures, Endpoint
+
+__all__ = ["ColumnsContract"]
+
+
+async def _round_trip(
+    sender: TrainingBatchSender, receivers: list[TrainingBatchReceiver[Any]], value: Any
+) -> list[Any]:
+    """``value`` sent as one step to every rank, and what each rank received or the
+    error it raised. A rank that fails moves past the step, so that the next example
+    starts in step (else one failure would fail every example after it, and hypothesis
+    would shrink to the wrong one)."""
+    got: list[Any] = [None] * len(receivers)
+
+    async def take(rank: int) -> None:
+        receiver = receivers[rank]
+        step = receiver.next_step
+        try:
+            got[rank] = await receiver.areceive(timeout=TIMEOUT)
+        except RlwireError as exc:
+            got[rank] = exc
+            if receiver.next_step == step:  # a store keeps what failed: move past it
+                receiver.skip()
+
+    async with anyio.create_task_group() as tg:
+        for rank in range(len(receivers)):
+            tg.start_soon(take, rank)
+        await sender.send_ranks([value] * len(receivers))
+    return got
+
+
+class ColumnsContract(ContractFixtures):
+    """Columnar values of any mix round-trip, received typed and as columns."""
+
+    #: How many values hypothesis draws for each backend (each is one step). A slow
+    #: sink may lower it; running the contract with more finds rarer mixes.
+    columns_examples: ClassVar[int] = 20
+
+    async def test_columns_of_any_mix_round_trip(self, endpoint: Endpoint) -> None:
+        pytest.importorskip("hypothesis")
+        from hypothesis import HealthCheck, given, settings
+
+        from rlwire.testing import _rows
+
+        # Every array its own buffer, even a small one: the sink moves them all (large
+        # rows as Pieces; the grid in the sidecar), not just a header.
+        sender = endpoint.open_sender(inline_threshold=0, sidecar="grid", checksum=True)
+        # No consumption marks: the retention contract tests them, and here they would
+        # only add a write per step and rank.
+        typed = endpoint.open_receiver(rank=0, type=_rows.Case, record_consumed=False)
+        packed = endpoint.open_receiver(rank=1, type=Any, as_columns=True, record_consumed=False)
+
+        @settings(
+            max_examples=self.columns_examples,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        )
+        @given(_rows.specs())
+        def columns_round_trip(spec: _rows.Spec) -> None:
+            sent = _rows.build(spec)
+            got, columns = anyio.from_thread.run(_round_trip, sender, [typed, packed], sent)
+            for received in (got, columns):
+                if isinstance(received, RlwireError):
+                    raise received
+            _rows.assert_typed(got, sent)
+            _rows.assert_as_columns(columns, sent)
+
+        try:
+            async with sender:
+                await anyio.to_thread.run_sync(columns_round_trip)
+        finally:
+            typed.close()
+            packed.close()

@@ -17,9 +17,10 @@ the same class against each of its own sinks (``tests/transport/test_contract.py
 
 Needs pytest, and anyio's pytest plugin (installed with anyio); the async tests run
 under asyncio and, when it is installed, trio. The property over column-stored values
-(``columns_examples`` per sink) needs hypothesis and is skipped without it. Override ``sender_options`` /
-``receiver_options`` to pass ``storage_options``, and set ``persistent = False`` for a
-sink that keeps nothing once the sender is gone (a socket rather than a store).
+(``columns_examples`` per sink) needs hypothesis and is skipped without it. Override
+``sender_options`` / ``receiver_options`` to pass ``storage_options``, and set
+``persistent = False`` for a sink that keeps nothing once the sender is gone (a socket
+rather than a store).
 
 The batch helpers (:func:`make_sample`, :func:`make_batch`,
 :func:`assert_batches_equal`) are useful in any test of code that sends batches.

@@ -353,3 +353,35 @@ def test_an_int_msgpack_cannot_hold_names_its_row() -> None:
     packed = {"c": Columns({"ids": Ragged.from_lengths(np.arange(2), [1, 1]), "n": [1, -(2**64)]})}
     with pytest.raises(EncodeError, match=r"\$\.c\.n\[1\]: cannot encode"):
         MsgpackCodec().encode(packed)
+
+
+def test_rows_are_made_a_group_at_a_time_between_slices() -> None:
+    """Making 2,000 Structs is most of a receive's work: it must happen between slices,
+    a group of rows at a time, not in one slice that holds the GIL for milliseconds."""
+    from rlwire._core.slicing import SliceTimer
+    from rlwire.codecs._msgpack.received_columns import _ROWS_AT_ONCE, ColumnsFound, structs_of
+
+    n = 2000
+    made: list[int] = []
+
+    class Row(msgspec.Struct):
+        ids: np.ndarray
+        name: str
+
+        def __post_init__(self) -> None:
+            made.append(1)
+
+    ids = Ragged.from_lengths(np.arange(3 * n), [3] * n)
+    found = ColumnsFound(n, 0, ["ids", "name"], [ids, [f"r{i}" for i in range(n)]])
+    building = structs_of(found, list[Row], SliceTimer(0.0))  # every look says "yield"
+    made_by_slice = []
+    try:
+        while True:
+            next(building)
+            made_by_slice.append(len(made))
+    except StopIteration as stop:
+        rows = stop.value
+    assert len(rows) == n and rows[-1].name == "r1999"
+    assert len(made_by_slice) >= n // _ROWS_AT_ONCE
+    assert made_by_slice[0] <= _ROWS_AT_ONCE  # the first slice made one group only
+    assert made_by_slice == sorted(made_by_slice) and made_by_slice[-1] >= n - _ROWS_AT_ONCE

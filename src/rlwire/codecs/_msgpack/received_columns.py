@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import types
 import typing
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -127,29 +128,31 @@ def _rows_in(column: Any) -> int | None:
 def rows_of(found: ColumnsFound, timer: SliceTimer) -> Sliced[list[Any]]:
     """The rows, as dicts (or lists, for ``array_like`` Structs) of views and values,
     made :data:`_ROWS_AT_ONCE` at a time, yielding when ``timer`` says a slice is over."""
-    out: list[Any] = []
     names = found.names
-    for values in (yield from _row_groups(found.columns, found.count, timer)):
-        if found.layout == ROWS_AS_ARRAYS:
-            out += [list(row) for row in values]
-        else:
-            out += [dict(zip(names, row, strict=True)) for row in values]
-    return out
+    if found.layout == ROWS_AS_ARRAYS:
+        return (yield from _made_rows(found.columns, found.count, timer, list))
+    return (
+        yield from _made_rows(
+            found.columns, found.count, timer, lambda row: dict(zip(names, row, strict=True))
+        )
+    )
 
 
-def _row_groups(columns: list[Any], count: int, timer: SliceTimer) -> Sliced[list[Any]]:
-    """The rows of ``columns`` (each row a tuple of its values, ragged rows as views), in
-    groups of :data:`_ROWS_AT_ONCE`, made between looks at ``timer``: a list of groups,
-    each a list of rows."""
-    groups = []
+def _made_rows(
+    columns: list[Any], count: int, timer: SliceTimer, make: Callable[[tuple[Any, ...]], Any]
+) -> Sliced[list[Any]]:
+    """``make(row)`` for each row of ``columns`` (a tuple of its values, ragged rows as
+    views), :data:`_ROWS_AT_ONCE` rows at a time, yielding between groups when ``timer``
+    says a slice is over (making a row is most of the work)."""
+    out: list[Any] = []
     for start in range(0, count, _ROWS_AT_ONCE):
         stop = min(start + _ROWS_AT_ONCE, count)
         part = [list(c[start:stop]) if isinstance(c, Ragged) else c[start:stop] for c in columns]
-        groups.append(list(zip(*part, strict=True)))
+        out += map(make, zip(*part, strict=True))
         if timer.due():
             yield
             timer.restart()
-    return groups
+    return out
 
 
 def structs_of(found: ColumnsFound, annotation: Any, timer: SliceTimer) -> Sliced[Any]:
@@ -178,13 +181,14 @@ def structs_of(found: ColumnsFound, annotation: Any, timer: SliceTimer) -> Slice
             except msgspec.ValidationError:
                 return None
         columns.append(column)
-    out: list[Any] = []
-    for values in (yield from _row_groups(columns, found.count, timer)):
-        try:
-            out += [kind(**dict(zip(attrs, row, strict=True))) for row in values]
-        except (TypeError, ValueError):  # a required field missing, a __post_init__ refusal
-            return None
-    return out
+
+    def make(row: tuple[Any, ...]) -> Any:
+        return kind(**dict(zip(attrs, row, strict=True)))
+
+    try:
+        return (yield from _made_rows(columns, found.count, timer, make))
+    except (TypeError, ValueError):  # a required field missing, a __post_init__ refusal
+        return None
 
 
 def _takes_arrays(tp: Any) -> bool:

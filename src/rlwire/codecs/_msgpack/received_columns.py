@@ -248,9 +248,8 @@ def _numbers(column: Any) -> Any:
     of them; ints that do not fit int64 stay a list); else itself."""
     if type(column) is not list or not column:
         return column
-    kinds = set(map(type, column))
-    dtype = _NUMBER_DTYPES.get(kinds.pop()) if len(kinds) == 1 else None
-    if dtype is None:
+    dtype = _NUMBER_DTYPES.get(type(column[0]))  # strings, None, containers: at once
+    if dtype is None or set(map(type, column)) != {type(column[0])}:
         return column
     try:
         return np.array(column, dtype)

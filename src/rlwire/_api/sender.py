@@ -91,10 +91,11 @@ def open_sender(  # noqa: PLR0913 (the public keywords; the rest are grouped in 
         inline_threshold: arrays and bytes smaller than this many bytes stay in the
             header (msgpack codec; default 4096).
         validate: ``True`` (default): rlwire's own rules, which validate every
-            :class:`~rlwire.TrainingSample` at any depth before anything is written;
+            :class:`~rlwire.TrainingSample` at any depth before anything is visible;
             ``False``: none; or a :class:`~rlwire.Checks` for any type, run on each
-            object (per rank) in worker-thread slices before it is encoded, with
-            rlwire's own rules for TrainingSample still applied as well.
+            object (per rank) in worker-thread slices beside the write of the step,
+            which is committed only once the checks pass, with rlwire's own rules for
+            TrainingSample still applied as well.
         storage_options: options for the sink: fsspec's storage options for fsspec URLs
             (credentials, ``endpoint_url``, ...); ZeroMQ's for ``zmq+`` URLs (see the
             guide). A sink rejects keys it does not know.

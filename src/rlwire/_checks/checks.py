@@ -60,8 +60,9 @@ class Checks:
             keep it quick.
 
     With ``open_sender(url, validate=Checks(...))`` the checks run on every object, per
-    rank, in the sender's time slices before anything is encoded or written; rlwire's
-    own rules for :class:`~rlwire.TrainingSample` still apply as well. A name that
+    rank, in worker-thread slices beside the write of the step, which is committed only
+    once they pass (their error wins over any other the send met); rlwire's own rules
+    for :class:`~rlwire.TrainingSample` still apply as well. A name that
     matches no field of the first object sent (nor of the Struct types its annotations
     declare) is a :class:`~rlwire.ConfigError`, so a typo cannot silently switch a
     check off; later objects are not checked for that.

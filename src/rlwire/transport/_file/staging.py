@@ -151,8 +151,9 @@ def _write_hashed(
         slicer = SliceTimer()
         for batch in batches(chunks, segments):
             if hashing is not None:  # segments are hashed in order, a batch at a time
-                hashing.result()
+                hashing.result()  # a wait with the GIL let go: not part of the slice
                 hashing = None
+                slicer.restart()
             if hashers:
                 # Another core hashes the batch while this one writes it (xxhash and the
                 # write both release the GIL), the hash reading it from cache.

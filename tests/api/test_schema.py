@@ -10,7 +10,7 @@ import pytest
 from helpers import make_batch, make_sample
 
 import rlwire
-from rlwire._api.schema import codec_check
+from rlwire._api.schema import check_rows
 
 
 def test_valid_sample_and_batch() -> None:
@@ -87,14 +87,14 @@ def test_a_column_check_names_the_same_sample_and_field(
         bad.routed_experts = None
     rows = [*good[:17], bad, *good[17:]]
     with pytest.raises(rlwire.SchemaError, match=r"^\$\.samples\[17\]\." + match):
-        codec_check.rows(rows, "$.samples")
-    codec_check.rows(good, "$.samples")  # valid rows pass
+        check_rows(rows, "$.samples")
+    check_rows(good, "$.samples")  # valid rows pass
     mixed = [*good, make_sample(5, routed=True)]
     mixed[3].logprobs = mixed[3].logprobs.astype(np.float64)  # valid, of another dtype
-    codec_check.rows(mixed, "$.samples")
+    check_rows(mixed, "$.samples")
     mixed[-1].routed_experts = np.zeros((5, 2), np.uint8)
     with pytest.raises(rlwire.SchemaError, match=r"^\$\.samples\[40\]\.routed_experts"):
-        codec_check.rows(mixed, "$.samples")
+        check_rows(mixed, "$.samples")
 
 
 def test_a_column_check_of_valid_samples_checks_none_of_them_one_by_one(
@@ -102,9 +102,9 @@ def test_a_column_check_of_valid_samples_checks_none_of_them_one_by_one(
 ) -> None:
     calls = []
     monkeypatch.setattr(rlwire.TrainingSample, "validate", lambda s, where="": calls.append(where))
-    codec_check.rows([make_sample(n, routed=False) for n in range(1, 300)], "$.samples")
+    check_rows([make_sample(n, routed=False) for n in range(1, 300)], "$.samples")
     assert calls == []
-    codec_check.rows([make_sample(4, routed=True), make_sample(4, routed=False)], "$.samples")
+    check_rows([make_sample(4, routed=True), make_sample(4, routed=False)], "$.samples")
     assert calls == ["$.samples[0]", "$.samples[1]"]  # routed experts: one by one
 
 

@@ -22,7 +22,6 @@ __all__ = [
     "check_object",
     "check_rows",
     "check_rows_sliced",
-    "codec_check",
 ]
 
 _PER_TOKEN_FLOATS = ("logprobs", "temperatures", "advantages")
@@ -212,22 +211,6 @@ def _all_finite(arrays: list[np.ndarray], ends: np.ndarray) -> Sliced[bool]:
 
 _GROUP_BYTES = 1 << 20
 _SUM = np.add.reduce
-
-
-class _CodecCheck:
-    """The codecs' ``check`` hook: :func:`check_object` per Struct, and
-    :func:`check_rows` for a list stored as columns (its ``rows``)."""
-
-    def __call__(self, obj: Any, path: str) -> None:
-        check_object(obj, path)
-
-    @staticmethod
-    def rows(items: list[Any], path: str) -> None:
-        check_rows(items, path)
-
-
-#: What a sender gives its codec as ``check`` (see :func:`check_rows`).
-codec_check = _CodecCheck()
 
 
 def _token_count(sample: TrainingSample, where: str) -> int:

@@ -16,6 +16,7 @@ from rlwire._api.synthetic import assert_batches_equal, make_batch
 from rlwire._core.errors import (
     ConfigError,
     ReceiveTimeout,
+    SchemaError,
 )
 from rlwire.testing._fixtures import (
     TIMEOUT,
@@ -199,6 +200,29 @@ class DeliveryContract(ContractFixtures):
                 first = await receivers[0].areceive(timeout=TIMEOUT)
             assert_batches_equal(first, small)
         assert cancelled, "the send finished before it was cancelled: nothing was tested"
+
+    async def test_a_step_that_fails_its_checks_is_never_delivered(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        # The checks of a list of samples run beside the write: the step is written (or
+        # uploaded) first, and must still never reach a receiver.
+        bad = make_batch(41, seed=23)
+        bad.samples[17].logprobs[3] = float("nan")
+        good = make_batch(3, seed=24)
+
+        async def send_both() -> None:
+            async with sender:
+                with pytest.raises(SchemaError, match=r"samples\[17\]\.logprobs") as info:
+                    await sender.send(bad)
+                assert info.value.step == 0
+                assert await sender.send(good) == 0  # the failed step was not used up
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_both)
+            assert_batches_equal(await receivers[0].areceive(timeout=TIMEOUT), good)
+            assert receivers[0].last_step == 0
 
     async def test_unknown_storage_option_is_a_config_error(self, sink_url: str) -> None:
         with pytest.raises(ConfigError, match="no_such_option"):

@@ -13,6 +13,19 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+from check_types import (
+    FRAMEWORK,
+    Experts,
+    Holder,
+    MicroBatch,
+    PlainMicroBatch,
+    PlainStep,
+    Rollout,
+    Scored,
+    Step,
+    Text,
+    Turns,
+)
 from helpers import make_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,55 +37,7 @@ import rlwire._checks.plan
 import rlwire._checks.walk
 from rlwire.aio import run_sliced
 
-# -- framework-shaped types, as RL frameworks declare them ---------------------------------
-
-
-class Experts(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
-    data: bytes
-    shape: list[int]
-    dtype: str
-
-
-class MicroBatch(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
-    input_ids: list[int]
-    loss_mask: list[bool]
-    advantages: list[float]
-    inference_logprobs: list[float]
-    position_ids: list[int]
-    temperature: float = 1.0
-    routed_expert_ids: list[list[list[int]]] | None = None
-    routed_experts: Experts | None = None
-    mm: dict[str, Experts] | None = None
-
-
-class Step(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
-    micro_batches: list[MicroBatch]
-
-
-# The same with plain Structs (renamed and tagged: attribute names are what Checks match).
-class PlainMicroBatch(msgspec.Struct, rename="camel", tag=True):
-    input_ids: list[int]
-    loss_mask: list[bool]
-    advantages: list[float]
-    inference_logprobs: list[float]
-    position_ids: list[int]
-    temperature: float = 1.0
-    routed_expert_ids: list[list[list[int]]] | None = None
-    routed_experts: Experts | None = None
-    mm: dict[str, Experts] | None = None
-
-
-class PlainStep(msgspec.Struct):
-    micro_batches: list[PlainMicroBatch]
-
-
 FAMILIES = [(Step, MicroBatch), (PlainStep, PlainMicroBatch)]
-
-FRAMEWORK = rlwire.Checks(
-    finite=("inference_logprobs", "advantages"),
-    same_length=(("input_ids", "loss_mask", "inference_logprobs", "routed_expert_ids"),),
-    max_value={"routed_expert_ids": 255},
-)
 
 
 def make_step(family: tuple[type, type], count: int = 4, n: int = 40) -> Any:
@@ -310,19 +275,6 @@ def test_rules_apply_inside_a_named_field_at_any_depth() -> None:
 # -- Struct type information ------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class Rollout:
-    reward: float
-    logprobs: list[float]
-
-
-class Holder(msgspec.Struct, gc=False):
-    tokens: list[int]  # cannot hold a named field: never looked into
-    meta: int
-    rollouts: dict[str, Rollout]
-    extra: Any = None
-
-
 def test_struct_annotations_prune_and_dataclasses_are_records() -> None:
     checks = rlwire.Checks(finite=("reward", "logprobs"))
     holder = Holder(list(range(10)), 0, {"a": Rollout(1.0, [0.0])})
@@ -337,20 +289,6 @@ def test_struct_annotations_prune_and_dataclasses_are_records() -> None:
     assert schema_error(checks, Holder([], 0, {}, extra=[{"reward": math.inf}])).startswith(
         "$.extra[0].reward: inf"
     )
-
-
-class Text(msgspec.Struct, tag=True):
-    text: str
-
-
-class Scored(msgspec.Struct, tag=True):
-    text: str
-    score: float
-
-
-class Turns(msgspec.Struct, array_like=True):
-    turns: list[Text | Scored] | tuple[Scored, ...] | None
-    rewards: list[list[float]] | dict[str, float]
 
 
 def test_unions_of_record_types_are_searched() -> None:

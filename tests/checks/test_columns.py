@@ -16,6 +16,17 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+from check_types import (
+    FRAMEWORK,
+    Experts,
+    Holder,
+    MicroBatch,
+    PlainMicroBatch,
+    Rollout,
+    Scored,
+    Text,
+    Turns,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,73 +36,7 @@ import rlwire._checks.walk as walk
 from rlwire._checks.plan import ANY
 from rlwire._core.slicing import SliceTimer, run_sliced
 
-# -- the types of test_checks.py ----------------------------------------------------------
-
-
-class Experts(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
-    data: bytes
-    shape: list[int]
-    dtype: str
-
-
-class MicroBatch(msgspec.Struct, array_like=True, gc=False, omit_defaults=True):
-    input_ids: list[int]
-    loss_mask: list[bool]
-    advantages: list[float]
-    inference_logprobs: list[float]
-    position_ids: list[int]
-    temperature: float = 1.0
-    routed_expert_ids: list[list[list[int]]] | None = None
-    routed_experts: Experts | None = None
-    mm: dict[str, Experts] | None = None
-
-
-class PlainMicroBatch(msgspec.Struct, rename="camel", tag=True):
-    input_ids: list[int]
-    loss_mask: list[bool]
-    advantages: list[float]
-    inference_logprobs: list[float]
-    position_ids: list[int]
-    temperature: float = 1.0
-    routed_expert_ids: list[list[list[int]]] | None = None
-    routed_experts: Experts | None = None
-    mm: dict[str, Experts] | None = None
-
-
 FAMILIES = [MicroBatch, PlainMicroBatch]
-
-FRAMEWORK = rlwire.Checks(
-    finite=("inference_logprobs", "advantages"),
-    same_length=(("input_ids", "loss_mask", "inference_logprobs", "routed_expert_ids"),),
-    max_value={"routed_expert_ids": 255},
-)
-
-
-@dataclasses.dataclass
-class Rollout:
-    reward: float
-    logprobs: list[float]
-
-
-class Holder(msgspec.Struct, gc=False):
-    tokens: list[int]
-    meta: int
-    rollouts: dict[str, Rollout]
-    extra: Any = None
-
-
-class Text(msgspec.Struct, tag=True):
-    text: str
-
-
-class Scored(msgspec.Struct, tag=True):
-    text: str
-    score: float
-
-
-class Turns(msgspec.Struct, array_like=True):
-    turns: list[Text | Scored] | tuple[Scored, ...] | None
-    rewards: list[list[float]] | dict[str, float]
 
 
 # -- helpers ------------------------------------------------------------------------------

@@ -10,7 +10,12 @@ import pytest
 from helpers import make_batch, make_sample
 
 import rlwire
-from rlwire._api.schema import check_rows
+from rlwire._api.schema import check_rows_sliced
+from rlwire.aio import run_sliced
+
+
+def check_rows(items: list[Any], path: str) -> None:
+    run_sliced(check_rows_sliced(items, path))
 
 
 def test_valid_sample_and_batch() -> None:

@@ -14,13 +14,12 @@ import numpy as np
 
 from rlwire._core.chunked import Chunked
 from rlwire._core.errors import SchemaError
-from rlwire._core.slicing import Sliced, SliceTimer, run_sliced
+from rlwire._core.slicing import Sliced, SliceTimer
 
 __all__ = [
     "TrainingBatch",
     "TrainingSample",
     "check_object",
-    "check_rows",
     "check_rows_sliced",
 ]
 
@@ -128,12 +127,6 @@ def check_object(obj: Any, path: str) -> None:
         obj.validate(path)
     elif isinstance(obj, TrainingBatch):
         obj._check_samples(path)
-
-
-def check_rows(items: list[Any], path: str) -> None:
-    """Validate a list the codec stores as columns, as :func:`check_object` would each
-    item (``path[i]``); :func:`check_rows_sliced` run at once."""
-    run_sliced(check_rows_sliced(items, path))
 
 
 def check_rows_sliced(items: list[Any], path: str) -> Sliced[None]:

@@ -70,6 +70,36 @@ def test_a_batch_is_two_buffers_per_array_field_not_one_per_array() -> None:
     assert_batches_equal(MsgpackCodec().decode(stored(frame), rlwire.TrainingBatch), batch)
 
 
+ODD_ROWS = {
+    "dtype": np.arange(4, dtype=np.int32),
+    "byte order": np.arange(4, dtype=">i8"),
+    "dimensions": np.arange(4, dtype=np.int64).reshape(2, 2),
+    "zero-d": np.array(5, dtype=np.int64),
+}
+
+
+@pytest.mark.parametrize("where", [0, 1, 1500])
+@pytest.mark.parametrize("odd", sorted(ODD_ROWS))
+def test_a_row_of_another_kind_among_small_rows_keeps_its_kind(odd: str, where: int) -> None:
+    """Small rows are copied into one array; a row of another dtype, byte order or
+    number of dimensions (in the first group of rows copied or a later one) makes the
+    field one value per row instead, never a cast."""
+    items = [{"ids": np.arange(4, dtype=np.int64) + i, "n": i} for i in range(2000)]
+    if where:
+        items[where]["ids"] = ODD_ROWS[odd]
+    else:
+        items = [{"ids": ODD_ROWS[odd], "n": -1}, *items]
+    frame = MsgpackCodec().encode(items)
+    assert not any(isinstance(b, Pieces) for b in frame.buffers)
+    assert_same(MsgpackCodec().decode(stored(frame)), items)
+
+
+def test_rows_of_a_2d_field_with_another_trailing_shape_keep_their_shape() -> None:
+    items = [{"x": np.zeros((3, 2), np.float32)} for _ in range(1500)]
+    items[1200]["x"] = np.zeros((2, 3), np.float32)
+    assert_same(round_trip(items), items)
+
+
 def test_received_rows_are_views_over_one_buffer_per_field() -> None:
     batch = make_batch(8, 50)
     frame = stored(MsgpackCodec(inline_threshold=0).encode(batch))

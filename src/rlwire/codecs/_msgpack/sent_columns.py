@@ -45,6 +45,9 @@ _CONTAINERS = frozenset((dict, list))
 _NDARRAY = {np.ndarray}
 _DTYPE = operator.attrgetter("dtype")
 _NDIM = operator.attrgetter("ndim")
+_BASE = operator.attrgetter("base")
+_NO_BASE = {id(None)}
+_C_CONTIGUOUS = operator.attrgetter("flags.c_contiguous")
 # Rows this small on average are copied into one array rather than sent where they are.
 _SMALL_ROW = 4096
 # Rows copied into one array per call: a slice's worth (some 0.3 µs a row).
@@ -226,27 +229,35 @@ def _ragged_column(
     larger rows are written where they are, as the runs of
     :class:`~rlwire._frame.pieces.Pieces`, so that a large step is never held twice."""
     first = values[0]
-    if type(first) is not np.ndarray or first.ndim < 1:
-        return None
     # The checks run in C over the rows (map, set), not a Python loop.
-    if set(map(type, values)) != _NDARRAY or len(set(map(_DTYPE, values))) != 1:
+    if type(first) is not np.ndarray or first.ndim < 1 or set(map(type, values)) != _NDARRAY:
         return None
-    if set(map(_NDIM, values)) != {first.ndim}:
+    try:
+        lengths = np.fromiter(map(len, values), np.int64, len(values))
+    except TypeError:  # a 0-d row
         return None
-    dtype, tail = first.dtype, first.shape[1:]
-    if tail and len({v.shape[1:] for v in values}) != 1:
-        return None
-    if dtype not in PLAIN_DTYPES:
-        check_dtype(dtype, path_of(0))
     offsets = np.zeros(len(values) + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, values), np.int64, len(values)), out=offsets[1:])
+    np.cumsum(lengths, out=offsets[1:])
+    dtype, tail = first.dtype, first.shape[1:]
     shape = [int(offsets[-1]), *tail]
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if (nbytes < w.sent.inline_threshold and not side) or nbytes <= _SMALL_ROW * len(values):
+    join = (nbytes < w.sent.inline_threshold and not side) or nbytes <= _SMALL_ROW * len(values)
+    # Rows that are joined need no check of their own: a copy with casting="no" refuses
+    # a row of another dtype, byte order, number of dimensions or trailing shape.
+    if not (join and dtype in PLAIN_DTYPES):
+        if not _one_kind(values, first):
+            return None
+        if dtype not in PLAIN_DTYPES:
+            check_dtype(dtype, path_of(0))
+    if join:
         joined = np.empty(shape, dtype)  # the same byte order as the rows
         for start in range(0, len(values), _JOIN_ROWS):
             stop = min(start + _JOIN_ROWS, len(values))
-            np.concatenate(values[start:stop], out=joined[offsets[start] : offsets[stop]])
+            part = joined[offsets[start] : offsets[stop]]
+            try:
+                np.concatenate(values[start:stop], out=part, casting="no")
+            except (TypeError, ValueError):  # rows of more than one kind
+                return None
             yield from w.tick()
         column = w.sent.array(joined, path_of(0), side)
     else:
@@ -257,9 +268,18 @@ def _ragged_column(
     return msgspec.msgpack.Ext(EXT_RAGGED, w.encoder.encode([column, offsets_value]))
 
 
+def _one_kind(arrays: list[np.ndarray], first: np.ndarray) -> bool:
+    """True if ``arrays`` share ``first``'s dtype, number of dimensions and trailing shape."""
+    if len(set(map(_DTYPE, arrays))) != 1 or set(map(_NDIM, arrays)) != {first.ndim}:
+        return False
+    return first.ndim == 1 or len({a.shape[1:] for a in arrays}) == 1
+
+
 def _pieces_of(arrays: list[np.ndarray]) -> Pieces:
     """The arrays' bytes as the runs of one buffer, in order (a C-contiguous copy only of
     an array that is not C-contiguous)."""
+    if set(map(id, map(_BASE, arrays))) == _NO_BASE and all(map(_C_CONTIGUOUS, arrays)):
+        return Pieces.from_distinct(map(byte_view, arrays))  # each owns its memory
     return Pieces(byte_view(a if a.flags.c_contiguous else np.ascontiguousarray(a)) for a in arrays)
 
 

@@ -1,0 +1,280 @@
+"""Benchmark rlwire on Ray beside Ray's own object store, end to end, on one node or two.
+
+A producer actor (async, as a framework's rollout worker) sends 16 steps; two trainer
+actors (async) each take their half of every step as numpy arrays. Per step, the time
+from the producer starting to send to the later of the two trainers holding its arrays
+is recorded; the table keeps the steady state (steps 8-15) of every round. Variants,
+run one after another within a round, their order alternating between rounds:
+
+* ``put-loop``: ``ray.put`` of each rank's half (a dict of batched arrays, as verl's
+  DataProto or OpenRLHF's batches are) on the producer's event loop; the driver passes
+  the references to the trainers, which ``ray.get`` them in a worker thread.
+* ``put-thread``: the same, ``ray.put`` in a worker thread (``anyio.to_thread``): the
+  baseline the targets are judged against.
+* ``ray``: ``open_sender("ray://NAME").send_ranks([half0, half1])`` of the step as a
+  ``TrainingBatch``; each trainer ``areceive``s its rank from ``open_receiver``.
+* ``files``: the same through a directory on tmpfs (``keep_last=2``); one node only.
+* ``files-recycle``: the same with the directory sink recycling retired files
+  (``storage_options={"recycle": True}``), where the installed rlwire offers it.
+
+Shapes: ``moe`` (256 samples x 4,096 tokens with routed_experts uint8 [4096, 48, 8],
+~425 MB) and ``dense`` (2,048 x 2,048, no routed experts, ~88 MB). Every send runs under
+:class:`rlwire.LagMonitor` in the producer, followed by the idle loop under the same
+monitor for as long; the table gives the worst stall above the idle loop's worst gap.
+``--nodes 2`` starts a ``ray.cluster_utils.Cluster`` of two nodes (a raylet and object
+store each, on this machine): the producer on one, the trainers on the other, so every
+step crosses Ray's object transfer.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_ray.py                        # both shapes, one node
+    .venv/bin/python benchmarks/bench_ray.py --nodes 2 --rounds 4
+    .venv/bin/python benchmarks/bench_ray.py --quick                # tiny, 1 round
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import anyio
+import numpy as np
+import ray
+
+import rlwire
+
+SHAPES = {"moe": (256, 4096, True), "dense": (2048, 2048, False)}
+QUICK = {"moe": (16, 256, True), "dense": (64, 256, False)}
+VARIANTS = ("put-loop", "put-thread", "ray", "files", "files-recycle")
+BASELINE = "put-thread"
+TARGETS = {("moe", "ray", 1): 1.1, ("dense", "ray", 1): 1.0, ("moe", "files-recycle", 1): 1.5}
+TARGETS |= {("moe", "ray", 2): 1.0, ("dense", "ray", 2): 1.0}
+
+
+def make_half(samples: int, tokens: int, moe: bool, seed: int) -> rlwire.TrainingBatch:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(samples):
+        out.append(
+            rlwire.TrainingSample(
+                token_ids=rng.integers(0, 150_000, tokens),
+                mask=rng.random(tokens) < 0.9,
+                env_name="bench",
+                logprobs=-rng.random(tokens, np.float32),
+                temperatures=np.ones(tokens, np.float32),
+                advantages=rng.standard_normal(tokens, np.float32),
+                routed_experts=rng.integers(0, 64, (tokens, 48, 8), np.uint8) if moe else None,
+            )
+        )
+    return rlwire.TrainingBatch(samples=out)
+
+
+def as_dict(batch: rlwire.TrainingBatch) -> dict[str, np.ndarray]:
+    """The half as a framework holds it: one batched array per field."""
+    names = ["token_ids", "mask", "logprobs", "temperatures", "advantages"]
+    if batch.samples[0].routed_experts is not None:
+        names.append("routed_experts")
+    return {n: np.stack([getattr(s, n) for s in batch.samples]) for n in names}
+
+
+async def idle_gap(seconds: float) -> float:
+    async with rlwire.LagMonitor() as lag:
+        await anyio.sleep(seconds)
+    return lag.max
+
+
+@ray.remote
+class Producer:
+    def __init__(self, shape: tuple[int, int, bool], seed: int) -> None:
+        samples, tokens, moe = shape
+        self.halves = [make_half(samples // 2, tokens, moe, seed + r) for r in range(2)]
+        self.dicts = [as_dict(h) for h in self.halves]
+        self.sender: Any = None
+
+    async def open(self, url: str, **options: Any) -> None:
+        self.sender = rlwire.open_sender(url, on_existing="overwrite", **options)
+        await self.sender.aopen()
+
+    async def close(self) -> None:
+        if self.sender is not None:
+            await self.sender.aclose()
+            self.sender = None
+
+    async def send(self, variant: str) -> tuple[list[Any], float, float, float]:
+        """(references or [], start time, worst stall in ms, seconds taken)."""
+        began = time.time()
+        async with rlwire.LagMonitor() as lag:
+            t0 = time.perf_counter()
+            if variant == "put-loop":
+                refs = [ray.put(d) for d in self.dicts]
+            elif variant == "put-thread":
+                refs = [await anyio.to_thread.run_sync(ray.put, d) for d in self.dicts]
+            else:
+                await self.sender.send_ranks(self.halves)
+                refs = []
+            took = time.perf_counter() - t0
+        return refs, began, lag.max * 1e3, took
+
+    async def idle(self, seconds: float) -> float:
+        """The idle loop's worst gap over ``seconds``, in ms."""
+        return await idle_gap(max(seconds, 0.05)) * 1e3
+
+
+@ray.remote
+class Trainer:
+    def __init__(self) -> None:
+        self.receiver: Any = None
+
+    async def open(self, url: str, rank: int, **options: Any) -> None:
+        self.receiver = rlwire.open_receiver(url, rank=rank, **options)
+
+    async def close(self) -> None:
+        if self.receiver is not None:
+            await self.receiver.aclose()
+            self.receiver = None
+
+    async def take(self, refs: list[Any] | None) -> float:
+        """The time this rank holds its arrays."""
+        if refs is None:
+            batch = await self.receiver.areceive(timeout=120)
+            assert batch.samples[-1].advantages.dtype == np.float32
+        else:
+            half = await refs[0]  # as an async actor awaits an object (asyncio)
+            assert half["advantages"].dtype == np.float32
+        return time.time()
+
+
+def url_of(variant: str, root: str) -> tuple[str, dict[str, Any]]:
+    if variant == "ray":
+        return f"ray://bench-{uuid.uuid4().hex[:8]}", {"keep_last": 2}
+    path = tempfile.mkdtemp(dir=root)
+    options: dict[str, Any] = {"keep_last": 2}
+    if variant == "files-recycle":
+        options["storage_options"] = {"recycle": True}
+    return path, options
+
+
+def run_variant(
+    variant: str, producer: Any, trainers: list[Any], steps: int, root: str
+) -> list[tuple[float, float]]:
+    """(end to end ms, stall above idle ms) of every step."""
+    rlwire_side = variant not in ("put-loop", "put-thread")
+    if rlwire_side:
+        url, options = url_of(variant, root)
+        ray.get(producer.open.remote(url, **options))
+        ray.get([t.open.remote(url, r) for r, t in enumerate(trainers)])
+    out = []
+    try:
+        for _ in range(steps):
+            if rlwire_side:
+                takes = [t.take.remote(None) for t in trainers]
+                _, began, stall, took = ray.get(producer.send.remote(variant))
+            else:  # the single-controller pattern: references pass through the driver
+                refs, began, stall, took = ray.get(producer.send.remote(variant))
+                takes = [t.take.remote([ref]) for t, ref in zip(trainers, refs, strict=True)]
+            done = max(ray.get(takes))
+            idle = ray.get(producer.idle.remote(took))
+            out.append(((done - began) * 1e3, stall - idle))
+    finally:
+        if rlwire_side:
+            ray.get([t.close.remote() for t in trainers])
+            ray.get(producer.close.remote())
+            if not url.startswith("ray://"):
+                shutil.rmtree(url, ignore_errors=True)
+    return out
+
+
+def start(nodes: int) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """Ray with the producer's and the trainers' placement options."""
+    store = 2 * 1024**3
+    if nodes == 1:
+        ray.init(num_cpus=4, object_store_memory=store, include_dashboard=False)
+        return None, {}, {}
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster()
+    cluster.add_node(num_cpus=2, object_store_memory=store, resources={"producer": 1})
+    cluster.add_node(num_cpus=3, object_store_memory=store, resources={"trainer": 2})
+    ray.init(address=cluster.address, include_dashboard=False)
+    return cluster, {"resources": {"producer": 1}}, {"resources": {"trainer": 1}}
+
+
+def has_recycle() -> bool:
+    try:
+        probe = tempfile.mkdtemp()
+        rlwire.open_sender(probe, keep_last=2, storage_options={"recycle": True})
+        return True
+    except rlwire.ConfigError:
+        return False
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+
+
+def spread(values: list[float], spec: str = ".1f") -> str:
+    return f"{statistics.median(values):{spec}} ({min(values):{spec}}…{max(values):{spec}})"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shapes", default="moe,dense")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--nodes", type=int, choices=(1, 2), default=1)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--quick", action="store_true", help="tiny steps, 1 round, 4 steps")
+    args = parser.parse_args(argv)
+    shapes = QUICK if args.quick else SHAPES
+    rounds, steps = (1, 4) if args.quick else (args.rounds, args.steps)
+    steady = slice(steps // 2, steps)
+    variants = [v for v in args.variants.split(",") if v]
+    if args.nodes == 2:
+        variants = [v for v in variants if not v.startswith("files")]
+    if "files-recycle" in variants and not has_recycle():
+        print("files-recycle: this rlwire has no recycling; left out", file=sys.stderr)
+        variants.remove("files-recycle")
+    root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    cluster, at_producer, at_trainer = start(args.nodes)
+    print(f"Command: `python benchmarks/bench_ray.py {' '.join(argv or sys.argv[1:])}`")
+    print(f"ray {ray.__version__}, rlwire {rlwire.__version__}, {args.nodes} node(s)\n")
+    print("| shape | variant | end to end ms | ratio to put-thread | stall above idle ms |", end="")
+    print(" target |")
+    print("|---|---|---:|---:|---:|---|")
+    try:
+        for shape in args.shapes.split(","):
+            producer = Producer.options(**at_producer).remote(shapes[shape], 0)
+            trainers = [Trainer.options(**at_trainer).remote() for _ in range(2)]
+            results: dict[str, list[list[tuple[float, float]]]] = {v: [] for v in variants}
+            for r in range(rounds):
+                order = variants if r % 2 == 0 else variants[::-1]
+                for variant in order:
+                    results[variant].append(run_variant(variant, producer, trainers, steps, root))
+                print(f"  {shape}: round {r + 1} done", file=sys.stderr)
+            base = [statistics.median(e for e, _ in rnd[steady]) for rnd in results[BASELINE]]
+            for variant in variants:
+                ends = [e for rnd in results[variant] for e, _ in rnd[steady]]
+                stalls = [s for rnd in results[variant] for _, s in rnd[steady]]
+                mine = [statistics.median(e for e, _ in rnd[steady]) for rnd in results[variant]]
+                ratios = [m / b for m, b in zip(mine, base, strict=True)] if base else [0.0]
+                target = TARGETS.get((shape, variant, args.nodes))
+                goal = f"≤ {target:.1f}x" if target else ""
+                print(
+                    f"| {shape} | {variant} | {spread(ends)} | {spread(ratios, '.2f')} | "
+                    f"{spread(stalls)} | {goal} |"
+                )
+            for actor in (producer, *trainers):
+                ray.kill(actor)
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import uuid
 from collections.abc import Mapping
@@ -10,7 +11,9 @@ from typing import Any
 
 import pytest
 
+from rlwire import TrainingBatchSender
 from rlwire.testing import SinkContract
+from rlwire.testing._fixtures import Endpoint
 
 
 class TestFileSink(SinkContract):
@@ -67,3 +70,44 @@ class TestZmqIpc(SinkContract):
     @pytest.fixture
     def sink_url(self, tmp_path: Path) -> str:
         return f"zmq+ipc://{tmp_path}/run.sock"
+
+
+@dataclasses.dataclass(frozen=True)
+class _KeepingEndpoint(Endpoint):
+    """An endpoint whose senders keep ``keep_last`` steps unless a test says otherwise:
+    recycling needs ``keep_last``."""
+
+    keep_last: int = 1
+
+    def open_sender(self, **options: Any) -> TrainingBatchSender:
+        retention = options.get("retention")
+        if retention is None and "keep_last" not in options:
+            options["keep_last"] = self.keep_last
+        elif retention is not None and retention.keep_last is None:
+            options["retention"] = dataclasses.replace(retention, keep_last=self.keep_last)
+        return super().open_sender(**options)
+
+
+class TestFileRecycle(SinkContract):
+    """Files with the storage option ``recycle``: each sender keeps the newest
+    ``KEEP_LAST`` steps unless the test sets ``keep_last`` itself, and the retention tests
+    (``keep_last=1``) write steps into the files of pruned ones."""
+
+    KEEP_LAST = 1
+
+    @pytest.fixture
+    def sink_url(self, tmp_path: Path) -> str:
+        return str(tmp_path / "run")
+
+    @pytest.fixture
+    def sender_options(self) -> Mapping[str, Any]:
+        return {"recycle": True}
+
+    @pytest.fixture
+    def endpoint(
+        self,
+        sink_url: str,
+        sender_options: Mapping[str, Any],
+        receiver_options: Mapping[str, Any],
+    ) -> Endpoint:
+        return _KeepingEndpoint(sink_url, sender_options, receiver_options, self.KEEP_LAST)

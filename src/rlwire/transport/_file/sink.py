@@ -69,23 +69,25 @@ class FileSink(StoredSink):
         checksum: record an xxh3-64 checksum of every segment, which readers verify.
         recycle: write each new step into the files of a step ``keep_last`` pruned
             instead of into new files (the storage option ``"recycle"``). On tmpfs
-            (``/dev/shm``) their memory is then already allocated, which makes sending a
-            large step several times faster; elsewhere it saves little. Needs
-            ``keep_last``. The pool holds the files of one pruned step at most, and
-            only until the next step is written, so a run holds no more than without it.
+            (``/dev/shm``) their memory is then already allocated, which makes sending
+            and receiving a large step about twice as fast; elsewhere it saves little.
+            Needs ``keep_last``. The pool holds the files of one pruned step at most,
+            and only until the next step is written, so a run holds no more than
+            without it.
 
             What a receiver may keep: the arrays of a step stay unchanged while its
             receiver has not moved past the step (asked for a later one: ``receive``,
             ``poll``, ``wait_next``, the next turn of a ``for`` loop). Once every rank
             has moved past it and ``keep_last`` newer steps are stored, the sender
-            writes a new step into its files, and arrays still held over them change
-            (or, where the new file is shorter, reading them kills the process with
-            SIGBUS). Copy what must outlive the next ``receive``
-            (``np.array(batch.samples[0].tokens)``). A receiver opened with
-            ``record_consumed=False`` holds nothing back, so it must copy what it
-            keeps as soon as it receives it, or read a destination that does not
-            recycle. Without ``recycle`` (the default) pruned files are deleted and
-            arrays over them stay valid for as long as they are held.
+            may write a new step into its files, and arrays still held over them
+            change (or, where the new file is shorter, reading them kills the process
+            with SIGBUS). Copy what must outlive the next ``receive``
+            (``np.array(sample.token_ids)``). A receiver opened with
+            ``record_consumed=False`` holds nothing back: it must copy what it keeps
+            as soon as it receives it, and a step it reads just as the step is
+            recycled fails its checksums or raises SIGBUS; point it at a destination
+            that does not recycle. Without ``recycle`` (the default) pruned files are
+            deleted and arrays over them stay valid for as long as they are held.
 
     Raises:
         ConfigError: ``recycle`` without ``keep_last`` (when the sender is opened).

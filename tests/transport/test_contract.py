@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from rlwire import TrainingBatchSender
+import rlwire
+from rlwire import TrainingBatch, TrainingBatchReceiver, TrainingBatchSender
 from rlwire.testing import SinkContract
-from rlwire.testing._fixtures import Endpoint
 
 
 class TestFileSink(SinkContract):
@@ -73,10 +73,13 @@ class TestZmqIpc(SinkContract):
 
 
 @dataclasses.dataclass(frozen=True)
-class _KeepingEndpoint(Endpoint):
-    """An endpoint whose senders keep ``keep_last`` steps unless a test says otherwise:
-    recycling needs ``keep_last``."""
+class _KeepingEndpoint:
+    """The contract's endpoint (the same fields and methods), whose senders keep
+    ``keep_last`` steps unless a test says otherwise: recycling needs ``keep_last``."""
 
+    url: str
+    sender_options: Mapping[str, Any]
+    receiver_options: Mapping[str, Any]
     keep_last: int = 1
 
     def open_sender(self, **options: Any) -> TrainingBatchSender:
@@ -85,13 +88,17 @@ class _KeepingEndpoint(Endpoint):
             options["keep_last"] = self.keep_last
         elif retention is not None and retention.keep_last is None:
             options["retention"] = dataclasses.replace(retention, keep_last=self.keep_last)
-        return super().open_sender(**options)
+        return rlwire.open_sender(self.url, storage_options=self.sender_options, **options)
+
+    def open_receiver(self, **options: Any) -> TrainingBatchReceiver[TrainingBatch]:
+        return rlwire.open_receiver(self.url, storage_options=self.receiver_options, **options)
 
 
 class TestFileRecycle(SinkContract):
     """Files with the storage option ``recycle``: each sender keeps the newest
-    ``KEEP_LAST`` steps unless the test sets ``keep_last`` itself, and the retention tests
-    (``keep_last=1``) write steps into the files of pruned ones."""
+    ``KEEP_LAST`` steps unless the test sets ``keep_last`` itself, so the tests whose
+    receivers move on (the retention tests among them) write steps into the files of
+    pruned ones."""
 
     KEEP_LAST = 1
 
@@ -109,5 +116,5 @@ class TestFileRecycle(SinkContract):
         sink_url: str,
         sender_options: Mapping[str, Any],
         receiver_options: Mapping[str, Any],
-    ) -> Endpoint:
+    ) -> _KeepingEndpoint:
         return _KeepingEndpoint(sink_url, sender_options, receiver_options, self.KEEP_LAST)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import uuid
 from collections.abc import Mapping
@@ -10,6 +11,8 @@ from typing import Any
 
 import pytest
 
+import rlwire
+from rlwire import TrainingBatch, TrainingBatchReceiver, TrainingBatchSender
 from rlwire.testing import SinkContract
 
 
@@ -67,3 +70,51 @@ class TestZmqIpc(SinkContract):
     @pytest.fixture
     def sink_url(self, tmp_path: Path) -> str:
         return f"zmq+ipc://{tmp_path}/run.sock"
+
+
+@dataclasses.dataclass(frozen=True)
+class _KeepingEndpoint:
+    """The contract's endpoint (the same fields and methods), whose senders keep
+    ``keep_last`` steps unless a test says otherwise: recycling needs ``keep_last``."""
+
+    url: str
+    sender_options: Mapping[str, Any]
+    receiver_options: Mapping[str, Any]
+    keep_last: int = 1
+
+    def open_sender(self, **options: Any) -> TrainingBatchSender:
+        retention = options.get("retention")
+        if retention is None and "keep_last" not in options:
+            options["keep_last"] = self.keep_last
+        elif retention is not None and retention.keep_last is None:
+            options["retention"] = dataclasses.replace(retention, keep_last=self.keep_last)
+        return rlwire.open_sender(self.url, storage_options=self.sender_options, **options)
+
+    def open_receiver(self, **options: Any) -> TrainingBatchReceiver[TrainingBatch]:
+        return rlwire.open_receiver(self.url, storage_options=self.receiver_options, **options)
+
+
+class TestFileRecycle(SinkContract):
+    """Files with the storage option ``recycle``: each sender keeps the newest
+    ``KEEP_LAST`` steps unless the test sets ``keep_last`` itself, so the tests whose
+    receivers move on (the retention tests among them) write steps into the files of
+    pruned ones."""
+
+    KEEP_LAST = 1
+
+    @pytest.fixture
+    def sink_url(self, tmp_path: Path) -> str:
+        return str(tmp_path / "run")
+
+    @pytest.fixture
+    def sender_options(self) -> Mapping[str, Any]:
+        return {"recycle": True}
+
+    @pytest.fixture
+    def endpoint(
+        self,
+        sink_url: str,
+        sender_options: Mapping[str, Any],
+        receiver_options: Mapping[str, Any],
+    ) -> _KeepingEndpoint:
+        return _KeepingEndpoint(sink_url, sender_options, receiver_options, self.KEEP_LAST)

@@ -112,6 +112,7 @@ class TrainingBatchSender:
                 f"consumed (files, fsspec); {sink!r} does not (ZeroMQ has its own "
                 "backpressure: the storage option 'hwm')"
             )
+        sink.check_retention(self._retention.keep_last, self._retention.max_ahead)
         self._sink = sink
         self._codec = codec
         self._compressor = compression

@@ -252,6 +252,16 @@ class Sink(abc.ABC):
             )
             cls.read_consumption = old  # type: ignore[method-assign]
 
+    def check_retention(self, keep_last: int | None, max_ahead: int | None) -> None:
+        """Refuse retention settings this sink, as configured, cannot work with: the
+        sender calls it once, with its ``keep_last`` and ``max_ahead``. Accepts any by
+        default.
+
+        Raises:
+            ConfigError: an option of the sink needs a setting that is missing.
+        """
+        del keep_last, max_ahead  # any will do
+
     def prune(self, below: int) -> None:
         """Delete every stored step before ``below``: each step's main files from rank
         0 up, then its sidecars, oldest step first.

@@ -7,11 +7,18 @@ sidecar files first and main files last, so a main file's appearance means the w
 message is there. Readers (:class:`~rlwire.transport._file.source.FileSource`) poll with
 ``stat``-free ``open`` calls (works on NFS, where inotify does not) and map files with
 mmap, so arrays are views over the page cache.
+
+With ``recycle``, pruning moves the files of the newest step it retires into a pool
+(:data:`~rlwire.transport._stored.names.POOL_RE`, hidden names that readers skip and
+that ``open`` removes as leftovers) instead of deleting them, and the next step's files
+are written over them: on tmpfs their pages are already allocated, and allocating and
+zeroing fresh pages is most of what writing a large step there costs.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import unquote
@@ -23,12 +30,13 @@ from rlwire._core.errors import ConfigError, transport_error
 from rlwire._core.slicing import Sliced
 from rlwire._frame.checksums import placeholder_checksums
 from rlwire._frame.frame import Frame
-from rlwire.transport._base import SinkOptions, SourceOptions, reject_unknown
+from rlwire.transport._base import OnExisting, SinkOptions, SourceOptions, reject_unknown
 from rlwire.transport._file.source import FileSource, open_regular
 from rlwire.transport._file.staging import FileStaging, envelope
 from rlwire.transport._stored.layout import plan
 from rlwire.transport._stored.marks import MAX_MARK_BYTES
-from rlwire.transport._stored.names import main_name, sidecar_name
+from rlwire.transport._stored.names import POOL_RE, main_name, pool_name, sidecar_name
+from rlwire.transport._stored.retention import steps_to_prune
 from rlwire.transport._stored.sink import StoredSink, StoredStaging
 from rlwire.transport._url import URL
 
@@ -59,21 +67,77 @@ class FileSink(StoredSink):
         fsync: fsync every file before it is renamed, and the directory after, so a
             committed step survives a power loss (slower).
         checksum: record an xxh3-64 checksum of every segment, which readers verify.
+        recycle: write each new step into the files of a step ``keep_last`` pruned
+            instead of into new files (the storage option ``"recycle"``). On tmpfs
+            (``/dev/shm``) their memory is then already allocated, which makes sending
+            and receiving a large step about twice as fast; elsewhere it saves little.
+            Needs ``keep_last``. The pool holds the files of one pruned step at most,
+            and only until the next step is written, so a run holds no more than
+            without it.
+
+            What a receiver may keep: the arrays of a step stay unchanged while its
+            receiver has not moved past the step (asked for a later one: ``receive``,
+            ``poll``, ``wait_next``, the next turn of a ``for`` loop). Once every rank
+            has moved past it and ``keep_last`` newer steps are stored, the sender
+            may write a new step into its files, and arrays still held over them
+            change (or, where the new file is shorter, reading them kills the process
+            with SIGBUS). Copy what must outlive the next ``receive``
+            (``np.array(sample.token_ids)``). A receiver opened with
+            ``record_consumed=False`` holds nothing back: it must copy what it keeps
+            as soon as it receives it, and a step it reads just as the step is
+            recycled fails its checksums or raises SIGBUS; point it at a destination
+            that does not recycle. Without ``recycle`` (the default) pruned files are
+            deleted and arrays over them stay valid for as long as they are held.
+
+    Raises:
+        ConfigError: ``recycle`` without ``keep_last`` (when the sender is opened).
+
+    Example:
+        >>> import rlwire, tempfile
+        >>> run = tempfile.mkdtemp()  # on tmpfs, e.g. under /dev/shm, for the speed
+        >>> sender = rlwire.open_sender(run, storage_options={"recycle": True}, keep_last=2)
+        >>> rlwire.open_sender(run, storage_options={"recycle": True})
+        Traceback (most recent call last):
+        ...
+        rlwire.errors.ConfigError: ...: the storage option 'recycle' reuses the files of ...
     """
 
     gathers = True  # write_message writes the layout's chunks, runs of Pieces included
 
     def __init__(
-        self, path: str | os.PathLike[str], *, fsync: bool = False, checksum: bool = True
+        self,
+        path: str | os.PathLike[str],
+        *,
+        fsync: bool = False,
+        checksum: bool = True,
+        recycle: bool = False,
     ) -> None:
         self.root = Path(path)
         self.fsync = fsync
         self.checksum = checksum
+        self.recycle = recycle
+        # The pooled files by what they held ("rank-0000.rlw", "rank-0000.sidecar.rlw").
+        self._pool: dict[str, list[Path]] = {}
+        self._pool_lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: URL, options: SinkOptions) -> FileSink:
-        reject_unknown(url, options.storage_options, ())
-        return cls(local_path(url), fsync=options.fsync, checksum=options.checksum)
+        reject_unknown(url, options.storage_options, ("recycle",))
+        recycle = options.storage_options.get("recycle", False)
+        if not isinstance(recycle, bool):
+            raise ConfigError(
+                f"the storage option 'recycle' must be True or False, got {recycle!r}",
+                where=url.text,
+            )
+        return cls(local_path(url), fsync=options.fsync, checksum=options.checksum, recycle=recycle)
+
+    def check_retention(self, keep_last: int | None, max_ahead: int | None) -> None:
+        if self.recycle and keep_last is None:
+            raise ConfigError(
+                "the storage option 'recycle' reuses the files of steps keep_last deletes, "
+                "and without keep_last none are: open the sender with keep_last=N too",
+                where=self.root,
+            )
 
     @classmethod
     def open_source(cls, url: URL, options: SourceOptions) -> FileSource:
@@ -127,8 +191,54 @@ class FileSink(StoredSink):
     def existing(self, names: Sequence[str]) -> list[int]:
         return [i for i, name in enumerate(names) if (self.root / name).exists()]
 
+    def open(self, on_existing: OnExisting, start_step: int | None = None) -> int:
+        with self._pool_lock:  # files pooled before are leftovers now, removed or not
+            self._pool.clear()
+        return super().open(on_existing, start_step)
+
+    def prune(self, below: int) -> None:
+        """Delete the stored steps before ``below`` as :class:`StoredSink` does, except,
+        with ``recycle``, the newest of them: its files are moved into the pool, in the
+        same order (main files from rank 0 up, then sidecars), replacing what the pool
+        held."""
+        if not self.recycle:
+            super().prune(below)
+            return
+        with self.errors("delete steps every rank consumed"):
+            names = self.names()
+            steps = steps_to_prune(names, below)
+            if not steps:
+                return
+            with self._pool_lock:  # the pool never holds more than one step's files
+                self._pool.clear()
+            self.remove([n for n in names if POOL_RE.fullmatch(n)])
+            for step in steps[:-1]:
+                for batch in step:
+                    self.remove(batch)
+            for batch in steps[-1]:
+                for name in batch:
+                    pooled = self.root / pool_name(name)
+                    try:
+                        os.rename(self.root / name, pooled)
+                    except FileNotFoundError:
+                        continue
+                    with self._pool_lock:
+                        self._pool.setdefault(name[name.index(".") + 1 :], []).append(pooled)
+
+    def _take(self, name: str) -> Path | None:
+        """A pooled file to write the file ``name`` into: one that held the same rank's
+        file of its kind if there is one, else any."""
+        with self._pool_lock:
+            same = self._pool.get(name[name.index(".") + 1 :])
+            if same:
+                return same.pop()
+            for files in self._pool.values():
+                if files:
+                    return files.pop()
+        return None
+
     def staging(self, step: int) -> FileStaging:
-        return FileStaging(self.root, self.fsync)
+        return FileStaging(self.root, self.fsync, self._take if self.recycle else None)
 
     def write_message(
         self, staging: StoredStaging, step: int, rank: int, frame: Frame

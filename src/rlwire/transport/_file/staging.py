@@ -1,6 +1,7 @@
 """A step of the file sink being written: each rank's files under temporary names
 (:class:`~rlwire._core.atomic.AtomicFile`), hashed while written, renamed into place at
-commit, sidecar files first and main files last."""
+commit, sidecar files first and main files last. A sink that recycles hands it pooled
+files of pruned steps to write over instead of new files."""
 
 from __future__ import annotations
 
@@ -29,11 +30,18 @@ SLICE_BYTES = 64 << 20
 
 
 class FileStaging(StoredStaging):
-    """The files of one step, written under temporary names in ``root``."""
+    """The files of one step, written under temporary names in ``root``.
 
-    def __init__(self, root: Path, fsync: bool) -> None:
+    ``take(name)``, when given, returns a pooled file to write the file ``name`` into (or
+    ``None``): it is moved to the temporary name, written over and cut to size.
+    """
+
+    def __init__(
+        self, root: Path, fsync: bool, take: Callable[[str], Path | None] | None = None
+    ) -> None:
         self.root = root
         self.fsync = fsync
+        self.take = take
         self.sidecars: list[AtomicFile] = []
         self.mains: list[AtomicFile] = []
 
@@ -57,16 +65,28 @@ class FileStaging(StoredStaging):
             TransportError: the file cannot be created or written (nothing is left).
         """
         out = AtomicFile(self.root / name, fsync=self.fsync)
+        pooled = self.take(name) if self.take is not None else None
         try:
-            out.create()
+            try:
+                if pooled is None:
+                    out.create()
+                else:
+                    out.reuse(pooled)
+            except FileNotFoundError:  # the pooled file is gone (another sender opened)
+                if pooled is None:
+                    raise
+                pooled = None
+                out.create()
         except OSError as exc:
             raise transport_error(exc, "create a file", where=out.tmp) from exc
         try:
-            yield from _write_hashed(out.fd, chunks, segments, hashers)
+            size = yield from _write_hashed(out.fd, chunks, segments, hashers)
             if head is not None:
                 data = head()
                 if os.pwrite(out.fd, data, 0) != len(data):
                     raise OSError(errno.EIO, "short write of the envelope")
+            if pooled is not None:  # every byte up to size is written: drop the rest
+                os.ftruncate(out.fd, size)
             out.close()
         except OSError as exc:
             out.discard()
@@ -142,10 +162,12 @@ def _write_hashed(
     chunks: Sequence[bytes | memoryview],
     segments: Sequence[int],
     hashers: Sequence[Any],
-) -> Sliced[None]:
+) -> Sliced[int]:
     """Write ``chunks`` to ``fd`` with ``writev``, hashing each chunk of a segment into
-    ``hashers[segment]``; the hashing thread has finished whenever this returns or raises."""
+    ``hashers[segment]``; the number of bytes written. The hashing thread has finished
+    whenever this returns or raises."""
     hashing: concurrent.futures.Future[None] | None = None
+    total = 0
     try:
         written = 0
         slicer = SliceTimer()
@@ -161,7 +183,9 @@ def _write_hashed(
             # Only the work between writes holds the GIL (many small buffers to hash make
             # it long); the writes themselves leave the event loop free.
             busy = slicer.due()
-            written += writev_all(fd, [view for view, _ in batch])
+            n = writev_all(fd, [view for view, _ in batch])
+            written += n
+            total += n
             if written >= SLICE_BYTES or busy:
                 written = 0
                 yield
@@ -169,6 +193,7 @@ def _write_hashed(
         if hashing is not None:
             hashing.result()
             hashing = None
+        return total
     finally:
         if hashing is not None:  # stopped midway: let the hashing thread finish first
             concurrent.futures.wait([hashing])

@@ -2,7 +2,9 @@
 
 Shared by every sink that stores one message per step and rank under a directory or key
 prefix: ``step-00000007.rank-0000.rlw`` holds the main file, ``….sidecar.rlw`` the
-sidecar file, and ``.<name>.<random hex>.tmp`` a file being written.
+sidecar file, and ``.<name>.<random hex>.tmp`` a file being written. A file sink that
+recycles keeps the files of a pruned step as ``.pool.rank-0000.rlw.<random hex>.tmp``
+(``.pool.rank-0000.sidecar.rlw…`` for a sidecar) until a new step is written into them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ __all__ = [
     "FILE_RE",
     "LEFTOVER_RE",
     "MAIN_RE",
+    "POOL_RE",
     "REWRITE_NAME",
     "STORED_RE",
     "TEMP_RE",
@@ -27,6 +30,7 @@ __all__ = [
     "main_name",
     "names_to_delete",
     "orphan_sidecars",
+    "pool_name",
     "sidecar_name",
     "start_step",
     "temp_name",
@@ -46,11 +50,15 @@ MAIN_RE = re.compile(r"step-(\d+)\.rank-(\d+)\.rlw")
 STORED_RE = re.compile(r"step-(\d+)\.rank-(\d+)(\.sidecar)?\.rlw")
 #: A file still being written (or left behind by a sender that was killed).
 TEMP_RE = re.compile(r"\.step-\d+\.rank-\d+(\.sidecar)?\.rlw\.[0-9a-f]+\.tmp")
+#: A pruned step's file kept for reuse by a file sink that recycles; groups: rank,
+#: sidecar suffix.
+POOL_RE = re.compile(r"\.pool\.rank-(\d+)(\.sidecar)?\.rlw\.[0-9a-f]+\.tmp")
 #: A temporary file any writer may leave when killed: a step's file, a mark
-#: (consumption, end, rewrite) or the sink's probe of the directory.
+#: (consumption, end, rewrite), the sink's probe of the directory, or a pooled file.
 LEFTOVER_RE = re.compile(
     r"\.(?:step-\d+\.rank-\d+(?:\.sidecar)?|consumed\.rank-\d+|end|rewrite)\.rlw\.[0-9a-f]+\.tmp"
     r"|\.rlwire-probe\.\d+\.[0-9a-f]+\.tmp"
+    rf"|{POOL_RE.pattern}"
 )
 #: Any file, stored or being written; groups: step, rank.
 FILE_RE = re.compile(r"\.?step-(\d+)\.rank-(\d+)(?:\.sidecar)?\.rlw(?:\.[0-9a-f]+\.tmp)?")
@@ -64,6 +72,17 @@ def main_name(step: int, rank: int) -> str:
 def sidecar_name(step: int, rank: int) -> str:
     """Name of the sidecar file of ``step`` for ``rank``."""
     return f"step-{step:08d}.rank-{rank:04d}.sidecar.rlw"
+
+
+def pool_name(name: str) -> str:
+    """A fresh name to keep the stored file ``name`` under in a file sink's pool: its
+    step dropped, its rank and kind kept, hidden from readers like a temporary file.
+
+    Example:
+        >>> bool(POOL_RE.fullmatch(pool_name("step-00000007.rank-0001.sidecar.rlw")))
+        True
+    """
+    return temp_name("pool" + name[name.index(".") :])
 
 
 def consumed_name(rank: int) -> str:

@@ -67,3 +67,13 @@ class TestZmqIpc(SinkContract):
     @pytest.fixture
     def sink_url(self, tmp_path: Path) -> str:
         return f"zmq+ipc://{tmp_path}/run.sock"
+
+
+class TestRay(SinkContract):
+    """Against a real local Ray cluster (tests/ray_cluster.py); the sender and receivers
+    run in the driver, so the steps are the driver's objects (tests/transport/ray tests
+    producers in actors)."""
+
+    @pytest.fixture
+    def sink_url(self, ray_url: str) -> str:
+        return ray_url

@@ -1,0 +1,121 @@
+"""Finding, creating and calling a destination's board, with Ray's errors turned into
+rlwire's."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import ray
+from ray.actor import ActorHandle
+
+from rlwire._core.errors import ConfigError, RlwireError, TransportError
+from rlwire.transport.ray._board import BoardActor, board_name
+
+#: A board's actor handle (its methods are :class:`~._board.Board`'s).
+BoardHandle = ActorHandle[Any]
+
+# Ray destroys a board that is not detached once no handle to it is left, even a named
+# one: the process that created it keeps one, so that its steps outlive the sender that
+# sent them (they live as long as this process, or until drop_board).
+_KEPT: dict[tuple[str, str | None], BoardHandle] = {}
+
+__all__ = [
+    "BoardHandle",
+    "call",
+    "create_board",
+    "drop_board",
+    "ensure_ray",
+    "find_board",
+    "ray_errors",
+]
+
+
+def ensure_ray(where: str) -> None:
+    """Raise ConfigError unless this process is connected to a Ray cluster."""
+    if not ray.is_initialized():
+        raise ConfigError(
+            "this process is not connected to a Ray cluster: call ray.init() first "
+            "(inside a Ray actor or task it is)",
+            where=where,
+        )
+
+
+@contextlib.contextmanager
+def ray_errors(where: str, action: str) -> Iterator[None]:
+    """Turn Ray's errors (a dead board, a lost object, a timeout) into a
+    :class:`~rlwire.errors.TransportError` saying that ``action`` failed at ``where``."""
+    try:
+        yield
+    except RlwireError:
+        raise
+    except ray.exceptions.GetTimeoutError as exc:
+        raise TransportError(f"cannot {action}: timed out ({exc})", where=where) from exc
+    except ray.exceptions.RayError as exc:
+        kind = type(exc).__name__
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else kind
+        raise TransportError(f"cannot {action}: {kind}: {first}", where=where) from exc
+
+
+def call(method: Any, *args: Any, where: str, action: str, timeout: float | None = None) -> Any:
+    """``method.remote(*args)`` on a board, waited for (blocking: call it from a worker
+    thread); its answer.
+
+    Raises:
+        TransportError: the board is gone, or does not answer within ``timeout``.
+    """
+    with ray_errors(where, action):
+        return ray.get(method.remote(*args), timeout=timeout)
+
+
+def create_board(name: str, *, namespace: str | None = None, detached: bool = False) -> BoardHandle:
+    """The board of ``ray://name``, created if there is none (at once, as one actor
+    however many callers race).
+
+    A board that is not ``detached`` dies with the process that created it (Ray's fate
+    sharing), and every step with it: create it in the driver, or detach it.
+
+    Raises:
+        ConfigError: Ray is not initialized in this process.
+        TransportError: Ray cannot create the actor.
+    """
+    where = f"ray://{name}"
+    ensure_ray(where)
+    options: dict[str, Any] = {
+        "name": board_name(name),
+        "namespace": namespace,
+        "get_if_exists": True,
+        # Many receivers may wait on it at once, each a coroutine.
+        "max_concurrency": 1000,
+    }
+    if detached:
+        options["lifetime"] = "detached"
+    with ray_errors(where, "create the board"):
+        handle: BoardHandle = BoardActor.options(**options).remote(where)  # type: ignore[assignment]
+    _KEPT.setdefault((name, namespace), handle)
+    return handle
+
+
+def find_board(name: str, namespace: str | None = None) -> BoardHandle | None:
+    """The board of ``ray://name``, or ``None`` if none is there (yet)."""
+    try:
+        return ray.get_actor(board_name(name), namespace=namespace)
+    except ValueError:
+        return None
+
+
+def drop_board(name: str, *, namespace: str | None = None) -> bool:
+    """Kill the board of ``ray://name`` (detached or not); every step it holds goes with
+    it. True if there was one.
+
+    Raises:
+        ConfigError: Ray is not initialized in this process.
+    """
+    ensure_ray(f"ray://{name}")
+    _KEPT.pop((name, namespace), None)
+    board = find_board(name, namespace)
+    if board is None:
+        return False
+    ray.kill(board)
+    return True

@@ -7,7 +7,7 @@ consumption mark and the end of the stream. Receivers wait on it (an
 overwrite) lose their references, so the object store frees their memory once no reader
 holds a view of it.
 
-Objects the board pulled from a producer's actor (:mod:`._handover`) are owned by the
+Objects the board pulled from a producer's actor (``_handover``) are owned by the
 board: they survive the producer and die with the board. Its methods answer with plain
 values (tuples of str and int, references), never rlwire's exceptions, so nothing of
 rlwire's is pickled on the way back; the sink and source raise the errors.
@@ -53,7 +53,7 @@ def board_name(name: str) -> str:
 class Board:
     """The state of one ``ray://NAME`` destination (see the module's docstring).
 
-    Created through :func:`ray.remote` by :mod:`._actors`; callers use its methods'
+    Created through :func:`ray.remote` (``_actors`` does); callers use its methods'
     ``.remote``. ``where`` names the destination in messages.
     """
 

@@ -10,17 +10,17 @@ board, and they outlive the producer.
 
 from __future__ import annotations
 
-import pickle
 import threading
+from pickle import PickleBuffer
 from typing import Any
 
 __all__ = ["hand_over", "offer", "withdraw"]
 
-_TABLE: dict[str, list[list[pickle.PickleBuffer]]] = {}
+_TABLE: dict[str, list[list[PickleBuffer]]] = {}
 _LOCK = threading.Lock()
 
 
-def offer(key: str, values: list[list[pickle.PickleBuffer]]) -> None:
+def offer(key: str, values: list[list[PickleBuffer]]) -> None:
     """Keep ``values`` (one list per object) under ``key`` for :func:`hand_over`."""
     with _LOCK:
         _TABLE[key] = values

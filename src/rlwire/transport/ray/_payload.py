@@ -1,7 +1,7 @@
 """A rank's message as the objects it is stored as in Ray's object store, and back.
 
 A message is one *main* object, and a *sidecar* object when some of its buffers go in
-the sidecar. Each object is a list of :class:`pickle.PickleBuffer`, which Ray stores out
+the sidecar. Each object is a list of :class:`PickleBuffer`, which Ray stores out
 of band (a pickle of a few bytes, no globals) and hands back as read-only views of its
 shared memory: no user data is ever pickled. The main object holds the envelope (a small
 msgspec message rlwire writes: codec, segment sizes, compression, checksums, which
@@ -11,8 +11,8 @@ sidecar; the sidecar object holds the others, in buffer order.
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Sequence
+from pickle import PickleBuffer
 from typing import Any
 
 import msgspec
@@ -66,7 +66,7 @@ _DECODER = msgspec.msgpack.Decoder(Envelope)
 
 #: What goes into the object store for one rank: the main object's values, and the
 #: sidecar object's (``None`` when the message has no sidecar).
-Payload = tuple[list[pickle.PickleBuffer], list[pickle.PickleBuffer] | None]
+Payload = tuple[list[PickleBuffer], list[PickleBuffer] | None]
 
 
 def make_payload(frame: Frame, checksums: bytes | None) -> Payload:
@@ -86,9 +86,9 @@ def make_payload(frame: Frame, checksums: bytes | None) -> Payload:
         checksum="" if checksums is None else CHECKSUM,
         checksums=checksums or b"",
     )
-    main = [pickle.PickleBuffer(_ENCODER.encode(envelope)), pickle.PickleBuffer(frame.header)]
-    main += [pickle.PickleBuffer(v) for i, v in enumerate(views) if i not in frame.sidecar]
-    side = [pickle.PickleBuffer(views[i]) for i in sidecar] if sidecar else None
+    main = [PickleBuffer(_ENCODER.encode(envelope)), PickleBuffer(frame.header)]
+    main += [PickleBuffer(v) for i, v in enumerate(views) if i not in frame.sidecar]
+    side = [PickleBuffer(views[i]) for i in sidecar] if sidecar else None
     return main, side
 
 
@@ -207,10 +207,10 @@ def _envelope(view: memoryview, where: str) -> Envelope:
     return envelope
 
 
-def payload_values(payloads: Sequence[Payload]) -> list[list[pickle.PickleBuffer]]:
+def payload_values(payloads: Sequence[Payload]) -> list[list[PickleBuffer]]:
     """The values of every object of ``payloads``, in order: each rank's main object,
     then its sidecar object if it has one."""
-    out: list[list[pickle.PickleBuffer]] = []
+    out: list[list[PickleBuffer]] = []
     for main, side in payloads:
         out.append(main)
         if side is not None:

@@ -152,9 +152,7 @@ class RaySink(Sink):
         self.pull_timeout = pull_timeout
         self._board: BoardHandle | None = None
         self._producer: BoardHandle | None = None
-        #: True when the board owns the steps this sink sends (pulled from its actor);
-        #: False when this process owns them; ``None`` before :meth:`open`.
-        self.board_owned: bool | None = None
+        self._opened = False
 
     def __repr__(self) -> str:
         return f"RaySink({self.where!r})"
@@ -163,6 +161,13 @@ class RaySink(Sink):
     def where(self) -> str:
         """The destination's URL, ``ray://NAME``."""
         return f"ray://{self.name}"
+
+    @property
+    def board_owned(self) -> bool | None:
+        """True when the board owns the steps this sink sends (pulled from the actor it
+        runs in), False when this process owns them (they die with it); ``None`` before
+        the sink is open."""
+        return (self._producer is not None) if self._opened else None
 
     @classmethod
     def from_url(cls, url: URL, options: SinkOptions) -> RaySink:
@@ -203,7 +208,7 @@ class RaySink(Sink):
             raise error(answer[1], where=self.where)
         self._board = board
         self._producer = producer_actor()
-        self.board_owned = self._producer is not None
+        self._opened = True
         return int(answer[1])
 
     def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:

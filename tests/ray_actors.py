@@ -39,11 +39,11 @@ def fingerprint(batch: TrainingBatch) -> list[str]:
     return out
 
 
-async def _send(url: str, steps: int, ranks: int, finish: bool) -> dict[str, Any]:
+async def _send(url: str, steps: int, ranks: int, finish: bool, n: int) -> dict[str, Any]:
     handles: list[list[StepHandle]] = []
     async with rlwire.open_sender(url, sidecar="routed_experts", on_existing="resume") as sender:
         for step in range(steps):
-            sent = await sender.send_ranks(step_batches(step, ranks))
+            sent = await sender.send_ranks(step_batches(step, ranks, n))
             sink = sender.sink
             handles.append([sink.handle(sent, rank) for rank in range(ranks)])  # type: ignore[attr-defined]
         if finish:
@@ -66,8 +66,13 @@ class Producer:
     async def canary(self) -> list[Any]:
         return canary()
 
-    async def send(self, url: str, steps: int, ranks: int, finish: bool = False) -> dict[str, Any]:
-        return await _send(url, steps, ranks, finish)
+    async def send(
+        self, url: str, steps: int, ranks: int, finish: bool = False, n: int = 64
+    ) -> dict[str, Any]:
+        return await _send(url, steps, ranks, finish, n)
+
+    async def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
 
 
 @ray.remote(num_cpus=0, max_concurrency=1)
@@ -88,6 +93,9 @@ class SyncProducer:
 @ray.remote(num_cpus=0)
 class Trainer:
     """An async trainer actor: receives with the receiver API."""
+
+    async def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
 
     async def open_handle(self, handle: StepHandle) -> tuple[int | None, list[str]]:
         with rlwire.open_receiver(handle.url, **handle.receiver_options()) as receiver:

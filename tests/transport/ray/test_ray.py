@@ -4,8 +4,13 @@ object store. The contract itself runs in tests/transport/test_contract.py (Test
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,8 +21,6 @@ import rlwire
 from rlwire import TrainingBatch, TransportError
 from rlwire.testing import assert_batches_equal, make_sample
 from rlwire.transport.ray import RaySink, create_board, drop_board
-
-pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 TIMEOUT = 30.0
 
@@ -141,3 +144,26 @@ def test_keep_last_frees_object_store_memory(ray_url: str) -> None:
     assert isinstance(sender.sink, RaySink)
     drop_board(_name(ray_url))
     assert _settles(lambda: _store_bytes() - baseline < step_bytes / 2)
+
+
+def test_two_nodes_producer_on_one_trainers_on_the_other(tmp_path: Path) -> None:
+    """Two raylets and object stores on this machine; the producer is killed after its
+    commits, and the trainers on the other node still get every step, bit-exact."""
+    tests = Path(__file__).resolve().parents[2]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tests.parent / "src"), str(tests)])
+    result = subprocess.run(
+        [sys.executable, "-m", "ray_two_nodes"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    producer, *trainers = seen["nodes"]
+    assert all(node != producer for node in trainers)
+    assert seen["board_owned"] is True
+    assert seen["exact"] is True

@@ -11,6 +11,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from pickle import PickleBuffer
+from types import TracebackType
 from typing import Any
 
 import pytest
@@ -18,7 +20,9 @@ import ray
 from ray_actors import Producer, SyncProducer, Trainer, fingerprint, step_batches
 
 import rlwire
-from rlwire import TrainingBatch, TransportError
+from rlwire import Frame, TrainingBatch, TransportError
+from rlwire.abc import SinkOptions
+from rlwire.aio import run_sliced
 from rlwire.testing import assert_batches_equal, make_sample
 from rlwire.transport.ray import RaySink, create_board, drop_board
 
@@ -167,3 +171,34 @@ def test_two_nodes_producer_on_one_trainers_on_the_other(tmp_path: Path) -> None
     assert all(node != producer for node in trainers)
     assert seen["board_owned"] is True
     assert seen["exact"] is True
+
+
+def _pickle_buffers_in(tb: TracebackType | None) -> list[str]:
+    """The locals of ``tb``'s frames that hold a PickleBuffer, alone or in a list."""
+    found = []
+    while tb is not None:
+        for name, value in tb.tb_frame.f_locals.items():
+            items = value if isinstance(value, list) else [value]
+            for item in items:
+                inner = item if isinstance(item, list) else [item]
+                if any(isinstance(x, PickleBuffer) for x in inner):
+                    found.append(f"{tb.tb_frame.f_code.co_name}: {name}")
+        tb = tb.tb_next
+    return found
+
+
+def test_a_failed_store_leaves_no_pickle_buffer_to_the_garbage_collector(ray_url: str) -> None:
+    """A traceback kept in a reference cycle must not hold PickleBuffers over memoryviews:
+    the cyclic collector cannot clear such a memoryview (it exports a buffer) and was
+    seen to crash CPython 3.11."""
+    from rlwire.transport import parse_url
+    from rlwire.transport.ray._actors import find_board
+
+    sink = RaySink.from_url(parse_url(ray_url), SinkOptions())
+    sink.open("error")
+    board = find_board(_name(ray_url))
+    ray.kill(board)
+    frame = Frame(b"header", (memoryview(bytearray(1 << 20)),))
+    with pytest.raises(TransportError) as info:
+        run_sliced(sink.stage(0, [frame]))
+    assert _pickle_buffers_in(info.value.__traceback__) == []

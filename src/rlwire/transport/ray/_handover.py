@@ -43,4 +43,6 @@ def hand_over(actor: object, key: str) -> tuple[Any, ...]:
     del actor  # __ray_call__ passes the actor instance first
     with _LOCK:
         values = _TABLE.pop(key)
+    # Ray stores the values and drops the tuple: by reference counting, never by the
+    # cyclic collector (see rlwire.transport.ray._payload.out_of_band).
     return (True, *values)

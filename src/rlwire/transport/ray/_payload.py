@@ -1,7 +1,7 @@
 """A rank's message as the objects it is stored as in Ray's object store, and back.
 
 A message is one *main* object, and a *sidecar* object when some of its buffers go in
-the sidecar. Each object is a list of :class:`PickleBuffer`, which Ray stores out
+the sidecar. Each object is a list of :class:`pickle.PickleBuffer`, which Ray stores out
 of band (a pickle of a few bytes, no globals) and hands back as read-only views of its
 shared memory: no user data is ever pickled. The main object holds the envelope (a small
 msgspec message rlwire writes: codec, segment sizes, compression, checksums, which
@@ -11,7 +11,6 @@ sidecar; the sidecar object holds the others, in buffer order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pickle import PickleBuffer
 from typing import Any
 
@@ -27,8 +26,8 @@ __all__ = [
     "Envelope",
     "Payload",
     "make_payload",
+    "out_of_band",
     "parse_payload",
-    "payload_values",
 ]
 
 #: The version of the envelope this module writes and reads.
@@ -64,16 +63,27 @@ class Envelope(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fiel
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(Envelope)
 
-#: What goes into the object store for one rank: the main object's values, and the
+#: What goes into the object store for one rank: the main object's buffers, and the
 #: sidecar object's (``None`` when the message has no sidecar).
-Payload = tuple[list[PickleBuffer], list[PickleBuffer] | None]
+Payload = tuple[list[memoryview], list[memoryview] | None]
+
+
+def out_of_band(views: list[memoryview]) -> list[PickleBuffer]:
+    """The values of one object, as Ray stores them: each buffer out of band.
+
+    Make them just before Ray takes them, and drop them right after (clear the list
+    in a ``finally``): a PickleBuffer over a memoryview must never be left to the cyclic
+    garbage collector (a traceback kept in a cycle): clearing a memoryview that still
+    exports a buffer fails there, and CPython 3.11 was seen to crash in that collection.
+    """
+    return [PickleBuffer(view) for view in views]
 
 
 def make_payload(frame: Frame, checksums: bytes | None) -> Payload:
     """The objects of ``frame``, whose buffers are memoryviews (the sender joined any
     :class:`~rlwire._frame.pieces.Pieces`), with ``checksums`` of its segments (packed
     u64, from :func:`~rlwire._frame.checksums.checksum_segments`) or ``None``. Nothing is
-    copied: the buffers are the frame's own memory."""
+    copied: the buffers are the frame's own memory (wrap them with :func:`out_of_band`)."""
     views = [_view(b) for b in frame.buffers]
     sidecar = tuple(sorted(frame.sidecar))
     envelope = Envelope(
@@ -86,9 +96,9 @@ def make_payload(frame: Frame, checksums: bytes | None) -> Payload:
         checksum="" if checksums is None else CHECKSUM,
         checksums=checksums or b"",
     )
-    main = [PickleBuffer(_ENCODER.encode(envelope)), PickleBuffer(frame.header)]
-    main += [PickleBuffer(v) for i, v in enumerate(views) if i not in frame.sidecar]
-    side = [PickleBuffer(views[i]) for i in sidecar] if sidecar else None
+    main = [memoryview(_ENCODER.encode(envelope)), memoryview(frame.header)]
+    main += [v for i, v in enumerate(views) if i not in frame.sidecar]
+    side = [views[i] for i in sidecar] if sidecar else None
     return main, side
 
 
@@ -205,14 +215,3 @@ def _envelope(view: memoryview, where: str) -> Envelope:
             where=where,
         )
     return envelope
-
-
-def payload_values(payloads: Sequence[Payload]) -> list[list[PickleBuffer]]:
-    """The values of every object of ``payloads``, in order: each rank's main object,
-    then its sidecar object if it has one."""
-    out: list[list[PickleBuffer]] = []
-    for main, side in payloads:
-        out.append(main)
-        if side is not None:
-            out.append(side)
-    return out

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 import ray
 
@@ -26,7 +25,7 @@ from rlwire.transport._url import URL
 from rlwire.transport.ray._actors import BoardHandle, call, create_board, ensure_ray, ray_errors
 from rlwire.transport.ray._handle import StepHandle
 from rlwire.transport.ray._handover import offer, withdraw
-from rlwire.transport.ray._payload import make_payload
+from rlwire.transport.ray._payload import make_payload, out_of_band
 from rlwire.transport.ray._source import RaySource, board_options, parse_name
 
 __all__ = ["RaySink", "producer_actor"]
@@ -221,7 +220,8 @@ class RaySink(Sink):
                 sums = (yield from checksum_segments(frame)) if self.checksum else None
                 main, side = make_payload(frame, sums)
                 del frame  # only one rank's message is held at a time
-                self._stage_rank(board, step, key, rank, [main] if side is None else [main, side])
+                self._stage_rank(board, step, key, rank, main, side)
+                del main, side
         except BaseException:
             staged.discard()
             raise
@@ -233,18 +233,23 @@ class RaySink(Sink):
         step: int,
         key: str,
         rank: int,
-        values: list[Any],
+        main: list[memoryview],
+        side: list[memoryview] | None,
     ) -> None:
         """Hand one rank's objects to the board: pulled from this actor (the board owns
         them), or put by this process (it owns them). Blocks this worker thread for the
         copy into the object store."""
         rank_key = f"{key}.{rank}"
         refs = None
-        if self._producer is None:
-            with ray_errors(self.where, f"store step {step} rank {rank}"):
-                refs = [ray.put(v) for v in values]
-        else:
-            offer(rank_key, values)
+        values = [out_of_band(main)] if side is None else [out_of_band(main), out_of_band(side)]
+        try:
+            if self._producer is None:
+                with ray_errors(self.where, f"store step {step} rank {rank}"):
+                    refs = [ray.put(v) for v in values]
+            else:
+                offer(rank_key, values)
+        finally:
+            values = []  # see out_of_band: the table holds them until the board pulls
         try:
             answer = call(
                 board.stage,
@@ -252,7 +257,7 @@ class RaySink(Sink):
                 key,
                 rank,
                 self._producer,
-                len(values) == 2,
+                side is not None,
                 refs,
                 self.pull_timeout,
                 where=self.where,

@@ -9,7 +9,13 @@ from typing import Any
 import ray
 from anyio import to_thread
 
-from rlwire._core.errors import ConfigError, CorruptFrameError, EndOfStream, StepGapError
+from rlwire._core.errors import (
+    ConfigError,
+    CorruptFrameError,
+    EndOfStream,
+    StepGapError,
+    TransportError,
+)
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source, SourceOptions, reject_unknown
 from rlwire.transport._url import URL
@@ -118,6 +124,17 @@ class RaySource(Source):
             self._board = find_board(self.name, self.namespace)
         return self._board
 
+    def _call(self, method: str, *args: Any, where: str, action: str) -> Any:
+        """Call the board's ``method``; a board found dead is looked up again next
+        time (a sender may have made a new one under the name)."""
+        board = self._find()
+        assert board is not None
+        try:
+            return call(getattr(board, method), *args, where=where, action=action)
+        except TransportError:
+            self._board = None
+            raise
+
     def describe(self, step: int) -> str:
         return f"{self.where}: step {step} rank {self.rank}"
 
@@ -127,7 +144,7 @@ class RaySource(Source):
             self._expected = step
             return None
         where = self.describe(step)
-        answer = call(board.read, step, self.rank, where=where, action="ask the board")
+        answer = self._call("read", step, self.rank, where=where, action="ask the board")
         if answer[0] == "step":
             main_ref, side_ref = answer[1]
             with ray_errors(where, "get the step's objects"):
@@ -155,18 +172,16 @@ class RaySource(Source):
         return None
 
     def mark_consumed(self, next_step: int) -> None:
-        board = self._find()
-        if board is not None:
-            call(board.mark, self.rank, next_step, where=self.where, action="record consumption")
+        if self._find() is not None:
+            self._call("mark", self.rank, next_step, where=self.where, action="record consumption")
 
     def wait(self, timeout: float | None) -> None:
         limit = _WAIT_SLICE if timeout is None else max(0.0, min(timeout, _WAIT_SLICE))
-        board = self._find()
-        if board is None:
+        if self._find() is None:
             time.sleep(min(limit, _NO_BOARD_SLEEP))
             return
-        call(
-            board.wait,
+        self._call(
+            "wait",
             self._expected,
             self.rank,
             limit,
@@ -178,10 +193,6 @@ class RaySource(Source):
         # Ray's references cannot be awaited under trio: a worker thread waits instead,
         # abandoned if cancelled (it returns within _WAIT_SLICE).
         await to_thread.run_sync(self.wait, timeout, abandon_on_cancel=True)
-
-    @property
-    def interval(self) -> float:
-        return _WAIT_SLICE
 
     def close(self) -> None:
         self._board = None

@@ -57,16 +57,18 @@ _FREE: list[str] = []  # names of emptied destinations, this process's
 
 @pytest.fixture
 def ray_url(ray_cluster: None) -> Iterator[str]:
-    from rlwire.transport.ray._actors import call, find_board
+    from rlwire.abc import SinkOptions
+    from rlwire.transport import parse_url
+    from rlwire.transport.ray import RaySink
 
     name = _FREE.pop() if _FREE else f"test-{uuid.uuid4().hex[:12]}"
-    yield f"ray://{name}"
-    board = find_board(name)
-    if board is None:  # the test dropped it: the next one to take the name makes a new one
-        _FREE.append(name)
-        return
-    try:
-        call(board.open, "overwrite", None, where=name, action="empty the board", timeout=10)
+    url = f"ray://{name}"
+    yield url
+    sink = RaySink.from_url(parse_url(url), SinkOptions())
+    try:  # a board the test dropped is made anew, and kept for the next test
+        sink.open("overwrite")
     except Exception:  # a board the test broke is not reused
         return
+    finally:
+        sink.close()
     _FREE.append(name)

@@ -192,13 +192,26 @@ def test_a_failed_store_leaves_no_pickle_buffer_to_the_garbage_collector(ray_url
     the cyclic collector cannot clear such a memoryview (it exports a buffer) and was
     seen to crash CPython 3.11."""
     from rlwire.transport import parse_url
-    from rlwire.transport.ray._actors import find_board
 
     sink = RaySink.from_url(parse_url(ray_url), SinkOptions())
     sink.open("error")
-    board = find_board(_name(ray_url))
-    ray.kill(board)
+    assert drop_board(_name(ray_url))
     frame = Frame(b"header", (memoryview(bytearray(1 << 20)),))
     with pytest.raises(TransportError) as info:
         run_sliced(sink.stage(0, [frame]))
     assert _pickle_buffers_in(info.value.__traceback__) == []
+
+
+def test_a_namespace_keeps_boards_apart(ray_cluster: None) -> None:
+    name = f"ns-{time.monotonic_ns()}"
+    url, ours = f"ray://{name}", {"namespace": "rlwire-tests"}
+    batch = step_batches(0, 1)[0]
+    try:
+        with rlwire.open_sync_sender(url, storage_options=ours) as sender:
+            sender.send(batch)
+        with rlwire.open_receiver(url, storage_options=ours) as receiver:
+            assert_batches_equal(receiver.receive(timeout=TIMEOUT), batch)
+        with rlwire.open_receiver(url) as elsewhere:  # the job's own namespace: no board
+            assert elsewhere.poll() is None
+    finally:
+        assert drop_board(name, namespace="rlwire-tests")

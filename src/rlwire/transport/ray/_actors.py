@@ -4,6 +4,7 @@ rlwire's."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,7 +94,11 @@ def create_board(name: str, *, namespace: str | None = None, detached: bool = Fa
         options["lifetime"] = "detached"
     with ray_errors(where, "create the board"):
         handle: BoardHandle = BoardActor.options(**options).remote(where)  # type: ignore[assignment]
-    _KEPT.setdefault((name, namespace), handle)
+    kept = _KEPT.get((name, namespace))
+    # Keep the first handle to each board: it may be the creator's, the one that counts;
+    # replace it only when the board under the name is another (the old one was killed).
+    if kept is None or getattr(kept, "_actor_id", None) != getattr(handle, "_actor_id", None):
+        _KEPT[(name, namespace)] = handle
     return handle
 
 
@@ -105,17 +110,27 @@ def find_board(name: str, namespace: str | None = None) -> BoardHandle | None:
         return None
 
 
-def drop_board(name: str, *, namespace: str | None = None) -> bool:
+def drop_board(name: str, *, namespace: str | None = None, timeout: float = 10.0) -> bool:
     """Kill the board of ``ray://name`` (detached or not); every step it holds goes with
-    it. True if there was one.
+    it. Returns once the name is free (a sender may make a new board under it), True if
+    there was one.
 
     Raises:
         ConfigError: Ray is not initialized in this process.
+        TransportError: the name is still taken after ``timeout`` seconds.
     """
-    ensure_ray(f"ray://{name}")
+    where = f"ray://{name}"
+    ensure_ray(where)
+    board = find_board(name, namespace)  # before letting go of the handle that keeps it
     _KEPT.pop((name, namespace), None)
-    board = find_board(name, namespace)
     if board is None:
         return False
     ray.kill(board)
+    deadline = time.monotonic() + timeout
+    while find_board(name, namespace) is not None:  # Ray frees the name a moment later
+        if time.monotonic() > deadline:
+            raise TransportError(
+                f"the killed board still holds the name after {timeout} s", where=where
+            )
+        time.sleep(0.01)
     return True

@@ -215,3 +215,34 @@ def test_a_namespace_keeps_boards_apart(ray_cluster: None) -> None:
             assert elsewhere.poll() is None
     finally:
         assert drop_board(name, namespace="rlwire-tests")
+
+
+_DETACHED_DRIVER = """
+import sys, ray, rlwire
+ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False)
+options = {"namespace": "rlwire-tests", "detached": True}
+with rlwire.open_sync_sender(sys.argv[2], storage_options=options) as sender:
+    sender.finish()
+"""
+
+
+def test_a_detached_board_outlives_the_driver_that_made_it(ray_cluster: None) -> None:
+    name = f"detached-{time.monotonic_ns()}"
+    url = f"ray://{name}"
+    address = ray.get_runtime_context().gcs_address
+    env = dict(os.environ)  # PYTHONPATH as the cluster's workers have it
+    result = subprocess.run(
+        [sys.executable, "-c", _DETACHED_DRIVER, address, url],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    try:  # the driver is gone; its board, and the end mark on it, are not
+        with rlwire.open_receiver(url, storage_options={"namespace": "rlwire-tests"}) as receiver:
+            with pytest.raises(rlwire.EndOfStream):
+                receiver.receive(timeout=TIMEOUT)
+    finally:
+        assert drop_board(name, namespace="rlwire-tests")

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import ray
+from ray import ObjectRef
 from ray.actor import ActorHandle
 
 from rlwire._core.errors import ConfigError, RlwireError, TransportError
@@ -28,6 +29,7 @@ __all__ = [
     "create_board",
     "drop_board",
     "ensure_ray",
+    "fetch",
     "find_board",
     "ray_errors",
 ]
@@ -51,12 +53,23 @@ def ray_errors(where: str, action: str) -> Iterator[None]:
         yield
     except RlwireError:
         raise
-    except ray.exceptions.GetTimeoutError as exc:
-        raise TransportError(f"cannot {action}: timed out ({exc})", where=where) from exc
+    except (ray.exceptions.GetTimeoutError, TimeoutError) as exc:
+        raise TransportError(f"cannot {action}: timed out", where=where) from exc
     except ray.exceptions.RayError as exc:
         kind = type(exc).__name__
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else kind
         raise TransportError(f"cannot {action}: {kind}: {first}", where=where) from exc
+
+
+def fetch(refs: list[ObjectRef[Any]], timeout: float | None = None) -> list[Any]:
+    """The values of ``refs``, waited for in this thread (a worker thread: it blocks).
+
+    Through each reference's future rather than ``ray.get``, which in an async actor
+    warns that it blocks the event loop, though it runs in a worker thread here.
+    Errors are Ray's (and TimeoutError): use it under :func:`ray_errors`.
+    """
+    futures = [ref.future() for ref in refs]
+    return [future.result(timeout) for future in futures]
 
 
 def call(method: Any, *args: Any, where: str, action: str, timeout: float | None = None) -> Any:
@@ -67,7 +80,7 @@ def call(method: Any, *args: Any, where: str, action: str, timeout: float | None
         TransportError: the board is gone, or does not answer within ``timeout``.
     """
     with ray_errors(where, action):
-        return ray.get(method.remote(*args), timeout=timeout)
+        return fetch([method.remote(*args)], timeout)[0]
 
 
 def create_board(name: str, *, namespace: str | None = None, detached: bool = False) -> BoardHandle:

@@ -6,7 +6,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import ray
 from anyio import to_thread
 
 from rlwire._core.errors import (
@@ -19,7 +18,14 @@ from rlwire._core.errors import (
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source, SourceOptions, reject_unknown
 from rlwire.transport._url import URL
-from rlwire.transport.ray._actors import BoardHandle, call, ensure_ray, find_board, ray_errors
+from rlwire.transport.ray._actors import (
+    BoardHandle,
+    call,
+    ensure_ray,
+    fetch,
+    find_board,
+    ray_errors,
+)
 from rlwire.transport.ray._payload import parse_payload
 
 __all__ = ["RaySource", "board_options", "parse_name"]
@@ -148,7 +154,7 @@ class RaySource(Source):
         if answer[0] == "step":
             main_ref, side_ref = answer[1]
             with ray_errors(where, "get the step's objects"):
-                values = ray.get([main_ref] if side_ref is None else [main_ref, side_ref])
+                values = fetch([main_ref] if side_ref is None else [main_ref, side_ref])
             return parse_payload(
                 values[0],
                 values[1] if side_ref is not None else None,

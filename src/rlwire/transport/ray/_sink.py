@@ -102,7 +102,9 @@ class RaySink(Sink):
     so the board owns them and a producer that dies after a commit loses nothing.
     Anywhere else (a driver, a task, an actor running one call at a time) the sender
     puts them itself and owns them: those steps die with the sender's process
-    (:attr:`board_owned` says which). Everything dies with the board: for resume after
+    (:attr:`board_owned` says which). In an async actor, send with the async sender: a
+    sync sender blocks the actor's loop while it waits, so the board's call waits too,
+    until ``pull_timeout`` (a TransportError). Everything dies with the board: for resume after
     the board or the cluster is lost, send to a second, durable destination too.
 
     Every put and get runs in a worker thread; the event loop never waits on Ray.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from ray_cluster import ray_cluster as ray_cluster  # a local Ray cluster, on demand
+from ray_cluster import ray_url as ray_url
 from s3_server import s3_endpoint as s3_endpoint  # moto S3 fixtures for every module
 from s3_server import s3_url as s3_url
 

@@ -41,6 +41,7 @@ FACES = {
     "rlwire.transport",
     "rlwire.transport.fsspec",
     "rlwire.transport.layout",
+    "rlwire.transport.ray",
     "rlwire.transport.zmq",
 }
 

@@ -118,3 +118,13 @@ class TestFileRecycle(SinkContract):
         receiver_options: Mapping[str, Any],
     ) -> _KeepingEndpoint:
         return _KeepingEndpoint(sink_url, sender_options, receiver_options, self.KEEP_LAST)
+
+
+class TestRay(SinkContract):
+    """Against a real local Ray cluster (tests/ray_cluster.py); the sender and receivers
+    run in the driver, so the steps are the driver's objects (tests/transport/ray tests
+    producers in actors)."""
+
+    @pytest.fixture
+    def sink_url(self, ray_url: str) -> str:
+        return ray_url

@@ -24,7 +24,7 @@ from rlwire.codecs import make_codec
 from rlwire.transport import available_schemes, get_sink_class, register_sink
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plugin_sink"
-BUILTIN_SCHEMES = {"file", "memory", "s3", "gs", "gcs", "zmq+tcp", "zmq+ipc"}
+BUILTIN_SCHEMES = {"file", "memory", "s3", "gs", "gcs", "zmq+tcp", "zmq+ipc", "ray"}
 
 
 @pytest.fixture(scope="module")

@@ -45,12 +45,14 @@ _BUILTIN = {
     "gcs": _FSSPEC,
     "zmq+tcp": _ZMQ,
     "zmq+ipc": _ZMQ,
+    "ray": "rlwire.transport.ray:RaySink",
 }
 # The fsspec sink imports fsspec only when used, and names the missing package itself.
 _HINTS = {
     "s3": "pip install 'rlwire[s3]'",
     "zmq+tcp": "pip install 'rlwire[zmq]'",
     "zmq+ipc": "pip install 'rlwire[zmq]'",
+    "ray": "pip install 'rlwire[ray]'",
 }
 
 

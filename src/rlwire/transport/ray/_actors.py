@@ -1,0 +1,149 @@
+"""Finding, creating and calling a destination's board, with Ray's errors turned into
+rlwire's."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import ray
+from ray import ObjectRef
+from ray.actor import ActorHandle
+
+from rlwire._core.errors import ConfigError, RlwireError, TransportError
+from rlwire.transport.ray._board import BoardActor, board_name
+
+#: A board's actor handle (its methods are :class:`~._board.Board`'s).
+BoardHandle = ActorHandle[Any]
+
+# Ray destroys a board that is not detached once no handle to it is left, even a named
+# one: the process that created it keeps one, so that its steps outlive the sender that
+# sent them (they live as long as this process, or until drop_board).
+_KEPT: dict[tuple[str, str | None], BoardHandle] = {}
+
+__all__ = [
+    "BoardHandle",
+    "call",
+    "create_board",
+    "drop_board",
+    "ensure_ray",
+    "fetch",
+    "find_board",
+    "ray_errors",
+]
+
+
+def ensure_ray(where: str) -> None:
+    """Raise ConfigError unless this process is connected to a Ray cluster."""
+    if not ray.is_initialized():
+        raise ConfigError(
+            "this process is not connected to a Ray cluster: call ray.init() first "
+            "(inside a Ray actor or task it is)",
+            where=where,
+        )
+
+
+@contextlib.contextmanager
+def ray_errors(where: str, action: str) -> Iterator[None]:
+    """Turn Ray's errors (a dead board, a lost object, a timeout) into a
+    :class:`~rlwire.errors.TransportError` saying that ``action`` failed at ``where``."""
+    try:
+        yield
+    except RlwireError:
+        raise
+    except (ray.exceptions.GetTimeoutError, TimeoutError) as exc:
+        raise TransportError(f"cannot {action}: timed out", where=where) from exc
+    except ray.exceptions.RayError as exc:
+        kind = type(exc).__name__
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else kind
+        raise TransportError(f"cannot {action}: {kind}: {first}", where=where) from exc
+
+
+def fetch(refs: list[ObjectRef[Any]], timeout: float | None = None) -> list[Any]:
+    """The values of ``refs``, waited for in this thread (a worker thread: it blocks).
+
+    Through each reference's future rather than ``ray.get``, which in an async actor
+    warns that it blocks the event loop, though it runs in a worker thread here.
+    Errors are Ray's (and TimeoutError): use it under :func:`ray_errors`.
+    """
+    futures = [ref.future() for ref in refs]
+    return [future.result(timeout) for future in futures]
+
+
+def call(method: Any, *args: Any, where: str, action: str, timeout: float | None = None) -> Any:
+    """``method.remote(*args)`` on a board, waited for (blocking: call it from a worker
+    thread); its answer.
+
+    Raises:
+        TransportError: the board is gone, or does not answer within ``timeout``.
+    """
+    with ray_errors(where, action):
+        return fetch([method.remote(*args)], timeout)[0]
+
+
+def create_board(name: str, *, namespace: str | None = None, detached: bool = False) -> BoardHandle:
+    """The board of ``ray://name``, created if there is none (at once, as one actor
+    however many callers race).
+
+    A board that is not ``detached`` dies with the process that created it (Ray's fate
+    sharing), and every step with it: create it in the driver, or detach it.
+
+    Raises:
+        ConfigError: Ray is not initialized in this process.
+        TransportError: Ray cannot create the actor.
+    """
+    where = f"ray://{name}"
+    ensure_ray(where)
+    options: dict[str, Any] = {
+        "name": board_name(name),
+        "namespace": namespace,
+        "get_if_exists": True,
+        # Many receivers may wait on it at once, each a coroutine.
+        "max_concurrency": 1000,
+    }
+    if detached:
+        options["lifetime"] = "detached"
+    with ray_errors(where, "create the board"):
+        handle: BoardHandle = BoardActor.options(**options).remote(where)  # type: ignore[assignment]
+    kept = _KEPT.get((name, namespace))
+    # Keep the first handle to each board: it may be the creator's, the one that counts;
+    # replace it only when the board under the name is another (the old one was killed).
+    if kept is None or getattr(kept, "_actor_id", None) != getattr(handle, "_actor_id", None):
+        _KEPT[(name, namespace)] = handle
+    return handle
+
+
+def find_board(name: str, namespace: str | None = None) -> BoardHandle | None:
+    """The board of ``ray://name``, or ``None`` if none is there (yet)."""
+    try:
+        return ray.get_actor(board_name(name), namespace=namespace)
+    except ValueError:
+        return None
+
+
+def drop_board(name: str, *, namespace: str | None = None, timeout: float = 10.0) -> bool:
+    """Kill the board of ``ray://name`` (detached or not); every step it holds goes with
+    it. Returns once the name is free (a sender may make a new board under it), True if
+    there was one.
+
+    Raises:
+        ConfigError: Ray is not initialized in this process.
+        TransportError: the name is still taken after ``timeout`` seconds.
+    """
+    where = f"ray://{name}"
+    ensure_ray(where)
+    board = find_board(name, namespace)  # before letting go of the handle that keeps it
+    _KEPT.pop((name, namespace), None)
+    if board is None:
+        return False
+    ray.kill(board)
+    deadline = time.monotonic() + timeout
+    while find_board(name, namespace) is not None:  # Ray frees the name a moment later
+        if time.monotonic() > deadline:
+            raise TransportError(
+                f"the killed board still holds the name after {timeout} s", where=where
+            )
+        time.sleep(0.01)
+    return True

@@ -1,0 +1,220 @@
+"""The board: a named async Ray actor that keeps a ``ray://NAME`` destination's state.
+
+It records, per step and rank, the references of the step's objects (a main object and,
+when the message has one, a sidecar object), which steps are committed, each rank's
+consumption mark and the end of the stream. Receivers wait on it (an
+:class:`asyncio.Condition`) instead of polling. Steps it deletes (``keep_last``, an
+overwrite) lose their references, so the object store frees their memory once no reader
+holds a view of it.
+
+Objects the board pulled from a producer's actor (``_handover``) are owned by the
+board: they survive the producer and die with the board. Its methods answer with plain
+values (tuples of str and int, references), never rlwire's exceptions, so nothing of
+rlwire's is pickled on the way back; the sink and source raise the errors.
+
+Every method is a coroutine, so Ray runs the board as an async actor: one event loop,
+no locks, and every method runs without a suspension point between reading and
+changing the state, except the waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import ray
+from ray import ObjectRef
+
+from rlwire._core.errors import RlwireError
+from rlwire.transport._base import OnExisting
+from rlwire.transport._stored.names import (
+    CONSUMED_RE,
+    END_NAME,
+    STORED_RE,
+    consumed_name,
+    main_name,
+    names_to_delete,
+    sidecar_name,
+    start_step,
+)
+from rlwire.transport.ray._handover import hand_over
+
+__all__ = ["Board", "Refs", "board_name"]
+
+#: One rank's objects: the main object's reference, and the sidecar's or ``None``.
+Refs = tuple[ObjectRef[Any], ObjectRef[Any] | None]
+
+
+def board_name(name: str) -> str:
+    """The Ray actor name of the board of ``ray://name``."""
+    return f"rlwire-board:{name}"
+
+
+class Board:
+    """The state of one ``ray://NAME`` destination (see the module's docstring).
+
+    Created through :func:`ray.remote` (``_actors`` does); callers use its methods'
+    ``.remote``. ``where`` names the destination in messages.
+    """
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.committed: dict[int, list[Refs]] = {}  # step -> one entry per rank
+        self.staged: dict[str, tuple[int, dict[int, Refs]]] = {}  # key -> (step, ranks)
+        self.consumed: dict[int, int] = {}
+        self.end: int | None = None
+        self._changed: asyncio.Condition | None = None
+
+    @property
+    def changed(self) -> asyncio.Condition:
+        if self._changed is None:  # made on the actor's loop
+            self._changed = asyncio.Condition()
+        return self._changed
+
+    async def _notify(self) -> None:
+        async with self.changed:
+            self.changed.notify_all()
+
+    def _names(self) -> list[str]:
+        """The destination as the stored layout would list it, so that the rules of
+        ``on_existing`` are exactly those of every stored sink."""
+        names = []
+        for step, ranks in self.committed.items():
+            for rank, (_, side) in enumerate(ranks):
+                names.append(main_name(step, rank))
+                if side is not None:
+                    names.append(sidecar_name(step, rank))
+        names += [consumed_name(rank) for rank in self.consumed]
+        if self.end is not None:
+            names.append(END_NAME)
+        return names
+
+    def _delete(self, names: list[str]) -> None:
+        for name in names:
+            if name == END_NAME:
+                self.end = None
+            elif m := CONSUMED_RE.fullmatch(name):
+                self.consumed.pop(int(m.group(1)), None)
+            elif (m := STORED_RE.fullmatch(name)) and not m.group(3):
+                self.committed.pop(int(m.group(1)), None)  # the sidecar goes with it
+
+    async def open(self, on_existing: OnExisting, first: int | None) -> tuple[Any, ...]:
+        """Apply ``on_existing`` (and the sender's ``start_step``, ``first``) as every
+        stored sink does; ``("ok", step)`` with the first step to send, or
+        ``(error class name, message)``. Atomic: nothing else runs meanwhile."""
+        names = self._names()
+        try:
+            step = start_step(self.where, names, on_existing, first)
+        except RlwireError as exc:
+            return (type(exc).__name__, exc.message)
+        for batch in names_to_delete(names, on_existing, first):
+            self._delete(batch)
+        await self._notify()
+        return ("ok", step)
+
+    async def stage(
+        self,
+        step: int,
+        key: str,
+        rank: int,
+        producer: Any,
+        has_side: bool,
+        refs: list[ObjectRef[Any]] | None,
+        timeout: float,
+    ) -> tuple[Any, ...]:
+        """Hold rank ``rank``'s objects of ``step``, not visible yet, under ``key``: a
+        main object, and a sidecar object when ``has_side``. With ``producer`` (an actor
+        handle) they are pulled from it under the key ``f"{key}.{rank}"`` (the board
+        owns them), waiting up to ``timeout`` seconds; else ``refs`` are the objects the
+        producer put (it owns them). ``("ok",)``, or ``("exists",)`` when the step is
+        committed already."""
+        if step in self.committed:
+            return ("exists",)
+        if producer is not None:
+            count = 2 if has_side else 1
+            returned = producer.__ray_call__.options(num_returns=count + 1).remote(
+                hand_over, f"{key}.{rank}"
+            )
+            # Its first return is small: once it is there, so are the others (one call),
+            # and awaiting it raises what the hand-over raised.
+            await asyncio.wait_for(returned[0], timeout)
+            refs = returned[1:]
+        assert refs is not None
+        entry = (refs[0], refs[1] if has_side else None)
+        self.staged.setdefault(key, (step, {}))[1][rank] = entry
+        return ("ok",)
+
+    async def commit(self, key: str, ranks: int) -> tuple[Any, ...]:
+        """Make the step staged under ``key`` visible, all ``ranks`` ranks at once:
+        ``("ok",)``, ``("exists",)`` if another sender committed it first,
+        ``("missing",)`` if not every rank is staged under ``key``."""
+        entry = self.staged.pop(key, None)
+        if entry is None or sorted(entry[1]) != list(range(ranks)):
+            return ("missing",)
+        step, staged = entry
+        if step in self.committed:
+            return ("exists",)
+        self.committed[step] = [staged[rank] for rank in range(ranks)]
+        await self._notify()
+        return ("ok",)
+
+    async def discard(self, key: str) -> None:
+        """Drop what is staged under ``key``, if anything."""
+        self.staged.pop(key, None)
+
+    def _state(self, step: int, rank: int) -> tuple[Any, ...]:
+        ranks = self.committed.get(step)
+        if ranks is not None and rank < len(ranks):
+            return ("step", list(ranks[rank]))
+        if self.end is not None and step >= self.end:
+            return ("end", self.end)
+        if self.committed and min(self.committed) > step:
+            return ("gone", min(self.committed))
+        return ("none",)
+
+    async def read(self, step: int, rank: int) -> tuple[Any, ...]:
+        """Rank ``rank``'s objects of ``step``: ``("step", [main, sidecar])``; else
+        ``("end", end)`` past the end of the stream, ``("gone", oldest)`` when it was
+        deleted (a later step is kept, none at or before it), or ``("none",)``."""
+        return self._state(step, rank)
+
+    async def wait(self, step: int, rank: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until :meth:`read` of ``step`` would answer
+        something other than ``("none",)``; True if it would."""
+        async with self.changed:
+            try:
+                await asyncio.wait_for(
+                    self.changed.wait_for(lambda: self._state(step, rank)[0] != "none"), timeout
+                )
+            except TimeoutError:
+                return False
+        return True
+
+    async def mark(self, rank: int, next_step: int) -> None:
+        """Record that rank ``rank`` moved past every step before ``next_step``."""
+        self.consumed[rank] = next_step
+
+    async def consumption(self, ranks: int) -> list[int | None]:
+        """Each rank's consumption mark, ``None`` where it recorded none."""
+        return [self.consumed.get(rank) for rank in range(ranks)]
+
+    async def prune(self, below: int) -> None:
+        """Delete every step before ``below``: its references go, and with them the
+        memory once no reader holds a view of it."""
+        for step in [s for s in self.committed if s < below]:
+            del self.committed[step]
+        await self._notify()
+
+    async def finish(self, end: int) -> None:
+        """Mark the end of the stream at ``end``."""
+        self.end = end
+        await self._notify()
+
+    async def steps(self) -> list[int]:
+        """The committed steps, ascending."""
+        return sorted(self.committed)
+
+
+# The actor class, made once: ray.remote wraps the plain class (kept plain for reading
+# and for tests of its logic). No CPU: it only keeps references and answers calls.
+BoardActor = ray.remote(num_cpus=0)(Board)

@@ -1,0 +1,304 @@
+"""RaySink: stores each step's frames in Ray's object store, recorded by the board."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Sequence
+
+import ray
+
+from rlwire._core.errors import ConfigError, CorruptFrameError, StepExistsError, TransportError
+from rlwire._core.slicing import Sliced
+from rlwire._frame.checksums import checksum_segments
+from rlwire.transport._base import (
+    OnExisting,
+    PendingFrame,
+    Sink,
+    SinkOptions,
+    SourceOptions,
+    Staged,
+    reject_unknown,
+    take_frame,
+)
+from rlwire.transport._url import URL
+from rlwire.transport.ray._actors import BoardHandle, call, create_board, ensure_ray, ray_errors
+from rlwire.transport.ray._handle import StepHandle
+from rlwire.transport.ray._handover import offer, withdraw
+from rlwire.transport.ray._payload import make_payload, out_of_band
+from rlwire.transport.ray._source import RaySource, board_options, parse_name
+
+__all__ = ["RaySink", "producer_actor"]
+
+#: Seconds the board waits for a producer's actor to hand a rank's objects over.
+PULL_TIMEOUT = 120.0
+
+
+def producer_actor() -> BoardHandle | None:
+    """The handle of the actor this process runs, when the board can pull a step's
+    objects from it: an async actor, or a threaded one (``max_concurrency`` > 1), whose
+    loop or threads are free to answer while a send waits in a worker thread. ``None``
+    in a driver, a task, or an actor that runs one call at a time (the board's call
+    would wait behind the send that waits for it)."""
+    context = ray.get_runtime_context()
+    if context.get_actor_id() is None:
+        return None
+    core = getattr(ray._private.worker.global_worker, "core_worker", None)
+    try:
+        pullable = core is not None and (
+            core.current_actor_is_asyncio() or core.current_actor_max_concurrency() > 1
+        )
+    except AttributeError:  # a Ray without these: never risk the wait
+        pullable = False
+    return context.current_actor if pullable else None
+
+
+class _RayStaged(Staged):
+    def __init__(self, sink: RaySink, board: BoardHandle, key: str, step: int, ranks: int) -> None:
+        self.sink, self.board, self.key, self.step, self.ranks = sink, board, key, step, ranks
+
+    def commit(self) -> None:
+        try:
+            answer = call(
+                self.board.commit,
+                self.key,
+                self.ranks,
+                where=self.sink.where,
+                action=f"commit step {self.step}",
+            )
+        except TransportError:
+            self.visible = None  # the board may have committed it before it failed
+            raise
+        if answer[0] == "ok":
+            self.visible = True
+        elif answer[0] == "exists":
+            raise StepExistsError(
+                f"step {self.step} was committed by another sender meanwhile",
+                where=self.sink.where,
+            )
+        else:
+            raise TransportError(
+                f"cannot commit step {self.step}: the board no longer holds it staged "
+                "(was the board restarted?)",
+                where=self.sink.where,
+            )
+
+    def discard(self) -> None:
+        for rank in range(self.ranks):
+            withdraw(f"{self.key}.{rank}")
+        with contextlib.suppress(TransportError):  # a board that is gone holds nothing
+            call(self.board.discard, self.key, where=self.sink.where, action="discard a step")
+
+
+class RaySink(Sink):
+    """Stores each step in Ray's object store: per rank a main object (the codec's
+    header and buffers) and, when the message has one, a sidecar object, each a list of
+    out-of-band buffers that receivers on the same node map without a copy. A named
+    async actor, the *board* (``rlwire-board:NAME``), records the steps, their commit,
+    what each rank consumed and the end of the stream; receivers wait on it.
+
+    Ownership: when the sender runs in an async (or threaded) Ray actor, the board
+    pulls each rank's objects from that actor as the return values of a call it makes,
+    so the board owns them and a producer that dies after a commit loses nothing.
+    Anywhere else (a driver, a task, an actor running one call at a time) the sender
+    puts them itself and owns them: those steps die with the sender's process
+    (:attr:`board_owned` says which). In an async actor, send with the async sender: a
+    sync sender blocks the actor's loop while it waits, so the board's call waits too,
+    until ``pull_timeout`` (a TransportError). Everything dies with the board: for resume after
+    the board or the cluster is lost, send to a second, durable destination too.
+
+    Every put and get runs in a worker thread; the event loop never waits on Ray.
+    Checksums are those of every sink (xxh3-64 per segment, verified on receive).
+    Compression is the sender's choice (``compression=``); on one node it does not pay.
+
+    Storage options (``open_sender(..., storage_options={...})``, and the same
+    ``namespace`` for receivers):
+
+    ``namespace``
+        the Ray namespace of the board (default: the job's own).
+    ``detached``
+        create the board detached, so it outlives the driver (default False: it dies
+        with the process that created it). Drop it with
+        :func:`~rlwire.transport.ray.drop_board`.
+    ``pull_timeout``
+        seconds the board waits for the producer's actor to hand a rank over (default
+        120).
+
+    Raises:
+        ConfigError: a malformed URL or option; Ray is not initialized.
+        TransportError: the board is gone or does not answer.
+
+    Example:
+        >>> from rlwire.abc import SinkOptions
+        >>> from rlwire.transport import parse_url
+        >>> RaySink.from_url(parse_url("ray://rollouts"), SinkOptions()).where
+        'ray://rollouts'
+    """
+
+    _OPTIONS = ("namespace", "detached", "pull_timeout")
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        namespace: str | None = None,
+        detached: bool = False,
+        checksum: bool = True,
+        pull_timeout: float = PULL_TIMEOUT,
+    ) -> None:
+        self.name = name
+        self.namespace = namespace
+        self.detached = detached
+        self.checksum = checksum
+        self.pull_timeout = pull_timeout
+        self._board: BoardHandle | None = None
+        self._producer: BoardHandle | None = None
+        self._opened = False
+
+    def __repr__(self) -> str:
+        return f"RaySink({self.where!r})"
+
+    @property
+    def where(self) -> str:
+        """The destination's URL, ``ray://NAME``."""
+        return f"ray://{self.name}"
+
+    @property
+    def board_owned(self) -> bool | None:
+        """True when the board owns the steps this sink sends (pulled from the actor it
+        runs in), False when this process owns them (they die with it); ``None`` before
+        the sink is open."""
+        return (self._producer is not None) if self._opened else None
+
+    @classmethod
+    def from_url(cls, url: URL, options: SinkOptions) -> RaySink:
+        opts = options.storage_options
+        reject_unknown(url, opts, cls._OPTIONS)
+        namespace, detached = board_options(url, opts)
+        timeout = opts.get("pull_timeout", PULL_TIMEOUT)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ConfigError(
+                f"storage option 'pull_timeout' must be a positive number, got {timeout!r}",
+                where=url,
+            )
+        return cls(
+            parse_name(url),
+            namespace=namespace,
+            detached=detached,
+            checksum=options.checksum,
+            pull_timeout=float(timeout),
+        )
+
+    @classmethod
+    def open_source(cls, url: URL, options: SourceOptions) -> RaySource:
+        return RaySource.from_url(url, options)
+
+    def _require_board(self) -> BoardHandle:
+        if self._board is None:
+            raise TransportError("the sink is not open", where=self.where)
+        return self._board
+
+    def open(self, on_existing: OnExisting, start_step: int | None = None) -> int:
+        ensure_ray(self.where)
+        board = create_board(self.name, namespace=self.namespace, detached=self.detached)
+        answer = call(
+            board.open, on_existing, start_step, where=self.where, action="open the destination"
+        )
+        if answer[0] != "ok":
+            error = StepExistsError if answer[0] == "StepExistsError" else ConfigError
+            raise error(answer[1], where=self.where)
+        self._board = board
+        self._producer = producer_actor()
+        self._opened = True
+        return int(answer[1])
+
+    def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
+        board = self._require_board()
+        key = uuid.uuid4().hex
+        staged = _RayStaged(self, board, key, step, len(frames))
+        try:
+            for rank, pending in enumerate(frames):
+                frame = yield from take_frame(pending)
+                sums = (yield from checksum_segments(frame)) if self.checksum else None
+                main, side = make_payload(frame, sums)
+                del frame  # only one rank's message is held at a time
+                self._stage_rank(board, step, key, rank, main, side)
+                del main, side
+        except BaseException:
+            staged.discard()
+            raise
+        return staged
+
+    def _stage_rank(
+        self,
+        board: BoardHandle,
+        step: int,
+        key: str,
+        rank: int,
+        main: list[memoryview],
+        side: list[memoryview] | None,
+    ) -> None:
+        """Hand one rank's objects to the board: pulled from this actor (the board owns
+        them), or put by this process (it owns them). Blocks this worker thread for the
+        copy into the object store."""
+        rank_key = f"{key}.{rank}"
+        refs = None
+        values = [out_of_band(main)] if side is None else [out_of_band(main), out_of_band(side)]
+        try:
+            if self._producer is None:
+                with ray_errors(self.where, f"store step {step} rank {rank}"):
+                    refs = [ray.put(v) for v in values]
+            else:
+                offer(rank_key, values)
+        finally:
+            values = []  # see out_of_band: the table holds them until the board pulls
+        try:
+            answer = call(
+                board.stage,
+                step,
+                key,
+                rank,
+                self._producer,
+                side is not None,
+                refs,
+                self.pull_timeout,
+                where=self.where,
+                action=f"store step {step} rank {rank}",
+            )
+        finally:
+            withdraw(rank_key)  # handed over, or never to be
+        if answer[0] == "exists":
+            raise StepExistsError(
+                f"step {step} rank {rank} already exists at the destination", where=self.where
+            )
+
+    def finish(self, end: int) -> None:
+        call(self._require_board().finish, end, where=self.where, action="mark the end")
+
+    def read_consumption(self, ranks: int, sent: int) -> list[int | None]:
+        marks: list[int | None] = call(
+            self._require_board().consumption,
+            ranks,
+            where=self.where,
+            action="read the consumption marks",
+        )
+        for rank, mark in enumerate(marks):
+            if mark is not None and mark > sent:
+                raise CorruptFrameError(
+                    f"says rank {rank} moved past step {mark - 1}, but only steps before "
+                    f"{sent} were sent (a mark left by another run?)",
+                    where=self.where,
+                )
+        return marks
+
+    def prune(self, below: int) -> None:
+        call(self._require_board().prune, below, where=self.where, action="delete steps")
+
+    def handle(self, step: int, rank: int = 0) -> StepHandle:
+        """A small, serialisable :class:`StepHandle` of rank ``rank``'s message of the
+        committed ``step``, for a driver to pass to a trainer actor, which opens it with
+        :meth:`StepHandle.receiver_options`."""
+        return StepHandle(self.name, self.namespace, step, rank)
+
+    def close(self) -> None:
+        self._board = None

@@ -1,0 +1,204 @@
+"""RaySource: reads one rank's steps of a ``ray://NAME`` destination from the board."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from anyio import to_thread
+
+from rlwire._core.errors import (
+    ConfigError,
+    CorruptFrameError,
+    EndOfStream,
+    StepGapError,
+    TransportError,
+)
+from rlwire._frame.frame import Frame
+from rlwire.transport._base import Source, SourceOptions, reject_unknown
+from rlwire.transport._url import URL
+from rlwire.transport.ray._actors import (
+    BoardHandle,
+    call,
+    ensure_ray,
+    fetch,
+    find_board,
+    ray_errors,
+)
+from rlwire.transport.ray._payload import parse_payload
+
+__all__ = ["RaySource", "board_options", "parse_name"]
+
+#: The longest one wait on the board: a waiting thread stays answerable to cancellation
+#: (a cancelled await leaves its thread until the board answers).
+_WAIT_SLICE = 0.5
+#: How long a wait sleeps while the board does not exist yet (no sender opened).
+_NO_BOARD_SLEEP = 0.05
+
+
+def parse_name(url: URL) -> str:
+    """The NAME of ``ray://NAME``.
+
+    Raises:
+        ConfigError: it is empty or holds a ``/``, ``?`` or ``#``.
+    """
+    name = url.rest
+    if not name or any(c in name for c in "/?#") or name.strip() != name:
+        raise ConfigError(
+            "a ray:// URL is ray://NAME, NAME non-empty without '/', '?', '#' or spaces",
+            where=url,
+        )
+    return name
+
+
+def board_options(url: URL, options: Mapping[str, Any]) -> tuple[str | None, bool]:
+    """The ``namespace`` and ``detached`` storage options, checked.
+
+    Raises:
+        ConfigError: either is of the wrong type.
+    """
+    namespace = options.get("namespace")
+    if namespace is not None and (not isinstance(namespace, str) or not namespace):
+        raise ConfigError(
+            f"storage option 'namespace' must be a non-empty str, got {namespace!r}", where=url
+        )
+    detached = options.get("detached", False)
+    if not isinstance(detached, bool):
+        raise ConfigError(f"storage option 'detached' must be a bool, got {detached!r}", where=url)
+    return namespace, detached
+
+
+class RaySource(Source):
+    """Reads rank ``rank``'s steps of ``ray://NAME``: asks the board for a step's
+    objects and maps them (zero-copy on the same node; Ray fetches them from another
+    node), verifying checksums. Waiting is the board's: a receiver waits on it, never
+    polls. Until a sender has created the board, it looks for it every 50 ms.
+
+    Storage options: ``namespace`` (the board's Ray namespace, as the sender's).
+
+    Raises:
+        ConfigError: a malformed URL or option; Ray is not initialized.
+
+    Example:
+        >>> from rlwire.abc import SourceOptions
+        >>> from rlwire.transport import parse_url
+        >>> RaySource.from_url(parse_url("ray://rollouts"), SourceOptions(rank=1)).rank
+        1
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        rank: int = 0,
+        namespace: str | None = None,
+        verify: bool = True,
+        writable: bool = False,
+    ) -> None:
+        self.name = name
+        self.rank = rank
+        self.namespace = namespace
+        self.verify = verify
+        self.writable = writable
+        self._board: BoardHandle | None = None
+        self._expected = 0  # the step the last read missed: what a wait waits for
+
+    def __repr__(self) -> str:
+        return f"RaySource({self.where!r}, rank={self.rank})"
+
+    @property
+    def where(self) -> str:
+        return f"ray://{self.name}"
+
+    @classmethod
+    def from_url(cls, url: URL, options: SourceOptions) -> RaySource:
+        opts = options.storage_options
+        reject_unknown(url, opts, ("namespace", "detached", "pull_timeout"))
+        namespace, _ = board_options(url, opts)
+        return cls(
+            parse_name(url),
+            rank=options.rank,
+            namespace=namespace,
+            verify=options.verify,
+            writable=options.writable,
+        )
+
+    def _find(self) -> BoardHandle | None:
+        if self._board is None:
+            ensure_ray(self.where)
+            self._board = find_board(self.name, self.namespace)
+        return self._board
+
+    def _call(self, method: str, *args: Any, where: str, action: str) -> Any:
+        """Call the board's ``method``; a board found dead is looked up again next
+        time (a sender may have made a new one under the name)."""
+        board = self._find()
+        assert board is not None
+        try:
+            return call(getattr(board, method), *args, where=where, action=action)
+        except TransportError:
+            self._board = None
+            raise
+
+    def describe(self, step: int) -> str:
+        return f"{self.where}: step {step} rank {self.rank}"
+
+    def read(self, step: int) -> Frame | None:
+        board = self._find()
+        if board is None:
+            self._expected = step
+            return None
+        where = self.describe(step)
+        answer = self._call("read", step, self.rank, where=where, action="ask the board")
+        if answer[0] == "step":
+            main_ref, side_ref = answer[1]
+            with ray_errors(where, "get the step's objects"):
+                values = fetch([main_ref] if side_ref is None else [main_ref, side_ref])
+            return parse_payload(
+                values[0],
+                values[1] if side_ref is not None else None,
+                verify=self.verify,
+                writable=self.writable,
+                where=where,
+            )
+        self._expected = step
+        if answer[0] == "end":
+            raise EndOfStream.at(int(answer[1]), where=self.where)
+        if answer[0] == "gone":
+            oldest = int(answer[1])
+            raise StepGapError(
+                f"step {step} is no longer stored: it was deleted (the sender's keep_last) "
+                f"before this receiver read it; the oldest stored step is {oldest}; open the "
+                f"receiver with start_step={oldest} to go on from there",
+                where=where,
+            )
+        if answer[0] != "none":
+            raise CorruptFrameError(f"the board answered {answer[0]!r}", where=where)
+        return None
+
+    def mark_consumed(self, next_step: int) -> None:
+        if self._find() is not None:
+            self._call("mark", self.rank, next_step, where=self.where, action="record consumption")
+
+    def wait(self, timeout: float | None) -> None:
+        limit = _WAIT_SLICE if timeout is None else max(0.0, min(timeout, _WAIT_SLICE))
+        if self._find() is None:
+            time.sleep(min(limit, _NO_BOARD_SLEEP))
+            return
+        self._call(
+            "wait",
+            self._expected,
+            self.rank,
+            limit,
+            where=self.where,
+            action="wait on the board",
+        )
+
+    async def await_message(self, timeout: float | None) -> None:
+        # Ray's references cannot be awaited under trio: a worker thread waits instead,
+        # abandoned if cancelled (it returns within _WAIT_SLICE).
+        await to_thread.run_sync(self.wait, timeout, abandon_on_cancel=True)
+
+    def close(self) -> None:
+        self._board = None

@@ -1,0 +1,105 @@
+"""A rank's message as Ray objects and back: what ``ray.get`` returns is checked before
+it becomes a Frame (no cluster needed: the objects are lists of buffers either way)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+
+from rlwire import CorruptFrameError, Frame, UnsupportedVersionError
+from rlwire._frame.checksums import checksum_segments
+from rlwire.aio import run_sliced
+from rlwire.transport.ray._payload import Envelope, make_payload, parse_payload
+
+
+def _frame() -> Frame:
+    buffers = (
+        memoryview(np.arange(10, dtype=np.int32)).cast("B"),
+        memoryview(b"sidecar bytes"),
+        memoryview(b""),
+    )
+    return Frame(b"header", buffers, sidecar=frozenset({1}), codec="msgpack")
+
+
+def _stored(frame: Frame, *, checksum: bool = True) -> tuple[list[Any], list[Any] | None]:
+    """What ray.get hands back for the objects of ``frame``: read-only views."""
+    sums = run_sliced(checksum_segments(frame)) if checksum else None
+    main, side = make_payload(frame, sums)
+    views = [view.toreadonly() for view in main]
+    return views, None if side is None else [view.toreadonly() for view in side]
+
+
+def _parse(main: object, side: object, verify: bool = True) -> Frame:
+    return parse_payload(main, side, verify=verify, writable=False, where="ray://t")
+
+
+def test_round_trip_without_a_copy() -> None:
+    frame = _frame()
+    main, side = _stored(frame)
+    got = _parse(main, side)
+    assert bytes(got.header) == b"header"
+    assert [bytes(b) for b in got.buffers] == [bytes(b) for b in frame.buffers]
+    assert got.sidecar == frozenset({1}) and got.codec == "msgpack"
+    assert got.buffers[0].obj is main[2].obj  # a view of what the store handed out
+    assert got.stored_size == main[0].nbytes + frame.nbytes
+
+
+def test_writable_copies() -> None:
+    main, side = _stored(_frame())
+    got = parse_payload(main, side, verify=True, writable=True, where="ray://t")
+    assert not got.buffers[0].readonly
+
+
+def test_a_changed_byte_fails_its_checksum() -> None:
+    main, side = _stored(_frame())
+    assert side is not None
+    side[0] = memoryview(b"sidecar bytez")
+    with pytest.raises(CorruptFrameError, match="buffer 1") as info:
+        _parse(main, side)
+    assert info.value.segment == 2
+    _parse(main, side, verify=False)  # not checked when not asked
+
+
+def test_without_checksums_nothing_is_verified() -> None:
+    main, side = _stored(_frame(), checksum=False)
+    assert side is not None
+    side[0] = memoryview(b"sidecar bytez")
+    assert bytes(_parse(main, side).buffers[1]) == b"sidecar bytez"
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda m, s: ("not a list", s), "not a list of buffers"),
+        (lambda m, s: ([m[0]], s), "at least 2"),
+        (lambda m, s: ([*m, memoryview(b"x")], s), "the objects hold"),
+        (lambda m, s: (m, None), "no sidecar object"),
+        (lambda m, s: ([m[0], m[1], m[3], m[2]], s), "buffer 0 is 0 bytes"),
+        (lambda m, s: ([memoryview(b"\xc1"), *m[1:]], s), "envelope cannot be read"),
+        (lambda m, s: ([1, *m[1:]], s), "not a buffer"),
+    ],
+)
+def test_garbled_objects_are_corrupt_frames(change: Any, match: str) -> None:
+    main, side = _stored(_frame())
+    with pytest.raises(CorruptFrameError, match=match):
+        _parse(*change(main, side))
+
+
+def test_an_unknown_envelope_version_is_refused() -> None:
+    main, side = _stored(_frame())
+    envelope = msgspec.msgpack.decode(main[0], type=Envelope)
+    newer = msgspec.structs.replace(envelope, version=99)
+    main[0] = memoryview(msgspec.msgpack.encode(newer))
+    with pytest.raises(UnsupportedVersionError, match="envelope version 99"):
+        _parse(main, side)
+
+
+def test_sidecar_indices_out_of_range_are_corrupt() -> None:
+    main, side = _stored(_frame())
+    envelope = msgspec.msgpack.decode(main[0], type=Envelope)
+    main[0] = memoryview(msgspec.msgpack.encode(msgspec.structs.replace(envelope, sidecar=(7,))))
+    with pytest.raises(CorruptFrameError, match="sidecar indices"):
+        _parse(main, side)

@@ -1,0 +1,248 @@
+"""ray:// on a real local Ray cluster: steps owned by the board outlive the producer
+actor, handles open in trainer actors, a restarted trainer resumes, keep_last frees the
+object store. The contract itself runs in tests/transport/test_contract.py (TestRay)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from pickle import PickleBuffer
+from types import TracebackType
+from typing import Any
+
+import pytest
+import ray
+from ray_actors import Producer, SyncProducer, Trainer, fingerprint, step_batches
+
+import rlwire
+from rlwire import Frame, TrainingBatch, TransportError
+from rlwire.abc import SinkOptions
+from rlwire.aio import run_sliced
+from rlwire.testing import assert_batches_equal, make_sample
+from rlwire.transport.ray import RaySink, create_board, drop_board
+
+TIMEOUT = 30.0
+
+
+def _name(url: str) -> str:
+    return url.removeprefix("ray://")
+
+
+def _kill(actor: Any) -> None:
+    """Kill ``actor`` and wait until the object store has dropped what it owned (Ray
+    does that a moment after the death): until then, even its own objects can be read."""
+    canary = ray.get(actor.canary.remote(), timeout=TIMEOUT)[0]
+    ray.kill(actor)
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            ray.get(canary, timeout=TIMEOUT)
+        except (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError):
+            return
+        time.sleep(0.05)
+    raise AssertionError("what the killed actor owned is still in the object store")
+
+
+def test_committed_steps_outlive_the_producer_actor(ray_url: str) -> None:
+    create_board(_name(ray_url))  # the driver's: it outlives the producer
+    producer = Producer.remote()
+    sent = ray.get(producer.send.remote(ray_url, 3, 2), timeout=60)
+    assert sent["board_owned"] is True
+    _kill(producer)
+    # Every committed step reaches every rank, bit-exact, after the producer died.
+    for rank in range(2):
+        with rlwire.open_receiver(ray_url, rank=rank) as receiver:
+            for step in range(3):
+                assert_batches_equal(receiver.receive(timeout=TIMEOUT), step_batches(step, 2)[rank])
+            assert receiver.poll() is None
+    # A driver hands each trainer actor a handle; the trainer opens it.
+    handles = sent["handles"][1]
+    trainers = [Trainer.remote() for _ in handles]
+    got = ray.get([t.open_handle.remote(h) for t, h in zip(trainers, handles, strict=True)])
+    for rank, (step, prints) in enumerate(got):
+        assert step == 1
+        assert prints == fingerprint(step_batches(1, 2)[rank])
+    for trainer in trainers:
+        ray.kill(trainer)
+
+
+def test_a_producer_that_owns_its_steps_takes_them_along(ray_url: str) -> None:
+    """The fallback, and a check that the kill above is real: an actor that runs one call
+    at a time cannot hand its objects to the board, owns them, and they die with it.
+    (Large ones: Ray copies objects under 100 KB into the references it passes on.)"""
+    create_board(_name(ray_url))
+    producer = SyncProducer.remote()
+    sent = ray.get(producer.send.remote(ray_url, 1, 1, 1 << 14), timeout=60)
+    assert sent == {"board_owned": False}
+    with rlwire.open_receiver(ray_url) as receiver:
+        assert receiver.wait_next(timeout=TIMEOUT)
+    _kill(producer)
+    with rlwire.open_receiver(ray_url) as receiver:
+        with pytest.raises(TransportError, match=r"OwnerDiedError|ObjectLostError"):
+            receiver.receive(timeout=TIMEOUT)
+
+
+def test_a_restarted_trainer_gets_every_later_step_once(ray_url: str) -> None:
+    create_board(_name(ray_url))
+    producer = Producer.remote()
+    ray.get(producer.send.remote(ray_url, 5, 1, True), timeout=60)
+    trainer = Trainer.remote()
+    first = ray.get(trainer.take.remote(ray_url, 0, None, 2), timeout=60)
+    assert [step for step, _ in first] == [0, 1]
+    ray.kill(trainer)  # restarted from its checkpoint, which says it consumed step 1
+    again = Trainer.remote()
+    rest = ray.get(again.take.remote(ray_url, 0, first[-1][0] + 1, None), timeout=60)
+    assert [step for step, _ in rest] == [2, 3, 4]  # each once, then the end of the stream
+    for step, prints in first + rest:
+        assert prints == fingerprint(step_batches(step, 1)[0])
+    for actor in (producer, again):
+        ray.kill(actor)
+
+
+def _store_bytes() -> int:
+    """Bytes in this node's object store, by the store's own figures."""
+    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+    state = get_state_from_address(ray.get_runtime_context().gcs_address)
+    return int(get_memory_info_reply(state).store_stats.object_store_bytes_used)
+
+
+def _settles(check: Callable[[], bool]) -> bool:
+    """Whether ``check`` becomes true within a few seconds (the store frees after the
+    last reference goes, asynchronously)."""
+    deadline = time.monotonic() + 10
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_keep_last_frees_object_store_memory(ray_url: str) -> None:
+    pytest.importorskip("grpc")  # the store's figures come over gRPC
+    batch = TrainingBatch(samples=[make_sample(1 << 18, layers=16, topk=2, seed=3)])
+    steps = 6
+    baseline = _store_bytes()
+    with (
+        rlwire.open_sync_sender(ray_url, keep_last=1) as sender,
+        rlwire.open_receiver(ray_url) as receiver,
+    ):
+        for _ in range(steps):
+            sender.send(batch)
+            assert_batches_equal(receiver.receive(timeout=TIMEOUT), batch)
+            receiver.wait_next(timeout=0)  # moves past it: the next send deletes it
+        stats = sender.last_stats
+        assert stats is not None
+        step_bytes = stats.bytes
+        # One step kept (the newest), and at most one on its way: never all six.
+        assert _settles(lambda: _store_bytes() - baseline <= 2.2 * step_bytes), (
+            _store_bytes() - baseline,
+            step_bytes,
+        )
+        assert _store_bytes() - baseline >= step_bytes  # the newest step is kept
+    assert isinstance(sender.sink, RaySink)
+    drop_board(_name(ray_url))
+    assert _settles(lambda: _store_bytes() - baseline < step_bytes / 2)
+
+
+def test_two_nodes_producer_on_one_trainers_on_the_other(tmp_path: Path) -> None:
+    """Two raylets and object stores on this machine; the producer is killed after its
+    commits, and the trainers on the other node still get every step, bit-exact."""
+    tests = Path(__file__).resolve().parents[2]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tests.parent / "src"), str(tests)])
+    result = subprocess.run(
+        [sys.executable, "-m", "ray_two_nodes"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    producer, *trainers = seen["nodes"]
+    assert all(node != producer for node in trainers)
+    assert seen["board_owned"] is True
+    assert seen["exact"] is True
+
+
+def _pickle_buffers_in(tb: TracebackType | None) -> list[str]:
+    """The locals of ``tb``'s frames that hold a PickleBuffer, alone or in a list."""
+    found = []
+    while tb is not None:
+        for name, value in tb.tb_frame.f_locals.items():
+            items = value if isinstance(value, list) else [value]
+            for item in items:
+                inner = item if isinstance(item, list) else [item]
+                if any(isinstance(x, PickleBuffer) for x in inner):
+                    found.append(f"{tb.tb_frame.f_code.co_name}: {name}")
+        tb = tb.tb_next
+    return found
+
+
+def test_a_failed_store_leaves_no_pickle_buffer_to_the_garbage_collector(ray_url: str) -> None:
+    """A traceback kept in a reference cycle must not hold PickleBuffers over memoryviews:
+    the cyclic collector cannot clear such a memoryview (it exports a buffer) and was
+    seen to crash CPython 3.11."""
+    from rlwire.transport import parse_url
+
+    sink = RaySink.from_url(parse_url(ray_url), SinkOptions())
+    sink.open("error")
+    assert drop_board(_name(ray_url))
+    frame = Frame(b"header", (memoryview(bytearray(1 << 20)),))
+    with pytest.raises(TransportError) as info:
+        run_sliced(sink.stage(0, [frame]))
+    assert _pickle_buffers_in(info.value.__traceback__) == []
+
+
+def test_a_namespace_keeps_boards_apart(ray_cluster: None) -> None:
+    name = f"ns-{time.monotonic_ns()}"
+    url, ours = f"ray://{name}", {"namespace": "rlwire-tests"}
+    batch = step_batches(0, 1)[0]
+    try:
+        with rlwire.open_sync_sender(url, storage_options=ours) as sender:
+            sender.send(batch)
+        with rlwire.open_receiver(url, storage_options=ours) as receiver:
+            assert_batches_equal(receiver.receive(timeout=TIMEOUT), batch)
+        with rlwire.open_receiver(url) as elsewhere:  # the job's own namespace: no board
+            assert elsewhere.poll() is None
+    finally:
+        assert drop_board(name, namespace="rlwire-tests")
+
+
+_DETACHED_DRIVER = """
+import sys, ray, rlwire
+ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False)
+options = {"namespace": "rlwire-tests", "detached": True}
+with rlwire.open_sync_sender(sys.argv[2], storage_options=options) as sender:
+    sender.finish()
+"""
+
+
+def test_a_detached_board_outlives_the_driver_that_made_it(ray_cluster: None) -> None:
+    name = f"detached-{time.monotonic_ns()}"
+    url = f"ray://{name}"
+    address = ray.get_runtime_context().gcs_address
+    env = dict(os.environ)  # PYTHONPATH as the cluster's workers have it
+    result = subprocess.run(
+        [sys.executable, "-c", _DETACHED_DRIVER, address, url],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    try:  # the driver is gone; its board, and the end mark on it, are not
+        with rlwire.open_receiver(url, storage_options={"namespace": "rlwire-tests"}) as receiver:
+            with pytest.raises(rlwire.EndOfStream):
+                receiver.receive(timeout=TIMEOUT)
+    finally:
+        assert drop_board(name, namespace="rlwire-tests")

@@ -240,3 +240,25 @@ def test_joined_pieces_turns_every_pieces_into_one_view() -> None:
     plain = Frame(b"h", (memoryview(b"a"),))
     assert run_sliced(joined_pieces(plain)) is plain
     assert [bytes(b) for b in frame.views()] == [bytes(b) for b in out.buffers]  # type: ignore[arg-type]
+
+
+def test_a_join_space_joins_every_message_into_the_same_warm_memory() -> None:
+    """The second message's Pieces land where the first one's did (pages already
+    faulted in); a larger one gets a larger block."""
+    from rlwire._core.slicing import run_sliced
+    from rlwire._frame.frame import Frame, JoinSpace
+
+    space = JoinSpace()
+
+    def join(*runs: bytes) -> memoryview:
+        frame = Frame(b"h", (memoryview(b"x"), Pieces([memoryview(r) for r in runs])))
+        joined = run_sliced(space.joined(frame))
+        assert not any(isinstance(b, Pieces) for b in joined.buffers)
+        assert bytes(joined.buffers[0]) == b"x" and joined.buffers[1].readonly
+        return joined.buffers[1]
+
+    first = join(b"ab", b"cd")
+    address = np.frombuffer(first, np.uint8).ctypes.data
+    second = join(b"ef", b"g")
+    assert bytes(second) == b"efg" and np.frombuffer(second, np.uint8).ctypes.data == address
+    assert bytes(join(b"0123456789")) == b"0123456789"

@@ -17,7 +17,7 @@ import numpy as np
 
 from rlwire._core.slicing import Sliced
 
-__all__ = ["COPY_CHUNK_BYTES", "concatenated", "copied"]
+__all__ = ["COPY_CHUNK_BYTES", "concatenated", "copied", "copied_into"]
 
 #: Bytes copied per ``memmove`` call (and per slice).
 COPY_CHUNK_BYTES = 8 << 20
@@ -81,7 +81,30 @@ def concatenated(parts: list[bytes | memoryview], size: int) -> Sliced[bytes]:
     if size < _SMALL:
         return b"".join(parts)
     out: bytes = _new[bytes](None, size)
-    target = _address[bytes](out)
+    yield from _fill(parts, _address[bytes](out), size, release=True)
+    return out
+
+
+def copied_into(parts: list[bytes | memoryview], target: np.ndarray) -> Sliced[None]:
+    """Copy ``parts`` back to back into ``target``, a writable C-contiguous uint8 array
+    exactly as long as they are, a bounded number of bytes per slice. Memory the caller
+    keeps from one use to the next has its pages faulted in already.
+
+    Example:
+        >>> from rlwire._core.slicing import run_sliced
+        >>> out = np.zeros(3, np.uint8)
+        >>> run_sliced(copied_into([b"ab", memoryview(b"c")], out)); out.tobytes()
+        b'abc'
+    """
+    yield from _fill(parts, int(target.ctypes.data), target.nbytes, release=False)
+
+
+def _fill(
+    parts: list[bytes | memoryview], target: int, size: int, *, release: bool
+) -> Sliced[None]:
+    """memmove ``parts`` to address ``target`` back to back, ``size`` bytes in all,
+    yielding every COPY_CHUNK_BYTES; ``release``: drop each part from ``parts`` once
+    copied."""
     offset = copied_since_yield = 0
     for i, part in enumerate(parts):
         n = len(part)
@@ -89,7 +112,8 @@ def concatenated(parts: list[bytes | memoryview], size: int) -> Sliced[bytes]:
             raise ValueError(f"the parts hold more than {size} bytes")
         source = part if type(part) is bytes else np.frombuffer(part, np.uint8).ctypes.data
         ctypes.memmove(target + offset, source, n)
-        parts[i] = b""
+        if release:
+            parts[i] = b""
         offset += n
         copied_since_yield += n
         if copied_since_yield >= COPY_CHUNK_BYTES:
@@ -97,4 +121,3 @@ def concatenated(parts: list[bytes | memoryview], size: int) -> Sliced[bytes]:
             yield
     if offset != size:
         raise ValueError(f"the parts hold {offset} bytes, not {size}")
-    return out

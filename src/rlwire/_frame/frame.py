@@ -12,10 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
+from rlwire._core.copying import copied_into
 from rlwire._core.slicing import Sliced
 from rlwire._frame.pieces import Pieces
 
-__all__ = ["Frame", "as_byte_view", "joined_pieces"]
+__all__ = ["Frame", "JoinSpace", "as_byte_view", "joined_pieces"]
 
 
 def as_byte_view(data: bytes | bytearray | memoryview) -> memoryview:
@@ -118,3 +121,47 @@ def joined_pieces(frame: Frame) -> Sliced[Frame]:
     for b in frame.buffers:
         buffers.append((yield from b.joined_sliced()) if isinstance(b, Pieces) else b)
     return replace(frame, buffers=tuple(buffers))
+
+
+class JoinSpace:
+    """Memory kept from one message to the next to join
+    :class:`~rlwire._frame.pieces.Pieces` into, for a sink that has copied each message
+    elsewhere before it joins the next (into Ray's object store, say). A new allocation
+    of a few hundred megabytes costs more in page faults than the copy itself; these
+    pages are faulted in by the first message and warm for every later one. It grows to
+    the largest message's Pieces and keeps that much memory while the sink lives.
+
+    Example:
+        >>> from rlwire._core.slicing import run_sliced
+        >>> space = JoinSpace()
+        >>> frame = Frame(b"h", (Pieces([memoryview(b"ab"), memoryview(b"c")]),))
+        >>> bytes(run_sliced(space.joined(frame)).buffers[0])
+        b'abc'
+        >>> run_sliced(space.joined(Frame(b"h", (Pieces([]),)))).buffers[0].nbytes
+        0
+    """
+
+    def __init__(self) -> None:
+        self._block = np.empty(0, np.uint8)
+
+    def joined(self, frame: Frame) -> Sliced[Frame]:
+        """``frame`` with every Pieces buffer joined into this space (read-only views of
+        it, valid until the next call); ``frame`` itself when it holds none."""
+        pieces = [b for b in frame.buffers if isinstance(b, Pieces)]
+        if not pieces:
+            return frame
+        need = sum(b.nbytes for b in pieces)
+        if self._block.nbytes < need:
+            self._block = np.empty(0, np.uint8)  # let the old block go before the new
+            self._block = np.empty(need, np.uint8)
+        buffers: list[memoryview] = []
+        offset = 0
+        for b in frame.buffers:
+            if isinstance(b, Pieces):
+                target = self._block[offset : offset + b.nbytes]
+                yield from copied_into(list(b.runs), target)
+                buffers.append(target.data.toreadonly())
+                offset += b.nbytes
+            else:
+                buffers.append(b)
+        return replace(frame, buffers=tuple(buffers))

@@ -11,6 +11,7 @@ import ray
 from rlwire._core.errors import ConfigError, CorruptFrameError, StepExistsError, TransportError
 from rlwire._core.slicing import Sliced
 from rlwire._frame.checksums import checksum_segments
+from rlwire._frame.frame import JoinSpace
 from rlwire.transport._base import (
     OnExisting,
     PendingFrame,
@@ -107,7 +108,12 @@ class RaySink(Sink):
     until ``pull_timeout`` (a TransportError). Everything dies with the board: for resume after
     the board or the cluster is lost, send to a second, durable destination too.
 
-    Every put and get runs in a worker thread; the event loop never waits on Ray.
+    Every put and get runs in a worker thread; the event loop never waits on Ray. A
+    buffer the codec hands over as the runs of :class:`~rlwire.abc.Pieces` (a column of
+    per-sample arrays) is joined, since an object's buffer is one block, into memory the
+    sink keeps from one rank's message to the next: warm pages, as
+    large as the largest message's joined columns, for as long as the sender lives. The
+    object store holds its own copy before the next message is joined.
     Checksums are those of every sink (xxh3-64 per segment, verified on receive).
     Compression is the sender's choice (``compression=``); on one node it does not pay.
 
@@ -136,6 +142,7 @@ class RaySink(Sink):
     """
 
     _OPTIONS = ("namespace", "detached", "pull_timeout")
+    gathers = True  # Pieces are joined into the sink's JoinSpace, not fresh memory
 
     def __init__(
         self,
@@ -151,6 +158,7 @@ class RaySink(Sink):
         self.detached = detached
         self.checksum = checksum
         self.pull_timeout = pull_timeout
+        self._join_space = JoinSpace()
         self._board: BoardHandle | None = None
         self._producer: BoardHandle | None = None
         self._opened = False
@@ -218,7 +226,7 @@ class RaySink(Sink):
         staged = _RayStaged(self, board, key, step, len(frames))
         try:
             for rank, pending in enumerate(frames):
-                frame = yield from take_frame(pending)
+                frame = yield from self._join_space.joined((yield from take_frame(pending)))
                 sums = (yield from checksum_segments(frame)) if self.checksum else None
                 main, side = make_payload(frame, sums)
                 del frame  # only one rank's message is held at a time

@@ -25,6 +25,7 @@ from rlwire import CorruptFrameError, Frame, FrameTooLargeError, TrainingBatch
 from rlwire.codecs._msgpack import decode
 from rlwire.codecs._msgpack.codec import MsgpackCodec
 from rlwire.codecs._msgpack.cost import WORST_RATIO, plain_cost
+from rlwire.codecs._msgpack.extensions import EXT_INLINE_ARRAY
 
 MiB = 1 << 20
 
@@ -75,8 +76,32 @@ def test_plain_cost_is_an_upper_bound_of_what_decoding_takes(value: Any) -> None
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=64), st.integers(0, 1 << 20))
 def test_plain_cost_of_any_bytes_is_a_number(data: bytes, limit: int) -> None:
-    """Malformed or truncated input is for the decoder to report: the walk just stops."""
+    """Malformed or truncated input is for the decoder to report: the walk just stops
+    (charging what a truncated head declares, which msgspec never allocates); and
+    WORST_RATIO bounds the cost of any well-formed bytes, which the decoder's charge
+    relies on."""
     assert plain_cost(data, limit) >= 0
+    try:
+        msgspec.msgpack.decode(data, ext_hook=lambda code, payload: None)
+    except (msgspec.DecodeError, TypeError, ValueError):
+        return
+    assert plain_cost(data, 1 << 62) <= WORST_RATIO * len(data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        bytes([0x81, 0xFA, 0x90]),  # {-6: []}: what once broke a bound of 96
+        bytes([0x81, 0x80, 0x80]),
+        bytes([0x81, 0x80]) * 500 + bytes([0x80]),  # {{}: {{}: ...}}
+        bytes([0xD4, EXT_INLINE_ARRAY, 0]),
+        bytes([0xDD, 0, 0, 3, 232]) + bytes([0xD4, EXT_INLINE_ARRAY, 0]) * 1000,
+        bytes([0x8F]) + bytes([0x80]) * 30,
+        bytes([0xDD, 0, 0, 3, 232]) + bytes([0x81, 0x80, 0x80]) * 1000,
+    ],
+)
+def test_the_dearest_bytes_stay_within_the_worst_ratio(data: bytes) -> None:
+    assert plain_cost(data, 1 << 62) <= WORST_RATIO * len(data)
 
 
 @pytest.mark.parametrize(

@@ -43,10 +43,12 @@ _ARRAY_OBJECT = 640  # an ndarray over a view, its shape and strides, and the de
 _CHUNKED = 128  # plus 40 per byte of its chunk table (one int per range bound)
 _CHUNK_TABLE_BYTE = 40
 
-#: The most a byte of msgpack can cost decoded (a map of one entry whose key and value
-#: are negative fixints: three bytes, 288 of heap). A buffer of ``n`` bytes costs at most
-#: ``WORST_RATIO * n``.
-WORST_RATIO = 96
+#: The most a byte of msgpack can cost decoded. Count each item's own cost on its first
+#: byte, plus its slot in the container holding it (a map entry, 64, is two slots of
+#: 32; an array slot is 8): the dearest bytes are an inline array's fixext1, 641 + 32 on
+#: three bytes, and a map's head, 160 + 32 on one (``{{}: {{}: ...}}`` nears 144 a
+#: byte). A buffer of ``n`` bytes costs at most ``WORST_RATIO * n``.
+WORST_RATIO = 225
 
 # Items of a fixed length, by first byte: (length, cost); (0, 0) for the others.
 _FIXED: list[tuple[int, int]] = [(0, 0)] * 256

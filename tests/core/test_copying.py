@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlwire._core import copying as _copying
-from rlwire._core.copying import concatenated, copied
+from rlwire._core.copying import concatenated, copied, copied_into
 from rlwire._core.slicing import run_sliced
 
 
@@ -99,3 +99,30 @@ def test_concatenated_is_the_join_and_lets_go_of_each_part(
 def test_concatenated_refuses_parts_that_do_not_add_up(small_steps: int, size: int) -> None:
     with pytest.raises(ValueError, match="bytes"):
         run_sliced(concatenated([b"a" * 1000] * 3, size))
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.binary(max_size=2500), max_size=12), st.booleans())
+def test_copied_into_fills_the_target_with_the_join_a_chunk_per_slice(
+    small_steps: int, parts: list[bytes], as_views: bool
+) -> None:
+    """Rows and parts larger than a chunk alike; bytes or byte views; no slice copies
+    much more than a chunk."""
+    given_parts: list[bytes | memoryview] = [memoryview(p) if as_views else p for p in parts]
+    target = np.full(sum(map(len, parts)), 7, np.uint8)
+    slices = copied_into(given_parts, target)
+    copied_before = 0
+    for _ in slices:
+        filled = int(np.count_nonzero(target != 7))  # a lower bound of what was copied
+        assert filled - copied_before <= 2 * small_steps + 2500
+        copied_before = filled
+    assert target.tobytes() == b"".join(parts)
+
+
+@pytest.mark.parametrize("extra", [-1, 1])
+def test_copied_into_refuses_parts_that_do_not_fill_the_target(extra: int) -> None:
+    target = np.zeros(10 + extra, np.uint8)
+    with pytest.raises(ValueError, match="the parts hold"):
+        run_sliced(copied_into([b"01234", memoryview(b"56789")], target))

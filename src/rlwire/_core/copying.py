@@ -81,30 +81,7 @@ def concatenated(parts: list[bytes | memoryview], size: int) -> Sliced[bytes]:
     if size < _SMALL:
         return b"".join(parts)
     out: bytes = _new[bytes](None, size)
-    yield from _fill(parts, _address[bytes](out), size, release=True)
-    return out
-
-
-def copied_into(parts: list[bytes | memoryview], target: np.ndarray) -> Sliced[None]:
-    """Copy ``parts`` back to back into ``target``, a writable C-contiguous uint8 array
-    exactly as long as they are, a bounded number of bytes per slice. Memory the caller
-    keeps from one use to the next has its pages faulted in already.
-
-    Example:
-        >>> from rlwire._core.slicing import run_sliced
-        >>> out = np.zeros(3, np.uint8)
-        >>> run_sliced(copied_into([b"ab", memoryview(b"c")], out)); out.tobytes()
-        b'abc'
-    """
-    yield from _fill(parts, int(target.ctypes.data), target.nbytes, release=False)
-
-
-def _fill(
-    parts: list[bytes | memoryview], target: int, size: int, *, release: bool
-) -> Sliced[None]:
-    """memmove ``parts`` to address ``target`` back to back, ``size`` bytes in all,
-    yielding every COPY_CHUNK_BYTES; ``release``: drop each part from ``parts`` once
-    copied."""
+    target = _address[bytes](out)
     offset = copied_since_yield = 0
     for i, part in enumerate(parts):
         n = len(part)
@@ -112,10 +89,48 @@ def _fill(
             raise ValueError(f"the parts hold more than {size} bytes")
         source = part if type(part) is bytes else np.frombuffer(part, np.uint8).ctypes.data
         ctypes.memmove(target + offset, source, n)
-        if release:
-            parts[i] = b""
+        parts[i] = b""
         offset += n
         copied_since_yield += n
+        if copied_since_yield >= COPY_CHUNK_BYTES:
+            copied_since_yield = 0
+            yield
+    if offset != size:
+        raise ValueError(f"the parts hold {offset} bytes, not {size}")
+    return out
+
+
+def copied_into(parts: list[bytes | memoryview], target: np.ndarray) -> Sliced[None]:
+    """Copy ``parts`` back to back into ``target``, a writable C-contiguous uint8 array
+    exactly as long as they are, about COPY_CHUNK_BYTES per slice. Memory the caller
+    keeps from one use to the next has its pages faulted in already. numpy copies each
+    part with the GIL released (and in a fraction of the per-call cost of ``memmove``
+    through ctypes, which counts when the parts are thousands of rows).
+
+    Example:
+        >>> from rlwire._core.slicing import run_sliced
+        >>> out = np.zeros(3, np.uint8)
+        >>> run_sliced(copied_into([b"ab", memoryview(b"c")], out)); out.tobytes()
+        b'abc'
+    """
+    size = target.nbytes
+    offset = copied_since_yield = 0
+    for part in parts:
+        n = part.nbytes if isinstance(part, memoryview) else len(part)
+        if offset + n > size:
+            raise ValueError(f"the parts hold more than {size} bytes")
+        if type(part) is not memoryview or part.format != "B":  # numpy reads bytes as text
+            part = np.frombuffer(part, np.uint8).data
+        if n <= COPY_CHUNK_BYTES:  # the common case: a row
+            target[offset : offset + n] = part
+            copied_since_yield += n
+        else:  # a huge part: a slice per chunk
+            for start in range(0, n, COPY_CHUNK_BYTES):
+                yield
+                stop = min(n, start + COPY_CHUNK_BYTES)
+                target[offset + start : offset + stop] = part[start:stop]
+            copied_since_yield = COPY_CHUNK_BYTES
+        offset += n
         if copied_since_yield >= COPY_CHUNK_BYTES:
             copied_since_yield = 0
             yield

@@ -223,13 +223,13 @@ class FileSink(StoredSink):
                     except FileNotFoundError:
                         continue
                     with self._pool_lock:
-                        self._pool.setdefault(name[name.index(".") + 1 :], []).append(pooled)
+                        self._pool.setdefault(_kind(name), []).append(pooled)
 
     def _take(self, name: str) -> Path | None:
         """A pooled file to write the file ``name`` into: one that held the same rank's
         file of its kind if there is one, else any."""
         with self._pool_lock:
-            same = self._pool.get(name[name.index(".") + 1 :])
+            same = self._pool.get(_kind(name))
             if same:
                 return same.pop()
             for files in self._pool.values():
@@ -261,3 +261,9 @@ class FileSink(StoredSink):
         yield from staging.write(
             main_name(step, rank), layout.main, layout.main_segments, hashers, head, main=True
         )
+
+
+def _kind(name: str) -> str:
+    """What a step's file holds apart from its step: ``rank-0001.sidecar.rlw`` for
+    ``step-00000007.rank-0001.sidecar.rlw``; the pool's key."""
+    return name[name.index(".") + 1 :]

@@ -27,7 +27,7 @@ from rlwire.transport.ray._actors import BoardHandle, call, create_board, ensure
 from rlwire.transport.ray._handle import StepHandle
 from rlwire.transport.ray._handover import offer, withdraw
 from rlwire.transport.ray._payload import make_payload, out_of_band
-from rlwire.transport.ray._source import RaySource, board_options, parse_name
+from rlwire.transport.ray._source import OPTIONS, RaySource, board_options, parse_name
 
 __all__ = ["RaySink", "producer_actor"]
 
@@ -141,7 +141,6 @@ class RaySink(Sink):
         'ray://rollouts'
     """
 
-    _OPTIONS = ("namespace", "detached", "pull_timeout")
     gathers = True  # Pieces are joined into the sink's JoinSpace, not fresh memory
 
     def __init__(
@@ -181,7 +180,7 @@ class RaySink(Sink):
     @classmethod
     def from_url(cls, url: URL, options: SinkOptions) -> RaySink:
         opts = options.storage_options
-        reject_unknown(url, opts, cls._OPTIONS)
+        reject_unknown(url, opts, OPTIONS)
         namespace, detached = board_options(url, opts)
         timeout = opts.get("pull_timeout", PULL_TIMEOUT)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:

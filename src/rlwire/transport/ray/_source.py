@@ -28,8 +28,10 @@ from rlwire.transport.ray._actors import (
 )
 from rlwire.transport.ray._payload import parse_payload
 
-__all__ = ["RaySource", "board_options", "parse_name"]
+__all__ = ["OPTIONS", "RaySource", "board_options", "parse_name"]
 
+#: The storage options of ray:// destinations, the sender's and the receivers' alike.
+OPTIONS = ("namespace", "detached", "pull_timeout")
 #: The longest one wait on the board: a waiting thread stays answerable to cancellation
 #: (a cancelled await leaves its thread until the board answers).
 _WAIT_SLICE = 0.5
@@ -114,7 +116,7 @@ class RaySource(Source):
     @classmethod
     def from_url(cls, url: URL, options: SourceOptions) -> RaySource:
         opts = options.storage_options
-        reject_unknown(url, opts, ("namespace", "detached", "pull_timeout"))
+        reject_unknown(url, opts, OPTIONS)
         namespace, _ = board_options(url, opts)
         return cls(
             parse_name(url),

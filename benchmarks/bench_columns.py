@@ -9,10 +9,12 @@ alternating between rounds, to a directory on tmpfs, under each event loop asked
   int64, mask bool, logprobs, temperatures and advantages float32; no routed_experts),
   each array its own allocation, as samples from different rollouts are.
 
-  - send (``await sender.send(batch)``) against the floor (one worker thread writing
-    the bytes of the step's files, read into memory beforehand, with ``os.writev`` to a
-    fresh file) and against ``msgspec.msgpack.encode`` of the batch in one worker
-    thread plus the write (``bench_send.py``'s baseline (b));
+  - send (``await sender.send(batch)``), and the same samples sent packed (a
+    ``TrainingBatch`` whose samples are a ``Columns`` of ``Ragged``, another sender to
+    another directory), against the floor (one worker thread writing the bytes of the
+    step's files, read into memory beforehand, with ``os.writev`` to a fresh file) and
+    against ``msgspec.msgpack.encode`` of the batch in one worker thread plus the write
+    (``bench_send.py``'s baseline (b));
   - receive into ``TrainingBatch`` (``areceive``) against reading the step's files
     once (``bench_send.py``'s "read once");
   - receive with ``as_columns=True``, "n/a" while ``open_receiver`` does not take it;
@@ -130,6 +132,17 @@ def shape_lengths(shape: str, sizes: Sizes, seed: int) -> list[int]:
     return [int(n) for n in np.random.default_rng(seed).integers(low, high + 1, count)]
 
 
+def packed(batch: rlwire.TrainingBatch) -> rlwire.TrainingBatch:
+    """The same samples as the user who holds them packed sends them: a Columns of one
+    Ragged per per-token field (made here, untimed) and a list of env names."""
+    names = ("token_ids", "mask", "logprobs", "temperatures", "advantages")
+    columns: dict[str, Any] = {
+        name: rlwire.Ragged.from_arrays([getattr(s, name) for s in batch.samples]) for name in names
+    }
+    columns["env_name"] = [s.env_name for s in batch.samples]
+    return rlwire.TrainingBatch(samples=rlwire.Columns(columns))  # type: ignore[arg-type]
+
+
 def make_chunks(sizes: Sizes, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 256, sizes.chunk, dtype=np.uint8) for _ in range(sizes.turns)]
@@ -226,6 +239,7 @@ class BatchBench(Bench):
     def __init__(self, batch: rlwire.TrainingBatch, **kw: Any) -> None:
         super().__init__(**kw)
         self.batch = batch
+        self.packed = packed(batch)
         self.files: list[bytes] = []
         self.buffer = bytearray()
 
@@ -250,14 +264,23 @@ class BatchBench(Bench):
     async def sends(self, keep: bool, flip: bool) -> None:
         floor = self.other / "floor.bin"
         encoded = self.other / "msgspec.bin"
-        async with rlwire.open_sender(self.dir, on_existing="overwrite") as sender:
+        packed_dir = self.other / "packed"
+        async with (
+            rlwire.open_sender(self.dir, on_existing="overwrite") as sender,
+            rlwire.open_sender(packed_dir, on_existing="overwrite") as packed_sender,
+        ):
 
             async def send() -> int:
                 await sender.send(self.batch, step=0)
                 return 0
 
+            async def send_packed() -> int:
+                await packed_sender.send(self.packed, step=0)
+                return 0
+
             if not flip:
                 await self.timed(keep, "send", send)
+                await self.timed(keep, "send packed (Columns)", send_packed)
             await self.baseline(keep, "floor", lambda: write_all(floor, self.files))
             await self.baseline(
                 keep,
@@ -265,10 +288,12 @@ class BatchBench(Bench):
                 lambda: naive_encode_and_write(self.batch, encoded),
             )
             if flip:
+                await self.timed(keep, "send packed (Columns)", send_packed)
                 await self.timed(keep, "send", send)
             await sender.send(self.batch, step=1)  # for the next areceive, untimed
         floor.unlink()
         encoded.unlink()
+        shutil.rmtree(packed_dir)
 
     async def receives(self, keep: bool, flip: bool) -> None:
         receiver = rlwire.open_receiver(self.dir, type=rlwire.TrainingBatch)
@@ -406,18 +431,21 @@ async def run_bench(bench: Any) -> None:
 PAIRS: list[tuple[str, str, str, float | None]] = [
     ("dense", "send", "floor", 1.2),
     ("dense", "send", "msgspec encode in a thread + write", None),
+    ("dense", "send packed (Columns)", "floor", None),
     ("dense", "receive", "read once", 1.0),
     ("dense", "receive as_columns", "read once (as_columns)", 0.8),
     ("dense", "next areceive, holding a step", "", None),
     ("dense", "release a step (del batch)", "", None),
     ("ragged", "send", "floor", 1.3),
     ("ragged", "send", "msgspec encode in a thread + write", None),
+    ("ragged", "send packed (Columns)", "floor", None),
     ("ragged", "receive", "read once", 1.0),
     ("ragged", "receive as_columns", "read once (as_columns)", None),
     ("ragged", "next areceive, holding a step", "", None),
     ("ragged", "release a step (del batch)", "", None),
     ("small", "send", "floor", 1.3),
     ("small", "send", "msgspec encode in a thread + write", None),
+    ("small", "send packed (Columns)", "floor", None),
     ("small", "receive", "read once", 8.0),
     ("small", "receive as_columns", "read once (as_columns)", 1.0),
     ("small", "next areceive, holding a step", "", None),

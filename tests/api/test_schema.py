@@ -120,3 +120,89 @@ def test_samples_are_not_tracked_by_the_garbage_collector() -> None:
 
     batch = make_batch(3)
     assert not gc.is_tracked(batch) and not any(map(gc.is_tracked, batch.samples))
+
+
+# -- a batch sent packed: TrainingBatch(samples=Columns) -------------------------------
+
+_TOKEN_FIELDS = ("token_ids", "mask", "logprobs", "temperatures", "advantages")
+
+
+def _packed(samples: list[rlwire.TrainingSample], **changes: Any) -> rlwire.TrainingBatch:
+    """``samples`` as a Columns (each per-token field one Ragged), with ``changes``
+    replacing or (None) removing columns."""
+    columns: dict[str, Any] = {
+        name: rlwire.Ragged.from_arrays([getattr(s, name) for s in samples])
+        for name in (*_TOKEN_FIELDS, "routed_experts")
+    }
+    columns["env_name"] = [s.env_name for s in samples]
+    for name, value in changes.items():
+        if value is None:
+            del columns[name]
+        else:
+            columns[name] = value
+    return rlwire.TrainingBatch(samples=rlwire.Columns(columns))  # type: ignore[arg-type]
+
+
+def _with_row(samples: list[rlwire.TrainingSample], name: str, row: int, value: Any) -> Any:
+    arrays = [getattr(s, name) for s in samples]
+    arrays[row] = value
+    return rlwire.Ragged.from_arrays(arrays)
+
+
+def _rows() -> list[rlwire.TrainingSample]:
+    return [make_sample(10, seed=i) for i in range(40)]
+
+
+def _bad_logprobs() -> Any:
+    rows = _rows()
+    rows[17].logprobs[3] = np.nan
+    return rlwire.Ragged.from_arrays([s.logprobs for s in rows])
+
+
+_OFFSETS = np.arange(0, 401, 10)  # 40 rows of 10 tokens
+
+
+def _flat(shape: tuple[int, ...], dtype: Any) -> rlwire.Ragged:
+    return rlwire.Ragged(np.zeros(shape, dtype), _OFFSETS)
+
+
+def _row17(name: str, value: Any) -> rlwire.Ragged:
+    return _with_row(_rows(), name, 17, value)
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"logprobs": _bad_logprobs()}, r"\[17\]\.logprobs: 1 non-finite value .*token 3\)"),
+        ({"mask": _row17("mask", np.ones(9, bool))}, r"\[17\]\.mask: has 9 entries but token_ids"),
+        ({"advantages": _row17("advantages", np.zeros(11, np.float32))}, r"\[17\]\.advantages"),
+        ({"mask": _flat((400,), np.int8)}, r"\.mask: must be a bool array"),
+        ({"token_ids": _flat((400,), float)}, r"\.token_ids: token ids must be integers"),
+        ({"logprobs": [np.zeros(10, np.float32)] * 40}, r"\.logprobs: .* must be an rlwire.Ragged"),
+        ({"advantages": None}, r": no column 'advantages'"),
+        ({"reward": np.zeros(40)}, r": column 'reward' is not a field of TrainingSample"),
+        ({"env_name": ["a"] * 17 + [3] + ["a"] * 22}, r"\[17\]\.env_name: must be str, got int"),
+        ({"routed_experts": _flat((400, 4), np.uint8)}, r"\.routed_experts: values must be \["),
+        ({"routed_experts": _flat((400, 4, 2), np.int32)}, r"\.routed_experts: must be uint8"),
+        ({"routed_experts": _row17("routed_experts", np.zeros((11, 4, 2), "u1"))}, r"\[17\]\.rout"),
+        ({"extras": [{}] * 17 + [[1]] + [{}] * 22}, r"\[17\]\.extras: must be a dict"),
+    ],
+)
+def test_a_packed_batch_is_checked_by_column_naming_the_sample(
+    changes: dict[str, Any], match: str
+) -> None:
+    batch = _packed(_rows(), **changes)
+    with pytest.raises(rlwire.SchemaError, match=r"^batch\.samples" + match):
+        batch.validate()
+
+
+def test_a_valid_packed_batch_passes_with_or_without_optional_columns() -> None:
+    rows = _rows()
+    _packed(rows).validate()
+    _packed(rows, routed_experts=None).validate()
+    _packed(rows, routed_experts=[None] * 40, ref_logprobs=[None] * 40).validate()
+    ref = rlwire.Ragged.from_arrays([s.logprobs for s in rows])
+    _packed(rows, ref_logprobs=ref).validate()
+    kinds = zip(_TOKEN_FIELDS, "i?fff", strict=True)
+    empty = {name: rlwire.Ragged(np.zeros(0, dtype), [0]) for name, dtype in kinds}
+    _packed(rows[:1], **empty, routed_experts=None, env_name=[]).validate()  # no rows

@@ -573,3 +573,40 @@ def test_a_sender_refuses_steps_past_the_last_one_a_destination_can_hold(tmp_pat
             with pytest.raises(rlwire.StepOrderError, match=r"stored as u64"):
                 sender.send(make_batch(), step=step)
         assert not list((tmp_path / str(step)).glob("step-*"))
+
+
+@pytest.mark.parametrize("sidecar", [None, ("routed_experts",)])
+async def test_a_batch_sent_packed_arrives_as_its_samples(
+    tmp_path: Path, sidecar: tuple[str, ...] | None
+) -> None:
+    """TrainingBatch(samples=Columns) is checked by column and sent without a gather; a
+    receiver asking for TrainingBatch gets the samples, one asking for columns the
+    Columns. A packed batch that breaks a rule is refused, naming the sample, and leaves
+    nothing behind."""
+    batch = make_batch(5, n=7)
+    names = [f for f in rlwire.TrainingSample.__struct_fields__ if f not in ("env_name", "extras")]
+    columns: dict[str, Any] = {
+        name: rlwire.Ragged.from_arrays([getattr(s, name) for s in batch.samples])
+        for name in names
+        if name != "ref_logprobs"
+    }
+    columns["env_name"] = [s.env_name for s in batch.samples]
+    packed = rlwire.TrainingBatch(samples=rlwire.Columns(columns))  # type: ignore[arg-type]
+    bad_logprobs = columns["logprobs"].values.copy()
+    bad_logprobs[int(columns["logprobs"].offsets[3]) + 2] = np.inf
+    bad = rlwire.TrainingBatch(
+        samples=rlwire.Columns(  # type: ignore[arg-type]
+            {**columns, "logprobs": rlwire.Ragged(bad_logprobs, columns["logprobs"].offsets)}
+        )
+    )
+    async with rlwire.open_sender(tmp_path, sidecar=sidecar) as sender:
+        assert await sender.send(packed) == 0
+        with pytest.raises(rlwire.SchemaError, match=r"samples\[3\]\.logprobs: .*token 2"):
+            await sender.send(bad)
+    assert not any(n.startswith("step-00000001") or n.startswith(".") for n in visible(tmp_path))
+    with rlwire.open_receiver(tmp_path) as receiver:
+        assert_batches_equal(await receiver.areceive(timeout=5), batch)
+    with rlwire.open_receiver(tmp_path, as_columns=True) as receiver:
+        got = (await receiver.areceive(timeout=5)).samples
+        assert isinstance(got, rlwire.Columns) and len(got) == 5
+        assert got["token_ids"].offsets.tolist() == columns["token_ids"].offsets.tolist()

@@ -13,7 +13,9 @@ import msgspec
 import numpy as np
 
 from rlwire._core.chunked import Chunked
+from rlwire._core.columns import Columns
 from rlwire._core.errors import SchemaError
+from rlwire._core.ragged import Ragged
 from rlwire._core.slicing import Sliced, SliceTimer
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
 
 _PER_TOKEN_FLOATS = ("logprobs", "temperatures", "advantages")
 _MUST_BE_FINITE = ("logprobs", "advantages", "ref_logprobs", "temperatures")
+_EXPERT_DTYPES = (np.uint8, np.uint16)
 
 
 class TrainingSample(msgspec.Struct, kw_only=True, gc=False):
@@ -102,17 +105,114 @@ class TrainingBatch(msgspec.Struct, kw_only=True, gc=False):
             SchemaError: naming the sample index and field of the first problem.
         """
         self._check_samples(where)
+        if isinstance(self.samples, Columns):
+            return
         for i, sample in enumerate(self.samples):
             sample.validate(f"{where}.samples[{i}]")
 
     def _check_samples(self, where: str) -> None:
+        if isinstance(self.samples, Columns):  # sent packed (docs/how-to/packed.md)
+            _check_columns(self.samples, f"{where}.samples")
+            return
         if not isinstance(self.samples, list):
-            raise SchemaError(f"{where}.samples: must be a list, got {type(self.samples).__name__}")
+            raise SchemaError(
+                f"{where}.samples: must be a list or Columns, got {type(self.samples).__name__}"
+            )
         for i, sample in enumerate(self.samples):
             if not isinstance(sample, TrainingSample):
                 raise SchemaError(
                     f"{where}.samples[{i}]: expected TrainingSample, got {type(sample).__name__}"
                 )
+
+
+def _check_columns(cols: Columns, where: str) -> None:
+    """:meth:`TrainingSample.validate`'s rules over samples held as columns, a few numpy
+    calls a column (one ``isfinite`` each), naming the sample and token of the first
+    problem as the check of that sample would (``where[i].logprobs``)."""
+    _check_column_names(cols, where)
+    ids = _ragged(cols, "token_ids", where, ndim=1)
+    if ids.values.dtype.kind not in "iu":
+        raise SchemaError(
+            f"{where}.token_ids: token ids must be integers, got dtype {ids.values.dtype}"
+        )
+    names = ["mask", *_PER_TOKEN_FLOATS]
+    if "ref_logprobs" in cols and not _all_none(cols["ref_logprobs"]):
+        names.append("ref_logprobs")
+    for name in names:
+        _check_token_column(_ragged(cols, name, where, ndim=1), ids, where, name)
+    if "routed_experts" in cols and not _all_none(cols["routed_experts"]):
+        _check_routed_column(_ragged(cols, "routed_experts", where, ndim=3), ids, where)
+    for i, env in enumerate(cols["env_name"]):
+        if not isinstance(env, str):
+            raise SchemaError(f"{where}[{i}].env_name: must be str, got {type(env).__name__}")
+    if "extras" in cols:
+        for i, extras in enumerate(cols["extras"]):
+            _check_extras(extras, f"{where}[{i}]")
+
+
+def _check_column_names(cols: Columns, where: str) -> None:
+    fields = TrainingSample.__struct_fields__
+    for name in cols.names:
+        if name not in fields:
+            raise SchemaError(f"{where}: column {name!r} is not a field of TrainingSample")
+    for name in ("token_ids", "mask", *_PER_TOKEN_FLOATS, "env_name"):
+        if name not in cols:
+            raise SchemaError(f"{where}: no column {name!r} (TrainingSample requires it)")
+
+
+def _check_routed_column(experts: Ragged, ids: Ragged, where: str) -> None:
+    if experts.values.dtype not in _EXPERT_DTYPES:
+        raise SchemaError(
+            f"{where}.routed_experts: must be uint8 or uint16 expert ids, got dtype "
+            f"{experts.values.dtype} (uint8 holds at most 256 experts)"
+        )
+    _same_rows(experts, ids, where, "routed_experts", "rows")
+
+
+def _check_token_column(column: Ragged, ids: Ragged, where: str, name: str) -> None:
+    """The mask or a per-token float column: its dtype, rows as long as the token ids',
+    finite values (one sum, then one ``isfinite`` to find the row if it is not)."""
+    dtype = column.values.dtype
+    if name == "mask" and dtype != np.bool_:
+        raise SchemaError(f"{where}.mask: must be a bool array, got dtype {dtype}")
+    if name != "mask" and dtype.kind != "f":
+        raise SchemaError(f"{where}.{name}: must be a float array, got dtype {dtype}")
+    _same_rows(column, ids, where, name, "entries")
+    if name in _MUST_BE_FINITE and not np.isfinite(_SUM(column.values)):
+        finite = np.isfinite(column.values)  # the sum may only have overflowed
+        if not finite.all():
+            i = int(np.searchsorted(column.offsets, int(np.argmin(finite)), "right")) - 1
+            _check_finite(column[i], f"{where}[{i}].{name}")
+
+
+def _ragged(cols: Columns, name: str, where: str, *, ndim: int) -> Ragged:
+    column = cols[name]
+    if not isinstance(column, Ragged):
+        raise SchemaError(
+            f"{where}.{name}: a per-token column must be an rlwire.Ragged, got "
+            f"{type(column).__name__}"
+        )
+    if column.values.ndim != ndim:
+        shape = "[tokens]" if ndim == 1 else "[tokens, layers, topk]"
+        raise SchemaError(
+            f"{where}.{name}: values must be {shape}, got shape {column.values.shape}"
+        )
+    return column
+
+
+def _same_rows(column: Ragged, ids: Ragged, where: str, name: str, what: str) -> None:
+    """``column``'s rows are as long as ``ids``', or the first row that is not is named."""
+    if column.offsets is ids.offsets or np.array_equal(column.offsets, ids.offsets):
+        return
+    i = int(np.argmax(column.lengths != ids.lengths))
+    raise SchemaError(
+        f"{where}[{i}].{name}: has {int(column.lengths[i])} {what} but token_ids has "
+        f"{int(ids.lengths[i])}; per-token arrays must have the same length"
+    )
+
+
+def _all_none(column: Any) -> bool:
+    return isinstance(column, list) and all(v is None for v in column)
 
 
 def check_object(obj: Any, path: str) -> None:

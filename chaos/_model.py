@@ -24,10 +24,18 @@ UNTYPED = "untyped error"
 CRASH = "crash"
 HANG = "hang"
 MEMORY = "memory over limit"
+#: Steps filled part by part (``parts.py``): a key no rank reads, a key read twice, a
+#: seal that disagrees with the parts (or is unreadable).
+LOST = "lost"
+DUPLICATED = "duplicated"
+WRONG_SEAL = "wrong seal"
 
 OUTCOMES = [EXACT, TYPED, PARTLY, HALF, WRONG, UNTYPED, CRASH, HANG, MEMORY]
 #: What must never happen, whatever the campaign.
-BAD = frozenset({HALF, WRONG, UNTYPED, CRASH, HANG, MEMORY})
+BAD = frozenset({HALF, WRONG, UNTYPED, CRASH, HANG, MEMORY, LOST, DUPLICATED, WRONG_SEAL})
+#: Outcomes only some campaigns can have: a column of the table once a campaign
+#: :meth:`Table.show` them, or once one is counted.
+EXTRA_OUTCOMES = [LOST, DUPLICATED, WRONG_SEAL]
 COMPRESSIONS = (None, "lz4", "zstd")
 
 
@@ -112,6 +120,13 @@ class Table:
         self.examples: dict[tuple[str, str], list[str]] = {}
         self.trials: list[tuple[str, str, str]] = []  # (campaign, what, outcome)
         self.skipped: dict[str, str] = {}  # campaign -> why
+        self.shown: set[str] = set()  # extra outcomes with a column
+        self.kills: dict[str, int] = {}  # campaign -> kills that landed, where counted
+        self.points: dict[str, dict[str, int]] = {}  # campaign -> where they landed -> count
+
+    def show(self, *outcomes: str) -> None:
+        """Give ``outcomes`` (of :data:`EXTRA_OUTCOMES`) a column, counted or not."""
+        self.shown.update(outcomes)
 
     def add(self, campaign: str, outcome: str, detail: str = "", what: str = "") -> None:
         self.trials.append((campaign, what, outcome))
@@ -136,15 +151,19 @@ class Table:
             ],
             "trials": self.trials,
             "skipped": self.skipped,
+            "kills": self.kills,
+            "kill_points": self.points,
         }
 
     def render(self, markdown: bool = True) -> str:
         short = {PARTLY: "partly visible (resume detects)", HALF: "half-visible (undetected)"}
-        heads = ["campaign", *[short.get(o, o) for o in OUTCOMES], "total"]
+        counted = {o for counter in self.counts.values() for o, n in counter.items() if n}
+        columns = [*OUTCOMES, *[o for o in EXTRA_OUTCOMES if o in self.shown | counted]]
+        heads = ["campaign", *[short.get(o, o) for o in columns], "total"]
         rows = []
         for campaign, counter in self.counts.items():
             rows.append(
-                [campaign, *[str(counter.get(o, 0)) for o in OUTCOMES], str(sum(counter.values()))]
+                [campaign, *[str(counter.get(o, 0)) for o in columns], str(sum(counter.values()))]
             )
         if markdown:
             lines = ["| " + " | ".join(heads) + " |", "|" + " --- |" * len(heads)]

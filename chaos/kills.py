@@ -9,6 +9,7 @@ after a random delay. Then the directory is judged (:func:`classify`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import random
@@ -18,7 +19,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,11 @@ from ._proc import Job, reap
 HOOKED = ("open", "write", "writev", "pwrite", "replace", "link", "fsync", "unlink", "rename")
 
 
-def install_hooks(kill_at: int | None) -> list[str]:
+def install_hooks(kill_at: int | None, said: Callable[[str], None] | None = None) -> list[str]:
     """Wrap the ``os`` functions in :data:`HOOKED`; the ``kill_at``-th call (from 1) kills
-    this process with SIGKILL before it happens. Returns the list of calls made so far."""
+    this process with SIGKILL before it happens, after telling ``said`` which call and
+    file it is (``said`` must not call the hooked functions). Returns the list of calls
+    made so far."""
     calls: list[str] = []
     lock = threading.Lock()
 
@@ -58,6 +61,8 @@ def install_hooks(kill_at: int | None) -> list[str]:
             with lock:
                 calls.append(name)
                 if kill_at is not None and len(calls) >= kill_at:
+                    if said is not None:
+                        said(f"{name} {_file_of(args[0]) if args else ''}".strip())
                     os.kill(os.getpid(), signal.SIGKILL)
             return real(*args, **kwargs)
 
@@ -66,6 +71,17 @@ def install_hooks(kill_at: int | None) -> list[str]:
     for name in HOOKED:
         setattr(os, name, wrap(name))
     return calls
+
+
+def _file_of(target: Any) -> str:
+    """The name of the file a hooked call is about: its path, or its descriptor's."""
+    if isinstance(target, int):
+        with contextlib.suppress(OSError):
+            return os.path.basename(os.readlink(f"/proc/self/fd/{target}"))
+        return f"fd {target}"
+    if isinstance(target, str | bytes | os.PathLike):
+        return os.path.basename(os.fsdecode(target))
+    return ""
 
 
 def _sender_options(compression: str | None, fsync: bool) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Run the chaos campaigns and print the table of outcomes (``python3 tasks.py chaos``).
 
     python -m chaos.run [--kills N] [--corruptions N] [--cancels N] [--forgeries N]
-                        [--full-disks N] [--s3-trials N] [--zmq-kills N] [--seed S]
+                        [--full-disks N] [--s3-trials N] [--zmq-kills N]
+                        [--parts-kills N] [--seed S]
                         [--campaign NAME ...] [--case NAME ...]
                         [--json FILE] [--jobs J] [--tmp DIR] [-v]
 
@@ -29,13 +30,14 @@ from . import (
     hostile,
     kills,
     oddfiles,
+    parts,
     producers,
     s3chaos,
     zmqblips,
     zmqforge,
     zmqkill,
 )
-from ._model import BAD, COMPRESSIONS, Table
+from ._model import BAD, COMPRESSIONS, DUPLICATED, LOST, WRONG_SEAL, Table
 from ._proc import Job, run_jobs
 
 CAMPAIGNS = (
@@ -52,6 +54,7 @@ CAMPAIGNS = (
     "s3",
     "fork",
     "producers",
+    "parts",
 )
 
 
@@ -70,6 +73,11 @@ def run(args: argparse.Namespace) -> Table:
     def record(job: Job, result: dict[str, Any]) -> None:
         campaign, what = job.tag
         outcome = result["outcome"]
+        if "kills" in result:
+            table.kills[campaign] = table.kills.get(campaign, 0) + int(result["kills"])
+            points = table.points.setdefault(campaign, {})
+            for point in result.get("points", []):
+                points[point] = points.get(point, 0) + 1
         detail = f"{what}: {result.get('detail', '')}".strip()
         table.add(campaign, outcome, detail, what)
         if verbose or outcome in BAD:
@@ -123,6 +131,15 @@ def run(args: argparse.Namespace) -> Table:
             timed("forked children", fork.jobs(root, args.forks, args.seed))
         if "producers" in args.campaign and args.producers:
             timed("producers and rewrites", producers.jobs(root, args.producers, args.seed))
+        if "parts" in args.campaign and args.parts_kills:
+            table.show(LOST, DUPLICATED, WRONG_SEAL)
+            on_s3 = args.parts_kills // 2
+            timed(
+                "parts kill -9 (files)",
+                parts.jobs(root, "files", args.parts_kills - on_s3, args.seed),
+            )
+            with s3chaos.server() as endpoint:
+                timed("parts kill -9 (S3)", parts.jobs(root, "s3", on_s3, args.seed, endpoint))
         if "fulldisk" in args.campaign and args.full_disks:
             why = fulldisk.available()
             if why:
@@ -150,6 +167,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--producers", type=int, default=200, help="two producers, rewrites, read-only (200)"
     )
+    p.add_argument(
+        "--parts-kills",
+        type=int,
+        default=240,
+        help="kills of a producer filling steps part by part, half on S3 (240)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="trials in parallel")
     p.add_argument("--campaign", action="append", choices=CAMPAIGNS, help="only these (repeatable)")
@@ -168,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"rlwire chaos suite, seed {args.seed}, {time.monotonic() - start:.0f} s")
     print(table.render(markdown=False))
+    for campaign, landed in table.kills.items():
+        where = ", ".join(f"{p} {n}" for p, n in sorted(table.points.get(campaign, {}).items()))
+        print(f"{campaign}: {landed} kills landed: {where}")
     for campaign, why in table.skipped.items():
         print(f"skipped: {campaign}: {why}")
     bad = table.bad()

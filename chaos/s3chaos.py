@@ -56,7 +56,7 @@ import threading
 import traceback
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -270,10 +270,13 @@ def _short(kwargs: dict[str, Any]) -> str:
     return key.rpartition("/")[2] if "/" in key else key
 
 
-def install_hooks(kill_at: int | None, after: bool = False) -> list[str]:
+def install_hooks(
+    kill_at: int | None, after: bool = False, said: Callable[[str], None] | None = None
+) -> list[str]:
     """Count every store call (``_call_s3`` and ``_upload_part``) from now on; the
     ``kill_at``-th (from 1) sends this process SIGKILL before it is made, or after it
-    returns or fails when ``after``. Returns the list of calls made so far."""
+    returns or fails when ``after``, after telling ``said`` which call it is. Returns
+    the list of calls made so far."""
     calls: list[str] = []
     lock = threading.Lock()
     real_call = s3fs.S3FileSystem._call_s3
@@ -284,12 +287,17 @@ def install_hooks(kill_at: int | None, after: bool = False) -> list[str]:
             calls.append(what)
             index = len(calls)
         if index == kill_at and not after:
-            os.kill(os.getpid(), signal.SIGKILL)
+            kill(f"before {what}")
         return index
 
     def end(index: int) -> None:
         if index == kill_at and after:
-            os.kill(os.getpid(), signal.SIGKILL)
+            kill(f"after {calls[index - 1]}")
+
+    def kill(what: str) -> None:
+        if said is not None:
+            said(what)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     async def call_s3(self: Any, method: str, *args: Any, **kwargs: Any) -> Any:
         index = start(f"{method} {_short(kwargs)}".strip())

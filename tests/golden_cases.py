@@ -2,9 +2,10 @@
 
 The files were written once by rlwire 0.1.0 (wire format 1.0), the chunked case once by
 the first rlwire that chunks heavy containers (format 1.0 with extension types 4 and 5),
-the ZeroMQ messages once by the first rlwire that speaks ZeroMQ version 2.0, and the
+the ZeroMQ messages once by the first rlwire that speaks ZeroMQ version 2.0, the
 ``msgpack-1.1-*`` cases once by the first rlwire that writes format 1.1 (lists stored as
-columns, extension type 7, and ragged arrays, type 6), with
+columns, extension type 7, and ragged arrays, type 6), and ``msgpack-1.2-parts`` once by
+the first rlwire that writes steps part by part (format 1.2), with
 ``python tests/golden_cases.py [NAME...]`` (without names: the cases that have no files
 yet); never rewrite them to make a test pass. A reader must keep decoding them into
 exactly the objects below.
@@ -313,6 +314,29 @@ def _write_zmq() -> None:
     ZMQ_GOLDEN.write_bytes(msgspec.msgpack.encode(got))
 
 
+#: A step filled part by part (format 1.2): name -> (key, rank, samples) of each part
+#: in put order, and the open_sender options. Written once by the first rlwire that
+#: writes parts and seals.
+PARTS_CASES: dict[
+    str, tuple[list[tuple[str | int, int, list[rlwire.TrainingSample]]], dict[str, Any]]
+] = {
+    "msgpack-1.2-parts": (
+        [("g0", 0, [_sample(0), _sample(1)]), ("g1", 1, [_sample(2)]), (7, 0, [_sample(3)])],
+        {"sidecar": ("routed_experts",), "compression": Compressor("lz4", 0, SMALL)},
+    ),
+}
+
+
+async def _write_parts(name: str) -> None:
+    parts, options = PARTS_CASES[name]
+    path = GOLDEN / name
+    shutil.rmtree(path, ignore_errors=True)
+    async with rlwire.open_sender(path, **options) as sender:
+        async with sender.open_step(ranks=2) as writer:
+            for key, rank, samples in parts:
+                await writer.put(samples, key=key, rank=rank)
+
+
 async def _write(name: str) -> None:
     make, options, _ = CASES[name]
     path = GOLDEN / name
@@ -323,10 +347,12 @@ async def _write(name: str) -> None:
 
 if __name__ == "__main__":
     # Without names, only the cases that have no files yet: the others stay as written.
-    missing = [c for c in [*CASES, ZMQ_GOLDEN.name] if not (GOLDEN / c).exists()]
+    missing = [c for c in [*CASES, *PARTS_CASES, ZMQ_GOLDEN.name] if not (GOLDEN / c).exists()]
     for case in sys.argv[1:] or missing:
         if case == ZMQ_GOLDEN.name:
             _write_zmq()
+        elif case in PARTS_CASES:
+            anyio.run(_write_parts, case)
         else:
             anyio.run(_write, case)
         print("wrote", GOLDEN / case)

@@ -1,27 +1,49 @@
 """Ray actors the tests start: a producer that sends, a trainer that receives. Kept in
 a module of their own that Ray's workers import by name (tests/ray_cluster.py puts the
-tests' folder on their path)."""
+tests' folder on their path). Also the driver's helpers that go with them: killing an
+actor for real, and the object store's figures."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
+import anyio
 import numpy as np
 import ray
 import xxhash
 
 import rlwire
-from rlwire import EndOfStream, TrainingBatch
-from rlwire.testing import make_batch
+from rlwire import EndOfStream, TrainingBatch, TrainingSample
+from rlwire.testing import make_batch, make_sample
 from rlwire.transport.ray import StepHandle
 
-__all__ = ["Producer", "SyncProducer", "Trainer", "fingerprint", "step_batches"]
+__all__ = [
+    "Producer",
+    "SyncProducer",
+    "Trainer",
+    "fingerprint",
+    "kill_and_wait",
+    "part_samples",
+    "settles",
+    "step_batches",
+    "store_bytes",
+]
+
+_TIMEOUT = 30.0
 
 
 def step_batches(step: int, ranks: int, n: int = 64) -> list[TrainingBatch]:
     """The batch of each rank of ``step`` (2 samples of about ``n`` tokens): its own
     data, the same bits every time."""
     return [make_batch(2, n=n, seed=100 * step + rank) for rank in range(ranks)]
+
+
+def part_samples(key: int, tokens: int = 16) -> list[TrainingSample]:
+    """The samples of the part put with ``key``: one of ``tokens + 8 * key`` tokens,
+    routed experts included, the same bits every time."""
+    return [make_sample(tokens + 8 * key, seed=1000 + key)]
 
 
 def fingerprint(batch: TrainingBatch) -> list[str]:
@@ -63,6 +85,47 @@ def canary() -> list[Any]:
 class Producer:
     """An async actor, as a framework's rollout worker: the board pulls its steps."""
 
+    def __init__(self) -> None:
+        self.puts = 0  # puts returned by fill, so far
+
+    async def fill(
+        self,
+        url: str,
+        keys: list[int],
+        ranks: int,
+        pause: float = 0.0,
+        seal: bool = True,
+        tokens: int = 16,
+    ) -> dict[str, Any]:
+        """Fill the next (or the open) step part by part, one part per key
+        (:func:`part_samples`), ``pause`` seconds apart; never seals unless ``seal``
+        (it waits to be killed instead). What it did, and when each put returned
+        (``time.monotonic``, one clock for every process of the machine)."""
+        put_at: dict[int, float] = {}
+        skipped = []
+        async with rlwire.open_sender(url, sidecar="routed_experts", on_existing="resume") as s:
+            async with s.open_step(ranks=ranks) as writer:
+                for key in keys:
+                    if await writer.put(part_samples(key, tokens), key=key):
+                        skipped.append(key)
+                    put_at[key] = time.monotonic()
+                    self.puts += 1
+                    await anyio.sleep(pause)
+                if not seal:
+                    await anyio.sleep_forever()
+            return {
+                "board_owned": s.sink.board_owned,  # type: ignore[attr-defined]
+                "step": writer.step,
+                "resumed": sorted(writer.resumed),  # type: ignore[type-var]
+                "skipped": skipped,
+                "assignment": writer.assignment,
+                "put_at": put_at,
+            }
+
+    async def done(self) -> int:
+        """How many puts of :meth:`fill` returned."""
+        return self.puts
+
     async def canary(self) -> list[Any]:
         return canary()
 
@@ -73,6 +136,14 @@ class Producer:
 
     async def node(self) -> str:
         return ray.get_runtime_context().get_node_id()
+
+    async def send_blocking(self, url: str, steps: int, pull_timeout: float) -> dict[str, Any]:
+        """Send with the sync sender on this actor's loop, which it blocks meanwhile."""
+        options = {"pull_timeout": pull_timeout}
+        with rlwire.open_sync_sender(url, on_existing="resume", storage_options=options) as s:
+            for step in range(steps):
+                s.send_ranks(step_batches(step, 1))
+            return {"board_owned": s.sink.board_owned}  # type: ignore[attr-defined]
 
 
 @ray.remote(num_cpus=0, max_concurrency=1)
@@ -102,6 +173,18 @@ class Trainer:
             batch = await receiver.areceive(timeout=30)
             return receiver.last_step, fingerprint(batch)
 
+    async def take_parts(
+        self, url: str, rank: int, start_step: int = 0
+    ) -> list[tuple[Any, int, list[str], float]]:
+        """This rank's parts of ``start_step`` as they arrive: each part's key, index,
+        fingerprint and when it was held (``time.monotonic``)."""
+        got = []
+        with rlwire.open_receiver(url, rank=rank, start_step=start_step) as receiver:
+            async for part in receiver.aparts(timeout=60):
+                held = time.monotonic()
+                got.append((part.key, part.index, fingerprint(part.value), held))
+        return got
+
     async def take(
         self, url: str, rank: int, start_step: int | None, count: int | None
     ) -> list[tuple[int, list[str]]]:
@@ -119,3 +202,37 @@ class Trainer:
             if count is not None:
                 await receiver.await_next(timeout=0)  # moves past the last one taken
         return got
+
+
+def kill_and_wait(actor: Any) -> None:
+    """Kill ``actor`` and wait until the object store has dropped what it owned (Ray
+    does that a moment after the death): until then, even its own objects can be read."""
+    canary = ray.get(actor.canary.remote(), timeout=_TIMEOUT)[0]
+    ray.kill(actor)
+    deadline = time.monotonic() + _TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            ray.get(canary, timeout=_TIMEOUT)
+        except (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError):
+            return
+        time.sleep(0.05)
+    raise AssertionError("what the killed actor owned is still in the object store")
+
+
+def store_bytes() -> int:
+    """Bytes in this node's object store, by the store's own figures."""
+    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+    state = get_state_from_address(ray.get_runtime_context().gcs_address)
+    return int(get_memory_info_reply(state).store_stats.object_store_bytes_used)
+
+
+def settles(check: Callable[[], bool]) -> bool:
+    """Whether ``check`` becomes true within a few seconds (the store frees after the
+    last reference goes, asynchronously)."""
+    deadline = time.monotonic() + 10
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -10,15 +10,18 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
-from chaos import cancel, fulldisk, hostile, oddfiles
-from chaos._model import BAD, EXACT, PARTLY, TYPED
+from chaos import cancel, fulldisk, hostile, oddfiles, parts
+from chaos._model import BAD, DUPLICATED, EXACT, HALF, LOST, PARTLY, TYPED, WRONG_SEAL
+from rlwire.abc import Seal
 
 pytestmark = pytest.mark.anyio
 
@@ -148,3 +151,93 @@ def test_zeromq_blips_shared_ranks_and_cancelled_receives(tmp_path: Path) -> Non
     result = campaign(tmp_path, "--campaign", "zmqblips", "--zmq-blips", "6")
     assert_no_bad(result, allowed={EXACT, TYPED})
     assert len(result["trials"]) == 6
+
+
+def test_producers_killed_while_filling_steps_part_by_part(tmp_path: Path) -> None:
+    result = campaign(tmp_path, "--campaign", "parts", "--parts-kills", "6")
+    # Every key once, bit-exact, after every kill and resume: nothing else is allowed.
+    assert_no_bad(result, allowed={EXACT})
+    assert sum(result["kills"].values()) >= 4  # the kills land (a late one may miss)
+    assert {c for c, _, _ in result["trials"]} == set(parts.CAMPAIGN.values())
+
+
+def _filled(tmp_path: Path) -> tuple[parts.Store, dict[str, Any], parts.Ledger]:
+    """A directory the parts campaign's producer filled (2 ranks, 2 steps, not killed),
+    and what the producer said."""
+    plan: dict[str, Any] = {
+        "ranks": 2,
+        "balance": "cost",
+        "compression": "zstd",
+        "sidecar": True,
+        "fsync": False,
+        "finish": True,
+        "steps": [
+            {"whole": False, "groups": [[k, [30 + i, 9], None] for i, k in enumerate("abcde")]},
+            {"whole": False, "groups": [[7, [12], 1], ["7", [40], None], [8, [5, 5], None]]},
+        ],
+    }
+    store = parts.Store("files", str(tmp_path), None)
+    events: list[dict[str, Any]] = []
+    options = parts._sender_options("files", plan, None)
+    anyio.run(parts._produce, store.dest, options, plan, events.append, lambda: None)
+    ledger = parts.Ledger(plan)
+    ledger.take(events, 0)
+    return store, plan, ledger
+
+
+def _judge(store: parts.Store, plan: dict[str, Any], ledger: parts.Ledger) -> str:
+    try:
+        parts.check_reads(store, plan, parts.check_store(store, plan, ledger))
+    except parts.Verdict as verdict:
+        return verdict.outcome
+    return EXACT
+
+
+def test_the_parts_judge_sees_lost_duplicated_half_visible_and_wrong_seals(
+    tmp_path: Path,
+) -> None:
+    """The campaign's judge is not blind: each damage done to a filled directory (or to
+    what a producer said) is its bad outcome."""
+    store, plan, ledger = _filled(tmp_path)
+    assert _judge(store, plan, ledger) == EXACT
+    directory = Path(store.dest)
+    seal_file = directory / "step-00000000.seal.rlw"
+    seal = parts.parse_seal(seal_file.read_bytes(), step=0, where="test")
+    last = len(seal.keys[0]) - 1
+    main = directory / f"step-00000000.rank-0000.part-{last:06d}.rlw"
+    sidecar = directory / f"step-00000000.rank-0000.part-{last:06d}.sidecar.rlw"
+    beyond = directory / f"step-00000000.rank-0000.part-{last + 1:06d}.rlw"
+
+    shutil.copy(main, beyond)  # a part the seal does not list
+    assert _judge(store, plan, ledger) == HALF
+    beyond.unlink()
+    kept = main.read_bytes()
+    main.unlink()  # a listed part gone
+    assert _judge(store, plan, ledger) == LOST
+    main.write_bytes(kept)
+    sidecar.rename(beyond.with_suffix(".sidecar.rlw"))  # a sidecar without its main file
+    assert _judge(store, plan, ledger) == HALF
+    beyond.with_suffix(".sidecar.rlw").rename(sidecar)
+    assert _judge(store, plan, ledger) == EXACT
+
+    swapped = Seal(step=0, keys=seal.keys[::-1], costs=seal.costs[::-1])
+    seal_file.write_bytes(parts.seal_bytes(swapped))  # the ranks' keys exchanged
+    assert _judge(store, plan, ledger) == WRONG_SEAL
+    ledger.sealed.pop(0)  # the producer was killed before it reported the seal
+    assert _judge(store, plan, ledger) in (HALF, WRONG_SEAL)
+    seal_file.write_bytes(parts.seal_bytes(seal))
+
+    # A put a killed producer reported, which the next one did not find on resuming.
+    killed = [{"e": "start", "next": 0}, {"e": "open", "step": 0, "resumed": []}]
+    killed.append({"e": "put", "step": 0, "key": "a", "skipped": False})
+    later = parts.Ledger(plan)
+    later.take(killed, 0)
+    with pytest.raises(parts.Verdict) as lost:
+        later.take([{"e": "start", "next": 0}, {"e": "open", "step": 0, "resumed": ["b"]}], 1)
+    assert lost.value.outcome == LOST
+    # A resumed key the producer wrote again.
+    again = [{"e": "start", "next": 0}, {"e": "open", "step": 0, "resumed": ["a"]}]
+    again.append({"e": "put", "step": 0, "key": "a", "skipped": False})
+    with pytest.raises(parts.Verdict) as twice:
+        parts.Ledger(plan).take(again, 1)
+    assert twice.value.outcome == DUPLICATED

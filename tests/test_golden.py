@@ -9,11 +9,12 @@ from typing import Any
 
 import msgspec
 import pytest
-from golden_cases import AS_COLUMNS, CASES, GOLDEN, ZMQ_GOLDEN, batch
+from golden_cases import AS_COLUMNS, CASES, GOLDEN, PARTS_CASES, ZMQ_GOLDEN, batch
 from helpers import assert_batches_equal
 from test_format_doc import assert_same
 
 import rlwire
+import rlwire.transport
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -38,7 +39,7 @@ def test_golden_files_decode_as_columns(name: str) -> None:
 
 
 def test_every_case_has_its_files() -> None:
-    assert sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) == sorted(CASES)
+    assert sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) == sorted([*CASES, *PARTS_CASES])
 
 
 def test_the_golden_files_span_both_minor_versions() -> None:
@@ -229,3 +230,24 @@ def test_the_1_1_sidecar_case_keeps_ragged_offsets_in_the_main_file() -> None:
 
     frame = FileSource(GOLDEN / "msgpack-1.1-batch-sidecar-zstd").read(0)
     assert frame.sidecar == {4}  # the fifth buffer: routed experts' values
+
+
+@pytest.mark.parametrize("name", sorted(PARTS_CASES))
+def test_golden_parts_decode(name: str) -> None:
+    """A step filled part by part (format 1.2): each rank's parts, in order, then the
+    whole step joined; the files say 1.2 and the seal lists every rank's keys."""
+    parts, _ = PARTS_CASES[name]
+    seal = rlwire.transport.FileSource(GOLDEN / name).read_seal(0)
+    assert seal is not None and seal.keys == (("g0", 7), ("g1",))
+    for path in (GOLDEN / name).glob("*.part-*.rlw"):
+        assert struct.unpack_from("<HH", path.read_bytes(), 8) == (1, 2)
+    for rank in range(2):
+        mine = [(key, samples) for key, r, samples in parts if r == rank]
+        with rlwire.open_receiver(GOLDEN / name, rank=rank) as receiver:
+            got = list(receiver.parts(timeout=5))
+        assert [(p.key, p.index) for p in got] == [(key, i) for i, (key, _) in enumerate(mine)]
+        for part, (_, samples) in zip(got, mine, strict=True):
+            assert_batches_equal(part.value, rlwire.TrainingBatch(samples=samples))
+        with rlwire.open_receiver(GOLDEN / name, rank=rank) as receiver:
+            whole = receiver.receive(timeout=5)
+        assert_batches_equal(whole, rlwire.TrainingBatch(samples=[s for _, ss in mine for s in ss]))

@@ -189,8 +189,10 @@ def test_plugin_authors_get_pieces_from_the_abc_face() -> None:
         "URL",
         "Codec",
         "OnExisting",
+        "PartInfo",
         "PendingFrame",
         "Pieces",
+        "Seal",
         "Sink",
         "SinkOptions",
         "SliceTimer",
@@ -204,6 +206,16 @@ def test_plugin_authors_get_pieces_from_the_abc_face() -> None:
     frame = rlwire.Frame(b"h", (pieces, memoryview(b"d")))
     assert frame.nbytes == 5
     assert rlwire.abc.Sink.gathers is False
+
+
+def test_the_names_of_steps_filled_part_by_part_report_their_faces() -> None:
+    import rlwire.abc
+
+    for name in ("Part", "StepWriter", "SyncStepWriter"):
+        assert name in rlwire.__all__
+        assert getattr(rlwire, name).__module__ == "rlwire"
+    assert rlwire.abc.PartInfo.__module__ == rlwire.abc.Seal.__module__ == "rlwire.abc"
+    assert rlwire.abc.Sink.stores_parts is False and rlwire.abc.Source.stores_parts is False
 
 
 @pytest.mark.parametrize(

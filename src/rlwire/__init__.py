@@ -15,11 +15,14 @@ Example:
 from rlwire._api.batch_receiver import TrainingBatchReceiver
 from rlwire._api.batch_sender import TrainingBatchSender
 from rlwire._api.options import Integrity, Limits, Retention
+from rlwire._api.parts import Part
 from rlwire._api.receiver import open_receiver
 from rlwire._api.schema import TrainingBatch, TrainingSample
 from rlwire._api.sender import open_sender
 from rlwire._api.stats import ReceiveStats, SendStats
+from rlwire._api.step_writer import StepWriter
 from rlwire._api.sync_sender import SyncSender, open_sync_sender
+from rlwire._api.sync_step_writer import SyncStepWriter
 from rlwire._checks.checks import Checks
 from rlwire._core.chunked import Chunked
 from rlwire._core.columns import Columns
@@ -49,6 +52,7 @@ __all__ = [
     "LagMonitor",
     "Limits",
     "MarkSkippedWarning",
+    "Part",
     "Ragged",
     "ReceiveStats",
     "ReceiveTimeout",
@@ -59,7 +63,9 @@ __all__ = [
     "StepExistsError",
     "StepGapError",
     "StepOrderError",
+    "StepWriter",
     "SyncSender",
+    "SyncStepWriter",
     "TrainingBatch",
     "TrainingBatchReceiver",
     "TrainingBatchSender",

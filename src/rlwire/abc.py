@@ -20,6 +20,12 @@ A buffer of a frame to send may be a :class:`Pieces`: runs of bytes (say, one ar
 sample) stored back to back as one buffer, with no copy. A sink that writes them itself
 (``writev``) sets :attr:`Sink.gathers`; for other sinks the sender joins them first.
 
+A sink that can store a step part by part (``sender.open_step``) sets
+:attr:`Sink.stores_parts` and implements ``stage_part``, ``seal`` and
+``committed_parts``, naming each part by a :class:`PartInfo` and closing the step with a
+:class:`Seal`; its source implements ``read_part`` and ``read_seal``. The stored sinks
+(:mod:`rlwire.transport.layout`) do all of it.
+
 Work that takes long is written as a **sliced generator** (:data:`Sliced`): it does a
 short slice of work between ``yield`` statements, asking a :class:`SliceTimer` when the
 slice is over, and returns its result; :mod:`rlwire.aio` has the tools that run one.
@@ -52,14 +58,17 @@ from rlwire.transport._base import (
     SourceOptions,
     Staged,
 )
+from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
 
 __all__ = [
     "URL",
     "Codec",
     "OnExisting",
+    "PartInfo",
     "PendingFrame",
     "Pieces",
+    "Seal",
     "Sink",
     "SinkOptions",
     "SliceTimer",

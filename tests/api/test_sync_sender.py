@@ -375,6 +375,20 @@ def test_concurrent_sends_from_many_threads(tmp_path: Path) -> None:
 # -- the signature ---------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_sink_knows_when_the_caller_blocks_an_event_loop(tmp_path: Path, backend: str) -> None:
+    """Opened on an event loop's thread, each call blocks that loop: the sink is told, so
+    it never waits for the loop (ray:// would wait for its actor); elsewhere it is not."""
+
+    async def on_the_loop() -> bool:
+        with open_sync_sender(tmp_path / "a") as sender:
+            return sender.sink.caller_blocks_loop
+
+    assert anyio.run(on_the_loop, backend=backend) is True
+    with open_sync_sender(tmp_path / "b") as sender:
+        assert sender.sink.caller_blocks_loop is False
+
+
 def test_open_sync_sender_has_the_parameters_of_open_sender() -> None:
     mine = inspect.signature(open_sync_sender)
     theirs = inspect.signature(rlwire.open_sender)

@@ -8,10 +8,12 @@ import time
 import warnings
 from typing import Any, Generic, TypeVar
 
-from anyio import CapacityLimiter, to_thread
+from anyio import CancelScope, CapacityLimiter, to_thread
 from typing_extensions import Unpack
 
 from rlwire._api.options import Limits, LimitsKeywords, from_keywords
+from rlwire._api.parts import NOTHING as _NOTHING
+from rlwire._api.parts import PartsReader, SealedStep, read_sealed
 from rlwire._api.schema import TrainingBatch, TrainingSample
 from rlwire._api.stats import ReceiveStats
 from rlwire._checks.checks import Checks
@@ -33,10 +35,9 @@ from rlwire.transport._base import Source
 __all__ = ["TrainingBatchReceiver"]
 
 T = TypeVar("T")
-_NOTHING: Any = object()
 
 
-class TrainingBatchReceiver(Generic[T]):
+class TrainingBatchReceiver(PartsReader[T], Generic[T]):
     """Receives the objects of consecutive steps for one rank.
 
     Synchronous (``receive``, ``poll``, ``for``, ``with``) for trainer processes, and
@@ -78,7 +79,7 @@ class TrainingBatchReceiver(Generic[T]):
         self._limiter = make_limiter(limiter)
         self._mutex = threading.Lock()
         self._closed = False
-        self._peeked: tuple[int, Frame] | None = None  # read by wait_next(), not yet decoded
+        self._peeked: tuple[int, Frame | SealedStep] | None = None  # read by wait_next()
         self._read_seconds = 0.0  # of the last read
         self._record_consumed = record_consumed
         # The step last written to this rank's consumption mark: nothing to write until
@@ -141,7 +142,7 @@ class TrainingBatchReceiver(Generic[T]):
                 where = self._source.describe(step) if isinstance(exc, DecodeError) else None
                 exc.add_context(where=where, step=step, rank=self._rank)
                 raise
-            self._step, self._next_step = step, step + 1
+            self._step, self._next_step, self._part_next = step, step + 1, 0
             total = time.perf_counter() - started
             self._last_stats = ReceiveStats(
                 step=step,
@@ -163,8 +164,8 @@ class TrainingBatchReceiver(Generic[T]):
         if self._validate is not False and isinstance(obj, TrainingBatch | TrainingSample):
             obj.validate(f"step {step}")
 
-    def _read(self) -> tuple[int, Frame] | None:
-        """The next step's frame if it has arrived (call with the mutex held)."""
+    def _read(self) -> tuple[int, Frame | SealedStep] | None:
+        """The next step's frame (or sealed parts) if it has arrived (the mutex held)."""
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
         began = time.perf_counter()
@@ -172,7 +173,10 @@ class TrainingBatchReceiver(Generic[T]):
             if self._record_consumed and self._next_step > self._recorded:
                 self._source.mark_consumed(self._next_step)
                 self._recorded = self._next_step
-            return self._source.read_next(self._next_step)
+            got = self._source.read_next(self._next_step)
+            if got is None and self._source.stores_parts:
+                return read_sealed(self._source, self._next_step, self._rank or 0)
+            return got
         except RlwireError as exc:
             exc.add_context(rank=self._rank)
             raise
@@ -187,7 +191,15 @@ class TrainingBatchReceiver(Generic[T]):
                 self._peeked = self._read()
             return self._peeked is not None
 
-    def _decode(self, frame: Frame, seconds: dict[str, float], as_columns: bool) -> Sliced[Any]:
+    def _decode(
+        self,
+        frame: Frame | SealedStep,
+        seconds: dict[str, float],
+        as_columns: bool,
+        type_: Any = _NOTHING,
+    ) -> Sliced[Any]:
+        if isinstance(frame, SealedStep):
+            return (yield from self._decode_sealed(frame, seconds, as_columns))
         if frame.compression:
             frame = yield from timed(
                 decompress_sliced(
@@ -200,6 +212,7 @@ class TrainingBatchReceiver(Generic[T]):
                 "decompress",
             )
         began = time.perf_counter()
+        type_ = self._type if type_ is _NOTHING else type_
         codec = self._codecs.get(frame.codec)
         if codec is None:
             try:
@@ -216,10 +229,10 @@ class TrainingBatchReceiver(Generic[T]):
         try:
             if decode_sliced is None:
                 try:
-                    return codec.decode(frame, self._type, **options)
+                    return codec.decode(frame, type_, **options)
                 finally:
                     seconds["decode"] += time.perf_counter() - began
-            sliced = decode_sliced(frame, self._type, **options)
+            sliced = decode_sliced(frame, type_, **options)
         except TypeError as exc:
             if not as_columns:
                 raise
@@ -232,7 +245,7 @@ class TrainingBatchReceiver(Generic[T]):
         """Give up on the next step (for example after a CorruptFrameError) and move on to
         the one after it. Returns the step skipped."""
         with self._mutex:
-            self._next_step += 1
+            self._next_step, self._part_next = self._next_step + 1, 0
             return self._next_step - 1
 
     def poll(self, *, as_columns: bool | None = None) -> T | None:
@@ -368,8 +381,11 @@ class TrainingBatchReceiver(Generic[T]):
                 self._source.close()
 
     async def aclose(self) -> None:
-        """Async :meth:`close`."""
-        await to_thread.run_sync(self.close, limiter=self._limiter)
+        """Async :meth:`close`; shielded: a receiver left by a cancellation (an ``async
+        with`` block cancelled) is closed all the same."""
+        # A ZeroMQ context left open blocks forever the thread whose collection finds it.
+        with CancelScope(shield=True):
+            await to_thread.run_sync(self.close, limiter=self._limiter)
 
     def __enter__(self) -> TrainingBatchReceiver[T]:
         return self

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 from anyio import CapacityLimiter, to_thread
@@ -15,10 +15,12 @@ from rlwire._api.options import (
     RetentionKeywords,
     from_keywords,
 )
-from rlwire._api.stats import SendStats
+from rlwire._api.stats import SendClock, SendStats
+from rlwire._api.step_order import resolve_step
+from rlwire._api.step_writer import StepWriter
 from rlwire._api.validation import ChecksBeside, Validation
 from rlwire._checks.checks import Checks
-from rlwire._core.args import MAX_STEP, STEP_RANGE, check_int, check_step
+from rlwire._core.args import check_step
 from rlwire._core.errors import (
     ClosedError,
     ConfigError,
@@ -26,7 +28,7 @@ from rlwire._core.errors import (
     StepOrderError,
     TransportError,
 )
-from rlwire._core.offload import Resumes, make_limiter, thread_count
+from rlwire._core.offload import make_limiter, thread_count
 from rlwire._core.slicing import Sliced, timed
 from rlwire._frame.compression import Compressor, compress_sliced
 from rlwire._frame.frame import Frame, joined_pieces
@@ -34,37 +36,6 @@ from rlwire.codecs._registry import Codec
 from rlwire.transport._base import OnExisting, Sink
 
 __all__ = ["TrainingBatchSender"]
-
-
-class _SendClock:
-    """The figures of one send, gathered as it goes."""
-
-    def __init__(self, ranks: int) -> None:
-        self.start = time.perf_counter()
-        self.staged = self.start
-        self.waited = 0.0
-        self.sizes = [0] * ranks
-        self.sidecar_bytes = 0
-        self.seconds = {"encode": 0.0, "compress": 0.0}
-        self.resumes = Resumes()
-
-    def stats(self, step: int) -> SendStats:
-        now = time.perf_counter()
-        staging = self.staged - self.start - self.waited
-        encode, compress = self.seconds["encode"], self.seconds["compress"]
-        return SendStats(
-            step=step,
-            ranks=len(self.sizes),
-            bytes_per_rank=tuple(self.sizes),
-            sidecar_bytes=self.sidecar_bytes,
-            encode_seconds=encode,
-            compress_seconds=compress,
-            write_seconds=max(0.0, staging - encode - compress),
-            commit_seconds=now - self.staged,
-            wait_seconds=self.waited,
-            total_seconds=now - self.start,
-            worst_loop_lag_seconds=self.resumes.worst,
-        )
 
 
 class TrainingBatchSender:
@@ -135,6 +106,8 @@ class TrainingBatchSender:
         hook = getattr(codec, "check", None)
         self._beside = hook if isinstance(hook, ChecksBeside) else None
         self._names_checked = False  # Checks names are matched against the first object only
+        self._filling: int | None = None  # the step a StepWriter is filling
+        self._unsealed: int | None = None  # a step left open by a StepWriter's error
 
     def __repr__(self) -> str:
         return f"TrainingBatchSender({self._sink!r}, next_step={self._next_step})"
@@ -218,6 +191,7 @@ class TrainingBatchSender:
             raise ConfigError("send_ranks needs a non-empty sequence with one object per rank")
         async with self._lock:
             await self._open_locked()
+            self._check_no_open_step()
             if self._finished:
                 raise ClosedError(f"{self!r} finished its stream: nothing can be sent after")
             if self._unknown_step is not None:
@@ -230,7 +204,7 @@ class TrainingBatchSender:
             step = self._resolve_step(step)
             # Each rank is validated and encoded when the sink is ready to write it, so
             # only one rank's encoded message is held at a time.
-            clock = _SendClock(len(objs))
+            clock = SendClock(len(objs))
             if self._retention.active:
                 await self._make_room(step, len(objs))
                 clock.waited = time.perf_counter() - clock.start
@@ -265,6 +239,48 @@ class TrainingBatchSender:
             self._on_stats(stats)
         return step
 
+    def open_step(
+        self,
+        step: int | None = None,
+        *,
+        ranks: int = 1,
+        cost: Callable[[Any], float] | None = None,
+        balance: Literal["cost", "count"] = "cost",
+    ) -> StepWriter:
+        """Fill ``step`` (default: the next) part by part, ``async with`` it: see
+        :class:`~rlwire.StepWriter` for what a part is, how it is assigned to one of
+        ``ranks`` by ``cost`` (a callable of the samples; default: their tokens) and
+        ``balance``, and what an error inside the block leaves.
+
+        Raises:
+            ConfigError: the sink cannot store parts (ZeroMQ's ``shared`` pattern), or a bad
+                option; when entered, :meth:`send`'s errors about the step.
+        """
+        return StepWriter(self, step, ranks=ranks, cost=cost, balance=balance)
+
+    async def _begin_parts(self, step: int | None, ranks: int) -> int:
+        """Start filling ``step`` (default: the next), the lock held: its number."""
+        await self._open_locked()
+        self._check_no_open_step(but=step)
+        if self._finished:
+            raise ClosedError(f"{self!r} finished its stream: nothing can be sent after")
+        step = self._resolve_step(step)
+        if self._retention.active:
+            await self._make_room(step, ranks)
+        self._filling = step
+        return step
+
+    def _end_parts(self, step: int, *, sealed: bool) -> None:
+        self._filling, self._unsealed = None, None if sealed else step  # sealed, or left open
+        if sealed:
+            self._last_step, self._next_step = step, step + 1
+
+    def _check_no_open_step(self, but: int | None = -1) -> None:
+        """Refuse while a step is open part by part (but the one re-opened, ``but``)."""
+        step = self._filling if self._filling is not None else self._unsealed
+        if step is not None and (self._filling is not None or but not in (None, step)):
+            raise StepOrderError(f"step {step} is open part by part: open_step({step}), seal it")
+
     async def _make_room(self, step: int, ranks: int) -> None:
         """Wait while ``step`` is more than ``max_ahead`` steps ahead of the slowest
         rank, then delete the steps ``keep_last`` lets go."""
@@ -287,7 +303,7 @@ class TrainingBatchSender:
                 self._pruned = below
 
     def _encode(
-        self, obj: Any, step: int, rank: int, clock: _SendClock, validation: Validation
+        self, obj: Any, step: int, rank: int, clock: SendClock, validation: Validation
     ) -> Sliced[Frame]:
         """Encode and compress one rank's object, in slices, starting its checks beside."""
         try:
@@ -323,36 +339,20 @@ class TrainingBatchSender:
         return self._last_stats
 
     def _resolve_step(self, step: int | None) -> int:
-        if step is None:
-            step = self._next_step
-        # The last step a destination can hold: a sender opened near it runs out here.
-        check_int(step, "step", high=MAX_STEP, error=StepOrderError, why=STEP_RANGE)
-        if step == self._next_step:
-            return step
-        if step < self._next_step:
-            what = "repeats" if step == self._last_step else "goes backwards from"
-            last = self._last_step if self._last_step is not None else self._next_step - 1
-            raise StepOrderError(
-                f"step {step} {what} step {last}; steps must increase by 1 "
-                f"(next is {self._next_step})"
-            )
-        if self._last_step is None and self._next_step == 0:
-            return step  # a fresh destination may start anywhere, e.g. after a checkpoint
-        raise StepOrderError(
-            f"step {step} skips ahead of step {self._next_step}; a receiver "
-            "would wait forever for the missing steps"
-        )
+        return resolve_step(step, self._next_step, self._last_step)
 
     async def finish(self) -> None:
         """Mark the end of the stream after the last step sent: receivers then get
         :class:`~rlwire.EndOfStream` from ``receive`` and ``areceive`` (and ``for`` /
         ``async for`` end) instead of waiting for the next step. On ZeroMQ, the
-        receivers connected until the sender closes are told. A second call does
-        nothing; a send after it is a :class:`~rlwire.ClosedError`. A sender opened
+        receivers connected until the sender closes are told; this waits (up to the
+        ``linger`` storage option) for room in a receiver's full queue. A second call
+        does nothing; a send after it is a :class:`~rlwire.ClosedError`. A sender opened
         later on the same URL with ``on_existing="resume"`` continues the stream.
 
         Raises:
-            TransportError: the mark cannot be written.
+            TransportError: the mark cannot be written (on ZeroMQ: a receiver's queue
+                stayed full for ``linger`` seconds).
             ConfigError: the sink cannot mark the end of a stream (a plugin's).
             ClosedError: the sender is closed.
 
@@ -369,15 +369,27 @@ class TrainingBatchSender:
         """
         async with self._lock:
             await self._open_locked()
+            self._check_no_open_step()
             if not self._finished:
                 await self._sink.afinish(self._next_step, self._limiter)
                 self._finished = True
 
     async def aclose(self) -> None:
         """Wait for an in-flight send to finish, then flush what the sink accepted and
-        release its files and sockets. Idempotent."""
-        async with self._lock:
+        release its files and sockets. Idempotent. Called in a cancelled scope (an
+        ``async with`` block left by a cancellation), it still closes, unless a send in
+        another task holds the sender: the cancellation then ends the wait for it."""
+        # Taken without a checkpoint when free, which a cancelled scope would refuse:
+        # a ZeroMQ context left open blocks forever the thread whose garbage
+        # collection finds it (its sockets, in the same garbage, are not closed first).
+        try:
+            self._lock.acquire_nowait()
+        except anyio.WouldBlock:
+            await self._lock.acquire()
+        try:
             if self._closed:
                 return
             self._closed = True
             await self._sink.aclose(self._limiter)
+        finally:
+            self._lock.release()

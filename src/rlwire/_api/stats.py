@@ -8,10 +8,13 @@ around work done anyway, so collecting them costs nothing measurable.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["ReceiveStats", "SendStats"]
+from rlwire._core.offload import Resumes
+
+__all__ = ["ReceiveStats", "SendClock", "SendStats"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,3 +105,34 @@ class ReceiveStats:
     def as_dict(self) -> dict[str, Any]:
         """The fields as a dict, ready for a metrics logger."""
         return asdict(self)
+
+
+class SendClock:
+    """The figures of one send (or one part), gathered as it goes."""
+
+    def __init__(self, ranks: int) -> None:
+        self.start = time.perf_counter()
+        self.staged = self.start
+        self.waited = 0.0
+        self.sizes = [0] * ranks
+        self.sidecar_bytes = 0
+        self.seconds = {"encode": 0.0, "compress": 0.0}
+        self.resumes = Resumes()
+
+    def stats(self, step: int) -> SendStats:
+        now = time.perf_counter()
+        staging = self.staged - self.start - self.waited
+        encode, compress = self.seconds["encode"], self.seconds["compress"]
+        return SendStats(
+            step=step,
+            ranks=len(self.sizes),
+            bytes_per_rank=tuple(self.sizes),
+            sidecar_bytes=self.sidecar_bytes,
+            encode_seconds=encode,
+            compress_seconds=compress,
+            write_seconds=max(0.0, staging - encode - compress),
+            commit_seconds=now - self.staged,
+            wait_seconds=self.waited,
+            total_seconds=now - self.start,
+            worst_loop_lag_seconds=self.resumes.worst,
+        )

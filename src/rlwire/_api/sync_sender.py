@@ -7,6 +7,7 @@ receiver offers both faces itself. The rule is written out in :mod:`rlwire._api.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import inspect
 import os
@@ -14,7 +15,7 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Literal, ParamSpec, TypeVar
 
 import anyio
 from anyio.from_thread import BlockingPortal
@@ -22,6 +23,7 @@ from anyio.from_thread import BlockingPortal
 from rlwire._api.batch_sender import TrainingBatchSender
 from rlwire._api.sender import open_sender
 from rlwire._api.stats import SendStats
+from rlwire._api.sync_step_writer import SyncStepWriter
 from rlwire._core.errors import ClosedError
 from rlwire.transport._base import Sink
 
@@ -83,7 +85,7 @@ def open_sync_sender(url: str | os.PathLike[str], **options: Any) -> SyncSender:
         ...     receiver.receive(timeout=5).samples
         []
     """
-    return SyncSender(open_sender(url, **options))
+    return SyncSender(_made_off_the_loop(lambda: open_sender(url, **options)))
 
 
 class SyncSender:
@@ -120,6 +122,7 @@ class SyncSender:
         self._pid = os.getpid()  # the process whose thread runs the event loop
         self._closed = False
         self._close_lock = threading.Lock()
+        sender.sink.caller_blocks_loop = _runs_event_loop()
         self._portal, self._thread = _start_portal()
         try:
             _wait(self._portal.start_task_soon(sender.aopen))
@@ -191,6 +194,27 @@ class SyncSender:
                 :meth:`send`, naming the rank.
         """
         return self._call(self._sender.send_ranks, objs, step=step)
+
+    def open_step(
+        self,
+        step: int | None = None,
+        *,
+        ranks: int = 1,
+        cost: Callable[[Any], float] | None = None,
+        balance: Literal["cost", "count"] = "cost",
+    ) -> SyncStepWriter:
+        """Fill ``step`` part by part, ``with`` it: ``with sender.open_step(ranks=2) as
+        writer: writer.put(samples, key=k)``; as
+        :meth:`rlwire.TrainingBatchSender.open_step`, with blocking methods.
+
+        Raises:
+            ClosedError: the sender is closed.
+            ConfigError: as :meth:`rlwire.TrainingBatchSender.open_step`.
+        """
+        if self._closed:
+            raise ClosedError(f"{self!r} is closed")
+        writer = self._sender.open_step(step, ranks=ranks, cost=cost, balance=balance)
+        return SyncStepWriter(writer, self._call)
 
     def finish(self) -> None:
         """Mark the end of the stream after the last step sent: receivers then get
@@ -272,6 +296,25 @@ class SyncSender:
                 self._portal.call(scopes[0].cancel)
             raise
         return _wait(future)
+
+
+def _runs_event_loop() -> bool:
+    """True on a thread that runs an event loop (asyncio's, or trio's)."""
+    try:
+        anyio.get_current_task()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _made_off_the_loop(make: Callable[[], T]) -> T:
+    """``make()``, in a thread of its own when this thread runs an event loop: anyio's
+    locks and limiters take the kind of the loop they are made on (a trio lock cannot be
+    used on the sender's asyncio loop)."""
+    if not _runs_event_loop():
+        return make()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(make).result()
 
 
 def _start_portal() -> tuple[BlockingPortal, threading.Thread]:

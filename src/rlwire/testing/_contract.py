@@ -5,6 +5,7 @@ from __future__ import annotations
 from rlwire._api.synthetic import assert_batches_equal, make_batch, make_sample
 from rlwire.testing._columns import ColumnsContract
 from rlwire.testing._delivery import DeliveryContract
+from rlwire.testing._parts import PartsContract
 from rlwire.testing._pieces import PiecesContract
 from rlwire.testing._retention import RetentionContract
 from rlwire.testing._stored import StoredContract
@@ -13,7 +14,12 @@ __all__ = ["SinkContract", "assert_batches_equal", "make_batch", "make_sample"]
 
 
 class SinkContract(
-    DeliveryContract, StoredContract, RetentionContract, PiecesContract, ColumnsContract
+    DeliveryContract,
+    StoredContract,
+    RetentionContract,
+    PiecesContract,
+    ColumnsContract,
+    PartsContract,
 ):
     """The behaviour every sink shares, as pytest tests; subclass it to run them.
 
@@ -32,5 +38,7 @@ class SinkContract(
     dicts of any mix of fields, dtypes, lengths and missing fields, a
     :class:`~rlwire.Ragged` and a :class:`~rlwire.Chunked`, received typed and with
     ``as_columns=True`` (:attr:`columns_examples` values per backend; skipped when
-    hypothesis is not installed).
+    hypothesis is not installed). A sink that stores steps part by part
+    (:attr:`rlwire.abc.Sink.stores_parts`) must deliver every rank's parts in commit
+    order and the sealed step whole; any other must refuse ``open_step`` with ConfigError.
     """

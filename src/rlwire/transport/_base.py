@@ -15,6 +15,7 @@ from anyio import CapacityLimiter, to_thread
 from rlwire._core.errors import ConfigError
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
+from rlwire.transport._parts import PartsSink, PartsSource
 from rlwire.transport._url import URL
 
 __all__ = [
@@ -140,7 +141,7 @@ def reject_unknown(where: object, options: Mapping[str, Any], known: Sequence[st
         )
 
 
-class Sink(abc.ABC):
+class Sink(PartsSink, abc.ABC):
     """Moves frames to a destination, one step (one frame per rank) at a time.
 
     Blocking methods are called from worker threads; the ``a``-prefixed methods are what
@@ -157,6 +158,12 @@ class Sink(abc.ABC):
     #: The sink writes :class:`~rlwire.abc.Pieces` buffers itself (``writev``, one run
     #: after another). False, the default: the frames it is handed hold memoryviews only.
     gathers: ClassVar[bool] = False
+
+    #: Set by the sync sender before it opens the sink: True when it is opened on a
+    #: thread that runs an event loop, which each of its calls then blocks. The sink
+    #: must not wait for work of that loop (``ray://`` then puts a step's objects
+    #: itself rather than have its board call the producer's actor).
+    caller_blocks_loop: bool = False
 
     @classmethod
     def from_url(cls, url: URL, options: SinkOptions) -> Sink:
@@ -277,7 +284,7 @@ class Sink(abc.ABC):
         with anyio.CancelScope(shield=True):
             await to_thread.run_sync(self.finish, end, limiter=limiter)
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release resources. Sinks that hold none need not override this."""
 
     async def aopen(
@@ -292,7 +299,7 @@ class Sink(abc.ABC):
             await to_thread.run_sync(self.close, limiter=limiter)
 
 
-class Source(abc.ABC):
+class Source(PartsSource, abc.ABC):
     """Reads the frames a :class:`Sink` wrote, for one rank.
 
     Blocking methods may be called from worker threads, one at a time.
@@ -334,7 +341,7 @@ class Source(abc.ABC):
             CorruptFrameError: the stored data is truncated or garbled.
         """
 
-    def mark_consumed(self, next_step: int) -> None:  # noqa: B027 - optional hook
+    def mark_consumed(self, next_step: int) -> None:
         """Record that this rank's receiver moved past every step before ``next_step``
         (the receiver calls it once per step, before reading ``next_step``). Stores
         write a small mark beside the steps; sources that keep no steps do nothing.
@@ -373,5 +380,5 @@ class Source(abc.ABC):
         """Names the message of ``step`` in error messages (e.g. its path)."""
         return f"{self!r}: step {step}"
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release resources. Sources that hold none need not override this."""

@@ -17,6 +17,13 @@ the byte layout. Readers subclass :class:`StoredSource` and provide ``load``, ``
 each rank's receiver records the first step it has not moved past in
 :func:`consumed_name` (:func:`consumed_mark`).
 
+**Steps filled part by part** (``sender.open_step``) need nothing more: part ``i`` of
+rank ``r`` is stored as :func:`part_name` ``(step, r, i)`` (and :func:`part_sidecar_name`),
+a message in the same layout, and the step's seal as :func:`seal_name` ``(step)``. A
+producer resuming a step reads its parts' envelopes through
+:meth:`StoredSink.load_head`, the first bytes of what ``load`` returns unless a store
+overrides it to read less.
+
 Example:
     >>> main_name(7, 0), sidecar_name(7, 0)
     ('step-00000007.rank-0000.rlw', 'step-00000007.rank-0000.sidecar.rlw')
@@ -26,7 +33,15 @@ Example:
 
 from rlwire._core.faces import claim, names_on_demand
 from rlwire.transport._stored.marks import consumed_mark, end_mark
-from rlwire.transport._stored.names import END_NAME, consumed_name, main_name, sidecar_name
+from rlwire.transport._stored.names import (
+    END_NAME,
+    consumed_name,
+    main_name,
+    part_name,
+    part_sidecar_name,
+    seal_name,
+    sidecar_name,
+)
 from rlwire.transport._stored.sink import StoredSink, StoredStaging
 from rlwire.transport._stored.source import StoredSource
 
@@ -39,6 +54,9 @@ __all__ = [
     "consumed_name",
     "end_mark",
     "main_name",
+    "part_name",
+    "part_sidecar_name",
+    "seal_name",
     "sidecar_name",
 ]
 

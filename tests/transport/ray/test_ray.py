@@ -9,15 +9,22 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from pickle import PickleBuffer
 from types import TracebackType
-from typing import Any
 
 import pytest
 import ray
-from ray_actors import Producer, SyncProducer, Trainer, fingerprint, step_batches
+from ray_actors import (
+    Producer,
+    SyncProducer,
+    Trainer,
+    fingerprint,
+    kill_and_wait,
+    settles,
+    step_batches,
+    store_bytes,
+)
 
 import rlwire
 from rlwire import Frame, TrainingBatch, TransportError
@@ -33,27 +40,12 @@ def _name(url: str) -> str:
     return url.removeprefix("ray://")
 
 
-def _kill(actor: Any) -> None:
-    """Kill ``actor`` and wait until the object store has dropped what it owned (Ray
-    does that a moment after the death): until then, even its own objects can be read."""
-    canary = ray.get(actor.canary.remote(), timeout=TIMEOUT)[0]
-    ray.kill(actor)
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        try:
-            ray.get(canary, timeout=TIMEOUT)
-        except (ray.exceptions.OwnerDiedError, ray.exceptions.ObjectLostError):
-            return
-        time.sleep(0.05)
-    raise AssertionError("what the killed actor owned is still in the object store")
-
-
 def test_committed_steps_outlive_the_producer_actor(ray_url: str) -> None:
     create_board(_name(ray_url))  # the driver's: it outlives the producer
     producer = Producer.remote()
     sent = ray.get(producer.send.remote(ray_url, 3, 2), timeout=60)
     assert sent["board_owned"] is True
-    _kill(producer)
+    kill_and_wait(producer)
     # Every committed step reaches every rank, bit-exact, after the producer died.
     for rank in range(2):
         with rlwire.open_receiver(ray_url, rank=rank) as receiver:
@@ -81,10 +73,24 @@ def test_a_producer_that_owns_its_steps_takes_them_along(ray_url: str) -> None:
     assert sent == {"board_owned": False}
     with rlwire.open_receiver(ray_url) as receiver:
         assert receiver.wait_next(timeout=TIMEOUT)
-    _kill(producer)
+    kill_and_wait(producer)
     with rlwire.open_receiver(ray_url) as receiver:
         with pytest.raises(TransportError, match=r"OwnerDiedError|ObjectLostError"):
             receiver.receive(timeout=TIMEOUT)
+
+
+def test_a_sync_sender_on_an_async_actors_loop_puts_its_steps_itself(ray_url: str) -> None:
+    """The board cannot call an actor whose loop a sync send blocks: the sender owns what
+    it sends instead of waiting ``pull_timeout`` for a call that cannot run."""
+    create_board(_name(ray_url))
+    producer = Producer.remote()
+    sent = ray.get(producer.send_blocking.remote(ray_url, 2, 3.0), timeout=60)
+    assert sent == {"board_owned": False}
+    with rlwire.open_receiver(ray_url) as receiver:
+        for step in range(2):
+            got = receiver.receive(timeout=TIMEOUT)
+            assert fingerprint(got) == fingerprint(step_batches(step, 1)[0])
+    ray.kill(producer)
 
 
 def test_a_restarted_trainer_gets_every_later_step_once(ray_url: str) -> None:
@@ -104,30 +110,11 @@ def test_a_restarted_trainer_gets_every_later_step_once(ray_url: str) -> None:
         ray.kill(actor)
 
 
-def _store_bytes() -> int:
-    """Bytes in this node's object store, by the store's own figures."""
-    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
-
-    state = get_state_from_address(ray.get_runtime_context().gcs_address)
-    return int(get_memory_info_reply(state).store_stats.object_store_bytes_used)
-
-
-def _settles(check: Callable[[], bool]) -> bool:
-    """Whether ``check`` becomes true within a few seconds (the store frees after the
-    last reference goes, asynchronously)."""
-    deadline = time.monotonic() + 10
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def test_keep_last_frees_object_store_memory(ray_url: str) -> None:
     pytest.importorskip("grpc")  # the store's figures come over gRPC
     batch = TrainingBatch(samples=[make_sample(1 << 18, layers=16, topk=2, seed=3)])
     steps = 6
-    baseline = _store_bytes()
+    baseline = store_bytes()
     with (
         rlwire.open_sync_sender(ray_url, keep_last=1) as sender,
         rlwire.open_receiver(ray_url) as receiver,
@@ -140,14 +127,14 @@ def test_keep_last_frees_object_store_memory(ray_url: str) -> None:
         assert stats is not None
         step_bytes = stats.bytes
         # One step kept (the newest), and at most one on its way: never all six.
-        assert _settles(lambda: _store_bytes() - baseline <= 2.2 * step_bytes), (
-            _store_bytes() - baseline,
+        assert settles(lambda: store_bytes() - baseline <= 2.2 * step_bytes), (
+            store_bytes() - baseline,
             step_bytes,
         )
-        assert _store_bytes() - baseline >= step_bytes  # the newest step is kept
+        assert store_bytes() - baseline >= step_bytes  # the newest step is kept
     assert isinstance(sender.sink, RaySink)
     drop_board(_name(ray_url))
-    assert _settles(lambda: _store_bytes() - baseline < step_bytes / 2)
+    assert settles(lambda: store_bytes() - baseline < step_bytes / 2)
 
 
 def test_two_nodes_producer_on_one_trainers_on_the_other(tmp_path: Path) -> None:
@@ -200,6 +187,33 @@ def test_a_failed_store_leaves_no_pickle_buffer_to_the_garbage_collector(ray_url
     with pytest.raises(TransportError) as info:
         run_sliced(sink.stage(0, [frame]))
     assert _pickle_buffers_in(info.value.__traceback__) == []
+
+
+@pytest.mark.parametrize("then", ["commit it", "prune it"])
+def test_a_step_staged_and_never_committed_is_freed(ray_url: str, then: str) -> None:
+    """A producer that died between staging a step and committing it leaves its objects
+    on the board: they go when its restart commits that step, or when retention prunes
+    it, not only with the board."""
+    pytest.importorskip("grpc")  # the store's figures come over gRPC
+    from rlwire.transport import parse_url
+
+    size = 64 << 20
+    baseline = store_bytes()
+    dead = RaySink.from_url(parse_url(ray_url), SinkOptions())
+    dead.open("resume")
+    run_sliced(dead.stage(0, [Frame(b"header", (memoryview(bytearray(size)),))]))
+    # ... and it dies here, its step staged; its restart sends step 0 again:
+    assert settles(lambda: store_bytes() - baseline >= size)
+    restarted = RaySink.from_url(parse_url(ray_url), SinkOptions())
+    assert restarted.open("resume") == 0
+    step = 0 if then == "commit it" else 1
+    frame = Frame(b"header", (memoryview(bytearray(size)),))
+    run_sliced(restarted.stage(step, [frame])).commit()
+    if then == "prune it":
+        restarted.prune(1)
+    assert settles(lambda: store_bytes() - baseline < 1.5 * size), store_bytes() - baseline
+    with rlwire.open_receiver(ray_url, start_step=step) as receiver:
+        assert receiver.wait_next(timeout=TIMEOUT)
 
 
 def test_a_namespace_keeps_boards_apart(ray_cluster: None) -> None:

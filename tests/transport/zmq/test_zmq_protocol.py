@@ -60,6 +60,7 @@ def documented_packets(
     shared: bool = False,
     session: bytes = b"S" * 8,
     version: int = 2,
+    minor: int = 1,
     checksums: bool = True,
     cut: tuple[int, ...] = (),
 ) -> Packets:
@@ -86,7 +87,9 @@ def documented_packets(
         ]
         first = sum(counts[:index])
         carried = segments[first : first + n]
-        packets.append([PRELUDE.pack(b"RLWZ", version, 0) + msgspec.msgpack.encode(head), *carried])
+        packets.append(
+            [PRELUDE.pack(b"RLWZ", version, minor) + msgspec.msgpack.encode(head), *carried]
+        )
     body = struct.pack("<8sQ", session, seq) + (checksums_of(segments) if checksums else b"")
     return [*packets, [b"seal", body]]
 
@@ -168,7 +171,7 @@ def test_a_documented_packets_parses() -> None:
 
 
 def test_control_packets_are_as_documented() -> None:
-    assert protocol.ready_packet(3) == [b"ready", msgspec.msgpack.encode([2, 3])]
+    assert protocol.ready_packet(3) == [b"ready", msgspec.msgpack.encode([2, 3, None, 1])]
     assert protocol.ack_packet(b"C" * 8, 7) == [b"ack", struct.pack("<8sQ", b"C" * 8, 7)]
     assert protocol.bye_packet() == [b"bye", b""]
     assert protocol.abort_packet(b"C" * 8, 7) == [b"abort", struct.pack("<8sQ", b"C" * 8, 7)]
@@ -176,7 +179,7 @@ def test_control_packets_are_as_documented() -> None:
     assert protocol.parse_ready(msgspec.msgpack.encode([2, 3])) == protocol.Ready(2, 3)
     assert protocol.ready_packet(0, "shared") == [
         b"ready",
-        msgspec.msgpack.encode([2, 0, "shared"]),
+        msgspec.msgpack.encode([2, 0, "shared", 1]),
     ]
     assert protocol.parse_ready(msgspec.msgpack.encode([2, 1, "ranks"])) == protocol.Ready(
         2, 1, "ranks"
@@ -302,7 +305,7 @@ async def test_what_a_sender_sends_reads_as_documented(
         for seq, (data, seal) in enumerate(received):
             heads, segments = [], []
             for index, (first, *carried) in enumerate(data):
-                assert PRELUDE.unpack_from(first) == (b"RLWZ", 2, 0)
+                assert PRELUDE.unpack_from(first) == (b"RLWZ", 2, 1)
                 values = msgspec.msgpack.decode(first[PRELUDE.size :])
                 head = dict(zip(HEAD_FIELDS, values, strict=True))
                 assert carried and (head["index"], head["count"]) == (index, len(data))
@@ -350,7 +353,7 @@ def test_a_receiver_refuses_malformed_packets_and_goes_on(
     router.bind(url.removeprefix("zmq+"))
     with rlwire.open_receiver(url) as receiver:
         peer, kind, body = router.recv_multipart()
-        assert (kind, msgspec.msgpack.decode(body)) == (b"ready", [2, 0])
+        assert (kind, msgspec.msgpack.decode(body)) == (b"ready", [2, 0, None, 1])
         refused: list[tuple[Packets, type[rlwire.RlwireError], str]] = [
             ([parts], error, words) for parts, error, words in BAD
         ]

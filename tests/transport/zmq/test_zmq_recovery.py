@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -71,10 +72,12 @@ class Outcomes:
 
 @contextlib.asynccontextmanager
 async def receiving(
-    receiver: Any, outcomes: Outcomes, *, stop_after: int | None = None
+    receiver: Any, outcomes: Outcomes, *, stop_after: int | None = None, n: int = 16
 ) -> AsyncIterator[anyio.abc.TaskGroup]:
     """Receive in a task until the stream ends (or ``stop_after`` steps came; 0: until
-    the first error)."""
+    the first error), checking each step against ``payload(step, n)``. A receive that
+    times out ends it too, recorded: nothing here takes ``LONG``, so the stream stalled,
+    and receiving on would hang the test."""
 
     async def run() -> None:
         while not stop_after or len(outcomes.steps()) < stop_after:
@@ -84,10 +87,10 @@ async def receiving(
                 return
             except rlwire.RlwireError as exc:
                 outcomes.events.append(f"{type(exc).__name__}: {exc}")
-                if stop_after == 0:
+                if stop_after == 0 or isinstance(exc, rlwire.ReceiveTimeout):
                     return
                 continue
-            assert_batches_equal(batch, payload(receiver.last_step))
+            assert_batches_equal(batch, payload(receiver.last_step, n=n))
             outcomes.events.append(receiver.last_step)
 
     async with anyio.create_task_group() as tg:
@@ -289,7 +292,8 @@ async def test_a_second_sender_on_an_ipc_path_in_use_is_refused(tmp_path: Path) 
     socket file and bound the second silently). A path left by a dead sender may be
     bound again."""
     url = f"zmq+ipc://{tmp_path / 'run.sock'}"
-    async with rlwire.open_sender(url, storage_options={"linger": 5}) as first:
+    options = {"linger": 5, "ready_timeout": LONG}  # a receiver not reached fails, no hang
+    async with rlwire.open_sender(url, storage_options=options) as first:
         with pytest.raises(rlwire.TransportError, match=r"run\.sock: cannot bind: address in use"):
             async with rlwire.open_sender(url):
                 pass
@@ -304,6 +308,96 @@ async def test_a_second_sender_on_an_ipc_path_in_use_is_refused(tmp_path: Path) 
     stale.close()
     async with rlwire.open_sender(f"zmq+ipc://{tmp_path / 'stale.sock'}"):
         pass
+
+
+async def test_a_sender_and_a_receiver_left_by_a_cancellation_are_closed(
+    tmp_path: Path,
+) -> None:
+    """``async with`` blocks of a sender and a receiver left by a cancellation close
+    them: the ipc path is free for the next sender, the receiver says it is closed.
+    Before, the sender's lock and the receiver's worker thread refused the cancelled
+    scope, so both stayed open: the path stayed in use, and the garbage collector later
+    hung whatever thread it ran in, terminating a context whose socket was still open."""
+    url = f"zmq+ipc://{tmp_path / 'run.sock'}"
+    sender = rlwire.open_sender(url, storage_options={"linger": 1})
+    receiver = rlwire.open_receiver(url, rank=0)
+    with anyio.CancelScope() as scope:
+        async with sender, receiver:
+            scope.cancel()
+            await anyio.sleep(LONG)
+    assert scope.cancelled_caught
+    with pytest.raises(rlwire.ClosedError):
+        await sender.send(payload(0), step=0)
+    with pytest.raises(rlwire.ClosedError):
+        await receiver.areceive(timeout=0.1)
+    with anyio.fail_after(LONG):
+        async with rlwire.open_sender(url, storage_options={"linger": 1}):
+            pass
+
+
+# -- the end reaches a receiver whose queue was full, while the sender stays open ----------
+
+
+#: Tokens in each sample of the steps below: a step or two fill an ipc connection.
+BIG = 4096
+
+
+async def send_until_stalled(sender: Any) -> int:
+    """Send steps 0, 1, ... to a receiver that reads nothing, until one waits a second
+    for room in its queue (cancelled, nothing of it sent); how many steps were sent."""
+    step = 0
+    while True:
+        with anyio.move_on_after(1.0) as scope:
+            await sender.send(payload(step, n=BIG), step=step)
+        if scope.cancelled_caught:
+            return -1 if sender.last_step is None else sender.last_step + 1
+        step += 1
+
+
+async def test_a_receiver_whose_queue_was_full_hears_the_end_while_the_sender_stays_open(
+    tmp_path: Path,
+) -> None:
+    """``finish`` finds the receiver's queue full; once the receiver reads, the end
+    reaches it from ``finish`` itself, while the sender stays open. Before, only closing
+    the sender told it, so a receiver waiting for the end of an open sender waited
+    forever (the queue is full for a moment after any send, until ZeroMQ's I/O thread
+    moves it on: it hung test_a_second_sender_on_an_ipc_path_in_use_is_refused one full
+    run in five)."""
+    options = {"hwm": 1, "linger": 5}
+    url = f"zmq+ipc://{tmp_path / 'end.sock'}"
+    async with rlwire.open_sender(url, storage_options=options) as sender:
+        with rlwire.open_receiver(url, rank=0, storage_options={"hwm": 1}) as receiver:
+            sent = await send_until_stalled(sender)
+            got = Outcomes()
+            with anyio.fail_after(2 * LONG):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(sender.finish)
+                    await anyio.sleep(0.5)  # the end has found the queue full
+                    async with receiving(receiver, got, n=BIG):
+                        pass
+    assert sent > 0
+    assert got.events == list(range(sent))
+
+
+async def test_finish_gives_up_on_a_receiver_that_reads_nothing_after_linger(
+    tmp_path: Path,
+) -> None:
+    """A receiver that never makes room for the end: ``finish`` raises a TransportError
+    naming its rank once ``linger`` has passed, instead of waiting forever."""
+    options = {"hwm": 1, "linger": 0.5}
+    url = f"zmq+ipc://{tmp_path / 'end.sock'}"
+    async with rlwire.open_sender(url, storage_options=options) as sender:
+        with rlwire.open_receiver(url, rank=0, storage_options={"hwm": 1}):
+            sent = await send_until_stalled(sender)
+            start = time.monotonic()
+            with pytest.raises(rlwire.TransportError) as caught:
+                with anyio.fail_after(LONG):
+                    await sender.finish()
+            assert time.monotonic() - start >= 0.5
+    message = str(caught.value)
+    assert f"the end of the stream (step {sent}) could not be sent" in message, message
+    assert "the receiver of rank 0" in message and "linger=0.5 s" in message, message
+    assert url.removeprefix("zmq+") in message, message
 
 
 # -- defect 18: a CURVE key mismatch says so -----------------------------------------------

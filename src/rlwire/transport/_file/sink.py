@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -33,9 +33,18 @@ from rlwire._frame.frame import Frame
 from rlwire.transport._base import OnExisting, SinkOptions, SourceOptions, reject_unknown
 from rlwire.transport._file.source import FileSource, open_regular
 from rlwire.transport._file.staging import FileStaging, envelope
-from rlwire.transport._stored.layout import plan
+from rlwire.transport._parts import PartInfo
+from rlwire.transport._stored.layout import Layout, plan
 from rlwire.transport._stored.marks import MAX_MARK_BYTES
-from rlwire.transport._stored.names import POOL_RE, main_name, pool_name, sidecar_name
+from rlwire.transport._stored.names import (
+    POOL_RE,
+    STORED_RE,
+    main_name,
+    part_name,
+    part_sidecar_name,
+    pool_name,
+    sidecar_name,
+)
 from rlwire.transport._stored.retention import steps_to_prune
 from rlwire.transport._stored.sink import StoredSink, StoredStaging
 from rlwire.transport._url import URL
@@ -175,11 +184,14 @@ class FileSink(StoredSink):
             return []
 
     def load(self, name: str) -> bytes | None:
+        return self.load_head(name, MAX_MARK_BYTES)
+
+    def load_head(self, name: str, size: int) -> bytes | None:
         fd = open_regular(self.root / name)
         if fd is None:
             return None
         with os.fdopen(fd, "rb") as file:
-            return file.read(MAX_MARK_BYTES)
+            return file.read(size)
 
     def save(self, name: str, data: bytes) -> None:
         write_atomic(self.root / name, data, fsync=self.fsync)
@@ -216,7 +228,9 @@ class FileSink(StoredSink):
                 for batch in step:
                     self.remove(batch)
             for batch in steps[-1]:
-                for name in batch:
+                # A part's files are never written into again: deleted, not pooled.
+                self.remove([n for n in batch if not STORED_RE.fullmatch(n)])
+                for name in filter(STORED_RE.fullmatch, batch):
                     pooled = self.root / pool_name(name)
                     try:
                         os.rename(self.root / name, pooled)
@@ -245,22 +259,45 @@ class FileSink(StoredSink):
     ) -> Sliced[None]:
         """Write the files while hashing them: the envelope is planned with placeholder
         checksums and written last, at offset 0, with the real ones."""
+        names = (main_name(step, rank), sidecar_name(step, rank))
+        yield from self._write_hashed(staging, frame, _plan_with(step, rank, None), names)
+
+    def write_part(
+        self, staging: StoredStaging, step: int, part: PartInfo, frame: Frame
+    ) -> Sliced[None]:
+        """Write a part's files as :meth:`write_message` writes a message's."""
+        names = (
+            part_name(step, part.rank, part.index),
+            part_sidecar_name(step, part.rank, part.index),
+        )
+        yield from self._write_hashed(staging, frame, _plan_with(step, part.rank, part), names)
+
+    def _write_hashed(
+        self,
+        staging: StoredStaging,
+        frame: Frame,
+        planner: Callable[[Frame, bytes | None], Layout],
+        names: tuple[str, str],
+    ) -> Sliced[None]:
         assert isinstance(staging, FileStaging)
-        sums = placeholder_checksums(frame) if self.checksum else None
-        layout = plan(frame, step, rank, sums)
+        layout = planner(frame, placeholder_checksums(frame) if self.checksum else None)
         hashers = [xxhash.xxh3_64() for _ in range(len(frame.buffers) + 1)] if self.checksum else []
         if layout.sidecar:
             yield from staging.write(
-                sidecar_name(step, rank),
-                layout.sidecar,
-                layout.sidecar_segments,
-                hashers,
-                main=False,
+                names[1], layout.sidecar, layout.sidecar_segments, hashers, main=False
             )
         head = envelope(layout, hashers) if self.checksum else None
         yield from staging.write(
-            main_name(step, rank), layout.main, layout.main_segments, hashers, head, main=True
+            names[0], layout.main, layout.main_segments, hashers, head, main=True
         )
+
+
+def _plan_with(
+    step: int, rank: int, part: PartInfo | None
+) -> Callable[[Frame, bytes | None], Layout]:
+    """What lays a frame out for ``step`` and ``rank`` (as ``part``, if given), given its
+    checksums."""
+    return lambda frame, sums: plan(frame, step, rank, sums, part=part)
 
 
 def _kind(name: str) -> str:

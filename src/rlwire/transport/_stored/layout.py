@@ -31,15 +31,17 @@ import msgspec
 import numpy as np
 import xxhash
 
-from rlwire._core.errors import CorruptFrameError, UnsupportedVersionError
+from rlwire._core.errors import CorruptFrameError
 from rlwire._frame.checksums import CHECKSUM, verify_segments
 from rlwire._frame.frame import Frame
 from rlwire._frame.pieces import Pieces
+from rlwire.transport._parts import PartInfo
 from rlwire.transport._stored.table import (
     ALIGN,
     SIDECAR,
     check_count,
     check_disjoint,
+    check_magic,
     check_table_sizes,
     check_within,
 )
@@ -47,6 +49,7 @@ from rlwire.transport._stored.table import (
 __all__ = [
     "ALIGN",
     "FORMAT_VERSION",
+    "PARTS_VERSION",
     "Layout",
     "check_magic",
     "parse_main",
@@ -56,9 +59,8 @@ __all__ = [
 MAIN_MAGIC = b"\x89RLW\r\n\x1a\n"
 SIDECAR_MAGIC = b"\x89RLS\r\n\x1a\n"
 FORMAT_VERSION = (1, 1)  # 1.1: the msgpack header may hold extension types 6 and 7
+PARTS_VERSION = (1, 2)  # a part's files and a seal: 1.2 added the envelope's part, key, cost
 MAX_ENVELOPE = 64 << 20
-#: The checksum algorithm this writer records, and the only one this reader knows.
-
 _PRELUDE = struct.Struct("<8sHHIQ")
 _SIDECAR_PRELUDE = struct.Struct("<8sHHI16s")
 _ZEROS = bytes(ALIGN)
@@ -81,8 +83,15 @@ class _Envelope(msgspec.Struct, omit_defaults=True):
     raw_sizes: bytes = b""  # little-endian u64 per segment, empty likewise
 
 
+class _PartEnvelope(_Envelope, omit_defaults=True):
+    # Since 1.2; a whole step's keeps 14 fields, so 1.1's bytes (msgspec: map16 past 15)
+    part: int | None = None  # its index among its rank's parts
+    key: str | int | None = None  # the producer's key
+    cost: float | None = None  # its cost when it was assigned
+
+
 _envelope_encoder = msgspec.msgpack.Encoder()
-_envelope_decoder = msgspec.msgpack.Decoder(_Envelope)
+_envelope_decoder = msgspec.msgpack.Decoder(_PartEnvelope)
 _U64 = np.dtype("<u8")
 
 
@@ -108,10 +117,8 @@ class Layout(NamedTuple):
         env = _envelope_encoder.encode(
             msgspec.structs.replace(self.envelope, checksum=CHECKSUM, checksums=checksums)
         )
-        return (
-            _PRELUDE.pack(MAIN_MAGIC, *FORMAT_VERSION, len(env), xxhash.xxh3_64_intdigest(env))
-            + env
-        )
+        version = PARTS_VERSION if isinstance(self.envelope, _PartEnvelope) else FORMAT_VERSION
+        return _PRELUDE.pack(MAIN_MAGIC, *version, len(env), xxhash.xxh3_64_intdigest(env)) + env
 
 
 def _pad(offset: int) -> int:
@@ -149,12 +156,20 @@ def _chunks(
             segs.append(-1)
 
 
-def plan(frame: Frame, step: int, rank: int, checksums: bytes | None = None) -> Layout:
+def plan(
+    frame: Frame,
+    step: int,
+    rank: int,
+    checksums: bytes | None = None,
+    *,
+    part: PartInfo | None = None,
+) -> Layout:
     """Lay ``frame`` out as a main file and a sidecar file (empty without sidecar).
 
     ``checksums`` comes from :func:`~rlwire._frame.checksums.checksum_segments`; without
     it the message carries no segment checksums. Offsets come from numpy arithmetic and
     the buffer table is packed arrays, so this costs microseconds per thousand buffers.
+    ``part`` makes it a part of a step (index, key, cost in the envelope; version 1.2).
     """
     msg_id = os.urandom(16)
     n = len(frame.buffers)
@@ -176,7 +191,7 @@ def plan(frame: Frame, step: int, rank: int, checksums: bytes | None = None) -> 
         body = header_offset + header_len + _pad(header_len)
         offsets[~in_side] = _starts(padded[~in_side], body)
         size = body + int(padded[~in_side].sum())
-        envelope = _Envelope(
+        envelope = (_Envelope if part is None else _PartEnvelope)(
             id=msg_id,
             step=step,
             rank=rank,
@@ -191,12 +206,14 @@ def plan(frame: Frame, step: int, rank: int, checksums: bytes | None = None) -> 
             checksums=checksums or b"",
             compression=bytes(frame.compression),
             raw_sizes=np.array(frame.raw_sizes, _U64).tobytes(),
+            **({} if part is None else {"part": part.index, "key": part.key, "cost": part.cost}),
         )
         env = _envelope_encoder.encode(envelope)
         if len(env) == env_len:
             break
         env_len = len(env)
-    head = _PRELUDE.pack(MAIN_MAGIC, *FORMAT_VERSION, env_len, xxhash.xxh3_64_intdigest(env))
+    version = FORMAT_VERSION if part is None else PARTS_VERSION
+    head = _PRELUDE.pack(MAIN_MAGIC, *version, env_len, xxhash.xxh3_64_intdigest(env))
     main: list[bytes | memoryview] = [head + env]
     main_segs = [-1]
     gap = header_offset - _PRELUDE.size - env_len
@@ -210,7 +227,7 @@ def plan(frame: Frame, step: int, rank: int, checksums: bytes | None = None) -> 
     side_segs: list[int] = []
     if frame.sidecar:
         sidecar = [
-            _SIDECAR_PRELUDE.pack(SIDECAR_MAGIC, *FORMAT_VERSION, 0, msg_id)
+            _SIDECAR_PRELUDE.pack(SIDECAR_MAGIC, *version, 0, msg_id)
             + _ZEROS[: ALIGN - _SIDECAR_PRELUDE.size]
         ]
         side_segs = [-1]
@@ -244,6 +261,20 @@ def parse_main(
             whose checksum does not match (the message names step, rank and buffer).
     """
     env = _envelope(data, where)
+    if env.part is not None:
+        raise CorruptFrameError(f"holds part {env.part}, not a whole step", where=where)
+    return _parse(env, data, step, rank, load_sidecar, where, verify)
+
+
+def _parse(
+    env: _PartEnvelope,
+    data: memoryview,
+    step: int,
+    rank: int,
+    load_sidecar: Callable[[], memoryview],
+    where: str,
+    verify: bool,
+) -> Frame:
     if (env.step, env.rank) != (step, rank):
         raise CorruptFrameError(
             f"holds step {env.step} rank {env.rank}, expected step {step} rank {rank}",
@@ -303,8 +334,8 @@ def parse_main(
     )
 
 
-def _envelope(data: memoryview, where: str) -> _Envelope:
-    """The envelope of a main file, its prelude, length, checksum and size checked."""
+def _envelope(data: memoryview, where: str, *, whole: bool = True) -> _PartEnvelope:
+    """The envelope of a main file, its prelude, length, checksum and (``whole``) size checked."""
     if data.nbytes < _PRELUDE.size:
         raise CorruptFrameError(
             f"truncated: {data.nbytes} bytes is shorter than the {_PRELUDE.size}-byte prelude",
@@ -326,31 +357,12 @@ def _envelope(data: memoryview, where: str) -> _Envelope:
         env = _envelope_decoder.decode(raw_env)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # a str field that is not UTF-8
         raise CorruptFrameError(f"malformed envelope: {exc}", where=where) from exc
-    if env.size != data.nbytes:
+    if whole and env.size != data.nbytes:
         raise CorruptFrameError(
             f"truncated or extended: the envelope says {env.size} bytes, found {data.nbytes}",
             where=where,
         )
     return env
-
-
-def check_magic(
-    magic: bytes, major: int, *, expected: bytes, known: int, what: str, where: str
-) -> None:
-    """Check the magic bytes and major version that open every file rlwire writes.
-
-    Raises:
-        CorruptFrameError: ``magic`` is not ``expected``: not an rlwire ``what``.
-        UnsupportedVersionError: ``major`` is not ``known``.
-    """
-    if magic != expected:
-        raise CorruptFrameError(f"not an rlwire {what} (bad magic bytes {magic!r})", where=where)
-    if major != known:
-        raise UnsupportedVersionError(
-            f"{what} format major version {major} is not supported; this reader "
-            f"knows version {known} (upgrade rlwire to read it)",
-            where=where,
-        )
 
 
 def _check_sidecar(side: memoryview, msg_id: bytes, size: int, where: str) -> None:

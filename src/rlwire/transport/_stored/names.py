@@ -2,9 +2,12 @@
 
 Shared by every sink that stores one message per step and rank under a directory or key
 prefix: ``step-00000007.rank-0000.rlw`` holds the main file, ``….sidecar.rlw`` the
-sidecar file, and ``.<name>.<random hex>.tmp`` a file being written. A file sink that
-recycles keeps the files of a pruned step as ``.pool.rank-0000.rlw.<random hex>.tmp``
-(``.pool.rank-0000.sidecar.rlw…`` for a sidecar) until a new step is written into them.
+sidecar file, and ``.<name>.<random hex>.tmp`` a file being written. A step filled part
+by part has no main file: part 3 of rank 1 is ``step-00000007.rank-0001.part-000003.rlw``
+(and ``….part-000003.sidecar.rlw``), and ``step-00000007.seal.rlw`` closes the step.
+A file sink that recycles keeps the files of a pruned step as
+``.pool.rank-0000.rlw.<random hex>.tmp`` (``.pool.rank-0000.sidecar.rlw…`` for a
+sidecar) until a new step is written into them.
 """
 
 from __future__ import annotations
@@ -24,13 +27,18 @@ __all__ = [
     "MAIN_RE",
     "POOL_RE",
     "REWRITE_NAME",
+    "SEAL_RE",
+    "STEP_PART_RE",
     "STORED_RE",
     "TEMP_RE",
     "consumed_name",
     "main_name",
     "names_to_delete",
     "orphan_sidecars",
+    "part_name",
+    "part_sidecar_name",
     "pool_name",
+    "seal_name",
     "sidecar_name",
     "start_step",
     "temp_name",
@@ -48,15 +56,23 @@ CONSUMED_RE = re.compile(r"consumed\.rank-(\d+)\.rlw")
 MAIN_RE = re.compile(r"step-(\d+)\.rank-(\d+)\.rlw")
 #: A main or sidecar file; groups: step, rank, sidecar suffix.
 STORED_RE = re.compile(r"step-(\d+)\.rank-(\d+)(\.sidecar)?\.rlw")
+#: A part of a step filled part by part, main or sidecar file; groups: step, rank,
+#: index, sidecar suffix.
+STEP_PART_RE = re.compile(r"step-(\d+)\.rank-(\d+)\.part-(\d+)(\.sidecar)?\.rlw")
+#: The seal of a step filled part by part; group: step.
+SEAL_RE = re.compile(r"step-(\d+)\.seal\.rlw")
 #: A file still being written (or left behind by a sender that was killed).
-TEMP_RE = re.compile(r"\.step-\d+\.rank-\d+(\.sidecar)?\.rlw\.[0-9a-f]+\.tmp")
+TEMP_RE = re.compile(
+    r"\.step-\d+\.(?:rank-\d+(?:\.part-\d+)?(\.sidecar)?|seal)\.rlw\.[0-9a-f]+\.tmp"
+)
 #: A pruned step's file kept for reuse by a file sink that recycles; groups: rank,
 #: sidecar suffix.
 POOL_RE = re.compile(r"\.pool\.rank-(\d+)(\.sidecar)?\.rlw\.[0-9a-f]+\.tmp")
 #: A temporary file any writer may leave when killed: a step's file, a mark
 #: (consumption, end, rewrite), the sink's probe of the directory, or a pooled file.
 LEFTOVER_RE = re.compile(
-    r"\.(?:step-\d+\.rank-\d+(?:\.sidecar)?|consumed\.rank-\d+|end|rewrite)\.rlw\.[0-9a-f]+\.tmp"
+    r"\.(?:step-\d+\.(?:rank-\d+(?:\.part-\d+)?(?:\.sidecar)?|seal)|consumed\.rank-\d+|end|rewrite)"
+    r"\.rlw\.[0-9a-f]+\.tmp"
     r"|\.rlwire-probe\.\d+\.[0-9a-f]+\.tmp"
     rf"|{POOL_RE.pattern}"
 )
@@ -72,6 +88,26 @@ def main_name(step: int, rank: int) -> str:
 def sidecar_name(step: int, rank: int) -> str:
     """Name of the sidecar file of ``step`` for ``rank``."""
     return f"step-{step:08d}.rank-{rank:04d}.sidecar.rlw"
+
+
+def part_name(step: int, rank: int, index: int) -> str:
+    """Name of the main file of part ``index`` of ``rank`` in ``step``.
+
+    Example:
+        >>> part_name(7, 1, 3)
+        'step-00000007.rank-0001.part-000003.rlw'
+    """
+    return f"step-{step:08d}.rank-{rank:04d}.part-{index:06d}.rlw"
+
+
+def part_sidecar_name(step: int, rank: int, index: int) -> str:
+    """Name of the sidecar file of part ``index`` of ``rank`` in ``step``."""
+    return f"step-{step:08d}.rank-{rank:04d}.part-{index:06d}.sidecar.rlw"
+
+
+def seal_name(step: int) -> str:
+    """Name of the seal of ``step``, a step filled part by part."""
+    return f"step-{step:08d}.seal.rlw"
 
 
 def pool_name(name: str) -> str:
@@ -111,6 +147,18 @@ def _scan(names: Iterable[str]) -> tuple[dict[int, set[int]], dict[int, set[int]
     return mains, any_file
 
 
+def _scan_parts(names: Iterable[str]) -> tuple[set[int], set[int]]:
+    """The steps filled part by part: those sealed, and those with a part's main file."""
+    sealed: set[int] = set()
+    parted: set[int] = set()
+    for name in names:
+        if m := SEAL_RE.fullmatch(name):
+            sealed.add(int(m.group(1)))
+        elif (m := STEP_PART_RE.fullmatch(name)) and not m.group(4):
+            parted.add(int(m.group(1)))
+    return sealed, parted
+
+
 def start_step(
     where: str, names: Iterable[str], on_existing: OnExisting, first: int | None = None
 ) -> int:
@@ -119,7 +167,9 @@ def start_step(
     ``first`` is the sender's ``start_step`` (``None``: not given). ``"error"`` refuses
     stored steps at or after ``first`` (any step when ``first`` is ``None``);
     ``"resume"`` refuses them too, and a stored sequence with a hole or an incomplete
-    step, then continues at ``first`` or after the last stored step; ``"truncate"``
+    step, then continues at ``first`` or after the last stored step (at the last stored
+    step itself when it was being filled part by part and is not sealed: the sender
+    finishes it); ``"truncate"``
     starts at ``first`` and ``"overwrite"`` at ``first`` or 0. The caller then deletes
     what :func:`names_to_delete` lists. An end-of-stream mark (:data:`END_NAME`) is
     refused by ``"error"`` and deleted by the others.
@@ -135,7 +185,13 @@ def start_step(
         return first or 0
     names = list(names)
     mains, any_file = _scan(names)
-    later = sorted(s for s in mains if s >= (first or 0))
+    sealed, parted = _scan_parts(names)
+    stored = set(mains) | sealed | parted
+    last = max(stored, default=-1)
+    unsealed = last in parted and last not in sealed and last not in mains
+    # Resuming at the open step itself finishes it: it is no step of an earlier run.
+    finish = on_existing == "resume" and unsealed and first == last
+    later = sorted(s for s in stored if s >= (first or 0) and not (finish and s == last))
     if later and (on_existing == "error" or first is not None):
         after = "" if first is None else f" at or after start_step {first}"
         repair = (
@@ -154,22 +210,43 @@ def start_step(
             "with on_existing='resume' to continue that stream, or 'overwrite'",
             where=where,
         )
-    if on_existing == "error" or not mains:
+    if on_existing == "error" or not stored:
         return first or 0
-    _check_resumable(where, mains, any_file, first)
-    return first if first is not None else max(mains) + 1
+    _check_resumable(where, mains, any_file, first, sealed, parted)
+    if unsealed:
+        if first is not None and first != last:
+            raise StepExistsError(
+                f"cannot resume at start_step {first}: step {last} was being filled part by "
+                f"part and is not sealed; resume without start_step (or with start_step="
+                f"{last}) to finish it, or open the sender with start_step={last}, "
+                "on_existing='truncate' to delete it",
+                where=where,
+            )
+        return last
+    return first if first is not None else last + 1
 
 
 def _check_resumable(
-    where: str, mains: dict[int, set[int]], any_file: dict[int, set[int]], first: int | None
+    where: str,
+    mains: dict[int, set[int]],
+    any_file: dict[int, set[int]],
+    first: int | None,
+    sealed: set[int],
+    parted: set[int],
 ) -> None:
     """Refuse to resume after a hole or an incomplete step: receivers of the missing
-    ranks would wait forever for it."""
-    steps = sorted(mains)
-    ranks = set().union(*mains.values(), *(any_file.get(s, set()) for s in steps))
+    ranks would wait forever for it. A sealed step is whole; a step with parts and no
+    seal is the step to finish when it is the last (or the oldest, partly pruned:
+    retention deletes a step's seal first)."""
+    steps = sorted(set(mains) | sealed | parted)
+    ranks = set().union(*mains.values(), *(any_file.get(s, set()) for s in mains))
     for step in range(steps[0], steps[-1] + 1):
         have = mains.get(step)
-        if have is None:
+        if step in sealed or (have is None and step in parted and step in (steps[0], steps[-1])):
+            continue
+        if have is None and step in parted:
+            problem = f"step {step} was filled part by part and never sealed"
+        elif have is None:
             problem = f"step {step} is missing (a hole)"
         elif have == ranks or (step == steps[0] and step != steps[-1] and 0 not in have):
             # All ranks are there; or the oldest step, partly deleted by retention,
@@ -208,7 +285,8 @@ def names_to_delete(
     a hole; a consumption mark of a deleted step would let retention delete the new
     one unread), then the main files step by step from the last (so the steps left are
     never a hole, only a shorter run whose last step ``resume`` may find incomplete),
-    then the sidecars (no reader meets a main file without its sidecar)."""
+    then the sidecars (no reader meets a main file without its sidecar). A step filled
+    part by part goes with the main files, its seal first, its parts' sidecars last."""
     names = list(names)
     marks = [END_NAME] if END_NAME in names and on_existing != "error" else []
     if on_existing not in ("overwrite", "truncate"):
@@ -217,15 +295,21 @@ def names_to_delete(
     low = first if on_existing == "truncate" and first is not None else 0
     mains: dict[int, list[str]] = {}
     rest: list[str] = []
-    for name in names:
-        m = STORED_RE.fullmatch(name)
+    for name in sorted(names, key=_seal_first):
+        m = STORED_RE.fullmatch(name) or STEP_PART_RE.fullmatch(name) or SEAL_RE.fullmatch(name)
         if m and int(m.group(1)) >= low:
-            if m.group(3):
+            if name.endswith(".sidecar.rlw"):
                 rest.append(name)
             else:
                 mains.setdefault(int(m.group(1)), []).append(name)
-    batches = [marks] + [sorted(mains[s]) for s in sorted(mains, reverse=True)] + [sorted(rest)]
+    batches = [marks] + [mains[s] for s in sorted(mains, reverse=True)] + [sorted(rest)]
     return [batch for batch in batches if batch]
+
+
+def _seal_first(name: str) -> tuple[bool, str]:
+    """Sorts a step's seal before its other files: a deletion cut short leaves a step
+    with parts and no seal, never a seal whose parts are gone."""
+    return (not SEAL_RE.fullmatch(name), name)
 
 
 def orphan_sidecars(names: Iterable[str], first: int) -> list[str]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 
 from rlwire._core.errors import CorruptFrameError
 from rlwire.transport._stored.marks import CONSUMED_MAGIC, parse_mark
-from rlwire.transport._stored.names import STORED_RE, consumed_name
+from rlwire.transport._stored.names import SEAL_RE, STEP_PART_RE, STORED_RE, consumed_name
 
 __all__ = ["read_consumed", "steps_to_prune"]
 
@@ -53,11 +53,18 @@ def steps_to_prune(names: Iterable[str], below: int) -> list[list[list[str]]]:
     """The stored steps before ``below``, oldest first, each as the batches of names to
     delete in order: rank 0's main file, the other main files, then the sidecars. A
     deletion cut short then leaves the oldest step without rank 0, which ``resume``
-    tells apart from a failed commit (visible from rank 0 up)."""
+    tells apart from a failed commit (visible from rank 0 up). A step filled part by
+    part goes likewise: its seal first, then its parts' main files, then their
+    sidecars (cut short, it is the oldest step with parts and no seal, which ``resume``
+    passes over too)."""
     steps: dict[int, list[list[str]]] = {}
     for name in names:
-        m = STORED_RE.fullmatch(name)
+        if m := SEAL_RE.fullmatch(name):
+            where = 0
+        elif m := STORED_RE.fullmatch(name):
+            where = 2 if m.group(3) else 0 if int(m.group(2)) == 0 else 1
+        elif m := STEP_PART_RE.fullmatch(name):
+            where = 2 if m.group(4) else 1
         if m and int(m.group(1)) < below:
-            batches = steps.setdefault(int(m.group(1)), [[], [], []])
-            batches[2 if m.group(3) else 0 if int(m.group(2)) == 0 else 1].append(name)
+            steps.setdefault(int(m.group(1)), [[], [], []])[where].append(name)
     return [[sorted(batch) for batch in steps[step]] for step in sorted(steps)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 from rlwire._core.errors import RlwireError, StepExistsError, transport_error
@@ -14,18 +14,30 @@ from rlwire._core.slicing import Sliced
 from rlwire._frame.checksums import checksum_segments
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import OnExisting, PendingFrame, Sink, Staged, take_frame
+from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._stored.layout import plan
-from rlwire.transport._stored.marks import REWRITE_MAGIC, end_mark, parse_mark, rewrite_mark
+from rlwire.transport._stored.marks import (
+    REWRITE_MAGIC,
+    end_mark,
+    parse_mark,
+    rewrite_mark,
+)
 from rlwire.transport._stored.names import (
     END_NAME,
     LEFTOVER_RE,
+    MAIN_RE,
     REWRITE_NAME,
+    STEP_PART_RE,
     main_name,
     names_to_delete,
     orphan_sidecars,
+    part_name,
+    part_sidecar_name,
+    seal_name,
     sidecar_name,
     start_step,
 )
+from rlwire.transport._stored.parts import part_files, read_parts, seal_bytes
 from rlwire.transport._stored.retention import read_consumed, steps_to_prune
 
 __all__ = ["StoredSink", "StoredStaging", "translate_errors"]
@@ -99,6 +111,10 @@ class StoredSink(Sink):
 
     checksum: bool = True
     gathers: ClassVar[bool] = True
+    stores_parts: ClassVar[bool] = True
+    #: The step :meth:`open` found filled part by part and not sealed (``"resume"``
+    #: continues at it): a whole message for it is refused until it is sealed.
+    unsealed_step: int | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -141,6 +157,14 @@ class StoredSink(Sink):
         """Make sure the destination exists and can be written; :meth:`open` calls it
         first. Raises what the backend raises."""
 
+    def load_head(self, name: str, size: int) -> bytes | bytearray | memoryview | None:
+        """At most the first ``size`` bytes of the file ``name``, or ``None`` if it does
+        not exist: how a producer resuming a step reads its parts' envelopes. By default
+        the first bytes of what :meth:`load` returns; stores whose ``load`` reads only a
+        mark's length override it."""
+        data = self.load(name)
+        return None if data is None else memoryview(data)[:size]
+
     def existing(self, names: Sequence[str]) -> list[int]:
         """Indices of ``names`` that exist (by default, found in :meth:`names`)."""
         stored = set(self.names())
@@ -176,8 +200,12 @@ class StoredSink(Sink):
         if REWRITE_NAME in names:
             self.check_rewrite(on_existing, first)
         step = _start_step(self.locate(), names, on_existing, start_step)
+        self.unsealed_step = None
         if on_existing == "error":
             return step
+        parted = any(_is_part_of(name, step) for name in names)
+        if on_existing == "resume" and parted and seal_name(step) not in names:
+            self.unsealed_step = step
         # Leftovers of killed writers (temporary files, unfinished uploads) are
         # invisible to readers, but take space.
         with self.errors("clean up after an earlier run"):
@@ -242,15 +270,32 @@ class StoredSink(Sink):
                     self.remove(batch)
 
     def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
+        if step == self.unsealed_step:
+            raise StepExistsError(
+                f"step {step} was being filled part by part and is not sealed: finish it "
+                f"with open_step({step}), or truncate it",
+                where=self.locate(),
+            )
         with self.errors(f"check whether step {step} exists"):
             found = self.existing([main_name(step, rank) for rank in range(len(frames))])
         if found:
             raise self.step_exists(step, found[0])
-        staging = self.staging(step)
-        try:
+
+        def write(staging: StoredStaging) -> Sliced[None]:
             for rank, pending in enumerate(frames):
                 frame = yield from take_frame(pending)  # the codec's errors stay its own
                 yield from self.write_message(staging, step, rank, frame)
+
+        return (yield from self._staged(step, write))
+
+    def _staged(
+        self, step: int, write: Callable[[StoredStaging], Sliced[None]]
+    ) -> Sliced[StoredStaging]:
+        """A staging of ``step`` that ``write`` filled, drained: nothing of it left
+        behind if anything fails (a whole step's messages and a part share this)."""
+        staging = self.staging(step)
+        try:
+            yield from write(staging)
             with self.errors(f"{self.stage_verb} step {step}"):
                 yield from staging.drain()
         except BaseException:
@@ -264,12 +309,88 @@ class StoredSink(Sink):
         """Stage the files of one rank's message: checksums first (in slices), then the
         sidecar file, then the main file. Stores that hash while they write override it.
         """
+        names = (main_name(step, rank), sidecar_name(step, rank))
+        yield from self._write(staging, step, rank, frame, names, None)
+
+    def write_part(
+        self, staging: StoredStaging, step: int, part: PartInfo, frame: Frame
+    ) -> Sliced[None]:
+        """Stage the files of one part, as :meth:`write_message` stages a rank's
+        message, under the part's names and with its index, key and cost recorded."""
+        names = (
+            part_name(step, part.rank, part.index),
+            part_sidecar_name(step, part.rank, part.index),
+        )
+        yield from self._write(staging, step, part.rank, frame, names, part)
+
+    def _write(
+        self,
+        staging: StoredStaging,
+        step: int,
+        rank: int,
+        frame: Frame,
+        names: tuple[str, str],
+        part: PartInfo | None,
+    ) -> Sliced[None]:
         with self.errors(f"{self.stage_verb} step {step}"):
             sums = (yield from checksum_segments(frame)) if self.checksum else None
-            layout = plan(frame, step, rank, sums)
+            layout = plan(frame, step, rank, sums, part=part)
             if layout.sidecar:
-                yield from staging.add(sidecar_name(step, rank), layout.sidecar, main=False)
-            yield from staging.add(main_name(step, rank), layout.main, main=True)
+                yield from staging.add(names[1], layout.sidecar, main=False)
+            yield from staging.add(names[0], layout.main, main=True)
+
+    def stage_part(self, step: int, part: PartInfo, frame: PendingFrame) -> Sliced[Staged]:
+        name = part_name(step, part.rank, part.index)
+        with self.errors(f"check whether part {part.index} of rank {part.rank} exists", name):
+            found = self.existing([name])
+        if found:
+            raise StepExistsError(
+                f"part {part.index} of rank {part.rank} of step {step} already exists",
+                where=self.locate(name),
+            )
+
+        def write(staging: StoredStaging) -> Sliced[None]:
+            taken = yield from take_frame(frame)
+            yield from self.write_part(staging, step, part, taken)
+
+        return (yield from self._staged(step, write))
+
+    def committed_parts(self, step: int) -> list[PartInfo]:
+        with self.errors(f"list the parts of step {step}"):
+            names = self.names()
+        if seal_name(step) in names or any(
+            (m := MAIN_RE.fullmatch(n)) and int(m.group(1)) == step for n in names
+        ):
+            raise StepExistsError(
+                f"step {step} is {'sealed' if seal_name(step) in names else 'sent whole'} already",
+                where=self.locate(),
+            )
+        mains, orphans = part_files(names, step)
+        # A sender killed while committing a part left its sidecar: its index is free.
+        with self.errors(f"clean up after an earlier run of step {step}"):
+            self.remove(orphans)
+
+        def load_head(name: str, size: int) -> bytes | bytearray | memoryview | None:
+            with self.errors("read", name):
+                return self.load_head(name, size)
+
+        return read_parts(mains, load_head, self.locate)
+
+    def seal(self, seal: Seal) -> None:
+        name = seal_name(seal.step)
+        with self.errors(f"seal step {seal.step}", name):
+            if self.existing([name]):
+                raise StepExistsError(
+                    f"step {seal.step} is sealed already", where=self.locate(name)
+                )
+            self.save(name, seal_bytes(seal))
+        if self.unsealed_step == seal.step:
+            self.unsealed_step = None
+
+
+def _is_part_of(name: str, step: int) -> bool:
+    m = STEP_PART_RE.fullmatch(name)
+    return m is not None and int(m.group(1)) == step
 
 
 _start_step = start_step  # Sink.open's parameter shadows the function's name

@@ -7,6 +7,7 @@ import abc
 import errno
 import time
 import warnings
+from collections.abc import Callable
 
 from rlwire._core.errors import (
     CorruptFrameError,
@@ -17,15 +18,21 @@ from rlwire._core.errors import (
 )
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
+from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._stored.layout import parse_main
 from rlwire.transport._stored.marks import END_MAGIC, consumed_mark, parse_mark
 from rlwire.transport._stored.names import (
     END_NAME,
     MAIN_RE,
+    SEAL_RE,
     consumed_name,
     main_name,
+    part_name,
+    part_sidecar_name,
+    seal_name,
     sidecar_name,
 )
+from rlwire.transport._stored.parts import parse_part, parse_seal
 
 __all__ = ["StoredSource"]
 
@@ -47,6 +54,7 @@ class StoredSource(Source):
 
     rank: int
     verify: bool
+    stores_parts = True
     _mark_warned: bool = False
     _gone_checked: tuple[int, float] | None = None  # (step, when)
 
@@ -116,11 +124,11 @@ class StoredSource(Source):
         """Where the file called ``name`` lives (a path or URL), for error messages."""
 
     def steps_among(self, names: list[str]) -> list[int]:
-        """The steps of this rank's main files among ``names``."""
+        """The steps of this rank's main files among ``names``, and the sealed steps."""
         out = []
         for name in names:
             m = MAIN_RE.fullmatch(name)
-            if m and int(m.group(2)) == self.rank:
+            if (m and int(m.group(2)) == self.rank) or (m := SEAL_RE.fullmatch(name)):
                 out.append(int(m.group(1)))
         return out
 
@@ -145,9 +153,17 @@ class StoredSource(Source):
             self.check_end(step)
             self.check_gone(step)
             return None
+        return parse_main(
+            data,
+            step=step,
+            rank=self.rank,
+            load_sidecar=self._sidecar_loader(sidecar_name(step, self.rank)),
+            where=self.locate(name),
+            verify=self.verify,
+        )
 
+    def _sidecar_loader(self, side: str) -> Callable[[], memoryview]:
         def load_sidecar() -> memoryview:
-            side = sidecar_name(step, self.rank)
             view = self.load(side)
             if view is None:
                 raise CorruptFrameError(
@@ -155,11 +171,26 @@ class StoredSource(Source):
                 )
             return view
 
-        return parse_main(
+        return load_sidecar
+
+    def read_part(self, step: int, index: int) -> tuple[PartInfo, Frame] | None:
+        name = part_name(step, self.rank, index)
+        data = self.load(name)
+        if data is None:
+            return None
+        return parse_part(
             data,
             step=step,
             rank=self.rank,
-            load_sidecar=load_sidecar,
+            index=index,
+            load_sidecar=self._sidecar_loader(part_sidecar_name(step, self.rank, index)),
             where=self.locate(name),
             verify=self.verify,
         )
+
+    def read_seal(self, step: int) -> Seal | None:
+        name = seal_name(step)
+        data = self.load(name)
+        if data is None:
+            return None
+        return parse_seal(data, step=step, where=self.locate(name))

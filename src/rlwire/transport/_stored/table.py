@@ -1,5 +1,6 @@
 """Checks of a stored message's buffer table: its arrays agree, and every buffer lies
-inside its file, once (see :mod:`rlwire.transport._stored.layout`).
+inside its file, once (see :mod:`rlwire.transport._stored.layout`); and of the magic
+bytes and version that open every stored file.
 
 A writer lays each segment out once, on its own bytes. A table that lists the same
 bytes twice (sixteen buffers over one lz4 block, 131,072 over one range) is forged, to
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from rlwire._core.errors import CorruptFrameError
+from rlwire._core.errors import CorruptFrameError, UnsupportedVersionError
 
 __all__ = [
     "ALIGN",
@@ -33,6 +34,7 @@ __all__ = [
     "SIDECAR",
     "check_count",
     "check_disjoint",
+    "check_magic",
     "check_table_sizes",
     "check_within",
 ]
@@ -42,6 +44,25 @@ ALIGN = 64
 MAX_EMPTY_BUFFERS = 4096
 MAIN, SIDECAR = 0, 1
 _U64 = np.dtype("<u8")
+
+
+def check_magic(
+    magic: bytes, major: int, *, expected: bytes, known: int, what: str, where: str
+) -> None:
+    """Check the magic bytes and major version that open every file rlwire writes.
+
+    Raises:
+        CorruptFrameError: ``magic`` is not ``expected``: not an rlwire ``what``.
+        UnsupportedVersionError: ``major`` is not ``known``.
+    """
+    if magic != expected:
+        raise CorruptFrameError(f"not an rlwire {what} (bad magic bytes {magic!r})", where=where)
+    if major != known:
+        raise UnsupportedVersionError(
+            f"{what} format major version {major} is not supported; this reader "
+            f"knows version {known} (upgrade rlwire to read it)",
+            where=where,
+        )
 
 
 def check_table_sizes(env: Any, n: int, where: str) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from rlwire._core.errors import ConfigError, CorruptFrameError, TransportError, transport_error
-from rlwire.transport._stored.names import STORED_RE
+from rlwire.transport._stored.names import STEP_PART_RE, STORED_RE
 from rlwire.transport.fsspec._s3_bucket import S3Bucket
 from rlwire.transport.fsspec._s3_upload import S3Staging, retried
 
@@ -130,7 +130,8 @@ class S3Store(S3Bucket):
             )
             for upload in page.get("Uploads", []) or []:
                 key = str(upload["Key"])
-                if STORED_RE.fullmatch(key[len(prefix) :]):
+                name = key[len(prefix) :]
+                if STORED_RE.fullmatch(name) or STEP_PART_RE.fullmatch(name):
                     out.append((key, str(upload["UploadId"])))
             if not page.get("IsTruncated"):
                 return out

@@ -140,6 +140,10 @@ class FsspecSink(StoredSink):
         store = self._conn.get()  # a mark: never more than MAX_MARK_BYTES read
         return store.head(store.path(name), MAX_MARK_BYTES)
 
+    def load_head(self, name: str, size: int) -> bytes | bytearray | None:
+        store = self._conn.get()
+        return store.head(store.path(name), size)
+
     def save(self, name: str, data: bytes) -> None:
         self._conn.get().save(name, data)
 

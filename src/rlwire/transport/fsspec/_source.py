@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlwire._frame.frame import Frame
+from rlwire.transport._parts import PartInfo
 from rlwire.transport._stored.source import StoredSource
 from rlwire.transport._url import URL
 from rlwire.transport.fsspec._connection import Connection, translate_errors
@@ -89,12 +90,21 @@ class FsspecSource(StoredSource):
 
     def read(self, step: int) -> Frame | None:
         frame = super().read(step)
-        if frame is None:
+        self._back_off(frame is None)
+        return frame
+
+    def read_part(self, step: int, index: int) -> tuple[PartInfo, Frame] | None:
+        got = super().read_part(step, index)
+        self._back_off(got is None)
+        return got
+
+    def _back_off(self, missed: bool) -> None:
+        """Wait longer after a miss, up to ``max_poll_interval``; not after a hit."""
+        if missed:
             self._interval = self._next_interval
             self._next_interval = min(self._next_interval * 2, self.max_poll_interval)
         else:
             self._interval = self._next_interval = self.poll_interval
-        return frame
 
     def load(self, name: str) -> memoryview | None:
         store = self._conn.get()

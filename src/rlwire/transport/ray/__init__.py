@@ -7,8 +7,9 @@ object store as out-of-band buffers (no pickle of user data) and trainers on the
 node map them without a copy.
 
 A named async actor, the *board* (``rlwire-board:NAME``), records per step and rank the
-object references, the step's commit, each rank's consumption mark (``keep_last``,
-``max_ahead``) and the end of the stream; receivers wait on it instead of polling.
+object references, the step's commit (or, for a step filled part by part, each part's
+commit and the seal), each rank's consumption mark (``keep_last``, ``max_ahead``) and
+the end of the stream; receivers wait on it instead of polling.
 
 What survives what:
 
@@ -30,6 +31,10 @@ The modules, one concept each:
     how the board comes to own what a producer's actor sends
 ``_board``
     the board actor
+``_board_parts``
+    its parts and seals
+``_staged``
+    what a sender has staged on the board, and its commit
 ``_actors``
     finding, creating and calling the board
 ``_handle``

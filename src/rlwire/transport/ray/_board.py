@@ -2,10 +2,14 @@
 
 It records, per step and rank, the references of the step's objects (a main object and,
 when the message has one, a sidecar object), which steps are committed, each rank's
-consumption mark and the end of the stream. Receivers wait on it (an
-:class:`asyncio.Condition`) instead of polling. Steps it deletes (``keep_last``, an
-overwrite) lose their references, so the object store frees their memory once no reader
-holds a view of it.
+consumption mark and the end of the stream. A step filled part by part has, per rank,
+its parts in commit order (each part's objects, key and cost) and, once closed, its
+seal (for each rank, its parts' keys and costs). Receivers wait on it (an
+:class:`asyncio.Condition`, notified by every commit) instead of polling. Steps it
+deletes (``keep_last``, an overwrite, a truncate) lose their references, parts and
+seal included, so the object store frees their memory once no reader holds a view of
+it; so do objects staged and never committed (a producer died between the two) once
+their step is committed again, sealed, resumed or deleted.
 
 Objects the board pulled from a producer's actor (``_handover``) are owned by the
 board: they survive the producer and die with the board. Its methods answer with plain
@@ -20,6 +24,7 @@ changing the state, except the waits.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -30,19 +35,22 @@ from rlwire.transport._base import OnExisting
 from rlwire.transport._stored.names import (
     CONSUMED_RE,
     END_NAME,
+    SEAL_RE,
+    STEP_PART_RE,
     STORED_RE,
     consumed_name,
     main_name,
     names_to_delete,
+    part_name,
+    part_sidecar_name,
+    seal_name,
     sidecar_name,
     start_step,
 )
+from rlwire.transport.ray._board_parts import PartsBoard, Refs
 from rlwire.transport.ray._handover import hand_over
 
 __all__ = ["Board", "Refs", "board_name"]
-
-#: One rank's objects: the main object's reference, and the sidecar's or ``None``.
-Refs = tuple[ObjectRef[Any], ObjectRef[Any] | None]
 
 
 def board_name(name: str) -> str:
@@ -50,7 +58,7 @@ def board_name(name: str) -> str:
     return f"rlwire-board:{name}"
 
 
-class Board:
+class Board(PartsBoard):
     """The state of one ``ray://NAME`` destination (see the module's docstring).
 
     Created through :func:`ray.remote` (``_actors`` does); callers use its methods'
@@ -61,6 +69,8 @@ class Board:
         self.where = where
         self.committed: dict[int, list[Refs]] = {}  # step -> one entry per rank
         self.staged: dict[str, tuple[int, dict[int, Refs]]] = {}  # key -> (step, ranks)
+        self.parts = {}
+        self.seals = {}
         self.consumed: dict[int, int] = {}
         self.end: int | None = None
         self._changed: asyncio.Condition | None = None
@@ -84,6 +94,13 @@ class Board:
                 names.append(main_name(step, rank))
                 if side is not None:
                     names.append(sidecar_name(step, rank))
+        for step, by_rank in self.parts.items():
+            for rank, parts in by_rank.items():
+                for index, part in enumerate(parts):
+                    names.append(part_name(step, rank, index))
+                    if part.refs[1] is not None:
+                        names.append(part_sidecar_name(step, rank, index))
+        names += [seal_name(step) for step in self.seals]
         names += [consumed_name(rank) for rank in self.consumed]
         if self.end is not None:
             names.append(END_NAME)
@@ -95,8 +112,21 @@ class Board:
                 self.end = None
             elif m := CONSUMED_RE.fullmatch(name):
                 self.consumed.pop(int(m.group(1)), None)
-            elif (m := STORED_RE.fullmatch(name)) and not m.group(3):
-                self.committed.pop(int(m.group(1)), None)  # the sidecar goes with it
+            elif m := (
+                STORED_RE.fullmatch(name) or STEP_PART_RE.fullmatch(name) or SEAL_RE.fullmatch(name)
+            ):
+                self._drop_step(int(m.group(1)))  # one call: no reader sees it half gone
+
+    def _drop_step(self, step: int) -> None:
+        """Forget everything of ``step``: its objects, parts, seal and what is staged."""
+        self.committed.pop(step, None)
+        self.parts.pop(step, None)
+        self.seals.pop(step, None)
+        self._drop_staged(lambda s: s == step)
+
+    def _stored(self) -> set[int]:
+        """The steps holding anything committed: whole, parts or a seal."""
+        return set(self.committed) | set(self.parts) | set(self.seals)
 
     async def open(self, on_existing: OnExisting, first: int | None) -> tuple[Any, ...]:
         """Apply ``on_existing`` (and the sender's ``start_step``, ``first``) as every
@@ -109,6 +139,9 @@ class Board:
             return (type(exc).__name__, exc.message)
         for batch in names_to_delete(names, on_existing, first):
             self._delete(batch)
+        if on_existing in ("overwrite", "truncate"):  # and what killed producers staged
+            low = 0 if on_existing == "overwrite" or first is None else first
+            self._drop_staged(lambda s: s >= low)
         await self._notify()
         return ("ok", step)
 
@@ -126,10 +159,26 @@ class Board:
         main object, and a sidecar object when ``has_side``. With ``producer`` (an actor
         handle) they are pulled from it under the key ``f"{key}.{rank}"`` (the board
         owns them), waiting up to ``timeout`` seconds; else ``refs`` are the objects the
-        producer put (it owns them). ``("ok",)``, or ``("exists",)`` when the step is
-        committed already."""
-        if step in self.committed:
+        producer put (it owns them). ``("ok",)``; ``("exists",)`` when the step is
+        committed already, ``("open",)`` when it is being filled part by part."""
+        if step in self.committed or step in self.seals:
             return ("exists",)
+        if step in self.parts:
+            return ("open",)
+        await self._hold(step, key, rank, producer, has_side, refs, timeout)
+        return ("ok",)
+
+    async def _hold(
+        self,
+        step: int,
+        key: str,
+        rank: int,
+        producer: Any,
+        has_side: bool,
+        refs: list[ObjectRef[Any]] | None,
+        timeout: float,
+    ) -> None:
+        """Stage rank ``rank``'s objects under ``key`` (see :meth:`stage`)."""
         if producer is not None:
             count = 2 if has_side else 1
             returned = producer.__ray_call__.options(num_returns=count + 1).remote(
@@ -142,7 +191,6 @@ class Board:
         assert refs is not None
         entry = (refs[0], refs[1] if has_side else None)
         self.staged.setdefault(key, (step, {}))[1][rank] = entry
-        return ("ok",)
 
     async def commit(self, key: str, ranks: int) -> tuple[Any, ...]:
         """Make the step staged under ``key`` visible, all ``ranks`` ranks at once:
@@ -152,11 +200,20 @@ class Board:
         if entry is None or sorted(entry[1]) != list(range(ranks)):
             return ("missing",)
         step, staged = entry
-        if step in self.committed:
+        if step in self.committed or step in self.seals:
             return ("exists",)
+        if step in self.parts:
+            return ("open",)
         self.committed[step] = [staged[rank] for rank in range(ranks)]
+        # What else is staged for this step can never commit: a producer that died
+        # between staging and committing it left it (its restart just committed it).
+        self._drop_staged(lambda s: s == step)
         await self._notify()
         return ("ok",)
+
+    def _drop_staged(self, doomed: Callable[[int], bool]) -> None:
+        for key in [k for k, (step, _) in self.staged.items() if doomed(step)]:
+            del self.staged[key]
 
     async def discard(self, key: str) -> None:
         """Drop what is staged under ``key``, if anything."""
@@ -168,8 +225,9 @@ class Board:
             return ("step", list(ranks[rank]))
         if self.end is not None and step >= self.end:
             return ("end", self.end)
-        if self.committed and min(self.committed) > step:
-            return ("gone", min(self.committed))
+        stored = self._stored()
+        if stored and min(stored) > step:
+            return ("gone", min(stored))
         return ("none",)
 
     async def read(self, step: int, rank: int) -> tuple[Any, ...]:
@@ -178,17 +236,30 @@ class Board:
         deleted (a later step is kept, none at or before it), or ``("none",)``."""
         return self._state(step, rank)
 
-    async def wait(self, step: int, rank: int, timeout: float) -> bool:
+    async def wait(
+        self, step: int, rank: int, timeout: float, index: int | None = None
+    ) -> tuple[Any, ...]:
         """Wait up to ``timeout`` seconds until :meth:`read` of ``step`` would answer
-        something other than ``("none",)``; True if it would."""
+        something other than ``("none",)``, the step is sealed, or (``index`` given)
+        rank ``rank``'s part ``index`` of it is committed. ``("none",)`` if none of them
+        happened; the answer of :meth:`read_part` when the part is there (which saves
+        the receiver a call); else ``("ready",)``."""
+
+        def ready() -> bool:
+            return (
+                self._state(step, rank)[0] != "none"
+                or step in self.seals
+                or (index is not None and len(self._parts_of(step, rank)) > index)
+            )
+
         async with self.changed:
             try:
-                await asyncio.wait_for(
-                    self.changed.wait_for(lambda: self._state(step, rank)[0] != "none"), timeout
-                )
+                await asyncio.wait_for(self.changed.wait_for(ready), timeout)
             except TimeoutError:
-                return False
-        return True
+                return ("none",)
+        if index is not None and len(self._parts_of(step, rank)) > index:
+            return await self.read_part(step, rank, index)
+        return ("ready",)
 
     async def mark(self, rank: int, next_step: int) -> None:
         """Record that rank ``rank`` moved past every step before ``next_step``."""
@@ -201,8 +272,9 @@ class Board:
     async def prune(self, below: int) -> None:
         """Delete every step before ``below``: its references go, and with them the
         memory once no reader holds a view of it."""
-        for step in [s for s in self.committed if s < below]:
-            del self.committed[step]
+        for step in [s for s in self._stored() if s < below]:
+            self._drop_step(step)
+        self._drop_staged(lambda s: s < below)
         await self._notify()
 
     async def finish(self, end: int) -> None:
@@ -211,8 +283,8 @@ class Board:
         await self._notify()
 
     async def steps(self) -> list[int]:
-        """The committed steps, ascending."""
-        return sorted(self.committed)
+        """The steps holding anything committed (whole, parts or a seal), ascending."""
+        return sorted(self._stored())
 
 
 # The actor class, made once: ray.remote wraps the plain class (kept plain for reading

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import ray
 
@@ -22,12 +22,14 @@ from rlwire.transport._base import (
     reject_unknown,
     take_frame,
 )
+from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
 from rlwire.transport.ray._actors import BoardHandle, call, create_board, ensure_ray, ray_errors
 from rlwire.transport.ray._handle import StepHandle
 from rlwire.transport.ray._handover import offer, withdraw
 from rlwire.transport.ray._payload import make_payload, out_of_band
 from rlwire.transport.ray._source import OPTIONS, RaySource, board_options, parse_name
+from rlwire.transport.ray._staged import RayStaged, RayStagedPart, open_step_error
 
 __all__ = ["RaySink", "producer_actor"]
 
@@ -54,43 +56,6 @@ def producer_actor() -> BoardHandle | None:
     return context.current_actor if pullable else None
 
 
-class _RayStaged(Staged):
-    def __init__(self, sink: RaySink, board: BoardHandle, key: str, step: int, ranks: int) -> None:
-        self.sink, self.board, self.key, self.step, self.ranks = sink, board, key, step, ranks
-
-    def commit(self) -> None:
-        try:
-            answer = call(
-                self.board.commit,
-                self.key,
-                self.ranks,
-                where=self.sink.where,
-                action=f"commit step {self.step}",
-            )
-        except TransportError:
-            self.visible = None  # the board may have committed it before it failed
-            raise
-        if answer[0] == "ok":
-            self.visible = True
-        elif answer[0] == "exists":
-            raise StepExistsError(
-                f"step {self.step} was committed by another sender meanwhile",
-                where=self.sink.where,
-            )
-        else:
-            raise TransportError(
-                f"cannot commit step {self.step}: the board no longer holds it staged "
-                "(was the board restarted?)",
-                where=self.sink.where,
-            )
-
-    def discard(self) -> None:
-        for rank in range(self.ranks):
-            withdraw(f"{self.key}.{rank}")
-        with contextlib.suppress(TransportError):  # a board that is gone holds nothing
-            call(self.board.discard, self.key, where=self.sink.where, action="discard a step")
-
-
 class RaySink(Sink):
     """Stores each step in Ray's object store: per rank a main object (the codec's
     header and buffers) and, when the message has one, a sidecar object, each a list of
@@ -98,14 +63,20 @@ class RaySink(Sink):
     async actor, the *board* (``rlwire-board:NAME``), records the steps, their commit,
     what each rank consumed and the end of the stream; receivers wait on it.
 
+    It :attr:`stores_parts`: a part of a step filled part by part is a message like a
+    rank's, staged and then committed on the board on its own (in commit order per
+    rank, its key unique in the step); the seal is recorded last, only if it lists
+    exactly the committed parts. A producer that resumes the step learns the committed
+    parts from the board (:meth:`committed_parts`), which then drops what a killed
+    producer staged and never committed.
+
     Ownership: when the sender runs in an async (or threaded) Ray actor, the board
     pulls each rank's objects from that actor as the return values of a call it makes,
     so the board owns them and a producer that dies after a commit loses nothing.
-    Anywhere else (a driver, a task, an actor running one call at a time) the sender
+    Anywhere else (a driver, a task, an actor running one call at a time, a sync
+    sender opened on an async actor's loop, which it blocks while it sends) the sender
     puts them itself and owns them: those steps die with the sender's process
-    (:attr:`board_owned` says which). In an async actor, send with the async sender: a
-    sync sender blocks the actor's loop while it waits, so the board's call waits too,
-    until ``pull_timeout`` (a TransportError). Everything dies with the board: for resume after
+    (:attr:`board_owned` says which). Everything dies with the board: for resume after
     the board or the cluster is lost, send to a second, durable destination too.
 
     Every put and get runs in a worker thread; the event loop never waits on Ray. A
@@ -142,6 +113,7 @@ class RaySink(Sink):
     """
 
     gathers = True  # Pieces are joined into the sink's JoinSpace, not fresh memory
+    stores_parts = True
 
     def __init__(
         self,
@@ -215,14 +187,15 @@ class RaySink(Sink):
             error = StepExistsError if answer[0] == "StepExistsError" else ConfigError
             raise error(answer[1], where=self.where)
         self._board = board
-        self._producer = producer_actor()
+        # A sync sender on the actor's loop blocks it: the board could not call in.
+        self._producer = None if self.caller_blocks_loop else producer_actor()
         self._opened = True
         return int(answer[1])
 
     def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
         board = self._require_board()
         key = uuid.uuid4().hex
-        staged = _RayStaged(self, board, key, step, len(frames))
+        staged = RayStaged(board, self.where, key, step, len(frames))
         try:
             for rank, pending in enumerate(frames):
                 frame = yield from self._join_space.joined((yield from take_frame(pending)))
@@ -245,39 +218,110 @@ class RaySink(Sink):
         main: list[memoryview],
         side: list[memoryview] | None,
     ) -> None:
-        """Hand one rank's objects to the board: pulled from this actor (the board owns
+        """Hand one rank's objects of a whole step to the board (:meth:`_hand`)."""
+        answer = self._hand(
+            board.stage,
+            (step, key, rank),
+            f"{key}.{rank}",
+            main,
+            side,
+            f"store step {step} rank {rank}",
+        )
+        if answer[0] == "exists":
+            raise StepExistsError(
+                f"step {step} rank {rank} already exists at the destination", where=self.where
+            )
+        if answer[0] == "open":
+            raise open_step_error(step, self.where)
+
+    def _hand(
+        self,
+        method: Any,
+        head: tuple[Any, ...],
+        rank_key: str,
+        main: list[memoryview],
+        side: list[memoryview] | None,
+        action: str,
+    ) -> Any:
+        """Hand one message's objects to the board, whose ``method`` stages them (called
+        with ``head``, then the producer, whether there is a sidecar, the references and
+        the pull timeout): pulled from this actor under ``rank_key`` (the board owns
         them), or put by this process (it owns them). Blocks this worker thread for the
-        copy into the object store."""
-        rank_key = f"{key}.{rank}"
+        copy into the object store. The board's answer."""
         refs = None
         values = [out_of_band(main)] if side is None else [out_of_band(main), out_of_band(side)]
         try:
             if self._producer is None:
-                with ray_errors(self.where, f"store step {step} rank {rank}"):
+                with ray_errors(self.where, action):
                     refs = [ray.put(v) for v in values]
             else:
                 offer(rank_key, values)
         finally:
             values = []  # see out_of_band: the table holds them until the board pulls
         try:
-            answer = call(
-                board.stage,
-                step,
-                key,
-                rank,
+            return call(
+                method,
+                *head,
                 self._producer,
                 side is not None,
                 refs,
                 self.pull_timeout,
                 where=self.where,
-                action=f"store step {step} rank {rank}",
+                action=action,
             )
         finally:
             withdraw(rank_key)  # handed over, or never to be
-        if answer[0] == "exists":
-            raise StepExistsError(
-                f"step {step} rank {rank} already exists at the destination", where=self.where
+
+    def stage_part(self, step: int, part: PartInfo, frame: PendingFrame) -> Sliced[Staged]:
+        board = self._require_board()
+        key = uuid.uuid4().hex
+        staged = RayStagedPart(board, self.where, key, step, part)
+        try:
+            taken = yield from self._join_space.joined((yield from take_frame(frame)))
+            sums = (yield from checksum_segments(taken)) if self.checksum else None
+            main, side = make_payload(taken, sums)
+            del taken
+            answer = self._hand(
+                board.stage_part,
+                (step, key, part.rank, part.index),
+                f"{key}.{part.rank}",
+                main,
+                side,
+                f"store part {part.index} of rank {part.rank} of step {step}",
             )
+            del main, side
+            if answer[0] == "exists":
+                raise StepExistsError(str(answer[1]), where=self.where)
+        except BaseException:
+            staged.discard()
+            raise
+        return staged
+
+    def committed_parts(self, step: int) -> list[PartInfo]:
+        answer = call(
+            self._require_board().committed_parts,
+            step,
+            where=self.where,
+            action=f"list the parts of step {step}",
+        )
+        if answer[0] != "ok":
+            raise StepExistsError(str(answer[1]), where=self.where)
+        return [
+            PartInfo(rank=int(rank), index=int(index), key=key, cost=float(cost))
+            for rank, index, key, cost in answer[1]
+        ]
+
+    def seal(self, seal: Seal) -> None:
+        answer = call(
+            self._require_board().seal,
+            seal.step,
+            [list(keys) for keys in seal.keys],
+            [list(costs) for costs in seal.costs],
+            where=self.where,
+            action=f"seal step {seal.step}",
+        )
+        if answer[0] != "ok":
+            raise StepExistsError(str(answer[1]), where=self.where)
 
     def finish(self, end: int) -> None:
         call(self._require_board().finish, end, where=self.where, action="mark the end")

@@ -17,6 +17,7 @@ from rlwire._core.errors import (
 )
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source, SourceOptions, reject_unknown
+from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
 from rlwire.transport.ray._actors import (
     BoardHandle,
@@ -105,6 +106,10 @@ class RaySource(Source):
         self.writable = writable
         self._board: BoardHandle | None = None
         self._expected = 0  # the step the last read missed: what a wait waits for
+        # The part the last read_part missed, (step, index): a wait waits for it too.
+        self._expected_part: tuple[int, int] | None = None
+        # The board's answer for that part, when a wait returned with it.
+        self._ready_part: tuple[int, int, tuple[Any, ...]] | None = None
 
     def __repr__(self) -> str:
         return f"RaySource({self.where!r}, rank={self.rank})"
@@ -155,15 +160,7 @@ class RaySource(Source):
         answer = self._call("read", step, self.rank, where=where, action="ask the board")
         if answer[0] == "step":
             main_ref, side_ref = answer[1]
-            with ray_errors(where, "get the step's objects"):
-                values = fetch([main_ref] if side_ref is None else [main_ref, side_ref])
-            return parse_payload(
-                values[0],
-                values[1] if side_ref is not None else None,
-                verify=self.verify,
-                writable=self.writable,
-                where=where,
-            )
+            return self._fetch(main_ref, side_ref, where)
         self._expected = step
         if answer[0] == "end":
             raise EndOfStream.at(int(answer[1]), where=self.where)
@@ -179,6 +176,65 @@ class RaySource(Source):
             raise CorruptFrameError(f"the board answered {answer[0]!r}", where=where)
         return None
 
+    stores_parts = True
+
+    def read_part(self, step: int, index: int) -> tuple[PartInfo, Frame] | None:
+        board = self._find()
+        if board is None:
+            self._expect_part(step, index)
+            return None
+        where = f"{self.describe(step)} part {index}"
+        ready, self._ready_part = self._ready_part, None
+        if ready is not None and ready[:2] == (step, index):
+            answer = ready[2]  # committed parts stay: the wait's answer is still true
+        else:
+            answer = self._call(
+                "read_part", step, self.rank, index, where=where, action="ask the board"
+            )
+        if answer[0] == "none":
+            self._expect_part(step, index)
+            return None
+        if answer[0] != "part":
+            raise CorruptFrameError(f"the board answered {answer[0]!r}", where=where)
+        (main_ref, side_ref), key, cost = answer[1], answer[2], answer[3]
+        frame = self._fetch(main_ref, side_ref, where)
+        return PartInfo(rank=self.rank, index=index, key=key, cost=float(cost)), frame
+
+    def _expect_part(self, step: int, index: int) -> None:
+        self._expected, self._expected_part = step, (step, index)
+
+    def read_seal(self, step: int) -> Seal | None:
+        if self._find() is None:
+            return None
+        where = self.describe(step)
+        answer = self._call("read_seal", step, where=where, action="ask the board")
+        if answer[0] == "none":
+            return None
+        keys, costs = answer[1], answer[2]
+        if (
+            answer[0] != "seal"
+            or len(keys) != len(costs)
+            or any(len(k) != len(c) for k, c in zip(keys, costs, strict=True))
+        ):
+            raise CorruptFrameError("the board answered a malformed seal", where=where)
+        return Seal(
+            step=step,
+            keys=tuple(tuple(rank) for rank in keys),
+            costs=tuple(tuple(float(c) for c in rank) for rank in costs),
+        )
+
+    def _fetch(self, main_ref: Any, side_ref: Any, where: str) -> Frame:
+        """The frame stored as the objects ``main_ref`` and ``side_ref`` (or ``None``)."""
+        with ray_errors(where, "get the step's objects"):
+            values = fetch([main_ref] if side_ref is None else [main_ref, side_ref])
+        return parse_payload(
+            values[0],
+            values[1] if side_ref is not None else None,
+            verify=self.verify,
+            writable=self.writable,
+            where=where,
+        )
+
     def mark_consumed(self, next_step: int) -> None:
         if self._find() is not None:
             self._call("mark", self.rank, next_step, where=self.where, action="record consumption")
@@ -188,14 +244,13 @@ class RaySource(Source):
         if self._find() is None:
             time.sleep(min(limit, _NO_BOARD_SLEEP))
             return
-        self._call(
-            "wait",
-            self._expected,
-            self.rank,
-            limit,
-            where=self.where,
-            action="wait on the board",
+        step, part = self._expected, self._expected_part
+        index = part[1] if part is not None and part[0] == step else None
+        answer = self._call(
+            "wait", step, self.rank, limit, index, where=self.where, action="wait on the board"
         )
+        if index is not None and answer[0] == "part":
+            self._ready_part = (step, index, answer)
 
     async def await_message(self, timeout: float | None) -> None:
         # Ray's references cannot be awaited under trio: a worker thread waits instead,

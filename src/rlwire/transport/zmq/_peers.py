@@ -49,6 +49,12 @@ __all__ = ["Pattern", "Peers"]
 Pattern = Literal["ranks", "shared"]
 
 
+_NO_PARTS = (
+    "this receiver speaks ZeroMQ protocol 2.0, which cannot read a step filled part by "
+    "part (open_step); the sender sends such steps: upgrade rlwire (protocol 2.1)"
+)
+
+
 @dataclass(eq=False)
 class Peers:
     """The receivers a sender's socket knows, which rank each serves, and how many of the
@@ -56,7 +62,8 @@ class Peers:
 
     Only the task that holds the sender uses it (ZeroMQ sockets are not thread-safe); the
     sink's ``close`` uses it last, from a worker thread, once no send is running. Errors
-    it raises do not say where: the sink adds its endpoint as they pass.
+    it raises do not say where (the sink adds its endpoint as they pass), but
+    :meth:`finish`'s, which is told.
 
     Attributes:
         socket: the sender's bound ROUTER socket, with ``ROUTER_MANDATORY`` set so that a
@@ -94,6 +101,9 @@ class Peers:
     _acked: dict[bytes, int] = field(default_factory=dict, init=False, repr=False)
     #: routing id -> why the sender refused that receiver (its last ``ready``)
     refused: dict[bytes, str] = field(default_factory=dict, init=False, repr=False)
+    #: True once a part was sent: receivers of protocol 2.0 are refused from then on
+    parts: bool = field(default=False, init=False)
+    _minor: dict[bytes, int] = field(default_factory=dict, init=False, repr=False)
     # round robin over consumers, for the shared pattern
     _turn: int = field(default=0, init=False, repr=False)
     # receivers not yet told the end (their queue was full)
@@ -221,8 +231,21 @@ class Peers:
                         self.forget(peer)
                 self.socket.poll(int(RETRY_SECONDS * 1000), zmq.POLLIN)
 
-    def finish(self, end: int) -> None:
-        """Record that the stream ended at ``end`` and tell every receiver known."""
+    async def finish(self, end: int, seconds: float, *, where: str) -> None:
+        """Record that the stream ended at ``end`` and tell every receiver known, waiting
+        at most ``seconds`` for room in the queues that are full, taking what the
+        receivers send meanwhile (one that says ``bye`` or vanishes is dropped, one that
+        announces itself is told). After this the sender's task uses the socket only to
+        close it, and a sender may stay open long after: a receiver whose queue was full
+        (if only until ZeroMQ's I/O thread moved the last message on) would wait for the
+        end until then.
+
+        Raises:
+            TransportError: a receiver's queue stayed full for ``seconds`` (it reads
+                nothing): said to be at ``where``; :meth:`linger` tries again.
+        """
+        deadline = time.monotonic() + seconds
+        self.drain()
         self.end = end
         if not self.delivered:
             # A sender that sent nothing (a restart with nothing left to send) may not
@@ -231,6 +254,12 @@ class Peers:
             # (A sender that sent has heard from every receiver its sends waited for.)
             self.announced_by = self._opened + REANNOUNCE_SECONDS + RETRY_SECONDS * 10
         self.send_end()
+        while self._end_pending:
+            if time.monotonic() >= deadline:
+                raise self._untold(seconds).add_context(where=where)
+            await self._wait()
+            self.drain()
+            self.send_end(list(self._end_pending))
 
     def send_end(self, peers: list[bytes] | None = None) -> None:
         """Tell ``peers`` (default: every receiver known) that the stream ended at
@@ -253,11 +282,9 @@ class Peers:
             return
         rank, refused = ready.rank, self._misfit(ready)
         if refused:
-            self.refused[peer] = refused
-            self.forget(peer)
-            with contextlib.suppress(zmq.ZMQError):
-                self.socket.send_multipart([peer, *refuse_packet(refused)], zmq.NOBLOCK)
+            self._refuse(peer, refused)
             return
+        self._minor[peer] = ready.minor  # its protocol's
         self.refused.pop(peer, None)
         if self.end is not None:
             self.send_end([peer])
@@ -269,6 +296,21 @@ class Peers:
                 self.forget(old)  # a restarted receiver replaces the old one
             self._rank_peer[rank] = peer
 
+    def carry_parts(self) -> None:
+        """Note that a step filled part by part is being sent: refuse the receivers that
+        cannot read one (protocol 2.0, which would take a part for a whole step), those
+        known now and any that announce themselves later."""
+        if not self.parts:
+            self.parts = True
+            for peer in [p for p in self._live if self._minor.get(p, 0) < 1]:
+                self._refuse(peer, _NO_PARTS)
+
+    def _refuse(self, peer: bytes, why: str) -> None:
+        self.refused[peer] = why
+        self.forget(peer)
+        with contextlib.suppress(zmq.ZMQError):
+            self.socket.send_multipart([peer, *refuse_packet(why)], zmq.NOBLOCK)
+
     def _misfit(self, ready: Ready) -> str:
         """Why a receiver that announced ``ready`` cannot be served, or ``""``: it
         expects the other pattern, or (naming none) asks a ``shared`` sender for a rank
@@ -278,6 +320,8 @@ class Peers:
                 f"this receiver expects the {ready.pattern!r} pattern, but the sender "
                 f"uses the {self.pattern!r} pattern (storage option 'pattern')"
             )
+        if self.parts and ready.minor < 1:
+            return _NO_PARTS
         if self.pattern == "shared" and ready.pattern is None and ready.rank:
             return (
                 f"this receiver asked for rank {ready.rank}, but the sender deals each "
@@ -323,6 +367,23 @@ class Peers:
         return TransportError(
             f"the receiver of rank {rank} disconnected; it will get a StepGapError for "
             "this step when it reconnects"
+        )
+
+    def _untold(self, seconds: float) -> TransportError:
+        if self.pattern == "ranks":
+            ranks = sorted(r for r, peer in self._rank_peer.items() if peer in self._end_pending)
+            names = ", ".join(map(str, ranks))
+            whom = (
+                f"the receivers of ranks {names}"
+                if len(ranks) > 1
+                else f"the receiver of rank {names}"
+            )
+        else:
+            whom = f"{len(self._end_pending)} of the consumers"
+        return TransportError(
+            f"the end of the stream (step {self.end}) could not be sent to {whom}: its "
+            f"queue stayed full (it read nothing) for linger={seconds} s; closing the "
+            "sender tries again for as long"
         )
 
     def _timed_out(self, ranks: list[int]) -> TransportError:

@@ -1,22 +1,12 @@
 """The packets, exactly as docs/format.md ("ZeroMQ messages") specifies them.
 
-A *packet* is one multipart ZeroMQ message. A message (one rank's frame of one step)
-travels as one or more *data packets*, then a *seal* packet. Each data packet is:
-
-part 0
-    the prelude (:data:`MAGIC`, then the major and minor :data:`VERSION` as little-endian
-    u16), then the :class:`Head`, a msgpack array; :func:`first_part` builds it
-part 1 …
-    the next segments of the frame, in order, unpadded: the codec header (segment 0) is
-    the first part of data packet 0, then the out-of-band buffers (segments 1 …)
-
-The seal (:func:`seal_packet`) carries the checksums of every segment. Splitting a message
-lets both sides hash while ZeroMQ moves the bytes: ZeroMQ starts sending a packet only
-once its last part is queued, and hands it to the reader only whole.
-
-Control packets are a kind and a body: ``ready``, ``ack`` and ``bye`` go from a receiver
-to the sender, ``ping`` (a single part), ``seal``, ``abort``, ``end`` and ``refuse`` from
-a sender to a receiver.
+A *packet* is one multipart ZeroMQ message. A message (one rank's frame of one step, one
+part of a step filled part by part, or such a step's seal) travels as one or more *data
+packets* (part 0: the prelude then the :class:`Head`, built by :func:`first_part`; parts
+1 …: the message's next segments, unpadded), then a *seal* packet carrying the checksums
+of every segment (:func:`seal_packet`). Control packets are a kind and a body: ``ready``,
+``ack`` and ``bye`` go from a receiver to the sender, ``ping`` (a single part), ``seal``,
+``abort``, ``end`` and ``refuse`` from a sender to a receiver.
 
 This module builds and checks those parts and touches no socket. What it writes is the
 wire format: a change here is a change of docs/format.md, and of :data:`VERSION`.
@@ -40,12 +30,15 @@ __all__ = [
     "BYE",
     "END",
     "MAGIC",
+    "PART",
     "PING",
     "READY",
     "REANNOUNCE_SECONDS",
     "REFUSE",
     "SEAL",
+    "STEP_SEAL",
     "VERSION",
+    "WHOLE",
     "Head",
     "Ready",
     "Seal",
@@ -71,20 +64,18 @@ __all__ = [
 
 MAGIC = b"RLWZ"
 #: (major, minor): a reader refuses a major version it does not know.
-VERSION = (2, 0)
+VERSION = (2, 1)
 _PRELUDE = struct.Struct("<4sHH")
 _PRELUDE_BYTES = _PRELUDE.pack(MAGIC, *VERSION)
 
-#: Receiver -> sender, body ``[major version, rank]``: sent on connecting, and again after
-#: :data:`REANNOUNCE_SECONDS` without news, so that a sender that restarted learns who
-#: is there.
+#: Receiver -> sender, body :class:`Ready`: sent on connecting, and again after
+#: :data:`REANNOUNCE_SECONDS` without news, so that a restarted sender learns who is there.
 READY = b"ready"
 #: Receiver -> sender, body: the session and ``seq`` of the last message read.
 ACK = b"ack"
 #: Receiver -> sender, empty body: the receiver is closing.
 BYE = b"bye"
-#: Sender -> receiver, a single part, ignored: a closing sender finds vanished receivers
-#: by the sends that fail.
+#: Sender -> receiver, a single part, ignored: finds receivers that vanished.
 PING = b"ping"
 #: Sender -> receiver, body: the end step (u64 LE): the sender finished the stream, and
 #: no step at or after it will come.
@@ -125,6 +116,10 @@ class Head(msgspec.Struct, array_like=True, frozen=True):
         segments: how many segments the message has (the header and the buffers).
         index: this data packet's place among the message's, from 0.
         count: how many data packets the message has.
+        kind: since 2.1: :data:`WHOLE`, :data:`PART` or :data:`STEP_SEAL`.
+        part: since 2.1, of a part: its index among its rank's parts of the step.
+        key: since 2.1, of a part: its producer's key.
+        cost: since 2.1, of a part: its cost.
     """
 
     session: bytes
@@ -140,6 +135,15 @@ class Head(msgspec.Struct, array_like=True, frozen=True):
     segments: int
     index: int
     count: int
+    kind: int = 0
+    part: int = 0
+    key: str | int | None = None
+    cost: float = 0.0
+
+
+#: A head's ``kind`` (2.1): a step's whole message for a rank, a part of a step filled part
+#: by part, or the seal closing such a step (one segment: msgpack ``[keys, costs]``).
+WHOLE, PART, STEP_SEAL = 0, 1, 2
 
 
 class Seal(msgspec.Struct, frozen=True):
@@ -152,12 +156,14 @@ class Seal(msgspec.Struct, frozen=True):
 
 
 class Ready(msgspec.Struct, array_like=True, frozen=True):
-    """The body of a ``ready`` packet: the receiver's major version, its rank and, if it
-    named one, the pattern it expects (a third item, which a 2.0 sender ignores)."""
+    """The body of a ``ready`` packet: the receiver's major version, its rank, the
+    pattern it expects (or nil), and since 2.1 its minor version (a 2.0 sender ignores
+    it; a receiver that sends none is taken for 2.0, which carries no parts)."""
 
     major: int
     rank: int
     pattern: str | None = None
+    minor: int = 0
 
 
 _head_encoder = msgspec.msgpack.Encoder()
@@ -191,9 +197,10 @@ def make_head(
 
 def first_part(head: Head, *, seq: int, index: int, count: int) -> bytes:
     """Part 0 of data packet ``index`` of ``count``, of message ``seq`` of its session to
-    one receiver: the prelude, then ``head``."""
-    head = msgspec.structs.replace(head, seq=seq, index=index, count=count)
-    return _PRELUDE_BYTES + _head_encoder.encode(head)
+    one receiver: the prelude, then ``head`` (a whole step's without the fields of 2.1)."""
+    values = msgspec.structs.astuple(head)
+    values = (*values[:1], seq, *values[2:11], index, count, *(values[13:] if head.kind else ()))
+    return _PRELUDE_BYTES + _head_encoder.encode(values)
 
 
 def seal_packet(session: bytes, seq: int, checksums: bytes) -> list[bytes]:
@@ -326,14 +333,13 @@ def frame_of(head: Head, segments: Sequence[memoryview], *, where: str) -> Frame
 
 def ready_packet(rank: int, pattern: str | None = None) -> list[bytes]:
     """The ``ready`` packet of a receiver of ``rank`` that expects ``pattern`` (``None``:
-    it named none, and the body is the two items of version 2.0).
+    it named none): ``[major, rank, pattern or nil, minor]``.
 
     Example:
         >>> ready_packet(2), ready_packet(0, "shared")
-        ([b'ready', b'\\x92\\x02\\x02'], [b'ready', b'\\x93\\x02\\x00\\xa6shared'])
+        ([b'ready', b'\\x94\\x02\\x02\\xc0\\x01'], [b'ready', b'\\x94\\x02\\x00\\xa6shared\\x01'])
     """
-    body: list[object] = [VERSION[0], rank] if pattern is None else [VERSION[0], rank, pattern]
-    return [READY, msgspec.msgpack.encode(body)]
+    return [READY, msgspec.msgpack.encode([VERSION[0], rank, pattern, VERSION[1]])]
 
 
 def parse_ready(body: bytes) -> Ready | None:
@@ -342,7 +348,7 @@ def parse_ready(body: bytes) -> Ready | None:
 
     Example:
         >>> parse_ready(ready_packet(2)[1]), parse_ready(b"\\x92\\x09\\x02")  # version 9
-        (Ready(major=2, rank=2, pattern=None), None)
+        (Ready(major=2, rank=2, pattern=None, minor=1), None)
     """
     try:
         ready = _ready_decoder.decode(body)

@@ -5,19 +5,17 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import anyio
-import anyio.lowlevel
-import numpy as np
 import zmq
-from anyio import CapacityLimiter, to_thread
+from anyio import CapacityLimiter
 
 from rlwire._core.args import check_int, check_positive
 from rlwire._core.errors import ConfigError, RlwireError, TransportError, transport_error
-from rlwire._core.slicing import Sliced, SliceTimer
-from rlwire._frame.checksums import segment_digests
+from rlwire._core.slicing import Sliced
+from rlwire._frame.checksums import CHECKSUM
+from rlwire._frame.frame import Frame
 from rlwire._frame.pieces import Pieces
 from rlwire.transport._base import (
     OnExisting,
@@ -29,12 +27,20 @@ from rlwire.transport._base import (
     reject_unknown,
     take_frame,
 )
+from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
+from rlwire.transport.zmq._parts import (
+    SentParts,
+    encode_seal,
+    part_head,
+    refuse_shared,
+    seal_head,
+)
 from rlwire.transport.zmq._peers import Pattern, Peers
-from rlwire.transport.zmq._protocol import Head, first_part, make_head, seal_packet
+from rlwire.transport.zmq._protocol import WHOLE, Head, make_head
+from rlwire.transport.zmq._sending import Message, cut, send_message
 from rlwire.transport.zmq._sockets import (
     Context,
-    Socket,
     curve_server_keys,
     endpoint,
     ensure_ipc_free,
@@ -50,19 +56,13 @@ __all__ = ["ZmqSink"]
 PACKET_BYTES = 32 << 20
 
 
-@dataclass
-class _Message:
-    """One rank's frame, as the data packets it is sent as."""
-
-    head: Head
-    segments: list[bytes | memoryview | Pieces]  # the header, then the buffers
-    bounds: list[tuple[int, int]]  # the segments each data packet carries
-
-
 class _ZmqStaged(Staged):
-    def __init__(self, sink: ZmqSink, messages: list[_Message]) -> None:
+    def __init__(
+        self, sink: ZmqSink, messages: list[Message], part: tuple[int, PartInfo] | None = None
+    ) -> None:
         self.sink = sink
         self.messages = messages
+        self.part = part  # (step, part) of a part's message, recorded once it may be visible
 
     async def acommit(self, limiter: CapacityLimiter) -> None:
         try:
@@ -70,9 +70,15 @@ class _ZmqStaged(Staged):
         except RlwireError as exc:
             exc.add_context(where=self.sink.endpoint)
             raise
+        finally:
+            if self.part is not None and self.visible:
+                self.sink._sent_parts.sent(*self.part)
 
     def discard(self) -> None:
         self.messages = []  # nothing reached the socket
+
+    def seen(self) -> None:
+        self.visible = True  # a message's data packets are all sent: a receiver may have it
 
 
 class ZmqSink(Sink):
@@ -102,8 +108,8 @@ class ZmqSink(Sink):
         seconds a send waits for a receiver that has not announced itself (default:
         no limit) before raising TransportError.
     ``linger``
-        seconds closing a sender waits for receivers still connected that have not read
-        everything sent to them (default 30).
+        seconds ``finish`` waits for room for the end, and closing a sender for what
+        receivers still connected have not read (default 30).
     ``curve_secret_key`` / ``curve_public_key``
         the sender's CURVE key pair (Z85, from :func:`zmq.curve_keypair`): encrypt
         everything, and accept only receivers that know the public key.
@@ -113,7 +119,8 @@ class ZmqSink(Sink):
     Raises:
         ConfigError: a malformed URL or storage option.
         TransportError: the address cannot be bound; a receiver disconnected while it
-            was being sent to; no receiver announced itself within ``ready_timeout``.
+            was being sent to; no receiver announced itself within ``ready_timeout``, or
+            made room for the end within ``linger``.
 
     Example:
         >>> from rlwire.abc import SinkOptions
@@ -135,7 +142,8 @@ class ZmqSink(Sink):
         "curve_clients",
     )
 
-    gathers = True  # a Pieces buffer is joined per data packet (see _joined)
+    gathers = True  # a Pieces buffer is joined per data packet (see joined)
+    stores_parts = True  # the "ranks" pattern carries them (docs/format.md, 2.1)
 
     def __init__(  # noqa: PLR0913 (its storage options, one each; from_url parses them)
         self,
@@ -167,6 +175,7 @@ class ZmqSink(Sink):
         self._auth: Any = None
         self._peers: Peers | None = None  # holds the socket while the sink is open
         self._session = os.urandom(8)
+        self._sent_parts = SentParts()
 
     def __repr__(self) -> str:
         return f"ZmqSink({self.endpoint!r}, pattern={self.pattern!r})"
@@ -254,19 +263,74 @@ class ZmqSink(Sink):
                 shared=self.pattern == "shared",
                 checksum=self.checksum,
             )
-            segments = [frame.header, *frame.buffers]
-            messages.append(_Message(head, segments, _cut(segments, self.message_bytes)))
+            messages.append(self._message(head, [frame.header, *frame.buffers]))
         return _ZmqStaged(self, messages)
+
+    def _message(self, head: Head, segments: list[bytes | memoryview | Pieces]) -> Message:
+        return Message(head, segments, cut(segments, self.message_bytes))
+
+    def committed_parts(self, step: int) -> list[PartInfo]:
+        # Nothing is stored: a sender in a new process knows no part of an earlier one,
+        # as open() starts every on_existing afresh; the same sender opening the step
+        # again (after an error) learns the parts it sent itself.
+        refuse_shared(self.pattern, where=self.endpoint)
+        return self._sent_parts.open(step)
+
+    def stage_part(self, step: int, part: PartInfo, frame: Frame | Sliced[Frame]) -> Sliced[Any]:
+        refuse_shared(self.pattern, where=self.endpoint)
+        got = yield from take_frame(frame)
+        head = make_head(
+            got,
+            session=self._session,
+            step=step,
+            rank=part.rank,
+            shared=False,
+            checksum=self.checksum,
+        )
+        message = self._message(part_head(head, part), [got.header, *got.buffers])
+        return _ZmqStaged(self, [message], (step, part))
+
+    def seal(self, seal: Seal) -> None:
+        raise ConfigError(
+            "a ZeroMQ sink sends a seal from the sender's task (aseal), never from a thread",
+            where=self.endpoint,
+        )
+
+    async def aseal(self, seal: Seal, limiter: CapacityLimiter) -> None:
+        """Send ``seal`` to the receiver of every rank of its step (but those sent it by
+        an earlier try), once each is there, as a message of its own."""
+        refuse_shared(self.pattern, where=self.endpoint)
+        if self._peers is None:
+            raise TransportError("the sink is not open", where=self.endpoint)
+        await self._peers.await_ranks(seal.ranks)
+        sent, body = self._sent_parts, encode_seal(seal)
+        checksum = CHECKSUM if self.checksum else None
+        for rank in range(seal.ranks):
+            if rank not in sent.sealed_to:
+                head = seal_head(self._session, seal, rank, checksum=checksum)
+                await _ZmqStaged(self, [self._message(head, [body])]).acommit(limiter)
+                sent.sealed_to.add(rank)
+        sent.close(seal.step)
 
     async def _deliver(self, staged: _ZmqStaged, limiter: CapacityLimiter) -> None:
         if self._peers is None:
             raise TransportError("the sink is not open", where=self.endpoint)
         peers = self._peers
+        if any(message.head.kind != WHOLE for message in staged.messages):
+            peers.carry_parts()  # from now on, refuse receivers that cannot read them
         if self.pattern == "ranks":
-            await peers.await_ranks(len(staged.messages))
+            await peers.await_ranks(1 + max(message.head.rank for message in staged.messages))
         trackers: list[zmq.MessageTracker] = []
         for message in staged.messages:
-            await self._send_message(staged, message, trackers, limiter)
+            await send_message(
+                peers,
+                message,
+                trackers,
+                limiter,
+                checksum=self.checksum,
+                where=self.endpoint,
+                on_visible=staged.seen,
+            )
         # The caller's arrays are referenced, not copied: return only once ZeroMQ has
         # let go of them, so they may be reused. A tracker has no descriptor to wait on.
         delay = 0.0005
@@ -275,63 +339,11 @@ class ZmqSink(Sink):
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 0.01)
 
-    async def _send_message(
-        self,
-        staged: _ZmqStaged,
-        message: _Message,
-        trackers: list[zmq.MessageTracker],
-        limiter: CapacityLimiter,
-    ) -> None:
-        """Send ``message``'s data packets, each hashed while ZeroMQ sends it, then its
-        seal. Stopped before the seal (cancelled, or an error), it tells the receiver to
-        drop what it got, and the message's sequence number goes to the next message: a
-        receiver returns a message only once sealed, so the step was not delivered."""
-        assert self._peers is not None
-        peers, rank = self._peers, message.head.rank
-        # Pieces are joined before the routing id is sent: nothing may wait between it
-        # and the rest of the packet.
-        start, stop = message.bounds[0]
-        segments = await _joined(message.segments[start:stop], limiter)
-        peer = await peers.claim(rank)
-        seq = peers.take_seq(peer)
-        digests: list[int] = []
-        try:
-            for index, (start, stop) in enumerate(message.bounds):
-                if index:
-                    segments = await _joined(message.segments[start:stop], limiter)
-                    await peers.claim(rank, peer=peer)
-                # Once the routing id is accepted ZeroMQ takes the rest (its queue limit
-                # counts whole packets), so the packet is delivered whole or not at all.
-                with anyio.CancelScope(shield=True):
-                    first = first_part(
-                        message.head, seq=seq, index=index, count=len(message.bounds)
-                    )
-                    try:
-                        await _send_rest(peers.socket, [first, *segments], trackers)
-                    except zmq.ZMQError as exc:
-                        raise transport_error(
-                            exc, f"send rank {rank}", where=self.endpoint
-                        ) from exc
-                if self.checksum:
-                    views = [memoryview(segment) for segment in segments]
-                    digests += await to_thread.run_sync(segment_digests, views, limiter=limiter)
-            await peers.claim(rank, peer=peer)
-        except BaseException:
-            peers.abort(peer, seq)
-            raise
-        staged.visible = True
-        checksums = np.array(digests, "<u8").tobytes()
-        try:
-            peers.socket.send_multipart(seal_packet(self._session, seq, checksums), zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            raise transport_error(exc, f"send rank {rank}", where=self.endpoint) from exc
-
     async def afinish(self, end: int, limiter: CapacityLimiter) -> None:
         # In the sender's task, like a send: only one thread may use the socket.
         if self._peers is None:
             raise TransportError("the sink is not open", where=self.endpoint)
-        self._peers.drain()
-        self._peers.finish(end)
+        await self._peers.finish(end, self.linger, where=self.endpoint)
 
     def close(self) -> None:
         """Stop sending: wait, up to ``linger`` seconds, until every receiver still
@@ -346,53 +358,3 @@ class ZmqSink(Sink):
         # ZeroMQ's own linger, for what is still queued, within the same deadline.
         remaining = max(0, int((deadline - time.monotonic()) * 1000))
         release(peers.socket, context, auth, linger=remaining)
-
-
-async def _send_rest(
-    sock: Socket, parts: list[bytes | memoryview], trackers: list[zmq.MessageTracker]
-) -> None:
-    """Send ``parts`` after the routing id :meth:`Peers.claim` sent: the first one
-    copied, the others zero-copy with a tracker appended to ``trackers`` while ZeroMQ
-    holds them, in slices short enough to keep the event loop going."""
-    sock.send(parts[0], zmq.SNDMORE | zmq.NOBLOCK)
-    slicer = SliceTimer()
-    last = len(parts) - 1
-    for i, part in enumerate(parts[1:], start=1):
-        flags = zmq.NOBLOCK | (0 if i == last else zmq.SNDMORE)
-        tracker = sock.send(part, flags, copy=False, track=True)
-        if tracker is not None and not tracker.done:
-            trackers.append(tracker)
-        if slicer.due():
-            await anyio.lowlevel.checkpoint()
-            slicer.restart()
-
-
-async def _joined(
-    segments: list[bytes | memoryview | Pieces], limiter: CapacityLimiter
-) -> list[bytes | memoryview]:
-    """The segments of one data packet as ZeroMQ parts: each is one part, so a
-    :class:`~rlwire._frame.pieces.Pieces` is joined into one buffer here. That is a copy
-    (ZeroMQ sends a part from one contiguous block), made in a worker thread, packet by
-    packet, so only the packets in flight hold one; the other segments go zero-copy."""
-    if not any(isinstance(segment, Pieces) for segment in segments):
-        return cast(list[bytes | memoryview], segments)
-
-    def join() -> list[bytes | memoryview]:
-        return [s.joined() if isinstance(s, Pieces) else s for s in segments]
-
-    return await to_thread.run_sync(join, limiter=limiter)
-
-
-def _cut(segments: list[bytes | memoryview | Pieces], limit: int) -> list[tuple[int, int]]:
-    """Where to cut ``segments`` into data packets: runs of whole segments, each closed
-    once it holds ``limit`` bytes or more."""
-    bounds = []
-    start = size = 0
-    for i, segment in enumerate(segments):
-        size += segment.nbytes if isinstance(segment, Pieces) else memoryview(segment).nbytes
-        if size >= limit:
-            bounds.append((start, i + 1))
-            start, size = i + 1, 0
-    if start < len(segments):
-        bounds.append((start, len(segments)))
-    return bounds

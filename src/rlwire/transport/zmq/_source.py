@@ -20,11 +20,16 @@ from rlwire._core.errors import (
 )
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source, SourceOptions, reject_unknown
+from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
 from rlwire.transport.zmq._ordering import Ordering, span
+from rlwire.transport.zmq._parts import StepParts
 from rlwire.transport.zmq._peers import Pattern
 from rlwire.transport.zmq._protocol import (
+    PART,
     REANNOUNCE_SECONDS,
+    STEP_SEAL,
+    WHOLE,
     ack_packet,
     bye_packet,
     frame_of,
@@ -77,23 +82,13 @@ class ZmqSource(Source):
     receive cancelled after taking it off the socket (while decoding it) gets it again,
     as it would a stored step.
 
-    Every message is checked against the next one expected (docs/format.md, "ZeroMQ
-    messages"), and no step is handed out twice:
+    Every message is checked against the next one expected, and no step is handed out
+    twice (docs/format.md, "ZeroMQ messages": a gap raises StepGapError, then the next
+    read goes on after it; a repeat, or a step that goes back, StepOrderError; ``end``
+    ends the stream whichever session sent it).
 
-    - a message after a gap (a sequence number skipped or, in the ``ranks`` pattern, a
-      step after the expected one) raises StepGapError; the next read returns it;
-    - a step below the expected one (in the ``shared`` pattern: not above the last one
-      returned) is never returned. From the session of the messages before it (a
-      repeated or reordered message, a sequence number that goes back) it raises
-      StepOrderError and is discarded, each time. From a new sender session (a sender
-      that restarted from an earlier step) it raises one StepOrderError, and that
-      session's messages below the expected step are then discarded without a word;
-      before any message was returned (a receiver opened with a later ``start_step``)
-      they are discarded without an error;
-    - ``end`` ends the stream whichever session sent it (it carries none): a sender that
-      restarted and finished before sending this receiver anything ended it too. In
-      the ``ranks`` pattern, an end beyond the expected step first raises StepGapError
-      (the steps in between were lost), then EndOfStream.
+    A step filled part by part comes as its rank's parts, then its seal, kept until a
+    read asks for a later step; nothing past the seal is read until then.
 
     Raises:
         ConfigError: CURVE keys that do not go together; an unknown pattern.
@@ -116,6 +111,7 @@ class ZmqSource(Source):
 
     _OPTIONS = ("hwm", "pattern", "curve_server_key", "curve_public_key", "curve_secret_key")
     reads_once = True
+    stores_parts = True  # reads them (docs/format.md, "ZeroMQ messages", 2.1)
 
     def __init__(  # noqa: PLR0913 (its storage options, one each; from_url parses them)
         self,
@@ -168,6 +164,7 @@ class ZmqSource(Source):
         self._ordering = Ordering(endpoint, rank=rank)
         self._reassembly = Reassembly(verify=verify)
         self._pending: tuple[int, Frame] | None = None  # the message after a gap
+        self._parts = StepParts()  # of the step filled part by part being read
         # The message read_next returned last, until the receiver asks for a later step.
         self._handed: tuple[int, Frame] | None = None
         self._end: int | None = None  # the end step, once the sender finished
@@ -191,8 +188,30 @@ class ZmqSource(Source):
         got = self.read_next(step)
         return None if got is None else got[1]
 
+    def read_part(self, step: int, index: int) -> tuple[PartInfo, Frame] | None:
+        with self._lock:
+            self._pump(step)
+            return self._parts.get(step, index)
+
+    def read_seal(self, step: int) -> Seal | None:
+        # Reads nothing: taken here, a seal could overtake parts a reader just missed.
+        with self._lock:
+            return self._parts.seal_of(step)
+
+    def _pump(self, step: int) -> None:
+        """Take what arrived of ``step``'s parts, up to its seal (the lock held); a whole
+        message met on the way is kept for :meth:`read_next`."""
+        self._parts.forget_before(step)
+        handed = self._handed is not None and step <= self._handed[0]
+        if handed or self._pending is not None or self._parts.sealed(step):
+            return
+        if self._monitor is not None and self._socket is not None:
+            check_handshake(self._monitor, where=self.endpoint)
+        self._pending = self._next(step)
+
     def read_next(self, step: int) -> tuple[int, Frame] | None:
         with self._lock:
+            self._parts.forget_before(step)
             handed, self._handed = self._handed, None
             if handed is not None and step <= handed[0]:
                 # The receive that took it was cancelled (it did not move past it): it is
@@ -214,7 +233,7 @@ class ZmqSource(Source):
             raise EndOfStream.at(self._end, where=self.endpoint)
         sock = self._require_socket()
         self._send_ack()
-        while True:
+        while not self._parts.sealed(step):  # what follows a seal is for a later step
             try:
                 parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -250,6 +269,7 @@ class ZmqSource(Source):
             taken = self._take(views, step)
             if taken is not None:
                 return taken
+        return None
 
     def wait(self, timeout: float | None) -> None:
         # Bounded, so that the next read_next re-announces this receiver to a sender
@@ -320,8 +340,10 @@ class ZmqSource(Source):
         self._send_ack()
         try:
             sealed.check(rank=self.rank, shared=self._shared, verify=self.verify, where=where)
+            if head.kind not in (WHOLE, PART, STEP_SEAL) or (head.shared and head.kind):
+                raise CorruptFrameError(f"a message of unknown kind {head.kind}", where=where)
             self._shared = head.shared
-            frame = frame_of(head, segments, where=where)
+            frame = None if head.kind == STEP_SEAL else frame_of(head, segments, where=where)
         except CorruptFrameError as exc:
             # Its sequence number stays unused: the next message reports the loss.
             exc.add_context(step=head.step, rank=self.rank)
@@ -329,14 +351,20 @@ class ZmqSource(Source):
         order = self._ordering.place(head, step)
         if order is None:
             return None
-        if self.writable:
+        if self.writable and frame is not None:
             frame = frame_of(head, [memoryview(bytearray(s)) for s in segments], where=where)
-        got = head.step, frame
+        got = None
+        if frame is None:
+            self._parts.add_seal(head, segments[0], where=where)
+        elif head.kind == PART:
+            self._parts.add_part(head, frame, where=where)
+        else:
+            got = head.step, frame
+            self._pending = got if order else None
         if order:
-            self._pending = got
             raise StepGapError(
                 f"{order}: messages were lost (a sender or receiver restarted, or a send "
-                f"failed); the next receive returns step {head.step}",
+                f"failed); the next receive goes on with step {head.step}",
                 where=self.endpoint,
                 rank=self.rank,
             )

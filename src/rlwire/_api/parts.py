@@ -1,0 +1,293 @@
+"""The receiving side of steps filled part by part: :class:`Part`, what a part decodes
+to for a receiver's type, and ``parts()`` / ``aparts()`` of a receiver.
+
+A part stores a list of samples. A receiver of type ``T`` decodes it as ``T``'s one
+list field (``list[TrainingSample]`` for :class:`~rlwire.TrainingBatch`) and hands it
+over as a ``T`` holding only those samples; a receiver of a list type (or ``Any``,
+``object``, ``list``) hands over the list itself. ``receive()`` of such a step waits for
+its seal and returns one ``T`` holding the samples of all the rank's parts, in commit
+order.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import typing
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from rlwire._core.errors import ClosedError, ConfigError, CorruptFrameError, RlwireError
+from rlwire._core.offload import drive_sliced
+from rlwire._core.slicing import Sliced, run_sliced
+from rlwire._frame.frame import Frame
+from rlwire.transport._base import Source
+from rlwire.transport._parts import Key, PartInfo, Seal
+
+__all__ = ["NOTHING", "Part", "PartsReader", "SealedStep", "part_types", "read_sealed"]
+
+T = TypeVar("T")
+#: What the receiver's core returns while the next step (or part) is not there yet.
+NOTHING: Any = object()
+_NOTHING = NOTHING
+_DONE: Any = object()
+
+
+@dataclass(frozen=True)
+class Part(Generic[T]):
+    """One part of a step, as a receiver's ``parts()`` / ``aparts()`` yield it.
+
+    Attributes:
+        step: the step it belongs to.
+        key: the key its producer put it with; ``None`` for a step sent whole, which
+            ``parts()`` yields as one part.
+        rank: the rank it was assigned to (the receiver's).
+        index: its place among the rank's parts of the step, from 0, in commit order.
+        value: its samples, decoded as the receiver's type: a ``TrainingBatch`` holding
+            the part's samples for the default type (see :func:`part_types`).
+
+    Example:
+        >>> import rlwire
+        >>> rlwire.Part(step=0, key="g0", rank=0, index=0, value=[]).key
+        'g0'
+    """
+
+    step: int
+    key: Key | None
+    rank: int
+    index: int
+    value: T
+
+
+@dataclass(frozen=True)
+class SealedStep:
+    """A sealed step's parts for one rank, read and not yet decoded."""
+
+    seal: Seal
+    parts: list[tuple[PartInfo, Frame]]
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the parts' frames."""
+        return sum(frame.nbytes for _, frame in self.parts)
+
+
+def part_types(type_: Any) -> tuple[Any, Callable[[Any], Any]]:
+    """What a part decodes to for a receiver of ``type_``, and what makes a value of
+    ``type_`` of the decoded samples.
+
+    A msgspec Struct with exactly one ``list[...]`` field, every other field having a
+    default, is filled through that field; a list type is itself; ``Any``, ``object``
+    and ``list`` decode plain lists.
+
+    Raises:
+        ConfigError: ``type_`` is none of these.
+
+    Example:
+        >>> import rlwire
+        >>> decode_as, make = part_types(rlwire.TrainingBatch)
+        >>> decode_as, make([]).samples
+        (list[rlwire.TrainingSample], [])
+    """
+    if type_ in (Any, object, list):
+        return list, _same
+    if typing.get_origin(type_) is list:
+        return type_, _same
+    if isinstance(type_, type) and issubclass(type_, msgspec.Struct):
+        hints = typing.get_type_hints(type_)
+        info = msgspec.structs.fields(type_)
+        lists = [f.name for f in info if typing.get_origin(hints[f.name]) is list]
+        required = [f.name for f in info if f.required]
+        if len(lists) == 1 and set(required) <= set(lists):
+            name = lists[0]
+            return hints[name], lambda samples: type_(**{name: samples})
+    raise ConfigError(
+        f"a step filled part by part holds lists of samples: a receiver's type must be a "
+        f"list type, Any, or a msgspec Struct with one list field whose other fields have "
+        f"defaults; {type_!r} is none of these"
+    )
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def read_sealed(source: Source, step: int, rank: int) -> tuple[int, SealedStep] | None:
+    """``step`` of ``source`` for ``rank`` if it was filled part by part and is sealed:
+    its seal and every part it lists for the rank, in order; else ``None``.
+
+    Raises:
+        CorruptFrameError: a part the seal lists is missing or is not the one listed.
+    """
+    seal = source.read_seal(step)
+    if seal is None:
+        return None
+    keys = seal.keys[rank] if rank < seal.ranks else ()
+    parts = []
+    for index, key in enumerate(keys):
+        got = source.read_part(step, index)
+        if got is None or got[0].key != key:
+            found = "missing" if got is None else f"holds key {got[0].key!r}"
+            raise CorruptFrameError(
+                f"part {index} of rank {rank} is {found}; the seal lists key {key!r}",
+                where=source.describe(step),
+            )
+        parts.append(got)
+    return step, SealedStep(seal, parts)
+
+
+class PartsReader(Generic[T]):
+    """The ``parts()`` and ``aparts()`` of :class:`~rlwire.TrainingBatchReceiver`,
+    over the receiver's core."""
+
+    _source: Source
+    _rank: int | None
+    _type: Any
+    _mutex: threading.Lock
+    _next_step: int
+    _step: int | None
+    _peeked: Any
+    _limiter: Any
+    _as_columns: bool
+    _closed: bool
+    _part_next: int = 0  # the next part of the next step to yield
+
+    # The receiver's core, which it defines.
+    def _take(self, started: float, as_columns: bool | None = None) -> Sliced[Any]:
+        raise NotImplementedError
+
+    def _decode(
+        self, frame: Frame | SealedStep, seconds: dict[str, float], as_columns: bool, type_: Any
+    ) -> Sliced[Any]:
+        raise NotImplementedError
+
+    def _check(self, obj: Any, step: int) -> Sliced[None]:
+        raise NotImplementedError
+
+    def _left(self, deadline: float | None, timeout: float | None) -> float | None:
+        raise NotImplementedError
+
+    def parts(
+        self, timeout: float | None = None, *, as_columns: bool | None = None
+    ) -> Iterator[Part[T]]:
+        """Yield this rank's parts of the next step as each becomes visible, in commit
+        order, and end at the step's seal; the receiver then moves to the step after.
+        A step sent whole is yielded as one part (``key`` ``None``). A later call goes on
+        where an interrupted one stopped (after an error, or a ``break``).
+
+        Visible parts are found as steps are: by polling at the receiver's
+        ``poll_interval`` on files and object stores (which back off up to a second
+        while nothing arrives); on ``ray://`` the board wakes the receiver.
+
+        Raises:
+            ReceiveTimeout: ``timeout`` seconds passed waiting for the next part.
+            EndOfStream: the sender finished before the step.
+            ConfigError: the receiver's type cannot hold a part (:func:`part_types`).
+            RlwireError: the others of ``receive`` (``CorruptFrameError``,
+                ``DecodeError``, ``SchemaError``, ``TransportError``, ...).
+
+        Example:
+            >>> import anyio, rlwire, tempfile
+            >>> path = tempfile.mkdtemp()
+            >>> async def produce() -> None:
+            ...     async with rlwire.open_sender(path) as sender:
+            ...         async with sender.open_step() as writer:
+            ...             await writer.put([], key="a")
+            ...             await writer.put([], key="b")
+            >>> anyio.run(produce)
+            >>> with rlwire.open_receiver(path) as receiver:
+            ...     [part.key for part in receiver.parts(timeout=5)]
+            ['a', 'b']
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            got = run_sliced(self._take_part(as_columns))
+            if got is _DONE:
+                return
+            if got is _NOTHING:
+                self._source.wait(self._left(deadline, timeout))
+                continue
+            yield got
+            if got.key is None:
+                return
+
+    async def aparts(
+        self, timeout: float | None = None, *, as_columns: bool | None = None
+    ) -> AsyncIterator[Part[T]]:
+        """:meth:`parts` without blocking the event loop: reads and decoding run in
+        worker threads."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            got = await drive_sliced(self._take_part(as_columns), self._limiter)
+            if got is _DONE:
+                return
+            if got is _NOTHING:
+                await self._source.await_message(self._left(deadline, timeout))
+                continue
+            yield got
+            if got.key is None:
+                return
+
+    def _take_part(self, as_columns: bool | None) -> Sliced[Any]:
+        """The next part of the next step, ``_NOTHING`` if it is not there yet, or
+        ``_DONE`` once the step's parts are all yielded (the receiver moves on)."""
+        if self._closed:
+            raise ClosedError(f"{self!r} is closed")
+        step, rank = self._next_step, self._rank or 0
+        if isinstance(self._peeked, tuple) and isinstance(self._peeked[1], SealedStep):
+            self._peeked = None  # read by wait_next() to be joined: read part by part instead
+        if self._source.stores_parts:
+            with self._mutex:
+                got = self._source.read_part(step, self._part_next)
+                if got is not None:
+                    info, frame = got
+                    decode_as, make = part_types(self._type)
+                    seconds = {"decompress": 0.0, "decode": 0.0}
+                    try:
+                        columns = self._as_columns if as_columns is None else as_columns
+                        samples = yield from self._decode(frame, seconds, columns, decode_as)
+                        value = make(samples)
+                        yield from self._check(value, step)
+                    except RlwireError as exc:
+                        exc.add_context(where=self._source.describe(step), step=step, rank=rank)
+                        raise
+                    self._part_next += 1
+                    return Part(step, info.key, info.rank, info.index, value)
+                seal = self._source.read_seal(step)
+                if seal is not None:
+                    count = len(seal.keys[rank]) if rank < seal.ranks else 0
+                    if self._part_next >= count:
+                        self._step, self._next_step, self._part_next = step, step + 1, 0
+                        return _DONE
+                    raise CorruptFrameError(
+                        f"part {self._part_next} of rank {rank} is missing; the seal lists "
+                        f"{count} parts",
+                        where=self._source.describe(step),
+                    )
+                if self._part_next:
+                    return _NOTHING
+        if self._part_next:
+            return _NOTHING
+        whole = yield from self._take(time.perf_counter(), as_columns)
+        if whole is _NOTHING:
+            return _NOTHING
+        return Part(step, None, rank, 0, whole)
+
+    def _decode_sealed(
+        self, sealed: SealedStep, seconds: dict[str, float], as_columns: bool
+    ) -> Sliced[Any]:
+        """The receiver's object of a sealed step: its parts' samples, joined."""
+        decode_as, make = part_types(self._type)
+        if as_columns and len(sealed.parts) > 1:
+            raise ConfigError(
+                f"as_columns: a step filled in {len(sealed.parts)} parts cannot be returned "
+                "as one Columns yet; read its parts with parts(as_columns=True)"
+            )
+        samples: Any = []
+        for _, frame in sealed.parts:
+            got = yield from self._decode(frame, seconds, as_columns, decode_as)
+            samples = got if as_columns else [*samples, *got]
+        return make(samples)

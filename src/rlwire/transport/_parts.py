@@ -1,0 +1,163 @@
+"""What a step filled part by part is to a sink and a source: a part's place and key
+(:class:`PartInfo`) and the seal that closes the step (:class:`Seal`).
+
+A part is one message of a step, for one rank, committed on its own; its ``key``
+(given by the producer) is unique within the step, and its ``index`` is its place among
+its rank's parts, in commit order (0, 1, ...). The seal is written last and lists, for
+every rank, the keys of its parts in that order, so a reader knows how many to wait for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Union
+
+import anyio
+from anyio import CapacityLimiter, to_thread
+
+from rlwire._core.errors import ConfigError
+from rlwire._core.slicing import Sliced
+from rlwire._frame.frame import Frame
+
+__all__ = ["MAX_KEY_LENGTH", "Key", "PartInfo", "PartsSink", "PartsSource", "Seal", "check_key"]
+
+#: What a producer names a part by: a string or an integer, unique within its step.
+Key = Union[str, int]  # noqa: UP007 (a runtime alias, also used with isinstance)
+
+#: The longest string key, in characters.
+MAX_KEY_LENGTH = 1024
+_INT_RANGE = (-(1 << 63), (1 << 64) - 1)  # what msgpack carries
+
+
+def check_key(key: object) -> Key:
+    """``key`` if it can name a part, else ConfigError.
+
+    Example:
+        >>> check_key("group-7"), check_key(7)
+        ('group-7', 7)
+    """
+    if isinstance(key, str) and 0 < len(key) <= MAX_KEY_LENGTH:
+        return key
+    if isinstance(key, int) and not isinstance(key, bool) and _INT_RANGE[0] <= key <= _INT_RANGE[1]:
+        return key
+    raise ConfigError(
+        f"a part's key must be a non-empty string of at most {MAX_KEY_LENGTH} characters or "
+        f"an integer that fits 64 bits, got {key!r}"
+    )
+
+
+@dataclass(frozen=True)
+class PartInfo:
+    """A committed part as the store records it beside its message.
+
+    Attributes:
+        rank: the rank it is for.
+        index: its place among the rank's parts of the step, from 0, in commit order.
+        key: the producer's key, unique within the step.
+        cost: what it weighed when it was assigned (tokens, by default).
+    """
+
+    rank: int
+    index: int
+    key: Key
+    cost: float
+
+
+@dataclass(frozen=True)
+class Seal:
+    """The record that closes a step filled part by part.
+
+    Attributes:
+        step: the step.
+        keys: for each rank, the keys of its parts in commit order (the final
+            assignment); a rank with no parts has an empty tuple.
+        costs: for each rank, the cost of each of its parts, in the same order.
+    """
+
+    step: int
+    keys: tuple[tuple[Key, ...], ...]
+    costs: tuple[tuple[float, ...], ...]
+
+    @property
+    def ranks(self) -> int:
+        """How many ranks the step was assigned to."""
+        return len(self.keys)
+
+
+class PartsSink:
+    """What a :class:`~rlwire.abc.Sink` offers for steps filled part by part; by
+    default, nothing (:attr:`stores_parts` is False, and every method raises
+    ConfigError naming the sink). The stored sinks (files, fsspec) and ``ray://`` store
+    parts."""
+
+    #: The sink can store a step part by part; a sender refuses ``open_step`` on any other.
+    stores_parts: ClassVar[bool] = False
+
+    def committed_parts(self, step: int) -> list[PartInfo]:
+        """The parts of ``step`` committed so far, in any order: what a producer that
+        opens the step again (after a crash, ``on_existing="resume"``) must not put
+        again. Removes what a killed commit of a part left behind.
+
+        Raises:
+            CorruptFrameError: a stored part is garbled.
+            StepExistsError: the step is sealed already, or was sent whole.
+            TransportError: the destination cannot be read.
+            ConfigError: the sink cannot store parts (the default).
+        """
+        raise ConfigError(f"{type(self).__name__} cannot store a step part by part")
+
+    def stage_part(self, step: int, part: PartInfo, frame: Frame | Sliced[Frame]) -> Sliced[Any]:
+        """Write one part of ``step`` where readers cannot see it yet, as ``stage``
+        writes a rank's message (``frame`` as there, taken with ``take_frame``), and
+        return its :class:`~rlwire.abc.Staged`: committing it makes the part visible.
+
+        Raises:
+            StepExistsError: a part with the same rank and index exists.
+            TransportError: the destination cannot be written.
+            ConfigError: the sink cannot store parts (the default).
+        """
+        raise ConfigError(f"{type(self).__name__} cannot store a step part by part")
+
+    def seal(self, seal: Seal) -> None:
+        """Close a step filled part by part: write ``seal`` whole, after every part it
+        lists is committed.
+
+        Raises:
+            StepExistsError: the step is sealed already.
+            TransportError: the seal cannot be written.
+            ConfigError: the sink cannot store parts (the default).
+        """
+        raise ConfigError(f"{type(self).__name__} cannot store a step part by part")
+
+    async def aseal(self, seal: Seal, limiter: CapacityLimiter) -> None:
+        """:meth:`seal` in a worker thread, shielded."""
+        with anyio.CancelScope(shield=True):
+            await to_thread.run_sync(self.seal, seal, limiter=limiter)
+
+
+class PartsSource:
+    """What a :class:`~rlwire.abc.Source` offers for steps filled part by part; by
+    default, nothing: :attr:`stores_parts` is False and :meth:`read_seal` finds none."""
+
+    #: The source reads steps filled part by part.
+    stores_parts: ClassVar[bool] = False
+
+    def read_part(self, step: int, index: int) -> tuple[PartInfo, Frame] | None:
+        """This rank's part ``index`` of ``step`` (its place in commit order, from 0) if
+        it is visible, else ``None``; never blocks.
+
+        Raises:
+            CorruptFrameError: the stored part is truncated or garbled.
+            ConfigError: the source cannot read parts (the default).
+        """
+        raise ConfigError(f"{type(self).__name__} cannot read a step part by part")
+
+    def read_seal(self, step: int) -> Seal | None:
+        """The seal of ``step`` if it was filled part by part and is sealed, else
+        ``None`` (always, for a source that cannot read parts).
+
+        Raises:
+            CorruptFrameError: the seal is garbled.
+        """
+        del step
+        return None

@@ -1,0 +1,228 @@
+"""The files of a step filled part by part (docs/format.md): each part is a message in
+the usual layout whose envelope also records its index, key and cost, and the seal that
+closes the step is a small checksummed msgpack object, written whole and last.
+
+The seal is::
+
+    magic "RLWS" (4) | major u16 | minor u16 | body length u32 | body xxh3-64 u64 | body
+
+and its body a msgpack map: ``step`` (int), ``keys`` (for each rank, the keys of its
+parts in commit order) and ``costs`` (for each rank, each part's cost, in that order).
+
+Example:
+    >>> from rlwire.transport._parts import Seal
+    >>> seal = Seal(step=3, keys=(("a", "c"), ("b",)), costs=((5.0, 1.0), (4.0,)))
+    >>> parse_seal(seal_bytes(seal), step=3, where="doc") == seal
+    True
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable
+
+import msgspec
+import xxhash
+
+from rlwire._core.errors import CorruptFrameError
+from rlwire._frame.frame import Frame
+from rlwire.transport._parts import MAX_KEY_LENGTH, Key, PartInfo, Seal
+from rlwire.transport._stored.layout import (
+    _PRELUDE,
+    MAX_ENVELOPE,
+    PARTS_VERSION,
+    _envelope,
+    _parse,
+    _PartEnvelope,
+)
+from rlwire.transport._stored.marks import MAX_MARK_BYTES
+from rlwire.transport._stored.names import STEP_PART_RE
+from rlwire.transport._stored.table import check_magic
+
+__all__ = [
+    "SEAL_MAGIC",
+    "parse_part",
+    "parse_seal",
+    "part_files",
+    "part_of",
+    "read_parts",
+    "seal_bytes",
+]
+
+SEAL_MAGIC = b"RLWS"
+_SEAL_PRELUDE = struct.Struct("<4sHHIQ")
+#: The largest seal body a reader accepts (a million parts with keys of 50 bytes).
+MAX_SEAL_BYTES = 64 << 20
+
+
+class _SealBody(msgspec.Struct, omit_defaults=True):
+    step: int
+    keys: list[list[str | int]]
+    costs: list[list[float]]
+
+
+_seal_encoder = msgspec.msgpack.Encoder()
+_seal_decoder = msgspec.msgpack.Decoder(_SealBody)
+
+
+def seal_bytes(seal: Seal) -> bytes:
+    """The bytes of ``seal``, as stored."""
+    body = _seal_encoder.encode(
+        _SealBody(
+            step=seal.step,
+            keys=[list(keys) for keys in seal.keys],
+            costs=[[float(c) for c in costs] for costs in seal.costs],
+        )
+    )
+    prelude = _SEAL_PRELUDE.pack(
+        SEAL_MAGIC, *PARTS_VERSION, len(body), xxhash.xxh3_64_intdigest(body)
+    )
+    return prelude + body
+
+
+def parse_seal(data: memoryview | bytes | bytearray, *, step: int, where: str) -> Seal:
+    """The seal stored as ``data``, checked: its prelude, checksum and body, that it is
+    the seal of ``step``, that every rank has one cost per key, and that no key repeats.
+
+    Raises:
+        CorruptFrameError: ``data`` is not such a seal.
+        UnsupportedVersionError: a major version this reader does not know.
+    """
+    view = memoryview(data)
+    if view.nbytes < _SEAL_PRELUDE.size:
+        raise CorruptFrameError(f"a seal of {view.nbytes} bytes is truncated", where=where)
+    magic, major, _minor, size, digest = _SEAL_PRELUDE.unpack_from(view)
+    check_magic(magic, major, expected=SEAL_MAGIC, known=PARTS_VERSION[0], what="seal", where=where)
+    body = view[_SEAL_PRELUDE.size :]
+    if size != body.nbytes or size > MAX_SEAL_BYTES:
+        raise CorruptFrameError(
+            f"the seal says its body is {size} bytes, found {body.nbytes}", where=where
+        )
+    if xxhash.xxh3_64_intdigest(body) != digest:
+        raise CorruptFrameError("the seal does not match its checksum", where=where)
+    try:
+        got = _seal_decoder.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise CorruptFrameError(f"malformed seal: {exc}", where=where) from exc
+    if got.step != step:
+        raise CorruptFrameError(f"the seal of step {got.step}, expected {step}", where=where)
+    if len(got.keys) != len(got.costs) or any(
+        len(k) != len(c) for k, c in zip(got.keys, got.costs, strict=True)
+    ):
+        raise CorruptFrameError("the seal's keys and costs disagree in length", where=where)
+    keys: list[Key] = [key for rank in got.keys for key in rank]
+    if len(set(map(_typed, keys))) != len(keys) or any(
+        isinstance(k, str) and not 0 < len(k) <= MAX_KEY_LENGTH for k in keys
+    ):
+        raise CorruptFrameError("the seal lists a key twice, or an empty key", where=where)
+    return Seal(
+        step=step,
+        keys=tuple(tuple(rank) for rank in got.keys),
+        costs=tuple(tuple(rank) for rank in got.costs),
+    )
+
+
+def _typed(key: Key) -> tuple[type, Key]:
+    """A key told apart by its type too: ``1`` and ``"1"`` are different keys."""
+    return (type(key), key)
+
+
+def parse_part(
+    data: memoryview,
+    *,
+    step: int,
+    rank: int,
+    index: int,
+    load_sidecar: Callable[[], memoryview],
+    where: str,
+    verify: bool = True,
+) -> tuple[PartInfo, Frame]:
+    """Rebuild a part's Frame from its main file, as
+    :func:`~rlwire.transport._stored.layout.parse_main` does, with what its envelope
+    records of it.
+
+    Raises:
+        CorruptFrameError: as ``parse_main``, and a main file that is not part ``index``
+            of ``rank`` (a whole step's message included).
+        UnsupportedVersionError: as ``parse_main``.
+    """
+    env = _envelope(data, where)
+    info = _part_info(env, rank, index, where)
+    return info, _parse(env, data, step, rank, load_sidecar, where, verify)
+
+
+def part_of(
+    head: memoryview | bytes | bytearray, *, rank: int, index: int, where: str
+) -> PartInfo | int:
+    """What the main file of part ``index`` of ``rank`` records of it, read from its
+    first bytes ``head``; or, when ``head`` is too short to hold the whole envelope, how
+    many first bytes it takes.
+
+    Raises:
+        CorruptFrameError: the envelope is garbled, or not that of this part.
+        UnsupportedVersionError: a major version this reader does not know.
+    """
+    view = memoryview(head)
+    if view.nbytes >= _PRELUDE.size:
+        needed = _PRELUDE.size + int(_PRELUDE.unpack_from(view)[3])
+        if view.nbytes < needed <= _PRELUDE.size + MAX_ENVELOPE:
+            return needed
+    return _part_info(_envelope(view, where, whole=False), rank, index, where)
+
+
+def _part_info(env: _PartEnvelope, rank: int, index: int, where: str) -> PartInfo:
+    if env.part != index or env.key is None or env.rank != rank:
+        found = "a whole step's message" if env.part is None else f"part {env.part}"
+        raise CorruptFrameError(
+            f"holds {found} of rank {env.rank}, expected part {index} of rank {rank}",
+            where=where,
+        )
+    cost = env.cost if env.cost is not None else 0.0
+    return PartInfo(rank=env.rank, index=env.part, key=env.key, cost=cost)
+
+
+def part_files(names: Iterable[str], step: int) -> tuple[dict[tuple[int, int], str], list[str]]:
+    """The main files of the parts of ``step`` among ``names``, by ``(rank, index)``,
+    and the sidecar files whose main file is not there (a killed commit's)."""
+    mains: dict[tuple[int, int], str] = {}
+    sidecars: dict[tuple[int, int], str] = {}
+    for name in names:
+        m = STEP_PART_RE.fullmatch(name)
+        if m and int(m.group(1)) == step:
+            (sidecars if m.group(4) else mains)[(int(m.group(2)), int(m.group(3)))] = name
+    return mains, sorted(n for place, n in sidecars.items() if place not in mains)
+
+
+def read_parts(
+    mains: dict[tuple[int, int], str],
+    load_head: Callable[[str, int], bytes | bytearray | memoryview | None],
+    locate: Callable[[str], str],
+) -> list[PartInfo]:
+    """What the envelopes of the parts ``mains`` (from :func:`part_files`) record, read
+    from their first bytes with ``load_head(name, size)``; every rank's indices must run
+    from 0 without a gap.
+
+    Raises:
+        CorruptFrameError: an envelope is garbled or not its part's, a part is gone, or
+            a rank's parts have a gap.
+    """
+    found = []
+    for (rank, index), name in sorted(mains.items()):
+        if index and (rank, index - 1) not in mains:
+            raise CorruptFrameError(
+                f"part {index - 1} of rank {rank} is missing, part {index} is there",
+                where=locate(name),
+            )
+        size = MAX_MARK_BYTES
+        for _ in range(2):
+            head = load_head(name, size)
+            if head is None:
+                raise CorruptFrameError("deleted while the step was resumed", where=locate(name))
+            got = part_of(head, rank=rank, index=index, where=locate(name))
+            if isinstance(got, PartInfo):
+                found.append(got)
+                break
+            size = got
+        else:
+            raise CorruptFrameError("its envelope is longer than the file", where=locate(name))
+    return found

@@ -1,0 +1,189 @@
+"""The board's half for steps filled part by part (:class:`PartsBoard`, a base of
+:class:`~rlwire.transport.ray._board.Board`): per step and rank, the parts in commit
+order (each part's objects, key and cost), and the seal that closes the step.
+
+A part is staged under a fresh key as a whole step's rank is, then committed on its own:
+:meth:`PartsBoard.commit_part` checks, with nothing else running meanwhile, that the
+step is still open, that the part takes the rank's next index and that its key is new
+in the step, then appends it and wakes every waiting receiver. The seal is recorded
+only if it lists exactly the parts committed. Answers are plain values, as the board's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ray import ObjectRef
+
+__all__ = ["PartKey", "PartsBoard", "Refs"]
+
+#: One rank's objects: the main object's reference, and the sidecar's or ``None``.
+Refs = tuple[ObjectRef[Any], ObjectRef[Any] | None]
+#: A part's key, as the producer gave it (plain: what the board answers is plain).
+PartKey = str | int
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A committed part: its objects, key and cost."""
+
+    refs: Refs
+    key: PartKey
+    cost: float
+
+
+def _same_key(a: PartKey, b: PartKey) -> bool:
+    return type(a) is type(b) and a == b  # 1 and "1" are different keys
+
+
+class PartsBoard:
+    """The parts and seals of a board; :class:`~rlwire.transport.ray._board.Board`
+    holds the rest of the state and the helpers declared here."""
+
+    committed: dict[int, list[Refs]]
+    staged: dict[str, tuple[int, dict[int, Refs]]]  # key -> (step, ranks)
+    #: step -> rank -> its parts in commit order
+    parts: dict[int, dict[int, list[_Part]]]
+    #: step -> (each rank's keys, each rank's costs)
+    seals: dict[int, tuple[list[list[PartKey]], list[list[float]]]]
+
+    async def _notify(self) -> None:
+        raise NotImplementedError
+
+    def _drop_staged(self, doomed: Callable[[int], bool]) -> None:
+        raise NotImplementedError
+
+    async def _hold(
+        self,
+        step: int,
+        key: str,
+        rank: int,
+        producer: Any,
+        has_side: bool,
+        refs: list[ObjectRef[Any]] | None,
+        timeout: float,
+    ) -> None:
+        raise NotImplementedError
+
+    def _parts_of(self, step: int, rank: int) -> list[_Part]:
+        return self.parts.get(step, {}).get(rank, [])
+
+    def _closed(self, step: int) -> str | None:
+        """Why no part can be added to ``step``, if none can."""
+        if step in self.committed:
+            return f"step {step} was sent whole"
+        if step in self.seals:
+            return f"step {step} is sealed already"
+        return None
+
+    async def stage_part(
+        self,
+        step: int,
+        key: str,
+        rank: int,
+        index: int,
+        producer: Any,
+        has_side: bool,
+        refs: list[ObjectRef[Any]] | None,
+        timeout: float,
+    ) -> tuple[Any, ...]:
+        """Hold the objects of part ``index`` of rank ``rank`` of ``step``, not visible
+        yet, under ``key``, as :meth:`~rlwire.transport.ray._board.Board.stage` holds a
+        rank's. ``("ok",)``, or ``("exists", why)`` when the step is closed or the part
+        exists."""
+        why = self._closed(step)
+        if why is None and len(self._parts_of(step, rank)) > index:
+            why = f"part {index} of rank {rank} of step {step} already exists"
+        if why is not None:
+            return ("exists", why)
+        await self._hold(step, key, rank, producer, has_side, refs, timeout)
+        return ("ok",)
+
+    async def commit_part(
+        self, key: str, rank: int, index: int, part_key: PartKey, cost: float
+    ) -> tuple[Any, ...]:
+        """Make the part staged under ``key`` visible as part ``index`` of rank ``rank``
+        with the producer's key ``part_key``, and wake the receivers: ``("ok",)``,
+        ``("missing",)`` if nothing is staged under ``key``, ``("exists", why)`` if the
+        step is closed, the index is taken (another sender) or skips one, or the key is
+        committed already."""
+        entry = self.staged.pop(key, None)
+        if entry is None or rank not in entry[1]:
+            return ("missing",)
+        step, staged = entry
+        why = self._closed(step)
+        have = self._parts_of(step, rank)
+        if why is None and len(have) != index:
+            why = f"part {index} of rank {rank} of step {step} " + (
+                "already exists" if len(have) > index else f"would follow part {len(have) - 1}"
+            )
+        if why is None and any(
+            _same_key(p.key, part_key) for ranks in self.parts.get(step, {}).values() for p in ranks
+        ):
+            why = f"key {part_key!r} is committed already in step {step}"
+        if why is not None:
+            return ("exists", why)
+        self.parts.setdefault(step, {}).setdefault(rank, []).append(
+            _Part(staged[rank], part_key, cost)
+        )
+        await self._notify()
+        return ("ok",)
+
+    async def committed_parts(self, step: int) -> tuple[Any, ...]:
+        """The parts of ``step`` committed so far, for a producer that resumes it:
+        ``("ok", [(rank, index, key, cost), ...])``, or ``("exists", why)`` when it is
+        sealed or was sent whole. What killed producers staged for it is dropped."""
+        why = self._closed(step)
+        if why is not None:
+            return ("exists", why)
+        self._drop_staged(lambda s: s == step)
+        return (
+            "ok",
+            [
+                (rank, index, part.key, part.cost)
+                for rank, parts in sorted(self.parts.get(step, {}).items())
+                for index, part in enumerate(parts)
+            ],
+        )
+
+    async def seal(
+        self, step: int, keys: list[list[PartKey]], costs: list[list[float]]
+    ) -> tuple[Any, ...]:
+        """Close ``step``: record, for each rank, its parts' ``keys`` and ``costs``,
+        which must be exactly the parts committed, and wake the receivers. ``("ok",)``,
+        ``("exists", why)`` when it is sealed or was sent whole, ``("differs", why)``
+        when the committed parts are not those listed (another sender's)."""
+        why = self._closed(step)
+        if why is not None:
+            return ("exists", why)
+        ranks = self.parts.get(step, {})
+        for rank in sorted(set(ranks) | set(range(len(keys)))):
+            have = [p.key for p in ranks.get(rank, [])]
+            listed = keys[rank] if rank < len(keys) else []
+            if len(have) != len(listed) or not all(map(_same_key, have, listed)):
+                return (
+                    "differs",
+                    f"rank {rank} of step {step} has the parts {have}, the seal lists {listed}",
+                )
+        self.seals[step] = (keys, costs)
+        self._drop_staged(lambda s: s == step)  # nothing staged can commit any more
+        await self._notify()
+        return ("ok",)
+
+    async def read_part(self, step: int, rank: int, index: int) -> tuple[Any, ...]:
+        """Rank ``rank``'s part ``index`` of ``step``: ``("part", [main, sidecar], key,
+        cost)``, or ``("none",)`` while it is not committed."""
+        parts = self._parts_of(step, rank)
+        if index >= len(parts):
+            return ("none",)
+        part = parts[index]
+        return ("part", list(part.refs), part.key, part.cost)
+
+    async def read_seal(self, step: int) -> tuple[Any, ...]:
+        """The seal of ``step``: ``("seal", keys, costs)``, or ``("none",)``."""
+        if step not in self.seals:
+            return ("none",)
+        keys, costs = self.seals[step]
+        return ("seal", keys, costs)

@@ -1,0 +1,106 @@
+"""What the board holds staged for a sender, not visible yet: a whole step's ranks
+(:class:`RayStaged`) or one part (:class:`RayStagedPart`); committing asks the board to
+make it visible, in one call that either does or does not."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from rlwire._core.errors import StepExistsError, TransportError
+from rlwire.transport._base import Staged
+from rlwire.transport._parts import PartInfo
+from rlwire.transport.ray._actors import BoardHandle, call
+from rlwire.transport.ray._handover import withdraw
+
+__all__ = ["RayStaged", "RayStagedPart", "open_step_error"]
+
+
+def open_step_error(step: int, where: str) -> StepExistsError:
+    """The error for a whole step sent as ``step`` while it is being filled part by part."""
+    return StepExistsError(
+        f"step {step} was being filled part by part and is not sealed: finish it with "
+        f"open_step({step}), or truncate it",
+        where=where,
+    )
+
+
+class _Staged(Staged):
+    """Staged under ``key`` on ``board``; :meth:`_commit` makes it visible."""
+
+    def __init__(self, board: BoardHandle, where: str, key: str, step: int) -> None:
+        self.board, self.where, self.key, self.step = board, where, key, step
+
+    def _commit(self, what: str, method: Any, *args: Any) -> tuple[Any, ...]:
+        """Call the board's commit ``method``; its answer, with :attr:`visible` set.
+
+        Raises:
+            TransportError: the board is gone or does not answer (visible: unknown), or
+                no longer holds it staged.
+        """
+        try:
+            answer: tuple[Any, ...] = call(method, *args, where=self.where, action=f"commit {what}")
+        except TransportError:
+            self.visible = None  # the board may have committed it before it failed
+            raise
+        if answer[0] == "ok":
+            self.visible = True
+        elif answer[0] == "missing":
+            raise TransportError(
+                f"cannot commit {what}: the board no longer holds it staged (was the board "
+                "restarted, or the step resumed or deleted by another sender?)",
+                where=self.where,
+            )
+        return answer
+
+    def _discard(self, ranks: range) -> None:
+        for rank in ranks:
+            withdraw(f"{self.key}.{rank}")
+        with contextlib.suppress(TransportError):  # a board that is gone holds nothing
+            call(self.board.discard, self.key, where=self.where, action="discard a step")
+
+
+class RayStaged(_Staged):
+    """The ``ranks`` ranks of a whole ``step``, staged under ``key``."""
+
+    def __init__(self, board: BoardHandle, where: str, key: str, step: int, ranks: int) -> None:
+        super().__init__(board, where, key, step)
+        self.ranks = ranks
+
+    def commit(self) -> None:
+        answer = self._commit(f"step {self.step}", self.board.commit, self.key, self.ranks)
+        if answer[0] == "exists":
+            raise StepExistsError(
+                f"step {self.step} was committed by another sender meanwhile", where=self.where
+            )
+        if answer[0] == "open":
+            raise open_step_error(self.step, self.where)
+
+    def discard(self) -> None:
+        self._discard(range(self.ranks))
+
+
+class RayStagedPart(_Staged):
+    """One part of ``step``, staged under ``key``: committed, it is part ``part.index``
+    of rank ``part.rank``."""
+
+    def __init__(self, board: BoardHandle, where: str, key: str, step: int, part: PartInfo) -> None:
+        super().__init__(board, where, key, step)
+        self.part = part
+
+    def commit(self) -> None:
+        part = self.part
+        answer = self._commit(
+            f"part {part.index} of rank {part.rank} of step {self.step}",
+            self.board.commit_part,
+            self.key,
+            part.rank,
+            part.index,
+            part.key,
+            part.cost,
+        )
+        if answer[0] == "exists":
+            raise StepExistsError(f"{answer[1]} (another sender's?)", where=self.where)
+
+    def discard(self) -> None:
+        self._discard(range(self.part.rank, self.part.rank + 1))

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from ray_cluster import ray_cluster as ray_cluster  # a local Ray cluster, on demand
 from ray_cluster import ray_url as ray_url
 from s3_server import s3_endpoint as s3_endpoint  # moto S3 fixtures for every module
 from s3_server import s3_url as s3_url
 
+# ray.init() without an address joins the cluster a `ray start` or a multi-node test
+# (ray.cluster_utils) last recorded on this machine, if any: each test process, and each
+# example or script it runs, starts its own local cluster instead.
+os.environ.setdefault("RAY_ADDRESS", "local")
+
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on the Ray cluster run in one pytest-xdist worker (``--dist loadgroup``), so
+    that the suite starts one cluster, not one per worker."""
+    for item in items:
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))

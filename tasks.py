@@ -61,9 +61,11 @@ def main() -> None:
         # The documentation site: a broken link, anchor or included file fails the build.
         os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")  # Material's notice about its future
         run(BIN / "mkdocs", "build", "--strict", "--quiet", "--site-dir", "build/site")
-        # One worker per core (pytest-xdist): the suite waits on processes and sockets much
-        # of the time, and runs in about 4 minutes instead of 6 on 2 cores.
-        run(PYTHON, "-m", "pytest", "-n", "auto", *extra)
+        # One worker per core and one more (pytest-xdist): the suite waits on processes
+        # and sockets much of the time. loadgroup: the tests of one xdist_group (the Ray
+        # cluster's, one chaos campaign's) share a worker, so that each starts once.
+        workers = str((os.cpu_count() or 2) + 1)
+        run(PYTHON, "-m", "pytest", "-n", workers, "--dist", "loadgroup", *extra)
     elif task == "chaos":
         # The campaign is the package chaos/ beside src/; it uses the tests' S3 server.
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])

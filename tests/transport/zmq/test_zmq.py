@@ -3,7 +3,7 @@
 Each child process runs :data:`CHILD` with a JSON spec: a *receiver* (either face, under
 any anyio backend) that checks every message against the one it expects and prints one
 JSON line per outcome, or a *sender*. The test process plays the other side, under the
-module's anyio backends (asyncio, asyncio + uvloop, trio). Hand-made packets, and what
+module's anyio backends (asyncio and trio; asyncio + uvloop for a few). Hand-made packets, and what
 is on the wire byte for byte, are in test_zmq_protocol.py.
 
 Timeouts are generous for what should happen and short only for what should not.
@@ -312,15 +312,19 @@ _uvloop = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("asyncio", id="asyncio"),
-        pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop", marks=_uvloop),
-        pytest.param("trio", id="trio"),
-    ]
-)
+_LOOPS = [
+    pytest.param("asyncio", id="asyncio"),
+    pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop", marks=_uvloop),
+    pytest.param("trio", id="trio"),
+]
+#: uvloop too, for the tests where the loop's own sockets and cancellation are at work
+#: (fan-out, a full queue, a cancelled send); the rest run under asyncio and trio.
+with_uvloop = pytest.mark.parametrize("anyio_backend", _LOOPS)
+
+
+@pytest.fixture(params=[_LOOPS[0], _LOOPS[2]])
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
-    """Every async test of this module runs under asyncio, asyncio + uvloop and trio."""
+    """Every async test of this module runs under asyncio and trio."""
     return request.param
 
 
@@ -336,6 +340,7 @@ asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 # -- per-rank fan-out, shared work, late joiners --------------------------------------
 
 
+@with_uvloop
 @pytest.mark.anyio
 @pytest.mark.parametrize("kind", ["tcp", "ipc"])
 async def test_ranks_fan_out(tmp_path: Path, kind: str, backend: dict[str, Any]) -> None:
@@ -570,6 +575,7 @@ def test_close_from_another_thread_ends_a_blocking_receive(
 # -- backpressure, flushing on close, reusable arrays ----------------------------------
 
 
+@with_uvloop
 @pytest.mark.anyio
 async def test_full_queue_blocks_the_sender(tmp_path: Path, backend: dict[str, Any]) -> None:
     """With a receiver that does not read, sends stop once the queues are full (they do
@@ -605,6 +611,7 @@ async def test_full_queue_blocks_the_sender(tmp_path: Path, backend: dict[str, A
     assert steps_of(events) == list(range(steps))
 
 
+@with_uvloop
 @pytest.mark.anyio
 async def test_a_send_cancelled_midway_delivers_nothing(
     tmp_path: Path, backend: dict[str, Any]
@@ -982,7 +989,6 @@ async def test_port_0_url_reaches_receivers(tmp_path: Path, backend: dict[str, A
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # uvloop adds nothing here
 async def test_a_receiver_with_a_full_queue_still_hears_the_end(
     tmp_path: Path, backend: dict[str, Any]
 ) -> None:

@@ -26,6 +26,7 @@ __all__ = [
     "fingerprint",
     "kill_and_wait",
     "part_samples",
+    "quiet_store_bytes",
     "settles",
     "step_batches",
     "store_bytes",
@@ -225,6 +226,20 @@ def store_bytes() -> int:
 
     state = get_state_from_address(ray.get_runtime_context().gcs_address)
     return int(get_memory_info_reply(state).store_stats.object_store_bytes_used)
+
+
+def quiet_store_bytes() -> int:
+    """:func:`store_bytes` once the store has stopped shrinking: what earlier tests let go
+    is freed asynchronously, and a baseline taken meanwhile would count it."""
+    last = store_bytes()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = store_bytes()
+        if now >= last:
+            return now
+        last = now
+    return last
 
 
 def settles(check: Callable[[], bool]) -> bool:

@@ -21,6 +21,7 @@ from ray_actors import (
     Trainer,
     fingerprint,
     kill_and_wait,
+    quiet_store_bytes,
     settles,
     step_batches,
     store_bytes,
@@ -114,7 +115,7 @@ def test_keep_last_frees_object_store_memory(ray_url: str) -> None:
     pytest.importorskip("grpc")  # the store's figures come over gRPC
     batch = TrainingBatch(samples=[make_sample(1 << 18, layers=16, topk=2, seed=3)])
     steps = 6
-    baseline = store_bytes()
+    baseline = quiet_store_bytes()
     with (
         rlwire.open_sync_sender(ray_url, keep_last=1) as sender,
         rlwire.open_receiver(ray_url) as receiver,
@@ -199,7 +200,7 @@ def test_a_step_staged_and_never_committed_is_freed(ray_url: str, then: str) -> 
     from rlwire.transport import parse_url
 
     size = 64 << 20
-    baseline = store_bytes()
+    baseline = quiet_store_bytes()
     dead = RaySink.from_url(parse_url(ray_url), SinkOptions())
     dead.open("resume")
     run_sliced(dead.stage(0, [Frame(b"header", (memoryview(bytearray(size)),))]))

@@ -18,6 +18,7 @@ from ray_actors import (
     fingerprint,
     kill_and_wait,
     part_samples,
+    quiet_store_bytes,
     settles,
     store_bytes,
 )
@@ -122,7 +123,7 @@ def test_a_producer_actor_killed_mid_step_then_resumed_delivers_every_key_once(
 def test_keep_last_frees_the_objects_of_parts(ray_url: str) -> None:
     pytest.importorskip("grpc")  # the store's figures come over gRPC
     samples = [make_sample(1 << 16, layers=16, topk=2, seed=s) for s in range(4)]
-    baseline = store_bytes()
+    baseline = quiet_store_bytes()
     step_bytes = 0
     with (
         rlwire.open_sync_sender(ray_url, keep_last=1) as sender,
@@ -154,7 +155,7 @@ def test_a_part_staged_and_never_committed_is_freed_on_resume(ray_url: str) -> N
     from rlwire.transport._parts import PartInfo, Seal
 
     size = 64 << 20
-    baseline = store_bytes()
+    baseline = quiet_store_bytes()
     dead = RaySink.from_url(parse_url(ray_url), SinkOptions())
     dead.open("resume")
     small = Frame(b"header", (memoryview(bytearray(16)),))

@@ -78,14 +78,20 @@ async def test_fields_reads_those_columns_of_packed_and_listed_steps(
 async def test_fields_reads_parts_too(endpoint: tuple[str, dict[str, Any]]) -> None:
     url, options = endpoint
     groups = [_columns(rows=2, seed=s) for s in (3, 4)]
+    parts: list[Any] = []
     receiver = rlwire.open_receiver(url, fields=WANTED, storage_options=options)
+
+    async def consume() -> None:
+        parts.extend([part async for part in receiver.aparts()])
+
     async with receiver:
-        async with rlwire.open_sender(url, storage_options=options) as sender:
-            async with sender.open_step() as writer:
-                for i, group in enumerate(groups):
-                    await writer.put(_samples(group), key=f"g{i}")
-            with anyio.fail_after(20):
-                parts = [part async for part in receiver.aparts()]
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consume)
+                async with rlwire.open_sender(url, storage_options=options) as sender:
+                    async with sender.open_step() as writer:
+                        for i, group in enumerate(groups):
+                            await writer.put(_samples(group), key=f"g{i}")
     assert [p.key for p in parts] == ["g0", "g1"]
     for part, sent in zip(parts, groups, strict=True):
         _check(part.value.samples, sent)

@@ -52,7 +52,9 @@ def packed_step(megabytes: float, rows: int = 64) -> rlwire.Columns:
     columns: dict[str, Any] = {}
     for name in NAMES:
         values = rng.integers(0, 50_000, tokens, dtype=np.int32)
-        columns[name] = rlwire.Ragged(values if name == "token_ids" else values.view(np.float32), offsets)
+        columns[name] = rlwire.Ragged(
+            values if name == "token_ids" else values.view(np.float32), offsets
+        )
     return rlwire.Columns(columns)
 
 

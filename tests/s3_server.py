@@ -227,7 +227,9 @@ class FaultProxy:
             head, _, rest = data.partition(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
             method, target = lines[0].split(" ")[:2]
-            ranged = [v for k, _, v in (x.partition(":") for x in lines[1:]) if k.lower() == "range"]
+            ranged = [
+                v for k, _, v in (x.partition(":") for x in lines[1:]) if k.lower() == "range"
+            ]
             with self._lock:
                 self.ranges.append((method, target, ranged[0].strip() if ranged else None))
             action = self._decide(method, target)

@@ -31,7 +31,10 @@ def _columns(rows: int = 4, seed: int = 0, tokens: int = 3000) -> rlwire.Columns
         "advantages": lambda n: rng.random(n).astype(np.float32),
     }
     return rlwire.Columns(
-        {name: rlwire.Ragged.from_arrays([make(int(n)) for n in lengths]) for name, make in arrays.items()}
+        {
+            name: rlwire.Ragged.from_arrays([make(int(n)) for n in lengths])
+            for name, make in arrays.items()
+        }
         | {"env_name": ["gsm8k"] * rows}
     )
 
@@ -123,12 +126,15 @@ def _send_sync(url: str, options: dict[str, Any], obj: Any, **sender: Any) -> No
 def _buffer_of(path: Path, column: str) -> tuple[int, int]:
     """Offset and length in the main file of ``column``'s values buffer (the message's
     buffers hold the columns in order: values, then offsets when not inline)."""
-    from rlwire.transport._stored.layout import _envelope
+    import struct
 
-    data = memoryview(path.read_bytes())
-    env = _envelope(data, "test")
-    offsets = np.frombuffer(env.offsets, "<u8")
-    lengths = np.frombuffer(env.lengths, "<u8")
+    import msgspec
+
+    data = path.read_bytes()
+    env_len = struct.unpack_from("<8sHHIQ", data)[3]  # docs/format.md, the main file
+    env = msgspec.msgpack.decode(data[24 : 24 + env_len])
+    offsets = np.frombuffer(env["offsets"], "<u8")
+    lengths = np.frombuffer(env["lengths"], "<u8")
     big = [i for i in range(len(offsets)) if lengths[i] > 4096]
     index = big[NAMES.index(column)]
     return int(offsets[index]), int(lengths[index])
@@ -175,9 +181,7 @@ def _fetched(proxy: FaultProxy) -> int:
     return total
 
 
-def test_s3_fetches_only_the_ranges_of_the_fields(
-    s3_url: str, s3_endpoint: dict[str, Any]
-) -> None:
+def test_s3_fetches_only_the_ranges_of_the_fields(s3_url: str, s3_endpoint: dict[str, Any]) -> None:
     cols = _columns(rows=8, tokens=100_000)
     url = f"{s3_url}/run"
     _send_sync(url, s3_endpoint, rlwire.TrainingBatch(samples=cols))  # type: ignore[arg-type]
@@ -222,4 +226,3 @@ def test_file_partial_read_touches_only_those_pages(tmp_path: Path) -> None:
         _check(r.receive(timeout=10).samples, cols)
     assert resident_bytes(main) <= 1.1 * wanted + (256 << 10)
     assert os.path.getsize(main) > 2 * wanted
-

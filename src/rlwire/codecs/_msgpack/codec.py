@@ -32,8 +32,8 @@ from rlwire._core.args import check_int
 from rlwire._core.errors import ConfigError
 from rlwire._core.slicing import Sliced, run_sliced
 from rlwire._frame.frame import Frame
-from rlwire.codecs._msgpack.decode import Decoding
 from rlwire._frame.selection import Selection
+from rlwire.codecs._msgpack.decode import Decoding
 from rlwire.codecs._msgpack.encode import Encoding
 from rlwire.codecs._msgpack.fields import select_fields
 from rlwire.codecs._registry import Check

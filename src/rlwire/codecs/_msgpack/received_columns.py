@@ -117,7 +117,9 @@ def parse_columns(payload: Any, inner: int, fields: frozenset[str] | None = None
         check_fields_present(fields, names)
         kept = [i for i, name in enumerate(names) if name in fields]
         names, columns = [names[i] for i in kept], [columns[i] for i in kept]
-        if any(c is NOT_READ or (type(c) is list and any(x is NOT_READ for x in c)) for c in columns):
+        if any(
+            c is NOT_READ or (type(c) is list and any(x is NOT_READ for x in c)) for c in columns
+        ):
             raise CorruptFrameError("header: a column asked for refers to a buffer not read")
     for name, column in zip(names, columns, strict=True):
         rows = _rows_in(column)

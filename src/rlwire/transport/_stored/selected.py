@@ -77,7 +77,7 @@ class WholeFile(Ranged):
         return [self.data[start:end] for start, end in ranges]
 
 
-def parse_selected(  # noqa: PLR0913 (what parse_main takes, plus the selector)
+def parse_selected(
     main: Ranged,
     open_sidecar: Callable[[], Ranged],
     *,
@@ -140,8 +140,7 @@ def _header(env: _PartEnvelope, head: memoryview, main: Ranged, where: str) -> m
     offset, length = env.header
     if offset < 0 or length < 0 or offset + length > main.size:
         raise CorruptFrameError(
-            f"header at offset {offset} length {length} lies outside the "
-            f"{main.size}-byte data",
+            f"header at offset {offset} length {length} lies outside the {main.size}-byte data",
             where=where,
         )
     if offset + length <= head.nbytes:
@@ -152,7 +151,7 @@ def _header(env: _PartEnvelope, head: memoryview, main: Ranged, where: str) -> m
 class _Reading:
     """The buffers of one message read so far, and the asking and reading of more."""
 
-    def __init__(  # noqa: PLR0913
+    def __init__(
         self,
         env: _PartEnvelope,
         files: np.ndarray,

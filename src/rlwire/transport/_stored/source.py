@@ -13,6 +13,7 @@ from rlwire._core.errors import (
     CorruptFrameError,
     EndOfStream,
     MarkSkippedWarning,
+    RlwireError,
     StepGapError,
     TransportError,
 )
@@ -175,16 +176,20 @@ class StoredSource(Source):
                 )
             return got
 
-        return parse_selected(
-            ranged,
-            open_sidecar,
-            step=step,
-            rank=self.rank,
-            part=part,
-            select=self.select,
-            where=self.locate(name),
-            verify=self.verify,
-        )
+        try:
+            return parse_selected(
+                ranged,
+                open_sidecar,
+                step=step,
+                rank=self.rank,
+                part=part,
+                select=self.select,
+                where=self.locate(name),
+                verify=self.verify,
+            )
+        except RlwireError as exc:  # a field the step lacks, found by the selector
+            exc.add_context(step=step, rank=self.rank)
+            raise
 
     def read(self, step: int) -> Frame | None:
         name = main_name(step, self.rank)

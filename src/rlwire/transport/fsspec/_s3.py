@@ -18,21 +18,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import TypeVar
 
 from rlwire._core.errors import ConfigError, CorruptFrameError, TransportError, transport_error
 from rlwire.transport._stored.names import STEP_PART_RE, STORED_RE
 from rlwire.transport.fsspec._s3_bucket import S3Bucket
-from rlwire.transport.fsspec._s3_ranges import S3Ranged, gather_or_cancel, open_ranged, total_size
+from rlwire.transport.fsspec._s3_ranges import (
+    READ_BYTES,
+    S3Ranged,
+    gather_or_cancel,
+    open_ranged,
+    total_size,
+)
 from rlwire.transport.fsspec._s3_upload import S3Staging, retried
 
 __all__ = ["READ_BYTES", "S3Store"]
 
 T = TypeVar("T")
-
-#: Bytes per ranged GET when reading large objects, several at once.
-READ_BYTES = 8 << 20
 
 
 class S3Store(S3Bucket):
@@ -205,4 +208,3 @@ class S3Store(S3Bucket):
 
         await gather_or_cancel([fetch(s) for s in range(len(first), total, READ_BYTES)])
         return buf
-

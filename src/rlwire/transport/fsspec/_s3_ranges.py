@@ -16,9 +16,19 @@ from rlwire.transport._stored.selected import HEAD_BYTES, Ranged
 if TYPE_CHECKING:
     from rlwire.transport.fsspec._s3_bucket import S3Bucket
 
-__all__ = ["GAP_BYTES", "S3Ranged", "gather_or_cancel", "open_ranged", "total_size"]
+__all__ = [
+    "GAP_BYTES",
+    "READ_BYTES",
+    "S3Ranged",
+    "coalesced",
+    "gather_or_cancel",
+    "open_ranged",
+    "total_size",
+]
 
 T = TypeVar("T")
+#: Bytes per ranged GET when reading large objects, several at once.
+READ_BYTES = 8 << 20
 #: Ranges this close are fetched as one: a GET costs more than this many bytes.
 GAP_BYTES = 64 << 10
 
@@ -93,8 +103,6 @@ class S3Ranged(Ranged):
         return out
 
     async def _fetch_all(self, spans: list[tuple[int, int]]) -> list[memoryview]:
-        from rlwire.transport.fsspec._s3 import READ_BYTES
-
         blocks = [bytearray(end - start) for start, end in spans]
         sem = asyncio.Semaphore(self.store.concurrency())
         jobs = [

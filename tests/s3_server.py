@@ -163,6 +163,8 @@ class FaultProxy:
         self.fault: Any = None
         self.down = False
         self.seen: list[tuple[str, str, str]] = []
+        #: ``(method, target, Range header or None)`` of every request.
+        self.ranges: list[tuple[str, str, str | None]] = []
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.1)
@@ -225,6 +227,11 @@ class FaultProxy:
             head, _, rest = data.partition(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
             method, target = lines[0].split(" ")[:2]
+            ranged = [
+                v for k, _, v in (x.partition(":") for x in lines[1:]) if k.lower() == "range"
+            ]
+            with self._lock:
+                self.ranges.append((method, target, ranged[0].strip() if ranged else None))
             action = self._decide(method, target)
             if action == HOLD:
                 self._released.wait(30)

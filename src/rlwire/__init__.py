@@ -46,6 +46,7 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "EndOfStream",
+    "FieldNotFoundError",
     "Frame",
     "FrameTooLargeError",
     "Integrity",

@@ -6,11 +6,14 @@ from __future__ import annotations
 import threading
 import time
 import warnings
+from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
 from anyio import CancelScope, CapacityLimiter, to_thread
 from typing_extensions import Unpack
 
+from rlwire._api.decoding import FrameDecoding
+from rlwire._api.fields import FieldSelector, check_fields
 from rlwire._api.options import Limits, LimitsKeywords, from_keywords
 from rlwire._api.parts import NOTHING as _NOTHING
 from rlwire._api.parts import PartsReader, SealedStep, read_sealed
@@ -25,11 +28,9 @@ from rlwire._core.errors import (
     ReceiveTimeout,
     RlwireError,
 )
-from rlwire._core.offload import drive_sliced, make_limiter, thread_count
-from rlwire._core.slicing import Sliced, run_sliced, timed
-from rlwire._frame.compression import decompress_sliced
+from rlwire._core.offload import drive_sliced, make_limiter
+from rlwire._core.slicing import Sliced, run_sliced
 from rlwire._frame.frame import Frame
-from rlwire.codecs._registry import Codec, get_codec
 from rlwire.transport._base import Source
 
 __all__ = ["TrainingBatchReceiver"]
@@ -44,6 +45,7 @@ class TrainingBatchReceiver(PartsReader[T], Generic[T]):
     asynchronous (``areceive``, ``async for``, ``async with``) for event-loop code. Both
     faces share one core, so they can be mixed. Each message is decoded by the codec
     whose name it records, and decompressed segment by segment in parallel threads.
+    With ``fields``, only those columns are read (:mod:`rlwire._api.fields`).
     """
 
     def __init__(  # noqa: PLR0913 (the options open_receiver resolved, one each)
@@ -59,11 +61,11 @@ class TrainingBatchReceiver(PartsReader[T], Generic[T]):
         limiter: CapacityLimiter | int | None = None,
         record_consumed: bool = True,
         as_columns: bool = False,
+        fields: Iterable[str] | None = None,
         **keywords: Unpack[LimitsKeywords],
     ) -> None:
         self._source = source
         self._rank = rank
-        self._codecs: dict[str, Codec] = {}
         self._limits = from_keywords(
             Limits, limits, keywords, parameter="limits", function="TrainingBatchReceiver"
         )
@@ -75,8 +77,14 @@ class TrainingBatchReceiver(PartsReader[T], Generic[T]):
         self._validate = validate
         self._names_checked = False  # Checks names are matched against the first object only
         self._writable = writable
-        self._as_columns = as_columns
         self._limiter = make_limiter(limiter)
+        self._fields = check_fields(fields)
+        self._as_columns = as_columns or self._fields is not None  # fields: columns, always
+        self._decoding = FrameDecoding(
+            self._limits, self._limiter, writable=writable, fields=self._fields
+        )
+        if self._fields is not None:  # the source reads only what the fields need
+            source.select = FieldSelector(self._decoding, self._fields)
         self._mutex = threading.Lock()
         self._closed = False
         self._peeked: tuple[int, Frame | SealedStep] | None = None  # read by wait_next()
@@ -132,7 +140,7 @@ class TrainingBatchReceiver(PartsReader[T], Generic[T]):
             seconds = {"read": self._read_seconds, "decompress": 0.0, "decode": 0.0}
             try:
                 columns = self._as_columns if as_columns is None else as_columns
-                obj = yield from self._decode(frame, seconds, columns)
+                obj = yield from self._decode(frame, seconds, columns or self._fields is not None)
                 yield from self._check(obj, step)
             except RlwireError as exc:
                 # A stored message can be read again, or skipped; one a socket has handed
@@ -200,46 +208,8 @@ class TrainingBatchReceiver(PartsReader[T], Generic[T]):
     ) -> Sliced[Any]:
         if isinstance(frame, SealedStep):
             return (yield from self._decode_sealed(frame, seconds, as_columns))
-        if frame.compression:
-            frame = yield from timed(
-                decompress_sliced(
-                    frame,
-                    max_bytes=self._limits.max_decompressed_bytes,
-                    max_ratio=self._limits.max_compression_ratio,
-                    threads=thread_count(self._limiter),
-                ),
-                seconds,
-                "decompress",
-            )
-        began = time.perf_counter()
         type_ = self._type if type_ is _NOTHING else type_
-        codec = self._codecs.get(frame.codec)
-        if codec is None:
-            try:
-                codec = self._codecs[frame.codec] = get_codec(frame.codec)()
-            except ConfigError as exc:
-                raise DecodeError(
-                    f"written with codec {frame.codec!r}, which this reader cannot load: {exc}"
-                ) from None
-        # Only codecs that store columns know the keyword (optional for plugin codecs).
-        options: dict[str, bool] = {"writable": self._writable}
-        if as_columns:
-            options["as_columns"] = True
-        decode_sliced = getattr(codec, "decode_sliced", None)  # optional for plugin codecs
-        try:
-            if decode_sliced is None:
-                try:
-                    return codec.decode(frame, type_, **options)
-                finally:
-                    seconds["decode"] += time.perf_counter() - began
-            sliced = decode_sliced(frame, type_, **options)
-        except TypeError as exc:
-            if not as_columns:
-                raise
-            raise ConfigError(
-                f"as_columns: codec {frame.codec!r} cannot return columns ({exc})"
-            ) from None
-        return (yield from timed(sliced, seconds, "decode"))
+        return (yield from self._decoding.decode(frame, type_, seconds, as_columns))
 
     def skip(self) -> int:
         """Give up on the next step (for example after a CorruptFrameError) and move on to

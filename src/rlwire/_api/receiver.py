@@ -18,7 +18,7 @@ The rule for sync and async faces, everywhere in rlwire:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar, overload
 
 from anyio import CapacityLimiter
@@ -50,6 +50,7 @@ class ReceiverOptions(LimitsKeywords, total=False):
     limiter: CapacityLimiter | int | None
     record_consumed: bool
     as_columns: bool
+    fields: Iterable[str] | None
     storage_options: Mapping[str, Any] | None
 
 
@@ -75,6 +76,7 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
     limiter: CapacityLimiter | int | None = None,
     record_consumed: bool = True,
     as_columns: bool = False,
+    fields: Iterable[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     **keywords: Unpack[LimitsKeywords],
 ) -> TrainingBatchReceiver[Any]:
@@ -113,12 +115,21 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
             per sample, in the place of the list (``batch.samples`` of a
             :class:`~rlwire.TrainingBatch`). ``receive(as_columns=...)`` overrides it
             for one step.
+        fields: read only these fields of the samples (names, e.g. ``("token_ids",
+            "advantages")``): each step and each part comes back as with
+            ``as_columns=True``, each list of samples stored column by column as a
+            :class:`~rlwire.Columns` of those columns only, and only their bytes are
+            read: on files only their pages are touched, on S3 only their byte ranges
+            fetched, over ZeroMQ the other buffers are dropped as they arrive (Ray reads
+            whole, and keeps those columns). A name the step's samples do not hold
+            raises FieldNotFoundError. See docs/how-to/fields.md.
         storage_options: options for the source, as for :func:`open_sender`.
         keywords: ``max_decompressed_bytes`` and ``max_compression_ratio`` may also be
             given flat, as in earlier versions.
 
     Raises:
-        ConfigError: an invalid option or URL, or a flat keyword beside ``limits=``.
+        ConfigError: an invalid option or URL (``fields`` not a collection of names), or
+            a flat keyword beside ``limits=``.
 
     Example:
         >>> import rlwire, tempfile
@@ -150,4 +161,5 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
         limiter=limiter,
         record_consumed=record_consumed,
         as_columns=as_columns,
+        fields=fields,
     )

@@ -101,6 +101,14 @@ class SchemaError(RlwireError, ValueError):
     """
 
 
+class FieldNotFoundError(SchemaError):
+    """A receiver opened with ``fields=`` asked for a field the step does not hold.
+
+    The message names the field, the fields the step holds, and the step and rank, e.g.
+    ``field 'values' is not in the step (it holds: token_ids, mask, ...) (step 3, rank 0)``.
+    """
+
+
 class EncodeError(RlwireError, TypeError):
     """A value cannot be encoded (object-dtype array, unsupported type, ...).
 

@@ -28,6 +28,7 @@ __all__ = [
     "placeholder_checksums",
     "segment_digests",
     "verify_segments",
+    "verify_some",
 ]
 
 #: The algorithm of every checksum rlwire writes.
@@ -128,10 +129,16 @@ def check_algorithm(algorithm: str, where: str) -> None:
 
 
 def compare_digests(
-    checksums: bytes, digests: Sequence[int], segments: Sequence[memoryview], where: str
+    checksums: bytes,
+    digests: Sequence[int],
+    segments: Sequence[memoryview],
+    where: str,
+    *,
+    names: Sequence[int] | None = None,
 ) -> None:
     """Check ``digests`` (from :func:`segment_digests`) of ``segments`` against the
-    packed little-endian u64 ``checksums`` recorded for them, one per segment.
+    packed little-endian u64 ``checksums`` recorded for them, one per segment;
+    ``names``: each one's segment index, when they are not all the segments in order.
 
     Raises:
         CorruptFrameError: a mismatch, naming the segment.
@@ -139,12 +146,13 @@ def compare_digests(
     stored = np.frombuffer(checksums, _U64).tolist()
     for i, (seg, computed) in enumerate(zip(segments, digests, strict=True)):
         if computed != stored[i]:
-            what = "the header" if i == 0 else f"buffer {i - 1} ({seg.nbytes} bytes)"
+            k = i if names is None else names[i]
+            what = "the header" if k == 0 else f"buffer {k - 1} ({seg.nbytes} bytes)"
             raise CorruptFrameError(
                 f"{what} does not match its checksum (stored "
                 f"{stored[i]:#018x}, computed {computed:#018x})",
                 where=where,
-                segment=i,
+                segment=k,
             )
 
 
@@ -171,3 +179,26 @@ def segment_digests(segments: Sequence[memoryview]) -> list[int]:
 
 def _hashed(segments: Sequence[memoryview]) -> list[int]:
     return [xxhash.xxh3_64_intdigest(segment) for segment in segments]
+
+
+def verify_some(
+    algorithm: str, checksums: bytes, segments: dict[int, memoryview], where: str
+) -> None:
+    """:func:`verify_segments` for some segments of a message only (a partial read):
+    ``segments`` maps a segment's index (0 the header, ``i + 1`` buffer ``i``) to its
+    bytes; ``checksums`` holds one per segment of the whole message.
+
+    Raises:
+        UnsupportedVersionError: an algorithm this reader does not know.
+        CorruptFrameError: a mismatch, naming the segment.
+    """
+    check_algorithm(algorithm, where)
+    order = sorted(segments)
+    stored = np.frombuffer(checksums, _U64)
+    compare_digests(
+        stored[order].tobytes(),
+        segment_digests([segments[k] for k in order]),
+        [segments[k] for k in order],
+        where,
+        names=order,
+    )

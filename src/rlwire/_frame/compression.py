@@ -255,7 +255,7 @@ def _check_sizes(frame: Frame, max_bytes: int, max_ratio: float) -> list[Compres
     total = 0
     segments = _received(frame)
     for i, (cid, raw) in enumerate(zip(frame.compression, frame.raw_sizes, strict=True)):
-        if cid == NONE:
+        if cid == NONE or i - 1 in frame.missing:  # a buffer not read stays empty
             continue
         check_known(cid, i)
         total += raw
@@ -291,6 +291,7 @@ def decompress_sliced(
         frame.sidecar,
         frame.codec,
         stored_size=frame.stored_nbytes,  # the decode bound stays on what was stored
+        missing=frame.missing,
     )
 
 

@@ -53,6 +53,9 @@ class Frame:
             files, its packets), when a source knows it; decompression keeps it. Every
             allocation bound of a receiver is computed from it (:attr:`stored_nbytes`),
             never from sizes the message declares.
+        missing: indices of the buffers a source did not read (a partial read, see
+            :mod:`rlwire._frame.selection`): each is an empty view, neither verified nor
+            decompressed, and the codec must not need it.
 
     Example:
         >>> frame = Frame(b"hdr", (memoryview(b"payload"),))
@@ -67,6 +70,7 @@ class Frame:
     compression: tuple[int, ...] = ()
     raw_sizes: tuple[int, ...] = ()
     stored_size: int | None = None
+    missing: frozenset[int] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
         bad = [i for i in self.sidecar if not 0 <= i < len(self.buffers)]

@@ -15,6 +15,7 @@ from anyio import CapacityLimiter, to_thread
 from rlwire._core.errors import ConfigError
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
+from rlwire._frame.selection import Selector
 from rlwire.transport._parts import PartsSink, PartsSource
 from rlwire.transport._url import URL
 
@@ -312,6 +313,11 @@ class Source(PartsSource, abc.ABC):
     #: instead of waiting for it again. Stored messages (files, objects) stay put until
     #: the receiver skips them.
     reads_once: bool = False
+    #: Set by a receiver opened with ``fields=``: which buffers of a message it needs
+    #: (:mod:`rlwire._frame.selection`). A source that can read part of a message reads
+    #: the codec header, asks, and reads only those buffers (the frame it returns lists
+    #: the others in :attr:`~rlwire.Frame.missing`); any other source ignores it.
+    select: Selector | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

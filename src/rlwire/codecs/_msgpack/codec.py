@@ -32,8 +32,10 @@ from rlwire._core.args import check_int
 from rlwire._core.errors import ConfigError
 from rlwire._core.slicing import Sliced, run_sliced
 from rlwire._frame.frame import Frame
+from rlwire._frame.selection import Selection
 from rlwire.codecs._msgpack.decode import Decoding
 from rlwire.codecs._msgpack.encode import Encoding
+from rlwire.codecs._msgpack.fields import select_fields
 from rlwire.codecs._registry import Check
 
 __all__ = ["DEFAULT_INLINE_THRESHOLD", "MsgpackCodec"]
@@ -107,7 +109,13 @@ class MsgpackCodec:
         return (yield from encoding.run(obj))
 
     def decode(
-        self, frame: Frame, type: Any = Any, *, writable: bool = False, as_columns: bool = False
+        self,
+        frame: Frame,
+        type: Any = Any,
+        *,
+        writable: bool = False,
+        as_columns: bool = False,
+        fields: frozenset[str] | None = None,
     ) -> Any:
         """Decode ``frame`` into ``type`` (default: plain dicts and lists).
 
@@ -116,18 +124,47 @@ class MsgpackCodec:
         ``bytes`` gets a copy. Views are read-only when the buffers are, unless
         ``writable=True``, which copies only read-only ones. A list stored as columns
         (see :mod:`rlwire.codecs._msgpack.sent_columns`) comes back as a list of rows,
-        or as an :class:`~rlwire.Columns` with ``as_columns=True``.
+        or as an :class:`~rlwire.Columns` with ``as_columns=True``. ``fields`` (names)
+        implies ``as_columns`` and keeps only those columns of each such list; the
+        frame may then lack the buffers of the others (:meth:`select_fields`).
 
         Raises:
             CorruptFrameError: the header or an array descriptor is malformed or does
                 not match its buffer.
             DecodeError: the data does not match ``type``; the message names the path.
+            FieldNotFoundError: a list stored as columns has no column of a name of
+                ``fields``.
         """
-        return run_sliced(self.decode_sliced(frame, type, writable=writable, as_columns=as_columns))
+        sliced = self.decode_sliced(
+            frame, type, writable=writable, as_columns=as_columns, fields=fields
+        )
+        return run_sliced(sliced)
 
     def decode_sliced(
-        self, frame: Frame, type: Any = Any, *, writable: bool = False, as_columns: bool = False
+        self,
+        frame: Frame,
+        type: Any = Any,
+        *,
+        writable: bool = False,
+        as_columns: bool = False,
+        fields: frozenset[str] | None = None,
     ) -> Sliced[Any]:
         """:meth:`decode` as a sliced generator: a header with chunked containers
         decodes one chunk per slice."""
-        return (yield from Decoding(frame, writable, as_columns).run(type))
+        return (yield from Decoding(frame, writable, as_columns, fields).run(type))
+
+    def select_fields(self, frame: Frame, fields: frozenset[str]) -> Selection | None:
+        """The buffers of ``frame`` (its header decompressed, some buffers read) that
+        :meth:`decode` with ``fields`` needs; ``None`` when all are
+        (:func:`~rlwire.codecs._msgpack.fields.select_fields`).
+
+        Raises:
+            FieldNotFoundError: a list stored as columns lacks one of ``fields``.
+
+        Example:
+            >>> import numpy as np
+            >>> frame = MsgpackCodec().encode({"x": np.arange(10_000)})
+            >>> MsgpackCodec().select_fields(frame, frozenset({"x"})) is None  # no columns
+            True
+        """
+        return select_fields(frame, fields)

@@ -59,19 +59,25 @@ _LOOK_INSIDE_SET = frozenset(_LOOK_INSIDE)
 class Decoding:
     """Decodes one frame; :meth:`run` is the sliced generator."""
 
-    def __init__(self, frame: Frame, writable: bool, as_columns: bool = False) -> None:
+    def __init__(
+        self,
+        frame: Frame,
+        writable: bool,
+        as_columns: bool = False,
+        fields: frozenset[str] | None = None,
+    ) -> None:
         self.header = frame.header
         # Chunks are decoded at most twice (a typed try, then plain builtins): a chunk
         # table that makes the reader decode more than this is hostile.
         self.budget = 4 * frame.nbytes
         self.timer = SliceTimer()
         # A frame straight from an encoder may hold Pieces, which a source never does.
-        self.received = ReceivedBuffers(frame.views(), writable)
+        self.received = ReceivedBuffers(frame.views(), writable, frame.missing, fields)
         self.calls = DecodeCalls(
             heap_allowance(frame), frame.stored_nbytes, self.received.ext_hook, self.timer
         )
         self.received.decode_payload = self.calls.decode
-        self.as_columns = as_columns
+        self.as_columns = as_columns or fields is not None
         # Chunked containers and bytes values still to find in the raw data (the walk
         # stops once it has found them all).
         self.to_find = 0

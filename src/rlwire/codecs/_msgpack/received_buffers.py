@@ -42,6 +42,7 @@ from rlwire.codecs._msgpack.extensions import (
     ChunksRef,
     InlineArray,
 )
+from rlwire.codecs._msgpack.fields import NOT_READ
 from rlwire.codecs._msgpack.received_columns import parse_columns, ragged
 
 __all__ = ["Chunked", "ReceivedBuffers", "unbounded"]
@@ -70,9 +71,19 @@ class Chunked:
 class ReceivedBuffers:
     """The buffers of one frame, and the extension hook that hands them out."""
 
-    def __init__(self, buffers: Sequence[memoryview], writable: bool) -> None:
+    def __init__(
+        self,
+        buffers: Sequence[memoryview],
+        writable: bool,
+        missing: frozenset[int] = frozenset(),
+        fields: frozenset[str] | None = None,
+    ) -> None:
         self.buffers = buffers
         self.writable = writable
+        # A partial read (``fields=``): the buffers not read, and the columns kept.
+        self.missing = missing
+        self.fields = fields
+        self.in_columns = 0  # columns values being decoded, one inside another
         # Buffers referred to by arrays and bytes values: each may be referred to once,
         # or a small header could have one large buffer copied many times. (A typed
         # decode that fails and is tried again into builtins never took any: the types
@@ -120,19 +131,30 @@ class ReceivedBuffers:
         try:
             if code == EXT_ARRAY:
                 ref = _array_ref.decode(data)
+                if ref.index in self.missing:
+                    return self._not_read(ref.index)
                 buf = self._claim(ref.index)
                 return make_array(buf, ref.dtype, ref.shape, ref.order, self.writable)
             if code == EXT_INLINE_ARRAY:
                 return self._inline(data)
             if code == EXT_BYTES:
-                buf = self._claim(_bytes_ref.decode(data).index)
+                index = _bytes_ref.decode(data).index
+                if index in self.missing:
+                    return self._not_read(index)
+                buf = self._claim(index)
                 self.bytes_made += 1
                 return bytearray(buf) if self.writable and buf.readonly else buf
             if code in (EXT_CHUNKED_ARRAY, EXT_CHUNKED_MAP):
+                chunks = _chunks_ref.decode(data)
+                if chunks.index in self.missing:
+                    return self._not_read(chunks.index)
                 self.chunked_made += 1
-                return self._chunked(code == EXT_CHUNKED_MAP, _chunks_ref.decode(data))
+                return self._chunked(code == EXT_CHUNKED_MAP, chunks)
             if code == EXT_RAGGED:
-                return ragged(self.decode_payload(data))
+                payload = self.decode_payload(data)
+                if type(payload) is list and any(p is NOT_READ for p in payload):
+                    return NOT_READ
+                return ragged(payload)
             if code == EXT_COLUMNS:
                 return self._columns(data)
         except msgspec.DecodeError as exc:
@@ -145,10 +167,24 @@ class ReceivedBuffers:
         """A columns value; what its columns hold to be filled later (chunked lists,
         out-of-band bytes) counts as part of it, not on its own."""
         chunked, made, columns = self.chunked_made, self.bytes_made, self.columns_made
-        payload = self.decode_payload(data)
+        self.in_columns += 1
+        try:
+            payload = self.decode_payload(data)
+        finally:
+            self.in_columns -= 1
         inner = self.chunked_made - chunked + self.bytes_made - made + self.columns_made - columns
         self.chunked_made, self.bytes_made, self.columns_made = chunked, made, columns + 1
-        return parse_columns(payload, inner)
+        return parse_columns(payload, inner, self.fields)
+
+    def _not_read(self, index: int) -> Any:
+        """What a reference to ``index``, a buffer a partial read skipped, becomes:
+        :data:`NOT_READ` in a column (dropped unless asked for, then refused by
+        :func:`~rlwire.codecs._msgpack.received_columns.parse_columns`)."""
+        if not self.in_columns:
+            raise CorruptFrameError(
+                f"header refers to buffer {index}, which this partial read skipped"
+            )
+        return NOT_READ
 
     def _inline(self, data: memoryview) -> Any:
         """An inline array, in memory of its own: the bytes msgspec decoded may be an

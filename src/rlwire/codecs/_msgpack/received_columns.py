@@ -28,6 +28,7 @@ from rlwire._core.ragged import Ragged, offsets_problem
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire.codecs._msgpack.conversion import dec_hook
 from rlwire.codecs._msgpack.extensions import ROWS_AS_ARRAYS, ROWS_AS_MAPS
+from rlwire.codecs._msgpack.fields import NOT_READ, check_fields_present
 
 __all__ = [
     "ROW_COST",
@@ -86,13 +87,16 @@ def ragged(payload: Any) -> Ragged:
     return Ragged(values, offsets)
 
 
-def parse_columns(payload: Any, inner: int) -> ColumnsFound:
+def parse_columns(payload: Any, inner: int, fields: frozenset[str] | None = None) -> ColumnsFound:
     """The columns value (extension 7) whose payload decoded to ``payload``; ``inner``:
-    the chunked containers and bytes values its columns hold.
+    the chunked containers and bytes values its columns hold; ``fields``: the names of
+    the columns to keep (a partial read), or ``None`` for all.
 
     Raises:
         CorruptFrameError: the payload is not ``[count, layout, names, columns]`` with
-            distinct string names, one column per name, each of ``count`` rows.
+            distinct string names, one column per name, each of ``count`` rows; or a
+            column kept refers to a buffer that was not read.
+        FieldNotFoundError: a name of ``fields`` is not among its names.
     """
     if type(payload) is not list or len(payload) != 4:
         raise CorruptFrameError("header: a columns value is not [count, layout, names, columns]")
@@ -109,6 +113,14 @@ def parse_columns(payload: Any, inner: int) -> ColumnsFound:
         or len(set(names)) != len(names)
     ):
         raise CorruptFrameError("header: a columns value needs one column per distinct name")
+    if fields is not None:
+        check_fields_present(fields, names)
+        kept = [i for i, name in enumerate(names) if name in fields]
+        names, columns = [names[i] for i in kept], [columns[i] for i in kept]
+        if any(
+            c is NOT_READ or (type(c) is list and any(x is NOT_READ for x in c)) for c in columns
+        ):
+            raise CorruptFrameError("header: a column asked for refers to a buffer not read")
     for name, column in zip(names, columns, strict=True):
         rows = _rows_in(column)
         if rows != count:

@@ -6,10 +6,12 @@ import mmap
 import os
 import stat
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from rlwire._core.atomic import write_atomic
 from rlwire._core.errors import CorruptFrameError, transport_error
+from rlwire.transport._stored.selected import Ranged, WholeFile
 from rlwire.transport._stored.source import StoredSource
 
 __all__ = ["FileSource", "open_regular"]
@@ -107,7 +109,14 @@ class FileSource(StoredSource):
                 exc, "record what this rank consumed", where=self.root / name
             ) from exc
 
-    def load(self, name: str) -> memoryview | None:
+    def open_ranged(self, name: str) -> Ranged | None:
+        """The file mapped as :meth:`load` maps it, for a partial read: with readahead
+        off (``MADV_RANDOM``), so that what is not read stays on disk, and each range
+        read asked for ahead (``MADV_WILLNEED``), so that it still streams in."""
+        view = self.load(name, advice=getattr(mmap, "MADV_RANDOM", None))
+        return None if view is None else _MappedFile(view)
+
+    def load(self, name: str, advice: int | None = None) -> memoryview | None:
         self._unmap_unused()
         path = self.root / name
         fd = open_regular(path)
@@ -120,6 +129,8 @@ class FileSource(StoredSource):
             # The mapping outlives fd; arrays keep it alive through their memoryviews.
             # Always copy-on-write, even when read-only to Python: see the class docstring.
             mapping = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+            if advice is not None:
+                mapping.madvise(advice)
             with self._mapped_lock:
                 self._mapped.append(mapping)
             view = memoryview(mapping)
@@ -128,6 +139,20 @@ class FileSource(StoredSource):
             raise transport_error(exc, "map", where=path) from exc
         finally:
             os.close(fd)
+
+
+class _MappedFile(WholeFile):
+    """A mapped file read by ranges: each range's pages are asked for ahead."""
+
+    def read(self, ranges: Sequence[tuple[int, int]]) -> list[memoryview]:
+        mapping = self.data.obj
+        willneed = getattr(mmap, "MADV_WILLNEED", None)
+        if isinstance(mapping, mmap.mmap) and willneed is not None:
+            for start, end in ranges:
+                first = start - start % mmap.PAGESIZE
+                if end > first:
+                    mapping.madvise(willneed, first, end - first)
+        return super().read(ranges)
 
 
 def open_regular(path: Path) -> int | None:

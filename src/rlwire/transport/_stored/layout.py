@@ -36,15 +36,7 @@ from rlwire._frame.checksums import CHECKSUM, verify_segments
 from rlwire._frame.frame import Frame
 from rlwire._frame.pieces import Pieces
 from rlwire.transport._parts import PartInfo
-from rlwire.transport._stored.table import (
-    ALIGN,
-    SIDECAR,
-    check_count,
-    check_disjoint,
-    check_magic,
-    check_table_sizes,
-    check_within,
-)
+from rlwire.transport._stored.table import ALIGN, SIDECAR, check_magic, checked_table
 
 __all__ = [
     "ALIGN",
@@ -281,35 +273,13 @@ def _parse(
             where=where,
         )
     header = _span(data, env.header[0], env.header[1], where, "header")
-    n = len(env.parts)
-    check_table_sizes(env, n, where)
-    files = np.frombuffer(env.parts, np.uint8)
-    offsets = np.frombuffer(env.offsets, _U64)
-    lengths = np.frombuffer(env.lengths, _U64)
-    if (files > SIDECAR).any():
-        i = int(np.argmax(files > SIDECAR))
-        raise CorruptFrameError(f"buffer {i} is in unknown file {files[i]}", where=where)
+    head_end = _PRELUDE.size + _PRELUDE.unpack_from(data)[3]
+    files, offsets, lengths = checked_table(env, data.nbytes, head_end, where)
     sidecar = data[:0]
     if (files == SIDECAR).any():
-        if env.sidecar_size is None:
-            raise CorruptFrameError(
-                "buffers refer to a sidecar the message does not declare",
-                where=where,
-            )
         sidecar = load_sidecar()
-        _check_sidecar(sidecar, env.id, env.sidecar_size, where)
+        _check_sidecar(sidecar, env.id, env.sidecar_size or 0, where)
     stored = data.nbytes + sidecar.nbytes
-    check_count(n, stored, where)
-    check_within(files, offsets, lengths, (data.nbytes, sidecar.nbytes), where)
-    head_end = _PRELUDE.size + _PRELUDE.unpack_from(data)[3]
-    check_disjoint(
-        files,
-        offsets,
-        lengths,
-        main=[(0, head_end), (env.header[0], env.header[0] + env.header[1])],
-        sidecar=[(0, _SIDECAR_PRELUDE.size)],
-        where=where,
-    )
     views = (data, sidecar)
     buffers = [
         views[file][off : off + length]

@@ -13,6 +13,7 @@ from rlwire._core.errors import (
     CorruptFrameError,
     EndOfStream,
     MarkSkippedWarning,
+    RlwireError,
     StepGapError,
     TransportError,
 )
@@ -33,6 +34,7 @@ from rlwire.transport._stored.names import (
     sidecar_name,
 )
 from rlwire.transport._stored.parts import parse_part, parse_seal
+from rlwire.transport._stored.selected import Ranged, WholeFile, parse_selected
 
 __all__ = ["StoredSource"]
 
@@ -146,9 +148,58 @@ class StoredSource(Source):
     def describe(self, step: int) -> str:
         return self.locate(main_name(step, self.rank))
 
+    def open_ranged(self, name: str) -> Ranged | None:
+        """The file called ``name``, to read by ranges (:meth:`select`'s partial reads),
+        or ``None`` if it does not exist (yet). By default, :meth:`load`: the whole
+        file; stores that can read a range alone override it.
+
+        Raises:
+            CorruptFrameError, TransportError: as :meth:`load`.
+        """
+        data = self.load(name)
+        return None if data is None else WholeFile(data)
+
+    def _read_selected(
+        self, name: str, side: str, step: int, part: int | None
+    ) -> tuple[PartInfo | None, Frame] | None:
+        """A partial read of the message ``name`` (:mod:`rlwire._frame.selection`)."""
+        assert self.select is not None
+        ranged = self.open_ranged(name)
+        if ranged is None:
+            return None
+
+        def open_sidecar() -> Ranged:
+            got = self.open_ranged(side)
+            if got is None:
+                raise CorruptFrameError(
+                    "missing; the main file refers to it", where=self.locate(side)
+                )
+            return got
+
+        try:
+            return parse_selected(
+                ranged,
+                open_sidecar,
+                step=step,
+                rank=self.rank,
+                part=part,
+                select=self.select,
+                where=self.locate(name),
+                verify=self.verify,
+            )
+        except RlwireError as exc:  # a field the step lacks, found by the selector
+            exc.add_context(step=step, rank=self.rank)
+            raise
+
     def read(self, step: int) -> Frame | None:
         name = main_name(step, self.rank)
-        data = self.load(name)
+        if self.select is not None:
+            got = self._read_selected(name, sidecar_name(step, self.rank), step, None)
+            if got is not None:
+                return got[1]
+            data = None
+        else:
+            data = self.load(name)
         if data is None:
             self.check_end(step)
             self.check_gone(step)
@@ -175,6 +226,10 @@ class StoredSource(Source):
 
     def read_part(self, step: int, index: int) -> tuple[PartInfo, Frame] | None:
         name = part_name(step, self.rank, index)
+        if self.select is not None:
+            side = part_sidecar_name(step, self.rank, index)
+            got = self._read_selected(name, side, step, index)
+            return None if got is None else (got[0], got[1])  # type: ignore[return-value]
         data = self.load(name)
         if data is None:
             return None

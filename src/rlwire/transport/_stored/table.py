@@ -37,6 +37,7 @@ __all__ = [
     "check_magic",
     "check_table_sizes",
     "check_within",
+    "checked_table",
 ]
 
 ALIGN = 64
@@ -44,6 +45,47 @@ ALIGN = 64
 MAX_EMPTY_BUFFERS = 4096
 MAIN, SIDECAR = 0, 1
 _U64 = np.dtype("<u8")
+_SIDECAR_PRELUDE_SIZE = 32  # magic, version, reserved, message id
+
+
+def checked_table(
+    env: Any, main_size: int, head_end: int, where: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The buffer table of envelope ``env`` (of a main file of ``main_size`` bytes whose
+    prelude and envelope end at ``head_end``) as arrays ``(files, offsets, lengths)``,
+    once every check of docs/format.md passes: the arrays agree, every buffer is in a
+    file the message has and lies inside it (the sidecar's size as declared), and no two
+    overlap. Reads nothing but the envelope.
+
+    Raises:
+        CorruptFrameError: any of these fails.
+    """
+    n = len(env.parts)
+    check_table_sizes(env, n, where)
+    files = np.frombuffer(env.parts, np.uint8)
+    offsets = np.frombuffer(env.offsets, _U64)
+    lengths = np.frombuffer(env.lengths, _U64)
+    if (files > SIDECAR).any():
+        i = int(np.argmax(files > SIDECAR))
+        raise CorruptFrameError(f"buffer {i} is in unknown file {files[i]}", where=where)
+    sidecar_size = 0
+    if (files == SIDECAR).any():
+        if env.sidecar_size is None:
+            raise CorruptFrameError(
+                "buffers refer to a sidecar the message does not declare", where=where
+            )
+        sidecar_size = max(0, int(env.sidecar_size))
+    check_count(n, main_size + sidecar_size, where)
+    check_within(files, offsets, lengths, (main_size, sidecar_size), where)
+    check_disjoint(
+        files,
+        offsets,
+        lengths,
+        main=[(0, head_end), (env.header[0], env.header[0] + env.header[1])],
+        sidecar=[(0, _SIDECAR_PRELUDE_SIZE)],
+        where=where,
+    )
+    return files, offsets, lengths
 
 
 def check_magic(

@@ -18,31 +18,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import TypeVar
 
 from rlwire._core.errors import ConfigError, CorruptFrameError, TransportError, transport_error
 from rlwire.transport._stored.names import STEP_PART_RE, STORED_RE
 from rlwire.transport.fsspec._s3_bucket import S3Bucket
+from rlwire.transport.fsspec._s3_ranges import (
+    READ_BYTES,
+    S3Ranged,
+    gather_or_cancel,
+    open_ranged,
+    total_size,
+)
 from rlwire.transport.fsspec._s3_upload import S3Staging, retried
 
 __all__ = ["READ_BYTES", "S3Store"]
 
 T = TypeVar("T")
-
-#: Bytes per ranged GET when reading large objects, several at once.
-READ_BYTES = 8 << 20
-
-
-async def _gather_or_cancel(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
-    """``asyncio.gather``, cancelling the rest as soon as one fails."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        raise
 
 
 class S3Store(S3Bucket):
@@ -71,7 +64,7 @@ class S3Store(S3Bucket):
                 return False
             return True
 
-        found = self.run(_gather_or_cancel, [exists(p) for p in paths])
+        found = self.run(gather_or_cancel, [exists(p) for p in paths])
         return [i for i, hit in enumerate(found) if hit]
 
     def clean_leftovers(self, names: Sequence[str]) -> None:
@@ -164,6 +157,9 @@ class S3Store(S3Bucket):
     def get(self, path: str) -> bytes | bytearray | None:
         return self.run(self._get, path, self.concurrency())
 
+    def ranged(self, path: str) -> S3Ranged | None:
+        return open_ranged(self, path)
+
     async def _get(self, path: str, window: int) -> bytes | bytearray | None:
         """One ranged GET answers small objects and tells the size of large ones, whose
         other ranges are then fetched ``window`` at a time straight into one buffer: no
@@ -185,7 +181,7 @@ class S3Store(S3Bucket):
             first: bytes = await resp["Body"].read()
         finally:
             resp["Body"].close()
-        total = _total_size(resp.get("ContentRange"), len(first))
+        total = total_size(resp.get("ContentRange"), len(first))
         if total == len(first):
             return first
         buf = bytearray(total)
@@ -210,14 +206,5 @@ class S3Store(S3Bucket):
                 raise CorruptFrameError(f"{self.url}/{name}: short read at offset {start}")
             buf[start:end] = data
 
-        await _gather_or_cancel([fetch(s) for s in range(len(first), total, READ_BYTES)])
+        await gather_or_cancel([fetch(s) for s in range(len(first), total, READ_BYTES)])
         return buf
-
-
-def _total_size(content_range: str | None, got: int) -> int:
-    """The object size from a ``Content-Range: bytes a-b/size`` header."""
-    if content_range and "/" in content_range:
-        size = content_range.rpartition("/")[2]
-        if size.isdigit():
-            return int(size)
-    return got

@@ -7,6 +7,7 @@ from typing import Any
 
 from rlwire._frame.frame import Frame
 from rlwire.transport._parts import PartInfo
+from rlwire.transport._stored.selected import Ranged
 from rlwire.transport._stored.source import StoredSource
 from rlwire.transport._url import URL
 from rlwire.transport.fsspec._connection import Connection, translate_errors
@@ -105,6 +106,13 @@ class FsspecSource(StoredSource):
             self._next_interval = min(self._next_interval * 2, self.max_poll_interval)
         else:
             self._interval = self._next_interval = self.poll_interval
+
+    def open_ranged(self, name: str) -> Ranged | None:
+        if self.writable:  # writable buffers are copies anyway: read whole
+            return super().open_ranged(name)
+        store = self._conn.get()
+        with translate_errors(self.locate(name), "read"):
+            return store.ranged(store.path(name))
 
     def load(self, name: str) -> memoryview | None:
         store = self._conn.get()

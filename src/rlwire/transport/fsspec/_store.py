@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from rlwire._core.slicing import run_sliced
 from rlwire.transport._stored.names import LEFTOVER_RE
+from rlwire.transport._stored.selected import Ranged, WholeFile
 from rlwire.transport._stored.sink import StoredStaging
 
 __all__ = ["Staging", "Store"]
@@ -128,6 +129,16 @@ class Store(abc.ABC):
         """A new, empty :class:`Staging` for one step. ``part_bytes`` and
         ``max_concurrency`` are the sink's multipart options, for stores that use them.
         """
+
+    def ranged(self, path: str) -> Ranged | None:
+        """The object at ``path`` to read by byte ranges (a partial read), or ``None``
+        if it does not exist; by default, :meth:`get` whole.
+
+        Raises:
+            CorruptFrameError: as :meth:`get`.
+        """
+        data = self.get(path)
+        return None if data is None else WholeFile(memoryview(data).toreadonly())
 
     @abc.abstractmethod
     def get(self, path: str) -> bytes | bytearray | None:

@@ -9,14 +9,18 @@ on, an ``end``) drops what came before it (docs/format.md, "ZeroMQ messages").
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import msgspec
+import numpy as np
 
-from rlwire._core.errors import CorruptFrameError
+from rlwire._core.errors import CorruptFrameError, RlwireError
 from rlwire._frame.checksums import CHECKSUM, check_algorithm, compare_digests, segment_digests
+from rlwire._frame.frame import Frame
+from rlwire._frame.selection import Selector
 from rlwire.transport.zmq._protocol import (
     Head,
+    frame_of,
     parse_abort,
     parse_data,
     parse_seal,
@@ -33,6 +37,7 @@ class _Partial:
     segments: list[memoryview] = field(default_factory=list)
     digests: list[int] = field(default_factory=list)
     received: int = 0  # data packets
+    keep: frozenset[int] | None = None  # the buffers kept (a partial read), None: all
 
     def follows(self, head: Head) -> bool:
         """True if ``head`` is of the data packet that comes next in this message."""
@@ -55,6 +60,24 @@ class Sealed:
     segments: list[memoryview]
     checksums: bytes
     digests: list[int]
+    keep: frozenset[int] | None = None
+
+    @property
+    def missing(self) -> frozenset[int]:
+        """The buffers dropped on arrival (a partial read): empty views, not verified."""
+        if self.keep is None:
+            return frozenset()
+        return frozenset(range(len(self.segments) - 1)) - self.keep
+
+    def frame(self, where: str, *, copy: bool = False) -> Frame:
+        """The message's frame (its segments copied into writable memory if ``copy``).
+
+        Raises:
+            CorruptFrameError: the head's description does not fit the segments.
+        """
+        segments = [memoryview(bytearray(s)) for s in self.segments] if copy else self.segments
+        frame = frame_of(self.head, segments, where=where)
+        return replace(frame, missing=self.missing) if self.keep is not None else frame
 
     def check(self, *, rank: int, shared: bool | None, verify: bool, where: str) -> None:
         """Check the message against its head, that it is for a receiver of ``rank``
@@ -76,7 +99,10 @@ class Sealed:
         _check_recipient(head, rank=rank, shared=shared, where=where)
         if verify and head.checksum is not None:
             check_algorithm(head.checksum, where)
-            compare_digests(self.checksums, self.digests, segments, where)
+            kept = [k for k in range(len(segments)) if k == 0 or k - 1 not in self.missing]
+            stored = np.frombuffer(self.checksums, "<u8")[kept].tobytes()
+            digests = [self.digests[k] for k in kept]
+            compare_digests(stored, digests, [segments[k] for k in kept], where, names=kept)
 
 
 class Reassembly:
@@ -95,9 +121,12 @@ class Reassembly:
         """Drop the message under way (the stream ended)."""
         self._partial = None
 
-    def take(self, parts: Sequence[bytes | memoryview], *, where: str) -> Sealed | None:
+    def take(
+        self, parts: Sequence[bytes | memoryview], *, where: str, select: Selector | None = None
+    ) -> Sealed | None:
         """The message that ``parts`` (an ``abort``, a seal or a data packet) completes,
-        or ``None`` if it completes none.
+        or ``None`` if it completes none. With ``select`` (a partial read), the buffers
+        it does not ask for are dropped as they arrive.
 
         Raises:
             CorruptFrameError: a data packet or seal that is not well-formed, or that
@@ -121,7 +150,9 @@ class Reassembly:
                 or partial.received != partial.head.count
             ):
                 return None  # the seal of a message not whole here: lost, as below
-            return Sealed(partial.head, partial.segments, seal.checksums, partial.digests)
+            return Sealed(
+                partial.head, partial.segments, seal.checksums, partial.digests, partial.keep
+            )
         try:
             head, segments = parse_data(parts, where=where)
         except CorruptFrameError:
@@ -129,12 +160,20 @@ class Reassembly:
             raise
         if head.index == 0:
             self._partial = _Partial(head)  # one stopped midway is dropped
+            if select is not None and segments:
+                self._partial.keep = _kept(head, segments[0], select)
         elif self._partial is None or not self._partial.follows(head):
             # Of a message whose start was lost: the whole message is, and the next
             # message reports the loss.
             self._partial = None
             return None
         partial = self._partial
+        if partial.keep is not None:  # drop the buffers not asked for: their memory goes
+            first = len(partial.segments)
+            segments = [
+                s if k == 0 or k - 1 in partial.keep else _EMPTY
+                for k, s in enumerate(segments, start=first)
+            ]
         partial.segments += segments
         partial.received += 1
         if len(partial.segments) > head.segments:
@@ -147,6 +186,30 @@ class Reassembly:
         if self.verify and head.checksum == CHECKSUM:  # while the next packet arrives
             partial.digests += segment_digests(segments)
         return None
+
+
+_EMPTY = memoryview(b"")
+
+
+def _kept(head: Head, header: memoryview, select: Selector) -> frozenset[int] | None:
+    """The buffers ``select`` asks for, told from the message's header alone; ``None``
+    (keep all) if it cannot tell from the header alone, or fails (the decode of the
+    whole message then says why)."""
+    n = max(0, head.segments - 1)
+    missing = frozenset(range(n))
+    try:
+        frame = Frame(
+            header,
+            (_EMPTY,) * n,
+            codec=head.codec,
+            compression=tuple(head.compression),
+            raw_sizes=tuple(head.raw_sizes),
+            missing=missing,
+        )
+        chosen = select(frame)
+    except (RlwireError, ValueError):
+        return None
+    return None if chosen is None or not chosen.complete else chosen.buffers & missing
 
 
 def _check_recipient(head: Head, *, rank: int, shared: bool | None, where: str) -> None:

@@ -32,7 +32,6 @@ from rlwire.transport.zmq._protocol import (
     WHOLE,
     ack_packet,
     bye_packet,
-    frame_of,
     is_ping,
     parse_end,
     parse_refuse,
@@ -328,7 +327,7 @@ class ZmqSource(Source):
         """The step and frame of the message that packet ``parts`` completes if it is the
         next one for this receiver; ``None`` if it completes none, or one to discard
         without a word; an error otherwise."""
-        sealed = self._reassembly.take(parts, where=self.describe(step))
+        sealed = self._reassembly.take(parts, where=self.describe(step), select=self.select)
         return None if sealed is None else self._sealed(sealed, step)
 
     def _sealed(self, sealed: Sealed, step: int) -> tuple[int, Frame] | None:
@@ -343,7 +342,7 @@ class ZmqSource(Source):
             if head.kind not in (WHOLE, PART, STEP_SEAL) or (head.shared and head.kind):
                 raise CorruptFrameError(f"a message of unknown kind {head.kind}", where=where)
             self._shared = head.shared
-            frame = None if head.kind == STEP_SEAL else frame_of(head, segments, where=where)
+            frame = None if head.kind == STEP_SEAL else sealed.frame(where)
         except CorruptFrameError as exc:
             # Its sequence number stays unused: the next message reports the loss.
             exc.add_context(step=head.step, rank=self.rank)
@@ -352,7 +351,7 @@ class ZmqSource(Source):
         if order is None:
             return None
         if self.writable and frame is not None:
-            frame = frame_of(head, [memoryview(bytearray(s)) for s in segments], where=where)
+            frame = sealed.frame(where, copy=True)
         got = None
         if frame is None:
             self._parts.add_seal(head, segments[0], where=where)

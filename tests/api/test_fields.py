@@ -115,6 +115,14 @@ async def test_a_field_not_in_the_step_is_a_typed_error_naming_it(
     assert isinstance(caught.value, rlwire.SchemaError)
 
 
+def test_fields_beside_validate_true_is_refused(tmp_path: Path) -> None:
+    """validate=True checks whole TrainingSamples, which a partial read does not hold."""
+    with pytest.raises(rlwire.ConfigError, match=r"validate=True .* fields="):
+        rlwire.open_receiver(tmp_path, fields=("token_ids",), validate=True)
+    with rlwire.open_receiver(tmp_path, fields=("token_ids",), validate=False):
+        pass
+
+
 def _send_sync(url: str, options: dict[str, Any], obj: Any, **sender: Any) -> None:
     async def send() -> None:
         async with rlwire.open_sender(url, storage_options=options, **sender) as s:

@@ -79,6 +79,11 @@ class TrainingBatchReceiver(PartsReader[T], Generic[T]):
         self._writable = writable
         self._limiter = make_limiter(limiter)
         self._fields = check_fields(fields)
+        if self._fields is not None and validate is True:
+            raise ConfigError(
+                "validate=True checks whole TrainingSamples, and fields= reads only some of "
+                "their fields: receive with validate=False, or read every field"
+            )
         self._as_columns = as_columns or self._fields is not None  # fields: columns, always
         self._decoding = FrameDecoding(
             self._limits, self._limiter, writable=writable, fields=self._fields

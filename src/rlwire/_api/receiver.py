@@ -128,8 +128,8 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
             given flat, as in earlier versions.
 
     Raises:
-        ConfigError: an invalid option or URL (``fields`` not a collection of names), or
-            a flat keyword beside ``limits=``.
+        ConfigError: an invalid option or URL (``fields`` not a collection of names, or
+            beside ``validate=True``), or a flat keyword beside ``limits=``.
 
     Example:
         >>> import rlwire, tempfile

@@ -179,8 +179,9 @@ class PartsReader(Generic[T]):
         where an interrupted one stopped (after an error, or a ``break``).
 
         Visible parts are found as steps are: by polling at the receiver's
-        ``poll_interval`` on files and object stores (which back off up to a second
-        while nothing arrives); on ``ray://`` the board wakes the receiver.
+        ``poll_interval`` on object stores (which back off up to a second while
+        nothing arrives); on a local directory the receiver is woken as each file
+        appears (inotify, on Linux) and still polls; on ``ray://`` the board wakes it.
 
         Raises:
             ReceiveTimeout: ``timeout`` seconds passed waiting for the next part.

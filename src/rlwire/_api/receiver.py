@@ -89,7 +89,8 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
         start_step: the first step to receive.
         rank: the data-parallel rank whose messages to read.
         poll_interval: seconds between checks while waiting for a step (object stores
-            back off from this up to a second; sockets are woken, not polled).
+            back off from this up to a second; sockets are woken, not polled; a
+            directory also wakes the receiver as a file appears, on Linux).
         writable: return writable arrays (copy-on-write mappings, still no copy).
         validate: checks of the received values, as the sender's ``validate``:
             ``False`` (default): none; ``True``: rlwire's own rules for a received

@@ -150,13 +150,20 @@ class FileSink(StoredSink):
 
     @classmethod
     def open_source(cls, url: URL, options: SourceOptions) -> FileSource:
-        reject_unknown(url, options.storage_options, ())
+        reject_unknown(url, options.storage_options, ("watch",))
+        watch = options.storage_options.get("watch", True)
+        if not isinstance(watch, bool):
+            raise ConfigError(
+                f"the storage option 'watch' must be True or False, got {watch!r}",
+                where=url.text,
+            )
         return FileSource(
             local_path(url),
             rank=options.rank,
             writable=options.writable,
             verify=options.verify,
             poll_interval=options.poll_interval,
+            watch=watch,
         )
 
     def __repr__(self) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from rlwire._core.atomic import write_atomic
 from rlwire._core.errors import CorruptFrameError, transport_error
+from rlwire.transport._file.watch import DirectoryWatch
 from rlwire.transport._stored.selected import Ranged, WholeFile
 from rlwire.transport._stored.source import StoredSource
 
@@ -36,7 +37,13 @@ class FileSource(StoredSource):
             a copy. The first write to each page pays a copy-on-write page fault (about
             1.7 ms per MiB written, on a 2-CPU VM); writes never reach the file.
         verify: check every segment against its recorded checksum.
-        poll_interval: seconds between checks while waiting for a step.
+        poll_interval: seconds between checks while waiting for a step or a part. On
+            Linux a waiting source is also woken as soon as a file appears in the
+            directory (inotify); it still checks every ``poll_interval``, for files
+            written on another machine of a network filesystem, which raise no event.
+        watch: False: never use inotify, only poll. It is not used either where the
+            platform lacks it, or the per-user limit of inotify instances or watches
+            is reached (then it is tried again, at most once a second).
     """
 
     def __init__(
@@ -47,8 +54,10 @@ class FileSource(StoredSource):
         writable: bool = False,
         verify: bool = True,
         poll_interval: float = 0.01,
+        watch: bool = True,
     ) -> None:
         self.root = Path(path)
+        self.watch = DirectoryWatch(self.root, enabled=watch)
         self.poll_interval = poll_interval
         self.rank = rank
         self.writable = writable
@@ -64,8 +73,19 @@ class FileSource(StoredSource):
     def __repr__(self) -> str:
         return f"FileSource({str(self.root)!r}, rank={self.rank})"
 
+    def wait(self, timeout: float | None) -> None:
+        self.watch.wait(self._bounded(timeout))
+
+    async def await_message(self, timeout: float | None) -> None:
+        await self.watch.await_change(self._bounded(timeout))
+
+    def _bounded(self, timeout: float | None) -> float:
+        return self.interval if timeout is None else max(0.0, min(timeout, self.interval))
+
     def close(self) -> None:
-        """Unmap the mappings nothing uses; the others go when their last view does."""
+        """Release the directory's watch; unmap the mappings nothing uses (the others
+        go when their last view does)."""
+        self.watch.close()
         self._unmap_unused()
         with self._mapped_lock:
             self._mapped.clear()

@@ -283,7 +283,10 @@ def run_sink(sink: str, spec: dict[str, Any], args: argparse.Namespace) -> dict[
     if sink == "ray":
         produced, got = run_ray(spec)
         return summarize(sink, spec, produced, got, "asyncio (Ray actor)")
-    where = Path(tempfile.mkdtemp(prefix="rlwire-stream-", dir=args.dir))
+    # --dir for the files; the system's for a socket, whose path must stay short
+    where = Path(
+        tempfile.mkdtemp(prefix="rlwire-stream-", dir=args.dir if sink == "file" else None)
+    )
     try:
         if sink == "file":
             produced, got = run_processes({**spec, "url": str(where / "run")}, timeout)

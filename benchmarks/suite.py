@@ -22,6 +22,13 @@ same run, then prints one table of ratios and writes every sample as JSON:
   multi-turn appends of ``routed_experts`` against a list of chunks written with one
   ``writev``; their stalls are judged on the difference to the idle loop's worst gap
   over the same durations, measured in the same run (shown beside them).
+* **stream** (``bench_stream.py``, issue 28's shape, fixed whatever the sizes, once
+  per loop; Ray only under asyncio, its actors' loop): 256 groups of 16 samples put
+  part by part as they finish over 10 s, two ranks taking them with ``aparts()``, on a
+  directory, S3, ZeroMQ ipc and Ray; its own table: the last put to the last part
+  held, put-to-receive latency (median, p99), the ranks' token imbalance against the
+  largest group, and the producer's worst stall beside the idle loop's. ``--quick``:
+  32 smaller groups over 2 s.
 * **users' types, 8 ranks** (``bench_user_types.py``, framework-shaped Structs with
   list fields): ``send_ranks`` against the frameworks' own raw-sidecar writer, target
   1.1 x; ``areceive`` against a msgspec decode of the same message.
@@ -66,7 +73,7 @@ HERE = Path(__file__).resolve().parent
 #: How a run is started, as its results record it.
 COMMAND = "python3 tasks.py bench"
 SIZES_GB = (0.1, 0.4, 0.8, 1.6, 3.2)
-SINKS = ("file", "file-small", "zmq-tcp", "zmq-ipc", "s3", "user-types", "columns")
+SINKS = ("file", "file-small", "zmq-tcp", "zmq-ipc", "s3", "user-types", "columns", "stream")
 BACKENDS = ("asyncio", "trio")
 #: Bytes of array data per token of bench_send.py's workload (48 layers x top-8 experts
 #: as uint8, then token id, mask, logprob, advantage).
@@ -115,6 +122,14 @@ def jobs(args: argparse.Namespace) -> list[Job]:
                         continue  # fixed shapes: once per loop
                     script = ["bench_columns.py", "--loops", backend]
                     script += ["--quick"] if args.quick else []
+                elif sink == "stream":
+                    if size != args.sizes[0]:
+                        continue  # a fixed shape: once per loop
+                    sinks = "file,s3,zmq-ipc" + (",ray" if backend == "asyncio" else "")
+                    script = ["bench_stream.py", "--backend", backend, "--sinks", sinks]
+                    script += ["--quick"] if args.quick else []
+                    out.append(Job(sink, backend, size, script))  # one run: no rounds
+                    continue
                 elif sink == "user-types":
                     if backend != args.backends[0]:
                         continue  # the script runs both loops itself
@@ -218,6 +233,8 @@ def ratios(job: Job) -> list[Ratio]:
         return []
     if job.sink == "columns":
         return column_ratios(job)
+    if job.sink == "stream":
+        return []  # a table of its own (stream_table): no baseline to take a ratio of
     if job.sink in ("file", "file-small"):
         rows = job.result["rows"]
         return [
@@ -261,6 +278,14 @@ def table(found: list[Ratio]) -> str:
             f"| {sign} {r.target:g}x | {stall} | {p99} | {peak} | {_verdicts(r)} |"
         )
     return "\n".join(lines)
+
+
+def stream_table(jobs: list[Job]) -> str:
+    """bench_stream.py's rows, of every loop, as one table."""
+    from bench_stream import table as stream_rows  # beside this file
+
+    rows = [row for job in jobs if job.sink == "stream" for row in job.result.get("rows", [])]
+    return stream_rows(rows) if rows else ""
 
 
 def growth(found: list[Ratio], backend: str = "asyncio") -> str:
@@ -411,8 +436,9 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `{results['command']}`; {results['date'][:10]}; {mach['cpus']} CPUs, "
         f"{mach['memory_gb']} GB, {mach['cpu']}"
     )
-    print()
-    print(table(found))
+    if found:
+        print()
+        print(table(found))
     if any(not r.sink.startswith("columns-") for r in found):
         print()
         print(
@@ -425,7 +451,14 @@ def main(argv: list[str] | None = None) -> int:
 
         for path in plot_all(found, Path(args.plot), results["command"]):
             print(f"plot: {path}")
-    failed = [job for job in (Job(**run) for run in results["runs"]) if job.error]
+    runs = [Job(**run) for run in results["runs"]]
+    streamed = stream_table(runs)
+    if streamed:
+        print()
+        print("Streaming parts (shape stream, bench_stream.py):")
+        print()
+        print(streamed)
+    failed = [job for job in runs if job.error]
     for job in failed:
         print(f"\nfailed: {job.name}: {job.error}")
     if not args.from_json:

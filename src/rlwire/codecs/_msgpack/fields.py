@@ -19,7 +19,7 @@ Example:
     ... })
     >>> frame = MsgpackCodec().encode({"samples": cols})
     >>> len(frame.buffers), sorted(select_fields(frame, frozenset({"b"})).buffers)
-    (4, [2, 3])
+    (2, [1])
 """
 
 from __future__ import annotations

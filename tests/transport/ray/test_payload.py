@@ -109,7 +109,7 @@ def test_sidecar_indices_out_of_range_are_corrupt() -> None:
 def _pieces_frame() -> tuple[Frame, bytes]:
     """A frame whose buffer 0 is the runs of three arrays (a column of per-sample rows):
     64-byte multiples but the last, one of them larger than Ray's threaded-copy size."""
-    rows = [np.arange(n, dtype=np.uint8) for n in (4096, (1 << 20) + 4096, 5000)]
+    rows = [np.arange(n, dtype=np.uint8) for n in (1 << 18, (1 << 20) + (1 << 18), 5000)]
     pieces = Pieces(memoryview(r) for r in rows)
     return Frame(b"header", (pieces, memoryview(b"plain")), codec="msgpack"), b"".join(
         r.tobytes() for r in rows
@@ -121,7 +121,7 @@ def test_runs_are_stored_one_value_each_and_read_as_one_buffer() -> None:
     assert runs_fit(frame.buffers[0])  # type: ignore[arg-type]
     main, side = _stored(frame)
     # envelope, header, the runs (the large one in 1 MiB values), the plain buffer
-    assert [v.nbytes for v in main[2:]] == [4096, 1 << 20, 4096, 5000, 5]
+    assert [v.nbytes for v in main[2:]] == [1 << 18, 1 << 20, 1 << 18, 5000, 5]
     got = _parse(main, side)  # checksums verified over the buffer as a whole
     assert bytes(got.buffers[0]) == joined and bytes(got.buffers[1]) == b"plain"
     # Views of separate arrays do not lie back to back here: they are joined, read-only.
@@ -129,8 +129,8 @@ def test_runs_are_stored_one_value_each_and_read_as_one_buffer() -> None:
 
 
 def test_runs_that_do_not_fit_are_refused_by_the_payload() -> None:
-    odd = Pieces([memoryview(bytes(5000)), memoryview(bytes(5000))])  # 5000 % 64 != 0
-    few = Pieces([memoryview(bytes(64)), memoryview(bytes(64))])  # too small for a value each
+    odd = Pieces([memoryview(bytes(500_000)), memoryview(bytes(500_000))])  # not 64-byte multiples
+    few = Pieces([memoryview(bytes(4096)), memoryview(bytes(4096))])  # too small for a value each
     assert not runs_fit(odd) and not runs_fit(few)
     with pytest.raises(TypeError, match="Pieces that fit"):
         make_payload(Frame(b"h", (odd,)), None)

@@ -217,7 +217,8 @@ class RaySink(Sink):
 
     def _storable(self, frame: Frame) -> Sliced[Frame]:
         """``frame`` with every :class:`~rlwire._frame.pieces.Pieces` buffer that cannot
-        be stored as its runs (:func:`~._payload.runs_fit`) joined into the join space."""
+        be stored as its runs (:func:`~rlwire.transport.ray._payload.runs_fit`) joined
+        into the join space."""
         fit = {i: b for i, b in enumerate(frame.buffers) if isinstance(b, Pieces) and runs_fit(b)}
         if not fit:
             return (yield from self._join_space.joined(frame))

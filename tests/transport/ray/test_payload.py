@@ -11,8 +11,9 @@ import pytest
 
 from rlwire import CorruptFrameError, Frame, UnsupportedVersionError
 from rlwire._frame.checksums import checksum_segments
+from rlwire._frame.pieces import Pieces
 from rlwire.aio import run_sliced
-from rlwire.transport.ray._payload import Envelope, make_payload, parse_payload
+from rlwire.transport.ray._payload import Envelope, make_payload, parse_payload, runs_fit
 
 
 def _frame() -> Frame:
@@ -103,3 +104,42 @@ def test_sidecar_indices_out_of_range_are_corrupt() -> None:
     main[0] = memoryview(msgspec.msgpack.encode(msgspec.structs.replace(envelope, sidecar=(7,))))
     with pytest.raises(CorruptFrameError, match="sidecar indices"):
         _parse(main, side)
+
+
+def _pieces_frame() -> tuple[Frame, bytes]:
+    """A frame whose buffer 0 is the runs of three arrays (a column of per-sample rows):
+    64-byte multiples but the last, one of them larger than Ray's threaded-copy size."""
+    rows = [np.arange(n, dtype=np.uint8) for n in (1 << 18, (1 << 20) + (1 << 18), 5000)]
+    pieces = Pieces(memoryview(r) for r in rows)
+    return Frame(b"header", (pieces, memoryview(b"plain")), codec="msgpack"), b"".join(
+        r.tobytes() for r in rows
+    )
+
+
+def test_runs_are_stored_one_value_each_and_read_as_one_buffer() -> None:
+    frame, joined = _pieces_frame()
+    assert runs_fit(frame.buffers[0])  # type: ignore[arg-type]
+    main, side = _stored(frame)
+    # envelope, header, the runs (the large one in 1 MiB values), the plain buffer
+    assert [v.nbytes for v in main[2:]] == [1 << 18, 1 << 20, 1 << 18, 5000, 5]
+    got = _parse(main, side)  # checksums verified over the buffer as a whole
+    assert bytes(got.buffers[0]) == joined and bytes(got.buffers[1]) == b"plain"
+    # Views of separate arrays do not lie back to back here: they are joined, read-only.
+    assert got.buffers[0].readonly
+
+
+def test_runs_that_do_not_fit_are_refused_by_the_payload() -> None:
+    odd = Pieces([memoryview(bytes(500_000)), memoryview(bytes(500_000))])  # not 64-byte multiples
+    few = Pieces([memoryview(bytes(4096)), memoryview(bytes(4096))])  # too small for a value each
+    assert not runs_fit(odd) and not runs_fit(few)
+    with pytest.raises(TypeError, match="Pieces that fit"):
+        make_payload(Frame(b"h", (odd,)), None)
+
+
+def test_run_counts_that_do_not_fit_the_values_are_corrupt() -> None:
+    main, side = _stored(_pieces_frame()[0])
+    envelope = msgspec.msgpack.decode(main[0], type=Envelope)
+    for runs, match in [((3,), "run counts"), ((0, 1), "run counts"), ((3, 1), "the objects hold")]:
+        changed = msgspec.structs.replace(envelope, runs=runs)
+        with pytest.raises(CorruptFrameError, match=match):
+            _parse([memoryview(msgspec.msgpack.encode(changed)), *main[1:]], side)

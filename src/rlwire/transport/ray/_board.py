@@ -242,8 +242,9 @@ class Board(PartsBoard):
         """Wait up to ``timeout`` seconds until :meth:`read` of ``step`` would answer
         something other than ``("none",)``, the step is sealed, or (``index`` given)
         rank ``rank``'s part ``index`` of it is committed. ``("none",)`` if none of them
-        happened; the answer of :meth:`read_part` when the part is there (which saves
-        the receiver a call); else ``("ready",)``."""
+        happened; the answer of :meth:`read_part` when the part is there, or of
+        :meth:`read` when the step is (either saves the receiver a call); else
+        ``("ready",)``."""
 
         def ready() -> bool:
             return (
@@ -259,7 +260,8 @@ class Board(PartsBoard):
                 return ("none",)
         if index is not None and len(self._parts_of(step, rank)) > index:
             return await self.read_part(step, rank, index)
-        return ("ready",)
+        state = self._state(step, rank)
+        return state if state[0] == "step" else ("ready",)
 
     async def mark(self, rank: int, next_step: int) -> None:
         """Record that rank ``rank`` moved past every step before ``next_step``."""

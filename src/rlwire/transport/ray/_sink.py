@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -11,7 +12,8 @@ import ray
 from rlwire._core.errors import ConfigError, CorruptFrameError, StepExistsError, TransportError
 from rlwire._core.slicing import Sliced
 from rlwire._frame.checksums import checksum_segments
-from rlwire._frame.frame import JoinSpace
+from rlwire._frame.frame import Frame, JoinSpace
+from rlwire._frame.pieces import Pieces
 from rlwire.transport._base import (
     OnExisting,
     PendingFrame,
@@ -27,12 +29,14 @@ from rlwire.transport._url import URL
 from rlwire.transport.ray._actors import BoardHandle, call, create_board, ensure_ray, ray_errors
 from rlwire.transport.ray._handle import StepHandle
 from rlwire.transport.ray._handover import offer, withdraw
-from rlwire.transport.ray._payload import make_payload, out_of_band
+from rlwire.transport.ray._payload import make_payload, out_of_band, runs_fit
 from rlwire.transport.ray._source import OPTIONS, RaySource, board_options, parse_name
 from rlwire.transport.ray._staged import RayStaged, RayStagedPart, open_step_error
 
 __all__ = ["RaySink", "producer_actor"]
 
+#: What stands for a buffer left out of a join.
+_NOTHING = memoryview(b"")
 #: Seconds the board waits for a producer's actor to hand a rank's objects over.
 PULL_TIMEOUT = 120.0
 
@@ -81,10 +85,12 @@ class RaySink(Sink):
 
     Every put and get runs in a worker thread; the event loop never waits on Ray. A
     buffer the codec hands over as the runs of :class:`~rlwire.abc.Pieces` (a column of
-    per-sample arrays) is joined, since an object's buffer is one block, into memory the
-    sink keeps from one rank's message to the next: warm pages, as
-    large as the largest message's joined columns, for as long as the sender lives. The
-    object store holds its own copy before the next message is joined.
+    per-sample arrays) goes into the object store run by run, with no join, when its
+    runs are multiples of 64 bytes (all but the last): Ray lays them back to back, and
+    receivers map them as one block. Other runs are joined first, since a receiver's
+    buffer is one block, into memory the sink keeps from one rank's message to the next:
+    warm pages, as large as the largest message's joined columns, for as long as the
+    sender lives. The object store holds its own copy before the next message is joined.
     Checksums are those of every sink (xxh3-64 per segment, verified on receive).
     Compression is the sender's choice (``compression=``); on one node it does not pay.
 
@@ -198,7 +204,7 @@ class RaySink(Sink):
         staged = RayStaged(board, self.where, key, step, len(frames))
         try:
             for rank, pending in enumerate(frames):
-                frame = yield from self._join_space.joined((yield from take_frame(pending)))
+                frame = yield from self._storable((yield from take_frame(pending)))
                 sums = (yield from checksum_segments(frame)) if self.checksum else None
                 main, side = make_payload(frame, sums)
                 del frame  # only one rank's message is held at a time
@@ -208,6 +214,19 @@ class RaySink(Sink):
             staged.discard()
             raise
         return staged
+
+    def _storable(self, frame: Frame) -> Sliced[Frame]:
+        """``frame`` with every :class:`~rlwire._frame.pieces.Pieces` buffer that cannot
+        be stored as its runs (:func:`~rlwire.transport.ray._payload.runs_fit`) joined
+        into the join space."""
+        fit = {i: b for i, b in enumerate(frame.buffers) if isinstance(b, Pieces) and runs_fit(b)}
+        if not fit:
+            return (yield from self._join_space.joined(frame))
+        rest = replace(
+            frame, buffers=tuple(_NOTHING if i in fit else b for i, b in enumerate(frame.buffers))
+        )
+        joined = yield from self._join_space.joined(rest)
+        return replace(joined, buffers=tuple(fit.get(i, b) for i, b in enumerate(joined.buffers)))
 
     def _stage_rank(
         self,
@@ -277,7 +296,7 @@ class RaySink(Sink):
         key = uuid.uuid4().hex
         staged = RayStagedPart(board, self.where, key, step, part)
         try:
-            taken = yield from self._join_space.joined((yield from take_frame(frame)))
+            taken = yield from self._storable((yield from take_frame(frame)))
             sums = (yield from checksum_segments(taken)) if self.checksum else None
             main, side = make_payload(taken, sums)
             del taken

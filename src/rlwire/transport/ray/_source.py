@@ -110,6 +110,8 @@ class RaySource(Source):
         self._expected_part: tuple[int, int] | None = None
         # The board's answer for that part, when a wait returned with it.
         self._ready_part: tuple[int, int, tuple[Any, ...]] | None = None
+        # The board's answer for a whole step, when a wait returned with it.
+        self._ready_step: tuple[int, tuple[Any, ...]] | None = None
 
     def __repr__(self) -> str:
         return f"RaySource({self.where!r}, rank={self.rank})"
@@ -157,7 +159,11 @@ class RaySource(Source):
             self._expected = step
             return None
         where = self.describe(step)
-        answer = self._call("read", step, self.rank, where=where, action="ask the board")
+        ready, self._ready_step = self._ready_step, None
+        if ready is not None and ready[0] == step:
+            answer = ready[1]  # a committed step's objects: the wait's answer is still true
+        else:
+            answer = self._call("read", step, self.rank, where=where, action="ask the board")
         if answer[0] == "step":
             main_ref, side_ref = answer[1]
             return self._fetch(main_ref, side_ref, where)
@@ -251,6 +257,8 @@ class RaySource(Source):
         )
         if index is not None and answer[0] == "part":
             self._ready_part = (step, index, answer)
+        elif answer[0] == "step":
+            self._ready_step = (step, answer)
 
     async def await_message(self, timeout: float | None) -> None:
         # Ray's references cannot be awaited under trio: a worker thread waits instead,

@@ -1,7 +1,9 @@
 """benchmarks/bench_stream.py (issue 28's shape "stream") runs and prints every row.
 
-A smoke test, not a timed one: ``--quick`` (32 groups over 2 s) on every sink, in a
-process of its own as ``python3 tasks.py bench`` starts it, with this checkout's src.
+A smoke test, not a timed one: ``--quick`` (32 groups over 2 s) on a directory and
+ZeroMQ (S3's and Ray's start-up would add half a minute to the suite; their sinks' parts
+are tested in tests/transport), in a process of its own as ``python3 tasks.py bench``
+starts it, with this checkout's src.
 Timings are only checked to be there and sane; the imbalance bound is checked for real
 (it is a property of the assignment, not of the machine's speed).
 """
@@ -17,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "bench_stream.py"
-SINKS = ("file", "s3", "zmq-ipc", "ray")
+SINKS = ("file", "zmq-ipc")
 GROUPS = 32  # --quick
 
 
@@ -30,7 +32,10 @@ def test_quick_run_prints_a_sane_row_for_every_sink(
     monkeypatch.setenv("PYTHONPATH", tasks.bench_path())
     out = tmp_path / "stream.json"
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--dir", str(tmp_path), "--json", str(out)],
+        [
+            *(sys.executable, str(SCRIPT), "--quick", "--sinks", ",".join(SINKS)),
+            *("--dir", str(tmp_path), "--json", str(out)),
+        ],
         capture_output=True,
         text=True,
         timeout=280,
@@ -57,5 +62,4 @@ def test_quick_run_prints_a_sane_row_for_every_sink(
         assert 0 <= row["imbalance"] <= row["largest_group"], sink
         # the producer's stall and the idle loop's gap, measured in the same run
         assert row["stall_ms"] >= 0 and row["idle_ms"] >= 0, sink
-    assert saved["s3"]["get_ms"] > 0
     assert not list(tmp_path.glob("rlwire-stream-*")), "the script left its directories"

@@ -49,6 +49,7 @@ import numpy as np
 import ray
 
 import rlwire
+from rlwire.transport.ray import drop_board
 
 SHAPES = {"moe": (256, 4096, True), "dense": (2048, 2048, False)}
 QUICK = {"moe": (16, 256, True), "dense": (64, 256, False)}
@@ -186,7 +187,11 @@ def run_variant(
         if rlwire_side:
             ray.get([t.close.remote() for t in trainers])
             ray.get(producer.close.remote())
-            if not url.startswith("ray://"):
+            if url.startswith("ray://"):
+                # The board keeps its last steps after the sender closes: drop it, or
+                # every round's steps stay in the store and later rounds spill to disk.
+                drop_board(url.removeprefix("ray://"))
+            else:
                 shutil.rmtree(url, ignore_errors=True)
     return out
 

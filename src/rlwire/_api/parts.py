@@ -243,6 +243,11 @@ class PartsReader(Generic[T]):
         if self._source.stores_parts:
             with self._mutex:
                 got = self._source.read_part(step, self._part_next)
+                seal = None if got is not None else self._source.read_seal(step)
+                if seal is not None and got is None:
+                    # Committed before its seal, the part may have come between the two
+                    # reads: look again before calling it missing.
+                    got = self._source.read_part(step, self._part_next)
                 if got is not None:
                     info, frame = got
                     decode_as, make = part_types(self._type)
@@ -257,7 +262,6 @@ class PartsReader(Generic[T]):
                         raise
                     self._part_next += 1
                     return Part(step, info.key, info.rank, info.index, value)
-                seal = self._source.read_seal(step)
                 if seal is not None:
                     count = len(seal.keys[rank]) if rank < seal.ranks else 0
                     if self._part_next >= count:

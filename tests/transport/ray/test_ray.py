@@ -209,7 +209,7 @@ def test_a_step_staged_and_never_committed_is_freed(ray_url: str, then: str) -> 
     dead.open("resume")
     run_sliced(dead.stage(0, [Frame(b"header", (memoryview(bytearray(size)),))]))
     # ... and it dies here, its step staged; its restart sends step 0 again:
-    assert settles(lambda: store_bytes() - baseline >= size)
+    assert settles(lambda: store_bytes() >= size)  # (the baseline's objects may go meanwhile)
     restarted = RaySink.from_url(parse_url(ray_url), SinkOptions())
     assert restarted.open("resume") == 0
     step = 0 if then == "commit it" else 1

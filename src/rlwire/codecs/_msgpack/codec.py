@@ -33,6 +33,7 @@ from rlwire._core.errors import ConfigError
 from rlwire._core.slicing import Sliced, run_sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selection
+from rlwire.codecs._msgpack.column_table import ColumnTable, describe_columns
 from rlwire.codecs._msgpack.decode import Decoding
 from rlwire.codecs._msgpack.encode import Encoding
 from rlwire.codecs._msgpack.fields import select_fields
@@ -168,3 +169,12 @@ class MsgpackCodec:
             True
         """
         return select_fields(frame, fields)
+
+    def describe_columns(self, frame: Frame) -> ColumnTable | None:
+        """The list of samples stored as columns in ``frame``'s (decompressed) header, for
+        a manifest (:func:`~rlwire.codecs._msgpack.column_table.describe_columns`).
+
+        Raises:
+            CorruptFrameError: the header or its columns value is malformed.
+        """
+        return describe_columns(frame)

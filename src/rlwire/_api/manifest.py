@@ -26,7 +26,8 @@ class ManifestColumn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             for a column of other values (floats, strings, ...) kept in the codec header.
         row_shape: the shape of a row's value past its first axis: ``()`` for per-token
             scalars, ``(layers, topk)`` for ``routed_experts``.
-        size: the bytes stored for it (its buffers, as stored: compressed if they are).
+        size: the bytes stored for it: its buffers as stored (compressed if they are),
+            and its arrays small enough to be inline in the codec header.
         buffers: the indices of its out-of-band buffers in the message: the values',
             then the offsets' (an inline array has none).
         checksums: the XXH3-64 of each of ``buffers``, as stored; empty when the

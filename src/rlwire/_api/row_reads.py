@@ -40,11 +40,8 @@ from rlwire._core.errors import (
 from rlwire._core.ragged import Ragged, offsets_problem
 from rlwire._core.slicing import run_sliced
 from rlwire._frame.frame import Frame
-from rlwire.codecs._msgpack.column_table import ColumnTable, StoredColumn, values_array
 from rlwire.transport._base import Source
-from rlwire.transport._stored.head import Head, open_head
-from rlwire.transport._stored.names import main_name
-from rlwire.transport._stored.source import StoredSource
+from rlwire.transport._heads import Head, read_head_of, sealed, store_url
 
 __all__ = ["RowReads"]
 
@@ -86,15 +83,15 @@ class RowReads:
             >>> m.rows, [(c.name, c.dtype) for c in m.columns]
             (1, [('token_ids', '<i8')])
         """
-        source = self._stored()
+        source = self._open()
         check_int(step, "step")
         rank = self._which_rank(rank)
         if part is not None:
             check_int(part, "part")
         with self._mutex:
-            head = open_head(source, step, rank, part)
+            head = read_head_of(source, step, rank, part)
             if head is None:
-                if part is None and source.read_seal(step) is not None:
+                if part is None and sealed(source, step):
                     raise ConfigError(
                         f"step {step} was filled part by part: ask for the manifest of "
                         "one of its parts (manifest(step, part=i))",
@@ -102,7 +99,7 @@ class RowReads:
                     )
                 return None
             table = self._table(head)
-        return _manifest(head, table, _url(source), step, rank)
+        return _manifest(head, table, store_url(source), step, rank)
 
     async def amanifest(
         self, step: int, *, part: int | None = None, rank: int | None = None
@@ -145,7 +142,7 @@ class RowReads:
             >>> [row.tolist() for row in got]
             [[0], [0, 1]]
         """
-        source = self._stored()
+        source = self._open()
         if not isinstance(manifest, Manifest):
             raise ConfigError(f"read_rows needs an rlwire.Manifest, got {type(manifest).__name__}")
         described = _described(manifest, column)
@@ -157,7 +154,7 @@ class RowReads:
                 f"rows {start}:{stop} are not a range of the {rows} rows of {column!r} "
                 f"(step {manifest.step}, rank {manifest.rank})"
             )
-        url = _url(source)
+        url = store_url(source)
         if manifest.url != url:
             raise StaleManifestError(
                 f"the manifest is of {manifest.url}, and this receiver reads {url}"
@@ -177,14 +174,10 @@ class RowReads:
 
         return await to_thread.run_sync(run, limiter=self._limiter)
 
-    def _stored(self) -> StoredSource:
+    def _open(self) -> Source:
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
-        if not isinstance(self._source, StoredSource):
-            raise ConfigError(
-                f"manifests name stored messages (a directory, an fsspec URL, S3): "
-                f"{self._source!r} does not keep its messages to be read again"
-            )
+        store_url(self._source)  # a store, or ConfigError
         return self._source
 
     def _which_rank(self, rank: int | None) -> int:
@@ -197,13 +190,13 @@ class RowReads:
         """``head``'s frame, its header decompressed."""
         return run_sliced(self._decoding.decompressed(head.frame))
 
-    def _table(self, head: Head) -> ColumnTable | None:
+    def _table(self, head: Head) -> Any:
         codec = self._decoding.codec(head.frame.codec)
         describe = getattr(codec, "describe_columns", None)  # msgpack's; not a plugin's
         if describe is None:
             return None
         try:
-            table: ColumnTable | None = describe(self._header(head))
+            table = describe(self._header(head))
         except CorruptFrameError as exc:
             exc.add_context(where=head.where)
             raise
@@ -216,6 +209,12 @@ class RowReads:
                     where=head.where,
                 )
         return table
+
+    def _values(self, head: Head, view: memoryview, col: Any, count: int) -> np.ndarray:
+        """``count`` items of ``col``'s values over ``view``, made by the codec."""
+        codec: Any = self._decoding.codec(head.frame.codec)  # describe_columns' codec
+        made: np.ndarray = codec.column_values(view, col, count, self._writable)
+        return made
 
     def _whole(self, head: Head, index: int) -> memoryview:
         """Buffer ``index`` read whole, checked, decompressed."""
@@ -232,10 +231,8 @@ class RowReads:
         assert isinstance(out, memoryview)  # decompressed or read: never Pieces
         return out
 
-    def _rows(
-        self, source: StoredSource, manifest: Manifest, name: str, start: int, stop: int
-    ) -> Ragged:
-        head = open_head(source, manifest.step, manifest.rank, manifest.part)
+    def _rows(self, source: Source, manifest: Manifest, name: str, start: int, stop: int) -> Ragged:
+        head = read_head_of(source, manifest.step, manifest.rank, manifest.part)
         if head is None or head.id != manifest.id:
             what = "no longer stored" if head is None else "written again since (another id)"
             raise StaleManifestError(
@@ -249,7 +246,7 @@ class RowReads:
                 f"holds no column {name!r} of {manifest.rows} rows, as its manifest says",
                 where=head.where,
             )
-        values_array(memoryview(b""), col, 0, False)  # a plain dtype, before any sizes
+        self._values(head, memoryview(b""), col, 0)  # a plain dtype, before any sizes
         offsets = self._offsets(head, col, table.rows)
         first, last = int(offsets[start]), int(offsets[stop])
         values: Any = col.values
@@ -259,7 +256,7 @@ class RowReads:
             row_bytes = np.dtype(col.dtype).itemsize * math.prod(col.row_shape)
             if head.compressed(values) or (col.order != "C" and col.row_shape):
                 whole = self._whole(head, values)
-                got = values_array(whole, col, col.length, self._writable)[first:last]
+                got = self._values(head, whole, col, col.length)[first:last]
             else:
                 if head.lengths[values] != col.length * row_bytes:
                     raise CorruptFrameError(
@@ -268,10 +265,10 @@ class RowReads:
                         where=head.where,
                     )
                 span = head.read([(values, first * row_bytes, last * row_bytes)])[0]
-                got = values_array(span, col, last - first, self._writable)
+                got = self._values(head, span, col, last - first)
         return Ragged(got, offsets[start : stop + 1] - first)
 
-    def _offsets(self, head: Head, col: StoredColumn, rows: int) -> np.ndarray:
+    def _offsets(self, head: Head, col: Any, rows: int) -> np.ndarray:
         """``col``'s offsets, read whole and checked (against its checksum, and as
         boundaries of its values)."""
         offsets: np.ndarray
@@ -312,21 +309,15 @@ def _described(manifest: Manifest, column: str) -> str:
     return column
 
 
-def _url(source: StoredSource) -> str:
-    """The store's URL (or directory), as the source names its files."""
-    name = main_name(0, 0)
-    where = str(source.locate(name))
-    return where[: -len(name) - 1] if where.endswith(name) else where
-
-
-def _manifest(head: Head, table: ColumnTable | None, url: str, step: int, rank: int) -> Manifest:
+def _manifest(head: Head, table: Any, url: str, step: int, rank: int) -> Manifest:
     sums = head.checksums
     columns = tuple(
         ManifestColumn(
             name=c.name,
             dtype=c.dtype,
             row_shape=c.row_shape,
-            size=sum(head.lengths[b] for b in c.buffers),
+            size=sum(head.lengths[b] for b in c.buffers)
+            + sum(a.nbytes for a in (c.values, c.offsets) if isinstance(a, np.ndarray)),
             buffers=c.buffers,
             checksums=tuple(sums[b + 1] for b in c.buffers) if sums else (),
         )

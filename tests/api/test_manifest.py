@@ -235,3 +235,25 @@ async def test_the_manifest_of_a_message_without_columns_has_sizes_only(tmp_path
         async with rlwire.open_receiver(url, type=dict) as receiver:
             with pytest.raises(rlwire.FieldNotFoundError, match="no column"):
                 await receiver.aread_rows(manifest, "x", 0, 1)
+
+
+def test_inspect_prints_the_manifest(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rlwire._api.cli import main
+
+    url = str(tmp_path / "run")
+    with rlwire.open_sync_sender(url) as sender:
+        sender.send(rlwire.TrainingBatch(samples=_columns()))  # type: ignore[arg-type]
+        with sender.open_step() as writer:
+            writer.put(_columns(rows=2), key="g0")  # type: ignore[arg-type]
+    assert main(["inspect", url]) == 0
+    out = capsys.readouterr().out
+    assert "manifest of step 0 rank 0:" in out and "6 rows in 'samples'" in out
+    assert "routed_experts: |u1 rows [n, 4, 2]" in out and "xxh3-64" in out
+    assert main(["inspect", url, "--step", "1", "--part", "0"]) == 0
+    assert "part 0 (key 'g0')" in capsys.readouterr().out
+    assert main(["inspect", url, "--json"]) == 0
+    manifest = msgspec.json.decode(capsys.readouterr().out, type=rlwire.Manifest)
+    with rlwire.open_receiver(url) as receiver:
+        assert manifest == receiver.manifest(0)
+    assert main(["inspect", url, "--step", "1", "--json"]) == 2  # parts: --part, says why
+    assert "part by part" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -257,3 +258,32 @@ def test_inspect_prints_the_manifest(tmp_path: Path, capsys: pytest.CaptureFixtu
         assert manifest == receiver.manifest(0)
     assert main(["inspect", url, "--step", "1", "--json"]) == 2  # parts: --part, says why
     assert "part by part" in capsys.readouterr().err
+
+
+def test_the_wire_form_is_the_documented_map() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "format.md").read_text()
+    section = doc.split("## Manifests", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `(\w+)` \|", section, re.M))
+    column = rlwire.ManifestColumn(name="x", dtype="<i4", row_shape=(2,), buffers=(0,))
+    full = rlwire.Manifest(
+        url="u",
+        step=1,
+        rank=0,
+        part=2,
+        key="k",
+        id=bytes(16),
+        codec="msgpack",
+        size=9,
+        rows=1,
+        field="samples",
+        columns=(column,),
+        header_checksum=3,
+    )
+    wire = msgspec.msgpack.decode(full.encode())
+    assert set(wire) | set(wire["columns"][0]) | {"size", "checksums"} == documented
+    assert (
+        set(rlwire.Manifest.__struct_fields__) | set(rlwire.ManifestColumn.__struct_fields__)
+        == documented
+    )
+    with pytest.raises(rlwire.DecodeError, match="not an rlwire manifest"):
+        rlwire.Manifest.decode(b"\x81\xa3url\x01")

@@ -218,6 +218,15 @@ def test_the_names_of_steps_filled_part_by_part_report_their_faces() -> None:
     assert rlwire.abc.Sink.stores_parts is False and rlwire.abc.Source.stores_parts is False
 
 
+def test_manifests_report_their_faces() -> None:
+    for name in ("Manifest", "ManifestColumn", "StaleManifestError"):
+        assert name in rlwire.__all__
+        assert getattr(rlwire, name).__module__ == (
+            "rlwire.errors" if name.endswith("Error") else "rlwire"
+        )
+    assert issubclass(rlwire.StaleManifestError, rlwire.RlwireError)
+
+
 @pytest.mark.parametrize(
     ("old", "name", "face"),
     [

@@ -14,6 +14,7 @@ Example:
 
 from rlwire._api.batch_receiver import TrainingBatchReceiver
 from rlwire._api.batch_sender import TrainingBatchSender
+from rlwire._api.manifest import Manifest, ManifestColumn
 from rlwire._api.options import Integrity, Limits, Retention
 from rlwire._api.parts import Part
 from rlwire._api.receiver import open_receiver
@@ -52,6 +53,8 @@ __all__ = [
     "Integrity",
     "LagMonitor",
     "Limits",
+    "Manifest",
+    "ManifestColumn",
     "MarkSkippedWarning",
     "Part",
     "Ragged",
@@ -61,6 +64,7 @@ __all__ = [
     "RlwireError",
     "SchemaError",
     "SendStats",
+    "StaleManifestError",
     "StepExistsError",
     "StepGapError",
     "StepOrderError",

@@ -17,6 +17,7 @@ from rlwire._api.fields import FieldSelector, check_fields
 from rlwire._api.options import Limits, LimitsKeywords, from_keywords
 from rlwire._api.parts import NOTHING as _NOTHING
 from rlwire._api.parts import PartsReader, SealedStep, read_sealed
+from rlwire._api.row_reads import RowReads
 from rlwire._api.schema import TrainingBatch, TrainingSample
 from rlwire._api.stats import ReceiveStats
 from rlwire._checks.checks import Checks
@@ -38,7 +39,7 @@ __all__ = ["TrainingBatchReceiver"]
 T = TypeVar("T")
 
 
-class TrainingBatchReceiver(PartsReader[T], Generic[T]):
+class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
     """Receives the objects of consecutive steps for one rank.
 
     Synchronous (``receive``, ``poll``, ``for``, ``with``) for trainer processes, and

@@ -1,4 +1,5 @@
-"""The ``rlwire`` command: ``rlwire demo`` and ``rlwire inspect PATH [--type MODULE:NAME]``.
+"""The ``rlwire`` command: ``rlwire demo`` and ``rlwire inspect PATH [--type MODULE:NAME]``
+(the message described, then its manifest; ``--part N`` or ``--json``: the manifest alone).
 
 The benchmark suite needs a source checkout (its scripts are not installed), so it is run
 there as ``python3 tasks.py bench``."""
@@ -20,6 +21,7 @@ import anyio
 import msgspec
 import numpy as np
 
+from rlwire._api.manifest import Manifest
 from rlwire._api.receiver import open_receiver
 from rlwire._api.schema import TrainingBatch
 from rlwire._api.sender import open_sender
@@ -145,6 +147,15 @@ async def _demo(ns: argparse.Namespace, directory: str) -> int:
 def _inspect(ns: argparse.Namespace) -> int:
     path = Path(ns.path)
     step, rank = ns.step, ns.rank
+    if ns.json or ns.part is not None:  # the manifest alone: envelope and header only
+        with open_receiver(path, rank=rank, record_consumed=False) as receiver:
+            manifest = receiver.manifest(step, part=ns.part)
+        if manifest is None:
+            part = "" if ns.part is None else f" part {ns.part}"
+            print(f"{path}: no step {step}{part} for rank {rank}", file=sys.stderr)
+            return 1
+        print(msgspec.json.encode(manifest).decode() if ns.json else _manifest_text(manifest))
+        return 0
     target = _load_type(ns.type) if ns.type else Any
     try:
         with open_receiver(path, type=target, start_step=step, rank=rank) as receiver:
@@ -156,7 +167,33 @@ def _inspect(ns: argparse.Namespace) -> int:
         print(f"{path}: no step {step} for rank {rank}", file=sys.stderr)
         return 1
     print(f"step {step} rank {rank}: {_size(*_nbytes(obj, _MAX_VISITS))}{_describe(obj)}")
+    with open_receiver(path, rank=rank, record_consumed=False) as receiver:
+        manifest = receiver.manifest(step)
+    if manifest is not None:
+        print(_manifest_text(manifest))
     return 0
+
+
+def _manifest_text(m: Manifest) -> str:
+    """The manifest, a line for the message and one per column."""
+    where = "" if m.part is None else f" part {m.part} (key {m.key!r})"
+    rows = "no columns" if m.rows is None else f"{m.rows} rows"
+    lines = [
+        f"manifest of step {m.step} rank {m.rank}{where}: {_size(m.size)} stored, codec "
+        f"{m.codec}, id {m.id.hex()}, {rows}" + (f" in {m.field!r}" if m.field else "")
+    ]
+    for c in m.columns:
+        kind = (
+            f"{c.dtype} rows [n{''.join(f', {d}' for d in c.row_shape)}]"
+            if c.dtype
+            else "values in the codec header"
+        )
+        sums = " ".join(f"{x:016x}" for x in c.checksums)
+        lines.append(
+            f"  {c.name}: {kind}, {_size(c.size)}, buffers {list(c.buffers)}"
+            + (f", xxh3-64 {sums}" if sums else "")
+        )
+    return "\n".join(lines)
 
 
 # The description is bounded whatever the message holds: this many levels, fields and
@@ -292,6 +329,8 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("path", help="the directory a sender writes to")
     inspect.add_argument("--step", type=int, default=0)
     inspect.add_argument("--rank", type=int, default=0)
+    inspect.add_argument("--part", type=int, help="the manifest of this part of the step")
+    inspect.add_argument("--json", action="store_true", help="the manifest alone, as JSON")
     inspect.add_argument(
         "--type",
         metavar="MODULE:NAME",

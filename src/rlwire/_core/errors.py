@@ -156,6 +156,13 @@ class StepExistsError(RlwireError, FileExistsError):
     """
 
 
+class StaleManifestError(RlwireError, LookupError):
+    """A :class:`~rlwire.Manifest` no longer names a stored message: the message it was
+    made from was deleted (retention, a rewrite) or written again under the same name
+    (another message id), or it is of another store than the receiver reading through it.
+    Make a new manifest of what is stored now."""
+
+
 class TransportError(RlwireError, OSError):
     """A destination cannot be written or a source cannot be read (permissions, disk
     full, ...). Nothing half-written is left visible."""

@@ -27,12 +27,19 @@ from collections.abc import Iterable
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from rlwire._core.args import check_int
 from rlwire._core.errors import ConfigError
 from rlwire._core.slicing import Sliced, run_sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selection
+from rlwire.codecs._msgpack.column_table import (
+    ColumnTable,
+    StoredColumn,
+    describe_columns,
+    values_array,
+)
 from rlwire.codecs._msgpack.decode import Decoding
 from rlwire.codecs._msgpack.encode import Encoding
 from rlwire.codecs._msgpack.fields import select_fields
@@ -168,3 +175,23 @@ class MsgpackCodec:
             True
         """
         return select_fields(frame, fields)
+
+    def describe_columns(self, frame: Frame) -> ColumnTable | None:
+        """The list of samples stored as columns in ``frame``'s (decompressed) header, for
+        a manifest (:func:`~rlwire.codecs._msgpack.column_table.describe_columns`).
+
+        Raises:
+            CorruptFrameError: the header or its columns value is malformed.
+        """
+        return describe_columns(frame)
+
+    def column_values(
+        self, view: memoryview, column: StoredColumn, count: int, writable: bool
+    ) -> np.ndarray:
+        """``count`` items of ragged ``column``'s values over ``view``
+        (:func:`~rlwire.codecs._msgpack.column_table.values_array`).
+
+        Raises:
+            CorruptFrameError: ``view`` does not hold exactly that, or the dtype is not plain.
+        """
+        return values_array(view, column, count, writable)

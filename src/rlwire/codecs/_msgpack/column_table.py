@@ -1,0 +1,181 @@
+"""The columns of a message's list of samples, told from its codec header alone: what a
+manifest lists, and where a read of some rows of a column finds their bytes.
+
+A message's list of samples is a columns value (extension 7) at the top of the header (a
+part) or as one field of the object at the top (a whole step: ``samples``). Each column
+is either ragged (extension 6: a values array and an offsets array, each out-of-band or
+inline) or a list of values kept in the header. No buffer is read.
+
+Example:
+    >>> import numpy as np, rlwire
+    >>> from rlwire.codecs._msgpack.codec import MsgpackCodec
+    >>> cols = rlwire.Columns({"a": rlwire.Ragged.from_arrays([np.arange(5000)] * 2)})
+    >>> table = describe_columns(MsgpackCodec().encode({"samples": cols, "step": 1}))
+    >>> table.field, table.rows, [(c.name, c.dtype, c.values) for c in table.columns]
+    ('samples', 2, [('a', '<i8', 0)])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from rlwire._core.errors import CorruptFrameError
+from rlwire._frame.frame import Frame
+from rlwire.codecs._msgpack.arrays import make_array
+from rlwire.codecs._msgpack.extensions import (
+    EXT_ARRAY,
+    EXT_COLUMNS,
+    EXT_INLINE_ARRAY,
+    EXT_RAGGED,
+    ArrayRef,
+    InlineArray,
+)
+
+__all__ = ["ColumnTable", "StoredColumn", "describe_columns", "values_array"]
+
+_array_ref = msgspec.msgpack.Decoder(ArrayRef)
+_inline = msgspec.msgpack.Decoder(InlineArray)
+
+
+class _Other:
+    """An extension value this scan does not look into."""
+
+
+_OTHER = _Other()
+
+
+@dataclass(frozen=True)
+class StoredColumn:
+    """One column of a list of samples stored column by column.
+
+    Attributes:
+        name: the field's name.
+        dtype: a ragged column's numpy dtype string; ``None`` for a column of values
+            kept in the header (or a chunked container).
+        row_shape: a ragged column's trailing shape (``()`` for rows of scalars).
+        values: where a ragged column's values are: an out-of-band buffer's index, or
+            the array itself when inline (small).
+        offsets: likewise for its ``n + 1`` offsets.
+        order: the values' memory order (``C`` or ``F``; rows are contiguous in ``C``).
+        length: a ragged column's values along their first axis (its tokens).
+    """
+
+    name: str
+    dtype: str | None = None
+    row_shape: tuple[int, ...] = ()
+    values: int | np.ndarray | None = None
+    offsets: int | np.ndarray | None = None
+    order: str = "C"
+    length: int = 0
+
+    @property
+    def buffers(self) -> tuple[int, ...]:
+        """The out-of-band buffers it refers to: values, then offsets."""
+        return tuple(b for b in (self.values, self.offsets) if isinstance(b, int))
+
+
+@dataclass(frozen=True)
+class ColumnTable:
+    """A message's list of samples stored as columns.
+
+    Attributes:
+        field: where it is: ``None`` at the top of the header (a part's samples), a
+            field name (``samples``) or an index (of an ``array_like`` object).
+        rows: its number of rows (samples).
+        columns: its columns, in stored order.
+    """
+
+    field: str | int | None
+    rows: int
+    columns: tuple[StoredColumn, ...]
+
+
+def _hook(code: int, data: memoryview) -> Any:
+    if code == EXT_ARRAY:
+        return _array_ref.decode(data)
+    if code == EXT_INLINE_ARRAY:
+        return _inline.decode(data)
+    if code in (EXT_RAGGED, EXT_COLUMNS):
+        return (code, _decoder.decode(data))
+    return _OTHER
+
+
+_decoder = msgspec.msgpack.Decoder(ext_hook=_hook)
+
+
+def _where(ref: Any) -> tuple[int | np.ndarray, str, list[int], str]:
+    if isinstance(ref, ArrayRef):
+        return ref.index, ref.dtype, ref.shape, ref.order
+    if isinstance(ref, InlineArray):
+        data = memoryview(ref.data)
+        return make_array(data, ref.dtype, ref.shape, ref.order, False), ref.dtype, ref.shape, "C"
+    raise CorruptFrameError("a ragged array's values or offsets are not an array")
+
+
+def _column(name: str, value: Any) -> StoredColumn:
+    if not (type(value) is tuple and value[0] == EXT_RAGGED):
+        return StoredColumn(name)
+    payload = value[1]
+    if type(payload) is not list or len(payload) != 2:
+        raise CorruptFrameError(f"column {name!r}: a malformed ragged array")
+    values, dtype, shape, order = _where(payload[0])
+    offsets, offsets_dtype, offsets_shape, _ = _where(payload[1])
+    if not shape or len(offsets_shape) != 1 or offsets_dtype != "<i8":
+        raise CorruptFrameError(
+            f"column {name!r}: ragged values of shape {shape} with offsets {offsets_dtype} "
+            f"{offsets_shape}: expected values of at least 1 dimension and 1-D <i8 offsets"
+        )
+    return StoredColumn(name, dtype, tuple(shape[1:]), values, offsets, order, shape[0])
+
+
+def _table(field: str | int | None, value: Any) -> ColumnTable | None:
+    if not (type(value) is tuple and value[0] == EXT_COLUMNS):
+        return None
+    payload = value[1]
+    if not (type(payload) is list and len(payload) == 4 and type(payload[0]) is int):
+        raise CorruptFrameError("a malformed columns value")
+    count, _layout, names, columns = payload
+    if type(names) is not list or type(columns) is not list or len(names) != len(columns):
+        raise CorruptFrameError("a columns value whose names and columns do not match")
+    if not all(type(n) is str for n in names) or len(set(names)) != len(names):
+        raise CorruptFrameError(f"a columns value with names {names!r}: not distinct strings")
+    return ColumnTable(field, count, tuple(map(_column, names, columns)))
+
+
+def describe_columns(frame: Frame) -> ColumnTable | None:
+    """The list of samples stored as columns in ``frame``'s (decompressed) header, at its
+    top or in a field of the object at its top (the first one); ``None`` when there is
+    none there.
+
+    Raises:
+        CorruptFrameError: the header cannot be read, or its columns value is malformed.
+    """
+    try:
+        top = _decoder.decode(frame.header)
+    except (msgspec.DecodeError, ValueError, TypeError, RecursionError) as exc:
+        raise CorruptFrameError(f"the codec header cannot be read: {exc}") from None
+    found = _table(None, top)
+    if found is not None:
+        return found
+    items: Any = top.items() if type(top) is dict else enumerate(top) if type(top) is list else ()
+    for key, value in items:
+        found = _table(key, value)
+        if found is not None:
+            return found
+    return None
+
+
+def values_array(view: memoryview, column: StoredColumn, count: int, writable: bool) -> np.ndarray:
+    """``count`` items of ragged ``column``'s values (rows back to back), a view over
+    ``view`` (a copy if ``writable`` and ``view`` is read-only).
+
+    Raises:
+        CorruptFrameError: ``view`` does not hold exactly that many, or the column's dtype
+            is not a plain numeric one.
+    """
+    assert column.dtype is not None
+    return make_array(view, column.dtype, [count, *column.row_shape], "C", writable)

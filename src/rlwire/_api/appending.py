@@ -298,7 +298,8 @@ def merge_appended(obj: Any, columns: dict[str, Column]) -> Any:
     if samples is None:
         raise DecodeError("the step has fields appended but holds no list of samples")
     rows = len(next(iter(columns.values())))
-    if len(samples) != rows:
+    # Columns of no field (fields= named appended ones only) have no row count.
+    if len(samples) != rows and not (isinstance(samples, Columns) and not samples.names):
         raise DecodeError(f"fields appended for {rows} rows, the step holds {len(samples)}")
     if isinstance(samples, Columns):
         merged = Columns({**dict(samples.items()), **columns})

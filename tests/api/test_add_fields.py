@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import rlwire
-from rlwire.transport._stored.sink import StoredSink
+from rlwire.transport.layout import StoredSink
 
 pytestmark = pytest.mark.anyio
 

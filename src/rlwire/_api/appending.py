@@ -5,7 +5,7 @@ stores new columns beside a step's samples without rewriting them. The sender ch
 them against the step as stored (its row count, and each :class:`~rlwire.Ragged`'s row
 lengths against the step's ``token_ids``), encodes them as one
 :class:`~rlwire.Columns` and commits it as a file of its own
-(:mod:`rlwire.transport._stored.appended`). A receiver reads those files with the step
+(:mod:`rlwire.transport._appended`). A receiver reads those files with the step
 and hands the fields out with the others; one opened with ``fields=`` reads, of the
 step itself, only the fields not appended, and waits for a named field that neither
 the step nor its appended files hold yet.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import msgspec
@@ -39,16 +39,15 @@ from rlwire._core.offload import drive_sliced
 from rlwire._core.ragged import Ragged
 from rlwire._core.slicing import run_sliced
 from rlwire._frame.frame import Frame
-from rlwire.codecs._msgpack.codec import MsgpackCodec
-from rlwire.transport._base import Sink, Source
-from rlwire.transport._stored.appended import (
+from rlwire.codecs._registry import get_codec
+from rlwire.transport._appended import (
+    keeps_steps,
     read_appended,
     sink_appended,
     stage_fields,
     stored_frames,
 )
-from rlwire.transport._stored.sink import StoredSink
-from rlwire.transport._stored.source import StoredSource
+from rlwire.transport._base import Sink, Source
 
 __all__ = ["Appended", "AppendingSender", "add_fields", "merge_appended", "read_with_appended"]
 
@@ -135,7 +134,7 @@ def _check_against(
                 )
 
 
-def _prepare(sink: StoredSink, step: int, rank: int, columns: Columns, limits: Limits) -> Frame:
+def _prepare(sink: Any, step: int, rank: int, columns: Columns, limits: Limits) -> Frame:
     """Read and check the step as stored, then encode ``columns`` (in a worker thread)."""
     decoding = FrameDecoding(limits, None, writable=False, fields=frozenset({LENGTHS_FROM}))
     try:
@@ -155,7 +154,7 @@ def _prepare(sink: StoredSink, step: int, rank: int, columns: Columns, limits: L
         n for f in sink_appended(sink, step, rank) for n in _decode_appended(f, decoding).names
     ]
     _check_against(columns, appended, count, lengths)
-    return run_sliced(MsgpackCodec().encode_sliced({"fields": columns}))
+    return run_sliced(get_codec("msgpack")().encode_sliced({"fields": columns}))
 
 
 def _decode_appended(frame: Frame, decoding: FrameDecoding) -> Columns:
@@ -178,7 +177,7 @@ async def add_fields(
     rank: int,
 ) -> None:
     """What :meth:`~rlwire.TrainingBatchSender.add_fields` does, its lock held."""
-    if not isinstance(sink, StoredSink):
+    if not keeps_steps(sink):
         raise ConfigError(
             f"add_fields needs a store that keeps steps (files, fsspec/S3); {sink!r} keeps "
             "none (a socket hands a step over and forgets it)"
@@ -188,7 +187,7 @@ async def add_fields(
         frame = await to_thread.run_sync(
             _prepare, sink, step, rank, columns, limits, limiter=limiter
         )
-        _, staged = await drive_sliced(stage_fields(sink, step, rank, frame), limiter)
+        _, staged = await drive_sliced(stage_fields(cast(Any, sink), step, rank, frame), limiter)
         try:
             await staged.acommit(limiter)
         except BaseException:
@@ -260,10 +259,10 @@ def read_with_appended(
     """``read()`` (the receiver's read of ``step``) with the appended fields of the
     step: what it returned wrapped in :class:`Appended`, or ``None`` while a field named
     in ``fields`` is neither in the step nor appended yet."""
-    if not isinstance(source, StoredSource):
+    if not keeps_steps(source):
         return read()  # type: ignore[no-any-return]
     appended: dict[str, Column] = {}
-    for frame in read_appended(source, step):
+    for frame in read_appended(cast(Any, source), step):
         appended.update(_decode_appended(frame, decoding).items())
     rest = fields
     select = source.select

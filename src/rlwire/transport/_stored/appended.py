@@ -33,7 +33,7 @@ from rlwire.transport._stored.selected import HEAD_BYTES, WholeFile, parse_selec
 from rlwire.transport._stored.sink import StoredSink, StoredStaging
 from rlwire.transport._stored.source import StoredSource
 
-__all__ = ["read_appended", "sink_appended", "stage_fields", "stored_frames"]
+__all__ = ["keeps_steps", "read_appended", "sink_appended", "stage_fields", "stored_frames"]
 
 #: The most appended-field files one step and rank may hold.
 MAX_APPENDS = 1000
@@ -54,6 +54,11 @@ def _load_whole(sink: StoredSink, name: str) -> memoryview | None:
         if size > head.nbytes:
             head = memoryview(sink.load_head(name, size) or b"")
         return head
+
+
+def keeps_steps(end: object) -> bool:
+    """Whether ``end`` (a sink or a source) is a store, whose steps fields are appended to."""
+    return isinstance(end, StoredSink | StoredSource)
 
 
 def stored_frames(sink: StoredSink, step: int, rank: int, select: Selector) -> list[Frame] | None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 import warnings
@@ -12,6 +13,7 @@ from typing import Any, Generic, TypeVar
 from anyio import CancelScope, CapacityLimiter, to_thread
 from typing_extensions import Unpack
 
+from rlwire._api.appending import Appended, merge_appended, read_with_appended
 from rlwire._api.decoding import FrameDecoding
 from rlwire._api.fields import FieldSelector, check_fields
 from rlwire._api.options import Limits, LimitsKeywords, from_keywords
@@ -187,15 +189,20 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
             if self._record_consumed and self._next_step > self._recorded:
                 self._source.mark_consumed(self._next_step)
                 self._recorded = self._next_step
-            got = self._source.read_next(self._next_step)
-            if got is None and self._source.stores_parts:
-                return read_sealed(self._source, self._next_step, self._rank or 0)
-            return got
+            return read_with_appended(
+                self._source, self._next_step, self._fields, self._decoding, self._read_step
+            )
         except RlwireError as exc:
             exc.add_context(rank=self._rank)
             raise
         finally:
             self._read_seconds = time.perf_counter() - began
+
+    def _read_step(self) -> tuple[int, Frame | SealedStep] | None:
+        got = self._source.read_next(self._next_step)
+        if got is None and self._source.stores_parts:
+            return read_sealed(self._source, self._next_step, self._rank or 0)
+        return got
 
     def _peek(self) -> bool:
         """Read the next step's frame, if it has arrived, and keep it for the next
@@ -212,6 +219,15 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
         as_columns: bool,
         type_: Any = _NOTHING,
     ) -> Sliced[Any]:
+        if isinstance(frame, Appended):  # fields appended to the step (add_fields)
+            decoding = self._decoding
+            self._decoding = copy.copy(decoding)
+            self._decoding.fields = frame.fields
+            try:
+                obj = yield from self._decode(frame.inner, seconds, as_columns, type_)
+            finally:
+                self._decoding = decoding
+            return merge_appended(obj, frame.columns) if frame.columns else obj
         if isinstance(frame, SealedStep):
             return (yield from self._decode_sealed(frame, seconds, as_columns))
         type_ = self._type if type_ is _NOTHING else type_

@@ -10,6 +10,7 @@ import anyio
 from anyio import CapacityLimiter, to_thread
 from typing_extensions import Unpack
 
+from rlwire._api.appending import AppendingSender
 from rlwire._api.options import (
     Retention,
     RetentionKeywords,
@@ -38,7 +39,7 @@ from rlwire.transport._base import OnExisting, Sink
 __all__ = ["TrainingBatchSender"]
 
 
-class TrainingBatchSender:
+class TrainingBatchSender(AppendingSender):
     """Sends one object per step (or one per data-parallel rank) through a sink.
 
     Each send encodes and writes in worker threads, in slices short enough that the

@@ -12,7 +12,7 @@ import contextlib
 import inspect
 import os
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, Literal, ParamSpec, TypeVar
@@ -24,6 +24,7 @@ from rlwire._api.batch_sender import TrainingBatchSender
 from rlwire._api.sender import open_sender
 from rlwire._api.stats import SendStats
 from rlwire._api.sync_step_writer import SyncStepWriter
+from rlwire._core.columns import Column
 from rlwire._core.errors import ClosedError
 from rlwire.transport._base import Sink
 
@@ -194,6 +195,18 @@ class SyncSender:
                 :meth:`send`, naming the rank.
         """
         return self._call(self._sender.send_ranks, objs, step=step)
+
+    def add_fields(
+        self,
+        step: int,
+        fields: Mapping[str, Column],
+        *,
+        rows: int | None = None,
+        rank: int = 0,
+    ) -> None:
+        """Store ``fields`` beside the samples of the committed ``step``; see
+        :meth:`rlwire.TrainingBatchSender.add_fields` (same errors)."""
+        self._call(self._sender.add_fields, step, fields, rows=rows, rank=rank)
 
     def open_step(
         self,

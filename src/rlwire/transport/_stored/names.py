@@ -22,6 +22,7 @@ from rlwire.transport._base import OnExisting
 __all__ = [
     "CONSUMED_RE",
     "END_NAME",
+    "FIELDS_RE",
     "FILE_RE",
     "LEFTOVER_RE",
     "MAIN_RE",
@@ -32,6 +33,7 @@ __all__ = [
     "STORED_RE",
     "TEMP_RE",
     "consumed_name",
+    "fields_name",
     "main_name",
     "names_to_delete",
     "orphan_sidecars",
@@ -59,11 +61,14 @@ STORED_RE = re.compile(r"step-(\d+)\.rank-(\d+)(\.sidecar)?\.rlw")
 #: A part of a step filled part by part, main or sidecar file; groups: step, rank,
 #: index, sidecar suffix.
 STEP_PART_RE = re.compile(r"step-(\d+)\.rank-(\d+)\.part-(\d+)(\.sidecar)?\.rlw")
+#: Fields appended to a committed step (``add_fields``), main or sidecar file; groups:
+#: step, rank, index, sidecar suffix.
+FIELDS_RE = re.compile(r"step-(\d+)\.rank-(\d+)\.fields-(\d+)(\.sidecar)?\.rlw")
 #: The seal of a step filled part by part; group: step.
 SEAL_RE = re.compile(r"step-(\d+)\.seal\.rlw")
 #: A file still being written (or left behind by a sender that was killed).
 TEMP_RE = re.compile(
-    r"\.step-\d+\.(?:rank-\d+(?:\.part-\d+)?(\.sidecar)?|seal)\.rlw\.[0-9a-f]+\.tmp"
+    r"\.step-\d+\.(?:rank-\d+(?:\.(?:part|fields)-\d+)?(\.sidecar)?|seal)\.rlw\.[0-9a-f]+\.tmp"
 )
 #: A pruned step's file kept for reuse by a file sink that recycles; groups: rank,
 #: sidecar suffix.
@@ -71,7 +76,8 @@ POOL_RE = re.compile(r"\.pool\.rank-(\d+)(\.sidecar)?\.rlw\.[0-9a-f]+\.tmp")
 #: A temporary file any writer may leave when killed: a step's file, a mark
 #: (consumption, end, rewrite), the sink's probe of the directory, or a pooled file.
 LEFTOVER_RE = re.compile(
-    r"\.(?:step-\d+\.(?:rank-\d+(?:\.part-\d+)?(?:\.sidecar)?|seal)|consumed\.rank-\d+|end|rewrite)"
+    r"\.(?:step-\d+\.(?:rank-\d+(?:\.(?:part|fields)-\d+)?(?:\.sidecar)?|seal)|consumed\.rank-\d+"
+    r"|end|rewrite)"
     r"\.rlw\.[0-9a-f]+\.tmp"
     r"|\.rlwire-probe\.\d+\.[0-9a-f]+\.tmp"
     rf"|{POOL_RE.pattern}"
@@ -103,6 +109,16 @@ def part_name(step: int, rank: int, index: int) -> str:
 def part_sidecar_name(step: int, rank: int, index: int) -> str:
     """Name of the sidecar file of part ``index`` of ``rank`` in ``step``."""
     return f"step-{step:08d}.rank-{rank:04d}.part-{index:06d}.sidecar.rlw"
+
+
+def fields_name(step: int, rank: int, index: int, *, sidecar: bool = False) -> str:
+    """Name of the ``index``-th file of fields appended to ``step`` for ``rank``.
+
+    Example:
+        >>> fields_name(7, 1, 0)
+        'step-00000007.rank-0001.fields-000.rlw'
+    """
+    return f"step-{step:08d}.rank-{rank:04d}.fields-{index:03d}{'.sidecar' if sidecar else ''}.rlw"
 
 
 def seal_name(step: int) -> str:
@@ -297,6 +313,7 @@ def names_to_delete(
     rest: list[str] = []
     for name in sorted(names, key=_seal_first):
         m = STORED_RE.fullmatch(name) or STEP_PART_RE.fullmatch(name) or SEAL_RE.fullmatch(name)
+        m = m or FIELDS_RE.fullmatch(name)  # appended fields go with their step
         if m and int(m.group(1)) >= low:
             if name.endswith(".sidecar.rlw"):
                 rest.append(name)

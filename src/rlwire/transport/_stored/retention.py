@@ -12,7 +12,13 @@ from collections.abc import Callable, Iterable
 
 from rlwire._core.errors import CorruptFrameError
 from rlwire.transport._stored.marks import CONSUMED_MAGIC, parse_mark
-from rlwire.transport._stored.names import SEAL_RE, STEP_PART_RE, STORED_RE, consumed_name
+from rlwire.transport._stored.names import (
+    FIELDS_RE,
+    SEAL_RE,
+    STEP_PART_RE,
+    STORED_RE,
+    consumed_name,
+)
 
 __all__ = ["read_consumed", "steps_to_prune"]
 
@@ -65,6 +71,8 @@ def steps_to_prune(names: Iterable[str], below: int) -> list[list[list[str]]]:
             where = 2 if m.group(3) else 0 if int(m.group(2)) == 0 else 1
         elif m := STEP_PART_RE.fullmatch(name):
             where = 2 if m.group(4) else 1
+        elif m := FIELDS_RE.fullmatch(name):  # appended fields go first, with the seal
+            where = 2 if m.group(4) else 0
         if m and int(m.group(1)) < below:
             steps.setdefault(int(m.group(1)), [[], [], []])[where].append(name)
     return [[sorted(batch) for batch in steps[step]] for step in sorted(steps)]

@@ -1,0 +1,190 @@
+"""Fields appended to a committed step (``sender.add_fields``) on files and S3, asyncio
+and trio: what receivers get, what is checked, what a failed write leaves, and the
+sinks that refuse."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import rlwire
+from rlwire.transport.layout import StoredSink
+
+pytestmark = pytest.mark.anyio
+
+LENGTHS = (3, 5, 2)
+
+
+def _sample(n: int) -> rlwire.TrainingSample:
+    return rlwire.TrainingSample(
+        token_ids=np.arange(n),
+        mask=np.ones(n, bool),
+        logprobs=np.zeros(n, np.float32),
+        temperatures=np.ones(n, np.float32),
+        advantages=np.zeros(n, np.float32),
+        env_name="gsm8k",
+    )
+
+
+def _ragged(lengths: tuple[int, ...] = LENGTHS, start: float = 0.0) -> rlwire.Ragged:
+    total = sum(lengths)
+    return rlwire.Ragged(
+        np.arange(total, dtype=np.float32) + start, np.concatenate([[0], np.cumsum(lengths)])
+    )
+
+
+@pytest.fixture(params=["file", "s3"])
+def endpoint(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    if request.param == "file":
+        return str(tmp_path / "run"), {}
+    return f"{request.getfixturevalue('s3_url')}/run", request.getfixturevalue("s3_endpoint")
+
+
+async def test_appended_fields_come_with_the_step(endpoint: tuple[str, dict[str, Any]]) -> None:
+    url, options = endpoint
+    ref = _ragged()
+    async with rlwire.open_sender(url, storage_options=options) as sender:
+        await sender.send(rlwire.TrainingBatch(samples=[_sample(n) for n in LENGTHS]))
+        await sender.add_fields(0, {"ref_logprobs": ref, "score": np.array([1.0, 2.0, 3.0])})
+        await sender.add_fields(0, {"values": _ragged(start=100.0)}, rows=3)
+    async with rlwire.open_receiver(url, storage_options=options) as receiver:
+        with anyio.fail_after(20):
+            rows = await receiver.areceive()
+    assert [s.ref_logprobs.tolist() for s in rows.samples] == [ref[i].tolist() for i in range(3)]
+    assert [float(s.extras["score"]) for s in rows.samples] == [1.0, 2.0, 3.0]
+    assert rows.samples[2].extras["values"].tolist() == [108.0, 109.0]
+    # Only the appended file is read for an appended field; the step's own too, beside.
+    async with rlwire.open_receiver(
+        url, fields=("ref_logprobs", "token_ids"), storage_options=options
+    ) as receiver:
+        with anyio.fail_after(20):
+            cols = (await receiver.areceive()).samples
+    assert isinstance(cols, rlwire.Columns)
+    assert set(cols.names) == {"ref_logprobs", "token_ids"}
+    assert np.array_equal(cols["ref_logprobs"].offsets, ref.offsets)
+    assert np.array_equal(cols["token_ids"].values, np.concatenate([np.arange(n) for n in LENGTHS]))
+
+
+async def test_a_receiver_waits_for_a_field_not_appended_yet(
+    endpoint: tuple[str, dict[str, Any]],
+) -> None:
+    url, options = endpoint
+    async with rlwire.open_sender(url, storage_options=options) as sender:
+        await sender.send(rlwire.TrainingBatch(samples=[_sample(n) for n in LENGTHS]))
+        async with rlwire.open_receiver(url, fields=("values",), storage_options=options) as rx:
+            with pytest.raises(rlwire.ReceiveTimeout):
+                await rx.areceive(timeout=0.3)  # the step is there, the field not yet
+            got: list[Any] = []
+
+            async def receive() -> None:
+                got.append(await rx.areceive(timeout=20))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(receive)
+                await anyio.sleep(0.2)
+                await sender.add_fields(0, {"values": _ragged(start=7.0)})
+    assert got[0].samples.names == ("values",)
+    assert got[0].samples["values"].values[0] == 7.0
+
+
+async def test_bad_fields_are_typed_errors_and_write_nothing(
+    endpoint: tuple[str, dict[str, Any]],
+) -> None:
+    url, options = endpoint
+    async with rlwire.open_sender(url, storage_options=options) as sender:
+        await sender.send(rlwire.TrainingBatch(samples=[_sample(n) for n in LENGTHS]))
+        with pytest.raises(
+            rlwire.SchemaError, match=r"step 0, rank 0: .*'ref_logprobs' row 1 holds 4"
+        ):
+            await sender.add_fields(0, {"ref_logprobs": _ragged((3, 4, 3))})
+        with pytest.raises(rlwire.SchemaError, match="2 rows, the step 3"):
+            await sender.add_fields(0, {"score": np.array([1.0, 2.0])})
+        with pytest.raises(rlwire.SchemaError, match="rows=4"):
+            await sender.add_fields(0, {"score": np.zeros(3)}, rows=4)
+        with pytest.raises(rlwire.ConfigError, match="step 5 is not committed"):
+            await sender.add_fields(5, {"score": np.zeros(3)})
+        with pytest.raises(rlwire.ConfigError, match="non-empty mapping"):
+            await sender.add_fields(0, {})
+        await sender.add_fields(0, {"score": np.zeros(3)})
+        with pytest.raises(rlwire.SchemaError, match="'score' was appended to the step already"):
+            await sender.add_fields(0, {"score": np.ones(3)})
+        sink = sender.sink
+        assert isinstance(sink, StoredSink)
+        assert [n for n in sink.names() if "fields" in n] == [
+            "step-00000000.rank-0000.fields-000.rlw"
+        ]
+
+
+async def test_an_error_during_the_write_leaves_nothing(tmp_path: Path) -> None:
+    url = str(tmp_path / "run")
+    async with rlwire.open_sender(url) as sender:
+        await sender.send(rlwire.TrainingBatch(samples=[_sample(n) for n in LENGTHS]))
+        sink = sender.sink
+        assert isinstance(sink, StoredSink)
+        staging = type(sink).staging
+
+        def failing(self: StoredSink, step: int) -> Any:
+            staged = staging(self, step)
+            add = staged.add
+
+            def add_then_fail(name: str, chunks: Any, *, main: bool) -> Any:
+                yield from add(name, chunks, main=main)
+                raise OSError(28, "No space left on device")
+
+            staged.add = add_then_fail  # type: ignore[method-assign]
+            return staged
+
+        type(sink).staging = failing  # type: ignore[method-assign]
+        try:
+            with pytest.raises(rlwire.TransportError, match="No space left"):
+                await sender.add_fields(0, {"score": np.zeros(3)})
+        finally:
+            type(sink).staging = staging  # type: ignore[method-assign]
+    assert sorted(os.listdir(url)) == ["step-00000000.rank-0000.rlw"]
+
+
+async def test_parts_sealed_step_and_retention(tmp_path: Path) -> None:
+    url = str(tmp_path / "run")
+    async with rlwire.open_sender(url, keep_last=1) as sender:
+        async with sender.open_step(0) as writer:
+            await writer.put([_sample(3), _sample(5)], key="a")
+            await writer.put([_sample(2)], key="b")
+        await sender.add_fields(0, {"ref_logprobs": _ragged()})
+        with rlwire.open_receiver(url) as receiver:
+            got = receiver.receive(timeout=20)
+            assert [len(s.ref_logprobs) for s in got.samples] == list(LENGTHS)
+            await sender.send(rlwire.TrainingBatch(samples=[_sample(1)]))
+            receiver.receive(timeout=20)
+            await sender.send(rlwire.TrainingBatch(samples=[_sample(1)]))
+    assert not [n for n in os.listdir(url) if n.startswith("step-00000000")]
+
+
+async def test_overwrite_deletes_appended_files(tmp_path: Path) -> None:
+    url = str(tmp_path / "run")
+    async with rlwire.open_sender(url) as sender:
+        await sender.send(rlwire.TrainingBatch(samples=[_sample(2)]))
+        await sender.add_fields(0, {"score": np.zeros(1)})
+    async with rlwire.open_sender(url, on_existing="overwrite"):
+        pass
+    assert os.listdir(url) == []
+
+
+async def test_zeromq_refuses(tmp_path: Path) -> None:
+    async with rlwire.open_sender(f"zmq+ipc://{tmp_path}/s.sock") as sender:
+        with pytest.raises(rlwire.ConfigError, match="keeps none"):
+            await sender.add_fields(0, {"score": np.zeros(1)})
+
+
+def test_sync_sender_adds_fields(tmp_path: Path) -> None:
+    url = str(tmp_path / "run")
+    with rlwire.open_sync_sender(url) as sender:
+        sender.send(rlwire.TrainingBatch(samples=[_sample(n) for n in LENGTHS]))
+        sender.add_fields(0, {"ref_logprobs": _ragged()})
+    with rlwire.open_receiver(url, as_columns=True) as receiver:
+        cols = receiver.receive(timeout=20).samples
+    assert np.array_equal(cols["ref_logprobs"].values, _ragged().values)

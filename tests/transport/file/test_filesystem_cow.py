@@ -47,7 +47,10 @@ CHILD = textwrap.dedent(
     class FormerFileSource(FileSource):
         # The mapping FileSource made before: mmap.ACCESS_READ (MAP_SHARED, PROT_READ).
         def load(self, name):
-            fd = os.open(self.root / name, os.O_RDONLY)
+            try:
+                fd = os.open(self.root / name, os.O_RDONLY)
+            except FileNotFoundError:  # not there yet (a source's load returns None)
+                return None
             try:
                 return memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
             finally:

@@ -109,7 +109,8 @@ async def test_a_field_not_in_the_step_is_a_typed_error_naming_it(
         async with rlwire.open_sender(url, storage_options=options) as sender:
             await sender.send(rlwire.TrainingBatch(samples=_columns()))  # type: ignore[arg-type]
             if not url.startswith("zmq"):  # a store: the field may be appended (add_fields)
-                with pytest.raises(rlwire.ReceiveTimeout):
+                # ... and the timeout says which field it waited for, and where
+                with pytest.raises(rlwire.ReceiveTimeout, match=r"waiting for a field: .*'values'"):
                     await receiver.areceive(timeout=0.3)
                 return
             with anyio.fail_after(20), pytest.raises(rlwire.FieldNotFoundError) as caught:

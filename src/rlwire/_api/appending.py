@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import anyio
 import msgspec
@@ -49,7 +49,14 @@ from rlwire.transport._appended import (
 )
 from rlwire.transport._base import Sink, Source
 
-__all__ = ["Appended", "AppendingSender", "add_fields", "merge_appended", "read_with_appended"]
+__all__ = [
+    "Appended",
+    "AppendingSender",
+    "FieldPending",
+    "add_fields",
+    "merge_appended",
+    "read_with_appended",
+]
 
 #: The column the row lengths of an appended Ragged are checked against.
 LENGTHS_FROM = "token_ids"
@@ -249,16 +256,22 @@ class Appended:
         return int(self.inner.nbytes)
 
 
+class FieldPending(NamedTuple):
+    """A step is there and a field asked for is not (yet): why the receiver waits."""
+
+    why: str
+
+
 def read_with_appended(
     source: Source,
     step: int,
     fields: frozenset[str] | None,
     decoding: FrameDecoding,
     read: Any,
-) -> tuple[int, Any] | None:
+) -> tuple[int, Any] | FieldPending | None:
     """``read()`` (the receiver's read of ``step``) with the appended fields of the
-    step: what it returned wrapped in :class:`Appended`, or ``None`` while a field named
-    in ``fields`` is neither in the step nor appended yet."""
+    step: what it returned wrapped in :class:`Appended`, or :class:`FieldPending` while
+    a field named in ``fields`` is neither in the step nor appended yet."""
     if not keeps_steps(source):
         return read()  # type: ignore[no-any-return]
     appended: dict[str, Column] = {}
@@ -271,8 +284,8 @@ def read_with_appended(
         source.select = FieldSelector(decoding, rest)
     try:
         got = read()
-    except FieldNotFoundError:
-        return None  # the step is there, a field is not (yet): wait for it
+    except FieldNotFoundError as exc:
+        return FieldPending(str(exc))  # the step is there, a field is not (yet): wait
     finally:
         source.select = select
     if got is None:

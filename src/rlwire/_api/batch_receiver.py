@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 from anyio import CancelScope, CapacityLimiter, to_thread
 from typing_extensions import Unpack
 
-from rlwire._api.appending import Appended, merge_appended, read_with_appended
+from rlwire._api.appending import Appended, FieldPending, merge_appended, read_with_appended
 from rlwire._api.decoding import FrameDecoding
 from rlwire._api.fields import FieldSelector, check_fields
 from rlwire._api.options import Limits, LimitsKeywords, from_keywords
@@ -96,6 +96,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
         self._mutex = threading.Lock()
         self._closed = False
         self._peeked: tuple[int, Frame | SealedStep] | None = None  # read by wait_next()
+        self._pending: str | None = None  # why the step is not there yet, when known
         self._read_seconds = 0.0  # of the last read
         self._record_consumed = record_consumed
         # The step last written to this rank's consumption mark: nothing to write until
@@ -189,9 +190,11 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
             if self._record_consumed and self._next_step > self._recorded:
                 self._source.mark_consumed(self._next_step)
                 self._recorded = self._next_step
-            return read_with_appended(
+            got = read_with_appended(
                 self._source, self._next_step, self._fields, self._decoding, self._read_step
             )
+            self._pending = got.why if isinstance(got, FieldPending) else None
+            return None if isinstance(got, FieldPending) else got
         except RlwireError as exc:
             exc.add_context(rank=self._rank)
             raise
@@ -344,6 +347,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
         if remaining is not None and remaining <= 0:
             raise ReceiveTimeout(
                 f"{self._source!r}: step {self._next_step} did not arrive within {timeout} s"
+                + (f" (waiting for a field: {self._pending})" if self._pending else "")
             )
         return remaining
 

@@ -270,7 +270,7 @@ def read_with_appended(
     read: Any,
 ) -> tuple[int, Any] | FieldPending | None:
     """``read()`` (the receiver's read of ``step``) with the appended fields of the
-    step: what it returned wrapped in :class:`Appended`, or :class:`FieldPending` while
+    step: what it returned wrapped in :class:`Appended`, or a ``FieldPending`` while
     a field named in ``fields`` is neither in the step nor appended yet."""
     if not keeps_steps(source):
         return read()  # type: ignore[no-any-return]

@@ -23,8 +23,11 @@ Per sink it reports:
 * **imbalance**: the two ranks' token totals at the seal, their difference against the
   largest group's tokens (the bound: difference <= largest group);
 * **stall**: the producer's worst event-loop stall (``rlwire.LagMonitor``, 1 ms sleeps)
-  while it streams, beside the worst gap of the same loop, idle, over the same time
-  just before, in the same process (target: <= 2 ms above the idle loop's).
+  while it streams, beside two idle loops: the same loop, idle, over as long just
+  before, in the same process; and a bystander, an idle asyncio loop in a process of
+  its own over the same time (its worst gap in the producer's streaming window): what
+  the machine's scheduler alone costs a loop while the receivers (and the S3 server)
+  share its CPUs. Target: <= 2 ms above the larger of the two.
 
 Usage::
 
@@ -112,6 +115,7 @@ async def produce(spec: dict[str, Any]) -> dict[str, Any]:
             await anyio.sleep(spec["seconds"] + 0.2)
         async with rlwire.LagMonitor() as busy:
             start = time.monotonic()
+            busy_from = time.monotonic_ns()
             async with sender.open_step(ranks=RANKS) as writer:
 
                 async def group(g: int) -> None:
@@ -123,11 +127,13 @@ async def produce(spec: dict[str, Any]) -> dict[str, Any]:
                     for g in finish:
                         tg.start_soon(group, g)
             sealed_at = time.monotonic_ns()
+        busy_to = time.monotonic_ns()
         streamed = time.monotonic() - start
         await sender.finish()
     return {
         "put_at": put_at,
         "sealed_at": sealed_at,
+        "busy_ns": [busy_from, busy_to],
         "streamed_s": streamed,
         "assignment": [list(keys) for keys in writer.assignment],
         "stall_max": busy.max,
@@ -151,8 +157,54 @@ async def receive(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     return {"rank": rank, "parts": got}
 
 
+async def bystander() -> dict[str, Any]:
+    """An idle loop beside the run, until its stdin closes: each gap over 0.5 ms as
+    (when it ended, monotonic ns; seconds late) for a 1 ms sleep."""
+    gaps: list[tuple[int, float]] = []
+    done = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+    print("ready", flush=True)
+    while not done.is_set():
+        before = time.monotonic()
+        await anyio.sleep(0.001)
+        late = time.monotonic() - before - 0.001
+        if late > 0.0005:
+            gaps.append((time.monotonic_ns(), late))
+    return {"gaps": gaps}
+
+
+def bystander_max(gaps: list[tuple[int, float]], window: list[int]) -> float:
+    """The bystander's worst gap that ended in ``window`` (or began in it), seconds."""
+    lo, hi = window
+    return max((late for at, late in gaps if lo <= at <= hi + late * 1e9), default=0.0)
+
+
+def start_bystander() -> subprocess.Popen[str]:
+    """The bystander's process, once its loop runs."""
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--child", "bystander", "{}"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": python_path()},
+    )
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        raise RuntimeError("the bystander failed to start")
+    return proc
+
+
+def stop_bystander(proc: subprocess.Popen[str]) -> list[tuple[int, float]]:
+    out, _ = proc.communicate(input="", timeout=60)
+    gaps: list[tuple[int, float]] = json.loads(out.strip().splitlines()[-1])["gaps"]
+    return gaps
+
+
 def child(role: str, spec: dict[str, Any]) -> None:
     """A subprocess's body: run one end under ``spec['backend']``, print its result."""
+    if role == "bystander":
+        print(json.dumps(anyio.run(bystander)), flush=True)
+        return
     rank = int(role.removeprefix("receive-")) if role.startswith("receive-") else None
 
     async def main() -> dict[str, Any]:
@@ -205,12 +257,14 @@ def run_processes(spec: dict[str, Any], timeout: float) -> tuple[dict[str, Any],
         )
         for rank in range(RANKS)
     ]
+    watcher: subprocess.Popen[str] | None = None
     try:
         for proc in procs:
             assert proc.stdout is not None
             line = proc.stdout.readline()
             if line.strip() != "ready":
                 raise RuntimeError(f"a receiver failed to start: {line}{proc.stderr.read()}")  # type: ignore[union-attr]
+        watcher = start_bystander()
         producer = subprocess.Popen(
             [*argv, "produce", json.dumps(spec)],
             stdout=subprocess.PIPE,
@@ -229,14 +283,16 @@ def run_processes(spec: dict[str, Any], timeout: float) -> tuple[dict[str, Any],
             t.start()
         for t in threads:
             t.join()
+        gaps = stop_bystander(watcher)
         results = []
         for proc, (out, err) in zip(procs, outputs, strict=True):
             if proc.returncode != 0:
                 raise RuntimeError(f"exit {proc.returncode}: {err.strip()[-2000:]}")
             results.append(json.loads(out.strip().splitlines()[-1]))
+        results[-1]["bystander_max"] = bystander_max(gaps, results[-1]["busy_ns"])
         return results[-1], results[:-1]
     finally:
-        for proc in procs:
+        for proc in [*procs, *([watcher] if watcher else [])]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
@@ -270,7 +326,9 @@ def run_ray(spec: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
         ray.get([a.ready.remote() for a in [*receivers, producer]])  # every actor is up
         taking = [a.receive.remote(spec, rank) for rank, a in enumerate(receivers)]
         time.sleep(1.0)  # the receivers open; the producer's idle phase gives them more
+        watcher = start_bystander()
         produced = ray.get(producer.produce.remote(spec))
+        produced["bystander_max"] = bystander_max(stop_bystander(watcher), produced["busy_ns"])
         got = ray.get(taking)
         drop_board(name)
         return produced, got
@@ -368,6 +426,7 @@ def summarize(
         "stall_ms": produced["stall_max"] * 1e3,
         "stall_p99_ms": produced["stall_p99"] * 1e3,
         "idle_ms": produced["idle_max"] * 1e3,
+        "bystander_ms": produced["bystander_max"] * 1e3,
         "get_ms": produced.get("get_ms"),
     }
 
@@ -383,7 +442,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| sink | producer loop | parts (per rank) | last put → last part ms (target) "
         "| latency median ms | p99 ms | target ms | imbalance tokens ≤ largest group "
-        "| worst stall ms (idle loop) | stall p99 ms |"
+        "| worst stall ms (idle before; bystander) | stall p99 ms |"
     )
     lines = [head, "|---|---|---|---:|---:|---:|---|---|---|---:|"]
     for r in rows:
@@ -391,13 +450,15 @@ def table(rows: list[dict[str, Any]]) -> str:
         if r["sink"] in DRAIN_TARGET_MS:
             drain += f" (≤ {DRAIN_TARGET_MS[r['sink']]:g})"
         ok = "yes" if r["imbalance"] <= r["largest_group"] else "**no**"
-        stall_ok = r["stall_ms"] - r["idle_ms"] <= STALL_TARGET_MS
+        baseline = max(r["idle_ms"], r["bystander_ms"])
+        stall_ok = r["stall_ms"] - baseline <= STALL_TARGET_MS
         lines.append(
             f"| {r['sink']} | {r['loop']} | {r['groups']} "
             f"({'/'.join(map(str, r['parts_per_rank']))}) | {drain} "
             f"| {r['median_ms']:.2f} | {r['p99_ms']:.2f} | {target_text(r)} "
             f"| {r['imbalance']:,} ≤ {r['largest_group']:,}: {ok} "
-            f"| {r['stall_ms']:.1f} ({r['idle_ms']:.1f}){'' if stall_ok else ' **no**'} "
+            f"| {r['stall_ms']:.1f} ({r['idle_ms']:.1f}; {r['bystander_ms']:.1f})"
+            f"{'' if stall_ok else ' **no**'} "
             f"| {r['stall_p99_ms']:.1f} |"
         )
     return "\n".join(lines)

@@ -58,8 +58,30 @@ def test_quick_run_prints_a_sane_row_for_every_sink(
     for sink, row in saved.items():
         assert row["groups"] == GROUPS and sum(row["parts_per_rank"]) == GROUPS, sink
         assert len(row["latency_ms"]) == GROUPS, sink
+        assert 0 <= row["bystander_ms"] < 60_000, sink  # the idle loop over the same time
+
         assert sum(row["rank_tokens"]) == row["step_tokens"] > 0, sink
         assert 0 <= row["imbalance"] <= row["largest_group"], sink
         # the producer's stall and the idle loop's gap, measured in the same run
         assert row["stall_ms"] >= 0 and row["idle_ms"] >= 0, sink
     assert not list(tmp_path.glob("rlwire-stream-*")), "the script left its directories"
+
+
+def test_the_bystander_counts_only_gaps_that_overlap_the_producers_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    from bench_stream import bystander_max
+
+    ms = 1_000_000  # ns; each gap: (when it ended, seconds late)
+    before, inside, across, after = (
+        (5 * ms, 0.009),
+        (20 * ms, 0.001),
+        (31 * ms, 0.002),
+        (60 * ms, 0.008),
+    )
+    gaps = [before, inside, across, after]
+    assert bystander_max(gaps, [10 * ms, 30 * ms]) == 0.002  # began at 29 ms, in the window
+    assert bystander_max(gaps, [10 * ms, 28 * ms]) == 0.001  # began after the window
+    assert bystander_max(gaps, [0, 100 * ms]) == 0.009
+    assert bystander_max(gaps, [70 * ms, 80 * ms]) == 0.0

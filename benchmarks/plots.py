@@ -297,10 +297,10 @@ def _panel(
     ax.legend(
         own.values(),
         own.keys(),
-        fontsize=7,
+        fontsize=9,
         loc="upper center",
-        bbox_to_anchor=(0.5, -0.15),
-        ncol=2,
+        bbox_to_anchor=(0.5, -0.16),
+        ncol=1 if max(map(len, own)) > 28 else 2,
         frameon=False,
     )
     sizes = sorted({x for s in lines for pts in s.points.values() for x, _ in pts})
@@ -326,11 +326,11 @@ def _panel(
         )
     else:
         ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("step size, GB", fontsize=8)
-    ax.set_ylabel(MEASURE_UNITS[measure], fontsize=8)
-    ax.tick_params(labelsize=7)
+    ax.set_xlabel("step size, GB", fontsize=9)
+    ax.set_ylabel(MEASURE_UNITS[measure], fontsize=9)
+    ax.tick_params(labelsize=8.5)
     mapped = measure == "peak" and key[1].startswith(("receive", "areceive"))
-    ax.set_title(PANELS[key] + (" (pages mapped)" if mapped else ""), fontsize=9.5)
+    ax.set_title(PANELS[key] + (" (pages mapped)" if mapped else ""), fontsize=11)
     ax.grid(True, which="both", alpha=0.3)
 
 
@@ -348,11 +348,11 @@ def plot_all(
         panels = [k for k in PANELS if k in drawn[measure]]
         if not panels:
             continue
-        cols = min(3, len(panels))
+        cols = min(2, len(panels))  # two panels a row: legible at the width of a page
         fig, axes = plt.subplots(
             -(-len(panels) // cols),
             cols,
-            figsize=(5.2 * cols, 4.3 * -(-len(panels) // cols) + 1.5),
+            figsize=(5.2 * cols, 5.0 * -(-len(panels) // cols) + 1.5),
             squeeze=False,
         )
         legend: dict[str, Any] = {}
@@ -370,15 +370,15 @@ def plot_all(
             legend.keys(),
             loc="lower center",
             bbox_to_anchor=(0.5, 0.03),
-            ncol=2,
-            fontsize=8,
+            ncol=1,
+            fontsize=9,
             frameon=False,
         )
-        fig.suptitle(title, fontsize=13)
+        fig.suptitle(title, fontsize=14)
         fig.text(0.01, 0.005, _shown(command), fontsize=7, family="monospace", va="bottom")
         fig.canvas.draw()  # to measure the legend: the panels go above it
         box = drawn_legend.get_window_extent().transformed(fig.transFigure.inverted())
-        fig.tight_layout(rect=(0, box.y1 + 0.005, 1, 0.99))
+        fig.tight_layout(rect=(0, box.y1 + 0.005, 1, 1 - 0.45 / fig.get_figheight()))
         path = directory / name
         fig.savefig(path, dpi=100)
         plt.close(fig)

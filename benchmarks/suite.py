@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         from plots import plot_all  # beside this file; imports matplotlib
 
-        for path in plot_all(found, Path(args.plot), results["command"]):
+        for path in plot_all(found, Path(args.plot), results["command"], results):
             print(f"plot: {path}")
     runs = [Job(**run) for run in results["runs"]]
     streamed = stream_table(runs)

@@ -6,6 +6,7 @@ fields (:mod:`rlwire._api.appending`)."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -22,7 +23,14 @@ from rlwire._frame.selection import Selection
 from rlwire.codecs._registry import get_codec
 from rlwire.transport._base import Sink
 
-__all__ = ["LENGTHS_FROM", "decode_appended", "prepare", "samples_of"]
+__all__ = [
+    "LENGTHS_FROM",
+    "column_table",
+    "decode_appended",
+    "none_in_every_row",
+    "prepare",
+    "samples_of",
+]
 
 #: The column the row lengths of an appended Ragged are checked against.
 LENGTHS_FROM = "token_ids"
@@ -46,6 +54,45 @@ def samples_of(obj: Any) -> Columns | list[Any] | None:
     return found[0] if len(found) == 1 else None
 
 
+def column_table(frame: Frame, decoding: FrameDecoding) -> Any:
+    """The codec's table of ``frame``'s list of samples stored as columns (what its
+    header alone tells; only the header is decompressed), or ``None`` (no such list, or
+    a codec that stores no columns: JSON, a plugin's)."""
+    describe = getattr(decoding.codec(frame.codec), "describe_columns", None)
+    if describe is None:
+        return None
+    n = len(frame.buffers)
+    head = replace(frame, buffers=(memoryview(b""),) * n, missing=frozenset(range(n)))
+    return describe(run_sliced(decoding.decompressed(head)))
+
+
+def none_in_every_row(
+    frames: list[Frame], names: frozenset[str], decoding: FrameDecoding
+) -> str | None:
+    """The first of ``names`` that the step (its ``frames``: one, or its parts) holds
+    as ``None`` in every row (a TrainingSample's ``ref_logprobs`` left empty, until it
+    is appended), or ``None``. Only columns of values kept in the header are looked at
+    (a ragged column holds arrays): their decode reads no buffer."""
+    held: dict[str, bool] = {}
+    for frame in frames:
+        table = column_table(frame, decoding)
+        kept = [
+            c.name for c in (table.columns if table else ()) if c.name in names and c.dtype is None
+        ]
+        if not kept:
+            return None
+        plain = copy.copy(decoding)
+        plain.fields = frozenset(kept)
+        got = samples_of(
+            run_sliced(plain.decode(frame, Any, {"decompress": 0.0, "decode": 0.0}, True))
+        )
+        if not isinstance(got, Columns):
+            return None
+        for name in kept:
+            held[name] = held.get(name, True) and all(v is None for v in got[name])
+    return next((name for name in sorted(held) if held[name]), None)
+
+
 class _StoredRows:
     """What ``add_fields`` checks against, read from a step's header: its rows and the
     offsets of its ``token_ids``. :meth:`select` (the sink's selector) asks for the
@@ -55,10 +102,7 @@ class _StoredRows:
         self.decoding = decoding
 
     def _table(self, frame: Frame) -> Any:
-        describe = getattr(self.decoding.codec(frame.codec), "describe_columns", None)
-        if describe is None:  # a codec that stores no columns (JSON, a plugin's)
-            return None
-        return describe(run_sliced(self.decoding.decompressed(frame)))
+        return column_table(frame, self.decoding)
 
     def select(self, frame: Frame) -> Selection | None:
         table = self._table(frame)

@@ -23,7 +23,7 @@ import anyio
 import msgspec
 from anyio import CancelScope, CapacityLimiter, to_thread
 
-from rlwire._api.appended_rows import decode_appended, prepare, samples_of
+from rlwire._api.appended_rows import decode_appended, none_in_every_row, prepare, samples_of
 from rlwire._api.decoding import FrameDecoding
 from rlwire._api.fields import FieldSelector
 from rlwire._api.options import Limits
@@ -204,6 +204,10 @@ def read_with_appended(
         source.select = select
     if got is None:
         return None
+    empty = none_in_every_row(_frames(got[1]), rest, decoding) if rest else None
+    if empty is not None:  # a field the step left empty, to be appended: wait for it
+        source.expect_fields(step, len(frames))
+        return FieldPending(f"field {empty!r} is None in every row of the step")
     if fields is not None:
         appended = {k: v for k, v in appended.items() if k in fields}
     if not appended and rest == fields:
@@ -216,13 +220,18 @@ def read_with_appended(
     return got[0], Appended(inner, appended, rest)
 
 
+def _frames(read: Any) -> list[Frame]:
+    """The frames of what a source's read of a step returned: one, or its parts'."""
+    frames = [f for _, f in read.parts] if isinstance(read, SealedStep) else [read]
+    return [f for f in frames if isinstance(f, Frame)]
+
+
 def _check_holds(read: Any, select: FieldSelector) -> None:
     """Raise FieldNotFoundError if a message read whole (by a source that does not
     read part of one, as ``ray://``) lacks a field ``select`` names; a partial read
     asked the selector already."""
-    frames = [f for _, f in read.parts] if isinstance(read, SealedStep) else [read]
-    for frame in frames:
-        if isinstance(frame, Frame) and not frame.missing:
+    for frame in _frames(read):
+        if not frame.missing:
             select(frame)
 
 

@@ -168,3 +168,29 @@ async def test_appended_files_say_version_1_3(tmp_path: Path) -> None:
         "step-00000000.rank-0000.fields-000.rlw": (1, 3),
     }.items():
         assert struct.unpack_from("<HH", (tmp_path / name).read_bytes(), 8) == version
+
+
+async def test_a_field_left_none_in_every_row_is_waited_for(
+    endpoint: tuple[str, dict[str, Any]],
+) -> None:
+    """A TrainingSample's ``ref_logprobs`` left ``None`` is stored as a column of Nones:
+    asked for by name, it counts as not there yet (the receiver waits, saying why),
+    until it is appended; a step that holds it in some rows is read as stored."""
+    url, options = endpoint
+    some = [_sample(2), _sample(3)]
+    some[1].ref_logprobs = np.full(3, -1.0, np.float32)
+    async with rlwire.open_sender(url, storage_options=options) as sender:
+        await sender.send(rlwire.TrainingBatch(samples=[_sample(2), _sample(3)]))
+        await sender.send(rlwire.TrainingBatch(samples=some))
+        async with rlwire.open_receiver(
+            url, fields=("ref_logprobs",), storage_options=options
+        ) as receiver:
+            with pytest.raises(rlwire.ReceiveTimeout, match="'ref_logprobs' is None in every row"):
+                await receiver.areceive(timeout=0.3)
+            await sender.add_fields(0, {"ref_logprobs": _per_token([2, 3], 1.0)})
+            with anyio.fail_after(20):
+                first = (await receiver.areceive()).samples
+                second = (await receiver.areceive()).samples
+    assert first["ref_logprobs"].values.tolist() == [1, 2, 3, 4, 5]
+    assert second["ref_logprobs"][0] is None
+    assert second["ref_logprobs"][1].tolist() == [-1, -1, -1]

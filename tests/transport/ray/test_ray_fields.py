@@ -209,3 +209,27 @@ def test_the_board_commits_one_message_per_index() -> None:
 
     answers = asyncio.run(run())
     assert [a[0] for a in answers] == ["ok", "ok", "ok", "exists", "ok", "missing", "none", "ready"]
+
+
+@pytest.mark.anyio
+async def test_a_field_left_none_is_waited_for_on_the_board(ray_url: str) -> None:
+    """``ref_logprobs`` left None in every row counts as not there yet on ray:// too,
+    and the append wakes the waiting receiver."""
+    async with rlwire.open_sender(ray_url) as sender:
+        await sender.send(_batch([2, 3]))
+        async with rlwire.open_receiver(ray_url, fields=("ref_logprobs",)) as receiver:
+            with pytest.raises(rlwire.ReceiveTimeout, match="'ref_logprobs' is None in every row"):
+                await receiver.areceive(timeout=0.3)
+            got: list[Any] = []
+
+            async def receive() -> None:
+                got.append(await receiver.areceive(timeout=TIMEOUT))
+                got.append(time.monotonic())
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(receive)
+                await anyio.sleep(0.6)
+                await sender.add_fields(0, {"ref_logprobs": _per_token([2, 3], 1.0)})
+                appended = time.monotonic()
+    assert got[0].samples["ref_logprobs"].values.tolist() == [1, 2, 3, 4, 5]
+    assert got[1] - appended < 0.25

@@ -194,3 +194,21 @@ async def test_a_field_left_none_in_every_row_is_waited_for(
     assert first["ref_logprobs"].values.tolist() == [1, 2, 3, 4, 5]
     assert second["ref_logprobs"][0] is None
     assert second["ref_logprobs"][1].tolist() == [-1, -1, -1]
+
+
+async def test_the_check_reads_compressed_offsets(tmp_path: Path) -> None:
+    """600 rows: ``token_ids``' offsets are a buffer of their own (not inline in the
+    header), compressed; the check decompresses that buffer alone and still finds the
+    first bad row."""
+    from rlwire._frame.compression import Compressor
+
+    lengths = [1 + i % 7 for i in range(600)]
+    async with rlwire.open_sender(tmp_path, compression=Compressor("zstd", 3, 1024)) as sender:
+        await sender.send(rlwire.TrainingBatch(samples=[_sample(n) for n in lengths]))
+        bad = [*lengths[:450], lengths[450] + 1, *lengths[451:]]
+        with pytest.raises(rlwire.SchemaError, match=r"'ref_logprobs' row 450 holds"):
+            await sender.add_fields(0, {"ref_logprobs": _per_token(bad)})
+        await sender.add_fields(0, {"ref_logprobs": _per_token(lengths)})
+    with rlwire.open_receiver(tmp_path, fields=("ref_logprobs",)) as receiver:
+        got = receiver.receive(timeout=20).samples["ref_logprobs"]
+    assert np.array_equal(np.diff(got.offsets), lengths)

@@ -126,7 +126,10 @@ class _StoredRows:
             return table.rows, None
         offsets = col.offsets
         if not isinstance(offsets, np.ndarray):
-            view = run_sliced(self.decoding.decompressed(frame)).buffers[offsets]
+            # Only that buffer decompressed (a source that read the step whole has all).
+            others = frozenset(range(len(frame.buffers))) - {offsets}
+            alone = replace(frame, missing=frame.missing | others)
+            view = run_sliced(self.decoding.decompressed(alone)).buffers[offsets]
             offsets = np.frombuffer(memoryview(view), "<i8")
         if len(offsets) != table.rows + 1 or (np.diff(offsets) < 0).any():
             raise CorruptFrameError(

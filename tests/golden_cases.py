@@ -5,7 +5,8 @@ the first rlwire that chunks heavy containers (format 1.0 with extension types 4
 the ZeroMQ messages once by the first rlwire that speaks ZeroMQ version 2.0, the
 ``msgpack-1.1-*`` cases once by the first rlwire that writes format 1.1 (lists stored as
 columns, extension type 7, and ragged arrays, type 6), and ``msgpack-1.2-parts`` once by
-the first rlwire that writes steps part by part (format 1.2), with
+the first rlwire that writes steps part by part (format 1.2), ``msgpack-1.3-fields`` once
+by the first rlwire that writes appended fields as format 1.3, with
 ``python tests/golden_cases.py [NAME...]`` (without names: the cases that have no files
 yet); never rewrite them to make a test pass. A reader must keep decoding them into
 exactly the objects below.
@@ -337,6 +338,56 @@ async def _write_parts(name: str) -> None:
                 await writer.put(samples, key=key, rank=rank)
 
 
+def _values(samples: list[rlwire.TrainingSample], scale: float) -> rlwire.Ragged:
+    """A per-token column of ``samples`` (one float32 per token), e.g. reference logprobs."""
+    return _ragged([s.logprobs * np.float32(scale) - np.float32(0.125) for s in samples])
+
+
+#: Fields appended to committed steps (format 1.3), and the steps they are appended to:
+#: step 0 sent whole to two ranks (rank 0 samples 0-1, rank 1 sample 2), step 1 filled
+#: part by part (rank 0 parts "a" = sample 0 and "b" = samples 1-2, rank 1 part "c" =
+#: sample 3), both with routed experts in the sidecar. Each entry of APPENDED is one
+#: ``add_fields(step, fields, rank=rank)`` call, in order.
+FIELDS_CASE = "msgpack-1.3-fields"
+STEP0 = ([0, 1], [2])
+STEP1 = [("a", 0, [0]), ("b", 0, [1, 2]), ("c", 1, [3])]
+
+
+def appended() -> list[tuple[int, int, dict[str, Any]]]:
+    s = [_sample(i) for i in range(4)]
+    return [
+        (0, 0, {"ref_logprobs": _values(s[:2], 1.0)}),
+        (
+            0,
+            0,
+            {
+                "values": _values(s[:2], -2.0),
+                "score": np.array([0.5, -1.0]),
+                "judge": ["ok", "bad"],
+            },
+        ),
+        (0, 1, {"ref_logprobs": _values(s[2:3], 1.0)}),
+        (1, 0, {"ref_logprobs": _values(s[:3], 0.5)}),
+    ]
+
+
+def fields_batch(rows: list[int]) -> rlwire.TrainingBatch:
+    """The batch of samples ``rows`` (:func:`_sample`), as sent: no field appended."""
+    return rlwire.TrainingBatch(samples=[_sample(i) for i in rows])
+
+
+async def _write_fields(name: str) -> None:
+    path = GOLDEN / name
+    shutil.rmtree(path, ignore_errors=True)
+    async with rlwire.open_sender(path, sidecar=("routed_experts",)) as sender:
+        await sender.send_ranks([fields_batch(rows) for rows in STEP0])
+        async with sender.open_step(ranks=2) as writer:
+            for key, rank, rows in STEP1:
+                await writer.put([_sample(i) for i in rows], key=key, rank=rank)
+        for step, rank, fields in appended():
+            await sender.add_fields(step, fields, rank=rank)
+
+
 async def _write(name: str) -> None:
     make, options, _ = CASES[name]
     path = GOLDEN / name
@@ -347,10 +398,13 @@ async def _write(name: str) -> None:
 
 if __name__ == "__main__":
     # Without names, only the cases that have no files yet: the others stay as written.
-    missing = [c for c in [*CASES, *PARTS_CASES, ZMQ_GOLDEN.name] if not (GOLDEN / c).exists()]
+    every = [*CASES, *PARTS_CASES, FIELDS_CASE, ZMQ_GOLDEN.name]
+    missing = [c for c in every if not (GOLDEN / c).exists()]
     for case in sys.argv[1:] or missing:
         if case == ZMQ_GOLDEN.name:
             _write_zmq()
+        elif case == FIELDS_CASE:
+            anyio.run(_write_fields, case)
         elif case in PARTS_CASES:
             anyio.run(_write_parts, case)
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -9,9 +10,21 @@ from typing import Any
 
 import msgspec
 import pytest
-from golden_cases import AS_COLUMNS, CASES, GOLDEN, PARTS_CASES, ZMQ_GOLDEN, batch
+from golden_cases import (
+    AS_COLUMNS,
+    CASES,
+    FIELDS_CASE,
+    GOLDEN,
+    PARTS_CASES,
+    STEP0,
+    STEP1,
+    ZMQ_GOLDEN,
+    appended,
+    batch,
+    fields_batch,
+)
 from helpers import assert_batches_equal
-from test_format_doc import assert_same
+from test_format_doc import assert_same, read_as_documented
 
 import rlwire
 import rlwire.transport
@@ -39,7 +52,8 @@ def test_golden_files_decode_as_columns(name: str) -> None:
 
 
 def test_every_case_has_its_files() -> None:
-    assert sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) == sorted([*CASES, *PARTS_CASES])
+    cases = [*CASES, *PARTS_CASES, FIELDS_CASE]
+    assert sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) == sorted(cases)
 
 
 def test_the_golden_files_span_both_minor_versions() -> None:
@@ -251,3 +265,103 @@ def test_golden_parts_decode(name: str) -> None:
         with rlwire.open_receiver(GOLDEN / name, rank=rank) as receiver:
             whole = receiver.receive(timeout=5)
         assert_batches_equal(whole, rlwire.TrainingBatch(samples=[s for _, ss in mine for s in ss]))
+
+
+def _rows_of(step: int, rank: int) -> list[int]:
+    """Which samples rank ``rank`` holds in step ``step`` of the appended-fields case."""
+    if step == 0:
+        return STEP0[rank]
+    return [i for _, r, rows in STEP1 if r == rank for i in rows]
+
+
+def _appended_to(step: int, rank: int) -> dict[str, Any]:
+    return {
+        name: column
+        for s, r, fields in appended()
+        if (s, r) == (step, rank)
+        for name, column in fields.items()
+    }
+
+
+def _with_fields(step: int, rank: int) -> rlwire.TrainingBatch:
+    """What ``receive()`` of the case's step gives: the samples sent, each with its row of
+    every appended field (a TrainingSample field of that name, else ``extras``)."""
+    want = fields_batch(_rows_of(step, rank))
+    for name, column in _appended_to(step, rank).items():
+        for i, sample in enumerate(want.samples):
+            if name in rlwire.TrainingSample.__struct_fields__:
+                setattr(sample, name, column[i])
+            else:
+                sample.extras[name] = column[i]
+    return want
+
+
+@pytest.mark.parametrize("verify", [True, False])
+@pytest.mark.parametrize(("step", "rank"), [(0, 0), (0, 1), (1, 0), (1, 1)])
+def test_golden_appended_fields_decode(step: int, rank: int, verify: bool) -> None:
+    """Fields appended to a step sent whole and to one filled part by part (format 1.3)
+    come back with its samples: ``ref_logprobs`` in its field, the others in
+    ``extras`` (a ragged row, a float64, a str), rank 1 of step 1 with none."""
+    with rlwire.open_receiver(
+        GOLDEN / FIELDS_CASE, rank=rank, start_step=step, verify=verify
+    ) as receiver:
+        got = receiver.receive(timeout=5)
+    assert_same(got, _with_fields(step, rank))
+
+
+def test_golden_appended_fields_as_columns_and_by_field() -> None:
+    """Asked for columns, the appended ones follow the step's (an appended
+    ``ref_logprobs`` in its place); asked by field, only those are read, appended or
+    not, and a step in parts gives its appended columns alone."""
+    case = GOLDEN / FIELDS_CASE
+    added = _appended_to(0, 0)
+    with rlwire.open_receiver(case, as_columns=True) as receiver:
+        cols = receiver.receive(timeout=5).samples
+    assert cols.names == (*rlwire.TrainingSample.__struct_fields__, "values", "score", "judge")
+    for name, column in added.items():
+        assert_same(cols[name], column)
+    with rlwire.open_receiver(case, fields=("score", "token_ids", "ref_logprobs")) as receiver:
+        cols = receiver.receive(timeout=5).samples
+    assert cols.names == ("token_ids", "ref_logprobs", "score")
+    assert [len(row) for row in cols["token_ids"]] == [300, 400]
+    assert_same(cols["ref_logprobs"], added["ref_logprobs"])
+    assert_same(cols["score"], added["score"])
+    with rlwire.open_receiver(case, start_step=1, fields=("ref_logprobs",)) as receiver:
+        cols = receiver.receive(timeout=5).samples
+    assert cols.names == ("ref_logprobs",)
+    assert_same(cols["ref_logprobs"], _appended_to(1, 0)["ref_logprobs"])
+
+
+def _version(path: Path) -> tuple[int, int]:
+    """The major and minor version a stored file says it was written as (docs/format.md:
+    bytes 8-11 of a main or sidecar file, 4-7 of a seal)."""
+    at = 4 if path.name.endswith(".seal.rlw") else 8
+    major, minor = struct.unpack_from("<HH", path.read_bytes(), at)
+    return major, minor
+
+
+def test_golden_appended_fields_are_as_documented(tmp_path: Path) -> None:
+    """Each file of appended fields says 1.3 (the step's files 1.1, its parts and seal
+    1.2) and is a message of the page's layout whose header is ``{"fields": columns}``:
+    the reader built from docs/format.md alone gets the columns of each call."""
+    case = GOLDEN / FIELDS_CASE
+    for path in case.glob("*.rlw"):
+        kind = re.search(r"\.(fields|part|seal)[-.]", path.name)
+        want = {"fields": (1, 3), "part": (1, 2), "seal": (1, 2)}[kind[1]] if kind else (1, 1)
+        assert _version(path) == want, path.name
+    calls: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for step, rank, fields in appended():
+        calls.setdefault((step, rank), []).append(fields)
+    for (step, rank), mine in calls.items():
+        for index, fields in enumerate(mine):
+            name = f"step-{step:08d}.rank-{rank:04d}.fields-{index:03d}.rlw"
+            # The documented reader reads a step's main file: this one stands in for it.
+            shutil.copy(case / name, tmp_path / f"step-{step:08d}.rank-{rank:04d}.rlw")
+            doc = read_as_documented(tmp_path, step, rank, as_columns=True)
+            assert set(doc) == {"fields"}
+            assert_same(doc["fields"], rlwire.Columns(fields))
+    assert sorted(p.name for p in case.glob("*.fields-*")) == sorted(
+        f"step-{s:08d}.rank-{r:04d}.fields-{i:03d}.rlw"
+        for (s, r), m in calls.items()
+        for i in range(len(m))
+    )

@@ -24,7 +24,12 @@ A sink that can store a step part by part (``sender.open_step``) sets
 :attr:`Sink.stores_parts` and implements ``stage_part``, ``seal`` and
 ``committed_parts``, naming each part by a :class:`PartInfo` and closing the step with a
 :class:`Seal`; its source implements ``read_part`` and ``read_seal``. The stored sinks
-(:mod:`rlwire.transport.layout`) do all of it.
+(:mod:`rlwire.transport.layout`) do all of it. A sink that keeps committed steps, so
+that fields can be appended to them (``sender.add_fields``), sets
+:attr:`Sink.appends_fields` and implements ``attach_fields``, ``read_committed``,
+``read_appended`` and ``stage_fields``; its source implements ``read_appended`` (and
+``expect_fields`` if it can wait for one without polling). The stored sinks and
+``ray://`` do.
 
 Work that takes long is written as a **sliced generator** (:data:`Sliced`): it does a
 short slice of work between ``yield`` statements, asking a :class:`SliceTimer` when the

@@ -4,49 +4,41 @@ A later stage (a reference model adding ``ref_logprobs``, a critic adding ``valu
 stores new columns beside a step's samples without rewriting them. The sender checks
 them against the step as stored (its row count, and each :class:`~rlwire.Ragged`'s row
 lengths against the step's ``token_ids``), encodes them as one
-:class:`~rlwire.Columns` and commits it as a file of its own
-(:mod:`rlwire.transport._appended`). A receiver reads those files with the step
-and hands the fields out with the others; one opened with ``fields=`` reads, of the
-step itself, only the fields not appended, and waits for a named field that neither
-the step nor its appended files hold yet.
+:class:`~rlwire.Columns` and has the sink commit it as a message of its own
+(:class:`~rlwire.transport._appended.FieldsSink`: files and S3, ``ray://``). The check
+reads of the step only its codec header and the offsets of its ``token_ids`` (a list of
+samples not stored as columns is decoded whole). A receiver reads those messages with
+the step and hands the fields out with the others; one opened with ``fields=`` reads,
+of the step itself, only the fields not appended, and waits for a named field that
+neither the step nor its appended messages hold yet.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import anyio
 import msgspec
-import numpy as np
 from anyio import CancelScope, CapacityLimiter, to_thread
 
+from rlwire._api.appended_rows import decode_appended, none_in_every_row, prepare, samples_of
 from rlwire._api.decoding import FrameDecoding
 from rlwire._api.fields import FieldSelector
 from rlwire._api.options import Limits
+from rlwire._api.parts import SealedStep
 from rlwire._core.columns import Column, Columns
 from rlwire._core.errors import (
+    ClosedError,
     ConfigError,
-    CorruptFrameError,
     DecodeError,
     FieldNotFoundError,
     RlwireError,
     SchemaError,
 )
 from rlwire._core.offload import drive_sliced
-from rlwire._core.ragged import Ragged
-from rlwire._core.slicing import run_sliced
 from rlwire._frame.frame import Frame
-from rlwire.codecs._registry import get_codec
-from rlwire.transport._appended import (
-    keeps_steps,
-    read_appended,
-    sink_appended,
-    stage_fields,
-    stored_frames,
-)
 from rlwire.transport._base import Sink, Source
 
 __all__ = [
@@ -57,9 +49,6 @@ __all__ = [
     "merge_appended",
     "read_with_appended",
 ]
-
-#: The column the row lengths of an appended Ragged are checked against.
-LENGTHS_FROM = "token_ids"
 
 
 def _check_input(fields: Mapping[str, Column], rows: int | None) -> Columns:
@@ -73,107 +62,6 @@ def _check_input(fields: Mapping[str, Column], rows: int | None) -> Columns:
     return columns
 
 
-def _samples(obj: Any) -> Columns | list[Any] | None:
-    """The one list of samples in a decoded step (or part): itself, or its one value
-    that is a list or a :class:`~rlwire.Columns`."""
-    if isinstance(obj, Columns | list):
-        return obj
-    values = (
-        obj.values()
-        if isinstance(obj, dict)
-        else (
-            [getattr(obj, f) for f in obj.__struct_fields__]
-            if isinstance(obj, msgspec.Struct)
-            else []
-        )
-    )
-    found = [v for v in values if isinstance(v, Columns | list)]
-    return found[0] if len(found) == 1 else None
-
-
-def _stored_rows(frames: list[Frame], decoding: FrameDecoding) -> tuple[int, np.ndarray | None]:
-    """The step's row count and its rows' token counts (``None`` when it holds no
-    ``token_ids`` column)."""
-    count, lengths = 0, []
-    for frame in frames:
-        seconds = {"decompress": 0.0, "decode": 0.0}
-        samples = _samples(run_sliced(decoding.decode(frame, Any, seconds, True)))
-        if samples is None:
-            raise ConfigError("add_fields: the step holds no list of samples to add fields to")
-        count += len(samples)
-        col = (
-            samples[LENGTHS_FROM]
-            if isinstance(samples, Columns) and LENGTHS_FROM in samples
-            else None
-        )
-        if isinstance(col, Ragged):
-            lengths.append(np.diff(col.offsets))
-        elif len(samples):
-            return count + sum(_count(f, decoding) for f in frames[frames.index(frame) + 1 :]), None
-    return count, (np.concatenate(lengths) if lengths else np.zeros(0, np.int64))
-
-
-def _count(frame: Frame, decoding: FrameDecoding) -> int:
-    samples = _samples(
-        run_sliced(decoding.decode(frame, Any, {"decompress": 0.0, "decode": 0.0}, True))
-    )
-    return 0 if samples is None else len(samples)
-
-
-def _check_against(
-    columns: Columns, names: list[str], count: int, lengths: np.ndarray | None
-) -> None:
-    """Refuse ``columns`` unless they fit the step: ``count`` rows, each Ragged's rows
-    as long as ``lengths`` (the step's token counts), names not appended already."""
-    if len(columns) != count:
-        raise SchemaError(f"add_fields: the columns hold {len(columns)} rows, the step {count}")
-    for name, column in columns.items():
-        if name in names:
-            raise SchemaError(f"add_fields: field {name!r} was appended to the step already")
-        if isinstance(column, Ragged) and lengths is not None:
-            bad = np.flatnonzero(np.diff(column.offsets) != lengths)
-            if bad.size:
-                row = int(bad[0])
-                got = int(np.diff(column.offsets)[row])
-                raise SchemaError(
-                    f"add_fields: field {name!r} row {row} holds {got} values, "
-                    f"its {LENGTHS_FROM} {int(lengths[row])}"
-                )
-
-
-def _prepare(sink: Any, step: int, rank: int, columns: Columns, limits: Limits) -> Frame:
-    """Read and check the step as stored, then encode ``columns`` (in a worker thread)."""
-    decoding = FrameDecoding(limits, None, writable=False, fields=frozenset({LENGTHS_FROM}))
-    try:
-        frames = stored_frames(
-            sink, step, rank, FieldSelector(decoding, decoding.fields or frozenset())
-        )
-        decoding.fields = frozenset({LENGTHS_FROM})
-    except FieldNotFoundError:  # no token_ids: the row count alone is checked
-        decoding.fields = None
-        frames = stored_frames(sink, step, rank, lambda frame: None)
-    if frames is None:
-        raise ConfigError(f"add_fields: step {step} is not committed (sent whole, or sealed)")
-    count, lengths = _stored_rows(frames, decoding)
-    # A field the step holds may be appended (TrainingSample.ref_logprobs, left None):
-    # it takes the place of the step's. Twice appended, it is refused.
-    appended = [
-        n for f in sink_appended(sink, step, rank) for n in _decode_appended(f, decoding).names
-    ]
-    _check_against(columns, appended, count, lengths)
-    return run_sliced(get_codec("msgpack")().encode_sliced({"fields": columns}))
-
-
-def _decode_appended(frame: Frame, decoding: FrameDecoding) -> Columns:
-    plain = copy.copy(decoding)
-    plain.fields = None
-    got = run_sliced(plain.decode(frame, Any, {"decompress": 0.0, "decode": 0.0}, True))
-    columns = got.get("fields") if isinstance(got, dict) else None
-    if not isinstance(columns, Columns):
-        raise CorruptFrameError("a file of appended fields holds no columns")
-    return columns
-
-
 async def add_fields(
     sink: Sink,
     limiter: CapacityLimiter,
@@ -183,18 +71,14 @@ async def add_fields(
     rows: int | None,
     rank: int,
 ) -> None:
-    """What :meth:`~rlwire.TrainingBatchSender.add_fields` does, its lock held."""
-    if not keeps_steps(sink):
-        raise ConfigError(
-            f"add_fields needs a store that keeps steps (files, fsspec/S3); {sink!r} keeps "
-            "none (a socket hands a step over and forgets it)"
-        )
+    """What :meth:`~rlwire.TrainingBatchSender.add_fields` does, its lock held and the
+    sink open (or attached)."""
     columns = _check_input(fields, rows)
     try:
         frame = await to_thread.run_sync(
-            _prepare, sink, step, rank, columns, limits, limiter=limiter
+            prepare, sink, step, rank, columns, limits, limiter=limiter
         )
-        _, staged = await drive_sliced(stage_fields(cast(Any, sink), step, rank, frame), limiter)
+        staged = await drive_sliced(sink.stage_fields(step, rank, frame), limiter)
         try:
             await staged.acommit(limiter)
         except BaseException:
@@ -213,9 +97,8 @@ class AppendingSender:
     _lock: anyio.Lock
     _sink: Sink
     _limiter: CapacityLimiter
-
-    async def _open_locked(self) -> None:
-        raise NotImplementedError
+    _opened: bool
+    _closed: bool
 
     async def add_fields(
         self,
@@ -229,17 +112,43 @@ class AppendingSender:
         per sample) beside ``rank``'s samples of the committed ``step``, atomically
         (docs/how-to/fields.md, "Add fields to a stored step").
 
+        A sender that has not opened its destination (no ``async with``, nothing sent)
+        does not open it to append: nothing is deleted, resumed or truncated, so a stage
+        that only appends may run beside the live producer.
+
         Raises:
             SchemaError: a row count differs from the step's (or ``rows``), a Ragged's
                 row from the step's ``token_ids`` (names the field and the first bad
                 row), or a field is in the step already.
-            ConfigError: the sink keeps no steps (ZeroMQ, ``ray://``), or the step is not
-                committed.
-            TransportError: the store cannot be read or written.
+            ConfigError: the sink keeps no steps (ZeroMQ), or the step is not committed.
+            StepExistsError: another sender appended to the step and rank meanwhile.
+            TransportError: the destination cannot be read or written.
+            ClosedError: the sender is closed.
+
+        Example:
+            >>> import numpy as np, rlwire, anyio, tempfile
+            >>> path = tempfile.mkdtemp()
+            >>> async def main() -> None:
+            ...     async with rlwire.open_sender(path) as sender:
+            ...         await sender.send({"samples": [{"token_ids": np.arange(3)}]})
+            ...         await sender.add_fields(0, {"score": [0.5]})
+            >>> anyio.run(main)
+            >>> with rlwire.open_receiver(path, type=dict) as receiver:
+            ...     float(receiver.receive(timeout=5)["samples"][0]["score"])
+            0.5
         """
         async with self._lock:
-            await self._open_locked()
-            await add_fields(self._sink, self._limiter, Limits(), step, fields, rows, rank)
+            if self._closed:
+                raise ClosedError(f"{self!r} is closed")
+            sink = self._sink
+            if not sink.appends_fields:
+                raise ConfigError(
+                    f"add_fields needs a destination that keeps steps (files, fsspec/S3, "
+                    f"ray://); {sink!r} keeps none (a socket hands a step over and forgets it)"
+                )
+            if not self._opened:
+                await to_thread.run_sync(sink.attach_fields, limiter=self._limiter)
+            await add_fields(sink, self._limiter, Limits(), step, fields, rows, rank)
 
 
 @dataclass
@@ -271,12 +180,14 @@ def read_with_appended(
 ) -> tuple[int, Any] | FieldPending | None:
     """``read()`` (the receiver's read of ``step``) with the appended fields of the
     step: what it returned wrapped in :class:`Appended`, or a ``FieldPending`` while
-    a field named in ``fields`` is neither in the step nor appended yet."""
-    if not keeps_steps(source):
+    a field named in ``fields`` is neither in the step nor appended yet (the source is
+    told, so that its next wait waits for another appended message)."""
+    if not source.appends_fields:
         return read()  # type: ignore[no-any-return]
+    frames = source.read_appended(step)
     appended: dict[str, Column] = {}
-    for frame in read_appended(cast(Any, source), step):
-        appended.update(_decode_appended(frame, decoding).items())
+    for frame in frames:
+        appended.update(decode_appended(frame, decoding).items())
     rest = fields
     select = source.select
     if fields is not None:
@@ -284,17 +195,44 @@ def read_with_appended(
         source.select = FieldSelector(decoding, rest)
     try:
         got = read()
+        if got is not None and rest:
+            _check_holds(got[1], FieldSelector(decoding, rest))
     except FieldNotFoundError as exc:
+        source.expect_fields(step, len(frames))
         return FieldPending(str(exc))  # the step is there, a field is not (yet): wait
     finally:
         source.select = select
     if got is None:
         return None
+    empty = none_in_every_row(_frames(got[1]), rest, decoding) if rest else None
+    if empty is not None:  # a field the step left empty, to be appended: wait for it
+        source.expect_fields(step, len(frames))
+        return FieldPending(f"field {empty!r} is None in every row of the step")
     if fields is not None:
         appended = {k: v for k, v in appended.items() if k in fields}
     if not appended and rest == fields:
         return got  # type: ignore[no-any-return]
-    return got[0], Appended(got[1], appended, rest)
+    inner = got[1]
+    if rest == frozenset() and isinstance(inner, SealedStep) and len(inner.parts) > 1:
+        # Only appended fields asked for: the step gives their place (its samples' list)
+        # and no column, which its first part alone tells.
+        inner = SealedStep(inner.seal, inner.parts[:1])
+    return got[0], Appended(inner, appended, rest)
+
+
+def _frames(read: Any) -> list[Frame]:
+    """The frames of what a source's read of a step returned: one, or its parts'."""
+    frames = [f for _, f in read.parts] if isinstance(read, SealedStep) else [read]
+    return [f for f in frames if isinstance(f, Frame)]
+
+
+def _check_holds(read: Any, select: FieldSelector) -> None:
+    """Raise FieldNotFoundError if a message read whole (by a source that does not
+    read part of one, as ``ray://``) lacks a field ``select`` names; a partial read
+    asked the selector already."""
+    for frame in _frames(read):
+        if not frame.missing:
+            select(frame)
 
 
 def merge_appended(obj: Any, columns: dict[str, Column]) -> Any:
@@ -306,7 +244,7 @@ def merge_appended(obj: Any, columns: dict[str, Column]) -> Any:
         DecodeError: the step holds no list of samples, or one of another length, or a
             sample that cannot take the field.
     """
-    samples = _samples(obj)
+    samples = samples_of(obj)
     if samples is None:
         raise DecodeError("the step has fields appended but holds no list of samples")
     rows = len(next(iter(columns.values())))

@@ -1,14 +1,124 @@
-"""Fields appended to a committed step, as the user API reaches them
-(:mod:`rlwire.transport._stored.appended`)."""
+"""What fields appended to a committed step (``sender.add_fields``) are to a sink and a
+source: :class:`FieldsSink` and :class:`FieldsSource`, bases of
+:class:`~rlwire.abc.Sink` and :class:`~rlwire.abc.Source`.
+
+A call of ``add_fields`` stores one message of its own per step and rank (the codec's
+business what it holds: rlwire's msgpack codec writes ``{"fields": Columns}``), beside
+the step, committed atomically: the ``n``-th such message of a step and rank is
+visible whole or not at all, and only after the ``n - 1`` before it. A sink that keeps
+committed steps (a store, ``ray://``) says so with :attr:`FieldsSink.appends_fields`
+and implements the methods below; its source reads those messages back with
+:meth:`FieldsSource.read_appended`. By default neither does (a socket hands a step over
+and forgets it).
+"""
 
 from __future__ import annotations
 
-from rlwire.transport._stored.appended import (
-    keeps_steps,
-    read_appended,
-    sink_appended,
-    stage_fields,
-    stored_frames,
-)
+from typing import Any, ClassVar
 
-__all__ = ["keeps_steps", "read_appended", "sink_appended", "stage_fields", "stored_frames"]
+from rlwire._core.errors import ConfigError
+from rlwire._core.slicing import Sliced
+from rlwire._frame.frame import Frame
+from rlwire._frame.selection import Selector
+
+__all__ = ["FieldsSink", "FieldsSource"]
+
+
+class FieldsSink:
+    """What a :class:`~rlwire.abc.Sink` offers for fields appended to committed steps;
+    by default, nothing (:attr:`appends_fields` is False, and every method raises
+    ConfigError naming the sink). The stored sinks (files, fsspec) and ``ray://`` do.
+    The sender calls these methods from worker threads."""
+
+    #: The sink keeps committed steps, and fields can be appended to them.
+    appends_fields: ClassVar[bool] = False
+
+    def _no_fields(self) -> ConfigError:
+        return ConfigError(
+            f"add_fields needs a destination that keeps steps (files, fsspec/S3, ray://); "
+            f"{self!r} keeps none (a socket hands a step over and forgets it)"
+        )
+
+    def attach_fields(self) -> None:
+        """Make the sink ready to append fields without opening the destination: no
+        step is deleted, resumed or truncated, no mark touched (what ``add_fields`` of
+        a sender that never opened the sink calls, for a stage that only appends,
+        beside a live producer).
+
+        Raises:
+            TransportError: the destination cannot be reached.
+            ConfigError: the sink cannot append fields (the default), or (``ray://``)
+                no sender has made the destination yet.
+        """
+        raise self._no_fields()
+
+    def read_committed(self, step: int, rank: int, select: Selector) -> list[Frame] | None:
+        """``rank``'s message of the committed ``step``, as stored: one frame for a step
+        sent whole, one per part (in index order) for a sealed step filled part by part;
+        ``None`` when the step is not committed (absent, or not sealed yet). A sink that
+        can read part of a message reads only the buffers ``select`` asks for (the
+        others empty, :attr:`~rlwire.Frame.missing`) and checks their checksums; any
+        other returns them all.
+
+        Raises:
+            CorruptFrameError: a stored message is garbled.
+            TransportError: the destination cannot be read.
+            RlwireError: what ``select`` raises (a field the step does not hold).
+            ConfigError: the sink cannot append fields (the default).
+        """
+        raise self._no_fields()
+
+    def read_appended(self, step: int, rank: int) -> list[Frame]:
+        """The messages of fields appended to ``step`` for ``rank`` so far, in the
+        order they were committed, each read whole and checked.
+
+        Raises:
+            CorruptFrameError: one is garbled, or not of this step and rank.
+            TransportError: the destination cannot be read.
+            ConfigError: the sink cannot append fields (the default).
+        """
+        raise self._no_fields()
+
+    def stage_fields(self, step: int, rank: int, frame: Frame) -> Sliced[Any]:
+        """Write ``frame`` where readers cannot see it yet as the next message of fields
+        appended to ``step`` for ``rank``, and return its :class:`~rlwire.abc.Staged`:
+        committing it makes the message visible, whole, after those before it. If the
+        generator is closed before it returns, or raises, nothing is left behind.
+
+        Raises:
+            ConfigError: ``step`` is not committed; the sink cannot append fields (the
+                default).
+            StepExistsError: another writer appended to the step and rank meanwhile
+                (from the commit), or the step holds as many appended messages as the
+                sink allows.
+            TransportError: the destination cannot be written.
+        """
+        raise self._no_fields()
+
+
+class FieldsSource:
+    """What a :class:`~rlwire.abc.Source` offers for fields appended to committed steps;
+    by default, nothing: :attr:`appends_fields` is False and :meth:`read_appended`
+    finds none."""
+
+    #: The source reads fields appended to its steps.
+    appends_fields: ClassVar[bool] = False
+
+    def read_appended(self, step: int) -> list[Frame]:
+        """The messages of fields appended to ``step`` for this rank so far, in commit
+        order, each read whole and checked; never blocks. (Always none, for a source
+        whose sink cannot append fields.)
+
+        Raises:
+            CorruptFrameError: one is garbled, or not of this step and rank.
+            TransportError: the store cannot be read.
+        """
+        del step
+        return []
+
+    def expect_fields(self, step: int, count: int) -> None:
+        """The receiver found ``count`` messages of fields appended to ``step`` and
+        needs a field none of them holds: the next :meth:`~rlwire.abc.Source.wait`
+        (or ``await_message``) should return once another one is appended (it may
+        return sooner). Sources that poll need do nothing (the default)."""
+        del step, count

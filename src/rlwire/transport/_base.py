@@ -16,6 +16,7 @@ from rlwire._core.errors import ConfigError
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
+from rlwire.transport._appended import FieldsSink, FieldsSource
 from rlwire.transport._parts import PartsSink, PartsSource
 from rlwire.transport._url import URL
 
@@ -142,7 +143,7 @@ def reject_unknown(where: object, options: Mapping[str, Any], known: Sequence[st
         )
 
 
-class Sink(PartsSink, abc.ABC):
+class Sink(PartsSink, FieldsSink, abc.ABC):
     """Moves frames to a destination, one step (one frame per rank) at a time.
 
     Blocking methods are called from worker threads; the ``a``-prefixed methods are what
@@ -300,7 +301,7 @@ class Sink(PartsSink, abc.ABC):
             await to_thread.run_sync(self.close, limiter=limiter)
 
 
-class Source(PartsSource, abc.ABC):
+class Source(PartsSource, FieldsSource, abc.ABC):
     """Reads the frames a :class:`Sink` wrote, for one rank.
 
     Blocking methods may be called from worker threads, one at a time.

@@ -1,24 +1,47 @@
-"""Fields appended to a committed step (``sender.add_fields``), in a store.
+"""Fields appended to a committed step (``sender.add_fields``), in a store: the
+:class:`~rlwire.transport._appended.FieldsSink` of
+:class:`~rlwire.transport._stored.sink.StoredSink` and the
+:class:`~rlwire.transport._appended.FieldsSource` of
+:class:`~rlwire.transport._stored.source.StoredSource`.
 
 Each call stores one message of its own per step and rank, beside the step's files:
 ``step-SSSSSSSS.rank-RRRR.fields-NNN.rlw`` (and ``….fields-NNN.sidecar.rlw`` when it
 has a sidecar), ``NNN`` counting from 0 the calls that appended to that step and rank.
 It is written and made visible as any message is (temporary name, checksums, sidecar
 first, a commit that never replaces a file), so a reader sees the whole call's fields
-or none of them. Readers find them by index, as they find parts: 0, 1, … until one is
-missing. What they hold is the codec's business (:mod:`rlwire._api.appending`).
+or none of them; its files say version 1.3 (:data:`FIELDS_VERSION`). Readers find them
+by index, as they find parts: 0, 1, … until one is missing. What they hold is the
+codec's business (:mod:`rlwire._api.appending`).
+
+The sink reads what ``add_fields`` checks against by prefixes of the step's files (a
+sink reads the first bytes of a file, not a range): the envelope and codec header, and
+only as far as the last buffer the check asks for, so the rows of a step whose
+``token_ids`` come first cost a few pages, not the step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Protocol, cast
 
-from rlwire._core.errors import CorruptFrameError, StepExistsError
+from rlwire._core.errors import ConfigError, CorruptFrameError, StepExistsError
 from rlwire._core.slicing import Sliced
+from rlwire._frame.checksums import checksum_segments
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
+from rlwire.transport._appended import FieldsSink, FieldsSource
 from rlwire.transport._base import Staged
-from rlwire.transport._stored.layout import _PRELUDE, MAX_ENVELOPE, _envelope, parse_main
+from rlwire.transport._stored.layout import (
+    _PRELUDE,
+    _SIDECAR_PRELUDE,
+    FIELDS_VERSION,
+    MAX_ENVELOPE,
+    Layout,
+    _envelope,
+    parse_main,
+    plan,
+)
 from rlwire.transport._stored.names import (
     FIELDS_RE,
     fields_name,
@@ -29,86 +52,81 @@ from rlwire.transport._stored.names import (
     sidecar_name,
 )
 from rlwire.transport._stored.parts import parse_seal
-from rlwire.transport._stored.selected import HEAD_BYTES, WholeFile, parse_selected
-from rlwire.transport._stored.sink import StoredSink, StoredStaging
-from rlwire.transport._stored.source import StoredSource
+from rlwire.transport._stored.selected import HEAD_BYTES, Ranged, WholeFile, parse_selected
 
-__all__ = ["keeps_steps", "read_appended", "sink_appended", "stage_fields", "stored_frames"]
+__all__ = ["MAX_APPENDS", "StoredFieldsSink", "StoredFieldsSource"]
 
 #: The most appended-field files one step and rank may hold.
 MAX_APPENDS = 1000
 
-
-def _load_whole(sink: StoredSink, name: str) -> memoryview | None:
-    """The whole file ``name`` through the sink (its envelope says how long it is)."""
-    with sink.errors("read", name):
-        head = sink.load_head(name, HEAD_BYTES)
-        if head is None:
-            return None
-        head = memoryview(head)
-        if head.nbytes >= _PRELUDE.size:
-            end = _PRELUDE.size + int(_PRELUDE.unpack_from(head)[3])
-            if head.nbytes < end <= _PRELUDE.size + MAX_ENVELOPE:
-                head = memoryview(sink.load_head(name, end) or b"")
-        size = _envelope(head, sink.locate(name), whole=False).size
-        if size > head.nbytes:
-            head = memoryview(sink.load_head(name, size) or b"")
-        return head
+_Bytes = bytes | bytearray | memoryview
 
 
-def keeps_steps(end: object) -> bool:
-    """Whether ``end`` (a sink or a source) is a store, whose steps fields are appended to."""
-    return isinstance(end, StoredSink | StoredSource)
+class _Staging(Protocol):
+    def add(self, name: str, chunks: Sequence[bytes | memoryview], *, main: bool) -> Sliced[None]:
+        raise NotImplementedError
 
 
-def stored_frames(sink: StoredSink, step: int, rank: int, select: Selector) -> list[Frame] | None:
-    """The frames of ``rank``'s message of ``step`` as stored (one for a whole step, one
-    per part, in index order, for a sealed step filled part by part), with only the
-    buffers ``select`` asks for checked; ``None`` when the step is not committed.
+class _Store(Protocol):
+    """What of a :class:`~rlwire.transport._stored.sink.StoredSink` this module uses."""
 
-    Raises:
-        CorruptFrameError: a file is garbled.
-        RlwireError: what ``select`` raises (a field the step does not hold).
-    """
+    checksum: bool
 
-    def selected(name: str, side: str, part: int | None) -> Frame:
-        data = _load_whole(sink, name)
-        if data is None:
-            raise CorruptFrameError("missing; the seal lists it", where=sink.locate(name))
-
-        def open_side() -> WholeFile:
-            got = _load_whole_side(sink, side)
-            return WholeFile(got)
-
-        return parse_selected(
-            WholeFile(data),
-            open_side,
-            step=step,
-            rank=rank,
-            part=part,
-            select=select,
-            where=sink.locate(name),
-        )[1]
-
-    with sink.errors(f"read step {step}"):
-        names = set(sink.names())
-    if main_name(step, rank) in names:
-        return [selected(main_name(step, rank), sidecar_name(step, rank), None)]
-    if seal_name(step) not in names:
-        return None
-    with sink.errors("read", seal_name(step)):
-        data = sink.load(seal_name(step))
-    if data is None:
-        return None
-    seal = parse_seal(data, step=step, where=sink.locate(seal_name(step)))
-    count = len(seal.keys[rank]) if rank < seal.ranks else 0
-    return [
-        selected(part_name(step, rank, i), part_sidecar_name(step, rank, i), i)
-        for i in range(count)
-    ]
+    def names(self) -> list[str]: ...
+    def load_head(self, name: str, size: int) -> _Bytes | None: ...
+    def locate(self, name: str | None = None) -> str: ...
+    def errors(
+        self, action: str, name: str | None = None
+    ) -> contextlib.AbstractContextManager[None]: ...
+    def prepare(self) -> None: ...
+    def _staged(self, step: int, write: Callable[[_Staging], Sliced[None]]) -> Sliced[Staged]: ...
 
 
-def _load_whole_side(sink: StoredSink, name: str) -> memoryview:
+class _Reader(Protocol):
+    """What of a :class:`~rlwire.transport._stored.source.StoredSource` this module uses."""
+
+    rank: int
+    verify: bool
+
+    def load(self, name: str) -> memoryview | None: ...
+    def locate(self, name: str) -> str: ...
+    def _sidecar_loader(self, side: str) -> Callable[[], memoryview]: ...
+
+
+class _SinkFile(Ranged):
+    """A main file read through the sink by prefixes: its first :data:`HEAD_BYTES`
+    (more when its envelope is longer), then as far as the last range asked for."""
+
+    def __init__(self, sink: _Store, name: str, head: _Bytes) -> None:
+        self.sink, self.name = sink, name
+        self.data = memoryview(head)
+        if self.data.nbytes >= _PRELUDE.size:
+            end = _PRELUDE.size + int(_PRELUDE.unpack_from(self.data)[3])
+            if self.data.nbytes < end <= _PRELUDE.size + MAX_ENVELOPE:
+                self.data = self._load(end)
+        self.size = _envelope(self.data, sink.locate(name), whole=False).size
+
+    def _load(self, size: int) -> memoryview:
+        with self.sink.errors("read", self.name):
+            data = self.sink.load_head(self.name, size)
+        if data is None or len(data) < size:
+            raise CorruptFrameError(
+                f"shorter than {size} bytes (deleted or written again while read?)",
+                where=self.sink.locate(self.name),
+            )
+        return memoryview(data)
+
+    def read(self, ranges: Sequence[tuple[int, int]]) -> list[memoryview]:
+        end = max((stop for _, stop in ranges), default=0)
+        if end > self.data.nbytes:
+            self.data = self._load(min(end, self.size))
+        return [self.data[start:stop] for start, stop in ranges]
+
+    def head(self) -> memoryview:
+        return self.data[:HEAD_BYTES] if self.data.nbytes > HEAD_BYTES else self.data
+
+
+def _whole_side(sink: _Store, name: str) -> memoryview:
     """A sidecar file whole (its length is not in its own prelude: read until short)."""
     size = 1 << 20
     with sink.errors("read", name):
@@ -123,81 +141,155 @@ def _load_whole_side(sink: StoredSink, name: str) -> memoryview:
             size *= 4
 
 
-def stage_fields(
-    sink: StoredSink, step: int, rank: int, frame: Frame
-) -> Sliced[tuple[int, Staged]]:
-    """Stage ``frame`` as the next file of fields appended to ``step`` for ``rank``:
-    its index and the staging, which the caller commits.
-
-    Raises:
-        StepExistsError: the step holds :data:`MAX_APPENDS` such files already.
-        TransportError: the store cannot be listed or written.
-    """
-    with sink.errors(f"list the fields appended to step {step}"):
-        names = sink.names()
-    taken = {
-        int(m.group(3))
-        for n in names
-        if (m := FIELDS_RE.fullmatch(n)) and (int(m.group(1)), int(m.group(2))) == (step, rank)
-    }
-    index = max(taken, default=-1) + 1
-    if index >= MAX_APPENDS:
-        raise StepExistsError(
-            f"step {step} rank {rank} holds {index} files of appended fields already",
-            where=sink.locate(),
-        )
-    names_ = (fields_name(step, rank, index), fields_name(step, rank, index, sidecar=True))
-
-    def write(staging: StoredStaging) -> Sliced[None]:
-        yield from sink._write(staging, step, rank, frame, names_, None)
-
-    return index, (yield from sink._staged(step, write))
+def _whole_main(sink: _Store, name: str) -> memoryview | None:
+    """The whole main file ``name`` (its envelope says how long it is), or ``None``."""
+    with sink.errors("read", name):
+        head = sink.load_head(name, HEAD_BYTES)
+    if head is None:
+        return None
+    file = _SinkFile(sink, name, head)
+    return file.read([(0, file.size)])[0]
 
 
-def read_appended(source: StoredSource, step: int) -> list[Frame]:
-    """Every file of fields appended to ``step`` for the source's rank, in index order,
-    each read whole and checked.
-
-    Raises:
-        CorruptFrameError: a file is garbled, or not of this step and rank.
-    """
-    frames = []
-    load: Callable[[str], memoryview | None] = source.load
-    for index in range(MAX_APPENDS):
-        name = fields_name(step, source.rank, index)
-        data = load(name)
-        if data is None:
-            break
-        side = fields_name(step, source.rank, index, sidecar=True)
-        frames.append(
-            parse_main(
-                data,
-                step=step,
-                rank=source.rank,
-                load_sidecar=source._sidecar_loader(side),
-                where=source.locate(name),
-                verify=source.verify,
-            )
-        )
-    return frames
+def _with_version(layout: Layout) -> Layout:
+    """``layout`` with both files' preludes saying :data:`FIELDS_VERSION` (the
+    envelope's checksum does not cover the prelude: nothing else changes)."""
+    head = bytearray(layout.main[0])
+    magic, _, _, env_len, env_sum = _PRELUDE.unpack_from(head)
+    _PRELUDE.pack_into(head, 0, magic, *FIELDS_VERSION, env_len, env_sum)
+    main = [bytes(head), *layout.main[1:]]
+    sidecar = layout.sidecar
+    if sidecar:
+        side = bytearray(sidecar[0])
+        magic, _, _, reserved, msg_id = _SIDECAR_PRELUDE.unpack_from(side)
+        _SIDECAR_PRELUDE.pack_into(side, 0, magic, *FIELDS_VERSION, reserved, msg_id)
+        sidecar = [bytes(side), *sidecar[1:]]
+    return layout._replace(main=main, sidecar=sidecar)
 
 
-def sink_appended(sink: StoredSink, step: int, rank: int) -> list[Frame]:
-    """:func:`read_appended`, through the sink (what ``add_fields`` checks against)."""
-    frames = []
-    for index in range(MAX_APPENDS):
-        name = fields_name(step, rank, index)
-        data = _load_whole(sink, name)
-        if data is None:
-            break
-        side = fields_name(step, rank, index, sidecar=True)
-        frames.append(
-            parse_main(
-                data,
+class StoredFieldsSink(FieldsSink):
+    """Appended fields in a store (a base of
+    :class:`~rlwire.transport._stored.sink.StoredSink`)."""
+
+    appends_fields = True
+
+    def attach_fields(self) -> None:
+        store = cast(_Store, self)
+        with store.errors("reach the destination"):
+            store.prepare()
+
+    def read_committed(self, step: int, rank: int, select: Selector) -> list[Frame] | None:
+        store = cast(_Store, self)
+
+        def selected(name: str, side: str, part: int | None) -> Frame:
+            with store.errors("read", name):
+                head = store.load_head(name, HEAD_BYTES)
+            if head is None:
+                what = "the seal lists it" if part is not None else "it was listed"
+                raise CorruptFrameError(f"missing; {what}", where=store.locate(name))
+            return parse_selected(
+                _SinkFile(store, name, head),
+                lambda: WholeFile(_whole_side(store, side)),
                 step=step,
                 rank=rank,
-                load_sidecar=lambda side=side: _load_whole_side(sink, side),  # type: ignore[misc]
-                where=sink.locate(name),
+                part=part,
+                select=select,
+                where=store.locate(name),
+            )[1]
+
+        with store.errors(f"read step {step}"):
+            names = set(store.names())
+        if main_name(step, rank) in names:
+            return [selected(main_name(step, rank), sidecar_name(step, rank), None)]
+        if seal_name(step) not in names:
+            return None
+        with store.errors("read", seal_name(step)):
+            data = store.load_head(seal_name(step), MAX_ENVELOPE + 64)
+        if data is None:
+            return None
+        seal = parse_seal(memoryview(data), step=step, where=store.locate(seal_name(step)))
+        count = len(seal.keys[rank]) if rank < seal.ranks else 0
+        return [
+            selected(part_name(step, rank, i), part_sidecar_name(step, rank, i), i)
+            for i in range(count)
+        ]
+
+    def read_appended(self, step: int, rank: int) -> list[Frame]:
+        store = cast(_Store, self)
+        frames = []
+        for index in range(MAX_APPENDS):
+            name = fields_name(step, rank, index)
+            data = _whole_main(store, name)
+            if data is None:
+                break
+            side = fields_name(step, rank, index, sidecar=True)
+            frames.append(
+                parse_main(
+                    data,
+                    step=step,
+                    rank=rank,
+                    load_sidecar=lambda side=side: _whole_side(store, side),  # type: ignore[misc]
+                    where=store.locate(name),
+                )
             )
-        )
-    return frames
+        return frames
+
+    def stage_fields(self, step: int, rank: int, frame: Frame) -> Sliced[Staged]:
+        store = cast(_Store, self)
+        with store.errors(f"list the fields appended to step {step}"):
+            names = store.names()
+        if main_name(step, rank) not in names and seal_name(step) not in names:
+            raise ConfigError(
+                f"add_fields: step {step} is not committed (sent whole, or sealed)",
+                where=store.locate(),
+            )
+        taken = {
+            int(m.group(3))
+            for n in names
+            if (m := FIELDS_RE.fullmatch(n)) and (int(m.group(1)), int(m.group(2))) == (step, rank)
+        }
+        index = max(taken, default=-1) + 1
+        if index >= MAX_APPENDS:
+            raise StepExistsError(
+                f"step {step} rank {rank} holds {index} files of appended fields already",
+                where=store.locate(),
+            )
+        main, side = fields_name(step, rank, index), fields_name(step, rank, index, sidecar=True)
+
+        def write(staging: _Staging) -> Sliced[None]:
+            with store.errors(f"write the fields appended to step {step}", main):
+                sums = (yield from checksum_segments(frame)) if store.checksum else None
+                layout = _with_version(plan(frame, step, rank, sums))
+                if layout.sidecar:
+                    yield from staging.add(side, layout.sidecar, main=False)
+                yield from staging.add(main, layout.main, main=True)
+
+        return (yield from store._staged(step, write))
+
+
+class StoredFieldsSource(FieldsSource):
+    """Appended fields read from a store (a base of
+    :class:`~rlwire.transport._stored.source.StoredSource`)."""
+
+    appends_fields = True
+
+    def read_appended(self, step: int) -> list[Frame]:
+        reader = cast(_Reader, self)
+        frames = []
+        for index in range(MAX_APPENDS):
+            name = fields_name(step, reader.rank, index)
+            data = reader.load(name)
+            if data is None:
+                break
+            side = fields_name(step, reader.rank, index, sidecar=True)
+            frames.append(
+                parse_main(
+                    data,
+                    step=step,
+                    rank=reader.rank,
+                    load_sidecar=reader._sidecar_loader(side),
+                    where=reader.locate(name),
+                    verify=reader.verify,
+                )
+            )
+        return frames

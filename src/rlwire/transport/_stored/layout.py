@@ -40,6 +40,7 @@ from rlwire.transport._stored.table import ALIGN, SIDECAR, check_magic, checked_
 
 __all__ = [
     "ALIGN",
+    "FIELDS_VERSION",
     "FORMAT_VERSION",
     "PARTS_VERSION",
     "Layout",
@@ -52,6 +53,7 @@ MAIN_MAGIC = b"\x89RLW\r\n\x1a\n"
 SIDECAR_MAGIC = b"\x89RLS\r\n\x1a\n"
 FORMAT_VERSION = (1, 1)  # 1.1: the msgpack header may hold extension types 6 and 7
 PARTS_VERSION = (1, 2)  # a part's files and a seal: 1.2 added the envelope's part, key, cost
+FIELDS_VERSION = (1, 3)  # fields appended to a step (add_fields): a whole step's envelope
 MAX_ENVELOPE = 64 << 20
 _PRELUDE = struct.Struct("<8sHHIQ")
 _SIDECAR_PRELUDE = struct.Struct("<8sHHI16s")

@@ -15,6 +15,7 @@ from rlwire._frame.checksums import checksum_segments
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import OnExisting, PendingFrame, Sink, Staged, take_frame
 from rlwire.transport._parts import PartInfo, Seal
+from rlwire.transport._stored.appended import StoredFieldsSink
 from rlwire.transport._stored.layout import plan
 from rlwire.transport._stored.marks import (
     REWRITE_MAGIC,
@@ -87,7 +88,7 @@ class StoredStaging(Staged):
         yield from ()
 
 
-class StoredSink(Sink):
+class StoredSink(StoredFieldsSink, Sink):
     """A sink that stores step ``s`` of rank ``r`` as the files ``main_name(s, r)`` and,
     when the message has one, ``sidecar_name(s, r)``, beside an end mark and the ranks'
     consumption marks, in the byte layout every built-in store shares.

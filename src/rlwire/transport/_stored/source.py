@@ -20,6 +20,7 @@ from rlwire._core.errors import (
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 from rlwire.transport._parts import PartInfo, Seal
+from rlwire.transport._stored.appended import StoredFieldsSource
 from rlwire.transport._stored.layout import parse_main
 from rlwire.transport._stored.marks import END_MAGIC, consumed_mark, parse_mark
 from rlwire.transport._stored.names import (
@@ -45,7 +46,7 @@ _CANNOT_MARK = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, 
 _GONE_CHECK_SECONDS = 1.0
 
 
-class StoredSource(Source):
+class StoredSource(StoredFieldsSource, Source):
     """Reads step ``s`` of ``rank`` from the files named ``main_name(s, rank)`` and,
     when the message has one, ``sidecar_name(s, rank)``, as views over what
     :meth:`load` returns.

@@ -33,6 +33,8 @@ The modules, one concept each:
     the board actor
 ``_board_parts``
     its parts and seals
+``_board_fields``
+    the fields appended to its steps
 ``_staged``
     what a sender has staged on the board, and its commit
 ``_actors``
@@ -41,6 +43,8 @@ The modules, one concept each:
     :class:`StepHandle`, a committed step to pass to a trainer
 ``_sink`` / ``_source``
     :class:`RaySink` and :class:`RaySource`
+``_appended``
+    their appended fields (``add_fields``)
 """
 
 from rlwire._core.faces import claim

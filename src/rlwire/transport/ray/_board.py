@@ -47,6 +47,7 @@ from rlwire.transport._stored.names import (
     sidecar_name,
     start_step,
 )
+from rlwire.transport.ray._board_fields import FieldsBoard
 from rlwire.transport.ray._board_parts import PartsBoard, Refs
 from rlwire.transport.ray._handover import hand_over
 
@@ -58,7 +59,7 @@ def board_name(name: str) -> str:
     return f"rlwire-board:{name}"
 
 
-class Board(PartsBoard):
+class Board(PartsBoard, FieldsBoard):
     """The state of one ``ray://NAME`` destination (see the module's docstring).
 
     Created through :func:`ray.remote` (``_actors`` does); callers use its methods'
@@ -71,6 +72,7 @@ class Board(PartsBoard):
         self.staged: dict[str, tuple[int, dict[int, Refs]]] = {}  # key -> (step, ranks)
         self.parts = {}
         self.seals = {}
+        self.fields = {}
         self.consumed: dict[int, int] = {}
         self.end: int | None = None
         self._changed: asyncio.Condition | None = None
@@ -122,6 +124,7 @@ class Board(PartsBoard):
         self.committed.pop(step, None)
         self.parts.pop(step, None)
         self.seals.pop(step, None)
+        self.fields.pop(step, None)
         self._drop_staged(lambda s: s == step)
 
     def _stored(self) -> set[int]:

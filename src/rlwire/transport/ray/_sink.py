@@ -27,6 +27,7 @@ from rlwire.transport._base import (
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
 from rlwire.transport.ray._actors import BoardHandle, call, create_board, ensure_ray, ray_errors
+from rlwire.transport.ray._appended import RayFieldsSink
 from rlwire.transport.ray._handle import StepHandle
 from rlwire.transport.ray._handover import offer, withdraw
 from rlwire.transport.ray._payload import make_payload, out_of_band, runs_fit
@@ -60,7 +61,7 @@ def producer_actor() -> BoardHandle | None:
     return context.current_actor if pullable else None
 
 
-class RaySink(Sink):
+class RaySink(RayFieldsSink, Sink):
     """Stores each step in Ray's object store: per rank a main object (the codec's
     header and buffers) and, when the message has one, a sidecar object, each a list of
     out-of-band buffers that receivers on the same node map without a copy. A named
@@ -120,6 +121,7 @@ class RaySink(Sink):
 
     gathers = True  # Pieces are joined into the sink's JoinSpace, not fresh memory
     stores_parts = True
+    _pulling_actor = staticmethod(producer_actor)  # what attach_fields asks
 
     def __init__(
         self,

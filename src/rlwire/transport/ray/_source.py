@@ -27,6 +27,7 @@ from rlwire.transport.ray._actors import (
     find_board,
     ray_errors,
 )
+from rlwire.transport.ray._appended import RayFieldsSource
 from rlwire.transport.ray._payload import parse_payload
 
 __all__ = ["OPTIONS", "RaySource", "board_options", "parse_name"]
@@ -72,7 +73,7 @@ def board_options(url: URL, options: Mapping[str, Any]) -> tuple[str | None, boo
     return namespace, detached
 
 
-class RaySource(Source):
+class RaySource(RayFieldsSource, Source):
     """Reads rank ``rank``'s steps of ``ray://NAME``: asks the board for a step's
     objects and maps them (zero-copy on the same node; Ray fetches them from another
     node), verifying checksums. Waiting is the board's: a receiver waits on it, never
@@ -249,6 +250,8 @@ class RaySource(Source):
         limit = _WAIT_SLICE if timeout is None else max(0.0, min(timeout, _WAIT_SLICE))
         if self._find() is None:
             time.sleep(min(limit, _NO_BOARD_SLEEP))
+            return
+        if self._wait_fields(limit):  # a step there, a field asked for not appended yet
             return
         step, part = self._expected, self._expected_part
         index = part[1] if part is not None and part[0] == step else None

@@ -1,0 +1,199 @@
+"""What ``add_fields`` checks fields against, read from the step as stored: its row
+count, and the token counts of its rows (the offsets of its ``token_ids``), told from
+its codec header and the offsets alone; and the decoding of a message of appended
+fields (:mod:`rlwire._api.appending`)."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from rlwire._api.decoding import FrameDecoding
+from rlwire._api.options import Limits
+from rlwire._core.columns import Columns
+from rlwire._core.errors import ConfigError, CorruptFrameError, SchemaError
+from rlwire._core.ragged import Ragged
+from rlwire._core.slicing import run_sliced
+from rlwire._frame.frame import Frame
+from rlwire._frame.selection import Selection
+from rlwire.codecs._registry import get_codec
+from rlwire.transport._base import Sink
+
+__all__ = [
+    "LENGTHS_FROM",
+    "column_table",
+    "decode_appended",
+    "none_in_every_row",
+    "prepare",
+    "samples_of",
+]
+
+#: The column the row lengths of an appended Ragged are checked against.
+LENGTHS_FROM = "token_ids"
+
+
+def samples_of(obj: Any) -> Columns | list[Any] | None:
+    """The one list of samples in a decoded step (or part): itself, or its one value
+    that is a list or a :class:`~rlwire.Columns`."""
+    if isinstance(obj, Columns | list):
+        return obj
+    values = (
+        obj.values()
+        if isinstance(obj, dict)
+        else (
+            [getattr(obj, f) for f in obj.__struct_fields__]
+            if isinstance(obj, msgspec.Struct)
+            else []
+        )
+    )
+    found = [v for v in values if isinstance(v, Columns | list)]
+    return found[0] if len(found) == 1 else None
+
+
+def column_table(frame: Frame, decoding: FrameDecoding) -> Any:
+    """The codec's table of ``frame``'s list of samples stored as columns (what its
+    header alone tells; only the header is decompressed), or ``None`` (no such list, or
+    a codec that stores no columns: JSON, a plugin's)."""
+    describe = getattr(decoding.codec(frame.codec), "describe_columns", None)
+    if describe is None:
+        return None
+    n = len(frame.buffers)
+    head = replace(frame, buffers=(memoryview(b""),) * n, missing=frozenset(range(n)))
+    return describe(run_sliced(decoding.decompressed(head)))
+
+
+def none_in_every_row(
+    frames: list[Frame], names: frozenset[str], decoding: FrameDecoding
+) -> str | None:
+    """The first of ``names`` that the step (its ``frames``: one, or its parts) holds
+    as ``None`` in every row (a TrainingSample's ``ref_logprobs`` left empty, until it
+    is appended), or ``None``. Only columns of values kept in the header are looked at
+    (a ragged column holds arrays): their decode reads no buffer."""
+    held: dict[str, bool] = {}
+    for frame in frames:
+        table = column_table(frame, decoding)
+        kept = [
+            c.name for c in (table.columns if table else ()) if c.name in names and c.dtype is None
+        ]
+        if not kept:
+            return None
+        plain = copy.copy(decoding)
+        plain.fields = frozenset(kept)
+        got = samples_of(
+            run_sliced(plain.decode(frame, Any, {"decompress": 0.0, "decode": 0.0}, True))
+        )
+        if not isinstance(got, Columns):
+            return None
+        for name in kept:
+            held[name] = held.get(name, True) and all(v is None for v in got[name])
+    return next((name for name in sorted(held) if held[name]), None)
+
+
+class _StoredRows:
+    """What ``add_fields`` checks against, read from a step's header: its rows and the
+    offsets of its ``token_ids``. :meth:`select` (the sink's selector) asks for the
+    offsets' buffer alone; :meth:`of` then tells a frame's rows and their token counts."""
+
+    def __init__(self, decoding: FrameDecoding) -> None:
+        self.decoding = decoding
+
+    def _table(self, frame: Frame) -> Any:
+        return column_table(frame, self.decoding)
+
+    def select(self, frame: Frame) -> Selection | None:
+        table = self._table(frame)
+        if table is None:
+            return None  # decoded whole, to count its samples
+        col = next((c for c in table.columns if c.name == LENGTHS_FROM), None)
+        wanted = {col.offsets} if col is not None and isinstance(col.offsets, int) else set()
+        return Selection(frozenset(wanted))
+
+    def of(self, frame: Frame) -> tuple[int, np.ndarray | None]:
+        """``frame``'s rows, and its rows' token counts (``None`` without ``token_ids``)."""
+        table = self._table(frame)
+        if table is None:
+            seconds = {"decompress": 0.0, "decode": 0.0}
+            samples = samples_of(run_sliced(self.decoding.decode(frame, Any, seconds, True)))
+            if samples is None:
+                raise ConfigError("add_fields: the step holds no list of samples to add fields to")
+            return len(samples), None
+        col = next((c for c in table.columns if c.name == LENGTHS_FROM), None)
+        if col is None or col.dtype is None:
+            return table.rows, None
+        offsets = col.offsets
+        if not isinstance(offsets, np.ndarray):
+            # Only that buffer decompressed (a source that read the step whole has all).
+            others = frozenset(range(len(frame.buffers))) - {offsets}
+            alone = replace(frame, missing=frame.missing | others)
+            view = run_sliced(self.decoding.decompressed(alone)).buffers[offsets]
+            offsets = np.frombuffer(memoryview(view), "<i8")
+        if len(offsets) != table.rows + 1 or (np.diff(offsets) < 0).any():
+            raise CorruptFrameError(
+                f"the offsets of {LENGTHS_FROM!r} do not fit its {table.rows} rows"
+            )
+        return table.rows, np.diff(offsets)
+
+
+def _stored_rows(frames: list[Frame], rows: _StoredRows) -> tuple[int, np.ndarray | None]:
+    """The step's row count and its rows' token counts (``None`` when some rows have no
+    ``token_ids``)."""
+    count, lengths = 0, []
+    for frame in frames:
+        n, got = rows.of(frame)
+        count += n
+        if got is None and n:
+            return count + sum(rows.of(f)[0] for f in frames[frames.index(frame) + 1 :]), None
+        lengths.append(np.zeros(0, np.int64) if got is None else got)
+    return count, (np.concatenate(lengths) if lengths else np.zeros(0, np.int64))
+
+
+def _check_against(
+    columns: Columns, names: list[str], count: int, lengths: np.ndarray | None
+) -> None:
+    """Refuse ``columns`` unless they fit the step: ``count`` rows, each Ragged's rows
+    as long as ``lengths`` (the step's token counts), names not appended already."""
+    if len(columns) != count:
+        raise SchemaError(f"add_fields: the columns hold {len(columns)} rows, the step {count}")
+    for name, column in columns.items():
+        if name in names:
+            raise SchemaError(f"add_fields: field {name!r} was appended to the step already")
+        if isinstance(column, Ragged) and lengths is not None:
+            bad = np.flatnonzero(np.diff(column.offsets) != lengths)
+            if bad.size:
+                row = int(bad[0])
+                got = int(np.diff(column.offsets)[row])
+                raise SchemaError(
+                    f"add_fields: field {name!r} row {row} holds {got} values, "
+                    f"its {LENGTHS_FROM} {int(lengths[row])}"
+                )
+
+
+def prepare(sink: Sink, step: int, rank: int, columns: Columns, limits: Limits) -> Frame:
+    """Read and check the step as stored, then encode ``columns`` (in a worker thread)."""
+    decoding = FrameDecoding(limits, None, writable=False)
+    rows = _StoredRows(decoding)
+    frames = sink.read_committed(step, rank, rows.select)
+    if frames is None:
+        raise ConfigError(f"add_fields: step {step} is not committed (sent whole, or sealed)")
+    count, lengths = _stored_rows(frames, rows)
+    # A field the step holds may be appended (TrainingSample.ref_logprobs, left None):
+    # it takes the place of the step's. Twice appended, it is refused.
+    appended = [
+        n for f in sink.read_appended(step, rank) for n in decode_appended(f, decoding).names
+    ]
+    _check_against(columns, appended, count, lengths)
+    return run_sliced(get_codec("msgpack")().encode_sliced({"fields": columns}))
+
+
+def decode_appended(frame: Frame, decoding: FrameDecoding) -> Columns:
+    plain = copy.copy(decoding)
+    plain.fields = None
+    got = run_sliced(plain.decode(frame, Any, {"decompress": 0.0, "decode": 0.0}, True))
+    columns = got.get("fields") if isinstance(got, dict) else None
+    if not isinstance(columns, Columns):
+        raise CorruptFrameError("a message of appended fields holds no columns")
+    return columns

@@ -1,0 +1,233 @@
+"""Fields appended to committed steps on ``ray://NAME``: the
+:class:`~rlwire.transport._appended.FieldsSink` of
+:class:`~rlwire.transport.ray._sink.RaySink` (:class:`RayFieldsSink`) and the
+:class:`~rlwire.transport._appended.FieldsSource` of
+:class:`~rlwire.transport.ray._source.RaySource` (:class:`RayFieldsSource`).
+
+A message of fields is stored as a rank's message of a step is (a main object and,
+when it has one, a sidecar object, checksummed), handed to the board the same way (so
+the board owns it when the sender runs in an async or threaded actor), and committed on
+its own as the next one of its step and rank (:mod:`~rlwire.transport.ray._board_fields`).
+A receiver waiting for a field asks the board to wake it when another message is
+appended to the step (:meth:`RayFieldsSource.expect_fields`), instead of polling.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from rlwire._core.errors import ConfigError, CorruptFrameError, StepExistsError
+from rlwire._core.slicing import Sliced
+from rlwire._frame.checksums import checksum_segments
+from rlwire._frame.frame import Frame
+from rlwire._frame.selection import Selector
+from rlwire.transport._appended import FieldsSink, FieldsSource
+from rlwire.transport._base import Staged
+from rlwire.transport.ray._actors import (
+    BoardHandle,
+    call,
+    ensure_ray,
+    fetch,
+    find_board,
+    ray_errors,
+)
+from rlwire.transport.ray._payload import make_payload, parse_payload
+from rlwire.transport.ray._staged import _Staged
+
+__all__ = ["RayFieldsSink", "RayFieldsSource", "RayStagedFields"]
+
+
+class RayStagedFields(_Staged):
+    """A message of fields for rank ``rank`` of ``step``, staged under ``key``:
+    committed, it is the ``index``-th one appended to the step for the rank."""
+
+    def __init__(
+        self, board: BoardHandle, where: str, key: str, step: int, rank: int, index: int
+    ) -> None:
+        super().__init__(board, where, key, step)
+        self.rank, self.index = rank, index
+
+    def commit(self) -> None:
+        answer = self._commit(
+            f"the fields appended to step {self.step} rank {self.rank}",
+            self.board.commit_fields,
+            self.key,
+            self.rank,
+            self.index,
+        )
+        if answer[0] == "exists":
+            raise StepExistsError(str(answer[1]), where=self.where)
+        if answer[0] == "none":
+            raise ConfigError(f"add_fields: {answer[1]}", where=self.where)
+
+    def discard(self) -> None:
+        self._discard(range(self.rank, self.rank + 1))
+
+
+def _refs(answer: Any, what: str, where: str) -> list[tuple[Any, Any]]:
+    """The ``[[main, sidecar], ...]`` of a board's answer, checked."""
+    if type(answer[1]) is not list or any(len(refs) != 2 for refs in answer[1]):
+        raise CorruptFrameError(f"the board answered malformed {what}", where=where)
+    return [(refs[0], refs[1]) for refs in answer[1]]
+
+
+class RayFieldsSink(FieldsSink):
+    """Appended fields on ``ray://`` (a base of
+    :class:`~rlwire.transport.ray._sink.RaySink`)."""
+
+    appends_fields = True
+
+    if TYPE_CHECKING:  # RaySink's
+        name: str
+        namespace: str | None
+        checksum: bool
+        caller_blocks_loop: bool
+        _board: BoardHandle | None
+        _producer: BoardHandle | None
+
+        @property
+        def where(self) -> str: ...
+        def _storable(self, frame: Frame) -> Sliced[Frame]: ...
+        def _hand(
+            self,
+            method: Any,
+            head: tuple[Any, ...],
+            rank_key: str,
+            main: list[memoryview],
+            side: list[memoryview] | None,
+            action: str,
+        ) -> Any: ...
+        @staticmethod
+        def _pulling_actor() -> BoardHandle | None: ...
+
+    def attach_fields(self) -> None:
+        """Find the board (a sender must have made it), and whether this process runs
+        an actor the board can pull objects from, as :meth:`open` does, opening
+        nothing."""
+        if self._board is not None:
+            return
+        ensure_ray(self.where)
+        board = find_board(self.name, self.namespace)
+        if board is None:
+            raise ConfigError(
+                "no sender has made this destination (its board does not exist): fields "
+                "are appended to steps a sender committed",
+                where=self.where,
+            )
+        self._board = board
+        self._producer = None if self.caller_blocks_loop else self._pulling_actor()
+
+    def _fields_board(self) -> BoardHandle:
+        self.attach_fields()
+        assert self._board is not None
+        return self._board
+
+    def _frames(self, refs: list[tuple[Any, Any]], where: str) -> list[Frame]:
+        frames = []
+        for main_ref, side_ref in refs:
+            with ray_errors(where, "get the step's objects"):
+                values = fetch([main_ref] if side_ref is None else [main_ref, side_ref])
+            frames.append(
+                parse_payload(
+                    values[0],
+                    values[1] if side_ref is not None else None,
+                    verify=True,
+                    writable=False,
+                    where=where,
+                )
+            )
+        return frames
+
+    def read_committed(self, step: int, rank: int, select: Selector) -> list[Frame] | None:
+        del select  # a message of the object store is mapped whole, without a copy
+        where = f"{self.where}: step {step} rank {rank}"
+        answer = call(
+            self._fields_board().committed_refs, step, rank, where=where, action="ask the board"
+        )
+        if answer[0] == "none":
+            return None
+        if answer[0] != "step":
+            raise CorruptFrameError(f"the board answered {answer[0]!r}", where=where)
+        return self._frames(_refs(answer, "a step's objects", where), where)
+
+    def read_appended(self, step: int, rank: int) -> list[Frame]:
+        where = f"{self.where}: fields appended to step {step} rank {rank}"
+        answer = call(
+            self._fields_board().read_fields, step, rank, where=where, action="ask the board"
+        )
+        return self._frames(_refs(answer, "appended fields", where), where)
+
+    def stage_fields(self, step: int, rank: int, frame: Frame) -> Sliced[Staged]:
+        board = self._fields_board()
+        where = f"{self.where}: fields appended to step {step} rank {rank}"
+        have = call(board.read_fields, step, rank, where=where, action="ask the board")
+        key = uuid.uuid4().hex
+        staged = RayStagedFields(board, self.where, key, step, rank, len(have[1]))
+        try:
+            taken = yield from self._storable(frame)
+            sums = (yield from checksum_segments(taken)) if self.checksum else None
+            main, side = make_payload(taken, sums)
+            del taken
+            answer = self._hand(
+                board.stage_fields,
+                (step, key, rank),
+                f"{key}.{rank}",
+                main,
+                side,
+                f"store the fields appended to step {step} rank {rank}",
+            )
+            del main, side
+            if answer[0] == "none":
+                raise ConfigError(f"add_fields: {answer[1]}", where=self.where)
+        except BaseException:
+            staged.discard()
+            raise
+        return staged
+
+
+class RayFieldsSource(FieldsSource):
+    """Appended fields read from ``ray://`` (a base of
+    :class:`~rlwire.transport.ray._source.RaySource`)."""
+
+    appends_fields = True
+    #: (step, count) a receiver waits beyond: what the next wait waits for.
+    _fields_expected: tuple[int, int] | None = None
+
+    if TYPE_CHECKING:  # RaySource's
+        rank: int
+
+        @property
+        def where(self) -> str: ...
+        def _find(self) -> BoardHandle | None: ...
+        def _call(self, method: str, *args: Any, where: str, action: str) -> Any: ...
+        def _fetch(self, main_ref: Any, side_ref: Any, where: str) -> Frame: ...
+
+    def read_appended(self, step: int) -> list[Frame]:
+        self._fields_expected = None
+        if self._find() is None:
+            return []
+        where = f"{self.where}: fields appended to step {step} rank {self.rank}"
+        answer = self._call("read_fields", step, self.rank, where=where, action="ask the board")
+        return [self._fetch(main, side, where) for main, side in _refs(answer, "fields", where)]
+
+    def expect_fields(self, step: int, count: int) -> None:
+        self._fields_expected = (step, count)
+
+    def _wait_fields(self, limit: float) -> bool:
+        """Wait on the board (up to ``limit`` seconds) for the message of fields a
+        receiver expects, if it expects one: whether it did."""
+        expected, self._fields_expected = self._fields_expected, None
+        if expected is None:
+            return False
+        step, count = expected
+        self._call(
+            "wait_fields",
+            step,
+            self.rank,
+            count,
+            limit,
+            where=self.where,
+            action="wait on the board",
+        )
+        return True

@@ -1,0 +1,139 @@
+"""The board's half for fields appended to committed steps (:class:`FieldsBoard`, a
+base of :class:`~rlwire.transport.ray._board.Board`): per step and rank, the objects of
+each message of fields appended to it (``add_fields``), in commit order.
+
+A message is staged under a fresh key as a whole step's rank is (pulled from the
+producer's actor, so the board owns it, or put by the producer), then committed on its
+own: :meth:`FieldsBoard.commit_fields` checks, with nothing else running meanwhile,
+that the step is still committed and that the message takes the rank's next index,
+appends it and wakes every waiting receiver. The messages go with their step when it is
+deleted (retention, an overwrite, a truncate). Answers are plain values, as the board's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ray import ObjectRef
+
+from rlwire.transport.ray._board_parts import PartKey, Refs, _Part
+
+__all__ = ["FieldsBoard"]
+
+
+class FieldsBoard:
+    """The appended fields of a board; :class:`~rlwire.transport.ray._board.Board`
+    holds the rest of the state and the helpers declared here."""
+
+    committed: dict[int, list[Refs]]
+    staged: dict[str, tuple[int, dict[int, Refs]]]  # key -> (step, ranks)
+    parts: dict[int, dict[int, list[_Part]]]
+    seals: dict[int, tuple[list[list[PartKey]], list[list[float]]]]
+    #: step -> rank -> the objects of its appended messages, in commit order
+    fields: dict[int, dict[int, list[Refs]]]
+
+    @property
+    def changed(self) -> asyncio.Condition:
+        raise NotImplementedError
+
+    async def _notify(self) -> None:
+        raise NotImplementedError
+
+    async def _hold(
+        self,
+        step: int,
+        key: str,
+        rank: int,
+        producer: Any,
+        has_side: bool,
+        refs: list[ObjectRef[Any]] | None,
+        timeout: float,
+    ) -> None:
+        raise NotImplementedError
+
+    def _fields_of(self, step: int, rank: int) -> list[Refs]:
+        return self.fields.get(step, {}).get(rank, [])
+
+    def _committed_refs(self, step: int, rank: int) -> list[Refs] | None:
+        """Rank ``rank``'s objects of the committed ``step``: its one message, or its
+        parts the seal lists; ``None`` when the step is not committed for the rank."""
+        ranks = self.committed.get(step)
+        if ranks is not None:
+            return [ranks[rank]] if rank < len(ranks) else None
+        if step in self.seals:
+            keys = self.seals[step][0]
+            count = len(keys[rank]) if rank < len(keys) else 0
+            return [part.refs for part in self.parts.get(step, {}).get(rank, [])[:count]]
+        return None
+
+    async def committed_refs(self, step: int, rank: int) -> tuple[Any, ...]:
+        """Rank ``rank``'s objects of the committed ``step``, what ``add_fields`` checks
+        against: ``("step", [[main, sidecar], ...])`` (one for a step sent whole, one per
+        part of a sealed one), or ``("none",)``."""
+        refs = self._committed_refs(step, rank)
+        return ("none",) if refs is None else ("step", [list(r) for r in refs])
+
+    async def stage_fields(
+        self,
+        step: int,
+        key: str,
+        rank: int,
+        producer: Any,
+        has_side: bool,
+        refs: list[ObjectRef[Any]] | None,
+        timeout: float,
+    ) -> tuple[Any, ...]:
+        """Hold the objects of a message of fields for rank ``rank`` of ``step``, not
+        visible yet, under ``key``, as :meth:`~rlwire.transport.ray._board.Board.stage`
+        holds a rank's. ``("ok",)``, or ``("none", why)`` when the step is not
+        committed."""
+        if self._committed_refs(step, rank) is None:
+            return ("none", f"step {step} is not committed (sent whole, or sealed)")
+        await self._hold(step, key, rank, producer, has_side, refs, timeout)
+        return ("ok",)
+
+    async def commit_fields(self, key: str, rank: int, index: int) -> tuple[Any, ...]:
+        """Make the message staged under ``key`` visible as the ``index``-th one of
+        fields appended to its step for rank ``rank``, and wake the receivers:
+        ``("ok",)``, ``("missing",)`` if nothing is staged under ``key``,
+        ``("exists", why)`` if another sender appended one meanwhile (``index`` is
+        taken), ``("none", why)`` if the step was deleted meanwhile."""
+        entry = self.staged.pop(key, None)
+        if entry is None or rank not in entry[1]:
+            return ("missing",)
+        step, staged = entry
+        if self._committed_refs(step, rank) is None:
+            return ("none", f"step {step} was deleted meanwhile")
+        have = self._fields_of(step, rank)
+        if len(have) != index:
+            return (
+                "exists",
+                f"fields were appended to step {step} rank {rank} meanwhile (another sender)",
+            )
+        self.fields.setdefault(step, {}).setdefault(rank, []).append(staged[rank])
+        await self._notify()
+        return ("ok",)
+
+    async def read_fields(self, step: int, rank: int) -> tuple[Any, ...]:
+        """The objects of every message of fields appended to ``step`` for ``rank``, in
+        commit order: ``("fields", [[main, sidecar], ...])``."""
+        return ("fields", [list(refs) for refs in self._fields_of(step, rank)])
+
+    async def wait_fields(
+        self, step: int, rank: int, count: int, timeout: float
+    ) -> tuple[Any, ...]:
+        """Wait up to ``timeout`` seconds until ``step`` holds more than ``count``
+        messages of fields for ``rank``, or is no longer committed (deleted): then
+        ``("ready",)``, else ``("none",)``."""
+
+        def ready() -> bool:
+            more = len(self._fields_of(step, rank)) > count
+            return more or self._committed_refs(step, rank) is None
+
+        async with self.changed:
+            try:
+                await asyncio.wait_for(self.changed.wait_for(ready), timeout)
+            except TimeoutError:
+                return ("none",)
+        return ("ready",)

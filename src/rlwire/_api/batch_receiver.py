@@ -65,6 +65,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
         record_consumed: bool = True,
         as_columns: bool = False,
         fields: Iterable[str] | None = None,
+        resume: bool = False,
         **keywords: Unpack[LimitsKeywords],
     ) -> None:
         self._source = source
@@ -73,7 +74,6 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
             Limits, limits, keywords, parameter="limits", function="TrainingBatchReceiver"
         )
         self._type = type
-        self._next_step = start_step
         self._step: int | None = None
         if not isinstance(validate, bool | Checks):
             raise ConfigError(f"validate must be True, False or a rlwire.Checks, got {validate!r}")
@@ -99,9 +99,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
         self._pending: str | None = None  # why the step is not there yet, when known
         self._read_seconds = 0.0  # of the last read
         self._record_consumed = record_consumed
-        # The step last written to this rank's consumption mark: nothing to write until
-        # the receiver moves past its first step (the store may not even exist yet).
-        self._recorded = start_step
+        self._start_marks(start_step, resume)  # where it starts: start_step, or the marks
         self._last_stats: ReceiveStats | None = None
 
     def __repr__(self) -> str:
@@ -187,9 +185,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
             raise ClosedError(f"{self!r} is closed")
         began = time.perf_counter()
         try:
-            if self._record_consumed and self._next_step > self._recorded:
-                self._source.mark_consumed(self._next_step)
-                self._recorded = self._next_step
+            self._record_position()
             got = read_with_appended(
                 self._source, self._next_step, self._fields, self._decoding, self._read_step
             )

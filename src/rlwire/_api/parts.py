@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from rlwire._api.consumption import ConsumptionMarks
 from rlwire._core.errors import ClosedError, ConfigError, CorruptFrameError, RlwireError
 from rlwire._core.offload import drive_sliced
 from rlwire._core.slicing import Sliced, run_sliced
@@ -139,9 +140,9 @@ def read_sealed(source: Source, step: int, rank: int) -> tuple[int, SealedStep] 
     return step, SealedStep(seal, parts)
 
 
-class PartsReader(Generic[T]):
+class PartsReader(ConsumptionMarks, Generic[T]):
     """The ``parts()`` and ``aparts()`` of :class:`~rlwire.TrainingBatchReceiver`,
-    over the receiver's core."""
+    over the receiver's core, moving the rank's marks part by part."""
 
     _source: Source
     _rank: int | None
@@ -154,6 +155,13 @@ class PartsReader(Generic[T]):
     _as_columns: bool
     _closed: bool
     _part_next: int = 0  # the next part of the next step to yield
+
+    @property
+    def next_part(self) -> int:
+        """The part of ``next_step`` that ``parts()`` yields next, by its place among
+        the rank's parts: 0, unless the receiver is part way through a step filled part
+        by part (or was opened with ``resume=True`` where its rank's marks say so)."""
+        return self._part_next
 
     # The receiver's core, which it defines.
     def _take(self, started: float, as_columns: bool | None = None) -> Sliced[Any]:
@@ -242,6 +250,7 @@ class PartsReader(Generic[T]):
             self._peeked = None  # read by wait_next() to be joined: read part by part instead
         if self._source.stores_parts:
             with self._mutex:
+                self._record_position()  # asking for this part: done with the one before
                 got = self._source.read_part(step, self._part_next)
                 seal = None if got is not None else self._source.read_seal(step)
                 if seal is not None and got is None:
@@ -266,6 +275,7 @@ class PartsReader(Generic[T]):
                     count = len(seal.keys[rank]) if rank < seal.ranks else 0
                     if self._part_next >= count:
                         self._step, self._next_step, self._part_next = step, step + 1, 0
+                        self._record_position()  # past its last part: past the step, now
                         return _DONE
                     raise CorruptFrameError(
                         f"part {self._part_next} of rank {rank} is missing; the seal lists "

@@ -29,6 +29,7 @@ from rlwire._api.options import Limits, LimitsKeywords, from_keywords
 from rlwire._api.schema import TrainingBatch
 from rlwire._checks.checks import Checks
 from rlwire._core.args import check_int, check_positive
+from rlwire._core.errors import ConfigError
 from rlwire.transport._base import SourceOptions
 from rlwire.transport._registry import open_source
 
@@ -49,6 +50,7 @@ class ReceiverOptions(LimitsKeywords, total=False):
     limits: Limits | None
     limiter: CapacityLimiter | int | None
     record_consumed: bool
+    resume: bool
     as_columns: bool
     fields: Iterable[str] | None
     storage_options: Mapping[str, Any] | None
@@ -75,6 +77,7 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
     limits: Limits | None = None,
     limiter: CapacityLimiter | int | None = None,
     record_consumed: bool = True,
+    resume: bool = False,
     as_columns: bool = False,
     fields: Iterable[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
@@ -104,11 +107,21 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
             ``max_compression_ratio``, default 1024); beyond them, FrameTooLargeError.
         limiter: bounds the worker threads of the async methods, and the number of
             segments decompressed in parallel.
-        record_consumed: on a store (files, fsspec), write this rank's consumption mark
-            beside the steps each time the receiver moves past a step (asks for the
-            next), which senders with ``keep_last`` or ``max_ahead`` go by. ``False``
-            for a reader that must not hold the producer back (e.g. an evaluation job
-            reading rank 0 beside the trainer).
+        record_consumed: on a store (files, fsspec, ``ray://``), write this rank's
+            consumption mark beside the steps each time the receiver moves past a step
+            (asks for the next, or, reading parts, for a part after the rank's last),
+            which senders with ``keep_last`` or ``max_ahead`` go by, and its part mark
+            each time it moves past a part (asks for the next), which ``resume`` goes
+            by. ``False`` for a reader that must not hold the producer back (e.g. an
+            evaluation job reading rank 0 beside the trainer).
+        resume: start where this rank's marks say its receiver stopped (a receiver
+            restarted after a crash): at the first step it had not moved past, and in
+            a step filled part by part at the first part it had not moved past, where
+            ``parts()`` / ``aparts()`` begin (``receive()`` still returns the whole
+            step). Without marks, at ``start_step``. For consumers whose work on a part
+            is done once they ask for the next (a stage that appends fields, a trainer
+            that checkpoints per part); a trainer that restores a checkpoint opens at
+            its step with ``start_step`` instead. docs/how-to/streaming.md.
         as_columns: return each list of samples that was stored column by column (a
             list of Structs or dicts holding arrays, as senders store them) as an
             :class:`~rlwire.Columns`: per-token fields as :class:`~rlwire.Ragged`,
@@ -130,7 +143,10 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
 
     Raises:
         ConfigError: an invalid option or URL (``fields`` not a collection of names, or
-            beside ``validate=True``), or a flat keyword beside ``limits=``.
+            beside ``validate=True``), a flat keyword beside ``limits=``, or ``resume``
+            on a source that records no marks (ZeroMQ).
+        CorruptFrameError: with ``resume``, a mark is garbled.
+        TransportError: with ``resume``, the marks cannot be read.
 
     Example:
         >>> import rlwire, tempfile
@@ -142,6 +158,8 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
     check_int(rank, "rank")
     limits = from_keywords(Limits, limits, keywords, parameter="limits", function="open_receiver")
     check_positive(poll_interval, "poll_interval")
+    if not isinstance(resume, bool):
+        raise ConfigError(f"resume must be True or False, got {resume!r}")
     return TrainingBatchReceiver(
         open_source(
             url,
@@ -161,6 +179,7 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
         limits=limits,
         limiter=limiter,
         record_consumed=record_consumed,
+        resume=resume,
         as_columns=as_columns,
         fields=fields,
     )

@@ -17,6 +17,7 @@ from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
 from rlwire.transport._appended import FieldsSink, FieldsSource
+from rlwire.transport._marks import MarksSource
 from rlwire.transport._parts import PartsSink, PartsSource
 from rlwire.transport._url import URL
 
@@ -230,7 +231,9 @@ class Sink(PartsSink, FieldsSink, abc.ABC):
     def read_consumption(self, ranks: int, sent: int) -> list[int | None]:
         """For each rank below ``ranks``, the first step its receiver has not moved past
         (its consumption mark), or ``None`` if it has recorded none; what ``keep_last``
-        and ``max_ahead`` go by. The steps below ``sent`` are those sent so far.
+        and ``max_ahead`` go by. A receiver reading a step part by part moves past it
+        once it has asked for a part after its rank's last; part marks (how far into a
+        step) are not read here. The steps below ``sent`` are those sent so far.
 
         Raises:
             CorruptFrameError: a mark is garbled or records steps not sent yet.
@@ -301,8 +304,9 @@ class Sink(PartsSink, FieldsSink, abc.ABC):
             await to_thread.run_sync(self.close, limiter=limiter)
 
 
-class Source(PartsSource, FieldsSource, abc.ABC):
-    """Reads the frames a :class:`Sink` wrote, for one rank.
+class Source(PartsSource, FieldsSource, MarksSource, abc.ABC):
+    """Reads the frames a :class:`Sink` wrote, for one rank; records how far its
+    receiver got (:meth:`mark_consumed`, :meth:`mark_part`, :meth:`read_consumption`).
 
     Blocking methods may be called from worker threads, one at a time.
     """
@@ -346,15 +350,6 @@ class Source(PartsSource, FieldsSource, abc.ABC):
 
         Raises:
             CorruptFrameError: the stored data is truncated or garbled.
-        """
-
-    def mark_consumed(self, next_step: int) -> None:
-        """Record that this rank's receiver moved past every step before ``next_step``
-        (the receiver calls it once per step, before reading ``next_step``). Stores
-        write a small mark beside the steps; sources that keep no steps do nothing.
-
-        Raises:
-            TransportError: the mark cannot be written.
         """
 
     def read_next(self, step: int) -> tuple[int, Frame] | None:

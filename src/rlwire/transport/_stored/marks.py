@@ -1,23 +1,31 @@
 """The marks beside the stored steps (docs/format.md): the end-of-stream mark a finished
 sender leaves, each rank's consumption mark, and the mark of an overwrite or truncate
 under way. A mark is 16 bytes: magic (4), major and
-minor version (u16 each), a step (u64), little-endian."""
+minor version (u16 each), a step (u64), little-endian.
+
+A rank's part mark, beside its consumption mark, says how far into a step filled part by
+part its receiver got: 24 bytes, magic (4), major and minor version (u16 each), a step
+(u64) and a part (u64). It is a file of its own so that the consumption mark stays the
+16 bytes every reader (and every sender before parts) knows."""
 
 from __future__ import annotations
 
 import struct
 
 from rlwire._core.errors import CorruptFrameError
-from rlwire.transport._stored.layout import FORMAT_VERSION, check_magic
+from rlwire.transport._stored.layout import FORMAT_VERSION, PARTS_VERSION, check_magic
 
 __all__ = [
     "CONSUMED_MAGIC",
     "END_MAGIC",
     "MAX_MARK_BYTES",
+    "PART_MAGIC",
     "REWRITE_MAGIC",
     "consumed_mark",
     "end_mark",
     "parse_mark",
+    "parse_part_mark",
+    "part_mark",
     "rewrite_mark",
 ]
 
@@ -27,7 +35,11 @@ END_MAGIC = b"RLWE"
 CONSUMED_MAGIC = b"RLWC"
 #: The rewrite mark records the first step an unfinished overwrite or truncate deletes.
 REWRITE_MAGIC = b"RLWR"
+#: A rank's part mark records a step and the first of its parts the receiver has not
+#: moved past.
+PART_MAGIC = b"RLWP"
 _MARK = struct.Struct("<4sHHQ")
+_PART_MARK = struct.Struct("<4sHHQQ")
 #: More than any mark holds: a sink reads at most this much of a file at a mark's name,
 #: so a large one is refused by its length without being read whole.
 MAX_MARK_BYTES = 4096
@@ -42,6 +54,18 @@ def consumed_mark(next_step: int) -> bytes:
     """The bytes of a rank's consumption mark: its receiver moved past every step
     before ``next_step``."""
     return _MARK.pack(CONSUMED_MAGIC, *FORMAT_VERSION, next_step)
+
+
+def part_mark(step: int, next_part: int) -> bytes:
+    """The bytes of a rank's part mark: its receiver moved past parts ``0`` to
+    ``next_part - 1`` of ``step`` (it asked for part ``next_part``). It counts only
+    beside a consumption mark of the same step.
+
+    Example:
+        >>> parse_part_mark(part_mark(7, 3), "doc")
+        (7, 3)
+    """
+    return _PART_MARK.pack(PART_MAGIC, *PARTS_VERSION, step, next_part)
 
 
 def rewrite_mark(first: int) -> bytes:
@@ -68,3 +92,21 @@ def parse_mark(data: memoryview | bytes | bytearray, magic: bytes, where: str) -
     found, major, _minor, step = _MARK.unpack_from(data)
     check_magic(found, major, expected=magic, known=FORMAT_VERSION[0], what=what, where=where)
     return int(step)
+
+
+def parse_part_mark(data: memoryview | bytes | bytearray, where: str) -> tuple[int, int]:
+    """The step and next part a part mark (:func:`part_mark`) records.
+
+    Raises:
+        CorruptFrameError: ``data`` is not a part mark.
+        UnsupportedVersionError: a major version this reader does not know.
+    """
+    if len(data) != _PART_MARK.size:
+        raise CorruptFrameError(
+            f"a part mark is {_PART_MARK.size} bytes, this one {len(data)}", where=where
+        )
+    found, major, _minor, step, part = _PART_MARK.unpack_from(data)
+    check_magic(
+        found, major, expected=PART_MAGIC, known=PARTS_VERSION[0], what="part mark", where=where
+    )
+    return int(step), int(part)

@@ -20,6 +20,7 @@ from rlwire._core.errors import ConfigError, StepExistsError
 from rlwire.transport._base import OnExisting
 
 __all__ = [
+    "CONSUMED_PART_RE",
     "CONSUMED_RE",
     "END_NAME",
     "FIELDS_RE",
@@ -33,6 +34,7 @@ __all__ = [
     "STORED_RE",
     "TEMP_RE",
     "consumed_name",
+    "consumed_part_name",
     "fields_name",
     "main_name",
     "names_to_delete",
@@ -54,6 +56,8 @@ END_NAME = "end.rlw"
 REWRITE_NAME = "rewrite.rlw"
 #: A rank's consumption mark; group: rank.
 CONSUMED_RE = re.compile(r"consumed\.rank-(\d+)\.rlw")
+#: A rank's part mark (how far into a step filled part by part); group: rank.
+CONSUMED_PART_RE = re.compile(r"consumed\.rank-(\d+)\.part\.rlw")
 #: A main file; groups: step, rank.
 MAIN_RE = re.compile(r"step-(\d+)\.rank-(\d+)\.rlw")
 #: A main or sidecar file; groups: step, rank, sidecar suffix.
@@ -74,10 +78,10 @@ TEMP_RE = re.compile(
 #: sidecar suffix.
 POOL_RE = re.compile(r"\.pool\.rank-(\d+)(\.sidecar)?\.rlw\.[0-9a-f]+\.tmp")
 #: A temporary file any writer may leave when killed: a step's file, a mark
-#: (consumption, end, rewrite), the sink's probe of the directory, or a pooled file.
+#: (consumption, part, end, rewrite), the sink's probe of the directory, or a pooled file.
 LEFTOVER_RE = re.compile(
-    r"\.(?:step-\d+\.(?:rank-\d+(?:\.(?:part|fields)-\d+)?(?:\.sidecar)?|seal)|consumed\.rank-\d+"
-    r"|end|rewrite)"
+    r"\.(?:step-\d+\.(?:rank-\d+(?:\.(?:part|fields)-\d+)?(?:\.sidecar)?|seal)"
+    r"|consumed\.rank-\d+(?:\.part)?|end|rewrite)"
     r"\.rlw\.[0-9a-f]+\.tmp"
     r"|\.rlwire-probe\.\d+\.[0-9a-f]+\.tmp"
     rf"|{POOL_RE.pattern}"
@@ -140,6 +144,17 @@ def pool_name(name: str) -> str:
 def consumed_name(rank: int) -> str:
     """Name of the mark where ``rank``'s receiver records the steps it moved past."""
     return f"consumed.rank-{rank:04d}.rlw"
+
+
+def consumed_part_name(rank: int) -> str:
+    """Name of the mark where ``rank``'s receiver records how far into a step filled
+    part by part it got.
+
+    Example:
+        >>> consumed_part_name(3)
+        'consumed.rank-0003.part.rlw'
+    """
+    return f"consumed.rank-{rank:04d}.part.rlw"
 
 
 def _span(steps: list[int]) -> str:
@@ -294,7 +309,7 @@ def names_to_delete(
     batches to delete one after the other. ``"overwrite"`` deletes every stored step,
     ``"truncate"`` the steps at or after ``first``, the others none; every mode but
     ``"error"`` deletes an end-of-stream mark, and ``"overwrite"`` and ``"truncate"``
-    the ranks' consumption marks.
+    the ranks' consumption marks and part marks.
 
     The order keeps a deletion cut short (a kill, an outage) from leaving a state that
     misleads: the marks first (an end mark past the steps kept would stop receivers at
@@ -307,7 +322,7 @@ def names_to_delete(
     marks = [END_NAME] if END_NAME in names and on_existing != "error" else []
     if on_existing not in ("overwrite", "truncate"):
         return [marks] if marks else []
-    marks += sorted(n for n in names if CONSUMED_RE.fullmatch(n))
+    marks += sorted(n for n in names if CONSUMED_RE.fullmatch(n) or CONSUMED_PART_RE.fullmatch(n))
     low = first if on_existing == "truncate" and first is not None else 0
     mains: dict[int, list[str]] = {}
     rest: list[str] = []

@@ -22,12 +22,20 @@ from rlwire.transport._base import Source
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._stored.appended import StoredFieldsSource
 from rlwire.transport._stored.layout import parse_main
-from rlwire.transport._stored.marks import END_MAGIC, consumed_mark, parse_mark
+from rlwire.transport._stored.marks import (
+    CONSUMED_MAGIC,
+    END_MAGIC,
+    consumed_mark,
+    parse_mark,
+    parse_part_mark,
+    part_mark,
+)
 from rlwire.transport._stored.names import (
     END_NAME,
     MAIN_RE,
     SEAL_RE,
     consumed_name,
+    consumed_part_name,
     main_name,
     part_name,
     part_sidecar_name,
@@ -82,8 +90,17 @@ class StoredSource(StoredFieldsSource, Source):
         """Write the consumption mark; where the store cannot take it (read-only, full:
         :data:`_CANNOT_MARK`) skip it with one :class:`MarkSkippedWarning`, and try again
         at the next step: stored steps stay readable."""
+        self._save_mark(consumed_name(self.rank), consumed_mark(next_step))
+
+    def mark_part(self, step: int, next_part: int) -> None:
+        """Write the part mark, beside the consumption mark (a file of its own: the
+        consumption mark stays the 16 bytes senders before parts read); skipped as
+        :meth:`mark_consumed` is where the store cannot take it."""
+        self._save_mark(consumed_part_name(self.rank), part_mark(step, next_part))
+
+    def _save_mark(self, name: str, data: bytes) -> None:
         try:
-            self.save(consumed_name(self.rank), consumed_mark(next_step))
+            self.save(name, data)
         except TransportError as exc:
             if exc.errno not in _CANNOT_MARK:
                 raise
@@ -93,8 +110,23 @@ class StoredSource(StoredFieldsSource, Source):
                     f"{exc}; this receiver goes on without recording what it consumed, so "
                     "a sender's keep_last and max_ahead do not see it move on",
                     MarkSkippedWarning,
-                    stacklevel=2,
+                    stacklevel=3,
                 )
+
+    def read_consumption(self) -> tuple[int, int] | None:
+        """The consumption mark's step, and the part mark's part when it is of that
+        step (a part mark of another step is one left behind: 0)."""
+        name = consumed_name(self.rank)
+        data = self.load(name)
+        if data is None:
+            return None
+        step = parse_mark(data, CONSUMED_MAGIC, self.locate(name))
+        where = self.locate(consumed_part_name(self.rank))
+        data = self.load(consumed_part_name(self.rank))
+        if data is None:
+            return step, 0
+        marked, part = parse_part_mark(data, where)
+        return step, part if marked == step else 0
 
     def stored_steps(self) -> list[int] | None:
         """The steps whose main file for this rank is stored, or None if the store

@@ -2,7 +2,8 @@
 
 It records, per step and rank, the references of the step's objects (a main object and,
 when the message has one, a sidecar object), which steps are committed, each rank's
-consumption mark and the end of the stream. A step filled part by part has, per rank,
+consumption mark and part mark (as a store's files record them) and the end of the
+stream. A step filled part by part has, per rank,
 its parts in commit order (each part's objects, key and cost) and, once closed, its
 seal (for each rank, its parts' keys and costs). Receivers wait on it (an
 :class:`asyncio.Condition`, notified by every commit) instead of polling. Steps it
@@ -33,12 +34,14 @@ from ray import ObjectRef
 from rlwire._core.errors import RlwireError
 from rlwire.transport._base import OnExisting
 from rlwire.transport._stored.names import (
+    CONSUMED_PART_RE,
     CONSUMED_RE,
     END_NAME,
     SEAL_RE,
     STEP_PART_RE,
     STORED_RE,
     consumed_name,
+    consumed_part_name,
     main_name,
     names_to_delete,
     part_name,
@@ -74,6 +77,7 @@ class Board(PartsBoard, FieldsBoard):
         self.seals = {}
         self.fields = {}
         self.consumed: dict[int, int] = {}
+        self.consumed_parts: dict[int, tuple[int, int]] = {}  # rank -> (step, next part)
         self.end: int | None = None
         self._changed: asyncio.Condition | None = None
 
@@ -104,6 +108,7 @@ class Board(PartsBoard, FieldsBoard):
                         names.append(part_sidecar_name(step, rank, index))
         names += [seal_name(step) for step in self.seals]
         names += [consumed_name(rank) for rank in self.consumed]
+        names += [consumed_part_name(rank) for rank in self.consumed_parts]
         if self.end is not None:
             names.append(END_NAME)
         return names
@@ -114,6 +119,8 @@ class Board(PartsBoard, FieldsBoard):
                 self.end = None
             elif m := CONSUMED_RE.fullmatch(name):
                 self.consumed.pop(int(m.group(1)), None)
+            elif m := CONSUMED_PART_RE.fullmatch(name):
+                self.consumed_parts.pop(int(m.group(1)), None)
             elif m := (
                 STORED_RE.fullmatch(name) or STEP_PART_RE.fullmatch(name) or SEAL_RE.fullmatch(name)
             ):
@@ -270,9 +277,23 @@ class Board(PartsBoard, FieldsBoard):
         """Record that rank ``rank`` moved past every step before ``next_step``."""
         self.consumed[rank] = next_step
 
+    async def mark_part(self, rank: int, step: int, next_part: int) -> None:
+        """Record that rank ``rank`` moved past parts ``0`` to ``next_part - 1`` of
+        ``step`` (its part mark; it counts beside a consumption mark of ``step``)."""
+        self.consumed_parts[rank] = (step, next_part)
+
     async def consumption(self, ranks: int) -> list[int | None]:
         """Each rank's consumption mark, ``None`` where it recorded none."""
         return [self.consumed.get(rank) for rank in range(ranks)]
+
+    async def position(self, rank: int) -> tuple[int, int] | None:
+        """Rank ``rank``'s consumption mark and, when its part mark is of that step, the
+        part mark's part (else 0); ``None`` if it recorded no consumption mark."""
+        step = self.consumed.get(rank)
+        if step is None:
+            return None
+        marked, part = self.consumed_parts.get(rank, (step, 0))
+        return (step, part if marked == step else 0)
 
     async def prune(self, below: int) -> None:
         """Delete every step before ``below``: its references go, and with them the

@@ -246,6 +246,26 @@ class RaySource(RayFieldsSource, Source):
         if self._find() is not None:
             self._call("mark", self.rank, next_step, where=self.where, action="record consumption")
 
+    def mark_part(self, step: int, next_part: int) -> None:
+        if self._find() is not None:
+            self._call(
+                "mark_part",
+                self.rank,
+                step,
+                next_part,
+                where=self.where,
+                action="record consumption",
+            )
+
+    def read_consumption(self) -> tuple[int, int] | None:
+        if self._find() is None:
+            return None  # no sender opened the destination yet: nothing was consumed
+        answer = self._call("position", self.rank, where=self.where, action="read the marks")
+        if answer is None:
+            return None
+        step, part = answer
+        return int(step), int(part)
+
     def wait(self, timeout: float | None) -> None:
         limit = _WAIT_SLICE if timeout is None else max(0.0, min(timeout, _WAIT_SLICE))
         if self._find() is None:

@@ -1,0 +1,58 @@
+"""What a :class:`~rlwire.abc.Source` offers for consumption marks: where its rank's
+receiver records how far it got, which senders' ``keep_last`` and ``max_ahead`` go by
+and which a receiver opened with ``resume=True`` starts from.
+
+A rank's position is a step and a part: every step before the step is consumed, and, in
+a step filled part by part, every part before the part. A receiver moves past a step
+when it asks for the next one, or when ``parts()`` asks for a part after the rank's last
+(and finds the seal); it moves past a part when it asks for the next.
+"""
+
+from __future__ import annotations
+
+from rlwire._core.errors import ConfigError
+
+__all__ = ["MarksSource"]
+
+
+class MarksSource:
+    """The consumption marks of a source (a base of :class:`~rlwire.abc.Source`). By
+    default it records nothing and has nothing to read: stores override all three
+    methods."""
+
+    def mark_consumed(self, next_step: int) -> None:
+        """Record that this rank's receiver moved past every step before ``next_step``
+        (the receiver calls it once per step, when it moves on). Stores write a small
+        mark beside the steps; sources that keep no steps do nothing.
+
+        Raises:
+            TransportError: the mark cannot be written.
+        """
+
+    def mark_part(self, step: int, next_part: int) -> None:
+        """Record that this rank's receiver moved past parts ``0`` to ``next_part - 1``
+        of ``step``, a step filled part by part (it asked for part ``next_part``). The
+        receiver has recorded ``step`` with :meth:`mark_consumed` first: a part mark
+        counts only beside a consumption mark of its step. Sources that keep no steps
+        do nothing.
+
+        Raises:
+            TransportError: the mark cannot be written.
+        """
+
+    def read_consumption(self) -> tuple[int, int] | None:
+        """This rank's position as its marks record it: the first step its receiver
+        has not moved past, and the first part of that step it has not moved past (0
+        unless the step is filled part by part and the part mark is of that step); or
+        ``None`` if it recorded nothing. What ``open_receiver(resume=True)`` starts
+        from.
+
+        Raises:
+            CorruptFrameError: a mark is garbled.
+            TransportError: the marks cannot be read.
+            ConfigError: the source records no consumption (the default: a socket).
+        """
+        raise ConfigError(
+            f"{type(self).__name__} records no consumption marks: a receiver cannot resume "
+            "from one (resume=True needs a store: files, fsspec, ray://)"
+        )

@@ -241,6 +241,20 @@ def test_temporary_names_do_not_wake(tmp_path: Path, later: Any) -> None:
     watch.close()
 
 
+def test_another_ranks_consumption_marks_do_not_wake_a_source(tmp_path: Path, later: Any) -> None:
+    """A rank's receiver moving its marks (one per part) wakes no other rank's receiver;
+    the step that appears after them does."""
+    source = FileSource(tmp_path, poll_interval=POLL)
+    source.wait(POLL)  # sets the watch up
+    later(0.1, lambda: (tmp_path / "consumed.rank-0001.rlw").write_bytes(b"x"))
+    later(0.2, lambda: (tmp_path / "consumed.rank-0001.part.rlw").write_bytes(b"x"))
+    later(0.6, lambda: send_one(tmp_path, 0))
+    started = time.monotonic()
+    source.wait(POLL)
+    assert 0.55 < time.monotonic() - started < 0.6 + WOKEN
+    source.close()
+
+
 def test_a_directory_made_later_is_polled_then_watched(tmp_path: Path, later: Any) -> None:
     """No directory yet: the receiver polls; once the sender made it, a wait sets the
     watch up (at most a second after the last attempt)."""

@@ -57,7 +57,8 @@ class FileSource(StoredSource):
         watch: bool = True,
     ) -> None:
         self.root = Path(path)
-        self.watch = DirectoryWatch(self.root, enabled=watch)
+        # Consumption marks move as other ranks read: no reason to wake this one.
+        self.watch = DirectoryWatch(self.root, enabled=watch, ignore=("consumed.",))
         self.poll_interval = poll_interval
         self.rank = rank
         self.writable = writable

@@ -89,11 +89,14 @@ class DirectoryWatch:
     Args:
         path: the directory.
         enabled: False: never use inotify; every wait sleeps its whole time.
+        ignore: name prefixes that do not count either (a receiver need not wake for
+            another rank's consumption mark).
     """
 
-    def __init__(self, path: Path, *, enabled: bool = True) -> None:
+    def __init__(self, path: Path, *, enabled: bool = True, ignore: tuple[str, ...] = ()) -> None:
         self.path = path
         self.enabled = enabled and _INOTIFY is not None
+        self._ignore = (b".", *(prefix.encode() for prefix in ignore))
         self._slot = threading.Lock()  # held by the one waiter that uses the instance
         self._closed = False
         self._fd: int | None = None
@@ -232,7 +235,7 @@ class DirectoryWatch:
                 offset += _EVENT.size + size
                 if mask & _GONE:
                     self._stale = True
-                if mask & (_GONE | _IN_Q_OVERFLOW) or (name and not name.startswith(b".")):
+                if mask & (_GONE | _IN_Q_OVERFLOW) or (name and not name.startswith(self._ignore)):
                     woken = True
 
     def _release(self) -> None:

@@ -36,8 +36,9 @@ class Retention:
 
     Args:
         keep_last: on a store (files, fsspec), delete a step once every rank's receiver
-            has moved past it (asked for a later step; see
-            ``open_receiver(record_consumed=)``) and it is not among the newest
+            has moved past it (asked for a later step, or, reading part by part, for
+            a part after its last one; see ``open_receiver(record_consumed=)``) and it
+            is not among the newest
             ``keep_last``; a step some rank has not moved past is never deleted. The
             ranks are those of each send (``len(objs)`` for ``send_ranks``, 1 for
             ``send``). ``None``: keep every step.

@@ -69,7 +69,9 @@ def test_corruption(tmp_path: Path) -> None:
     assert len(result["trials"]) == 150
 
 
-@pytest.fixture(scope="module")
+# Session-wide: a worker of pytest-xdist that runs another module's tests between these
+# would tear a module-wide fixture down and run the campaign again (it ran three times).
+@pytest.fixture(scope="session")
 def hostile_and_odd(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The outcome of every hostile-message and odd-file case, by its name."""
     tmp = tmp_path_factory.mktemp("chaos")

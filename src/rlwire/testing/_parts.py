@@ -6,12 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import numpy as np
 import pytest
 
 from rlwire._api.batch_sender import TrainingBatchSender
+from rlwire._api.schema import TrainingBatch
 from rlwire._api.step_writer import StepWriter
 from rlwire._api.synthetic import assert_batches_equal, make_sample
-from rlwire._core.errors import ConfigError
+from rlwire._core.columns import Columns
+from rlwire._core.errors import ConfigError, EndOfStream, ReceiveTimeout, StepExistsError
+from rlwire._core.ragged import Ragged
 from rlwire.testing._fixtures import RANKS, TIMEOUT, ContractFixtures, Endpoint
 
 __all__ = ["PartsContract"]
@@ -53,6 +57,123 @@ class PartsContract(ContractFixtures):
                 assert [len(s.token_ids) for s in whole.samples] == [
                     len(s.token_ids) for k in keys for s in groups[str(k)]
                 ]
+
+    async def test_receivers_hold_the_assignment_the_writer_made(self, store: Endpoint) -> None:
+        """Parts go to the lightest rank by ``cost`` (here: samples) or to the rank
+        forced; each rank reads exactly its keys, in commit order, with their samples."""
+        sender = store.open_sender()
+        if await _refused(sender):
+            return
+        groups: dict[str | int, list[Any]] = {
+            i: _group(n, seed=10 * i) for i, n in enumerate((5, 1, 1, 1, 3))
+        }
+        groups["forced"] = _group(1, seed=99)
+        async with sender:
+            async with sender.open_step(ranks=RANKS, cost=lambda s: float(len(s))) as writer:
+                for key, samples in groups.items():
+                    forced = 0 if key == "forced" else None
+                    assert await writer.put(samples, key=key, rank=forced) is False
+        # 5 -> rank 0; then rank 1 is the lighter one until it passes 5 (3 more parts of
+        # 1, then 3); "forced" goes where it is told.
+        assert writer.assignment == ((0, "forced"), (1, 2, 3, 4))
+        for rank in range(RANKS):
+            with store.open_receiver(rank=rank) as receiver:
+                got = [part async for part in receiver.aparts(timeout=TIMEOUT)]
+            assert [(p.key, p.rank, p.index) for p in got] == [
+                (key, rank, i) for i, key in enumerate(writer.assignment[rank])
+            ]
+            for part in got:
+                assert part.key is not None
+                assert_batches_equal(part.value, TrainingBatch(samples=groups[part.key]))
+
+    async def test_a_key_is_put_once_in_a_step(self, store: Endpoint) -> None:
+        sender = store.open_sender()
+        if await _refused(sender):
+            return
+        async with sender:
+            async with sender.open_step() as writer:
+                await writer.put(_group(1, seed=1), key="a")
+                with pytest.raises(StepExistsError, match="unique within a step"):
+                    await writer.put(_group(1, seed=2), key="a")
+                await writer.put(_group(1, seed=3), key="b")
+        with store.open_receiver() as receiver:
+            got = [part async for part in receiver.aparts(timeout=TIMEOUT)]
+        assert [p.key for p in got] == ["a", "b"]
+        assert_batches_equal(got[0].value, TrainingBatch(samples=_group(1, seed=1)))
+
+    async def test_an_open_step_resumes_with_its_committed_keys_skipped(
+        self, store: Endpoint
+    ) -> None:
+        """A producer whose block failed leaves the step open with its parts; a sender
+        opened with ``on_existing="resume"`` learns their keys, skips them, seals."""
+        groups = {key: _group(1, seed=i) for i, key in enumerate("abc")}
+        sender = store.open_sender()
+        if await _refused(sender):
+            return
+        with pytest.raises(RuntimeError, match="the producer fails"):
+            async with sender:
+                async with sender.open_step(ranks=RANKS) as writer:
+                    await writer.put(groups["a"], key="a")
+                    await writer.put(groups["b"], key="b")
+                    raise RuntimeError("the producer fails")
+        async with store.open_sender(on_existing="resume") as again:
+            async with again.open_step(ranks=RANKS) as writer:
+                assert writer.step == 0 and writer.resumed == {"a", "b"}
+                for key, samples in groups.items():
+                    assert await writer.put(samples, key=key) is (key != "c")
+        keys: list[str] = []
+        for rank in range(RANKS):
+            with store.open_receiver(rank=rank) as receiver:
+                got = [part async for part in receiver.aparts(timeout=TIMEOUT)]
+            assert [p.key for p in got] == list(writer.assignment[rank])
+            for part in got:
+                assert_batches_equal(part.value, TrainingBatch(samples=groups[str(part.key)]))
+            keys += [str(p.key) for p in got]
+        assert sorted(keys) == ["a", "b", "c"]
+
+    async def test_a_whole_step_waits_for_its_seal_and_finish_ends_the_stream(
+        self, store: Endpoint
+    ) -> None:
+        sender = store.open_sender()
+        if await _refused(sender):
+            return
+        first, second = _group(2, seed=1), _group(1, seed=2)
+        with store.open_receiver() as receiver, store.open_receiver(as_columns=True) as packed:
+            async with sender:
+                async with sender.open_step() as writer:
+                    await writer.put(first, key="a")
+                    with pytest.raises(ReceiveTimeout):
+                        await receiver.areceive(timeout=0.2)  # parts, no seal yet
+                    await writer.put(second, key="b")
+                await sender.finish()
+            whole = await receiver.areceive(timeout=TIMEOUT)
+            assert_batches_equal(whole, TrainingBatch(samples=first + second))
+            with pytest.raises(EndOfStream):
+                await receiver.areceive(timeout=TIMEOUT)
+            parts = [part async for part in packed.aparts(timeout=TIMEOUT)]
+            assert [p.key for p in parts] == ["a", "b"]
+            for part, samples in zip(parts, (first, second), strict=True):
+                columns = part.value.samples
+                assert isinstance(columns, Columns) and len(columns) == len(samples)
+                tokens = columns["token_ids"]
+                assert isinstance(tokens, Ragged)
+                for i, sample in enumerate(samples):
+                    assert np.array_equal(tokens[i], sample.token_ids)
+
+
+def _group(count: int, seed: int) -> list[Any]:
+    """``count`` small samples, no sidecar array."""
+    return [make_sample(3 + i, seed=seed * 7 + i, routed=False) for i in range(count)]
+
+
+async def _refused(sender: TrainingBatchSender) -> bool:
+    """For a sink that does not store parts: check that ``open_step`` says so, close."""
+    if sender.sink.stores_parts:
+        return False
+    with pytest.raises(ConfigError, match="cannot store a step part by part"):
+        sender.open_step()
+    await sender.aclose()
+    return True
 
 
 async def _over_a_stream(

@@ -21,6 +21,7 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests on the Ray cluster run in one pytest-xdist worker (``--dist loadgroup``), so
     that the suite starts one cluster, not one per worker."""

@@ -13,3 +13,13 @@ def test_a_grouped_test_carries_its_group_under_loadgroup(request: pytest.Fixtur
     if not getattr(request.config.option, "loadgroup", False):
         pytest.skip("runs under pytest-xdist's --dist loadgroup (python3 tasks.py test)")
     assert request.node.nodeid.endswith("@grouping"), request.node.nodeid
+
+
+def test_the_ray_tests_carry_their_group_under_loadgroup(
+    request: pytest.FixtureRequest, ray_url: str
+) -> None:
+    """The group tests/conftest.py gives every test on the Ray cluster reaches
+    pytest-xdist (its hook must run before xdist's reads the groups)."""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("runs under pytest-xdist's --dist loadgroup (python3 tasks.py test)")
+    assert request.node.nodeid.endswith("@ray"), request.node.nodeid

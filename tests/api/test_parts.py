@@ -324,3 +324,27 @@ async def test_parts_end_with_the_stream(tmp_path: Path) -> None:
             pytest.fail("one part only")
         with pytest.raises(rlwire.EndOfStream):
             list(receiver.parts(timeout=5))
+
+
+def test_a_step_sealed_between_the_reads_of_parts_is_still_read_part_by_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """parts() looks for the next part, then the seal, then a step sent whole: a step
+    whose parts and seal are committed between those reads (the producer is faster than
+    the receiver's poll) comes out part by part, never joined as one part without key."""
+    with rlwire.open_sync_sender(tmp_path) as sender, sender.open_step() as writer:
+        with rlwire.open_receiver(tmp_path) as receiver:
+            source: Any = receiver._source  # type: ignore[attr-defined]
+            read_seal = source.read_seal
+
+            def seal_meanwhile(step: int) -> Any:
+                found = read_seal(step)
+                if found is None and not writer.assignment[0]:
+                    writer.put([make_sample(4)], key="a")  # after the part was looked for
+                    writer.put([make_sample(5)], key="b")
+                    writer.seal()
+                return found
+
+            monkeypatch.setattr(source, "read_seal", seal_meanwhile)
+            got = list(receiver.parts(timeout=5))
+    assert [(p.key, p.index) for p in got] == [("a", 0), ("b", 1)]

@@ -172,6 +172,9 @@ class PartsReader(ConsumptionMarks, Generic[T]):
     ) -> Sliced[Any]:
         raise NotImplementedError
 
+    def _read(self) -> tuple[int, Any] | None:
+        raise NotImplementedError
+
     def _check(self, obj: Any, step: int) -> Sliced[None]:
         raise NotImplementedError
 
@@ -246,7 +249,7 @@ class PartsReader(ConsumptionMarks, Generic[T]):
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
         step, rank = self._next_step, self._rank or 0
-        if isinstance(self._peeked, tuple) and isinstance(self._peeked[1], SealedStep):
+        if _holds_sealed(self._peeked):
             self._peeked = None  # read by wait_next() to be joined: read part by part instead
         if self._source.stores_parts:
             with self._mutex:
@@ -286,6 +289,24 @@ class PartsReader(ConsumptionMarks, Generic[T]):
                     return _NOTHING
         if self._part_next:
             return _NOTHING
+        return (yield from self._take_whole(as_columns))
+
+    def _take_whole(self, as_columns: bool | None) -> Sliced[Any]:
+        """The next step as one part (``key`` ``None``) if it was sent whole, or
+        ``_NOTHING``; a step sealed since :meth:`_take_part` looked for its parts is read
+        part by part."""
+        step, rank = self._next_step, self._rank or 0
+        if self._source.stores_parts:
+            with self._mutex:
+                if self._peeked is None:
+                    self._peeked = self._read()
+                there, sealed_since = self._peeked is not None, _holds_sealed(self._peeked)
+            if sealed_since:
+                # Its parts and seal were committed after the reads above: read it part
+                # by part (its parts are all there now), never joined as one part.
+                return (yield from self._take_part(as_columns))
+            if not there:
+                return _NOTHING
         whole = yield from self._take(time.perf_counter(), as_columns)
         if whole is _NOTHING:
             return _NOTHING
@@ -306,3 +327,11 @@ class PartsReader(ConsumptionMarks, Generic[T]):
             got = yield from self._decode(frame, seconds, as_columns, decode_as)
             samples = got if as_columns else [*samples, *got]
         return make(samples)
+
+
+def _holds_sealed(peeked: Any) -> bool:
+    """Whether a step read whole (``(step, frame)``, its frame maybe wrapped with the
+    fields appended to it) is a step filled part by part and sealed."""
+    if not isinstance(peeked, tuple):
+        return False
+    return isinstance(getattr(peeked[1], "inner", peeked[1]), SealedStep)

@@ -97,16 +97,19 @@ def test_a_row_of_another_kind_among_small_rows_keeps_its_kind(odd: str, where: 
 @pytest.mark.parametrize("where", [0, 1500])
 def test_a_strided_row_among_small_rows_is_copied_into_the_one_array(where: int) -> None:
     """Small rows of one kind are joined as bytes; a row that is not C-contiguous (a
-    strided view, a transposed 2-D row) cannot be, and numpy copies them instead: the
-    field is still one array, with the row's values in order."""
-    items = [{"ids": np.arange(8, dtype=np.int64).reshape(4, 2) + i} for i in range(2000)]
-    items[where]["ids"] = np.arange(8, dtype=np.int64).reshape(2, 4).T
-    items[where + 1]["ids"] = np.arange(16, dtype=np.int64).reshape(8, 2)[::2]
+    strided view, a transposed 2-D row), in the first group of rows copied or a later
+    one, cannot be, and numpy copies them instead: the field is still one array, with
+    the rows' values in order; a row of another kind among them still keeps its kind."""
+    items = [{"ids": np.arange(256, dtype=np.int64).reshape(64, 4) + i} for i in range(2000)]
+    items[where]["ids"] = np.arange(256, dtype=np.int64).reshape(4, 64).T
+    items[where + 1]["ids"] = np.arange(512, dtype=np.int64).reshape(128, 4)[::2]
     frame = MsgpackCodec().encode(items)
     assert len(frame.buffers) == 2  # the values and the offsets
     got = MsgpackCodec().decode(stored(frame), as_columns=True)
     assert isinstance(got, Columns) and isinstance(got["ids"], Ragged)
     assert_same(MsgpackCodec().decode(stored(frame)), items)
+    items[1900]["ids"] = items[1900]["ids"].astype(np.int32)
+    assert_same(round_trip(items), items)
 
 
 def test_rows_of_a_2d_field_with_another_trailing_shape_keep_their_shape() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any, Protocol
 
 import msgspec
@@ -42,6 +43,7 @@ from rlwire.codecs._registry import RowArrays
 __all__ = ["Walker", "list_as_columns", "packed_value"]
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
+_STR = {str}
 _CONTAINERS = frozenset((dict, list))
 _NDARRAY = {np.ndarray}
 _DTYPE = operator.attrgetter("dtype")
@@ -51,8 +53,9 @@ _NO_BASE = {id(None)}
 _C_CONTIGUOUS = operator.attrgetter("flags.c_contiguous")
 # Rows this small on average are copied into one array rather than sent where they are.
 _SMALL_ROW = 4096
-# Rows copied into one array per call: a slice's worth (some 0.3 µs a row).
-_JOIN_ROWS = 1024
+# Bytes of rows copied per call, a slice's worth: about 0.1 ms of copying, and more where
+# fresh memory is faulted in (a group of 1,024 rows of 1 kB held the GIL for 1-2 ms).
+_JOIN_BYTES = 1 << 18
 
 
 class Walker(Protocol):
@@ -211,7 +214,8 @@ def _column(
         return ragged
     kinds = set(map(type, values))
     if kinds <= _SCALARS:
-        heft = len(values) + sum(len(v) // 64 for v in values if type(v) is str)
+        strings = values if kinds == _STR else [v for v in values if type(v) is str]
+        heft = len(values) + sum(map(operator.floordiv, map(len, strings), repeat(64)))
         column = values
     elif kinds <= _CONTAINERS and not any(values):  # e.g. extras={} in every sample
         heft, column = len(values), values
@@ -244,6 +248,7 @@ def _ragged_column(
         lengths = np.fromiter(map(len, values), np.int64, len(values))
     except TypeError:  # a 0-d row
         return None
+    yield from w.tick()  # each look over the rows is a fraction of a ms of C, one a slice
     offsets = np.zeros(len(values) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     dtype, tail = first.dtype, first.shape[1:]
@@ -251,13 +256,15 @@ def _ragged_column(
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     join = (nbytes < w.sent.inline_threshold and not side) or nbytes <= _SMALL_ROW * len(values)
     one_kind = _one_kind(values, first)
+    yield from w.tick()
     if not (join and dtype in PLAIN_DTYPES):
         if not one_kind:
             return None
         if dtype not in PLAIN_DTYPES:
             check_dtype(dtype, path_of(0))
     if join:
-        joined = yield from _joined(w, values, shape, first, one_kind)
+        per = max(1, _JOIN_BYTES * len(values) // max(nbytes, 1))  # rows per group
+        joined = yield from _joined(w, values, shape, first, one_kind, per)
         if joined is None:
             return None
         column = w.sent.array(joined, path_of(0), side)
@@ -272,11 +279,16 @@ def _ragged_column(
 
 
 def _joined(
-    w: Walker, rows: list[np.ndarray], shape: list[int], first: np.ndarray, one_kind: bool
+    w: Walker,
+    rows: list[np.ndarray],
+    shape: list[int],
+    first: np.ndarray,
+    one_kind: bool,
+    per: int,
 ) -> Sliced[np.ndarray | None]:
     """``rows`` (arrays of ``first``'s plain dtype) copied back to back into one new
-    array of ``shape``, a group of rows per slice; None if they differ in dtype, number
-    of dimensions or trailing shape.
+    array of ``shape``, a group of ``per`` rows per slice; None if they differ in dtype,
+    number of dimensions or trailing shape.
 
     Rows shown to be of one kind (``one_kind``) are joined as bytes (``bytes.join``
     reads their buffers and nothing else: some 3x faster than numpy's concatenate, which
@@ -285,13 +297,13 @@ def _joined(
     C-contiguous refuses; then numpy copies every row, and its copy with casting="no"
     refuses a row of another kind."""
     joined = np.empty(shape, first.dtype)  # the same byte order as the rows
-    starts = range(0, len(rows), _JOIN_ROWS)
+    starts = range(0, len(rows), per)
     if one_kind:
         out, end = byte_view(joined), 0
         try:
             for start in starts:
                 # ndarrays export their buffer, which numpy's stubs do not say
-                joins = b"".join(rows[start : start + _JOIN_ROWS])  # type: ignore[arg-type]
+                joins = b"".join(rows[start : start + per])  # type: ignore[arg-type]
                 out[end : end + len(joins)] = joins
                 end += len(joins)
                 yield from w.tick()
@@ -301,7 +313,7 @@ def _joined(
             return joined
     done = 0  # rows of the first axis copied
     for start in starts:
-        group = rows[start : start + _JOIN_ROWS]
+        group = rows[start : start + per]
         count = sum(map(len, group))
         try:
             np.concatenate(group, out=joined[done : done + count], casting="no")

@@ -163,6 +163,31 @@ def test_a_check_reading_the_codecs_columns_names_the_same_sample_and_token(
     check_beside_codec(good)
 
 
+@pytest.mark.parametrize("tokens", [10, 3000])
+def test_a_column_of_inf_and_minus_inf_or_of_huge_floats_warns_nothing(tokens: int) -> None:
+    """The finiteness of a column is told by a sum; +inf and -inf in it (NaN), or finite
+    values whose sum overflows, must not raise numpy's RuntimeWarning (an error under
+    ``-W error``, as in this suite): the first is refused naming the sample, the second
+    passes once the rows are checked one by one."""
+    huge = [make_sample(tokens, routed=False) for _ in range(40)]
+    for s in huge:
+        s.advantages = np.full(tokens, 3e38, np.float32)
+    check_rows(huge, "$.samples")
+    check_beside_codec(huge)
+    huge[17].advantages[1:3] = [np.inf, -np.inf]
+    with pytest.raises(rlwire.SchemaError, match=r"^\$\.samples\[17\]\.advantages: 2 non"):
+        check_rows(huge, "$.samples")
+    with pytest.raises(rlwire.SchemaError, match=r"^\$\.samples\[17\]\.advantages: 2 non"):
+        check_beside_codec(huge)
+    columns: dict[str, Any] = {
+        name: rlwire.Ragged.from_arrays([getattr(s, name) for s in huge]) for name in _TOKEN_FIELDS
+    }
+    columns["env_name"] = [s.env_name for s in huge]
+    packed = rlwire.TrainingBatch(samples=rlwire.Columns(columns))  # type: ignore[arg-type]
+    with pytest.raises(rlwire.SchemaError, match=r"samples\[17\]\.advantages: 2 non"):
+        packed.validate()
+
+
 def test_the_codec_hands_the_check_its_columns_and_the_check_reads_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

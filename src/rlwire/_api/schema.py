@@ -21,6 +21,7 @@ __all__ = [
     "TrainingBatch",
     "TrainingSample",
     "check_object",
+    "finite_sum",
 ]
 
 _PER_TOKEN_FLOATS = ("logprobs", "temperatures", "advantages")
@@ -181,7 +182,7 @@ def _check_token_column(column: Ragged, ids: Ragged, where: str, name: str) -> N
     if name != "mask" and dtype.kind != "f":
         raise SchemaError(f"{where}.{name}: must be a float array, got dtype {dtype}")
     _same_rows(column, ids, where, name, "entries")
-    if name in _MUST_BE_FINITE and not np.isfinite(_SUM(column.values)):
+    if name in _MUST_BE_FINITE and not finite_sum(column.values):
         finite = np.isfinite(column.values)  # the sum may only have overflowed
         if not finite.all():
             i = int(np.searchsorted(column.offsets, int(np.argmin(finite)), "right")) - 1
@@ -232,7 +233,12 @@ def check_object(obj: Any, path: str) -> None:
         obj._check_samples(path)
 
 
-_SUM = np.add.reduce
+def finite_sum(values: np.ndarray) -> bool:
+    """True if the sum of ``values`` is finite: false where one is NaN or infinite, and
+    where finite values overflow it (the caller then looks value by value). Without
+    numpy's RuntimeWarning for either (an error under ``-W error``)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(np.add.reduce(values)))
 
 
 def _token_count(sample: TrainingSample, where: str) -> int:

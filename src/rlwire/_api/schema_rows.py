@@ -14,9 +14,9 @@ import numpy as np
 from rlwire._api.schema import (
     _MUST_BE_FINITE,
     _PER_TOKEN_FLOATS,
-    _SUM,
     TrainingSample,
     check_object,
+    finite_sum,
 )
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire.codecs._registry import RowArrays
@@ -142,7 +142,7 @@ def _all_finite(arrays: list[np.ndarray], ends: np.ndarray) -> Sliced[bool]:
     if len(arrays) == 1:
         values = arrays[0]
         for start in range(0, max(len(values), 1), per):
-            if not np.isfinite(_SUM(values[start : start + per])):
+            if not finite_sum(values[start : start + per]):
                 return False
             yield
         return True
@@ -150,7 +150,7 @@ def _all_finite(arrays: list[np.ndarray], ends: np.ndarray) -> Sliced[bool]:
     start = 0
     for stop in [*dict.fromkeys(cuts), len(arrays)]:
         if stop > start:
-            if not np.isfinite(_SUM(np.concatenate(arrays[start:stop]))):
+            if not finite_sum(np.concatenate(arrays[start:stop])):
                 return False
             start = stop
             yield

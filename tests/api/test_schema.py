@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -10,8 +13,11 @@ import pytest
 from helpers import make_batch, make_sample
 
 import rlwire
-from rlwire._api.schema import check_rows_sliced
+from rlwire._api.schema_rows import check_rows_sliced
+from rlwire._api.validation import ChecksBeside
 from rlwire.aio import run_sliced
+from rlwire.codecs import MsgpackCodec
+from rlwire.codecs._registry import RowArrays
 
 
 def check_rows(items: list[Any], path: str) -> None:
@@ -111,6 +117,106 @@ def test_a_column_check_of_valid_samples_checks_none_of_them_one_by_one(
     assert calls == []
     check_rows([make_sample(4, routed=True), make_sample(4, routed=False)], "$.samples")
     assert calls == ["$.samples[0]", "$.samples[1]"]  # routed experts: one by one
+
+
+def check_beside_codec(items: list[Any]) -> None:
+    """The check of ``items`` as a sender runs it: queued by the msgpack codec, which
+    hands it the columns it stored (:class:`RowArrays`), run after the encoding."""
+    hook = ChecksBeside()
+    # On an encoding error the checks still run, and theirs is the error a sender raises.
+    with contextlib.suppress(rlwire.EncodeError):
+        MsgpackCodec(check=hook).encode({"samples": items})
+    queued = hook.take()
+    assert queued is not None
+    run_sliced(queued)
+
+
+def _error(check: Callable[[], None]) -> str | None:
+    try:
+        check()
+    except rlwire.SchemaError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize(("sample", "match"), CASES)
+@pytest.mark.parametrize("tokens", [10, 3000])
+def test_a_check_reading_the_codecs_columns_names_the_same_sample_and_token(
+    sample: rlwire.TrainingSample, match: str, tokens: int
+) -> None:
+    """Over the columns the codec joined (small rows) or the rows it kept (large ones),
+    the check refuses what the check of each sample refuses, with the same message."""
+    good = [make_sample(tokens, routed=False) for _ in range(40)]
+    bad = copy.copy(sample)
+    if "routed_experts" not in match:
+        bad.routed_experts = None
+    rows = [*good[:17], bad, *good[17:]]
+    alone = _error(lambda: check_rows(rows, "$.samples"))
+    assert alone is not None and re.match(r"^\$\.samples\[17\]\." + match, alone)
+    assert _error(lambda: check_beside_codec(rows)) == alone
+    late = [make_sample(tokens, routed=False) for _ in range(1500)]
+    late[1400].logprobs[tokens // 2] = np.nan  # in a later group of joined rows
+    assert _error(lambda: check_beside_codec(late)) == (
+        f"$.samples[1400].logprobs: 1 non-finite value (NaN or Inf; first at token "
+        f"{tokens // 2}); logprobs, advantages and temperatures must be finite"
+    )
+    check_beside_codec(good)
+
+
+@pytest.mark.parametrize("tokens", [10, 3000])
+def test_a_column_of_inf_and_minus_inf_or_of_huge_floats_warns_nothing(tokens: int) -> None:
+    """The finiteness of a column is told by a sum; +inf and -inf in it (NaN), or finite
+    values whose sum overflows, must not raise numpy's RuntimeWarning (an error under
+    ``-W error``, as in this suite): the first is refused naming the sample, the second
+    passes once the rows are checked one by one."""
+    huge = [make_sample(tokens, routed=False) for _ in range(40)]
+    for s in huge:
+        s.advantages = np.full(tokens, 3e38, np.float32)
+    check_rows(huge, "$.samples")
+    check_beside_codec(huge)
+    huge[17].advantages[1:3] = [np.inf, -np.inf]
+    with pytest.raises(rlwire.SchemaError, match=r"^\$\.samples\[17\]\.advantages: 2 non"):
+        check_rows(huge, "$.samples")
+    with pytest.raises(rlwire.SchemaError, match=r"^\$\.samples\[17\]\.advantages: 2 non"):
+        check_beside_codec(huge)
+    columns: dict[str, Any] = {
+        name: rlwire.Ragged.from_arrays([getattr(s, name) for s in huge]) for name in _TOKEN_FIELDS
+    }
+    columns["env_name"] = [s.env_name for s in huge]
+    packed = rlwire.TrainingBatch(samples=rlwire.Columns(columns))  # type: ignore[arg-type]
+    with pytest.raises(rlwire.SchemaError, match=r"samples\[17\]\.advantages: 2 non"):
+        packed.validate()
+
+
+def test_the_codec_hands_the_check_its_columns_and_the_check_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Valid samples are checked over what the codec stored (no sample one by one); a
+    column that does not hold the samples' values (planted) is not taken on trust."""
+    calls: list[str] = []
+    monkeypatch.setattr(rlwire.TrainingSample, "validate", lambda s, where="": calls.append(where))
+    samples = [make_sample(n % 7 + 1, routed=False) for n in range(300)]
+    stored: dict[str, Any] = {}
+
+    class Hook(ChecksBeside):
+        def rows(self, items: list[Any], path: str) -> dict[str, Any]:
+            stored.update(kept=super().rows(items, path))
+            return stored["kept"]
+
+    hook = Hook()
+    MsgpackCodec(check=hook).encode({"samples": samples})
+    kept = stored["kept"]
+    assert type(kept["logprobs"]) is RowArrays and len(kept["logprobs"].arrays) == 1
+    assert kept["env_name"] == [s.env_name for s in samples]
+    queued = hook.take()
+    assert queued is not None
+    run_sliced(queued)
+    assert calls == []
+    planted = kept["advantages"].arrays[0].copy()
+    planted[5] = np.inf
+    kept["advantages"] = RowArrays([planted], kept["advantages"].offsets)
+    run_sliced(check_rows_sliced(samples, "$.samples", kept))
+    assert len(calls) == 300  # the column said "maybe not": each sample checked on its own
 
 
 def test_samples_are_not_tracked_by_the_garbage_collector() -> None:

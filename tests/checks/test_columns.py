@@ -496,6 +496,42 @@ def test_the_first_bad_row_wins_across_fields_and_groups_of_rows() -> None:
     assert str(info.value).startswith(f"$.samples[{rows + 50}].advantages[0]: -inf is not")
 
 
+def test_a_column_of_empty_dicts_is_settled_without_a_visit(calls: dict[str, int]) -> None:
+    """A sample's ``extras={}``, in every row, is settled as a column: no dict visited."""
+    samples = [
+        rlwire.TrainingSample(
+            token_ids=np.arange(8),
+            mask=np.ones(8, bool),
+            logprobs=np.zeros(8, np.float32),
+            temperatures=np.ones(8, np.float32),
+            advantages=np.zeros(8, np.float32),
+            env_name="e",
+        )
+        for _ in range(41)
+    ]
+    finite = rlwire.Checks(finite=("logprobs",))
+    finite.validate({"samples": samples})
+    assert calls["mapping"] == 1  # the outer dict only
+    samples[40].extras = {"logprobs": np.array([0.0, np.inf])}  # a named field in it
+    with pytest.raises(rlwire.SchemaError, match=r"^\$\.samples\[40\]\.extras.*logprobs"):
+        finite.validate({"samples": samples})
+
+
+def test_strided_arrays_of_a_column_are_scanned_too() -> None:
+    """Arrays are joined as bytes for a scan; a strided one cannot be, and numpy joins
+    the run instead: a bad value in it is still found and named."""
+    samples = dense(41, 8)
+    for s in samples:
+        s.logprobs = np.full(16, -0.5, np.float32)[::2]
+    DENSE.validate({"samples": samples})
+    samples[17].logprobs = np.full(16, -0.5, np.float32)
+    samples[17].logprobs[6] = np.nan
+    samples[17].logprobs = samples[17].logprobs[::2]
+    with pytest.raises(rlwire.SchemaError) as info:
+        DENSE.validate({"samples": samples})
+    assert str(info.value).startswith("$.samples[17].logprobs[3]: nan is not finite")
+
+
 def test_a_float_column_whose_sum_overflows_is_cleared_row_by_row() -> None:
     samples = dense(41, 4)
     for s in samples:

@@ -17,7 +17,8 @@ from typing import Any
 import anyio
 from anyio import CapacityLimiter, to_thread
 
-from rlwire._api.schema import check_object, check_rows_sliced
+from rlwire._api.schema import check_object
+from rlwire._api.schema_rows import check_rows_sliced
 from rlwire._core.errors import RlwireError
 from rlwire._core.offload import Resumes, drive_sliced
 from rlwire._core.pools import shared_executor
@@ -35,13 +36,18 @@ class ChecksBeside:
     both run slower; beside the write, which lets go of it, the checks cost nothing)."""
 
     def __init__(self) -> None:
-        self._queued: list[tuple[list[Any], str]] = []
+        self._queued: list[tuple[list[Any], str, dict[str, Any]]] = []
 
     def __call__(self, obj: Any, path: str) -> None:
         check_object(obj, path)
 
-    def rows(self, items: list[Any], path: str) -> None:
-        self._queued.append((items, path))
+    def rows(self, items: list[Any], path: str) -> dict[str, Any]:
+        """Queue the check of ``items``; the dict the codec fills with what it stored
+        for each field (:data:`~rlwire.codecs._registry.Check`), which the check reads
+        rather than every item (the column the codec joined, not the rows again)."""
+        stored: dict[str, Any] = {}
+        self._queued.append((items, path, stored))
+        return stored
 
     def take(self) -> Sliced[None] | None:
         """The queued checks as one sliced generator (None if there are none); the queue
@@ -50,9 +56,9 @@ class ChecksBeside:
         return _each(queued) if queued else None
 
 
-def _each(queued: list[tuple[list[Any], str]]) -> Sliced[None]:
-    for items, path in queued:
-        yield from check_rows_sliced(items, path)
+def _each(queued: list[tuple[list[Any], str, dict[str, Any]]]) -> Sliced[None]:
+    for items, path, stored in queued:
+        yield from check_rows_sliced(items, path, stored)
 
 
 class Validation:

@@ -15,7 +15,9 @@ it, looked up here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeAlias, runtime_checkable
+
+import numpy as np
 
 from rlwire._core.errors import ConfigError
 from rlwire._core.registry import Registry
@@ -26,6 +28,7 @@ __all__ = [
     "GROUP",
     "Check",
     "Codec",
+    "RowArrays",
     "available_codecs",
     "get_codec",
     "make_codec",
@@ -49,8 +52,27 @@ _BUILTIN = {
 #: rlwire.Checks validates any type. A check may also have a ``rows(items, path)``
 #: method: for a list it stores as columns, the msgpack codec calls that once instead of
 #: ``check`` per item, so that a list of thousands of samples is validated a column at a
-#: time.
+#: time. If ``rows`` returns a dict, the codec puts in it, by field name, what it stored
+#: for each field as it goes: a :class:`RowArrays` for a field of arrays of one kind,
+#: else the list of the items' values; a check may read those rather than each item.
 Check: TypeAlias = Callable[[Any, str], None]
+
+
+class RowArrays(NamedTuple):
+    """The arrays of one field of a list of items, as the msgpack codec stored them for
+    a check's ``rows`` (see :data:`Check`): every row a numpy array of one dtype, number
+    of dimensions and trailing shape, ``arrays`` holding the rows' values back to back
+    (each row's own array, or one array of them all), row ``i`` being values
+    ``offsets[i]:offsets[i + 1]`` of their concatenation.
+
+    Example:
+        >>> rows = RowArrays([np.arange(5)], np.array([0, 2, 5]))
+        >>> rows.arrays[0][rows.offsets[1] : rows.offsets[2]].tolist()
+        [2, 3, 4]
+    """
+
+    arrays: list[np.ndarray]
+    offsets: np.ndarray
 
 
 @runtime_checkable

@@ -94,6 +94,24 @@ def test_a_row_of_another_kind_among_small_rows_keeps_its_kind(odd: str, where: 
     assert_same(MsgpackCodec().decode(stored(frame)), items)
 
 
+@pytest.mark.parametrize("where", [0, 1500])
+def test_a_strided_row_among_small_rows_is_copied_into_the_one_array(where: int) -> None:
+    """Small rows of one kind are joined as bytes; a row that is not C-contiguous (a
+    strided view, a transposed 2-D row), in the first group of rows copied or a later
+    one, cannot be, and numpy copies them instead: the field is still one array, with
+    the rows' values in order; a row of another kind among them still keeps its kind."""
+    items = [{"ids": np.arange(256, dtype=np.int64).reshape(64, 4) + i} for i in range(2000)]
+    items[where]["ids"] = np.arange(256, dtype=np.int64).reshape(4, 64).T
+    items[where + 1]["ids"] = np.arange(512, dtype=np.int64).reshape(128, 4)[::2]
+    frame = MsgpackCodec().encode(items)
+    assert len(frame.buffers) == 2  # the values and the offsets
+    got = MsgpackCodec().decode(stored(frame), as_columns=True)
+    assert isinstance(got, Columns) and isinstance(got["ids"], Ragged)
+    assert_same(MsgpackCodec().decode(stored(frame)), items)
+    items[1900]["ids"] = items[1900]["ids"].astype(np.int32)
+    assert_same(round_trip(items), items)
+
+
 def test_rows_of_a_2d_field_with_another_trailing_shape_keep_their_shape() -> None:
     items = [{"x": np.zeros((3, 2), np.float32)} for _ in range(1500)]
     items[1200]["x"] = np.zeros((2, 3), np.float32)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any, Protocol
 
 import msgspec
@@ -37,10 +38,12 @@ from rlwire.codecs._msgpack.extensions import (
     ArrayRef,
 )
 from rlwire.codecs._msgpack.sent_buffers import SentBuffers
+from rlwire.codecs._registry import RowArrays
 
 __all__ = ["Walker", "list_as_columns", "packed_value"]
 
 _SCALARS = frozenset((str, int, float, bool, type(None)))
+_STR = {str}
 _CONTAINERS = frozenset((dict, list))
 _NDARRAY = {np.ndarray}
 _DTYPE = operator.attrgetter("dtype")
@@ -50,8 +53,11 @@ _NO_BASE = {id(None)}
 _C_CONTIGUOUS = operator.attrgetter("flags.c_contiguous")
 # Rows this small on average are copied into one array rather than sent where they are.
 _SMALL_ROW = 4096
-# Rows copied into one array per call: a slice's worth (some 0.3 µs a row).
-_JOIN_ROWS = 1024
+# Bytes of rows copied per call, a slice's worth: about 0.1 ms of copying, and more where
+# fresh memory is faulted in (a group of 1,024 rows of 1 kB held the GIL for 1-2 ms).
+_JOIN_BYTES = 1 << 18
+# Rows viewed where they are per slice (some 0.3 µs a row).
+_VIEW_ROWS = 512
 
 
 class Walker(Protocol):
@@ -113,7 +119,7 @@ def _columns_value(w: Walker, columns: Columns, path: KeyPath, side: bool) -> Sl
             encoded.append(_ragged_value(w, column, where, on_side))
         else:
             rows = list(column)  # a list, or an array's rows
-            encoded.append((yield from _column(w, rows, _item_of(where), on_side)))
+            encoded.append((yield from _column(w, rows, _item_of(where), on_side))[0])
         yield from w.tick()
     payload = [len(columns), ROWS_AS_MAPS, names, encoded]
     paths = [_item_of((path, name)) for name in names]
@@ -141,19 +147,24 @@ def list_as_columns(w: Walker, items: list[Any], path: KeyPath, side: bool) -> S
     shape = _row_shape(items)
     if shape is None:
         return None
-    layout, names, getters = shape
+    layout, names, keys, getters = shape
+    stored: Any = None  # where a check of the whole list wants what each field became
     if w.check is not None:
         rows = getattr(w.check, "rows", None)  # a check of the whole list at once
         if rows is not None:
-            rows(items, render_path(path))
+            stored = rows(items, render_path(path))
         else:
             for i, item in enumerate(items):
                 w.check(item, render_path((path, i)))
     encoded = []
-    for name, get in zip(names, getters, strict=True):
+    for name, key, get in zip(names, keys, getters, strict=True):
         values = list(map(get, items))
+        yield from w.tick()
         on_side = side or name in w.sidecar_names
-        encoded.append((yield from _column(w, values, _field_of(path, name), on_side)))
+        value, held = yield from _column(w, values, _field_of(path, name), on_side)
+        encoded.append(value)
+        if type(stored) is dict:
+            stored[key] = held
         yield from w.tick()
     payload = [len(items), layout, names, encoded]
     paths = [_field_of(path, name) for name in names]
@@ -162,49 +173,52 @@ def list_as_columns(w: Walker, items: list[Any], path: KeyPath, side: bool) -> S
 
 def _row_shape(
     items: list[Any],
-) -> tuple[int, list[str], list[Callable[[Any], Any]]] | None:
-    """``(layout, encoded names, a getter per field)`` if ``items`` are Structs of one
-    (untagged) type or dicts with the same string keys, with an array among the first
-    one's fields; else None."""
+) -> tuple[int, list[str], list[str], list[Callable[[Any], Any]]] | None:
+    """``(layout, encoded names, attribute names or keys, a getter per field)`` if
+    ``items`` are Structs of one (untagged) type or dicts with the same string keys, with
+    an array among the first one's fields; else None."""
     first = items[0]
     kind = type(first)
     getters: list[Callable[[Any], Any]]
     if isinstance(first, msgspec.Struct):
         config = first.__struct_config__
-        if config.tag is not None or any(type(item) is not kind for item in items):
+        if config.tag is not None or set(map(type, items)) != {kind}:
             return None
         fields = msgspec.structs.fields(first)
         names = [f.encode_name for f in fields]
-        getters = [operator.attrgetter(f.name) for f in fields]
+        keys = [f.name for f in fields]
+        getters = [operator.attrgetter(key) for key in keys]
         layout = ROWS_AS_ARRAYS if config.array_like else ROWS_AS_MAPS
     elif kind is dict:
-        keys = first.keys()
-        if any(type(k) is not str for k in keys):
+        given = first.keys()
+        if any(type(k) is not str for k in given):
             return None
-        if any(type(item) is not dict or item.keys() != keys for item in items):
+        if any(type(item) is not dict or item.keys() != given for item in items):
             return None
-        names = list(keys)
+        names = keys = list(given)
         getters = [operator.itemgetter(k) for k in names]
         layout = ROWS_AS_MAPS
     else:
         return None
     if not any(isinstance(get(first), np.ndarray | Ragged | Chunked) for get in getters):
         return None
-    return layout, names, getters
+    return layout, names, keys, getters
 
 
 def _column(
     w: Walker, values: list[Any], path_of: Callable[[int], KeyPath], side: bool
-) -> Sliced[Any]:
-    """What stands for one column: a ragged array when every row holds an array of one
-    dtype and trailing shape, else the rows' values, each encoded as usual (chunked if
-    heavy). ``path_of(i)``: the path of row ``i``'s value, for error messages."""
+) -> Sliced[tuple[Any, RowArrays | list[Any]]]:
+    """``(what stands for one column, what holds its values)``: a ragged array and its
+    :class:`RowArrays` when every row holds an array of one dtype and trailing shape,
+    else the rows' values, each encoded as usual (chunked if heavy), and ``values``.
+    ``path_of(i)``: the path of row ``i``'s value, for error messages."""
     ragged = yield from _ragged_column(w, values, path_of, side)
     if ragged is not None:
         return ragged
     kinds = set(map(type, values))
     if kinds <= _SCALARS:
-        heft = len(values) + sum(len(v) // 64 for v in values if type(v) is str)
+        strings = values if kinds == _STR else [v for v in values if type(v) is str]
+        heft = len(values) + sum(map(operator.floordiv, map(len, strings), repeat(64)))
         column = values
     elif kinds <= _CONTAINERS and not any(values):  # e.g. extras={} in every sample
         heft, column = len(values), values
@@ -215,19 +229,20 @@ def _column(
             column.append(new)
             heft += weight
             yield from w.tick()
-    return (yield from w.heavy(column, heft, path_of(0)))[0]
+    return (yield from w.heavy(column, heft, path_of(0)))[0], values
 
 
 def _ragged_column(
     w: Walker, values: list[Any], path_of: Callable[[int], KeyPath], side: bool
-) -> Sliced[msgspec.msgpack.Ext | None]:
-    """The extension value (6) of ``values`` back to back, if they are arrays of one
-    dtype, number of dimensions (at least 1) and trailing shape; else None.
+) -> Sliced[tuple[msgspec.msgpack.Ext, RowArrays] | None]:
+    """The extension value (6) of ``values`` back to back, and the arrays that hold
+    their bytes, if they are arrays of one dtype, number of dimensions (at least 1) and
+    trailing shape; else None.
 
-    Rows of a few kB are copied into one array (numpy's C loop: tens of nanoseconds a
-    row, where a view each costs a microsecond of Python), a group of rows per slice;
-    larger rows are written where they are, as the runs of
-    :class:`~rlwire._frame.pieces.Pieces`, so that a large step is never held twice."""
+    Rows of a few kB are copied into one array, a group of rows per slice (tens of
+    nanoseconds a row, where a view each costs a microsecond of Python); larger rows
+    are written where they are, as the runs of :class:`~rlwire._frame.pieces.Pieces`,
+    so that a large step is never held twice."""
     first = values[0]
     # The checks run in C over the rows (map, set), not a Python loop.
     if type(first) is not np.ndarray or first.ndim < 1 or set(map(type, values)) != _NDARRAY:
@@ -236,36 +251,80 @@ def _ragged_column(
         lengths = np.fromiter(map(len, values), np.int64, len(values))
     except TypeError:  # a 0-d row
         return None
+    yield from w.tick()  # each look over the rows is a fraction of a ms of C, one a slice
     offsets = np.zeros(len(values) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     dtype, tail = first.dtype, first.shape[1:]
     shape = [int(offsets[-1]), *tail]
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     join = (nbytes < w.sent.inline_threshold and not side) or nbytes <= _SMALL_ROW * len(values)
-    # Rows that are joined need no check of their own: a copy with casting="no" refuses
-    # a row of another dtype, byte order, number of dimensions or trailing shape.
+    one_kind = _one_kind(values, first)
+    yield from w.tick()
     if not (join and dtype in PLAIN_DTYPES):
-        if not _one_kind(values, first):
+        if not one_kind:
             return None
         if dtype not in PLAIN_DTYPES:
             check_dtype(dtype, path_of(0))
     if join:
-        joined = np.empty(shape, dtype)  # the same byte order as the rows
-        for start in range(0, len(values), _JOIN_ROWS):
-            stop = min(start + _JOIN_ROWS, len(values))
-            part = joined[offsets[start] : offsets[stop]]
-            try:
-                np.concatenate(values[start:stop], out=part, casting="no")
-            except (TypeError, ValueError):  # rows of more than one kind
-                return None
-            yield from w.tick()
+        per = max(1, _JOIN_BYTES * len(values) // max(nbytes, 1))  # rows per group
+        joined = yield from _joined(w, values, shape, first, one_kind, per)
+        if joined is None:
+            return None
         column = w.sent.array(joined, path_of(0), side)
+        arrays = RowArrays([joined], offsets)
     else:
-        pieces = _pieces_of(values)
+        pieces = yield from _pieces_sliced(w, values)
         ref = ArrayRef(w.sent.add(pieces, side), dtype.str, shape, "C")
         column = msgspec.msgpack.Ext(EXT_ARRAY, w.encoder.encode(ref))
+        arrays = RowArrays(values, offsets)
     offsets_value = w.sent.array(offsets, path_of(0), False)
-    return msgspec.msgpack.Ext(EXT_RAGGED, w.encoder.encode([column, offsets_value]))
+    return msgspec.msgpack.Ext(EXT_RAGGED, w.encoder.encode([column, offsets_value])), arrays
+
+
+def _joined(
+    w: Walker,
+    rows: list[np.ndarray],
+    shape: list[int],
+    first: np.ndarray,
+    one_kind: bool,
+    per: int,
+) -> Sliced[np.ndarray | None]:
+    """``rows`` (arrays of ``first``'s plain dtype) copied back to back into one new
+    array of ``shape``, a group of ``per`` rows per slice; None if they differ in dtype,
+    number of dimensions or trailing shape.
+
+    Rows shown to be of one kind (``one_kind``) are joined as bytes (``bytes.join``
+    reads their buffers and nothing else: some 3x faster than numpy's concatenate, which
+    spends a fraction of a microsecond on each row), a group at a time, each group
+    copied on into the array while it is still in the cache. A row that is not
+    C-contiguous refuses; then numpy copies every row, and its copy with casting="no"
+    refuses a row of another kind."""
+    joined = np.empty(shape, first.dtype)  # the same byte order as the rows
+    starts = range(0, len(rows), per)
+    if one_kind:
+        out, end = byte_view(joined), 0
+        try:
+            for start in starts:
+                # ndarrays export their buffer, which numpy's stubs do not say
+                joins = b"".join(rows[start : start + per])  # type: ignore[arg-type]
+                out[end : end + len(joins)] = joins
+                end += len(joins)
+                yield from w.tick()
+        except TypeError:  # a row whose bytes are not one C-contiguous run
+            pass
+        else:
+            return joined
+    done = 0  # rows of the first axis copied
+    for start in starts:
+        group = rows[start : start + per]
+        count = sum(map(len, group))
+        try:
+            np.concatenate(group, out=joined[done : done + count], casting="no")
+        except (TypeError, ValueError):  # rows of more than one kind
+            return None
+        done += count
+        yield from w.tick()
+    return joined
 
 
 def _one_kind(arrays: list[np.ndarray], first: np.ndarray) -> bool:
@@ -273,6 +332,21 @@ def _one_kind(arrays: list[np.ndarray], first: np.ndarray) -> bool:
     if len(set(map(_DTYPE, arrays))) != 1 or set(map(_NDIM, arrays)) != {first.ndim}:
         return False
     return first.ndim == 1 or len({a.shape[1:] for a in arrays}) == 1
+
+
+def _pieces_sliced(w: Walker, arrays: list[np.ndarray]) -> Sliced[Pieces]:
+    """:func:`_pieces_of` a group of arrays per slice (a view of each costs some 0.3 µs:
+    a dense step's 2,048 rows held the GIL over a ms)."""
+    if set(map(id, map(_BASE, arrays))) != _NO_BASE:
+        return _pieces_of(arrays)
+    yield from w.tick()
+    if not all(map(_C_CONTIGUOUS, arrays)):
+        return _pieces_of(arrays)
+    runs: list[memoryview] = []
+    for start in range(0, len(arrays), _VIEW_ROWS):
+        runs += map(byte_view, arrays[start : start + _VIEW_ROWS])
+        yield from w.tick()
+    return Pieces.from_distinct(runs)  # each owns its memory
 
 
 def _pieces_of(arrays: list[np.ndarray]) -> Pieces:

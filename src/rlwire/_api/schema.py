@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from rlwire._checks.columns import finite_sum
 from rlwire._core.chunked import Chunked
 from rlwire._core.columns import Columns
 from rlwire._core.errors import SchemaError
@@ -21,7 +22,6 @@ __all__ = [
     "TrainingBatch",
     "TrainingSample",
     "check_object",
-    "finite_sum",
 ]
 
 _PER_TOKEN_FLOATS = ("logprobs", "temperatures", "advantages")
@@ -231,14 +231,6 @@ def check_object(obj: Any, path: str) -> None:
         obj.validate(path)
     elif isinstance(obj, TrainingBatch):
         obj._check_samples(path)
-
-
-def finite_sum(values: np.ndarray) -> bool:
-    """True if the sum of ``values`` is finite: false where one is NaN or infinite, and
-    where finite values overflow it (the caller then looks value by value). Without
-    numpy's RuntimeWarning for either (an error under ``-W error``)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return bool(np.isfinite(np.add.reduce(values)))
 
 
 def _token_count(sample: TrainingSample, where: str) -> int:

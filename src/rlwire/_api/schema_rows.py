@@ -16,8 +16,8 @@ from rlwire._api.schema import (
     _PER_TOKEN_FLOATS,
     TrainingSample,
     check_object,
-    finite_sum,
 )
+from rlwire._checks.columns import finite_sum
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire.codecs._registry import RowArrays
 

@@ -42,7 +42,7 @@ from rlwire._checks.walk import Walk, group_size, nesting, proven, same_length
 from rlwire._core.paths import KeyPath
 from rlwire._core.slicing import Sliced
 
-__all__ = ["ColumnWalk", "Layout", "Slot"]
+__all__ = ["ColumnWalk", "Layout", "Slot", "finite_sum"]
 
 #: Lists shorter than this are walked object by object (the column set-up costs more).
 MIN_ROWS: Final = 4
@@ -345,12 +345,18 @@ def _test(dtype: np.dtype[Any], rules: Rules | None) -> Callable[[np.ndarray], b
     return None
 
 
+def finite_sum(values: np.ndarray) -> bool:
+    """True if the sum of ``values`` is finite: false where one is NaN or infinite, and
+    where finite values overflow it (the caller then looks value by value). One pass, no
+    temporary, and without numpy's RuntimeWarning for either (an error under
+    ``-W error``)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(np.add.reduce(values)))
+
+
 def _all_finite(joined: np.ndarray) -> bool:
-    if joined.dtype.itemsize >= 4:
-        # One pass, no temporary: a NaN or Inf makes the sum non-finite; so may an
-        # overflow, and then the rows are checked one by one (float16 would often).
-        with np.errstate(over="ignore", invalid="ignore"):
-            return bool(np.isfinite(np.add.reduce(joined)))
+    if joined.dtype.itemsize >= 4:  # float16 would overflow often: checked as it is
+        return finite_sum(joined)
     return bool(np.isfinite(joined).all())
 
 

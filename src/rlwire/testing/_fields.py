@@ -12,11 +12,10 @@ import pytest
 from rlwire._api.batch_receiver import TrainingBatchReceiver
 from rlwire._api.manifest import Manifest
 from rlwire._api.schema import TrainingBatch, TrainingSample
-from rlwire._api.synthetic import make_sample
 from rlwire._core.columns import Columns
 from rlwire._core.errors import ConfigError, FieldNotFoundError, ReceiveTimeout, SchemaError
 from rlwire._core.ragged import Ragged
-from rlwire.testing._fixtures import TIMEOUT, ContractFixtures, Endpoint
+from rlwire.testing._fixtures import TIMEOUT, ContractFixtures, Endpoint, small_samples
 
 __all__ = ["FieldsContract"]
 
@@ -119,7 +118,7 @@ class FieldsContract(ContractFixtures):
 
 
 def _samples(seed: int = 0, lengths: tuple[int, ...] = LENGTHS) -> list[TrainingSample]:
-    return [make_sample(n, seed=seed * 10 + i, routed=False) for i, n in enumerate(lengths)]
+    return small_samples(lengths, seed)
 
 
 def _ragged(lengths: tuple[int, ...] = LENGTHS) -> Ragged:

@@ -12,7 +12,7 @@ import pytest
 from rlwire._api.batch_receiver import TrainingBatchReceiver
 from rlwire._api.batch_sender import TrainingBatchSender
 from rlwire._api.receiver import open_receiver
-from rlwire._api.schema import TrainingBatch
+from rlwire._api.schema import TrainingBatch, TrainingSample
 from rlwire._api.sender import open_sender
 from rlwire._api.synthetic import make_batch, make_sample
 
@@ -25,6 +25,7 @@ __all__ = [
     "rank_batches",
     "receive_beside",
     "send_steps",
+    "small_samples",
 ]
 
 T = TypeVar("T")
@@ -106,6 +107,12 @@ class ContractFixtures:
         yield opened
         for receiver in opened:
             receiver.close()
+
+
+def small_samples(lengths: Iterable[int], seed: int) -> list[TrainingSample]:
+    """A sample of each of ``lengths`` tokens, without a sidecar array (seeded from
+    ``seed`` and the sample's place)."""
+    return [make_sample(n, seed=seed * 10 + i, routed=False) for i, n in enumerate(lengths)]
 
 
 def rank_batches(step: int, *, samples: int = 1, seed_stride: int = 10) -> list[TrainingBatch]:

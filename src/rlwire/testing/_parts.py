@@ -16,7 +16,13 @@ from rlwire._api.synthetic import assert_batches_equal, make_sample
 from rlwire._core.columns import Columns
 from rlwire._core.errors import ConfigError, EndOfStream, ReceiveTimeout, StepExistsError
 from rlwire._core.ragged import Ragged
-from rlwire.testing._fixtures import RANKS, TIMEOUT, ContractFixtures, Endpoint
+from rlwire.testing._fixtures import (
+    RANKS,
+    TIMEOUT,
+    ContractFixtures,
+    Endpoint,
+    small_samples,
+)
 
 __all__ = ["PartsContract"]
 
@@ -162,8 +168,8 @@ class PartsContract(ContractFixtures):
 
 
 def _group(count: int, seed: int) -> list[Any]:
-    """``count`` small samples, no sidecar array."""
-    return [make_sample(3 + i, seed=seed * 7 + i, routed=False) for i in range(count)]
+    """``count`` small samples of 3, 4, ... tokens."""
+    return small_samples(range(3, 3 + count), seed)
 
 
 async def _refused(sender: TrainingBatchSender) -> bool:

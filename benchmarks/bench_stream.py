@@ -47,6 +47,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import gc
 import json
 import os
@@ -188,7 +189,7 @@ async def receive(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     options = spec.get("storage_options") or None
     async with rlwire.open_receiver(spec["url"], rank=rank, storage_options=options) as receiver:
         print("ready", flush=True)  # to the orchestrator, when a subprocess
-        async for part in receiver.aparts(timeout=spec["seconds"] + 120):
+        async for part in receiver.aparts(timeout=spec["seconds"] + 30):
             held = time.monotonic_ns()
             tokens = sum(len(s.token_ids) for s in part.value.samples)
             got.append((part.key, tokens, held))
@@ -244,6 +245,9 @@ def child(role: str, spec: dict[str, Any]) -> None:
         print(json.dumps(anyio.run(bystander)), flush=True)
         return
     rank = int(role.removeprefix("receive-")) if role.startswith("receive-") else None
+    # A hung end prints where each of its threads is, then exits, before the run's own
+    # deadline: the error names what hung, not only that the run timed out.
+    faulthandler.dump_traceback_later(spec["deadline_s"], exit=True)
 
     async def main() -> dict[str, Any]:
         return await produce(spec) if rank is None else await receive(spec, rank)
@@ -314,7 +318,12 @@ def run_processes(spec: dict[str, Any], timeout: float) -> tuple[dict[str, Any],
         outputs: list[tuple[str, str]] = [("", "")] * len(procs)
 
         def collect(i: int) -> None:
-            outputs[i] = procs[i].communicate(timeout=timeout)
+            try:
+                outputs[i] = procs[i].communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                procs[i].kill()
+                out, err = procs[i].communicate()
+                outputs[i] = (out, f"{err}\n(killed after {timeout:.0f} s)")
 
         threads = [threading.Thread(target=collect, args=(i,)) for i in range(len(procs))]
         for t in threads:
@@ -323,9 +332,10 @@ def run_processes(spec: dict[str, Any], timeout: float) -> tuple[dict[str, Any],
             t.join()
         gaps = stop_bystander(watcher)
         results = []
-        for proc, (out, err) in zip(procs, outputs, strict=True):
+        roles = [*(f"receiver {rank}" for rank in range(RANKS)), "producer"]
+        for role, proc, (out, err) in zip(roles, procs, outputs, strict=True):
             if proc.returncode != 0:
-                raise RuntimeError(f"exit {proc.returncode}: {err.strip()[-2000:]}")
+                raise RuntimeError(f"the {role}: exit {proc.returncode}: {err.strip()[-4000:]}")
             results.append(json.loads(out.strip().splitlines()[-1]))
         results[-1]["bystander_max"] = bystander_max(gaps, results[-1]["busy_ns"])
         return results[-1], results[:-1]
@@ -375,7 +385,9 @@ def run_ray(spec: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
 
 
 def run_sink(sink: str, spec: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    timeout = spec["seconds"] * 2 + 300
+    # Children dump their stacks and exit at deadline_s; the run kills them a minute on.
+    spec = {**spec, "deadline_s": spec["seconds"] * 3 + 60}
+    timeout = spec["deadline_s"] + 60
     if sink == "ray":
         produced, got = run_ray(spec)
         return summarize(sink, spec, produced, got, "asyncio (Ray actor)")

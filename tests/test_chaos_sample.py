@@ -56,17 +56,17 @@ def assert_no_bad(result: dict[str, Any], allowed: set[str] | None = None) -> No
 
 
 def test_kill_9_at_filesystem_calls_and_random_times(tmp_path: Path) -> None:
-    result = campaign(tmp_path, "--campaign", "kills", "--kills", "24")
+    result = campaign(tmp_path, "--campaign", "kills", "--kills", "12")
     # A kill leaves whole steps, or a step visible for the first ranks only, which resume
     # refuses; never a typed error on a visible step (that is "half-visible").
     assert_no_bad(result, allowed={EXACT, PARTLY})
-    assert len(result["trials"]) == 24
+    assert len(result["trials"]) == 12
 
 
 def test_corruption(tmp_path: Path) -> None:
-    result = campaign(tmp_path, "--campaign", "corruption", "--corruptions", "150")
+    result = campaign(tmp_path, "--campaign", "corruption", "--corruptions", "80")
     assert_no_bad(result, allowed={EXACT, TYPED})
-    assert len(result["trials"]) == 150
+    assert len(result["trials"]) == 80
 
 
 # Session-wide: a worker of pytest-xdist that runs another module's tests between these
@@ -134,9 +134,9 @@ def test_s3_kills_and_faults(tmp_path: Path) -> None:
 
 
 def test_aliased_segments_and_compound_bounds(tmp_path: Path) -> None:
-    result = campaign(tmp_path, "--campaign", "aliased", "--aliased", "8")
+    result = campaign(tmp_path, "--campaign", "aliased", "--aliased", "5")
     assert_no_bad(result, allowed={EXACT, TYPED})
-    assert len(result["trials"]) == 8
+    assert len(result["trials"]) == 5
 
 
 def test_forked_children(tmp_path: Path) -> None:
@@ -146,9 +146,9 @@ def test_forked_children(tmp_path: Path) -> None:
 
 
 def test_two_producers_rewrites_and_read_only_receivers(tmp_path: Path) -> None:
-    result = campaign(tmp_path, "--campaign", "producers", "--producers", "10")
+    result = campaign(tmp_path, "--campaign", "producers", "--producers", "6")
     assert_no_bad(result, allowed={EXACT, TYPED})
-    assert len(result["trials"]) == 10
+    assert len(result["trials"]) == 6
 
 
 def test_zeromq_blips_shared_ranks_and_cancelled_receives(tmp_path: Path) -> None:

@@ -37,6 +37,10 @@ class TestMemory(SinkContract):
 class TestS3(SinkContract):
     """Through s3fs against a moto server on loopback (tests/s3_server.py)."""
 
+    # Each example is a dozen requests to the server: fewer of them on this slowest sink
+    # (the mixes themselves are covered by the twenty on every other sink).
+    columns_examples = 8
+
     @pytest.fixture
     def sink_url(self, s3_url: str) -> str:
         return f"{s3_url}/run"

@@ -21,6 +21,7 @@ from msgspec.msgpack import encode as mp
 
 from rlwire import Frame, FrameTooLargeError
 from rlwire._core.slicing import run_sliced
+from rlwire._frame import bounds
 from rlwire.codecs import MsgpackCodec
 from rlwire.transport import FileSink
 
@@ -67,10 +68,12 @@ def test_a_small_zstd_file_of_empty_lists_is_refused_within_the_stored_bound(
     assert "Python objects" in out and "stored" in out
 
 
-def test_typed_chunks_are_charged_like_plain_ones() -> None:
+def test_typed_chunks_are_charged_like_plain_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     """Defect 3 in one process: chunks decoded straight into ``list[list[int]]`` draw on
-    the message's allowance (here 256 MiB + 16 x 4 MB: 8 MB of empty lists is 512 MB)."""
-    header, bulk = chunks_of_empty_lists(8, MiB)
+    the message's allowance (here a floor lowered to 16 MiB, + 16 x 2 MB: 2 MB of empty
+    lists is 128 MB; the floor of 256 MiB would take millions more lists to reach)."""
+    monkeypatch.setattr(bounds, "HEAP_FLOOR", 16 * MiB)
+    header, bulk = chunks_of_empty_lists(2, MiB)
     frame = Frame(header, (memoryview(bulk),))
     for annotation in (Any, list[list[int]]):
         with pytest.raises(FrameTooLargeError, match="Python objects"):

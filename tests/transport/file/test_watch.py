@@ -216,7 +216,7 @@ def test_two_waiters_one_watch(tmp_path: Path, later: Any) -> None:
 
     def wait() -> None:
         started = time.monotonic()
-        watch.wait(0.6)
+        watch.wait(2.0)
         took.append(time.monotonic() - started)
 
     threads = [threading.Thread(target=wait) for _ in range(2)]
@@ -225,7 +225,7 @@ def test_two_waiters_one_watch(tmp_path: Path, later: Any) -> None:
     later(0.2, lambda: (tmp_path / "step-00000000.rank-0000.rlw").write_bytes(b"x"))
     for thread in threads:
         thread.join()
-    assert sorted(took)[0] < 0.5 and sorted(took)[1] >= 0.55
+    assert sorted(took)[0] < WOKEN and sorted(took)[1] >= 1.95
     watch.close()
 
 
@@ -338,7 +338,7 @@ FORKED = textwrap.dedent("""
         time.sleep(0.01)
     started = time.monotonic()
     watch.wait(5)
-    assert time.monotonic() - started < 0.5, "the child took the parent's event"
+    assert time.monotonic() - started < 1.5, "the child took the parent's event"
     time.sleep(0.2)
     (root / "step-00000000.rank-0000.rlw").write_bytes(b"x")  # wakes both
     while not (done := os.waitpid(pid, os.WNOHANG))[0]:

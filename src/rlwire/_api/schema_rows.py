@@ -135,16 +135,17 @@ _DTYPE = attrgetter("dtype")
 def _all_finite(arrays: list[np.ndarray], ends: np.ndarray) -> Sliced[bool]:
     """True if every value of ``arrays`` (1-D, array ``i`` ending at value ``ends[i]``
     of their concatenation) is finite, told by sums (a NaN or an infinity makes its sum
-    one): of about a MiB of values at a time, a slice each (views of one array, or
-    groups of arrays joined). A sum that overflows says False, and the rows are then
-    checked value by value."""
+    one): of about a MiB of values at a time, a slice each (views of arrays of a quarter
+    MiB or more on average, as the groups the codec joined; small arrays joined into
+    groups). A sum that overflows says False, and the rows are then checked value by
+    value."""
     per = max(1, _GROUP_BYTES // arrays[0].dtype.itemsize)
-    if len(arrays) == 1:
-        values = arrays[0]
-        for start in range(0, max(len(values), 1), per):
-            if not finite_sum(values[start : start + per]):
-                return False
-            yield
+    if len(arrays) * per <= 4 * int(ends[-1]) or len(arrays) == 1:
+        for values in arrays:
+            for start in range(0, max(len(values), 1), per):
+                if not finite_sum(values[start : start + per]):
+                    return False
+                yield
         return True
     cuts = np.searchsorted(ends, np.arange(per, int(ends[-1]), per), side="right").tolist()
     start = 0

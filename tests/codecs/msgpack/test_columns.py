@@ -20,10 +20,10 @@ import rlwire
 from rlwire import Columns, CorruptFrameError, EncodeError, Frame, FrameTooLargeError, Ragged
 from rlwire._api.schema import check_object
 from rlwire._frame.pieces import Pieces
-from rlwire.codecs._msgpack import sent_columns
+from rlwire.codecs._msgpack import joined_rows
 from rlwire.codecs._msgpack.codec import MsgpackCodec
 from rlwire.codecs._msgpack.extensions import EXT_ARRAY, EXT_COLUMNS, EXT_RAGGED, ArrayRef
-from rlwire.codecs._msgpack.sent_columns import _JOIN_BYTES
+from rlwire.codecs._msgpack.joined_rows import _JOIN_BYTES
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -212,7 +212,7 @@ def test_any_mix_of_fields_round_trips_joined_a_few_bytes_at_a_time(
     """The same, with small rows joined a few bytes at a time (many runs, groups cut
     at aligned ends or not, empty rows among them) as a step's MiB groups are."""
     with pytest.MonkeyPatch.context() as patched:
-        patched.setattr(sent_columns, "_JOIN_BYTES", group)
+        patched.setattr(joined_rows, "_JOIN_BYTES", group)
         frame = MsgpackCodec(inline_threshold=threshold).encode(items)
     assert_same(MsgpackCodec().decode(stored(frame)), items)
     got = MsgpackCodec().decode(stored(frame), as_columns=True)

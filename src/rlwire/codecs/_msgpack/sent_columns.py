@@ -37,6 +37,7 @@ from rlwire.codecs._msgpack.extensions import (
     ROWS_AS_MAPS,
     ArrayRef,
 )
+from rlwire.codecs._msgpack.joined_rows import joined_rows
 from rlwire.codecs._msgpack.sent_buffers import SentBuffers
 from rlwire.codecs._registry import RowArrays
 
@@ -53,14 +54,6 @@ _NO_BASE = {id(None)}
 _C_CONTIGUOUS = operator.attrgetter("flags.c_contiguous")
 # Rows this small on average are copied back to back rather than sent where they are.
 _SMALL_ROW = 4096
-# Bytes of small rows joined per call, a slice's worth (0.3-0.4 ms), each group a run of
-# the column's buffer: memory the step before freed is used again, where one array of a
-# column is fresh memory faulted in a page at a time (2,400 faults an 8,000-sample step,
-# more than the copy), and runs this large Ray stores as they are (256 KiB or more).
-_JOIN_BYTES = 1 << 19
-# Each group but the last ends at a multiple of this many bytes where it can: Ray lays
-# out-of-band buffers at multiples of 64, so such runs land back to back (one block).
-_RUN_ALIGN = 64
 # Rows viewed where they are per slice (some 0.3 µs a row).
 _VIEW_ROWS = 512
 
@@ -222,7 +215,10 @@ def _column(
         return ragged
     kinds = set(map(type, values))
     if kinds <= _SCALARS:
-        strings = values if kinds == _STR else [v for v in values if type(v) is str]
+        if str in kinds:
+            strings = values if kinds == _STR else [v for v in values if type(v) is str]
+        else:  # a column of None, as ref_logprobs often is: no look at each
+            strings = []
         heft = len(values) + sum(map(operator.floordiv, map(len, strings), repeat(64)))
         column = values
     elif kinds <= _CONTAINERS and not any(values):  # e.g. extras={} in every sample
@@ -271,7 +267,7 @@ def _ragged_column(
         if dtype not in PLAIN_DTYPES:
             check_dtype(dtype, path_of(0))
     if join:
-        made = yield from _joined(w, values, offsets, shape, nbytes, one_kind, path_of(0), side)
+        made = yield from joined_rows(w, values, offsets, shape, nbytes, one_kind, path_of(0), side)
         if made is None:
             return None
         column, arrays = made
@@ -282,82 +278,6 @@ def _ragged_column(
         arrays = RowArrays(values, offsets)
     offsets_value = w.sent.array(offsets, path_of(0), False)
     return msgspec.msgpack.Ext(EXT_RAGGED, w.encoder.encode([column, offsets_value])), arrays
-
-
-def _joined(
-    w: Walker,
-    rows: list[np.ndarray],
-    offsets: np.ndarray,
-    shape: list[int],
-    nbytes: int,
-    one_kind: bool,
-    path: KeyPath,
-    side: bool,
-) -> Sliced[tuple[msgspec.msgpack.Ext, RowArrays] | None]:
-    """The extension value of small ``rows`` (``shape`` and ``nbytes`` back to back)
-    copied, and the :class:`RowArrays` of the copy; None if they differ in dtype, number
-    of dimensions or trailing shape. Rows shown to be of one kind (``one_kind``) are
-    joined as bytes (``bytes.join`` reads their buffers and nothing else: some 3x faster
-    than numpy's concatenate), :data:`_JOIN_BYTES` a call and slice, the groups being
-    the runs of the column's buffer. A row that is not C-contiguous refuses; then numpy
-    copies every row into one array, and with casting="no" refuses a row of another kind."""
-    dtype, tail = rows[0].dtype, shape[1:]
-    apart = side or nbytes >= w.sent.inline_threshold  # out of band: the runs as they are
-    if one_kind:
-        stops = _group_stops(offsets, nbytes // shape[0]) if apart and nbytes else [len(rows)]
-        runs = yield from _joined_runs(w, rows, stops)
-        if runs is not None and len(runs) == 1:  # inline, or out of band as one view
-            one = np.frombuffer(runs[0], dtype).reshape(shape)
-            return w.sent.array(one, path, side), RowArrays([one], offsets)
-        if runs is not None:  # several: of rows that hold values (row_bytes > 0)
-            groups = [np.frombuffer(run, dtype).reshape(-1, *tail) for run in runs]
-            pieces = Pieces.from_distinct(map(memoryview, runs))
-            ref = ArrayRef(w.sent.add(pieces, side), dtype.str, shape, "C")
-            return msgspec.msgpack.Ext(EXT_ARRAY, w.encoder.encode(ref)), RowArrays(groups, offsets)
-    joined = np.empty(shape, dtype)  # the same byte order as the rows
-    per = max(1, _JOIN_BYTES * len(rows) // max(nbytes, 1))  # rows per group
-    for start in range(0, len(rows), per):
-        stop = min(start + per, len(rows))
-        part = joined[offsets[start] : offsets[stop]]
-        try:
-            np.concatenate(rows[start:stop], out=part, casting="no")
-        except (TypeError, ValueError):  # rows of more than one kind
-            return None
-        yield from w.tick()
-    return w.sent.array(joined, path, side), RowArrays([joined], offsets)
-
-
-def _group_stops(offsets: np.ndarray, row_bytes: int) -> list[int]:
-    """Where the groups of rows joined one call each end (row indices, the last
-    ``len(offsets) - 1``): about :data:`_JOIN_BYTES` each, each but the last ending at a
-    multiple of :data:`_RUN_ALIGN` bytes if one comes within another :data:`_JOIN_BYTES`.
-    ``row_bytes``: the bytes of one item along the rows' first axis."""
-    ends = offsets[1:] * row_bytes  # the column's length after each row
-    targets = np.arange(_JOIN_BYTES, int(ends[-1]), _JOIN_BYTES)
-    plain = np.searchsorted(ends, targets)  # the first row that reaches each target
-    aligned = np.flatnonzero(ends % _RUN_ALIGN == 0)
-    if len(aligned):
-        at = aligned[np.minimum(np.searchsorted(ends[aligned], targets), len(aligned) - 1)]
-        near = (ends[at] >= targets) & (ends[at] <= targets + _JOIN_BYTES)
-        plain = np.where(near, at, plain)
-    return [*dict.fromkeys((plain + 1).tolist()), len(ends)]
-
-
-def _joined_runs(w: Walker, rows: list[np.ndarray], stops: list[int]) -> Sliced[list[bytes] | None]:
-    """The rows' bytes joined, a group of rows (up to each of ``stops``) per call and
-    slice; None if a row is not C-contiguous."""
-    runs = []
-    start = 0
-    for stop in stops:
-        if stop > start:
-            try:
-                # ndarrays export their buffer, which numpy's stubs do not say
-                runs.append(b"".join(rows[start:stop]))  # type: ignore[arg-type]
-            except TypeError:  # a row whose bytes are not one C-contiguous run
-                return None
-            start = stop
-            yield from w.tick()
-    return runs
 
 
 def _one_kind(arrays: list[np.ndarray], first: np.ndarray) -> bool:

@@ -166,10 +166,10 @@ def test_a_check_reading_the_codecs_columns_names_the_same_sample_and_token(
 
 @pytest.mark.parametrize("tokens", [10, 3000])
 def test_a_column_of_inf_and_minus_inf_or_of_huge_floats_warns_nothing(tokens: int) -> None:
-    """The finiteness of a column is told by a sum; +inf and -inf in it (NaN), or finite
-    values whose sum overflows, must not raise numpy's RuntimeWarning (an error under
-    ``-W error``, as in this suite): the first is refused naming the sample, the second
-    passes once the rows are checked one by one."""
+    """The finiteness of a column is told at once (its least and greatest value); +inf
+    and -inf in it, or finite values whose sum would overflow, must not raise numpy's
+    RuntimeWarning (an error under ``-W error``, as in this suite): the first is refused
+    naming the sample, the second passes."""
     huge = [make_sample(tokens, routed=False) for _ in range(40)]
     for s in huge:
         s.advantages = np.full(tokens, 3e38, np.float32)

@@ -15,6 +15,7 @@ from helpers import make_batch, make_sample
 import rlwire
 from rlwire._api.schema_rows import check_rows_sliced
 from rlwire._api.validation import ChecksBeside
+from rlwire._frame.pieces import Pieces
 from rlwire.aio import run_sliced
 from rlwire.codecs import MsgpackCodec
 from rlwire.codecs._registry import RowArrays
@@ -165,10 +166,10 @@ def test_a_check_reading_the_codecs_columns_names_the_same_sample_and_token(
 
 @pytest.mark.parametrize("tokens", [10, 3000])
 def test_a_column_of_inf_and_minus_inf_or_of_huge_floats_warns_nothing(tokens: int) -> None:
-    """The finiteness of a column is told by a sum; +inf and -inf in it (NaN), or finite
-    values whose sum overflows, must not raise numpy's RuntimeWarning (an error under
-    ``-W error``, as in this suite): the first is refused naming the sample, the second
-    passes once the rows are checked one by one."""
+    """The finiteness of a column is told at once (its least and greatest value); +inf
+    and -inf in it, or finite values whose sum would overflow, must not raise numpy's
+    RuntimeWarning (an error under ``-W error``, as in this suite): the first is refused
+    naming the sample, the second passes."""
     huge = [make_sample(tokens, routed=False) for _ in range(40)]
     for s in huge:
         s.advantages = np.full(tokens, 3e38, np.float32)
@@ -217,6 +218,40 @@ def test_the_codec_hands_the_check_its_columns_and_the_check_reads_them(
     kept["advantages"] = RowArrays([planted], kept["advantages"].offsets)
     run_sliced(check_rows_sliced(samples, "$.samples", kept))
     assert len(calls) == 300  # the column said "maybe not": each sample checked on its own
+
+
+def test_the_check_reads_the_groups_the_codec_joined_where_they_are(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A column of many small rows is joined in groups (the runs of its buffer); the
+    check sums each group where it is (no sample one by one, no copy of the groups) and
+    still names the sample and token of a bad value in a later group."""
+    calls: list[str] = []
+    monkeypatch.setattr(rlwire.TrainingSample, "validate", lambda s, where="": calls.append(where))
+    samples = [make_sample(128, seed=i, routed=False) for i in range(3000)]
+    stored: dict[str, Any] = {}
+
+    class Hook(ChecksBeside):
+        def rows(self, items: list[Any], path: str) -> dict[str, Any]:
+            stored.update(kept=super().rows(items, path))
+            return stored["kept"]
+
+    hook = Hook()
+    frame = MsgpackCodec(check=hook).encode({"samples": samples})
+    groups = stored["kept"]["logprobs"].arrays
+    assert len(groups) > 2  # 1.5 MB of logprobs
+    runs = [run for b in frame.buffers if isinstance(b, Pieces) for run in b.runs]
+    assert all(any(np.shares_memory(g, np.asarray(run)) for run in runs) for g in groups)
+    with monkeypatch.context() as patched:
+        patched.setattr(np, "concatenate", None)  # the groups are read where they are
+        queued = hook.take()
+        assert queued is not None
+        run_sliced(queued)
+    assert calls == []
+    monkeypatch.undo()
+    samples[2900].logprobs[77] = np.nan
+    with pytest.raises(rlwire.SchemaError, match=r"^\$\.samples\[2900\]\.logprobs: .*token 77"):
+        check_beside_codec(samples)
 
 
 def test_samples_are_not_tracked_by_the_garbage_collector() -> None:

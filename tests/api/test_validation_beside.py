@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import make_batch
+from helpers import make_batch, make_sample
 
 import rlwire
 from rlwire._api.validation import ChecksBeside
@@ -93,4 +93,19 @@ def test_the_hook_queues_rows_until_taken() -> None:
     assert queued is not None and hook.take() is None
     with pytest.raises(rlwire.SchemaError, match=r"\$\.samples\[2\]\.logprobs"):
         for _ in queued:  # its slices, run here
+            pass
+
+
+def test_a_column_the_codec_did_not_join_is_checked_from_the_rows() -> None:
+    """A row of another dtype leaves its field a column of one value per row; the checks
+    then read the rows, and a wrong length among them is still named."""
+    batch = rlwire.TrainingBatch(samples=[make_sample(8, routed=False) for _ in range(3000)])
+    batch.samples[10].advantages = batch.samples[10].advantages.astype(np.float64)
+    batch.samples[2000].advantages = batch.samples[2000].advantages[:-1].astype(np.float64)
+    hook = ChecksBeside()
+    MsgpackCodec(check=hook).encode(batch)
+    queued = hook.take()
+    assert queued is not None
+    with pytest.raises(rlwire.SchemaError, match=r"^\$\.samples\[2000\]\.advantages: has"):
+        for _ in queued:
             pass

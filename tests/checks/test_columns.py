@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import hypothesis.extra.numpy as hnp
 import msgspec
 import numpy as np
 import pytest
@@ -27,7 +28,7 @@ from check_types import (
     Text,
     Turns,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import rlwire
@@ -560,3 +561,26 @@ def test_columns_yield_between_runs_of_at_most_the_budget(monkeypatch: pytest.Mo
 def test_a_long_list_of_records_is_checked_in_slices() -> None:
     run = DENSE.validate_sliced({"samples": dense(2048, 64)})
     assert slices(run) >= 2
+
+
+@settings(max_examples=300, deadline=None)
+@example(np.array([-np.inf, 1.0], np.float32))
+@example(np.array([1.0, np.nan, 2.0], np.float16))
+@example(np.full(4, 3e38, np.float32))
+@given(
+    hnp.arrays(
+        st.sampled_from(["<f2", "<f4", ">f8", "<c8", "<c16"]),
+        hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=6),
+        elements={"allow_nan": True, "allow_infinity": True},
+    )
+)
+def test_all_finite_says_what_isfinite_says(values: np.ndarray) -> None:
+    """Real floats are judged by their least and greatest value, complex ones by their
+    sum: never true with a NaN or an infinity anywhere (either sign, any dtype or
+    shape), and for real floats true however large the finite values are."""
+    want = bool(np.isfinite(values).all())
+    got = columns.all_finite(values)
+    if values.dtype.kind == "f":
+        assert got == want
+    else:  # a finite complex sum may overflow: false then, and the caller looks again
+        assert not got or want

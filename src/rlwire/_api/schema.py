@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from rlwire._checks.columns import finite_sum
+from rlwire._checks.columns import all_finite
 from rlwire._core.chunked import Chunked
 from rlwire._core.columns import Columns
 from rlwire._core.errors import SchemaError
@@ -175,15 +175,16 @@ def _check_routed_column(experts: Ragged, ids: Ragged, where: str) -> None:
 
 def _check_token_column(column: Ragged, ids: Ragged, where: str, name: str) -> None:
     """The mask or a per-token float column: its dtype, rows as long as the token ids',
-    finite values (one sum, then one ``isfinite`` to find the row if it is not)."""
+    finite values (one look at the least and greatest, then one ``isfinite`` to find
+    the row if they are not)."""
     dtype = column.values.dtype
     if name == "mask" and dtype != np.bool_:
         raise SchemaError(f"{where}.mask: must be a bool array, got dtype {dtype}")
     if name != "mask" and dtype.kind != "f":
         raise SchemaError(f"{where}.{name}: must be a float array, got dtype {dtype}")
     _same_rows(column, ids, where, name, "entries")
-    if name in _MUST_BE_FINITE and not finite_sum(column.values):
-        finite = np.isfinite(column.values)  # the sum may only have overflowed
+    if name in _MUST_BE_FINITE and not all_finite(column.values):
+        finite = np.isfinite(column.values)
         if not finite.all():
             i = int(np.searchsorted(column.offsets, int(np.argmin(finite)), "right")) - 1
             _check_finite(column[i], f"{where}[{i}].{name}")

@@ -17,7 +17,7 @@ from rlwire._api.schema import (
     TrainingSample,
     check_object,
 )
-from rlwire._checks.columns import finite_sum
+from rlwire._checks.columns import all_finite
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire.codecs._registry import RowArrays
 
@@ -134,23 +134,22 @@ _DTYPE = attrgetter("dtype")
 
 def _all_finite(arrays: list[np.ndarray], ends: np.ndarray) -> Sliced[bool]:
     """True if every value of ``arrays`` (1-D, array ``i`` ending at value ``ends[i]``
-    of their concatenation) is finite, told by sums (a NaN or an infinity makes its sum
-    one): of about a MiB of values at a time, a slice each (views of one array, or
-    groups of arrays joined). A sum that overflows says False, and the rows are then
-    checked value by value."""
+    of their concatenation) is finite, told by :func:`~rlwire._checks.columns.all_finite`
+    of about a MiB of values at a time, a slice each: views of arrays of a quarter MiB
+    or more on average (the groups the codec joined), else groups of arrays joined."""
     per = max(1, _GROUP_BYTES // arrays[0].dtype.itemsize)
-    if len(arrays) == 1:
-        values = arrays[0]
-        for start in range(0, max(len(values), 1), per):
-            if not finite_sum(values[start : start + per]):
-                return False
-            yield
+    if len(arrays) * per <= 4 * int(ends[-1]) or len(arrays) == 1:
+        for values in arrays:
+            for start in range(0, max(len(values), 1), per):
+                if not all_finite(values[start : start + per]):
+                    return False
+                yield
         return True
     cuts = np.searchsorted(ends, np.arange(per, int(ends[-1]), per), side="right").tolist()
     start = 0
     for stop in [*dict.fromkeys(cuts), len(arrays)]:
         if stop > start:
-            if not finite_sum(np.concatenate(arrays[start:stop])):
+            if not all_finite(np.concatenate(arrays[start:stop])):
                 return False
             start = stop
             yield

@@ -62,8 +62,8 @@ class RowArrays(NamedTuple):
     """The arrays of one field of a list of items, as the msgpack codec stored them for
     a check's ``rows`` (see :data:`Check`): every row a numpy array of one dtype, number
     of dimensions and trailing shape, ``arrays`` holding the rows' values back to back
-    (each row's own array, or one array of them all), row ``i`` being values
-    ``offsets[i]:offsets[i + 1]`` of their concatenation.
+    (each row's own array, or the groups of consecutive rows the codec joined), row
+    ``i`` being values ``offsets[i]:offsets[i + 1]`` of their concatenation.
 
     Example:
         >>> rows = RowArrays([np.arange(5)], np.array([0, 2, 5]))

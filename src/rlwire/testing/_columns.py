@@ -18,12 +18,17 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import anyio
+import numpy as np
 import pytest
 
 from rlwire._api.batch_receiver import TrainingBatchReceiver
 from rlwire._api.batch_sender import TrainingBatchSender
+from rlwire._api.schema import TrainingBatch
+from rlwire._api.synthetic import assert_batches_equal
+from rlwire._core.columns import Columns
 from rlwire._core.errors import RlwireError
-from rlwire.testing._fixtures import TIMEOUT, ContractFixtures, Endpoint
+from rlwire._core.ragged import Ragged
+from rlwire.testing._fixtures import TIMEOUT, ContractFixtures, Endpoint, small_samples
 
 __all__ = ["ColumnsContract"]
 
@@ -96,3 +101,28 @@ class ColumnsContract(ContractFixtures):
         finally:
             typed.close()
             packed.close()
+
+    async def test_a_step_of_many_small_samples_round_trips(self, endpoint: Endpoint) -> None:
+        """Thousands of small samples: each per-token column is copied back to back in
+        groups, sent as the runs of one buffer (several MiB, runs of other lengths than
+        the rows'), and arrives whole, typed on rank 0 and as columns on rank 1."""
+        batch = TrainingBatch(samples=small_samples([50 + i % 201 for i in range(3000)], 5))
+        sender = endpoint.open_sender(checksum=True)
+        typed = endpoint.open_receiver(rank=0, record_consumed=False)
+        packed = endpoint.open_receiver(rank=1, as_columns=True, record_consumed=False)
+        try:
+            async with sender:
+                got, columns = await _round_trip(sender, [typed, packed], batch)
+        finally:
+            typed.close()
+            packed.close()
+        for received in (got, columns):
+            if isinstance(received, RlwireError):
+                raise received
+        assert_batches_equal(got, batch)
+        assert isinstance(columns.samples, Columns)
+        for name in ("token_ids", "mask", "logprobs", "temperatures", "advantages"):
+            column = columns.samples[name]
+            assert isinstance(column, Ragged), name
+            want = np.concatenate([getattr(s, name) for s in batch.samples])
+            assert column.values.tobytes() == want.tobytes(), name

@@ -40,7 +40,8 @@ class SinkContract(
     dicts of any mix of fields, dtypes, lengths and missing fields, a
     :class:`~rlwire.Ragged` and a :class:`~rlwire.Chunked`, received typed and with
     ``as_columns=True`` (:attr:`columns_examples` values per backend; skipped when
-    hypothesis is not installed). A sink that stores steps part by part
+    hypothesis is not installed), and a step of thousands of small samples, whose
+    columns are several runs each. A sink that stores steps part by part
     (:attr:`rlwire.abc.Sink.stores_parts`) must deliver every rank's parts in commit
     order and the sealed step whole; any other must refuse ``open_step`` with ConfigError.
     On a store, parts also keep the writer's assignment (by cost, or a forced rank), a

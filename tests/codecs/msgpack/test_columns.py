@@ -20,8 +20,10 @@ import rlwire
 from rlwire import Columns, CorruptFrameError, EncodeError, Frame, FrameTooLargeError, Ragged
 from rlwire._api.schema import check_object
 from rlwire._frame.pieces import Pieces
+from rlwire.codecs._msgpack import joined_rows
 from rlwire.codecs._msgpack.codec import MsgpackCodec
 from rlwire.codecs._msgpack.extensions import EXT_ARRAY, EXT_COLUMNS, EXT_RAGGED, ArrayRef
+from rlwire.codecs._msgpack.joined_rows import _JOIN_BYTES
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -58,7 +60,7 @@ def assert_same(got: Any, want: Any) -> None:
 
 def test_a_batch_is_two_buffers_per_array_field_not_one_per_array() -> None:
     """Rows of 8 kB and more stay where they are (runs of Pieces); the small ones (a
-    1 kB mask) are copied into one array."""
+    1 kB mask) are copied back to back, here into one run."""
     batch = make_batch(64, 1024)
     frame = MsgpackCodec(sidecar=("routed_experts",), inline_threshold=0).encode(batch)
     # token_ids, mask, logprobs, temperatures, advantages, routed_experts: values and offsets
@@ -81,8 +83,8 @@ ODD_ROWS = {
 @pytest.mark.parametrize("where", [0, 1, 1500])
 @pytest.mark.parametrize("odd", sorted(ODD_ROWS))
 def test_a_row_of_another_kind_among_small_rows_keeps_its_kind(odd: str, where: int) -> None:
-    """Small rows are copied into one array; a row of another dtype, byte order or
-    number of dimensions (in the first group of rows copied or a later one) makes the
+    """Small rows are copied back to back; a row of another dtype, byte order or
+    number of dimensions (the first row, the second or one far on) makes the
     field one value per row instead, never a cast."""
     items = [{"ids": np.arange(4, dtype=np.int64) + i, "n": i} for i in range(2000)]
     if where:
@@ -110,6 +112,21 @@ def test_a_strided_row_among_small_rows_is_copied_into_the_one_array(where: int)
     assert_same(MsgpackCodec().decode(stored(frame)), items)
     items[1900]["ids"] = items[1900]["ids"].astype(np.int32)
     assert_same(round_trip(items), items)
+
+
+def test_small_rows_are_joined_in_groups_kept_as_aligned_runs_of_one_buffer() -> None:
+    """Small rows are joined about :data:`_JOIN_BYTES` at a time and each group is a run
+    of the column's buffer (not copied on into one array); each run but the last ends
+    at a multiple of 64 bytes (Ray stores such runs as they are), even when the rows'
+    lengths are not."""
+    lengths = np.random.default_rng(0).integers(1, 1000, 3000)
+    items = [{"ids": np.full(n, i % 100, np.int8)} for i, n in enumerate(lengths)]
+    frame = MsgpackCodec().encode(items)
+    (ids,) = [b for b in frame.buffers if b.nbytes == lengths.sum()]
+    assert isinstance(ids, Pieces) and len(ids.runs) == -(-int(lengths.sum()) // _JOIN_BYTES)
+    assert [run.nbytes % 64 for run in ids.runs[:-1]] == [0] * (len(ids.runs) - 1)
+    assert all(run.nbytes < 2 * _JOIN_BYTES for run in ids.runs)
+    assert_same(MsgpackCodec().decode(stored(frame)), items)
 
 
 def test_rows_of_a_2d_field_with_another_trailing_shape_keep_their_shape() -> None:
@@ -185,6 +202,23 @@ def rows(draw: st.DrawFn) -> list[dict[str, Any]]:
 def test_any_mix_of_fields_round_trips(items: list[dict[str, Any]], threshold: int) -> None:
     got = round_trip(items, codec=MsgpackCodec(inline_threshold=threshold))
     assert_same(got, items)
+
+
+@SETTINGS
+@given(rows(), st.sampled_from([1, 8, 64, 100]), st.sampled_from([0, 4096]))
+def test_any_mix_of_fields_round_trips_joined_a_few_bytes_at_a_time(
+    items: list[dict[str, Any]], group: int, threshold: int
+) -> None:
+    """The same, with small rows joined a few bytes at a time (many runs, groups cut
+    at aligned ends or not, empty rows among them) as a step's MiB groups are."""
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(joined_rows, "_JOIN_BYTES", group)
+        frame = MsgpackCodec(inline_threshold=threshold).encode(items)
+    assert_same(MsgpackCodec().decode(stored(frame)), items)
+    got = MsgpackCodec().decode(stored(frame), as_columns=True)
+    if isinstance(got, Columns):
+        for i, item in enumerate(items):
+            assert_same(got.row(i), item)
 
 
 @SETTINGS

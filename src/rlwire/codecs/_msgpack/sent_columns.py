@@ -37,6 +37,7 @@ from rlwire.codecs._msgpack.extensions import (
     ROWS_AS_MAPS,
     ArrayRef,
 )
+from rlwire.codecs._msgpack.joined_rows import joined_rows
 from rlwire.codecs._msgpack.sent_buffers import SentBuffers
 from rlwire.codecs._registry import RowArrays
 
@@ -51,11 +52,8 @@ _NDIM = operator.attrgetter("ndim")
 _BASE = operator.attrgetter("base")
 _NO_BASE = {id(None)}
 _C_CONTIGUOUS = operator.attrgetter("flags.c_contiguous")
-# Rows this small on average are copied into one array rather than sent where they are.
+# Rows this small on average are copied back to back rather than sent where they are.
 _SMALL_ROW = 4096
-# Bytes of rows copied per call, a slice's worth: about 0.1 ms of copying, and more where
-# fresh memory is faulted in (a group of 1,024 rows of 1 kB held the GIL for 1-2 ms).
-_JOIN_BYTES = 1 << 18
 # Rows viewed where they are per slice (some 0.3 µs a row).
 _VIEW_ROWS = 512
 
@@ -217,7 +215,10 @@ def _column(
         return ragged
     kinds = set(map(type, values))
     if kinds <= _SCALARS:
-        strings = values if kinds == _STR else [v for v in values if type(v) is str]
+        if str in kinds:
+            strings = values if kinds == _STR else [v for v in values if type(v) is str]
+        else:  # a column of None, as ref_logprobs often is: no look at each
+            strings = []
         heft = len(values) + sum(map(operator.floordiv, map(len, strings), repeat(64)))
         column = values
     elif kinds <= _CONTAINERS and not any(values):  # e.g. extras={} in every sample
@@ -239,7 +240,7 @@ def _ragged_column(
     their bytes, if they are arrays of one dtype, number of dimensions (at least 1) and
     trailing shape; else None.
 
-    Rows of a few kB are copied into one array, a group of rows per slice (tens of
+    Rows of a few kB are copied back to back, a group of rows per slice (tens of
     nanoseconds a row, where a view each costs a microsecond of Python); larger rows
     are written where they are, as the runs of :class:`~rlwire._frame.pieces.Pieces`,
     so that a large step is never held twice."""
@@ -266,12 +267,10 @@ def _ragged_column(
         if dtype not in PLAIN_DTYPES:
             check_dtype(dtype, path_of(0))
     if join:
-        per = max(1, _JOIN_BYTES * len(values) // max(nbytes, 1))  # rows per group
-        joined = yield from _joined(w, values, shape, first, one_kind, per)
-        if joined is None:
+        made = yield from joined_rows(w, values, offsets, shape, nbytes, one_kind, path_of(0), side)
+        if made is None:
             return None
-        column = w.sent.array(joined, path_of(0), side)
-        arrays = RowArrays([joined], offsets)
+        column, arrays = made
     else:
         pieces = yield from _pieces_sliced(w, values)
         ref = ArrayRef(w.sent.add(pieces, side), dtype.str, shape, "C")
@@ -279,52 +278,6 @@ def _ragged_column(
         arrays = RowArrays(values, offsets)
     offsets_value = w.sent.array(offsets, path_of(0), False)
     return msgspec.msgpack.Ext(EXT_RAGGED, w.encoder.encode([column, offsets_value])), arrays
-
-
-def _joined(
-    w: Walker,
-    rows: list[np.ndarray],
-    shape: list[int],
-    first: np.ndarray,
-    one_kind: bool,
-    per: int,
-) -> Sliced[np.ndarray | None]:
-    """``rows`` (arrays of ``first``'s plain dtype) copied back to back into one new
-    array of ``shape``, a group of ``per`` rows per slice; None if they differ in dtype,
-    number of dimensions or trailing shape.
-
-    Rows shown to be of one kind (``one_kind``) are joined as bytes (``bytes.join``
-    reads their buffers and nothing else: some 3x faster than numpy's concatenate, which
-    spends a fraction of a microsecond on each row), a group at a time, each group
-    copied on into the array while it is still in the cache. A row that is not
-    C-contiguous refuses; then numpy copies every row, and its copy with casting="no"
-    refuses a row of another kind."""
-    joined = np.empty(shape, first.dtype)  # the same byte order as the rows
-    starts = range(0, len(rows), per)
-    if one_kind:
-        out, end = byte_view(joined), 0
-        try:
-            for start in starts:
-                # ndarrays export their buffer, which numpy's stubs do not say
-                joins = b"".join(rows[start : start + per])  # type: ignore[arg-type]
-                out[end : end + len(joins)] = joins
-                end += len(joins)
-                yield from w.tick()
-        except TypeError:  # a row whose bytes are not one C-contiguous run
-            pass
-        else:
-            return joined
-    done = 0  # rows of the first axis copied
-    for start in starts:
-        group = rows[start : start + per]
-        count = sum(map(len, group))
-        try:
-            np.concatenate(group, out=joined[done : done + count], casting="no")
-        except (TypeError, ValueError):  # rows of more than one kind
-            return None
-        done += count
-        yield from w.tick()
-    return joined
 
 
 def _one_kind(arrays: list[np.ndarray], first: np.ndarray) -> bool:

@@ -13,6 +13,7 @@ import pytest
 from helpers import make_batch, make_sample
 
 import rlwire
+from rlwire import Frame
 from rlwire._api.schema_rows import check_rows_sliced
 from rlwire._api.validation import ChecksBeside
 from rlwire._frame.pieces import Pieces
@@ -189,14 +190,9 @@ def test_a_column_of_inf_and_minus_inf_or_of_huge_floats_warns_nothing(tokens: i
         packed.validate()
 
 
-def test_the_codec_hands_the_check_its_columns_and_the_check_reads_them(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Valid samples are checked over what the codec stored (no sample one by one); a
-    column that does not hold the samples' values (planted) is not taken on trust."""
-    calls: list[str] = []
-    monkeypatch.setattr(rlwire.TrainingSample, "validate", lambda s, where="": calls.append(where))
-    samples = [make_sample(n % 7 + 1, routed=False) for n in range(300)]
+def encoded_keeping_rows(samples: list[Any]) -> tuple[Frame, ChecksBeside, dict[str, Any]]:
+    """``samples`` encoded with checks beside: the frame, the hook (its checks queued)
+    and the columns the codec handed the check hook."""
     stored: dict[str, Any] = {}
 
     class Hook(ChecksBeside):
@@ -205,8 +201,19 @@ def test_the_codec_hands_the_check_its_columns_and_the_check_reads_them(
             return stored["kept"]
 
     hook = Hook()
-    MsgpackCodec(check=hook).encode({"samples": samples})
-    kept = stored["kept"]
+    frame = MsgpackCodec(check=hook).encode({"samples": samples})
+    return frame, hook, stored["kept"]
+
+
+def test_the_codec_hands_the_check_its_columns_and_the_check_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Valid samples are checked over what the codec stored (no sample one by one); a
+    column that does not hold the samples' values (planted) is not taken on trust."""
+    calls: list[str] = []
+    monkeypatch.setattr(rlwire.TrainingSample, "validate", lambda s, where="": calls.append(where))
+    samples = [make_sample(n % 7 + 1, routed=False) for n in range(300)]
+    _, hook, kept = encoded_keeping_rows(samples)
     assert type(kept["logprobs"]) is RowArrays and len(kept["logprobs"].arrays) == 1
     assert kept["env_name"] == [s.env_name for s in samples]
     queued = hook.take()
@@ -229,16 +236,8 @@ def test_the_check_reads_the_groups_the_codec_joined_where_they_are(
     calls: list[str] = []
     monkeypatch.setattr(rlwire.TrainingSample, "validate", lambda s, where="": calls.append(where))
     samples = [make_sample(128, seed=i, routed=False) for i in range(3000)]
-    stored: dict[str, Any] = {}
-
-    class Hook(ChecksBeside):
-        def rows(self, items: list[Any], path: str) -> dict[str, Any]:
-            stored.update(kept=super().rows(items, path))
-            return stored["kept"]
-
-    hook = Hook()
-    frame = MsgpackCodec(check=hook).encode({"samples": samples})
-    groups = stored["kept"]["logprobs"].arrays
+    frame, hook, kept = encoded_keeping_rows(samples)
+    groups = kept["logprobs"].arrays
     assert len(groups) > 2  # 1.5 MB of logprobs
     runs = [run for b in frame.buffers if isinstance(b, Pieces) for run in b.runs]
     assert all(any(np.shares_memory(g, np.asarray(run)) for run in runs) for g in groups)

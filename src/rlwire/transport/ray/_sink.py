@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
+from ray import ObjectRef
 
 from rlwire._core.errors import ConfigError, CorruptFrameError, StepExistsError, TransportError
 from rlwire._core.slicing import Sliced
@@ -26,7 +28,15 @@ from rlwire.transport._base import (
 )
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
-from rlwire.transport.ray._actors import BoardHandle, call, create_board, ensure_ray, ray_errors
+from rlwire.transport.ray._actors import (
+    BoardHandle,
+    answer_of,
+    call,
+    create_board,
+    ensure_ray,
+    ray_errors,
+    submit,
+)
 from rlwire.transport.ray._appended import RayFieldsSink
 from rlwire.transport.ray._handle import StepHandle
 from rlwire.transport.ray._handover import offer, withdraw
@@ -40,6 +50,16 @@ __all__ = ["RaySink", "producer_actor"]
 _NOTHING = memoryview(b"")
 #: Seconds the board waits for a producer's actor to hand a rank's objects over.
 PULL_TIMEOUT = 120.0
+
+
+class _Handed(NamedTuple):
+    """One message handed to the board (:meth:`RaySink._hand_off`), its answer to come:
+    the key the values wait under in this process, the answer's reference, and what
+    the call does (for errors)."""
+
+    rank_key: str
+    answer: ObjectRef[Any]
+    action: str
 
 
 def producer_actor() -> BoardHandle | None:
@@ -137,8 +157,11 @@ class RaySink(RayFieldsSink, Sink):
         self.detached = detached
         self.checksum = checksum
         self.pull_timeout = pull_timeout
-        self._join_space = JoinSpace()
+        # Two spaces: a rank joins into one while the board still pulls the rank before
+        # it, joined into the other.
+        self._join_spaces = (JoinSpace(), JoinSpace())
         self._board: BoardHandle | None = None
+        self._pruning: ObjectRef[Any] | None = None  # a prune the board may still run
         self._producer: BoardHandle | None = None
         self._opened = False
 
@@ -201,59 +224,67 @@ class RaySink(RayFieldsSink, Sink):
         return int(answer[1])
 
     def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
+        """Stage every rank of ``step``, one after another, each rank handed to the board
+        without waiting for it: while the board pulls a rank (Ray copies it into the
+        object store, with the GIL released), the next rank is encoded, joined into the
+        other join space and hashed. A join space is used again only once the board has
+        answered for the rank before (its bytes are in the store)."""
         board = self._require_board()
         key = uuid.uuid4().hex
         staged = RayStaged(board, self.where, key, step, len(frames))
+        handed: list[tuple[int, _Handed]] = []  # each rank's hand-off, answered or not
         try:
             for rank, pending in enumerate(frames):
-                frame = yield from self._storable((yield from take_frame(pending)))
+                if len(handed) >= len(self._join_spaces):  # its space is about to be reused
+                    self._settle(step, *handed[rank - len(self._join_spaces)])
+                space = self._join_spaces[rank % len(self._join_spaces)]
+                frame = yield from self._storable((yield from take_frame(pending)), space)
                 sums = (yield from checksum_segments(frame)) if self.checksum else None
                 main, side = make_payload(frame, sums)
-                del frame  # only one rank's message is held at a time
-                self._stage_rank(board, step, key, rank, main, side)
+                del frame  # its memory is the values': the table holds them until pulled
+                handoff = self._hand_off(
+                    board.stage,
+                    (step, key, rank),
+                    f"{key}.{rank}",
+                    main,
+                    side,
+                    f"store step {step} rank {rank}",
+                )
                 del main, side
+                handed.append((rank, handoff))
+            for rank, handoff in handed[max(0, len(handed) - len(self._join_spaces)) :]:
+                self._settle(step, rank, handoff)
+            self._settle_prune()
         except BaseException:
+            self._quiesce([handoff for _, handoff in handed])
             staged.discard()
             raise
         return staged
 
-    def _storable(self, frame: Frame) -> Sliced[Frame]:
-        """``frame`` with every :class:`~rlwire._frame.pieces.Pieces` buffer that cannot
-        be stored as its runs (:func:`~rlwire.transport.ray._payload.runs_fit`) joined
-        into the join space."""
-        fit = {i: b for i, b in enumerate(frame.buffers) if isinstance(b, Pieces) and runs_fit(b)}
-        if not fit:
-            return (yield from self._join_space.joined(frame))
-        rest = replace(
-            frame, buffers=tuple(_NOTHING if i in fit else b for i, b in enumerate(frame.buffers))
-        )
-        joined = yield from self._join_space.joined(rest)
-        return replace(joined, buffers=tuple(fit.get(i, b) for i, b in enumerate(joined.buffers)))
-
-    def _stage_rank(
-        self,
-        board: BoardHandle,
-        step: int,
-        key: str,
-        rank: int,
-        main: list[memoryview],
-        side: list[memoryview] | None,
-    ) -> None:
-        """Hand one rank's objects of a whole step to the board (:meth:`_hand`)."""
-        answer = self._hand(
-            board.stage,
-            (step, key, rank),
-            f"{key}.{rank}",
-            main,
-            side,
-            f"store step {step} rank {rank}",
-        )
-        if answer[0] == "exists":
+    def _settle(self, step: int, rank: int, handoff: _Handed) -> None:
+        """Wait for the board's answer to the stage of ``rank`` of ``step``; raise what
+        it says went wrong."""
+        result = self._answer(handoff)
+        if result[0] == "exists":
             raise StepExistsError(
                 f"step {step} rank {rank} already exists at the destination", where=self.where
             )
-        if answer[0] == "open":
+        if result[0] == "open":
             raise open_step_error(step, self.where)
+
+    def _storable(self, frame: Frame, space: JoinSpace | None = None) -> Sliced[Frame]:
+        """``frame`` with every :class:`~rlwire._frame.pieces.Pieces` buffer that cannot
+        be stored as its runs (:func:`~rlwire.transport.ray._payload.runs_fit`) joined
+        into ``space`` (default: the first join space)."""
+        space = self._join_spaces[0] if space is None else space
+        fit = {i: b for i, b in enumerate(frame.buffers) if isinstance(b, Pieces) and runs_fit(b)}
+        if not fit:
+            return (yield from space.joined(frame))
+        rest = replace(
+            frame, buffers=tuple(_NOTHING if i in fit else b for i, b in enumerate(frame.buffers))
+        )
+        joined = yield from space.joined(rest)
+        return replace(joined, buffers=tuple(fit.get(i, b) for i, b in enumerate(joined.buffers)))
 
     def _hand(
         self,
@@ -264,11 +295,26 @@ class RaySink(RayFieldsSink, Sink):
         side: list[memoryview] | None,
         action: str,
     ) -> Any:
+        """Hand one message's objects to the board (:meth:`_hand_off`) and wait for its
+        answer."""
+        return self._answer(self._hand_off(method, head, rank_key, main, side, action))
+
+    def _hand_off(
+        self,
+        method: Any,
+        head: tuple[Any, ...],
+        rank_key: str,
+        main: list[memoryview],
+        side: list[memoryview] | None,
+        action: str,
+    ) -> _Handed:
         """Hand one message's objects to the board, whose ``method`` stages them (called
         with ``head``, then the producer, whether there is a sidecar, the references and
         the pull timeout): pulled from this actor under ``rank_key`` (the board owns
-        them), or put by this process (it owns them). Blocks this worker thread for the
-        copy into the object store. The board's answer."""
+        them), or put by this process (it owns them; the put blocks this worker thread
+        for the copy into the object store). The call is not waited for: pass what this
+        returns to :meth:`_answer`, and keep the memory of ``main`` and ``side`` as it
+        is until then (the board may still be pulling it)."""
         refs = None
         values = [out_of_band(main)] if side is None else [out_of_band(main), out_of_band(side)]
         try:
@@ -280,7 +326,7 @@ class RaySink(RayFieldsSink, Sink):
         finally:
             values = []  # see out_of_band: the table holds them until the board pulls
         try:
-            return call(
+            ref = submit(
                 method,
                 *head,
                 self._producer,
@@ -290,8 +336,28 @@ class RaySink(RayFieldsSink, Sink):
                 where=self.where,
                 action=action,
             )
+        except BaseException:
+            withdraw(rank_key)
+            raise
+        return _Handed(rank_key, ref, action)
+
+    def _answer(self, handed: _Handed) -> Any:
+        """The board's answer to a hand-off (:meth:`_hand_off`), waited for.
+
+        Raises:
+            TransportError: the board is gone or failed to pull the objects.
+        """
+        try:
+            return answer_of(handed.answer, self.where, handed.action)
         finally:
-            withdraw(rank_key)  # handed over, or never to be
+            withdraw(handed.rank_key)  # handed over, or never to be
+
+    def _quiesce(self, handed: list[_Handed]) -> None:
+        """Wait for the board's answers to ``handed``, whatever they are (a failed send
+        discards what they staged once they are in)."""
+        for one in handed:
+            with contextlib.suppress(TransportError):
+                self._answer(one)
 
     def stage_part(self, step: int, part: PartInfo, frame: PendingFrame) -> Sliced[Staged]:
         board = self._require_board()
@@ -313,6 +379,7 @@ class RaySink(RayFieldsSink, Sink):
             del main, side
             if answer[0] == "exists":
                 raise StepExistsError(str(answer[1]), where=self.where)
+            self._settle_prune()
         except BaseException:
             staged.discard()
             raise
@@ -333,6 +400,7 @@ class RaySink(RayFieldsSink, Sink):
         ]
 
     def seal(self, seal: Seal) -> None:
+        self._settle_prune()
         answer = call(
             self._require_board().seal,
             seal.step,
@@ -345,6 +413,7 @@ class RaySink(RayFieldsSink, Sink):
             raise StepExistsError(str(answer[1]), where=self.where)
 
     def finish(self, end: int) -> None:
+        self._settle_prune()
         call(self._require_board().finish, end, where=self.where, action="mark the end")
 
     def read_consumption(self, ranks: int, sent: int) -> list[int | None]:
@@ -364,7 +433,24 @@ class RaySink(RayFieldsSink, Sink):
         return marks
 
     def prune(self, below: int) -> None:
-        call(self._require_board().prune, below, where=self.where, action="delete steps")
+        """Ask the board to delete every step before ``below``, without waiting for it:
+        the send that follows does, before its step is staged in full (:meth:`stage`,
+        :meth:`stage_part`), and so do :meth:`seal`, :meth:`finish` and :meth:`close`.
+        The board deletes them whichever call it runs first (they touch other steps)."""
+        self._settle_prune()
+        self._pruning = submit(
+            self._require_board().prune, below, where=self.where, action="delete steps"
+        )
+
+    def _settle_prune(self) -> None:
+        """Wait for the prune :meth:`prune` asked for, if it is not answered yet.
+
+        Raises:
+            TransportError: the board is gone, or failed to prune.
+        """
+        pruning, self._pruning = self._pruning, None
+        if pruning is not None:
+            answer_of(pruning, self.where, "delete steps")
 
     def handle(self, step: int, rank: int = 0) -> StepHandle:
         """A small, serialisable :class:`StepHandle` of rank ``rank``'s message of the
@@ -373,4 +459,6 @@ class RaySink(RayFieldsSink, Sink):
         return StepHandle(self.name, self.namespace, step, rank)
 
     def close(self) -> None:
+        with contextlib.suppress(TransportError):  # a send that failed raised it already
+            self._settle_prune()
         self._board = None

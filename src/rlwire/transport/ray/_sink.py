@@ -224,42 +224,59 @@ class RaySink(RayFieldsSink, Sink):
         return int(answer[1])
 
     def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
-        """Stage every rank of ``step``, one after another, each rank handed to the board
-        without waiting for it: while the board pulls a rank (Ray copies it into the
-        object store, with the GIL released), the next rank is encoded, joined into the
-        other join space and hashed. A join space is used again only once the board has
-        answered for the rank before (its bytes are in the store)."""
+        """Stage every rank of ``step``, each handed to the board as soon as it is
+        encoded (and joined), not waited for: Ray copies a rank into the object store in
+        its own thread, with the GIL released, while this one encodes and joins the
+        next rank into the other join space, then hashes the rank handed before. The
+        checksums go to the board with the commit (the envelope says so), since the
+        objects are made before they are known. A join space is used again once the
+        board has answered for the rank it held (its bytes are in the store) and that
+        rank is hashed."""
         board = self._require_board()
         key = uuid.uuid4().hex
         staged = RayStaged(board, self.where, key, step, len(frames))
-        handed: list[tuple[int, _Handed]] = []  # each rank's hand-off, answered or not
+        spaces = len(self._join_spaces)
+        handed: list[_Handed] = []  # each rank's hand-off, answered or not
+        sums: list[bytes | None] = []
+        last: Frame | None = None  # the rank handed last, to hash
         try:
             for rank, pending in enumerate(frames):
-                if len(handed) >= len(self._join_spaces):  # its space is about to be reused
-                    self._settle(step, *handed[rank - len(self._join_spaces)])
-                space = self._join_spaces[rank % len(self._join_spaces)]
+                if rank >= spaces:  # its space is about to be used again
+                    self._settle(step, rank - spaces, handed[rank - spaces])
+                space = self._join_spaces[rank % spaces]
                 frame = yield from self._storable((yield from take_frame(pending)), space)
-                sums = (yield from checksum_segments(frame)) if self.checksum else None
-                main, side = make_payload(frame, sums)
-                del frame  # its memory is the values': the table holds them until pulled
-                handoff = self._hand_off(
-                    board.stage,
-                    (step, key, rank),
-                    f"{key}.{rank}",
-                    main,
-                    side,
-                    f"store step {step} rank {rank}",
+                main, side = make_payload(frame, None, on_board=self.checksum)
+                handed.append(
+                    self._hand_off(
+                        board.stage,
+                        (step, key, rank),
+                        f"{key}.{rank}",
+                        main,
+                        side,
+                        f"store step {step} rank {rank}",
+                    )
                 )
                 del main, side
-                handed.append((rank, handoff))
-            for rank, handoff in handed[max(0, len(handed) - len(self._join_spaces)) :]:
-                self._settle(step, rank, handoff)
+                if last is not None:
+                    sums.append((yield from self._checksums(last)))
+                last = frame
+                del frame
+            if last is not None:
+                sums.append((yield from self._checksums(last)))
+                last = None
+            for rank in range(max(0, len(handed) - spaces), len(handed)):
+                self._settle(step, rank, handed[rank])
             self._settle_prune()
         except BaseException:
-            self._quiesce([handoff for _, handoff in handed])
+            self._quiesce(handed)
             staged.discard()
             raise
+        staged.checksums = sums if self.checksum else None
         return staged
+
+    def _checksums(self, frame: Frame) -> Sliced[bytes | None]:
+        """The checksums of ``frame``'s segments, or ``None`` without checksums."""
+        return (yield from checksum_segments(frame)) if self.checksum else None
 
     def _settle(self, step: int, rank: int, handoff: _Handed) -> None:
         """Wait for the board's answer to the stage of ``rank`` of ``step``; raise what

@@ -6,10 +6,8 @@ import contextlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any, NamedTuple
 
 import ray
-from ray import ObjectRef
 
 from rlwire._core.errors import ConfigError, CorruptFrameError, StepExistsError, TransportError
 from rlwire._core.slicing import Sliced
@@ -28,19 +26,11 @@ from rlwire.transport._base import (
 )
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
-from rlwire.transport.ray._actors import (
-    BoardHandle,
-    answer_of,
-    call,
-    create_board,
-    ensure_ray,
-    ray_errors,
-    submit,
-)
+from rlwire.transport.ray._actors import BoardHandle, call, create_board, ensure_ray
 from rlwire.transport.ray._appended import RayFieldsSink
+from rlwire.transport.ray._handing import Handed, HandingSink
 from rlwire.transport.ray._handle import StepHandle
-from rlwire.transport.ray._handover import offer, withdraw
-from rlwire.transport.ray._payload import make_payload, out_of_band, runs_fit
+from rlwire.transport.ray._payload import make_payload, runs_fit
 from rlwire.transport.ray._source import OPTIONS, RaySource, board_options, parse_name
 from rlwire.transport.ray._staged import RayStaged, RayStagedPart, open_step_error
 
@@ -50,16 +40,6 @@ __all__ = ["RaySink", "producer_actor"]
 _NOTHING = memoryview(b"")
 #: Seconds the board waits for a producer's actor to hand a rank's objects over.
 PULL_TIMEOUT = 120.0
-
-
-class _Handed(NamedTuple):
-    """One message handed to the board (:meth:`RaySink._hand_off`), its answer to come:
-    the key the values wait under in this process, the answer's reference, and what
-    the call does (for errors)."""
-
-    rank_key: str
-    answer: ObjectRef[Any]
-    action: str
 
 
 def producer_actor() -> BoardHandle | None:
@@ -81,7 +61,7 @@ def producer_actor() -> BoardHandle | None:
     return context.current_actor if pullable else None
 
 
-class RaySink(RayFieldsSink, Sink):
+class RaySink(HandingSink, RayFieldsSink, Sink):
     """Stores each step in Ray's object store: per rank a main object (the codec's
     header and buffers) and, when the message has one, a sidecar object, each a list of
     out-of-band buffers that receivers on the same node map without a copy. A named
@@ -161,7 +141,6 @@ class RaySink(RayFieldsSink, Sink):
         # it, joined into the other.
         self._join_spaces = (JoinSpace(), JoinSpace())
         self._board: BoardHandle | None = None
-        self._pruning: ObjectRef[Any] | None = None  # a prune the board may still run
         self._producer: BoardHandle | None = None
         self._opened = False
 
@@ -236,7 +215,7 @@ class RaySink(RayFieldsSink, Sink):
         key = uuid.uuid4().hex
         staged = RayStaged(board, self.where, key, step, len(frames))
         spaces = len(self._join_spaces)
-        handed: list[_Handed] = []  # each rank's hand-off, answered or not
+        handed: list[Handed] = []  # each rank's hand-off, answered or not
         sums: list[bytes | None] = []
         last: Frame | None = None  # the rank handed last, to hash
         try:
@@ -278,7 +257,7 @@ class RaySink(RayFieldsSink, Sink):
         """The checksums of ``frame``'s segments, or ``None`` without checksums."""
         return (yield from checksum_segments(frame)) if self.checksum else None
 
-    def _settle(self, step: int, rank: int, handoff: _Handed) -> None:
+    def _settle(self, step: int, rank: int, handoff: Handed) -> None:
         """Wait for the board's answer to the stage of ``rank`` of ``step``; raise what
         it says went wrong."""
         result = self._answer(handoff)
@@ -302,79 +281,6 @@ class RaySink(RayFieldsSink, Sink):
         )
         joined = yield from space.joined(rest)
         return replace(joined, buffers=tuple(fit.get(i, b) for i, b in enumerate(joined.buffers)))
-
-    def _hand(
-        self,
-        method: Any,
-        head: tuple[Any, ...],
-        rank_key: str,
-        main: list[memoryview],
-        side: list[memoryview] | None,
-        action: str,
-    ) -> Any:
-        """Hand one message's objects to the board (:meth:`_hand_off`) and wait for its
-        answer."""
-        return self._answer(self._hand_off(method, head, rank_key, main, side, action))
-
-    def _hand_off(
-        self,
-        method: Any,
-        head: tuple[Any, ...],
-        rank_key: str,
-        main: list[memoryview],
-        side: list[memoryview] | None,
-        action: str,
-    ) -> _Handed:
-        """Hand one message's objects to the board, whose ``method`` stages them (called
-        with ``head``, then the producer, whether there is a sidecar, the references and
-        the pull timeout): pulled from this actor under ``rank_key`` (the board owns
-        them), or put by this process (it owns them; the put blocks this worker thread
-        for the copy into the object store). The call is not waited for: pass what this
-        returns to :meth:`_answer`, and keep the memory of ``main`` and ``side`` as it
-        is until then (the board may still be pulling it)."""
-        refs = None
-        values = [out_of_band(main)] if side is None else [out_of_band(main), out_of_band(side)]
-        try:
-            if self._producer is None:
-                with ray_errors(self.where, action):
-                    refs = [ray.put(v) for v in values]
-            else:
-                offer(rank_key, values)
-        finally:
-            values = []  # see out_of_band: the table holds them until the board pulls
-        try:
-            ref = submit(
-                method,
-                *head,
-                self._producer,
-                side is not None,
-                refs,
-                self.pull_timeout,
-                where=self.where,
-                action=action,
-            )
-        except BaseException:
-            withdraw(rank_key)
-            raise
-        return _Handed(rank_key, ref, action)
-
-    def _answer(self, handed: _Handed) -> Any:
-        """The board's answer to a hand-off (:meth:`_hand_off`), waited for.
-
-        Raises:
-            TransportError: the board is gone or failed to pull the objects.
-        """
-        try:
-            return answer_of(handed.answer, self.where, handed.action)
-        finally:
-            withdraw(handed.rank_key)  # handed over, or never to be
-
-    def _quiesce(self, handed: list[_Handed]) -> None:
-        """Wait for the board's answers to ``handed``, whatever they are (a failed send
-        discards what they staged once they are in)."""
-        for one in handed:
-            with contextlib.suppress(TransportError):
-                self._answer(one)
 
     def stage_part(self, step: int, part: PartInfo, frame: PendingFrame) -> Sliced[Staged]:
         board = self._require_board()
@@ -448,26 +354,6 @@ class RaySink(RayFieldsSink, Sink):
                     where=self.where,
                 )
         return marks
-
-    def prune(self, below: int) -> None:
-        """Ask the board to delete every step before ``below``, without waiting for it:
-        the send that follows does, before its step is staged in full (:meth:`stage`,
-        :meth:`stage_part`), and so do :meth:`seal`, :meth:`finish` and :meth:`close`.
-        The board deletes them whichever call it runs first (they touch other steps)."""
-        self._settle_prune()
-        self._pruning = submit(
-            self._require_board().prune, below, where=self.where, action="delete steps"
-        )
-
-    def _settle_prune(self) -> None:
-        """Wait for the prune :meth:`prune` asked for, if it is not answered yet.
-
-        Raises:
-            TransportError: the board is gone, or failed to prune.
-        """
-        pruning, self._pruning = self._pruning, None
-        if pruning is not None:
-            answer_of(pruning, self.where, "delete steps")
 
     def handle(self, step: int, rank: int = 0) -> StepHandle:
         """A small, serialisable :class:`StepHandle` of rank ``rank``'s message of the

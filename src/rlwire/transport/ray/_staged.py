@@ -62,7 +62,7 @@ class _Staged(Staged):
 
 class RayStaged(_Staged):
     """The ``ranks`` ranks of a whole ``step``, staged under ``key``; committed with
-    each rank's :attr:`checksums` when the sender hashed them beside the store's copy
+    each rank's ``checksums`` when the sender hashed them beside the store's copy
     (``None``: they are in the envelopes)."""
 
     def __init__(self, board: BoardHandle, where: str, key: str, step: int, ranks: int) -> None:

@@ -1,7 +1,8 @@
 """The board: a named async Ray actor that keeps a ``ray://NAME`` destination's state.
 
 It records, per step and rank, the references of the step's objects (a main object and,
-when the message has one, a sidecar object), which steps are committed, each rank's
+when the message has one, a sidecar object) and the checksums its commit brought (the
+sender hashes a step while Ray copies it in), which steps are committed, each rank's
 consumption mark and part mark (as a store's files record them) and the end of the
 stream. A step filled part by part has, per rank,
 its parts in commit order (each part's objects, key and cost) and, once closed, its

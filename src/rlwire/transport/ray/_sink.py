@@ -89,10 +89,15 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
     per-sample arrays) goes into the object store run by run, with no join, when its
     runs are multiples of 64 bytes (all but the last): Ray lays them back to back, and
     receivers map them as one block. Other runs are joined first, since a receiver's
-    buffer is one block, into memory the sink keeps from one rank's message to the next:
-    warm pages, as large as the largest message's joined columns, for as long as the
-    sender lives. The object store holds its own copy before the next message is joined.
-    Checksums are those of every sink (xxh3-64 per segment, verified on receive).
+    buffer is one block, into memory the sink keeps from one message to the next: two
+    spaces of warm pages, each as large as the largest message's joined columns, used
+    by the ranks of a step in turn, for as long as the sender lives. A step's ranks are
+    handed to the board one after another without waiting: while Ray copies one into
+    the object store, the next is encoded and joined, and the one before hashed; a space
+    is used again once the object store holds the rank it held and that rank is hashed.
+    Checksums are those of every sink (xxh3-64 per segment, verified on receive); a
+    whole step's go to the board with its commit (hashed while Ray copies the objects,
+    they cannot be in them), a part's and appended fields' in their objects.
     Compression is the sender's choice (``compression=``); on one node it does not pay.
 
     Storage options (``open_sender(..., storage_options={...})``, and the same

@@ -24,13 +24,14 @@ COPY_CHUNK_BYTES = 8 << 20
 # Below this a copy under the GIL is shorter than a slice: not worth the ctypes calls.
 _SMALL = 1 << 20
 #: Parts up to this size are copied by copied_into holding the GIL: releasing it costs
-#: more than so short a copy, and where another thread holds the GIL meanwhile (a
-#: sender's checks beside the write), getting it back waits up to that thread's switch
-#: interval (5 ms) per part. Joining 5,120 rows of 8 KiB took 6 ms so and 10 ms with
-#: numpy alone, and 12 ms against 49 ms beside a busy Python thread.
+#: more than so short a copy, and where another thread runs Python meanwhile, getting it
+#: back waits up to that thread's switch interval (5 ms) per part. Joining 5,120 rows of
+#: 8 KiB took 6 ms so and 10 ms by numpy (which lets go of the GIL per row); beside a
+#: busy Python thread, 12 ms so and 49 ms by numpy.
 _HELD_PART_BYTES = 64 << 10
-#: Bytes copied under the GIL between two slices (a few hundred microseconds).
-_HELD_SLICE_BYTES = 1 << 20
+#: Bytes copied under the GIL between two slices (under 100 µs; 1 MiB held the loop of a
+#: sender on 2 busy cores 2-3 ms longer).
+_HELD_SLICE_BYTES = 256 << 10
 
 B = TypeVar("B", bytes, bytearray)
 
@@ -114,7 +115,7 @@ def copied_into(parts: list[bytes | memoryview], target: np.ndarray) -> Sliced[N
     keeps from one use to the next has its pages faulted in already. numpy copies each
     large part with the GIL released (and in a fraction of the per-call cost of
     ``memmove`` through ctypes, which counts when the parts are thousands of rows); a
-    small one (a row of up to 64 KiB) is copied holding the GIL, about 1 MiB of them per
+    small one (a row of up to 64 KiB) is copied holding the GIL, about 256 KiB of them per
     slice.
 
     Example:

@@ -70,9 +70,8 @@ def test_committed_steps_outlive_the_producer_actor(ray_url: str) -> None:
 
 
 def test_every_rank_of_a_many_rank_step_arrives_exact(ray_url: str) -> None:
-    """The producer hands each rank over while it prepares the next, joining ranks into
-    two spaces in turn: a space is used again (ranks 2, 3, 4) only once the rank it held
-    is in the store and hashed."""
+    """The producer hashes each rank while the board pulls it, and joins the next into
+    the same space once the board has it: every rank of many arrives as it was sent."""
     create_board(_name(ray_url))
     producer = Producer.remote()
     sent = ray.get(producer.send.remote(ray_url, 2, 5), timeout=60)
@@ -87,7 +86,8 @@ def test_every_rank_of_a_many_rank_step_arrives_exact(ray_url: str) -> None:
 
 def test_a_join_space_holds_one_rank_until_it_is_stored_and_hashed(ray_url: str) -> None:
     """Ranks of one size, rows too small to store one by one (they are joined): a rank
-    joined into the space of a rank not yet hashed would give that rank its checksums."""
+    joined into the space before the rank it held is hashed would give that rank its
+    checksums."""
     from rlwire.transport import parse_url
 
     sink = RaySink.from_url(parse_url(ray_url), SinkOptions())

@@ -89,15 +89,13 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
     per-sample arrays) goes into the object store run by run, with no join, when its
     runs are multiples of 64 bytes (all but the last): Ray lays them back to back, and
     receivers map them as one block. Other runs are joined first, since a receiver's
-    buffer is one block, into memory the sink keeps from one message to the next: two
-    spaces of warm pages, each as large as the largest message's joined columns, used
-    by the ranks of a step in turn, for as long as the sender lives. A step's ranks are
-    handed to the board one after another without waiting: while Ray copies one into
-    the object store, the next is encoded and joined, and the one before hashed; a space
-    is used again once the object store holds the rank it held and that rank is hashed.
+    buffer is one block, into memory the sink keeps from one message to the next: warm
+    pages, as large as the largest message's joined columns, for as long as the sender
+    lives. The object store holds its own copy before the next message is joined.
     Checksums are those of every sink (xxh3-64 per segment, verified on receive); a
-    whole step's go to the board with its commit (hashed while Ray copies the objects,
-    they cannot be in them), a part's and appended fields' in their objects.
+    whole step's rank is hashed while Ray copies it into the object store, and its
+    checksums go to the board with the commit (they cannot be in objects made before
+    they are known); a part's and appended fields' are in their objects.
     Compression is the sender's choice (``compression=``); on one node it does not pay.
 
     Storage options (``open_sender(..., storage_options={...})``, and the same
@@ -142,9 +140,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         self.detached = detached
         self.checksum = checksum
         self.pull_timeout = pull_timeout
-        # Two spaces: a rank joins into one while the board still pulls the rank before
-        # it, joined into the other.
-        self._join_spaces = (JoinSpace(), JoinSpace())
+        self._join_space = JoinSpace()
         self._board: BoardHandle | None = None
         self._producer: BoardHandle | None = None
         self._opened = False
@@ -208,51 +204,41 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         return int(answer[1])
 
     def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
-        """Stage every rank of ``step``, each handed to the board as soon as it is
-        encoded (and joined), not waited for: Ray copies a rank into the object store in
-        its own thread, with the GIL released, while this one encodes and joins the
-        next rank into the other join space, then hashes the rank handed before. The
-        checksums go to the board with the commit (the envelope says so), since the
-        objects are made before they are known. A join space is used again once the
-        board has answered for the rank it held (its bytes are in the store) and that
-        rank is hashed."""
+        """Stage every rank of ``step``, one after another: each is handed to the board
+        as soon as it is encoded (and joined), and hashed while Ray copies it into the
+        object store; the next rank starts once the board has answered (its bytes are in
+        the store, and the join space is free again). The checksums go to the board with
+        the commit (the envelope says so), since the objects are made before they are
+        known. Nothing that holds the GIL for long runs beside Ray's copy: the copy takes
+        the GIL back between values, and beside a busy Python thread it waits a switch
+        interval each time (a 200 MB rank took a second instead of 30 ms)."""
         board = self._require_board()
         key = uuid.uuid4().hex
         staged = RayStaged(board, self.where, key, step, len(frames))
-        spaces = len(self._join_spaces)
-        handed: list[Handed] = []  # each rank's hand-off, answered or not
+        handoff: Handed | None = None
         sums: list[bytes | None] = []
-        last: Frame | None = None  # the rank handed last, to hash
         try:
             for rank, pending in enumerate(frames):
-                if rank >= spaces:  # its space is about to be used again
-                    self._settle(step, rank - spaces, handed[rank - spaces])
-                space = self._join_spaces[rank % spaces]
-                frame = yield from self._storable((yield from take_frame(pending)), space)
+                frame = yield from self._storable((yield from take_frame(pending)))
                 main, side = make_payload(frame, None, on_board=self.checksum)
-                handed.append(
-                    self._hand_off(
-                        board.stage,
-                        (step, key, rank),
-                        f"{key}.{rank}",
-                        main,
-                        side,
-                        f"store step {step} rank {rank}",
-                    )
+                handoff = self._hand_off(
+                    board.stage,
+                    (step, key, rank),
+                    f"{key}.{rank}",
+                    main,
+                    side,
+                    f"store step {step} rank {rank}",
                 )
                 del main, side
-                if last is not None:
-                    sums.append((yield from self._checksums(last)))
-                last = frame
-                del frame
-            if last is not None:
-                sums.append((yield from self._checksums(last)))
-                last = None
-            for rank in range(max(0, len(handed) - spaces), len(handed)):
-                self._settle(step, rank, handed[rank])
+                # xxhash lets go of the GIL while it hashes: Ray's copy goes on meanwhile.
+                sums.append((yield from self._checksums(frame)))
+                del frame  # the board may still be pulling it: its memory stays as it is
+                self._settle(step, rank, handoff)
+                handoff = None
             self._settle_prune()
         except BaseException:
-            self._quiesce(handed)
+            if handoff is not None:
+                self._quiesce([handoff])
             staged.discard()
             raise
         staged.checksums = sums if self.checksum else None
@@ -273,11 +259,11 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         if result[0] == "open":
             raise open_step_error(step, self.where)
 
-    def _storable(self, frame: Frame, space: JoinSpace | None = None) -> Sliced[Frame]:
+    def _storable(self, frame: Frame) -> Sliced[Frame]:
         """``frame`` with every :class:`~rlwire._frame.pieces.Pieces` buffer that cannot
         be stored as its runs (:func:`~rlwire.transport.ray._payload.runs_fit`) joined
-        into ``space`` (default: the first join space)."""
-        space = self._join_spaces[0] if space is None else space
+        into the join space."""
+        space = self._join_space
         fit = {i: b for i, b in enumerate(frame.buffers) if isinstance(b, Pieces) and runs_fit(b)}
         if not fit:
             return (yield from space.joined(frame))

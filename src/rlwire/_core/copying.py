@@ -23,15 +23,6 @@ __all__ = ["COPY_CHUNK_BYTES", "concatenated", "copied", "copied_into"]
 COPY_CHUNK_BYTES = 8 << 20
 # Below this a copy under the GIL is shorter than a slice: not worth the ctypes calls.
 _SMALL = 1 << 20
-#: Parts up to this size are copied by copied_into holding the GIL: releasing it costs
-#: more than so short a copy, and where another thread runs Python meanwhile, getting it
-#: back waits up to that thread's switch interval (5 ms) per part. Joining 5,120 rows of
-#: 8 KiB took 6 ms so and 10 ms by numpy (which lets go of the GIL per row); beside a
-#: busy Python thread, 12 ms so and 49 ms by numpy.
-_HELD_PART_BYTES = 64 << 10
-#: Bytes copied under the GIL between two slices (under 100 µs; 1 MiB held the loop of a
-#: sender on 2 busy cores 2-3 ms longer).
-_HELD_SLICE_BYTES = 256 << 10
 
 B = TypeVar("B", bytes, bytearray)
 
@@ -113,10 +104,8 @@ def copied_into(parts: list[bytes | memoryview], target: np.ndarray) -> Sliced[N
     """Copy ``parts`` back to back into ``target``, a writable C-contiguous uint8 array
     exactly as long as they are, about COPY_CHUNK_BYTES per slice. Memory the caller
     keeps from one use to the next has its pages faulted in already. numpy copies each
-    large part with the GIL released (and in a fraction of the per-call cost of
-    ``memmove`` through ctypes, which counts when the parts are thousands of rows); a
-    small one (a row of up to 64 KiB) is copied holding the GIL, about 256 KiB of them per
-    slice.
+    part with the GIL released (and in a fraction of the per-call cost of ``memmove``
+    through ctypes, which counts when the parts are thousands of rows).
 
     Example:
         >>> from rlwire._core.slicing import run_sliced
@@ -125,21 +114,14 @@ def copied_into(parts: list[bytes | memoryview], target: np.ndarray) -> Sliced[N
         b'abc'
     """
     size = target.nbytes
-    whole = target.data.cast("B")
-    offset = copied_since_yield = held = 0
+    offset = copied_since_yield = 0
     for part in parts:
         n = part.nbytes if isinstance(part, memoryview) else len(part)
         if offset + n > size:
             raise ValueError(f"the parts hold more than {size} bytes")
         if type(part) is not memoryview or part.format != "B":  # numpy reads bytes as text
             part = np.frombuffer(part, np.uint8).data
-        if n <= _HELD_PART_BYTES:  # the common case: a row, copied under the GIL
-            whole[offset : offset + n] = part if part.ndim == 1 else part.cast("B")
-            held += n
-            if held >= _HELD_SLICE_BYTES:
-                held = 0
-                yield
-        elif n <= COPY_CHUNK_BYTES:
+        if n <= COPY_CHUNK_BYTES:  # the common case: a row
             target[offset : offset + n] = part
             copied_since_yield += n
         else:  # a huge part: a slice per chunk

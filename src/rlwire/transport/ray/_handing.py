@@ -1,7 +1,8 @@
 """How a :class:`~rlwire.transport.ray._sink.RaySink` hands a message's objects to the
-board (:class:`HandingSink`, one of its bases): without waiting for the board's answer,
-so the sender prepares the next rank meanwhile, and its prunes likewise. What the board
-does with them is :mod:`~rlwire.transport.ray._handover`'s.
+board (:class:`HandingSink`, one of its bases): the call is made without waiting for the
+board's answer, so the sender hashes the message while Ray copies it into the object
+store; its prunes are not waited for either. What the board does with the objects is
+:mod:`~rlwire.transport.ray._handover`'s.
 """
 
 from __future__ import annotations

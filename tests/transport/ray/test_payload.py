@@ -143,3 +143,29 @@ def test_run_counts_that_do_not_fit_the_values_are_corrupt() -> None:
         changed = msgspec.structs.replace(envelope, runs=runs)
         with pytest.raises(CorruptFrameError, match=match):
             _parse([memoryview(msgspec.msgpack.encode(changed)), *main[1:]], side)
+
+
+def _on_board(frame: Frame) -> tuple[list[Any], list[Any] | None, bytes]:
+    """The objects of ``frame`` with its checksums kept apart, as the board keeps them."""
+    main, side = make_payload(frame, None, on_board=True)
+    sums = run_sliced(checksum_segments(frame))
+    return [v.toreadonly() for v in main], None if side is None else list(side), sums
+
+
+def test_checksums_on_the_board_are_verified() -> None:
+    main, side, sums = _on_board(_frame())
+    assert msgspec.msgpack.decode(main[0], type=Envelope).checksums == b""
+    got = parse_payload(main, side, verify=True, writable=False, where="ray://t", checksums=sums)
+    assert bytes(got.buffers[1]) == b"sidecar bytes"
+    assert side is not None
+    side[0] = memoryview(b"sidecar bytez")
+    with pytest.raises(CorruptFrameError, match="buffer 1"):
+        parse_payload(main, side, verify=True, writable=False, where="ray://t", checksums=sums)
+
+
+def test_checksums_said_to_be_on_the_board_must_be_given() -> None:
+    main, side, sums = _on_board(_frame())
+    with pytest.raises(CorruptFrameError, match="board holds the checksums"):
+        _parse(main, side)
+    with pytest.raises(CorruptFrameError, match="2 checksums for 4 segments"):
+        parse_payload(main, side, verify=True, writable=False, where="ray://t", checksums=sums[:16])

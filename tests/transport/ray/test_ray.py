@@ -32,11 +32,12 @@ import rlwire
 from rlwire import Frame, TrainingBatch, TransportError
 from rlwire._frame.checksums import checksum_segments
 from rlwire._frame.pieces import Pieces
-from rlwire.abc import SinkOptions
+from rlwire.abc import SinkOptions, SourceOptions
 from rlwire.aio import run_sliced
 from rlwire.testing import assert_batches_equal, make_sample
 from rlwire.transport.ray import RaySink, create_board, drop_board
 from rlwire.transport.ray._payload import make_payload, out_of_band, parse_payload
+from rlwire.transport.ray._staged import RayStaged
 
 TIMEOUT = 30.0
 
@@ -66,6 +67,58 @@ def test_committed_steps_outlive_the_producer_actor(ray_url: str) -> None:
         assert prints == fingerprint(step_batches(1, 2)[rank])
     for trainer in trainers:
         ray.kill(trainer)
+
+
+def test_every_rank_of_a_many_rank_step_arrives_exact(ray_url: str) -> None:
+    """The producer hashes each rank while the board pulls it, and joins the next into
+    the same space once the board has it: every rank of many arrives as it was sent."""
+    create_board(_name(ray_url))
+    producer = Producer.remote()
+    sent = ray.get(producer.send.remote(ray_url, 2, 5), timeout=60)
+    assert sent["board_owned"] is True
+    for rank in range(5):
+        with rlwire.open_receiver(ray_url, rank=rank) as receiver:
+            for step in range(2):
+                got = receiver.receive(timeout=TIMEOUT)
+                assert fingerprint(got) == fingerprint(step_batches(step, 5)[rank])
+    ray.kill(producer)
+
+
+def test_a_join_space_holds_one_rank_until_it_is_stored_and_hashed(ray_url: str) -> None:
+    """Ranks of one size, rows too small to store one by one (they are joined): a rank
+    joined into the space before the rank it held is hashed would give that rank its
+    checksums."""
+    from rlwire.transport import parse_url
+
+    sink = RaySink.from_url(parse_url(ray_url), SinkOptions())
+    sink.open("error")
+    rows = [[np.full(1000, 10 * rank + i, np.uint8) for i in range(8)] for rank in range(4)]
+    frames = [Frame(b"header", (Pieces(memoryview(r) for r in ranks),)) for ranks in rows]
+    run_sliced(sink.stage(0, frames)).commit()
+    for rank, ranks in enumerate(rows):
+        source = RaySink.open_source(parse_url(ray_url), SourceOptions(rank=rank))
+        frame = source.read(0)
+        assert frame is not None
+        assert bytes(frame.buffers[0]) == b"".join(r.tobytes() for r in ranks)
+
+
+def test_the_checksums_the_board_holds_are_verified(ray_url: str) -> None:
+    """A whole step's checksums go to the board with its commit, not into its objects
+    (they are hashed while Ray copies the objects in): a receiver checks against them."""
+    from rlwire.transport import parse_url
+
+    sink = RaySink.from_url(parse_url(ray_url), SinkOptions())
+    sink.open("error")
+    frame = Frame(b"header", (memoryview(bytes(range(256)) * 64),))
+    staged = run_sliced(sink.stage(0, [frame]))
+    assert isinstance(staged, RayStaged) and staged.checksums is not None
+    sums = staged.checksums[0]
+    assert sums is not None and len(sums) == 16  # the header's and the buffer's
+    staged.checksums[0] = bytes(8) + sums[8:]  # the header's is wrong now
+    staged.commit()
+    with rlwire.open_receiver(ray_url) as receiver:
+        with pytest.raises(rlwire.CorruptFrameError, match="header"):
+            receiver.receive(timeout=TIMEOUT)
 
 
 def test_a_producer_that_owns_its_steps_takes_them_along(ray_url: str) -> None:

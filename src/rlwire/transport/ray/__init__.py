@@ -35,6 +35,8 @@ The modules, one concept each:
     its parts and seals
 ``_board_fields``
     the fields appended to its steps
+``_handing``
+    how a sender hands a message's objects to the board, not waiting for its answer
 ``_staged``
     what a sender has staged on the board, and its commit
 ``_actors``

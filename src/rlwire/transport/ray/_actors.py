@@ -25,6 +25,7 @@ _KEPT: dict[tuple[str, str | None], BoardHandle] = {}
 
 __all__ = [
     "BoardHandle",
+    "answer_of",
     "call",
     "create_board",
     "drop_board",
@@ -32,6 +33,7 @@ __all__ = [
     "fetch",
     "find_board",
     "ray_errors",
+    "submit",
 ]
 
 
@@ -79,8 +81,29 @@ def call(method: Any, *args: Any, where: str, action: str, timeout: float | None
     Raises:
         TransportError: the board is gone, or does not answer within ``timeout``.
     """
+    return answer_of(submit(method, *args, where=where, action=action), where, action, timeout)
+
+
+def submit(method: Any, *args: Any, where: str, action: str) -> ObjectRef[Any]:
+    """``method.remote(*args)`` on a board, not waited for: the reference of its answer
+    (:func:`answer_of` waits for it).
+
+    Raises:
+        TransportError: Ray cannot submit the call.
+    """
     with ray_errors(where, action):
-        return fetch([method.remote(*args)], timeout)[0]
+        ref: ObjectRef[Any] = method.remote(*args)
+    return ref
+
+
+def answer_of(ref: ObjectRef[Any], where: str, action: str, timeout: float | None = None) -> Any:
+    """The board's answer to a call :func:`submit` made, waited for in this thread.
+
+    Raises:
+        TransportError: the board is gone, or does not answer within ``timeout``.
+    """
+    with ray_errors(where, action):
+        return fetch([ref], timeout)[0]
 
 
 def create_board(name: str, *, namespace: str | None = None, detached: bool = False) -> BoardHandle:

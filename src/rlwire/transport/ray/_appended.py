@@ -65,11 +65,12 @@ class RayStagedFields(_Staged):
         self._discard(range(self.rank, self.rank + 1))
 
 
-def _refs(answer: Any, what: str, where: str) -> list[tuple[Any, Any]]:
-    """The ``[[main, sidecar], ...]`` of a board's answer, checked."""
-    if type(answer[1]) is not list or any(len(refs) != 2 for refs in answer[1]):
+def _refs(answer: Any, what: str, where: str) -> list[tuple[Any, Any, bytes | None]]:
+    """The ``[[main, sidecar], ...]`` of a board's answer (each with the checksums the
+    board holds for it, ``[main, sidecar, checksums]``, where it gives them), checked."""
+    if type(answer[1]) is not list or any(len(refs) not in (2, 3) for refs in answer[1]):
         raise CorruptFrameError(f"the board answered malformed {what}", where=where)
-    return [(refs[0], refs[1]) for refs in answer[1]]
+    return [(refs[0], refs[1], refs[2] if len(refs) == 3 else None) for refs in answer[1]]
 
 
 class RayFieldsSink(FieldsSink):
@@ -123,9 +124,9 @@ class RayFieldsSink(FieldsSink):
         assert self._board is not None
         return self._board
 
-    def _frames(self, refs: list[tuple[Any, Any]], where: str) -> list[Frame]:
+    def _frames(self, refs: list[tuple[Any, Any, bytes | None]], where: str) -> list[Frame]:
         frames = []
-        for main_ref, side_ref in refs:
+        for main_ref, side_ref, checksums in refs:
             with ray_errors(where, "get the step's objects"):
                 values = fetch([main_ref] if side_ref is None else [main_ref, side_ref])
             frames.append(
@@ -135,6 +136,7 @@ class RayFieldsSink(FieldsSink):
                     verify=True,
                     writable=False,
                     where=where,
+                    checksums=checksums,
                 )
             )
         return frames
@@ -201,7 +203,9 @@ class RayFieldsSource(FieldsSource):
         def where(self) -> str: ...
         def _find(self) -> BoardHandle | None: ...
         def _call(self, method: str, *args: Any, where: str, action: str) -> Any: ...
-        def _fetch(self, main_ref: Any, side_ref: Any, where: str) -> Frame: ...
+        def _fetch(
+            self, main_ref: Any, side_ref: Any, where: str, checksums: bytes | None = None
+        ) -> Frame: ...
 
     def read_appended(self, step: int) -> list[Frame]:
         self._fields_expected = None
@@ -209,7 +213,8 @@ class RayFieldsSource(FieldsSource):
             return []
         where = f"{self.where}: fields appended to step {step} rank {self.rank}"
         answer = self._call("read_fields", step, self.rank, where=where, action="ask the board")
-        return [self._fetch(main, side, where) for main, side in _refs(answer, "fields", where)]
+        refs = _refs(answer, "fields", where)
+        return [self._fetch(main, side, where, sums) for main, side, sums in refs]
 
     def expect_fields(self, step: int, count: int) -> None:
         self._fields_expected = (step, count)

@@ -1,7 +1,8 @@
 """The board: a named async Ray actor that keeps a ``ray://NAME`` destination's state.
 
 It records, per step and rank, the references of the step's objects (a main object and,
-when the message has one, a sidecar object), which steps are committed, each rank's
+when the message has one, a sidecar object) and the checksums its commit brought (the
+sender hashes a step while Ray copies it in), which steps are committed, each rank's
 consumption mark and part mark (as a store's files record them) and the end of the
 stream. A step filled part by part has, per rank,
 its parts in commit order (each part's objects, key and cost) and, once closed, its
@@ -72,6 +73,9 @@ class Board(PartsBoard, FieldsBoard):
     def __init__(self, where: str) -> None:
         self.where = where
         self.committed: dict[int, list[Refs]] = {}  # step -> one entry per rank
+        # step -> each rank's checksums, for a step committed with them (the sender hashed
+        # it while Ray copied it, so they are not in its envelope)
+        self.checksums: dict[int, list[bytes | None]] = {}
         self.staged: dict[str, tuple[int, dict[int, Refs]]] = {}  # key -> (step, ranks)
         self.parts = {}
         self.seals = {}
@@ -129,6 +133,7 @@ class Board(PartsBoard, FieldsBoard):
     def _drop_step(self, step: int) -> None:
         """Forget everything of ``step``: its objects, parts, seal and what is staged."""
         self.committed.pop(step, None)
+        self.checksums.pop(step, None)
         self.parts.pop(step, None)
         self.seals.pop(step, None)
         self.fields.pop(step, None)
@@ -202,10 +207,14 @@ class Board(PartsBoard, FieldsBoard):
         entry = (refs[0], refs[1] if has_side else None)
         self.staged.setdefault(key, (step, {}))[1][rank] = entry
 
-    async def commit(self, key: str, ranks: int) -> tuple[Any, ...]:
-        """Make the step staged under ``key`` visible, all ``ranks`` ranks at once:
-        ``("ok",)``, ``("exists",)`` if another sender committed it first,
-        ``("missing",)`` if not every rank is staged under ``key``."""
+    async def commit(
+        self, key: str, ranks: int, checksums: list[bytes | None] | None = None
+    ) -> tuple[Any, ...]:
+        """Make the step staged under ``key`` visible, all ``ranks`` ranks at once, with
+        each rank's ``checksums`` when they are not in its envelope (packed u64, kept
+        and given to readers with the references): ``("ok",)``, ``("exists",)`` if
+        another sender committed it first, ``("missing",)`` if not every rank is staged
+        under ``key``."""
         entry = self.staged.pop(key, None)
         if entry is None or sorted(entry[1]) != list(range(ranks)):
             return ("missing",)
@@ -215,6 +224,8 @@ class Board(PartsBoard, FieldsBoard):
         if step in self.parts:
             return ("open",)
         self.committed[step] = [staged[rank] for rank in range(ranks)]
+        if checksums is not None:
+            self.checksums[step] = list(checksums)
         # What else is staged for this step can never commit: a producer that died
         # between staging and committing it left it (its restart just committed it).
         self._drop_staged(lambda s: s == step)
@@ -229,10 +240,16 @@ class Board(PartsBoard, FieldsBoard):
         """Drop what is staged under ``key``, if anything."""
         self.staged.pop(key, None)
 
+    def _checksums_of(self, step: int, rank: int) -> bytes | None:
+        """Rank ``rank``'s checksums of the whole ``step``, when it was committed with
+        them."""
+        sums = self.checksums.get(step)
+        return sums[rank] if sums is not None and rank < len(sums) else None
+
     def _state(self, step: int, rank: int) -> tuple[Any, ...]:
         ranks = self.committed.get(step)
         if ranks is not None and rank < len(ranks):
-            return ("step", list(ranks[rank]))
+            return ("step", [*ranks[rank], self._checksums_of(step, rank)])
         if self.end is not None and step >= self.end:
             return ("end", self.end)
         stored = self._stored()
@@ -241,7 +258,8 @@ class Board(PartsBoard, FieldsBoard):
         return ("none",)
 
     async def read(self, step: int, rank: int) -> tuple[Any, ...]:
-        """Rank ``rank``'s objects of ``step``: ``("step", [main, sidecar])``; else
+        """Rank ``rank``'s objects of ``step``: ``("step", [main, sidecar, checksums])``
+        (``checksums`` ``None`` when they are in the envelope); else
         ``("end", end)`` past the end of the stream, ``("gone", oldest)`` when it was
         deleted (a later step is kept, none at or before it), or ``("none",)``."""
         return self._state(step, rank)

@@ -33,6 +33,9 @@ class FieldsBoard:
     #: step -> rank -> the objects of its appended messages, in commit order
     fields: dict[int, dict[int, list[Refs]]]
 
+    def _checksums_of(self, step: int, rank: int) -> bytes | None:
+        raise NotImplementedError
+
     @property
     def changed(self) -> asyncio.Condition:
         raise NotImplementedError
@@ -69,10 +72,14 @@ class FieldsBoard:
 
     async def committed_refs(self, step: int, rank: int) -> tuple[Any, ...]:
         """Rank ``rank``'s objects of the committed ``step``, what ``add_fields`` checks
-        against: ``("step", [[main, sidecar], ...])`` (one for a step sent whole, one per
-        part of a sealed one), or ``("none",)``."""
+        against: ``("step", [[main, sidecar, checksums], ...])`` (one for a step sent
+        whole, one per part of a sealed one; ``checksums`` ``None`` when they are in the
+        envelope), or ``("none",)``."""
         refs = self._committed_refs(step, rank)
-        return ("none",) if refs is None else ("step", [list(r) for r in refs])
+        if refs is None:
+            return ("none",)
+        sums = self._checksums_of(step, rank) if step in self.committed else None
+        return ("step", [[*r, sums] for r in refs])
 
     async def stage_fields(
         self,

@@ -75,6 +75,10 @@ class Envelope(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fiel
         checksums: each segment's checksum, packed little-endian u64.
         runs: how many values each buffer is stored as (its runs, one after another),
             or empty when every buffer is one value.
+        board_checksums: the checksums are not here (``checksums`` is empty) but on
+            the board, which gives them with the objects' references: the sender hashed
+            the message while Ray copied it into the object store, and handed them over
+            with the commit.
     """
 
     version: int
@@ -86,6 +90,7 @@ class Envelope(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fiel
     checksum: str
     checksums: bytes
     runs: tuple[int, ...] = ()
+    board_checksums: bool = False
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -117,12 +122,14 @@ def runs_fit(pieces: Pieces) -> bool:
     )
 
 
-def make_payload(frame: Frame, checksums: bytes | None) -> Payload:
+def make_payload(frame: Frame, checksums: bytes | None, *, on_board: bool = False) -> Payload:
     """The objects of ``frame``, whose buffers are memoryviews, or
     :class:`~rlwire._frame.pieces.Pieces` that :func:`runs_fit` (the sender joined any
     other), with ``checksums`` of its segments (packed u64, from
-    :func:`~rlwire._frame.checksums.checksum_segments`) or ``None``. Nothing is copied:
-    the values are the frame's own memory (wrap them with :func:`out_of_band`)."""
+    :func:`~rlwire._frame.checksums.checksum_segments`) or ``None``; with ``on_board``
+    (and ``checksums`` ``None``), the envelope says the board holds them
+    (:attr:`Envelope.board_checksums`). Nothing is copied: the values are the frame's
+    own memory (wrap them with :func:`out_of_band`)."""
     stored = [_values(b) for b in frame.buffers]
     sidecar = tuple(sorted(frame.sidecar))
     counts = tuple(len(values) for values in stored)
@@ -133,9 +140,10 @@ def make_payload(frame: Frame, checksums: bytes | None) -> Payload:
         sidecar=sidecar,
         compression=tuple(frame.compression),
         raw_sizes=tuple(frame.raw_sizes),
-        checksum="" if checksums is None else CHECKSUM,
+        checksum="" if checksums is None and not on_board else CHECKSUM,
         checksums=checksums or b"",
         runs=counts if any(c != 1 for c in counts) else (),
+        board_checksums=on_board,
     )
     main = [memoryview(_ENCODER.encode(envelope)), memoryview(frame.header)]
     for i, values in enumerate(stored):
@@ -161,14 +169,24 @@ def _values(buffer: memoryview | Pieces) -> list[memoryview]:
     return values or [memoryview(b"")]
 
 
-def parse_payload(main: object, side: object, *, verify: bool, writable: bool, where: str) -> Frame:
+def parse_payload(
+    main: object,
+    side: object,
+    *,
+    verify: bool,
+    writable: bool,
+    where: str,
+    checksums: bytes | None = None,
+) -> Frame:
     """The frame stored as ``main`` (and ``side``, ``None`` without a sidecar), the
     values ``ray.get`` returned for the objects :func:`make_payload` made, as views of
-    them (copies, with ``writable``).
+    them (copies, with ``writable``). ``checksums`` are those the board gave with the
+    references, for an envelope that says they are there (``board_checksums``).
 
     Raises:
         CorruptFrameError: the objects are not such a message, or (with ``verify``) a
-            segment does not match its checksum.
+            segment does not match its checksum, or the envelope's checksums are on the
+            board and it gave none.
         UnsupportedVersionError: an envelope or checksum algorithm this reader does not
             know.
     """
@@ -202,13 +220,20 @@ def parse_payload(main: object, side: object, *, verify: bool, writable: bool, w
                 f"{what} is {view.nbytes} bytes, the envelope says {size}", where=where, segment=i
             )
     if verify and envelope.checksum:
-        if len(envelope.checksums) != 8 * segments:
+        sums = envelope.checksums
+        if envelope.board_checksums:
+            if checksums is None:
+                raise CorruptFrameError(
+                    "the envelope says the board holds the checksums, and it gave none",
+                    where=where,
+                )
+            sums = checksums
+        if len(sums) != 8 * segments:
             raise CorruptFrameError(
-                f"the envelope holds {len(envelope.checksums) // 8} checksums for "
-                f"{segments} segments",
+                f"the message has {len(sums) // 8} checksums for {segments} segments",
                 where=where,
             )
-        verify_segments(envelope.checksum, envelope.checksums, ordered, where)
+        verify_segments(envelope.checksum, sums, ordered, where)
     if writable:
         ordered = [memoryview(bytearray(view)) for view in ordered]
     try:

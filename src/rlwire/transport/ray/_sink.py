@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 import ray
 
@@ -26,11 +26,11 @@ from rlwire.transport._base import (
 )
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
-from rlwire.transport.ray._actors import BoardHandle, call, create_board, ensure_ray, ray_errors
+from rlwire.transport.ray._actors import BoardHandle, call, create_board, ensure_ray
 from rlwire.transport.ray._appended import RayFieldsSink
+from rlwire.transport.ray._handing import Handed, HandingSink
 from rlwire.transport.ray._handle import StepHandle
-from rlwire.transport.ray._handover import offer, withdraw
-from rlwire.transport.ray._payload import make_payload, out_of_band, runs_fit
+from rlwire.transport.ray._payload import make_payload, runs_fit
 from rlwire.transport.ray._source import OPTIONS, RaySource, board_options, parse_name
 from rlwire.transport.ray._staged import RayStaged, RayStagedPart, open_step_error
 
@@ -61,7 +61,7 @@ def producer_actor() -> BoardHandle | None:
     return context.current_actor if pullable else None
 
 
-class RaySink(RayFieldsSink, Sink):
+class RaySink(HandingSink, RayFieldsSink, Sink):
     """Stores each step in Ray's object store: per rank a main object (the codec's
     header and buffers) and, when the message has one, a sidecar object, each a list of
     out-of-band buffers that receivers on the same node map without a copy. A named
@@ -89,10 +89,13 @@ class RaySink(RayFieldsSink, Sink):
     per-sample arrays) goes into the object store run by run, with no join, when its
     runs are multiples of 64 bytes (all but the last): Ray lays them back to back, and
     receivers map them as one block. Other runs are joined first, since a receiver's
-    buffer is one block, into memory the sink keeps from one rank's message to the next:
-    warm pages, as large as the largest message's joined columns, for as long as the
-    sender lives. The object store holds its own copy before the next message is joined.
-    Checksums are those of every sink (xxh3-64 per segment, verified on receive).
+    buffer is one block, into memory the sink keeps from one message to the next: warm
+    pages, as large as the largest message's joined columns, for as long as the sender
+    lives. The object store holds its own copy before the next message is joined.
+    Checksums are those of every sink (xxh3-64 per segment, verified on receive); a
+    whole step's rank is hashed while Ray copies it into the object store, and its
+    checksums go to the board with the commit (they cannot be in objects made before
+    they are known); a part's and appended fields' are in their objects.
     Compression is the sender's choice (``compression=``); on one node it does not pay.
 
     Storage options (``open_sender(..., storage_options={...})``, and the same
@@ -201,97 +204,74 @@ class RaySink(RayFieldsSink, Sink):
         return int(answer[1])
 
     def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
+        """Stage every rank of ``step``, one after another: each is handed to the board
+        as soon as it is encoded (and joined), and hashed while Ray copies it into the
+        object store; the next rank starts once the board has answered (its bytes are in
+        the store, and the join space is free again). The checksums go to the board with
+        the commit (the envelope says so), since the objects are made before they are
+        known. Nothing that holds the GIL for long runs beside Ray's copy: the copy takes
+        the GIL back between values, and beside a busy Python thread it waits a switch
+        interval each time (a 200 MB rank took a second instead of 30 ms)."""
         board = self._require_board()
         key = uuid.uuid4().hex
         staged = RayStaged(board, self.where, key, step, len(frames))
+        handoff: Handed | None = None
+        sums: list[bytes | None] = []
         try:
             for rank, pending in enumerate(frames):
                 frame = yield from self._storable((yield from take_frame(pending)))
-                sums = (yield from checksum_segments(frame)) if self.checksum else None
-                main, side = make_payload(frame, sums)
-                del frame  # only one rank's message is held at a time
-                self._stage_rank(board, step, key, rank, main, side)
+                main, side = make_payload(frame, None, on_board=self.checksum)
+                handoff = self._hand_off(
+                    board.stage,
+                    (step, key, rank),
+                    f"{key}.{rank}",
+                    main,
+                    side,
+                    f"store step {step} rank {rank}",
+                )
                 del main, side
+                # xxhash lets go of the GIL while it hashes: Ray's copy goes on meanwhile.
+                sums.append((yield from self._checksums(frame)))
+                del frame  # the board may still be pulling it: its memory stays as it is
+                self._settle(step, rank, handoff)
+                handoff = None
+            self._settle_prune()
         except BaseException:
+            if handoff is not None:
+                self._quiesce([handoff])
             staged.discard()
             raise
+        staged.checksums = sums if self.checksum else None
         return staged
+
+    def _checksums(self, frame: Frame) -> Sliced[bytes | None]:
+        """The checksums of ``frame``'s segments, or ``None`` without checksums."""
+        return (yield from checksum_segments(frame)) if self.checksum else None
+
+    def _settle(self, step: int, rank: int, handoff: Handed) -> None:
+        """Wait for the board's answer to the stage of ``rank`` of ``step``; raise what
+        it says went wrong."""
+        result = self._answer(handoff)
+        if result[0] == "exists":
+            raise StepExistsError(
+                f"step {step} rank {rank} already exists at the destination", where=self.where
+            )
+        if result[0] == "open":
+            raise open_step_error(step, self.where)
 
     def _storable(self, frame: Frame) -> Sliced[Frame]:
         """``frame`` with every :class:`~rlwire._frame.pieces.Pieces` buffer that cannot
         be stored as its runs (:func:`~rlwire.transport.ray._payload.runs_fit`) joined
         into the join space."""
+        space = self._join_space
         fit = {i: b for i, b in enumerate(frame.buffers) if isinstance(b, Pieces) and runs_fit(b)}
         if not fit:
-            return (yield from self._join_space.joined(frame))
+            return (yield from space.joined(frame))
         rest = replace(
             frame, buffers=tuple(_NOTHING if i in fit else b for i, b in enumerate(frame.buffers))
         )
-        joined = yield from self._join_space.joined(rest)
+        joined = yield from space.joined(rest)
         return replace(joined, buffers=tuple(fit.get(i, b) for i, b in enumerate(joined.buffers)))
-
-    def _stage_rank(
-        self,
-        board: BoardHandle,
-        step: int,
-        key: str,
-        rank: int,
-        main: list[memoryview],
-        side: list[memoryview] | None,
-    ) -> None:
-        """Hand one rank's objects of a whole step to the board (:meth:`_hand`)."""
-        answer = self._hand(
-            board.stage,
-            (step, key, rank),
-            f"{key}.{rank}",
-            main,
-            side,
-            f"store step {step} rank {rank}",
-        )
-        if answer[0] == "exists":
-            raise StepExistsError(
-                f"step {step} rank {rank} already exists at the destination", where=self.where
-            )
-        if answer[0] == "open":
-            raise open_step_error(step, self.where)
-
-    def _hand(
-        self,
-        method: Any,
-        head: tuple[Any, ...],
-        rank_key: str,
-        main: list[memoryview],
-        side: list[memoryview] | None,
-        action: str,
-    ) -> Any:
-        """Hand one message's objects to the board, whose ``method`` stages them (called
-        with ``head``, then the producer, whether there is a sidecar, the references and
-        the pull timeout): pulled from this actor under ``rank_key`` (the board owns
-        them), or put by this process (it owns them). Blocks this worker thread for the
-        copy into the object store. The board's answer."""
-        refs = None
-        values = [out_of_band(main)] if side is None else [out_of_band(main), out_of_band(side)]
-        try:
-            if self._producer is None:
-                with ray_errors(self.where, action):
-                    refs = [ray.put(v) for v in values]
-            else:
-                offer(rank_key, values)
-        finally:
-            values = []  # see out_of_band: the table holds them until the board pulls
-        try:
-            return call(
-                method,
-                *head,
-                self._producer,
-                side is not None,
-                refs,
-                self.pull_timeout,
-                where=self.where,
-                action=action,
-            )
-        finally:
-            withdraw(rank_key)  # handed over, or never to be
 
     def stage_part(self, step: int, part: PartInfo, frame: PendingFrame) -> Sliced[Staged]:
         board = self._require_board()
@@ -313,6 +293,7 @@ class RaySink(RayFieldsSink, Sink):
             del main, side
             if answer[0] == "exists":
                 raise StepExistsError(str(answer[1]), where=self.where)
+            self._settle_prune()
         except BaseException:
             staged.discard()
             raise
@@ -333,6 +314,7 @@ class RaySink(RayFieldsSink, Sink):
         ]
 
     def seal(self, seal: Seal) -> None:
+        self._settle_prune()
         answer = call(
             self._require_board().seal,
             seal.step,
@@ -345,6 +327,7 @@ class RaySink(RayFieldsSink, Sink):
             raise StepExistsError(str(answer[1]), where=self.where)
 
     def finish(self, end: int) -> None:
+        self._settle_prune()
         call(self._require_board().finish, end, where=self.where, action="mark the end")
 
     def read_consumption(self, ranks: int, sent: int) -> list[int | None]:
@@ -363,9 +346,6 @@ class RaySink(RayFieldsSink, Sink):
                 )
         return marks
 
-    def prune(self, below: int) -> None:
-        call(self._require_board().prune, below, where=self.where, action="delete steps")
-
     def handle(self, step: int, rank: int = 0) -> StepHandle:
         """A small, serialisable :class:`StepHandle` of rank ``rank``'s message of the
         committed ``step``, for a driver to pass to a trainer actor, which opens it with
@@ -373,4 +353,6 @@ class RaySink(RayFieldsSink, Sink):
         return StepHandle(self.name, self.namespace, step, rank)
 
     def close(self) -> None:
+        with contextlib.suppress(TransportError):  # a send that failed raised it already
+            self._settle_prune()
         self._board = None

@@ -166,8 +166,8 @@ class RaySource(RayFieldsSource, Source):
         else:
             answer = self._call("read", step, self.rank, where=where, action="ask the board")
         if answer[0] == "step":
-            main_ref, side_ref = answer[1]
-            return self._fetch(main_ref, side_ref, where)
+            main_ref, side_ref, checksums = answer[1]
+            return self._fetch(main_ref, side_ref, where, checksums)
         self._expected = step
         if answer[0] == "end":
             raise EndOfStream.at(int(answer[1]), where=self.where)
@@ -230,8 +230,11 @@ class RaySource(RayFieldsSource, Source):
             costs=tuple(tuple(float(c) for c in rank) for rank in costs),
         )
 
-    def _fetch(self, main_ref: Any, side_ref: Any, where: str) -> Frame:
-        """The frame stored as the objects ``main_ref`` and ``side_ref`` (or ``None``)."""
+    def _fetch(
+        self, main_ref: Any, side_ref: Any, where: str, checksums: bytes | None = None
+    ) -> Frame:
+        """The frame stored as the objects ``main_ref`` and ``side_ref`` (or ``None``),
+        verified against ``checksums`` when the board gave them (else its envelope's)."""
         with ray_errors(where, "get the step's objects"):
             values = fetch([main_ref] if side_ref is None else [main_ref, side_ref])
         return parse_payload(
@@ -240,6 +243,7 @@ class RaySource(RayFieldsSource, Source):
             verify=self.verify,
             writable=self.writable,
             where=where,
+            checksums=checksums,
         )
 
     def mark_consumed(self, next_step: int) -> None:

@@ -61,14 +61,19 @@ class _Staged(Staged):
 
 
 class RayStaged(_Staged):
-    """The ``ranks`` ranks of a whole ``step``, staged under ``key``."""
+    """The ``ranks`` ranks of a whole ``step``, staged under ``key``; committed with
+    each rank's ``checksums`` when the sender hashed them beside the store's copy
+    (``None``: they are in the envelopes)."""
 
     def __init__(self, board: BoardHandle, where: str, key: str, step: int, ranks: int) -> None:
         super().__init__(board, where, key, step)
         self.ranks = ranks
+        self.checksums: list[bytes | None] | None = None
 
     def commit(self) -> None:
-        answer = self._commit(f"step {self.step}", self.board.commit, self.key, self.ranks)
+        answer = self._commit(
+            f"step {self.step}", self.board.commit, self.key, self.ranks, self.checksums
+        )
         if answer[0] == "exists":
             raise StepExistsError(
                 f"step {self.step} was committed by another sender meanwhile", where=self.where

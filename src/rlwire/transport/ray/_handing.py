@@ -1,0 +1,139 @@
+"""How a :class:`~rlwire.transport.ray._sink.RaySink` hands a message's objects to the
+board (:class:`HandingSink`, one of its bases): the call is made without waiting for the
+board's answer, so the sender hashes the message while Ray copies it into the object
+store; its prunes are not waited for either. What the board does with the objects is
+:mod:`~rlwire.transport.ray._handover`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import ray
+from ray import ObjectRef
+
+from rlwire._core.errors import TransportError
+from rlwire.transport.ray._actors import BoardHandle, answer_of, ray_errors, submit
+from rlwire.transport.ray._handover import offer, withdraw
+from rlwire.transport.ray._payload import out_of_band
+
+__all__ = ["Handed", "HandingSink"]
+
+
+class Handed(NamedTuple):
+    """One message handed to the board (:meth:`HandingSink._hand_off`), its answer to come:
+    the key the values wait under in this process, the answer's reference, and what
+    the call does (for errors)."""
+
+    rank_key: str
+    answer: ObjectRef[Any]
+    action: str
+
+
+class HandingSink:
+    """The hand-offs and prunes of a :class:`~rlwire.transport.ray._sink.RaySink`."""
+
+    #: A prune the board may still be running (:meth:`prune`).
+    _pruning: ObjectRef[Any] | None = None
+
+    if TYPE_CHECKING:  # RaySink's
+        pull_timeout: float
+        _producer: BoardHandle | None
+
+        @property
+        def where(self) -> str: ...
+        def _require_board(self) -> BoardHandle: ...
+
+    def _hand(
+        self,
+        method: Any,
+        head: tuple[Any, ...],
+        rank_key: str,
+        main: list[memoryview],
+        side: list[memoryview] | None,
+        action: str,
+    ) -> Any:
+        """Hand one message's objects to the board (:meth:`_hand_off`) and wait for its
+        answer."""
+        return self._answer(self._hand_off(method, head, rank_key, main, side, action))
+
+    def _hand_off(
+        self,
+        method: Any,
+        head: tuple[Any, ...],
+        rank_key: str,
+        main: list[memoryview],
+        side: list[memoryview] | None,
+        action: str,
+    ) -> Handed:
+        """Hand one message's objects to the board, whose ``method`` stages them (called
+        with ``head``, then the producer, whether there is a sidecar, the references and
+        the pull timeout): pulled from this actor under ``rank_key`` (the board owns
+        them), or put by this process (it owns them; the put blocks this worker thread
+        for the copy into the object store). The call is not waited for: pass what this
+        returns to :meth:`_answer`, and keep the memory of ``main`` and ``side`` as it
+        is until then (the board may still be pulling it)."""
+        refs = None
+        values = [out_of_band(main)] if side is None else [out_of_band(main), out_of_band(side)]
+        try:
+            if self._producer is None:
+                with ray_errors(self.where, action):
+                    refs = [ray.put(v) for v in values]
+            else:
+                offer(rank_key, values)
+        finally:
+            values = []  # see out_of_band: the table holds them until the board pulls
+        try:
+            ref = submit(
+                method,
+                *head,
+                self._producer,
+                side is not None,
+                refs,
+                self.pull_timeout,
+                where=self.where,
+                action=action,
+            )
+        except BaseException:
+            withdraw(rank_key)
+            raise
+        return Handed(rank_key, ref, action)
+
+    def _answer(self, handed: Handed) -> Any:
+        """The board's answer to a hand-off (:meth:`_hand_off`), waited for.
+
+        Raises:
+            TransportError: the board is gone or failed to pull the objects.
+        """
+        try:
+            return answer_of(handed.answer, self.where, handed.action)
+        finally:
+            withdraw(handed.rank_key)  # handed over, or never to be
+
+    def _quiesce(self, handed: list[Handed]) -> None:
+        """Wait for the board's answers to ``handed``, whatever they are (a failed send
+        discards what they staged once they are in)."""
+        for one in handed:
+            with contextlib.suppress(TransportError):
+                self._answer(one)
+
+    def prune(self, below: int) -> None:
+        """Ask the board to delete every step before ``below``, without waiting for it:
+        the sink's next send waits for it before its step is staged in full, and so do
+        its ``seal``, ``finish`` and ``close``. Whether the board runs the prune or the
+        send's stage calls first does not matter: they touch different steps."""
+        self._settle_prune()
+        self._pruning = submit(
+            self._require_board().prune, below, where=self.where, action="delete steps"
+        )
+
+    def _settle_prune(self) -> None:
+        """Wait for the prune :meth:`prune` asked for, if it is not answered yet.
+
+        Raises:
+            TransportError: the board is gone, or failed to prune.
+        """
+        pruning, self._pruning = self._pruning, None
+        if pruning is not None:
+            answer_of(pruning, self.where, "delete steps")

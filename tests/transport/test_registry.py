@@ -27,7 +27,9 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plugin_sink"
 BUILTIN_SCHEMES = {"file", "memory", "s3", "gs", "gcs", "zmq+tcp", "zmq+ipc", "ray"}
 
 
-@pytest.fixture(scope="module")
+# Session-wide, and its tests in one xdist group: pip builds the plugin once (about 4 s
+# of CPU in an isolated build environment), not once per worker that runs one of them.
+@pytest.fixture(scope="session")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example plugin, built and installed by pip into a directory of its own.
 
@@ -64,7 +66,7 @@ def plugin_on_path(site: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     monkeypatch.syspath_prepend(str(site))
     yield site
     # The plugin stays imported (and its scheme loaded) for the rest of the session, as
-    # in a process that uses an installed plugin: `site` is module-scoped.
+    # in a process that uses an installed plugin: `site` is session-wide.
 
 
 # Run in a fresh interpreter, so that the only way rlwire can know the `sqlite` scheme is
@@ -148,6 +150,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.xdist_group("plugin")
 def test_installed_plugin_moves_batches_by_url_scheme(site: Path, tmp_path: Path) -> None:
     db = tmp_path / "db dir" / "run.db"  # a space, so the URL needs quoting
     url = "sqlite" + db.as_uri().removeprefix("file")
@@ -203,6 +206,7 @@ def test_plugins_that_cannot_serve_their_scheme(broken_plugins: None) -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.xdist_group("plugin")
 async def test_plugin_sink_objects_with_the_sender_and_receiver(
     plugin_on_path: Path, tmp_path: Path
 ) -> None:

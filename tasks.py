@@ -61,10 +61,11 @@ def main() -> None:
         # The documentation site: a broken link, anchor or included file fails the build.
         os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")  # Material's notice about its future
         run(BIN / "mkdocs", "build", "--strict", "--quiet", "--site-dir", "build/site")
-        # One worker per core and one more (pytest-xdist): the suite waits on processes
-        # and sockets much of the time. loadgroup: the tests of one xdist_group (the Ray
-        # cluster's, one chaos campaign's) share a worker, so that each starts once.
-        workers = str((os.cpu_count() or 2) + 1)
+        # Two workers per core (pytest-xdist): the suite waits on processes, sockets and
+        # Ray much of the time (on 2 cores: 270 s with 4 workers, 334 s with 3, the same
+        # tree, 2026-11-28). loadgroup: the tests of one xdist_group (the Ray cluster's,
+        # one chaos campaign's, the plugin's install) share a worker, so each starts once.
+        workers = str(2 * (os.cpu_count() or 2))
         run(PYTHON, "-m", "pytest", "-n", workers, "--dist", "loadgroup", *extra)
     elif task == "chaos":
         # The campaign is the package chaos/ beside src/; it uses the tests' S3 server.

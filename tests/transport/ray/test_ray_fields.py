@@ -105,7 +105,9 @@ async def test_a_receiver_waits_on_the_board_for_a_field(
 ) -> None:
     """The step is there and the field asked for is not: the receiver times out with the
     message stores give, and a waiting one is woken by the append, having waited on
-    the board in half-second slices, not polled it."""
+    the board, not polled it (each wait lengthened to 30 s, so only a wake-up delivers
+    the step within seconds)."""
+    monkeypatch.setattr(ray_source, "_WAIT_SLICE", 30.0)
     waits = []
     real_wait = RaySource.wait
 
@@ -137,7 +139,7 @@ async def test_a_receiver_waits_on_the_board_for_a_field(
     assert got[0].samples.names == ("values",)
     assert got[0].samples["values"].values[0] == 7.0
     assert waited <= 6, waited  # 1.5 s of waiting: a few board waits, not a poll loop
-    assert got[1] - appended < 0.25  # woken by the board, not at the end of a slice
+    assert got[1] - appended < 5.0  # woken by the board, not at the end of a wait
 
 
 def test_fields_a_reference_actor_appends_outlive_it(ray_url: str) -> None:

@@ -20,7 +20,9 @@ run one after another within a round, their order alternating between rounds:
 Shapes: ``moe`` (256 samples x 4,096 tokens with routed_experts uint8 [4096, 48, 8],
 ~425 MB) and ``dense`` (2,048 x 2,048, no routed experts, ~88 MB). Every send runs under
 :class:`rlwire.LagMonitor` in the producer, followed by the idle loop under the same
-monitor for as long; the table gives the worst stall above the idle loop's worst gap.
+monitor for as long; the table gives the worst stall above the idle loop's worst gap,
+and the most anonymous memory (RssAnon: the object store's shared pages are not
+counted) the producer held during the send above what it held before its sender opened.
 ``--nodes 2`` starts a ``ray.cluster_utils.Cluster`` of two nodes (a raylet and object
 store each, on this machine): the producer on one, the trainers on the other, so every
 step crosses Ray's object transfer.
@@ -40,6 +42,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from typing import Any
@@ -85,6 +88,43 @@ def as_dict(batch: rlwire.TrainingBatch) -> dict[str, np.ndarray]:
     return {n: np.stack([getattr(s, n) for s in batch.samples]) for n in names}
 
 
+def anon_mb() -> float:
+    """This process's anonymous resident memory (RssAnon), in MB: the object store's
+    shared pages, which a put writes through, are not counted."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class PeakMemory:
+    """The most anonymous memory above ``base`` (MB), sampled every 5 ms in a thread."""
+
+    def __init__(self, base: float) -> None:
+        self.base = base
+
+    def __enter__(self) -> PeakMemory:
+        self.peak = anon_mb()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, anon_mb())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, anon_mb())
+
+    @property
+    def extra(self) -> float:
+        return self.peak - self.base
+
+
 async def idle_gap(seconds: float) -> float:
     async with rlwire.LagMonitor() as lag:
         await anyio.sleep(seconds)
@@ -98,8 +138,10 @@ class Producer:
         self.halves = [make_half(samples // 2, tokens, moe, seed + r) for r in range(2)]
         self.dicts = [as_dict(h) for h in self.halves]
         self.sender: Any = None
+        self.base = anon_mb()  # the steps' data made, no sender yet
 
     async def open(self, url: str, **options: Any) -> None:
+        self.base = anon_mb()
         self.sender = rlwire.open_sender(url, on_existing="overwrite", **options)
         await self.sender.aopen()
 
@@ -108,20 +150,23 @@ class Producer:
             await self.sender.aclose()
             self.sender = None
 
-    async def send(self, variant: str) -> tuple[list[Any], float, float, float]:
-        """(references or [], start time, worst stall in ms, seconds taken)."""
+    async def send(self, variant: str) -> tuple[list[Any], float, float, float, float]:
+        """(references or [], start time, worst stall in ms, seconds taken, the most MB
+        of the producer's own memory above what it held before the sender opened: what
+        the sender keeps from step to step included)."""
         began = time.time()
-        async with rlwire.LagMonitor() as lag:
-            t0 = time.perf_counter()
-            if variant == "put-loop":
-                refs = [ray.put(d) for d in self.dicts]
-            elif variant == "put-thread":
-                refs = [await anyio.to_thread.run_sync(ray.put, d) for d in self.dicts]
-            else:
-                await self.sender.send_ranks(self.halves)
-                refs = []
-            took = time.perf_counter() - t0
-        return refs, began, lag.max * 1e3, took
+        with PeakMemory(self.base) as memory:
+            async with rlwire.LagMonitor() as lag:
+                t0 = time.perf_counter()
+                if variant == "put-loop":
+                    refs = [ray.put(d) for d in self.dicts]
+                elif variant == "put-thread":
+                    refs = [await anyio.to_thread.run_sync(ray.put, d) for d in self.dicts]
+                else:
+                    await self.sender.send_ranks(self.halves)
+                    refs = []
+                took = time.perf_counter() - t0
+        return refs, began, lag.max * 1e3, took, memory.extra
 
     async def idle(self, seconds: float) -> float:
         """The idle loop's worst gap over ``seconds``, in ms."""
@@ -164,8 +209,8 @@ def url_of(variant: str, root: str) -> tuple[str, dict[str, Any]]:
 
 def run_variant(
     variant: str, producer: Any, trainers: list[Any], steps: int, root: str
-) -> list[tuple[float, float]]:
-    """(end to end ms, stall above idle ms) of every step."""
+) -> list[tuple[float, float, float]]:
+    """(end to end ms, stall above idle ms, extra producer MB) of every step."""
     rlwire_side = variant not in ("put-loop", "put-thread")
     if rlwire_side:
         url, options = url_of(variant, root)
@@ -176,13 +221,13 @@ def run_variant(
         for _ in range(steps):
             if rlwire_side:
                 takes = [t.take.remote(None) for t in trainers]
-                _, began, stall, took = ray.get(producer.send.remote(variant))
+                _, began, stall, took, extra = ray.get(producer.send.remote(variant))
             else:  # the single-controller pattern: references pass through the driver
-                refs, began, stall, took = ray.get(producer.send.remote(variant))
+                refs, began, stall, took, extra = ray.get(producer.send.remote(variant))
                 takes = [t.take.remote([ref]) for t, ref in zip(trainers, refs, strict=True)]
             done = max(ray.get(takes))
             idle = ray.get(producer.idle.remote(took))
-            out.append(((done - began) * 1e3, stall - idle))
+            out.append(((done - began) * 1e3, stall - idle, extra))
     finally:
         if rlwire_side:
             ray.get([t.close.remote() for t in trainers])
@@ -249,29 +294,30 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Command: `python benchmarks/bench_ray.py {' '.join(argv or sys.argv[1:])}`")
     print(f"ray {ray.__version__}, rlwire {rlwire.__version__}, {args.nodes} node(s)\n")
     print("| shape | variant | end to end ms | ratio to put-thread | stall above idle ms |", end="")
-    print(" target |")
-    print("|---|---|---:|---:|---:|---|")
+    print(" extra producer MB | target |")
+    print("|---|---|---:|---:|---:|---:|---|")
     try:
         for shape in args.shapes.split(","):
             producer = Producer.options(**at_producer).remote(shapes[shape], 0)
             trainers = [Trainer.options(**at_trainer).remote() for _ in range(2)]
-            results: dict[str, list[list[tuple[float, float]]]] = {v: [] for v in variants}
+            results: dict[str, list[list[tuple[float, float, float]]]] = {v: [] for v in variants}
             for r in range(rounds):
                 order = variants if r % 2 == 0 else variants[::-1]
                 for variant in order:
                     results[variant].append(run_variant(variant, producer, trainers, steps, root))
                 print(f"  {shape}: round {r + 1} done", file=sys.stderr)
-            base = [statistics.median(e for e, _ in rnd[steady]) for rnd in results[BASELINE]]
+            base = [statistics.median(e for e, _, _ in rnd[steady]) for rnd in results[BASELINE]]
             for variant in variants:
-                ends = [e for rnd in results[variant] for e, _ in rnd[steady]]
-                stalls = [s for rnd in results[variant] for _, s in rnd[steady]]
-                mine = [statistics.median(e for e, _ in rnd[steady]) for rnd in results[variant]]
+                ends = [e for rnd in results[variant] for e, _, _ in rnd[steady]]
+                stalls = [s for rnd in results[variant] for _, s, _ in rnd[steady]]
+                extras = [m for rnd in results[variant] for _, _, m in rnd[steady]]
+                mine = [statistics.median(e for e, _, _ in rnd[steady]) for rnd in results[variant]]
                 ratios = [m / b for m, b in zip(mine, base, strict=True)] if base else [0.0]
                 target = TARGETS.get((shape, variant, args.nodes))
                 goal = f"≤ {target:.1f}x" if target else ""
                 print(
                     f"| {shape} | {variant} | {spread(ends)} | {spread(ratios, '.2f')} | "
-                    f"{spread(stalls)} | {goal} |"
+                    f"{spread(stalls)} | {spread(extras)} | {goal} |"
                 )
             for actor in (producer, *trainers):
                 ray.kill(actor)

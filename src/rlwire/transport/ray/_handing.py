@@ -111,12 +111,11 @@ class HandingSink:
         finally:
             withdraw(handed.rank_key)  # handed over, or never to be
 
-    def _quiesce(self, handed: list[Handed]) -> None:
-        """Wait for the board's answers to ``handed``, whatever they are (a failed send
-        discards what they staged once they are in)."""
-        for one in handed:
-            with contextlib.suppress(TransportError):
-                self._answer(one)
+    def _quiesce(self, handed: Handed) -> None:
+        """Wait for the board's answer to ``handed``, whatever it is (a failed send
+        discards what it staged once it is in)."""
+        with contextlib.suppress(TransportError):
+            self._answer(handed)
 
     def prune(self, below: int) -> None:
         """Ask the board to delete every step before ``below``, without waiting for it:

@@ -238,7 +238,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
             self._settle_prune()
         except BaseException:
             if handoff is not None:
-                self._quiesce([handoff])
+                self._quiesce(handoff)
             staged.discard()
             raise
         staged.checksums = sums if self.checksum else None
@@ -279,7 +279,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         staged = RayStagedPart(board, self.where, key, step, part)
         try:
             taken = yield from self._storable((yield from take_frame(frame)))
-            sums = (yield from checksum_segments(taken)) if self.checksum else None
+            sums = yield from self._checksums(taken)
             main, side = make_payload(taken, sums)
             del taken
             answer = self._hand(

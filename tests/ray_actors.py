@@ -25,6 +25,7 @@ __all__ = [
     "Trainer",
     "fingerprint",
     "kill_and_wait",
+    "mixed_step",
     "part_samples",
     "quiet_store_bytes",
     "settles",
@@ -39,6 +40,28 @@ def step_batches(step: int, ranks: int, n: int = 64) -> list[TrainingBatch]:
     """The batch of each rank of ``step`` (2 samples of about ``n`` tokens): its own
     data, the same bits every time."""
     return [make_batch(2, n=n, seed=100 * step + rank) for rank in range(ranks)]
+
+
+def mixed_step(ranks: int) -> list[TrainingBatch]:
+    """A step whose ranks 2, 4, ... are held packed (:class:`rlwire.Columns`: stored as
+    they are, no join) and whose others are 48 samples of rows of 16-32 KiB (joined
+    into the sink's join space, some 5 MB a rank): joined ranks side by side, and
+    between packed ones. The same bits every time."""
+    out = []
+    for rank in range(ranks):
+        packed = rank % 2 == 0 and rank > 0
+        batch = make_batch(3 if packed else 48, n=30_000 if packed else 2048, seed=100 * rank)
+        if packed:
+            rows = batch.samples
+            columns: dict[str, Any] = {
+                name: rlwire.Ragged.from_arrays([getattr(s, name) for s in rows])
+                for name in ("token_ids", "mask", "logprobs", "temperatures", "advantages")
+            }
+            columns["routed_experts"] = rlwire.Ragged.from_arrays([s.routed_experts for s in rows])
+            columns["env_name"] = [s.env_name for s in rows]
+            batch = TrainingBatch(samples=rlwire.Columns(columns))
+        out.append(batch)
+    return out
 
 
 def part_samples(key: int, tokens: int = 16) -> list[TrainingSample]:
@@ -137,6 +160,12 @@ class Producer:
 
     async def node(self) -> str:
         return ray.get_runtime_context().get_node_id()
+
+    async def send_mixed(self, url: str, ranks: int) -> bool:
+        """Send :func:`mixed_step` as step 0; whether the board owns it."""
+        async with rlwire.open_sender(url) as sender:
+            await sender.send_ranks(mixed_step(ranks))
+            return bool(sender.sink.board_owned)  # type: ignore[attr-defined]
 
     async def send_blocking(self, url: str, steps: int, pull_timeout: float) -> dict[str, Any]:
         """Send with the sync sender on this actor's loop, which it blocks meanwhile."""

@@ -22,6 +22,7 @@ from ray_actors import (
     Trainer,
     fingerprint,
     kill_and_wait,
+    mixed_step,
     quiet_store_bytes,
     settles,
     step_batches,
@@ -29,7 +30,7 @@ from ray_actors import (
 )
 
 import rlwire
-from rlwire import Frame, TrainingBatch, TransportError
+from rlwire import Frame, TrainingBatch, TrainingSample, TransportError
 from rlwire._frame.checksums import checksum_segments
 from rlwire._frame.pieces import Pieces
 from rlwire.abc import SinkOptions, SourceOptions
@@ -81,6 +82,21 @@ def test_every_rank_of_a_many_rank_step_arrives_exact(ray_url: str) -> None:
             for step in range(2):
                 got = receiver.receive(timeout=TIMEOUT)
                 assert fingerprint(got) == fingerprint(step_batches(step, 5)[rank])
+    ray.kill(producer)
+
+
+def test_ranks_stored_as_they_are_and_joined_ranks_alternate_exact(ray_url: str) -> None:
+    """A packed rank is handed to the board without waiting for the ranks before; a
+    joined rank waits until the board holds the rank it would overwrite: packed and
+    joined ranks in turn all arrive as sent, every checksum verified."""
+    create_board(_name(ray_url))
+    producer = Producer.remote()
+    assert ray.get(producer.send_mixed.remote(ray_url, 5), timeout=60) is True
+    for rank, sent in enumerate(mixed_step(5)):
+        if isinstance(sent.samples, rlwire.Columns):
+            sent = TrainingBatch(samples=[TrainingSample(**row) for row in sent.samples.rows()])
+        with rlwire.open_receiver(ray_url, rank=rank) as receiver:
+            assert fingerprint(receiver.receive(timeout=TIMEOUT)) == fingerprint(sent)
     ray.kill(producer)
 
 
@@ -326,8 +342,10 @@ def test_runs_reach_the_receiver_as_one_view_of_the_store_without_a_copy(
 ) -> None:
     # A column of per-sample rows goes into the object store run by run (no join at the
     # sender); Ray lays them back to back, so the receiver's buffer is a view of them.
+    # So does a packed column, cut in 1 MiB values.
     rows = [np.full(n, i, np.uint8) for i, n in enumerate((4096, (1 << 20) + 4096, 8192, 100))]
-    frame = Frame(b"header", (Pieces(memoryview(r) for r in rows),))
+    packed = np.arange(3 << 18, dtype=np.int32)  # 3 MiB
+    frame = Frame(b"header", (Pieces(memoryview(r) for r in rows), memoryview(packed).cast("B")))
     main, _ = make_payload(frame, run_sliced(checksum_segments(frame)))
     values = out_of_band(main)
     try:
@@ -341,3 +359,6 @@ def test_runs_reach_the_receiver_as_one_view_of_the_store_without_a_copy(
     assert np.frombuffer(got.buffers[0], np.uint8).ctypes.data == first_run.ctypes.data
     del stored, first_run
     assert bytes(got.buffers[0][-100:]) == bytes([3] * 100)  # still mapped: the view holds it
+    column = np.frombuffer(got.buffers[1], np.int32)
+    assert np.array_equal(column, packed)
+    assert column.ctypes.data == np.frombuffer(ray.get(ref)[7], np.uint8).ctypes.data

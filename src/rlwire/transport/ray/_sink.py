@@ -206,20 +206,26 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
     def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
         """Stage every rank of ``step``, one after another: each is handed to the board
         as soon as it is encoded (and joined), and hashed while Ray copies it into the
-        object store; the next rank starts once the board has answered (its bytes are in
-        the store, and the join space is free again). The checksums go to the board with
-        the commit (the envelope says so), since the objects are made before they are
-        known. Nothing that holds the GIL for long runs beside Ray's copy: the copy takes
-        the GIL back between values, and beside a busy Python thread it waits a switch
-        interval each time (a 200 MB rank took a second instead of 30 ms)."""
+        object store. A rank whose buffers must be joined waits until the board has
+        answered for the ranks before (their bytes are in the store, and the join space
+        is free again); one stored as it is (its columns held packed, or rows large
+        enough) is handed over without that wait, so the board's calls overlap. The
+        checksums go to the board with the commit (the envelope says so), since the
+        objects are made before they are known. Nothing that holds the GIL for long runs
+        beside Ray's copy: the copy takes the GIL back between values, and beside a busy
+        Python thread it waits a switch interval each time (a 200 MB rank took a second
+        instead of 30 ms)."""
         board = self._require_board()
         key = uuid.uuid4().hex
         staged = RayStaged(board, self.where, key, step, len(frames))
-        handoff: Handed | None = None
+        handoffs: list[tuple[int, Handed]] = []  # (rank, its hand-off), not answered yet
         sums: list[bytes | None] = []
         try:
             for rank, pending in enumerate(frames):
-                frame = yield from self._storable((yield from take_frame(pending)))
+                frame = yield from take_frame(pending)
+                if self._joins(frame):
+                    self._settle(step, handoffs)
+                frame = yield from self._storable(frame)
                 main, side = make_payload(frame, None, on_board=self.checksum)
                 handoff = self._hand_off(
                     board.stage,
@@ -229,15 +235,15 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
                     side,
                     f"store step {step} rank {rank}",
                 )
+                handoffs.append((rank, handoff))
                 del main, side
                 # xxhash lets go of the GIL while it hashes: Ray's copy goes on meanwhile.
                 sums.append((yield from self._checksums(frame)))
                 del frame  # the board may still be pulling it: its memory stays as it is
-                self._settle(step, rank, handoff)
-                handoff = None
+            self._settle(step, handoffs)
             self._settle_prune()
         except BaseException:
-            if handoff is not None:
+            for _, handoff in handoffs:
                 self._quiesce(handoff)
             staged.discard()
             raise
@@ -248,16 +254,24 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         """The checksums of ``frame``'s segments, or ``None`` without checksums."""
         return (yield from checksum_segments(frame)) if self.checksum else None
 
-    def _settle(self, step: int, rank: int, handoff: Handed) -> None:
-        """Wait for the board's answer to the stage of ``rank`` of ``step``; raise what
-        it says went wrong."""
-        result = self._answer(handoff)
-        if result[0] == "exists":
-            raise StepExistsError(
-                f"step {step} rank {rank} already exists at the destination", where=self.where
-            )
-        if result[0] == "open":
-            raise open_step_error(step, self.where)
+    def _settle(self, step: int, handoffs: list[tuple[int, Handed]]) -> None:
+        """Wait for the board's answers to the stages of ``step``'s ranks in
+        ``handoffs``, in order, taking each off the list; raise what one says went
+        wrong."""
+        while handoffs:
+            rank, handoff = handoffs.pop(0)
+            result = self._answer(handoff)
+            if result[0] == "exists":
+                raise StepExistsError(
+                    f"step {step} rank {rank} already exists at the destination", where=self.where
+                )
+            if result[0] == "open":
+                raise open_step_error(step, self.where)
+
+    @staticmethod
+    def _joins(frame: Frame) -> bool:
+        """True when storing ``frame`` joins some of its buffers into the join space."""
+        return any(isinstance(b, Pieces) and not runs_fit(b) for b in frame.buffers)
 
     def _storable(self, frame: Frame) -> Sliced[Frame]:
         """``frame`` with every :class:`~rlwire._frame.pieces.Pieces` buffer that cannot

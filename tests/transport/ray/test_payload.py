@@ -128,6 +128,18 @@ def test_runs_are_stored_one_value_each_and_read_as_one_buffer() -> None:
     assert got.buffers[0].readonly
 
 
+def test_a_buffer_over_a_mib_is_stored_in_values_of_a_mib_and_read_as_one() -> None:
+    """Ray copies a value over 1 MiB with threads of its own, which starve the sender's
+    loop on a small machine: a packed column of 2.5 MiB goes in as 1 MiB values."""
+    column = np.arange((5 << 20) // 16, dtype=np.int64)  # 2.5 MiB
+    frame = Frame(b"header", (memoryview(column).cast("B"), memoryview(bytes(1 << 20))))
+    main, side = _stored(frame)
+    assert [v.nbytes for v in main[2:]] == [1 << 20, 1 << 20, 1 << 19, 1 << 20]
+    got = _parse(main, side)  # checksums verified over each buffer as a whole
+    assert np.array_equal(np.frombuffer(got.buffers[0], np.int64), column)
+    assert bytes(got.buffers[1]) == bytes(1 << 20)
+
+
 def test_runs_that_do_not_fit_are_refused_by_the_payload() -> None:
     odd = Pieces([memoryview(bytes(500_000)), memoryview(bytes(500_000))])  # not 64-byte multiples
     few = Pieces([memoryview(bytes(4096)), memoryview(bytes(4096))])  # too small for a value each

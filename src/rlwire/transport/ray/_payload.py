@@ -49,12 +49,11 @@ _MAX_ENVELOPE_BYTES = 1 << 20
 #: The alignment Ray gives an out-of-band buffer of 2 KiB or more (8 below).
 _RAY_ALIGN = 64
 #: Ray copies a value larger than this with threads it starts for that value alone (six,
-#: in Ray 2.x): worth it for one large block, slower than a plain copy for each of many
-#: runs of a few MiB on a busy machine (7x, measured on 2 cores). Runs up to
-#: _SPLIT_BELOW are stored as values of at most this size (a multiple of 64: the pieces
-#: still lie back to back).
+#: in Ray 2.x): on 2 shared cores they starve the sender's event loop (a 200 MB block
+#: stalled it 6 ms, against 2 ms as 1 MiB values, for the same time end to end), and for
+#: many runs of a few MiB they are slower than a plain copy (7x). Every buffer and run is
+#: stored as values of at most this size (a multiple of 64: they still lie back to back).
 _RAY_THREADED_COPY = 1 << 20
-_SPLIT_BELOW = 8 << 20
 #: Runs stored one value each must average this many bytes: each value costs Ray (and
 #: the hashing and the receiver) some microseconds, more than a copy of a smaller run
 #: (on a dense step, rows of 2-16 KiB, the join into warm memory was 3x faster).
@@ -154,15 +153,19 @@ def make_payload(frame: Frame, checksums: bytes | None, *, on_board: bool = Fals
 
 
 def _values(buffer: memoryview | Pieces) -> list[memoryview]:
-    """The values one buffer is stored as: itself, or the runs of a Pieces."""
-    if not isinstance(buffer, Pieces):
-        return [buffer]
-    if not runs_fit(buffer):  # the sender joins them
-        raise TypeError("a ray:// frame buffer must be a memoryview or Pieces that fit")
+    """The values one buffer is stored as: itself, or the runs of a Pieces, each cut in
+    values of at most :data:`_RAY_THREADED_COPY` bytes."""
+    if isinstance(buffer, Pieces):
+        if not runs_fit(buffer):  # the sender joins them
+            raise TypeError("a ray:// frame buffer must be a memoryview or Pieces that fit")
+        runs = buffer.runs
+    else:
+        runs = (buffer,)
     values = []
-    for run in buffer.runs:
-        if _RAY_THREADED_COPY < run.nbytes < _SPLIT_BELOW:
-            step = _RAY_THREADED_COPY
+    step = _RAY_THREADED_COPY
+    for run in runs:
+        if run.nbytes > step:
+            run = run.cast("B")
             values += [run[at : at + step] for at in range(0, run.nbytes, step)]
         else:
             values.append(run)

@@ -56,7 +56,7 @@ from rlwire.transport.ray import drop_board
 
 SHAPES = {"moe": (256, 4096, True), "dense": (2048, 2048, False)}
 QUICK = {"moe": (16, 256, True), "dense": (64, 256, False)}
-VARIANTS = ("put-loop", "put-thread", "ray", "files", "files-recycle")
+VARIANTS = ("put-loop", "put-thread", "ray", "ray-packed", "files", "files-recycle")
 BASELINE = "put-thread"
 TARGETS = {("moe", "ray", 1): 1.1, ("dense", "ray", 1): 1.0, ("moe", "files-recycle", 1): 1.5}
 TARGETS |= {("moe", "ray", 2): 1.0, ("dense", "ray", 2): 1.0}
@@ -86,6 +86,18 @@ def as_dict(batch: rlwire.TrainingBatch) -> dict[str, np.ndarray]:
     if batch.samples[0].routed_experts is not None:
         names.append("routed_experts")
     return {n: np.stack([getattr(s, n) for s in batch.samples]) for n in names}
+
+
+def as_columns(half: dict[str, np.ndarray]) -> rlwire.TrainingBatch:
+    """The same batched arrays sent as they are held: one column each, no gather."""
+    rows, tokens = half["token_ids"].shape[:2]
+    lengths = np.full(rows, tokens)
+    columns: dict[str, Any] = {
+        n: rlwire.Ragged.from_lengths(a.reshape(rows * tokens, *a.shape[2:]), lengths)
+        for n, a in half.items()
+    }
+    columns["env_name"] = ["bench"] * rows
+    return rlwire.TrainingBatch(samples=rlwire.Columns(columns))
 
 
 def anon_mb() -> float:
@@ -137,6 +149,7 @@ class Producer:
         samples, tokens, moe = shape
         self.halves = [make_half(samples // 2, tokens, moe, seed + r) for r in range(2)]
         self.dicts = [as_dict(h) for h in self.halves]
+        self.packed = [as_columns(d) for d in self.dicts]
         self.sender: Any = None
         self.base = anon_mb()  # the steps' data made, no sender yet
 
@@ -163,7 +176,8 @@ class Producer:
                 elif variant == "put-thread":
                     refs = [await anyio.to_thread.run_sync(ray.put, d) for d in self.dicts]
                 else:
-                    await self.sender.send_ranks(self.halves)
+                    packed = variant.endswith("-packed")
+                    await self.sender.send_ranks(self.packed if packed else self.halves)
                     refs = []
                 took = time.perf_counter() - t0
         return refs, began, lag.max * 1e3, took, memory.extra
@@ -190,7 +204,10 @@ class Trainer:
         """The time this rank holds its arrays."""
         if refs is None:
             batch = await self.receiver.areceive(timeout=120)
-            assert batch.samples[-1].advantages.dtype == np.float32
+            if isinstance(batch.samples, rlwire.Columns):
+                assert batch.samples["advantages"].values.dtype == np.float32
+            else:
+                assert batch.samples[-1].advantages.dtype == np.float32
         else:
             half = await refs[0]  # as an async actor awaits an object (asyncio)
             assert half["advantages"].dtype == np.float32
@@ -198,7 +215,7 @@ class Trainer:
 
 
 def url_of(variant: str, root: str) -> tuple[str, dict[str, Any]]:
-    if variant == "ray":
+    if variant.startswith("ray"):
         return f"ray://bench-{uuid.uuid4().hex[:8]}", {"keep_last": 2}
     path = tempfile.mkdtemp(dir=root)
     options: dict[str, Any] = {"keep_last": 2}
@@ -215,7 +232,8 @@ def run_variant(
     if rlwire_side:
         url, options = url_of(variant, root)
         ray.get(producer.open.remote(url, **options))
-        ray.get([t.open.remote(url, r) for r, t in enumerate(trainers)])
+        packed = {"as_columns": True} if variant.endswith("-packed") else {}
+        ray.get([t.open.remote(url, r, **packed) for r, t in enumerate(trainers)])
     out = []
     try:
         for _ in range(steps):

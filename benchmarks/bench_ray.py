@@ -12,7 +12,11 @@ run one after another within a round, their order alternating between rounds:
 * ``put-thread``: the same, ``ray.put`` in a worker thread (``anyio.to_thread``): the
   baseline the targets are judged against.
 * ``ray``: ``open_sender("ray://NAME").send_ranks([half0, half1])`` of the step as a
-  ``TrainingBatch``; each trainer ``areceive``s its rank from ``open_receiver``.
+  ``TrainingBatch`` of per-sample ``TrainingSample``s; each trainer ``areceive``s its
+  rank from ``open_receiver``.
+* ``ray-packed``: the same batched arrays ``put-thread`` puts, sent as they are held
+  (``TrainingBatch(samples=rlwire.Columns(...))``, a ``Ragged`` per field over the
+  array's memory: no gather), received with ``as_columns=True``.
 * ``files``: the same through a directory on tmpfs (``keep_last=2``); one node only.
 * ``files-recycle``: the same with the directory sink recycling retired files
   (``storage_options={"recycle": True}``), where the installed rlwire offers it.

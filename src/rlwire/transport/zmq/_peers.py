@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal
 
@@ -110,18 +111,21 @@ class Peers:
     _end_pending: set[bytes] = field(default_factory=set, init=False, repr=False)
     _opened: float = field(default_factory=time.monotonic, init=False, repr=False)
 
-    async def await_ranks(self, ranks: int) -> None:
-        """Wait, sending nothing, until a receiver of each of ``ranks`` ranks has announced
+    async def await_ranks(self, ranks: Iterable[int]) -> None:
+        """Wait, sending nothing, until a receiver of each of ``ranks`` has announced
         itself: a step is not handed to some ranks and then given up for want of another
-        (a timeout or a cancellation meanwhile leaves the step unsent).
+        (a timeout or a cancellation meanwhile leaves the step unsent). Only the ranks
+        about to be sent something: a rank's receiver that has had everything it is owed
+        and closed (``bye``) is not waited for.
 
         Raises:
             TransportError: a rank's receiver is still missing after ``ready_timeout``.
         """
+        wanted = sorted(set(ranks))
         deadline = self._deadline()
         while True:
             self.drain()
-            missing = [rank for rank in range(ranks) if rank not in self._rank_peer]
+            missing = [rank for rank in wanted if rank not in self._rank_peer]
             if not missing:
                 return
             if _expired(deadline):

@@ -1084,3 +1084,36 @@ async def test_a_seal_does_not_wait_for_a_rank_that_has_its_seal_and_left(
     # Bounds only the fix meets: waiting for rank 0 costs ready_timeout (2 s), then fails.
     assert sealed < 1.5, sealed
     assert closed < 5, closed
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["tcp", "ipc"])
+@pytest.mark.parametrize("leave", ["at_the_end", "before_finish"])
+async def test_finish_and_close_do_not_wait_for_receivers_that_left(
+    tmp_path: Path, kind: str, leave: str, backend: dict[str, Any]
+) -> None:
+    """Two ranks read a step filled part by part, each in its process, and close: right
+    after EndOfStream, or right after the step, before the sender finishes. Neither
+    finish nor close waits for them (linger is 60 s: a wait for one would be plain)."""
+    url = make_url(kind, tmp_path)
+    receives = 2 if leave == "at_the_end" else 1
+    with (
+        Child("receiver", url=url, rank=0, receives=receives, **backend) as r0,
+        Child("receiver", url=url, rank=1, receives=receives, seed_base=1000, **backend) as r1,
+    ):
+        async with rlwire.open_sender(url, storage_options={"linger": 60.0}) as sender:
+            async with sender.open_step(ranks=2) as writer:
+                for rank in range(2):
+                    await writer.put(batch(0, rank).samples, key=rank, rank=rank)
+            if leave == "before_finish":
+                for child in (r0, r1):
+                    assert [e.get("step") for e in await child.afinish()] == [None, 0, None]
+            started = time.monotonic()
+            await sender.finish()
+        took = time.monotonic() - started
+        if leave == "at_the_end":
+            for child in (r0, r1):
+                events = await child.afinish()
+                assert [e.get("step") for e in events] == [None, 0, None, None], events
+                assert events[2]["error"] == "EndOfStream", events
+    assert took < 5, took

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Collection
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal
 
@@ -111,21 +111,18 @@ class Peers:
     _end_pending: set[bytes] = field(default_factory=set, init=False, repr=False)
     _opened: float = field(default_factory=time.monotonic, init=False, repr=False)
 
-    async def await_ranks(self, ranks: Iterable[int]) -> None:
-        """Wait, sending nothing, until a receiver of each of ``ranks`` has announced
-        itself: a step is not handed to some ranks and then given up for want of another
-        (a timeout or a cancellation meanwhile leaves the step unsent). Only the ranks
-        about to be sent something: a rank's receiver that has had everything it is owed
-        and closed (``bye``) is not waited for.
+    async def await_ranks(self, ranks: Collection[int]) -> None:
+        """Wait, sending nothing, until a receiver of each of ``ranks`` (those to be sent
+        something now) has announced itself: a step is not handed to some ranks and then
+        given up for want of another (a timeout or a cancellation leaves it unsent).
 
         Raises:
             TransportError: a rank's receiver is still missing after ``ready_timeout``.
         """
-        wanted = sorted(set(ranks))
         deadline = self._deadline()
         while True:
             self.drain()
-            missing = [rank for rank in wanted if rank not in self._rank_peer]
+            missing = sorted(set(ranks) - self._rank_peer.keys())
             if not missing:
                 return
             if _expired(deadline):

@@ -324,7 +324,7 @@ class ZmqSink(Sink):
             # The ranks sent to, not every rank up to them: a part or a seal for rank 1
             # goes whether or not rank 0's receiver (done with the step, or not yet
             # there) is connected.
-            await peers.await_ranks(message.head.rank for message in staged.messages)
+            await peers.await_ranks({message.head.rank for message in staged.messages})
         trackers: list[zmq.MessageTracker] = []
         for message in staged.messages:
             await send_message(

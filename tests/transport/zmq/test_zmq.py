@@ -1055,7 +1055,7 @@ async def test_a_seal_does_not_wait_for_a_rank_that_has_its_seal_and_left(
     waiting for a receiver of rank 0, which is owed nothing more (up to ready_timeout,
     forever without one); then the end, and the sender closes at once (linger 60 s)."""
     url = make_url(kind, tmp_path)
-    options = {"ready_timeout": 2.0, "linger": 60.0}
+    options = {"ready_timeout": 5.0, "linger": 60.0}
     with (
         Child("receiver", url=url, rank=0, receives=2, **backend) as r0,
         Child("receiver", url=url, rank=1, receives=1, seed_base=1000, then="hang") as dying,
@@ -1081,8 +1081,8 @@ async def test_a_seal_does_not_wait_for_a_rank_that_has_its_seal_and_left(
                         await r1.areceive(timeout=LONG)
             started = time.monotonic()
         closed = time.monotonic() - started
-    # Bounds only the fix meets: waiting for rank 0 costs ready_timeout (2 s), then fails.
-    assert sealed < 1.5, sealed
+    # Bounds only the fix meets: waiting for rank 0 costs ready_timeout (5 s), then fails.
+    assert sealed < 3, sealed
     assert closed < 5, closed
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Collection
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal
 
@@ -110,10 +111,10 @@ class Peers:
     _end_pending: set[bytes] = field(default_factory=set, init=False, repr=False)
     _opened: float = field(default_factory=time.monotonic, init=False, repr=False)
 
-    async def await_ranks(self, ranks: int) -> None:
-        """Wait, sending nothing, until a receiver of each of ``ranks`` ranks has announced
-        itself: a step is not handed to some ranks and then given up for want of another
-        (a timeout or a cancellation meanwhile leaves the step unsent).
+    async def await_ranks(self, ranks: Collection[int]) -> None:
+        """Wait, sending nothing, until a receiver of each of ``ranks`` (those to be sent
+        something now) has announced itself: a step is not handed to some ranks and then
+        given up for want of another (a timeout or a cancellation leaves it unsent).
 
         Raises:
             TransportError: a rank's receiver is still missing after ``ready_timeout``.
@@ -121,7 +122,7 @@ class Peers:
         deadline = self._deadline()
         while True:
             self.drain()
-            missing = [rank for rank in range(ranks) if rank not in self._rank_peer]
+            missing = sorted(set(ranks) - self._rank_peer.keys())
             if not missing:
                 return
             if _expired(deadline):

@@ -302,14 +302,16 @@ class ZmqSink(Sink):
         refuse_shared(self.pattern, where=self.endpoint)
         if self._peers is None:
             raise TransportError("the sink is not open", where=self.endpoint)
-        await self._peers.await_ranks(seal.ranks)
         sent, body = self._sent_parts, encode_seal(seal)
+        # A rank sent its seal (by an earlier try, or just now) may close and leave: it
+        # is owed nothing more, so neither this wait nor a later rank's seal waits for it.
+        unsealed = [rank for rank in range(seal.ranks) if rank not in sent.sealed_to]
+        await self._peers.await_ranks(unsealed)
         checksum = CHECKSUM if self.checksum else None
-        for rank in range(seal.ranks):
-            if rank not in sent.sealed_to:
-                head = seal_head(self._session, seal, rank, checksum=checksum)
-                await _ZmqStaged(self, [self._message(head, [body])]).acommit(limiter)
-                sent.sealed_to.add(rank)
+        for rank in unsealed:
+            head = seal_head(self._session, seal, rank, checksum=checksum)
+            await _ZmqStaged(self, [self._message(head, [body])]).acommit(limiter)
+            sent.sealed_to.add(rank)
         sent.close(seal.step)
 
     async def _deliver(self, staged: _ZmqStaged, limiter: CapacityLimiter) -> None:
@@ -319,7 +321,10 @@ class ZmqSink(Sink):
         if any(message.head.kind != WHOLE for message in staged.messages):
             peers.carry_parts()  # from now on, refuse receivers that cannot read them
         if self.pattern == "ranks":
-            await peers.await_ranks(1 + max(message.head.rank for message in staged.messages))
+            # The ranks sent to, not every rank up to them: a part or a seal for rank 1
+            # goes whether or not rank 0's receiver (done with the step, or not yet
+            # there) is connected.
+            await peers.await_ranks({message.head.rank for message in staged.messages})
         trackers: list[zmq.MessageTracker] = []
         for message in staged.messages:
             await send_message(

@@ -17,6 +17,8 @@ run one after another within a round, their order alternating between rounds:
 * ``ray-packed``: the same batched arrays ``put-thread`` puts, sent as they are held
   (``TrainingBatch(samples=rlwire.Columns(...))``, a ``Ragged`` per field over the
   array's memory: no gather), received with ``as_columns=True``.
+* ``ray-dicts``: those very dicts sent as they are (``send_ranks(dicts)``), received with
+  ``type=dict``: the program of the how-to "Coming from ray.put".
 * ``files``: the same through a directory on tmpfs (``keep_last=2``); one node only.
 * ``files-recycle``: the same with the directory sink recycling retired files
   (``storage_options={"recycle": True}``), where the installed rlwire offers it.
@@ -60,7 +62,7 @@ from rlwire.transport.ray import drop_board
 
 SHAPES = {"moe": (256, 4096, True), "dense": (2048, 2048, False)}
 QUICK = {"moe": (16, 256, True), "dense": (64, 256, False)}
-VARIANTS = ("put-loop", "put-thread", "ray", "ray-packed", "files", "files-recycle")
+VARIANTS = ("put-loop", "put-thread", "ray", "ray-packed", "ray-dicts", "files", "files-recycle")
 BASELINE = "put-thread"
 TARGETS = {("moe", "ray", 1): 1.1, ("dense", "ray", 1): 1.0, ("moe", "files-recycle", 1): 1.5}
 TARGETS |= {("moe", "ray", 2): 1.0, ("dense", "ray", 2): 1.0}
@@ -153,7 +155,12 @@ class Producer:
         samples, tokens, moe = shape
         self.halves = [make_half(samples // 2, tokens, moe, seed + r) for r in range(2)]
         self.dicts = [as_dict(h) for h in self.halves]
-        self.packed = [as_columns(d) for d in self.dicts]
+        self.sent = {
+            "ray": self.halves,
+            "ray-packed": [as_columns(d) for d in self.dicts],
+            "ray-dicts": self.dicts,
+        }
+        self.sent |= {"files": self.halves, "files-recycle": self.halves}
         self.sender: Any = None
         self.base = anon_mb()  # the steps' data made, no sender yet
 
@@ -180,8 +187,7 @@ class Producer:
                 elif variant == "put-thread":
                     refs = [await anyio.to_thread.run_sync(ray.put, d) for d in self.dicts]
                 else:
-                    packed = variant.endswith("-packed")
-                    await self.sender.send_ranks(self.packed if packed else self.halves)
+                    await self.sender.send_ranks(self.sent[variant])
                     refs = []
                 took = time.perf_counter() - t0
         return refs, began, lag.max * 1e3, took, memory.extra
@@ -208,7 +214,9 @@ class Trainer:
         """The time this rank holds its arrays."""
         if refs is None:
             batch = await self.receiver.areceive(timeout=120)
-            if isinstance(batch.samples, rlwire.Columns):
+            if isinstance(batch, dict):
+                assert batch["advantages"].dtype == np.float32
+            elif isinstance(batch.samples, rlwire.Columns):
                 assert batch.samples["advantages"].values.dtype == np.float32
             else:
                 assert batch.samples[-1].advantages.dtype == np.float32
@@ -236,8 +244,8 @@ def run_variant(
     if rlwire_side:
         url, options = url_of(variant, root)
         ray.get(producer.open.remote(url, **options))
-        packed = {"as_columns": True} if variant.endswith("-packed") else {}
-        ray.get([t.open.remote(url, r, **packed) for r, t in enumerate(trainers)])
+        taken = {"ray-packed": {"as_columns": True}, "ray-dicts": {"type": dict}}.get(variant, {})
+        ray.get([t.open.remote(url, r, **taken) for r, t in enumerate(trainers)])
     out = []
     try:
         for _ in range(steps):

@@ -6,6 +6,8 @@ import os
 
 import pytest
 from ray_cluster import ray_cluster as ray_cluster  # a local Ray cluster, on demand
+from ray_cluster import ray_producer as ray_producer
+from ray_cluster import ray_trainers as ray_trainers
 from ray_cluster import ray_url as ray_url
 from s3_server import s3_endpoint as s3_endpoint  # moto S3 fixtures for every module
 from s3_server import s3_url as s3_url

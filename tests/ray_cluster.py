@@ -7,7 +7,9 @@ cluster (Ray runs several on one machine, each on its own ports); the others sta
 ``ray_url`` gives an empty ``ray://`` destination per test and empties it after the test
 (as ``on_existing="overwrite"`` does), so that no test's steps stay in the object store.
 Destinations are reused from test to test: a board is an actor, a new process that takes
-half a second to start here, while emptying one takes a millisecond.
+half a second to start here, while emptying one takes a millisecond. For the same reason
+``ray_trainers`` and ``ray_producer`` are actors started once a session, for the tests
+that do not kill them.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-__all__ = ["OBJECT_STORE_BYTES", "ray_cluster", "ray_url"]
+__all__ = ["OBJECT_STORE_BYTES", "ray_cluster", "ray_producer", "ray_trainers", "ray_url"]
 
 #: The object store of the test cluster: room for the largest test step many times over.
 OBJECT_STORE_BYTES = 512 << 20
@@ -50,6 +53,30 @@ def ray_cluster() -> Iterator[None]:
             del os.environ["PYTHONPATH"]
         else:
             os.environ["PYTHONPATH"] = old
+
+
+@pytest.fixture(scope="session")
+def ray_trainers(ray_cluster: None) -> list[Any]:
+    """Two trainer actors (tests/ray_actors.py's ``Trainer``), up, shared by the tests
+    that only receive with them; a test that kills one starts its own. An actor is a
+    new process, which took 3-9 s to start while the rest of the suite ran."""
+    return _started("Trainer", 2)
+
+
+@pytest.fixture(scope="session")
+def ray_producer(ray_cluster: None) -> Any:
+    """A producer actor (tests/ray_actors.py's ``Producer``), up, shared as
+    :func:`ray_trainers` are by the tests that do not kill it."""
+    return _started("Producer", 1)[0]
+
+
+def _started(name: str, count: int) -> list[Any]:
+    import ray
+    import ray_actors
+
+    actors = [getattr(ray_actors, name).remote() for _ in range(count)]
+    ray.get([actor.node.remote() for actor in actors], timeout=120)
+    return actors
 
 
 _FREE: list[str] = []  # names of emptied destinations, this process's

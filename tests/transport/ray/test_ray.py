@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from pickle import PickleBuffer
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -47,7 +48,7 @@ def _name(url: str) -> str:
     return url.removeprefix("ray://")
 
 
-def test_committed_steps_outlive_the_producer_actor(ray_url: str) -> None:
+def test_committed_steps_outlive_the_producer_actor(ray_url: str, ray_trainers: list[Any]) -> None:
     create_board(_name(ray_url))  # the driver's: it outlives the producer
     producer = Producer.remote()
     sent = ray.get(producer.send.remote(ray_url, 3, 2), timeout=60)
@@ -61,43 +62,38 @@ def test_committed_steps_outlive_the_producer_actor(ray_url: str) -> None:
             assert receiver.poll() is None
     # A driver hands each trainer actor a handle; the trainer opens it.
     handles = sent["handles"][1]
-    trainers = [Trainer.remote() for _ in handles]
-    got = ray.get([t.open_handle.remote(h) for t, h in zip(trainers, handles, strict=True)])
+    got = ray.get([t.open_handle.remote(h) for t, h in zip(ray_trainers, handles, strict=True)])
     for rank, (step, prints) in enumerate(got):
         assert step == 1
         assert prints == fingerprint(step_batches(1, 2)[rank])
-    for trainer in trainers:
-        ray.kill(trainer)
 
 
-def test_every_rank_of_a_many_rank_step_arrives_exact(ray_url: str) -> None:
+def test_every_rank_of_a_many_rank_step_arrives_exact(ray_url: str, ray_producer: Any) -> None:
     """The producer hashes each rank while the board pulls it, and joins the next into
     the same space once the board has it: every rank of many arrives as it was sent."""
     create_board(_name(ray_url))
-    producer = Producer.remote()
-    sent = ray.get(producer.send.remote(ray_url, 2, 5), timeout=60)
+    sent = ray.get(ray_producer.send.remote(ray_url, 2, 5), timeout=60)
     assert sent["board_owned"] is True
     for rank in range(5):
         with rlwire.open_receiver(ray_url, rank=rank) as receiver:
             for step in range(2):
                 got = receiver.receive(timeout=TIMEOUT)
                 assert fingerprint(got) == fingerprint(step_batches(step, 5)[rank])
-    ray.kill(producer)
 
 
-def test_ranks_stored_as_they_are_and_joined_ranks_alternate_exact(ray_url: str) -> None:
+def test_ranks_stored_as_they_are_and_joined_ranks_alternate_exact(
+    ray_url: str, ray_producer: Any
+) -> None:
     """A packed rank is handed to the board without waiting for the ranks before; a
     joined rank waits until the board holds the rank it would overwrite: packed and
     joined ranks in turn all arrive as sent, every checksum verified."""
     create_board(_name(ray_url))
-    producer = Producer.remote()
-    assert ray.get(producer.send_mixed.remote(ray_url, 5), timeout=60) is True
+    assert ray.get(ray_producer.send_mixed.remote(ray_url, 5), timeout=60) is True
     for rank, sent in enumerate(mixed_step(5)):
         if isinstance(sent.samples, rlwire.Columns):
             sent = TrainingBatch(samples=[TrainingSample(**row) for row in sent.samples.rows()])
         with rlwire.open_receiver(ray_url, rank=rank) as receiver:
             assert fingerprint(receiver.receive(timeout=TIMEOUT)) == fingerprint(sent)
-    ray.kill(producer)
 
 
 def test_a_join_space_holds_one_rank_until_it_is_stored_and_hashed(ray_url: str) -> None:

@@ -14,7 +14,6 @@ import pytest
 import ray
 from ray_actors import (
     Producer,
-    Trainer,
     fingerprint,
     kill_and_wait,
     part_samples,
@@ -44,15 +43,14 @@ def _expected(key: Any) -> list[str]:
     return fingerprint(TrainingBatch(samples=part_samples(int(key))))
 
 
-def test_parts_reach_two_trainer_actors_as_they_are_committed(ray_url: str) -> None:
+def test_parts_reach_two_trainer_actors_as_they_are_committed(
+    ray_url: str, ray_producer: Any, ray_trainers: list[Any]
+) -> None:
     create_board(_name(ray_url))  # the driver's: it outlives the actors
-    trainers = [Trainer.remote() for _ in range(2)]
-    ray.get([t.node.remote() for t in trainers], timeout=TIMEOUT)  # both actors are up
     # The trainers wait first: each part reaches them by the board's wake-up.
-    taking = [t.take_parts.remote(ray_url, rank) for rank, t in enumerate(trainers)]
+    taking = [t.take_parts.remote(ray_url, rank) for rank, t in enumerate(ray_trainers)]
     time.sleep(0.5)  # their receivers are open and waiting
-    producer = Producer.remote()
-    sent = ray.get(producer.fill.remote(ray_url, KEYS, 2, 0.01), timeout=TIMEOUT)
+    sent = ray.get(ray_producer.fill.remote(ray_url, KEYS, 2, 0.01), timeout=TIMEOUT)
     assert sent["board_owned"] is True
     assert sent["step"] == 0 and sent["skipped"] == [] and sent["resumed"] == []
     got = ray.get(taking, timeout=TIMEOUT)
@@ -71,8 +69,6 @@ def test_parts_reach_two_trainer_actors_as_they_are_committed(ray_url: str) -> N
             whole = receiver.receive(timeout=TIMEOUT)
             want = [s for key in sent["assignment"][rank] for s in part_samples(key)]
             assert_batches_equal(whole, TrainingBatch(samples=want))
-    for actor in (producer, *trainers):
-        ray.kill(actor)
 
 
 def _committed(url: str, step: int, ranks: int) -> list[Any]:
@@ -88,7 +84,7 @@ def _committed(url: str, step: int, ranks: int) -> list[Any]:
 
 @pytest.mark.parametrize("puts", [1, 6])
 def test_a_producer_actor_killed_mid_step_then_resumed_delivers_every_key_once(
-    ray_url: str, puts: int
+    ray_url: str, ray_trainers: list[Any], puts: int
 ) -> None:
     create_board(_name(ray_url))
     producer = Producer.remote()
@@ -109,15 +105,13 @@ def test_a_producer_actor_killed_mid_step_then_resumed_delivers_every_key_once(
     sent = ray.get(again.fill.remote(ray_url, KEYS, 2), timeout=TIMEOUT)
     assert sent["step"] == 0  # the open step, finished
     assert sorted(sent["resumed"]) == sorted(before) == sorted(sent["skipped"])
-    trainers = [Trainer.remote() for _ in range(2)]
-    got = ray.get([t.take_parts.remote(ray_url, r) for r, t in enumerate(trainers)])
+    got = ray.get([t.take_parts.remote(ray_url, r) for r, t in enumerate(ray_trainers)])
     delivered = [key for parts in got for key, _, _, _ in parts]
     assert sorted(delivered) == KEYS  # each key once: none lost, none twice
     for parts in got:
         for key, _, prints, _ in parts:
             assert prints == _expected(key)  # the killed producer's parts outlived it
-    for actor in (again, *trainers):
-        ray.kill(actor)
+    ray.kill(again)
 
 
 def test_keep_last_frees_the_objects_of_parts(ray_url: str) -> None:

@@ -19,6 +19,8 @@ run one after another within a round, their order alternating between rounds:
   array's memory: no gather), received with ``as_columns=True``.
 * ``ray-dicts``: those very dicts sent as they are (``send_ranks(dicts)``), received with
   ``type=dict``: the program of the how-to "Coming from ray.put".
+* ``-packed`` and ``-dicts`` after ``files`` or ``files-recycle`` send the step held so
+  through the directory (``files-recycle-packed``, ...).
 * ``files``: the same through a directory on tmpfs (``keep_last=2``); one node only.
 * ``files-recycle``: the same with the directory sink recycling retired files
   (``storage_options={"recycle": True}``), where the installed rlwire offers it.
@@ -156,11 +158,10 @@ class Producer:
         self.halves = [make_half(samples // 2, tokens, moe, seed + r) for r in range(2)]
         self.dicts = [as_dict(h) for h in self.halves]
         self.sent = {
-            "ray": self.halves,
-            "ray-packed": [as_columns(d) for d in self.dicts],
-            "ray-dicts": self.dicts,
+            "samples": self.halves,
+            "packed": [as_columns(d) for d in self.dicts],
+            "dicts": self.dicts,
         }
-        self.sent |= {"files": self.halves, "files-recycle": self.halves}
         self.sender: Any = None
         self.base = anon_mb()  # the steps' data made, no sender yet
 
@@ -187,7 +188,7 @@ class Producer:
                 elif variant == "put-thread":
                     refs = [await anyio.to_thread.run_sync(ray.put, d) for d in self.dicts]
                 else:
-                    await self.sender.send_ranks(self.sent[variant])
+                    await self.sender.send_ranks(self.sent[held_as(variant)[1]])
                     refs = []
                 took = time.perf_counter() - t0
         return refs, began, lag.max * 1e3, took, memory.extra
@@ -226,12 +227,23 @@ class Trainer:
         return time.time()
 
 
+def held_as(variant: str) -> tuple[str, str]:
+    """An rlwire variant's destination (``ray``, ``files``, ``files-recycle``) and how its
+    producer holds the step: ``samples``, or the batched arrays ``packed`` as columns, or
+    ``dicts`` (``ray-packed``, ``files-recycle-dicts``, ...)."""
+    for held in ("packed", "dicts"):
+        if variant.endswith(f"-{held}"):
+            return variant.removesuffix(f"-{held}"), held
+    return variant, "samples"
+
+
 def url_of(variant: str, root: str) -> tuple[str, dict[str, Any]]:
-    if variant.startswith("ray"):
+    where = held_as(variant)[0]
+    if where == "ray":
         return f"ray://bench-{uuid.uuid4().hex[:8]}", {"keep_last": 2}
     path = tempfile.mkdtemp(dir=root)
     options: dict[str, Any] = {"keep_last": 2}
-    if variant == "files-recycle":
+    if where == "files-recycle":
         options["storage_options"] = {"recycle": True}
     return path, options
 
@@ -244,7 +256,8 @@ def run_variant(
     if rlwire_side:
         url, options = url_of(variant, root)
         ray.get(producer.open.remote(url, **options))
-        taken = {"ray-packed": {"as_columns": True}, "ray-dicts": {"type": dict}}.get(variant, {})
+        received = {"packed": {"as_columns": True}, "dicts": {"type": dict}}
+        taken = received.get(held_as(variant)[1], {})
         ray.get([t.open.remote(url, r, **taken) for r, t in enumerate(trainers)])
     out = []
     try:
@@ -316,9 +329,9 @@ def main(argv: list[str] | None = None) -> None:
     variants = [v for v in args.variants.split(",") if v]
     if args.nodes == 2:
         variants = [v for v in variants if not v.startswith("files")]
-    if "files-recycle" in variants and not has_recycle():
+    if any(v.startswith("files-recycle") for v in variants) and not has_recycle():
         print("files-recycle: this rlwire has no recycling; left out", file=sys.stderr)
-        variants.remove("files-recycle")
+        variants = [v for v in variants if not v.startswith("files-recycle")]
     root = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
     cluster, at_producer, at_trainer = start(args.nodes)
     print(f"Command: `python benchmarks/bench_ray.py {' '.join(argv or sys.argv[1:])}`")

@@ -38,9 +38,10 @@ _executor: concurrent.futures.ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
 
 
-def worker_count(limit: float | None = None) -> int:
-    """How many threads one piece of GIL-releasing work may use: the cores, at most
-    :data:`MAX_WORKERS`, and at most ``limit`` (at least 1) when given.
+def worker_count(limit: float | None = None, *, spare: int = 0) -> int:
+    """How many threads one piece of GIL-releasing work may use: the cores less
+    ``spare`` (left to the event loop), at most :data:`MAX_WORKERS`, and at most
+    ``limit`` when given; at least 1.
 
     Example:
         >>> 1 <= worker_count() <= MAX_WORKERS
@@ -48,7 +49,7 @@ def worker_count(limit: float | None = None) -> int:
         >>> worker_count(limit=1)
         1
     """
-    count = min(os.cpu_count() or 1, MAX_WORKERS)
+    count = max(1, min((os.cpu_count() or 1) - spare, MAX_WORKERS))
     return count if limit is None else max(1, min(count, int(limit)))
 
 

@@ -1110,6 +1110,7 @@ def test_parallel_verification_names_the_damaged_segment(
     """A large message's segments are hashed by several threads, in groups: the
     mismatch found is still the right segment's, and an intact message passes."""
     monkeypatch.setattr(checksums, "PARALLEL_HASH_BYTES", 0)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)  # three hashing threads
     segments = [memoryview(bytes([i]) * (1000 + 97 * i)) for i in range(40)]
     sums = struct.pack("<40Q", *(xxhash.xxh3_64_intdigest(s) for s in segments))
     assert run_sliced(checksum_segments(Frame(segments[0], tuple(segments[1:])))) == sums
@@ -1121,6 +1122,28 @@ def test_parallel_verification_names_the_damaged_segment(
     assert info.value.segment == bad
 
 
+@pytest.mark.parametrize(("cores", "groups"), [(1, 1), (2, 1), (4, 3)])
+def test_hashing_leaves_a_core_to_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch, cores: int, groups: int
+) -> None:
+    """A large message's segments are hashed in a group per core but one, each group by
+    a thread of its own: with every core hashing, a receiver's loop waited for a core."""
+    monkeypatch.setattr(checksums, "PARALLEL_HASH_BYTES", 0)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    hashed: list[int] = []  # the size of each group hashed
+    hash_group = checksums._hashed
+
+    def recording(segments: Any) -> list[int]:
+        hashed.append(len(segments))
+        return hash_group(segments)
+
+    monkeypatch.setattr(checksums, "_hashed", recording)
+    segments = [memoryview(bytes([i]) * (300_000 + i)) for i in range(12)]
+    sums = struct.pack("<12Q", *(xxhash.xxh3_64_intdigest(s) for s in segments))
+    verify_segments(CHECKSUM, sums, segments, "here")
+    assert len(hashed) == groups and sum(hashed) == 12
+
+
 @pytest.mark.parametrize("parallel_bytes", [0, 1 << 40])
 def test_many_small_segments_are_hashed_in_order(
     monkeypatch: pytest.MonkeyPatch, parallel_bytes: int
@@ -1128,6 +1151,7 @@ def test_many_small_segments_are_hashed_in_order(
     """A thousand small segments, hashed inline or in groups by several threads: every
     digest is still its own segment's, and a mismatch names the right one."""
     monkeypatch.setattr(checksums, "PARALLEL_HASH_BYTES", parallel_bytes)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
     segments = [memoryview(i.to_bytes(2, "little") * (1 + i % 7)) for i in range(1000)]
     sums = struct.pack("<1000Q", *(xxhash.xxh3_64_intdigest(s) for s in segments))
     verify_segments(CHECKSUM, sums, segments, "here")

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from rlwire._core.errors import ConfigError, CorruptFrameError, StepExistsError
 from rlwire._core.slicing import Sliced
-from rlwire._frame.checksums import checksum_segments
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
 from rlwire.transport._appended import FieldsSink, FieldsSource
@@ -82,7 +81,6 @@ class RayFieldsSink(FieldsSink):
     if TYPE_CHECKING:  # RaySink's
         name: str
         namespace: str | None
-        checksum: bool
         caller_blocks_loop: bool
         _board: BoardHandle | None
         _producer: BoardHandle | None
@@ -90,6 +88,7 @@ class RayFieldsSink(FieldsSink):
         @property
         def where(self) -> str: ...
         def _storable(self, frame: Frame) -> Sliced[Frame]: ...
+        def _checksums(self, frame: Frame) -> Sliced[bytes | None]: ...
         def _hand(
             self,
             method: Any,
@@ -168,7 +167,7 @@ class RayFieldsSink(FieldsSink):
         staged = RayStagedFields(board, self.where, key, step, rank, len(have[1]))
         try:
             taken = yield from self._storable(frame)
-            sums = (yield from checksum_segments(taken)) if self.checksum else None
+            sums = yield from self._checksums(taken)
             main, side = make_payload(taken, sums)
             del taken
             answer = self._hand(

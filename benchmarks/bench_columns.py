@@ -43,6 +43,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -171,6 +172,22 @@ def write_all(path: Path, buffers: list[Any]) -> int:
     return total
 
 
+_ROW_FIELDS = ("token_ids", "mask", "logprobs", "temperatures", "advantages")
+
+
+def write_rows(path: Path, batch: rlwire.TrainingBatch) -> int:
+    """Write the samples' own arrays where they are, a column after another (what a
+    per-sample send must read), with ``os.writev`` to a fresh file, then remove it: the
+    floor for data held one array a sample, which the floor of the step's files, read
+    from one contiguous block each, does not pay."""
+    samples = batch.samples
+    rows = [getattr(s, name) for name in _ROW_FIELDS for s in samples]
+    try:
+        return write_all(path, rows)
+    finally:
+        path.unlink()
+
+
 def step_files(path: Path, step: int) -> list[Path]:
     return sorted(path.glob(f"step-{step:08d}.*.rlw"))
 
@@ -183,6 +200,11 @@ def check_received(got: rlwire.TrainingBatch, sent: rlwire.TrainingBatch) -> Non
             a, b = getattr(got.samples[i], name), getattr(sent.samples[i], name)
             if a.dtype != b.dtype or not np.array_equal(a, b):
                 raise AssertionError(f"samples[{i}].{name} differs after the round trip")
+
+
+#: How long the loop is watched after a step is dropped: a worker thread frees it then
+#: (8,000 samples: some 3 ms of work).
+_SETTLE = 0.03
 
 
 def _sleep_for(seconds: float) -> Callable[[], Awaitable[int]]:
@@ -219,10 +241,25 @@ class Bench:
         if keep:
             self.rows.setdefault(name, Row(name)).samples.append(sample)
 
-    async def timed(self, keep: bool, name: str, op: Callable[[], Awaitable[int]]) -> Sample:
-        """``op`` under the monitor, then the idle loop for as long, nothing else running."""
-        sample = await on_loop(op, self.mem)
-        self.keep(keep, name, sample)
+    async def timed(
+        self, keep: bool, name: str, op: Callable[[], Awaitable[int]], settle: float = 0.0
+    ) -> Sample:
+        """``op`` under the monitor, then the idle loop for as long, nothing else running.
+        With ``settle``, the monitor watches the loop that many seconds more after ``op``
+        returns (work ``op`` left to worker threads, such as freeing a dropped step, runs
+        then), the idle loop is watched as long, and the time is ``op``'s alone."""
+        took = 0.0
+
+        async def watched() -> int:
+            nonlocal took
+            began = time.perf_counter()
+            nbytes = await op()
+            took = time.perf_counter() - began
+            await anyio.sleep(settle)
+            return nbytes
+
+        sample = await on_loop(watched, self.mem)
+        self.keep(keep, name, dataclasses.replace(sample, seconds=took))
         self.keep(keep, f"idle ({name})", await on_loop(_sleep_for(sample.seconds), self.mem))
         return sample
 
@@ -284,6 +321,11 @@ class BatchBench(Bench):
             await self.baseline(keep, "floor", lambda: write_all(floor, self.files))
             await self.baseline(
                 keep,
+                "the samples' arrays, one writev",
+                lambda: write_rows(self.other / "rows.bin", self.batch),
+            )
+            await self.baseline(
+                keep,
                 "msgspec encode in a thread + write",
                 lambda: naive_encode_and_write(self.batch, encoded),
             )
@@ -317,8 +359,9 @@ class BatchBench(Bench):
         await self.timed(keep, "receive", receive)
         if not flip:
             self.keep(keep, "read once", read_once(step_files(self.dir, 0), self.buffer))
-        await self.timed(keep, "next areceive, holding a step", receive_next)
-        await self.timed(keep, "release a step (del batch)", release)
+        # A dropped step is freed in a worker thread: the loop is watched while that runs.
+        await self.timed(keep, "next areceive, holding a step", receive_next, _SETTLE)
+        await self.timed(keep, "release a step (del batch)", release, _SETTLE)
         receiver.close()
         await self.columns(keep)
 
@@ -431,6 +474,7 @@ async def run_bench(bench: Any) -> None:
 PAIRS: list[tuple[str, str, str, float | None]] = [
     ("dense", "send", "floor", 1.2),
     ("dense", "send", "msgspec encode in a thread + write", None),
+    ("dense", "send", "the samples' arrays, one writev", None),
     ("dense", "send packed (Columns)", "floor", None),
     ("dense", "receive", "read once", 1.0),
     ("dense", "receive as_columns", "read once (as_columns)", 0.8),
@@ -438,6 +482,7 @@ PAIRS: list[tuple[str, str, str, float | None]] = [
     ("dense", "release a step (del batch)", "", None),
     ("ragged", "send", "floor", 1.3),
     ("ragged", "send", "msgspec encode in a thread + write", None),
+    ("ragged", "send", "the samples' arrays, one writev", None),
     ("ragged", "send packed (Columns)", "floor", None),
     ("ragged", "receive", "read once", 1.0),
     ("ragged", "receive as_columns", "read once (as_columns)", None),
@@ -445,6 +490,7 @@ PAIRS: list[tuple[str, str, str, float | None]] = [
     ("ragged", "release a step (del batch)", "", None),
     ("small", "send", "floor", 1.3),
     ("small", "send", "msgspec encode in a thread + write", None),
+    ("small", "send", "the samples' arrays, one writev", None),
     ("small", "send packed (Columns)", "floor", None),
     ("small", "receive", "read once", 8.0),
     ("small", "receive as_columns", "read once (as_columns)", 1.0),

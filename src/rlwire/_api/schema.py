@@ -91,7 +91,10 @@ class TrainingSample(msgspec.Struct, kw_only=True, gc=False):
 _SAMPLE = {TrainingSample}
 
 
-class TrainingBatch(msgspec.Struct, kw_only=True, gc=False):
+# One a step, so tracked by the garbage collector (msgspec takes no weak reference to a
+# Struct it does not track): a receiver frees a step's samples in a worker thread once it
+# is dropped, which it learns by a weak reference (rlwire._api.release).
+class TrainingBatch(msgspec.Struct, kw_only=True, weakref=True):
     """The samples of one training step (for one data-parallel rank).
 
     Example:

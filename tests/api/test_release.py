@@ -1,0 +1,123 @@
+"""A received step of many samples is freed in a worker thread once its caller drops it,
+and a list the caller kept is left whole."""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+import rlwire
+from rlwire._api.release import MANY_ITEMS
+
+pytestmark = pytest.mark.anyio
+
+
+def _batch(samples: int) -> rlwire.TrainingBatch:
+    return rlwire.TrainingBatch(
+        samples=[
+            rlwire.TrainingSample(
+                token_ids=np.full(4, i, np.int64),
+                mask=np.ones(4, bool),
+                logprobs=np.zeros(4, np.float32),
+                temperatures=np.ones(4, np.float32),
+                advantages=np.zeros(4, np.float32),
+                env_name="env",
+            )
+            for i in range(samples)
+        ]
+    )
+
+
+def _send(path: Path, samples: int, steps: int = 1) -> None:
+    with rlwire.open_sync_sender(path) as sender:
+        for _ in range(steps):
+            sender.send(_batch(samples))
+
+
+def _watch_frees(batch: rlwire.TrainingBatch) -> tuple[list[int], threading.Event, list[object]]:
+    """The threads that free the first and the last sample's arrays (numpy arrays take
+    weak references, whose callbacks run where the array is freed)."""
+    threads: list[int] = []
+    freed = threading.Event()
+
+    def gone(_: object) -> None:
+        threads.append(threading.get_ident())
+        if len(threads) == 2:
+            freed.set()
+
+    refs: list[object] = [
+        weakref.ref(batch.samples[0].token_ids, gone),
+        weakref.ref(batch.samples[-1].advantages, gone),
+    ]
+    return threads, freed, refs
+
+
+def test_a_dropped_step_is_freed_by_a_worker_thread(tmp_path: Path) -> None:
+    _send(tmp_path, MANY_ITEMS + 10)
+    with rlwire.open_receiver(tmp_path, type=rlwire.TrainingBatch) as receiver:
+        batch = receiver.receive(timeout=10)
+        threads, freed, _refs = _watch_frees(batch)
+        del batch
+        assert freed.wait(10), f"the step's arrays were never freed (freed so far by {threads})"
+    assert threading.get_ident() not in threads
+
+
+async def test_a_step_replaced_by_the_next_areceive_is_freed_off_the_loop(tmp_path: Path) -> None:
+    _send(tmp_path, MANY_ITEMS, steps=2)
+    receiver = rlwire.open_receiver(tmp_path, type=rlwire.TrainingBatch)
+    held = [await receiver.areceive(timeout=10)]
+    threads, freed, _refs = _watch_frees(held[0])
+    held[0] = await receiver.areceive(timeout=10)  # the step before is dropped here
+    receiver.close()
+    for _ in range(1000):
+        if freed.is_set():
+            break
+        time.sleep(0.01)
+    assert freed.is_set(), "the step before was never freed"
+    assert threading.get_ident() not in threads
+    assert held[0].samples[0].token_ids.tolist() == [0, 0, 0, 0]
+
+
+def test_a_list_the_caller_kept_is_left_whole(tmp_path: Path) -> None:
+    _send(tmp_path, MANY_ITEMS + 10)
+    with rlwire.open_receiver(tmp_path, type=rlwire.TrainingBatch) as receiver:
+        batch = receiver.receive(timeout=10)
+    samples = batch.samples
+    finalized = threading.Event()
+    weakref.finalize(batch, finalized.set)
+    del batch
+    assert finalized.is_set()
+    time.sleep(0.2)  # time enough for a worker thread that would empty it
+    assert len(samples) == MANY_ITEMS + 10
+    assert [int(s.token_ids[0]) for s in samples] == list(range(MANY_ITEMS + 10))
+
+
+def test_a_short_step_is_freed_where_it_is_dropped(tmp_path: Path) -> None:
+    _send(tmp_path, MANY_ITEMS - 1)
+    with rlwire.open_receiver(tmp_path, type=rlwire.TrainingBatch) as receiver:
+        batch = receiver.receive(timeout=10)
+        threads, freed, _refs = _watch_frees(batch)
+        del batch
+        assert freed.is_set()
+    assert threads == [threading.get_ident()] * 2
+
+
+class _NoWeakRefs(msgspec.Struct):
+    samples: list[rlwire.TrainingSample]
+
+
+def test_a_struct_without_weak_references_is_freed_where_it_is_dropped(tmp_path: Path) -> None:
+    _send(tmp_path, MANY_ITEMS + 10)
+    with rlwire.open_receiver(tmp_path, type=_NoWeakRefs) as receiver:
+        got = receiver.receive(timeout=10)
+        assert type(got) is _NoWeakRefs
+        threads, freed, _refs = _watch_frees(got)  # type: ignore[arg-type]
+        del got
+        assert freed.is_set()
+    assert threads == [threading.get_ident()] * 2

@@ -14,6 +14,7 @@ import pytest
 
 import rlwire
 from rlwire._api.release import MANY_ITEMS
+from rlwire._core.pools import EXECUTOR_THREADS, shared_executor
 
 pytestmark = pytest.mark.anyio
 
@@ -84,18 +85,41 @@ async def test_a_step_replaced_by_the_next_areceive_is_freed_off_the_loop(tmp_pa
     assert held[0].samples[0].token_ids.tolist() == [0, 0, 0, 0]
 
 
+def _drop_and_wait_for_the_release_thread(receiver: rlwire.TrainingBatchReceiver) -> None:
+    """Receive a step, drop it and wait until the release thread freed it: it frees
+    what it is given in order, so anything given before is freed by then."""
+    batch = receiver.receive(timeout=10)
+    threads, freed, _refs = _watch_frees(batch)
+    del batch
+    assert freed.wait(10), f"the step's arrays were never freed (freed so far by {threads})"
+
+
 def test_a_list_the_caller_kept_is_left_whole(tmp_path: Path) -> None:
-    _send(tmp_path, MANY_ITEMS + 10)
+    _send(tmp_path, MANY_ITEMS + 10, steps=2)
     with rlwire.open_receiver(tmp_path, type=rlwire.TrainingBatch) as receiver:
         batch = receiver.receive(timeout=10)
-    samples = batch.samples
-    finalized = threading.Event()
-    weakref.finalize(batch, finalized.set)
-    del batch
-    assert finalized.is_set()
-    time.sleep(0.2)  # time enough for a worker thread that would empty it
+        samples = batch.samples
+        threads, _, _refs = _watch_frees(batch)
+        del batch
+        _drop_and_wait_for_the_release_thread(receiver)
+    assert threads == []
     assert len(samples) == MANY_ITEMS + 10
     assert [int(s.token_ids[0]) for s in samples] == list(range(MANY_ITEMS + 10))
+    del samples  # the caller's list is freed where the caller drops it
+    assert threads == [threading.get_ident()] * 2
+
+
+def test_a_list_that_replaced_the_received_one_is_freed_where_it_is_dropped(
+    tmp_path: Path,
+) -> None:
+    _send(tmp_path, MANY_ITEMS)
+    with rlwire.open_receiver(tmp_path, type=rlwire.TrainingBatch) as receiver:
+        batch = receiver.receive(timeout=10)
+    threads, freed, _refs = _watch_frees(batch)
+    batch.samples = batch.samples[:1]  # the received list goes now, nothing holds it back
+    assert threads == [threading.get_ident()]
+    del batch
+    assert freed.is_set() and threads == [threading.get_ident()] * 2
 
 
 def test_a_short_step_is_freed_where_it_is_dropped(tmp_path: Path) -> None:
@@ -108,16 +132,44 @@ def test_a_short_step_is_freed_where_it_is_dropped(tmp_path: Path) -> None:
     assert threads == [threading.get_ident()] * 2
 
 
-class _NoWeakRefs(msgspec.Struct):
+def test_a_step_the_caller_made_is_freed_where_it_is_dropped() -> None:
+    batch = _batch(MANY_ITEMS + 10)
+    threads, freed, _refs = _watch_frees(batch)
+    del batch
+    assert freed.is_set() and threads == [threading.get_ident()] * 2
+
+
+class _OwnBatch(msgspec.Struct):
     samples: list[rlwire.TrainingSample]
 
 
-def test_a_struct_without_weak_references_is_freed_where_it_is_dropped(tmp_path: Path) -> None:
+def test_a_step_of_another_type_is_freed_where_it_is_dropped(tmp_path: Path) -> None:
     _send(tmp_path, MANY_ITEMS + 10)
-    with rlwire.open_receiver(tmp_path, type=_NoWeakRefs) as receiver:
+    with rlwire.open_receiver(tmp_path, type=_OwnBatch) as receiver:
         got = receiver.receive(timeout=10)
-        assert type(got) is _NoWeakRefs
+        assert type(got) is _OwnBatch
         threads, freed, _refs = _watch_frees(got)  # type: ignore[arg-type]
         del got
         assert freed.is_set()
     assert threads == [threading.get_ident()] * 2
+
+
+def test_a_step_is_freed_by_the_release_thread_while_other_threads_are_busy(
+    tmp_path: Path,
+) -> None:
+    """Every worker of the shared executor busy at the drop (a receive verifying, a
+    send hashing): the step still goes to the release thread, not to the caller."""
+    _send(tmp_path, MANY_ITEMS)
+    release = threading.Event()
+    with rlwire.open_receiver(tmp_path, type=rlwire.TrainingBatch) as receiver:
+        batch = receiver.receive(timeout=10)
+    busy = [shared_executor().submit(release.wait, 10) for _ in range(EXECUTOR_THREADS)]
+    try:
+        threads, freed, _refs = _watch_frees(batch)
+        del batch
+        assert freed.wait(10), f"the step's arrays were never freed (freed so far by {threads})"
+        assert threading.get_ident() not in threads
+    finally:
+        release.set()
+        for future in busy:
+            future.result()

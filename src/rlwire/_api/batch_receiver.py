@@ -170,7 +170,8 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
                 decode_seconds=seconds["decode"],
                 total_seconds=total,
             )
-            release_in_a_worker(obj)
+            if type(obj) is TrainingBatch:
+                release_in_a_worker(obj)
             return obj
 
     def _check(self, obj: Any, step: int) -> Sliced[None]:

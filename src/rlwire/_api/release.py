@@ -4,79 +4,133 @@ A step of thousands of samples is tens of thousands of objects (a Struct and fiv
 views a sample: 48,000 for 8,000 samples). Freeing them happens wherever the last
 reference goes, which for a trainer is the line that replaces the step it held with the
 next one (``batch = await receiver.areceive()``): on the event loop, which that held
-2.5-3 ms for 8,000 samples. A receiver therefore keeps its own reference to each long
-list of a step it returns, and when the step itself is freed, hands those lists to a
-worker thread that frees them a slice at a time; dropping the step then costs the
-caller a fraction of a millisecond.
+2.5-3 ms for 8,000 samples. So a receiver notes each :class:`~rlwire.TrainingBatch` of
+many samples it returns, and when one of them is freed (``TrainingBatch.__del__``), its
+list of samples goes to a thread of its own, which frees it a slice at a time; dropping
+the step costs the caller a few microseconds.
 
-Only what nothing else holds is freed there: a list the caller kept (``samples =
-batch.samples``) is left to the caller, untouched. This takes a step that can be
-referred to weakly (a Struct declared ``weakref=True``, as :class:`~rlwire.TrainingBatch`
-is); others are freed where they are dropped, as any object.
+Only a list nothing else holds goes: one the caller kept (``samples = batch.samples``)
+stays where it is, whole, and is freed where the caller drops it. What runs where the
+batch is freed takes no lock and starts no thread (a batch may be freed anywhere, inside
+another library's locked section too): a look at a set, a reference count, and a put on
+a :class:`queue.SimpleQueue`, which is reentrant.
 """
 
 from __future__ import annotations
 
+import os
+import queue
 import sys
 import threading
-import weakref
+import time
 from typing import Any
 
-import msgspec
+from rlwire._core.slicing import SliceTimer
 
-from rlwire._core.pools import shared_executor
-from rlwire._core.slicing import Sliced, SliceTimer, run_sliced_beside
+__all__ = ["MANY_ITEMS", "hand_over", "release_in_a_worker"]
 
-__all__ = ["MANY_ITEMS", "release_in_a_worker"]
-
-#: A list field this long is freed in a worker thread (shorter ones cost the caller
-#: under 0.1 ms to free).
+#: A step with this many samples or more is freed in the release thread (fewer cost the
+#: caller well under 0.1 ms to free).
 MANY_ITEMS = 1024
-# Items freed between two looks at the slice timer (a few tens of microseconds each).
+# Items freed between two looks at the slice timer (a few tens of microseconds).
 _GROUP = 64
-# Never set: each release runs to its end (the thread is a daemon of the shared executor).
-_NEVER = threading.Event()
 
 
-def release_in_a_worker(obj: Any) -> None:
-    """Arrange for the long lists held by the fields of ``obj`` (a received step) to be
-    freed in a worker thread once ``obj`` is: if ``obj`` is a Struct that takes weak
-    references and has a list field of at least :data:`MANY_ITEMS` items; else nothing.
+class _Releaser:
+    """The release thread and its queue, made again in a forked child."""
+
+    def __init__(self) -> None:
+        self.received: set[int] = set()  # ids of noted steps not yet freed
+        self.queue: queue.SimpleQueue[list[Any]] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=_release_forever, args=(self.queue,), name="rlwire-release", daemon=True
+                )
+                self.thread.start()
+
+
+_releaser = _Releaser()
+
+
+def _after_fork() -> None:
+    global _releaser
+    _releaser = _Releaser()  # the child has no release thread: its steps are freed in place
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def release_in_a_worker(batch: Any) -> None:
+    """Note ``batch``, a :class:`~rlwire.TrainingBatch` a receiver returns, so that its
+    list of samples is freed in the release thread once ``batch`` is, if it has at least
+    :data:`MANY_ITEMS` of them. Called where the receiver reads, never where a step is
+    freed (it may start the thread).
 
     Example:
-        >>> import gc, rlwire
+        >>> import rlwire
         >>> batch = rlwire.TrainingBatch(samples=[None] * 2000)  # type: ignore[list-item]
         >>> release_in_a_worker(batch)
-        >>> del batch  # the list of 2,000 items is freed by a worker thread
+        >>> del batch  # its list of 2,000 items is freed by the release thread
     """
-    if not isinstance(obj, msgspec.Struct) or not obj.__struct_config__.weakref:
+    samples = batch.samples
+    if type(samples) is not list or len(samples) < MANY_ITEMS:
         return
-    lists = [
-        value
-        for name in obj.__struct_fields__
-        if type(value := getattr(obj, name, None)) is list and len(value) >= MANY_ITEMS
-    ]
-    if lists:
-        weakref.finalize(obj, _hand_over, lists).atexit = False
+    releaser = _releaser
+    releaser.start()
+    releaser.received.add(id(batch))
 
 
-def _hand_over(lists: list[list[Any]]) -> None:
-    """Called where the step is freed (the caller's thread): start the release."""
-    shared_executor().submit(run_sliced_beside, _released(lists), _NEVER)
+def hand_over(batch: Any) -> None:
+    """Called by ``TrainingBatch.__del__``, in whatever thread frees ``batch``: if a
+    receiver noted it, give its list of samples to the release thread when the dying
+    batch is the list's only holder; else nothing (the list goes as any object does)."""
+    received = _releaser.received
+    key = id(batch)
+    if key not in received:
+        return
+    received.discard(key)
+    if type(batch.samples) is not list or len(batch.samples) < MANY_ITEMS:
+        return  # replaced since by a short list, or by Columns: freed here, as any object
+    if _references(batch) <= _ALONE:  # no local holds it: read as the probe below is
+        _releaser.queue.put(batch.samples)
 
 
-def _released(lists: list[list[Any]]) -> Sliced[None]:
-    """Free each list of ``lists`` a group of items at a time, a slice at a time, if this
-    is its last reference; else only drop this reference."""
-    timer = SliceTimer()
-    while lists:
-        items = lists.pop()
-        # Two references: ``items`` and getrefcount's argument. Anyone else holding the
-        # list may still read it, so it is not touched.
-        if sys.getrefcount(items) > 2:
-            continue
+def _references(holder: Any) -> int:
+    """The references to ``holder.samples``, read the same way for the probe below."""
+    return sys.getrefcount(holder.samples)
+
+
+class _Probe:
+    __slots__ = ("samples",)
+
+    def __init__(self) -> None:
+        self.samples: list[Any] = []
+
+
+# What _references reads for a list only its holder holds: it depends on the
+# interpreter (3.14 lends a local to a call without a reference of its own), never on
+# the list, so it is read once, the way hand_over reads it.
+_probe = _Probe()
+_ALONE = _references(_probe)
+del _probe
+
+
+def _release_forever(items_queue: queue.SimpleQueue[list[Any]]) -> None:
+    """The release thread: free each list put on the queue, a group of items at a time,
+    letting go of the GIL between slices (``time.sleep(0)``) so an event loop waiting for
+    it takes it."""
+    while True:
+        items = items_queue.get()
+        timer = SliceTimer()
         while items:
             del items[-_GROUP:]
             if timer.due():
-                yield
+                time.sleep(0)
                 timer.restart()
+        del items

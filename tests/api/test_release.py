@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import rlwire
+from rlwire._api import release
 from rlwire._api.release import MANY_ITEMS
 from rlwire._core.pools import EXECUTOR_THREADS, shared_executor
 
@@ -143,15 +144,56 @@ class _OwnBatch(msgspec.Struct):
     samples: list[rlwire.TrainingSample]
 
 
-def test_a_step_of_another_type_is_freed_where_it_is_dropped(tmp_path: Path) -> None:
+def test_a_step_of_another_type_is_not_noted(tmp_path: Path) -> None:
     _send(tmp_path, MANY_ITEMS + 10)
     with rlwire.open_receiver(tmp_path, type=_OwnBatch) as receiver:
         got = receiver.receive(timeout=10)
         assert type(got) is _OwnBatch
+        assert id(got) not in release._releaser.received
         threads, freed, _refs = _watch_frees(got)  # type: ignore[arg-type]
         del got
         assert freed.is_set()
     assert threads == [threading.get_ident()] * 2
+
+
+def test_a_freed_step_is_forgotten(tmp_path: Path) -> None:
+    _send(tmp_path, MANY_ITEMS, steps=2)
+    with rlwire.open_receiver(tmp_path, type=rlwire.TrainingBatch) as receiver:
+        batch = receiver.receive(timeout=10)
+        key = id(batch)
+        assert key in release._releaser.received
+        del batch
+        assert key not in release._releaser.received
+        kept = receiver.receive(timeout=10)
+        samples = kept.samples
+        key = id(kept)
+        del kept  # its list is the caller's: not handed over, and the step forgotten
+        assert key not in release._releaser.received and len(samples) == MANY_ITEMS
+
+
+class _NoThreads:
+    """``threading`` where no thread starts (interpreter shutdown, a limit on threads)."""
+
+    Lock = threading.Lock
+
+    class Thread(threading.Thread):
+        def start(self) -> None:
+            raise RuntimeError("can't create new thread at interpreter shutdown")
+
+
+def test_without_a_release_thread_steps_arrive_and_are_freed_where_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(release, "threading", _NoThreads)
+    monkeypatch.setattr(release, "_releaser", release._Releaser())
+    _send(tmp_path, MANY_ITEMS, steps=2)
+    with rlwire.open_receiver(tmp_path, type=rlwire.TrainingBatch) as receiver:
+        for step in range(2):  # no step lost to the failed start, and it is tried again
+            batch = receiver.receive(timeout=10)
+            assert receiver.last_step == step and not release._releaser.received
+            threads, freed, _refs = _watch_frees(batch)
+            del batch
+            assert freed.is_set() and threads == [threading.get_ident()] * 2
 
 
 def test_a_step_is_freed_by_the_release_thread_while_other_threads_are_busy(

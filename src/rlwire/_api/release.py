@@ -34,6 +34,9 @@ __all__ = ["MANY_ITEMS", "hand_over", "release_in_a_worker"]
 MANY_ITEMS = 1024
 # Items freed between two looks at the slice timer (a few tens of microseconds).
 _GROUP = 64
+# Lists waiting for the release thread beyond which a step is freed where it is dropped
+# (a caller that holds the GIL nearly all the time leaves the thread little of it).
+_BACKLOG = 2
 
 
 class _Releaser:
@@ -45,13 +48,21 @@ class _Releaser:
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
 
-    def start(self) -> None:
+    def start(self) -> bool:
+        """Start the release thread unless it runs; False if it cannot start (no new
+        thread at interpreter shutdown, a limit on threads): steps are then freed where
+        they are dropped, as before."""
         with self.lock:
             if self.thread is None:
-                self.thread = threading.Thread(
+                thread = threading.Thread(
                     target=_release_forever, args=(self.queue,), name="rlwire-release", daemon=True
                 )
-                self.thread.start()
+                try:
+                    thread.start()
+                except RuntimeError:
+                    return False
+                self.thread = thread
+            return True
 
 
 _releaser = _Releaser()
@@ -59,7 +70,7 @@ _releaser = _Releaser()
 
 def _after_fork() -> None:
     global _releaser
-    _releaser = _Releaser()  # the child has no release thread: its steps are freed in place
+    _releaser = _Releaser()  # the child starts a release thread of its own when it receives
 
 
 if hasattr(os, "register_at_fork"):
@@ -82,8 +93,8 @@ def release_in_a_worker(batch: Any) -> None:
     if type(samples) is not list or len(samples) < MANY_ITEMS:
         return
     releaser = _releaser
-    releaser.start()
-    releaser.received.add(id(batch))
+    if releaser.start():
+        releaser.received.add(id(batch))
 
 
 def hand_over(batch: Any) -> None:
@@ -97,7 +108,8 @@ def hand_over(batch: Any) -> None:
     received.discard(key)
     if type(batch.samples) is not list or len(batch.samples) < MANY_ITEMS:
         return  # replaced since by a short list, or by Columns: freed here, as any object
-    if _references(batch) <= _ALONE:  # no local holds it: read as the probe below is
+    # No local holds the list: read as the probe below is. qsize takes no lock.
+    if _references(batch) <= _ALONE and _releaser.queue.qsize() < _BACKLOG:
         _releaser.queue.put(batch.samples)
 
 

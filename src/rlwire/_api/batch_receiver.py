@@ -19,7 +19,7 @@ from rlwire._api.fields import FieldSelector, check_fields
 from rlwire._api.options import Limits, LimitsKeywords, from_keywords
 from rlwire._api.parts import NOTHING as _NOTHING
 from rlwire._api.parts import PartsReader, SealedStep, read_sealed
-from rlwire._api.release import release_in_a_worker
+from rlwire._api.release import note_received
 from rlwire._api.row_reads import RowReads
 from rlwire._api.schema import TrainingBatch, TrainingSample
 from rlwire._api.stats import ReceiveStats
@@ -171,7 +171,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
                 total_seconds=total,
             )
             if type(obj) is TrainingBatch:
-                release_in_a_worker(obj)
+                note_received(obj)
             return obj
 
     def _check(self, obj: Any, step: int) -> Sliced[None]:

@@ -1,4 +1,4 @@
-"""A received step freed in a worker thread once its caller drops it.
+"""A received step freed in a thread of its own once its caller drops it.
 
 A step of thousands of samples is tens of thousands of objects (a Struct and five numpy
 views a sample: 48,000 for 8,000 samples). Freeing them happens wherever the last
@@ -27,7 +27,7 @@ from typing import Any
 
 from rlwire._core.slicing import SliceTimer
 
-__all__ = ["MANY_ITEMS", "hand_over", "release_in_a_worker"]
+__all__ = ["MANY_ITEMS", "note_received", "on_drop"]
 
 #: A step with this many samples or more is freed in the release thread (fewer cost the
 #: caller well under 0.1 ms to free).
@@ -77,7 +77,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def release_in_a_worker(batch: Any) -> None:
+def note_received(batch: Any) -> None:
     """Note ``batch``, a :class:`~rlwire.TrainingBatch` a receiver returns, so that its
     list of samples is freed in the release thread once ``batch`` is, if it has at least
     :data:`MANY_ITEMS` of them. Called where the receiver reads, never where a step is
@@ -86,7 +86,7 @@ def release_in_a_worker(batch: Any) -> None:
     Example:
         >>> import rlwire
         >>> batch = rlwire.TrainingBatch(samples=[None] * 2000)  # type: ignore[list-item]
-        >>> release_in_a_worker(batch)
+        >>> note_received(batch)
         >>> del batch  # its list of 2,000 items is freed by the release thread
     """
     samples = batch.samples
@@ -97,7 +97,7 @@ def release_in_a_worker(batch: Any) -> None:
         releaser.received.add(id(batch))
 
 
-def hand_over(batch: Any) -> None:
+def on_drop(batch: Any) -> None:
     """Called by ``TrainingBatch.__del__``, in whatever thread frees ``batch``: if a
     receiver noted it, give its list of samples to the release thread when the dying
     batch is the list's only holder; else nothing (the list goes as any object does)."""
@@ -127,7 +127,7 @@ class _Probe:
 
 # What _references reads for a list only its holder holds: it depends on the
 # interpreter (3.14 lends a local to a call without a reference of its own), never on
-# the list, so it is read once, the way hand_over reads it.
+# the list, so it is read once, the way on_drop reads it.
 _probe = _Probe()
 _ALONE = _references(_probe)
 del _probe

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from rlwire._api.release import hand_over
+from rlwire._api.release import on_drop
 from rlwire._checks.columns import all_finite
 from rlwire._core.chunked import Chunked
 from rlwire._core.columns import Columns
@@ -104,7 +104,7 @@ class TrainingBatch(msgspec.Struct, kw_only=True, gc=False):
     def __del__(self) -> None:
         # A step a receiver returned, of thousands of samples, is freed in a thread of
         # its own rather than wherever it is dropped (an event loop: some 3 ms).
-        hand_over(self)
+        on_drop(self)
 
     def validate(self, where: str = "batch") -> None:
         """Validate every sample.

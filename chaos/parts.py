@@ -330,12 +330,13 @@ class Ledger:
         self.committed: dict[int, set[tuple[str, Any]]] = {}  # reported put, not sealed
         self.sealed: dict[int, list[list[Any]]] = {}
         self.sent: set[int] = set()
+        self.unreported: set[int] = set()  # done by a killed run that never said so
 
     def keys(self, step: int) -> set[tuple[str, Any]]:
         return {_typed(g[0]) for g in self.plan["steps"][step]["groups"]}
 
     def take(self, events: list[dict[str, Any]], run: int) -> None:
-        done_steps = set(self.sealed) | self.sent
+        done_steps = set(self.sealed) | self.sent | self.unreported
         first_open = min(
             (s for s in range(len(self.plan["steps"])) if s not in done_steps), default=None
         )
@@ -350,6 +351,10 @@ class Ledger:
                     raise Verdict(
                         WRONG, f"run {run} resumed at step {event['next']}, not {expected}"
                     )
+                if first_open is not None and event["next"] == expected + 1:
+                    # That step is done: later runs must not be expected to resume at it.
+                    self.unreported.add(expected)
+                    self.committed.pop(expected, None)
             elif kind == "open":
                 step = event["step"]
                 resumed = {_typed(k) for k in event["resumed"]}

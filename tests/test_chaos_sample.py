@@ -239,6 +239,19 @@ def test_the_parts_judge_sees_lost_duplicated_half_visible_and_wrong_seals(
     with pytest.raises(parts.Verdict) as lost:
         later.take([{"e": "start", "next": 0}, {"e": "open", "step": 0, "resumed": ["b"]}], 1)
     assert lost.value.outcome == LOST
+    # A producer killed after its seal landed but before it said so: the next run
+    # starts one step later, and the run after it after the last step.
+    unsaid = [{"e": "start", "next": 0}, {"e": "open", "step": 0, "resumed": []}]
+    unsaid += [{"e": "put", "step": 0, "key": k, "skipped": False} for k in "abcde"]
+    resumed = parts.Ledger(plan)
+    resumed.take(unsaid, 0)
+    second = [{"e": "start", "next": 1}, {"e": "open", "step": 1, "resumed": []}]
+    second.append({"e": "sealed", "step": 1, "keys": [[7], ["7", 8]]})
+    resumed.take(second, 1)
+    resumed.take([{"e": "start", "next": 2}], 2)
+    with pytest.raises(parts.Verdict) as early:
+        resumed.take([{"e": "start", "next": 0}], 3)
+    assert early.value.outcome == parts.WRONG
     # A resumed key the producer wrote again.
     again = [{"e": "start", "next": 0}, {"e": "open", "step": 0, "resumed": ["a"]}]
     again.append({"e": "put", "step": 0, "key": "a", "skipped": False})

@@ -29,7 +29,9 @@ Shapes: ``moe`` (256 samples x 4,096 tokens with routed_experts uint8 [4096, 48,
 ~425 MB) and ``dense`` (2,048 x 2,048, no routed experts, ~88 MB). Every send runs under
 :class:`rlwire.LagMonitor` in the producer, followed by the idle loop under the same
 monitor for as long; the table gives the worst stall above the idle loop's worst gap,
-and the most anonymous memory (RssAnon: the object store's shared pages are not
+that stall beside ``put-thread``'s (the difference of the rounds' medians: on a shared
+machine the idle loop misses what the trainers' work does to the producer's core while
+it sends), and the most anonymous memory (RssAnon: the object store's shared pages are not
 counted) the producer held during the send above what it held before its sender opened.
 ``--nodes 2`` starts a ``ray.cluster_utils.Cluster`` of two nodes (a raylet and object
 store each, on this machine): the producer on one, the trainers on the other, so every
@@ -337,8 +339,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Command: `python benchmarks/bench_ray.py {' '.join(argv or sys.argv[1:])}`")
     print(f"ray {ray.__version__}, rlwire {rlwire.__version__}, {args.nodes} node(s)\n")
     print("| shape | variant | end to end ms | ratio to put-thread | stall above idle ms |", end="")
-    print(" extra producer MB | target |")
-    print("|---|---|---:|---:|---:|---:|---|")
+    print(" stall beside put-thread ms | extra producer MB | target |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
     try:
         for shape in args.shapes.split(","):
             producer = Producer.options(**at_producer).remote(shapes[shape], 0)
@@ -350,17 +352,26 @@ def main(argv: list[str] | None = None) -> None:
                     results[variant].append(run_variant(variant, producer, trainers, steps, root))
                 print(f"  {shape}: round {r + 1} done", file=sys.stderr)
             base = [statistics.median(e for e, _, _ in rnd[steady]) for rnd in results[BASELINE]]
+            # The anchor's own stall, round by round: on a shared machine the idle loop
+            # misses what the trainers' work does to the producer's core meanwhile.
+            base_stall = [
+                statistics.median(s for _, s, _ in rnd[steady]) for rnd in results[BASELINE]
+            ]
             for variant in variants:
                 ends = [e for rnd in results[variant] for e, _, _ in rnd[steady]]
                 stalls = [s for rnd in results[variant] for _, s, _ in rnd[steady]]
                 extras = [m for rnd in results[variant] for _, _, m in rnd[steady]]
                 mine = [statistics.median(e for e, _, _ in rnd[steady]) for rnd in results[variant]]
                 ratios = [m / b for m, b in zip(mine, base, strict=True)] if base else [0.0]
+                mine_stall = [
+                    statistics.median(s for _, s, _ in rnd[steady]) for rnd in results[variant]
+                ]
+                beside = [m - b for m, b in zip(mine_stall, base_stall, strict=True)] or [0.0]
                 target = TARGETS.get((shape, variant, args.nodes))
                 goal = f"≤ {target:.1f}x" if target else ""
                 print(
                     f"| {shape} | {variant} | {spread(ends)} | {spread(ratios, '.2f')} | "
-                    f"{spread(stalls)} | {spread(extras)} | {goal} |"
+                    f"{spread(stalls)} | {spread(beside)} | {spread(extras)} | {goal} |"
                 )
             for actor in (producer, *trainers):
                 ray.kill(actor)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from rlwire._core import copying as _copying
 from rlwire._core.copying import concatenated, copied, copied_into
-from rlwire._core.slicing import run_sliced
+from rlwire._core.slicing import SliceTimer, run_sliced
 
 
 @pytest.fixture
@@ -126,3 +126,24 @@ def test_copied_into_refuses_parts_that_do_not_fill_the_target(extra: int) -> No
     target = np.zeros(10 + extra, np.uint8)
     with pytest.raises(ValueError, match="the parts hold"):
         run_sliced(copied_into([b"01234", memoryview(b"56789")], target))
+
+
+def test_many_small_parts_end_a_slice_by_time_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thousands of rows cost microseconds of Python each: a slice ends when its time is
+    up, not only after a chunk of bytes (8 MiB of 8 KiB rows held the GIL 2 ms)."""
+    monkeypatch.setattr(_copying, "SliceTimer", lambda: SliceTimer(0.0))  # always due
+    rows = [bytes([i]) * 100 for i in range(50)]  # 5,000 bytes, far below a chunk
+    target = np.zeros(5000, np.uint8)
+    assert sum(1 for _ in copied_into(list(rows), target)) == len(rows)
+    assert target.tobytes() == b"".join(rows)
+    monkeypatch.setattr(_copying, "_SMALL", 64)  # concatenated copies part by part
+    joined = concatenated(list(rows), 5000)
+    count = 0
+    while True:
+        try:
+            next(joined)
+        except StopIteration as stop:
+            assert stop.value == b"".join(rows)
+            break
+        count += 1
+    assert count == len(rows)

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from rlwire._core.slicing import Sliced
+from rlwire._core.slicing import Sliced, SliceTimer
 
 __all__ = ["COPY_CHUNK_BYTES", "concatenated", "copied", "copied_into"]
 
@@ -83,6 +83,7 @@ def concatenated(parts: list[bytes | memoryview], size: int) -> Sliced[bytes]:
     out: bytes = _new[bytes](None, size)
     target = _address[bytes](out)
     offset = copied_since_yield = 0
+    timer = SliceTimer()
     for i, part in enumerate(parts):
         n = len(part)
         if offset + n > size:
@@ -92,9 +93,12 @@ def concatenated(parts: list[bytes | memoryview], size: int) -> Sliced[bytes]:
         parts[i] = b""
         offset += n
         copied_since_yield += n
-        if copied_since_yield >= COPY_CHUNK_BYTES:
+        # Thousands of small parts cost microseconds of Python each: a slice ends by time
+        # too, not only by bytes.
+        if copied_since_yield >= COPY_CHUNK_BYTES or timer.due():
             copied_since_yield = 0
             yield
+            timer.restart()
     if offset != size:
         raise ValueError(f"the parts hold {offset} bytes, not {size}")
     return out
@@ -115,6 +119,7 @@ def copied_into(parts: list[bytes | memoryview], target: np.ndarray) -> Sliced[N
     """
     size = target.nbytes
     offset = copied_since_yield = 0
+    timer = SliceTimer()
     for part in parts:
         n = part.nbytes if isinstance(part, memoryview) else len(part)
         if offset + n > size:
@@ -131,8 +136,11 @@ def copied_into(parts: list[bytes | memoryview], target: np.ndarray) -> Sliced[N
                 target[offset + start : offset + stop] = part[start:stop]
             copied_since_yield = COPY_CHUNK_BYTES
         offset += n
-        if copied_since_yield >= COPY_CHUNK_BYTES:
+        # Thousands of rows cost a couple of microseconds each (8 MiB of rows of 8-16 KiB
+        # held the GIL 2 ms): a slice ends by time too, not only by bytes.
+        if copied_since_yield >= COPY_CHUNK_BYTES or timer.due():
             copied_since_yield = 0
             yield
+            timer.restart()
     if offset != size:
         raise ValueError(f"the parts hold {offset} bytes, not {size}")

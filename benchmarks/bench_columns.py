@@ -133,12 +133,16 @@ def shape_lengths(shape: str, sizes: Sizes, seed: int) -> list[int]:
     return [int(n) for n in np.random.default_rng(seed).integers(low, high + 1, count)]
 
 
+#: The per-token fields of the shapes' samples.
+TOKEN_FIELDS = ("token_ids", "mask", "logprobs", "temperatures", "advantages")
+
+
 def packed(batch: rlwire.TrainingBatch) -> rlwire.TrainingBatch:
     """The same samples as the user who holds them packed sends them: a Columns of one
     Ragged per per-token field (made here, untimed) and a list of env names."""
-    names = ("token_ids", "mask", "logprobs", "temperatures", "advantages")
     columns: dict[str, Any] = {
-        name: rlwire.Ragged.from_arrays([getattr(s, name) for s in batch.samples]) for name in names
+        name: rlwire.Ragged.from_arrays([getattr(s, name) for s in batch.samples])
+        for name in TOKEN_FIELDS
     }
     columns["env_name"] = [s.env_name for s in batch.samples]
     return rlwire.TrainingBatch(samples=rlwire.Columns(columns))  # type: ignore[arg-type]
@@ -172,16 +176,13 @@ def write_all(path: Path, buffers: list[Any]) -> int:
     return total
 
 
-_ROW_FIELDS = ("token_ids", "mask", "logprobs", "temperatures", "advantages")
-
-
 def write_rows(path: Path, batch: rlwire.TrainingBatch) -> int:
     """Write the samples' own arrays where they are, a column after another (what a
     per-sample send must read), with ``os.writev`` to a fresh file, then remove it: the
     floor for data held one array a sample, which the floor of the step's files, read
     from one contiguous block each, does not pay."""
     samples = batch.samples
-    rows = [getattr(s, name) for name in _ROW_FIELDS for s in samples]
+    rows = [getattr(s, name) for name in TOKEN_FIELDS for s in samples]
     try:
         return write_all(path, rows)
     finally:
@@ -196,7 +197,7 @@ def check_received(got: rlwire.TrainingBatch, sent: rlwire.TrainingBatch) -> Non
     if len(got.samples) != len(sent.samples):
         raise AssertionError(f"received {len(got.samples)} samples, sent {len(sent.samples)}")
     for i in (0, len(sent.samples) // 2, len(sent.samples) - 1):
-        for name in ("token_ids", "mask", "logprobs", "temperatures", "advantages"):
+        for name in TOKEN_FIELDS:
             a, b = getattr(got.samples[i], name), getattr(sent.samples[i], name)
             if a.dtype != b.dtype or not np.array_equal(a, b):
                 raise AssertionError(f"samples[{i}].{name} differs after the round trip")
@@ -287,9 +288,7 @@ class BatchBench(Bench):
         self.files = [p.read_bytes() for p in step_files(self.dir, 0)]
         self.step_bytes = sum(len(f) for f in self.files)
         self.payload_bytes = sum(
-            a.nbytes
-            for s in self.batch.samples
-            for a in (s.token_ids, s.mask, s.logprobs, s.temperatures, s.advantages)
+            getattr(s, name).nbytes for s in self.batch.samples for name in TOKEN_FIELDS
         )
         self.buffer = faulted_buffer(self.step_bytes)
         receiver = rlwire.open_receiver(self.dir, type=rlwire.TrainingBatch)

@@ -22,10 +22,9 @@ import os
 import queue
 import sys
 import threading
-import time
 from typing import Any
 
-from rlwire._core.slicing import SliceTimer
+from rlwire._core.slicing import Sliced, SliceTimer, run_sliced_beside
 
 __all__ = ["MANY_ITEMS", "note_received", "on_drop"]
 
@@ -37,6 +36,8 @@ _GROUP = 64
 # Lists waiting for the release thread beyond which a step is freed where it is dropped
 # (a caller that holds the GIL nearly all the time leaves the thread little of it).
 _BACKLOG = 2
+# Never set: each list is freed to its end.
+_NEVER = threading.Event()
 
 
 class _Releaser:
@@ -134,15 +135,17 @@ del _probe
 
 
 def _release_forever(items_queue: queue.SimpleQueue[list[Any]]) -> None:
-    """The release thread: free each list put on the queue, a group of items at a time,
-    letting go of the GIL between slices (``time.sleep(0)``) so an event loop waiting for
-    it takes it."""
+    """The release thread: free each list put on the queue, a slice at a time, letting
+    go of the GIL between slices so that an event loop waiting for it takes it."""
     while True:
-        items = items_queue.get()
-        timer = SliceTimer()
-        while items:
-            del items[-_GROUP:]
-            if timer.due():
-                time.sleep(0)
-                timer.restart()
-        del items
+        run_sliced_beside(_freed(items_queue.get()), _NEVER)
+
+
+def _freed(items: list[Any]) -> Sliced[None]:
+    """Empty ``items`` a group at a time, yielding when a slice is over."""
+    timer = SliceTimer()
+    while items:
+        del items[-_GROUP:]
+        if timer.due():
+            yield
+            timer.restart()

@@ -30,9 +30,11 @@ class SliceTimer:
     """Tells a sliced generator when its current slice has run long enough.
 
     Example:
-        >>> s = SliceTimer(0.001)
-        >>> s.due()  # just started
+        >>> s = SliceTimer(60.0)
+        >>> s.due()  # a slice of a minute has just started
         False
+        >>> SliceTimer(0.0).due()  # a slice of no time is over at once
+        True
     """
 
     __slots__ = ("_deadline", "_seconds")

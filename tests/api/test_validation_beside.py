@@ -3,15 +3,19 @@ the step is written, and commits only once the checks pass."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 from helpers import make_batch, make_sample
 
 import rlwire
-from rlwire._api.validation import ChecksBeside
+from rlwire._api.validation import ChecksBeside, Validation
+from rlwire._core.offload import Resumes
 from rlwire.codecs import MsgpackCodec
 from rlwire.transport import FileSink
 
@@ -109,3 +113,99 @@ def test_a_column_the_codec_did_not_join_is_checked_from_the_rows() -> None:
     with pytest.raises(rlwire.SchemaError, match=r"^\$\.samples\[2000\]\.advantages: has"):
         for _ in queued:
             pass
+
+
+# -- the commit in the write's last trip ----------------------------------------------
+
+
+class Committing(FileSink):
+    """A real file sink whose commits are counted and can be held: ``hold`` makes the
+    next commit wait (in its worker thread) until ``release`` is set."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.commits = 0
+        self.hold = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def stage(self, step: int, frames: Any) -> Any:
+        staged = yield from super().stage(step, frames)
+        plain = staged.commit
+
+        def commit() -> None:
+            self.commits += 1
+            if self.hold:
+                self.entered.set()
+                self.release.wait(30)
+            plain()
+
+        staged.commit = commit  # the default acommit, which runs it in a thread
+        return staged
+
+
+async def test_a_step_whose_checks_passed_is_committed_in_the_writes_last_trip(
+    tmp_path: Path,
+) -> None:
+    """A step that needs no checks, or whose checks passed while it was written, is
+    committed by ``stage`` itself; ``commit`` then commits nothing more."""
+    sink = Committing(tmp_path)
+    sink.open("error")
+    limiter = anyio.CapacityLimiter(2)
+    validation = Validation()
+    staged = await validation.stage(sink.stage(0, [rlwire.Frame(b"h")]), 0, limiter, Resumes())
+    assert validation.committed is staged and staged.visible and sink.commits == 1
+    assert names(tmp_path) == ["step-00000000.rank-0000.rlw"]
+    await validation.commit(staged, limiter)
+    assert sink.commits == 1
+
+
+async def test_a_step_whose_checks_still_run_is_committed_after_them(tmp_path: Path) -> None:
+    sink = Committing(tmp_path)
+    sink.open("error")
+    limiter = anyio.CapacityLimiter(2)
+    validation = Validation()
+    go = threading.Event()
+
+    def checks() -> Any:
+        go.wait(30)
+        yield
+
+    def staging() -> Any:
+        validation.start(0, checks())  # as the sender's encoding starts them
+        return (yield from sink.stage(0, [rlwire.Frame(b"h")]))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(anyio.to_thread.run_sync, lambda: (time.sleep(0.2), go.set()))
+        staged = await validation.stage(staging(), 0, limiter, Resumes())
+    assert validation.committed is None and sink.commits == 0 and not staged.visible
+    await validation.commit(staged, limiter)
+    assert sink.commits == 1 and staged.visible
+
+
+async def test_a_cancellation_while_the_stage_commits_still_counts_the_step(
+    tmp_path: Path,
+) -> None:
+    """A cancellation that comes while the commit in the stage's last trip runs waits
+    for it (the send returns, the cancellation comes at the next checkpoint): the step
+    is visible and its number used, never sent again."""
+    sink = Committing(tmp_path)
+    async with rlwire.TrainingBatchSender(sink, MsgpackCodec()) as sender:
+        sink.hold = True
+        async with anyio.create_task_group() as tg:
+
+            async def cancel_once_committing() -> None:
+                await anyio.to_thread.run_sync(sink.entered.wait, 30)
+                tg.cancel_scope.cancel()
+                sink.release.set()
+
+            tg.start_soon(cancel_once_committing)
+            sent = await sender.send({"a": 0})
+            await anyio.sleep(30)
+        assert tg.cancel_scope.cancelled_caught and sent == 0
+        assert (sender.last_step, sender.next_step) == (0, 1)
+        sink.hold = False
+        assert await sender.send({"a": 1}) == 1
+    receiver = rlwire.open_receiver(tmp_path, type=dict)
+    assert [(await receiver.areceive(timeout=5))["a"] for _ in range(2)] == [0, 1]
+    receiver.close()

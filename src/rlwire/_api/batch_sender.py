@@ -34,7 +34,7 @@ from rlwire._core.slicing import Sliced, timed
 from rlwire._frame.compression import Compressor, compress_sliced
 from rlwire._frame.frame import Frame, joined_pieces
 from rlwire.codecs._registry import Codec
-from rlwire.transport._base import OnExisting, Sink
+from rlwire.transport._base import OnExisting, Sink, Staged
 
 __all__ = ["TrainingBatchSender"]
 
@@ -213,26 +213,26 @@ class TrainingBatchSender(AppendingSender):
             frames = [
                 self._encode(obj, step, rank, clock, validation) for rank, obj in enumerate(objs)
             ]
-            staged = await validation.stage(
-                self._sink.stage(step, frames), step, self._limiter, clock.resumes
-            )
-            self._names_checked = True
-            clock.staged = time.perf_counter()
+            staged: Staged | None = None
             try:
-                await staged.acommit(self._limiter)
+                staged = await validation.stage(
+                    self._sink.stage(step, frames), step, self._limiter, clock.resumes
+                )
+                self._names_checked = True
+                clock.staged = time.perf_counter() - validation.commit_seconds
+                await validation.commit(staged, self._limiter)
             except BaseException as exc:
-                if staged.visible is None:
+                staged = await validation.settle_failed(staged, self._limiter)
+                if staged is not None and staged.visible is None:
                     # Neither sending the step again nor going on is safe: a receiver
                     # could get two versions of it, or wait forever for it.
                     self._unknown_step = step
                     if isinstance(exc, RlwireError):
                         exc.add_context(step=step)
-                elif not staged.visible:  # e.g. a cancelled async commit
-                    with anyio.CancelScope(shield=True):
-                        await to_thread.run_sync(staged.discard, limiter=self._limiter)
                 raise
             finally:
-                if staged.visible:  # even a partly visible step must never be sent again
+                # Even a partly visible step must never be sent again.
+                if staged is not None and staged.visible:
                     self._last_step = step
                     self._next_step = step + 1
             self._last_stats = stats = clock.stats(step)

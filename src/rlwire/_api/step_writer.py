@@ -31,7 +31,7 @@ from rlwire._core.errors import (
 from rlwire._core.ragged import Ragged
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
-from rlwire.transport._base import Sink
+from rlwire.transport._base import Sink, Staged
 from rlwire.transport._parts import Key, PartInfo, Seal, check_key
 
 
@@ -311,23 +311,23 @@ class StepWriter:
         clock = SendClock(self._ranks)
         validation = Validation()
         frame = sender._encode(samples, self.step, info.rank, clock, validation)
-        staged = await validation.stage(
-            sender.sink.stage_part(self.step, info, frame), self.step, limiter, clock.resumes
-        )
-        sender._names_checked = True
+        staged: Staged | None = None
         try:
-            await staged.acommit(limiter)
+            staged = await validation.stage(
+                sender.sink.stage_part(self.step, info, frame), self.step, limiter, clock.resumes
+            )
+            sender._names_checked = True
+            await validation.commit(staged, limiter)
         except BaseException as exc:
-            if staged.visible is None:
+            staged = await validation.settle_failed(staged, limiter)
+            if staged is not None and staged.visible is None:
                 self._unknown = True
                 if isinstance(exc, RlwireError):
                     exc.add_context(step=self.step, rank=info.rank)
-            elif not staged.visible:
-                with anyio.CancelScope(shield=True):
-                    await to_thread.run_sync(staged.discard, limiter=limiter)
             raise
         finally:
-            if staged.visible:  # a part that may be visible is never put again
+            # A part that may be visible is never put again.
+            if staged is not None and staged.visible:
                 self._record(info)
 
     async def seal(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import time
 from typing import Any
 
 import anyio
@@ -68,6 +69,13 @@ class Validation:
     def __init__(self) -> None:
         self._stop = threading.Event()
         self._ranks: list[tuple[int, concurrent.futures.Future[None]]] = []
+        #: The step :meth:`stage` committed in the write's last trip to a worker thread
+        #: (None: not committed yet); the caller settles it as after :meth:`commit`, even
+        #: when :meth:`stage` raised (a cancellation that came while it committed).
+        self.committed: Staged | None = None
+        #: How long that commit took, and what it raised (:meth:`commit` raises it).
+        self.commit_seconds = 0.0
+        self._commit_error: BaseException | None = None
 
     def start(self, rank: int, checks: Sliced[None]) -> None:
         """Run ``checks`` (of rank ``rank``) beside whatever the caller does next."""
@@ -83,7 +91,7 @@ class Validation:
         """
         if stop:
             self._stop.set()
-        futures = [future for _, future in self._ranks]
+        futures = [future for _, future in self._ranks if not future.done()]
         if futures:
             await to_thread.run_sync(concurrent.futures.wait, futures, limiter=limiter)
         for rank, future in self._ranks:
@@ -106,7 +114,7 @@ class Validation:
             RlwireError: the checks' error, or else the write's; either with ``step``.
         """
         try:
-            staged = await drive_sliced(staging, limiter, resumes)
+            staged = await drive_sliced(self._committing(staging), limiter, resumes)
         except RlwireError as exc:
             exc.add_context(step=step)
             failed = await self.settle(limiter)
@@ -129,3 +137,50 @@ class Validation:
                 await to_thread.run_sync(staged.discard, limiter=limiter)
             raise failed.add_context(step=step)
         return staged
+
+    async def commit(self, staged: Staged, limiter: CapacityLimiter) -> None:
+        """Make ``staged`` visible (:meth:`Staged.acommit`), unless :meth:`stage` did in
+        its last trip: then raise what that commit raised, if anything."""
+        if self.committed is not staged:
+            await staged.acommit(limiter)
+        elif self._commit_error is not None:
+            raise self._commit_error
+
+    async def settle_failed(self, staged: Staged | None, limiter: CapacityLimiter) -> Staged | None:
+        """After :meth:`stage` or :meth:`commit` raised: the step that may be visible
+        (``staged``, or the one :meth:`stage` committed before it raised), discarded
+        when nothing of it is (a failed or cancelled commit); None when nothing was
+        committed (the stage cleaned up after itself)."""
+        if staged is None:
+            staged = self.committed
+        if staged is not None and staged.visible is False:
+            with anyio.CancelScope(shield=True):
+                await to_thread.run_sync(staged.discard, limiter=limiter)
+        return staged
+
+    def _committing(self, staging: Sliced[Staged]) -> Sliced[Staged]:
+        """``staging``, then, in the same trip to a worker thread, the commit, when the
+        checks have all passed by then and the sink commits in a thread anyway (the
+        default :meth:`Staged.acommit`): one trip fewer a send. What the commit raises
+        is kept for :meth:`commit`, so the caller handles it as ever."""
+        staged = yield from staging
+        if _commits_in_thread(staged) and self._passed():
+            self.committed = staged
+            began = time.perf_counter()
+            try:
+                staged.commit()
+            except BaseException as exc:
+                self._commit_error = exc
+            self.commit_seconds = time.perf_counter() - began
+        return staged
+
+    def _passed(self) -> bool:
+        """True when every rank's checks have finished and passed (or there are none)."""
+        return all(future.done() and future.exception() is None for _, future in self._ranks)
+
+
+def _commits_in_thread(staged: Staged) -> bool:
+    """True when ``staged``'s :meth:`~Staged.acommit` is the default one, which runs its
+    :meth:`~Staged.commit` in a worker thread, shielded (not a sink's own, cancellable
+    async commit)."""
+    return getattr(staged.acommit, "__func__", None) is Staged.acommit

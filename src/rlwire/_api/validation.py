@@ -107,8 +107,10 @@ class Validation:
         self, staging: Sliced[Staged], step: int, limiter: CapacityLimiter, resumes: Resumes
     ) -> Staged:
         """Write a step (``staging``, not visible yet) while the checks run beside it;
-        the staged step once both are done. A step that fails its checks is discarded and
-        their error raised, whatever else failed meanwhile, as when they ran first.
+        the staged step once both are done, already committed (:attr:`committed`) when
+        the checks had passed by the end of the write. A step that fails its checks is
+        discarded and their error raised, whatever else failed meanwhile, as when they
+        ran first. Commit it with :meth:`commit`.
 
         Raises:
             RlwireError: the checks' error, or else the write's; either with ``step``.
@@ -144,7 +146,9 @@ class Validation:
         if self.committed is not staged:
             await staged.acommit(limiter)
         elif self._commit_error is not None:
-            raise self._commit_error
+            # Let go of it: its traceback holds the generator's frame, which holds self.
+            error, self._commit_error = self._commit_error, None
+            raise error
 
     async def settle_failed(self, staged: Staged | None, limiter: CapacityLimiter) -> Staged | None:
         """After :meth:`stage` or :meth:`commit` raised: the step that may be visible
@@ -176,7 +180,10 @@ class Validation:
 
     def _passed(self) -> bool:
         """True when every rank's checks have finished and passed (or there are none)."""
-        return all(future.done() and future.exception() is None for _, future in self._ranks)
+        return all(
+            future.done() and not future.cancelled() and future.exception() is None
+            for _, future in self._ranks
+        )
 
 
 def _commits_in_thread(staged: Staged) -> bool:

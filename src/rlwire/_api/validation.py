@@ -107,7 +107,7 @@ class Validation:
         self, staging: Sliced[Staged], step: int, limiter: CapacityLimiter, resumes: Resumes
     ) -> Staged:
         """Write a step (``staging``, not visible yet) while the checks run beside it;
-        the staged step once both are done, already committed (:attr:`committed`) when
+        the staged step once both are done, already committed (``committed``) when
         the checks had passed by the end of the write. A step that fails its checks is
         discarded and their error raised, whatever else failed meanwhile, as when they
         ran first. Commit it with :meth:`commit`.

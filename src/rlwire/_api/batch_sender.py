@@ -285,23 +285,27 @@ class TrainingBatchSender(AppendingSender):
     async def _make_room(self, step: int, ranks: int) -> None:
         """Wait while ``step`` is more than ``max_ahead`` steps ahead of the slowest
         rank, then delete the steps ``keep_last`` lets go."""
-        keep_last, max_ahead = self._retention.keep_last, self._retention.max_ahead
         delay = 0.005
-        while True:
-            marks = await to_thread.run_sync(
-                self._sink.read_consumption, ranks, step, limiter=self._limiter
-            )
-            slowest = min(self._first_step if m is None else m for m in marks)
-            if max_ahead is None or step - slowest <= max_ahead:
-                break
+        while not await to_thread.run_sync(self._room, step, ranks, limiter=self._limiter):
             await anyio.sleep(delay)  # the receivers' marks are polled, not pushed
             delay = min(delay * 2, 0.25)
+
+    def _room(self, step: int, ranks: int) -> bool:
+        """In a worker thread: False while ``step`` is more than ``max_ahead`` steps
+        ahead of the slowest rank; else True, once the steps ``keep_last`` lets go are
+        deleted (in the same trip as the read of the marks)."""
+        keep_last, max_ahead = self._retention.keep_last, self._retention.max_ahead
+        marks = self._sink.read_consumption(ranks, step)
+        slowest = min(self._first_step if m is None else m for m in marks)
+        if max_ahead is not None and step - slowest > max_ahead:
+            return False
         if keep_last is not None and None not in marks:
             # A rank with no mark has moved past nothing, as far as anyone can tell.
             below = min(slowest, step + 1 - keep_last)
             if below > self._pruned:
-                await to_thread.run_sync(self._sink.prune, below, limiter=self._limiter)
+                self._sink.prune(below)
                 self._pruned = below
+        return True
 
     def _encode(
         self, obj: Any, step: int, rank: int, clock: SendClock, validation: Validation

@@ -18,7 +18,6 @@ import rlwire
 from rlwire import EndOfStream, TrainingBatch, TrainingSample
 from rlwire.testing import make_batch, make_sample
 from rlwire.transport.ray import StepHandle
-from rlwire.transport.ray import _source as ray_source
 
 __all__ = [
     "Producer",
@@ -205,23 +204,15 @@ class Trainer:
             return receiver.last_step, fingerprint(batch)
 
     async def take_parts(
-        self, url: str, rank: int, start_step: int = 0, wait_slice: float | None = None
+        self, url: str, rank: int, start_step: int = 0
     ) -> list[tuple[Any, int, list[str], float]]:
         """This rank's parts of ``start_step`` as they arrive: each part's key, index,
-        fingerprint and when it was held (``time.monotonic``). With ``wait_slice``, the
-        source's longest single wait on the board is that many seconds meanwhile (a part
-        the board's wake-up missed would wait that long)."""
+        fingerprint and when it was held (``time.monotonic``)."""
         got = []
-        kept = ray_source._WAIT_SLICE
-        if wait_slice is not None:
-            ray_source._WAIT_SLICE = wait_slice
-        try:
-            with rlwire.open_receiver(url, rank=rank, start_step=start_step) as receiver:
-                async for part in receiver.aparts(timeout=60):
-                    held = time.monotonic()
-                    got.append((part.key, part.index, fingerprint(part.value), held))
-        finally:
-            ray_source._WAIT_SLICE = kept
+        with rlwire.open_receiver(url, rank=rank, start_step=start_step) as receiver:
+            async for part in receiver.aparts(timeout=60):
+                held = time.monotonic()
+                got.append((part.key, part.index, fingerprint(part.value), held))
         return got
 
     async def take(

@@ -316,6 +316,14 @@ def spread(values: list[float], spec: str = ".1f") -> str:
     return f"{statistics.median(values):{spec}} ({min(values):{spec}}…{max(values):{spec}})"
 
 
+def round_medians(
+    rounds: list[list[tuple[float, float, float]]], steady: slice, column: int
+) -> list[float]:
+    """Each round's median over its ``steady`` steps of one column (0: end to end ms,
+    1: stall above idle ms, 2: extra producer MB)."""
+    return [statistics.median(step[column] for step in rnd[steady]) for rnd in rounds]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default="moe,dense")
@@ -351,21 +359,17 @@ def main(argv: list[str] | None = None) -> None:
                 for variant in order:
                     results[variant].append(run_variant(variant, producer, trainers, steps, root))
                 print(f"  {shape}: round {r + 1} done", file=sys.stderr)
-            base = [statistics.median(e for e, _, _ in rnd[steady]) for rnd in results[BASELINE]]
+            base = round_medians(results[BASELINE], steady, 0)
             # The anchor's own stall, round by round: on a shared machine the idle loop
             # misses what the trainers' work does to the producer's core meanwhile.
-            base_stall = [
-                statistics.median(s for _, s, _ in rnd[steady]) for rnd in results[BASELINE]
-            ]
+            base_stall = round_medians(results[BASELINE], steady, 1)
             for variant in variants:
                 ends = [e for rnd in results[variant] for e, _, _ in rnd[steady]]
                 stalls = [s for rnd in results[variant] for _, s, _ in rnd[steady]]
                 extras = [m for rnd in results[variant] for _, _, m in rnd[steady]]
-                mine = [statistics.median(e for e, _, _ in rnd[steady]) for rnd in results[variant]]
+                mine = round_medians(results[variant], steady, 0)
                 ratios = [m / b for m, b in zip(mine, base, strict=True)] if base else [0.0]
-                mine_stall = [
-                    statistics.median(s for _, s, _ in rnd[steady]) for rnd in results[variant]
-                ]
+                mine_stall = round_medians(results[variant], steady, 1)
                 beside = [m - b for m, b in zip(mine_stall, base_stall, strict=True)] or [0.0]
                 target = TARGETS.get((shape, variant, args.nodes))
                 goal = f"≤ {target:.1f}x" if target else ""

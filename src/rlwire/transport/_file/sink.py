@@ -32,7 +32,7 @@ from rlwire._frame.checksums import placeholder_checksums
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import OnExisting, SinkOptions, SourceOptions, reject_unknown
 from rlwire.transport._file.source import FileSource, open_regular
-from rlwire.transport._file.staging import FileStaging, envelope
+from rlwire.transport._file.staging import FileStaging, RankFile, envelope
 from rlwire.transport._parts import PartInfo
 from rlwire.transport._stored.layout import Layout, plan
 from rlwire.transport._stored.marks import MAX_MARK_BYTES
@@ -267,7 +267,9 @@ class FileSink(StoredSink):
         """Write the files while hashing them: the envelope is planned with placeholder
         checksums and written last, at offset 0, with the real ones."""
         names = (main_name(step, rank), sidecar_name(step, rank))
-        yield from self._write_hashed(staging, frame, _plan_with(step, rank, None), names)
+        yield from self._write_hashed(
+            staging, frame, _plan_with(step, rank, None), names, beside=True
+        )
 
     def write_part(
         self, staging: StoredStaging, step: int, part: PartInfo, frame: Frame
@@ -277,7 +279,9 @@ class FileSink(StoredSink):
             part_name(step, part.rank, part.index),
             part_sidecar_name(step, part.rank, part.index),
         )
-        yield from self._write_hashed(staging, frame, _plan_with(step, part.rank, part), names)
+        yield from self._write_hashed(
+            staging, frame, _plan_with(step, part.rank, part), names, beside=False
+        )
 
     def _write_hashed(
         self,
@@ -285,18 +289,21 @@ class FileSink(StoredSink):
         frame: Frame,
         planner: Callable[[Frame, bytes | None], Layout],
         names: tuple[str, str],
+        *,
+        beside: bool,
     ) -> Sliced[None]:
+        """Write a message's files, the sidecar first: in a thread of their own if
+        ``beside`` and :meth:`FileStaging.write_rank` finds one free (a whole step's
+        ranks, not a part, which nothing would overlap)."""
         assert isinstance(staging, FileStaging)
         layout = planner(frame, placeholder_checksums(frame) if self.checksum else None)
         hashers = [xxhash.xxh3_64() for _ in range(len(frame.buffers) + 1)] if self.checksum else []
+        head = envelope(layout, hashers) if self.checksum else None  # called once hashed
+        files: list[RankFile] = []
         if layout.sidecar:
-            yield from staging.write(
-                names[1], layout.sidecar, layout.sidecar_segments, hashers, main=False
-            )
-        head = envelope(layout, hashers) if self.checksum else None
-        yield from staging.write(
-            names[0], layout.main, layout.main_segments, hashers, head, main=True
-        )
+            files.append((names[1], layout.sidecar, layout.sidecar_segments, None, False))
+        files.append((names[0], layout.main, layout.main_segments, head, True))
+        yield from staging.write_rank(files, hashers, frame.nbytes, beside=beside)
 
 
 def _plan_with(

@@ -126,7 +126,7 @@ import rlwire
 from rlwire.transport._file import staging
 from test_ranks_beside import RANKS, leftovers, rank_batch
 
-staging.beside_writers = lambda: 8  # every rank beside
+staging.beside_writers = lambda: {writers}
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails: EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (20_000_000, resource.RLIM_INFINITY))
 root = {root!r}
@@ -142,12 +142,17 @@ with rlwire.open_sync_sender(root, sidecar="routed_experts") as s:
 """
 
 
-def test_a_rank_that_fails_beside_fails_the_step_and_leaves_nothing(tmp_path: Path) -> None:
-    # A real failure in a writer thread: rank 2's sidecar grows past the process's file
-    # size limit (RLIMIT_FSIZE) and its write fails with EFBIG.
+@pytest.mark.parametrize("writers", [1, 8])
+def test_a_rank_that_fails_beside_fails_the_step_and_leaves_nothing(
+    tmp_path: Path, writers: int
+) -> None:
+    # A real failure: rank 2's sidecar grows past the process's file size limit
+    # (RLIMIT_FSIZE) and its write fails with EFBIG. With 8 writers every rank is written
+    # beside; with 1, rank 2 is written beside or by the staging thread while a writer
+    # beside still runs, as timing has it.
     here = str(Path(__file__).parent)
     paths = [here, *[p for p in sys.path if p]]
-    script = textwrap.dedent(_FAIL_BESIDE).format(paths=paths, root=str(tmp_path))
+    script = textwrap.dedent(_FAIL_BESIDE).format(paths=paths, root=str(tmp_path), writers=writers)
     run = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
     )

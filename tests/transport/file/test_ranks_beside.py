@@ -21,7 +21,7 @@ import rlwire
 from rlwire import TrainingBatch
 from rlwire.testing import assert_batches_equal, make_sample
 from rlwire.transport._file import staging
-from rlwire.transport._stored.names import STORED_RE
+from rlwire.transport._stored.names import POOL_RE
 
 RANKS = 4
 
@@ -37,8 +37,8 @@ def rank_batch(rank: int, step: int, samples: int = 7) -> TrainingBatch:
 
 
 def leftovers(root: Path) -> list[str]:
-    """Files in ``root`` that are neither a step's nor a mark: temporary files."""
-    return sorted(n for n in os.listdir(root) if not STORED_RE.fullmatch(n) and ".tmp" in n)
+    """Temporary files in ``root`` other than the recycling pool's."""
+    return sorted(n for n in os.listdir(root) if ".tmp" in n and not POOL_RE.fullmatch(n))
 
 
 class Writers:

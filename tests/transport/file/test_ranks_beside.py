@@ -1,8 +1,8 @@
-"""A step's ranks written beside one another (FileStaging.write_rank): on a machine with
-cores to spare, a large rank's files are written by a thread of the shared executor
-while the next rank's are. These 2-core machines have no writer to spare
-(beside_writers() is 0), so each test here grants some; the writes, the failures and
-the cancellations are real."""
+"""A step's ranks written beside one another (the directory's storage option
+``writers``, FileStaging.write_rank): a large rank's files are written by a thread of
+the shared executor while the next rank's are. On 2 cores the default is one writer, so
+each test here asks for more; the writes, the failures and the cancellations are
+real."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class Writers:
 
 @pytest.fixture
 def beside(monkeypatch: pytest.MonkeyPatch) -> Writers:
-    """Three writers beside the staging thread, watched."""
+    """The threads that write ranks beside the staging thread, watched."""
     writers = Writers()
     real = staging.run_sliced_beside
 
@@ -67,7 +67,6 @@ def beside(monkeypatch: pytest.MonkeyPatch) -> Writers:
             with writers.lock:
                 writers.running -= 1
 
-    monkeypatch.setattr(staging, "beside_writers", lambda: 3)
     monkeypatch.setattr(staging, "run_sliced_beside", watched)
     return writers
 
@@ -77,7 +76,9 @@ def beside(monkeypatch: pytest.MonkeyPatch) -> Writers:
 async def test_ranks_written_beside_arrive_bit_exact(
     tmp_path: Path, beside: Writers, recycle: bool
 ) -> None:
-    options = {"storage_options": {"recycle": True}, "keep_last": 1} if recycle else {}
+    options: dict[str, Any] = {"storage_options": {"writers": 4}}
+    if recycle:
+        options = {"storage_options": {"writers": 4, "recycle": True}, "keep_last": 1}
     receivers = [rlwire.open_receiver(tmp_path, rank=r) for r in range(RANKS)]
     try:
         async with rlwire.open_sender(tmp_path, sidecar="routed_experts", **options) as s:
@@ -98,7 +99,8 @@ async def test_ranks_written_beside_arrive_bit_exact(
 async def test_a_cancelled_send_leaves_nothing_and_no_writer_behind(
     tmp_path: Path, beside: Writers
 ) -> None:
-    async with rlwire.open_sender(tmp_path, sidecar="routed_experts") as s:
+    writers = {"writers": 4}
+    async with rlwire.open_sender(tmp_path, sidecar="routed_experts", storage_options=writers) as s:
         delays = [0.002 * i for i in range(1, 12)]
         for attempt, delay in enumerate(delays):
             sent = [rank_batch(r, attempt) for r in range(RANKS)]
@@ -123,15 +125,14 @@ _FAIL_BESIDE = """
 import os, resource, signal, sys
 sys.path[:0] = {paths!r}
 import rlwire
-from rlwire.transport._file import staging
 from test_ranks_beside import RANKS, leftovers, rank_batch
 
-staging.beside_writers = lambda: {writers}
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails: EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (20_000_000, resource.RLIM_INFINITY))
 root = {root!r}
 sent = [rank_batch(r, 0, samples=14 if r == 2 else 7) for r in range(RANKS)]  # 22 MB
-with rlwire.open_sync_sender(root, sidecar="routed_experts") as s:
+writers = {{"writers": {writers}}}
+with rlwire.open_sync_sender(root, sidecar="routed_experts", storage_options=writers) as s:
     try:
         s.send_ranks(sent)
     except rlwire.TransportError as exc:
@@ -142,13 +143,13 @@ with rlwire.open_sync_sender(root, sidecar="routed_experts") as s:
 """
 
 
-@pytest.mark.parametrize("writers", [1, 8])
+@pytest.mark.parametrize("writers", [2, 9])
 def test_a_rank_that_fails_beside_fails_the_step_and_leaves_nothing(
     tmp_path: Path, writers: int
 ) -> None:
     # A real failure: rank 2's sidecar grows past the process's file size limit
-    # (RLIMIT_FSIZE) and its write fails with EFBIG. With 8 writers every rank is written
-    # beside; with 1, rank 2 is written beside or by the staging thread while a writer
+    # (RLIMIT_FSIZE) and its write fails with EFBIG. With 9 writers every rank is written
+    # beside; with 2, rank 2 is written beside or by the staging thread while a writer
     # beside still runs, as timing has it.
     here = str(Path(__file__).parent)
     paths = [here, *[p for p in sys.path if p]]
@@ -162,3 +163,17 @@ def test_a_rank_that_fails_beside_fails_the_step_and_leaves_nothing(
     assert lines["visible"] == "[]"
     assert lines["leftovers"] == "[]"
     assert lines["next"] == "0"  # the failed step's number was not used; the sender works
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, "2", True])
+def test_writers_must_be_a_whole_number_of_at_least_one(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(rlwire.ConfigError, match=r"'writers' must be a whole number.*got"):
+        rlwire.open_sender(tmp_path, storage_options={"writers": bad})
+    assert os.listdir(tmp_path) == []  # nothing made
+
+
+def test_writers_default_to_the_cores_less_one(tmp_path: Path) -> None:
+    from rlwire.transport import FileSink
+
+    assert FileSink(tmp_path).writers == max(1, min((os.cpu_count() or 1) - 1, 8))
+    assert FileSink(tmp_path, writers=3).writers == 3

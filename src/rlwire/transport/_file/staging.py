@@ -19,13 +19,13 @@ import numpy as np
 
 from rlwire._core.atomic import AtomicFile, fsync_dir
 from rlwire._core.errors import StepExistsError, transport_error
-from rlwire._core.pools import shared_executor, worker_count
+from rlwire._core.pools import shared_executor
 from rlwire._core.slicing import Sliced, SliceTimer, run_sliced_beside
 from rlwire.transport._file.writev import batches, hash_batch, writev_all
 from rlwire.transport._stored.layout import Layout
 from rlwire.transport._stored.sink import StoredStaging
 
-__all__ = ["BESIDE_BYTES", "SLICE_BYTES", "FileStaging", "RankFile", "beside_writers", "envelope"]
+__all__ = ["BESIDE_BYTES", "SLICE_BYTES", "FileStaging", "RankFile", "envelope"]
 
 #: Bytes written per slice. os.write releases the GIL, so large slices cost the event
 #: loop nothing; they only bound how long a cancelled send takes to stop (tens of ms).
@@ -43,14 +43,21 @@ class FileStaging(StoredStaging):
 
     ``take(name)``, when given, returns a pooled file to write the file ``name`` into (or
     ``None``): it is moved to the temporary name, written over and cut to size.
+    ``writers``: how many threads may write its ranks at once, the staging thread
+    included (:meth:`write_rank`).
     """
 
     def __init__(
-        self, root: Path, fsync: bool, take: Callable[[str], Path | None] | None = None
+        self,
+        root: Path,
+        fsync: bool,
+        take: Callable[[str], Path | None] | None = None,
+        writers: int = 1,
     ) -> None:
         self.root = root
         self.fsync = fsync
         self.take = take
+        self.writers = writers
         # In the order the files were opened (a rank's sidecar before its main file, rank
         # by rank), whichever thread writes them: commit moves them in this order.
         self.sidecars: list[AtomicFile] = []
@@ -85,10 +92,9 @@ class FileStaging(StoredStaging):
     ) -> Sliced[None]:
         """Write one rank's ``files`` in order, as :meth:`write` writes each (``hashers``
         shared by them; ``size``: about how many bytes they hold). If ``beside``, they
-        hold :data:`BESIDE_BYTES` or more and a writer thread is free
-        (:func:`beside_writers`: none on 2 cores, where a second writer would hold the
-        event loop's core), a thread of the shared executor writes them, hashing each
-        batch itself, and this returns at once; :meth:`drain` waits for it.
+        hold :data:`BESIDE_BYTES` or more and fewer than ``writers - 1`` ranks are being
+        written beside, a thread of the shared executor writes them, hashing each batch
+        itself, and this returns at once; :meth:`drain` waits for it.
 
         Raises:
             TransportError: a file cannot be created or written (here, or at
@@ -109,7 +115,7 @@ class FileStaging(StoredStaging):
             yield from self._fill(out, reused, chunks, segs, hashers, head, hash_beside=True)
 
     def _free_writer(self) -> bool:
-        return sum(not f.done() for f in self._beside) < beside_writers()
+        return sum(not f.done() for f in self._beside) < self.writers - 1
 
     def drain(self) -> Sliced[None]:
         """Wait for the ranks written beside; raises the first one's error (the step is
@@ -247,19 +253,6 @@ def envelope(layout: Layout, hashers: Sequence[Any]) -> Callable[[], bytes]:
         return data
 
     return head
-
-
-def beside_writers() -> int:
-    """How many of a step's ranks may be written beside the thread that stages it: the
-    cores less one for the event loop and one for that thread (none on 2 cores). On 2
-    cores, two writers held an asyncio loop 1.9-3.4 ms above its idle gap (median of
-    rounds), one writer 0.1-0.2 ms.
-
-    Example:
-        >>> beside_writers() == worker_count(spare=1) - 1
-        True
-    """
-    return worker_count(spare=1) - 1
 
 
 def _one_after_another(fills: list[Sliced[None]]) -> Sliced[None]:

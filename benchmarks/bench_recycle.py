@@ -14,6 +14,11 @@ the files), the previous step's arrays dropped only then, as a trainer does. The
 * ``on+populate`` (with ``--populate``): ``on``, and the receivers' mappings are
   populated in one call (``madvise(MADV_POPULATE_READ)``, Linux 5.14+) before they are
   read, instead of one page fault per 64 KiB.
+* ``off+writers``, ``on+writers`` (with ``--writers N``): ``off`` and ``on`` with the
+  storage option ``{"writers": N}``: N threads may write the step's ranks at once.
+
+Each send is watched by a LagMonitor, and the idle loop as long right after: the stall
+column is the send's worst gap less the idle loop's.
 
 The workload is bench_send.py's ``make_workload``; by default 256 samples x 4096 tokens
 with routed experts of 48 layers x top-8 (~430 MB a step), split over two ranks.
@@ -22,6 +27,7 @@ Usage::
 
     .venv/bin/python benchmarks/bench_recycle.py               # 4 rounds, /dev/shm
     .venv/bin/python benchmarks/bench_recycle.py --populate    # and the populate variant
+    .venv/bin/python benchmarks/bench_recycle.py --writers 2   # and two writers
     .venv/bin/python benchmarks/bench_recycle.py --quick       # 32 samples, 2 rounds
 """
 
@@ -61,14 +67,23 @@ def populate(on: bool) -> None:
 
 
 async def run_variant(
-    variant: str, per_rank: list[rlwire.TrainingBatch], base: Path, steps: int, steady: int
-) -> tuple[list[float], list[float]]:
-    """Send ms and receive ms (both ranks) of the last ``steady`` steps."""
+    variant: str,
+    per_rank: list[rlwire.TrainingBatch],
+    base: Path,
+    steps: int,
+    steady: int,
+    writers: int | None,
+) -> tuple[list[float], list[float], list[float]]:
+    """Send ms, receive ms (both ranks) and the send's stall above the idle loop (ms) of
+    the last ``steady`` steps."""
     root = Path(tempfile.mkdtemp(prefix=f"recycle-{variant}-", dir=base))
     populate(variant.endswith("populate"))
-    options = {"recycle": True} if variant.startswith("on") else {}
+    options: dict[str, object] = {"recycle": True} if variant.startswith("on") else {}
+    if variant.endswith("writers"):
+        options["writers"] = writers
     sends: list[float] = []
     receives: list[float] = []
+    stalls: list[float] = []
     try:
         receivers = [rlwire.open_receiver(root, rank=r) for r in range(len(per_rank))]
         held: list[object] = []
@@ -76,8 +91,13 @@ async def run_variant(
             root, storage_options=options, keep_last=2, sidecar="routed_experts"
         ) as sender:
             for _ in range(steps):
-                t0 = time.perf_counter()
-                await sender.send_ranks(per_rank)
+                async with rlwire.LagMonitor() as lag:
+                    t0 = time.perf_counter()
+                    await sender.send_ranks(per_rank)
+                    t1 = time.perf_counter()
+                async with rlwire.LagMonitor() as idle:
+                    await anyio.sleep(t1 - t0)
+                stalls.append((lag.max - idle.max) * 1e3)
                 t1 = time.perf_counter()
                 got = [await r.areceive(timeout=60) for r in receivers]
                 t2 = time.perf_counter()
@@ -90,7 +110,7 @@ async def run_variant(
     finally:
         populate(False)
         shutil.rmtree(root, ignore_errors=True)
-    return sends[-steady:], receives[-steady:]
+    return sends[-steady:], receives[-steady:], stalls[-steady:]
 
 
 def spread(values: list[float]) -> str:
@@ -106,12 +126,15 @@ async def main(args: argparse.Namespace) -> None:
     ]
     print(f"step: {work.payload_bytes / 1e6:.0f} MB of arrays, 2 ranks, to {args.dir}")
     variants = ["off", "on"] + (["on+populate"] if args.populate else [])
-    rows: dict[str, list[tuple[list[float], list[float]]]] = {v: [] for v in variants}
+    variants += ["off+writers", "on+writers"] if args.writers else []
+    rows: dict[str, list[tuple[list[float], list[float], list[float]]]] = {v: [] for v in variants}
     base = Path(args.dir)
     for rnd in range(args.rounds):
         order = variants if rnd % 2 == 0 else variants[::-1]
         for variant in order:
-            result = await run_variant(variant, per_rank, base, args.steps, args.steady)
+            result = await run_variant(
+                variant, per_rank, base, args.steps, args.steady, args.writers
+            )
             rows[variant].append(result)
         line = ", ".join(
             f"{v} send {spread(rows[v][-1][0])} recv {spread(rows[v][-1][1])}" for v in variants
@@ -125,16 +148,19 @@ async def main(args: argparse.Namespace) -> None:
         f"\nsteps {args.steps - args.steady + 1}..{args.steps} of each run, "
         f"ranges over {args.rounds} rounds"
     )
-    print("| variant | send ms | receive ms (2 ranks) | end to end ms | send / off (per round) |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        "| variant | send ms | receive ms (2 ranks) | end to end ms | send / off (per round) "
+        "| send stall above idle ms |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
     off = medians("off", 0)
     for v in variants:
-        send, recv = medians(v, 0), medians(v, 1)
+        send, recv, stall = medians(v, 0), medians(v, 1), medians(v, 2)
         e2e = [s + r for s, r in zip(send, recv, strict=True)]
         ratio = [s / o for s, o in zip(send, off, strict=True)]
         print(
             f"| {v} | {spread(send)} | {spread(recv)} | {spread(e2e)} | "
-            f"{min(ratio):.2f}-{max(ratio):.2f} |"
+            f"{min(ratio):.2f}-{max(ratio):.2f} | {min(stall):.1f}-{max(stall):.1f} |"
         )
 
 
@@ -149,6 +175,7 @@ if __name__ == "__main__":
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--dir", default="/dev/shm", help="where the runs go (tmpfs)")
     p.add_argument("--populate", action="store_true", help="add the on+populate variant")
+    p.add_argument("--writers", type=int, help="add off and on with this many writers")
     p.add_argument("--quick", action="store_true", help="32 samples, 4 steps, 2 rounds")
     args = p.parse_args()
     if args.quick:

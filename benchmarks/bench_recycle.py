@@ -98,12 +98,12 @@ async def run_variant(
                 async with rlwire.LagMonitor() as idle:
                     await anyio.sleep(t1 - t0)
                 stalls.append((lag.max - idle.max) * 1e3)
-                t1 = time.perf_counter()
+                t2 = time.perf_counter()  # the receive, after the idle loop's watch
                 got = [await r.areceive(timeout=60) for r in receivers]
-                t2 = time.perf_counter()
+                t3 = time.perf_counter()
                 held = got  # the previous step's arrays go only now
                 sends.append((t1 - t0) * 1e3)
-                receives.append((t2 - t1) * 1e3)
+                receives.append((t3 - t2) * 1e3)
         del held
         for r in receivers:
             r.close()

@@ -42,6 +42,7 @@ Usage::
     .venv/bin/python benchmarks/bench_ray.py                        # both shapes, one node
     .venv/bin/python benchmarks/bench_ray.py --nodes 2 --rounds 4
     .venv/bin/python benchmarks/bench_ray.py --quick                # tiny, 1 round
+    .venv/bin/python benchmarks/bench_ray.py --variants put-thread,files-recycle-packed --writers 2
 """
 
 from __future__ import annotations
@@ -239,24 +240,33 @@ def held_as(variant: str) -> tuple[str, str]:
     return variant, "samples"
 
 
-def url_of(variant: str, root: str) -> tuple[str, dict[str, Any]]:
+def url_of(variant: str, root: str, writers: int | None = None) -> tuple[str, dict[str, Any]]:
     where = held_as(variant)[0]
     if where == "ray":
         return f"ray://bench-{uuid.uuid4().hex[:8]}", {"keep_last": 2}
     path = tempfile.mkdtemp(dir=root)
     options: dict[str, Any] = {"keep_last": 2}
+    storage: dict[str, Any] = {"writers": writers} if writers else {}
     if where == "files-recycle":
-        options["storage_options"] = {"recycle": True}
+        storage["recycle"] = True
+    if storage:
+        options["storage_options"] = storage
     return path, options
 
 
 def run_variant(
-    variant: str, producer: Any, trainers: list[Any], steps: int, root: str
+    variant: str,
+    producer: Any,
+    trainers: list[Any],
+    steps: int,
+    root: str,
+    writers: int | None = None,
 ) -> list[tuple[float, float, float]]:
-    """(end to end ms, stall above idle ms, extra producer MB) of every step."""
+    """(end to end ms, stall above idle ms, extra producer MB) of every step; a
+    directory's sender with the storage option ``writers`` if given."""
     rlwire_side = variant not in ("put-loop", "put-thread")
     if rlwire_side:
-        url, options = url_of(variant, root)
+        url, options = url_of(variant, root, writers)
         ray.get(producer.open.remote(url, **options))
         received = {"packed": {"as_columns": True}, "dicts": {"type": dict}}
         taken = received.get(held_as(variant)[1], {})
@@ -332,6 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--quick", action="store_true", help="tiny steps, 1 round, 4 steps")
+    parser.add_argument("--writers", type=int, help="the directory sink's storage option")
     args = parser.parse_args(argv)
     shapes = QUICK if args.quick else SHAPES
     rounds, steps = (1, 4) if args.quick else (args.rounds, args.steps)
@@ -357,7 +368,9 @@ def main(argv: list[str] | None = None) -> None:
             for r in range(rounds):
                 order = variants if r % 2 == 0 else variants[::-1]
                 for variant in order:
-                    results[variant].append(run_variant(variant, producer, trainers, steps, root))
+                    results[variant].append(
+                        run_variant(variant, producer, trainers, steps, root, args.writers)
+                    )
                 print(f"  {shape}: round {r + 1} done", file=sys.stderr)
             base = round_medians(results[BASELINE], steady, 0)
             # The anchor's own stall, round by round: on a shared machine the idle loop

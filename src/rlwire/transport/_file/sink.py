@@ -104,7 +104,7 @@ class FileSink(StoredSink):
             next is written. On tmpfs the kernel's copy into the files is the cost, and
             it runs on every core given it. ``None`` (default): the cores less one,
             left to the event loop (1 on 2 cores, where a second writer held the loop
-            3-4 ms). 1: one rank after another.
+            2-4 ms longer). 1: one rank after another.
 
     Raises:
         ConfigError: ``recycle`` without ``keep_last`` (when the sender is opened);

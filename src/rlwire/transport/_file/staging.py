@@ -66,39 +66,28 @@ class FileStaging(StoredStaging):
         self._stop = threading.Event()  # set when the step is discarded: writers stop
 
     def add(self, name: str, chunks: Sequence[bytes | memoryview], *, main: bool) -> Sliced[None]:
-        yield from self.write(name, chunks, [-1] * len(chunks), [], main=main)
-
-    def write(
-        self,
-        name: str,
-        chunks: Sequence[bytes | memoryview],
-        segments: Sequence[int],
-        hashers: Sequence[Any],
-        head: Callable[[], bytes] | None = None,
-        *,
-        main: bool,
-    ) -> Sliced[None]:
-        """Write ``chunks`` to a temporary file beside ``name``, hashing each chunk of a
-        segment into ``hashers[segment]`` as it goes; then write ``head()`` at offset 0.
-
-        Raises:
-            TransportError: the file cannot be created or written (nothing is left).
-        """
-        out, reused = self._open(name, main)
-        yield from self._fill(out, reused, chunks, segments, hashers, head, hash_beside=True)
+        yield from self.write_rank([(name, chunks, [-1] * len(chunks), None, main)], [], 0)
 
     def write_rank(
-        self, files: Sequence[RankFile], hashers: Sequence[Any], size: int, *, beside: bool
+        self,
+        files: Sequence[RankFile],
+        hashers: Sequence[Any],
+        size: int,
+        *,
+        beside: bool = False,
     ) -> Sliced[None]:
-        """Write one rank's ``files`` in order, as :meth:`write` writes each (``hashers``
-        shared by them; ``size``: about how many bytes they hold). If ``beside``, they
+        """Write one rank's ``files`` in order, each to a temporary file beside its name,
+        hashing each chunk of a segment into ``hashers[segment]`` (shared by them) as it
+        goes, then its envelope (``head()``, if any) at offset 0. ``size``: about how
+        many bytes they hold. If ``beside``, they
         hold :data:`BESIDE_BYTES` or more and fewer than ``writers - 1`` ranks are being
         written beside, a thread of the shared executor writes them, hashing each batch
         itself, and this returns at once; :meth:`drain` waits for it.
 
         Raises:
             TransportError: a file cannot be created or written (here, or at
-                :meth:`drain` for one written beside).
+                :meth:`drain` for one written beside); the step is then discarded
+                whole.
         """
         outs = [self._open(name, main) for name, _, _, _, main in files]
         work = zip(outs, files, strict=True)

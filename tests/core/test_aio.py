@@ -3,8 +3,10 @@ runs many slices a trip and cleans up on cancellation (Once has its own file).""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from typing import Any
 
 import anyio
 import pytest
@@ -159,3 +161,66 @@ async def test_offload_and_offload_sliced_raise_what_the_work_raised() -> None:
     assert closed.is_set()
     with pytest.raises(ZeroDivisionError):
         await offload(divmod, 1, 0)
+
+
+# asyncio's own cancellation (task.cancel(), which asyncio.timeout and wait_for use)
+# stops an await without going through anyio's cancel scopes, so a shield does not hold
+# it off and the worker thread goes on. Trio has no such cancellation: asyncio only.
+
+
+def _cancel_natively_while(
+    held: threading.Event, release: threading.Event, work: Any, events: list[str]
+) -> BaseException | None:
+    """Run the coroutine ``work`` as an asyncio task, cancel the task natively once
+    ``held`` is set, let the worker thread go on 0.1 s later; what the task raised,
+    noted in ``events`` (``"raised"``) when the caller saw it."""
+
+    async def main() -> BaseException | None:
+        task = asyncio.ensure_future(work)
+        await asyncio.to_thread(held.wait, 10)
+        task.cancel()
+        threading.Timer(0.1, release.set).start()
+        try:
+            await task
+        except BaseException as exc:
+            events.append("raised")
+            return exc
+        return None
+
+    return asyncio.run(main())
+
+
+def test_offload_sliced_cancelled_by_asyncio_closes_its_generator_after_the_trip() -> None:
+    held, release = threading.Event(), threading.Event()
+    events: list[str] = []
+
+    def work() -> Sliced[None]:
+        try:
+            yield
+            held.set()
+            release.wait(10)  # a long slice under way when the task is cancelled
+            events.append("slice ended")
+            yield
+            events.append("went on")
+        finally:
+            events.append("closed")
+
+    raised = _cancel_natively_while(held, release, offload_sliced(work()), events)
+    # Not "generator already executing": the generator is closed once its trip ended,
+    # and before the caller sees its cancellation.
+    assert isinstance(raised, asyncio.CancelledError), repr(raised)
+    assert events == ["slice ended", "closed", "raised"]
+
+
+def test_offload_cancelled_by_asyncio_returns_once_the_call_has_ended() -> None:
+    held, release = threading.Event(), threading.Event()
+    events: list[str] = []
+
+    def call() -> None:
+        held.set()
+        release.wait(10)
+        events.append("call ended")
+
+    raised = _cancel_natively_while(held, release, offload(call), events)
+    assert isinstance(raised, asyncio.CancelledError), repr(raised)
+    assert events == ["call ended", "raised"]

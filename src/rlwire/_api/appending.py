@@ -78,7 +78,9 @@ async def add_fields(
         frame = await to_thread.run_sync(
             prepare, sink, step, rank, columns, limits, limiter=limiter
         )
-        staged = await drive_sliced(sink.stage_fields(step, rank, frame), limiter)
+        staged = await drive_sliced(
+            sink.stage_fields(step, rank, frame), limiter, dropped=lambda s: s.discard()
+        )
         try:
             await staged.acommit(limiter)
         except BaseException:

@@ -158,6 +158,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
                 where = self._source.describe(step) if isinstance(exc, DecodeError) else None
                 exc.add_context(where=where, step=step, rank=self._rank)
                 raise
+            self._take_from_here()
             self._step, self._next_step, self._part_next = step, step + 1, 0
             total = time.perf_counter() - started
             self._last_stats = ReceiveStats(
@@ -283,12 +284,15 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
 
     async def areceive(self, timeout: float | None = None, *, as_columns: bool | None = None) -> T:
         """Like :meth:`receive`, without blocking the event loop: reads and decoding run
-        in worker threads.
+        in worker threads. A cancelled call (by anyio, trio or asyncio's own
+        ``asyncio.timeout``) leaves the step it was taking to the next receive.
         """
         started = time.perf_counter()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            obj = await drive_sliced(self._take(started, as_columns), self._limiter)
+            obj = await drive_sliced(
+                self._take(started, as_columns), self._limiter, dropped=self._give_back
+            )
             if obj is not _NOTHING:
                 return obj  # type: ignore[no-any-return]
             await self._source.await_message(self._left(deadline, timeout))

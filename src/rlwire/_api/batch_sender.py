@@ -44,8 +44,8 @@ class TrainingBatchSender(AppendingSender):
 
     Each send encodes and writes in worker threads, in slices short enough that the
     event loop stays responsive, and returns once the step is visible to readers. A
-    cancelled or failed send leaves nothing visible. Sends are serialized: concurrent
-    callers get consecutive steps in the order they acquire the sender.
+    failed or cancelled send (also by ``asyncio.timeout``) leaves nothing visible, or,
+    cancelled during its commit, the whole step, counted. Sends are serialized.
     """
 
     def __init__(  # noqa: PLR0913 (the options open_sender resolved, one each)

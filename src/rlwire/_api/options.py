@@ -40,8 +40,10 @@ class Retention:
             a part after its last one; see ``open_receiver(record_consumed=)``) and it
             is not among the newest
             ``keep_last``; a step some rank has not moved past is never deleted. The
-            ranks are those of each send (``len(objs)`` for ``send_ranks``, 1 for
-            ``send``). ``None``: keep every step.
+            ranks are those of the step being sent (``len(objs)`` for ``send_ranks``,
+            1 for ``send``): after a run goes down to fewer ranks, the ranks beyond
+            them are no longer waited for, and the steps they hold may be deleted
+            once the remaining ranks have moved past. ``None``: keep every step.
         max_ahead: on a store, make each send wait, with the event loop free, while the
             step to send is more than ``max_ahead`` steps ahead of the slowest rank's
             receiver (a rank that recorded nothing yet counts as being at the sender's

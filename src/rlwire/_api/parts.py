@@ -155,6 +155,9 @@ class PartsReader(ConsumptionMarks, Generic[T]):
     _as_columns: bool
     _closed: bool
     _part_next: int = 0  # the next part of the next step to yield
+    _last_stats: Any
+    # Where the receiver stood before the last step or part it took (see _give_back).
+    _taken_from: tuple[int | None, int, int, Any] | None = None
 
     @property
     def next_part(self) -> int:
@@ -162,6 +165,22 @@ class PartsReader(ConsumptionMarks, Generic[T]):
         the rank's parts: 0, unless the receiver is part way through a step filled part
         by part (or was opened with ``resume=True`` where its rank's marks say so)."""
         return self._part_next
+
+    def _take_from_here(self) -> None:
+        """Note where the receiver stands, just before it moves past what it takes (the
+        mutex held)."""
+        self._taken_from = (self._step, self._next_step, self._part_next, self._last_stats)
+
+    def _give_back(self, taken: Any) -> None:
+        """Move back to before ``taken``, a step or part that a take returned in a trip
+        to a worker thread whose caller asyncio had cancelled meanwhile (its own
+        ``task.cancel()``): no one received it, so the next take returns it again."""
+        if taken is _NOTHING or taken is _DONE:
+            return
+        with self._mutex:
+            if self._taken_from is not None:
+                self._step, self._next_step, self._part_next, self._last_stats = self._taken_from
+                self._taken_from = None
 
     # The receiver's core, which it defines.
     def _take(self, started: float, as_columns: bool | None = None) -> Sliced[Any]:
@@ -233,7 +252,9 @@ class PartsReader(ConsumptionMarks, Generic[T]):
         worker threads."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            got = await drive_sliced(self._take_part(as_columns), self._limiter)
+            got = await drive_sliced(
+                self._take_part(as_columns), self._limiter, dropped=self._give_back
+            )
             if got is _DONE:
                 return
             if got is _NOTHING:
@@ -272,6 +293,7 @@ class PartsReader(ConsumptionMarks, Generic[T]):
                     except RlwireError as exc:
                         exc.add_context(where=self._source.describe(step), step=step, rank=rank)
                         raise
+                    self._take_from_here()
                     self._part_next += 1
                     return Part(step, info.key, info.rank, info.index, value)
                 if seal is not None:

@@ -116,7 +116,9 @@ class Validation:
             RlwireError: the checks' error, or else the write's; either with ``step``.
         """
         try:
-            staged = await drive_sliced(self._committing(staging), limiter, resumes)
+            staged = await drive_sliced(
+                self._committing(staging), limiter, resumes, dropped=self._dropped
+            )
         except RlwireError as exc:
             exc.add_context(step=step)
             failed = await self.settle(limiter)
@@ -177,6 +179,12 @@ class Validation:
                 self._commit_error = exc
             self.commit_seconds = time.perf_counter() - began
         return staged
+
+    def _dropped(self, staged: Staged) -> None:
+        """Discard ``staged``, which the write staged (and did not commit) in a trip
+        whose caller asyncio had cancelled meanwhile: no one else knows of it."""
+        if self.committed is not staged:
+            staged.discard()
 
     def _passed(self) -> bool:
         """True when every rank's checks have finished and passed (or there are none)."""

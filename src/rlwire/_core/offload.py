@@ -4,9 +4,10 @@ loop-lag monitor is :mod:`rlwire._core.lag`."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar, TypeVarTuple, Unpack
+from typing import Generic, TypeVar, TypeVarTuple, Unpack
 
 import anyio
 import anyio.abc
@@ -77,7 +78,8 @@ async def offload(
     file I/O, numpy on large arrays), or that is short: the event loop runs meanwhile.
     Python that holds the GIL for long still stalls the loop from the thread; write it
     as a sliced generator and use :func:`offload_sliced`. A cancelled caller waits for
-    the call to finish (a thread cannot be stopped midway).
+    the call to finish (a thread cannot be stopped midway), also when asyncio cancels
+    the task itself (``asyncio.timeout``, ``wait_for``), which anyio cannot hold off.
 
     Args:
         func: the call.
@@ -96,7 +98,27 @@ async def offload(
         >>> anyio.run(main)
         '6a3db1f6'
     """
-    return await to_thread.run_sync(func, *args, limiter=limiter)
+    running = threading.Lock()
+    abandoned = False
+
+    def call() -> T:
+        with running:
+            if abandoned:  # began after its caller had given up: no one awaits it
+                raise RuntimeError("a call whose caller was cancelled")
+            return func(*args)
+
+    def settle() -> None:
+        nonlocal abandoned
+        with running:  # waits for a call under way
+            abandoned = True
+
+    try:
+        return await to_thread.run_sync(call, limiter=limiter)
+    except BaseException:
+        # asyncio's own task.cancel() stops the await, not the thread.
+        with anyio.CancelScope(shield=True):
+            await to_thread.run_sync(settle, limiter=limiter)
+        raise
 
 
 async def offload_sliced(slices: Sliced[T], *, limiter: CapacityLimiter | None = None) -> T:
@@ -107,7 +129,9 @@ async def offload_sliced(slices: Sliced[T], *, limiter: CapacityLimiter | None =
     :data:`TRIP_SECONDS` and lets go of the GIL between them, so the event loop gets it
     within a slice. On cancellation or error the generator is closed in a worker thread
     (shielded), so its ``finally`` blocks run off the loop; a cancellation waits for the
-    slice under way.
+    slice under way. asyncio's own cancellation (``asyncio.timeout``, ``wait_for``)
+    waits for the trip under way (up to :data:`TRIP_SECONDS`), and when the generator
+    returned in that trip, its result is dropped.
 
     Args:
         slices: the generator, not yet started.
@@ -137,33 +161,21 @@ async def offload_sliced(slices: Sliced[T], *, limiter: CapacityLimiter | None =
 
 
 async def drive_sliced(
-    slices: Sliced[T], limiter: CapacityLimiter, resumes: Resumes | None = None
+    slices: Sliced[T],
+    limiter: CapacityLimiter,
+    resumes: Resumes | None = None,
+    *,
+    dropped: Callable[[T], object] | None = None,
 ) -> T:
     """:func:`offload_sliced`, recording in ``resumes`` (if given) the trips made and
-    how late the loop got back to this call after each."""
+    how late the loop got back to this call after each. ``dropped``, if given, is called
+    (in a worker thread) with the result of work that finished in a trip whose caller
+    asyncio had cancelled meanwhile: a result no one receives, to undo or clean up."""
 
-    def advance() -> tuple[bool, T | None, float]:
-        handed = time.perf_counter()
-        deadline = handed + TRIP_SECONDS
-        while True:
-            try:
-                next(slices)
-            except StopIteration as stop:
-                return True, stop.value, time.perf_counter()
-            now = time.perf_counter()
-            if now >= deadline:
-                return False, None, now
-            if now - handed >= HANDOFF_SECONDS:
-                try:
-                    from_thread.check_cancelled()
-                except BaseException:  # the caller was cancelled: end the trip, the loop raises it
-                    return False, None, now
-                time.sleep(0)  # lets go of the GIL long enough for a loop waiting for it to run
-                handed = time.perf_counter()
-
+    trips = _Trips(slices)
     try:
         while True:
-            done, value, finished = await to_thread.run_sync(advance, limiter=limiter)
+            done, value, finished = await to_thread.run_sync(trips.advance, limiter=limiter)
             if resumes is not None:
                 resumes.worst = max(resumes.worst, time.perf_counter() - finished)
                 resumes.trips += 1
@@ -171,8 +183,57 @@ async def drive_sliced(
                 return value  # type: ignore[return-value]
     except BaseException:
         with anyio.CancelScope(shield=True):
-            await to_thread.run_sync(slices.close, limiter=limiter)
+            await to_thread.run_sync(trips.close, limiter=limiter)
+            if trips.returned and dropped is not None:
+                await to_thread.run_sync(dropped, trips.returned[0], limiter=limiter)
         raise
+
+
+class _Trips(Generic[T]):
+    """The trips of one :func:`drive_sliced` call to worker threads.
+
+    A cancellation that does not go through anyio (asyncio's own ``task.cancel()``, as
+    ``asyncio.timeout`` and ``wait_for`` do) stops the caller's await but not the thread:
+    :meth:`close` waits for the trip under way to end, so a trip is neither cut in the
+    middle of a slice nor left to go on after the generator's fate was decided (a send's
+    commit happens before the sender settles the step, never after)."""
+
+    def __init__(self, slices: Sliced[T]) -> None:
+        self._slices = slices
+        self._lock = threading.Lock()  # held by a trip while it runs slices
+        self._closed = False
+        self.returned: list[T] = []  # what the generator returned, once it has
+
+    def advance(self) -> tuple[bool, T | None, float]:
+        """Run slices for up to :data:`TRIP_SECONDS`: (whether the generator returned,
+        what it returned, when the trip ended)."""
+        with self._lock:
+            handed = time.perf_counter()
+            if self._closed:  # a trip that began after close(): no work
+                return False, None, handed
+            deadline = handed + TRIP_SECONDS
+            while True:
+                try:
+                    next(self._slices)
+                except StopIteration as stop:
+                    self.returned.append(stop.value)
+                    return True, stop.value, time.perf_counter()
+                now = time.perf_counter()
+                if now >= deadline:
+                    return False, None, now
+                if now - handed >= HANDOFF_SECONDS:
+                    try:
+                        from_thread.check_cancelled()
+                    except BaseException:  # the caller was cancelled: the loop raises it
+                        return False, None, now
+                    time.sleep(0)  # lets go of the GIL, long enough for a waiting loop to run
+                    handed = time.perf_counter()
+
+    def close(self) -> None:
+        """Close the generator once the trip under way (if any) has ended."""
+        with self._lock:
+            self._closed = True
+            self._slices.close()
 
 
 def thread_count(limiter: CapacityLimiter) -> int:

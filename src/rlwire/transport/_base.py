@@ -13,6 +13,7 @@ import anyio
 from anyio import CapacityLimiter, to_thread
 
 from rlwire._core.errors import ConfigError
+from rlwire._core.offload import offload
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
@@ -94,7 +95,7 @@ class Staged(abc.ABC):
         :attr:`visible` as soon as any rank may have received its message.
         """
         with anyio.CancelScope(shield=True):
-            await to_thread.run_sync(self.commit, limiter=limiter)
+            await offload(self.commit, limiter=limiter)
 
 
 @dataclass(frozen=True)
@@ -287,7 +288,7 @@ class Sink(PartsSink, FieldsSink, abc.ABC):
     async def afinish(self, end: int, limiter: CapacityLimiter) -> None:
         """:meth:`finish` in a worker thread, shielded."""
         with anyio.CancelScope(shield=True):
-            await to_thread.run_sync(self.finish, end, limiter=limiter)
+            await offload(self.finish, end, limiter=limiter)
 
     def close(self) -> None:
         """Release resources. Sinks that hold none need not override this."""
@@ -301,7 +302,7 @@ class Sink(PartsSink, FieldsSink, abc.ABC):
     async def aclose(self, limiter: CapacityLimiter) -> None:
         """:meth:`close` in a worker thread, shielded: what was accepted is flushed."""
         with anyio.CancelScope(shield=True):
-            await to_thread.run_sync(self.close, limiter=limiter)
+            await offload(self.close, limiter=limiter)
 
 
 class Source(PartsSource, FieldsSource, MarksSource, abc.ABC):

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Union
 
 import anyio
-from anyio import CapacityLimiter, to_thread
+from anyio import CapacityLimiter
 
 from rlwire._core.errors import ConfigError
+from rlwire._core.offload import offload
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
 
@@ -132,7 +133,7 @@ class PartsSink:
     async def aseal(self, seal: Seal, limiter: CapacityLimiter) -> None:
         """:meth:`seal` in a worker thread, shielded."""
         with anyio.CancelScope(shield=True):
-            await to_thread.run_sync(self.seal, seal, limiter=limiter)
+            await offload(self.seal, seal, limiter=limiter)
 
 
 class PartsSource:

@@ -46,14 +46,22 @@ async def send_rest(
     sock.send(parts[0], zmq.SNDMORE | zmq.NOBLOCK)
     slicer = SliceTimer()
     last = len(parts) - 1
+    cancelled: BaseException | None = None
     for i, part in enumerate(parts[1:], start=1):
         flags = zmq.NOBLOCK | (0 if i == last else zmq.SNDMORE)
         tracker = sock.send(part, flags, copy=False, track=True)
         if tracker is not None and not tracker.done:
             trackers.append(tracker)
         if slicer.due():
-            await anyio.lowlevel.checkpoint()
+            try:
+                await anyio.lowlevel.checkpoint()
+            except anyio.get_cancelled_exc_class() as exc:
+                # asyncio's own cancellation, which the caller's shield does not hold
+                # off: a packet cut short would run into the next one. Raised once whole.
+                cancelled = exc
             slicer.restart()
+    if cancelled is not None:
+        raise cancelled
 
 
 async def joined(

@@ -1,0 +1,226 @@
+"""Sends, puts and receives cancelled by asyncio itself (``task.cancel()``, as
+``asyncio.timeout`` and ``asyncio.wait_for`` do at their deadline), not through an anyio
+cancel scope. Such a cancellation stops the await but not the worker thread running the
+trip under way: a step must still end whole and counted, or not visible at all, and a
+step a receive took goes to the next receive. asyncio only: trio has no cancellation
+outside its scopes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import threading
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import rlwire
+from rlwire.codecs import MsgpackCodec
+from rlwire.testing import make_batch
+from rlwire.transport import FileSink
+
+MAIN = re.compile(r"step-(\d+)\.rank-\d+\.rlw")
+
+
+class HeldSink(FileSink):
+    """A file sink whose staging, once ``hold`` is set, waits at the end of its last
+    slice (in the worker thread) until ``release``: the last slice of a large write,
+    made slow on purpose."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.hold = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def _held(self) -> None:
+        if self.hold:
+            self.entered.set()
+            self.release.wait(10)
+
+    def stage(self, step: int, frames: Any) -> Generator[None, None, Any]:
+        staged = yield from super().stage(step, frames)
+        self._held()
+        return staged
+
+    def stage_part(self, step: int, part: Any, frame: Any) -> Generator[None, None, Any]:
+        staged = yield from super().stage_part(step, part, frame)
+        self._held()
+        return staged
+
+
+def visible_steps(root: Path) -> set[int]:
+    return {int(m.group(1)) for n in os.listdir(root) if (m := MAIN.fullmatch(n))}
+
+
+async def cancel_while_held(sink: HeldSink, work: Any) -> BaseException:
+    """Run ``work`` in a task, cancel the task natively while its trip is held, release
+    the trip 0.2 s later; what the task raised."""
+    sink.hold = True
+    task = asyncio.ensure_future(work)
+    await asyncio.to_thread(sink.entered.wait, 10)
+    task.cancel()
+    threading.Timer(0.2, sink.release.set).start()
+    try:
+        await task
+    except BaseException as exc:
+        return exc
+    finally:
+        sink.hold = False
+    raise AssertionError("the cancelled task returned")
+
+
+def test_a_send_cancelled_by_asyncio_counts_the_step_its_trip_committed(tmp_path: Path) -> None:
+    async def main() -> None:
+        sink = HeldSink(tmp_path)
+        async with rlwire.TrainingBatchSender(sink, MsgpackCodec()) as sender:
+            await sender.send({"a": 0})
+            raised = await cancel_while_held(sink, sender.send({"a": 1}))
+            # The cancellation, as asyncio raised it, once the trip has ended: not an
+            # error of closing a generator another thread still runs.
+            assert isinstance(raised, asyncio.CancelledError), repr(raised)
+            # The trip committed step 1 before the sender settled the step's fate.
+            assert visible_steps(tmp_path) == {0, 1}
+            assert (sender.last_step, sender.next_step) == (1, 2)
+            assert await sender.send({"a": 2}) == 2
+
+    asyncio.run(main())
+
+
+def test_a_put_cancelled_by_asyncio_records_the_part_its_trip_committed(tmp_path: Path) -> None:
+    async def main() -> None:
+        sink = HeldSink(tmp_path)
+        async with rlwire.TrainingBatchSender(sink, MsgpackCodec()) as sender:
+            async with sender.open_step() as writer:
+                raised = await cancel_while_held(sink, writer.put([{"x": 1}], key="a"))
+                assert isinstance(raised, asyncio.CancelledError), repr(raised)
+                assert writer.assignment == (("a",),)  # on disk and recorded
+                with pytest.raises(rlwire.StepExistsError, match="key 'a' was put already"):
+                    await writer.put([{"x": 2}], key="a")
+                await writer.put([{"x": 3}], key="b")
+        with rlwire.open_receiver(tmp_path, type=list[dict[str, int]]) as receiver:
+            assert [p.key for p in receiver.parts(timeout=5)] == ["a", "b"]
+
+    asyncio.run(main())
+
+
+def test_sends_under_asyncio_deadlines_leave_exactly_the_counted_steps(tmp_path: Path) -> None:
+    # Random asyncio.wait_for deadlines around sends of several sizes: after each, at
+    # once, the visible steps are exactly those the sender counted.
+    async def main() -> None:
+        rng = random.Random(7)
+        batches = [make_batch(count, n=32, seed=count) for count in (3, 200, 2000)]
+        outcomes = {"sent": 0, "timeout": 0}
+        async with rlwire.open_sender(tmp_path) as sender:
+            for i in range(80):
+                deadline = None if i % 4 == 0 else rng.uniform(0, 0.03)  # some sends finish
+                try:
+                    await asyncio.wait_for(sender.send(rng.choice(batches)), deadline)
+                    outcomes["sent"] += 1
+                except TimeoutError:
+                    outcomes["timeout"] += 1
+                assert visible_steps(tmp_path) == set(range(sender.next_step))
+                assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+        assert outcomes["sent"] and outcomes["timeout"], outcomes
+
+    asyncio.run(main())
+
+
+class HeldCheck:
+    """A receiver's ``check``: once ``hold`` is set, it waits (in the worker thread, in
+    the take's last trip) until ``release``."""
+
+    def __init__(self) -> None:
+        self.hold = False
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, obj: object) -> None:
+        if self.hold:
+            self.entered.set()
+            self.release.wait(10)
+
+
+async def cancel_while_checked(check: HeldCheck, work: Any) -> BaseException:
+    """:func:`cancel_while_held`, for a receiver's take held in its check."""
+    check.hold = True
+    task = asyncio.ensure_future(work)
+    await asyncio.to_thread(check.entered.wait, 10)
+    task.cancel()
+    threading.Timer(0.2, check.release.set).start()
+    try:
+        await task
+    except BaseException as exc:
+        return exc
+    finally:
+        check.hold = False
+    raise AssertionError("the cancelled task returned")
+
+
+def test_a_receive_cancelled_by_asyncio_leaves_its_step_to_the_next(tmp_path: Path) -> None:
+    # The take finished in the worker thread after asyncio cancelled it: the step it
+    # took went to no one, so the receiver stays before it.
+    async def main() -> None:
+        async with rlwire.open_sender(tmp_path) as sender:
+            for tag in range(3):
+                await sender.send([{"tag": tag}])
+        check = HeldCheck()
+        with rlwire.open_receiver(
+            tmp_path, type=list[dict[str, int]], validate=rlwire.Checks(check=check)
+        ) as receiver:
+            assert await receiver.areceive() == [{"tag": 0}]
+            raised = await cancel_while_checked(check, receiver.areceive())
+            assert isinstance(raised, asyncio.CancelledError), repr(raised)
+            assert receiver.next_step == 1
+            assert receiver.last_stats is not None and receiver.last_stats.step == 0
+            assert await receiver.areceive() == [{"tag": 1}]
+            assert await receiver.areceive() == [{"tag": 2}]
+
+    asyncio.run(main())
+
+
+def test_parts_cancelled_by_asyncio_yield_the_part_again(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with rlwire.open_sender(tmp_path) as sender:
+            async with sender.open_step() as writer:
+                for key in "ab":
+                    await writer.put([{"key": ord(key)}], key=key)
+        check = HeldCheck()
+        with rlwire.open_receiver(
+            tmp_path, type=list[dict[str, int]], validate=rlwire.Checks(check=check)
+        ) as receiver:
+            raised = await cancel_while_checked(check, anext(aiter(receiver.aparts())))
+            assert isinstance(raised, asyncio.CancelledError), repr(raised)
+            assert receiver.next_part == 0
+            assert [part.key async for part in receiver.aparts()] == ["a", "b"]
+
+    asyncio.run(main())
+
+
+def test_receives_under_asyncio_deadlines_get_every_step_once_in_order(tmp_path: Path) -> None:
+    async def main() -> None:
+        rng = random.Random(3)
+        counts = [rng.choice((3, 200, 2000)) for _ in range(24)]
+        async with rlwire.open_sender(tmp_path) as sender:
+            for step, count in enumerate(counts):
+                await sender.send(make_batch(count, n=8, seed=step))
+            await sender.finish()
+        got, timeouts = [], 0
+        with rlwire.open_receiver(tmp_path) as receiver:
+            while True:
+                try:
+                    batch = await asyncio.wait_for(receiver.areceive(), rng.uniform(0, 0.05))
+                except TimeoutError:
+                    timeouts += 1
+                    continue
+                except rlwire.EndOfStream:
+                    break
+                got.append(len(batch.samples))
+        assert got == counts
+        assert timeouts
+
+    asyncio.run(main())

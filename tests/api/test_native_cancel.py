@@ -26,30 +26,37 @@ from rlwire.transport import FileSink
 MAIN = re.compile(r"step-(\d+)\.rank-\d+\.rlw")
 
 
-class HeldSink(FileSink):
-    """A file sink whose staging, once ``hold`` is set, waits at the end of its last
-    slice (in the worker thread) until ``release``: the last slice of a large write,
-    made slow on purpose."""
+class Hold:
+    """Called in a worker thread (in the last slice of a trip): once ``hold`` is set, it
+    waits there until ``release``, as a slow last slice would."""
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
+    def __init__(self) -> None:
         self.hold = False
         self.entered = threading.Event()
         self.release = threading.Event()
 
-    def _held(self) -> None:
+    def __call__(self, *_: object) -> None:
         if self.hold:
             self.entered.set()
             self.release.wait(10)
 
+
+class HeldSink(FileSink):
+    """A file sink whose staging ends with its :class:`Hold`: the last slice of a
+    large write, made slow on purpose."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.held = Hold()
+
     def stage(self, step: int, frames: Any) -> Generator[None, None, Any]:
         staged = yield from super().stage(step, frames)
-        self._held()
+        self.held()
         return staged
 
     def stage_part(self, step: int, part: Any, frame: Any) -> Generator[None, None, Any]:
         staged = yield from super().stage_part(step, part, frame)
-        self._held()
+        self.held()
         return staged
 
 
@@ -57,20 +64,20 @@ def visible_steps(root: Path) -> set[int]:
     return {int(m.group(1)) for n in os.listdir(root) if (m := MAIN.fullmatch(n))}
 
 
-async def cancel_while_held(sink: HeldSink, work: Any) -> BaseException:
+async def cancel_while_held(held: Hold, work: Any) -> BaseException:
     """Run ``work`` in a task, cancel the task natively while its trip is held, release
     the trip 0.2 s later; what the task raised."""
-    sink.hold = True
+    held.hold = True
     task = asyncio.ensure_future(work)
-    await asyncio.to_thread(sink.entered.wait, 10)
+    await asyncio.to_thread(held.entered.wait, 10)
     task.cancel()
-    threading.Timer(0.2, sink.release.set).start()
+    threading.Timer(0.2, held.release.set).start()
     try:
         await task
     except BaseException as exc:
         return exc
     finally:
-        sink.hold = False
+        held.hold = False
     raise AssertionError("the cancelled task returned")
 
 
@@ -79,7 +86,7 @@ def test_a_send_cancelled_by_asyncio_counts_the_step_its_trip_committed(tmp_path
         sink = HeldSink(tmp_path)
         async with rlwire.TrainingBatchSender(sink, MsgpackCodec()) as sender:
             await sender.send({"a": 0})
-            raised = await cancel_while_held(sink, sender.send({"a": 1}))
+            raised = await cancel_while_held(sink.held, sender.send({"a": 1}))
             # The cancellation, as asyncio raised it, once the trip has ended: not an
             # error of closing a generator another thread still runs.
             assert isinstance(raised, asyncio.CancelledError), repr(raised)
@@ -96,7 +103,7 @@ def test_a_put_cancelled_by_asyncio_records_the_part_its_trip_committed(tmp_path
         sink = HeldSink(tmp_path)
         async with rlwire.TrainingBatchSender(sink, MsgpackCodec()) as sender:
             async with sender.open_step() as writer:
-                raised = await cancel_while_held(sink, writer.put([{"x": 1}], key="a"))
+                raised = await cancel_while_held(sink.held, writer.put([{"x": 1}], key="a"))
                 assert isinstance(raised, asyncio.CancelledError), repr(raised)
                 assert writer.assignment == (("a",),)  # on disk and recorded
                 with pytest.raises(rlwire.StepExistsError, match="key 'a' was put already"):
@@ -130,37 +137,6 @@ def test_sends_under_asyncio_deadlines_leave_exactly_the_counted_steps(tmp_path:
     asyncio.run(main())
 
 
-class HeldCheck:
-    """A receiver's ``check``: once ``hold`` is set, it waits (in the worker thread, in
-    the take's last trip) until ``release``."""
-
-    def __init__(self) -> None:
-        self.hold = False
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def __call__(self, obj: object) -> None:
-        if self.hold:
-            self.entered.set()
-            self.release.wait(10)
-
-
-async def cancel_while_checked(check: HeldCheck, work: Any) -> BaseException:
-    """:func:`cancel_while_held`, for a receiver's take held in its check."""
-    check.hold = True
-    task = asyncio.ensure_future(work)
-    await asyncio.to_thread(check.entered.wait, 10)
-    task.cancel()
-    threading.Timer(0.2, check.release.set).start()
-    try:
-        await task
-    except BaseException as exc:
-        return exc
-    finally:
-        check.hold = False
-    raise AssertionError("the cancelled task returned")
-
-
 def test_a_receive_cancelled_by_asyncio_leaves_its_step_to_the_next(tmp_path: Path) -> None:
     # The take finished in the worker thread after asyncio cancelled it: the step it
     # took went to no one, so the receiver stays before it.
@@ -168,12 +144,12 @@ def test_a_receive_cancelled_by_asyncio_leaves_its_step_to_the_next(tmp_path: Pa
         async with rlwire.open_sender(tmp_path) as sender:
             for tag in range(3):
                 await sender.send([{"tag": tag}])
-        check = HeldCheck()
+        check = Hold()
         with rlwire.open_receiver(
             tmp_path, type=list[dict[str, int]], validate=rlwire.Checks(check=check)
         ) as receiver:
             assert await receiver.areceive() == [{"tag": 0}]
-            raised = await cancel_while_checked(check, receiver.areceive())
+            raised = await cancel_while_held(check, receiver.areceive())
             assert isinstance(raised, asyncio.CancelledError), repr(raised)
             assert receiver.next_step == 1
             assert receiver.last_stats is not None and receiver.last_stats.step == 0
@@ -189,11 +165,11 @@ def test_parts_cancelled_by_asyncio_yield_the_part_again(tmp_path: Path) -> None
             async with sender.open_step() as writer:
                 for key in "ab":
                     await writer.put([{"key": ord(key)}], key=key)
-        check = HeldCheck()
+        check = Hold()
         with rlwire.open_receiver(
             tmp_path, type=list[dict[str, int]], validate=rlwire.Checks(check=check)
         ) as receiver:
-            raised = await cancel_while_checked(check, anext(aiter(receiver.aparts())))
+            raised = await cancel_while_held(check, anext(aiter(receiver.aparts())))
             assert isinstance(raised, asyncio.CancelledError), repr(raised)
             assert receiver.next_part == 0
             assert [part.key async for part in receiver.aparts()] == ["a", "b"]

@@ -60,18 +60,26 @@ class HeldSink(FileSink):
         return staged
 
 
+#: Cancelled once, or twice: the second time while the first one's clean-up waits.
+TIMES = pytest.mark.parametrize("times", [1, 2])
+
+
 def visible_steps(root: Path) -> set[int]:
     return {int(m.group(1)) for n in os.listdir(root) if (m := MAIN.fullmatch(n))}
 
 
-async def cancel_while_held(held: Hold, work: Any) -> BaseException:
-    """Run ``work`` in a task, cancel the task natively while its trip is held, release
-    the trip 0.2 s later; what the task raised."""
+async def cancel_while_held(held: Hold, work: Any, times: int) -> BaseException:
+    """Run ``work`` in a task, cancel the task natively while its trip is held (again
+    50 ms later, while it cleans up, if ``times`` is 2), release the trip 0.2 s after
+    the first; what the task raised."""
     held.hold = True
     task = asyncio.ensure_future(work)
     await asyncio.to_thread(held.entered.wait, 10)
     task.cancel()
     threading.Timer(0.2, held.release.set).start()
+    for _ in range(times - 1):
+        await asyncio.sleep(0.05)
+        task.cancel()
     try:
         await task
     except BaseException as exc:
@@ -81,12 +89,15 @@ async def cancel_while_held(held: Hold, work: Any) -> BaseException:
     raise AssertionError("the cancelled task returned")
 
 
-def test_a_send_cancelled_by_asyncio_counts_the_step_its_trip_committed(tmp_path: Path) -> None:
+@TIMES
+def test_a_send_cancelled_by_asyncio_counts_the_step_its_trip_committed(
+    tmp_path: Path, times: int
+) -> None:
     async def main() -> None:
         sink = HeldSink(tmp_path)
         async with rlwire.TrainingBatchSender(sink, MsgpackCodec()) as sender:
             await sender.send({"a": 0})
-            raised = await cancel_while_held(sink.held, sender.send({"a": 1}))
+            raised = await cancel_while_held(sink.held, sender.send({"a": 1}), times)
             # The cancellation, as asyncio raised it, once the trip has ended: not an
             # error of closing a generator another thread still runs.
             assert isinstance(raised, asyncio.CancelledError), repr(raised)
@@ -98,12 +109,15 @@ def test_a_send_cancelled_by_asyncio_counts_the_step_its_trip_committed(tmp_path
     asyncio.run(main())
 
 
-def test_a_put_cancelled_by_asyncio_records_the_part_its_trip_committed(tmp_path: Path) -> None:
+@TIMES
+def test_a_put_cancelled_by_asyncio_records_the_part_its_trip_committed(
+    tmp_path: Path, times: int
+) -> None:
     async def main() -> None:
         sink = HeldSink(tmp_path)
         async with rlwire.TrainingBatchSender(sink, MsgpackCodec()) as sender:
             async with sender.open_step() as writer:
-                raised = await cancel_while_held(sink.held, writer.put([{"x": 1}], key="a"))
+                raised = await cancel_while_held(sink.held, writer.put([{"x": 1}], key="a"), times)
                 assert isinstance(raised, asyncio.CancelledError), repr(raised)
                 assert writer.assignment == (("a",),)  # on disk and recorded
                 with pytest.raises(rlwire.StepExistsError, match="key 'a' was put already"):
@@ -137,7 +151,10 @@ def test_sends_under_asyncio_deadlines_leave_exactly_the_counted_steps(tmp_path:
     asyncio.run(main())
 
 
-def test_a_receive_cancelled_by_asyncio_leaves_its_step_to_the_next(tmp_path: Path) -> None:
+@TIMES
+def test_a_receive_cancelled_by_asyncio_leaves_its_step_to_the_next(
+    tmp_path: Path, times: int
+) -> None:
     # The take finished in the worker thread after asyncio cancelled it: the step it
     # took went to no one, so the receiver stays before it.
     async def main() -> None:
@@ -149,7 +166,7 @@ def test_a_receive_cancelled_by_asyncio_leaves_its_step_to_the_next(tmp_path: Pa
             tmp_path, type=list[dict[str, int]], validate=rlwire.Checks(check=check)
         ) as receiver:
             assert await receiver.areceive() == [{"tag": 0}]
-            raised = await cancel_while_held(check, receiver.areceive())
+            raised = await cancel_while_held(check, receiver.areceive(), times)
             assert isinstance(raised, asyncio.CancelledError), repr(raised)
             assert receiver.next_step == 1
             assert receiver.last_stats is not None and receiver.last_stats.step == 0
@@ -159,7 +176,8 @@ def test_a_receive_cancelled_by_asyncio_leaves_its_step_to_the_next(tmp_path: Pa
     asyncio.run(main())
 
 
-def test_parts_cancelled_by_asyncio_yield_the_part_again(tmp_path: Path) -> None:
+@TIMES
+def test_parts_cancelled_by_asyncio_yield_the_part_again(tmp_path: Path, times: int) -> None:
     async def main() -> None:
         async with rlwire.open_sender(tmp_path) as sender:
             async with sender.open_step() as writer:
@@ -169,7 +187,7 @@ def test_parts_cancelled_by_asyncio_yield_the_part_again(tmp_path: Path) -> None
         with rlwire.open_receiver(
             tmp_path, type=list[dict[str, int]], validate=rlwire.Checks(check=check)
         ) as receiver:
-            raised = await cancel_while_held(check, anext(aiter(receiver.aparts())))
+            raised = await cancel_while_held(check, anext(aiter(receiver.aparts())), times)
             assert isinstance(raised, asyncio.CancelledError), repr(raised)
             assert receiver.next_part == 0
             assert [part.key async for part in receiver.aparts()] == ["a", "b"]

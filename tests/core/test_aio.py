@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 import rlwire
-from rlwire._core.offload import Resumes, drive_sliced
+from rlwire._core.offload import Resumes, drive_sliced, run_to_the_end
 from rlwire._core.slicing import Sliced
 from rlwire.aio import TRIP_SECONDS, offload, offload_sliced
 
@@ -224,3 +224,24 @@ def test_offload_cancelled_by_asyncio_returns_once_the_call_has_ended() -> None:
     raised = _cancel_natively_while(held, release, offload(call), events)
     assert isinstance(raised, asyncio.CancelledError), repr(raised)
     assert events == ["call ended", "raised"]
+
+
+def test_run_to_the_end_waits_for_its_call_through_asyncios_cancellations() -> None:
+    release = threading.Event()
+    events: list[str] = []
+
+    def call() -> None:
+        release.wait(10)
+        events.append("call ended")
+
+    async def main() -> None:
+        task = asyncio.ensure_future(run_to_the_end(call))
+        for _ in range(3):  # each while the call runs
+            await asyncio.sleep(0.02)
+            task.cancel()
+        threading.Timer(0.05, release.set).start()
+        await task  # the cancellations are dropped: the caller is on its way out already
+        events.append("caller went on")
+
+    asyncio.run(main())
+    assert events == ["call ended", "caller went on"]

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import anyio
 import msgspec
-from anyio import CancelScope, CapacityLimiter, to_thread
+from anyio import CapacityLimiter, to_thread
 
 from rlwire._api.appended_rows import decode_appended, none_in_every_row, prepare, samples_of
 from rlwire._api.decoding import FrameDecoding
@@ -37,7 +37,7 @@ from rlwire._core.errors import (
     RlwireError,
     SchemaError,
 )
-from rlwire._core.offload import drive_sliced
+from rlwire._core.offload import drive_sliced, run_to_the_end
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Sink, Source
 
@@ -85,8 +85,7 @@ async def add_fields(
             await staged.acommit(limiter)
         except BaseException:
             if not staged.visible:
-                with CancelScope(shield=True):
-                    await to_thread.run_sync(staged.discard, limiter=limiter)
+                await run_to_the_end(staged.discard)
             raise
     except RlwireError as exc:
         exc.add_context(step=step, rank=rank)

@@ -222,7 +222,7 @@ class TrainingBatchSender(AppendingSender):
                 clock.staged = time.perf_counter() - validation.commit_seconds
                 await validation.commit(staged, self._limiter)
             except BaseException as exc:
-                staged = await validation.settle_failed(staged, self._limiter)
+                staged = await validation.settle_failed(staged)
                 if staged is not None and staged.visible is None:
                     # Neither sending the step again nor going on is safe: a receiver
                     # could get two versions of it, or wait forever for it.

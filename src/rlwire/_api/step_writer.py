@@ -319,7 +319,7 @@ class StepWriter:
             sender._names_checked = True
             await validation.commit(staged, limiter)
         except BaseException as exc:
-            staged = await validation.settle_failed(staged, limiter)
+            staged = await validation.settle_failed(staged)
             if staged is not None and staged.visible is None:
                 self._unknown = True
                 if isinstance(exc, RlwireError):

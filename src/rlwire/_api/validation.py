@@ -15,13 +15,12 @@ import threading
 import time
 from typing import Any
 
-import anyio
 from anyio import CapacityLimiter, to_thread
 
 from rlwire._api.schema import check_object
 from rlwire._api.schema_rows import check_rows_sliced
 from rlwire._core.errors import RlwireError
-from rlwire._core.offload import Resumes, drive_sliced
+from rlwire._core.offload import Resumes, drive_sliced, run_to_the_end
 from rlwire._core.pools import shared_executor
 from rlwire._core.slicing import Sliced, run_sliced_beside
 from rlwire.transport._base import Staged
@@ -82,15 +81,13 @@ class Validation:
         future = shared_executor().submit(run_sliced_beside, checks, self._stop)
         self._ranks.append((rank, future))
 
-    async def settle(self, limiter: CapacityLimiter, *, stop: bool = False) -> RlwireError | None:
-        """Wait for every rank's checks (stopping them first if ``stop``); the error of
-        the first rank that failed, its rank in its context, or None.
+    async def settle(self, limiter: CapacityLimiter) -> RlwireError | None:
+        """Wait for every rank's checks; the error of the first rank that failed, its
+        rank in its context, or None.
 
         Raises:
             Exception: a check that failed with something other than an RlwireError.
         """
-        if stop:
-            self._stop.set()
         futures = [future for _, future in self._ranks if not future.done()]
         if futures:
             await to_thread.run_sync(concurrent.futures.wait, futures, limiter=limiter)
@@ -126,21 +123,28 @@ class Validation:
                 raise
             raise failed.add_context(step=step) from None
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self.settle(limiter, stop=True)
+            await self._abandon(None)
             raise
         try:
             failed = await self.settle(limiter)
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self.settle(limiter, stop=True)
-                await to_thread.run_sync(staged.discard, limiter=limiter)
+            await self._abandon(staged)
             raise
         if failed is not None:
-            with anyio.CancelScope(shield=True):
-                await to_thread.run_sync(staged.discard, limiter=limiter)
+            await run_to_the_end(staged.discard)
             raise failed.add_context(step=step)
         return staged
+
+    async def _abandon(self, staged: Staged | None) -> None:
+        """Stop the checks, wait for them, then discard ``staged`` (if given): to the end,
+        whatever cancellations come meanwhile (:func:`run_to_the_end`)."""
+        self._stop.set()
+        await run_to_the_end(self._wait_then_discard, staged)
+
+    def _wait_then_discard(self, staged: Staged | None) -> None:
+        concurrent.futures.wait([future for _, future in self._ranks])
+        if staged is not None:
+            staged.discard()
 
     async def commit(self, staged: Staged, limiter: CapacityLimiter) -> None:
         """Make ``staged`` visible (:meth:`Staged.acommit`), unless :meth:`stage` did in
@@ -152,7 +156,7 @@ class Validation:
             error, self._commit_error = self._commit_error, None
             raise error
 
-    async def settle_failed(self, staged: Staged | None, limiter: CapacityLimiter) -> Staged | None:
+    async def settle_failed(self, staged: Staged | None) -> Staged | None:
         """After :meth:`stage` or :meth:`commit` raised: the step that may be visible
         (``staged``, or the one :meth:`stage` committed before it raised), discarded
         when nothing of it is (a failed or cancelled commit); None when nothing was
@@ -160,8 +164,7 @@ class Validation:
         if staged is None:
             staged = self.committed
         if staged is not None and staged.visible is False:
-            with anyio.CancelScope(shield=True):
-                await to_thread.run_sync(staged.discard, limiter=limiter)
+            await run_to_the_end(staged.discard)
         return staged
 
     def _committing(self, staging: Sliced[Staged]) -> Sliced[Staged]:

@@ -25,6 +25,7 @@ __all__ = [
     "make_limiter",
     "offload",
     "offload_sliced",
+    "run_to_the_end",
     "thread_count",
 ]
 
@@ -116,9 +117,38 @@ async def offload(
         return await to_thread.run_sync(call, limiter=limiter)
     except BaseException:
         # asyncio's own task.cancel() stops the await, not the thread.
-        with anyio.CancelScope(shield=True):
-            await to_thread.run_sync(settle, limiter=limiter)
+        await run_to_the_end(settle)
         raise
+
+
+async def run_to_the_end(func: Callable[[Unpack[Args]], object], *args: *Args) -> None:
+    """Run ``func(*args)`` in a thread of its own and wait until it has ended, whatever
+    cancellations come meanwhile (anyio's, held off by a shield, and asyncio's own
+    ``task.cancel()``, which a shield does not hold off and which is dropped here: the
+    caller is on its way out with a cancellation or an error already). For clean-ups
+    that must end before the caller goes on; what ``func`` raises is raised."""
+    ended = threading.Event()
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            func(*args)
+        except BaseException as exc:
+            raised.append(exc)
+        finally:
+            ended.set()
+
+    threading.Thread(target=run, name="rlwire-clean-up", daemon=True).start()
+    delay = 0.0005
+    while not ended.is_set():
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.sleep(delay)
+            except anyio.get_cancelled_exc_class():
+                pass  # asyncio's own cancellation, again: the clean-up goes on
+        delay = min(delay * 2, 0.01)
+    if raised:
+        raise raised[0]
 
 
 async def offload_sliced(slices: Sliced[T], *, limiter: CapacityLimiter | None = None) -> T:
@@ -182,10 +212,9 @@ async def drive_sliced(
             if done:
                 return value  # type: ignore[return-value]
     except BaseException:
-        with anyio.CancelScope(shield=True):
-            await to_thread.run_sync(trips.close, limiter=limiter)
-            if trips.returned and dropped is not None:
-                await to_thread.run_sync(dropped, trips.returned[0], limiter=limiter)
+        await run_to_the_end(trips.close)
+        if trips.returned and dropped is not None:
+            await run_to_the_end(dropped, trips.returned[0])
         raise
 
 

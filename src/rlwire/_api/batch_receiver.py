@@ -32,7 +32,7 @@ from rlwire._core.errors import (
     ReceiveTimeout,
     RlwireError,
 )
-from rlwire._core.offload import drive_sliced, make_limiter
+from rlwire._core.offload import drive_sliced, make_limiter, offload
 from rlwire._core.slicing import Sliced, run_sliced
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
@@ -384,7 +384,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
         with`` block cancelled) is closed all the same."""
         # A ZeroMQ context left open blocks forever the thread whose collection finds it.
         with CancelScope(shield=True):
-            await to_thread.run_sync(self.close, limiter=self._limiter)
+            await offload(self.close, limiter=self._limiter)
 
     def __enter__(self) -> TrainingBatchReceiver[T]:
         return self

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import anyio
-from anyio import CapacityLimiter, to_thread
+from anyio import CapacityLimiter
 from typing_extensions import Unpack
 
 from rlwire._api.appending import AppendingSender
@@ -29,7 +29,7 @@ from rlwire._core.errors import (
     StepOrderError,
     TransportError,
 )
-from rlwire._core.offload import make_limiter, thread_count
+from rlwire._core.offload import make_limiter, offload, thread_count
 from rlwire._core.slicing import Sliced, timed
 from rlwire._frame.compression import Compressor, compress_sliced
 from rlwire._frame.frame import Frame, joined_pieces
@@ -286,7 +286,7 @@ class TrainingBatchSender(AppendingSender):
         """Wait while ``step`` is more than ``max_ahead`` steps ahead of the slowest
         rank, then delete the steps ``keep_last`` lets go."""
         delay = 0.005
-        while not await to_thread.run_sync(self._room, step, ranks, limiter=self._limiter):
+        while not await offload(self._room, step, ranks, limiter=self._limiter):
             await anyio.sleep(delay)  # the receivers' marks are polled, not pushed
             delay = min(delay * 2, 0.25)
 

@@ -205,12 +205,12 @@ async def drive_sliced(
     trips = _Trips(slices)
     try:
         while True:
-            done, value, finished = await to_thread.run_sync(trips.advance, limiter=limiter)
+            done, finished = await to_thread.run_sync(trips.advance, limiter=limiter)
             if resumes is not None:
                 resumes.worst = max(resumes.worst, time.perf_counter() - finished)
                 resumes.trips += 1
             if done:
-                return value  # type: ignore[return-value]
+                return trips.returned[0]
     except BaseException:
         await run_to_the_end(trips.close)
         if trips.returned and dropped is not None:
@@ -233,28 +233,28 @@ class _Trips(Generic[T]):
         self._closed = False
         self.returned: list[T] = []  # what the generator returned, once it has
 
-    def advance(self) -> tuple[bool, T | None, float]:
+    def advance(self) -> tuple[bool, float]:
         """Run slices for up to :data:`TRIP_SECONDS`: (whether the generator returned,
-        what it returned, when the trip ended)."""
+        into :attr:`returned`; when the trip ended)."""
         with self._lock:
             handed = time.perf_counter()
             if self._closed:  # a trip that began after close(): no work
-                return False, None, handed
+                return False, handed
             deadline = handed + TRIP_SECONDS
             while True:
                 try:
                     next(self._slices)
                 except StopIteration as stop:
                     self.returned.append(stop.value)
-                    return True, stop.value, time.perf_counter()
+                    return True, time.perf_counter()
                 now = time.perf_counter()
                 if now >= deadline:
-                    return False, None, now
+                    return False, now
                 if now - handed >= HANDOFF_SECONDS:
                     try:
                         from_thread.check_cancelled()
                     except BaseException:  # the caller was cancelled: the loop raises it
-                        return False, None, now
+                        return False, now
                     time.sleep(0)  # lets go of the GIL, long enough for a waiting loop to run
                     handed = time.perf_counter()
 

@@ -235,7 +235,7 @@ class _Trips(Generic[T]):
 
     def advance(self) -> tuple[bool, float]:
         """Run slices for up to :data:`TRIP_SECONDS`: (whether the generator returned,
-        into :attr:`returned`; when the trip ended)."""
+        into ``returned``; when the trip ended)."""
         with self._lock:
             handed = time.perf_counter()
             if self._closed:  # a trip that began after close(): no work

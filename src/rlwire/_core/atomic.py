@@ -87,16 +87,17 @@ class AtomicFile:
 
     def reuse(self, old: str | os.PathLike[str]) -> AtomicFile:
         """Take the existing file ``old`` as the temporary file instead of creating one:
-        move it to ``tmp`` and open it for writing without truncating it, so that writing
-        over it lands in the pages it already has. The caller writes every byte the file
-        will hold and then cuts it to size (``os.ftruncate(fd, size)``).
+        move it to ``tmp`` and open it for reading and writing (so that it can be mapped)
+        without truncating it, so that writing over it lands in the pages it already
+        has. The caller writes every byte the file will hold and then cuts it to size
+        (``os.ftruncate(fd, size)``).
 
         Raises:
             FileNotFoundError: ``old`` is gone; nothing changed.
         """
         os.rename(old, self.tmp)
         try:
-            self.fd = os.open(self.tmp, os.O_WRONLY)
+            self.fd = os.open(self.tmp, os.O_RDWR)
         except BaseException:
             self.tmp.unlink(missing_ok=True)
             raise

@@ -72,20 +72,22 @@ def beside(monkeypatch: pytest.MonkeyPatch) -> Writers:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("recycle", [False, True])
+@pytest.mark.parametrize("recycle", [False, True, "tmpfs"])
 async def test_ranks_written_beside_arrive_bit_exact(
-    tmp_path: Path, beside: Writers, recycle: bool
+    tmp_path: Path, beside: Writers, recycle: bool | str, request: pytest.FixtureRequest
 ) -> None:
+    # "tmpfs": recycled on tmpfs, where the writers copy into the files' kept mappings.
+    root = request.getfixturevalue("shm_dir") if recycle == "tmpfs" else tmp_path
     options: dict[str, Any] = {"storage_options": {"writers": 4}}
     if recycle:
         options = {"storage_options": {"writers": 4, "recycle": True}, "keep_last": 1}
-    receivers = [rlwire.open_receiver(tmp_path, rank=r) for r in range(RANKS)]
+    receivers = [rlwire.open_receiver(root, rank=r) for r in range(RANKS)]
     try:
-        async with rlwire.open_sender(tmp_path, sidecar="routed_experts", **options) as s:
-            for step in range(3):  # with recycling, later steps reuse the pruned files
+        async with rlwire.open_sender(root, sidecar="routed_experts", **options) as s:
+            for step in range(4):  # with recycling, later steps reuse the pruned files
                 sent = [rank_batch(r, step) for r in range(RANKS)]
                 assert await s.send_ranks(sent) == step
-                assert leftovers(tmp_path) == []
+                assert leftovers(root) == []
                 for rank, receiver in enumerate(receivers):  # checksums verified
                     assert_batches_equal(await receiver.areceive(timeout=10), sent[rank])
                     assert receiver.last_step == step
@@ -96,11 +98,18 @@ async def test_ranks_written_beside_arrive_bit_exact(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("recycle", [False, "tmpfs"])
 async def test_a_cancelled_send_leaves_nothing_and_no_writer_behind(
-    tmp_path: Path, beside: Writers
+    tmp_path: Path, beside: Writers, recycle: bool | str, request: pytest.FixtureRequest
 ) -> None:
-    writers = {"writers": 4}
-    async with rlwire.open_sender(tmp_path, sidecar="routed_experts", storage_options=writers) as s:
+    # "tmpfs": recycled on tmpfs, a cancelled writer copying into a kept mapping.
+    root = request.getfixturevalue("shm_dir") if recycle else tmp_path
+    writers: dict[str, Any] = {"writers": 4}
+    options: dict[str, Any] = {"storage_options": writers}
+    if recycle:
+        options = {"storage_options": {**writers, "recycle": True}, "keep_last": 1}
+    receivers = [rlwire.open_receiver(root, rank=r) for r in range(RANKS)]
+    async with rlwire.open_sender(root, sidecar="routed_experts", **options) as s:
         delays = [0.002 * i for i in range(1, 12)]
         for attempt, delay in enumerate(delays):
             sent = [rank_batch(r, attempt) for r in range(RANKS)]
@@ -110,15 +119,21 @@ async def test_a_cancelled_send_leaves_nothing_and_no_writer_behind(
             # descriptor the next files may reuse) and no temporary file is left: the
             # step either is whole or was never made.
             assert beside.running == 0
-            assert leftovers(tmp_path) == []
+            assert leftovers(root) == []
             committed = s.last_step
             assert s.next_step == (0 if committed is None else committed + 1)
+            if committed is not None and receivers[0].last_step != committed:
+                for rank, receiver in enumerate(receivers):  # consumed: then recycled
+                    assert_batches_equal(await receiver.areceive(timeout=10), sent[rank])
         sent = [rank_batch(r, 99) for r in range(RANKS)]
         step = await s.send_ranks(sent)
+        warm = getattr(s.sink, "_warm", None)
+        assert (warm is not None and len(warm) > 0) == bool(recycle)  # files were mapped
     assert beside.names  # ranks were written beside before some cancellations
-    for rank in range(RANKS):
-        with rlwire.open_receiver(tmp_path, rank=rank, start_step=step) as receiver:
-            assert_batches_equal(receiver.receive(timeout=10), sent[rank])
+    for rank, receiver in enumerate(receivers):
+        assert_batches_equal(await receiver.areceive(timeout=10), sent[rank])
+        assert receiver.last_step == step
+        receiver.close()
 
 
 _FAIL_BESIDE = """

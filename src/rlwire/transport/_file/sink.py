@@ -12,7 +12,10 @@ With ``recycle``, pruning moves the files of the newest step it retires into a p
 (:data:`~rlwire.transport._stored.names.POOL_RE`, hidden names that readers skip and
 that ``open`` removes as leftovers) instead of deleting them, and the next step's files
 are written over them: on tmpfs their pages are already allocated, and allocating and
-zeroing fresh pages is most of what writing a large step there costs.
+zeroing fresh pages is most of what writing a large step there costs. On tmpfs the sink
+also keeps a writable mapping of each file it writes over
+(:mod:`~rlwire.transport._file.mapped`), and copies the next step into the pages that
+stay mapped.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from rlwire._core.slicing import Sliced
 from rlwire._frame.checksums import placeholder_checksums
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import OnExisting, SinkOptions, SourceOptions, reject_unknown
+from rlwire.transport._file.mapped import WarmMaps, on_tmpfs
 from rlwire.transport._file.source import FileSource, open_regular
 from rlwire.transport._file.staging import FileStaging, RankFile, envelope
 from rlwire.transport._parts import PartInfo
@@ -81,6 +85,11 @@ class FileSink(StoredSink):
             instead of into new files (the storage option ``"recycle"``). On tmpfs
             (``/dev/shm``) their memory is then already allocated, which makes sending
             and receiving a large step about twice as fast; elsewhere it saves little.
+            On tmpfs the sink also keeps a writable mapping of each file it wrote over,
+            from one use to the next, and copies large buffers into it: a memcpy into
+            pages already mapped, about twice as fast again as ``write`` (the mappings
+            hold no memory beyond the files themselves; each goes when its file is
+            deleted).
             Needs ``keep_last``. The pool holds the files of one pruned step at most,
             and only until the next step is written, so a run holds no more than
             without it.
@@ -145,6 +154,8 @@ class FileSink(StoredSink):
         # The pooled files by what they held ("rank-0000.rlw", "rank-0000.sidecar.rlw").
         self._pool: dict[str, list[Path]] = {}
         self._pool_lock = threading.Lock()
+        # The mappings of the files written over, on tmpfs (set when the sink opens).
+        self._warm: WarmMaps | None = None
 
     @classmethod
     def from_url(cls, url: URL, options: SinkOptions) -> FileSink:
@@ -205,6 +216,8 @@ class FileSink(StoredSink):
             raise transport_error(
                 exc, "write to the destination directory", where=self.root
             ) from exc
+        if self.recycle and self._warm is None and on_tmpfs(self.root):
+            self._warm = WarmMaps()
 
     def names(self) -> list[str]:
         try:
@@ -229,6 +242,12 @@ class FileSink(StoredSink):
     def remove(self, names: Sequence[str]) -> None:
         for name in names:
             (self.root / name).unlink(missing_ok=True)
+        if self._warm is not None:
+            self._warm.drop(names)
+
+    def close(self) -> None:
+        if self._warm is not None:
+            self._warm.clear()
 
     def existing(self, names: Sequence[str]) -> list[int]:
         return [i for i, name in enumerate(names) if (self.root / name).exists()]
@@ -236,6 +255,8 @@ class FileSink(StoredSink):
     def open(self, on_existing: OnExisting, start_step: int | None = None) -> int:
         with self._pool_lock:  # files pooled before are leftovers now, removed or not
             self._pool.clear()
+        if self._warm is not None:
+            self._warm.clear()
         return super().open(on_existing, start_step)
 
     def prune(self, below: int) -> None:
@@ -266,6 +287,8 @@ class FileSink(StoredSink):
                         os.rename(self.root / name, pooled)
                     except FileNotFoundError:
                         continue
+                    if self._warm is not None:
+                        self._warm.move(name, pooled.name)
                     with self._pool_lock:
                         self._pool.setdefault(_kind(name), []).append(pooled)
 
@@ -283,7 +306,7 @@ class FileSink(StoredSink):
 
     def staging(self, step: int) -> FileStaging:
         return FileStaging(
-            self.root, self.fsync, self._take if self.recycle else None, self.writers
+            self.root, self.fsync, self._take if self.recycle else None, self.writers, self._warm
         )
 
     def write_message(
@@ -325,9 +348,11 @@ class FileSink(StoredSink):
         hashers = [xxhash.xxh3_64() for _ in range(len(frame.buffers) + 1)] if self.checksum else []
         head = envelope(layout, hashers) if self.checksum else None  # called once hashed
         files: list[RankFile] = []
+        env = layout.envelope
         if layout.sidecar:
-            files.append((names[1], layout.sidecar, layout.sidecar_segments, None, False))
-        files.append((names[0], layout.main, layout.main_segments, head, True))
+            side = -1 if env.sidecar_size is None else env.sidecar_size
+            files.append((names[1], layout.sidecar, layout.sidecar_segments, None, False, side))
+        files.append((names[0], layout.main, layout.main_segments, head, True, env.size))
         yield from staging.write_rank(files, hashers, frame.nbytes, beside=beside)
 
 

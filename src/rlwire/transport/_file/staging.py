@@ -1,7 +1,8 @@
 """A step of the file sink being written: each rank's files under temporary names
 (:class:`~rlwire._core.atomic.AtomicFile`), hashed while written, renamed into place at
 commit, sidecar files first and main files last. A sink that recycles hands it pooled
-files of pruned steps to write over instead of new files. On a machine with cores to
+files of pruned steps to write over instead of new files, on tmpfs through the mappings
+it kept of them (:mod:`~rlwire.transport._file.mapped`). On a machine with cores to
 spare, a large rank's files are written in a thread of their own while the next rank's
 are (:meth:`FileStaging.write_rank`)."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import errno
+import mmap
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -21,6 +23,7 @@ from rlwire._core.atomic import AtomicFile, fsync_dir
 from rlwire._core.errors import StepExistsError, transport_error
 from rlwire._core.pools import shared_executor
 from rlwire._core.slicing import Sliced, SliceTimer, run_sliced_beside
+from rlwire.transport._file.mapped import WarmMaps, close_quietly, map_for_writing
 from rlwire.transport._file.writev import batches, hash_batch, writev_all
 from rlwire.transport._stored.layout import Layout
 from rlwire.transport._stored.sink import StoredStaging
@@ -33,9 +36,15 @@ SLICE_BYTES = 64 << 20
 #: A rank's files of at least this many bytes may be written in a thread of their own.
 #: Below it the hand-off costs more than the overlap saves.
 BESIDE_BYTES = 8 << 20
+#: A batch of views of at least this many bytes on average is copied into a file's
+#: mapping; below it numpy's call per view costs more than the kernel's copy saves.
+MAPPED_VIEW_BYTES = 64 << 10
 #: One file of a rank: its name, chunks, the segment of each chunk, what writes its
-#: envelope at offset 0 once it is hashed (main files), and whether it is the main file.
-RankFile = tuple[str, Sequence[bytes | memoryview], Sequence[int], Callable[[], bytes] | None, bool]
+#: envelope at offset 0 once it is hashed (main files), whether it is the main file, and
+#: its size in bytes.
+RankFile = tuple[
+    str, Sequence[bytes | memoryview], Sequence[int], Callable[[], bytes] | None, bool, int
+]
 
 
 class FileStaging(StoredStaging):
@@ -44,7 +53,9 @@ class FileStaging(StoredStaging):
     ``take(name)``, when given, returns a pooled file to write the file ``name`` into (or
     ``None``): it is moved to the temporary name, written over and cut to size.
     ``writers``: how many threads may write its ranks at once, the staging thread
-    included (:meth:`write_rank`).
+    included (:meth:`write_rank`). ``warm``: the mappings kept of pooled files; a pooled
+    file that has one (or gets one: its second use on) is written through it, and its
+    mapping is kept under its new name once committed.
     """
 
     def __init__(
@@ -53,11 +64,16 @@ class FileStaging(StoredStaging):
         fsync: bool,
         take: Callable[[str], Path | None] | None = None,
         writers: int = 1,
+        warm: WarmMaps | None = None,
     ) -> None:
         self.root = root
         self.fsync = fsync
         self.take = take
         self.writers = writers
+        self.warm = warm
+        # The mappings files of this step were written through, by final name: kept at
+        # commit, closed at discard.
+        self._mapped: dict[str, mmap.mmap] = {}
         # In the order the files were opened (a rank's sidecar before its main file, rank
         # by rank), whichever thread writes them: commit moves them in this order.
         self.sidecars: list[AtomicFile] = []
@@ -66,7 +82,7 @@ class FileStaging(StoredStaging):
         self._stop = threading.Event()  # set when the step is discarded: writers stop
 
     def add(self, name: str, chunks: Sequence[bytes | memoryview], *, main: bool) -> Sliced[None]:
-        yield from self.write_rank([(name, chunks, [-1] * len(chunks), None, main)], [], 0)
+        yield from self.write_rank([(name, chunks, [-1] * len(chunks), None, main, -1)], [], 0)
 
     def write_rank(
         self,
@@ -89,19 +105,20 @@ class FileStaging(StoredStaging):
                 :meth:`drain` for one written beside); the step is then discarded
                 whole.
         """
-        outs = [self._open(name, main) for name, _, _, _, main in files]
+        outs = [self._open(name, main) for name, _, _, _, main, _ in files]
         work = zip(outs, files, strict=True)
         if beside and size >= BESIDE_BYTES and self._free_writer():
             fills = [
-                self._fill(out, reused, chunks, segs, hashers, head, hash_beside=False)
-                for (out, reused), (_, chunks, segs, head, _) in work
+                self._fill(out, reused, chunks, segs, hashers, head, nbytes, hash_beside=False)
+                for (out, reused), (_, chunks, segs, head, _, nbytes) in work
             ]
             self._beside.append(
                 shared_executor().submit(run_sliced_beside, _one_after_another(fills), self._stop)
             )
             return
-        for (out, reused), (_, chunks, segs, head, _) in work:
-            yield from self._fill(out, reused, chunks, segs, hashers, head, hash_beside=True)
+        for (out, reused), (_, chunks, segs, head, _, nbytes) in work:
+            fill = self._fill(out, reused, chunks, segs, hashers, head, nbytes, hash_beside=True)
+            yield from fill
 
     def _free_writer(self) -> bool:
         return sum(not f.done() for f in self._beside) < self.writers - 1
@@ -121,8 +138,8 @@ class FileStaging(StoredStaging):
                 yield
 
     def _open(self, name: str, main: bool) -> tuple[AtomicFile, bool]:
-        """A new temporary file for ``name``, or a pooled one (then True), listed for
-        commit.
+        """A new temporary file for ``name``, or a pooled one (then True, and its kept
+        mapping, if any, is this step's), listed for commit.
 
         Raises:
             TransportError: it cannot be created.
@@ -143,7 +160,12 @@ class FileStaging(StoredStaging):
         except OSError as exc:
             raise transport_error(exc, "create a file", where=out.tmp) from exc
         (self.mains if main else self.sidecars).append(out)
-        return out, pooled is not None
+        if pooled is None:
+            return out, False
+        mapping = None if self.warm is None else self.warm.take(pooled.name)
+        if mapping is not None:  # this step's now: kept at commit, closed at discard
+            self._mapped[out.final.name] = mapping
+        return out, True
 
     def _fill(
         self,
@@ -153,24 +175,34 @@ class FileStaging(StoredStaging):
         segments: Sequence[int],
         hashers: Sequence[Any],
         head: Callable[[], bytes] | None,
+        size: int,
         *,
         hash_beside: bool,
     ) -> Sliced[None]:
-        """Write ``chunks`` into ``out``, hashed (by another thread if ``hash_beside``),
-        then ``head()`` at offset 0; cut it to size if it is a ``reused`` (pooled) file;
-        close it. On an error it is discarded.
+        """Write ``chunks`` (``size`` bytes, or -1: not known ahead) into ``out``, hashed
+        (by another thread if ``hash_beside``), then ``head()`` at offset 0; cut it to
+        size if it is a ``reused`` (pooled) file; close it. A reused file of known size
+        is written through a mapping when the sink keeps them (``warm``): the one it
+        kept, or a new one, kept at commit. On an error it is discarded.
 
         Raises:
             TransportError: it cannot be written.
         """
+        mapping = None
         try:
-            size = yield from _write_hashed(out.fd, chunks, segments, hashers, hash_beside)
+            if reused and self.warm is not None and size >= 0:
+                name = out.final.name
+                mapping = map_for_writing(out.fd, size, self._mapped.pop(name, None))
+                self._mapped[name] = mapping
+            written = yield from _write_hashed(
+                out.fd, chunks, segments, hashers, hash_beside, mapping
+            )
             if head is not None:
                 data = head()
                 if os.pwrite(out.fd, data, 0) != len(data):
                     raise OSError(errno.EIO, "short write of the envelope")
-            if reused:  # every byte up to size is written: drop the rest
-                os.ftruncate(out.fd, size)
+            if reused:  # every byte up to written is new: drop the rest
+                os.ftruncate(out.fd, written)
             out.close()
         except OSError as exc:
             out.discard()
@@ -200,6 +232,10 @@ class FileStaging(StoredStaging):
                 self.visible = True
             if self.fsync:
                 fsync_dir(self.root)
+            if self.warm is not None:
+                for name, mapping in self._mapped.items():
+                    self.warm.keep(name, mapping)
+                self._mapped.clear()
         except OSError as exc:
             self.discard()
             if not ranks:
@@ -228,6 +264,9 @@ class FileStaging(StoredStaging):
         self._beside.clear()
         for out in (*self.mains, *self.sidecars):
             out.discard()
+        for mapping in self._mapped.values():
+            close_quietly(mapping)
+        self._mapped.clear()
 
 
 def envelope(layout: Layout, hashers: Sequence[Any]) -> Callable[[], bytes]:
@@ -261,14 +300,19 @@ def _write_hashed(
     segments: Sequence[int],
     hashers: Sequence[Any],
     hash_beside: bool,
+    mapping: mmap.mmap | None = None,
 ) -> Sliced[int]:
     """Write ``chunks`` to ``fd`` with ``writev``, hashing each chunk of a segment into
     ``hashers[segment]``; the number of bytes written. With ``hash_beside`` another
     thread hashes each batch while this one writes it, and has finished whenever this
     returns or raises; else this thread hashes each batch after writing it (a writer
-    beside others, which must not wait for the shared executor it runs in)."""
+    beside others, which must not wait for the shared executor it runs in). With a
+    ``mapping`` of the file, sized for all of them, a batch of large views is copied
+    into it instead (numpy lets go of the GIL for each), the file's offset moved past."""
     hashing: concurrent.futures.Future[None] | None = None
     total = 0
+    # The mapping as bytes numpy copies into; no view of it outlives the write.
+    target = None if mapping is None else np.frombuffer(mapping, np.uint8)
     try:
         written = 0
         slicer = SliceTimer()
@@ -284,7 +328,12 @@ def _write_hashed(
             # Only the work between writes holds the GIL (many small buffers to hash make
             # it long); the writes themselves leave the event loop free.
             busy = slicer.due()
-            n = writev_all(fd, [view for view, _ in batch])
+            views = [view for view, _ in batch]
+            if target is not None and _batch_bytes(views) >= MAPPED_VIEW_BYTES * len(views):
+                n = _copy_into(target, total, views)
+                os.lseek(fd, n, os.SEEK_CUR)
+            else:
+                n = writev_all(fd, views)
             if hashers and not hash_beside:
                 hash_batch(hashers, batch)  # just written: read from cache
             written += n
@@ -298,5 +347,20 @@ def _write_hashed(
             hashing = None
         return total
     finally:
+        del target
         if hashing is not None:  # stopped midway: let the hashing thread finish first
             concurrent.futures.wait([hashing])
+
+
+def _batch_bytes(views: list[memoryview]) -> int:
+    return sum(view.nbytes for view in views)
+
+
+def _copy_into(target: np.ndarray, offset: int, views: list[memoryview]) -> int:
+    """Copy ``views`` back to back into ``target`` from ``offset``; the bytes copied."""
+    start = offset
+    for view in views:
+        end = offset + view.nbytes
+        target[offset:end] = view
+        offset = end
+    return offset - start

@@ -11,7 +11,10 @@ from pathlib import Path
 
 from rlwire._core.atomic import write_atomic
 from rlwire._core.errors import CorruptFrameError, transport_error
+from rlwire._frame.frame import Frame
+from rlwire.transport._file.mapped import WarmReads, on_tmpfs
 from rlwire.transport._file.watch import DirectoryWatch
+from rlwire.transport._stored.names import STORED_RE, main_name, sidecar_name
 from rlwire.transport._stored.selected import Ranged, WholeFile
 from rlwire.transport._stored.source import StoredSource
 
@@ -29,6 +32,13 @@ class FileSource(StoredSource):
     read-only (``flags.writeable`` is False); a library that ignores numpy's flag and
     writes anyway (``torch.from_numpy`` then an in-place op, ``ctypes``) writes into
     private pages instead of crashing the process with SIGSEGV.
+
+    On tmpfs, a source that verifies checksums and hands out read-only buffers keeps
+    its mapping of each step file it read (:class:`~rlwire.transport._file.mapped.
+    WarmReads`): a file a recycling sink writes a later step into is read again
+    through it, without page faults or unmapping. A page this process wrote into (as
+    above) is no longer the file's; a step whose checksums then fail is read again
+    through a new mapping before anything is reported.
 
     Args:
         path: the directory the sink writes to.
@@ -70,6 +80,11 @@ class FileSource(StoredSource):
         # is a 0.15 s stall.
         self._mapped: list[mmap.mmap] = []
         self._mapped_lock = threading.Lock()
+        # Mappings of step files kept for when the file comes back recycled, and the
+        # keys of those this read is served from (forgotten if its checksums fail).
+        warm = verify and not writable and on_tmpfs(self.root)
+        self._warm = WarmReads(self._unmap_later) if warm else None
+        self._served: dict[str, tuple[int, int]] = {}
 
     def __repr__(self) -> str:
         return f"FileSource({str(self.root)!r}, rank={self.rank})"
@@ -87,9 +102,15 @@ class FileSource(StoredSource):
         """Release the directory's watch; unmap the mappings nothing uses (the others
         go when their last view does)."""
         self.watch.close()
+        if self._warm is not None:
+            self._warm.close()
         self._unmap_unused()
         with self._mapped_lock:
             self._mapped.clear()
+
+    def _unmap_later(self, mapping: mmap.mmap) -> None:
+        with self._mapped_lock:
+            self._mapped.append(mapping)
 
     def _unmap_unused(self) -> None:
         with self._mapped_lock:
@@ -137,6 +158,21 @@ class FileSource(StoredSource):
         view = self.load(name, advice=getattr(mmap, "MADV_RANDOM", None))
         return None if view is None else _MappedFile(view)
 
+    def read(self, step: int) -> Frame | None:
+        self._served.clear()
+        try:
+            return super().read(step)
+        except CorruptFrameError:
+            names = (main_name(step, self.rank), sidecar_name(step, self.rank))
+            served = [self._served.pop(name) for name in names if name in self._served]
+            if self._warm is None or not served:
+                raise
+            # Kept mappings served it: a page of them this process wrote into fails the
+            # checksums though the file is whole. Read through new mappings to tell.
+            for key in served:
+                self._warm.forget(key)
+            return super().read(step)
+
     def load(self, name: str, advice: int | None = None) -> memoryview | None:
         self._unmap_unused()
         path = self.root / name
@@ -147,6 +183,12 @@ class FileSource(StoredSource):
             size = os.fstat(fd).st_size
             if size == 0:
                 raise CorruptFrameError("empty file", where=path)
+            if self._warm is not None and advice is None and STORED_RE.fullmatch(name):
+                taken, fd = fd, -1
+                mapping, key, kept = self._warm.map(taken, size)
+                if kept:
+                    self._served[name] = key
+                return memoryview(mapping)[:size].toreadonly()
             # The mapping outlives fd; arrays keep it alive through their memoryviews.
             # Always copy-on-write, even when read-only to Python: see the class docstring.
             mapping = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
@@ -159,7 +201,8 @@ class FileSource(StoredSource):
         except OSError as exc:
             raise transport_error(exc, "map", where=path) from exc
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
 
 
 class _MappedFile(WholeFile):

@@ -4,6 +4,7 @@ real mappings, a real file size limit."""
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import subprocess
@@ -256,3 +257,102 @@ def test_warm_maps_move_drop_and_clear(shm_dir: Path) -> None:
     view.release()
     maps.clear()
     assert mappings[0].closed and len(maps) == 0
+
+
+# A receiver's kept mappings (WarmReads).
+
+
+def sidecar_mapping(source: FileSource, step: int) -> object:
+    view = source.load(sidecar_name(step, 0))
+    assert view is not None
+    return view.obj
+
+
+def test_a_receiver_reads_a_recycled_file_through_the_mapping_it_kept(shm_dir: Path) -> None:
+    sink = FileSink(shm_dir, recycle=True)
+    sink.open("error")
+    source = FileSource(shm_dir)
+    commit(sink, 0, 1, size=300_000)
+    got = CODEC.decode(source.read(0))
+    assert np.array_equal(got["routed_experts"], np.full(300_000, 0, np.uint8))
+    first = sidecar_mapping(source, 0)
+    del got
+    for step in range(1, 5):
+        sink.prune(step)
+        commit(sink, step, 1, size=300_000 - step)  # into the same files, each step
+        got = CODEC.decode(source.read(step))  # checksums verified
+        assert np.array_equal(got["routed_experts"], np.full(300_000 - step, step, np.uint8))
+        assert sidecar_mapping(source, step) is first
+        del got
+    assert source._warm is not None and len(source._warm) == 2  # main file and sidecar
+    source.close()
+    assert len(source._warm) == 0
+
+
+def test_a_page_the_receiver_wrote_into_does_not_pass_for_a_later_step(shm_dir: Path) -> None:
+    # As torch's in-place ops do, ctypes writes into a received read-only array: the
+    # page becomes this process's (copy-on-write). When the file comes back recycled,
+    # the kept mapping still shows that page; its checksum fails and the step is read
+    # again through a new mapping, correct.
+    sink = FileSink(shm_dir, recycle=True)
+    sink.open("error")
+    source = FileSource(shm_dir)
+    commit(sink, 0, 1, size=300_000)
+    experts = CODEC.decode(source.read(0))["routed_experts"]
+    assert not experts.flags.writeable
+    ctypes.memmove(experts.ctypes.data, b"\x5a" * 8192, 8192)
+    assert experts[0] == 0x5A
+    kept_before = sidecar_mapping(source, 0)
+    del experts
+    sink.prune(1)
+    commit(sink, 1, 1, size=300_000)
+    got = CODEC.decode(source.read(1))
+    assert np.array_equal(got["routed_experts"], np.full(300_000, 1, np.uint8))
+    assert sidecar_mapping(source, 1) is not kept_before  # mapped afresh
+    source.close()
+
+
+def test_a_file_that_grew_past_its_kept_mapping_is_mapped_again(shm_dir: Path) -> None:
+    sink = FileSink(shm_dir, recycle=True)
+    sink.open("error")
+    source = FileSource(shm_dir)
+    commit(sink, 0, 1, size=100_000)
+    small = sidecar_mapping(source, 0)
+    sink.prune(1)
+    commit(sink, 1, 1, size=900_000)
+    got = CODEC.decode(source.read(1))
+    assert np.array_equal(got["routed_experts"], np.full(900_000, 1, np.uint8))
+    assert sidecar_mapping(source, 1) is not small
+    source.close()
+
+
+def deleted_mappings(root: Path) -> list[str]:
+    """This process's mappings of files under ``root`` that were deleted."""
+    with open("/proc/self/maps") as maps:
+        return [line for line in maps if str(root) in line and line.rstrip().endswith("(deleted)")]
+
+
+def test_a_receiver_keeps_no_mapping_of_a_deleted_file(shm_dir: Path) -> None:
+    sink = FileSink(shm_dir)  # no recycling: every step's files are new, then deleted
+    sink.open("error")
+    source = FileSource(shm_dir)
+    for step in range(12):
+        commit(sink, step, 1)
+        assert CODEC.decode(source.read(step))["step"] == step
+        if step >= 2:
+            sink.prune(step - 1)  # deletes step - 2
+        assert source._warm is not None and len(source._warm) <= 16
+    assert deleted_mappings(shm_dir)  # the steps deleted since the last read
+    commit(sink, 12, 1)
+    source.read(12)
+    assert deleted_mappings(shm_dir) == []  # dropped by the read after their deletion
+    source.close()
+
+
+def test_only_a_verifying_read_only_receiver_on_tmpfs_keeps_mappings(
+    shm_dir: Path, tmp_path: Path
+) -> None:
+    assert FileSource(shm_dir)._warm is not None
+    assert FileSource(shm_dir, verify=False)._warm is None  # nothing would catch a stale page
+    assert FileSource(shm_dir, writable=True)._warm is None  # writes are expected there
+    assert (FileSource(tmp_path)._warm is not None) == (stat_type(tmp_path) == "tmpfs")

@@ -89,7 +89,7 @@ class FileSink(StoredSink):
             from one use to the next, and copies large buffers into it: a memcpy into
             pages already mapped, about twice as fast again as ``write`` (the mappings
             hold no memory beyond the files themselves; each goes when its file is
-            deleted).
+            deleted). Receivers there keep theirs too (:class:`FileSource`).
             Needs ``keep_last``. The pool holds the files of one pruned step at most,
             and only until the next step is written, so a run holds no more than
             without it.

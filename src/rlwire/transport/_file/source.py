@@ -36,9 +36,10 @@ class FileSource(StoredSource):
     On tmpfs, a source that verifies checksums and hands out read-only buffers keeps
     its mapping of each step file it read
     (:class:`~rlwire.transport._file.mapped.WarmReads`): a file a recycling sink writes
-    a later step into is read again through it, without page faults or unmapping. A page this process wrote into (as
-    above) is no longer the file's; a step whose checksums then fail is read again
-    through a new mapping before anything is reported.
+    a later step into is read again through it, without page faults or unmapping. A
+    page this process wrote into (as above) is no longer the file's; a step whose
+    checksums then fail is read again through a new mapping before anything is
+    reported.
 
     Args:
         path: the directory the sink writes to.

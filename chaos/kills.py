@@ -4,7 +4,8 @@ A sender runs in a forked process. For "every call", that process wraps the ``os
 functions a file sink uses so that the N-th call made while opening, sending and
 closing kills the process with SIGKILL; N runs over every call of the send (counted in a
 calibration run). For "random times", the parent kills a sender sending several steps
-after a random delay. Then the directory is judged (:func:`classify`).
+after a random delay (half of them into recycled files). Then the directory is judged
+(:func:`classify`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,19 @@ from ._model import (
 )
 from ._proc import Job, reap
 
-HOOKED = ("open", "write", "writev", "pwrite", "replace", "link", "fsync", "unlink", "rename")
+HOOKED = (
+    "open",
+    "write",
+    "writev",
+    "pwrite",
+    "replace",
+    "link",
+    "fsync",
+    "unlink",
+    "rename",
+    "ftruncate",
+    "posix_fallocate",
+)
 
 
 def install_hooks(kill_at: int | None, said: Callable[[str], None] | None = None) -> list[str]:
@@ -256,8 +269,23 @@ def _killed_send(
     elif mode == 3:
         options = {"start_step": 1, "on_existing": "truncate"}
         anyio.run(functools.partial(_send_steps, *args[:2], range(1, 2), *args[2:], **options))
-    else:
+    elif mode == 4:
         anyio.run(functools.partial(_send_steps, *args[:2], range(3, 4), *args[2:], keep_last=2))
+    else:
+        anyio.run(_send_recycled, directory, ranks, compression, fsync, n)
+
+
+async def _send_recycled(
+    directory: Path, ranks: int, compression: str | None, fsync: bool, n: int
+) -> None:
+    """Mode 5's send: steps 3-6, each after every rank has read the steps before it (the
+    marks written here, as receivers would), so that each prunes one into the pool."""
+    options = {**_sender_options(compression, fsync), "keep_last": 2}
+    async with rlwire.open_sender(directory, storage_options={"recycle": True}, **options) as s:
+        for step in range(3, 7):
+            for rank in range(ranks):
+                (directory / consumed_name(rank)).write_bytes(consumed_mark(step))
+            await s.send_ranks([payload(step, r, n) for r in range(ranks)], step=step)
 
 
 def calibrate(
@@ -293,13 +321,22 @@ def kill_at_call(
 
 
 def kill_at_random(
-    root: str, ranks: int, compression: str | None, fsync: bool, n: int, steps: int, delay: float
+    root: str,
+    ranks: int,
+    compression: str | None,
+    fsync: bool,
+    n: int,
+    steps: int,
+    delay: float,
+    recycle: bool = False,
 ) -> dict[str, Any]:
+    """Kill a sender of ``steps`` steps after ``delay`` seconds; with ``recycle``, mode
+    5's sender (steps 3-6 into recycled files) after its steps 0-2, instead."""
     directory = Path(tempfile.mkdtemp(dir=root))
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the victim
         try:
-            anyio.run(_send_steps, directory, ranks, range(steps), compression, fsync, n)
+            _random_victim(directory, ranks, compression, fsync, n, steps, recycle)
         finally:
             os._exit(0)
     time.sleep(delay)
@@ -311,18 +348,40 @@ def kill_at_random(
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def _random_victim(
+    directory: Path,
+    ranks: int,
+    compression: str | None,
+    fsync: bool,
+    n: int,
+    steps: int,
+    recycle: bool,
+) -> None:
+    if recycle:
+        _before(directory, ranks, compression, fsync, 5, n)
+        _killed_send(directory, ranks, compression, fsync, 5, n)
+    else:
+        anyio.run(_send_steps, directory, ranks, range(steps), compression, fsync, n)
+
+
 #: What the killed sender does: 0 sends step 0 to an empty directory; 1 sends step 1
 #: after a whole step 0; 2 does that and then finishes the stream (the end mark); 3
 #: restarts at step 1 (``on_existing="truncate"``) over steps 0-2 of a finished stream
 #: that every rank has read, and sends step 1; 4 sends step 3 after those with
-#: ``keep_last=2`` (retention deletes steps 0 and 1).
+#: ``keep_last=2`` (retention deletes steps 0 and 1); 5 sends steps 3-6 after those with
+#: ``keep_last=2`` and ``recycle``, every rank having read each step before the next: on
+#: tmpfs, from step 5 on, into pruned steps' files through the mappings the sender kept
+#: of them (payloads of :data:`MODE_N` elements, large enough to be copied into one).
 MODES = {
     0: "step 0",
     1: "step 1 after step 0",
     2: "step 1, then finish()",
     3: "truncate at step 1 over steps 0-2, send step 1",
     4: "step 3 after steps 0-2 with keep_last=2",
+    5: "steps 3-6 after steps 0-2 with keep_last=2 and recycle",
 }
+#: The payload size (elements a sample) of a mode's sends, where not 600.
+MODE_N = {5: 20_000}
 CONFIGS = [
     (ranks, compression, fsync)
     for ranks in (1, 2)
@@ -348,7 +407,7 @@ def jobs(root: str, total: int, seed: int, calibration: dict[Any, Any]) -> Itera
         call = calibration[(ranks, compression, fsync, mode)]["calls"][at - 1]
         yield Job(
             kill_at_call,
-            (root, ranks, compression, fsync, mode, 600, at),
+            (root, ranks, compression, fsync, mode, MODE_N.get(mode, 600), at),
             timeout=60,
             tag=(
                 "kill -9 at each fs call",
@@ -357,35 +416,43 @@ def jobs(root: str, total: int, seed: int, calibration: dict[Any, Any]) -> Itera
         )
     for _ in range(total - len(exhaustive)):
         ranks, compression, fsync = rng.choice(CONFIGS)
-        seconds = calibration[("random", ranks, compression, fsync)]["seconds"]
+        recycle = rng.random() < 0.5
+        seconds = calibration[("random", ranks, compression, fsync, recycle)]["seconds"]
         delay = rng.uniform(0, seconds * 1.2)
+        what = " recycle" if recycle else ""
         yield Job(
             kill_at_random,
-            (root, ranks, compression, fsync, 20_000, 3, delay),
+            (root, ranks, compression, fsync, 20_000, 3, delay, recycle),
             timeout=60,
             tag=(
                 "kill -9 at random times",
-                f"{ranks} rank(s) {compression} fsync={fsync} after {delay * 1000:.1f} ms",
+                f"{ranks} rank(s) {compression} fsync={fsync}{what} after {delay * 1000:.1f} ms",
             ),
         )
 
 
-def time_random(root: str, ranks: int, compression: str | None, fsync: bool) -> dict[str, Any]:
-    """How long a forked sender of 3 steps of the random-time campaign takes."""
+def time_random(
+    root: str, ranks: int, compression: str | None, fsync: bool, recycle: bool
+) -> dict[str, Any]:
+    """How long a forked sender of the random-time campaign takes."""
     directory = Path(tempfile.mkdtemp(dir=root))
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:  # pragma: no cover
         try:
-            anyio.run(_send_steps, directory, ranks, range(3), compression, fsync, 20_000)
+            _random_victim(directory, ranks, compression, fsync, 20_000, 3, recycle)
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
+    shutil.rmtree(directory, ignore_errors=True)
     return {"outcome": EXACT, "seconds": time.monotonic() - start}
 
 
 def calibration_jobs(root: str) -> Iterator[Job]:
     for cfg in CONFIGS:
         for mode in MODES:
-            yield Job(calibrate, (root, *cfg, mode, 600), timeout=60, tag=(*cfg, mode))
-        yield Job(time_random, (root, *cfg), timeout=60, tag=("random", *cfg))
+            n = MODE_N.get(mode, 600)
+            yield Job(calibrate, (root, *cfg, mode, n), timeout=60, tag=(*cfg, mode))
+        for recycle in (False, True):
+            tag = ("random", *cfg, recycle)
+            yield Job(time_random, (root, *cfg, recycle), timeout=60, tag=tag)

@@ -56,6 +56,9 @@ class Frame:
         missing: indices of the buffers a source did not read (a partial read, see
             :mod:`rlwire._frame.selection`): each is an empty view, neither verified nor
             decompressed, and the codec must not need it.
+        verified: True when the source that read it checked every segment against a
+            checksum the message carried (False: a message without checksums, a
+            source with ``verify=False``, or one that does not say).
 
     Example:
         >>> frame = Frame(b"hdr", (memoryview(b"payload"),))
@@ -71,6 +74,7 @@ class Frame:
     raw_sizes: tuple[int, ...] = ()
     stored_size: int | None = None
     missing: frozenset[int] = field(default_factory=frozenset)
+    verified: bool = False
 
     def __post_init__(self) -> None:
         bad = [i for i in self.sidecar if not 0 <= i < len(self.buffers)]

@@ -5,6 +5,7 @@ real mappings, a real file size limit."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import mmap
 import os
 import subprocess
@@ -38,6 +39,7 @@ MOUNTINFO = "\n".join(
         "22 21 0:5 / /dev/shm rw - tmpfs tmpfs rw,size=1024k",
         "23 22 8:1 /data /dev/shm/disk rw - ext4 /dev/sda1 rw",
         r"24 21 0:6 / /mnt/my\040ram rw - tmpfs tmpfs rw",
+        r"25 21 0:7 / /mnt/café\040é rw - tmpfs tmpfs rw",  # UTF-8 as it is, a space escaped
         "garbage",
     ]
 )
@@ -51,6 +53,7 @@ MOUNTINFO = "\n".join(
         ("/dev/shm/disk/run", "ext4"),  # a mount inside tmpfs
         ("/dev/shmx", "ext4"),  # a prefix of the name, not of the path
         ("/mnt/my ram/run", "tmpfs"),  # an escaped space
+        ("/mnt/café é/run", "tmpfs"),
         ("/home", "ext4"),
     ],
 )
@@ -272,21 +275,61 @@ def test_a_receiver_reads_a_recycled_file_through_the_mapping_it_kept(shm_dir: P
     sink = FileSink(shm_dir, recycle=True)
     sink.open("error")
     source = FileSource(shm_dir)
-    commit(sink, 0, 1, size=300_000)
-    got = CODEC.decode(source.read(0))
-    assert np.array_equal(got["routed_experts"], np.full(300_000, 0, np.uint8))
-    first = sidecar_mapping(source, 0)
-    del got
-    for step in range(1, 5):
-        sink.prune(step)
+    assert source._warm is not None
+    kept: object = None
+    for step in range(6):
+        if step:
+            sink.prune(step)
         commit(sink, step, 1, size=300_000 - step)  # into the same files, each step
         got = CODEC.decode(source.read(step))  # checksums verified
         assert np.array_equal(got["routed_experts"], np.full(300_000 - step, step, np.uint8))
-        assert sidecar_mapping(source, step) is first
         del got
-    assert source._warm is not None and len(source._warm) == 2  # main file and sidecar
+        # Step 0's files are new, and nothing is kept; step 1 comes in them, recycled:
+        # the receiver has seen a file come back, and keeps its mappings from then on.
+        assert source._warm.recycling == (step >= 1)
+        assert len(source._warm) == (2 if step >= 1 else 0)  # main file and sidecar
+        if step == 1:
+            kept = sidecar_mapping(source, step)
+        elif step > 1:
+            assert sidecar_mapping(source, step) is kept
     source.close()
     assert len(source._warm) == 0
+
+
+def test_a_directory_that_does_not_recycle_gets_no_kept_mapping(shm_dir: Path) -> None:
+    # Its files never come back: keeping their mappings would only keep memory (the
+    # pages a receiver wrote into, copy-on-write) and descriptors.
+    sink = FileSink(shm_dir)
+    sink.open("error")
+    source = FileSource(shm_dir)
+    for step in range(20):
+        commit(sink, step, 1, size=100_000)
+        experts = CODEC.decode(source.read(step))["routed_experts"]
+        ctypes.memmove(experts.ctypes.data, b"\x5a" * 8192, 8192)  # as torch in place
+        del experts
+        if step >= 2:
+            sink.prune(step - 1)
+        assert source._warm is not None and len(source._warm) == 0
+    assert not source._warm.recycling
+    source.close()
+
+
+def test_a_step_without_checksums_turns_kept_mappings_off(shm_dir: Path) -> None:
+    # Nothing would tell a page this process wrote into: the step is read again through
+    # new mappings, and no mapping is kept from then on.
+    sink = FileSink(shm_dir, recycle=True, checksum=False)
+    sink.open("error")
+    source = FileSource(shm_dir)
+    for step in range(6):
+        if step:
+            sink.prune(step)
+        commit(sink, step, 1, size=300_000)
+        experts = CODEC.decode(source.read(step))["routed_experts"]
+        assert np.array_equal(experts, np.full(300_000, step, np.uint8))
+        ctypes.memmove(experts.ctypes.data, b"\x5a" * 8192, 8192)  # as torch in place
+        del experts
+    assert source._warm is None
+    source.close()
 
 
 def test_a_page_the_receiver_wrote_into_does_not_pass_for_a_later_step(shm_dir: Path) -> None:
@@ -333,20 +376,43 @@ def deleted_mappings(root: Path) -> list[str]:
 
 
 def test_a_receiver_keeps_no_mapping_of_a_deleted_file(shm_dir: Path) -> None:
-    sink = FileSink(shm_dir)  # no recycling: every step's files are new, then deleted
+    # A receiver waiting for a step that does not come (the run deleted, or another
+    # sender overwriting it) must not keep the deleted files' memory meanwhile.
+    sink = FileSink(shm_dir, recycle=True)
     sink.open("error")
     source = FileSource(shm_dir)
-    for step in range(12):
+    for step in range(5):
+        if step:
+            sink.prune(step)
         commit(sink, step, 1)
         assert CODEC.decode(source.read(step))["step"] == step
-        if step >= 2:
-            sink.prune(step - 1)  # deletes step - 2
-        assert source._warm is not None and len(source._warm) <= 16
-    assert deleted_mappings(shm_dir)  # the steps deleted since the last read
-    commit(sink, 12, 1)
-    source.read(12)
-    assert deleted_mappings(shm_dir) == []  # dropped by the read after their deletion
+    assert source._warm is not None and len(source._warm) == 2
+    sink.close()  # the sender's own mappings: gone with it
+    sink.remove(os.listdir(shm_dir))
+    assert deleted_mappings(shm_dir)  # kept by the receiver, until it looks again
+    assert source.read(5) is None  # a waiting receiver's poll
+    assert deleted_mappings(shm_dir) == [] and len(source._warm) == 0
     source.close()
+
+
+def test_a_receiver_dropped_unclosed_leaves_no_descriptor(shm_dir: Path) -> None:
+    sink = FileSink(shm_dir, recycle=True)
+    sink.open("error")
+    before = 0
+    commit(sink, 0, 1)
+    for step in range(1, 7):
+        if step == 2:  # the sender's own mappings made (an mmap holds a descriptor)
+            before = len(os.listdir("/proc/self/fd"))
+        source = FileSource(shm_dir)
+        source.read(step - 1)
+        sink.prune(step)
+        commit(sink, step, 1)  # in the files of the step before: it comes back
+        source.read(step)
+        assert source._warm is not None and len(source._warm) == 2  # two files kept open
+        del source
+        gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == before
+    sink.close()
 
 
 def test_only_a_verifying_read_only_receiver_on_tmpfs_keeps_mappings(

@@ -115,6 +115,8 @@ async def test_a_cancelled_send_leaves_nothing_and_no_writer_behind(
             await s.send_ranks(sent)
             for rank, receiver in enumerate(receivers):
                 assert_batches_equal(await receiver.areceive(timeout=10), sent[rank])
+        warm = getattr(s.sink, "_warm", None)
+        assert (warm is not None and len(warm) > 0) == bool(recycle)  # files were mapped
         delays = [0.002 * i for i in range(1, 12)]
         for attempt, delay in enumerate(delays):
             sent = [rank_batch(r, attempt) for r in range(RANKS)]
@@ -132,8 +134,6 @@ async def test_a_cancelled_send_leaves_nothing_and_no_writer_behind(
                     assert_batches_equal(await receiver.areceive(timeout=10), sent[rank])
         sent = [rank_batch(r, 99) for r in range(RANKS)]
         step = await s.send_ranks(sent)
-        warm = getattr(s.sink, "_warm", None)
-        assert (warm is not None and len(warm) > 0) == bool(recycle)  # files were mapped
     assert beside.names  # ranks were written beside before some cancellations
     for rank, receiver in enumerate(receivers):
         assert_batches_equal(await receiver.areceive(timeout=10), sent[rank])

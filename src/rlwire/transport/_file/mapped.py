@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -35,6 +36,10 @@ __all__ = [
     "mount_type",
     "on_tmpfs",
 ]
+
+
+#: The escapes of a mountinfo path field: a space, tab, newline or backslash as ``\ooo``.
+_OCTAL = re.compile(r"\\([0-7]{3})")
 
 
 def on_tmpfs(path: Path) -> bool:
@@ -63,18 +68,11 @@ def mount_type(real: str, mountinfo: str) -> str:
         fields = line.split(" - ", 1)
         if len(fields) != 2 or len(fields[0].split(" ")) < 5:
             continue
-        point = _unescape(fields[0].split(" ")[4])
+        point = _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), fields[0].split(" ")[4])
         inside = real == point or real.startswith(point.rstrip("/") + "/")
         if inside and len(point) >= len(best):
             best, kind = point, fields[1].split(" ", 1)[0]
     return kind
-
-
-def _unescape(field: str) -> str:
-    """A mountinfo path field with its octal escapes (``\\040`` for a space) undone."""
-    if "\\" not in field:
-        return field
-    return field.encode("latin-1").decode("unicode_escape").encode("latin-1").decode()
 
 
 def map_for_writing(fd: int, size: int, mapping: mmap.mmap | None) -> mmap.mmap:
@@ -167,43 +165,58 @@ class WarmMaps:
 #: The most step files a receiver keeps mapped: two a step (main and sidecar), enough for
 #: a ring of eight recycled steps. Each mapped page costs 8 bytes of page table.
 MAX_WARM_READS = 16
+#: How many step files' inodes a receiver remembers to tell that a file came back.
+_SEEN = 64
+
+_Key = tuple[int, int]
 
 
 class WarmReads:
     """A receiver's private (copy-on-write) mappings of the step files it read, by
-    inode, each with a descriptor of its file, kept until the file is deleted.
+    inode, each with a descriptor of its file, until the file is deleted.
 
-    :meth:`map` maps a file, or hands back the mapping kept of it when the file is one
-    read before, written over by a recycling sink since. Pages this process wrote to
-    (a copy-on-write page) are its own and no longer the file's: the caller verifies
-    what a kept mapping gives against the file's checksums and, on a mismatch,
-    :meth:`forget` s it and maps afresh. Mappings that cannot be closed yet (views of
-    them alive) go to ``unmap_later``.
+    Mappings are kept only once the receiver has seen a file come back: an inode it
+    read under one step's name, again under another's (a recycling sink). Until then
+    :meth:`map` keeps nothing, so a directory that does not recycle costs nothing more.
+    Pages this process wrote to (a copy-on-write page) are its own and no longer the
+    file's: the caller verifies what a kept mapping gives against the file's checksums
+    and, on a mismatch, :meth:`forget` s it and maps afresh. Mappings that cannot be
+    closed yet (views of them alive) go to ``unmap_later``.
 
     Example:
         >>> reads = WarmReads(unmap_later=[].append)
-        >>> len(reads)
-        0
+        >>> len(reads), reads.recycling
+        (0, False)
     """
 
     def __init__(self, unmap_later: Callable[[mmap.mmap], None]) -> None:
-        self._kept: dict[tuple[int, int], tuple[int, mmap.mmap]] = {}
+        self._kept: dict[_Key, tuple[int, mmap.mmap]] = {}  # a descriptor and a mapping
+        self._names: dict[_Key, str] = {}  # the last _SEEN step files read, by inode
         self._unmap_later = unmap_later
         self._lock = threading.Lock()  # a receiver's reads and its close
+        #: Whether a file has come back under another step's name.
+        self.recycling = False
 
-    def map(self, fd: int, size: int) -> tuple[mmap.mmap, tuple[int, int], bool]:
-        """A copy-on-write mapping of at least ``size`` bytes of the file open as
-        ``fd``, which this takes (it is closed here or kept); its key, and whether it was
-        kept from an earlier read.
+    def map(self, fd: int, size: int, name: str) -> tuple[mmap.mmap, _Key, bool] | None:
+        """A copy-on-write mapping of at least ``size`` bytes of the step file ``name``
+        open as ``fd``, its key, and whether it was kept from an earlier read; or
+        ``None`` (``fd`` stays the caller's) before any file came back. Otherwise this
+        takes ``fd``: it is closed here or kept.
 
         Raises:
             OSError: the file cannot be mapped (``fd`` is closed).
         """
         with self._lock:
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            before = self._names.pop(key, None)
+            self._names[key] = name
+            if len(self._names) > _SEEN:
+                del self._names[next(iter(self._names))]
+            self.recycling = self.recycling or (before is not None and before != name)
+            if not self.recycling:
+                return None
             try:
-                st = os.fstat(fd)
-                key = (st.st_dev, st.st_ino)
-                self._evict_deleted()
                 kept = self._kept.get(key)
                 if kept is not None and len(kept[1]) >= size:
                     os.close(fd)
@@ -219,10 +232,17 @@ class WarmReads:
                 self._evict(next(iter(self._kept)))
             return mapping, key, False
 
-    def forget(self, key: tuple[int, int]) -> None:
+    def forget(self, key: _Key) -> None:
         """Drop the mapping kept under ``key`` (read afresh next time)."""
         with self._lock:
             self._evict(key)
+
+    def evict_deleted(self) -> None:
+        """Drop the mappings of files that were deleted: one would keep their memory."""
+        with self._lock:
+            for key, (fd, _) in list(self._kept.items()):
+                if os.fstat(fd).st_nlink == 0:
+                    self._evict(key)
 
     def close(self) -> None:
         """Drop every kept mapping."""
@@ -230,12 +250,7 @@ class WarmReads:
             for key in list(self._kept):
                 self._evict(key)
 
-    def _evict_deleted(self) -> None:
-        for key, (fd, _) in list(self._kept.items()):
-            if os.fstat(fd).st_nlink == 0:  # deleted: the mapping alone keeps its memory
-                self._evict(key)
-
-    def _evict(self, key: tuple[int, int]) -> None:
+    def _evict(self, key: _Key) -> None:
         kept = self._kept.pop(key, None)
         if kept is None:
             return
@@ -248,3 +263,10 @@ class WarmReads:
 
     def __len__(self) -> int:
         return len(self._kept)
+
+    def __del__(self) -> None:
+        # A receiver dropped without close(): its descriptors go with it, as its
+        # mappings do (an mmap object unmaps itself when collected).
+        for fd, _ in self._kept.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)

@@ -14,7 +14,7 @@ from rlwire._core.errors import CorruptFrameError, transport_error
 from rlwire._frame.frame import Frame
 from rlwire.transport._file.mapped import WarmReads, on_tmpfs
 from rlwire.transport._file.watch import DirectoryWatch
-from rlwire.transport._stored.names import STORED_RE, main_name, sidecar_name
+from rlwire.transport._stored.names import STORED_RE
 from rlwire.transport._stored.selected import Ranged, WholeFile
 from rlwire.transport._stored.source import StoredSource
 
@@ -34,12 +34,13 @@ class FileSource(StoredSource):
     private pages instead of crashing the process with SIGSEGV.
 
     On tmpfs, a source that verifies checksums and hands out read-only buffers keeps
-    its mapping of each step file it read
+    its mapping of each step file it read, once it has seen a file come back recycled
     (:class:`~rlwire.transport._file.mapped.WarmReads`): a file a recycling sink writes
     a later step into is read again through it, without page faults or unmapping. A
     page this process wrote into (as above) is no longer the file's; a step whose
     checksums then fail is read again through a new mapping before anything is
-    reported.
+    reported. A step without checksums turns the kept mappings off for good (nothing
+    would tell such a page), and that step is read again through new mappings.
 
     Args:
         path: the directory the sink writes to.
@@ -162,20 +163,28 @@ class FileSource(StoredSource):
     def read(self, step: int) -> Frame | None:
         self._served.clear()
         try:
-            return super().read(step)
+            frame = super().read(step)
         except CorruptFrameError:
-            names = (main_name(step, self.rank), sidecar_name(step, self.rank))
-            served = [self._served.pop(name) for name in names if name in self._served]
-            if self._warm is None or not served:
+            if self._warm is None or not self._served:
                 raise
             # Kept mappings served it: a page of them this process wrote into fails the
             # checksums though the file is whole. Read through new mappings to tell.
-            for key in served:
+            for key in self._served.values():
                 self._warm.forget(key)
             return super().read(step)
+        if self._warm is not None and frame is not None and not frame.verified:
+            # No checksums: a page this process wrote into would pass for the file's.
+            warm, self._warm = self._warm, None
+            warm.close()
+            if self._served:
+                return super().read(step)
+        return frame
 
     def load(self, name: str, advice: int | None = None) -> memoryview | None:
         self._unmap_unused()
+        warm = self._warm
+        if warm is not None:  # here, as a waiting receiver polls too
+            warm.evict_deleted()
         path = self.root / name
         fd = open_regular(path)
         if fd is None:
@@ -184,9 +193,12 @@ class FileSource(StoredSource):
             size = os.fstat(fd).st_size
             if size == 0:
                 raise CorruptFrameError("empty file", where=path)
-            if self._warm is not None and advice is None and STORED_RE.fullmatch(name):
-                taken, fd = fd, -1
-                mapping, key, kept = self._warm.map(taken, size)
+            got = None
+            if warm is not None and advice is None and STORED_RE.fullmatch(name):
+                got = warm.map(fd, size, name)
+            if got is not None:  # fd is the kept mappings' now
+                fd = -1
+                mapping, key, kept = got
                 if kept:
                     self._served[name] = key
                 return memoryview(mapping)[:size].toreadonly()

@@ -289,12 +289,14 @@ def _parse(
             files.tolist(), offsets.tolist(), lengths.tolist(), strict=True
         )
     ]
+    verified = False
     if verify and env.checksum is not None:
         try:
             verify_segments(env.checksum, env.checksums, [header, *buffers], where)
         except CorruptFrameError as exc:
             exc.add_context(step=step, rank=rank)
             raise
+        verified = True
     return Frame(
         header,
         tuple(buffers),
@@ -303,6 +305,7 @@ def _parse(
         tuple(env.compression),
         tuple(np.frombuffer(env.raw_sizes, _U64).tolist()),
         stored_size=stored,
+        verified=verified,
     )
 
 

@@ -314,58 +314,68 @@ def test_a_directory_that_does_not_recycle_gets_no_kept_mapping(shm_dir: Path) -
     source.close()
 
 
-def test_a_step_without_checksums_turns_kept_mappings_off(shm_dir: Path) -> None:
-    # Nothing would tell a page this process wrote into: the step is read again through
-    # new mappings, and no mapping is kept from then on.
-    sink = FileSink(shm_dir, recycle=True, checksum=False)
+def recycling(root: Path, *, checksum: bool = True) -> tuple[FileSink, FileSource]:
+    """A recycling sink and a receiver that has read steps 0 and 1, step 1 in step 0's
+    files: the receiver has seen a file come back, and keeps step 1's mappings."""
+    sink = FileSink(root, recycle=True, checksum=checksum)
     sink.open("error")
-    source = FileSource(shm_dir)
-    for step in range(6):
+    source = FileSource(root)
+    for step in range(2):
         if step:
             sink.prune(step)
         commit(sink, step, 1, size=300_000)
-        experts = CODEC.decode(source.read(step))["routed_experts"]
-        assert np.array_equal(experts, np.full(300_000, step, np.uint8))
-        ctypes.memmove(experts.ctypes.data, b"\x5a" * 8192, 8192)  # as torch in place
-        del experts
-    assert source._warm is None
-    source.close()
+        assert CODEC.decode(source.read(step))["step"] == step
+    return sink, source
 
 
-def test_a_page_the_receiver_wrote_into_does_not_pass_for_a_later_step(shm_dir: Path) -> None:
-    # As torch's in-place ops do, ctypes writes into a received read-only array: the
-    # page becomes this process's (copy-on-write). When the file comes back recycled,
-    # the kept mapping still shows that page; its checksum fails and the step is read
-    # again through a new mapping, correct.
-    sink = FileSink(shm_dir, recycle=True)
-    sink.open("error")
-    source = FileSource(shm_dir)
-    commit(sink, 0, 1, size=300_000)
-    experts = CODEC.decode(source.read(0))["routed_experts"]
+def write_in_place(source: FileSource, step: int) -> None:
+    """Write into a received read-only array through ctypes, as torch's in-place ops
+    do: the page becomes this process's (copy-on-write)."""
+    experts = CODEC.decode(source.read(step))["routed_experts"]
     assert not experts.flags.writeable
     ctypes.memmove(experts.ctypes.data, b"\x5a" * 8192, 8192)
     assert experts[0] == 0x5A
-    kept_before = sidecar_mapping(source, 0)
-    del experts
-    sink.prune(1)
-    commit(sink, 1, 1, size=300_000)
-    got = CODEC.decode(source.read(1))
-    assert np.array_equal(got["routed_experts"], np.full(300_000, 1, np.uint8))
-    assert sidecar_mapping(source, 1) is not kept_before  # mapped afresh
+
+
+def next_step(sink: FileSink, source: FileSource, step: int, size: int = 300_000) -> None:
+    """Send ``step`` into the files of the step before; it must arrive exactly."""
+    sink.prune(step)
+    commit(sink, step, 1, size=size)
+    got = CODEC.decode(source.read(step))["routed_experts"]
+    assert np.array_equal(got, np.full(size, step, np.uint8))
+
+
+def test_a_page_the_receiver_wrote_into_does_not_pass_for_a_later_step(shm_dir: Path) -> None:
+    # When the file comes back recycled, the kept mapping still shows the page the
+    # receiver wrote into; its checksum fails and the step is read again through a new
+    # mapping, correct.
+    sink, source = recycling(shm_dir)
+    kept_before = sidecar_mapping(source, 1)
+    write_in_place(source, 1)
+    next_step(sink, source, 2)
+    fresh = sidecar_mapping(source, 2)
+    assert fresh is not kept_before  # mapped afresh, and kept
+    next_step(sink, source, 3)
+    assert sidecar_mapping(source, 3) is fresh
+    source.close()
+
+
+def test_a_step_without_checksums_turns_kept_mappings_off(shm_dir: Path) -> None:
+    # Nothing would tell a page this process wrote into: the step is read again through
+    # new mappings, and no mapping is kept from then on.
+    sink, source = recycling(shm_dir, checksum=False)
+    assert source._warm is None
+    for step in range(2, 6):
+        write_in_place(source, step - 1)
+        next_step(sink, source, step)
     source.close()
 
 
 def test_a_file_that_grew_past_its_kept_mapping_is_mapped_again(shm_dir: Path) -> None:
-    sink = FileSink(shm_dir, recycle=True)
-    sink.open("error")
-    source = FileSource(shm_dir)
-    commit(sink, 0, 1, size=100_000)
-    small = sidecar_mapping(source, 0)
-    sink.prune(1)
-    commit(sink, 1, 1, size=900_000)
-    got = CODEC.decode(source.read(1))
-    assert np.array_equal(got["routed_experts"], np.full(900_000, 1, np.uint8))
-    assert sidecar_mapping(source, 1) is not small
+    sink, source = recycling(shm_dir)
+    small = sidecar_mapping(source, 1)
+    next_step(sink, source, 2, size=900_000)
+    assert sidecar_mapping(source, 2) is not small
     source.close()
 
 

@@ -200,11 +200,11 @@ class WarmReads:
     def map(self, fd: int, size: int, name: str) -> tuple[mmap.mmap, _Key, bool] | None:
         """A copy-on-write mapping of at least ``size`` bytes of the step file ``name``
         open as ``fd``, its key, and whether it was kept from an earlier read; or
-        ``None`` (``fd`` stays the caller's) before any file came back. Otherwise this
-        takes ``fd``: it is closed here or kept.
+        ``None`` before any file came back. A mapping returned takes ``fd`` (closed
+        here or kept); with ``None`` or an error, ``fd`` stays the caller's.
 
         Raises:
-            OSError: the file cannot be mapped (``fd`` is closed).
+            OSError: the file cannot be mapped.
         """
         with self._lock:
             st = os.fstat(fd)
@@ -216,16 +216,12 @@ class WarmReads:
             self.recycling = self.recycling or (before is not None and before != name)
             if not self.recycling:
                 return None
-            try:
-                kept = self._kept.get(key)
-                if kept is not None and len(kept[1]) >= size:
-                    os.close(fd)
-                    self._kept[key] = self._kept.pop(key)  # the most recent: evicted last
-                    return kept[1], key, True
-                mapping = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
-            except BaseException:
+            kept = self._kept.get(key)
+            if kept is not None and len(kept[1]) >= size:
                 os.close(fd)
-                raise
+                self._kept[key] = self._kept.pop(key)  # the most recent: evicted last
+                return kept[1], key, True
+            mapping = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
             self._evict(key)
             self._kept[key] = (fd, mapping)
             while len(self._kept) > MAX_WARM_READS:

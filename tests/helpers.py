@@ -20,6 +20,7 @@ __all__ = [
     "make_batch",
     "make_sample",
     "receive_in_child",
+    "stat_type",
 ]
 
 
@@ -117,3 +118,10 @@ def receive_in_child(
     )
     assert proc.returncode == 0, proc.stderr
     return Received(*json.loads(proc.stdout))
+
+
+def stat_type(path: Path) -> str:
+    """The filesystem type of ``path`` by coreutils' ``stat -f`` ("" if unknown): an
+    oracle beside rlwire's own reading of mountinfo."""
+    run = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True)
+    return run.stdout.strip() if run.returncode == 0 else ""

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import stat_type
 
 SHM = Path("/dev/shm")
-
-
-def stat_type(path: Path) -> str:
-    """The filesystem type of ``path`` by coreutils' ``stat -f`` ("" if unknown): an
-    oracle beside the sink's own reading of mountinfo."""
-    run = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True)
-    return run.stdout.strip() if run.returncode == 0 else ""
 
 
 @pytest.fixture

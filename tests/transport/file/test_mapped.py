@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from transport.file.conftest import stat_type
+from helpers import stat_type
 from transport.file.test_recycle import CODEC, batch, commit, hidden, pooled
 
 import rlwire

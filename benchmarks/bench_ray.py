@@ -11,6 +11,10 @@ run one after another within a round, their order alternating between rounds:
   the references to the trainers, which ``ray.get`` them in a worker thread.
 * ``put-thread``: the same, ``ray.put`` in a worker thread (``anyio.to_thread``): the
   baseline the targets are judged against.
+* ``put-thread-read``: ``put-thread``, and each trainer then reads its arrays once (an
+  xxh3 pass over their bytes: what rlwire's verification costs a trainer, and what a
+  training step's first pass over the arrays costs anyway, page faults included). Not
+  a target's baseline: it tells the first touch of the data from the checksums.
 * ``ray``: ``open_sender("ray://NAME").send_ranks([half0, half1])`` of the step as a
   ``TrainingBatch`` of per-sample ``TrainingSample``s; each trainer ``areceive``s its
   rank from ``open_receiver``.
@@ -61,13 +65,23 @@ from typing import Any
 import anyio
 import numpy as np
 import ray
+import xxhash
 
 import rlwire
 from rlwire.transport.ray import drop_board
 
 SHAPES = {"moe": (256, 4096, True), "dense": (2048, 2048, False)}
 QUICK = {"moe": (16, 256, True), "dense": (64, 256, False)}
-VARIANTS = ("put-loop", "put-thread", "ray", "ray-packed", "ray-dicts", "files", "files-recycle")
+VARIANTS = (
+    "put-loop",
+    "put-thread",
+    "put-thread-read",
+    "ray",
+    "ray-packed",
+    "ray-dicts",
+    "files",
+    "files-recycle",
+)
 BASELINE = "put-thread"
 TARGETS = {("moe", "ray", 1): 1.1, ("dense", "ray", 1): 1.0, ("moe", "files-recycle", 1): 1.5}
 TARGETS |= {("moe", "ray", 2): 1.0, ("dense", "ray", 2): 1.0}
@@ -188,7 +202,7 @@ class Producer:
                 t0 = time.perf_counter()
                 if variant == "put-loop":
                     refs = [ray.put(d) for d in self.dicts]
-                elif variant == "put-thread":
+                elif variant.startswith("put-thread"):
                     refs = [await anyio.to_thread.run_sync(ray.put, d) for d in self.dicts]
                 else:
                     await self.sender.send_ranks(self.sent[held_as(variant)[1]])
@@ -214,8 +228,8 @@ class Trainer:
             await self.receiver.aclose()
             self.receiver = None
 
-    async def take(self, refs: list[Any] | None) -> float:
-        """The time this rank holds its arrays."""
+    async def take(self, refs: list[Any] | None, read: bool = False) -> float:
+        """The time this rank holds its arrays (and, with ``read``, has read them once)."""
         if refs is None:
             batch = await self.receiver.areceive(timeout=120)
             if isinstance(batch, dict):
@@ -227,6 +241,9 @@ class Trainer:
         else:
             half = await refs[0]  # as an async actor awaits an object (asyncio)
             assert half["advantages"].dtype == np.float32
+            if read:
+                for array in half.values():
+                    xxhash.xxh3_64_intdigest(array.data)
         return time.time()
 
 
@@ -264,7 +281,7 @@ def run_variant(
 ) -> list[tuple[float, float, float]]:
     """(end to end ms, stall above idle ms, extra producer MB) of every step; a
     directory's sender with the storage option ``writers`` if given."""
-    rlwire_side = variant not in ("put-loop", "put-thread")
+    rlwire_side = not variant.startswith("put-")
     if rlwire_side:
         url, options = url_of(variant, root, writers)
         ray.get(producer.open.remote(url, **options))
@@ -279,7 +296,8 @@ def run_variant(
                 _, began, stall, took, extra = ray.get(producer.send.remote(variant))
             else:  # the single-controller pattern: references pass through the driver
                 refs, began, stall, took, extra = ray.get(producer.send.remote(variant))
-                takes = [t.take.remote([ref]) for t, ref in zip(trainers, refs, strict=True)]
+                read = variant.endswith("-read")
+                takes = [t.take.remote([r], read) for t, r in zip(trainers, refs, strict=True)]
             done = max(ray.get(takes))
             idle = ray.get(producer.idle.remote(took))
             out.append(((done - began) * 1e3, stall - idle, extra))

@@ -4,6 +4,7 @@ object store. The contract itself runs in tests/transport/test_contract.py (Test
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import subprocess
@@ -358,3 +359,28 @@ def test_runs_reach_the_receiver_as_one_view_of_the_store_without_a_copy(
     column = np.frombuffer(got.buffers[1], np.int32)
     assert np.array_equal(column, packed)
     assert column.ctypes.data == np.frombuffer(ray.get(ref)[7], np.uint8).ctypes.data
+
+
+@pytest.mark.parametrize("writable", [False, True])
+def test_a_write_into_a_received_array_reaches_no_later_reader(
+    ray_url: str, writable: bool
+) -> None:
+    """A received array is a view of the object store's shared memory, read-only to
+    numpy; a write that ignores the flag (torch's in-place ops do) changes the step in
+    the store. A later read of it (a trainer restarted on the step) then fails its
+    checksums, and never hands on the written bytes. With ``writable=True`` the
+    receiver's arrays are its own copy, and the stored step stays as it was sent."""
+    batch = TrainingBatch(samples=[make_sample(1 << 16, layers=4, topk=2, seed=5)])
+    with rlwire.open_sync_sender(ray_url) as sender:
+        sender.send(batch)
+    with rlwire.open_receiver(ray_url, writable=writable) as receiver:
+        experts = receiver.receive(timeout=TIMEOUT).samples[0].routed_experts
+        assert experts is not None and experts.flags.writeable is writable
+        ctypes.memmove(experts.ctypes.data, b"\x5a" * 4096, 4096)
+        assert experts.reshape(-1)[0] == 0x5A
+    with rlwire.open_receiver(ray_url) as again:
+        if writable:
+            assert_batches_equal(again.receive(timeout=TIMEOUT), batch)
+        else:
+            with pytest.raises(rlwire.CorruptFrameError, match="checksum"):
+                again.receive(timeout=TIMEOUT)

@@ -2,7 +2,7 @@
 
     python -m chaos.run [--kills N] [--corruptions N] [--cancels N] [--forgeries N]
                         [--full-disks N] [--s3-trials N] [--zmq-kills N]
-                        [--parts-kills N] [--seed S]
+                        [--parts-kills N] [--ray-kills N] [--seed S]
                         [--campaign NAME ...] [--case NAME ...]
                         [--json FILE] [--jobs J] [--tmp DIR] [-v]
 
@@ -32,6 +32,7 @@ from . import (
     oddfiles,
     parts,
     producers,
+    raykills,
     s3chaos,
     zmqblips,
     zmqforge,
@@ -55,6 +56,7 @@ CAMPAIGNS = (
     "fork",
     "producers",
     "parts",
+    "ray",
 )
 
 
@@ -62,6 +64,25 @@ def _setup(job: Job, result: dict[str, Any], into: dict[Any, Any]) -> None:
     if result.get("outcome") != "exact":
         raise SystemExit(f"chaos: set-up {job.tag} failed: {result}")
     into[job.tag] = result
+
+
+def each_trial(record: Any) -> Any:
+    """A result handler for a job that ran many trials (``{"trials": [...]}``, each with
+    ``what``, ``outcome``, ``detail``, ``died`` and ``point``): ``record`` of each, as
+    if each had been a job; a job that failed as a whole is recorded as one."""
+
+    def handle(job: Job, result: dict[str, Any]) -> None:
+        if "trials" not in result:
+            record(job, result)
+            return
+        campaign = job.tag[0]
+        for trial in result["trials"]:
+            one = {**trial, "kills": int(trial["died"]), "points": [trial["point"]]}
+            if not trial["died"]:
+                one["points"] = []
+            record(Job(job.fn, tag=(campaign, trial["what"])), one)
+
+    return handle
 
 
 def run(args: argparse.Namespace) -> Table:
@@ -140,6 +161,16 @@ def run(args: argparse.Namespace) -> Table:
             )
             with s3chaos.server() as endpoint:
                 timed("parts kill -9 (S3)", parts.jobs(root, "s3", on_s3, args.seed, endpoint))
+        if "ray" in args.campaign and args.ray_kills:
+            why = raykills.available()
+            if why:
+                print(f"chaos: ray:// kills skipped: {why}", flush=True)
+                table.skipped["ray:// kills"] = why
+            else:
+                start = time.monotonic()
+                print("chaos: ray:// kills ...", flush=True)
+                run_jobs(raykills.jobs(root, args.ray_kills, args.seed), each_trial(record), 1)
+                print(f"chaos: ray:// kills done in {time.monotonic() - start:.0f} s", flush=True)
         if "fulldisk" in args.campaign and args.full_disks:
             why = fulldisk.available()
             if why:
@@ -172,6 +203,12 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=240,
         help="kills of a producer filling steps part by part, half on S3 (240)",
+    )
+    p.add_argument(
+        "--ray-kills",
+        type=int,
+        default=80,
+        help="kills of a producer actor sending to ray://, then resumed (80)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="trials in parallel")

@@ -262,3 +262,45 @@ def test_the_parts_judge_sees_lost_duplicated_half_visible_and_wrong_seals(
     with pytest.raises(parts.Verdict) as twice:
         parts.Ledger(plan).take(again, 1)
     assert twice.value.outcome == DUPLICATED
+
+
+def test_a_producer_actor_killed_in_the_boards_pull_or_after_a_commit(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    """Two trials of the ray:// kill campaign on the tests' cluster: the producer killed
+    while the board pulls a rank from it, and once it committed a step. A resumed
+    producer then sends the rest: every rank gets every step once, exact."""
+    import ray
+
+    from chaos import _rayactors, raykills
+
+    trainers = [_rayactors.Trainer.remote() for _ in range(raykills.RANKS)]
+    expected = [_rayactors.expected(rank, raykills.TOTAL) for rank in range(raykills.RANKS)]
+    note = str(tmp_path / "point")
+    try:
+        for point, after in (("_handover:hand_over", False), ("_staged:RayStaged.commit", True)):
+            trial = raykills._trial(trainers, expected, None, 1, after, 0.0, note, point)
+            assert trial["died"], trial
+            assert trial["point"] == point.replace(":", "."), trial
+            assert trial["outcome"] == EXACT, trial
+    finally:
+        for trainer in trainers:
+            ray.kill(trainer)
+
+
+def test_the_ray_judge_sees_lost_duplicated_wrong_and_stopped_ranks() -> None:
+    from chaos import raykills
+
+    want = [[(s, f"p{s}") for s in range(raykills.TOTAL)]]
+    every = [{"got": list(want[0]), "error": None, "typed": True}]
+    assert raykills.judge(every, want) == (EXACT, "")
+    twice = [{"got": [*want[0][:3], want[0][2], *want[0][3:]], "error": None, "typed": True}]
+    assert raykills.judge(twice, want)[0] == DUPLICATED
+    changed = [{"got": [(0, "x"), *want[0][1:]], "error": None, "typed": True}]
+    assert raykills.judge(changed, want)[0] == "wrong data"
+    short = [{"got": want[0][:5], "error": None, "typed": True}]
+    assert raykills.judge(short, want)[0] == LOST
+    stopped = [{"got": want[0][:5], "error": "TransportError: gone", "typed": True}]
+    assert raykills.judge(stopped, want)[0] == LOST  # a typed error does not excuse it
+    raw = [{"got": want[0][:5], "error": "KeyError: 'x'", "typed": False}]
+    assert raykills.judge(raw, want)[0] == "untyped error"

@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import anyio
 import pytest
 from helpers import make_batch
 
@@ -143,3 +144,26 @@ async def test_a_step_keep_last_deleted_is_a_gap_error_naming_the_oldest(
             late.receive(timeout=10)
     assert "the oldest stored step is 6" in str(caught.value)
     assert "start_step=6" in str(caught.value)
+
+
+async def test_a_receiver_opened_at_each_step_lets_keep_last_and_max_ahead_go_on(
+    tmp_path: Path,
+) -> None:
+    """The single-controller pattern (a StepHandle's receiver): each step is read by a
+    receiver opened at it, which reads once and closes. Opened at step ``s``, it has
+    moved past every step before ``s``, and its read records that: ``keep_last`` deletes
+    the older steps, and ``max_ahead=1`` lets the next send go."""
+    async with rlwire.open_sender(tmp_path, keep_last=2, max_ahead=1) as sender:
+        for step in range(8):
+            with anyio.fail_after(10):  # a rank that never moves on would block it
+                assert await sender.send(make_batch(1, seed=step)) == step
+            for _ in range(2):  # the trainer retried: the mark stays where it is
+                async with rlwire.open_receiver(tmp_path, start_step=step) as receiver:
+                    got = await receiver.areceive(timeout=5)
+                assert got.samples[0].token_ids.tobytes() == (
+                    make_batch(1, seed=step).samples[0].token_ids.tobytes()
+                )
+            if step:  # opened at step 0, it has moved past nothing: no mark yet
+                mark = (tmp_path / "consumed.rank-0000.rlw").read_bytes()
+                assert mark == consumed_mark(step)
+            assert stored_steps(tmp_path) == list(range(max(0, step - 1), step + 1))

@@ -4,7 +4,8 @@ A receiver's position is its next step and, in a step filled part by part, the n
 part of it. It writes the position to its rank's marks (:class:`~rlwire.abc.Source`'s
 ``mark_consumed`` and ``mark_part``) as it moves: past a part when it asks for the next
 one, past a step when it asks for the next step or, reading parts, for a part after its
-rank's last (``parts()`` ends). Each mark is written once per move, before the next
+rank's last (``parts()`` ends); one opened at ``start_step=S`` has moved past every step
+before ``S``, and says so at its first read. Each mark is written once per move, before the next
 step or part is read: a receiver killed after asking for part ``i + 1`` is never handed
 part ``i`` again once resumed, and one killed while it holds part ``i`` is handed it
 again (it had not moved past it).
@@ -29,9 +30,13 @@ class ConsumptionMarks:
         """Start at ``start_step``, or, with ``resume``, where the rank's marks say
         (``start_step`` if they say nothing)."""
         # The step last written to this rank's consumption mark, and the part to its part
-        # mark: nothing to write until the receiver moves (the store may not even exist
-        # yet), and a part mark only once the consumption mark holds its step.
-        self._recorded, self._recorded_part, self._step_written = start_step, 0, False
+        # mark: nothing to write until the receiver reads (the store may not even exist
+        # yet), and a part mark only once the consumption mark holds its step. A receiver
+        # opened at a later step has moved past the ones before it (the receiver of a
+        # StepHandle, opened for each step): its first read records that, else a rank
+        # read step by step that way would hold every step back from keep_last.
+        self._recorded = start_step - 1 if start_step > 0 else 0
+        self._recorded_part, self._step_written = 0, False
         self._next_step, self._part_next = start_step, 0
         if resume:
             try:

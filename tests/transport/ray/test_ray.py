@@ -384,3 +384,23 @@ def test_a_write_into_a_received_array_reaches_no_later_reader(
         else:
             with pytest.raises(rlwire.CorruptFrameError, match="checksum"):
                 again.receive(timeout=TIMEOUT)
+
+
+def test_steps_read_through_handles_are_freed_by_keep_last(ray_url: str) -> None:
+    """The single-controller pattern: a trainer opens each step's StepHandle, reads it
+    and closes. Its receiver opened at step ``s`` records that the rank moved past the
+    steps before ``s``, so ``keep_last`` frees them and ``max_ahead`` lets sends go."""
+    board = create_board(_name(ray_url))
+    with rlwire.open_sync_sender(ray_url, keep_last=2, max_ahead=1) as sender:
+        sink = sender.sink
+        assert isinstance(sink, RaySink)
+        for step in range(6):
+            assert sender.send_ranks(step_batches(step, 2)) == step
+            for rank in range(2):
+                handle = sink.handle(step, rank)
+                with rlwire.open_receiver(handle.url, **handle.receiver_options()) as rx:
+                    got = rx.receive(timeout=TIMEOUT)
+                assert fingerprint(got) == fingerprint(step_batches(step, 2)[rank])
+            assert ray.get(board.steps.remote(), timeout=TIMEOUT) == list(
+                range(max(0, step - 1), step + 1)
+            )

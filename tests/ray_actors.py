@@ -20,6 +20,8 @@ from rlwire.testing import make_batch, make_sample
 from rlwire.transport.ray import StepHandle
 
 __all__ = [
+    "BusyThreadedProducer",
+    "OneCallAsyncProducer",
     "Producer",
     "SyncProducer",
     "Trainer",
@@ -189,6 +191,34 @@ class SyncProducer:
                 sender.send_ranks(step_batches(step, ranks, n))
             owned = sender.sink.board_owned  # type: ignore[attr-defined]
         return {"board_owned": owned}
+
+
+@ray.remote(num_cpus=0, max_concurrency=1)
+class OneCallAsyncProducer:
+    """An async actor that runs one call at a time: the board could not call it while
+    it sends, so it owns what it sends."""
+
+    async def send(self, url: str) -> dict[str, Any]:
+        async with rlwire.open_sender(url, on_existing="resume") as sender:
+            await sender.send_ranks(step_batches(0, 1))
+            return {"board_owned": sender.sink.board_owned}  # type: ignore[attr-defined]
+
+
+@ray.remote(num_cpus=0, max_concurrency=2)
+class BusyThreadedProducer:
+    """A threaded rollout worker: one thread generates, the other sends."""
+
+    def generate(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def send(self, url: str, pull_timeout: float) -> str:
+        options = {"pull_timeout": pull_timeout}
+        try:
+            with rlwire.open_sync_sender(url, storage_options=options) as sender:
+                sender.send_ranks(step_batches(0, 1))
+        except rlwire.TransportError as exc:
+            return str(exc)
+        return "sent"
 
 
 @ray.remote(num_cpus=0)

@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 import ray
 from ray_actors import (
+    BusyThreadedProducer,
+    OneCallAsyncProducer,
     Producer,
     SyncProducer,
     Trainer,
@@ -261,11 +263,12 @@ def test_a_failed_store_leaves_no_pickle_buffer_to_the_garbage_collector(ray_url
     assert _pickle_buffers_in(info.value.__traceback__) == []
 
 
-@pytest.mark.parametrize("then", ["commit it", "prune it"])
+@pytest.mark.parametrize("then", ["commit it", "prune it", "only resume"])
 def test_a_step_staged_and_never_committed_is_freed(ray_url: str, then: str) -> None:
     """A producer that died between staging a step and committing it leaves its objects
-    on the board: they go when its restart commits that step, or when retention prunes
-    it, not only with the board."""
+    on the board: they go when its restart opens the destination at that step (it
+    stages the step anew), commits it, or retention prunes it, not only with the
+    board."""
     pytest.importorskip("grpc")  # the store's figures come over gRPC
     from rlwire.transport import parse_url
 
@@ -278,6 +281,10 @@ def test_a_step_staged_and_never_committed_is_freed(ray_url: str, then: str) -> 
     assert settles(lambda: store_bytes() >= size)  # (the baseline's objects may go meanwhile)
     restarted = RaySink.from_url(parse_url(ray_url), SinkOptions())
     assert restarted.open("resume") == 0
+    if then == "only resume":
+        restarted.finish(0)
+        assert settles(lambda: store_bytes() - baseline < size / 2), store_bytes() - baseline
+        return
     step = 0 if then == "commit it" else 1
     frame = Frame(b"header", (memoryview(bytearray(size)),))
     run_sliced(restarted.stage(step, [frame])).commit()
@@ -404,3 +411,30 @@ def test_steps_read_through_handles_are_freed_by_keep_last(ray_url: str) -> None
             assert ray.get(board.steps.remote(), timeout=TIMEOUT) == list(
                 range(max(0, step - 1), step + 1)
             )
+
+
+def test_an_async_actor_running_one_call_at_a_time_owns_its_steps(ray_url: str) -> None:
+    """The board cannot call in while such an actor sends: the sender puts its steps
+    itself at once, rather than waiting ``pull_timeout`` for a call that cannot run."""
+    create_board(_name(ray_url))
+    producer = OneCallAsyncProducer.remote()
+    started = time.monotonic()
+    assert ray.get(producer.send.remote(ray_url), timeout=60) == {"board_owned": False}
+    assert time.monotonic() - started < 20
+    with rlwire.open_receiver(ray_url) as receiver:
+        assert fingerprint(receiver.receive(timeout=TIMEOUT)) == fingerprint(step_batches(0, 1)[0])
+    ray.kill(producer)
+
+
+def test_a_pull_the_busy_producer_cannot_answer_says_so(ray_url: str) -> None:
+    """A threaded actor whose other thread is busy cannot answer the board's pull: the
+    send fails after ``pull_timeout`` with an error that says why and what to change."""
+    create_board(_name(ray_url))
+    producer = BusyThreadedProducer.remote()
+    busy = producer.generate.remote(3.0)
+    message = ray.get(producer.send.remote(ray_url, 1.0), timeout=60)
+    assert "waited 1 s (pull_timeout)" in message and "max_concurrency" in message, message
+    ray.get(busy, timeout=60)
+    with rlwire.open_receiver(ray_url) as receiver:
+        assert receiver.poll() is None  # nothing of the failed step is visible
+    ray.kill(producer)

@@ -11,7 +11,8 @@ seal (for each rank, its parts' keys and costs). Receivers wait on it (an
 deletes (``keep_last``, an overwrite, a truncate) lose their references, parts and
 seal included, so the object store frees their memory once no reader holds a view of
 it; so do objects staged and never committed (a producer died between the two) once
-their step is committed again, sealed, resumed or deleted.
+a sender opens the destination at or before their step, or their step is committed
+again, sealed or deleted.
 
 Objects the board pulled from a producer's actor (``_handover``) are owned by the
 board: they survive the producer and die with the board. Its methods answer with plain
@@ -154,9 +155,9 @@ class Board(PartsBoard, FieldsBoard):
             return (type(exc).__name__, exc.message)
         for batch in names_to_delete(names, on_existing, first):
             self._delete(batch)
-        if on_existing in ("overwrite", "truncate"):  # and what killed producers staged
-            low = 0 if on_existing == "overwrite" or first is None else first
-            self._drop_staged(lambda s: s >= low)
+        # What killed producers staged from the first step to send on can never commit
+        # (the sender stages those steps anew): its objects go now.
+        self._drop_staged(lambda s: s >= step)
         await self._notify()
         return ("ok", step)
 
@@ -175,12 +176,14 @@ class Board(PartsBoard, FieldsBoard):
         handle) they are pulled from it under the key ``f"{key}.{rank}"`` (the board
         owns them), waiting up to ``timeout`` seconds; else ``refs`` are the objects the
         producer put (it owns them). ``("ok",)``; ``("exists",)`` when the step is
-        committed already, ``("open",)`` when it is being filled part by part."""
+        committed already, ``("open",)`` when it is being filled part by part,
+        ``("unpulled", timeout)`` when the producer did not hand them over in time."""
         if step in self.committed or step in self.seals:
             return ("exists",)
         if step in self.parts:
             return ("open",)
-        await self._hold(step, key, rank, producer, has_side, refs, timeout)
+        if not await self._hold(step, key, rank, producer, has_side, refs, timeout):
+            return ("unpulled", timeout)
         return ("ok",)
 
     async def _hold(
@@ -192,8 +195,10 @@ class Board(PartsBoard, FieldsBoard):
         has_side: bool,
         refs: list[ObjectRef[Any]] | None,
         timeout: float,
-    ) -> None:
-        """Stage rank ``rank``'s objects under ``key`` (see :meth:`stage`)."""
+    ) -> bool:
+        """Stage rank ``rank``'s objects under ``key`` (see :meth:`stage`); False if
+        the producer's actor did not hand them over within ``timeout`` seconds (every
+        call it can run at once was busy)."""
         if producer is not None:
             count = 2 if has_side else 1
             returned = producer.__ray_call__.options(num_returns=count + 1).remote(
@@ -201,11 +206,15 @@ class Board(PartsBoard, FieldsBoard):
             )
             # Its first return is small: once it is there, so are the others (one call),
             # and awaiting it raises what the hand-over raised.
-            await asyncio.wait_for(returned[0], timeout)
+            try:
+                await asyncio.wait_for(returned[0], timeout)
+            except TimeoutError:
+                return False
             refs = returned[1:]
         assert refs is not None
         entry = (refs[0], refs[1] if has_side else None)
         self.staged.setdefault(key, (step, {}))[1][rank] = entry
+        return True
 
     async def commit(
         self, key: str, ranks: int, checksums: list[bytes | None] | None = None

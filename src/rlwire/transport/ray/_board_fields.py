@@ -97,7 +97,8 @@ class FieldsBoard:
         committed."""
         if self._committed_refs(step, rank) is None:
             return ("none", f"step {step} is not committed (sent whole, or sealed)")
-        await self._hold(step, key, rank, producer, has_side, refs, timeout)
+        if not await self._hold(step, key, rank, producer, has_side, refs, timeout):
+            return ("unpulled", timeout)
         return ("ok",)
 
     async def commit_fields(self, key: str, rank: int, index: int) -> tuple[Any, ...]:

@@ -98,7 +98,8 @@ class PartsBoard:
             why = f"part {index} of rank {rank} of step {step} already exists"
         if why is not None:
             return ("exists", why)
-        await self._hold(step, key, rank, producer, has_side, refs, timeout)
+        if not await self._hold(step, key, rank, producer, has_side, refs, timeout):
+            return ("unpulled", timeout)
         return ("ok",)
 
     async def commit_part(

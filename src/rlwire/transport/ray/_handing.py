@@ -104,12 +104,22 @@ class HandingSink:
         """The board's answer to a hand-off (:meth:`_hand_off`), waited for.
 
         Raises:
-            TransportError: the board is gone or failed to pull the objects.
+            TransportError: the board is gone, failed to pull the objects, or waited for
+                them longer than ``pull_timeout``.
         """
         try:
-            return answer_of(handed.answer, self.where, handed.action)
+            answer = answer_of(handed.answer, self.where, handed.action)
         finally:
             withdraw(handed.rank_key)  # handed over, or never to be
+        if isinstance(answer, tuple) and answer[:1] == ("unpulled",):
+            raise TransportError(
+                f"cannot {handed.action}: the board waited {answer[1]:g} s (pull_timeout) "
+                "for the producer's actor to hand the objects over, and every call that "
+                "actor runs at once was busy; send from an async actor, or give a threaded "
+                "one a max_concurrency above the calls it runs at once",
+                where=self.where,
+            )
+        return answer
 
     def _quiesce(self, handed: Handed) -> None:
         """Wait for the board's answer to ``handed``, whatever it is (a failed send

@@ -44,18 +44,18 @@ PULL_TIMEOUT = 120.0
 
 def producer_actor() -> BoardHandle | None:
     """The handle of the actor this process runs, when the board can pull a step's
-    objects from it: an async actor, or a threaded one (``max_concurrency`` > 1), whose
-    loop or threads are free to answer while a send waits in a worker thread. ``None``
-    in a driver, a task, or an actor that runs one call at a time (the board's call
-    would wait behind the send that waits for it)."""
+    objects from it: an actor that runs more than one call at a time (an async actor by
+    default; a threaded one with ``max_concurrency`` > 1), free to answer the board's
+    call while a send waits for it. ``None`` in a driver, a task, or an actor that runs
+    one call at a time, async or not (the board's call would wait behind the send that
+    waits for it)."""
     context = ray.get_runtime_context()
     if context.get_actor_id() is None:
         return None
     core = getattr(ray._private.worker.global_worker, "core_worker", None)
     try:
-        pullable = core is not None and (
-            core.current_actor_is_asyncio() or core.current_actor_max_concurrency() > 1
-        )
+        # One call at a time, async or not: the board's call would queue behind the send.
+        pullable = core is not None and core.current_actor_max_concurrency() > 1
     except AttributeError:  # a Ray without these: never risk the wait
         pullable = False
     return context.current_actor if pullable else None

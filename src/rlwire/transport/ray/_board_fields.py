@@ -52,7 +52,7 @@ class FieldsBoard:
         has_side: bool,
         refs: list[ObjectRef[Any]] | None,
         timeout: float,
-    ) -> None:
+    ) -> bool:
         raise NotImplementedError
 
     def _fields_of(self, step: int, rank: int) -> list[Refs]:

@@ -64,7 +64,7 @@ class PartsBoard:
         has_side: bool,
         refs: list[ObjectRef[Any]] | None,
         timeout: float,
-    ) -> None:
+    ) -> bool:
         raise NotImplementedError
 
     def _parts_of(self, step: int, rank: int) -> list[_Part]:

@@ -36,6 +36,10 @@ def main() -> dict[str, Any]:
             for _ in range(RANKS)
         ]
         nodes = ray.get([producer.node.remote()] + [t.node.remote() for t in trainers])
+        # Boards the driver makes are on its node (the head), not spread over the nodes.
+        boards = [create_board(f"placed-{i}") for i in range(4)]
+        ray.get([b.steps.remote() for b in boards])  # alive, so placed
+        placed = [ray._private.state.actors(b._actor_id.hex())["Address"]["NodeID"] for b in boards]
         sent = ray.get(producer.send.remote(url, STEPS, RANKS, True, TOKENS), timeout=120)
         canary = ray.get(producer.canary.remote())[0]
         ray.kill(producer)
@@ -53,7 +57,14 @@ def main() -> dict[str, Any]:
         ]
         # Ray returns the trainers' tuples as lists.
         exact = [[(step, prints) for step, prints in taken] for taken in got] == expected
-        return {"nodes": nodes, "board_owned": sent["board_owned"], "exact": exact}
+        driver = ray.get_runtime_context().get_node_id()
+        return {
+            "nodes": nodes,
+            "board_owned": sent["board_owned"],
+            "exact": exact,
+            "boards_on_driver_node": all(node == driver for node in placed),
+            "placed": [driver, *placed],
+        }
     finally:
         ray.shutdown()
         cluster.shutdown()

@@ -232,6 +232,7 @@ def test_two_nodes_producer_on_one_trainers_on_the_other(tmp_path: Path) -> None
     assert all(node != producer for node in trainers)
     assert seen["board_owned"] is True
     assert seen["exact"] is True
+    assert seen["boards_on_driver_node"] is True, seen["placed"]
 
 
 def _pickle_buffers_in(tb: TracebackType | None) -> list[str]:

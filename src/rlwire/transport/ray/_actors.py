@@ -11,6 +11,7 @@ from typing import Any
 import ray
 from ray import ObjectRef
 from ray.actor import ActorHandle
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlwire._core.errors import ConfigError, RlwireError, TransportError
 from rlwire.transport.ray._board import BoardActor, board_name
@@ -111,7 +112,8 @@ def create_board(name: str, *, namespace: str | None = None, detached: bool = Fa
     however many callers race).
 
     A board that is not ``detached`` dies with the process that created it (Ray's fate
-    sharing), and every step with it: create it in the driver, or detach it.
+    sharing), and every step with it: create it in the driver, or detach it. It is
+    placed on this process's node, so that it shares no other node's fate.
 
     Raises:
         ConfigError: Ray is not initialized in this process.
@@ -125,6 +127,13 @@ def create_board(name: str, *, namespace: str | None = None, detached: bool = Fa
         "get_if_exists": True,
         # Many receivers may wait on it at once, each a coroutine.
         "max_concurrency": 1000,
+        # On this process's node (the driver's, made there), which it shares the fate of
+        # already: an actor that needs no CPU goes to any node otherwise (even with a
+        # soft affinity, which Ray spilled to the other node of two), and would die with
+        # that node, and every step with it.
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(
+            node_id=ray.get_runtime_context().get_node_id(), soft=False
+        ),
     }
     if detached:
         options["lifetime"] = "detached"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -439,3 +440,34 @@ def test_a_pull_the_busy_producer_cannot_answer_says_so(ray_url: str) -> None:
     with rlwire.open_receiver(ray_url) as receiver:
         assert receiver.poll() is None  # nothing of the failed step is visible
     ray.kill(producer)
+
+
+@pytest.mark.parametrize("waiting", [False, True])
+def test_a_board_that_stops_answering_is_an_error_in_bounded_time(
+    ray_url: str, monkeypatch: pytest.MonkeyPatch, waiting: bool
+) -> None:
+    """A board whose process stopped (its node cut off, not yet declared dead) would
+    hold a receive past its timeout for as long as it stays so: each board call has
+    ``BOARD_ANSWER_SECONDS`` (beyond a wait's own time), then a TransportError."""
+    from rlwire.transport.ray import _source
+
+    monkeypatch.setattr(_source, "BOARD_ANSWER_SECONDS", 1.0)
+    board = create_board(_name(ray_url))
+    with rlwire.open_sync_sender(ray_url) as sender:
+        sender.send(step_batches(0, 1)[0])
+    pid = ray._private.state.actors(board._actor_id.hex())["Pid"]
+    with rlwire.open_receiver(ray_url) as receiver:
+        assert fingerprint(receiver.receive(timeout=TIMEOUT)) == fingerprint(step_batches(0, 1)[0])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(TransportError, match="did not answer within"):
+                if waiting:
+                    receiver.wait_next(timeout=1.0)
+                else:
+                    receiver.receive(timeout=0.5)
+            assert time.monotonic() - started < 10
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # Answering again, it is found again.
+        assert receiver.poll() is None

@@ -201,7 +201,10 @@ class RayFieldsSource(FieldsSource):
         @property
         def where(self) -> str: ...
         def _find(self) -> BoardHandle | None: ...
-        def _call(self, method: str, *args: Any, where: str, action: str) -> Any: ...
+        def _call(
+            self, method: str, *args: Any, where: str, action: str, waits: float = 0.0
+        ) -> Any: ...
+        def describe(self, step: int) -> str: ...
         def _fetch(
             self, main_ref: Any, side_ref: Any, where: str, checksums: bytes | None = None
         ) -> Frame: ...
@@ -210,8 +213,12 @@ class RayFieldsSource(FieldsSource):
         self._fields_expected = None
         if self._find() is None:
             return []
+        # Asked at every read of a step: a board that is gone fails here first, and the
+        # error must not speak of fields the step may not have.
+        answer = self._call(
+            "read_fields", step, self.rank, where=self.describe(step), action="ask the board"
+        )
         where = f"{self.where}: fields appended to step {step} rank {self.rank}"
-        answer = self._call("read_fields", step, self.rank, where=where, action="ask the board")
         refs = _refs(answer, "fields", where)
         return [self._fetch(main, side, where, sums) for main, side, sums in refs]
 
@@ -233,5 +240,6 @@ class RayFieldsSource(FieldsSource):
             limit,
             where=self.where,
             action="wait on the board",
+            waits=limit,
         )
         return True

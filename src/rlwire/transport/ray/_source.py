@@ -6,6 +6,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import ray
 from anyio import to_thread
 
 from rlwire._core.errors import (
@@ -39,6 +40,10 @@ OPTIONS = ("namespace", "detached", "pull_timeout")
 _WAIT_SLICE = 0.5
 #: How long a wait sleeps while the board does not exist yet (no sender opened).
 _NO_BOARD_SLEEP = 0.05
+#: Seconds the board has to answer a call (beyond a wait's own time): one that stopped
+#: answering (its process stopped, its node cut off) is a TransportError, not a receive
+#: that overruns its timeout for as long as it stays so.
+BOARD_ANSWER_SECONDS = 30.0
 
 
 def parse_name(url: URL) -> str:
@@ -77,7 +82,8 @@ class RaySource(RayFieldsSource, Source):
     """Reads rank ``rank``'s steps of ``ray://NAME``: asks the board for a step's
     objects and maps them (zero-copy on the same node; Ray fetches them from another
     node), verifying checksums. Waiting is the board's: a receiver waits on it, never
-    polls. Until a sender has created the board, it looks for it every 50 ms.
+    polls. Until a sender has created the board, it looks for it every 50 ms. The board
+    has :data:`BOARD_ANSWER_SECONDS` to answer each call, beyond the time it waits.
 
     Storage options: ``namespace`` (the board's Ray namespace, as the sender's).
 
@@ -140,15 +146,27 @@ class RaySource(RayFieldsSource, Source):
             self._board = find_board(self.name, self.namespace)
         return self._board
 
-    def _call(self, method: str, *args: Any, where: str, action: str) -> Any:
-        """Call the board's ``method``; a board found dead is looked up again next
-        time (a sender may have made a new one under the name)."""
+    def _call(self, method: str, *args: Any, where: str, action: str, waits: float = 0.0) -> Any:
+        """Call the board's ``method``, which may take ``waits`` seconds (a wait) and
+        :data:`BOARD_ANSWER_SECONDS` more; a board found dead, or silent that long, is
+        looked up again next time (a sender may have made a new one under the name).
+
+        Raises:
+            TransportError: the board is gone, or did not answer in time.
+        """
         board = self._find()
         assert board is not None
+        timeout = waits + BOARD_ANSWER_SECONDS
         try:
-            return call(getattr(board, method), *args, where=where, action=action)
-        except TransportError:
+            return call(getattr(board, method), *args, where=where, action=action, timeout=timeout)
+        except TransportError as exc:
             self._board = None
+            if isinstance(exc.__cause__, ray.exceptions.GetTimeoutError | TimeoutError):
+                raise TransportError(
+                    f"cannot {action}: the board did not answer within {timeout:g} s (its "
+                    "process stopped, or its node cut off?)",
+                    where=where,
+                ) from exc.__cause__
             raise
 
     def describe(self, step: int) -> str:
@@ -280,7 +298,14 @@ class RaySource(RayFieldsSource, Source):
         step, part = self._expected, self._expected_part
         index = part[1] if part is not None and part[0] == step else None
         answer = self._call(
-            "wait", step, self.rank, limit, index, where=self.where, action="wait on the board"
+            "wait",
+            step,
+            self.rank,
+            limit,
+            index,
+            where=self.where,
+            action="wait on the board",
+            waits=limit,
         )
         if index is not None and answer[0] == "part":
             self._ready_part = (step, index, answer)

@@ -43,7 +43,7 @@ _NO_BOARD_SLEEP = 0.05
 #: Seconds the board has to answer a call (beyond a wait's own time): one that stopped
 #: answering (its process stopped, its node cut off) is a TransportError, not a receive
 #: that overruns its timeout for as long as it stays so.
-BOARD_ANSWER_SECONDS = 30.0
+BOARD_ANSWER_SECONDS = 10.0
 
 
 def parse_name(url: URL) -> str:

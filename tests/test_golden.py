@@ -305,7 +305,7 @@ def test_golden_appended_fields_decode(step: int, rank: int, verify: bool) -> No
     come back with its samples: ``ref_logprobs`` in its field, the others in
     ``extras`` (a ragged row, a float64, a str), rank 1 of step 1 with none."""
     with rlwire.open_receiver(
-        GOLDEN / FIELDS_CASE, rank=rank, start_step=step, verify=verify
+        GOLDEN / FIELDS_CASE, rank=rank, start_step=step, verify=verify, record_consumed=False
     ) as receiver:
         got = receiver.receive(timeout=5)
     assert_same(got, _with_fields(step, rank))
@@ -328,7 +328,9 @@ def test_golden_appended_fields_as_columns_and_by_field() -> None:
     assert [len(row) for row in cols["token_ids"]] == [300, 400]
     assert_same(cols["ref_logprobs"], added["ref_logprobs"])
     assert_same(cols["score"], added["score"])
-    with rlwire.open_receiver(case, start_step=1, fields=("ref_logprobs",)) as receiver:
+    with rlwire.open_receiver(
+        case, start_step=1, fields=("ref_logprobs",), record_consumed=False
+    ) as receiver:
         cols = receiver.receive(timeout=5).samples
     assert cols.names == ("ref_logprobs",)
     assert_same(cols["ref_logprobs"], _appended_to(1, 0)["ref_logprobs"])

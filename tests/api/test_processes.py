@@ -141,11 +141,16 @@ def test_inspect_command(tmp_path: Path) -> None:
     async def send() -> None:
         async with rlwire.open_sender(tmp_path) as sender:
             await sender.send(make_batch(**SIZES))
+            await sender.send(make_batch(**SIZES))
 
     anyio.run(send)
     result = run(sys.executable, "-m", "rlwire._api.cli", "inspect", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "routed_experts: ndarray uint8 [" in result.stdout
+    later = run(sys.executable, "-m", "rlwire._api.cli", "inspect", str(tmp_path), "--step", "1")
+    assert later.returncode == 0, later.stderr
+    # Looking records nothing: the rank's trainer still holds step 0 back from keep_last.
+    assert not list(tmp_path.glob("consumed.*"))
     missing = run(sys.executable, "-m", "rlwire._api.cli", "inspect", str(tmp_path), "--step", "7")
     assert missing.returncode == 1 and "no step 7" in missing.stderr
     (tmp_path / "step-00000000.rank-0000.rlw").write_bytes(b"garbage")

@@ -158,7 +158,9 @@ def _inspect(ns: argparse.Namespace) -> int:
         return 0
     target = _load_type(ns.type) if ns.type else Any
     try:
-        with open_receiver(path, type=target, start_step=step, rank=rank) as receiver:
+        with open_receiver(
+            path, type=target, start_step=step, rank=rank, record_consumed=False
+        ) as receiver:
             obj = receiver.poll()
     except (RecursionError, MemoryError) as exc:  # a type of the user's, say
         print(f"rlwire: {path}: cannot decode step {step} rank {rank}: {exc!r}", file=sys.stderr)

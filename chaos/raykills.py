@@ -164,7 +164,8 @@ def _trial(
 ) -> dict[str, Any]:
     """One trial: the first producer killed at hooked call ``nth`` (just ``after`` it;
     the ``nth`` call of the point ending with ``only``, if given), or ``delay`` seconds
-    into its armed sends when ``nth`` is 0; the second resumes."""
+    into its armed sends when ``nth`` is 0; the second resumes. The producer writes
+    the name of the function it was killed in to the file ``note``."""
     import ray
 
     from rlwire import RlwireError

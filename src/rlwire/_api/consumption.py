@@ -5,10 +5,10 @@ part of it. It writes the position to its rank's marks (:class:`~rlwire.abc.Sour
 ``mark_consumed`` and ``mark_part``) as it moves: past a part when it asks for the next
 one, past a step when it asks for the next step or, reading parts, for a part after its
 rank's last (``parts()`` ends); one opened at ``start_step=S`` has moved past every step
-before ``S``, and says so at its first read. Each mark is written once per move, before the next
-step or part is read: a receiver killed after asking for part ``i + 1`` is never handed
-part ``i`` again once resumed, and one killed while it holds part ``i`` is handed it
-again (it had not moved past it).
+before ``S``, and says so at its first read. Each mark is written once per move, before
+the next step or part is read: a receiver killed after asking for part ``i + 1`` is
+never handed part ``i`` again once resumed, and one killed while it holds part ``i`` is
+handed it again (it had not moved past it).
 """
 
 from __future__ import annotations

@@ -69,14 +69,13 @@ class Producer:
         self.nth = 0
         self.after = False
         self.note = ""
-        self.only = ""
 
-    async def hook(self, nth: int, after: bool, note: str = "", only: str = "") -> None:
-        """Kill this process at the ``nth`` hooked call of :data:`POINTS` (0: never), or
-        the ``nth`` call of the one ending with ``only``, before it or once it returned
-        (``after``), first writing the function's name to the file ``note``; count the
-        calls either way (the board's pulls run beside the sends: their order varies)."""
-        self.nth, self.after, self.note, self.only = nth, after, note, only
+    async def hook(self, nth: int, after: bool, note: str = "") -> None:
+        """Kill this process at the ``nth`` hooked call of :data:`POINTS` (0: never),
+        before it or once it returned (``after``), first writing the function's name to
+        the file ``note``; count the calls either way (the board's pulls run beside the
+        sends: their order varies from run to run)."""
+        self.nth, self.after, self.note = nth, after, note
         lock = threading.Lock()
         for point in POINTS:
             module_name, attribute = point.split(":")
@@ -91,8 +90,7 @@ class Producer:
         def call(*args: Any, **kwargs: Any) -> Any:
             with lock:
                 self.calls.append(point)
-                counted = [c for c in self.calls if c.endswith(self.only)]
-                hit = point.endswith(self.only) and len(counted) == self.nth
+                hit = len(self.calls) == self.nth
             if hit and not self.after:
                 self._die(point)
             result = original(*args, **kwargs)

@@ -160,12 +160,11 @@ def _trial(
     after: bool,
     delay: float,
     note: str,
-    only: str = "",
 ) -> dict[str, Any]:
-    """One trial: the first producer killed at hooked call ``nth`` (just ``after`` it;
-    the ``nth`` call of the point ending with ``only``, if given), or ``delay`` seconds
-    into its armed sends when ``nth`` is 0; the second resumes. The producer writes
-    the name of the function it was killed in to the file ``note``."""
+    """One trial: the first producer killed at hooked call ``nth`` (just ``after`` it),
+    or ``delay`` seconds into its armed sends when ``nth`` is 0; the second resumes.
+    The producer writes the name of the function it was killed in to the file
+    ``note``."""
     import ray
 
     from rlwire import RlwireError
@@ -183,7 +182,7 @@ def _trial(
         ray.get(first.send.remote(url, BEFORE, keep_last), timeout=TIMEOUT)
         with contextlib.suppress(FileNotFoundError):
             os.remove(note)
-        ray.get(first.hook.remote(nth, after, note, only), timeout=TIMEOUT)
+        ray.get(first.hook.remote(nth, after, note), timeout=TIMEOUT)
         if nth == 0:
             ray.get(first.kill_in.remote(delay), timeout=TIMEOUT)
         ray.get(first.send.remote(url, ARMED, keep_last), timeout=TIMEOUT)

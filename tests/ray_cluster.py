@@ -34,9 +34,8 @@ _SRC = str(Path(__file__).resolve().parents[1] / "src")
 def ray_cluster() -> Iterator[None]:
     ray = pytest.importorskip("ray")
     # Ray's workers are new processes: they must import this checkout's rlwire (and the
-    # tests' helper modules, and the chaos campaign's actors), whatever is installed.
-    here = Path(__file__).resolve().parent
-    path = [_SRC, str(here), str(here.parent)]
+    # tests' helper modules), whatever is installed.
+    path = [_SRC, str(Path(__file__).resolve().parent)]
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(path + ([old] if old else []))
     ray.init(

@@ -264,29 +264,6 @@ def test_the_parts_judge_sees_lost_duplicated_half_visible_and_wrong_seals(
     assert twice.value.outcome == DUPLICATED
 
 
-def test_a_producer_actor_killed_in_the_boards_pull(ray_cluster: None, tmp_path: Path) -> None:
-    """A trial of the ray:// kill campaign on the tests' cluster: the producer killed
-    while the board pulls a rank from it. A resumed producer then sends the rest: every
-    rank gets every step once, exact. (A kill after a commit:
-    tests/transport/ray/test_ray.py.)"""
-    import ray
-
-    from chaos import _rayactors, raykills
-
-    trainers = [_rayactors.Trainer.remote() for _ in range(raykills.RANKS)]
-    expected = [_rayactors.expected(rank, raykills.TOTAL) for rank in range(raykills.RANKS)]
-    point = "_handover:hand_over"
-    try:
-        note = str(tmp_path / "point")
-        trial = raykills._trial(trainers, expected, None, 1, False, 0.0, note, point)
-    finally:
-        for trainer in trainers:
-            ray.kill(trainer)
-    assert trial["died"], trial
-    assert trial["point"] == point.replace(":", "."), trial
-    assert trial["outcome"] == EXACT, trial
-
-
 def test_the_ray_judge_sees_lost_duplicated_wrong_and_stopped_ranks() -> None:
     from chaos import raykills
 

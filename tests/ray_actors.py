@@ -5,6 +5,7 @@ actor for real, and the object store's figures."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -208,16 +209,25 @@ class OneCallAsyncProducer:
 class BusyThreadedProducer:
     """A threaded rollout worker: one thread generates, the other sends."""
 
-    def generate(self, seconds: float) -> None:
-        time.sleep(seconds)
+    def __init__(self) -> None:
+        self.generating, self.sent = threading.Event(), threading.Event()
+
+    def generate(self) -> None:
+        """Hold this actor's other thread until :meth:`send` is done."""
+        self.generating.set()
+        self.sent.wait(60)
 
     def send(self, url: str, pull_timeout: float) -> str:
+        """Send once :meth:`generate` holds the other thread: the error, or "sent"."""
         options = {"pull_timeout": pull_timeout}
         try:
+            assert self.generating.wait(60)
             with rlwire.open_sync_sender(url, storage_options=options) as sender:
                 sender.send_ranks(step_batches(0, 1))
         except rlwire.TransportError as exc:
             return str(exc)
+        finally:
+            self.sent.set()
         return "sent"
 
 

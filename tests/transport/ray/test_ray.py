@@ -433,7 +433,7 @@ def test_a_pull_the_busy_producer_cannot_answer_says_so(ray_url: str) -> None:
     send fails after ``pull_timeout`` with an error that says why and what to change."""
     create_board(_name(ray_url))
     producer = BusyThreadedProducer.remote()
-    busy = producer.generate.remote(3.0)
+    busy = producer.generate.remote()
     message = ray.get(producer.send.remote(ray_url, 1.0), timeout=60)
     assert "waited 1 s (pull_timeout)" in message and "max_concurrency" in message, message
     ray.get(busy, timeout=60)

@@ -11,9 +11,8 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
 import ray
-import xxhash
+from ray_actors import fingerprint
 
 import rlwire
 
@@ -40,24 +39,10 @@ def batches(step: int, ranks: int) -> list[rlwire.TrainingBatch]:
     return [payload(step, rank, n=TOKENS) for rank in range(ranks)]
 
 
-def expected(rank: int, steps: int) -> list[tuple[int, str]]:
+def expected(rank: int, steps: int) -> list[tuple[int, list[str]]]:
     """What rank ``rank`` must get of steps 0 to ``steps - 1``: each step and the
     fingerprint of its batch."""
     return [(step, fingerprint(payload(step, rank, n=TOKENS))) for step in range(steps)]
-
-
-def fingerprint(batch: rlwire.TrainingBatch) -> str:
-    """The xxh3 of every field of every sample: equal, bit-exact."""
-    digest = xxhash.xxh3_64()
-    for sample in batch.samples:
-        for name in sample.__struct_fields__:
-            value = getattr(sample, name)
-            if isinstance(value, np.ndarray):
-                digest.update(f"{name}:{value.dtype}:{value.shape}".encode())
-                digest.update(np.ascontiguousarray(value).tobytes())
-            else:
-                digest.update(f"{name}:{value!r}".encode())
-    return digest.hexdigest()
 
 
 @ray.remote(num_cpus=0)
@@ -143,7 +128,7 @@ class Trainer:
     async def take(self, url: str, rank: int, timeout: float) -> dict[str, Any]:
         """Every step of rank ``rank``, each as its step and fingerprint, up to the end
         of the stream or the error that stopped it (each receive waits ``timeout``)."""
-        got: list[tuple[int, str]] = []
+        got: list[tuple[int, list[str]]] = []
         try:
             with rlwire.open_receiver(url, rank=rank) as receiver:
                 while True:

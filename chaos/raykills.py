@@ -61,7 +61,7 @@ def jobs(root: str, trials: int, seed: int) -> list[Job]:
     return [job]
 
 
-def judge(results: list[dict[str, Any]], expected: list[list[tuple[int, str]]]) -> tuple[str, str]:
+def judge(results: list[dict[str, Any]], expected: list[list[tuple[int, Any]]]) -> tuple[str, str]:
     """The outcome of one trial from what each rank got (its steps and fingerprints,
     and the error that stopped it, if one did): a rank short of a step lost it, even
     to a typed error."""
@@ -92,7 +92,8 @@ def campaign(trials: int, seed: int, root_dir: str) -> dict[str, Any]:
     os.dup2(log, 2)
     os.close(log)
     root = Path(__file__).resolve().parents[1]
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(root / "src"), str(root)])
+    # Ray's workers import the actors by name: this checkout's rlwire, chaos and tests.
+    os.environ["PYTHONPATH"] = os.pathsep.join(str(p) for p in (root / "src", root, root / "tests"))
     ray.init(
         num_cpus=4,
         object_store_memory=STORE_BYTES,
@@ -154,7 +155,7 @@ def _calibrate(keep_last: int | None) -> tuple[list[str], float]:
 
 def _trial(
     trainers: list[Any],
-    expected: list[list[tuple[int, str]]],
+    expected: list[list[tuple[int, Any]]],
     keep_last: int | None,
     nth: int,
     after: bool,

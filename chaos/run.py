@@ -104,10 +104,10 @@ def run(args: argparse.Namespace) -> Table:
         if verbose or outcome in BAD:
             print(f"  [{campaign}] {outcome}: {detail[:400]}", flush=True)
 
-    def timed(name: str, jobs: Any) -> None:
+    def timed(name: str, jobs: Any, on_result: Any = record, parallel: int = 0) -> None:
         start = time.monotonic()
         print(f"chaos: {name} ...", flush=True)
-        run_jobs(jobs, record, parallel=args.jobs)
+        run_jobs(jobs, on_result, parallel=parallel or args.jobs)
         print(f"chaos: {name} done in {time.monotonic() - start:.0f} s", flush=True)
 
     try:
@@ -167,10 +167,8 @@ def run(args: argparse.Namespace) -> Table:
                 print(f"chaos: ray:// kills skipped: {why}", flush=True)
                 table.skipped["ray:// kills"] = why
             else:
-                start = time.monotonic()
-                print("chaos: ray:// kills ...", flush=True)
-                run_jobs(raykills.jobs(root, args.ray_kills, args.seed), each_trial(record), 1)
-                print(f"chaos: ray:// kills done in {time.monotonic() - start:.0f} s", flush=True)
+                trials = raykills.jobs(root, args.ray_kills, args.seed)
+                timed("ray:// kills", trials, each_trial(record), parallel=1)
         if "fulldisk" in args.campaign and args.full_disks:
             why = fulldisk.available()
             if why:

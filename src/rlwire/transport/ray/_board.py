@@ -182,9 +182,7 @@ class Board(PartsBoard, FieldsBoard):
             return ("exists",)
         if step in self.parts:
             return ("open",)
-        if not await self._hold(step, key, rank, producer, has_side, refs, timeout):
-            return ("unpulled", timeout)
-        return ("ok",)
+        return await self._hold(step, key, rank, producer, has_side, refs, timeout)
 
     async def _hold(
         self,
@@ -195,10 +193,10 @@ class Board(PartsBoard, FieldsBoard):
         has_side: bool,
         refs: list[ObjectRef[Any]] | None,
         timeout: float,
-    ) -> bool:
-        """Stage rank ``rank``'s objects under ``key`` (see :meth:`stage`); False if
-        the producer's actor did not hand them over within ``timeout`` seconds (every
-        call it can run at once was busy)."""
+    ) -> tuple[Any, ...]:
+        """Stage rank ``rank``'s objects under ``key`` (see :meth:`stage`): ``("ok",)``,
+        or ``("unpulled", timeout)`` if the producer's actor did not hand them over
+        within ``timeout`` seconds (every call it can run at once was busy)."""
         if producer is not None:
             count = 2 if has_side else 1
             returned = producer.__ray_call__.options(num_returns=count + 1).remote(
@@ -209,12 +207,12 @@ class Board(PartsBoard, FieldsBoard):
             try:
                 await asyncio.wait_for(returned[0], timeout)
             except TimeoutError:
-                return False
+                return ("unpulled", timeout)
             refs = returned[1:]
         assert refs is not None
         entry = (refs[0], refs[1] if has_side else None)
         self.staged.setdefault(key, (step, {}))[1][rank] = entry
-        return True
+        return ("ok",)
 
     async def commit(
         self, key: str, ranks: int, checksums: list[bytes | None] | None = None

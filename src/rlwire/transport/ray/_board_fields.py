@@ -52,7 +52,7 @@ class FieldsBoard:
         has_side: bool,
         refs: list[ObjectRef[Any]] | None,
         timeout: float,
-    ) -> bool:
+    ) -> tuple[Any, ...]:
         raise NotImplementedError
 
     def _fields_of(self, step: int, rank: int) -> list[Refs]:
@@ -97,9 +97,7 @@ class FieldsBoard:
         committed."""
         if self._committed_refs(step, rank) is None:
             return ("none", f"step {step} is not committed (sent whole, or sealed)")
-        if not await self._hold(step, key, rank, producer, has_side, refs, timeout):
-            return ("unpulled", timeout)
-        return ("ok",)
+        return await self._hold(step, key, rank, producer, has_side, refs, timeout)
 
     async def commit_fields(self, key: str, rank: int, index: int) -> tuple[Any, ...]:
         """Make the message staged under ``key`` visible as the ``index``-th one of

@@ -64,7 +64,7 @@ class PartsBoard:
         has_side: bool,
         refs: list[ObjectRef[Any]] | None,
         timeout: float,
-    ) -> bool:
+    ) -> tuple[Any, ...]:
         raise NotImplementedError
 
     def _parts_of(self, step: int, rank: int) -> list[_Part]:
@@ -98,9 +98,7 @@ class PartsBoard:
             why = f"part {index} of rank {rank} of step {step} already exists"
         if why is not None:
             return ("exists", why)
-        if not await self._hold(step, key, rank, producer, has_side, refs, timeout):
-            return ("unpulled", timeout)
-        return ("ok",)
+        return await self._hold(step, key, rank, producer, has_side, refs, timeout)
 
     async def commit_part(
         self, key: str, rank: int, index: int, part_key: PartKey, cost: float

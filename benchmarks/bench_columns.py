@@ -15,8 +15,15 @@ alternating between rounds, to a directory on tmpfs, under each event loop asked
     step's files, read into memory beforehand, with ``os.writev`` to a fresh file) and
     against ``msgspec.msgpack.encode`` of the batch in one worker thread plus the write
     (``bench_send.py``'s baseline (b));
+  - the same send in steady state to a directory that recycles its files
+    (``keep_last=2``, the storage option ``recycle``; a receiver takes each step, as a
+    rank's trainer would), against the floor and against the floor written over a warm
+    file (the same bytes written over a file of that size written before): a recycling
+    sender writes into pages a retired step left, and the baseline that does the same
+    is the fair one for it;
   - receive into ``TrainingBatch`` (``areceive``) against reading the step's files
-    once (``bench_send.py``'s "read once");
+    once (``bench_send.py``'s "read once"), and the same receive (and ``as_columns``)
+    of a recycled step, read through the mappings the receiver kept of its files;
   - receive with ``as_columns=True``, "n/a" while ``open_receiver`` does not take it;
   - the next ``areceive`` while the previous step is still held (it is released on the
     loop when the new one replaces it), and that release alone (``del batch``).
@@ -24,8 +31,9 @@ alternating between rounds, to a directory on tmpfs, under each event loop asked
 * **multiturn**: 128 turns each appending a 98 KB ``routed_experts`` chunk (uint8
   [256, 48, 8]) to one sample: (A) concatenate every turn (O(N^2)); (B) keep a list of
   chunks and write them with one ``os.writev`` at the end (the floor; padded with zeros
-  to as many bytes as rlwire writes); rlwire today: concatenate once, then send; and
-  ``rlwire.Chunked`` appends + send where it exists ("n/a" before).
+  to as many bytes as rlwire writes); rlwire today: concatenate once, then send;
+  ``rlwire.Chunked`` appends + send; and the same to a recycling directory, beside
+  the chunks written with one ``os.writev`` over a warm file.
 
 Stalls: every rlwire operation runs under a :class:`rlwire.LagMonitor` (1 ms sleeps; a
 stall is how late a sleep wakes), and right after it the idle loop runs under the same
@@ -43,6 +51,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -175,6 +184,20 @@ def write_all(path: Path, buffers: list[Any]) -> int:
     return total
 
 
+def write_over(path: Path, buffers: list[Any]) -> int:
+    """Write ``buffers`` back to back over the start of the existing file ``path`` (as
+    large as they are), with ``os.writev``: the floor for a step written into the warm
+    pages of a file written before, as a recycling sender's."""
+    views = [memoryview(b).cast("B") for b in buffers]
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        for first in range(0, len(views), 1024):  # IOV_MAX; tmpfs writes whole views
+            os.writev(fd, views[first : first + 1024])
+    finally:
+        os.close(fd)
+    return sum(v.nbytes for v in views)
+
+
 def write_rows(path: Path, batch: rlwire.TrainingBatch) -> int:
     """Write the samples' own arrays where they are, a column after another (what a
     per-sample send must read), with ``os.writev`` to a fresh file: the floor for data
@@ -213,6 +236,44 @@ def _sleep_for(seconds: float) -> Callable[[], Awaitable[int]]:
     return idle
 
 
+class Recycled:
+    """A sender whose directory recycles its files (``keep_last=2``, the storage option
+    ``recycle``) and a receiver that takes each step as a rank's trainer would, both
+    kept open for every round of one loop: after :meth:`warm`, each send lands in the
+    files of a step the receiver moved past, through the mappings the sink keeps."""
+
+    def __init__(self, path: Path, kind: Any) -> None:
+        self.path = path
+        self.kind = kind
+        self.step = 0
+
+    async def __aenter__(self) -> Recycled:
+        self.sender = rlwire.open_sender(self.path, keep_last=2, storage_options={"recycle": True})
+        await self.sender.__aenter__()
+        self.receiver = rlwire.open_receiver(self.path, type=self.kind)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.receiver.close()
+        await self.sender.__aexit__(*exc)
+
+    async def send(self, value: Any) -> None:
+        await self.sender.send(value, step=self.step)
+        self.step += 1
+
+    async def consume(self, as_columns: bool = False) -> int:
+        """The receiver takes the step just sent (through the mappings it kept of the
+        files, when they come back recycled), freeing the one before."""
+        got = await self.receiver.areceive(timeout=60, as_columns=as_columns)
+        del got
+        return 0
+
+    async def warm(self, value: Any) -> None:
+        for _ in range(3):  # the third send is the first into a recycled file
+            await self.send(value)
+            await self.consume()
+
+
 # -- one shape under one loop ----------------------------------------------------------
 
 
@@ -234,6 +295,17 @@ class Bench:
         for d in (self.dir, self.other):
             shutil.rmtree(d, ignore_errors=True)
             d.mkdir()
+        # What stays open for every round (the recycling sender), closed after the last.
+        self.stack = contextlib.AsyncExitStack()
+        self.warm_file = self.other / "warm.bin"
+
+    async def recycled(self, kind: Any, value: Any) -> Recycled:
+        """A :class:`Recycled` sender and receiver kept until the last round, warmed."""
+        path = self.root / "recycled"
+        shutil.rmtree(path, ignore_errors=True)
+        recycled = await self.stack.enter_async_context(Recycled(path, kind))
+        await recycled.warm(value)
+        return recycled
 
     def keep(self, keep: bool, name: str, sample: Sample) -> None:
         if keep:
@@ -288,6 +360,8 @@ class BatchBench(Bench):
             getattr(s, name).nbytes for s in self.batch.samples for name in TOKEN_FIELDS
         )
         self.buffer = faulted_buffer(self.step_bytes)
+        write_all(self.warm_file, self.files)
+        self.recycling = await self.recycled(rlwire.TrainingBatch, self.batch)
         receiver = rlwire.open_receiver(self.dir, type=rlwire.TrainingBatch)
         check_received(await receiver.areceive(timeout=60), self.batch)
         receiver.close()
@@ -312,10 +386,28 @@ class BatchBench(Bench):
                 await packed_sender.send(self.packed, step=0)
                 return 0
 
-            if not flip:
+            async def send_recycled() -> int:
+                await self.recycling.send(self.batch)
+                return 0
+
+            async def sends() -> None:
                 await self.timed(keep, "send", send)
                 await self.timed(keep, "send packed (Columns)", send_packed)
+                await self.timed(keep, "send, recycled files", send_recycled)
+                await self.timed(keep, "receive, recycled files", self.recycling.consume)
+                await send_recycled()  # the step the next receive takes as columns
+
+                async def as_columns() -> int:
+                    return await self.recycling.consume(as_columns=True)
+
+                await self.timed(keep, "receive as_columns, recycled files", as_columns)
+
+            if not flip:
+                await sends()
             await self.baseline(keep, "floor", lambda: write_all(floor, self.files))
+            await self.baseline(
+                keep, "floor over a warm file", lambda: write_over(self.warm_file, self.files)
+            )
             await self.baseline(
                 keep,
                 "the samples' arrays, one writev",
@@ -327,8 +419,7 @@ class BatchBench(Bench):
                 lambda: naive_encode_and_write(self.batch, encoded),
             )
             if flip:
-                await self.timed(keep, "send packed (Columns)", send_packed)
-                await self.timed(keep, "send", send)
+                await sends()
             await sender.send(self.batch, step=1)  # for the next areceive, untimed
         floor.unlink()
         rows.unlink()
@@ -402,6 +493,8 @@ class TurnsBench(Bench):
         async with rlwire.open_sender(self.dir, on_existing="overwrite") as s:
             await s.send({"routed_experts": np.concatenate(self.chunks)})
         self.step_bytes = sum(p.stat().st_size for p in step_files(self.dir, 0))
+        write_all(self.warm_file, [*self.chunks, self.pad()])
+        self.recycling = await self.recycled(dict, self.chunked())
         got = await rlwire.open_receiver(self.dir, type=dict).areceive(timeout=60)
         if not np.array_equal(got["routed_experts"], np.concatenate(self.chunks)):
             raise AssertionError("routed_experts differs after the round trip")
@@ -415,12 +508,28 @@ class TurnsBench(Bench):
             acc = np.concatenate([acc, chunk])  # unpack, concatenate, repack: O(N^2)
         return int(acc.nbytes)
 
+    def pad(self) -> bytes:
+        """Zeros for rlwire's framing: the floors write as many bytes as rlwire."""
+        return bytes(max(0, self.step_bytes - self.payload_bytes))
+
     def chunks_one_writev(self) -> int:
         held: list[np.ndarray] = []
         for chunk in self.chunks:
             held.append(chunk)
-        pad = bytes(max(0, self.step_bytes - self.payload_bytes))  # rlwire's framing
-        return write_all(self.other / "floor.bin", [*held, pad])
+        return write_all(self.other / "floor.bin", [*held, self.pad()])
+
+    def chunks_over_a_warm_file(self) -> int:
+        held: list[np.ndarray] = []
+        for chunk in self.chunks:
+            held.append(chunk)
+        return write_over(self.warm_file, [*held, self.pad()])
+
+    def chunked(self) -> dict[str, Any]:
+        """The turns appended to a ``Chunked``: the value sent."""
+        grown = rlwire.Chunked()
+        for chunk in self.chunks:
+            grown.append(chunk)
+        return {"routed_experts": grown}
 
     async def one_round(self, keep: bool, flip: bool) -> None:
         gc.collect()
@@ -432,10 +541,11 @@ class TurnsBench(Bench):
                 return 0
 
             async def chunked() -> int:
-                grown = rlwire.Chunked()  # type: ignore[attr-defined,unused-ignore]
-                for chunk in self.chunks:
-                    grown.append(chunk)
-                await sender.send({"routed_experts": grown})
+                await sender.send(self.chunked())
+                return 0
+
+            async def chunked_recycled() -> int:
+                await self.recycling.send(self.chunked())
                 return 0
 
             async def accumulate() -> int:
@@ -444,25 +554,28 @@ class TurnsBench(Bench):
                 self.keep(keep, "concatenate every turn", Sample(time.perf_counter() - t0))
                 await self.baseline(keep, "chunks + one writev", self.chunks_one_writev)
                 (self.other / "floor.bin").unlink()
+                await self.baseline(
+                    keep, "chunks + one writev over a warm file", self.chunks_over_a_warm_file
+                )
                 return 0
 
             if flip:
                 await accumulate()
             await self.timed(keep, "concatenate once + send", today)
-            if hasattr(rlwire, "Chunked"):
-                await self.timed(keep, "Chunked appends + send", chunked)
-            else:
-                self.na["Chunked appends + send"] = "rlwire has no Chunked"
+            await self.timed(keep, "Chunked appends + send", chunked)
+            await self.timed(keep, "Chunked appends + send, recycled files", chunked_recycled)
+            await self.recycling.consume()
             if not flip:
                 await accumulate()
 
 
 async def run_bench(bench: Any) -> None:
-    await bench.prepare()
-    for r in range(bench.warmup + bench.rounds):
-        keep = r >= bench.warmup
-        await bench.one_round(keep, flip=r % 2 == 1)
-        progress(f"    {bench.shape}: {'round' if keep else 'warm-up'} {r + 1} done")
+    async with bench.stack:
+        await bench.prepare()
+        for r in range(bench.warmup + bench.rounds):
+            keep = r >= bench.warmup
+            await bench.one_round(keep, flip=r % 2 == 1)
+            progress(f"    {bench.shape}: {'round' if keep else 'warm-up'} {r + 1} done")
 
 
 # -- reporting -------------------------------------------------------------------------
@@ -474,29 +587,48 @@ PAIRS: list[tuple[str, str, str, float | None]] = [
     ("dense", "send", "msgspec encode in a thread + write", None),
     ("dense", "send", "the samples' arrays, one writev", None),
     ("dense", "send packed (Columns)", "floor", None),
+    ("dense", "send, recycled files", "floor", 1.2),
+    ("dense", "send, recycled files", "floor over a warm file", None),
     ("dense", "receive", "read once", 1.0),
     ("dense", "receive as_columns", "read once (as_columns)", 0.8),
+    ("dense", "receive, recycled files", "read once", 1.0),
+    ("dense", "receive as_columns, recycled files", "read once (as_columns)", 0.8),
     ("dense", "next areceive, holding a step", "", None),
     ("dense", "release a step (del batch)", "", None),
     ("ragged", "send", "floor", 1.3),
     ("ragged", "send", "msgspec encode in a thread + write", None),
     ("ragged", "send", "the samples' arrays, one writev", None),
     ("ragged", "send packed (Columns)", "floor", None),
+    ("ragged", "send, recycled files", "floor", 1.3),
+    ("ragged", "send, recycled files", "floor over a warm file", None),
     ("ragged", "receive", "read once", 1.0),
     ("ragged", "receive as_columns", "read once (as_columns)", None),
+    ("ragged", "receive, recycled files", "read once", 1.0),
+    ("ragged", "receive as_columns, recycled files", "read once (as_columns)", None),
     ("ragged", "next areceive, holding a step", "", None),
     ("ragged", "release a step (del batch)", "", None),
     ("small", "send", "floor", 1.3),
     ("small", "send", "msgspec encode in a thread + write", None),
     ("small", "send", "the samples' arrays, one writev", None),
     ("small", "send packed (Columns)", "floor", None),
+    ("small", "send, recycled files", "floor", 1.3),
+    ("small", "send, recycled files", "floor over a warm file", None),
     ("small", "receive", "read once", 8.0),
     ("small", "receive as_columns", "read once (as_columns)", 1.0),
+    ("small", "receive, recycled files", "read once", 8.0),
+    ("small", "receive as_columns, recycled files", "read once (as_columns)", 1.0),
     ("small", "next areceive, holding a step", "", None),
     ("small", "release a step (del batch)", "", None),
     ("multiturn", "concatenate every turn", "chunks + one writev", None),
     ("multiturn", "concatenate once + send", "chunks + one writev", None),
     ("multiturn", "Chunked appends + send", "chunks + one writev", 1.2),
+    ("multiturn", "Chunked appends + send, recycled files", "chunks + one writev", 1.2),
+    (
+        "multiturn",
+        "Chunked appends + send, recycled files",
+        "chunks + one writev over a warm file",
+        None,
+    ),
 ]
 STALL_TARGET_MS = 2.0
 PEAK_TARGET_MB = 64.0

@@ -5,6 +5,7 @@ process imports (it imports Ray)."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import signal
 import threading
@@ -30,6 +31,14 @@ POINTS = (
     "rlwire.transport.ray._staged:RayStaged.commit",
     "rlwire.transport.ray._handing:HandingSink.prune",
 )
+#: Where a trainer is killed: the functions of the ray:// source its receiver calls.
+TRAINER_POINTS = (
+    "rlwire.transport.ray._source:RaySource.read_consumption",  # resume: the rank's marks
+    "rlwire.transport.ray._source:RaySource.wait",  # waiting on the board for a step
+    "rlwire.transport.ray._source:RaySource.read",  # asking the board for a step
+    "rlwire.transport.ray._source:RaySource._fetch",  # getting the step's objects
+    "rlwire.transport.ray._source:RaySource.mark_consumed",  # recording consumption
+)
 #: Tokens a sample of a step's batches has, about.
 TOKENS = 400
 
@@ -45,9 +54,21 @@ def expected(rank: int, steps: int) -> list[tuple[int, list[str]]]:
     return [(step, fingerprint(payload(step, rank, n=TOKENS))) for step in range(steps)]
 
 
-@ray.remote(num_cpus=0)
-class Producer:
-    """An async producer actor that can be told to kill itself at a hooked call."""
+def _patch(point: str, wrap: Any) -> None:
+    """Replace the function ``point`` (``module:attribute``) by ``wrap(original)``."""
+    module_name, attribute = point.split(":")
+    owner: Any = importlib.import_module(module_name)
+    *path, name = attribute.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    setattr(owner, name, wrap(owner.__dict__[name]))
+
+
+class _Killable:
+    """An actor that can be told to kill its own process at a hooked call of
+    ``points``, or at a time."""
+
+    points: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         self.calls: list[str] = []  # every hooked call, in order
@@ -56,20 +77,15 @@ class Producer:
         self.note = ""
 
     async def hook(self, nth: int, after: bool, note: str = "") -> None:
-        """Kill this process at the ``nth`` hooked call of :data:`POINTS` (0: never),
+        """Kill this process at the ``nth`` hooked call of ``points`` (0: never),
         before it or once it returned (``after``), first writing the function's name to
-        the file ``note``; count the calls either way (the board's pulls run beside the
-        sends: their order varies from run to run)."""
+        the file ``note``; count the calls either way (calls that run beside one
+        another, as the board's pulls beside the sends, come in an order that varies
+        from run to run)."""
         self.nth, self.after, self.note = nth, after, note
         lock = threading.Lock()
-        for point in POINTS:
-            module_name, attribute = point.split(":")
-            owner: Any = importlib.import_module(module_name)
-            *path, name = attribute.split(".")
-            for part in path:
-                owner = getattr(owner, part)
-            original = owner.__dict__[name]
-            setattr(owner, name, self._wrapped(point, original, lock))
+        for point in self.points:
+            _patch(point, lambda original, point=point: self._wrapped(point, original, lock))
 
     def _wrapped(self, point: str, original: Any, lock: threading.Lock) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -100,12 +116,28 @@ class Producer:
 
         threading.Thread(target=later, daemon=True).start()
 
+
+@ray.remote(num_cpus=0)
+class Producer(_Killable):
+    """An async producer actor that can be told to kill itself at a hooked call of
+    :data:`POINTS`."""
+
+    points = POINTS
+
     async def send(
-        self, url: str, steps: int, keep_last: int | None, finish: bool = False, ranks: int = 2
+        self,
+        url: str,
+        steps: int,
+        keep_last: int | None,
+        finish: bool = False,
+        ranks: int = 2,
+        max_ahead: int | None = None,
     ) -> dict[str, Any]:
         """Resume ``url`` and send ``steps`` more steps (and the end, with ``finish``):
         the first step sent, the hooked calls made, the seconds the sends took."""
         options: dict[str, Any] = {"keep_last": keep_last} if keep_last else {}
+        if max_ahead is not None:
+            options["max_ahead"] = max_ahead
         async with rlwire.open_sender(
             url, sidecar="routed_experts", on_existing="resume", **options
         ) as sender:
@@ -122,15 +154,43 @@ class Producer:
 
 
 @ray.remote(num_cpus=0)
-class Trainer:
-    """A trainer actor reading one rank from step 0 to the end of the stream."""
+class Trainer(_Killable):
+    """A trainer actor reading one rank to the end of the stream, which can be told to
+    kill itself at a hooked call of :data:`TRAINER_POINTS`, and to log what it got."""
 
-    async def take(self, url: str, rank: int, timeout: float) -> dict[str, Any]:
-        """Every step of rank ``rank``, each as its step and fingerprint, up to the end
-        of the stream or the error that stopped it (each receive waits ``timeout``)."""
+    points = TRAINER_POINTS
+    log = -1  # the descriptor of the log, once keep_log opened one
+
+    async def keep_log(self, path: str) -> None:
+        """Append to the file ``path``, as they happen, each step :meth:`take` gets and
+        each consumption mark the board recorded (its call returned): what a trainer
+        killed midway leaves to judge it by. Call it before :meth:`hook`, so that a kill
+        just after a mark's call comes after its line."""
+        self.log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+        def noting(original: Any) -> Any:
+            def mark_consumed(source: Any, next_step: int) -> None:
+                original(source, next_step)
+                self._line(["mark", next_step])
+
+            return mark_consumed
+
+        _patch("rlwire.transport.ray._source:RaySource.mark_consumed", noting)
+
+    def _line(self, item: list[Any]) -> None:
+        if self.log >= 0:
+            os.write(self.log, (json.dumps(item) + "\n").encode())
+
+    async def take(
+        self, url: str, rank: int, timeout: float, resume: bool = False
+    ) -> dict[str, Any]:
+        """Every step of rank ``rank`` from step 0 (or, with ``resume``, from where its
+        marks say), each as its step and fingerprint, up to the end of the stream or the
+        error that stopped it (each receive waits ``timeout``); and the hooked calls."""
         got: list[tuple[int, list[str]]] = []
+        out: dict[str, Any] = {"got": got, "error": None, "typed": True}
         try:
-            with rlwire.open_receiver(url, rank=rank) as receiver:
+            with rlwire.open_receiver(url, rank=rank, resume=resume) as receiver:
                 while True:
                     try:
                         batch = await receiver.areceive(timeout=timeout)
@@ -138,8 +198,9 @@ class Trainer:
                         break
                     assert receiver.last_step is not None
                     got.append((receiver.last_step, fingerprint(batch)))
+                    self._line(["step", *got[-1]])
         except rlwire.RlwireError as exc:
-            return {"got": got, "error": describe(exc), "typed": True}
+            out["error"] = describe(exc)
         except Exception as exc:
-            return {"got": got, "error": describe(exc), "typed": False}
-        return {"got": got, "error": None, "typed": True}
+            out.update(error=describe(exc), typed=False)
+        return {**out, "calls": list(self.calls)}

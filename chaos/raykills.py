@@ -1,4 +1,5 @@
-"""Kill -9 of a producer actor sending to ``ray://``, then a new producer resumes.
+"""Kill -9 of a producer actor sending to ``ray://``, then a new producer resumes; and
+of a trainer actor, then a new trainer resumes.
 
 A producer actor (async, so the board pulls its steps and owns them) sends two steps,
 then three more with a kill armed: ``SIGKILL`` of its own process at the n-th call of
@@ -12,6 +13,19 @@ checked: every rank gets every step once, in order, bit-exact, whatever the firs
 producer did before it died (a step it committed belongs to the board; one it staged
 and never committed is never seen, and the resumed producer sends it again).
 
+A trainer trial kills the trainer of rank 0 instead: at the n-th call of one of the
+functions of the ray:// source its receiver runs (``_rayactors.TRAINER_POINTS``: reading
+the rank's marks, waiting on the board, asking it for a step, getting the step's
+objects, recording consumption), or at a random time, while one producer sends every
+step and the end; a new trainer then opens with ``resume=True``. The killed trainer
+logged each step it got and each consumption mark the board recorded. The promise
+checked: the restart begins no earlier than the last recorded mark (a step the rank
+moved past never comes again) and no later than the step after the last one the killed
+trainer got (none is skipped; the step it held without moving past it comes again), and
+reads to the end; the other rank gets every step once. Half the trainer trials send
+with ``keep_last=2, max_ahead=1``: the producer waits for the dead rank, and a prune
+must spare every step it has not moved past.
+
 Every trial runs on one local Ray cluster, started in one child process of the chaos
 runner (Ray's threads must not be in the parent, which forks every other trial), which
 returns the outcomes of all its trials at once. Half the trials send with
@@ -22,8 +36,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import itertools
+import json
 import os
 import random
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -40,6 +57,9 @@ STORE_BYTES = 512 << 20
 TIMEOUT = 60.0
 #: The two retention settings the trials alternate.
 KEEP_LAST = (None, 2)
+#: The (keep_last, max_ahead) pairs the trainer trials alternate: a producer that runs
+#: ahead, and one held back by the killed trainer's marks.
+PACING = ((None, None), (2, 1))
 
 
 def available() -> str:
@@ -49,24 +69,25 @@ def available() -> str:
     )
 
 
-def jobs(root: str, trials: int, seed: int) -> list[Job]:
-    """One job, the whole campaign in a child of its own (see the module's docstring),
-    its notes in a folder of ``root``."""
+def jobs(root: str, trials: int, seed: int, trainer_trials: int = 0) -> list[Job]:
+    """One job, the whole campaign in a child of its own (see the module's docstring):
+    ``trials`` producer kills, then ``trainer_trials`` trainer kills, its notes in a
+    folder of ``root``."""
     where = os.path.join(root, "ray")
     os.makedirs(where, exist_ok=True)
-    timeout = 120 + 20 * trials
-    job = Job(
-        campaign, (trials, seed, where), timeout=timeout, mem_limit=4 << 30, tag=("ray", "all")
-    )
-    return [job]
+    timeout = 120 + 20 * (trials + trainer_trials)
+    args = (trials, seed, where, trainer_trials)
+    return [Job(campaign, args, timeout=timeout, mem_limit=4 << 30, tag=("ray", "all"))]
 
 
-def judge(results: list[dict[str, Any]], expected: list[list[tuple[int, Any]]]) -> tuple[str, str]:
+def judge(
+    results: list[dict[str, Any]], expected: list[list[tuple[int, Any]]], first_rank: int = 0
+) -> tuple[str, str]:
     """The outcome of one trial from what each rank got (its steps and fingerprints,
-    and the error that stopped it, if one did): a rank short of a step lost it, even
-    to a typed error."""
-    for rank, result in enumerate(results):
-        got, want = result["got"], dict(expected[rank])
+    and the error that stopped it, if one did; ``results[i]`` is rank ``first_rank +
+    i``'s): a rank short of a step lost it, even to a typed error."""
+    for rank, result in enumerate(results, first_rank):
+        got, want = result["got"], dict(expected[rank - first_rank])
         steps = [step for step, _ in got]
         if len(set(steps)) != len(steps):
             return DUPLICATED, f"rank {rank} got steps {steps}"
@@ -80,16 +101,57 @@ def judge(results: list[dict[str, Any]], expected: list[list[tuple[int, Any]]]) 
     return EXACT, ""
 
 
-def campaign(trials: int, seed: int, root_dir: str) -> dict[str, Any]:
+def judge_resumed(
+    lines: list[list[Any]], resumed: dict[str, Any], expected: list[tuple[int, Any]]
+) -> tuple[str, str]:
+    """The outcome for a rank whose trainer was killed, then restarted with
+    ``resume=True``: ``lines``, what the killed trainer logged (``["step", step,
+    fingerprint]`` and ``["mark", next_step]``, in order), and what the restart got.
+    Each got its steps once, in order, bit-exact; the restart began no earlier than the
+    last mark the board recorded and no later than the step after the last one the
+    killed trainer got; together they reach the last step."""
+    want = dict(expected)
+    noted = [(line[1], line[2]) for line in lines if line[0] == "step"]
+    marks = [int(line[1]) for line in lines if line[0] == "mark"]
+    for who, got in (("the killed trainer", noted), ("its restart", resumed["got"])):
+        steps = [step for step, _ in got]
+        if len(set(steps)) != len(steps):
+            return DUPLICATED, f"{who} got steps {steps}"
+        if any(b != a + 1 for a, b in itertools.pairwise(steps)):
+            return LOST, f"{who} got steps {steps}"
+        if any(prints != want.get(step) for step, prints in got):
+            return WRONG, f"{who}: a step's data is not what was sent"
+    if noted and noted[0][0] != 0:
+        return LOST, f"the killed trainer began at step {noted[0][0]}"
+    after = noted[-1][0] + 1 if noted else 0  # the step after the last one it got
+    again = [step for step, _ in resumed["got"]]
+    start = again[0] if again else TOTAL
+    if start < max(marks, default=0):
+        return DUPLICATED, (
+            f"the restart began at step {start}, though the board had recorded the rank "
+            f"past step {max(marks) - 1}"
+        )
+    if start > after:
+        return LOST, f"the restart began at step {start}; the killed trainer got up to {after - 1}"
+    if max(after, again[-1] + 1 if again else 0) != TOTAL:
+        kind = UNTYPED if resumed["error"] and not resumed["typed"] else LOST
+        stopped = f": {resumed['error']}" if resumed["error"] else ""
+        return kind, f"the restart got steps {again} after {after - 1}{stopped}"
+    return EXACT, ""
+
+
+def campaign(trials: int, seed: int, root_dir: str, trainer_trials: int = 0) -> dict[str, Any]:
     """In the child: start Ray, count the hooked calls of the armed sends (per
-    ``keep_last``), run ``trials`` trials (notes in ``root_dir``); their outcomes.
-    Ray's messages about the killed workers go to a log there, not to the terminal."""
+    ``keep_last``), run ``trials`` trials, count a trainer's hooked calls (per pace),
+    run ``trainer_trials`` trials (notes in ``root_dir``); their outcomes. Ray's
+    messages about the killed workers go to a log there, not to the terminal."""
     import ray
 
     from . import _rayactors as actors
 
     log = os.open(os.path.join(root_dir, "ray.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(log, 2)
+    for fd in (1, 2):  # the outcomes go back through a pipe of their own
+        os.dup2(log, fd)
     os.close(log)
     root = Path(__file__).resolve().parents[1]
     # Ray's workers import the actors by name: this checkout's rlwire, chaos and tests.
@@ -104,22 +166,35 @@ def campaign(trials: int, seed: int, root_dir: str) -> dict[str, Any]:
     try:
         trainers = [actors.Trainer.remote() for _ in range(RANKS)]
         expected = [actors.expected(rank, TOTAL) for rank in range(RANKS)]
-        calls = {keep: _calibrate(keep) for keep in KEEP_LAST}
         note = os.path.join(root_dir, "point")
         rng = random.Random(seed)
         out = []
+        calls = {keep: _calibrate(keep) for keep in KEEP_LAST} if trials else {}
         for i in range(trials):
             keep_last = KEEP_LAST[i % 2]
-            count, seconds = len(calls[keep_last][0]), calls[keep_last][1]
-            turn = seed + i // 2
-            if i % 4 >= 2 and rng.random() < 0.5:  # a quarter at random times
-                nth, after, delay = 0, False, rng.uniform(0, seconds)
-            else:  # the others at every hooked call in turn, before it, then after it
-                nth, after, delay = turn % count + 1, (turn // count) % 2 == 1, 0.0
+            nth, after, delay = _kill_at(i, seed, rng, *calls[keep_last])
             out.append(_trial(trainers, expected, keep_last, nth, after, delay, note))
+        paced = {pace: _calibrate_trainer(pace, trainers[1]) for pace in PACING}
+        for i in range(trainer_trials):
+            pace = PACING[i % 2]
+            nth, after, delay = _kill_at(i, seed, rng, *paced[pace])
+            out.append(_trainer_trial(trainers[1], expected, pace, nth, after, delay, root_dir))
         return {"outcome": EXACT, "trials": out}
     finally:
         ray.shutdown()
+
+
+def _kill_at(
+    i: int, seed: int, rng: random.Random, calls: list[str], seconds: float
+) -> tuple[int, bool, float]:
+    """Where trial ``i`` kills (of two settings it alternates, ``calls`` and ``seconds``
+    measured for its own): (the hooked call, 0 for none; just after it; else the delay):
+    a quarter at random times, the others at every hooked call in turn, before it,
+    then after it."""
+    turn = seed + i // 2
+    if i % 4 >= 2 and rng.random() < 0.5:
+        return 0, False, rng.uniform(0, seconds)
+    return turn % len(calls) + 1, (turn // len(calls)) % 2 == 1, 0.0
 
 
 def _read(path: str) -> str:
@@ -151,6 +226,109 @@ def _calibrate(keep_last: int | None) -> tuple[list[str], float]:
     finally:
         ray.kill(producer)
         drop_board(name)
+
+
+def _calibrate_trainer(pace: tuple[int | None, int | None], other: Any) -> tuple[list[str], float]:
+    """The hooked calls of a trainer reading rank 0 to the end under ``pace``, in order,
+    and the seconds it took; ``other`` reads rank 1."""
+    import ray
+
+    from rlwire.transport.ray import create_board, drop_board
+
+    from . import _rayactors as actors
+
+    name = f"chaos-{uuid.uuid4().hex[:10]}"
+    url = f"ray://{name}"
+    create_board(name)
+    producer, trainer = actors.Producer.remote(), actors.Trainer.remote()
+    try:
+        ray.get(trainer.hook.remote(0, False), timeout=TIMEOUT)
+        sending = producer.send.remote(url, TOTAL, pace[0], True, RANKS, pace[1])
+        rest = other.take.remote(url, 1, TIMEOUT)
+        start = time.monotonic()
+        took = ray.get(trainer.take.remote(url, 0, TIMEOUT, True), timeout=3 * TIMEOUT)
+        seconds = time.monotonic() - start
+        ray.get([sending, rest], timeout=3 * TIMEOUT)
+        return list(took["calls"]), seconds
+    finally:
+        for actor in (producer, trainer):
+            ray.kill(actor)
+        drop_board(name)
+
+
+def _trainer_trial(
+    other: Any,
+    expected: list[list[tuple[int, Any]]],
+    pace: tuple[int | None, int | None],
+    nth: int,
+    after: bool,
+    delay: float,
+    root_dir: str,
+) -> dict[str, Any]:
+    """One trainer trial: the trainer of rank 0 killed at hooked call ``nth`` (just
+    ``after`` it), or ``delay`` seconds into its reads when ``nth`` is 0, while a
+    producer sends every step under ``pace`` (keep_last, max_ahead) and ``other`` reads
+    rank 1; a new trainer then resumes rank 0."""
+    import ray
+
+    from rlwire import RlwireError
+    from rlwire.transport.ray import create_board, drop_board
+
+    from . import _rayactors as actors
+
+    name = f"chaos-{uuid.uuid4().hex[:10]}"
+    url = f"ray://{name}"
+    log, note = os.path.join(root_dir, "trainer.log"), os.path.join(root_dir, "point")
+    for path in (log, note):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+    create_board(name)
+    producer, victim = actors.Producer.remote(), actors.Trainer.remote()
+    sending = producer.send.remote(url, TOTAL, pace[0], True, RANKS, pace[1])
+    rest = other.take.remote(url, 1, TIMEOUT)
+    died = False
+    try:
+        ray.get(victim.keep_log.remote(log), timeout=TIMEOUT)
+        ray.get(victim.hook.remote(nth, after, note), timeout=TIMEOUT)
+        if nth == 0:
+            ray.get(victim.kill_in.remote(delay), timeout=TIMEOUT)
+        ray.get(victim.take.remote(url, 0, TIMEOUT, True), timeout=3 * TIMEOUT)
+    except ray.exceptions.RayActorError:
+        died = True
+    except ray.exceptions.GetTimeoutError:
+        pass  # judged below: the restart reads what is left
+    finally:
+        ray.kill(victim)
+    restart = actors.Trainer.remote()
+    try:
+        resumed, other_rank = ray.get(
+            [restart.take.remote(url, 0, TIMEOUT, True), rest], timeout=3 * TIMEOUT
+        )
+        ray.get(sending, timeout=TIMEOUT)
+    except ray.exceptions.GetTimeoutError:
+        outcome, detail = HANG, "the trainers or the producer did not finish"
+    except ray.exceptions.RayError as exc:
+        outcome, detail = LOST, f"the producer: {describe(exc)}"
+    else:
+        with open(log) as file:
+            lines = [json.loads(line) for line in file]
+        outcome, detail = judge_resumed(lines, resumed, expected[0])
+        if outcome == EXACT:
+            outcome, detail = judge([other_rank], expected[1:], first_rank=1)
+    finally:
+        for actor in (producer, restart):
+            ray.kill(actor)
+        with contextlib.suppress(RlwireError):
+            drop_board(name)
+    where = "at a random time" if nth == 0 else f"at call {nth}{' (after it)' if after else ''}"
+    return {
+        "campaign": "ray trainers",
+        "what": f"{where}, keep_last={pace[0]}, max_ahead={pace[1]}",
+        "outcome": outcome,
+        "detail": detail,
+        "died": died,
+        "point": _read(note) if nth else "a random time",
+    }
 
 
 def _trial(

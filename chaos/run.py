@@ -2,7 +2,8 @@
 
     python -m chaos.run [--kills N] [--corruptions N] [--cancels N] [--forgeries N]
                         [--full-disks N] [--s3-trials N] [--zmq-kills N]
-                        [--parts-kills N] [--ray-kills N] [--seed S]
+                        [--parts-kills N] [--ray-kills N]
+                        [--ray-trainer-kills N] [--seed S]
                         [--campaign NAME ...] [--case NAME ...]
                         [--json FILE] [--jobs J] [--tmp DIR] [-v]
 
@@ -75,8 +76,8 @@ def each_trial(record: Any) -> Any:
         if "trials" not in result:
             record(job, result)
             return
-        campaign = job.tag[0]
         for trial in result["trials"]:
+            campaign = trial.get("campaign", job.tag[0])
             one = {**trial, "kills": int(trial["died"]), "points": [trial["point"]]}
             if not trial["died"]:
                 one["points"] = []
@@ -161,13 +162,13 @@ def run(args: argparse.Namespace) -> Table:
             )
             with s3chaos.server() as endpoint:
                 timed("parts kill -9 (S3)", parts.jobs(root, "s3", on_s3, args.seed, endpoint))
-        if "ray" in args.campaign and args.ray_kills:
+        if "ray" in args.campaign and (args.ray_kills or args.ray_trainer_kills):
             why = raykills.available()
             if why:
                 print(f"chaos: ray:// kills skipped: {why}", flush=True)
                 table.skipped["ray:// kills"] = why
             else:
-                trials = raykills.jobs(root, args.ray_kills, args.seed)
+                trials = raykills.jobs(root, args.ray_kills, args.seed, args.ray_trainer_kills)
                 timed("ray:// kills", trials, each_trial(record), parallel=1)
         if "fulldisk" in args.campaign and args.full_disks:
             why = fulldisk.available()
@@ -207,6 +208,12 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=80,
         help="kills of a producer actor sending to ray://, then resumed (80)",
+    )
+    p.add_argument(
+        "--ray-trainer-kills",
+        type=int,
+        default=40,
+        help="kills of a trainer actor reading from ray://, then resumed (40)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="trials in parallel")

@@ -280,3 +280,35 @@ def test_the_ray_judge_sees_lost_duplicated_wrong_and_stopped_ranks() -> None:
     assert raykills.judge(stopped, want)[0] == LOST  # a typed error does not excuse it
     raw = [{"got": want[0][:5], "error": "KeyError: 'x'", "typed": False}]
     assert raykills.judge(raw, want)[0] == "untyped error"
+
+
+def test_the_ray_trainer_judge_sees_a_restart_that_skips_repeats_or_stops() -> None:
+    from chaos import raykills
+
+    total = raykills.TOTAL
+    want = [(s, f"p{s}") for s in range(total)]
+
+    def log(steps: range, marks: list[int]) -> list[list[object]]:
+        return [["step", s, f"p{s}"] for s in steps] + [["mark", m] for m in marks]
+
+    def restart(first: int, last: int = total, error: str | None = None) -> dict[str, object]:
+        return {"got": want[first:last], "error": error, "typed": True}
+
+    # Killed holding step 2 (moved past step 1): the restart begins at 2 or at 3.
+    assert raykills.judge_resumed(log(range(3), [1, 2]), restart(2), want) == (EXACT, "")
+    assert raykills.judge_resumed(log(range(3), [1, 2]), restart(3), want) == (EXACT, "")
+    assert raykills.judge_resumed(log(range(0), []), restart(0), want) == (EXACT, "")
+    assert raykills.judge_resumed(log(range(total), [total]), restart(total), want)[0] == EXACT
+    # Begins before the last mark the board recorded: a step the rank moved past again.
+    assert raykills.judge_resumed(log(range(3), [1, 2]), restart(1), want)[0] == DUPLICATED
+    # Begins past the step after the last one the killed trainer got: one skipped.
+    assert raykills.judge_resumed(log(range(3), [1, 2]), restart(4), want)[0] == LOST
+    # Stops short of the end, with a typed error or without one.
+    stopped = restart(3, total - 1, "StepGapError: step 7 is no longer stored")
+    assert raykills.judge_resumed(log(range(3), [1, 2]), stopped, want)[0] == LOST
+    # What either incarnation got must be each step once, in order, bit-exact.
+    twice = [["step", 0, "p0"], ["step", 0, "p0"]]
+    assert raykills.judge_resumed(twice, restart(1), want)[0] == DUPLICATED
+    changed = {"got": [(3, "x"), *want[4:]], "error": None, "typed": True}
+    assert raykills.judge_resumed(log(range(3), [1, 2]), changed, want)[0] == "wrong data"
+    assert raykills.judge_resumed(log(range(1, 3), []), restart(3), want)[0] == LOST

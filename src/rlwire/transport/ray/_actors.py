@@ -27,6 +27,7 @@ _KEPT: dict[tuple[str, str | None], BoardHandle] = {}
 __all__ = [
     "BoardHandle",
     "answer_of",
+    "board_id",
     "call",
     "create_board",
     "drop_board",
@@ -145,6 +146,14 @@ def create_board(name: str, *, namespace: str | None = None, detached: bool = Fa
     if kept is None or getattr(kept, "_actor_id", None) != getattr(handle, "_actor_id", None):
         _KEPT[(name, namespace)] = handle
     return handle
+
+
+def board_id(board: BoardHandle) -> str:
+    """Which board ``board`` is, as a string: Ray's id of the actor. A board made again
+    under a name (the one before died, and every step with it) is another board, with
+    another id; Ray never restarts a board under the same id (it has no
+    ``max_restarts``), so the same id is the same board, with the steps it held."""
+    return str(board._actor_id.hex())
 
 
 def find_board(name: str, namespace: str | None = None) -> BoardHandle | None:

@@ -20,6 +20,10 @@ class StepHandle:
         namespace: the Ray namespace of its board (``None``: the job's own).
         step: the step.
         rank: the rank whose message it names.
+        board: the id of the board that holds the step ("": not checked). A receiver
+            opened with :meth:`receiver_options` reads that board only: if it died, and
+            the step with it, opening raises a ``TransportError``, also when a new board
+            holds the name (another run's steps, never this handle's).
 
     Example:
         >>> handle = StepHandle("rollouts", None, step=7, rank=1)
@@ -36,6 +40,7 @@ class StepHandle:
     namespace: str | None
     step: int
     rank: int = 0
+    board: str = ""
 
     @property
     def url(self) -> str:
@@ -45,5 +50,7 @@ class StepHandle:
     def receiver_options(self) -> dict[str, Any]:
         """The keyword arguments of ``open_receiver(handle.url, ...)`` that read this
         step first, as this rank, from this board."""
-        storage = {} if self.namespace is None else {"namespace": self.namespace}
+        storage: dict[str, str] = {} if self.namespace is None else {"namespace": self.namespace}
+        if self.board:
+            storage["board"] = self.board
         return {"rank": self.rank, "start_step": self.step, "storage_options": storage}

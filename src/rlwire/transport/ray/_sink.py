@@ -26,7 +26,7 @@ from rlwire.transport._base import (
 )
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
-from rlwire.transport.ray._actors import BoardHandle, call, create_board, ensure_ray
+from rlwire.transport.ray._actors import BoardHandle, board_id, call, create_board, ensure_ray
 from rlwire.transport.ray._appended import RayFieldsSink
 from rlwire.transport.ray._handing import Handed, HandingSink
 from rlwire.transport.ray._handle import StepHandle
@@ -142,6 +142,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         self.pull_timeout = pull_timeout
         self._join_space = JoinSpace()
         self._board: BoardHandle | None = None
+        self._board_id = ""  # the id of the board open() found or made
         self._producer: BoardHandle | None = None
         self._opened = False
 
@@ -198,6 +199,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
             error = StepExistsError if answer[0] == "StepExistsError" else ConfigError
             raise error(answer[1], where=self.where)
         self._board = board
+        self._board_id = board_id(board)
         # A sync sender on the actor's loop blocks it: the board could not call in.
         self._producer = None if self.caller_blocks_loop else producer_actor()
         self._opened = True
@@ -364,7 +366,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         """A small, serialisable :class:`StepHandle` of rank ``rank``'s message of the
         committed ``step``, for a driver to pass to a trainer actor, which opens it with
         :meth:`StepHandle.receiver_options`."""
-        return StepHandle(self.name, self.namespace, step, rank)
+        return StepHandle(self.name, self.namespace, step, rank, self._board_id)
 
     def close(self) -> None:
         with contextlib.suppress(TransportError):  # a send that failed raised it already

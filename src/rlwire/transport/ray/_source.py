@@ -22,6 +22,7 @@ from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
 from rlwire.transport.ray._actors import (
     BoardHandle,
+    board_id,
     call,
     ensure_ray,
     fetch,
@@ -85,7 +86,15 @@ class RaySource(RayFieldsSource, Source):
     polls. Until a sender has created the board, it looks for it every 50 ms. The board
     has :data:`BOARD_ANSWER_SECONDS` to answer each call, beyond the time it waits.
 
-    Storage options: ``namespace`` (the board's Ray namespace, as the sender's).
+    A receiver reads one board: the first it finds under the name (or the one a
+    :class:`~rlwire.transport.ray.StepHandle` names). If that board dies, every step it
+    held dies with it, and the receiver's next call raises a ``TransportError``, also
+    when a sender has made a new board under the name meanwhile: that board's steps are
+    another run's, which a new receiver reads.
+
+    Storage options: ``namespace`` (the board's Ray namespace, as the sender's);
+    ``board`` (the id of the board to read, as a ``StepHandle`` gives it: another board
+    under the name is an error).
 
     Raises:
         ConfigError: a malformed URL or option; Ray is not initialized.
@@ -105,6 +114,7 @@ class RaySource(RayFieldsSource, Source):
         namespace: str | None = None,
         verify: bool = True,
         writable: bool = False,
+        board: str | None = None,
     ) -> None:
         self.name = name
         self.rank = rank
@@ -112,6 +122,8 @@ class RaySource(RayFieldsSource, Source):
         self.verify = verify
         self.writable = writable
         self._board: BoardHandle | None = None
+        # The id of the board this receiver reads: the handle's, or the first it found.
+        self._identity = board
         self._expected = 0  # the step the last read missed: what a wait waits for
         # The part the last read_part missed, (step, index): a wait waits for it too.
         self._expected_part: tuple[int, int] | None = None
@@ -130,20 +142,54 @@ class RaySource(RayFieldsSource, Source):
     @classmethod
     def from_url(cls, url: URL, options: SourceOptions) -> RaySource:
         opts = options.storage_options
-        reject_unknown(url, opts, OPTIONS)
+        reject_unknown(url, opts, (*OPTIONS, "board"))
         namespace, _ = board_options(url, opts)
+        board = opts.get("board")
+        if board is not None and (not isinstance(board, str) or not board):
+            raise ConfigError(
+                f"storage option 'board' must be a non-empty str (a StepHandle's board), "
+                f"got {board!r}",
+                where=url,
+            )
         return cls(
             parse_name(url),
             rank=options.rank,
             namespace=namespace,
             verify=options.verify,
             writable=options.writable,
+            board=board,
         )
 
     def _find(self) -> BoardHandle | None:
+        """The board, looked up if not known yet: ``None`` while no sender has made
+        one (and this receiver has read from none).
+
+        Raises:
+            TransportError: the board this receiver read from (or its handle names) is
+                gone, or another board holds the name.
+        """
         if self._board is None:
             ensure_ray(self.where)
-            self._board = find_board(self.name, self.namespace)
+            board = find_board(self.name, self.namespace)
+            if board is None:
+                if self._identity is not None:
+                    raise TransportError(
+                        "the board this receiver reads is gone (killed, or its process "
+                        "or node died), and every step it held with it",
+                        where=self.where,
+                    )
+                return None
+            identity = board_id(board)
+            if self._identity is None:
+                self._identity = identity
+            elif identity != self._identity:
+                raise TransportError(
+                    "the board under this name is not the one this receiver reads: that "
+                    "one died, and every step it held with it, and a sender made a new "
+                    "one; open a new receiver to read the new board's steps",
+                    where=self.where,
+                )
+            self._board = board
         return self._board
 
     def _call(self, method: str, *args: Any, where: str, action: str, waits: float = 0.0) -> Any:

@@ -1,0 +1,86 @@
+"""A receiver (or a StepHandle) reads one board: once that board is gone, and every step
+with it, it fails with a TransportError, also when a new run's sender has made a new
+board under the same name; it never reads that run's steps as its own."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from ray_actors import fingerprint, step_batches
+
+import rlwire
+from rlwire import TransportError
+from rlwire.transport.ray import RaySink, StepHandle, create_board, drop_board
+
+TIMEOUT = 30.0
+
+
+def _name(url: str) -> str:
+    return url.removeprefix("ray://")
+
+
+def _run(url: str, steps: int, n: int) -> list[StepHandle]:
+    """A run on a new board under ``url``'s name: ``steps`` steps of one rank whose
+    samples have about ``n`` tokens; the handle of each."""
+    create_board(_name(url))
+    with rlwire.open_sync_sender(url, on_existing="resume") as sender:
+        sink = sender.sink
+        assert isinstance(sink, RaySink)
+        for step in range(steps):
+            sender.send(step_batches(step, 1, n=n)[0])
+        return [sink.handle(step) for step in range(steps)]
+
+
+def test_a_receiver_whose_board_died_never_reads_the_next_board_under_its_name(
+    ray_url: str,
+) -> None:
+    _run(ray_url, 2, n=64)
+    with rlwire.open_receiver(ray_url) as receiver:
+        for step in range(2):
+            got = receiver.receive(timeout=TIMEOUT)
+            assert fingerprint(got) == fingerprint(step_batches(step, 1, n=64)[0])
+        drop_board(_name(ray_url))  # the board dies, and its steps
+        with pytest.raises(TransportError):  # its call on the board that died
+            receiver.receive(timeout=TIMEOUT)
+        with pytest.raises(TransportError, match="is gone"):  # then: no board at all
+            receiver.receive(timeout=TIMEOUT)
+        _run(ray_url, 4, n=99)  # another run, on a new board under the name
+        for _ in range(2):  # every time: no step of the new run as step 2 of the old
+            with pytest.raises(TransportError, match="not the one this receiver reads"):
+                receiver.receive(timeout=TIMEOUT)
+    with rlwire.open_receiver(ray_url) as fresh:  # a new receiver reads the new run
+        assert fingerprint(fresh.receive(timeout=TIMEOUT)) == fingerprint(
+            step_batches(0, 1, n=99)[0]
+        )
+
+
+def test_a_handle_opens_the_board_it_names_only(ray_url: str) -> None:
+    old = _run(ray_url, 2, n=64)[1]
+    assert old.board  # the sink's handles name their board
+    drop_board(_name(ray_url))
+    with (
+        rlwire.open_receiver(old.url, **old.receiver_options()) as receiver,
+        pytest.raises(TransportError, match="is gone"),
+    ):
+        receiver.receive(timeout=TIMEOUT)
+    new = _run(ray_url, 2, n=99)[1]
+    assert new.board != old.board
+    with (
+        rlwire.open_receiver(old.url, **old.receiver_options()) as receiver,
+        pytest.raises(TransportError, match="not the one this receiver reads"),
+    ):
+        receiver.receive(timeout=TIMEOUT)
+    with rlwire.open_receiver(new.url, **new.receiver_options()) as receiver:
+        got = receiver.receive(timeout=TIMEOUT)
+    assert fingerprint(got) == fingerprint(step_batches(1, 1, n=99)[0])
+    # A handle that names no board (made by hand) reads whichever board holds the name.
+    unchecked = dataclasses.replace(old, board="")
+    with rlwire.open_receiver(unchecked.url, **unchecked.receiver_options()) as receiver:
+        got = receiver.receive(timeout=TIMEOUT)
+    assert fingerprint(got) == fingerprint(step_batches(1, 1, n=99)[0])
+
+
+def test_the_board_option_must_be_a_board_id(ray_url: str) -> None:
+    with pytest.raises(rlwire.ConfigError, match="storage option 'board'"):
+        rlwire.open_receiver(ray_url, storage_options={"board": 7})

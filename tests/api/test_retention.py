@@ -167,3 +167,29 @@ async def test_a_receiver_opened_at_each_step_lets_keep_last_and_max_ahead_go_on
                 mark = (tmp_path / "consumed.rank-0000.rlw").read_bytes()
                 assert mark == consumed_mark(step)
             assert stored_steps(tmp_path) == list(range(max(0, step - 1), step + 1))
+
+
+async def test_a_receiver_opened_at_a_step_not_sent_yet_records_nothing_until_it_reads_it(
+    tmp_path: Path,
+) -> None:
+    """A handle made ahead of its step, or a trainer restored from a later checkpoint
+    than the producer's: its receiver has moved past the steps before its start only
+    once it has read that step. Recorded at its first look, the mark was past every step
+    sent, and each later send with ``keep_last`` failed ("a mark left by another run?")."""
+    async with rlwire.open_sender(tmp_path, keep_last=2) as sender:
+        for step in range(2):
+            await sender.send(make_batch(1, seed=step))
+        async with rlwire.open_receiver(tmp_path, start_step=4) as early:
+            assert early.poll() is None
+        assert not (tmp_path / "consumed.rank-0000.rlw").exists()
+        for step in range(2, 5):  # every send goes on, and the early receiver's step comes
+            assert await sender.send(make_batch(1, seed=step)) == step
+        async with rlwire.open_receiver(tmp_path, start_step=4) as receiver:
+            got = await receiver.areceive(timeout=5)
+        assert (
+            got.samples[0].token_ids.tobytes()
+            == make_batch(1, seed=4).samples[0].token_ids.tobytes()
+        )
+        assert (tmp_path / "consumed.rank-0000.rlw").read_bytes() == consumed_mark(4)
+        await sender.send(make_batch(1, seed=5))  # deletes the steps before 4
+    assert stored_steps(tmp_path) == [4, 5]

@@ -194,7 +194,11 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
                 self._source, self._next_step, self._fields, self._decoding, self._read_step
             )
             self._pending = got.why if isinstance(got, FieldPending) else None
-            return None if isinstance(got, FieldPending) else got
+            if got is None or isinstance(got, FieldPending):
+                return None
+            if self._start_mark:
+                self._started()
+            return got
         except RlwireError as exc:
             exc.add_context(rank=self._rank)
             raise

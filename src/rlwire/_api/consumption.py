@@ -4,11 +4,12 @@ A receiver's position is its next step and, in a step filled part by part, the n
 part of it. It writes the position to its rank's marks (:class:`~rlwire.abc.Source`'s
 ``mark_consumed`` and ``mark_part``) as it moves: past a part when it asks for the next
 one, past a step when it asks for the next step or, reading parts, for a part after its
-rank's last (``parts()`` ends); one opened at ``start_step=S`` has moved past every step
-before ``S``, and says so at its first read. Each mark is written once per move, before
-the next step or part is read: a receiver killed after asking for part ``i + 1`` is
-never handed part ``i`` again once resumed, and one killed while it holds part ``i`` is
-handed it again (it had not moved past it).
+rank's last (``parts()`` ends). One opened at ``start_step=S`` has moved past every step
+before ``S``, and says so once it has read step ``S`` (not before: ``S`` may not be sent
+yet, and a mark past the steps sent stops the sender's retention). Each mark is written
+once per move, before the next step or part is read: a receiver killed after asking for
+part ``i + 1`` is never handed part ``i`` again once resumed, and one killed while it
+holds part ``i`` is handed it again (it had not moved past it).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ class ConsumptionMarks:
     _next_step: int
     _part_next: int
     _record_consumed: bool
+    # The step a receiver opened at a later step says it moved past the ones before, once
+    # it has read it (0: nothing to say).
+    _start_mark: int
 
     def _start_marks(self, start_step: int, resume: bool) -> None:
         """Start at ``start_step``, or, with ``resume``, where the rank's marks say
@@ -33,9 +37,10 @@ class ConsumptionMarks:
         # mark: nothing to write until the receiver reads (the store may not even exist
         # yet), and a part mark only once the consumption mark holds its step. A receiver
         # opened at a later step has moved past the ones before it (the receiver of a
-        # StepHandle, opened for each step): its first read records that, else a rank
-        # read step by step that way would hold every step back from keep_last.
-        self._recorded = start_step - 1 if start_step > 0 else 0
+        # StepHandle, opened for each step): it records that once it has read that step
+        # (_started), else a rank read step by step that way would hold every step back
+        # from keep_last.
+        self._recorded, self._start_mark = start_step, start_step
         self._recorded_part, self._step_written = 0, False
         self._next_step, self._part_next = start_step, 0
         if resume:
@@ -47,7 +52,15 @@ class ConsumptionMarks:
             if found is not None:
                 self._next_step, self._part_next = found
                 self._recorded, self._recorded_part = found
-                self._step_written = True
+                self._step_written, self._start_mark = True, 0
+
+    def _started(self) -> None:
+        """Record, once the receiver has read its first step, that its rank moved past
+        the steps before the one it was opened at (the receiver's mutex held)."""
+        step, self._start_mark = self._start_mark, 0
+        if step and self._record_consumed and not self._step_written:
+            self._source.mark_consumed(step)
+            self._step_written = True
 
     def _record_position(self) -> None:
         """Write the marks the receiver's position moved past since the last write (the

@@ -1,13 +1,17 @@
-"""A receiver (or a StepHandle) reads one board: once that board is gone, and every step
-with it, it fails with a TransportError, also when a new run's sender has made a new
-board under the same name; it never reads that run's steps as its own."""
+"""Which board holds a run's steps. A receiver (or a StepHandle) reads one board: once
+that board is gone, and every step with it, it fails with a TransportError, also when a
+new run's sender has made a new board under the same name; it never reads that run's
+steps as its own. A board a producer actor made itself dies with it, and its sender
+says so (``board_owned`` is False)."""
 
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
 import pytest
-from ray_actors import fingerprint, step_batches
+import ray
+from ray_actors import Producer, fingerprint, step_batches
 
 import rlwire
 from rlwire import TransportError
@@ -84,3 +88,25 @@ def test_a_handle_opens_the_board_it_names_only(ray_url: str) -> None:
 def test_the_board_option_must_be_a_board_id(ray_url: str) -> None:
     with pytest.raises(rlwire.ConfigError, match="storage option 'board'"):
         rlwire.open_receiver(ray_url, storage_options={"board": 7})
+
+
+def test_a_board_the_producer_actor_made_itself_dies_with_it_and_its_sender_says_so(
+    ray_cluster: None,
+) -> None:
+    ray_url = f"ray://own-{uuid.uuid4().hex[:12]}"  # no board under it (ray_url may have one)
+    producer = Producer.remote()
+    sent = ray.get(producer.send.remote(ray_url, 2, 1), timeout=60)  # no board before it
+    assert sent["board_owned"] is False  # pulled by the board, but the board is its own
+    with rlwire.open_receiver(ray_url) as receiver:
+        got = receiver.receive(timeout=TIMEOUT)
+        assert fingerprint(got) == fingerprint(step_batches(0, 1)[0])
+        ray.kill(producer)  # the board goes with it (Ray's fate sharing), and step 1
+        with pytest.raises(TransportError):
+            for _ in range(3):  # a call on the dying board, then: no board
+                receiver.receive(timeout=TIMEOUT)
+    # Made by the driver first, the board outlives the producer: its sender says True.
+    create_board(_name(ray_url))
+    again = Producer.remote()
+    assert ray.get(again.send.remote(ray_url, 1, 1), timeout=60)["board_owned"] is True
+    ray.kill(again)
+    drop_board(_name(ray_url))

@@ -26,7 +26,14 @@ from rlwire.transport._base import (
 )
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
-from rlwire.transport.ray._actors import BoardHandle, board_id, call, create_board, ensure_ray
+from rlwire.transport.ray._actors import (
+    BoardHandle,
+    board_id,
+    call,
+    create_board,
+    ensure_ray,
+    find_board,
+)
 from rlwire.transport.ray._appended import RayFieldsSink
 from rlwire.transport.ray._handing import Handed, HandingSink
 from rlwire.transport.ray._handle import StepHandle
@@ -143,6 +150,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         self._join_space = JoinSpace()
         self._board: BoardHandle | None = None
         self._board_id = ""  # the id of the board open() found or made
+        self._own_board = False  # whether open() made it, not detached: it dies with us
         self._producer: BoardHandle | None = None
         self._opened = False
 
@@ -156,10 +164,13 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
 
     @property
     def board_owned(self) -> bool | None:
-        """True when the board owns the steps this sink sends (pulled from the actor it
-        runs in), False when this process owns them (they die with it); ``None`` before
-        the sink is open."""
-        return (self._producer is not None) if self._opened else None
+        """True when the steps this sink sends outlive this process: the board owns them
+        (pulled from the actor it runs in), and the board is not this process's own (one
+        it made, not detached, dies with it). False when they die with this process;
+        ``None`` before the sink is open."""
+        if not self._opened:
+            return None
+        return self._producer is not None and not self._own_board
 
     @classmethod
     def from_url(cls, url: URL, options: SinkOptions) -> RaySink:
@@ -191,6 +202,8 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
 
     def open(self, on_existing: OnExisting, start_step: int | None = None) -> int:
         ensure_ray(self.where)
+        # A board this process makes, not detached, dies with it (Ray's fate sharing).
+        made = not self.detached and find_board(self.name, self.namespace) is None
         board = create_board(self.name, namespace=self.namespace, detached=self.detached)
         answer = call(
             board.open, on_existing, start_step, where=self.where, action="open the destination"
@@ -198,7 +211,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         if answer[0] != "ok":
             error = StepExistsError if answer[0] == "StepExistsError" else ConfigError
             raise error(answer[1], where=self.where)
-        self._board = board
+        self._board, self._own_board = board, made
         self._board_id = board_id(board)
         # A sync sender on the actor's loop blocks it: the board could not call in.
         self._producer = None if self.caller_blocks_loop else producer_actor()

@@ -449,9 +449,9 @@ def test_a_board_that_stops_answering_is_an_error_in_bounded_time(
     """A board whose process stopped (its node cut off, not yet declared dead) would
     hold a receive past its timeout for as long as it stays so: each board call has
     ``BOARD_ANSWER_SECONDS`` (beyond a wait's own time), then a TransportError."""
-    from rlwire.transport.ray import _source
+    from rlwire.transport.ray import _actors
 
-    monkeypatch.setattr(_source, "BOARD_ANSWER_SECONDS", 1.0)
+    monkeypatch.setattr(_actors, "BOARD_ANSWER_SECONDS", 1.0)
     board = create_board(_name(ray_url))
     with rlwire.open_sync_sender(ray_url) as sender:
         sender.send(step_batches(0, 1)[0])
@@ -470,4 +470,34 @@ def test_a_board_that_stops_answering_is_an_error_in_bounded_time(
         finally:
             os.kill(pid, signal.SIGCONT)
         # Answering again, it is found again.
+        assert receiver.poll() is None
+
+
+def test_a_board_that_stops_answering_fails_a_send_in_bounded_time(
+    ray_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sender's board calls have ``BOARD_ANSWER_SECONDS`` too (a stage's, beyond its
+    pull_timeout): the send fails with a TransportError rather than waiting for as long
+    as the board stays stopped; once it answers again, a resumed sender goes on."""
+    from rlwire.transport.ray import _actors
+
+    monkeypatch.setattr(_actors, "BOARD_ANSWER_SECONDS", 1.0)
+    board = create_board(_name(ray_url))
+    pid = ray._private.state.actors(board._actor_id.hex())["Pid"]
+    with rlwire.open_sync_sender(ray_url) as sender:
+        sender.send(step_batches(0, 1)[0])
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(TransportError, match="did not answer within 1 s"):
+                sender.send(step_batches(1, 1)[0])
+            assert time.monotonic() - started < 10
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    with rlwire.open_sync_sender(ray_url, on_existing="resume") as again:
+        assert again.send(step_batches(1, 1)[0]) == 1
+    with rlwire.open_receiver(ray_url) as receiver:
+        for step in range(2):
+            got = receiver.receive(timeout=TIMEOUT)
+            assert fingerprint(got) == fingerprint(step_batches(step, 1)[0])
         assert receiver.poll() is None

@@ -24,7 +24,13 @@ BoardHandle = ActorHandle[Any]
 # sent them (they live as long as this process, or until drop_board).
 _KEPT: dict[tuple[str, str | None], BoardHandle] = {}
 
+#: Seconds a board has to answer a call, beyond what the call itself waits for (a
+#: receiver's step, the pull of a producer's objects): a board whose process stopped
+#: (its node cut off, not yet declared dead) is a TransportError then, not a hang.
+BOARD_ANSWER_SECONDS = 10.0
+
 __all__ = [
+    "BOARD_ANSWER_SECONDS",
     "BoardHandle",
     "answer_of",
     "board_id",
@@ -78,10 +84,10 @@ def fetch(refs: list[ObjectRef[Any]], timeout: float | None = None) -> list[Any]
 
 def call(method: Any, *args: Any, where: str, action: str, timeout: float | None = None) -> Any:
     """``method.remote(*args)`` on a board, waited for (blocking: call it from a worker
-    thread); its answer.
+    thread) up to ``timeout`` seconds (default :data:`BOARD_ANSWER_SECONDS`); its answer.
 
     Raises:
-        TransportError: the board is gone, or does not answer within ``timeout``.
+        TransportError: the board is gone, or does not answer in time.
     """
     return answer_of(submit(method, *args, where=where, action=action), where, action, timeout)
 
@@ -99,13 +105,24 @@ def submit(method: Any, *args: Any, where: str, action: str) -> ObjectRef[Any]:
 
 
 def answer_of(ref: ObjectRef[Any], where: str, action: str, timeout: float | None = None) -> Any:
-    """The board's answer to a call :func:`submit` made, waited for in this thread.
+    """The board's answer to a call :func:`submit` made, waited for in this thread up
+    to ``timeout`` seconds (default :data:`BOARD_ANSWER_SECONDS`).
 
     Raises:
-        TransportError: the board is gone, or does not answer within ``timeout``.
+        TransportError: the board is gone, or does not answer in time.
     """
-    with ray_errors(where, action):
-        return fetch([ref], timeout)[0]
+    limit = BOARD_ANSWER_SECONDS if timeout is None else timeout
+    try:
+        with ray_errors(where, action):
+            return fetch([ref], limit)[0]
+    except TransportError as exc:
+        if isinstance(exc.__cause__, ray.exceptions.GetTimeoutError | TimeoutError):
+            raise TransportError(
+                f"cannot {action}: the board did not answer within {limit:g} s (its process "
+                "stopped, or its node cut off?)",
+                where=where,
+            ) from exc.__cause__
+        raise
 
 
 def create_board(name: str, *, namespace: str | None = None, detached: bool = False) -> BoardHandle:

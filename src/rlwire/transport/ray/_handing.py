@@ -14,6 +14,7 @@ import ray
 from ray import ObjectRef
 
 from rlwire._core.errors import TransportError
+from rlwire.transport.ray import _actors
 from rlwire.transport.ray._actors import BoardHandle, answer_of, ray_errors, submit
 from rlwire.transport.ray._handover import offer, withdraw
 from rlwire.transport.ray._payload import out_of_band
@@ -108,7 +109,11 @@ class HandingSink:
                 them longer than ``pull_timeout``.
         """
         try:
-            answer = answer_of(handed.answer, self.where, handed.action)
+            # The board's answer waits for its pull (if it pulls), which it gives up
+            # after pull_timeout.
+            pulls = self._producer is not None
+            limit = _actors.BOARD_ANSWER_SECONDS + (self.pull_timeout if pulls else 0.0)
+            answer = answer_of(handed.answer, self.where, handed.action, limit)
         finally:
             withdraw(handed.rank_key)  # handed over, or never to be
         if isinstance(answer, tuple) and answer[:1] == ("unpulled",):

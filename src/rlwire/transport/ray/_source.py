@@ -6,7 +6,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import ray
 from anyio import to_thread
 
 from rlwire._core.errors import (
@@ -20,6 +19,7 @@ from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source, SourceOptions, reject_unknown
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
+from rlwire.transport.ray import _actors
 from rlwire.transport.ray._actors import (
     BoardHandle,
     board_id,
@@ -41,10 +41,6 @@ OPTIONS = ("namespace", "detached", "pull_timeout")
 _WAIT_SLICE = 0.5
 #: How long a wait sleeps while the board does not exist yet (no sender opened).
 _NO_BOARD_SLEEP = 0.05
-#: Seconds the board has to answer a call (beyond a wait's own time): one that stopped
-#: answering (its process stopped, its node cut off) is a TransportError, not a receive
-#: that overruns its timeout for as long as it stays so.
-BOARD_ANSWER_SECONDS = 10.0
 
 
 def parse_name(url: URL) -> str:
@@ -84,7 +80,8 @@ class RaySource(RayFieldsSource, Source):
     objects and maps them (zero-copy on the same node; Ray fetches them from another
     node), verifying checksums. Waiting is the board's: a receiver waits on it, never
     polls. Until a sender has created the board, it looks for it every 50 ms. The board
-    has :data:`BOARD_ANSWER_SECONDS` to answer each call, beyond the time it waits.
+    has :data:`~rlwire.transport.ray._actors.BOARD_ANSWER_SECONDS` to answer each call,
+    beyond the time it waits.
 
     A receiver reads one board: the first it finds under the name (or the one a
     :class:`~rlwire.transport.ray.StepHandle` names). If that board dies, every step it
@@ -194,25 +191,20 @@ class RaySource(RayFieldsSource, Source):
 
     def _call(self, method: str, *args: Any, where: str, action: str, waits: float = 0.0) -> Any:
         """Call the board's ``method``, which may take ``waits`` seconds (a wait) and
-        :data:`BOARD_ANSWER_SECONDS` more; a board found dead, or silent that long, is
-        looked up again next time (a sender may have made a new one under the name).
+        :data:`~rlwire.transport.ray._actors.BOARD_ANSWER_SECONDS` more; a board found
+        dead, or silent that long, is looked up again next time (and must be the same
+        board, :meth:`_find`).
 
         Raises:
             TransportError: the board is gone, or did not answer in time.
         """
         board = self._find()
         assert board is not None
-        timeout = waits + BOARD_ANSWER_SECONDS
+        timeout = waits + _actors.BOARD_ANSWER_SECONDS
         try:
             return call(getattr(board, method), *args, where=where, action=action, timeout=timeout)
-        except TransportError as exc:
+        except TransportError:
             self._board = None
-            if isinstance(exc.__cause__, ray.exceptions.GetTimeoutError | TimeoutError):
-                raise TransportError(
-                    f"cannot {action}: the board did not answer within {timeout:g} s (its "
-                    "process stopped, or its node cut off?)",
-                    where=where,
-                ) from exc.__cause__
             raise
 
     def describe(self, step: int) -> str:

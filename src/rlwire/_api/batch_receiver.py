@@ -115,11 +115,8 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
     @property
     def step(self) -> int | None:
         """Deprecated: :attr:`last_step`."""
-        warnings.warn(
-            "receiver.step is deprecated: use receiver.last_step",
-            DeprecationWarning,
-            stacklevel=2,
-        )
+        message = "receiver.step is deprecated: use receiver.last_step"
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
         return self._step
 
     @property
@@ -196,8 +193,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
             self._pending = got.why if isinstance(got, FieldPending) else None
             if got is None or isinstance(got, FieldPending):
                 return None
-            if self._start_mark:
-                self._started()
+            self._started()  # opened at a later step: it moved past the ones before
             return got
         except RlwireError as exc:
             exc.add_context(rank=self._rank)

@@ -55,8 +55,10 @@ class ConsumptionMarks:
                 self._step_written, self._start_mark = True, 0
 
     def _started(self) -> None:
-        """Record, once the receiver has read its first step, that its rank moved past
-        the steps before the one it was opened at (the receiver's mutex held)."""
+        """Record, once the receiver has read a step, that its rank moved past the steps
+        before the one it was opened at, if not done yet (the receiver's mutex held)."""
+        if not self._start_mark:
+            return
         step, self._start_mark = self._start_mark, 0
         if step and self._record_consumed and not self._step_written:
             self._source.mark_consumed(step)

@@ -28,9 +28,13 @@ _KEPT: dict[tuple[str, str | None], BoardHandle] = {}
 #: receiver's step, the pull of a producer's objects): a board whose process stopped
 #: (its node cut off, not yet declared dead) is a TransportError then, not a hang.
 BOARD_ANSWER_SECONDS = 10.0
+#: Seconds a board just made has to answer its first call: Ray starts a process for it,
+#: which on a loaded machine takes tens of seconds.
+BOARD_START_SECONDS = 300.0
 
 __all__ = [
     "BOARD_ANSWER_SECONDS",
+    "BOARD_START_SECONDS",
     "BoardHandle",
     "answer_of",
     "board_id",

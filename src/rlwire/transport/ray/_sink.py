@@ -27,6 +27,7 @@ from rlwire.transport._base import (
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
 from rlwire.transport.ray._actors import (
+    BOARD_START_SECONDS,
     BoardHandle,
     board_id,
     call,
@@ -206,7 +207,12 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         made = not self.detached and find_board(self.name, self.namespace) is None
         board = create_board(self.name, namespace=self.namespace, detached=self.detached)
         answer = call(
-            board.open, on_existing, start_step, where=self.where, action="open the destination"
+            board.open,
+            on_existing,
+            start_step,
+            where=self.where,
+            action="open the destination",
+            timeout=BOARD_START_SECONDS,  # the board may be starting
         )
         if answer[0] != "ok":
             error = StepExistsError if answer[0] == "StepExistsError" else ConfigError

@@ -21,6 +21,7 @@ from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
 from rlwire.transport.ray import _actors
 from rlwire.transport.ray._actors import (
+    BOARD_START_SECONDS,
     BoardHandle,
     board_id,
     call,
@@ -121,6 +122,7 @@ class RaySource(RayFieldsSource, Source):
         self._board: BoardHandle | None = None
         # The id of the board this receiver reads: the handle's, or the first it found.
         self._identity = board
+        self._answered = False  # whether the board answered a call: it has started
         self._expected = 0  # the step the last read missed: what a wait waits for
         # The part the last read_part missed, (step, index): a wait waits for it too.
         self._expected_part: tuple[int, int] | None = None
@@ -191,7 +193,8 @@ class RaySource(RayFieldsSource, Source):
 
     def _call(self, method: str, *args: Any, where: str, action: str, waits: float = 0.0) -> Any:
         """Call the board's ``method``, which may take ``waits`` seconds (a wait) and
-        :data:`~rlwire.transport.ray._actors.BOARD_ANSWER_SECONDS` more; a board found
+        :data:`~rlwire.transport.ray._actors.BOARD_ANSWER_SECONDS` more (the first call,
+        :data:`~rlwire.transport.ray._actors.BOARD_START_SECONDS`); a board found
         dead, or silent that long, is looked up again next time (and must be the same
         board, :meth:`_find`).
 
@@ -200,12 +203,17 @@ class RaySource(RayFieldsSource, Source):
         """
         board = self._find()
         assert board is not None
-        timeout = waits + _actors.BOARD_ANSWER_SECONDS
+        # A board that never answered yet may still be starting its process.
+        answers = _actors.BOARD_ANSWER_SECONDS if self._answered else BOARD_START_SECONDS
         try:
-            return call(getattr(board, method), *args, where=where, action=action, timeout=timeout)
+            answer = call(
+                getattr(board, method), *args, where=where, action=action, timeout=waits + answers
+            )
         except TransportError:
             self._board = None
             raise
+        self._answered = True
+        return answer
 
     def describe(self, step: int) -> str:
         return f"{self.where}: step {step} rank {self.rank}"

@@ -174,7 +174,7 @@ def campaign(trials: int, seed: int, root_dir: str, trainer_trials: int = 0) -> 
             keep_last = KEEP_LAST[i % 2]
             nth, after, delay = _kill_at(i, seed, rng, *calls[keep_last])
             out.append(_trial(trainers, expected, keep_last, nth, after, delay, note))
-        paced = {pace: _calibrate_trainer(pace, trainers[1]) for pace in PACING}
+        paced = {p: _calibrate_trainer(p, trainers[1]) for p in PACING} if trainer_trials else {}
         for i in range(trainer_trials):
             pace = PACING[i % 2]
             nth, after, delay = _kill_at(i, seed, rng, *paced[pace])

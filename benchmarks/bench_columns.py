@@ -493,7 +493,7 @@ class TurnsBench(Bench):
         async with rlwire.open_sender(self.dir, on_existing="overwrite") as s:
             await s.send({"routed_experts": np.concatenate(self.chunks)})
         self.step_bytes = sum(p.stat().st_size for p in step_files(self.dir, 0))
-        write_all(self.warm_file, [*self.chunks, self.pad()])
+        write_all(self.warm_file, self.held())
         self.recycling = await self.recycled(dict, self.chunked())
         got = await rlwire.open_receiver(self.dir, type=dict).areceive(timeout=60)
         if not np.array_equal(got["routed_experts"], np.concatenate(self.chunks)):
@@ -512,17 +512,19 @@ class TurnsBench(Bench):
         """Zeros for rlwire's framing: the floors write as many bytes as rlwire."""
         return bytes(max(0, self.step_bytes - self.payload_bytes))
 
-    def chunks_one_writev(self) -> int:
-        held: list[np.ndarray] = []
+    def held(self) -> list[Any]:
+        """The turns kept as a list of chunks, one append a turn, and the framing's
+        zeros: what the floors write."""
+        held: list[Any] = []
         for chunk in self.chunks:
             held.append(chunk)
-        return write_all(self.other / "floor.bin", [*held, self.pad()])
+        return [*held, self.pad()]
+
+    def chunks_one_writev(self) -> int:
+        return write_all(self.other / "floor.bin", self.held())
 
     def chunks_over_a_warm_file(self) -> int:
-        held: list[np.ndarray] = []
-        for chunk in self.chunks:
-            held.append(chunk)
-        return write_over(self.warm_file, [*held, self.pad()])
+        return write_over(self.warm_file, self.held())
 
     def chunked(self) -> dict[str, Any]:
         """The turns appended to a ``Chunked``: the value sent."""

@@ -42,6 +42,7 @@ import os
 import random
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -206,26 +207,42 @@ def _read(path: str) -> str:
         return ""
 
 
+@contextlib.contextmanager
+def _destination() -> Iterator[str]:
+    """The URL of a new destination whose board this process makes (so that it outlives
+    the actors of a trial), dropped at the end."""
+    from rlwire import RlwireError
+    from rlwire.transport.ray import create_board, drop_board
+
+    name = f"chaos-{uuid.uuid4().hex[:10]}"
+    create_board(name)
+    try:
+        yield f"ray://{name}"
+    finally:
+        with contextlib.suppress(RlwireError):
+            drop_board(name)
+
+
+def _aimed(nth: int, after: bool) -> str:
+    """Where a trial aimed its kill, in words."""
+    return "at a random time" if nth == 0 else f"at call {nth}{' (after it)' if after else ''}"
+
+
 def _calibrate(keep_last: int | None) -> tuple[list[str], float]:
     """The hooked calls of the armed sends, in order, and the seconds they took."""
     import ray
 
-    from rlwire.transport.ray import create_board, drop_board
-
     from . import _rayactors as actors
 
-    name = f"chaos-{uuid.uuid4().hex[:10]}"
-    url = f"ray://{name}"
-    create_board(name)
-    producer = actors.Producer.remote()
-    try:
-        ray.get(producer.send.remote(url, BEFORE, keep_last), timeout=TIMEOUT)
-        ray.get(producer.hook.remote(0, False), timeout=TIMEOUT)
-        sent = ray.get(producer.send.remote(url, ARMED, keep_last), timeout=TIMEOUT)
-        return list(sent["calls"]), float(sent["seconds"])
-    finally:
-        ray.kill(producer)
-        drop_board(name)
+    with _destination() as url:
+        producer = actors.Producer.remote()
+        try:
+            ray.get(producer.send.remote(url, BEFORE, keep_last), timeout=TIMEOUT)
+            ray.get(producer.hook.remote(0, False), timeout=TIMEOUT)
+            sent = ray.get(producer.send.remote(url, ARMED, keep_last), timeout=TIMEOUT)
+            return list(sent["calls"]), float(sent["seconds"])
+        finally:
+            ray.kill(producer)
 
 
 def _calibrate_trainer(pace: tuple[int | None, int | None], other: Any) -> tuple[list[str], float]:
@@ -233,27 +250,22 @@ def _calibrate_trainer(pace: tuple[int | None, int | None], other: Any) -> tuple
     and the seconds it took; ``other`` reads rank 1."""
     import ray
 
-    from rlwire.transport.ray import create_board, drop_board
-
     from . import _rayactors as actors
 
-    name = f"chaos-{uuid.uuid4().hex[:10]}"
-    url = f"ray://{name}"
-    create_board(name)
-    producer, trainer = actors.Producer.remote(), actors.Trainer.remote()
-    try:
-        ray.get(trainer.hook.remote(0, False), timeout=TIMEOUT)
-        sending = producer.send.remote(url, TOTAL, pace[0], True, RANKS, pace[1])
-        rest = other.take.remote(url, 1, TIMEOUT)
-        start = time.monotonic()
-        took = ray.get(trainer.take.remote(url, 0, TIMEOUT, True), timeout=3 * TIMEOUT)
-        seconds = time.monotonic() - start
-        ray.get([sending, rest], timeout=3 * TIMEOUT)
-        return list(took["calls"]), seconds
-    finally:
-        for actor in (producer, trainer):
-            ray.kill(actor)
-        drop_board(name)
+    with _destination() as url:
+        producer, trainer = actors.Producer.remote(), actors.Trainer.remote()
+        try:
+            ray.get(trainer.hook.remote(0, False), timeout=TIMEOUT)
+            sending = producer.send.remote(url, TOTAL, pace[0], True, RANKS, pace[1])
+            rest = other.take.remote(url, 1, TIMEOUT)
+            start = time.monotonic()
+            took = ray.get(trainer.take.remote(url, 0, TIMEOUT, True), timeout=3 * TIMEOUT)
+            seconds = time.monotonic() - start
+            ray.get([sending, rest], timeout=3 * TIMEOUT)
+            return list(took["calls"]), seconds
+        finally:
+            for actor in (producer, trainer):
+                ray.kill(actor)
 
 
 def _trainer_trial(
@@ -271,59 +283,51 @@ def _trainer_trial(
     rank 1; a new trainer then resumes rank 0."""
     import ray
 
-    from rlwire import RlwireError
-    from rlwire.transport.ray import create_board, drop_board
-
     from . import _rayactors as actors
 
-    name = f"chaos-{uuid.uuid4().hex[:10]}"
-    url = f"ray://{name}"
     log, note = os.path.join(root_dir, "trainer.log"), os.path.join(root_dir, "point")
     for path in (log, note):
         with contextlib.suppress(FileNotFoundError):
             os.remove(path)
-    create_board(name)
-    producer, victim = actors.Producer.remote(), actors.Trainer.remote()
-    sending = producer.send.remote(url, TOTAL, pace[0], True, RANKS, pace[1])
-    rest = other.take.remote(url, 1, TIMEOUT)
-    died = False
-    try:
-        ray.get(victim.keep_log.remote(log), timeout=TIMEOUT)
-        ray.get(victim.hook.remote(nth, after, note), timeout=TIMEOUT)
-        if nth == 0:
-            ray.get(victim.kill_in.remote(delay), timeout=TIMEOUT)
-        ray.get(victim.take.remote(url, 0, TIMEOUT, True), timeout=3 * TIMEOUT)
-    except ray.exceptions.RayActorError:
-        died = True
-    except ray.exceptions.GetTimeoutError:
-        pass  # judged below: the restart reads what is left
-    finally:
-        ray.kill(victim)
-    restart = actors.Trainer.remote()
-    try:
-        resumed, other_rank = ray.get(
-            [restart.take.remote(url, 0, TIMEOUT, True), rest], timeout=3 * TIMEOUT
-        )
-        ray.get(sending, timeout=TIMEOUT)
-    except ray.exceptions.GetTimeoutError:
-        outcome, detail = HANG, "the trainers or the producer did not finish"
-    except ray.exceptions.RayError as exc:
-        outcome, detail = LOST, f"the producer: {describe(exc)}"
-    else:
-        with open(log) as file:
-            lines = [json.loads(line) for line in file]
-        outcome, detail = judge_resumed(lines, resumed, expected[0])
-        if outcome == EXACT:
-            outcome, detail = judge([other_rank], expected[1:], first_rank=1)
-    finally:
-        for actor in (producer, restart):
-            ray.kill(actor)
-        with contextlib.suppress(RlwireError):
-            drop_board(name)
-    where = "at a random time" if nth == 0 else f"at call {nth}{' (after it)' if after else ''}"
+    with _destination() as url:
+        producer, victim = actors.Producer.remote(), actors.Trainer.remote()
+        sending = producer.send.remote(url, TOTAL, pace[0], True, RANKS, pace[1])
+        rest = other.take.remote(url, 1, TIMEOUT)
+        died = False
+        try:
+            ray.get(victim.keep_log.remote(log), timeout=TIMEOUT)
+            ray.get(victim.hook.remote(nth, after, note), timeout=TIMEOUT)
+            if nth == 0:
+                ray.get(victim.kill_in.remote(delay), timeout=TIMEOUT)
+            ray.get(victim.take.remote(url, 0, TIMEOUT, True), timeout=3 * TIMEOUT)
+        except ray.exceptions.RayActorError:
+            died = True
+        except ray.exceptions.GetTimeoutError:
+            pass  # judged below: the restart reads what is left
+        finally:
+            ray.kill(victim)
+        restart = actors.Trainer.remote()
+        try:
+            resumed, other_rank = ray.get(
+                [restart.take.remote(url, 0, TIMEOUT, True), rest], timeout=3 * TIMEOUT
+            )
+            ray.get(sending, timeout=TIMEOUT)
+        except ray.exceptions.GetTimeoutError:
+            outcome, detail = HANG, "the trainers or the producer did not finish"
+        except ray.exceptions.RayError as exc:
+            outcome, detail = LOST, f"the producer: {describe(exc)}"
+        else:
+            with open(log) as file:
+                lines = [json.loads(line) for line in file]
+            outcome, detail = judge_resumed(lines, resumed, expected[0])
+            if outcome == EXACT:
+                outcome, detail = judge([other_rank], expected[1:], first_rank=1)
+        finally:
+            for actor in (producer, restart):
+                ray.kill(actor)
     return {
         "campaign": "ray trainers",
-        "what": f"{where}, keep_last={pace[0]}, max_ahead={pace[1]}",
+        "what": f"{_aimed(nth, after)}, keep_last={pace[0]}, max_ahead={pace[1]}",
         "outcome": outcome,
         "detail": detail,
         "died": died,
@@ -346,52 +350,44 @@ def _trial(
     ``note``."""
     import ray
 
-    from rlwire import RlwireError
-    from rlwire.transport.ray import create_board, drop_board
-
     from . import _rayactors as actors
 
-    name = f"chaos-{uuid.uuid4().hex[:10]}"
-    url = f"ray://{name}"
-    create_board(name)  # this process's: it outlives the producers
-    takes = [t.take.remote(url, rank, TIMEOUT) for rank, t in enumerate(trainers)]
-    first = actors.Producer.remote()
-    died = False
-    try:
-        ray.get(first.send.remote(url, BEFORE, keep_last), timeout=TIMEOUT)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(note)
-        ray.get(first.hook.remote(nth, after, note), timeout=TIMEOUT)
-        if nth == 0:
-            ray.get(first.kill_in.remote(delay), timeout=TIMEOUT)
-        ray.get(first.send.remote(url, ARMED, keep_last), timeout=TIMEOUT)
-    except ray.exceptions.RayActorError:
-        died = True
-    finally:
-        ray.kill(first)
-    second = actors.Producer.remote()
-    resumed: dict[str, Any] = {}
-    try:
-        resumed = ray.get(second.send.remote(url, 0, keep_last), timeout=TIMEOUT)
-        left = TOTAL - int(resumed["first"])
-        ray.get(second.send.remote(url, left, keep_last, True), timeout=TIMEOUT)
-    except (ray.exceptions.RayError, TimeoutError) as exc:
-        resumed["error"] = describe(exc)
-    try:
-        results = ray.get(takes, timeout=3 * TIMEOUT)
-    except ray.exceptions.GetTimeoutError:
-        outcome, detail = HANG, "the trainers did not finish"
-    else:
-        outcome, detail = judge(results, expected)
-    finally:
-        ray.kill(second)
-        with contextlib.suppress(RlwireError):
-            drop_board(name)
-    where = "at a random time" if nth == 0 else f"at call {nth}{' (after it)' if after else ''}"
+    with _destination() as url:
+        takes = [t.take.remote(url, rank, TIMEOUT) for rank, t in enumerate(trainers)]
+        first = actors.Producer.remote()
+        died = False
+        try:
+            ray.get(first.send.remote(url, BEFORE, keep_last), timeout=TIMEOUT)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(note)
+            ray.get(first.hook.remote(nth, after, note), timeout=TIMEOUT)
+            if nth == 0:
+                ray.get(first.kill_in.remote(delay), timeout=TIMEOUT)
+            ray.get(first.send.remote(url, ARMED, keep_last), timeout=TIMEOUT)
+        except ray.exceptions.RayActorError:
+            died = True
+        finally:
+            ray.kill(first)
+        second = actors.Producer.remote()
+        resumed: dict[str, Any] = {}
+        try:
+            resumed = ray.get(second.send.remote(url, 0, keep_last), timeout=TIMEOUT)
+            left = TOTAL - int(resumed["first"])
+            ray.get(second.send.remote(url, left, keep_last, True), timeout=TIMEOUT)
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            resumed["error"] = describe(exc)
+        try:
+            results = ray.get(takes, timeout=3 * TIMEOUT)
+        except ray.exceptions.GetTimeoutError:
+            outcome, detail = HANG, "the trainers did not finish"
+        else:
+            outcome, detail = judge(results, expected)
+        finally:
+            ray.kill(second)
     if "error" in resumed:
         detail = f"{detail}; the resumed producer: {resumed['error']}".lstrip("; ")
     return {
-        "what": f"{where}, keep_last={keep_last}",
+        "what": f"{_aimed(nth, after)}, keep_last={keep_last}",
         "outcome": outcome,
         "detail": detail,
         "died": died,

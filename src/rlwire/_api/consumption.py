@@ -60,7 +60,7 @@ class ConsumptionMarks:
         if not self._start_mark:
             return
         step, self._start_mark = self._start_mark, 0
-        if step and self._record_consumed and not self._step_written:
+        if self._record_consumed and not self._step_written:
             self._source.mark_consumed(step)
             self._step_written = True
 

@@ -21,7 +21,6 @@ from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
 from rlwire.transport.ray import _actors
 from rlwire.transport.ray._actors import (
-    BOARD_START_SECONDS,
     BoardHandle,
     board_id,
     call,
@@ -204,7 +203,7 @@ class RaySource(RayFieldsSource, Source):
         board = self._find()
         assert board is not None
         # A board that never answered yet may still be starting its process.
-        answers = _actors.BOARD_ANSWER_SECONDS if self._answered else BOARD_START_SECONDS
+        answers = _actors.BOARD_ANSWER_SECONDS if self._answered else _actors.BOARD_START_SECONDS
         try:
             answer = call(
                 getattr(board, method), *args, where=where, action=action, timeout=waits + answers

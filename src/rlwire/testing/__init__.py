@@ -15,8 +15,9 @@ the same class against each of its own sinks (``tests/transport/test_contract.py
         def sink_url(self, tmp_path):
             return f"myscheme://{tmp_path}/run"
 
-Needs pytest, and anyio's pytest plugin (installed with anyio); the async tests run
-under asyncio and, when it is installed, trio. The property over column-stored values
+:class:`SinkContract` needs pytest (imported when it is first used) and anyio's pytest
+plugin (installed with anyio); the async tests run under asyncio and, when it is
+installed, trio. The property over column-stored values
 (``columns_examples`` per sink) needs hypothesis and is skipped without it. Override
 ``sender_options`` / ``receiver_options`` to pass ``storage_options``, and set
 ``persistent = False`` for a sink that keeps nothing once the sender is gone (a socket
@@ -27,9 +28,14 @@ The batch helpers (:func:`make_sample`, :func:`make_batch`,
 """
 
 from rlwire._api.synthetic import assert_batches_equal, make_batch, make_sample
-from rlwire._core.faces import claim
-from rlwire.testing._contract import SinkContract
+from rlwire._core.faces import claim, names_on_demand
 
 __all__ = ["SinkContract", "assert_batches_equal", "make_batch", "make_sample"]
 
-claim(__name__, globals(), __all__)
+claim(__name__, globals(), [name for name in __all__ if name != "SinkContract"])
+
+# The contract needs pytest, imported on first use: a process that only makes and
+# compares batches (a test's child process, a benchmark) starts without it.
+__getattr__ = names_on_demand(
+    __name__, optional={"SinkContract": "rlwire.testing._contract:SinkContract"}
+)

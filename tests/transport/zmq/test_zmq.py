@@ -36,6 +36,7 @@ import rlwire
 from rlwire.abc import SinkOptions
 from rlwire.transport import parse_url
 from rlwire.transport.zmq import ZmqSink, ZmqSource
+from rlwire.transport.zmq._protocol import parse_end, ready_packet
 
 TESTS = Path(__file__).resolve().parents[2]  # helpers.py lives there
 #: For what should happen: far longer than it takes, even on a busy machine.
@@ -700,6 +701,38 @@ def test_close_flushes_accepted_steps(tmp_path: Path) -> None:
             received.samples[0].token_ids.tobytes()
             == batch(step, **size).samples[0].token_ids.tobytes()
         )
+
+
+def test_a_receiver_that_connects_as_the_stream_ends_hears_the_end(tmp_path: Path) -> None:
+    """A consumer restarted just as the sender finishes: its connection is up, its
+    ``ready`` not yet read when the sender closes. The closing sender waits for it and
+    tells it the end; it used to close at once, and the consumer waited forever (found
+    by the ZeroMQ kills campaign under load)."""
+    url, shared = make_url("ipc", tmp_path), {"pattern": "shared"}
+    sender = rlwire.open_sync_sender(url, storage_options=shared)
+    with rlwire.open_receiver(url, storage_options=shared) as first:
+        sender.send(batch(0))
+        assert first.receive(timeout=LONG).samples[0].env_name == "env0"
+    context = zmq.Context()
+    late = context.socket(zmq.DEALER)
+    handshakes = late.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    try:
+        late.connect(url.removeprefix("zmq+"))
+        assert handshakes.poll(int(LONG * 1000)), "no handshake with the sender"
+        sender.finish()
+        closing = threading.Thread(target=sender.close)
+        closing.start()
+        time.sleep(0.3)  # the sender is closing: only now does the consumer announce itself
+        late.send_multipart(ready_packet(0, "shared"))
+        assert late.poll(int(LONG * 1000)), "the late consumer was never told the end"
+        assert parse_end(late.recv_multipart()) == 1
+        closing.join(LONG)
+        assert not closing.is_alive()
+    finally:
+        late.disable_monitor()
+        handshakes.close(linger=0)
+        late.close(linger=0)
+        context.term()
 
 
 @pytest.mark.anyio

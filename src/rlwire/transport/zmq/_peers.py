@@ -23,18 +23,17 @@ import contextlib
 import time
 from collections.abc import Collection
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Literal
 
 import zmq
 
 from rlwire._core.errors import TransportError, transport_error
+from rlwire.transport.zmq._admission import NO_PARTS, Pattern, misfit
 from rlwire.transport.zmq._protocol import (
     ACK,
     BYE,
     PING,
     READY,
     REANNOUNCE_SECONDS,
-    Ready,
     abort_packet,
     end_packet,
     parse_ack,
@@ -43,17 +42,11 @@ from rlwire.transport.zmq._protocol import (
 )
 from rlwire.transport.zmq._sockets import RETRY_SECONDS, Socket, has_packet, wait_descriptor
 
-__all__ = ["Pattern", "Peers"]
+__all__ = ["Peers"]
 
-#: ``"ranks"``: each rank's payload goes to that rank's receiver; ``"shared"``: each step
-#: goes to one of the consumers.
-Pattern = Literal["ranks", "shared"]
-
-
-_NO_PARTS = (
-    "this receiver speaks ZeroMQ protocol 2.0, which cannot read a step filled part by "
-    "part (open_step); the sender sends such steps: upgrade rlwire (protocol 2.1)"
-)
+#: How long a receiver connected to a sender may take to announce itself (it does on
+#: connecting, and again after ``REANNOUNCE_SECONDS`` without news).
+_ANNOUNCE_SECONDS = REANNOUNCE_SECONDS + RETRY_SECONDS * 10
 
 
 @dataclass(eq=False)
@@ -92,6 +85,11 @@ class Peers:
     #: every receiver connected to this sender has announced itself (at the latest when
     #: it has heard nothing for ``REANNOUNCE_SECONDS``) and heard of the end.
     announced_by: float = field(default=0.0, init=False)
+    #: The socket's monitor of handshakes, read before every drain: :meth:`linger` waits
+    #: for a receiver that connected as the stream ended (``None``: none).
+    monitor: Socket | None = None
+    # until when linger waits for a connection up with no ``ready`` read since (monotonic)
+    _unheard_until: float = field(default=0.0, init=False, repr=False)
     # rank -> routing id of its receiver
     _rank_peer: dict[int, bytes] = field(default_factory=dict, init=False, repr=False)
     # the routing ids of the receivers there now, in the order they announced themselves
@@ -179,6 +177,7 @@ class Peers:
 
     def drain(self) -> None:
         """Take every ``ready``, ``ack`` and ``bye`` packet waiting on the socket."""
+        self._watch_connections()
         while True:
             try:
                 parts = self.socket.recv_multipart(zmq.NOBLOCK)
@@ -219,7 +218,8 @@ class Peers:
                 if self._end_pending:
                     self.send_end(list(self._end_pending))
                 told = not self._end_pending and (
-                    self.end is None or time.monotonic() >= self.announced_by
+                    self.end is None
+                    or time.monotonic() >= max(self.announced_by, self._unheard_until)
                 )
                 if not waiting and told:
                     return
@@ -253,7 +253,7 @@ class Peers:
             # know the receivers still connected from before: they announce themselves
             # again after hearing nothing for REANNOUNCE_SECONDS. Wait that long for them.
             # (A sender that sent has heard from every receiver its sends waited for.)
-            self.announced_by = self._opened + REANNOUNCE_SECONDS + RETRY_SECONDS * 10
+            self.announced_by = self._opened + _ANNOUNCE_SECONDS
         self.send_end()
         while self._end_pending:
             if time.monotonic() >= deadline:
@@ -277,11 +277,19 @@ class Peers:
             else:
                 self._end_pending.discard(peer)
 
+    def _watch_connections(self) -> None:
+        """Note a connection that came up: its ``ready`` follows (and is read after this,
+        as the monitor reports the handshake first)."""
+        while self.monitor is not None and self.monitor.poll(0):
+            self.monitor.recv_multipart()
+            self._unheard_until = self._unheard_until or time.monotonic() + _ANNOUNCE_SECONDS
+
     def _ready(self, peer: bytes, body: bytes) -> None:
+        self._unheard_until = 0.0
         ready = parse_ready(body)
         if ready is None:
             return
-        rank, refused = ready.rank, self._misfit(ready)
+        rank, refused = ready.rank, misfit(ready, self.pattern, parts=self.parts)
         if refused:
             self._refuse(peer, refused)
             return
@@ -304,32 +312,13 @@ class Peers:
         if not self.parts:
             self.parts = True
             for peer in [p for p in self._live if self._minor.get(p, 0) < 1]:
-                self._refuse(peer, _NO_PARTS)
+                self._refuse(peer, NO_PARTS)
 
     def _refuse(self, peer: bytes, why: str) -> None:
         self.refused[peer] = why
         self.forget(peer)
         with contextlib.suppress(zmq.ZMQError):
             self.socket.send_multipart([peer, *refuse_packet(why)], zmq.NOBLOCK)
-
-    def _misfit(self, ready: Ready) -> str:
-        """Why a receiver that announced ``ready`` cannot be served, or ``""``: it
-        expects the other pattern, or (naming none) asks a ``shared`` sender for a rank
-        other than 0, which only the ``ranks`` pattern deals out."""
-        if ready.pattern is not None and ready.pattern != self.pattern:
-            return (
-                f"this receiver expects the {ready.pattern!r} pattern, but the sender "
-                f"uses the {self.pattern!r} pattern (storage option 'pattern')"
-            )
-        if self.parts and ready.minor < 1:
-            return _NO_PARTS
-        if self.pattern == "shared" and ready.pattern is None and ready.rank:
-            return (
-                f"this receiver asked for rank {ready.rank}, but the sender deals each "
-                "step to one consumer (storage option pattern='shared'); open the sender "
-                "with pattern='ranks' for per-rank payloads, or the consumers with rank 0"
-            )
-        return ""
 
     def _acknowledged(self, peer: bytes, body: bytes) -> None:
         ack = parse_ack(body)

@@ -29,6 +29,7 @@ from rlwire.transport._base import (
 )
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
+from rlwire.transport.zmq._admission import Pattern
 from rlwire.transport.zmq._parts import (
     SentParts,
     encode_seal,
@@ -36,7 +37,7 @@ from rlwire.transport.zmq._parts import (
     refuse_shared,
     seal_head,
 )
-from rlwire.transport.zmq._peers import Pattern, Peers
+from rlwire.transport.zmq._peers import Peers
 from rlwire.transport.zmq._protocol import WHOLE, Head, make_head
 from rlwire.transport.zmq._sending import Message, cut, send_message
 from rlwire.transport.zmq._sockets import (
@@ -218,8 +219,10 @@ class ZmqSink(Sink):
         ensure_ipc_free(self.endpoint)
         context: Context = zmq.Context()
         sock = context.socket(zmq.ROUTER)
-        auth = None
+        auth, monitor = None, None
         try:
+            # Handshakes: a receiver that connects as the stream ends is waited for.
+            monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or unknown peer is an error
             # A receiver reconnecting after a blip keeps its routing id: let it take over
             # a connection this side has not yet seen die, instead of being ignored.
@@ -231,7 +234,7 @@ class ZmqSink(Sink):
                 sock.setsockopt(zmq.CURVE_SECRETKEY, self.curve_secret_key)
             sock.bind(self.endpoint)
         except zmq.ZMQError as exc:
-            release(sock, context, auth, linger=0)  # nothing was sent
+            release(sock, context, auth, linger=0, monitor=monitor)  # nothing was sent
             raise transport_error(exc, "bind", where=self.endpoint) from exc
         # The address actually bound: zmq+tcp://host:0 picks a free port.
         self.endpoint = cast(bytes, sock.getsockopt(zmq.LAST_ENDPOINT)).decode()
@@ -242,6 +245,7 @@ class ZmqSink(Sink):
             pattern=self.pattern,
             consumers=self.consumers,
             ready_timeout=self.ready_timeout,
+            monitor=monitor,
         )
         return start_step or 0
 
@@ -362,4 +366,4 @@ class ZmqSink(Sink):
         peers.linger(deadline)
         # ZeroMQ's own linger, for what is still queued, within the same deadline.
         remaining = max(0, int((deadline - time.monotonic()) * 1000))
-        release(peers.socket, context, auth, linger=remaining)
+        release(peers.socket, context, auth, linger=remaining, monitor=peers.monitor)

@@ -22,9 +22,9 @@ from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source, SourceOptions, reject_unknown
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
+from rlwire.transport.zmq._admission import Pattern
 from rlwire.transport.zmq._ordering import Ordering, span
 from rlwire.transport.zmq._parts import StepParts
-from rlwire.transport.zmq._peers import Pattern
 from rlwire.transport.zmq._protocol import (
     PART,
     REANNOUNCE_SECONDS,

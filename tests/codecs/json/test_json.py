@@ -278,7 +278,7 @@ def test_encode_output_is_what_one_orjson_call_gives() -> None:
 def test_encode_works_in_short_slices() -> None:
     batch = make_batch(count=64, n=4096)
     sliced = JsonCodec(check=check_object).encode_sliced(batch)
-    longest, count = 0.0, 0
+    longest, total, count = 0.0, 0.0, 0
     # A full collection of the objects earlier tests left in this process would count
     # as this slice's CPU time (one took 45 ms in a parallel run): none is due after this.
     gc.collect()
@@ -291,11 +291,13 @@ def test_encode_works_in_short_slices() -> None:
         except StopIteration as stop:
             frame = stop.value
             break
-        longest = max(longest, time.thread_time() - start)
-        count += 1
+        took = time.thread_time() - start
+        longest, total, count = max(longest, took), total + took, count + 1
     assert isinstance(frame, Frame)
     assert count > 10
-    assert longest < 0.02  # ~0.5 ms; one slice doing all the work would take ~100 ms
+    # The work is spread: no slice holds a quarter of it (~0.5 ms of ~100 ms here). A
+    # bound in seconds failed on a slow day (21 ms against 20, under a load of 7).
+    assert longest < total / 4, (longest, total, count)
     assert frame.header.readonly
 
 

@@ -3,6 +3,7 @@
 
     python3 tasks.py demo    # create or reuse .venv, install rlwire[dev], run `rlwire demo`
     python3 tasks.py test    # the same set-up, then ruff, mypy, the docs site and pytest
+    python3 tasks.py long    # the long scenarios the test command leaves out (marker `long`)
     python3 tasks.py bench   # the whole benchmark suite (docs/benchmarks.md)
     python3 tasks.py chaos   # the chaos suite (docs/reliability.md): kills, corruption, ...
 
@@ -49,7 +50,7 @@ def ensure_env() -> None:
 
 def main() -> None:
     task, extra = (sys.argv[1], sys.argv[2:]) if len(sys.argv) > 1 else ("", [])
-    if task not in ("demo", "test", "bench", "chaos"):
+    if task not in ("demo", "test", "long", "bench", "chaos"):
         sys.exit(__doc__)
     ensure_env()
     if task == "demo":
@@ -61,12 +62,12 @@ def main() -> None:
         # The documentation site: a broken link, anchor or included file fails the build.
         os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")  # Material's notice about its future
         run(BIN / "mkdocs", "build", "--strict", "--quiet", "--site-dir", "build/site")
-        # Two workers per core (pytest-xdist): the suite waits on processes, sockets and
-        # Ray much of the time (on 2 cores: 270 s with 4 workers, 334 s with 3, the same
-        # tree, 2026-11-28). loadgroup: the tests of one xdist_group (the Ray cluster's,
-        # one chaos campaign's, the plugin's install) share a worker, so each starts once.
-        workers = str(2 * (os.cpu_count() or 2))
-        run(PYTHON, "-m", "pytest", "-n", workers, "--dist", "loadgroup", *extra)
+        # The long scenarios (actors killed and restarted, Ray clusters of their own) have
+        # their own task, as the chaos campaigns do: with them the suite took 11 minutes
+        # on this kind of machine on a slow day (2026-11-29).
+        run(*pytest_command("not long"), *extra)
+    elif task == "long":
+        run(*pytest_command("long"), *extra)
     elif task == "chaos":
         # The campaign is the package chaos/ beside src/; it uses the tests' S3 server.
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
@@ -74,6 +75,16 @@ def main() -> None:
     else:
         os.environ["PYTHONPATH"] = bench_path()
         run(*bench_command(PYTHON, extra))
+
+
+def pytest_command(marks: str) -> list[str | Path]:
+    """pytest over the tests that ``marks`` selects, two workers per core (pytest-xdist):
+    the tests wait on processes, sockets and Ray much of the time (on 2 cores: 270 s with
+    4 workers, 334 s with 3, the same tree, 2026-11-28). loadgroup: the tests of one
+    xdist_group (the Ray cluster's, one chaos campaign's, the plugin's install) share a
+    worker, so each starts once."""
+    workers = str(2 * (os.cpu_count() or 2))
+    return [PYTHON, "-m", "pytest", "-n", workers, "--dist", "loadgroup", "-m", marks]
 
 
 def bench_path() -> str:

@@ -56,17 +56,17 @@ def assert_no_bad(result: dict[str, Any], allowed: set[str] | None = None) -> No
 
 
 def test_kill_9_at_filesystem_calls_and_random_times(tmp_path: Path) -> None:
-    result = campaign(tmp_path, "--campaign", "kills", "--kills", "12")
+    result = campaign(tmp_path, "--campaign", "kills", "--kills", "6")
     # A kill leaves whole steps, or a step visible for the first ranks only, which resume
     # refuses; never a typed error on a visible step (that is "half-visible").
     assert_no_bad(result, allowed={EXACT, PARTLY})
-    assert len(result["trials"]) == 12
+    assert len(result["trials"]) == 6
 
 
 def test_corruption(tmp_path: Path) -> None:
-    result = campaign(tmp_path, "--campaign", "corruption", "--corruptions", "80")
+    result = campaign(tmp_path, "--campaign", "corruption", "--corruptions", "40")
     assert_no_bad(result, allowed={EXACT, TYPED})
-    assert len(result["trials"]) == 80
+    assert len(result["trials"]) == 40
 
 
 # Session-wide: a worker of pytest-xdist that runs another module's tests between these
@@ -111,48 +111,48 @@ async def test_cancelled_sends(tmp_path: Path, ranks: int, anyio_backend_name: s
 
 
 def test_forged_zeromq_messages(tmp_path: Path) -> None:
-    result = campaign(tmp_path, "--campaign", "zmq", "--forgeries", "20")
+    result = campaign(tmp_path, "--campaign", "zmq", "--forgeries", "10")
     assert_no_bad(result, allowed={EXACT, TYPED})
-    assert len(result["trials"]) == 20
+    assert len(result["trials"]) == 10
 
 
 def test_full_disk(tmp_path: Path) -> None:
     why = fulldisk.available()
     if why:
         pytest.skip(why)
-    result = campaign(tmp_path, "--campaign", "fulldisk", "--full-disks", "6")
+    result = campaign(tmp_path, "--campaign", "fulldisk", "--full-disks", "3")
     assert_no_bad(result)
-    assert len(result["trials"]) == 6
+    assert len(result["trials"]) == 3
 
 
 def test_zeromq_kills(tmp_path: Path) -> None:
-    result = campaign(tmp_path, "--campaign", "zmqkill", "--zmq-kills", "4")
+    result = campaign(tmp_path, "--campaign", "zmqkill", "--zmq-kills", "2")
     assert_no_bad(result, allowed={EXACT})
-    assert len(result["trials"]) == 4
+    assert len(result["trials"]) == 2
 
 
 def test_s3_kills_and_faults(tmp_path: Path) -> None:
-    result = campaign(tmp_path, "--campaign", "s3", "--s3-trials", "4")
+    result = campaign(tmp_path, "--campaign", "s3", "--s3-trials", "2")
     assert_no_bad(result, allowed={EXACT, PARTLY})
-    assert len(result["trials"]) == 4
+    assert len(result["trials"]) == 2
 
 
 def test_aliased_segments_and_compound_bounds(tmp_path: Path) -> None:
-    result = campaign(tmp_path, "--campaign", "aliased", "--aliased", "5")
+    result = campaign(tmp_path, "--campaign", "aliased", "--aliased", "3")
     assert_no_bad(result, allowed={EXACT, TYPED})
-    assert len(result["trials"]) == 5
+    assert len(result["trials"]) == 3
 
 
 def test_forked_children(tmp_path: Path) -> None:
-    result = campaign(tmp_path, "--campaign", "fork", "--forks", "5")
+    result = campaign(tmp_path, "--campaign", "fork", "--forks", "3")
     assert_no_bad(result, allowed={EXACT})
-    assert len(result["trials"]) == 5
+    assert len(result["trials"]) == 3
 
 
 def test_two_producers_rewrites_and_read_only_receivers(tmp_path: Path) -> None:
-    result = campaign(tmp_path, "--campaign", "producers", "--producers", "6")
+    result = campaign(tmp_path, "--campaign", "producers", "--producers", "3")
     assert_no_bad(result, allowed={EXACT, TYPED})
-    assert len(result["trials"]) == 6
+    assert len(result["trials"]) == 3
 
 
 def test_zeromq_blips_shared_ranks_and_cancelled_receives(tmp_path: Path) -> None:

@@ -284,7 +284,17 @@ def test_the_tutorial_producer_and_trainer_work_as_two_processes(tmp_path: Path)
     assert "routed_experts uint8" in out and "the producer finished the stream" in out
 
 
-@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.py")))
+#: Examples that start a Ray cluster of their own: long (python3 tasks.py long).
+OWN_CLUSTER = {"from_ray_put.py", "ray_worker_group.py"}
+
+
+@pytest.mark.parametrize(
+    "example",
+    [
+        pytest.param(name, marks=[pytest.mark.long] if name in OWN_CLUSTER else [])
+        for name in sorted(p.name for p in (ROOT / "examples").glob("*.py"))
+    ],
+)
 def test_examples_run(example: str) -> None:
     if example == "torch_trainer.py" and importlib.util.find_spec("torch") is None:
         pytest.skip("torch is not installed")

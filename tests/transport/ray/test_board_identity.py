@@ -90,6 +90,7 @@ def test_the_board_option_must_be_a_board_id(ray_url: str) -> None:
         rlwire.open_receiver(ray_url, storage_options={"board": 7})
 
 
+@pytest.mark.long
 def test_a_board_the_producer_actor_made_itself_dies_with_it_and_its_sender_says_so(
     ray_cluster: None,
 ) -> None:

@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 import ray
 from ray_actors import part_samples
 from ray_mark_actors import PartTaker
@@ -73,6 +74,7 @@ def test_the_board_records_the_part_mark(ray_url: str) -> None:
         assert ray.get(ray.get_actor(board_name(_name(ray_url))).steps.remote()) == []
 
 
+@pytest.mark.long
 def test_a_trainer_actor_killed_mid_step_is_resumed_at_the_next_part(ray_url: str) -> None:
     create_board(_name(ray_url))
     with rlwire.open_sync_sender(ray_url) as sender:

@@ -137,6 +137,7 @@ def test_the_checksums_the_board_holds_are_verified(ray_url: str) -> None:
             receiver.receive(timeout=TIMEOUT)
 
 
+@pytest.mark.long
 def test_a_producer_that_owns_its_steps_takes_them_along(ray_url: str) -> None:
     """The fallback, and a check that the kill above is real: an actor that runs one call
     at a time cannot hand its objects to the board, owns them, and they die with it.
@@ -167,21 +168,20 @@ def test_a_sync_sender_on_an_async_actors_loop_puts_its_steps_itself(ray_url: st
     ray.kill(producer)
 
 
-def test_a_restarted_trainer_gets_every_later_step_once(ray_url: str) -> None:
+def test_a_restarted_trainer_gets_every_later_step_once(
+    ray_url: str, ray_producer: Any, ray_trainers: list[Any]
+) -> None:
     create_board(_name(ray_url))
-    producer = Producer.remote()
-    ray.get(producer.send.remote(ray_url, 5, 1, True), timeout=60)
-    trainer = Trainer.remote()
+    ray.get(ray_producer.send.remote(ray_url, 5, 1, True), timeout=60)
+    trainer = Trainer.remote()  # the one killed; a session's trainer stands in for its restart
     first = ray.get(trainer.take.remote(ray_url, 0, None, 2), timeout=60)
     assert [step for step, _ in first] == [0, 1]
     ray.kill(trainer)  # restarted from its checkpoint, which says it consumed step 1
-    again = Trainer.remote()
+    again = ray_trainers[0]
     rest = ray.get(again.take.remote(ray_url, 0, first[-1][0] + 1, None), timeout=60)
     assert [step for step, _ in rest] == [2, 3, 4]  # each once, then the end of the stream
     for step, prints in first + rest:
         assert prints == fingerprint(step_batches(step, 1)[0])
-    for actor in (producer, again):
-        ray.kill(actor)
 
 
 def test_keep_last_frees_object_store_memory(ray_url: str) -> None:
@@ -212,6 +212,7 @@ def test_keep_last_frees_object_store_memory(ray_url: str) -> None:
     assert settles(lambda: store_bytes() - baseline < step_bytes / 2)
 
 
+@pytest.mark.long
 def test_two_nodes_producer_on_one_trainers_on_the_other(tmp_path: Path) -> None:
     """Two raylets and object stores on this machine; the producer is killed after its
     commits, and the trainers on the other node still get every step, bit-exact."""
@@ -321,6 +322,7 @@ with rlwire.open_sync_sender(sys.argv[2], storage_options=options) as sender:
 """
 
 
+@pytest.mark.long
 def test_a_detached_board_outlives_the_driver_that_made_it(ray_cluster: None) -> None:
     name = f"detached-{time.monotonic_ns()}"
     url = f"ray://{name}"
@@ -428,6 +430,7 @@ def test_an_async_actor_running_one_call_at_a_time_owns_its_steps(ray_url: str) 
     ray.kill(producer)
 
 
+@pytest.mark.long
 def test_a_pull_the_busy_producer_cannot_answer_says_so(ray_url: str) -> None:
     """A threaded actor whose other thread is busy cannot answer the board's pull: the
     send fails after ``pull_timeout`` with an error that says why and what to change."""

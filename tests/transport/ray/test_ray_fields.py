@@ -142,6 +142,7 @@ async def test_a_receiver_waits_on_the_board_for_a_field(
     assert got[1] - appended < 5.0  # woken by the board, not at the end of a wait
 
 
+@pytest.mark.long
 def test_fields_a_reference_actor_appends_outlive_it(ray_url: str) -> None:
     """The board pulls the fields from the (async) actor that appends them and owns
     them: the actor killed, its fields are still read."""

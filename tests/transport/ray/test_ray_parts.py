@@ -115,6 +115,7 @@ def _committed(url: str, step: int, ranks: int) -> list[Any]:
     return keys
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("puts", [1, 6])
 def test_a_producer_actor_killed_mid_step_then_resumed_delivers_every_key_once(
     ray_url: str, ray_trainers: list[Any], puts: int

@@ -280,7 +280,7 @@ class Peers:
     def _watch_connections(self) -> None:
         """Note a connection that came up: its ``ready`` follows (and is read after this,
         as the monitor reports the handshake first)."""
-        while self.monitor is not None and self.monitor.poll(0):
+        while self.monitor is not None and has_packet(self.monitor):
             self.monitor.recv_multipart()
             self._unheard_until = self._unheard_until or time.monotonic() + _ANNOUNCE_SECONDS
 

@@ -28,6 +28,9 @@ run one after another within a round, their order alternating between rounds:
 * ``files``: the same through a directory on tmpfs (``keep_last=2``); one node only.
 * ``files-recycle``: the same with the directory sink recycling retired files
   (``storage_options={"recycle": True}``), where the installed rlwire offers it.
+* ``-unchecked`` after any rlwire variant (``ray-packed-unchecked``) sends without
+  checksums (``checksum=False``): no hash at the producer, nothing to verify at the
+  trainers. Not what rlwire does by default; it tells the cost of the checksums apart.
 
 Shapes: ``moe`` (256 samples x 4,096 tokens with routed_experts uint8 [4096, 48, 8],
 ~425 MB) and ``dense`` (2,048 x 2,048, no routed experts, ~88 MB). Every send runs under
@@ -251,6 +254,7 @@ def held_as(variant: str) -> tuple[str, str]:
     """An rlwire variant's destination (``ray``, ``files``, ``files-recycle``) and how its
     producer holds the step: ``samples``, or the batched arrays ``packed`` as columns, or
     ``dicts`` (``ray-packed``, ``files-recycle-dicts``, ...)."""
+    variant = variant.removesuffix("-unchecked")
     for held in ("packed", "dicts"):
         if variant.endswith(f"-{held}"):
             return variant.removesuffix(f"-{held}"), held
@@ -259,10 +263,12 @@ def held_as(variant: str) -> tuple[str, str]:
 
 def url_of(variant: str, root: str, writers: int | None = None) -> tuple[str, dict[str, Any]]:
     where = held_as(variant)[0]
-    if where == "ray":
-        return f"ray://bench-{uuid.uuid4().hex[:8]}", {"keep_last": 2}
-    path = tempfile.mkdtemp(dir=root)
     options: dict[str, Any] = {"keep_last": 2}
+    if variant.endswith("-unchecked"):
+        options["checksum"] = False
+    if where == "ray":
+        return f"ray://bench-{uuid.uuid4().hex[:8]}", options
+    path = tempfile.mkdtemp(dir=root)
     storage: dict[str, Any] = {"writers": writers} if writers else {}
     if where == "files-recycle":
         storage["recycle"] = True

@@ -125,6 +125,46 @@ async def test_a_receiver_holds_a_part_before_the_step_is_sealed(tmp_path: Path)
     assert got == ["first", "second"]
 
 
+@pytest.mark.parametrize("face", ["parts", "aparts"])
+async def test_the_timeout_of_parts_is_a_wait_for_each_part_not_for_the_step(
+    tmp_path: Path, face: str
+) -> None:
+    """Parts 0.2 s apart, five of them: 1 s in all, each within the 0.5 s timeout. Then
+    nothing: the wait for the sixth part times out, naming the step."""
+    gap, timeout = 0.2, 0.5
+    last_put = anyio.Event()
+
+    async def produce() -> None:
+        async with rlwire.open_sender(tmp_path) as sender:
+            async with sender.open_step() as writer:
+                for key in range(5):
+                    await anyio.sleep(gap)
+                    await writer.put([make_sample(4)], key=key)
+                last_put.set()
+                await anyio.sleep(2 * timeout)  # the receiver times out before the seal
+
+    async def consume() -> None:
+        with rlwire.open_receiver(tmp_path, poll_interval=0.005) as receiver:
+            if face == "parts":
+                parts = receiver.parts(timeout=timeout)
+                take = lambda: next(parts)  # noqa: E731
+                for _ in range(5):
+                    got.append((await anyio.to_thread.run_sync(take)).key)
+                with pytest.raises(rlwire.ReceiveTimeout, match="no part of step 0 came within"):
+                    await anyio.to_thread.run_sync(take)
+            else:
+                with pytest.raises(rlwire.ReceiveTimeout, match="no part of step 0 came within"):
+                    async for part in receiver.aparts(timeout=timeout):
+                        got.append(part.key)
+        assert last_put.is_set()
+
+    got: list[Any] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consume)
+        tg.start_soon(produce)
+    assert got == list(range(5))
+
+
 async def test_an_error_in_the_block_leaves_the_step_open_to_finish(tmp_path: Path) -> None:
     async with rlwire.open_sender(tmp_path) as sender:
         with pytest.raises(RuntimeError, match="rollout failed"):

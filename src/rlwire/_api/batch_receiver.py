@@ -24,6 +24,7 @@ from rlwire._api.row_reads import RowReads
 from rlwire._api.schema import TrainingBatch, TrainingSample
 from rlwire._api.stats import ReceiveStats
 from rlwire._checks.checks import Checks
+from rlwire._core.deadlines import deadline_after, time_left
 from rlwire._core.errors import (
     ClosedError,
     ConfigError,
@@ -275,7 +276,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
                 ``TransportError``, ``ClosedError``), for the same reasons.
         """
         started = time.perf_counter()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         while True:
             obj = run_sliced(self._take(started, as_columns))
             if obj is not _NOTHING:
@@ -288,7 +289,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
         ``asyncio.timeout``) leaves the step it was taking to the next receive.
         """
         started = time.perf_counter()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         while True:
             obj = await drive_sliced(
                 self._take(started, as_columns), self._limiter, dropped=self._give_back
@@ -314,9 +315,9 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
             ...     receiver.wait_next(timeout=0.01)
             False
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         while not self._peek():
-            remaining = self._remaining(deadline)
+            remaining = time_left(deadline)
             if remaining is not None and remaining <= 0:
                 return False
             self._source.wait(remaining)
@@ -334,22 +335,22 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
     async def await_next(self, timeout: float | None = None) -> bool:
         """:meth:`wait_next` without blocking the event loop: the peek runs in a worker
         thread."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         while not await to_thread.run_sync(self._peek, limiter=self._limiter):
-            remaining = self._remaining(deadline)
+            remaining = time_left(deadline)
             if remaining is not None and remaining <= 0:
                 return False
             await self._source.await_message(remaining)
         return True
 
-    def _remaining(self, deadline: float | None) -> float | None:
-        return None if deadline is None else deadline - time.monotonic()
-
-    def _left(self, deadline: float | None, timeout: float | None) -> float | None:
-        remaining = self._remaining(deadline)
+    def _left(
+        self, deadline: float | None, timeout: float | None, part: bool = False
+    ) -> float | None:
+        remaining = time_left(deadline)
         if remaining is not None and remaining <= 0:
+            what = "no part of step {} came" if part else "step {} did not arrive"
             raise ReceiveTimeout(
-                f"{self._source!r}: step {self._next_step} did not arrive within {timeout} s"
+                f"{self._source!r}: {what.format(self._next_step)} within {timeout} s"
                 + (f" (waiting for a field: {self._pending})" if self._pending else "")
             )
         return remaining

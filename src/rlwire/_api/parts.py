@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from rlwire._api.consumption import ConsumptionMarks
+from rlwire._core.deadlines import deadline_after
 from rlwire._core.errors import ClosedError, ConfigError, CorruptFrameError, RlwireError
 from rlwire._core.offload import drive_sliced
 from rlwire._core.slicing import Sliced, run_sliced
@@ -197,7 +198,9 @@ class PartsReader(ConsumptionMarks, Generic[T]):
     def _check(self, obj: Any, step: int) -> Sliced[None]:
         raise NotImplementedError
 
-    def _left(self, deadline: float | None, timeout: float | None) -> float | None:
+    def _left(
+        self, deadline: float | None, timeout: float | None, part: bool = False
+    ) -> float | None:
         raise NotImplementedError
 
     def parts(
@@ -214,7 +217,8 @@ class PartsReader(ConsumptionMarks, Generic[T]):
         appears (inotify, on Linux) and still polls; on ``ray://`` the board wakes it.
 
         Raises:
-            ReceiveTimeout: ``timeout`` seconds passed waiting for the next part.
+            ReceiveTimeout: ``timeout`` seconds passed without a new part (the wait
+                for each part has its own ``timeout``, not the whole step).
             EndOfStream: the sender finished before the step.
             ConfigError: the receiver's type cannot hold a part (:func:`part_types`).
             RlwireError: the others of ``receive`` (``CorruptFrameError``,
@@ -233,24 +237,25 @@ class PartsReader(ConsumptionMarks, Generic[T]):
             ...     [part.key for part in receiver.parts(timeout=5)]
             ['a', 'b']
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         while True:
             got = run_sliced(self._take_part(as_columns))
             if got is _DONE:
                 return
             if got is _NOTHING:
-                self._source.wait(self._left(deadline, timeout))
+                self._source.wait(self._left(deadline, timeout, part=True))
                 continue
             yield got
             if got.key is None:
                 return
+            deadline = deadline_after(timeout)
 
     async def aparts(
         self, timeout: float | None = None, *, as_columns: bool | None = None
     ) -> AsyncIterator[Part[T]]:
         """:meth:`parts` without blocking the event loop: reads and decoding run in
         worker threads."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_after(timeout)
         while True:
             got = await drive_sliced(
                 self._take_part(as_columns), self._limiter, dropped=self._give_back
@@ -258,11 +263,12 @@ class PartsReader(ConsumptionMarks, Generic[T]):
             if got is _DONE:
                 return
             if got is _NOTHING:
-                await self._source.await_message(self._left(deadline, timeout))
+                await self._source.await_message(self._left(deadline, timeout, part=True))
                 continue
             yield got
             if got.key is None:
                 return
+            deadline = deadline_after(timeout)
 
     def _take_part(self, as_columns: bool | None) -> Sliced[Any]:
         """The next part of the next step, ``_NOTHING`` if it is not there yet, or

@@ -1,0 +1,28 @@
+"""Deadlines of waits that take a ``timeout`` in seconds (``None``: no limit)."""
+
+from __future__ import annotations
+
+import time
+
+__all__ = ["deadline_after", "time_left"]
+
+
+def deadline_after(timeout: float | None) -> float | None:
+    """When a wait of ``timeout`` seconds begun now ends (:func:`time.monotonic`), or
+    ``None`` for a wait without a limit.
+
+    Example:
+        >>> deadline_after(None) is None, deadline_after(5.0) > time.monotonic()
+        (True, True)
+    """
+    return None if timeout is None else time.monotonic() + timeout
+
+
+def time_left(deadline: float | None) -> float | None:
+    """The seconds left until ``deadline`` (negative once it passed), or ``None``.
+
+    Example:
+        >>> time_left(None) is None, time_left(time.monotonic() - 1) < 0
+        (True, True)
+    """
+    return None if deadline is None else deadline - time.monotonic()

@@ -96,6 +96,22 @@ async def test_a_manifest_names_columns_rows_sizes_and_reads_any_rows(
     assert np.array_equal(received.samples[2].token_ids, cols["token_ids"][2])
 
 
+
+async def test_rows_of_fortran_order_values_are_read_as_stored(
+    store: tuple[str, dict[str, Any]],
+) -> None:
+    """A ragged column whose values are a Fortran-order block is stored as one (its
+    rows are not contiguous): read_rows gives its rows as receive does."""
+    url, options = store
+    values = np.asfortranarray(np.arange(3000 * 4, dtype=np.int32).reshape(3000, 4))
+    ids = rlwire.Ragged.from_lengths(values, [1000, 0, 2000])
+    await _send(url, options, {"samples": rlwire.Columns({"ids": ids})})
+    async with rlwire.open_receiver(url, storage_options=options, type=dict) as receiver:
+        manifest = await receiver.amanifest(0)
+        assert manifest is not None
+        for a, b in ((0, 3), (0, 1), (2, 3), (1, 2)):
+            _same(await receiver.aread_rows(manifest, "ids", a, b), ids, a, b)
+
 async def test_parts_have_manifests_and_any_receiver_reads_their_rows(
     store: tuple[str, dict[str, Any]],
 ) -> None:

@@ -178,4 +178,4 @@ def values_array(view: memoryview, column: StoredColumn, count: int, writable: b
             is not a plain numeric one.
     """
     assert column.dtype is not None
-    return make_array(view, column.dtype, [count, *column.row_shape], "C", writable)
+    return make_array(view, column.dtype, [count, *column.row_shape], column.order, writable)

@@ -243,3 +243,32 @@ def test_file_partial_read_touches_only_those_pages(tmp_path: Path) -> None:
         _check(r.receive(timeout=10).samples, cols)
     assert resident_bytes(main) <= 1.1 * wanted + (256 << 10)
     assert os.path.getsize(main) > 2 * wanted
+
+
+def test_a_reference_in_a_maps_key_is_a_corrupt_frame_for_a_partial_read(tmp_path: Path) -> None:
+    """A columns value whose row is a map keyed by out-of-band bytes (msgpack allows it;
+    rlwire never writes it), stored whole with valid checksums: a read of that column
+    alone is refused, as a whole read is (an adversarial run got the reader's own
+    NOT_READ placeholder back as the key)."""
+    import msgspec
+
+    from rlwire import Frame
+    from rlwire.aio import run_sliced
+    from rlwire.transport import FileSink
+
+    def ext(code: int, payload: bytes) -> bytes:
+        return b"\xc7" + bytes([len(payload)]) + bytes([code]) + payload
+
+    mp = msgspec.msgpack.encode
+    array = lambda data: msgspec.msgpack.Ext(2, mp(["<i8", [2], "C", data]))  # noqa: E731
+    ids = msgspec.msgpack.Ext(6, mp([array(bytes(16)), array(np.array([0, 2], "<i8").tobytes())]))
+    row = b"\x81" + ext(3, mp([0])) + b"\x01"  # {<out-of-band bytes of buffer 0>: 1}
+    body = b"\x94" + mp(1) + mp(0) + mp(["a", "ids"]) + b"\x92\x91" + row + mp(ids)
+    header = b"\x81" + mp("samples") + ext(7, body)
+    sink = FileSink(str(tmp_path))
+    sink.open("overwrite")
+    run_sliced(sink.stage(0, [Frame(header, (memoryview(b"k" * 5000),))])).commit()
+    for fields in (None, ["a"]):
+        with rlwire.open_receiver(tmp_path, type=dict, fields=fields) as receiver:
+            with pytest.raises(rlwire.CorruptFrameError, match="where no value can be"):
+                receiver.receive(timeout=5)

@@ -229,6 +229,37 @@ def test_bad_chunk_tables_are_corrupt_frames(change: Any, match: str) -> None:
             decode(frame, annotation)
 
 
+def _as_key(frame: Frame) -> Frame:
+    """``frame`` with its header's one extension value moved to a map's key (msgpack
+    allows it; rlwire never writes it): ``{<ext>: 1}``."""
+    found: list[Any] = []
+    msgspec.msgpack.decode(
+        frame.header, ext_hook=lambda code, data: found.append(msgspec.msgpack.Ext(code, data))
+    )
+    (ext,) = found
+    return Frame(b"\x81" + msgspec.msgpack.encode(ext) + b"\x01", frame.buffers)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        list(range(N)),  # a chunked list
+        bytes(10_000),  # out-of-band bytes
+        [{"a": np.arange(3, dtype=np.int32)} for _ in range(3)],  # a columns value
+    ],
+    ids=["chunked", "bytes", "columns"],
+)
+def test_an_extension_value_as_a_maps_key_is_a_corrupt_frame(value: Any) -> None:
+    """Decoded where no value goes, it would come back as the decoder's placeholder
+    (an adversarial run got one inside the received dict)."""
+    frame = _as_key(encode({"v": value})[0])
+    for annotation in (Any, dict, dict[Any, int]):
+        if annotation is Any and isinstance(value, bytes):
+            continue  # a plain receive keeps out-of-band bytes as views: nothing to fill
+        with pytest.raises(CorruptFrameError, match="where no value can be"):
+            decode(frame, annotation)
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     flips=st.lists(

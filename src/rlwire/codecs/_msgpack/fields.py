@@ -152,7 +152,8 @@ def _refs_in(value: Any, *, into_columns: bool = True) -> Iterator[Any]:
                 yield item
         elif kind is list:
             stack += item
-        elif kind is dict:
+        elif kind is dict:  # keys too: a hostile header may put a reference in one
+            stack += item.keys()
             stack += item.values()
 
 

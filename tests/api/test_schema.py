@@ -64,6 +64,10 @@ def _set(**changes: Any) -> rlwire.TrainingSample:
         (_set(extras={"a": [1, 2]}), r"extras\['a'\]: expected a numpy array, got list"),
         (_set(extras={1: np.zeros(1)}), r"extras: keys must be str"),
         (_set(advantages=None), r"advantages: expected a numpy array, got NoneType"),
+        # A Chunked is checked as the array it stands for, its dimensions too.
+        (_set(token_ids=rlwire.Chunked([np.zeros((10, 2), np.int64)])), r"token_ids: expected 1"),
+        (_set(logprobs=rlwire.Chunked([np.zeros((10, 5), np.float32)])), r"logprobs: expected 1"),
+        (_set(routed_experts=rlwire.Chunked([np.zeros((10, 4), np.uint8)])), r"routed_experts: e"),
     ],
 )
 def test_invalid_sample(sample: rlwire.TrainingSample, match: str) -> None:

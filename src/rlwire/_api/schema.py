@@ -301,13 +301,11 @@ def _array(obj: Any, name: str, where: str, *, ndim: int) -> np.ndarray:
     """The array field ``name`` of ``obj``: an ndarray, or a non-empty :class:`~rlwire.Chunked`
     (read through its shape and dtype; its chunks are checked one by one)."""
     value = getattr(obj, name)
-    if isinstance(value, Chunked) and value.chunks:
-        return value  # type: ignore[return-value]  # it has the dtype, shape and len used
-    if not isinstance(value, np.ndarray):
+    if not (isinstance(value, np.ndarray) or (isinstance(value, Chunked) and value.chunks)):
         raise SchemaError(f"{where}.{name}: expected a numpy array, got {type(value).__name__}")
-    if value.ndim != ndim:
+    if len(value.shape) != ndim:
         raise SchemaError(f"{where}.{name}: expected {ndim} dimension(s), got shape {value.shape}")
-    return value
+    return value  # type: ignore[return-value]  # a Chunked has the dtype, shape and len used
 
 
 def _check_finite(arr: np.ndarray, where: str) -> None:

@@ -93,6 +93,7 @@ def test_columns_rows_and_mapping_face() -> None:
     assert row["ids"].tolist() == [0] and row["reward"] == 1.0 and row["env"] == "b"
     assert [r["env"] for r in cols.rows()] == ["a", "b"]
     assert dict(cols.items()).keys() == {"ids", "reward", "env"}
+    assert list(cols) == ["ids", "reward", "env"] == [*cols]  # names, as a dict's keys
     assert repr(cols) == "Columns(2 rows; ids: Ragged, reward: array float64, env: list)"
     with pytest.raises(IndexError):
         cols.row(2)

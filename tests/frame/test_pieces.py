@@ -11,6 +11,7 @@ import xxhash
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import rlwire
 from rlwire import Compressor, Frame
 from rlwire._core.slicing import run_sliced
 from rlwire._frame import checksums
@@ -117,7 +118,7 @@ def test_empty_runs_are_dropped_and_do_not_break_a_stretch() -> None:
     ids=["2-d", "int32", "strided"],
 )
 def test_a_run_that_is_not_flat_contiguous_bytes_is_refused(bad: memoryview) -> None:
-    with pytest.raises(ValueError, match="flat, contiguous byte view"):
+    with pytest.raises(rlwire.ConfigError, match="flat, contiguous byte view, got format"):
         Pieces([bad])
 
 

@@ -37,7 +37,7 @@ class Columns:
     ``len(columns)`` is the number of rows; ``columns["token_ids"]`` a column;
     ``columns.names`` the field names in order; ``columns.row(i)`` row ``i`` as a dict
     of views. It reads like a mapping of names to columns (``keys``, ``values``,
-    ``items``, ``in``), except that ``len`` counts rows.
+    ``items``, ``in``, and iterating gives the names), except that ``len`` counts rows.
 
     Args:
         columns: name -> :class:`~rlwire.Ragged`, numpy array (first axis: rows) or
@@ -90,6 +90,9 @@ class Columns:
 
     def __contains__(self, name: object) -> bool:
         return name in self._columns
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._columns)
 
     def keys(self) -> KeysView[str]:
         """The names (as ``dict.keys``)."""

@@ -32,6 +32,7 @@ from itertools import compress
 import numpy as np
 
 from rlwire._core.copying import concatenated
+from rlwire._core.errors import ConfigError
 from rlwire._core.slicing import Sliced, run_sliced
 
 __all__ = ["Pieces"]
@@ -56,8 +57,8 @@ class Pieces:
         nbytes: their total length, the buffer's length.
 
     Raises:
-        ValueError: a run is not a flat, C-contiguous byte view (cast arrays' views with
-            ``memoryview(array).cast("B")``).
+        ConfigError: a run is not a flat, C-contiguous byte view (cast arrays' views
+            with ``memoryview(array).cast("B")``); a ``ValueError`` too.
 
     Example:
         >>> import numpy as np
@@ -76,7 +77,10 @@ class Pieces:
         stretch = _Stretch()
         for run in runs:
             if run.ndim != 1 or run.format != "B" or not run.c_contiguous:
-                raise ValueError("a run of Pieces must be a flat, contiguous byte view")
+                raise ConfigError(
+                    f"a run of Pieces must be a flat, contiguous byte view, got format "
+                    f"{run.format!r}, {run.ndim} dimension(s), contiguous: {run.c_contiguous}"
+                )
             if not run.nbytes:
                 continue
             root = _root(run)

@@ -144,6 +144,18 @@ def test_received_rows_are_views_over_one_buffer_per_field() -> None:
     assert not first.flags.writeable
 
 
+@pytest.mark.parametrize(
+    "column", [[], np.zeros(0), np.zeros((0, 3))], ids=["list", "array", "2d-array"]
+)
+def test_columns_of_no_rows_round_trip(column: Any) -> None:
+    """No rows, a list or array column beside a Ragged one (an IndexError in the
+    encoder before)."""
+    sent = {"samples": Columns({"a": Ragged(np.zeros(0, np.float32), [0]), "b": column})}
+    got = round_trip(sent, dict, as_columns=True)["samples"]
+    assert isinstance(got, Columns) and len(got) == 0 and got.names == ("a", "b")
+    assert len(got["a"]) == 0 and len(got["b"]) == 0
+
+
 def test_as_columns_gives_ragged_views_and_lists() -> None:
     batch = make_batch(16, 40)
     frame = stored(MsgpackCodec(inline_threshold=0).encode(batch))

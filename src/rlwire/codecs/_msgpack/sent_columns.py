@@ -244,6 +244,8 @@ def _ragged_column(
     nanoseconds a row, where a view each costs a microsecond of Python); larger rows
     are written where they are, as the runs of :class:`~rlwire._frame.pieces.Pieces`,
     so that a large step is never held twice."""
+    if not values:  # no rows: a column of no values, as a list
+        return None
     first = values[0]
     # The checks run in C over the rows (map, set), not a Python loop.
     if type(first) is not np.ndarray or first.ndim < 1 or set(map(type, values)) != _NDARRAY:

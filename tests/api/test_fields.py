@@ -270,5 +270,5 @@ def test_a_reference_in_a_maps_key_is_a_corrupt_frame_for_a_partial_read(tmp_pat
     run_sliced(sink.stage(0, [Frame(header, (memoryview(b"k" * 5000),))])).commit()
     for fields in (None, ["a"]):
         with rlwire.open_receiver(tmp_path, type=dict, fields=fields) as receiver:
-            with pytest.raises(rlwire.CorruptFrameError, match="where no value can be"):
+            with pytest.raises(rlwire.CorruptFrameError, match="value as a map's key"):
                 receiver.receive(timeout=5)

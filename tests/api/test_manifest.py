@@ -96,7 +96,6 @@ async def test_a_manifest_names_columns_rows_sizes_and_reads_any_rows(
     assert np.array_equal(received.samples[2].token_ids, cols["token_ids"][2])
 
 
-
 async def test_rows_of_fortran_order_values_are_read_as_stored(
     store: tuple[str, dict[str, Any]],
 ) -> None:
@@ -111,6 +110,7 @@ async def test_rows_of_fortran_order_values_are_read_as_stored(
         assert manifest is not None
         for a, b in ((0, 3), (0, 1), (2, 3), (1, 2)):
             _same(await receiver.aread_rows(manifest, "ids", a, b), ids, a, b)
+
 
 async def test_parts_have_manifests_and_any_receiver_reads_their_rows(
     store: tuple[str, dict[str, Any]],

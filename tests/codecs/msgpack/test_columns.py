@@ -156,6 +156,25 @@ def test_columns_of_no_rows_round_trip(column: Any) -> None:
     assert len(got["a"]) == 0 and len(got["b"]) == 0
 
 
+def test_a_ragged_or_columns_changed_after_it_was_made_is_refused_at_send() -> None:
+    """Their arrays and lists are the caller's: changed since, they are checked again
+    as they are encoded (a step no receiver could read was written before)."""
+    codec = MsgpackCodec()
+    ragged = Ragged(np.arange(12, dtype=np.int32), np.array([0, 7, 12]))
+    ragged.offsets[1] = 13  # the caller's int64 array, not copied
+    with pytest.raises(rlwire.SchemaError, match=r"\$\.x: the Ragged's offsets decrease at row 1"):
+        codec.encode({"x": ragged})
+    ragged = Ragged(np.arange(12, dtype=np.int32), np.array([0, 7, 12]))
+    ragged.values = np.arange(5, dtype=np.int32)
+    with pytest.raises(rlwire.SchemaError, match="must end at the number of values"):
+        codec.encode({"x": ragged})
+    reward = [1.0, 2.0]
+    cols = Columns({"ids": Ragged(np.arange(5), np.array([0, 2, 5])), "reward": reward})
+    reward.append(3.0)
+    with pytest.raises(rlwire.SchemaError, match=r"samples\.reward: has 3 rows, the Columns 2"):
+        codec.encode({"samples": cols})
+
+
 def test_as_columns_gives_ragged_views_and_lists() -> None:
     batch = make_batch(16, 40)
     frame = stored(MsgpackCodec(inline_threshold=0).encode(batch))

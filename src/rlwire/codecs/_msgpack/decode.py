@@ -52,8 +52,6 @@ __all__ = ["Decoding"]
 # What assemble finds to fill in: (path, a chunked container or out-of-band bytes, the
 # placeholder left in the raw data).
 _Found = tuple[list[RawStep], Any, Any]
-#: What the walk for out-of-band values looks at (an empty dict or list it passes by, an
-#: empty memoryview it does not: out-of-band bytes of no length).
 _LOOK_INSIDE = (dict, list, Chunked, memoryview, ColumnsFound)
 _LOOK_INSIDE_SET = frozenset(_LOOK_INSIDE)
 
@@ -117,7 +115,6 @@ class Decoding:
         self.to_find = made.chunked_made + made.columns_made + (made.bytes_made if into_type else 0)
         if self.to_find:
             raw = yield from self._unfilled(raw, (), found, typed=into_type)
-            self._check_all_found()
         if annotation is None:
             typed = raw
         else:
@@ -176,20 +173,6 @@ class Decoding:
                 raw = payload
         return raw
 
-    def _check_all_found(self) -> None:
-        """Raise unless :meth:`_unfilled` found every out-of-band value the header holds:
-        rlwire never writes one where no value goes (a map's key), and one left there
-        would hand the caller a placeholder of this decoder.
-
-        Raises:
-            CorruptFrameError: some are not where a value goes.
-        """
-        if self.to_find:
-            raise CorruptFrameError(
-                f"the header holds {self.to_find} out-of-band or chunked value(s) where no "
-                "value can be (a map's key)"
-            )
-
     def _unfilled(
         self, raw: Any, path: tuple[Any, ...], found: list[_Found], *, typed: bool
     ) -> Sliced[Any]:
@@ -216,9 +199,19 @@ class Decoding:
     def _unfilled_values(
         self, raw: dict[Any, Any], path: tuple[Any, ...], found: list[_Found], *, typed: bool
     ) -> Sliced[None]:
-        """:meth:`_unfilled` on the values of ``raw``, in place."""
+        """:meth:`_unfilled` on the values of ``raw``, in place.
+
+        Raises:
+            CorruptFrameError: a key is an out-of-band or chunked value: rlwire never
+                writes one there, and left there it would hand the caller a placeholder
+                of this decoder.
+        """
         for key, value in raw.items():
-            if type(value) in _LOOK_INSIDE and (value or type(value) is memoryview):
+            if type(key) in _LOOK_INSIDE:
+                raise CorruptFrameError(
+                    "the header holds an out-of-band or chunked value as a map's key"
+                )
+            if type(value) in _LOOK_INSIDE and value:
                 step: RawStep = (key, dict)
                 raw[key] = yield from self._unfilled(value, (path, step), found, typed=typed)
                 if not self.to_find:
@@ -231,7 +224,7 @@ class Decoding:
         if _LOOK_INSIDE_SET.isdisjoint(set(map(type, raw))):  # in C: lists of numbers
             return
         for i, value in enumerate(raw):
-            if type(value) in _LOOK_INSIDE and (value or type(value) is memoryview):
+            if type(value) in _LOOK_INSIDE and value:
                 step: RawStep = (i, list)
                 raw[i] = yield from self._unfilled(value, (path, step), found, typed=typed)
                 if not self.to_find:
@@ -250,7 +243,6 @@ class Decoding:
             to_find, self.to_find = self.to_find, found.inner
             inner: list[_Found] = []
             found.columns = yield from self._unfilled(found.columns, (), inner, typed=False)
-            self._check_all_found()
             found.columns = yield from self._fill_plain(found.columns, inner)
             self.to_find, found.inner = to_find, 0
         if self.as_columns:

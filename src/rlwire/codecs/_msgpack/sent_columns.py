@@ -23,9 +23,9 @@ import numpy as np
 
 from rlwire._core.chunked import Chunked
 from rlwire._core.columns import Columns
-from rlwire._core.errors import EncodeError
+from rlwire._core.errors import EncodeError, SchemaError
 from rlwire._core.paths import KeyPath, render_path
-from rlwire._core.ragged import Ragged
+from rlwire._core.ragged import Ragged, offsets_problem
 from rlwire._core.slicing import Sliced
 from rlwire._frame.pieces import Pieces
 from rlwire.codecs._msgpack.arrays import PLAIN_DTYPES, byte_view, check_dtype
@@ -101,10 +101,24 @@ def _chunked_value(w: Walker, chunked: Chunked, path: KeyPath, side: bool) -> ms
 
 def _ragged_value(w: Walker, ragged: Ragged, path: KeyPath, side: bool) -> msgspec.msgpack.Ext:
     """The extension value (6) that stands for ``ragged``: its values and offsets as
-    arrays (the values to the sidecar if ``side``)."""
+    arrays (the values to the sidecar if ``side``).
+
+    Raises:
+        SchemaError: its offsets no longer fit its values (the arrays were changed
+            since it was made: one pass over the offsets, so no step is written that no
+            receiver can read).
+    """
+    offsets = ragged.offsets
+    flat = isinstance(offsets, np.ndarray) and offsets.shape[:1] != (0,) and offsets.ndim == 1
+    if flat and offsets.dtype == np.int64:
+        problem = offsets_problem(offsets, len(ragged.values))
+    else:
+        problem = "must be a 1-D int64 array of at least one entry"
+    if problem:
+        raise SchemaError(f"{render_path(path)}: the Ragged's offsets {problem}")
     values = w.sent.array(ragged.values, (path, "values"), side)
-    offsets = w.sent.array(ragged.offsets, (path, "offsets"), False)
-    return msgspec.msgpack.Ext(EXT_RAGGED, w.encoder.encode([values, offsets]))
+    bounds = w.sent.array(offsets, (path, "offsets"), False)
+    return msgspec.msgpack.Ext(EXT_RAGGED, w.encoder.encode([values, bounds]))
 
 
 def _columns_value(w: Walker, columns: Columns, path: KeyPath, side: bool) -> Sliced[Any]:
@@ -113,6 +127,10 @@ def _columns_value(w: Walker, columns: Columns, path: KeyPath, side: bool) -> Sl
     encoded = []
     for name, column in columns.items():
         where, on_side = (path, name), side or name in w.sidecar_names
+        if len(column) != len(columns):  # changed since the Columns was made
+            raise SchemaError(
+                f"{render_path(where)}: has {len(column)} rows, the Columns {len(columns)}"
+            )
         if isinstance(column, Ragged):
             encoded.append(_ragged_value(w, column, where, on_side))
         else:

@@ -274,6 +274,13 @@ def test_inspect_prints_the_manifest(tmp_path: Path, capsys: pytest.CaptureFixtu
         assert manifest == receiver.manifest(0)
     assert main(["inspect", url, "--step", "1", "--json"]) == 2  # parts: --part, says why
     assert "part by part" in capsys.readouterr().err
+    # A URL, as the receivers take (it was made a local path: "s3:/bucket/run").
+    for where in (f"file://{url}", f"memory://inspect-{tmp_path.name}"):
+        if where.startswith("memory"):
+            with rlwire.open_sync_sender(where) as sender:
+                sender.send(rlwire.TrainingBatch(samples=_columns()))  # type: ignore[arg-type]
+        assert main(["inspect", where]) == 0, capsys.readouterr().err
+        assert "6 rows in 'samples'" in capsys.readouterr().out
 
 
 def test_the_wire_form_is_the_documented_map() -> None:

@@ -14,7 +14,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -145,7 +144,7 @@ async def _demo(ns: argparse.Namespace, directory: str) -> int:
 
 
 def _inspect(ns: argparse.Namespace) -> int:
-    path = Path(ns.path)
+    path = ns.path  # a directory or a URL (s3://..., memory://...), as open_receiver takes
     step, rank = ns.step, ns.rank
     if ns.json or ns.part is not None:  # the manifest alone: envelope and header only
         with open_receiver(path, rank=rank, record_consumed=False) as receiver:
@@ -328,7 +327,9 @@ def _parser() -> argparse.ArgumentParser:
     trainer.add_argument("--timeout", type=float, default=60)
     batch_options(trainer)
     inspect = sub.add_parser("inspect", help="describe one stored message")
-    inspect.add_argument("path", help="the directory a sender writes to")
+    inspect.add_argument(
+        "path", help="the directory or URL a sender writes to (s3://bucket/run, file://...)"
+    )
     inspect.add_argument("--step", type=int, default=0)
     inspect.add_argument("--rank", type=int, default=0)
     inspect.add_argument("--part", type=int, help="the manifest of this part of the step")

@@ -257,8 +257,8 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
             ConfigError: a :class:`~rlwire.Checks` name matches no field of the first
                 object received.
             EndOfStream: the sender finished the stream before the next step.
-            StepGapError: a stream source (ZeroMQ) lost a message; the next call returns
-                the message after the gap.
+            StepGapError: ZeroMQ lost a message (the next call returns the one after), or
+                ``keep_last`` deleted the step unread (each call says: reopen where named).
             TransportError: the source cannot be read (a network or disk failure).
             ClosedError: the receiver is closed.
         """

@@ -136,7 +136,8 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
             read: on files only their pages are touched, on S3 only their byte ranges
             fetched, over ZeroMQ the other buffers are dropped as they arrive (Ray reads
             whole, and keeps those columns). A name the step's samples do not hold
-            raises FieldNotFoundError. See docs/how-to/fields.md.
+            raises FieldNotFoundError over ZeroMQ; on a store the receiver waits for
+            it to be appended (up to the receive's ``timeout``). See docs/how-to/fields.md.
         storage_options: options for the source, as for :func:`open_sender`.
         keywords: ``max_decompressed_bytes`` and ``max_compression_ratio`` may also be
             given flat, as in earlier versions.

@@ -78,7 +78,8 @@ class TrainingSample(msgspec.Struct, kw_only=True, gc=False):
 
         Raises:
             SchemaError: naming the sample and field, e.g.
-                ``samples[3].logprobs: 1 non-finite value (first at token 17)``.
+                ``samples[3].logprobs: 1 non-finite value (NaN or Inf; first at token
+                17); ...``.
         """
         n = _token_count(self, where)
         _check_per_token(self, where, n)

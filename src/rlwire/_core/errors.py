@@ -104,8 +104,8 @@ class SchemaError(RlwireError, ValueError):
 class FieldNotFoundError(SchemaError):
     """A receiver opened with ``fields=`` asked for a field the step does not hold.
 
-    The message names the field, the fields the step holds, and the step and rank, e.g.
-    ``field 'values' is not in the step (it holds: token_ids, mask, ...) (step 3, rank 0)``.
+    The message names the step and rank, the field, and the fields the step holds, e.g.
+    ``step 3, rank 0: field 'values' not in the step (its samples hold: token_ids, ...)``.
     """
 
 

@@ -110,6 +110,9 @@ async def test_bad_fields_are_typed_errors_and_write_nothing(
             await sender.add_fields(5, {"score": np.zeros(3)})
         with pytest.raises(rlwire.ConfigError, match="non-empty mapping"):
             await sender.add_fields(0, {})
+        # The step's own data is never replaced (a field it left None may be).
+        with pytest.raises(rlwire.SchemaError, match="holds arrays in field 'token_ids'"):
+            await sender.add_fields(0, {"token_ids": _ragged(LENGTHS)})
         await sender.add_fields(0, {"score": np.zeros(3)})
         with pytest.raises(rlwire.SchemaError, match="'score' was appended to the step already"):
             await sender.add_fields(0, {"score": np.ones(3)})

@@ -100,6 +100,9 @@ class _StoredRows:
 
     def __init__(self, decoding: FrameDecoding) -> None:
         self.decoding = decoding
+        #: The names of the step's columns of arrays (data an appended field never
+        #: replaces), as :meth:`of` found them.
+        self.held: set[str] = set()
 
     def _table(self, frame: Frame) -> Any:
         return column_table(frame, self.decoding)
@@ -121,6 +124,7 @@ class _StoredRows:
             if samples is None:
                 raise ConfigError("add_fields: the step holds no list of samples to add fields to")
             return len(samples), None
+        self.held.update(c.name for c in table.columns if c.dtype is not None)
         col = next((c for c in table.columns if c.name == LENGTHS_FROM), None)
         if col is None or col.dtype is None:
             return table.rows, None
@@ -152,15 +156,21 @@ def _stored_rows(frames: list[Frame], rows: _StoredRows) -> tuple[int, np.ndarra
 
 
 def _check_against(
-    columns: Columns, names: list[str], count: int, lengths: np.ndarray | None
+    columns: Columns, names: list[str], count: int, lengths: np.ndarray | None, held: set[str]
 ) -> None:
     """Refuse ``columns`` unless they fit the step: ``count`` rows, each Ragged's rows
-    as long as ``lengths`` (the step's token counts), names not appended already."""
+    as long as ``lengths`` (the step's token counts), names not appended already nor
+    of the step's columns of arrays (``held``)."""
     if len(columns) != count:
         raise SchemaError(f"add_fields: the columns hold {len(columns)} rows, the step {count}")
     for name, column in columns.items():
         if name in names:
             raise SchemaError(f"add_fields: field {name!r} was appended to the step already")
+        if name in held:
+            raise SchemaError(
+                f"add_fields: the step holds arrays in field {name!r}: an appended field may "
+                "take the place of a field the step left empty (None), never of its data"
+            )
         if isinstance(column, Ragged) and lengths is not None:
             bad = np.flatnonzero(np.diff(column.offsets) != lengths)
             if bad.size:
@@ -185,7 +195,7 @@ def prepare(sink: Sink, step: int, rank: int, columns: Columns, limits: Limits) 
     appended = [
         n for f in sink.read_appended(step, rank) for n in decode_appended(f, decoding).names
     ]
-    _check_against(columns, appended, count, lengths)
+    _check_against(columns, appended, count, lengths, rows.held)
     return run_sliced(get_codec("msgpack")().encode_sliced({"fields": columns}))
 
 

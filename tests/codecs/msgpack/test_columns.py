@@ -175,6 +175,33 @@ def test_a_ragged_or_columns_changed_after_it_was_made_is_refused_at_send() -> N
         codec.encode({"samples": cols})
 
 
+class _Sent(msgspec.Struct, array_like=True):
+    x: np.ndarray
+    n: int
+    m: int
+
+
+class _Reordered(msgspec.Struct, array_like=True):  # the same fields, another order
+    x: np.ndarray
+    m: int
+    n: int
+
+
+def test_rows_of_array_like_structs_are_filled_by_position_as_msgspec_fills_them() -> None:
+    """An array_like row is positional: received as another array_like Struct, field k
+    takes column k, whatever the names (a fast path matched them by name, so the same
+    step came out two ways depending on the receiving type)."""
+    sent = {"samples": [_Sent(np.arange(3), n=1, m=2), _Sent(np.arange(2), n=1, m=2)]}
+    got = round_trip(sent, msgspec.defstruct("B", [("samples", list[_Reordered])]))
+    want = msgspec.msgpack.decode(
+        msgspec.msgpack.encode(_Sent(np.arange(1).tolist(), n=1, m=2)),
+        type=_Reordered,
+        dec_hook=lambda tp, obj: np.asarray(obj),
+    )  # msgspec's own answer: by position
+    assert (got.samples[0].m, got.samples[0].n) == (want.m, want.n) == (1, 2)
+    assert got.samples[1].x.tolist() == [0, 1]
+
+
 def test_as_columns_gives_ragged_views_and_lists() -> None:
     batch = make_batch(16, 40)
     frame = stored(MsgpackCodec(inline_threshold=0).encode(batch))

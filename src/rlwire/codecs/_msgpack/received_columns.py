@@ -229,21 +229,26 @@ def _plan(
     kind: type[msgspec.Struct], names: tuple[str, ...]
 ) -> tuple[list[str], list[Any], bool] | None:
     """For columns ``names`` into ``kind``: the attribute each fills, its annotation,
-    and whether rows are positional (``array_like``); None if a name is not a field
-    (the general path drops it) or an annotation cannot be resolved."""
+    and whether rows are positional (``array_like``: column ``k`` fills field ``k``,
+    whatever its name, as msgspec fills it); None if a name is not a field (the general
+    path drops it), an ``array_like`` kind has another number of fields, or an
+    annotation cannot be resolved."""
     try:
-        fields = {f.encode_name: f for f in msgspec.structs.fields(kind)}
+        ordered = msgspec.structs.fields(kind)
         hints = typing.get_type_hints(kind)
     except Exception:  # an unresolvable annotation: leave it to msgspec
         return None
-    attrs, annotations = [], []
-    for name in names:
-        field = fields.get(name)
-        if field is None:
+    positional = bool(kind.__struct_config__.array_like)
+    if positional:
+        if len(ordered) != len(names):
             return None
-        attrs.append(field.name)
-        annotations.append(hints.get(field.name, Any))
-    return attrs, annotations, bool(kind.__struct_config__.array_like)
+        chosen = list(ordered)
+    else:
+        fields = {f.encode_name: f for f in ordered}
+        if any(name not in fields for name in names):
+            return None
+        chosen = [fields[name] for name in names]
+    return [f.name for f in chosen], [hints.get(f.name, Any) for f in chosen], positional
 
 
 def columns_of(found: ColumnsFound) -> Columns:

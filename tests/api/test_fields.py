@@ -272,3 +272,26 @@ def test_a_reference_in_a_maps_key_is_a_corrupt_frame_for_a_partial_read(tmp_pat
         with rlwire.open_receiver(tmp_path, type=dict, fields=fields) as receiver:
             with pytest.raises(rlwire.CorruptFrameError, match="value as a map's key"):
                 receiver.receive(timeout=5)
+
+
+@pytest.mark.parametrize("fields", [["turns"], ["ids", "turns"]])
+def test_a_field_holding_a_list_of_records_with_arrays_is_read_alone(
+    tmp_path: Path, fields: list[str]
+) -> None:
+    """Such a field is a columns value inside a column: a partial read keeps it whole (it
+    looked for ``turns`` among the inner columns' names, and waited for it forever)."""
+    samples = [
+        {"ids": np.arange(3), "turns": [{"x": np.arange(2)}, {"x": np.arange(4)}]},
+        {"ids": np.arange(5), "turns": [{"x": np.arange(1, dtype=np.int32)}]},
+    ]
+    with rlwire.open_sync_sender(tmp_path) as sender:
+        sender.send({"samples": samples})
+    with rlwire.open_receiver(tmp_path, type=dict, fields=fields) as receiver:
+        got = receiver.receive(timeout=10)["samples"]
+    assert got.names == tuple(fields)
+    with rlwire.open_receiver(tmp_path, type=dict, as_columns=True) as receiver:
+        whole = receiver.receive(timeout=10)["samples"]
+    for got_row, whole_row in zip(got["turns"], whole["turns"], strict=True):
+        assert isinstance(got_row, rlwire.Columns)  # as a whole read gives it as columns
+        assert [r.tolist() for r in got_row["x"]] == [r.tolist() for r in whole_row["x"]]
+    assert [len(row) for row in got["turns"]] == [2, 1]

@@ -109,21 +109,23 @@ class _Scan:
             raise ValueError("a malformed columns value")  # left to the decode to word
         return _Refs()  # an inline array, or an extension the decode will refuse
 
-    def take(self, value: Any) -> None:
-        """Record what ``value`` (decoded with :meth:`hook`) needs."""
-        for refs in _refs_in(value, into_columns=False):
+    def take(self, value: Any, *, whole: bool = False) -> None:
+        """Record what ``value`` (decoded with :meth:`hook`) needs: of a columns value,
+        the columns of :attr:`fields`, and all of every value those hold (a columns
+        value nested in a kept column included), or all of it with ``whole``."""
+        for refs in _refs_in(value, into_columns=whole):
             if isinstance(refs, _ColumnsRefs):
                 self.found_columns = True
                 check_fields_present(self.fields, refs.names)
                 for name, column in zip(refs.names, refs.columns, strict=True):
                     if name in self.fields:
-                        self.take(column)
+                        self.take(column, whole=True)
                 continue
             self.needed.update(refs.buffers)
             for chunks in refs.chunks:
-                self.take_chunks(chunks)
+                self.take_chunks(chunks, whole=whole)
 
-    def take_chunks(self, ref: ChunksRef) -> None:
+    def take_chunks(self, ref: ChunksRef, *, whole: bool = False) -> None:
         """Scan the chunks of ``ref`` if its buffer was read; else ask for it first."""
         if ref.index in self.frame.missing or not 0 <= ref.index < len(self.frame.buffers):
             self.complete = False
@@ -133,7 +135,7 @@ class _Scan:
             if (ref.index, start) in self.chunks_seen or not 0 <= start <= end <= view.nbytes:
                 continue
             self.chunks_seen.add((ref.index, start))
-            self.take(self.decoder.decode(view[start:end]))
+            self.take(self.decoder.decode(view[start:end]), whole=whole)
 
 
 def _refs_in(value: Any, *, into_columns: bool = True) -> Iterator[Any]:

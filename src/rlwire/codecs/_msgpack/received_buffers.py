@@ -167,6 +167,9 @@ class ReceivedBuffers:
         """A columns value; what its columns hold to be filled later (chunked lists,
         out-of-band bytes) counts as part of it, not on its own."""
         chunked, made, columns = self.chunked_made, self.bytes_made, self.columns_made
+        # A partial read keeps its fields of the outermost columns value (the samples);
+        # a columns value in a kept column is kept whole.
+        fields = self.fields if not self.in_columns else None
         self.in_columns += 1
         try:
             payload = self.decode_payload(data)
@@ -174,7 +177,7 @@ class ReceivedBuffers:
             self.in_columns -= 1
         inner = self.chunked_made - chunked + self.bytes_made - made + self.columns_made - columns
         self.chunked_made, self.bytes_made, self.columns_made = chunked, made, columns + 1
-        return parse_columns(payload, inner, self.fields)
+        return parse_columns(payload, inner, fields)
 
     def _not_read(self, index: int) -> Any:
         """What a reference to ``index``, a buffer a partial read skipped, becomes:

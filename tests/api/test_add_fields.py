@@ -52,11 +52,13 @@ async def test_appended_fields_come_with_the_step(endpoint: tuple[str, dict[str,
         await sender.send(rlwire.TrainingBatch(samples=[_sample(n) for n in LENGTHS]))
         await sender.add_fields(0, {"ref_logprobs": ref, "score": np.array([1.0, 2.0, 3.0])})
         await sender.add_fields(0, {"values": _ragged(start=100.0)}, rows=3)
-    async with rlwire.open_receiver(url, storage_options=options) as receiver:
+    # validate=True holds extras to arrays: a number a sample is a 0-d array there.
+    async with rlwire.open_receiver(url, storage_options=options, validate=True) as receiver:
         with anyio.fail_after(20):
             rows = await receiver.areceive()
     assert [s.ref_logprobs.tolist() for s in rows.samples] == [ref[i].tolist() for i in range(3)]
     assert [float(s.extras["score"]) for s in rows.samples] == [1.0, 2.0, 3.0]
+    assert all(type(s.extras["score"]) is np.ndarray for s in rows.samples)
     assert rows.samples[2].extras["values"].tolist() == [108.0, 109.0]
     # Only the appended file is read for an appended field; the step's own too, beside.
     async with rlwire.open_receiver(

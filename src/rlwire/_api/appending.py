@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import anyio
 import msgspec
+import numpy as np
 from anyio import CapacityLimiter, to_thread
 
 from rlwire._api.appended_rows import decode_appended, none_in_every_row, prepare, samples_of
@@ -263,7 +264,10 @@ def merge_appended(obj: Any, columns: dict[str, Column]) -> Any:
             elif isinstance(sample, msgspec.Struct) and name in sample.__struct_fields__:
                 setattr(sample, name, value)
             elif isinstance(getattr(sample, "extras", None), dict):
-                sample.extras[name] = value
+                # extras hold arrays (TrainingSample's rule): a number per sample is a
+                # 0-d array there, not a numpy scalar a validating receiver refuses.
+                number = isinstance(value, np.generic | int | float | bool)
+                sample.extras[name] = np.asarray(value) if number else value
             else:
                 raise DecodeError(
                     f"appended field {name!r}: a {type(sample).__name__} sample has no "

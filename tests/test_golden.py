@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 from golden_cases import (
     AS_COLUMNS,
@@ -287,12 +288,15 @@ def _appended_to(step: int, rank: int) -> dict[str, Any]:
 
 def _with_fields(step: int, rank: int) -> rlwire.TrainingBatch:
     """What ``receive()`` of the case's step gives: the samples sent, each with its row of
-    every appended field (a TrainingSample field of that name, else ``extras``)."""
+    every appended field (a TrainingSample field of that name, else ``extras``, where a
+    number is a 0-d array)."""
     want = fields_batch(_rows_of(step, rank))
     for name, column in _appended_to(step, rank).items():
         for i, sample in enumerate(want.samples):
             if name in rlwire.TrainingSample.__struct_fields__:
                 setattr(sample, name, column[i])
+            elif isinstance(column[i], np.generic):
+                sample.extras[name] = np.asarray(column[i])
             else:
                 sample.extras[name] = column[i]
     return want

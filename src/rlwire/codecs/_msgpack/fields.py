@@ -111,7 +111,7 @@ class _Scan:
 
     def take(self, value: Any, *, whole: bool = False) -> None:
         """Record what ``value`` (decoded with :meth:`hook`) needs: of a columns value,
-        the columns of :attr:`fields`, and all of every value those hold (a columns
+        the columns of ``self.fields``, and all of every value those hold (a columns
         value nested in a kept column included), or all of it with ``whole``."""
         for refs in _refs_in(value, into_columns=whole):
             if isinstance(refs, _ColumnsRefs):

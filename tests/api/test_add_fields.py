@@ -113,8 +113,10 @@ async def test_bad_fields_are_typed_errors_and_write_nothing(
         with pytest.raises(rlwire.ConfigError, match="non-empty mapping"):
             await sender.add_fields(0, {})
         # The step's own data is never replaced (a field it left None may be).
-        with pytest.raises(rlwire.SchemaError, match="holds arrays in field 'token_ids'"):
+        with pytest.raises(rlwire.SchemaError, match="holds data in field 'token_ids'"):
             await sender.add_fields(0, {"token_ids": _ragged(LENGTHS)})
+        with pytest.raises(rlwire.SchemaError, match="holds data in field 'env_name'"):
+            await sender.add_fields(0, {"env_name": ["x", "y", "z"]})
         await sender.add_fields(0, {"score": np.zeros(3)})
         with pytest.raises(rlwire.SchemaError, match="'score' was appended to the step already"):
             await sender.add_fields(0, {"score": np.ones(3)})

@@ -274,16 +274,20 @@ def test_a_reference_in_a_maps_key_is_a_corrupt_frame_for_a_partial_read(tmp_pat
                 receiver.receive(timeout=5)
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["inline", "chunked"])
 @pytest.mark.parametrize("fields", [["turns"], ["ids", "turns"]])
 def test_a_field_holding_a_list_of_records_with_arrays_is_read_alone(
-    tmp_path: Path, fields: list[str]
+    tmp_path: Path, fields: list[str], chunked: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Such a field is a columns value inside a column: a partial read keeps it whole (it
-    looked for ``turns`` among the inner columns' names, and waited for it forever)."""
+    looked for ``turns`` among the inner columns' names, and waited for it forever), the
+    column chunked too (its chunks are decoded after the samples' columns value)."""
+    if chunked:  # as a column of thousands of rows is
+        monkeypatch.setattr("rlwire.codecs._msgpack.encode.CHUNK_WEIGHT", 2)
     samples = [
         {"ids": np.arange(3), "turns": [{"x": np.arange(2)}, {"x": np.arange(4)}]},
         {"ids": np.arange(5), "turns": [{"x": np.arange(1, dtype=np.int32)}]},
-    ]
+    ] * 4
     with rlwire.open_sync_sender(tmp_path) as sender:
         sender.send({"samples": samples})
     with rlwire.open_receiver(tmp_path, type=dict, fields=fields) as receiver:
@@ -294,4 +298,4 @@ def test_a_field_holding_a_list_of_records_with_arrays_is_read_alone(
     for got_row, whole_row in zip(got["turns"], whole["turns"], strict=True):
         assert isinstance(got_row, rlwire.Columns)  # as a whole read gives it as columns
         assert [r.tolist() for r in got_row["x"]] == [r.tolist() for r in whole_row["x"]]
-    assert [len(row) for row in got["turns"]] == [2, 1]
+    assert [len(row) for row in got["turns"]] == [2, 1] * 4

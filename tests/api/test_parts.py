@@ -150,10 +150,10 @@ async def test_the_timeout_of_parts_is_a_wait_for_each_part_not_for_the_step(
                 take = lambda: next(parts)  # noqa: E731
                 for _ in range(5):
                     got.append((await anyio.to_thread.run_sync(take)).key)
-                with pytest.raises(rlwire.ReceiveTimeout, match="no part of step 0 came within"):
+                with pytest.raises(rlwire.ReceiveTimeout, match="no new part of step 0 came"):
                     await anyio.to_thread.run_sync(take)
             else:
-                with pytest.raises(rlwire.ReceiveTimeout, match="no part of step 0 came within"):
+                with pytest.raises(rlwire.ReceiveTimeout, match="no new part of step 0 came"):
                     async for part in receiver.aparts(timeout=timeout):
                         got.append(part.key)
         assert last_put.is_set()

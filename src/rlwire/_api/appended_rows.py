@@ -100,8 +100,8 @@ class _StoredRows:
 
     def __init__(self, decoding: FrameDecoding) -> None:
         self.decoding = decoding
-        #: The names of the step's columns of arrays (data an appended field never
-        #: replaces), as :meth:`of` found them.
+        #: The names of the step's columns that hold data (arrays, or values not all
+        #: None: what an appended field never replaces), as :meth:`of` found them.
         self.held: set[str] = set()
 
     def _table(self, frame: Frame) -> Any:
@@ -124,7 +124,7 @@ class _StoredRows:
             if samples is None:
                 raise ConfigError("add_fields: the step holds no list of samples to add fields to")
             return len(samples), None
-        self.held.update(c.name for c in table.columns if c.dtype is not None)
+        self.held.update(c.name for c in table.columns if not c.empty)
         col = next((c for c in table.columns if c.name == LENGTHS_FROM), None)
         if col is None or col.dtype is None:
             return table.rows, None
@@ -168,7 +168,7 @@ def _check_against(
             raise SchemaError(f"add_fields: field {name!r} was appended to the step already")
         if name in held:
             raise SchemaError(
-                f"add_fields: the step holds arrays in field {name!r}: an appended field may "
+                f"add_fields: the step holds data in field {name!r}: an appended field may "
                 "take the place of a field the step left empty (None), never of its data"
             )
         if isinstance(column, Ragged) and lengths is not None:

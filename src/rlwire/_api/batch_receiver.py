@@ -348,7 +348,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
     ) -> float | None:
         remaining = time_left(deadline)
         if remaining is not None and remaining <= 0:
-            what = "no part of step {} came" if part else "step {} did not arrive"
+            what = "no new part of step {} came" if part else "step {} did not arrive"
             raise ReceiveTimeout(
                 f"{self._source!r}: {what.format(self._next_step)} within {timeout} s"
                 + (f" (waiting for a field: {self._pending})" if self._pending else "")

@@ -229,15 +229,17 @@ def test_bad_chunk_tables_are_corrupt_frames(change: Any, match: str) -> None:
             decode(frame, annotation)
 
 
-def _as_key(frame: Frame) -> Frame:
+def _as_key(frame: Frame, wrap: bool) -> Frame:
     """``frame`` with its header's one extension value moved to a map's key (msgpack
-    allows it; rlwire never writes it): ``{<ext>: 1}``."""
+    allows it; rlwire never writes it): ``{<ext>: 1}``, or with ``wrap`` ``{[[<ext>]]:
+    1}`` (msgspec makes such a key a tuple)."""
     found: list[Any] = []
     msgspec.msgpack.decode(
         frame.header, ext_hook=lambda code, data: found.append(msgspec.msgpack.Ext(code, data))
     )
     (ext,) = found
-    return Frame(b"\x81" + msgspec.msgpack.encode(ext) + b"\x01", frame.buffers)
+    key = msgspec.msgpack.encode([[ext]] if wrap else ext)
+    return Frame(b"\x81" + key + b"\x01", frame.buffers)
 
 
 @pytest.mark.parametrize(
@@ -249,10 +251,11 @@ def _as_key(frame: Frame) -> Frame:
     ],
     ids=["chunked", "bytes", "columns"],
 )
-def test_an_extension_value_as_a_maps_key_is_a_corrupt_frame(value: Any) -> None:
+@pytest.mark.parametrize("wrap", [False, True], ids=["key", "in-a-tuple-key"])
+def test_an_extension_value_as_a_maps_key_is_a_corrupt_frame(value: Any, wrap: bool) -> None:
     """Decoded where no value goes, it would come back as the decoder's placeholder
     (an adversarial run got one inside the received dict)."""
-    frame = _as_key(encode({"v": value})[0])
+    frame = _as_key(encode({"v": value})[0], wrap)
     for annotation in (Any, dict, dict[Any, int]):
         if annotation is Any and isinstance(value, bytes):
             continue  # a plain receive keeps out-of-band bytes as views: nothing to fill

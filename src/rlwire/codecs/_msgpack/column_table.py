@@ -62,6 +62,8 @@ class StoredColumn:
         offsets: likewise for its ``n + 1`` offsets.
         order: the values' memory order (``C`` or ``F``; rows are contiguous in ``C``).
         length: a ragged column's values along their first axis (its tokens).
+        empty: a column of values in the header that holds ``None`` in every row (a
+            ``ref_logprobs`` left unset).
     """
 
     name: str
@@ -71,6 +73,7 @@ class StoredColumn:
     offsets: int | np.ndarray | None = None
     order: str = "C"
     length: int = 0
+    empty: bool = False
 
     @property
     def buffers(self) -> tuple[int, ...]:
@@ -118,7 +121,7 @@ def _where(ref: Any) -> tuple[int | np.ndarray, str, list[int], str]:
 
 def _column(name: str, value: Any) -> StoredColumn:
     if not (type(value) is tuple and value[0] == EXT_RAGGED):
-        return StoredColumn(name)
+        return StoredColumn(name, empty=type(value) is list and all(v is None for v in value))
     payload = value[1]
     if type(payload) is not list or len(payload) != 2:
         raise CorruptFrameError(f"column {name!r}: a malformed ragged array")

@@ -54,6 +54,21 @@ __all__ = ["Decoding"]
 _Found = tuple[list[RawStep], Any, Any]
 _LOOK_INSIDE = (dict, list, Chunked, memoryview, ColumnsFound)
 _LOOK_INSIDE_SET = frozenset(_LOOK_INSIDE)
+#: Map keys that may hide a placeholder: one itself, or a tuple (msgpack array) holding one.
+_KEYS_TO_LOOK_INTO = frozenset((*_LOOK_INSIDE, tuple))
+
+
+def _holds_placeholder(key: Any) -> bool:
+    """True if ``key`` is, or a tuple holds at any depth, what stands for an out-of-band
+    or chunked value."""
+    stack = [key]
+    while stack:
+        item = stack.pop()
+        if type(item) is tuple:
+            stack += item
+        elif type(item) in _LOOK_INSIDE_SET:
+            return True
+    return False
 
 
 class Decoding:
@@ -207,7 +222,7 @@ class Decoding:
                 of this decoder.
         """
         for key, value in raw.items():
-            if type(key) in _LOOK_INSIDE:
+            if type(key) in _KEYS_TO_LOOK_INTO and _holds_placeholder(key):
                 raise CorruptFrameError(
                     "the header holds an out-of-band or chunked value as a map's key"
                 )
@@ -243,7 +258,13 @@ class Decoding:
             to_find, self.to_find = self.to_find, found.inner
             inner: list[_Found] = []
             found.columns = yield from self._unfilled(found.columns, (), inner, typed=False)
-            found.columns = yield from self._fill_plain(found.columns, inner)
+            # Their chunks are decoded now, and a columns value they hold is inside this
+            # one, as one decoded with it is (a partial read keeps it whole).
+            self.received.in_columns += 1
+            try:
+                found.columns = yield from self._fill_plain(found.columns, inner)
+            finally:
+                self.received.in_columns -= 1
             self.to_find, found.inner = to_find, 0
         if self.as_columns:
             value: Any = columns_of(found)

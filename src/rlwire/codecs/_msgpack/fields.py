@@ -152,7 +152,7 @@ def _refs_in(value: Any, *, into_columns: bool = True) -> Iterator[Any]:
                 stack += item.columns
             else:
                 yield item
-        elif kind is list:
+        elif kind is list or kind is tuple:  # a tuple: a map's key that was an array
             stack += item
         elif kind is dict:  # keys too: a hostile header may put a reference in one
             stack += item.keys()

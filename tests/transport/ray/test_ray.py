@@ -46,6 +46,9 @@ from rlwire.transport.ray._payload import make_payload, out_of_band, parse_paylo
 from rlwire.transport.ray._staged import RayStaged
 
 TIMEOUT = 30.0
+#: A call to an actor the test starts: the start itself took 10-30 s, and once more than
+#: 60, under the loaded test command on 2 cores.
+ACTOR_CALL = 180.0
 
 
 def _name(url: str) -> str:
@@ -55,7 +58,7 @@ def _name(url: str) -> str:
 def test_committed_steps_outlive_the_producer_actor(ray_url: str, ray_trainers: list[Any]) -> None:
     create_board(_name(ray_url))  # the driver's: it outlives the producer
     producer = Producer.remote()
-    sent = ray.get(producer.send.remote(ray_url, 3, 2), timeout=60)
+    sent = ray.get(producer.send.remote(ray_url, 3, 2), timeout=ACTOR_CALL)
     assert sent["board_owned"] is True
     kill_and_wait(producer)
     # Every committed step reaches every rank, bit-exact, after the producer died.
@@ -76,7 +79,7 @@ def test_every_rank_of_a_many_rank_step_arrives_exact(ray_url: str, ray_producer
     """The producer hashes each rank while the board pulls it, and joins the next into
     the same space once the board has it: every rank of many arrives as it was sent."""
     create_board(_name(ray_url))
-    sent = ray.get(ray_producer.send.remote(ray_url, 2, 5), timeout=60)
+    sent = ray.get(ray_producer.send.remote(ray_url, 2, 5), timeout=ACTOR_CALL)
     assert sent["board_owned"] is True
     for rank in range(5):
         with rlwire.open_receiver(ray_url, rank=rank) as receiver:
@@ -92,7 +95,7 @@ def test_ranks_stored_as_they_are_and_joined_ranks_alternate_exact(
     joined rank waits until the board holds the rank it would overwrite: packed and
     joined ranks in turn all arrive as sent, every checksum verified."""
     create_board(_name(ray_url))
-    assert ray.get(ray_producer.send_mixed.remote(ray_url, 5), timeout=60) is True
+    assert ray.get(ray_producer.send_mixed.remote(ray_url, 5), timeout=ACTOR_CALL) is True
     for rank, sent in enumerate(mixed_step(5)):
         if isinstance(sent.samples, rlwire.Columns):
             sent = TrainingBatch(samples=[TrainingSample(**row) for row in sent.samples.rows()])
@@ -144,7 +147,7 @@ def test_a_producer_that_owns_its_steps_takes_them_along(ray_url: str) -> None:
     (Large ones: Ray copies objects under 100 KB into the references it passes on.)"""
     create_board(_name(ray_url))
     producer = SyncProducer.remote()
-    sent = ray.get(producer.send.remote(ray_url, 1, 1, 1 << 14), timeout=60)
+    sent = ray.get(producer.send.remote(ray_url, 1, 1, 1 << 14), timeout=ACTOR_CALL)
     assert sent == {"board_owned": False}
     with rlwire.open_receiver(ray_url) as receiver:
         assert receiver.wait_next(timeout=TIMEOUT)
@@ -159,7 +162,7 @@ def test_a_sync_sender_on_an_async_actors_loop_puts_its_steps_itself(ray_url: st
     it sends instead of waiting ``pull_timeout`` for a call that cannot run."""
     create_board(_name(ray_url))
     producer = Producer.remote()
-    sent = ray.get(producer.send_blocking.remote(ray_url, 2, 3.0), timeout=60)
+    sent = ray.get(producer.send_blocking.remote(ray_url, 2, 3.0), timeout=ACTOR_CALL)
     assert sent == {"board_owned": False}
     with rlwire.open_receiver(ray_url) as receiver:
         for step in range(2):
@@ -172,13 +175,13 @@ def test_a_restarted_trainer_gets_every_later_step_once(
     ray_url: str, ray_producer: Any, ray_trainers: list[Any]
 ) -> None:
     create_board(_name(ray_url))
-    ray.get(ray_producer.send.remote(ray_url, 5, 1, True), timeout=60)
+    ray.get(ray_producer.send.remote(ray_url, 5, 1, True), timeout=ACTOR_CALL)
     trainer = Trainer.remote()  # the one killed; a session's trainer stands in for its restart
-    first = ray.get(trainer.take.remote(ray_url, 0, None, 2), timeout=60)
+    first = ray.get(trainer.take.remote(ray_url, 0, None, 2), timeout=ACTOR_CALL)
     assert [step for step, _ in first] == [0, 1]
     ray.kill(trainer)  # restarted from its checkpoint, which says it consumed step 1
     again = ray_trainers[0]
-    rest = ray.get(again.take.remote(ray_url, 0, first[-1][0] + 1, None), timeout=60)
+    rest = ray.get(again.take.remote(ray_url, 0, first[-1][0] + 1, None), timeout=ACTOR_CALL)
     assert [step for step, _ in rest] == [2, 3, 4]  # each once, then the end of the stream
     for step, prints in first + rest:
         assert prints == fingerprint(step_batches(step, 1)[0])
@@ -423,7 +426,7 @@ def test_an_async_actor_running_one_call_at_a_time_owns_its_steps(ray_url: str) 
     create_board(_name(ray_url))
     producer = OneCallAsyncProducer.remote()
     started = time.monotonic()
-    assert ray.get(producer.send.remote(ray_url), timeout=60) == {"board_owned": False}
+    assert ray.get(producer.send.remote(ray_url), timeout=ACTOR_CALL) == {"board_owned": False}
     assert time.monotonic() - started < 20
     with rlwire.open_receiver(ray_url) as receiver:
         assert fingerprint(receiver.receive(timeout=TIMEOUT)) == fingerprint(step_batches(0, 1)[0])
@@ -437,9 +440,9 @@ def test_a_pull_the_busy_producer_cannot_answer_says_so(ray_url: str) -> None:
     create_board(_name(ray_url))
     producer = BusyThreadedProducer.remote()
     busy = producer.generate.remote()
-    message = ray.get(producer.send.remote(ray_url, 1.0), timeout=60)
+    message = ray.get(producer.send.remote(ray_url, 1.0), timeout=ACTOR_CALL)
     assert "waited 1 s (pull_timeout)" in message and "max_concurrency" in message, message
-    ray.get(busy, timeout=60)
+    ray.get(busy, timeout=ACTOR_CALL)
     with rlwire.open_receiver(ray_url) as receiver:
         assert receiver.poll() is None  # nothing of the failed step is visible
     ray.kill(producer)

@@ -160,7 +160,7 @@ def _check_against(
 ) -> None:
     """Refuse ``columns`` unless they fit the step: ``count`` rows, each Ragged's rows
     as long as ``lengths`` (the step's token counts), names not appended already nor
-    of the step's columns of arrays (``held``)."""
+    of the step's columns that hold data (``held``)."""
     if len(columns) != count:
         raise SchemaError(f"add_fields: the columns hold {len(columns)} rows, the step {count}")
     for name, column in columns.items():

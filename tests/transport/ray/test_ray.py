@@ -43,6 +43,7 @@ from rlwire.aio import run_sliced
 from rlwire.testing import assert_batches_equal, make_sample
 from rlwire.transport.ray import RaySink, create_board, drop_board
 from rlwire.transport.ray._payload import make_payload, out_of_band, parse_payload
+from rlwire.transport.ray._sink import PULL_TIMEOUT
 from rlwire.transport.ray._staged import RayStaged
 
 TIMEOUT = 30.0
@@ -425,9 +426,10 @@ def test_an_async_actor_running_one_call_at_a_time_owns_its_steps(ray_url: str) 
     itself at once, rather than waiting ``pull_timeout`` for a call that cannot run."""
     create_board(_name(ray_url))
     producer = OneCallAsyncProducer.remote()
+    ray.get(producer.__ray_ready__.remote(), timeout=ACTOR_CALL)  # started: 10-30 s loaded
     started = time.monotonic()
     assert ray.get(producer.send.remote(ray_url), timeout=ACTOR_CALL) == {"board_owned": False}
-    assert time.monotonic() - started < 20
+    assert time.monotonic() - started < PULL_TIMEOUT / 2  # no wait for a pull
     with rlwire.open_receiver(ray_url) as receiver:
         assert fingerprint(receiver.receive(timeout=TIMEOUT)) == fingerprint(step_batches(0, 1)[0])
     ray.kill(producer)

@@ -266,7 +266,7 @@ def merge_appended(obj: Any, columns: dict[str, Column]) -> Any:
             elif isinstance(getattr(sample, "extras", None), dict):
                 # extras hold arrays (TrainingSample's rule): a number per sample is a
                 # 0-d array there, not a numpy scalar a validating receiver refuses.
-                number = isinstance(value, np.generic | int | float | bool)
+                number = isinstance(value, np.generic | int | float)
                 sample.extras[name] = np.asarray(value) if number else value
             else:
                 raise DecodeError(

@@ -109,8 +109,8 @@ def _ragged_value(w: Walker, ragged: Ragged, path: KeyPath, side: bool) -> msgsp
             receiver can read).
     """
     offsets = ragged.offsets
-    flat = isinstance(offsets, np.ndarray) and offsets.shape[:1] != (0,) and offsets.ndim == 1
-    if flat and offsets.dtype == np.int64:
+    shaped = isinstance(offsets, np.ndarray) and offsets.ndim == 1 and offsets.dtype == np.int64
+    if shaped and offsets.size:
         problem = offsets_problem(offsets, len(ragged.values))
     else:
         problem = "must be a 1-D int64 array of at least one entry"

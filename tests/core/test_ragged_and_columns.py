@@ -79,6 +79,23 @@ def test_from_lengths_does_not_copy() -> None:
     assert ragged[2].tolist() == [2, 3, 4, 5]
 
 
+@pytest.mark.parametrize(
+    "lengths", [[2.5, 3.5], [[2, 4]], "24", np.array([2, 4], np.float32)], ids=repr
+)
+def test_from_lengths_refuses_lengths_that_are_not_integers(lengths: object) -> None:
+    # A float length was truncated: [2.5, 3.5] cut 6 values into rows of 2 and 3.
+    with pytest.raises(SchemaError, match="lengths must be a 1-D sequence of integers"):
+        Ragged.from_lengths(np.arange(6), lengths)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("index", ["1", 1.0, None])
+def test_a_row_index_that_is_not_an_integer_is_a_type_error(index: object) -> None:
+    ragged = Ragged.from_lengths(np.arange(3), [1, 2])
+    with pytest.raises(TypeError, match="cannot be interpreted as an integer"):
+        ragged[index]  # type: ignore[index]
+    assert ragged[np.int64(1)].tolist() == [1, 2]
+
+
 def test_columns_rows_and_mapping_face() -> None:
     cols = Columns(
         {

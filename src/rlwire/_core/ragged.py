@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -104,12 +105,22 @@ class Ragged:
     def from_lengths(cls, values: np.ndarray, lengths: np.ndarray | Sequence[int]) -> Ragged:
         """A Ragged over ``values`` (not copied) cut into rows of ``lengths``.
 
+        Raises:
+            SchemaError: ``lengths`` is not a 1-D sequence of integers (a float length
+                is refused, not truncated), or they do not add up to ``len(values)``.
+
         Example:
             >>> import numpy as np
             >>> Ragged.from_lengths(np.arange(3), [1, 2]).offsets.tolist()
             [0, 1, 3]
         """
-        lengths = np.asarray(lengths, np.int64)
+        given = np.asarray(lengths)
+        if given.ndim != 1 or (given.size and given.dtype.kind not in "iu"):
+            raise SchemaError(
+                f"Ragged.from_lengths: lengths must be a 1-D sequence of integers, got "
+                f"dtype {given.dtype} and shape {given.shape}"
+            )
+        lengths = given.astype(np.int64, copy=False)
         offsets = np.zeros(len(lengths) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         return cls(values, offsets)
@@ -140,6 +151,7 @@ class Ragged:
                 self.values[base : self.offsets[stop]], self.offsets[start : stop + 1] - base
             )
         n = len(self)
+        index = operator.index(index)  # a str or float is a TypeError, as for a list
         i = index + n if index < 0 else index
         if not 0 <= i < n:
             raise IndexError(f"Ragged: row {index} out of range for {n} rows")

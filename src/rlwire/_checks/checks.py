@@ -39,8 +39,13 @@ __all__ = ["Checks"]
 class Checks:
     """Validation rules for any type, naming fields found at any depth.
 
-    A name selects every field of that name: a msgspec Struct or dataclass attribute, or
-    a string key of a dict, inside any Struct, dict, list, tuple or array, at any depth.
+    A name selects every field of that name: a msgspec Struct or dataclass attribute, a
+    string key of a dict, or a column of a :class:`~rlwire.Columns`, inside any Struct,
+    dict, list, tuple, array, :class:`~rlwire.Ragged`, :class:`~rlwire.Chunked` or
+    Columns, at any depth. Packed values are checked as the data held a row at a time:
+    a Ragged as the list of its rows (``$.logprobs[3][17]``), a Chunked as the one array
+    it is sent as, a Columns as the list of its rows (``$.samples[3].logprobs[17]``),
+    each array scanned whole.
 
     Args:
         finite: field names whose float values must be finite (no NaN, Inf or -Inf): a
@@ -182,7 +187,8 @@ class Checks:
         millisecond (see :mod:`rlwire._core.slicing`).
 
         Args:
-            obj: a msgspec Struct, dataclass, dict, list, tuple or array, nested freely.
+            obj: a msgspec Struct, dataclass, dict, list, tuple, array, Ragged, Chunked or
+                Columns, nested freely.
             check_names: also refuse names that match no field of ``obj`` (the sender
                 asks this of the first object it sends only).
 

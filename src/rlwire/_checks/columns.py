@@ -38,7 +38,8 @@ import msgspec
 import numpy as np
 
 from rlwire._checks.plan import ANY, Rules, Shape, merge_rules
-from rlwire._checks.walk import Walk, group_size, nesting, proven, same_length
+from rlwire._checks.values import same_length
+from rlwire._checks.walk import Walk, group_size, nesting, proven
 from rlwire._core.paths import KeyPath
 from rlwire._core.slicing import Sliced
 

@@ -20,7 +20,6 @@ Example:
 
 from __future__ import annotations
 
-import cmath
 import dataclasses
 import itertools
 import math
@@ -31,11 +30,14 @@ import msgspec
 import numpy as np
 
 from rlwire._checks.plan import ANY, Planner, Rules, Shape, merge_rules
-from rlwire._core.errors import SchemaError
-from rlwire._core.paths import KeyPath, render_path
+from rlwire._checks.values import Place, at, check_scalar, same_length, scan_array, under
+from rlwire._core.chunked import Chunked
+from rlwire._core.columns import Columns
+from rlwire._core.paths import KeyPath
+from rlwire._core.ragged import Ragged
 from rlwire._core.slicing import Sliced, SliceTimer
 
-__all__ = ["Walk", "group_size", "nesting", "proven", "same_length"]
+__all__ = ["Walk", "group_size", "nesting", "proven"]
 
 # -- values, groups and blocks ----------------------------------------------------------
 
@@ -56,9 +58,6 @@ _SUM_GROUP: Final = 8_192
 _MAX_GROUP: Final = 4_096
 #: What a nested list costs to flatten, in numbers.
 _LIST_COST: Final = 4
-#: Elements per block of an array (numpy releases the GIL while it scans); bounds the
-#: temporary bool array too.
-_ARRAY_BLOCK: Final = 1 << 18
 
 
 class Walk:
@@ -86,7 +85,7 @@ class Walk:
         kind = type(value)
         if kind in _PLAIN:
             if rules is not None:
-                _scalar(value, path, rules)
+                check_scalar(value, path, rules)
             return
         if rules is None and shape is None:
             return
@@ -102,11 +101,86 @@ class Walk:
             yield from self.record(value, path, rules)
         elif isinstance(value, np.generic):
             if rules is not None:
-                _scalar(value.item(), path, rules)
+                check_scalar(value.item(), path, rules)
         elif isinstance(value, dict):
             yield from self.mapping(value, path, rules, shape)
         elif isinstance(value, list | tuple | set | frozenset):
             yield from self.sequence(list(value), path, rules, shape)
+        else:
+            yield from self.packed(value, path, rules)
+
+    # -- values held packed: each array scanned whole, a bad value named by its row -----
+
+    def packed(self, value: Any, path: KeyPath, rules: Rules | None) -> Sliced[None]:
+        """Check ``value`` if it is a Ragged, a Chunked or a Columns (anything else holds
+        nothing the checks know how to look into)."""
+        if isinstance(value, Ragged):
+            yield from self.ragged(value, path, rules)
+        elif isinstance(value, Chunked):
+            yield from self.chunked(value, path, rules)
+        elif isinstance(value, Columns):
+            yield from self.columns(value, path, rules)
+
+    def ragged(self, ragged: Ragged, path: KeyPath, rules: Rules | None) -> Sliced[None]:
+        """Check ``ragged`` as the list of its rows (``$.x[3][17]``: row 3, token 17), its
+        values in one scan."""
+        if ragged.values.dtype.kind == "O":
+            for i, row in enumerate(ragged):
+                yield from self.visit(row, (path, i), rules, ANY)
+        elif rules is not None:
+            yield from scan_array(ragged.values, rules, _by_row(ragged, path, None), self.tick)
+
+    def chunked(self, chunked: Chunked, path: KeyPath, rules: Rules | None) -> Sliced[None]:
+        """Check ``chunked`` as the one array it is sent as (a bad value is named by its
+        row in that array), a chunk at a time."""
+        start = 0
+        for chunk in chunked.chunks:
+            if chunk.dtype.kind == "O":
+                for i, item in enumerate(chunk, start):
+                    yield from self.visit(item, (path, i), rules, ANY)
+            elif rules is not None:
+                yield from scan_array(chunk, rules, _shifted(path, start), self.tick)
+            start += len(chunk)
+
+    def columns(self, cols: Columns, path: KeyPath, rules: Rules | None) -> Sliced[None]:
+        """Check ``cols`` as the list of its rows, a column at a time: a bad value is named
+        by its row, then its column (``$.samples[3].logprobs[17]``); the first bad value
+        of the first column (in the columns' order) that holds one is named."""
+        if self.collect:
+            self.seen.update(cols.names)
+        for name in cols.names:
+            inner = merge_rules(rules, self.rules.get(name))
+            column = cols[name]
+            if not isinstance(column, list) and column.dtype.kind != "O":
+                if inner is not None:
+                    values = column.values if isinstance(column, Ragged) else column
+                    place = _by_row(column, path, name)
+                    yield from scan_array(values, inner, place, self.tick)
+                continue
+            for i in range(len(cols)):
+                yield from self.visit(column[i], ((path, i), name), inner, ANY)
+                if i & 255 == 255:
+                    yield from self.tick()
+        for group in self.groups:
+            present = [name for name in group if name in cols]
+            if len(present) >= 2:
+                yield from self.column_lengths(cols, path, group, present)
+        yield from self.tick()
+
+    def column_lengths(
+        self, cols: Columns, path: KeyPath, group: Sequence[str], present: list[str]
+    ) -> Sliced[None]:
+        """A same_length group over rows held as columns: compared in numpy where every
+        column is a Ragged or an array of two or more dimensions, row by row otherwise."""
+        lengths = [_row_lengths(cols[name]) for name in present]
+        rows: Iterable[int] = range(len(cols))
+        if all(n is not None for n in lengths):
+            table = np.stack(lengths)  # type: ignore[arg-type]  # no None, checked above
+            rows = np.flatnonzero((table != table[0]).any(axis=0))[:1].tolist()
+        for i in rows:
+            same_length((path, i), group, [(name, cols[name][i]) for name in present])
+            if i & 255 == 255:
+                yield from self.tick()
 
     # -- containers -------------------------------------------------------------------
 
@@ -211,7 +285,7 @@ class Walk:
         place (the first offending item raises)."""
         for i, item in enumerate(group):
             if type(item) in _PLAIN:
-                _scalar(item, (path, start + i), rules)
+                check_scalar(item, (path, start + i), rules)
             else:
                 yield from self.visit(item, (path, start + i), rules, ANY)
             if i & 1023 == 1023:
@@ -220,35 +294,36 @@ class Walk:
     def array(self, arr: np.ndarray, path: KeyPath, rules: Rules | None) -> Sliced[None]:
         if arr.dtype.kind == "O":  # objects: checked like the nested lists they are
             yield from self.visit(arr.tolist(), path, rules, ANY)
-            return
-        if rules is None:
-            return
-        finite = rules.finite is not None and arr.dtype.kind in "fc"
-        bounded = rules.limit_name is not None and arr.dtype.kind in "iub"
-        if not (finite or bounded):
-            return
-        if arr.dtype.kind == "b":
-            arr = arr.view(np.uint8)
-        # A contiguous array is scanned in blocks of a flat view; any other in one go.
-        if arr.flags.c_contiguous:
-            flat = arr.reshape(-1)
-        elif arr.flags.f_contiguous:
-            flat = arr.T.reshape(-1)
-        else:
-            flat = None
-        blocks = (
-            [arr]
-            if flat is None
-            else (flat[i : i + _ARRAY_BLOCK] for i in range(0, flat.size, _ARRAY_BLOCK))
-        )
-        for block in blocks:
-            if finite and not np.isfinite(block).all():
-                index = np.argwhere(~np.isfinite(arr))[0]
-                _fail_finite(_at(path, index), arr[tuple(index)], rules)
-            if bounded and block.size and int(block.max()) > rules.limit:
-                index = np.argwhere(arr > rules.limit)[0]
-                _fail_max(_at(path, index), arr[tuple(index)], rules)
-            yield from self.tick()
+        elif rules is not None:
+            yield from scan_array(arr, rules, under(path), self.tick)
+
+
+def _by_row(column: Ragged | np.ndarray, path: KeyPath, name: str | None) -> Place:
+    """Where an element of ``column``'s values is, named by its row first (then ``name``,
+    for a column of a Columns, then its index in the row)."""
+
+    def place(index: tuple[int, ...]) -> KeyPath:
+        row, rest = index[0], index[1:]
+        if isinstance(column, Ragged):
+            row = int(np.searchsorted(column.offsets, row, "right")) - 1
+            rest = (index[0] - int(column.offsets[row]), *rest)
+        return at((path, row) if name is None else ((path, row), name), rest)
+
+    return place
+
+
+def _shifted(path: KeyPath, start: int) -> Place:
+    """Where an element of a chunk whose first row is row ``start`` of the whole is."""
+    return lambda index: at(path, (start + index[0], *index[1:]))
+
+
+def _row_lengths(column: Any) -> np.ndarray | None:
+    """Each row's length in ``column``, if numpy can tell it without a Python loop."""
+    if isinstance(column, Ragged):
+        return column.lengths
+    if isinstance(column, np.ndarray) and column.ndim >= 2 and column.dtype.kind != "O":
+        return np.full(len(column), column.shape[1])
+    return None
 
 
 def group_size(rules: Rules, cost: int) -> int:
@@ -308,64 +383,3 @@ def proven(group: Sequence[Any], rules: Rules, depth: int = 0) -> bool:
     except (TypeError, ValueError, OverflowError):
         return False  # mixed items (None, strings, containers): check them one by one
     return True
-
-
-def _scalar(value: Any, path: KeyPath, rules: Rules) -> None:
-    kind = type(value)
-    if kind is float:
-        if rules.finite is not None and not math.isfinite(value):
-            _fail_finite(path, value, rules)
-    elif kind is int or kind is bool:
-        if rules.limit_name is not None and value > rules.limit:
-            _fail_max(path, value, rules)
-    elif kind is complex:
-        if rules.finite is not None and not cmath.isfinite(value):
-            _fail_finite(path, value, rules)
-    elif isinstance(value, np.generic):
-        _scalar(value.item(), path, rules)
-
-
-def _fail_finite(path: KeyPath, value: Any, rules: Rules) -> None:
-    raise SchemaError(
-        f"{render_path(path)}: {_show(value)} is not finite ({rules.finite!r} is checked finite)"
-    )
-
-
-def _fail_max(path: KeyPath, value: Any, rules: Rules) -> None:
-    raise SchemaError(
-        f"{render_path(path)}: {_show(value)} is above {rules.limit}, "
-        f"the max_value of {rules.limit_name!r}"
-    )
-
-
-def same_length(path: KeyPath, group: Sequence[str], fields: list[tuple[str, Any]]) -> None:
-    """Refuse the record or dict at ``path`` if its ``fields`` of a same_length ``group``
-    (name, value) differ in length; None and UNSET values are left out."""
-    lengths: list[tuple[str, int]] = []
-    for name, value in fields:
-        if value is None or value is msgspec.UNSET:
-            continue
-        try:
-            lengths.append((name, len(value)))
-        except TypeError:
-            raise SchemaError(
-                f"{render_path((path, name))}: has no length ({type(value).__name__}), but "
-                f"same_length group {tuple(group)!r} compares it"
-            ) from None
-    if len({n for _, n in lengths}) > 1:
-        listed = ", ".join(f"{name} has {n}" for name, n in lengths)
-        raise SchemaError(
-            f"{render_path(path)}: same_length group {tuple(group)!r} disagrees: {listed}"
-        )
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, np.generic):
-        value = value.item()
-    return repr(value)
-
-
-def _at(path: KeyPath, index: Iterable[int]) -> KeyPath:
-    for i in index:
-        path = (path, int(i))
-    return path

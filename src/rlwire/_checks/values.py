@@ -1,0 +1,139 @@
+"""The rules of :class:`~rlwire.Checks` applied to one value, and the errors they raise.
+
+A number is checked against its field's rules, an array is scanned a block of elements at
+a time (numpy lets go of the GIL while it scans), the fields of a ``same_length`` group
+are compared. The :class:`~rlwire.errors.SchemaError` names the first value that breaks a
+rule by its path, as :func:`~rlwire._core.paths.render_path` writes it.
+
+Example:
+    >>> from rlwire._checks.plan import Rules
+    >>> check_scalar(float("nan"), (None, "x"), Rules("x", None, 0))
+    Traceback (most recent call last):
+    ...
+    rlwire.errors.SchemaError: $.x: nan is not finite ('x' is checked finite)
+"""
+
+from __future__ import annotations
+
+import cmath
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final
+
+import msgspec
+import numpy as np
+
+from rlwire._checks.plan import Rules
+from rlwire._core.errors import SchemaError
+from rlwire._core.paths import KeyPath, render_path
+from rlwire._core.slicing import Sliced
+
+__all__ = ["Place", "at", "check_scalar", "same_length", "scan_array", "under"]
+
+#: Elements per block of an array (numpy releases the GIL while it scans); bounds the
+#: temporary bool array too.
+_ARRAY_BLOCK: Final = 1 << 18
+
+#: Where an element of a scanned array is, given its index in that array.
+Place = Callable[[tuple[int, ...]], KeyPath]
+
+
+def under(path: KeyPath) -> Place:
+    """The :data:`Place` of an array that sits at ``path`` itself."""
+    return lambda index: at(path, index)
+
+
+def scan_array(
+    arr: np.ndarray, rules: Rules, place: Place, tick: Callable[[], Sliced[None]]
+) -> Sliced[None]:
+    """Check the numbers of ``arr`` (not an object array) under ``rules``, a block at a
+    time with ``tick`` between blocks; the first bad element is named by ``place``."""
+    finite = rules.finite is not None and arr.dtype.kind in "fc"
+    bounded = rules.limit_name is not None and arr.dtype.kind in "iub"
+    if not (finite or bounded):
+        return
+    if arr.dtype.kind == "b":
+        arr = arr.view(np.uint8)
+    # A contiguous array is scanned in blocks of a flat view; any other in one go.
+    if arr.flags.c_contiguous:
+        flat = arr.reshape(-1)
+    elif arr.flags.f_contiguous:
+        flat = arr.T.reshape(-1)
+    else:
+        flat = None
+    blocks = (
+        [arr]
+        if flat is None
+        else (flat[i : i + _ARRAY_BLOCK] for i in range(0, flat.size, _ARRAY_BLOCK))
+    )
+    for block in blocks:
+        if finite and not np.isfinite(block).all():
+            index = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+            _fail_finite(place(index), arr[index], rules)
+        if bounded and block.size and int(block.max()) > rules.limit:
+            index = tuple(int(i) for i in np.argwhere(arr > rules.limit)[0])
+            _fail_max(place(index), arr[index], rules)
+        yield from tick()
+
+
+def check_scalar(value: Any, path: KeyPath, rules: Rules) -> None:
+    """Refuse the number ``value`` at ``path`` if it breaks ``rules`` (other values pass)."""
+    kind = type(value)
+    if kind is float:
+        if rules.finite is not None and not math.isfinite(value):
+            _fail_finite(path, value, rules)
+    elif kind is int or kind is bool:
+        if rules.limit_name is not None and value > rules.limit:
+            _fail_max(path, value, rules)
+    elif kind is complex:
+        if rules.finite is not None and not cmath.isfinite(value):
+            _fail_finite(path, value, rules)
+    elif isinstance(value, np.generic):
+        check_scalar(value.item(), path, rules)
+
+
+def _fail_finite(path: KeyPath, value: Any, rules: Rules) -> None:
+    raise SchemaError(
+        f"{render_path(path)}: {_show(value)} is not finite ({rules.finite!r} is checked finite)"
+    )
+
+
+def _fail_max(path: KeyPath, value: Any, rules: Rules) -> None:
+    raise SchemaError(
+        f"{render_path(path)}: {_show(value)} is above {rules.limit}, "
+        f"the max_value of {rules.limit_name!r}"
+    )
+
+
+def same_length(path: KeyPath, group: Sequence[str], fields: list[tuple[str, Any]]) -> None:
+    """Refuse the record or dict at ``path`` if its ``fields`` of a same_length ``group``
+    (name, value) differ in length; None and UNSET values are left out."""
+    lengths: list[tuple[str, int]] = []
+    for name, value in fields:
+        if value is None or value is msgspec.UNSET:
+            continue
+        try:
+            lengths.append((name, len(value)))
+        except TypeError:
+            raise SchemaError(
+                f"{render_path((path, name))}: has no length ({type(value).__name__}), but "
+                f"same_length group {tuple(group)!r} compares it"
+            ) from None
+    if len({n for _, n in lengths}) > 1:
+        listed = ", ".join(f"{name} has {n}" for name, n in lengths)
+        raise SchemaError(
+            f"{render_path(path)}: same_length group {tuple(group)!r} disagrees: {listed}"
+        )
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, np.generic):
+        value = value.item()
+    return repr(value)
+
+
+def at(path: KeyPath, index: Iterable[int]) -> KeyPath:
+    """``path`` followed by the indices ``index``."""
+    for i in index:
+        path = (path, int(i))
+    return path

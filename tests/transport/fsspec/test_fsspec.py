@@ -544,3 +544,33 @@ def test_memory_discard_and_cancel_leave_no_keys() -> None:
     run_sliced(sink.stage(0, [frame(100)]))
     assert FsspecSink(url).open("resume") == 0
     assert keys(root) == []
+
+
+def test_memory_listing_beside_a_thread_that_deletes_objects() -> None:
+    # fsspec's memory filesystem lists its keys, then reads each one's size: an object
+    # deleted by another thread in between raised KeyError, and a receiver polling
+    # beside a sender failed with "cannot list" (one full test run, 2026-11-29).
+    url = f"memory://rlwire-test-{time.monotonic_ns()}"
+    store = Connection(url, None).get()
+    fs = fsspec.filesystem("memory")
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            for i in range(50):
+                fs.pipe_file(store.path(f".tmp-{i}"), b"x")
+            fs.rm([store.path(f".tmp-{i}") for i in range(50)])
+
+    fs.pipe_file(store.path("step-00000000.rank-0000.rlw"), b"x")
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch often: the race comes within a few lists
+    thread = threading.Thread(target=churn)
+    thread.start()
+    try:
+        for _ in range(2_000):
+            assert "step-00000000.rank-0000.rlw" in store.names()
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(old)
+        fs.rm(store.root, recursive=True)

@@ -22,6 +22,8 @@ __all__ = ["Staging", "Store"]
 
 #: Part size for :meth:`Store.save`'s marks (a few bytes: a single PUT).
 _SMALL_PART_BYTES = 5 << 20
+#: Listings of the root before a failure stands (see :meth:`Store.names`).
+_LIST_ATTEMPTS = 5
 
 
 class Staging(StoredStaging):
@@ -72,10 +74,18 @@ class Store(abc.ABC):
         """Names directly under the root, fresh from the store (not fsspec's listing
         cache); none if the root does not exist."""
         self.fs.invalidate_cache(self.root)
-        try:
-            paths = self.fs.ls(self.root, detail=False)
-        except FileNotFoundError:
-            return []
+        for attempt in range(_LIST_ATTEMPTS):
+            try:
+                paths = self.fs.ls(self.root, detail=False)
+                break
+            except FileNotFoundError:
+                return []
+            except KeyError:
+                # fsspec's memory filesystem lists its keys, then reads each one's
+                # size: an object another thread deletes in between raises KeyError.
+                # Listing again no longer sees it.
+                if attempt == _LIST_ATTEMPTS - 1:
+                    raise
         return [str(p).rstrip("/").rpartition("/")[2] for p in paths]
 
     def remove(self, names: Sequence[str]) -> None:

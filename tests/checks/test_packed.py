@@ -23,7 +23,7 @@ from rlwire._checks.plan import ANY
 from rlwire._core.slicing import run_sliced
 
 CHECKS = Checks(
-    finite=("logprobs", "reward", "x"),
+    finite=("logprobs", "reward", "x", "score"),
     max_value={"ids": 100},
     same_length=(("ids", "logprobs"),),
 )
@@ -41,8 +41,8 @@ def outcome(checks: Checks, obj: Any) -> tuple[Any, ...]:
 
 @st.composite
 def columns_with_one_flaw(draw: st.DrawFn) -> Columns:
-    """Columns of a few kinds (Ragged, 1-D and 2-D arrays, a list), with at most one bad
-    value planted."""
+    """Columns of a few kinds (Ragged, 1-D and 2-D arrays, lists of strings and of
+    floats), with at most one bad value planted."""
     lengths = draw(st.lists(st.integers(0, 6), min_size=1, max_size=12))
     n, total = len(lengths), sum(lengths)
     cols: dict[str, Any] = {
@@ -51,13 +51,16 @@ def columns_with_one_flaw(draw: st.DrawFn) -> Columns:
         "reward": np.linspace(0, 1, n),
         "x": np.zeros((n, 3)),
         "env": [f"env{i}" for i in range(n)],
+        "score": [float(i) for i in range(n)],  # a list column of numbers
     }
-    flaw = draw(st.sampled_from(["none", "ids", "logprobs", "reward", "x"]))
+    flaw = draw(st.sampled_from(["none", "ids", "logprobs", "reward", "x", "score"]))
     if flaw in ("ids", "logprobs") and total:
         at = draw(st.integers(0, total - 1))
         cols[flaw].values[at] = 1000 if flaw == "ids" else np.nan
     elif flaw == "reward":
         cols["reward"][draw(st.integers(0, n - 1))] = np.inf
+    elif flaw == "score":
+        cols["score"][draw(st.integers(0, n - 1))] = draw(st.sampled_from([np.nan, -np.inf]))
     elif flaw == "x":
         cols["x"][draw(st.integers(0, n - 1)), draw(st.integers(0, 2))] = -np.inf
     return Columns(cols)

@@ -26,9 +26,19 @@ import numpy as np
 from rlwire._checks.plan import Rules
 from rlwire._core.errors import SchemaError
 from rlwire._core.paths import KeyPath, render_path
+from rlwire._core.ragged import Ragged
 from rlwire._core.slicing import Sliced
 
-__all__ = ["Place", "at", "check_scalar", "same_length", "scan_array", "under"]
+__all__ = [
+    "Place",
+    "at",
+    "by_row",
+    "check_scalar",
+    "same_length",
+    "scan_array",
+    "shifted",
+    "under",
+]
 
 #: Elements per block of an array (numpy releases the GIL while it scans); bounds the
 #: temporary bool array too.
@@ -41,6 +51,25 @@ Place = Callable[[tuple[int, ...]], KeyPath]
 def under(path: KeyPath) -> Place:
     """The :data:`Place` of an array that sits at ``path`` itself."""
     return lambda index: at(path, index)
+
+
+def by_row(column: Ragged | np.ndarray, path: KeyPath, name: str | None) -> Place:
+    """Where an element of ``column``'s values is, named by its row first (then ``name``,
+    for a column of a Columns, then its index in the row)."""
+
+    def place(index: tuple[int, ...]) -> KeyPath:
+        row, rest = index[0], index[1:]
+        if isinstance(column, Ragged):
+            row = int(np.searchsorted(column.offsets, row, "right")) - 1
+            rest = (index[0] - int(column.offsets[row]), *rest)
+        return at((path, row) if name is None else ((path, row), name), rest)
+
+    return place
+
+
+def shifted(path: KeyPath, start: int) -> Place:
+    """Where an element of a chunk whose first row is row ``start`` of the whole is."""
+    return lambda index: at(path, (start + index[0], *index[1:]))
 
 
 def scan_array(

@@ -30,7 +30,7 @@ import msgspec
 import numpy as np
 
 from rlwire._checks.plan import ANY, Planner, Rules, Shape, merge_rules
-from rlwire._checks.values import Place, at, check_scalar, same_length, scan_array, under
+from rlwire._checks.values import by_row, check_scalar, same_length, scan_array, shifted, under
 from rlwire._core.chunked import Chunked
 from rlwire._core.columns import Columns
 from rlwire._core.paths import KeyPath
@@ -48,6 +48,8 @@ _NUMBERS: Final = frozenset({int, float, bool})
 #: Items that mark an untyped list as a list of leaves (None does not: ``[None, {...}]``).
 _LEAVES: Final = frozenset({int, float, bool, str, bytes, complex})
 _LISTS: Final = frozenset({list, tuple})
+#: Rows of a list or object column looked at between two looks at the slice timer.
+_ROWS_AT_ONCE: Final = 1_024
 #: Levels of nested lists flattened at C speed (e.g. [seq_len][layers][topk] is 3).
 _MAX_DEPTH: Final = 6
 
@@ -128,7 +130,7 @@ class Walk:
             for i, row in enumerate(ragged):
                 yield from self.visit(row, (path, i), rules, ANY)
         elif rules is not None:
-            yield from scan_array(ragged.values, rules, _by_row(ragged, path, None), self.tick)
+            yield from scan_array(ragged.values, rules, by_row(ragged, path, None), self.tick)
 
     def chunked(self, chunked: Chunked, path: KeyPath, rules: Rules | None) -> Sliced[None]:
         """Check ``chunked`` as the one array it is sent as (a bad value is named by its
@@ -139,7 +141,7 @@ class Walk:
                 for i, item in enumerate(chunk, start):
                     yield from self.visit(item, (path, i), rules, ANY)
             elif rules is not None:
-                yield from scan_array(chunk, rules, _shifted(path, start), self.tick)
+                yield from scan_array(chunk, rules, shifted(path, start), self.tick)
             start += len(chunk)
 
     def columns(self, cols: Columns, path: KeyPath, rules: Rules | None) -> Sliced[None]:
@@ -154,13 +156,17 @@ class Walk:
             if not isinstance(column, list) and column.dtype.kind != "O":
                 if inner is not None:
                     values = column.values if isinstance(column, Ragged) else column
-                    place = _by_row(column, path, name)
+                    place = by_row(column, path, name)
                     yield from scan_array(values, inner, place, self.tick)
                 continue
-            for i in range(len(cols)):
-                yield from self.visit(column[i], ((path, i), name), inner, ANY)
-                if i & 255 == 255:
-                    yield from self.tick()
+            for start in range(0, len(cols), _ROWS_AT_ONCE):
+                rows = column[start : start + _ROWS_AT_ONCE]
+                if not _settled(rows, inner):  # else no row needs a look
+                    for i, item in enumerate(rows, start):
+                        yield from self.visit(item, ((path, i), name), inner, ANY)
+                        if i & 255 == 255:
+                            yield from self.tick()
+                yield from self.tick()
         for group in self.groups:
             present = [name for name in group if name in cols]
             if len(present) >= 2:
@@ -298,23 +304,15 @@ class Walk:
             yield from scan_array(arr, rules, under(path), self.tick)
 
 
-def _by_row(column: Ragged | np.ndarray, path: KeyPath, name: str | None) -> Place:
-    """Where an element of ``column``'s values is, named by its row first (then ``name``,
-    for a column of a Columns, then its index in the row)."""
-
-    def place(index: tuple[int, ...]) -> KeyPath:
-        row, rest = index[0], index[1:]
-        if isinstance(column, Ragged):
-            row = int(np.searchsorted(column.offsets, row, "right")) - 1
-            rest = (index[0] - int(column.offsets[row]), *rest)
-        return at((path, row) if name is None else ((path, row), name), rest)
-
-    return place
-
-
-def _shifted(path: KeyPath, start: int) -> Place:
-    """Where an element of a chunk whose first row is row ``start`` of the whole is."""
-    return lambda index: at(path, (start + index[0], *index[1:]))
+def _settled(rows: Any, rules: Rules | None) -> bool:
+    """True if the values ``rows`` of a list column are shown to pass at C speed: with no
+    rule in force they are numbers, strings and the like (no names); under rules, numbers
+    that pass them."""
+    if not isinstance(rows, list):
+        return False  # an object array's rows
+    if rules is None:
+        return set(map(type, rows)) <= _PLAIN
+    return set(map(type, rows)) <= _NUMBERS and proven(rows, rules)
 
 
 def _row_lengths(column: Any) -> np.ndarray | None:

@@ -8,6 +8,7 @@ a Ragged passed, and names found only in a Columns were a ConfigError.
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,52 @@ def test_an_object_column_is_walked_row_by_row() -> None:
     assert outcome(CHECKS, cols) == outcome(CHECKS, list(cols.rows()))
     with pytest.raises(rlwire.SchemaError, match=r"^\$\[1\]\.extras\.reward: nan"):
         CHECKS.validate(cols)
+
+
+def test_a_bool_column_over_its_max_value_is_named_as_its_rows_name_it() -> None:
+    cols = Columns({"done": np.array([False, True])})
+    checks = Checks(max_value={"done": 0})
+    assert outcome(checks, cols) == outcome(checks, list(cols.rows()))
+    with pytest.raises(rlwire.SchemaError, match=r"^\$\[1\]\.done: True is above 0"):
+        checks.validate(cols)
+
+
+@pytest.mark.parametrize("dtype", [np.longdouble, np.clongdouble])
+def test_long_doubles_are_checked_finite(dtype: type) -> None:
+    # .item() of a long double is a long double: the check of one called itself forever.
+    cols = Columns({"x": np.array([1.0, np.inf], dtype)})
+    assert outcome(CHECKS, cols) == outcome(CHECKS, list(cols.rows()))
+    with pytest.raises(rlwire.SchemaError, match=r"^\$\[1\]\.x: .*inf.* is not finite"):
+        CHECKS.validate(cols)
+
+
+def test_a_failing_scan_finds_its_value_in_the_block_not_in_a_list_of_every_bad_index() -> None:
+    # Every value is above the maximum: listing their indices took 16 bytes an element.
+    values = np.full((1_000_000, 4), 300, np.uint16)  # 8 MB
+    ragged = Ragged.from_lengths(values, [1_000_000])
+    tracemalloc.start()
+    try:
+        with pytest.raises(rlwire.SchemaError, match=r"^\$\.ids\[0\]\[0\]\[0\]: 300"):
+            CHECKS.validate({"ids": ragged})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+
+
+def test_a_fortran_order_column_names_its_first_bad_value_in_row_order() -> None:
+    x = np.asfortranarray(np.zeros((4, 3)))
+    x[3, 0] = x[1, 2] = np.nan  # in row order, [1][2] comes first
+    cols = Columns({"x": x})
+    assert outcome(CHECKS, cols)[1].startswith("$[1].x[2]: nan")
+    assert outcome(CHECKS, cols) == outcome(CHECKS, list(cols.rows()))
+
+
+def test_an_object_chunked_is_checked_as_its_array() -> None:
+    # (Object arrays are never sent: this is Checks.validate on its own.)
+    chunked = Chunked([np.array([1, {"reward": np.nan}, 2], object)])
+    for checks in (CHECKS, Checks(finite=["reward"])):  # under a rule, and with none
+        assert outcome(checks, {"x": chunked}) == outcome(checks, {"x": chunked.to_array()})
 
 
 # -- through a sender and a receiver ----------------------------------------------------------

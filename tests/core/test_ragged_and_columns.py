@@ -88,6 +88,14 @@ def test_from_lengths_refuses_lengths_that_are_not_integers(lengths: object) -> 
         Ragged.from_lengths(np.arange(6), lengths)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    "lengths", [[np.int32(2), np.uint64(4)], [np.int64(2), np.uint64(4)], (2, 4)], ids=repr
+)
+def test_from_lengths_takes_ints_of_any_kind(lengths: list[int]) -> None:
+    # numpy promotes int64 beside uint64 to float64: the ints are taken one by one.
+    assert Ragged.from_lengths(np.arange(6), lengths).offsets.tolist() == [0, 2, 6]
+
+
 @pytest.mark.parametrize("index", ["1", 1.0, None])
 def test_a_row_index_that_is_not_an_integer_is_a_type_error(index: object) -> None:
     ragged = Ragged.from_lengths(np.arange(3), [1, 2])

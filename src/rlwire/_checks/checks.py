@@ -45,7 +45,9 @@ class Checks:
     Columns, at any depth. Packed values are checked as the data held a row at a time:
     a Ragged as the list of its rows (``$.logprobs[3][17]``), a Chunked as the one array
     it is sent as, a Columns as the list of its rows (``$.samples[3].logprobs[17]``),
-    each array scanned whole.
+    each array scanned whole. Where a Columns breaks several rules, the first column (in
+    its order) that holds a bad value is named, and ``same_length`` is compared after
+    every column is checked.
 
     Args:
         finite: field names whose float values must be finite (no NaN, Inf or -Inf): a

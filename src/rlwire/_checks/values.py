@@ -76,33 +76,50 @@ def scan_array(
     arr: np.ndarray, rules: Rules, place: Place, tick: Callable[[], Sliced[None]]
 ) -> Sliced[None]:
     """Check the numbers of ``arr`` (not an object array) under ``rules``, a block at a
-    time with ``tick`` between blocks; the first bad element is named by ``place``."""
+    time with ``tick`` between blocks; the first bad element (in C order) is named by
+    ``place``."""
     finite = rules.finite is not None and arr.dtype.kind in "fc"
     bounded = rules.limit_name is not None and arr.dtype.kind in "iub"
     if not (finite or bounded):
         return
-    if arr.dtype.kind == "b":
-        arr = arr.view(np.uint8)
-    # A contiguous array is scanned in blocks of a flat view; any other in one go.
-    if arr.flags.c_contiguous:
-        flat = arr.reshape(-1)
-    elif arr.flags.f_contiguous:
-        flat = arr.T.reshape(-1)
-    else:
-        flat = None
-    blocks = (
-        [arr]
-        if flat is None
-        else (flat[i : i + _ARRAY_BLOCK] for i in range(0, flat.size, _ARRAY_BLOCK))
-    )
-    for block in blocks:
+    numbers = arr.view(np.uint8) if arr.dtype.kind == "b" else arr  # bools compared as 0, 1
+    # A C-contiguous array is scanned in blocks of its flat view, and a bad element is
+    # found in its block; any other array is scanned in one go.
+    c_order = numbers.flags.c_contiguous
+    flat = numbers.reshape(-1) if c_order else numbers
+    for start in range(0, max(flat.size, 1), _ARRAY_BLOCK) if c_order else (0,):
+        block = flat[start : start + _ARRAY_BLOCK] if c_order else flat
         if finite and not np.isfinite(block).all():
-            index = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+            index = _first(numbers, block if c_order else None, start, _not_finite)
             _fail_finite(place(index), arr[index], rules)
         if bounded and block.size and int(block.max()) > rules.limit:
-            index = tuple(int(i) for i in np.argwhere(arr > rules.limit)[0])
+            index = _first(numbers, block if c_order else None, start, _above(rules.limit))
             _fail_max(place(index), arr[index], rules)
         yield from tick()
+
+
+def _not_finite(values: np.ndarray) -> np.ndarray:
+    return np.asarray(np.logical_not(np.isfinite(values)))
+
+
+def _above(limit: int) -> Callable[[np.ndarray], np.ndarray]:
+    def above(values: np.ndarray) -> np.ndarray:
+        return np.asarray(values > limit)
+
+    return above
+
+
+def _first(
+    arr: np.ndarray, block: np.ndarray | None, start: int, bad: Callable[[np.ndarray], np.ndarray]
+) -> tuple[int, ...]:
+    """The index in ``arr`` of its first element (in C order) that ``bad`` marks: looked
+    for in ``block``, the slice of ``arr``'s flat view from ``start``, if given; else in
+    a mask of the whole array (a byte an element, not an index per bad element)."""
+    if block is not None:
+        flat = start + int(np.argmax(bad(block)))
+    else:
+        flat = int(np.argmax(bad(arr).ravel()))  # ravel: C order, as the rows are read
+    return tuple(int(i) for i in np.unravel_index(flat, arr.shape))
 
 
 def check_scalar(value: Any, path: KeyPath, rules: Rules) -> None:
@@ -116,6 +133,9 @@ def check_scalar(value: Any, path: KeyPath, rules: Rules) -> None:
             _fail_max(path, value, rules)
     elif kind is complex:
         if rules.finite is not None and not cmath.isfinite(value):
+            _fail_finite(path, value, rules)
+    elif isinstance(value, np.inexact):  # .item() of a long double is itself
+        if rules.finite is not None and not np.isfinite(value):
             _fail_finite(path, value, rules)
     elif isinstance(value, np.generic):
         check_scalar(value.item(), path, rules)

@@ -129,25 +129,27 @@ class Walk:
         if ragged.values.dtype.kind == "O":
             for i, row in enumerate(ragged):
                 yield from self.visit(row, (path, i), rules, ANY)
+                yield from self.tick()
         elif rules is not None:
             yield from scan_array(ragged.values, rules, by_row(ragged, path, None), self.tick)
 
     def chunked(self, chunked: Chunked, path: KeyPath, rules: Rules | None) -> Sliced[None]:
         """Check ``chunked`` as the one array it is sent as (a bad value is named by its
         row in that array), a chunk at a time."""
+        if chunked.dtype is not None and chunked.dtype.kind == "O":  # not sendable
+            yield from self.visit(chunked.to_array(), path, rules, ANY)
+            return
         start = 0
         for chunk in chunked.chunks:
-            if chunk.dtype.kind == "O":
-                for i, item in enumerate(chunk, start):
-                    yield from self.visit(item, (path, i), rules, ANY)
-            elif rules is not None:
+            if rules is not None:
                 yield from scan_array(chunk, rules, shifted(path, start), self.tick)
             start += len(chunk)
 
     def columns(self, cols: Columns, path: KeyPath, rules: Rules | None) -> Sliced[None]:
         """Check ``cols`` as the list of its rows, a column at a time: a bad value is named
         by its row, then its column (``$.samples[3].logprobs[17]``); the first bad value
-        of the first column (in the columns' order) that holds one is named."""
+        of the first column (in the columns' order) that holds one is named, and the
+        same_length groups are compared after every column."""
         if self.collect:
             self.seen.update(cols.names)
         for name in cols.names:
@@ -159,8 +161,11 @@ class Walk:
                     place = by_row(column, path, name)
                     yield from scan_array(values, inner, place, self.tick)
                 continue
-            for start in range(0, len(cols), _ROWS_AT_ONCE):
-                rows = column[start : start + _ROWS_AT_ONCE]
+            size = _ROWS_AT_ONCE  # rows of lists: as many as sum or max takes quickly
+            if type(column) is list and column and inner is not None:
+                size = min(size, group_size(inner, nesting(column[0])[1]))
+            for start in range(0, len(cols), size):
+                rows = column[start : start + size]
                 if not _settled(rows, inner):  # else no row needs a look
                     for i, item in enumerate(rows, start):
                         yield from self.visit(item, ((path, i), name), inner, ANY)
@@ -309,10 +314,13 @@ def _settled(rows: Any, rules: Rules | None) -> bool:
     rule in force they are numbers, strings and the like (no names); under rules, numbers
     that pass them."""
     if not isinstance(rows, list):
-        return False  # an object array's rows
+        return False  # an object array's (or Ragged's) rows are visited
+    if not rows:
+        return True
     if rules is None:
         return set(map(type, rows)) <= _PLAIN
-    return set(map(type, rows)) <= _NUMBERS and proven(rows, rules)
+    depth, _, numeric = nesting(rows[0])
+    return numeric and proven(rows, rules, depth)
 
 
 def _row_lengths(column: Any) -> np.ndarray | None:

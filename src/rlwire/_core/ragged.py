@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
 from collections.abc import Iterator, Sequence
@@ -115,6 +116,8 @@ class Ragged:
             [0, 1, 3]
         """
         given = np.asarray(lengths)
+        if given.dtype.kind in "fO" and not isinstance(lengths, np.ndarray):
+            given = _whole(lengths, given)  # numpy ints of mixed widths promote to float
         if given.ndim != 1 or (given.size and given.dtype.kind not in "iu"):
             raise SchemaError(
                 f"Ragged.from_lengths: lengths must be a 1-D sequence of integers, got "
@@ -168,6 +171,14 @@ class Ragged:
             + (f" x {list(self.values.shape[1:])}" if self.values.ndim > 1 else "")
             + ")"
         )
+
+
+def _whole(lengths: Sequence[Any], given: np.ndarray) -> np.ndarray:
+    """``lengths`` as int64 if every item is an int (Python's or numpy's), else ``given``."""
+    if given.ndim == 1 and all(isinstance(n, int | np.integer) for n in lengths):
+        with contextlib.suppress(OverflowError):  # past int64: refused as not integers
+            return np.array([int(n) for n in lengths], np.int64)
+    return given
 
 
 def offsets_problem(offsets: np.ndarray, total: int) -> str:

@@ -49,6 +49,10 @@ def payload(step: int, rank: int, n: int = 600, count: int = 2) -> rlwire.Traini
     return batch
 
 
+#: Values compared by ``==`` and their type alone.
+_PLAIN = frozenset({str, bytes, int, float, bool, type(None)})
+
+
 def same(a: Any, b: Any) -> bool:
     """Whether two received values are equal, arrays by dtype, shape and bytes."""
     if isinstance(a, rlwire.TrainingBatch) and isinstance(b, rlwire.TrainingBatch):
@@ -68,7 +72,13 @@ def same(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+        if len(a) != len(b):
+            return False
+        if _PLAIN.issuperset(map(type, a)) and _PLAIN.issuperset(map(type, b)):
+            # At C speed (a hostile header holds millions of items: compared one by one,
+            # under a loaded machine, they passed the job's timeout as a "hang").
+            return list(map(type, a)) == list(map(type, b)) and list(a) == list(b)
+        return all(same(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and bool(a == b)
 
 

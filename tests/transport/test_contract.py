@@ -129,6 +129,10 @@ class TestRay(SinkContract):
     run in the driver, so the steps are the driver's objects (tests/transport/ray tests
     producers in actors)."""
 
+    # Each example is several calls on the board (4.4 s for twenty, both loops, alone; 10
+    # s under the test command): fewer of them, as on S3.
+    columns_examples = 8
+
     @pytest.fixture
     def sink_url(self, ray_url: str) -> str:
         return ray_url

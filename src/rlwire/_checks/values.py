@@ -83,17 +83,19 @@ def scan_array(
     if not (finite or bounded):
         return
     numbers = arr.view(np.uint8) if arr.dtype.kind == "b" else arr  # bools compared as 0, 1
-    # A C-contiguous array is scanned in blocks of its flat view, and a bad element is
-    # found in its block; any other array is scanned in one go.
+    # A contiguous array is scanned in blocks of a flat view, any other in one go. In a
+    # C-order view, a bad element is then found in its block.
     c_order = numbers.flags.c_contiguous
-    flat = numbers.reshape(-1) if c_order else numbers
-    for start in range(0, max(flat.size, 1), _ARRAY_BLOCK) if c_order else (0,):
-        block = flat[start : start + _ARRAY_BLOCK] if c_order else flat
+    blocked = c_order or numbers.flags.f_contiguous
+    flat = numbers.reshape(-1) if c_order else numbers.T.reshape(-1) if blocked else numbers
+    for start in range(0, max(flat.size, 1), _ARRAY_BLOCK) if blocked else (0,):
+        block = flat[start : start + _ARRAY_BLOCK] if blocked else flat
+        found = block if c_order else None
         if finite and not np.isfinite(block).all():
-            index = _first(numbers, block if c_order else None, start, _not_finite)
+            index = _first(numbers, found, start, _not_finite)
             _fail_finite(place(index), arr[index], rules)
         if bounded and block.size and int(block.max()) > rules.limit:
-            index = _first(numbers, block if c_order else None, start, _above(rules.limit))
+            index = _first(numbers, found, start, _above(rules.limit))
             _fail_max(place(index), arr[index], rules)
         yield from tick()
 

@@ -144,6 +144,31 @@ def packed_as_columns() -> dict[str, Any]:
     return {**sent, "micro_batch": rlwire.Columns(columns)}
 
 
+def array_columns() -> dict[str, Any]:
+    """A Columns whose array columns (one value a row) keep their dtype and shape: small
+    (inline), large (out-of-band), in the sidecar, Fortran-order, big-endian, empty."""
+    n = 700
+    return {
+        "batch": rlwire.Columns(
+            {
+                "reward": np.linspace(-1, 1, n, dtype=np.float32),
+                "turns": (np.arange(n) % 7).astype(np.int8),
+                "seed": np.full(n, 2**63 + 5, np.uint64),
+                "done": np.arange(n) % 3 == 0,
+                "hidden": np.asfortranarray(np.arange(n * 4, dtype=">f8").reshape(n, 4)),
+                "logits": np.arange(n * 2, dtype=np.float16).reshape(n, 2),
+                "ids": rlwire.Ragged.from_lengths(np.arange(n * 2), [2] * n),
+            }
+        ),
+        "none": rlwire.Columns({"reward": np.zeros(0, np.float32), "x": np.zeros((0, 3))}),
+    }
+
+
+def array_columns_as_columns() -> dict[str, Any]:
+    """``array_columns()`` received with ``as_columns=True``: as it was sent."""
+    return array_columns()
+
+
 def turns() -> dict[str, Any]:
     """Arrays grown turn by turn (:class:`rlwire.Chunked`), received as one array each:
     routed experts out-of-band in the sidecar, per-turn logprobs inline."""
@@ -281,6 +306,7 @@ CASES: dict[str, tuple[Callable[[], Any], dict[str, Any], Any]] = {
     "msgpack-1.1-structs": (structs, {}, Rollouts),
     "msgpack-1.1-dicts": (dicts, {"compression": Compressor("zstd", 3, SMALL)}, Any),
     "msgpack-1.1-fallback": (fallback, {}, Any),
+    "msgpack-1.4-array-columns": (array_columns, {"sidecar": ("logits",)}, Any),
 }
 
 #: name -> what the case's message decodes to with ``as_columns=True`` (same type)
@@ -289,6 +315,7 @@ AS_COLUMNS: dict[str, Callable[[], Any]] = {
     "msgpack-1.1-batch-sidecar-zstd": columns_batch_as_columns,
     "msgpack-1.1-packed": packed_as_columns,
     "msgpack-1.1-dicts": dicts_as_columns,
+    "msgpack-1.4-array-columns": array_columns_as_columns,
 }
 
 

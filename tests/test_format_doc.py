@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import xxhash
 import zstandard
-from golden_cases import AS_COLUMNS, CASES, GOLDEN
+from golden_cases import AS_COLUMNS, CASES, GOLDEN, array_columns
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,7 +37,8 @@ class DocRagged:
 
 
 class DocColumns(dict[str, Any]):
-    """A columns value (extension type 7) kept as its columns: name -> DocRagged or list."""
+    """A columns value (extension type 7) kept as its columns: name -> DocRagged, array
+    or list."""
 
     def __init__(self, count: int, columns: dict[str, Any]) -> None:
         super().__init__(columns)
@@ -56,7 +57,9 @@ def read_ragged(fields: Any) -> DocRagged:
 
 
 def _numbers(column: Any) -> Any:
-    kinds = {type(v) for v in column} if isinstance(column, list) else set()
+    if not isinstance(column, list):
+        return column  # a ragged array, or an array of one value a row, as it is
+    kinds = {type(v) for v in column}
     dtypes = {int: np.int64, float: np.float64, bool: np.bool_}
     if column and len(kinds) == 1 and (kind := kinds.pop()) in dtypes:
         return np.array(column, dtypes[kind])
@@ -71,12 +74,17 @@ def read_columns(fields: Any, as_columns: bool) -> Any:
     assert all(type(n) is str for n in names) and len(set(names)) == len(names)
     assert len(columns) == len(names)
     for column in columns:  # a chunked column (type 4) is a list once its chunks are read
-        assert isinstance(column, DocRagged | list) and len(column) == count
+        assert isinstance(column, DocRagged | np.ndarray | list) and len(column) == count
+        assert not isinstance(column, np.ndarray) or column.ndim >= 1
     if as_columns:  # docs/how-to/packed.md: numbers of one kind come back as an array
         return DocColumns(count, {n: _numbers(c) for n, c in zip(names, columns, strict=True)})
 
     def cell(column: Any, i: int) -> Any:
-        return column.row(i) if isinstance(column, DocRagged) else column[i]
+        if isinstance(column, DocRagged):
+            return column.row(i)
+        if isinstance(column, np.ndarray) and column.ndim == 1:
+            return column[i].item()  # a number, as msgpack would hold it
+        return column[i]
 
     if layout == 1:
         return [[cell(c, i) for c in columns] for i in range(count)]
@@ -174,7 +182,9 @@ def assert_same(got: Any, want: Any) -> None:
         assert_same(got.values, want.values)
     elif isinstance(want, rlwire.Columns | DocColumns):
         if isinstance(got, list) and isinstance(want, rlwire.Columns):  # received as rows
-            assert_same(got, list(want.rows()))
+            # A 1-D array column's numbers come in rows as Python numbers (docs/format.md).
+            rows = [{k: _python(v) for k, v in row.items()} for row in want.rows()]
+            assert_same(got, rows)
             return
         assert isinstance(got, rlwire.Columns | DocColumns) and _rows(got) == _rows(want)
         assert list(got.keys()) == list(want.keys())
@@ -197,6 +207,10 @@ def assert_same(got: Any, want: Any) -> None:
         assert bytes(got) == bytes(want)
     else:
         assert got == want and type(got) is type(want), (got, want)
+
+
+def _python(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _rows(columns: rlwire.Columns | DocColumns) -> int:
@@ -332,3 +346,30 @@ def test_marks_are_as_documented(tmp_path: Path) -> None:
         assert len(list(receiver)) == 3  # asks for step 3 last: moved past 0-2
     assert read_mark_as_documented(tmp_path / "end.rlw", b"RLWE") == 3
     assert read_mark_as_documented(tmp_path / "consumed.rank-0000.rlw", b"RLWC") == 3
+
+
+def test_independent_reader_reads_array_columns(tmp_path: Path) -> None:
+    sent = array_columns()
+
+    async def send() -> None:
+        async with rlwire.open_sender(tmp_path, sidecar=["logits"]) as sender:
+            await sender.send(sent)
+
+    anyio.run(send)
+    with rlwire.open_receiver(tmp_path, type=Any, as_columns=True) as receiver:
+        theirs = receiver.receive(timeout=5)
+    ours = read_as_documented(tmp_path, 0, 0, as_columns=True)
+    assert_same(ours, theirs)
+    for key, columns in sent.items():
+        for name in columns.names:
+            want, got = columns[name], theirs[key][name]
+            if isinstance(want, np.ndarray):  # dtype and shape as sent, not float64
+                assert (got.dtype, got.shape) == (want.dtype, want.shape), (key, name)
+                assert np.array_equal(got, want), (key, name)
+    with rlwire.open_receiver(tmp_path, type=Any) as receiver:
+        rows = receiver.receive(timeout=5)
+    assert_same(read_as_documented(tmp_path, 0, 0), rows)
+    first = rows["batch"][1]
+    assert type(first["reward"]) is float and type(first["done"]) is bool
+    assert first["seed"] == 2**63 + 5 and first["turns"] == 1
+    assert first["hidden"].tolist() == [4.0, 5.0, 6.0, 7.0] and rows["none"] == []

@@ -22,7 +22,13 @@ from rlwire._api.schema import check_object
 from rlwire._frame.pieces import Pieces
 from rlwire.codecs._msgpack import joined_rows
 from rlwire.codecs._msgpack.codec import MsgpackCodec
-from rlwire.codecs._msgpack.extensions import EXT_ARRAY, EXT_COLUMNS, EXT_RAGGED, ArrayRef
+from rlwire.codecs._msgpack.extensions import (
+    EXT_ARRAY,
+    EXT_COLUMNS,
+    EXT_INLINE_ARRAY,
+    EXT_RAGGED,
+    ArrayRef,
+)
 from rlwire.codecs._msgpack.joined_rows import _JOIN_BYTES
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -525,3 +531,61 @@ def test_rows_are_made_a_group_at_a_time_between_slices() -> None:
     assert len(made_by_slice) >= n // _ROWS_AT_ONCE
     assert made_by_slice[0] <= _ROWS_AT_ONCE  # the first slice made one group only
     assert made_by_slice == sorted(made_by_slice) and made_by_slice[-1] >= n - _ROWS_AT_ONCE
+
+
+# -- array columns: one value a row, with its dtype and shape -----------------------------
+
+
+class ScoredRow(msgspec.Struct):
+    reward: float
+    turns: int
+    hidden: np.ndarray
+
+
+@pytest.mark.parametrize("threshold", [0, 1 << 20], ids=["out-of-band", "inline"])
+def test_an_array_column_arrives_as_sent_and_fills_typed_rows(threshold: int) -> None:
+    cols = Columns(
+        {
+            "reward": np.array([0.25, -1.5, 3.0], np.float32),
+            "turns": np.array([1, 2, 200], np.uint8),
+            "hidden": np.arange(6, dtype=np.float16).reshape(3, 2),
+        }
+    )
+    codec = MsgpackCodec(inline_threshold=threshold)
+    frame = codec.encode({"rows": cols})
+    # Each column is one array of the message (type 1 or 2), not a value a row.
+    kinds: list[Any] = []
+
+    def hook(code: int, data: memoryview) -> None:
+        if code == EXT_COLUMNS:
+            columns = msgspec.msgpack.decode(data, ext_hook=Ext)[3]
+            kinds.extend(c.code if isinstance(c, Ext) else type(c) for c in columns)
+
+    msgspec.msgpack.decode(frame.header, ext_hook=hook)
+    assert kinds == [EXT_ARRAY if threshold == 0 else EXT_INLINE_ARRAY] * 3
+    got = codec.decode(stored(frame), Any, as_columns=True)["rows"]
+    for name in cols.names:
+        assert_same(got[name], cols[name])
+    typed = codec.decode(stored(frame), dict[str, list[ScoredRow]])["rows"]
+    assert [(r.reward, r.turns) for r in typed] == [(0.25, 1), (-1.5, 2), (3.0, 200)]
+    assert_same(typed[2].hidden, np.array([4, 5], np.float16))
+    rows = codec.decode(stored(frame), Any)["rows"]
+    assert type(rows[0]["reward"]) is float and type(rows[0]["turns"]) is int
+
+
+@pytest.mark.parametrize(
+    ("column", "message"),
+    [
+        (np.arange(3), r"column 'a' of a columns value has 3 rows, not 4"),
+        (np.array(7), r"column 'a' of a columns value has None rows, not 4"),
+    ],
+    ids=["too-short", "0-d"],
+)
+def test_a_hostile_array_column_is_corrupt(column: np.ndarray, message: str) -> None:
+    codec = MsgpackCodec(inline_threshold=1 << 20)
+    inline = codec.encode(column).header  # the array's extension value, inline
+    payload = [4, 0, ["a"], [msgspec.msgpack.decode(inline, ext_hook=Ext)]]
+    frame = Frame(mp({"x": Ext(EXT_COLUMNS, mp(payload))}), ())
+    for tp in (Any, dict[str, list[dict[str, Any]]]):
+        with pytest.raises(CorruptFrameError, match=message):
+            MsgpackCodec().decode(frame, tp)

@@ -49,9 +49,9 @@ ROW_COST = 64 + 128
 class ColumnsFound:
     """A columns value (extension 7) from a header, checked, before its rows are made.
 
-    ``columns`` holds, per name, a :class:`~rlwire.Ragged` of ``count`` rows or a list of
-    ``count`` values (which may still hold chunked containers or out-of-band bytes to
-    fill: ``inner`` of them)."""
+    ``columns`` holds, per name, a :class:`~rlwire.Ragged` of ``count`` rows, an array
+    of ``count`` values along its first axis, or a list of ``count`` values (which may
+    still hold chunked containers or out-of-band bytes to fill: ``inner`` of them)."""
 
     __slots__ = ("columns", "count", "inner", "layout", "names")
 
@@ -133,6 +133,8 @@ def parse_columns(payload: Any, inner: int, fields: frozenset[str] | None = None
 def _rows_in(column: Any) -> int | None:
     if isinstance(column, Ragged | list):
         return len(column)
+    if isinstance(column, np.ndarray):  # an array of one value a row
+        return len(column) if column.ndim else None
     count = getattr(getattr(column, "ref", None), "count", None)  # a chunked list
     return count if getattr(column, "is_map", True) is False else None
 
@@ -159,12 +161,23 @@ def _made_rows(
     out: list[Any] = []
     for start in range(0, count, _ROWS_AT_ONCE):
         stop = min(start + _ROWS_AT_ONCE, count)
-        part = [list(c[start:stop]) if isinstance(c, Ragged) else c[start:stop] for c in columns]
+        part = [_values(c, start, stop) for c in columns]
         out += map(make, zip(*part, strict=True))
         if timer.due():
             yield
             timer.restart()
     return out
+
+
+def _values(column: Any, start: int, stop: int) -> list[Any]:
+    """The values of rows ``start`` to ``stop`` of ``column``: a ragged array's rows and
+    the rows of an array of two or more dimensions as views, the numbers of a 1-D array
+    as Python numbers (as a list column of numbers holds them)."""
+    if isinstance(column, np.ndarray) and column.ndim == 1:
+        return column[start:stop].tolist()  # type: ignore[no-any-return]
+    return (
+        list(column[start:stop]) if isinstance(column, Ragged | np.ndarray) else column[start:stop]
+    )
 
 
 def structs_of(found: ColumnsFound, annotation: Any, timer: SliceTimer) -> Sliced[Any]:
@@ -184,7 +197,9 @@ def structs_of(found: ColumnsFound, annotation: Any, timer: SliceTimer) -> Slice
     attrs, annotations, _ = plan
     columns: list[Any] = []
     for column, tp in zip(found.columns, annotations, strict=True):
-        if isinstance(column, Ragged):
+        if isinstance(column, np.ndarray) and column.ndim == 1:
+            column = column.tolist()  # numbers, converted below as a list column's
+        if isinstance(column, Ragged | np.ndarray):
             if not _takes_arrays(tp):
                 return None
         elif tp not in (Any, object):
@@ -252,8 +267,9 @@ def _plan(
 
 
 def columns_of(found: ColumnsFound) -> Columns:
-    """The columns as a :class:`~rlwire.Columns`: a list column of per-row numbers of
-    one kind as an array (int64, float64 or bool), any other list as it is."""
+    """The columns as a :class:`~rlwire.Columns`: an array column as it was sent, a list
+    column of per-row numbers of one kind as an array (int64, float64 or bool), any
+    other list as it is."""
     return Columns({name: _numbers(c) for name, c in zip(found.names, found.columns, strict=True)})
 
 

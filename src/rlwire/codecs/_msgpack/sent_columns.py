@@ -133,8 +133,11 @@ def _columns_value(w: Walker, columns: Columns, path: KeyPath, side: bool) -> Sl
             )
         if isinstance(column, Ragged):
             encoded.append(_ragged_value(w, column, where, on_side))
+        elif isinstance(column, np.ndarray) and column.dtype.kind != "O":
+            # One value a row along the first axis, kept with its dtype and shape.
+            encoded.append(w.sent.array(column, where, on_side))
         else:
-            rows = list(column)  # a list, or an array's rows
+            rows = list(column)  # a list, or an object array's rows
             encoded.append((yield from _column(w, rows, _item_of(where), on_side))[0])
         yield from w.tick()
     payload = [len(columns), ROWS_AS_MAPS, names, encoded]

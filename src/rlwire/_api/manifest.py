@@ -23,7 +23,11 @@ class ManifestColumn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     Attributes:
         name: the field's name (``token_ids``).
         dtype: numpy's dtype string of a ragged column's values (``<i4``); ``None``
-            for a column of other values (floats, strings, ...) kept in the codec header.
+            for a column of other values (floats, strings, ...) kept in the codec header,
+            and for an array of one value a row (a numpy column of a
+            :class:`~rlwire.Columns`), which the manifest does not describe further
+            (its size is 0 here, its bytes in the message's) and
+            :meth:`~rlwire.TrainingBatchReceiver.read_rows` does not read.
         row_shape: the shape of a row's value past its first axis: ``()`` for per-token
             scalars, ``(layers, topk)`` for ``routed_experts``.
         size: the bytes stored for it: its buffers as stored (compressed if they are),

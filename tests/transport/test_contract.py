@@ -129,8 +129,8 @@ class TestRay(SinkContract):
     run in the driver, so the steps are the driver's objects (tests/transport/ray tests
     producers in actors)."""
 
-    # Each example is several calls on the board (4.4 s for twenty, both loops, alone; 10
-    # s under the test command): fewer of them, as on S3.
+    # Each example is several calls on the board (twenty took 1.1 s a loop alone, eight
+    # 0.5 s; ten times that under the test command): fewer of them, as on S3.
     columns_examples = 8
 
     @pytest.fixture

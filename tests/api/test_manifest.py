@@ -283,6 +283,35 @@ def test_inspect_prints_the_manifest(tmp_path: Path, capsys: pytest.CaptureFixtu
         assert "6 rows in 'samples'" in capsys.readouterr().out
 
 
+def test_an_array_column_is_described_as_one_array_and_not_read_by_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A numpy column of a Columns (one value a row) has its size and buffer in the
+    manifest; read_rows refuses it in words that say what it is; a partial read of it
+    with no rows is not taken for a field left None (it waited forever)."""
+    from rlwire._api.cli import main
+
+    url = str(tmp_path / "run")
+    ids = rlwire.Ragged.from_lengths(np.arange(6), [3, 3])
+    hidden = np.ones((2, 1000), np.float32)  # out-of-band
+    with rlwire.open_sync_sender(url, sidecar=("hidden",)) as sender:
+        sender.send({"samples": rlwire.Columns({"ids": ids, "hidden": hidden})})
+        empty = rlwire.Ragged(np.zeros(0, np.int64), [0])
+        sender.send({"samples": rlwire.Columns({"ids": empty, "r": np.zeros(0, np.float32)})})
+    with rlwire.open_receiver(url, type=dict) as receiver:
+        manifest = receiver.manifest(0)
+        column = manifest.column("hidden")
+        assert column is not None and column.dtype is None and column.row_shape == (1000,)
+        assert column.size == hidden.nbytes and len(column.buffers) == 1 and column.checksums
+        with pytest.raises(rlwire.ConfigError, match=r"not ragged \(one value a row, one array"):
+            receiver.read_rows(manifest, "hidden", 0, 1)
+    assert main(["inspect", url, "--step", "0"]) == 0
+    assert "hidden: one value a row, one array, 8000 bytes" in capsys.readouterr().out
+    with rlwire.open_receiver(url, type=dict, start_step=1, fields=["r"], as_columns=True) as r:
+        got = r.receive(timeout=5)["samples"]["r"]
+    assert got.dtype == np.float32 and got.shape == (0,)
+
+
 def test_the_wire_form_is_the_documented_map() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "format.md").read_text()
     section = doc.split("## Manifests", 1)[1].split("\n## ", 1)[0]

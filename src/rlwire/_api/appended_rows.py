@@ -77,7 +77,9 @@ def none_in_every_row(
     for frame in frames:
         table = column_table(frame, decoding)
         kept = [
-            c.name for c in (table.columns if table else ()) if c.name in names and c.dtype is None
+            c.name
+            for c in (table.columns if table else ())
+            if c.name in names and c.dtype is None and not c.array
         ]
         if not kept:
             return None

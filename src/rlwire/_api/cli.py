@@ -187,6 +187,8 @@ def _manifest_text(m: Manifest) -> str:
         kind = (
             f"{c.dtype} rows [n{''.join(f', {d}' for d in c.row_shape)}]"
             if c.dtype
+            else "one value a row, one array"
+            if c.size
             else "values in the codec header"
         )
         sums = " ".join(f"{x:016x}" for x in c.checksums)

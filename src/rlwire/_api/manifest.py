@@ -25,8 +25,7 @@ class ManifestColumn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
         dtype: numpy's dtype string of a ragged column's values (``<i4``); ``None``
             for a column of other values (floats, strings, ...) kept in the codec header,
             and for an array of one value a row (a numpy column of a
-            :class:`~rlwire.Columns`), which the manifest does not describe further
-            (its size is 0 here, its bytes in the message's) and
+            :class:`~rlwire.Columns`, with its size and buffer), which
             :meth:`~rlwire.TrainingBatchReceiver.read_rows` does not read.
         row_shape: the shape of a row's value past its first axis: ``()`` for per-token
             scalars, ``(layers, topk)`` for ``routed_experts``.

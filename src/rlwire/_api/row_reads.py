@@ -302,9 +302,9 @@ def _described(manifest: Manifest, column: str) -> str:
             f"column {column!r} is not in the message (its samples hold: {names})"
         ).add_context(step=manifest.step, rank=manifest.rank)
     if col.dtype is None:
+        what = "one value a row, one array" if col.buffers else "values kept in the codec header"
         raise ConfigError(
-            f"column {column!r} is not ragged (its values are kept in the codec header): "
-            "read it with open_receiver(url, fields=...)"
+            f"column {column!r} is not ragged ({what}): read it with open_receiver(url, fields=...)"
         )
     return column
 

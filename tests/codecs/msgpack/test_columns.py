@@ -589,3 +589,16 @@ def test_a_hostile_array_column_is_corrupt(column: np.ndarray, message: str) -> 
     for tp in (Any, dict[str, list[dict[str, Any]]]):
         with pytest.raises(CorruptFrameError, match=message):
             MsgpackCodec().decode(frame, tp)
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.longdouble])
+def test_a_1d_column_of_numbers_msgpack_cannot_hold_is_refused_as_its_rows_are(
+    dtype: type,
+) -> None:
+    """Rows of a 1-D column hold Python numbers: one a msgpack number cannot be (a
+    complex, a long double) is refused at send, as it was a value a row, rather than
+    stored as an array whose rows could not be sent on."""
+    with pytest.raises(EncodeError):
+        MsgpackCodec().encode({"rows": Columns({"x": np.zeros(2, dtype)})})
+    two_d = round_trip({"rows": Columns({"x": np.zeros((2, 3), dtype)})}, as_columns=True)
+    assert_same(two_d["rows"]["x"], np.zeros((2, 3), dtype))  # rows are views: kept whole

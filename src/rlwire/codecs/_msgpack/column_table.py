@@ -64,6 +64,9 @@ class StoredColumn:
         length: a ragged column's values along their first axis (its tokens).
         empty: a column of values in the header that holds ``None`` in every row (a
             ``ref_logprobs`` left unset).
+        array: a column of one value a row stored as one array (a numpy column of a
+            :class:`~rlwire.Columns`): ``values`` says where, ``row_shape`` its shape
+            past the rows; it has no ``dtype`` here, which marks ragged columns.
     """
 
     name: str
@@ -74,6 +77,7 @@ class StoredColumn:
     order: str = "C"
     length: int = 0
     empty: bool = False
+    array: bool = False
 
     @property
     def buffers(self) -> tuple[int, ...]:
@@ -120,6 +124,9 @@ def _where(ref: Any) -> tuple[int | np.ndarray, str, list[int], str]:
 
 
 def _column(name: str, value: Any) -> StoredColumn:
+    if isinstance(value, ArrayRef | InlineArray):  # one value a row, as one array
+        values, _, shape, _ = _where(value)
+        return StoredColumn(name, row_shape=tuple(shape[1:]), values=values, array=True)
     if not (type(value) is tuple and value[0] == EXT_RAGGED):
         return StoredColumn(name, empty=type(value) is list and all(v is None for v in value))
     payload = value[1]

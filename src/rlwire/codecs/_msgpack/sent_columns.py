@@ -133,7 +133,7 @@ def _columns_value(w: Walker, columns: Columns, path: KeyPath, side: bool) -> Sl
             )
         if isinstance(column, Ragged):
             encoded.append(_ragged_value(w, column, where, on_side))
-        elif isinstance(column, np.ndarray) and column.dtype.kind != "O":
+        elif isinstance(column, np.ndarray) and _one_array(column):
             # One value a row along the first axis, kept with its dtype and shape.
             encoded.append(w.sent.array(column, where, on_side))
         else:
@@ -143,6 +143,15 @@ def _columns_value(w: Walker, columns: Columns, path: KeyPath, side: bool) -> Sl
     payload = [len(columns), ROWS_AS_MAPS, names, encoded]
     paths = [_item_of((path, name)) for name in names]
     return msgspec.msgpack.Ext(EXT_COLUMNS, _encoded(w, payload, paths))
+
+
+def _one_array(column: np.ndarray) -> bool:
+    """True if a Columns' array ``column`` is stored as one array: a 1-D one of numbers a
+    row may hold as msgpack numbers (bool, ints, floats of at most 8 bytes), any other
+    of a dtype that is not objects; else its rows are stored one by one."""
+    if column.ndim == 1:
+        return column.dtype.kind in "biuf" and column.dtype.itemsize <= 8
+    return column.dtype.kind != "O"
 
 
 def _encoded(w: Walker, payload: list[Any], paths: list[Callable[[int], KeyPath]]) -> bytes:

@@ -198,7 +198,21 @@ def prepare(sink: Sink, step: int, rank: int, columns: Columns, limits: Limits) 
         n for f in sink.read_appended(step, rank) for n in decode_appended(f, decoding).names
     ]
     _check_against(columns, appended, count, lengths, rows.held)
-    return run_sliced(get_codec("msgpack")().encode_sliced({"fields": columns}))
+    return run_sliced(get_codec("msgpack")().encode_sliced({"fields": _stored(columns)}))
+
+
+def _stored(columns: Columns) -> Columns:
+    """``columns`` as add_fields stores them: an array of two or more dimensions as the
+    Ragged of its rows, which receivers get as they get a step's own per-token columns
+    (a TrainingBatch's must be Ragged)."""
+    out: dict[str, Any] = {}
+    for name, column in columns.items():
+        if isinstance(column, np.ndarray) and column.ndim >= 2 and column.dtype.kind != "O":
+            rows, width = column.shape[:2]
+            flat = column.reshape(rows * width, *column.shape[2:])
+            column = Ragged.from_lengths(flat, [width] * rows)
+        out[name] = column
+    return Columns(out)
 
 
 def decode_appended(frame: Frame, decoding: FrameDecoding) -> Columns:

@@ -39,7 +39,6 @@ from rlwire._core.errors import (
     SchemaError,
 )
 from rlwire._core.offload import drive_sliced, run_to_the_end
-from rlwire._core.ragged import Ragged
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Sink, Source
 
@@ -56,22 +55,12 @@ __all__ = [
 def _check_input(fields: Mapping[str, Column], rows: int | None) -> Columns:
     if not isinstance(fields, Mapping) or not fields:
         raise ConfigError(f"add_fields needs a non-empty mapping of name -> column, got {fields!r}")
-    columns = Columns({name: _per_row(column) for name, column in fields.items()})
+    columns = Columns(fields)  # SchemaError naming the column: a kind or a length
     if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
         raise ConfigError(f"rows must be a row count (int >= 0) or None, got {rows!r}")
     if rows is not None and len(columns) != rows:
         raise SchemaError(f"add_fields: the columns hold {len(columns)} rows, rows={rows}")
     return columns
-
-
-def _per_row(column: Column) -> Column:
-    """``column`` as add_fields stores it: an array of two or more dimensions as the
-    Ragged of its rows (rows of tokens, as a per-sample list of arrays is, so that they
-    are checked against the step's token counts and arrive as its own columns do)."""
-    if isinstance(column, np.ndarray) and column.ndim >= 2 and column.dtype.kind != "O":
-        rows, width = column.shape[:2]
-        return Ragged.from_lengths(column.reshape(rows * width, *column.shape[2:]), [width] * rows)
-    return column
 
 
 def _python(value: Any) -> Any:
@@ -127,8 +116,8 @@ class AppendingSender:
         rank: int = 0,
     ) -> None:
         """Store ``fields`` (name -> :class:`~rlwire.Ragged`, array or list, one value
-        per sample; an array of two or more dimensions is rows of tokens, as a Ragged)
-        beside ``rank``'s samples of the committed ``step``, atomically
+        per sample; an array of two or more dimensions arrives as the Ragged of its
+        rows) beside ``rank``'s samples of the committed ``step``, atomically
         (docs/how-to/fields.md, "Add fields to a stored step").
 
         A sender that has not opened its destination (no ``async with``, nothing sent)

@@ -126,3 +126,41 @@ class ColumnsContract(ContractFixtures):
             assert isinstance(column, Ragged), name
             want = np.concatenate([getattr(s, name) for s in batch.samples])
             assert column.values.tobytes() == want.tobytes(), name
+
+    async def test_array_columns_arrive_with_their_dtype_and_shape(
+        self, endpoint: Endpoint
+    ) -> None:
+        """A numpy column of a Columns (one value a row) is one array: it arrives as
+        sent as columns, out-of-band, inline or in the sidecar, and as Python numbers
+        (a 1-D column) or row views in rows."""
+        n = 300
+        sent = {
+            "rows": Columns(
+                {
+                    "reward": np.linspace(-1, 1, n, dtype=np.float32),  # 1.2 kB: inline
+                    "seed": np.full(n, 2**63 + 5, np.uint64),
+                    "hidden": np.arange(n * 64, dtype=np.float16).reshape(n, 64),
+                    "ids": Ragged.from_lengths(np.arange(2 * n, dtype=np.int32), [2] * n),
+                }
+            )
+        }
+        sender = endpoint.open_sender(inline_threshold=4096, sidecar="hidden", checksum=True)
+        typed = endpoint.open_receiver(rank=0, type=Any, record_consumed=False)
+        packed = endpoint.open_receiver(rank=1, type=Any, as_columns=True, record_consumed=False)
+        try:
+            async with sender:
+                rows, columns = await _round_trip(sender, [typed, packed], sent)
+        finally:
+            typed.close()
+            packed.close()
+        for received in (rows, columns):
+            if isinstance(received, RlwireError):
+                raise received
+        for name in ("reward", "seed", "hidden"):
+            want, got = sent["rows"][name], columns["rows"][name]
+            assert isinstance(want, np.ndarray) and isinstance(got, np.ndarray), name
+            assert (got.dtype, got.shape) == (want.dtype, want.shape), name
+            assert got.tobytes() == want.tobytes(), name
+        assert [type(r["reward"]) for r in rows["rows"][:2]] == [float, float]
+        assert rows["rows"][7]["seed"] == 2**63 + 5
+        assert rows["rows"][7]["hidden"].tobytes() == sent["rows"]["hidden"][7].tobytes()

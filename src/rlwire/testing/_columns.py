@@ -59,6 +59,24 @@ async def _round_trip(
     return got
 
 
+async def _sent_once(endpoint: Endpoint, value: Any, type_: Any, **options: Any) -> tuple[Any, Any]:
+    """``value`` sent as one step by a sender opened with ``options``, and what rank 0
+    received as ``type_`` and rank 1 as columns; raises what either rank raised."""
+    sender = endpoint.open_sender(**options)
+    typed = endpoint.open_receiver(rank=0, type=type_, record_consumed=False)
+    packed = endpoint.open_receiver(rank=1, type=type_, as_columns=True, record_consumed=False)
+    try:
+        async with sender:
+            got = await _round_trip(sender, [typed, packed], value)
+    finally:
+        typed.close()
+        packed.close()
+    for received in got:
+        if isinstance(received, RlwireError):
+            raise received
+    return got[0], got[1]
+
+
 class ColumnsContract(ContractFixtures):
     """Columnar values of any mix round-trip, received typed and as columns."""
 
@@ -107,18 +125,7 @@ class ColumnsContract(ContractFixtures):
         groups, sent as the runs of one buffer (several MiB, runs of other lengths than
         the rows'), and arrives whole, typed on rank 0 and as columns on rank 1."""
         batch = TrainingBatch(samples=small_samples([50 + i % 201 for i in range(3000)], 5))
-        sender = endpoint.open_sender(checksum=True)
-        typed = endpoint.open_receiver(rank=0, record_consumed=False)
-        packed = endpoint.open_receiver(rank=1, as_columns=True, record_consumed=False)
-        try:
-            async with sender:
-                got, columns = await _round_trip(sender, [typed, packed], batch)
-        finally:
-            typed.close()
-            packed.close()
-        for received in (got, columns):
-            if isinstance(received, RlwireError):
-                raise received
+        got, columns = await _sent_once(endpoint, batch, TrainingBatch, checksum=True)
         assert_batches_equal(got, batch)
         assert isinstance(columns.samples, Columns)
         for name in ("token_ids", "mask", "logprobs", "temperatures", "advantages"):
@@ -144,18 +151,9 @@ class ColumnsContract(ContractFixtures):
                 }
             )
         }
-        sender = endpoint.open_sender(inline_threshold=4096, sidecar="hidden", checksum=True)
-        typed = endpoint.open_receiver(rank=0, type=Any, record_consumed=False)
-        packed = endpoint.open_receiver(rank=1, type=Any, as_columns=True, record_consumed=False)
-        try:
-            async with sender:
-                rows, columns = await _round_trip(sender, [typed, packed], sent)
-        finally:
-            typed.close()
-            packed.close()
-        for received in (rows, columns):
-            if isinstance(received, RlwireError):
-                raise received
+        rows, columns = await _sent_once(
+            endpoint, sent, Any, inline_threshold=4096, sidecar="hidden", checksum=True
+        )
         for name in ("reward", "seed", "hidden"):
             want, got = sent["rows"][name], columns["rows"][name]
             assert isinstance(want, np.ndarray) and isinstance(got, np.ndarray), name

@@ -11,14 +11,17 @@ overlapped it: the code that held the GIL is among them (a slice that overlaps a
 but released the GIL throughout, such as a file write, is innocent).
 
 Workloads: ``user-types`` (bench_user_types.py's step at ``--scale``: 8 ranks of
-framework-shaped Structs, ``send_ranks`` then rank 0's ``areceive``) and ``file``
-(bench_send.py's ``TrainingBatch`` of ``--samples`` samples, ``send`` then ``areceive``).
+framework-shaped Structs, ``send_ranks`` then rank 0's ``areceive``), ``file``
+(bench_send.py's ``TrainingBatch`` of ``--samples`` samples, ``send`` then ``areceive``)
+and ``columns`` (bench_columns.py's ``TrainingBatch`` of ``--samples`` samples of
+``--tokens`` tokens, no routed experts: its dense and small shapes).
 
 Usage::
 
     .venv/bin/python benchmarks/profile_stalls.py user-types --scale 1.8
     .venv/bin/python benchmarks/profile_stalls.py file --samples 256 --backend trio
     .venv/bin/python benchmarks/profile_stalls.py file --samples 8000 --tokens 31
+    .venv/bin/python benchmarks/profile_stalls.py columns --samples 2048 --tokens 2048
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import gc
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Generator
@@ -37,8 +41,7 @@ import anyio
 from bench_send import default_dir
 
 import rlwire
-import rlwire._api.receiver
-import rlwire._api.sender
+from rlwire._core import slicing
 from rlwire._core.offload import drive_sliced
 
 
@@ -87,9 +90,31 @@ def recorded(slices: Any) -> Any:
         yield
 
 
-async def recording_offload(slices: Any, limiter: Any, resumes: Any = None) -> Any:
+async def recording_offload(slices: Any, limiter: Any, *args: Any, **kwargs: Any) -> Any:
     """rlwire's own driver, ``rlwire._core.offload.drive_sliced``, over the recorded slices."""
-    return await drive_sliced(recorded(slices), limiter, resumes)
+    return await drive_sliced(recorded(slices), limiter, *args, **kwargs)
+
+
+def recording_beside(slices: Any, stop: Any) -> None:
+    """rlwire's driver of work beside other work (``run_sliced_beside``: the checks of a
+    column-stored list beside the write, a step's release), over the recorded slices."""
+    slicing.run_sliced_beside(recorded(slices), stop)
+
+
+def record_every_driver() -> list[str]:
+    """Make every rlwire module that drives slices drive them recorded; the modules."""
+    patched = []
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("rlwire.") or module is slicing:
+            continue
+        for attr, wrapper in (
+            ("drive_sliced", recording_offload),
+            ("run_sliced_beside", recording_beside),
+        ):
+            if getattr(module, attr, None) is not None:
+                setattr(module, attr, wrapper)
+                patched.append(f"{name}.{attr}")
+    return patched
 
 
 async def measure(name: str, op: Callable[[], Awaitable[object]], over_ms: float) -> None:
@@ -133,7 +158,7 @@ async def measure(name: str, op: Callable[[], Awaitable[object]], over_ms: float
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("workload", choices=("user-types", "file"))
+    p.add_argument("workload", choices=("user-types", "file", "columns"))
     p.add_argument("--scale", type=float, default=1.0, help="user-types: step scale (1 = 0.88 GB)")
     p.add_argument("--samples", type=int, default=256, help="file: samples per batch")
     p.add_argument("--tokens", type=int, default=8192, help="file: tokens per sample")
@@ -156,9 +181,12 @@ def main() -> None:
 
         objects = [bench_send.make_workload(args.samples, args.tokens, 48, 8, 0).batch]
         receive_type = rlwire.TrainingBatch
+    if args.workload == "columns":
+        import bench_columns
+
+        objects = [bench_columns.make_batch([args.tokens] * args.samples, 0)]
     gc.freeze()  # the step's objects out of the collector's way, as the benchmarks do
-    rlwire._api.sender.drive_sliced = recording_offload  # type: ignore[assignment]
-    rlwire._api.receiver.drive_sliced = recording_offload  # type: ignore[assignment]
+    record_every_driver()
     root = tempfile.mkdtemp(dir=args.dir or default_dir())
     sidecar = ("routed_experts",)
 

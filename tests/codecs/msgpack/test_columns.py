@@ -501,6 +501,32 @@ def test_an_int_msgpack_cannot_hold_names_its_row() -> None:
         MsgpackCodec().encode(packed)
 
 
+def test_the_looks_over_a_long_list_run_a_group_of_rows_a_slice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The looks over each column of 8,000 rows (their values, types, lengths, dtypes)
+    run a group of rows a slice: over all 8,000 at once they held the GIL 1-2 ms."""
+    from rlwire._core import slicing
+    from rlwire.codecs._msgpack.sent_columns import _LOOK_ROWS
+
+    n = 8000
+    rows = [{"ids": np.arange(i % 5), "mask": np.ones(i % 5, bool)} for i in range(n)]
+    monkeypatch.setattr(slicing, "SLICE_SECONDS", 0.0)  # every look says "yield"
+    encoding = MsgpackCodec().encode_sliced(rows)
+    slices = 0
+    try:
+        while True:
+            next(encoding)
+            slices += 1
+    except StopIteration as stop:
+        frame = stop.value
+    # Per column, at least a slice for each group's values and one for its looks.
+    assert slices >= 2 * 2 * (n // _LOOK_ROWS)
+    got = MsgpackCodec().decode(frame)
+    assert [len(row["ids"]) for row in got] == [i % 5 for i in range(n)]
+    assert all(np.array_equal(a["mask"], b["mask"]) for a, b in zip(got, rows, strict=True))
+
+
 def test_rows_are_made_a_group_at_a_time_between_slices() -> None:
     """Making 2,000 Structs is most of a receive's work: it must happen between slices,
     a group of rows at a time, not in one slice that holds the GIL for milliseconds."""

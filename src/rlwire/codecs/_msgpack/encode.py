@@ -153,6 +153,7 @@ class Encoding:
     def struct(self, obj: msgspec.Struct, path: KeyPath, side: bool) -> Sliced[tuple[Any, int]]:
         if self.check is not None:
             self.check(obj, render_path(path))
+            yield from self.tick()
         entries: list[list[Any]] = []
         for name, may_hold in buffer_fields(type(obj)):
             old = getattr(obj, name)

@@ -56,6 +56,9 @@ _C_CONTIGUOUS = operator.attrgetter("flags.c_contiguous")
 _SMALL_ROW = 4096
 # Rows viewed where they are per slice (some 0.3 µs a row).
 _VIEW_ROWS = 512
+# Rows of a column each look over them takes in a slice (a few looks, some 0.1 µs a row
+# each: 8,000 rows at once held the GIL 1-2 ms).
+_LOOK_ROWS = 1024
 
 
 class Walker(Protocol):
@@ -176,6 +179,7 @@ def list_as_columns(w: Walker, items: list[Any], path: KeyPath, side: bool) -> S
     if shape is None:
         return None
     layout, names, keys, getters = shape
+    yield from w.tick()  # the look at every item: a fraction of a ms of C for thousands
     stored: Any = None  # where a check of the whole list wants what each field became
     if w.check is not None:
         rows = getattr(w.check, "rows", None)  # a check of the whole list at once
@@ -186,8 +190,10 @@ def list_as_columns(w: Walker, items: list[Any], path: KeyPath, side: bool) -> S
                 w.check(item, render_path((path, i)))
     encoded = []
     for name, key, get in zip(names, keys, getters, strict=True):
-        values = list(map(get, items))
-        yield from w.tick()
+        values: list[Any] = []
+        for start in range(0, len(items), _LOOK_ROWS):
+            values += map(get, items[start : start + _LOOK_ROWS])
+            yield from w.tick()
         on_side = side or name in w.sidecar_names
         value, held = yield from _column(w, values, _field_of(path, name), on_side)
         encoded.append(value)
@@ -274,25 +280,17 @@ def _ragged_column(
     nanoseconds a row, where a view each costs a microsecond of Python); larger rows
     are written where they are, as the runs of :class:`~rlwire._frame.pieces.Pieces`,
     so that a large step is never held twice."""
-    if not values:  # no rows: a column of no values, as a list
+    facts = yield from _row_facts(w, values)
+    if facts is None:
         return None
-    first = values[0]
-    # The checks run in C over the rows (map, set), not a Python loop.
-    if type(first) is not np.ndarray or first.ndim < 1 or set(map(type, values)) != _NDARRAY:
-        return None
-    try:
-        lengths = np.fromiter(map(len, values), np.int64, len(values))
-    except TypeError:  # a 0-d row
-        return None
-    yield from w.tick()  # each look over the rows is a fraction of a ms of C, one a slice
+    lengths, one_kind = facts
     offsets = np.zeros(len(values) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
+    first = values[0]
     dtype, tail = first.dtype, first.shape[1:]
     shape = [int(offsets[-1]), *tail]
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     join = (nbytes < w.sent.inline_threshold and not side) or nbytes <= _SMALL_ROW * len(values)
-    one_kind = _one_kind(values, first)
-    yield from w.tick()
     if not (join and dtype in PLAIN_DTYPES):
         if not one_kind:
             return None
@@ -312,11 +310,33 @@ def _ragged_column(
     return msgspec.msgpack.Ext(EXT_RAGGED, w.encoder.encode([column, offsets_value])), arrays
 
 
-def _one_kind(arrays: list[np.ndarray], first: np.ndarray) -> bool:
-    """True if ``arrays`` share ``first``'s dtype, number of dimensions and trailing shape."""
-    if len(set(map(_DTYPE, arrays))) != 1 or set(map(_NDIM, arrays)) != {first.ndim}:
-        return False
-    return first.ndim == 1 or len({a.shape[1:] for a in arrays}) == 1
+def _row_facts(w: Walker, values: list[Any]) -> Sliced[tuple[np.ndarray, bool] | None]:
+    """``(lengths, one_kind)`` if ``values`` are numpy arrays of at least one dimension
+    (else None): their lengths, and whether they all share the first one's dtype, number
+    of dimensions and trailing shape. Each look runs in C over the rows (map, set), not
+    a Python loop, :data:`_LOOK_ROWS` rows a slice."""
+    if not values:  # no rows: a column of no values, as a list
+        return None
+    first = values[0]
+    if type(first) is not np.ndarray or first.ndim < 1:
+        return None
+    kind, tail = ({first.dtype}, {first.ndim}), {first.shape[1:]}
+    lengths = np.empty(len(values), np.int64)
+    one_kind = True
+    for start in range(0, len(values), _LOOK_ROWS):
+        rows = values[start : start + _LOOK_ROWS]
+        if set(map(type, rows)) != _NDARRAY:
+            return None
+        try:
+            lengths[start : start + len(rows)] = np.fromiter(map(len, rows), np.int64, len(rows))
+        except TypeError:  # a 0-d row
+            return None
+        if one_kind:
+            one_kind = (set(map(_DTYPE, rows)), set(map(_NDIM, rows))) == kind and (
+                first.ndim == 1 or {a.shape[1:] for a in rows} == tail
+            )
+        yield from w.tick()
+    return lengths, one_kind
 
 
 def _pieces_sliced(w: Walker, arrays: list[np.ndarray]) -> Sliced[Pieces]:

@@ -29,6 +29,7 @@ from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire.codecs._msgpack.conversion import dec_hook
 from rlwire.codecs._msgpack.extensions import ROWS_AS_ARRAYS, ROWS_AS_MAPS
 from rlwire.codecs._msgpack.fields import NOT_READ, check_fields_present
+from rlwire.codecs._msgpack.row_makers import dict_maker, list_maker, struct_maker
 
 __all__ = [
     "ROW_COST",
@@ -142,27 +143,25 @@ def _rows_in(column: Any) -> int | None:
 def rows_of(found: ColumnsFound, timer: SliceTimer) -> Sliced[list[Any]]:
     """The rows, as dicts (or lists, for ``array_like`` Structs) of views and values,
     made :data:`_ROWS_AT_ONCE` at a time, yielding when ``timer`` says a slice is over."""
-    names = found.names
     if found.layout == ROWS_AS_ARRAYS:
-        return (yield from _made_rows(found.columns, found.count, timer, list))
-    return (
-        yield from _made_rows(
-            found.columns, found.count, timer, lambda row: dict(zip(names, row, strict=True))
-        )
-    )
+        return (yield from _made_rows(found.columns, found.count, timer, list_maker))
+    make = dict_maker(tuple(found.names))
+    return (yield from _made_rows(found.columns, found.count, timer, make))
 
 
 def _made_rows(
-    columns: list[Any], count: int, timer: SliceTimer, make: Callable[[tuple[Any, ...]], Any]
+    columns: list[Any], count: int, timer: SliceTimer, make: Callable[..., Any]
 ) -> Sliced[list[Any]]:
-    """``make(row)`` for each row of ``columns`` (a tuple of its values, ragged rows as
-    views), :data:`_ROWS_AT_ONCE` rows at a time, yielding between groups when ``timer``
-    says a slice is over (making a row is most of the work)."""
+    """``make(*row)`` for each row of ``columns`` (its values, one argument a column,
+    ragged rows as views), :data:`_ROWS_AT_ONCE` rows at a time, yielding between groups
+    when ``timer`` says a slice is over (making a row is most of the work)."""
     out: list[Any] = []
     for start in range(0, count, _ROWS_AT_ONCE):
         stop = min(start + _ROWS_AT_ONCE, count)
         part = [_values(c, start, stop) for c in columns]
-        out += map(make, zip(*part, strict=True))
+        if any(len(values) != stop - start for values in part):
+            raise ValueError("a column has fewer rows than its columns value")
+        out += map(make, *part) if part else (make() for _ in range(start, stop))
         if timer.due():
             yield
             timer.restart()
@@ -209,10 +208,8 @@ def structs_of(found: ColumnsFound, annotation: Any, timer: SliceTimer) -> Slice
                 return None
         columns.append(column)
 
-    def make(row: tuple[Any, ...]) -> Any:
-        return kind(**dict(zip(attrs, row, strict=True)))
-
     try:
+        make = struct_maker(kind, tuple(attrs))
         return (yield from _made_rows(columns, found.count, timer, make))
     except (TypeError, ValueError):  # a required field missing, a __post_init__ refusal
         return None

@@ -72,7 +72,7 @@ def read_columns(fields: Any, as_columns: bool) -> Any:
     count, layout, names, columns = fields
     assert type(count) is int and count >= 0 and layout in (0, 1)
     assert all(type(n) is str for n in names) and len(set(names)) == len(names)
-    assert len(columns) == len(names)
+    assert len(columns) == len(names) and (names or not count)
     for column in columns:  # a chunked column (type 4) is a list once its chunks are read
         assert isinstance(column, DocRagged | np.ndarray | list) and len(column) == count
         assert not isinstance(column, np.ndarray) or column.ndim >= 1

@@ -424,6 +424,19 @@ def test_hostile_columns_are_corrupt(offsets: list[int], kw: dict[str, Any], mes
             MsgpackCodec().decode(frame, tp)
 
 
+@pytest.mark.parametrize("count", [5, 2**62])
+def test_rows_with_no_columns_are_corrupt(count: int) -> None:
+    """A columns value of rows but no columns (no writer makes one) is refused at once,
+    whatever is asked of it: 2**62 empty rows once kept a receiver busy for ever."""
+    header = mp({"samples": Ext(EXT_COLUMNS, mp([count, 0, [], []]))})
+    for options in ({}, {"as_columns": True}):
+        for tp in (Any, dict[str, list[dict[str, Any]]]):
+            with pytest.raises(CorruptFrameError, match=f"of {count} rows has no column"):
+                MsgpackCodec().decode(Frame(header, ()), tp, **options)
+    empty = mp({"samples": Ext(EXT_COLUMNS, mp([0, 0, [], []]))})
+    assert MsgpackCodec().decode(Frame(empty, ())) == {"samples": []}
+
+
 def test_millions_of_empty_rows_from_a_small_message_are_refused() -> None:
     """Rows cost objects: 5 million empty rows from offsets that zstd would store in
     kilobytes must be charged, not built (here the frame is held as 40 MB, so its

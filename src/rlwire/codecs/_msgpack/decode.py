@@ -269,7 +269,8 @@ class Decoding:
         if self.as_columns:
             value: Any = columns_of(found)
         else:
-            self.calls.charge(found.count * len(found.names) * ROW_COST, "rows from columns")
+            cells = found.count * max(1, len(found.names))  # a row of no field is an object
+            self.calls.charge(cells * ROW_COST, "rows from columns")
             value = None
             if annotation is not None:
                 value = yield from structs_of(found, annotation, self.timer)

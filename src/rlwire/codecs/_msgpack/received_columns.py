@@ -95,7 +95,8 @@ def parse_columns(payload: Any, inner: int, fields: frozenset[str] | None = None
 
     Raises:
         CorruptFrameError: the payload is not ``[count, layout, names, columns]`` with
-            distinct string names, one column per name, each of ``count`` rows; or a
+            distinct string names, one column per name, each of ``count`` rows, and a
+            column at least when ``count`` is above 0; or a
             column kept refers to a buffer that was not read.
         FieldNotFoundError: a name of ``fields`` is not among its names.
     """
@@ -114,6 +115,8 @@ def parse_columns(payload: Any, inner: int, fields: frozenset[str] | None = None
         or len(set(names)) != len(names)
     ):
         raise CorruptFrameError("header: a columns value needs one column per distinct name")
+    if count and not names:  # rows would be charged nothing: bound them by their columns
+        raise CorruptFrameError(f"header: a columns value of {count} rows has no column")
     if fields is not None:
         check_fields_present(fields, names)
         kept = [i for i, name in enumerate(names) if name in fields]

@@ -142,6 +142,30 @@ def test_same_length_over_columns_names_the_first_row_that_disagrees(logprobs: A
         assert expected[1].startswith("$[1]: same_length")
 
 
+def test_same_length_over_2d_columns_compares_two_widths_not_a_length_a_row() -> None:
+    """Every row of a 2-D column is as long as its width: two such columns of a million
+    rows are compared as two numbers (a length a row took 8 bytes each; 2**40 rows of
+    width 0, which a message of 75 bytes can declare, ran out of memory)."""
+    checks = Checks(same_length=(("x", "y"),))
+    rows = 1_000_000
+    cols = Columns({"x": np.ones((rows, 1), np.uint8), "y": np.ones((rows, 1))})
+    tracemalloc.start()
+    try:
+        checks.validate(cols)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    empty = np.zeros((2**40, 0), np.float32)  # no bytes
+    checks.validate(Columns({"x": empty, "y": empty[:, :0]}))
+    with pytest.raises(rlwire.SchemaError, match=r"^\$\[0\]: same_length group \('x', 'y'\)"):
+        checks.validate(Columns({"x": np.zeros((3, 2)), "y": np.zeros((3, 5))}))
+    ragged = Ragged.from_lengths(np.zeros(11), [2, 2, 2, 3, 2])
+    mixed = Columns({"x": np.zeros((5, 2)), "y": ragged})
+    assert outcome(checks, mixed) == outcome(checks, list(mixed.rows()))
+    assert outcome(checks, mixed)[1].startswith("$[3]: same_length")
+
+
 def test_names_found_in_columns_alone_are_known() -> None:
     cols = Columns({"ids": Ragged.from_lengths(np.arange(3), [1, 2]), "env": ["a", "b"]})
     assert outcome(Checks(max_value={"ids": 5}), {"samples": cols}) == (
@@ -164,6 +188,13 @@ def test_a_bool_column_over_its_max_value_is_named_as_its_rows_name_it() -> None
     assert outcome(checks, cols) == outcome(checks, list(cols.rows()))
     with pytest.raises(rlwire.SchemaError, match=r"^\$\[1\]\.done: True is above 0"):
         checks.validate(cols)
+
+
+def test_a_bool_held_in_a_byte_other_than_1_is_true_not_above_1() -> None:
+    done = np.frombuffer(b"\x02\x01\x00", np.bool_)  # as a received |b1 buffer may hold
+    Checks(max_value={"done": 1}).validate({"done": done})
+    with pytest.raises(rlwire.SchemaError, match=r"^\$\.done\[0\]: True is above 0"):
+        Checks(max_value={"done": 0}).validate({"done": done})
 
 
 @pytest.mark.parametrize("dtype", [np.longdouble, np.clongdouble])

@@ -34,6 +34,8 @@ __all__ = [
     "at",
     "by_row",
     "check_scalar",
+    "first_differing",
+    "row_lengths",
     "same_length",
     "scan_array",
     "shifted",
@@ -82,7 +84,8 @@ def scan_array(
     bounded = rules.limit_name is not None and arr.dtype.kind in "iub"
     if not (finite or bounded):
         return
-    numbers = arr.view(np.uint8) if arr.dtype.kind == "b" else arr  # bools compared as 0, 1
+    # Bools are compared as bools, 0 or 1 (a byte 2 read as a bool is True: never 2).
+    numbers = arr
     # A contiguous array is scanned in blocks of a flat view, any other in one go. In a
     # C-order view, a bad element is then found in its block.
     c_order = numbers.flags.c_contiguous
@@ -188,3 +191,25 @@ def at(path: KeyPath, index: Iterable[int]) -> KeyPath:
     for i in index:
         path = (path, int(i))
     return path
+
+
+def row_lengths(column: Any) -> np.ndarray | int | None:
+    """Each row's length in ``column`` if numpy can tell it without a Python loop: an
+    array of them, or one for every row (an array of two or more dimensions)."""
+    if isinstance(column, Ragged):
+        return column.lengths
+    if isinstance(column, np.ndarray) and column.ndim >= 2 and column.dtype.kind != "O":
+        return int(column.shape[1])
+    return None
+
+
+def first_differing(lengths: list[np.ndarray | int], count: int) -> list[int]:
+    """``[i]``, ``i`` the first of ``count`` rows whose ``lengths`` (per column: an array
+    of them, or one for every row) differ; ``[]`` if none. One length for every row
+    costs no memory: 2-D columns of millions of rows are compared as two numbers."""
+    differ: np.ndarray | bool = False
+    for other in lengths[1:]:
+        differ = differ | (np.asarray(other) != lengths[0])
+    if isinstance(differ, np.ndarray) and differ.ndim:
+        return np.flatnonzero(differ)[:1].tolist()  # type: ignore[no-any-return]
+    return [0] if differ and count else []

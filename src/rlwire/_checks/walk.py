@@ -30,7 +30,16 @@ import msgspec
 import numpy as np
 
 from rlwire._checks.plan import ANY, Planner, Rules, Shape, merge_rules
-from rlwire._checks.values import by_row, check_scalar, same_length, scan_array, shifted, under
+from rlwire._checks.values import (
+    by_row,
+    check_scalar,
+    first_differing,
+    row_lengths,
+    same_length,
+    scan_array,
+    shifted,
+    under,
+)
 from rlwire._core.chunked import Chunked
 from rlwire._core.columns import Columns
 from rlwire._core.paths import KeyPath
@@ -183,11 +192,10 @@ class Walk:
     ) -> Sliced[None]:
         """A same_length group over rows held as columns: compared in numpy where every
         column is a Ragged or an array of two or more dimensions, row by row otherwise."""
-        lengths = [_row_lengths(cols[name]) for name in present]
+        lengths = [row_lengths(cols[name]) for name in present]
         rows: Iterable[int] = range(len(cols))
         if all(n is not None for n in lengths):
-            table = np.stack(lengths)  # type: ignore[arg-type]  # no None, checked above
-            rows = np.flatnonzero((table != table[0]).any(axis=0))[:1].tolist()
+            rows = first_differing(lengths, len(cols))  # type: ignore[arg-type]  # no None
         for i in rows:
             same_length((path, i), group, [(name, cols[name][i]) for name in present])
             if i & 255 == 255:
@@ -321,15 +329,6 @@ def _settled(rows: Any, rules: Rules | None) -> bool:
         return set(map(type, rows)) <= _PLAIN
     depth, _, numeric = nesting(rows[0])
     return numeric and proven(rows, rules, depth)
-
-
-def _row_lengths(column: Any) -> np.ndarray | None:
-    """Each row's length in ``column``, if numpy can tell it without a Python loop."""
-    if isinstance(column, Ragged):
-        return column.lengths
-    if isinstance(column, np.ndarray) and column.ndim >= 2 and column.dtype.kind != "O":
-        return np.full(len(column), column.shape[1])
-    return None
 
 
 def group_size(rules: Rules, cost: int) -> int:

@@ -182,6 +182,17 @@ def test_an_object_column_is_walked_row_by_row() -> None:
         CHECKS.validate(cols)
 
 
+@pytest.mark.parametrize("bad", [None, 0, 4999])
+def test_an_object_column_of_numbers_is_checked_as_a_list_of_them(bad: int | None) -> None:
+    score = np.empty(5000, dtype=object)
+    score[:] = [float(i) for i in range(5000)]
+    if bad is not None:
+        score[bad] = float("inf")
+    cols = Columns({"score": score})
+    assert outcome(CHECKS, cols) == outcome(CHECKS, list(cols.rows()))
+    assert outcome(CHECKS, cols)[0] == ("passed" if bad is None else rlwire.SchemaError)
+
+
 def test_a_bool_column_over_its_max_value_is_named_as_its_rows_name_it() -> None:
     cols = Columns({"done": np.array([False, True])})
     checks = Checks(max_value={"done": 0})

@@ -170,22 +170,31 @@ class Walk:
                     place = by_row(column, path, name)
                     yield from scan_array(values, inner, place, self.tick)
                 continue
-            size = _ROWS_AT_ONCE  # rows of lists: as many as sum or max takes quickly
-            if type(column) is list and column and inner is not None:
-                size = min(size, group_size(inner, nesting(column[0])[1]))
-            for start in range(0, len(cols), size):
-                rows = column[start : start + size]
-                if not _settled(rows, inner):  # else no row needs a look
-                    for i, item in enumerate(rows, start):
-                        yield from self.visit(item, ((path, i), name), inner, ANY)
-                        if i & 255 == 255:
-                            yield from self.tick()
-                yield from self.tick()
+            yield from self.column_rows(column, path, name, inner)
         for group in self.groups:
             present = [name for name in group if name in cols]
             if len(present) >= 2:
                 yield from self.column_lengths(cols, path, group, present)
         yield from self.tick()
+
+    def column_rows(
+        self, column: Any, path: KeyPath, name: str, rules: Rules | None
+    ) -> Sliced[None]:
+        """A column of values (a list, or an object array) a group of rows at a time: a
+        group shown to pass at C speed, else row by row."""
+        size = _ROWS_AT_ONCE  # rows of lists: as many as sum or max takes quickly
+        if type(column) is list and column and rules is not None:
+            size = min(size, group_size(rules, nesting(column[0])[1]))
+        for start in range(0, len(column), size):
+            rows = column[start : start + size]
+            if isinstance(rows, np.ndarray) and rows.ndim == 1:
+                rows = rows.tolist()  # the same objects, a list settled at C speed
+            if not _settled(rows, rules):  # else no row needs a look
+                for i, item in enumerate(rows, start):
+                    yield from self.visit(item, ((path, i), name), rules, ANY)
+                    if i & 255 == 255:
+                        yield from self.tick()
+            yield from self.tick()
 
     def column_lengths(
         self, cols: Columns, path: KeyPath, group: Sequence[str], present: list[str]

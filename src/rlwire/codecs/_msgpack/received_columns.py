@@ -163,7 +163,7 @@ def _made_rows(
         stop = min(start + _ROWS_AT_ONCE, count)
         part = [_values(c, start, stop) for c in columns]
         if any(len(values) != stop - start for values in part):
-            raise ValueError("a column has fewer rows than its columns value")
+            raise ValueError("a column holds another number of rows than its columns value")
         out += map(make, *part) if part else (make() for _ in range(start, stop))
         if timer.due():
             yield

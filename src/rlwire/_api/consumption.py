@@ -9,7 +9,9 @@ before ``S``, and says so once it has read step ``S`` (not before: ``S`` may not
 yet, and a mark past the steps sent stops the sender's retention). Each mark is written
 once per move, before the next step or part is read: a receiver killed after asking for
 part ``i + 1`` is never handed part ``i`` again once resumed, and one killed while it
-holds part ``i`` is handed it again (it had not moved past it).
+holds part ``i`` is handed it again (it had not moved past it). A mark the store could
+not take (full, read-only: the source's ``mark_skipped``) is written again before each
+later read, until the store takes it.
 """
 
 from __future__ import annotations
@@ -54,28 +56,36 @@ class ConsumptionMarks:
                 self._recorded, self._recorded_part = found
                 self._step_written, self._start_mark = True, 0
 
+    def _save_consumed(self, step: int) -> bool:
+        """Write the consumption mark ``step``: False if the store could not take it."""
+        self._source.mark_consumed(step)
+        return not self._source.mark_skipped
+
     def _started(self) -> None:
         """Record, once the receiver has read a step, that its rank moved past the steps
         before the one it was opened at, if not done yet (the receiver's mutex held)."""
         if not self._start_mark:
             return
         step, self._start_mark = self._start_mark, 0
-        if self._record_consumed and not self._step_written:
-            self._source.mark_consumed(step)
+        if self._record_consumed and not self._step_written and self._save_consumed(step):
             self._step_written = True
 
     def _record_position(self) -> None:
         """Write the marks the receiver's position moved past since the last write (the
-        receiver's mutex held)."""
+        receiver's mutex held); a write the store could not take is tried again at the
+        next call."""
         if not self._record_consumed:
             return
         step, part = self._next_step, self._part_next
         if step > self._recorded:
-            self._source.mark_consumed(step)
+            if not self._save_consumed(step):
+                return
             self._recorded, self._recorded_part, self._step_written = step, 0, True
         if step == self._recorded and part > self._recorded_part:
             if not self._step_written:  # the part mark counts beside its step's mark only
-                self._source.mark_consumed(step)
+                if not self._save_consumed(step):
+                    return
                 self._step_written = True
             self._source.mark_part(step, part)
-            self._recorded_part = part
+            if not self._source.mark_skipped:
+                self._recorded_part = part

@@ -20,6 +20,11 @@ class MarksSource:
     default it records nothing and has nothing to read: stores override all three
     methods."""
 
+    #: True while the last mark this source was asked to write could not be (a store
+    #: that skips a mark it cannot take, full or read-only, rather than raise): the
+    #: receiver asks for it again before its next read. Sources that raise leave it False.
+    mark_skipped: bool = False
+
     def mark_consumed(self, next_step: int) -> None:
         """Record that this rank's receiver moved past every step before ``next_step``
         (the receiver calls it once per step, when it moves on). Stores write a small

@@ -88,8 +88,9 @@ class StoredSource(StoredFieldsSource, Source):
 
     def mark_consumed(self, next_step: int) -> None:
         """Write the consumption mark; where the store cannot take it (read-only, full:
-        :data:`_CANNOT_MARK`) skip it with one :class:`MarkSkippedWarning`, and try again
-        at the next step: stored steps stay readable."""
+        :data:`_CANNOT_MARK`) skip it with one :class:`MarkSkippedWarning` and set
+        :attr:`mark_skipped` (the receiver asks again before its next read): stored
+        steps stay readable."""
         self._save_mark(consumed_name(self.rank), consumed_mark(next_step))
 
     def mark_part(self, step: int, next_part: int) -> None:
@@ -99,11 +100,13 @@ class StoredSource(StoredFieldsSource, Source):
         self._save_mark(consumed_part_name(self.rank), part_mark(step, next_part))
 
     def _save_mark(self, name: str, data: bytes) -> None:
+        self.mark_skipped = False
         try:
             self.save(name, data)
         except TransportError as exc:
             if exc.errno not in _CANNOT_MARK:
                 raise
+            self.mark_skipped = True
             if not self._mark_warned:
                 self._mark_warned = True
                 warnings.warn(

@@ -194,9 +194,10 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
             self._pending = got.why if isinstance(got, FieldPending) else None
             if got is None or isinstance(got, FieldPending):
                 return None
-            self._started()  # opened at a later step: it moved past the ones before
+            self._started()  # it moved past the steps before this one: say so if not yet
             return got
         except RlwireError as exc:
+            self._read_failed(exc)  # a step found deleted: the mark lowered goes back
             exc.add_context(rank=self._rank)
             raise
         finally:
@@ -236,13 +237,6 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
             return (yield from self._decode_sealed(frame, seconds, as_columns))
         type_ = self._type if type_ is _NOTHING else type_
         return (yield from self._decoding.decode(frame, type_, seconds, as_columns))
-
-    def skip(self) -> int:
-        """Give up on the next step (for example after a CorruptFrameError) and move on to
-        the one after it. Returns the step skipped."""
-        with self._mutex:
-            self._next_step, self._part_next = self._next_step + 1, 0
-            return self._next_step - 1
 
     def poll(self, *, as_columns: bool | None = None) -> T | None:
         """Return the next step's object if it has arrived, else ``None`` at once.

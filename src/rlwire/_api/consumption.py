@@ -4,19 +4,31 @@ A receiver's position is its next step and, in a step filled part by part, the n
 part of it. It writes the position to its rank's marks (:class:`~rlwire.abc.Source`'s
 ``mark_consumed`` and ``mark_part``) as it moves: past a part when it asks for the next
 one, past a step when it asks for the next step or, reading parts, for a part after its
-rank's last (``parts()`` ends). One opened at ``start_step=S`` has moved past every step
-before ``S``, and says so once it has read step ``S`` (not before: ``S`` may not be sent
-yet, and a mark past the steps sent stops the sender's retention). Each mark is written
-once per move, before the next step or part is read: a receiver killed after asking for
-part ``i + 1`` is never handed part ``i`` again once resumed, and one killed while it
-holds part ``i`` is handed it again (it had not moved past it). A mark the store could
-not take (full, read-only: the source's ``mark_skipped``) is written again before each
-later read, until the store takes it.
+rank's last (``parts()`` ends). A mark never says the rank moved past a step not sent
+yet (the sender refuses such a mark, and keeps every step back from ``keep_last``):
+
+- One opened at ``start_step=S`` has moved past every step before ``S``. Where its
+  rank's mark already says so (a trainer restarted from a checkpoint), the mark is
+  lowered to ``S`` before the receiver first reads, so that no sender deletes ``S``, or
+  with ``recycle`` writes a later step into its files, while the receiver reads it;
+  where the read finds ``S`` already deleted (``StepGapError``), the mark is put back.
+  Elsewhere the receiver says so once it has read step ``S`` (not before: ``S`` may
+  not be sent yet).
+
+Each mark is written once per move, before the next step or part is read: a receiver
+killed after asking for part ``i + 1`` is never handed part ``i`` again once resumed,
+and one killed while it holds part ``i`` is handed it again (it had not moved past it).
+A mark the store could not take (full, read-only: the source's ``mark_skipped``) is
+written again before each later read, until the store takes it.
 """
 
 from __future__ import annotations
 
+import threading
+
+from rlwire._core.errors import CorruptFrameError, RlwireError, StepGapError
 from rlwire.transport._base import Source
+from rlwire.transport._marks import MarksSource
 
 __all__ = ["ConsumptionMarks"]
 
@@ -25,12 +37,10 @@ class ConsumptionMarks:
     """The marks half of :class:`~rlwire.TrainingBatchReceiver`."""
 
     _source: Source
+    _mutex: threading.Lock
     _next_step: int
     _part_next: int
     _record_consumed: bool
-    # The step a receiver opened at a later step says it moved past the ones before, once
-    # it has read it (0: nothing to say).
-    _start_mark: int
 
     def _start_marks(self, start_step: int, resume: bool) -> None:
         """Start at ``start_step``, or, with ``resume``, where the rank's marks say
@@ -42,33 +52,78 @@ class ConsumptionMarks:
         # StepHandle, opened for each step): it records that once it has read that step
         # (_started), else a rank read step by step that way would hold every step back
         # from keep_last.
-        self._recorded, self._start_mark = start_step, start_step
+        self._recorded = start_step
         self._recorded_part, self._step_written = 0, False
         self._next_step, self._part_next = start_step, 0
+        # Before the first read, look whether the rank's mark is past the start, to lower it.
+        self._check_start = self._record_consumed
+        self._restore: int | None = None  # the mark lowered from, while its step is unread
         if resume:
             try:
                 found = self._source.read_consumption()
             except BaseException:
                 self._source.close()  # the receiver is not made: nothing else closes it
                 raise
+            self._check_start = False  # the marks say where it is, or nothing at all
             if found is not None:
                 self._next_step, self._part_next = found
                 self._recorded, self._recorded_part = found
-                self._step_written, self._start_mark = True, 0
+                self._step_written = True
+
+    def skip(self) -> int:
+        """Give up on the next step (for example after a CorruptFrameError) and move on to
+        the one after it. Returns the step skipped."""
+        with self._mutex:
+            self._next_step, self._part_next = self._next_step + 1, 0
+            return self._next_step - 1
 
     def _save_consumed(self, step: int) -> bool:
         """Write the consumption mark ``step``: False if the store could not take it."""
         self._source.mark_consumed(step)
         return not self._source.mark_skipped
 
+    def _lower_to_start(self) -> None:
+        """Before the receiver first reads: if its rank's mark says the rank moved past
+        the step it starts at (a trainer restarted from a checkpoint), lower the mark to
+        that step, so that no sender deletes the step while the receiver reads it."""
+        self._check_start = False
+        if type(self._source).read_consumption is MarksSource.read_consumption:
+            return  # a source that records no marks (a socket)
+        try:
+            found = self._source.read_consumption()
+        except CorruptFrameError:
+            return  # a garbled mark is written over once the step is read, as before
+        step = self._next_step
+        if found is None or found[0] < step:
+            return  # it says less: the receiver says more once it has read the step
+        # found[0] was checked against the steps sent (by the sender that read it), so
+        # the lowered mark is too. Written before the read, so a sender reading the marks
+        # from now on keeps the step; if the store cannot take it, it is tried again
+        # before the next read, and said once the step is read, as before.
+        if found[0] > step and not self._save_consumed(step):
+            self._check_start = True
+            return
+        self._restore = found[0] if found[0] > step else None
+        self._recorded, self._recorded_part = step, 0
+        self._step_written = True
+
+    def _read_failed(self, exc: RlwireError) -> None:
+        """After a read of the next step failed: a step found deleted puts back the mark
+        lowered from (as it was before this receiver), and the next read lowers it again
+        (the receiver's mutex held)."""
+        mark = self._restore
+        if isinstance(exc, StepGapError) and mark is not None and self._save_consumed(mark):
+            self._recorded, self._restore, self._check_start = mark, None, True
+
     def _started(self) -> None:
         """Record, once the receiver has read a step, that its rank moved past the steps
-        before the one it was opened at, if not done yet (the receiver's mutex held)."""
-        if not self._start_mark:
-            return
-        step, self._start_mark = self._start_mark, 0
-        if self._record_consumed and not self._step_written and self._save_consumed(step):
-            self._step_written = True
+        before it, if its mark does not say so yet (the receiver's mutex held): those
+        before the step it was opened at. Steps are sent in order, so reading a step
+        shows that every one before it was sent."""
+        step, self._restore = self._next_step, None
+        behind = self._recorded < step or (step > 0 and not self._step_written)
+        if self._record_consumed and behind and self._save_consumed(step):
+            self._recorded, self._recorded_part, self._step_written = step, 0, True
 
     def _record_position(self) -> None:
         """Write the marks the receiver's position moved past since the last write (the
@@ -76,7 +131,11 @@ class ConsumptionMarks:
         next call."""
         if not self._record_consumed:
             return
+        if self._check_start:
+            self._lower_to_start()
         step, part = self._next_step, self._part_next
+        if step != self._recorded or part:
+            self._restore = None  # it read the step lowered to (parts() reads no _started)
         if step > self._recorded:
             if not self._save_consumed(step):
                 return

@@ -192,6 +192,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
                 self._source, self._next_step, self._fields, self._decoding, self._read_step
             )
             self._pending = got.why if isinstance(got, FieldPending) else None
+            self._found(got is not None)  # (a step waiting for a field was sent)
             if got is None or isinstance(got, FieldPending):
                 return None
             self._started()  # it moved past the steps before this one: say so if not yet

@@ -14,6 +14,8 @@ yet (the sender refuses such a mark, and keeps every step back from ``keep_last`
   where the read finds ``S`` already deleted (``StepGapError``), the mark is put back.
   Elsewhere the receiver says so once it has read step ``S`` (not before: ``S`` may
   not be sent yet).
+- One that skips a step it has not found (``skip()`` after ``ReceiveTimeout``) says it
+  moved past that step once it has read a later one.
 
 Each mark is written once per move, before the next step or part is read: a receiver
 killed after asking for part ``i + 1`` is never handed part ``i`` again once resumed,
@@ -58,6 +60,8 @@ class ConsumptionMarks:
         # Before the first read, look whether the rank's mark is past the start, to lower it.
         self._check_start = self._record_consumed
         self._restore: int | None = None  # the mark lowered from, while its step is unread
+        self._missing = -1  # the step the last read did not find
+        self._hold: int | None = None  # a step skipped unfound: the mark stays at it
         if resume:
             try:
                 found = self._source.read_consumption()
@@ -72,10 +76,21 @@ class ConsumptionMarks:
 
     def skip(self) -> int:
         """Give up on the next step (for example after a CorruptFrameError) and move on to
-        the one after it. Returns the step skipped."""
+        the one after it. Returns the step skipped.
+
+        A step skipped before it was sent (after a ``ReceiveTimeout``) is skipped all the
+        same, but the rank's consumption mark says it moved past that step only once this
+        receiver has read a later one: a mark must not run ahead of the steps sent (the
+        sender refuses it). Until then a sender's ``keep_last`` keeps the skipped step,
+        and one with ``max_ahead=0`` waits for the rank (give it 1 or more, as for a
+        receiver opened at a later ``start_step``).
+        """
         with self._mutex:
-            self._next_step, self._part_next = self._next_step + 1, 0
-            return self._next_step - 1
+            step = self._next_step
+            if self._missing == step and not self._part_next and self._hold is None:
+                self._hold = step  # not found: it may not be sent yet
+            self._next_step, self._part_next = step + 1, 0
+            return step
 
     def _save_consumed(self, step: int) -> bool:
         """Write the consumption mark ``step``: False if the store could not take it."""
@@ -115,12 +130,16 @@ class ConsumptionMarks:
         if isinstance(exc, StepGapError) and mark is not None and self._save_consumed(mark):
             self._recorded, self._restore, self._check_start = mark, None, True
 
+    def _found(self, found: bool) -> None:
+        """Note whether the read of the next step found it (the receiver's mutex held)."""
+        self._missing = -1 if found else self._next_step
+
     def _started(self) -> None:
         """Record, once the receiver has read a step, that its rank moved past the steps
         before it, if its mark does not say so yet (the receiver's mutex held): those
-        before the step it was opened at. Steps are sent in order, so reading a step
-        shows that every one before it was sent."""
-        step, self._restore = self._next_step, None
+        before the step it was opened at, or one it skipped before it was sent. Steps are
+        sent in order, so reading a step shows that every one before it was sent."""
+        step, self._restore, self._hold = self._next_step, None, None
         behind = self._recorded < step or (step > 0 and not self._step_written)
         if self._record_consumed and behind and self._save_consumed(step):
             self._recorded, self._recorded_part, self._step_written = step, 0, True
@@ -136,6 +155,10 @@ class ConsumptionMarks:
         step, part = self._next_step, self._part_next
         if step != self._recorded or part:
             self._restore = None  # it read the step lowered to (parts() reads no _started)
+        if self._hold is not None and step > self._hold:
+            if not part:  # nothing found past the skipped step yet: it may not be sent
+                return
+            self._hold = None  # a part of a later step was read: the skipped one was sent
         if step > self._recorded:
             if not self._save_consumed(step):
                 return

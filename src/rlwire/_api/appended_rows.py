@@ -72,8 +72,10 @@ def none_in_every_row(
     """The first of ``names`` that the step (its ``frames``: one, or its parts) holds
     as ``None`` in every row (a TrainingSample's ``ref_logprobs`` left empty, until it
     is appended), or ``None``. Only columns of values kept in the header are looked at
-    (a ragged column holds arrays): their decode reads no buffer."""
+    (a ragged column holds arrays): their decode reads no buffer. A step of no rows
+    leaves no field empty: it has no row to fill."""
     held: dict[str, bool] = {}
+    rows = 0
     for frame in frames:
         table = column_table(frame, decoding)
         kept = [
@@ -90,9 +92,11 @@ def none_in_every_row(
         )
         if not isinstance(got, Columns):
             return None
+        rows += len(got)
         for name in kept:
             held[name] = held.get(name, True) and all(v is None for v in got[name])
-    return next((name for name in sorted(held) if held[name]), None)
+    # all() of no rows is True: without a row, nothing is left for an appended field.
+    return next((name for name in sorted(held) if held[name]), None) if rows else None
 
 
 class _StoredRows:

@@ -63,7 +63,9 @@ class StoredColumn:
         order: the values' memory order (``C`` or ``F``; rows are contiguous in ``C``).
         length: a ragged column's values along their first axis (its tokens).
         empty: a column of values in the header that holds ``None`` in every row (a
-            ``ref_logprobs`` left unset).
+            ``ref_logprobs`` left unset), or no row (a field appended to a step of no
+            rows replaces no data); whether a reader waits for it is told apart by
+            the row count.
         array: a column of one value a row stored as one array (a numpy column of a
             :class:`~rlwire.Columns`): ``values`` says where, ``row_shape`` its shape
             past the rows; it has no ``dtype`` here, which marks ragged columns.

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import numpy as np
 import pytest
 
@@ -40,7 +41,7 @@ def _store_raw(url: str, header: bytes, buffers: tuple[bytes, ...] = ()) -> None
 def _packed(rows: int) -> rlwire.TrainingBatch:
     ids = rlwire.Ragged.from_lengths(np.arange(3 * rows), [3] * rows)
     return rlwire.TrainingBatch(
-        samples=rlwire.Columns(
+        samples=rlwire.Columns(  # type: ignore[arg-type]
             {
                 "token_ids": ids,
                 "mask": rlwire.Ragged(np.ones(3 * rows, bool), ids.offsets),
@@ -76,4 +77,38 @@ async def test_a_field_appended_to_a_step_of_no_rows_comes_with_it(tmp_path: Pat
     async with rlwire.open_receiver(url, fields=("env_name", "score")) as receiver:
         with anyio.fail_after(20):
             got = (await receiver.areceive(timeout=5)).samples
+    assert isinstance(got, rlwire.Columns)
     assert (len(got), set(got.names)) == (0, {"env_name", "score"})
+
+
+def _ref(index: int, dtype: str, shape: list[int]) -> Any:
+    return msgspec.msgpack.Ext(1, msgspec.msgpack.encode([index, dtype, shape, "C"]))
+
+
+@pytest.mark.parametrize(
+    ("offsets", "words"),
+    [
+        (b"\0" * 12, "needs 16 bytes but its buffer has 12"),
+        (np.array([1, 1], "<i8").tobytes(), "must start at 0, got 1"),
+        (np.array([0, 5], "<i8").tobytes(), "must end at the number of values (1), got 5"),
+    ],
+    ids=["short", "start", "end"],
+)
+async def test_add_fields_to_a_step_of_damaged_offsets_is_a_corrupt_frame(
+    tmp_path: Path, offsets: bytes, words: str
+) -> None:
+    url = str(tmp_path / "run")
+    ragged = msgspec.msgpack.Ext(
+        6, msgspec.msgpack.encode([_ref(0, "<i8", [1]), _ref(1, "<i8", [2])])
+    )
+    columns = msgspec.msgpack.Ext(7, msgspec.msgpack.encode([1, 0, ["token_ids"], [ragged]]))
+    _store_raw(url, msgspec.msgpack.encode({"samples": columns}), (b"\0" * 8, offsets))
+    sender = rlwire.open_sender(url)
+    try:
+        with pytest.raises(rlwire.CorruptFrameError) as caught:
+            await sender.add_fields(0, {"score": [1.0]})
+    finally:
+        await sender.aclose()
+    assert "step 0, rank 0" in str(caught.value)
+    assert "offsets of 'token_ids'" in str(caught.value)
+    assert words in str(caught.value)

@@ -16,7 +16,7 @@ from rlwire._api.decoding import FrameDecoding
 from rlwire._api.options import Limits
 from rlwire._core.columns import Columns
 from rlwire._core.errors import ConfigError, CorruptFrameError, SchemaError
-from rlwire._core.ragged import Ragged
+from rlwire._core.ragged import Ragged, offsets_problem
 from rlwire._core.slicing import run_sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selection
@@ -140,11 +140,22 @@ class _StoredRows:
             others = frozenset(range(len(frame.buffers))) - {offsets}
             alone = replace(frame, missing=frame.missing | others)
             view = run_sliced(self.decoding.decompressed(alone)).buffers[offsets]
+            nbytes = memoryview(view).nbytes
+            if nbytes != 8 * (table.rows + 1):
+                raise CorruptFrameError(
+                    f"the offsets of {LENGTHS_FROM!r} ({table.rows} rows): shape "
+                    f"[{table.rows + 1}] of <i8 needs {8 * (table.rows + 1)} bytes but "
+                    f"its buffer has {nbytes}"
+                )
             offsets = np.frombuffer(memoryview(view), "<i8")
-        if len(offsets) != table.rows + 1 or (np.diff(offsets) < 0).any():
+        if len(offsets) != table.rows + 1:
             raise CorruptFrameError(
-                f"the offsets of {LENGTHS_FROM!r} do not fit its {table.rows} rows"
+                f"the {len(offsets)} offsets of {LENGTHS_FROM!r} do not fit its "
+                f"{table.rows} rows (it needs {table.rows + 1})"
             )
+        problem = offsets_problem(offsets, col.length)
+        if problem:
+            raise CorruptFrameError(f"the offsets of {LENGTHS_FROM!r} {problem}")
         return table.rows, np.diff(offsets)
 
 

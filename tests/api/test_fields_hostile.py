@@ -4,6 +4,7 @@ a sender gets (a typed error naming what is wrong, or the step), asyncio and tri
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +113,45 @@ async def test_add_fields_to_a_step_of_damaged_offsets_is_a_corrupt_frame(
     assert "step 0, rank 0" in str(caught.value)
     assert "offsets of 'token_ids'" in str(caught.value)
     assert words in str(caught.value)
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix itself
+async def test_add_fields_takes_a_matrix_as_an_array_of_its_rows(tmp_path: Path) -> None:
+    url = str(tmp_path / "run")
+    async with rlwire.open_sender(url) as sender:
+        await sender.send({"samples": [{"token_ids": np.arange(k + 1)} for k in range(3)]})
+        await sender.add_fields(0, {"vec": np.matrix(np.arange(6.0).reshape(3, 2))})
+    async with rlwire.open_receiver(url, type=dict) as receiver:
+        with anyio.fail_after(20):
+            got = await receiver.areceive(timeout=5)
+    assert [s["vec"].tolist() for s in got["samples"]] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+
+
+async def test_add_fields_takes_numpy_integers_as_step_and_rank(tmp_path: Path) -> None:
+    url = str(tmp_path / "run")
+    async with rlwire.open_sender(url) as sender:
+        await sender.send({"samples": [{"token_ids": np.arange(2)}]})
+        await sender.add_fields(np.int64(0), {"score": [0.5]}, rank=np.int32(0))  # type: ignore[arg-type]
+    async with rlwire.open_receiver(url, type=dict) as receiver:
+        with anyio.fail_after(20):
+            assert (await receiver.areceive(timeout=5))["samples"][0]["score"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("step", "rank", "words"),
+    [
+        ("0", 0, "add_fields: step must be an int from 0"),
+        (True, 0, "add_fields: step must be an int from 0"),
+        (-1, 0, "add_fields: step must be an int from 0"),
+        (0, 0.0, "add_fields: rank must be an int of at least 0"),
+    ],
+)
+async def test_add_fields_refuses_a_step_or_rank_not_an_int(
+    tmp_path: Path, step: Any, rank: Any, words: str
+) -> None:
+    url = str(tmp_path / "run")
+    async with rlwire.open_sender(url) as sender:
+        await sender.send({"samples": [{"token_ids": np.arange(2)}]})
+        with pytest.raises(rlwire.ConfigError, match=words):
+            await sender.add_fields(step, {"score": [0.5]}, rank=rank)
+    assert not [n for n in os.listdir(url) if "fields" in n]

@@ -222,6 +222,9 @@ def _stored(columns: Columns) -> Columns:
     (a TrainingBatch's must be Ragged)."""
     out: dict[str, Any] = {}
     for name, column in columns.items():
+        if isinstance(column, np.ndarray):
+            # A subclass (np.matrix) may keep its own shape rules: reshape would keep it 2-D.
+            column = np.asarray(column)
         if isinstance(column, np.ndarray) and column.ndim >= 2 and column.dtype.kind != "O":
             rows, width = column.shape[:2]
             flat = column.reshape(rows * width, *column.shape[2:])

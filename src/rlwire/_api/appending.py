@@ -29,6 +29,7 @@ from rlwire._api.decoding import FrameDecoding
 from rlwire._api.fields import FieldSelector
 from rlwire._api.options import Limits
 from rlwire._api.parts import SealedStep
+from rlwire._core.args import check_int, check_step
 from rlwire._core.columns import Column, Columns
 from rlwire._core.errors import (
     ClosedError,
@@ -79,6 +80,9 @@ async def add_fields(
 ) -> None:
     """What :meth:`~rlwire.TrainingBatchSender.add_fields` does, its lock held and the
     sink open (or attached)."""
+    # A step or rank taken from an array is a numpy integer: the stored name needs an int.
+    step = check_step(int(step) if isinstance(step, np.integer) else step, "add_fields: step")
+    rank = check_int(int(rank) if isinstance(rank, np.integer) else rank, "add_fields: rank")
     columns = _check_input(fields, rows)
     try:
         frame = await to_thread.run_sync(
@@ -128,7 +132,9 @@ class AppendingSender:
             SchemaError: a row count differs from the step's (or ``rows``), a Ragged's
                 row from the step's ``token_ids`` (names the field and the first bad
                 row), or a field is in the step already.
-            ConfigError: the sink keeps no steps (ZeroMQ), or the step is not committed.
+            ConfigError: ``step`` or ``rank`` is not an int (a numpy integer is
+                taken) of at least 0, the sink keeps no steps (ZeroMQ), or the step is
+                not committed.
             StepExistsError: another sender appended to the step and rank meanwhile.
             TransportError: the destination cannot be read or written.
             ClosedError: the sender is closed.

@@ -5,6 +5,7 @@ a sender gets (a typed error naming what is wrong, or the step), asyncio and tri
 from __future__ import annotations
 
 import os
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -155,3 +156,55 @@ async def test_add_fields_refuses_a_step_or_rank_not_an_int(
         with pytest.raises(rlwire.ConfigError, match=words):
             await sender.add_fields(step, {"score": [0.5]}, rank=rank)
     assert not [n for n in os.listdir(url) if "fields" in n]
+
+
+_BOMB = 8_000_000  # empty arrays: 8 MB stored, over 500 MB of lists decoded
+
+
+def _bomb_header(inside: bool) -> bytes:
+    """A header of a small columns value and 8M empty msgpack arrays: beside it
+    (``samples`` and a ``junk`` field), or as a column of values inside it."""
+    array = msgspec.msgpack.encode(["<f8", [2], "C", b"\0" * 16])
+    names, columns = ["x"], [msgspec.msgpack.Ext(2, array)]
+    bomb = b"\xdd" + _BOMB.to_bytes(4, "big") + b"\x90" * _BOMB
+    if inside:
+        names.append("y")
+        columns.append(msgspec.msgpack.Ext(0, b""))  # replaced by the bomb below
+    payload = msgspec.msgpack.encode([2, 0, names, columns])
+    if inside:  # the last column (an empty fixext placeholder: d4 00) becomes the bomb
+        payload = payload[: -len(b"\xd4\x00\x00")] + bomb
+        ext = b"\xc9" + len(payload).to_bytes(4, "big") + b"\x07" + payload
+        return b"\x81" + msgspec.msgpack.encode("samples") + ext
+    ext = msgspec.msgpack.encode(msgspec.msgpack.Ext(7, payload))
+    return b"\x82" + msgspec.msgpack.encode("samples") + ext + msgspec.msgpack.encode("junk") + bomb
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["beside", "inside"])
+async def test_fields_refuses_a_header_of_tiny_values_before_building_it(
+    tmp_path: Path, inside: bool
+) -> None:
+    url = str(tmp_path / "run")
+    _store_raw(url, _bomb_header(inside))
+    tracemalloc.start()
+    try:
+        async with rlwire.open_receiver(url, type=dict, fields=("x",)) as receiver:
+            with pytest.raises(rlwire.FrameTooLargeError, match="stored size"):
+                await receiver.areceive(timeout=60)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 100 << 20  # refused before the lists are built (over 500 MB)
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["beside", "inside"])
+async def test_add_fields_refuses_a_header_of_tiny_values_before_building_it(
+    tmp_path: Path, inside: bool
+) -> None:
+    url = str(tmp_path / "run")
+    _store_raw(url, _bomb_header(inside))
+    sender = rlwire.open_sender(url)
+    try:
+        with anyio.fail_after(20), pytest.raises(rlwire.FrameTooLargeError, match="stored size"):
+            await sender.add_fields(0, {"score": [1.0, 2.0]})
+    finally:
+        await sender.aclose()

@@ -29,9 +29,10 @@ from typing import Any
 
 import msgspec
 
-from rlwire._core.errors import FieldNotFoundError
+from rlwire._core.errors import FieldNotFoundError, FrameTooLargeError
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selection
+from rlwire.codecs._msgpack.column_table import HeaderAllowance
 from rlwire.codecs._msgpack.extensions import (
     EXT_ARRAY,
     EXT_BYTES,
@@ -80,6 +81,7 @@ class _Scan:
 
     def __init__(self, frame: Frame, fields: frozenset[str]) -> None:
         self.frame = frame
+        self.allowance = HeaderAllowance(frame)
         self.fields = fields
         self.needed: set[int] = set()
         self.complete = True
@@ -95,6 +97,8 @@ class _Scan:
         if code in (EXT_CHUNKED_ARRAY, EXT_CHUNKED_MAP):
             ref = _chunks_ref.decode(data)
             return _Refs((ref.index,), (ref,))
+        if code in (EXT_RAGGED, EXT_COLUMNS):
+            self.allowance.charge(data)
         if code == EXT_RAGGED:
             refs = list(_refs_in(self.decoder.decode(data)))
             return _Refs(
@@ -135,6 +139,7 @@ class _Scan:
             if (ref.index, start) in self.chunks_seen or not 0 <= start <= end <= view.nbytes:
                 continue
             self.chunks_seen.add((ref.index, start))
+            self.allowance.charge(view[start:end], kept=True)
             self.take(self.decoder.decode(view[start:end]), whole=whole)
 
 
@@ -183,11 +188,15 @@ def select_fields(frame: Frame, fields: frozenset[str]) -> Selection | None:
     Raises:
         FieldNotFoundError: a columns value of the message has no column of one of
             ``fields``.
+        FrameTooLargeError: the scan could build more Python objects than a plain
+            decode of the message may (:class:`HeaderAllowance`): refused before
+            anything is built, as that decode would.
     """
     scan = _Scan(frame, fields)
     try:
+        scan.allowance.charge(frame.header, kept=True)
         scan.take(scan.decoder.decode(frame.header))
-    except FieldNotFoundError:
+    except (FieldNotFoundError, FrameTooLargeError):
         raise
     except (msgspec.DecodeError, ValueError, TypeError, RecursionError):
         return None

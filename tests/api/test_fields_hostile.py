@@ -208,3 +208,96 @@ async def test_add_fields_refuses_a_header_of_tiny_values_before_building_it(
             await sender.add_fields(0, {"score": [1.0, 2.0]})
     finally:
         await sender.aclose()
+
+
+class _Row(msgspec.Struct):
+    token_ids: np.ndarray
+    score: float | None = None
+    ref: np.ndarray | None = None
+
+
+class _FrozenRow(msgspec.Struct, frozen=True):
+    token_ids: np.ndarray
+    score: float | None = None
+
+
+class _Batch(msgspec.Struct):
+    samples: list[_Row]
+
+
+class _FrozenBatch(msgspec.Struct):
+    samples: list[_FrozenRow]
+
+
+async def _appended(url: str, batch: Any, fields: dict[str, Any], type_: Any) -> Any:
+    async with rlwire.open_sender(url) as sender:
+        await sender.send(batch)
+        await sender.add_fields(0, fields)
+    async with rlwire.open_receiver(url, type=type_) as receiver:
+        with anyio.fail_after(20):
+            return await receiver.areceive(timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("score", "row", "got"),
+    [
+        (np.arange(6, dtype=np.float32).reshape(3, 2), 0, "numpy.ndarray"),
+        (["high", "low", "mid"], 0, "str"),
+        ([0.5, None, "mid"], 2, "str"),
+    ],
+    ids=["2-d", "strings", "one-string"],
+)
+async def test_an_appended_value_not_of_the_fields_type_is_a_decode_error(
+    tmp_path: Path, score: Any, row: int, got: str
+) -> None:
+    batch = _Batch(samples=[_Row(np.arange(k + 1)) for k in range(3)])
+    with pytest.raises(rlwire.DecodeError) as caught:
+        await _appended(str(tmp_path / "run"), batch, {"score": score}, _Batch)
+    assert f"appended field 'score' row {row} does not match _Row.score" in str(caught.value)
+    assert f"got `{got}`" in str(caught.value)
+
+
+async def test_appended_values_are_converted_to_the_fields_type(tmp_path: Path) -> None:
+    batch = _Batch(samples=[_Row(np.arange(k + 1)) for k in range(3)])
+    ref = rlwire.Ragged.from_arrays([np.full(k + 1, k, np.float32) for k in range(3)])
+    fields = {"score": np.array([1, 2, 3], np.int16), "ref": ref}
+    got = await _appended(str(tmp_path / "run"), batch, fields, _Batch)
+    assert [type(s.score) for s in got.samples] == [float] * 3
+    assert [s.score for s in got.samples] == [1.0, 2.0, 3.0]
+    assert [s.ref.tolist() for s in got.samples] == [[0.0], [1.0, 1.0], [2.0, 2.0, 2.0]]
+
+
+async def test_appended_fields_fill_a_frozen_struct(tmp_path: Path) -> None:
+    batch = _FrozenBatch(samples=[_FrozenRow(np.arange(k + 1)) for k in range(3)])
+    fields = {"score": np.array([0.5, 1.5, 2.5])}
+    got = await _appended(str(tmp_path / "run"), batch, fields, _FrozenBatch)
+    assert [s.score for s in got.samples] == [0.5, 1.5, 2.5]
+
+
+class _TaggedA(msgspec.Struct, tag=True):
+    token_ids: np.ndarray
+    score: float | None = None
+
+
+class _TaggedB(msgspec.Struct, tag=True):
+    token_ids: np.ndarray
+    score: int | None = None
+
+
+class _MixedBatch(msgspec.Struct):
+    samples: list[_TaggedA | _TaggedB]
+
+
+async def test_appended_values_take_each_struct_types_annotation(tmp_path: Path) -> None:
+    def batch() -> _MixedBatch:
+        rows: list[_TaggedA | _TaggedB] = [
+            _TaggedA(np.arange(1)),
+            _TaggedB(np.arange(2)),
+            _TaggedA(np.arange(3)),
+        ]
+        return _MixedBatch(samples=rows)
+
+    got = await _appended(str(tmp_path / "a"), batch(), {"score": [1, 2, 3]}, _MixedBatch)
+    assert [(type(s.score), s.score) for s in got.samples] == [(float, 1.0), (int, 2), (float, 3.0)]
+    with pytest.raises(rlwire.DecodeError, match=r"'score' row 1 does not match _TaggedB\.score"):
+        await _appended(str(tmp_path / "b"), batch(), {"score": [1, 2.5, 3]}, _MixedBatch)

@@ -15,6 +15,8 @@ neither the step nor its appended messages hold yet.
 
 from __future__ import annotations
 
+import re
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -40,6 +42,7 @@ from rlwire._core.errors import (
     SchemaError,
 )
 from rlwire._core.offload import drive_sliced, run_to_the_end
+from rlwire._core.ragged import Ragged
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Sink, Source
 
@@ -268,13 +271,16 @@ def merge_appended(obj: Any, columns: dict[str, Column]) -> Any:
     if isinstance(samples, Columns):
         merged = Columns({**dict(samples.items()), **columns})
         return _replace(obj, samples, merged)
-    for i, sample in enumerate(samples):
-        for name, column in columns.items():
+    for name, column in columns.items():
+        typed = _struct_values(samples, name, column)
+        for i, sample in enumerate(samples):
+            if typed[i] is not _UNTYPED:
+                # force_setattr: a frozen Struct is filled as its decode would have.
+                msgspec.structs.force_setattr(sample, name, typed[i])
+                continue
             value = column[i]
             if isinstance(sample, dict):
                 sample[name] = _python(value)
-            elif isinstance(sample, msgspec.Struct) and name in sample.__struct_fields__:
-                setattr(sample, name, _python(value))
             elif isinstance(getattr(sample, "extras", None), dict):
                 # extras hold arrays (TrainingSample's rule): a number per sample is a
                 # 0-d array there, not a numpy scalar a validating receiver refuses.
@@ -286,6 +292,65 @@ def merge_appended(obj: Any, columns: dict[str, Column]) -> Any:
                     "such field and no extras; receive with as_columns=True"
                 )
     return obj
+
+
+#: A row whose sample takes an appended value as it is (a dict, ``extras``).
+_UNTYPED: Any = object()
+
+
+def _dec_hook(tp: Any, obj: Any) -> Any:
+    """msgspec's ``dec_hook`` for appended values, as the decoder's: arrays come
+    decoded already; accept them as they are."""
+    if isinstance(tp, type) and isinstance(obj, tp):
+        return obj
+    raise TypeError(f"Expected `{_type_name(tp)}`, got `{type(obj).__name__}`")
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__qualname__", None) or repr(tp)
+
+
+def _struct_values(samples: list[Any], name: str, column: Column) -> list[Any]:
+    """For each row, ``column``'s value converted to the annotation of the sample's
+    field ``name`` as the step's own values are (one call per Struct type for the
+    whole column), or :data:`_UNTYPED` where the sample is no Struct with that field.
+
+    Raises:
+        DecodeError: a value does not match the annotation; names the field and row.
+    """
+    out: list[Any] = [_UNTYPED] * len(samples)
+    kinds = {
+        kind
+        for kind in set(map(type, samples))
+        if issubclass(kind, msgspec.Struct) and name in kind.__struct_fields__
+    }
+    if not kinds:
+        return out
+    if isinstance(column, np.ndarray) and column.ndim == 1:
+        values = column.tolist()  # Python numbers, as the step's own rows hold
+    else:
+        values = list(column)  # a Ragged's rows, as views, in one pass
+    for kind in kinds:
+        rows = [i for i, s in enumerate(samples) if type(s) is kind]
+        annotation = next(f.type for f in msgspec.structs.fields(kind) if f.name == name)
+        got = values if len(rows) == len(values) else [values[i] for i in rows]
+        members = {annotation, *typing.get_args(annotation)}
+        if not (Any in members or (isinstance(column, Ragged) and np.ndarray in members)):
+            try:
+                got = msgspec.convert(got, list[annotation], dec_hook=_dec_hook)  # type: ignore[valid-type]
+            except msgspec.ValidationError as exc:
+                at = re.search(r" - at `\$\[(\d+)\]`", str(exc))
+                row = rows[int(at[1])] if at else rows[0]
+                why = str(exc)[: at.start()] if at else str(exc)
+                raise DecodeError(
+                    f"appended field {name!r} row {row} does not match "
+                    f"{kind.__name__}.{name} ({_type_name(annotation)}): {why}"
+                ) from None
+        if len(rows) == len(samples):
+            return list(got)
+        for i, value in zip(rows, got, strict=True):
+            out[i] = value
+    return out
 
 
 def _replace(obj: Any, old: Any, new: Any) -> Any:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import stat_type
-from transport.file.test_recycle import CODEC, batch, commit, hidden, pooled
+from transport.file.test_recycle import CODEC, batch, commit, hidden, pooled, prune
 
 import rlwire
 from rlwire._core.slicing import Sliced, run_sliced
@@ -87,7 +87,7 @@ def test_a_pooled_file_is_written_through_the_mapping_it_kept(shm_dir: Path) -> 
     previous: mmap.mmap | None = None
     for step, size in enumerate(sizes):
         if step:
-            sink.prune(step)  # the step before goes to the pool
+            prune(sink, step)  # the step before goes to the pool
         commit(sink, step, 1, size=size)
         got = CODEC.decode(FileSource(shm_dir, verify=True).read(step))
         assert np.array_equal(got["routed_experts"], np.full(size, step, np.uint8))
@@ -147,17 +147,17 @@ def test_a_deleted_file_takes_its_mapping_with_it(shm_dir: Path) -> None:
         assert not any(m.closed for m in maps.values())
 
     commit(sink, 0, 2)
-    sink.prune(1)
+    prune(sink, 1)
     commit(sink, 1, 2)  # into step 0's files, now mapped
     commit(sink, 2, 2)
     assert len(kept(sink)) == 4
     held = list(kept(sink).values())
-    sink.prune(3)  # step 1 deleted, step 2 pooled
+    prune(sink, 3)  # step 1 deleted, step 2 pooled
     check()
     assert all(m.closed for m in held)
     commit(sink, 3, 1)  # takes rank 0's pooled files, leaves rank 1's
     commit(sink, 4, 1)
-    sink.prune(5)  # steps 3 and 4: the pool is emptied first
+    prune(sink, 5)  # steps 3 and 4: the pool is emptied first
     check()
     assert len(kept(sink)) == 2  # step 3's files, pooled; rank 1's of step 2 are gone
     sink.close()
@@ -167,9 +167,9 @@ def test_a_failed_write_through_a_mapping_leaves_nothing(shm_dir: Path) -> None:
     sink = FileSink(shm_dir, recycle=True)
     sink.open("error")
     commit(sink, 0, 2)
-    sink.prune(1)
+    prune(sink, 1)
     commit(sink, 1, 2)
-    sink.prune(2)  # step 1's files, mapped, in the pool
+    prune(sink, 2)  # step 1's files, mapped, in the pool
     assert len(pooled(shm_dir)) == 4 and len(kept(sink)) == 4
 
     def broken() -> Sliced[rlwire.Frame]:
@@ -196,7 +196,7 @@ def test_growing_a_file_past_what_it_may_hold_is_an_error_not_a_signal(shm_dir: 
         from pathlib import Path
         import rlwire
         from rlwire.transport import FileSink
-        from transport.file.test_recycle import commit
+        from transport.file.test_recycle import commit, prune
 
         root = Path({str(shm_dir)!r})
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -205,9 +205,9 @@ def test_growing_a_file_past_what_it_may_hold_is_an_error_not_a_signal(shm_dir: 
         sink.open("error")
         for step in range(3):  # small steps: by the third, a pooled file is mapped
             if step:
-                sink.prune(step)
+                prune(sink, step)
             commit(sink, step, 1, size=1_000_000)
-        sink.prune(3)
+        prune(sink, 3)
         try:
             commit(sink, 3, 1, size=8_000_000)  # past the limit
         except rlwire.TransportError as exc:
@@ -279,7 +279,7 @@ def test_a_receiver_reads_a_recycled_file_through_the_mapping_it_kept(shm_dir: P
     kept: object = None
     for step in range(6):
         if step:
-            sink.prune(step)
+            prune(sink, step)
         commit(sink, step, 1, size=300_000 - step)  # into the same files, each step
         got = CODEC.decode(source.read(step))  # checksums verified
         assert np.array_equal(got["routed_experts"], np.full(300_000 - step, step, np.uint8))
@@ -308,7 +308,7 @@ def test_a_directory_that_does_not_recycle_gets_no_kept_mapping(shm_dir: Path) -
         ctypes.memmove(experts.ctypes.data, b"\x5a" * 8192, 8192)  # as torch in place
         del experts
         if step >= 2:
-            sink.prune(step - 1)
+            prune(sink, step - 1)
         assert source._warm is not None and len(source._warm) == 0
     assert not source._warm.recycling
     source.close()
@@ -322,7 +322,7 @@ def recycling(root: Path, *, checksum: bool = True) -> tuple[FileSink, FileSourc
     source = FileSource(root)
     for step in range(2):
         if step:
-            sink.prune(step)
+            prune(sink, step)
         commit(sink, step, 1, size=300_000)
         assert CODEC.decode(source.read(step))["step"] == step
     return sink, source
@@ -339,7 +339,7 @@ def write_in_place(source: FileSource, step: int) -> None:
 
 def next_step(sink: FileSink, source: FileSource, step: int, size: int = 300_000) -> None:
     """Send ``step`` into the files of the step before; it must arrive exactly."""
-    sink.prune(step)
+    prune(sink, step)
     commit(sink, step, 1, size=size)
     got = CODEC.decode(source.read(step))["routed_experts"]
     assert np.array_equal(got, np.full(size, step, np.uint8))
@@ -393,7 +393,7 @@ def test_a_receiver_keeps_no_mapping_of_a_deleted_file(shm_dir: Path) -> None:
     source = FileSource(shm_dir)
     for step in range(5):
         if step:
-            sink.prune(step)
+            prune(sink, step)
         commit(sink, step, 1)
         assert CODEC.decode(source.read(step))["step"] == step
     assert source._warm is not None and len(source._warm) == 2
@@ -415,7 +415,7 @@ def test_a_receiver_dropped_unclosed_leaves_no_descriptor(shm_dir: Path) -> None
             before = len(os.listdir("/proc/self/fd"))
         source = FileSource(shm_dir)
         source.read(step - 1)
-        sink.prune(step)
+        prune(sink, step)
         commit(sink, step, 1)  # in the files of the step before: it comes back
         source.read(step)
         assert source._warm is not None and len(source._warm) == 2  # two files kept open

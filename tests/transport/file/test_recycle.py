@@ -23,7 +23,14 @@ from rlwire.codecs import MsgpackCodec
 from rlwire.testing import assert_batches_equal, make_batch
 from rlwire.transport import FileSink, FileSource
 from rlwire.transport._file.staging import FileStaging
-from rlwire.transport._stored.names import POOL_RE, main_name, sidecar_name
+from rlwire.transport._stored.marks import consumed_mark
+from rlwire.transport._stored.names import (
+    POOL_RE,
+    STORED_RE,
+    consumed_name,
+    main_name,
+    sidecar_name,
+)
 
 CODEC = MsgpackCodec(sidecar=["routed_experts"])
 RECYCLE = {"recycle": True}
@@ -58,6 +65,17 @@ def commit(sink: FileSink, step: int, ranks: int, size: int = 5000) -> None:
     staged.commit()  # type: ignore[attr-defined]
 
 
+def prune(sink: FileSink, below: int) -> None:
+    """``sink.prune(below)`` once every rank holding files of the steps before ``below``
+    has moved past them (their receivers' marks say so): the sink deletes no step a rank
+    holding files of it may still read."""
+    steps = [int(m.group(1)) for n in names(sink.root) if (m := STORED_RE.fullmatch(n))]
+    mark = min(below, max(steps, default=-1) + 1)
+    for rank in range(4):
+        (sink.root / consumed_name(rank)).write_bytes(consumed_mark(mark))
+    sink.prune(below)
+
+
 def read(path: Path, step: int, rank: int) -> dict[str, Any]:
     frame = FileSource(path, rank=rank).read(step)
     assert frame is not None
@@ -79,10 +97,10 @@ def test_prune_pools_the_newest_step_only_and_staging_takes_its_files(tmp_path: 
     for step in range(4):
         commit(sink, step, 2)
     step3 = inodes(tmp_path, 3, 2)
-    sink.prune(4)  # four steps at once: one step's files are kept, the rest deleted
+    prune(sink, 4)  # four steps at once: one step's files are kept, the rest deleted
     assert len(pooled(tmp_path)) == 4  # two ranks, main and sidecar
     assert {os.stat(tmp_path / n).st_ino for n in pooled(tmp_path)} == step3
-    assert [n for n in names(tmp_path) if not n.startswith(".")] == []
+    assert [n for n in names(tmp_path) if not n.startswith((".", "consumed."))] == []
     assert FileSource(tmp_path).stored_steps() == []  # readers see no pooled file
 
     staged = run_sliced(sink.stage(4, frames(2, 4, size=9000)))  # larger than before
@@ -91,7 +109,7 @@ def test_prune_pools_the_newest_step_only_and_staging_takes_its_files(tmp_path: 
     assert pooled(tmp_path) == []
     assert {os.stat(out.tmp).st_ino for out in (*staged.mains, *staged.sidecars)} == step3
     assert FileSource(tmp_path).read(4) is None
-    assert not [n for n in names(tmp_path) if not n.startswith(".")]
+    assert not [n for n in names(tmp_path) if not n.startswith((".", "consumed."))]
     staged.commit()
     assert hidden(tmp_path) == []
     assert inodes(tmp_path, 4, 2) == step3
@@ -106,7 +124,7 @@ def test_a_recycled_file_is_cut_to_the_new_size_and_verifies(tmp_path: Path) -> 
     sink.open("error")
     commit(sink, 0, 1, size=1 << 20)
     big = os.stat(tmp_path / sidecar_name(0, 0)).st_size
-    sink.prune(1)
+    prune(sink, 1)
     commit(sink, 1, 1, size=100)  # into the 1 MiB files: the old bytes must not remain
     assert os.stat(tmp_path / sidecar_name(1, 0)).st_size < big // 100
     frame = FileSource(tmp_path, verify=True).read(1)  # checksums and sizes checked
@@ -118,7 +136,7 @@ def test_a_failed_write_into_a_pooled_file_leaves_nothing(tmp_path: Path) -> Non
     sink = FileSink(tmp_path, recycle=True)
     sink.open("error")
     commit(sink, 0, 2)
-    sink.prune(1)
+    prune(sink, 1)
     assert len(pooled(tmp_path)) == 4
 
     def broken() -> Sliced[rlwire.Frame]:  # rank 1 fails to encode, after rank 0 is written
@@ -263,6 +281,7 @@ _KILLED = textwrap.dedent(
     from rlwire._core.slicing import run_sliced
     from rlwire.codecs import MsgpackCodec
     from rlwire.transport import FileSink
+    from rlwire.transport._stored.marks import consumed_mark
 
     codec = MsgpackCodec(sidecar=["routed_experts"])
 
@@ -275,6 +294,9 @@ _KILLED = textwrap.dedent(
     sink.open("error")
     for step in range(3):
         run_sliced(sink.stage(step, frames(2, step))).commit()
+    for rank in range(2):  # both ranks' receivers moved past step 1
+        with open(os.path.join(sys.argv[1], f"consumed.rank-{rank:04d}.rlw"), "wb") as f:
+            f.write(consumed_mark(2))
     sink.prune(2)  # steps 0 and 1: step 1's four files are pooled
     # Step 3 for one rank takes two of them (main and sidecar), written in full...
     run_sliced(sink.stage(3, frames(1, 3)))
@@ -301,7 +323,7 @@ async def test_a_kill_between_taking_pooled_files_and_commit_leaves_nothing(
     left: Sequence[str] = names(root)
     assert len([n for n in left if POOL_RE.fullmatch(n)]) == 2  # the two not taken
     assert len([n for n in left if n.startswith(".step-00000003.")]) == 2  # written, hidden
-    assert [n for n in left if not n.startswith(".")] == sorted(
+    assert [n for n in left if not n.startswith((".", "consumed."))] == sorted(
         [main_name(2, 0), main_name(2, 1), sidecar_name(2, 0), sidecar_name(2, 1)]
     )
     assert FileSource(root).read(3) is None

@@ -50,7 +50,7 @@ from rlwire.transport._stored.names import (
     pool_name,
     sidecar_name,
 )
-from rlwire.transport._stored.retention import steps_to_prune
+from rlwire.transport._stored.retention import held_back, steps_to_prune
 from rlwire.transport._stored.sink import StoredSink, StoredStaging
 from rlwire.transport._url import URL
 
@@ -268,8 +268,8 @@ class FileSink(StoredSink):
             super().prune(below)
             return
         with self.errors("delete steps every rank consumed"):
-            names = self.names()
-            steps = steps_to_prune(names, below)
+            names = self.names()  # no step some rank holding files of it may still read
+            steps = steps_to_prune(names, held_back(names, below, self.read_consumption))
             if not steps:
                 return
             with self._pool_lock:  # the pool never holds more than one step's files

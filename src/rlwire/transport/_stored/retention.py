@@ -8,7 +8,8 @@ rank has moved past; this module holds what the file and fsspec sinks share.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import re
+from collections.abc import Callable, Iterable, Sequence
 
 from rlwire._core.errors import CorruptFrameError
 from rlwire.transport._stored.marks import CONSUMED_MAGIC, parse_mark
@@ -20,7 +21,10 @@ from rlwire.transport._stored.names import (
     consumed_name,
 )
 
-__all__ = ["read_consumed", "steps_to_prune"]
+#: A step's file of one rank (whole message, part or appended fields); groups: step, rank.
+_RANK_FILE_RE = re.compile(r"step-(\d+)\.rank-(\d+)(?:\.(?:part|fields)-\d+)?(?:\.sidecar)?\.rlw")
+
+__all__ = ["held_back", "read_consumed", "steps_to_prune"]
 
 
 def read_consumed(
@@ -76,3 +80,36 @@ def steps_to_prune(names: Iterable[str], below: int) -> list[list[list[str]]]:
         if m and int(m.group(1)) < below:
             steps.setdefault(int(m.group(1)), [[], [], []])[where].append(name)
     return [[sorted(batch) for batch in steps[step]] for step in sorted(steps)]
+
+
+def held_back(
+    names: Sequence[str], below: int, read: Callable[[int, int], list[int | None]]
+) -> int:
+    """``below`` lowered to the first stored step before it that some rank holding
+    files of it has not moved past: every rank with files among the steps to prune is
+    asked, not only those of the send that prunes (a send to fewer ranks than an earlier
+    one, or a sender resumed after a run with more ranks). ``names`` lists the
+    destination; ``read(ranks, sent)`` reads the marks of ranks ``0..ranks-1``, as
+    :func:`read_consumed` does (``sent``: one past the newest stored step). A rank with
+    no mark has moved past nothing.
+
+    Raises:
+        CorruptFrameError: from ``read``: a garbled mark, or one beyond the stored steps.
+    """
+    held: dict[int, list[int]] = {}  # by rank, the steps before below it has files of
+    newest = -1
+    for name in names:
+        if m := _RANK_FILE_RE.fullmatch(name):
+            step, rank = int(m.group(1)), int(m.group(2))
+            newest = max(newest, step)
+            if step < below:
+                held.setdefault(rank, []).append(step)
+    if not held:
+        return below
+    marks = read(max(held) + 1, newest + 1)
+    for rank, steps in held.items():
+        mark = marks[rank]
+        kept = [step for step in steps if mark is None or step >= mark]
+        if kept:
+            below = min(below, *kept)
+    return below

@@ -39,7 +39,7 @@ from rlwire.transport._stored.names import (
     start_step,
 )
 from rlwire.transport._stored.parts import part_files, read_parts, seal_bytes
-from rlwire.transport._stored.retention import read_consumed, steps_to_prune
+from rlwire.transport._stored.retention import held_back, read_consumed, steps_to_prune
 
 __all__ = ["StoredSink", "StoredStaging", "translate_errors"]
 
@@ -266,7 +266,8 @@ class StoredSink(StoredFieldsSink, Sink):
 
     def prune(self, below: int) -> None:
         with self.errors("delete steps every rank consumed"):
-            for step in steps_to_prune(self.names(), below):
+            names = self.names()  # no step some rank holding files of it may still read
+            for step in steps_to_prune(names, held_back(names, below, self.read_consumption)):
                 for batch in step:
                     self.remove(batch)
 

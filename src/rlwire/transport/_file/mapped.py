@@ -197,11 +197,15 @@ class WarmReads:
         #: Whether a file has come back under another step's name.
         self.recycling = False
 
-    def map(self, fd: int, size: int, name: str) -> tuple[mmap.mmap, _Key, bool] | None:
+    def map(
+        self, fd: int, size: int, name: str, *, fresh: bool = False
+    ) -> tuple[mmap.mmap, _Key, bool] | None:
         """A copy-on-write mapping of at least ``size`` bytes of the step file ``name``
         open as ``fd``, its key, and whether it was kept from an earlier read; or
-        ``None`` before any file came back. A mapping returned takes ``fd`` (closed
-        here or kept); with ``None`` or an error, ``fd`` stays the caller's.
+        ``None`` before any file came back. ``fresh``: a new mapping, the kept one
+        dropped (a read again after a kept one failed the checks). A mapping returned
+        takes ``fd`` (closed here or kept); with ``None`` or an error, ``fd`` stays the
+        caller's.
 
         Raises:
             OSError: the file cannot be mapped.
@@ -217,7 +221,7 @@ class WarmReads:
             if not self.recycling:
                 return None
             kept = self._kept.get(key)
-            if kept is not None and len(kept[1]) >= size:
+            if kept is not None and len(kept[1]) >= size and not fresh:
                 os.close(fd)
                 self._kept[key] = self._kept.pop(key)  # the most recent: evicted last
                 return kept[1], key, True

@@ -87,6 +87,7 @@ class FileSource(StoredSource):
         warm = verify and not writable and on_tmpfs(self.root)
         self._warm = WarmReads(self._unmap_later) if warm else None
         self._served: dict[str, tuple[int, int]] = {}
+        self._fresh = False  # reading again: every file through a new mapping
 
     def __repr__(self) -> str:
         return f"FileSource({str(self.root)!r}, rank={self.rank})"
@@ -168,10 +169,14 @@ class FileSource(StoredSource):
             if self._warm is None or not self._served:
                 raise
             # Kept mappings served it: a page of them this process wrote into fails the
-            # checksums though the file is whole. Read through new mappings to tell.
-            for key in self._served.values():
-                self._warm.forget(key)
-            return super().read(step)
+            # checksums though the file is whole. Read through new mappings to tell:
+            # every kept mapping of the step forgotten as it is loaded, also those the
+            # failed read had not reached yet (a sidecar after a main file that failed).
+            self._fresh = True
+            try:
+                return super().read(step)
+            finally:
+                self._fresh = False
         if self._warm is not None and frame is not None and not frame.verified:
             # No checksums: a page this process wrote into would pass for the file's.
             warm, self._warm = self._warm, None
@@ -195,7 +200,7 @@ class FileSource(StoredSource):
                 raise CorruptFrameError("empty file", where=path)
             got = None
             if warm is not None and advice is None and STORED_RE.fullmatch(name):
-                got = warm.map(fd, size, name)
+                got = warm.map(fd, size, name, fresh=self._fresh)
             if got is not None:  # fd is the kept mappings' now
                 fd = -1
                 mapping, key, kept = got

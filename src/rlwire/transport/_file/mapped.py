@@ -32,6 +32,7 @@ __all__ = [
     "WarmMaps",
     "WarmReads",
     "close_quietly",
+    "inode_of",
     "map_for_writing",
     "mount_type",
     "on_tmpfs",
@@ -109,12 +110,25 @@ def close_quietly(mapping: mmap.mmap | None) -> None:
         mapping.close()
 
 
+_Key = tuple[int, int]
+
+
+def inode_of(fd: int) -> _Key:
+    """The device and inode number of the file open as ``fd``: which file it is."""
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
 class WarmMaps:
-    """The writable mappings of a recycling file sink's files, by file name, kept while
-    the file is stored or pooled so that writing it again reuses mapped pages.
+    """The writable mappings of a recycling file sink's files, by file name, each with
+    the inode it maps, kept while the file is stored or pooled so that writing it again
+    reuses mapped pages.
 
     Every name the sink deletes, moves or pools goes through :meth:`drop` or
-    :meth:`move`: a mapping of a deleted file would keep its tmpfs memory.
+    :meth:`move`: a mapping of a deleted file would keep its tmpfs memory. A name may
+    come to name another file all the same (another sender on the destination deleted
+    the file and wrote a new one under its name): :meth:`take` then hands out nothing,
+    as a write through the mapping would go to the deleted file, not the new one.
     Thread-safe: ranks are written, and their files committed, from several threads.
 
     Example:
@@ -125,26 +139,49 @@ class WarmMaps:
 
     def __init__(self) -> None:
         self._maps: dict[str, mmap.mmap] = {}
+        self._inodes: dict[str, _Key | None] = {}  # (st_dev, st_ino) of each one's file
         self._lock = threading.Lock()
 
-    def take(self, name: str) -> mmap.mmap | None:
-        """The mapping kept for the file ``name``, now the caller's, or ``None``."""
-        with self._lock:
-            return self._maps.pop(name, None)
+    def take(self, name: str, fd: int | None = None) -> mmap.mmap | None:
+        """The mapping kept for the file ``name``, now the caller's, or ``None``. Given
+        ``fd``, the file about to be written: ``None`` too (the mapping closed) unless
+        the mapping was kept with that file's inode.
 
-    def keep(self, name: str, mapping: mmap.mmap) -> None:
-        """Keep ``mapping`` as the file ``name``'s (one it replaces is closed)."""
+        Raises:
+            OSError: ``fd`` cannot be asked its inode (the mapping is closed).
+        """
+        with self._lock:
+            mapping = self._maps.pop(name, None)
+            inode = self._inodes.pop(name, None)
+        if mapping is None or fd is None:
+            return mapping
+        try:
+            if inode is not None and inode == inode_of(fd):
+                return mapping
+        except BaseException:
+            close_quietly(mapping)
+            raise
+        close_quietly(mapping)  # a mapping of a file no longer under this name
+        return None
+
+    def keep(self, name: str, mapping: mmap.mmap, inode: _Key | None = None) -> None:
+        """Keep ``mapping``, of the file whose :func:`inode_of` is ``inode``, as the file
+        ``name``'s (one it replaces is closed); without ``inode``, :meth:`take` given a
+        descriptor never hands it out."""
         with self._lock:
             old = self._maps.pop(name, None)
             self._maps[name] = mapping
+            self._inodes[name] = inode
         if old is not mapping:
             close_quietly(old)
 
     def move(self, old: str, new: str) -> None:
         """The file ``old`` was renamed ``new``: its mapping follows it."""
-        mapping = self.take(old)
+        with self._lock:
+            mapping = self._maps.pop(old, None)
+            inode = self._inodes.pop(old, None)
         if mapping is not None:
-            self.keep(new, mapping)
+            self.keep(new, mapping, inode)
 
     def drop(self, names: Iterable[str]) -> None:
         """The files ``names`` are gone: close their mappings."""
@@ -154,7 +191,7 @@ class WarmMaps:
     def clear(self) -> None:
         """Close every mapping."""
         with self._lock:
-            maps, self._maps = self._maps, {}
+            maps, self._maps, self._inodes = self._maps, {}, {}
         for mapping in maps.values():
             close_quietly(mapping)
 
@@ -167,8 +204,6 @@ class WarmMaps:
 MAX_WARM_READS = 16
 #: How many step files' inodes a receiver remembers to tell that a file came back.
 _SEEN = 64
-
-_Key = tuple[int, int]
 
 
 class WarmReads:

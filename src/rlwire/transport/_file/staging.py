@@ -23,7 +23,7 @@ from rlwire._core.atomic import AtomicFile, fsync_dir
 from rlwire._core.errors import StepExistsError, transport_error
 from rlwire._core.pools import shared_executor
 from rlwire._core.slicing import Sliced, SliceTimer, run_sliced_beside
-from rlwire.transport._file.mapped import WarmMaps, close_quietly, map_for_writing
+from rlwire.transport._file.mapped import WarmMaps, close_quietly, inode_of, map_for_writing
 from rlwire.transport._file.writev import batches, hash_batch, writev_all
 from rlwire.transport._stored.layout import Layout
 from rlwire.transport._stored.sink import StoredStaging
@@ -74,6 +74,7 @@ class FileStaging(StoredStaging):
         # The mappings files of this step were written through, by final name: kept at
         # commit, closed at discard.
         self._mapped: dict[str, mmap.mmap] = {}
+        self._inodes: dict[str, tuple[int, int]] = {}  # the files they map, by final name
         # In the order the files were opened (a rank's sidecar before its main file, rank
         # by rank), whichever thread writes them: commit moves them in this order.
         self.sidecars: list[AtomicFile] = []
@@ -162,9 +163,13 @@ class FileStaging(StoredStaging):
         (self.mains if main else self.sidecars).append(out)
         if pooled is None:
             return out, False
-        mapping = None if self.warm is None else self.warm.take(pooled.name)
-        if mapping is not None:  # this step's now: kept at commit, closed at discard
-            self._mapped[out.final.name] = mapping
+        try:  # not a mapping of another file that had the pooled file's name
+            mapping = None if self.warm is None else self.warm.take(pooled.name, out.fd)
+            if mapping is not None:  # this step's now: kept at commit, closed at discard
+                self._mapped[out.final.name] = mapping
+                self._inodes[out.final.name] = inode_of(out.fd)
+        except OSError as exc:
+            raise transport_error(exc, "write", where=out.tmp) from exc
         return out, True
 
     def _fill(
@@ -194,6 +199,7 @@ class FileStaging(StoredStaging):
                 name = out.final.name
                 mapping = map_for_writing(out.fd, size, self._mapped.pop(name, None))
                 self._mapped[name] = mapping
+                self._inodes[name] = inode_of(out.fd)
             written = yield from _write_hashed(
                 out.fd, chunks, segments, hashers, hash_beside, mapping
             )
@@ -234,7 +240,7 @@ class FileStaging(StoredStaging):
                 fsync_dir(self.root)
             if self.warm is not None:
                 for name, mapping in self._mapped.items():
-                    self.warm.keep(name, mapping)
+                    self.warm.keep(name, mapping, self._inodes.get(name))
                 self._mapped.clear()
         except OSError as exc:
             self.discard()

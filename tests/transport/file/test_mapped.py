@@ -155,11 +155,13 @@ def test_a_deleted_file_takes_its_mapping_with_it(shm_dir: Path) -> None:
     prune(sink, 3)  # step 1 deleted, step 2 pooled
     check()
     assert all(m.closed for m in held)
-    commit(sink, 3, 1)  # takes rank 0's pooled files, leaves rank 1's
-    commit(sink, 4, 1)
-    prune(sink, 5)  # steps 3 and 4: the pool is emptied first
+    commit(sink, 3, 1)  # takes rank 0's pooled files; rank 1's are deleted once written
     check()
-    assert len(kept(sink)) == 2  # step 3's files, pooled; rank 1's of step 2 are gone
+    assert len(kept(sink)) == 2  # step 3's files; rank 1's of step 2 are gone
+    commit(sink, 4, 1)  # new files: the pool is empty
+    prune(sink, 5)  # steps 3 and 4: step 3 deleted, step 4 pooled (never mapped)
+    check()
+    assert len(kept(sink)) == 0
     sink.close()
 
 

@@ -20,6 +20,7 @@ stay mapped.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -34,7 +35,14 @@ from rlwire._core.pools import worker_count
 from rlwire._core.slicing import Sliced
 from rlwire._frame.checksums import placeholder_checksums
 from rlwire._frame.frame import Frame
-from rlwire.transport._base import OnExisting, SinkOptions, SourceOptions, reject_unknown
+from rlwire.transport._base import (
+    OnExisting,
+    PendingFrame,
+    SinkOptions,
+    SourceOptions,
+    Staged,
+    reject_unknown,
+)
 from rlwire.transport._file.mapped import WarmMaps, on_tmpfs
 from rlwire.transport._file.source import FileSource, open_regular
 from rlwire.transport._file.staging import FileStaging, RankFile, envelope
@@ -246,8 +254,25 @@ class FileSink(StoredSink):
             self._warm.drop(names)
 
     def close(self) -> None:
+        self._empty_pool()
         if self._warm is not None:
             self._warm.clear()
+
+    def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
+        """Stage ``step`` as :class:`StoredSink` does, then delete what the pool still
+        holds (the files of ranks this step has not: it went to fewer ranks)."""
+        staged = yield from super().stage(step, frames)
+        self._empty_pool()
+        return staged
+
+    def _empty_pool(self) -> None:
+        """Delete the pooled files no write took (quietly: they are leftovers, which
+        the next ``open`` removes anyway)."""
+        with self._pool_lock:
+            files = [path for paths in self._pool.values() for path in paths]
+            self._pool.clear()
+        with contextlib.suppress(OSError):
+            self.remove([path.name for path in files])
 
     def existing(self, names: Sequence[str]) -> list[int]:
         return [i for i, name in enumerate(names) if (self.root / name).exists()]

@@ -277,7 +277,9 @@ class Sink(PartsSink, FieldsSink, abc.ABC):
 
     def prune(self, below: int) -> None:
         """Delete every stored step before ``below``: each step's main files from rank
-        0 up, then its sidecars, oldest step first.
+        0 up, then its sidecars, oldest step first. A sink must keep a step some rank
+        holding files of it has not moved past, whatever the ranks of the send that
+        prunes (the stores rlwire ships lower ``below`` to the first such step).
 
         Raises:
             TransportError: a step cannot be deleted.

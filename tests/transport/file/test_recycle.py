@@ -337,3 +337,32 @@ async def test_a_kill_between_taking_pooled_files_and_commit_leaves_nothing(
         await sender.send(batch(3, 0))
     with rlwire.open_receiver(root, start_step=3) as receiver:
         assert_batches_equal(await receiver.areceive(timeout=10), batch(3, 0))
+
+
+def test_a_mark_lowered_while_its_step_is_pruned_keeps_its_files_out_of_the_pool(
+    tmp_path: Path,
+) -> None:
+    """A trainer restarted at step 1 lowers its rank's mark before it opens the step's
+    files. A prune that read the marks just before must write no later step into them:
+    once the files are pooled (no reader can open them any more), it reads the marks
+    again and deletes, rather than pools, files a reader may hold."""
+    sink = FileSink(tmp_path, recycle=True)
+    sink.open("error")
+    for step in range(2):
+        commit(sink, step, 1)
+    (tmp_path / consumed_name(0)).write_bytes(consumed_mark(2))  # moved past both
+    held: dict[str, Any] = {}
+    marks = sink.read_consumption
+
+    def a_restart_meanwhile(ranks: int, sent: int) -> list[int | None]:
+        found = marks(ranks, sent)  # what the prune reads first: the old mark
+        if not held:  # the trainer restarts at step 1: lowers its mark, then reads
+            (tmp_path / consumed_name(0)).write_bytes(consumed_mark(1))
+            held.update(read(tmp_path, 1, 0))
+        return found
+
+    sink.read_consumption = a_restart_meanwhile  # type: ignore[method-assign]
+    sink.prune(2)
+    assert pooled(tmp_path) == []  # step 1's files deleted, not pooled
+    commit(sink, 2, 1)
+    assert np.array_equal(held["routed_experts"], np.full(5000, 1, np.uint8))

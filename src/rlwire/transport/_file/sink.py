@@ -294,7 +294,8 @@ class FileSink(StoredSink):
             return
         with self.errors("delete steps every rank consumed"):
             names = self.names()  # no step some rank holding files of it may still read
-            steps = steps_to_prune(names, held_back(names, below, self.read_consumption))
+            below = held_back(names, below, self.read_consumption)
+            steps = steps_to_prune(names, below)
             if not steps:
                 return
             with self._pool_lock:  # the pool never holds more than one step's files
@@ -316,6 +317,10 @@ class FileSink(StoredSink):
                         self._warm.move(name, pooled.name)
                     with self._pool_lock:
                         self._pool.setdefault(_kind(name), []).append(pooled)
+            # A trainer restarted at a pruned step lowers its mark before it opens the
+            # files: read again now none can be opened, the marks say if one is held.
+            if held_back(names, below, self.read_consumption) < below:
+                self._empty_pool()
 
     def _take(self, name: str) -> Path | None:
         """A pooled file to write the file ``name`` into: one that held the same rank's

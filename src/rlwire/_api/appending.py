@@ -32,6 +32,7 @@ from rlwire._api.fields import FieldSelector
 from rlwire._api.options import Limits
 from rlwire._api.parts import SealedStep
 from rlwire._core.args import check_int, check_step
+from rlwire._core.built import dec_hook, type_name
 from rlwire._core.columns import Column, Columns
 from rlwire._core.errors import (
     ClosedError,
@@ -298,18 +299,6 @@ def merge_appended(obj: Any, columns: dict[str, Column]) -> Any:
 _UNTYPED: Any = object()
 
 
-def _dec_hook(tp: Any, obj: Any) -> Any:
-    """msgspec's ``dec_hook`` for appended values, as the decoder's: arrays come
-    decoded already; accept them as they are."""
-    if isinstance(tp, type) and isinstance(obj, tp):
-        return obj
-    raise TypeError(f"Expected `{_type_name(tp)}`, got `{type(obj).__name__}`")
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__qualname__", None) or repr(tp)
-
-
 def _struct_values(samples: list[Any], name: str, column: Column) -> list[Any]:
     """For each row, ``column``'s value converted to the annotation of the sample's
     field ``name`` as the step's own values are (one call per Struct type for the
@@ -337,14 +326,14 @@ def _struct_values(samples: list[Any], name: str, column: Column) -> list[Any]:
         members = {annotation, *typing.get_args(annotation)}
         if not (Any in members or (isinstance(column, Ragged) and np.ndarray in members)):
             try:
-                got = msgspec.convert(got, list[annotation], dec_hook=_dec_hook)  # type: ignore[valid-type]
+                got = msgspec.convert(got, list[annotation], dec_hook=dec_hook)  # type: ignore[valid-type]
             except msgspec.ValidationError as exc:
                 at = re.search(r" - at `\$\[(\d+)\]`", str(exc))
                 row = rows[int(at[1])] if at else rows[0]
                 why = str(exc)[: at.start()] if at else str(exc)
                 raise DecodeError(
                     f"appended field {name!r} row {row} does not match "
-                    f"{kind.__name__}.{name} ({_type_name(annotation)}): {why}"
+                    f"{kind.__name__}.{name} ({type_name(annotation)}): {why}"
                 ) from None
         if len(rows) == len(samples):
             return list(got)

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from rlwire._core.built import dec_hook, type_name
 from rlwire._core.copying import copied
 from rlwire._core.errors import DecodeError
 from rlwire._core.slicing import Sliced, SliceTimer
@@ -78,19 +79,6 @@ def as_annotated(view: memoryview, annotation: Any) -> Sliced[Any]:
     if bytearray in members:
         return (yield from copied(view, bytearray))
     return convert(view, annotation)  # raises DecodeError naming the mismatch
-
-
-def dec_hook(tp: Any, obj: Any) -> Any:
-    """msgspec's ``dec_hook``: arrays and memoryviews come out of the extension hook
-    already built; accept them as they are."""
-    if isinstance(tp, type) and isinstance(obj, tp):
-        return obj
-    raise TypeError(f"Expected `{type_name(tp)}`, got `{type(obj).__name__}`")
-
-
-def type_name(tp: Any) -> str:
-    """``tp`` as an error message names it."""
-    return getattr(tp, "__qualname__", None) or repr(tp)
 
 
 def _shift_index(message: str, by: int) -> str:

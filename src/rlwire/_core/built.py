@@ -1,0 +1,29 @@
+"""Values a decoder has built already (numpy arrays, memoryviews), taken as they are when
+msgspec converts a value into its annotation, and how an error names a type: shared by
+the msgpack decoder and the fields a receiver appends to a step.
+
+Example:
+    >>> import msgspec, numpy as np
+    >>> got = msgspec.convert({"x": np.arange(2)}, dict[str, np.ndarray], dec_hook=dec_hook)
+    >>> got["x"].tolist()
+    [0, 1]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["dec_hook", "type_name"]
+
+
+def dec_hook(tp: Any, obj: Any) -> Any:
+    """msgspec's ``dec_hook``: arrays and memoryviews come out of the extension hook
+    already built; accept them as they are."""
+    if isinstance(tp, type) and isinstance(obj, tp):
+        return obj
+    raise TypeError(f"Expected `{type_name(tp)}`, got `{type(obj).__name__}`")
+
+
+def type_name(tp: Any) -> str:
+    """``tp`` as an error message names it."""
+    return getattr(tp, "__qualname__", None) or repr(tp)

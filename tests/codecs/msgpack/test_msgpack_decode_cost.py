@@ -22,7 +22,7 @@ from msgspec.msgpack import Ext
 from msgspec.msgpack import encode as mp
 
 from rlwire import CorruptFrameError, Frame, FrameTooLargeError, TrainingBatch
-from rlwire.codecs._msgpack import decode
+from rlwire.codecs._msgpack import allowance
 from rlwire.codecs._msgpack.codec import MsgpackCodec
 from rlwire.codecs._msgpack.cost import WORST_RATIO, plain_cost
 from rlwire.codecs._msgpack.extensions import EXT_INLINE_ARRAY
@@ -138,7 +138,7 @@ def test_the_same_header_into_a_struct_skips_the_unknown_field() -> None:
 def small_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     """The allowance's floor at 1 MiB instead of 256, so that the tests below need
     messages of kilobytes, not megabytes, to reach it."""
-    monkeypatch.setattr(decode, "heap_allowance", lambda frame: MiB + 16 * frame.stored_nbytes)
+    monkeypatch.setattr(allowance, "heap_allowance", lambda frame: MiB + 16 * frame.stored_nbytes)
 
 
 @pytest.mark.usefixtures("small_floor")

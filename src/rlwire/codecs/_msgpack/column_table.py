@@ -23,11 +23,10 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from rlwire._core.errors import CorruptFrameError, FrameTooLargeError, RlwireError
-from rlwire._frame.bounds import HEAP_FLOOR, HEAP_RATIO, heap_allowance
+from rlwire._core.errors import CorruptFrameError, RlwireError
 from rlwire._frame.frame import Frame
+from rlwire.codecs._msgpack.allowance import HeapAllowance
 from rlwire.codecs._msgpack.arrays import make_array
-from rlwire.codecs._msgpack.cost import WORST_RATIO, plain_cost
 from rlwire.codecs._msgpack.extensions import (
     EXT_ARRAY,
     EXT_COLUMNS,
@@ -37,7 +36,7 @@ from rlwire.codecs._msgpack.extensions import (
     InlineArray,
 )
 
-__all__ = ["ColumnTable", "HeaderAllowance", "StoredColumn", "describe_columns", "values_array"]
+__all__ = ["ColumnTable", "StoredColumn", "describe_columns", "values_array"]
 
 _array_ref = msgspec.msgpack.Decoder(ArrayRef)
 _inline = msgspec.msgpack.Decoder(InlineArray)
@@ -105,52 +104,10 @@ class ColumnTable:
     columns: tuple[StoredColumn, ...]
 
 
-class HeaderAllowance:
-    """The heap a scan of one frame's header may build: the allowance of a plain decode
-    of it (:func:`~rlwire._frame.bounds.heap_allowance`, from its stored size). Each
-    msgpack value the scan decodes is charged, before it is decoded, what decoding it
-    into plain builtins could cost (:func:`~rlwire.codecs._msgpack.cost.plain_cost`; an
-    extension's payload is charged when its hook decodes it)."""
-
-    def __init__(self, frame: Frame) -> None:
-        self.limit = self.left = heap_allowance(frame)
-        self.stored = frame.stored_nbytes
-        # Data that outlives the scan (the header, a buffer's chunk), charged its worst
-        # case: walked for its real cost when the worst cases no longer fit.
-        self.kept: list[tuple[bytes | memoryview, int]] = []
-
-    def charge(self, data: bytes | memoryview, *, kept: bool = False) -> None:
-        """Take what decoding ``data`` may build from the allowance (``kept``: ``data``
-        stays valid after the call, so its worst case may be settled later).
-
-        Raises:
-            FrameTooLargeError: it would build more than what is left.
-        """
-        worst = WORST_RATIO * memoryview(data).nbytes
-        if worst > self.left and self.kept:
-            for earlier, charged in self.kept:
-                self.left += charged - plain_cost(earlier, self.limit)
-            self.kept.clear()
-        if worst <= self.left:
-            if kept:
-                self.kept.append((data, worst))
-            self.left -= worst
-            return
-        cost = plain_cost(data, self.left)
-        if cost > self.left:
-            raise FrameTooLargeError(
-                f"header: decoding it would build over {self.limit >> 20} MiB of Python "
-                f"objects from a message of {self.stored} stored bytes (the limit is "
-                f"{HEAP_RATIO} times its stored size + {HEAP_FLOOR >> 20} MiB): it is "
-                "made of tiny values, such as empty lists or maps"
-            )
-        self.left -= cost
-
-
 class _Scan:
     """One decode of a header, each extension payload charged to ``allowance``."""
 
-    def __init__(self, allowance: HeaderAllowance) -> None:
+    def __init__(self, allowance: HeapAllowance) -> None:
         self.allowance = allowance
         self.decoder = msgspec.msgpack.Decoder(ext_hook=self.hook)
 
@@ -160,7 +117,7 @@ class _Scan:
         if code == EXT_INLINE_ARRAY:
             return _inline.decode(data)
         if code in (EXT_RAGGED, EXT_COLUMNS):
-            self.allowance.charge(data)
+            self.allowance.charge_decode(data, kept=False)
             return (code, self.decoder.decode(data))
         return _OTHER
 
@@ -215,11 +172,11 @@ def describe_columns(frame: Frame) -> ColumnTable | None:
     Raises:
         CorruptFrameError: the header cannot be read, or its columns value is malformed.
         FrameTooLargeError: decoding the header could build more Python objects than a
-            plain decode of the frame may (:class:`HeaderAllowance`).
+            plain decode of the frame may (its :class:`HeapAllowance`).
     """
-    allowance = HeaderAllowance(frame)
+    allowance = HeapAllowance.of(frame)
     try:
-        allowance.charge(frame.header, kept=True)
+        allowance.charge_decode(frame.header)
         top = _Scan(allowance).decoder.decode(frame.header)
     except RlwireError:
         raise

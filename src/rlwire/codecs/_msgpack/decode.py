@@ -24,8 +24,8 @@ import msgspec
 from rlwire._core.errors import CorruptFrameError, DecodeError
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire._core.types import may_hold_buffer
-from rlwire._frame.bounds import heap_allowance
 from rlwire._frame.frame import Frame
+from rlwire.codecs._msgpack.allowance import HeapAllowance
 from rlwire.codecs._msgpack.conversion import as_annotated, converted
 from rlwire.codecs._msgpack.decode_calls import DecodeCalls
 from rlwire.codecs._msgpack.known_fields import known_fields, skeleton
@@ -88,9 +88,7 @@ class Decoding:
         self.timer = SliceTimer()
         # A frame straight from an encoder may hold Pieces, which a source never does.
         self.received = ReceivedBuffers(frame.views(), writable, frame.missing, fields)
-        self.calls = DecodeCalls(
-            heap_allowance(frame), frame.stored_nbytes, self.received.ext_hook, self.timer
-        )
+        self.calls = DecodeCalls(HeapAllowance.of(frame), self.received.ext_hook, self.timer)
         self.received.decode_payload = self.calls.decode
         self.as_columns = as_columns or fields is not None
         # Chunked containers and bytes values still to find in the raw data (the walk

@@ -14,11 +14,10 @@ from typing import Any
 
 import msgspec
 
-from rlwire._core.errors import CorruptFrameError, FrameTooLargeError, RlwireError
+from rlwire._core.errors import CorruptFrameError, RlwireError
 from rlwire._core.slicing import Sliced, SliceTimer
-from rlwire._frame.bounds import HEAP_FLOOR, HEAP_RATIO
+from rlwire.codecs._msgpack.allowance import HeapAllowance
 from rlwire.codecs._msgpack.conversion import dec_hook
-from rlwire.codecs._msgpack.cost import WORST_RATIO, plain_cost
 
 __all__ = ["ITEMWISE_BYTES", "DecodeCalls"]
 
@@ -33,6 +32,10 @@ _ITEMWISE_BIG = 1 << 20
 _ITEMWISE_DEPTH = 4
 # Items smaller than this on average are decoded in one call.
 _ITEMWISE_MIN_ITEM = 64
+_STRUCT_HINT = (
+    ". Received into a Struct type, fields the type does not declare are skipped "
+    "without being built"
+)
 _raw_items = msgspec.msgpack.Decoder(list[msgspec.Raw])
 _raw_values = msgspec.msgpack.Decoder(dict[str, msgspec.Raw])
 
@@ -55,23 +58,18 @@ def _container(view: memoryview) -> type | None:
 
 
 class DecodeCalls:
-    """The decode calls of one frame, all with ``ext_hook``, within ``heap_limit`` bytes
-    of Python objects (:func:`~rlwire._frame.bounds.heap_allowance` of the frame, which
-    took ``stored`` bytes where it was stored)."""
+    """The decode calls of one frame, all with ``ext_hook``, within the frame's ``heap``
+    allowance of Python objects."""
 
     def __init__(
         self,
-        heap_limit: int,
-        stored: int,
+        heap: HeapAllowance,
         ext_hook: Callable[[int, memoryview], Any],
         timer: SliceTimer,
     ) -> None:
         self.ext_hook = ext_hook
         self.timer = timer
-        self.heap_left = self.heap_limit = heap_limit
-        self.stored = stored
-        # Data decoded so far charged its worst case, with that charge.
-        self.unsettled: list[tuple[bytes | memoryview, int]] = []
+        self.heap = heap
         self.typed: dict[Any, msgspec.msgpack.Decoder[Any]] = {}
 
     def decode(self, data: bytes | memoryview | msgspec.Raw, annotation: Any = None) -> Any:
@@ -80,7 +78,7 @@ class DecodeCalls:
         builtins of the same data (a Struct is smaller than a dict, fields it does not
         declare are skipped), so a chunk decoded straight into ``list[list[int]]`` is
         bounded as it would be into ``Any``."""
-        charged = self._charge(data)
+        charged = self.heap.charge_decode(data, hint=_STRUCT_HINT)
         try:
             if annotation is None:
                 return msgspec.msgpack.decode(data, ext_hook=self.ext_hook)
@@ -94,7 +92,7 @@ class DecodeCalls:
             raise
         except msgspec.ValidationError as exc:
             if annotation is not None:
-                self._refund(data, charged)  # what it built is gone
+                self.heap.refund(data, charged)  # what it built is gone
                 raise  # the caller tries again into plain builtins
             raise CorruptFrameError(f"header: {exc}") from exc  # e.g. a bad timestamp
         except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
@@ -109,51 +107,7 @@ class DecodeCalls:
         Raises:
             FrameTooLargeError: more than what is left of the allowance.
         """
-        if nbytes > self.heap_left and self.unsettled:
-            self._settle()
-        if nbytes > self.heap_left:
-            raise FrameTooLargeError(
-                f"header: {what} would build over {self.heap_limit >> 20} MiB of Python "
-                f"objects from a message of {self.stored} stored bytes (the limit is "
-                f"{HEAP_RATIO} times its stored size + {HEAP_FLOOR >> 20} MiB)"
-            )
-        self.heap_left -= nbytes
-
-    def _settle(self) -> None:
-        """Charge what was decoded so far its real cost instead of its worst case."""
-        for earlier, charged in self.unsettled:
-            self.heap_left += charged - plain_cost(earlier, self.heap_limit)
-        self.unsettled.clear()
-
-    def _refund(self, data: bytes | memoryview | msgspec.Raw, charged: int) -> None:
-        if self.unsettled and self.unsettled[-1][0] is data:
-            self.unsettled.pop()
-        self.heap_left += charged
-
-    def _charge(self, data: bytes | memoryview | msgspec.Raw) -> int:
-        """Take what decoding ``data`` into plain builtins costs from the message's
-        heap allowance, or refuse it (before decoding) if that is more than what is
-        left. Data is charged its worst case unless that does not fit: then what was
-        charged so far is walked to tell its real cost, and so is ``data``."""
-        worst = WORST_RATIO * memoryview(data).nbytes  # data: bytes, a view or a Raw
-        if worst > self.heap_left and self.unsettled:
-            self._settle()
-        if worst <= self.heap_left:
-            self.unsettled.append((data, worst))
-            self.heap_left -= worst
-            return worst
-        cost = plain_cost(data, self.heap_left)
-        if cost > self.heap_left:
-            raise FrameTooLargeError(
-                f"header: decoding it would build over {self.heap_limit >> 20} MiB "
-                f"of Python objects from a message of {self.stored} stored bytes (the "
-                f"limit is {HEAP_RATIO} times its stored size + {HEAP_FLOOR >> 20} MiB): "
-                "it is made of tiny values, such as empty lists or maps. Received "
-                "into a Struct type, fields the type does not declare are skipped "
-                "without being built"
-            )
-        self.heap_left -= cost
-        return cost
+        self.heap.charge(nbytes, what)
 
     def plain(self, data: bytes | memoryview | msgspec.Raw, depth: int = 0) -> Sliced[Any]:
         """``data`` decoded into plain builtins; a long msgpack array in runs of items,

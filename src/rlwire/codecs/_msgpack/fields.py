@@ -32,7 +32,7 @@ import msgspec
 from rlwire._core.errors import FieldNotFoundError, FrameTooLargeError
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selection
-from rlwire.codecs._msgpack.column_table import HeaderAllowance
+from rlwire.codecs._msgpack.allowance import HeapAllowance
 from rlwire.codecs._msgpack.extensions import (
     EXT_ARRAY,
     EXT_BYTES,
@@ -81,7 +81,7 @@ class _Scan:
 
     def __init__(self, frame: Frame, fields: frozenset[str]) -> None:
         self.frame = frame
-        self.allowance = HeaderAllowance(frame)
+        self.allowance = HeapAllowance.of(frame)
         self.fields = fields
         self.needed: set[int] = set()
         self.complete = True
@@ -98,7 +98,7 @@ class _Scan:
             ref = _chunks_ref.decode(data)
             return _Refs((ref.index,), (ref,))
         if code in (EXT_RAGGED, EXT_COLUMNS):
-            self.allowance.charge(data)
+            self.allowance.charge_decode(data, kept=False)
         if code == EXT_RAGGED:
             refs = list(_refs_in(self.decoder.decode(data)))
             return _Refs(
@@ -139,7 +139,7 @@ class _Scan:
             if (ref.index, start) in self.chunks_seen or not 0 <= start <= end <= view.nbytes:
                 continue
             self.chunks_seen.add((ref.index, start))
-            self.allowance.charge(view[start:end], kept=True)
+            self.allowance.charge_decode(view[start:end])
             self.take(self.decoder.decode(view[start:end]), whole=whole)
 
 
@@ -189,12 +189,12 @@ def select_fields(frame: Frame, fields: frozenset[str]) -> Selection | None:
         FieldNotFoundError: a columns value of the message has no column of one of
             ``fields``.
         FrameTooLargeError: the scan could build more Python objects than a plain
-            decode of the message may (:class:`HeaderAllowance`): refused before
+            decode of the message may (its :class:`HeapAllowance`): refused before
             anything is built, as that decode would.
     """
     scan = _Scan(frame, fields)
     try:
-        scan.allowance.charge(frame.header, kept=True)
+        scan.allowance.charge_decode(frame.header)
         scan.take(scan.decoder.decode(frame.header))
     except (FieldNotFoundError, FrameTooLargeError):
         raise

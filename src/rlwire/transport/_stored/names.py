@@ -28,6 +28,7 @@ __all__ = [
     "LEFTOVER_RE",
     "MAIN_RE",
     "POOL_RE",
+    "RANK_FILE_RE",
     "REWRITE_NAME",
     "SEAL_RE",
     "STEP_PART_RE",
@@ -69,6 +70,8 @@ STEP_PART_RE = re.compile(r"step-(\d+)\.rank-(\d+)\.part-(\d+)(\.sidecar)?\.rlw"
 #: step, rank, index, sidecar suffix.
 FIELDS_RE = re.compile(r"step-(\d+)\.rank-(\d+)\.fields-(\d+)(\.sidecar)?\.rlw")
 #: The seal of a step filled part by part; group: step.
+#: A step's file of one rank (whole message, part or appended fields); groups: step, rank.
+RANK_FILE_RE = re.compile(r"step-(\d+)\.rank-(\d+)(?:\.(?:part|fields)-\d+)?(?:\.sidecar)?\.rlw")
 SEAL_RE = re.compile(r"step-(\d+)\.seal\.rlw")
 #: A file still being written (or left behind by a sender that was killed).
 TEMP_RE = re.compile(

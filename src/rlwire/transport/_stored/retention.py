@@ -8,21 +8,18 @@ rank has moved past; this module holds what the file and fsspec sinks share.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Sequence
 
 from rlwire._core.errors import CorruptFrameError
 from rlwire.transport._stored.marks import CONSUMED_MAGIC, parse_mark
 from rlwire.transport._stored.names import (
     FIELDS_RE,
+    RANK_FILE_RE,
     SEAL_RE,
     STEP_PART_RE,
     STORED_RE,
     consumed_name,
 )
-
-#: A step's file of one rank (whole message, part or appended fields); groups: step, rank.
-_RANK_FILE_RE = re.compile(r"step-(\d+)\.rank-(\d+)(?:\.(?:part|fields)-\d+)?(?:\.sidecar)?\.rlw")
 
 __all__ = ["held_back", "read_consumed", "steps_to_prune"]
 
@@ -99,7 +96,7 @@ def held_back(
     held: dict[int, list[int]] = {}  # by rank, the steps before below it has files of
     newest = -1
     for name in names:
-        if m := _RANK_FILE_RE.fullmatch(name):
+        if m := RANK_FILE_RE.fullmatch(name):
             step, rank = int(m.group(1)), int(m.group(2))
             newest = max(newest, step)
             if step < below:

@@ -205,6 +205,7 @@ def test_the_board_commits_one_message_per_index() -> None:
         answers = [await board.stage_fields(0, k, 0, None, False, [k], 1.0) for k in "ab"]
         answers += [await board.commit_fields("a", 0, 0), await board.commit_fields("b", 0, 0)]
         answers.append(await board.stage_fields(0, "c", 0, None, False, ["c"], 1.0))
+        await board.mark(0, 1)  # rank 0 moved past step 0: the prune may drop it
         await board.prune(1)
         answers.append(await board.commit_fields("c", 0, 1))
         answers.append(await board.stage_fields(1, "d", 0, None, False, ["d"], 1.0))
@@ -213,6 +214,29 @@ def test_the_board_commits_one_message_per_index() -> None:
 
     answers = asyncio.run(run())
     assert [a[0] for a in answers] == ["ok", "ok", "ok", "exists", "ok", "missing", "none", "ready"]
+
+
+def test_the_board_keeps_a_step_a_rank_left_out_of_later_sends_has_not_read() -> None:
+    """After a step to two ranks and steps to rank 0 alone, a prune keeps the step rank
+    1 has not moved past (it dropped every step before the cut-off: rank 1 met a gap),
+    then drops it once rank 1 moves past it."""
+
+    async def run() -> list[list[int]]:
+        board = Board("ray://logic")
+        for rank in (0, 1):
+            await board.stage(0, "s0", rank, None, False, [f"main{rank}"], 1.0)
+        await board.commit("s0", 2)
+        for step in (1, 2):
+            await board.stage(step, f"s{step}", 0, None, False, ["main"], 1.0)
+            await board.commit(f"s{step}", 1)
+        await board.mark(0, 3)  # rank 0 moved past every step; rank 1 read none
+        await board.prune(2)
+        kept = [await board.steps()]
+        await board.mark(1, 1)
+        await board.prune(2)
+        return [*kept, await board.steps()]
+
+    assert asyncio.run(run()) == [[0, 1, 2], [2]]
 
 
 @pytest.mark.anyio

@@ -52,6 +52,7 @@ from rlwire.transport._stored.names import (
     sidecar_name,
     start_step,
 )
+from rlwire.transport._stored.retention import held_back
 from rlwire.transport.ray._board_fields import FieldsBoard
 from rlwire.transport.ray._board_parts import PartsBoard, Refs
 from rlwire.transport.ray._handover import hand_over
@@ -309,6 +310,10 @@ class Board(PartsBoard, FieldsBoard):
 
     async def consumption(self, ranks: int) -> list[int | None]:
         """Each rank's consumption mark, ``None`` where it recorded none."""
+        return self._marks(ranks)
+
+    def _marks(self, ranks: int, _sent: int = 0) -> list[int | None]:
+        """The consumption marks of ranks ``0..ranks-1`` (``None``: none recorded)."""
         return [self.consumed.get(rank) for rank in range(ranks)]
 
     async def position(self, rank: int) -> tuple[int, int] | None:
@@ -322,7 +327,10 @@ class Board(PartsBoard, FieldsBoard):
 
     async def prune(self, below: int) -> None:
         """Delete every step before ``below``: its references go, and with them the
-        memory once no reader holds a view of it."""
+        memory once no reader holds a view of it. A step some rank holding objects of
+        it has not moved past is kept (a rank left out of later sends), as every
+        stored sink keeps it."""
+        below = held_back(self._names(), below, self._marks)
         for step in [s for s in self._stored() if s < below]:
             self._drop_step(step)
         self._drop_staged(lambda s: s < below)

@@ -6,6 +6,7 @@ with SIGBUS runs in a subprocess."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -105,8 +106,11 @@ def test_a_dropped_ranks_held_step_is_never_written_over(tmp_path: Path) -> None
             shutil.rmtree(root, ignore_errors=True)
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+        )
+    finally:  # a child killed by SIGBUS cleans nothing up
+        shutil.rmtree(root, ignore_errors=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "True"

@@ -28,7 +28,7 @@ from rlwire.transport._stored.names import main_name, sidecar_name
 
 def kept(sink: FileSink) -> dict[str, mmap.mmap]:
     assert sink._warm is not None
-    return dict(sink._warm._maps)
+    return {name: mapping for name, (mapping, _) in sink._warm._maps.items()}
 
 
 # Where: tmpfs only.

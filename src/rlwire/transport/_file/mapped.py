@@ -138,8 +138,8 @@ class WarmMaps:
     """
 
     def __init__(self) -> None:
-        self._maps: dict[str, mmap.mmap] = {}
-        self._inodes: dict[str, _Key | None] = {}  # (st_dev, st_ino) of each one's file
+        # Each one's mapping and the (st_dev, st_ino) of the file it maps.
+        self._maps: dict[str, tuple[mmap.mmap, _Key | None]] = {}
         self._lock = threading.Lock()
 
     def take(self, name: str, fd: int | None = None) -> mmap.mmap | None:
@@ -151,8 +151,7 @@ class WarmMaps:
             OSError: ``fd`` cannot be asked its inode (the mapping is closed).
         """
         with self._lock:
-            mapping = self._maps.pop(name, None)
-            inode = self._inodes.pop(name, None)
+            mapping, inode = self._maps.pop(name, (None, None))
         if mapping is None or fd is None:
             return mapping
         try:
@@ -169,17 +168,15 @@ class WarmMaps:
         ``name``'s (one it replaces is closed); without ``inode``, :meth:`take` given a
         descriptor never hands it out."""
         with self._lock:
-            old = self._maps.pop(name, None)
-            self._maps[name] = mapping
-            self._inodes[name] = inode
+            old, _ = self._maps.pop(name, (None, None))
+            self._maps[name] = (mapping, inode)
         if old is not mapping:
             close_quietly(old)
 
     def move(self, old: str, new: str) -> None:
         """The file ``old`` was renamed ``new``: its mapping follows it."""
         with self._lock:
-            mapping = self._maps.pop(old, None)
-            inode = self._inodes.pop(old, None)
+            mapping, inode = self._maps.pop(old, (None, None))
         if mapping is not None:
             self.keep(new, mapping, inode)
 
@@ -191,8 +188,8 @@ class WarmMaps:
     def clear(self) -> None:
         """Close every mapping."""
         with self._lock:
-            maps, self._maps, self._inodes = self._maps, {}, {}
-        for mapping in maps.values():
+            maps, self._maps = self._maps, {}
+        for mapping, _ in maps.values():
             close_quietly(mapping)
 
     def __len__(self) -> int:

@@ -73,8 +73,8 @@ class FileStaging(StoredStaging):
         self.warm = warm
         # The mappings files of this step were written through, by final name: kept at
         # commit, closed at discard.
-        self._mapped: dict[str, mmap.mmap] = {}
-        self._inodes: dict[str, tuple[int, int]] = {}  # the files they map, by final name
+        # Each with the (st_dev, st_ino) of the file it maps.
+        self._mapped: dict[str, tuple[mmap.mmap, tuple[int, int]]] = {}
         # In the order the files were opened (a rank's sidecar before its main file, rank
         # by rank), whichever thread writes them: commit moves them in this order.
         self.sidecars: list[AtomicFile] = []
@@ -166,8 +166,7 @@ class FileStaging(StoredStaging):
         try:  # not a mapping of another file that had the pooled file's name
             mapping = None if self.warm is None else self.warm.take(pooled.name, out.fd)
             if mapping is not None:  # this step's now: kept at commit, closed at discard
-                self._mapped[out.final.name] = mapping
-                self._inodes[out.final.name] = inode_of(out.fd)
+                self._mapped[out.final.name] = (mapping, inode_of(out.fd))
         except OSError as exc:
             raise transport_error(exc, "write", where=out.tmp) from exc
         return out, True
@@ -197,9 +196,9 @@ class FileStaging(StoredStaging):
         try:
             if reused and self.warm is not None and size >= 0:
                 name = out.final.name
-                mapping = map_for_writing(out.fd, size, self._mapped.pop(name, None))
-                self._mapped[name] = mapping
-                self._inodes[name] = inode_of(out.fd)
+                kept, _ = self._mapped.pop(name, (None, None))
+                mapping = map_for_writing(out.fd, size, kept)
+                self._mapped[name] = (mapping, inode_of(out.fd))
             written = yield from _write_hashed(
                 out.fd, chunks, segments, hashers, hash_beside, mapping
             )
@@ -239,8 +238,8 @@ class FileStaging(StoredStaging):
             if self.fsync:
                 fsync_dir(self.root)
             if self.warm is not None:
-                for name, mapping in self._mapped.items():
-                    self.warm.keep(name, mapping, self._inodes.get(name))
+                for name, (mapping, inode) in self._mapped.items():
+                    self.warm.keep(name, mapping, inode)
                 self._mapped.clear()
         except OSError as exc:
             self.discard()
@@ -270,7 +269,7 @@ class FileStaging(StoredStaging):
         self._beside.clear()
         for out in (*self.mains, *self.sidecars):
             out.discard()
-        for mapping in self._mapped.values():
+        for mapping, _ in self._mapped.values():
             close_quietly(mapping)
         self._mapped.clear()
 

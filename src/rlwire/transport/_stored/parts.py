@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 import msgspec
 import xxhash
 
-from rlwire._core.errors import CorruptFrameError
+from rlwire._core.errors import CorruptFrameError, StepOrderError
 from rlwire._frame.frame import Frame
 from rlwire.transport._parts import MAX_KEY_LENGTH, Key, PartInfo, Seal
 from rlwire.transport._stored.layout import (
@@ -41,6 +41,7 @@ from rlwire.transport._stored.table import check_magic
 
 __all__ = [
     "SEAL_MAGIC",
+    "check_end",
     "parse_part",
     "parse_seal",
     "part_files",
@@ -226,3 +227,19 @@ def read_parts(
         else:
             raise CorruptFrameError("its envelope is longer than the file", where=locate(name))
     return found
+
+
+def check_end(end: int, unsealed: int | None, where: str) -> None:
+    """Refuse to mark the end of the stream at ``end`` while that step is open part by
+    part (``unsealed``): its visible parts would be handed out past the end, and a
+    receiver part way through it would wait for the rest forever.
+
+    Raises:
+        StepOrderError: ``end`` is the open step.
+    """
+    if end == unsealed:
+        raise StepOrderError(
+            f"step {end} is open part by part (a killed producer's): open_step({end}) and "
+            "seal it (or truncate it) before finishing the stream",
+            where=where,
+        )

@@ -15,6 +15,7 @@ from rlwire._frame.checksums import checksum_segments
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import OnExisting, PendingFrame, Sink, Staged, take_frame
 from rlwire.transport._parts import PartInfo, Seal
+from rlwire.transport._stored import parts as stored_parts
 from rlwire.transport._stored.appended import StoredFieldsSink
 from rlwire.transport._stored.layout import plan
 from rlwire.transport._stored.marks import (
@@ -254,6 +255,7 @@ class StoredSink(StoredFieldsSink, Sink):
         )
 
     def finish(self, end: int) -> None:
+        stored_parts.check_end(end, self.unsealed_step, self.locate(END_NAME))
         with self.errors("mark the end of the stream", END_NAME):
             self.save(END_NAME, end_mark(end))
 

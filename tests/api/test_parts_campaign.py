@@ -1,0 +1,52 @@
+"""Defects found by the adversarial campaign against steps filled part by part and
+appended fields (campaign/ scripts reproduce each with real processes): a resumed
+producer that finished the stream at a step left open. Every async test runs under
+asyncio and trio."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rlwire
+
+pytestmark = pytest.mark.anyio
+
+
+class Crash(Exception):
+    """What kills a producer mid-step here: its block ends with an error, and the step
+    stays open on disk as after a kill -9."""
+
+
+def group(n: int) -> list[dict[str, np.ndarray]]:
+    return [{"token_ids": np.arange(n, dtype=np.int64)}]
+
+
+async def leave_open(path: Path, keys: list[str]) -> None:
+    """A producer that puts ``keys`` into step 0 and dies before sealing it."""
+    async with rlwire.open_sender(path, validate=False) as sender:
+        with pytest.raises(Crash):
+            async with sender.open_step() as writer:
+                for key in keys:
+                    await writer.put(group(3), key=key)
+                raise Crash
+
+
+async def test_a_resumed_producer_cannot_finish_at_a_step_left_open(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    await leave_open(tmp_path, ["a"])
+    async with rlwire.open_sender(tmp_path, on_existing="resume", validate=False) as sender:
+        with pytest.raises(rlwire.StepOrderError, match=r"step 0 is open part by part.*open_step"):
+            await sender.finish()
+        assert not (tmp_path / "end.rlw").exists()
+        async with sender.open_step() as writer:  # the repair: fill and seal it, then finish
+            assert await writer.put(group(3), key="a")
+            await writer.put(group(2), key="b")
+        await sender.finish()
+    with rlwire.open_receiver(tmp_path, type=list, record_consumed=False) as receiver:
+        assert [part.key for part in receiver.parts(timeout=1)] == ["a", "b"]
+        with pytest.raises(rlwire.EndOfStream):
+            receiver.receive(timeout=1)

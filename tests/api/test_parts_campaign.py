@@ -1,7 +1,7 @@
 """Defects found by the adversarial campaign against steps filled part by part and
 appended fields (campaign/ scripts reproduce each with real processes): a resumed
-producer that finished the stream at a step left open. Every async test runs under
-asyncio and trio."""
+producer that finished the stream at a step left open, and a seal written over another
+producer's part. Every async test runs under asyncio and trio."""
 
 from __future__ import annotations
 
@@ -50,3 +50,24 @@ async def test_a_resumed_producer_cannot_finish_at_a_step_left_open(
         assert [part.key for part in receiver.parts(timeout=1)] == ["a", "b"]
         with pytest.raises(rlwire.EndOfStream):
             receiver.receive(timeout=1)
+
+
+async def test_a_seal_never_leaves_out_a_part_another_producer_put(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    async with rlwire.open_sender(tmp_path, validate=False) as first:
+        writer = first.open_step(ranks=2)
+        await writer.__aenter__()
+        await writer.put(group(3), key="k0")  # rank 0
+        async with rlwire.open_sender(tmp_path, on_existing="resume", validate=False) as second:
+            other = second.open_step(ranks=2)
+            await other.__aenter__()
+            assert not await other.put(group(1), key="k1")  # rank 1, unknown to the first
+            with pytest.raises(rlwire.StepExistsError, match="part 0 of rank 1, which this"):
+                await writer.__aexit__(None, None, None)
+            await other.__aexit__(None, None, None)  # the one that knows every part wins
+    for rank, keys in enumerate((["k0"], ["k1"])):
+        with rlwire.open_receiver(tmp_path, type=list, rank=rank, record_consumed=False) as r:
+            assert [part.key for part in r.parts(timeout=1)] == keys
+        with rlwire.open_receiver(tmp_path, type=list, rank=rank, record_consumed=False) as r:
+            assert len(r.receive(timeout=1)) == 1

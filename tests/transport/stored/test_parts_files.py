@@ -112,7 +112,7 @@ def test_committed_parts_removes_a_killed_commits_sidecar(tmp_path: Path) -> Non
     os.remove(tmp_path / part_name(2, 0, 0))
     with pytest.raises(CorruptFrameError, match="part 0 of rank 0 is missing"):
         sink.committed_parts(2)
-    sink.seal(Seal(step=2, keys=(("b",),), costs=((1.0,),)))
+    sink.seal(Seal(step=2, keys=(("a", "b"),), costs=((1.0, 1.0),)))
     with pytest.raises(StepExistsError, match="sealed already"):
         sink.committed_parts(2)
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 import msgspec
 import xxhash
 
-from rlwire._core.errors import CorruptFrameError, StepOrderError
+from rlwire._core.errors import CorruptFrameError, StepExistsError, StepOrderError
 from rlwire._frame.frame import Frame
 from rlwire.transport._parts import MAX_KEY_LENGTH, Key, PartInfo, Seal
 from rlwire.transport._stored.layout import (
@@ -36,12 +36,14 @@ from rlwire.transport._stored.layout import (
     _PartEnvelope,
 )
 from rlwire.transport._stored.marks import MAX_MARK_BYTES
-from rlwire.transport._stored.names import STEP_PART_RE
+from rlwire.transport._stored.names import STEP_PART_RE, part_name
 from rlwire.transport._stored.table import check_magic
 
 __all__ = [
     "SEAL_MAGIC",
+    "after_seal",
     "check_end",
+    "check_sealable",
     "parse_part",
     "parse_seal",
     "part_files",
@@ -227,6 +229,33 @@ def read_parts(
         else:
             raise CorruptFrameError("its envelope is longer than the file", where=locate(name))
     return found
+
+
+def after_seal(seal: Seal) -> list[str]:
+    """The names of the part each rank of ``seal`` would have next: none may exist when
+    the seal is written (a part there was put by another producer, and no rank's
+    ``parts()`` must hand out a part its seal does not list)."""
+    return [part_name(seal.step, rank, len(keys)) for rank, keys in enumerate(seal.keys)]
+
+
+def check_sealable(seal: Seal, found: list[int], where: str) -> None:
+    """Refuse to write ``seal`` when ``found`` (indices into its seal name followed by
+    :func:`after_seal`, that exist) is not empty.
+
+    Raises:
+        StepExistsError: the step is sealed, or holds a part the seal does not list.
+    """
+    if not found:
+        return
+    if found[0] == 0:
+        raise StepExistsError(f"step {seal.step} is sealed already", where=where)
+    rank = found[0] - 1
+    raise StepExistsError(
+        f"step {seal.step} holds part {len(seal.keys[rank])} of rank {rank}, which this "
+        f"producer did not put and its seal would not list (another producer fills the "
+        f"step: one producer per step); the step stays open",
+        where=where,
+    )
 
 
 def check_end(end: int, unsealed: int | None, where: str) -> None:

@@ -383,10 +383,8 @@ class StoredSink(StoredFieldsSink, Sink):
     def seal(self, seal: Seal) -> None:
         name = seal_name(seal.step)
         with self.errors(f"seal step {seal.step}", name):
-            if self.existing([name]):
-                raise StepExistsError(
-                    f"step {seal.step} is sealed already", where=self.locate(name)
-                )
+            found = self.existing([name, *stored_parts.after_seal(seal)])
+            stored_parts.check_sealable(seal, found, self.locate(name))
             self.save(name, seal_bytes(seal))
         if self.unsealed_step == seal.step:
             self.unsealed_step = None

@@ -1,16 +1,21 @@
 """Defects found by the adversarial campaign against steps filled part by part and
 appended fields (campaign/ scripts reproduce each with real processes): a resumed
-producer that finished the stream at a step left open, and a seal written over another
-producer's part. Every async test runs under asyncio and trio."""
+producer that finished the stream at a step left open, a seal written over another
+producer's part, and two stages appending to one step at once (on files). Every async
+test runs under asyncio and trio."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
 import rlwire
+from rlwire.transport._stored.appended import StoredFieldsSink
 
 pytestmark = pytest.mark.anyio
 
@@ -71,3 +76,39 @@ async def test_a_seal_never_leaves_out_a_part_another_producer_put(
             assert [part.key for part in r.parts(timeout=1)] == keys
         with rlwire.open_receiver(tmp_path, type=list, rank=rank, record_consumed=False) as r:
             assert len(r.receive(timeout=1)) == 1
+
+
+async def test_two_stages_append_to_one_step_at_once(
+    tmp_path: Path, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with rlwire.open_sender(tmp_path, validate=False) as sender:
+        async with sender.open_step() as writer:
+            await writer.put([{"token_ids": np.arange(4)}, {"token_ids": np.arange(3)}], key="g")
+    ragged = rlwire.Ragged(np.arange(7, dtype=np.float32), np.array([0, 4, 7]))
+    # Both stages list the step's files before either commits: both pick fields-000.
+    both_staged, first_tries = threading.Barrier(2, timeout=5), [0]
+    stage_fields = StoredFieldsSink.stage_fields
+
+    def staged_together(self: Any, step: int, rank: int, frame: Any) -> Any:
+        staged = yield from stage_fields(self, step, rank, frame)
+        first_tries[0] += 1
+        if first_tries[0] <= 2:
+            both_staged.wait()
+        return staged
+
+    monkeypatch.setattr(StoredFieldsSink, "stage_fields", staged_together)
+
+    async def stage(name: str) -> None:
+        appender = rlwire.open_sender(tmp_path)
+        try:
+            await appender.add_fields(0, {name: ragged}, rank=0)
+        finally:
+            await appender.aclose()
+
+    async with anyio.create_task_group() as tg:
+        for name in ("ref_logprobs", "values"):
+            tg.start_soon(stage, name)
+    with rlwire.open_receiver(
+        tmp_path, type=list, as_columns=True, record_consumed=False
+    ) as receiver:
+        assert set(receiver.receive(timeout=1).names) == {"token_ids", "ref_logprobs", "values"}

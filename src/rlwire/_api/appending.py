@@ -41,6 +41,7 @@ from rlwire._core.errors import (
     FieldNotFoundError,
     RlwireError,
     SchemaError,
+    StepExistsError,
 )
 from rlwire._core.offload import drive_sliced, run_to_the_end
 from rlwire._core.ragged import Ragged
@@ -55,6 +56,9 @@ __all__ = [
     "merge_appended",
     "read_with_appended",
 ]
+
+#: How many times add_fields commits, when other stages take its file first.
+_COMMIT_TRIES = 8
 
 
 def _check_input(fields: Mapping[str, Column], rows: int | None) -> Columns:
@@ -89,18 +93,23 @@ async def add_fields(
     rank = check_int(int(rank) if isinstance(rank, np.integer) else rank, "add_fields: rank")
     columns = _check_input(fields, rows)
     try:
-        frame = await to_thread.run_sync(
-            prepare, sink, step, rank, columns, limits, limiter=limiter
-        )
-        staged = await drive_sliced(
-            sink.stage_fields(step, rank, frame), limiter, dropped=lambda s: s.discard()
-        )
-        try:
-            await staged.acommit(limiter)
-        except BaseException:
-            if not staged.visible:
-                await run_to_the_end(staged.discard)
-            raise
+        for attempt in range(_COMMIT_TRIES):
+            frame = await to_thread.run_sync(
+                prepare, sink, step, rank, columns, limits, limiter=limiter
+            )
+            staged = await drive_sliced(
+                sink.stage_fields(step, rank, frame), limiter, dropped=lambda s: s.discard()
+            )
+            try:
+                await staged.acommit(limiter)
+                return
+            except BaseException as exc:
+                if not staged.visible:
+                    await run_to_the_end(staged.discard)
+                # Another stage committed the same file first (it appended to the step at
+                # the same time): check the columns again and take the next file.
+                if not isinstance(exc, StepExistsError) or attempt == _COMMIT_TRIES - 1:
+                    raise
     except RlwireError as exc:
         exc.add_context(step=step, rank=rank)
         raise

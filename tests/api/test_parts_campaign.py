@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import rlwire
-from rlwire.transport._stored.appended import StoredFieldsSink
+from rlwire.transport import FileSink
 
 pytestmark = pytest.mark.anyio
 
@@ -87,7 +87,7 @@ async def test_two_stages_append_to_one_step_at_once(
     ragged = rlwire.Ragged(np.arange(7, dtype=np.float32), np.array([0, 4, 7]))
     # Both stages list the step's files before either commits: both pick fields-000.
     both_staged, first_tries = threading.Barrier(2, timeout=5), [0]
-    stage_fields = StoredFieldsSink.stage_fields
+    stage_fields = FileSink.stage_fields
 
     def staged_together(self: Any, step: int, rank: int, frame: Any) -> Any:
         staged = yield from stage_fields(self, step, rank, frame)
@@ -96,7 +96,7 @@ async def test_two_stages_append_to_one_step_at_once(
             both_staged.wait()
         return staged
 
-    monkeypatch.setattr(StoredFieldsSink, "stage_fields", staged_together)
+    monkeypatch.setattr(FileSink, "stage_fields", staged_together)
 
     async def stage(name: str) -> None:
         appender = rlwire.open_sender(tmp_path)

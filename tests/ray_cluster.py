@@ -7,7 +7,8 @@ cluster (Ray runs several on one machine, each on its own ports); the others sta
 ``ray_url`` gives an empty ``ray://`` destination per test and empties it after the test
 (as ``on_existing="overwrite"`` does), so that no test's steps stay in the object store.
 Destinations are reused from test to test: a board is an actor, a new process that takes
-half a second to start here, while emptying one takes a millisecond. For the same reason
+half a second to start here, while emptying one takes a millisecond; when a test drops
+its board, the board of a later test starts at once, under a new name. For the same reason
 ``ray_trainers`` and ``ray_producer`` are actors started once a session, for the tests
 that do not kill them.
 """
@@ -22,7 +23,14 @@ from typing import Any
 
 import pytest
 
-__all__ = ["OBJECT_STORE_BYTES", "ray_cluster", "ray_producer", "ray_trainers", "ray_url"]
+__all__ = [
+    "OBJECT_STORE_BYTES",
+    "ray_cluster",
+    "ray_producer",
+    "ray_trainers",
+    "ray_url",
+    "spare",
+]
 
 #: The object store of the test cluster: room for the largest test step many times over.
 OBJECT_STORE_BYTES = 512 << 20
@@ -45,9 +53,12 @@ def ray_cluster() -> Iterator[None]:
         log_to_driver=False,
         configure_logging=False,
     )
+    _start_early(_SESSION, _SESSION_KINDS)
     try:
         yield
     finally:
+        _SESSION.clear()
+        _SPARES.clear()
         ray.shutdown()
         if old is None:
             del os.environ["PYTHONPATH"]
@@ -55,28 +66,54 @@ def ray_cluster() -> Iterator[None]:
             os.environ["PYTHONPATH"] = old
 
 
+#: Actors of tests/ray_actors.py started before a test asks for them, not waited for, so
+#: that they come up while other tests run: an actor is a new process, which took 1-2 s
+#: to start here (3-9 s while the rest of the suite ran). The session's start with the
+#: cluster; a spare of each kind a test kills or has alone (:func:`spare`) once the first
+#: test is done, not beside the boards it starts (Ray starts two processes at a time).
+_SESSION_KINDS = {"Trainer": 2, "Producer": 1}
+_SPARE_KINDS = {"Trainer": 1, "Producer": 1, "OneCallAsyncProducer": 1}
+_SESSION: dict[str, list[Any]] = {}
+_SPARES: dict[str, list[Any]] = {}
+
+
+def _start_early(started: dict[str, list[Any]], kinds: dict[str, int]) -> None:
+    if not started:
+        started.update((kind, [_start(kind) for _ in range(n)]) for kind, n in kinds.items())
+
+
+def _start(kind: str) -> Any:
+    import ray_actors
+
+    return getattr(ray_actors, kind).remote()
+
+
+def _up(actors: list[Any]) -> list[Any]:
+    import ray
+
+    ray.get([actor.__ray_ready__.remote() for actor in actors], timeout=120)
+    return actors
+
+
 @pytest.fixture(scope="session")
 def ray_trainers(ray_cluster: None) -> list[Any]:
     """Two trainer actors (tests/ray_actors.py's ``Trainer``), up, shared by the tests
-    that only receive with them; a test that kills one starts its own. An actor is a
-    new process, which took 3-9 s to start while the rest of the suite ran."""
-    return _started("Trainer", 2)
+    that only receive with them; a test that kills one takes a :func:`spare`."""
+    return _up(_SESSION["Trainer"])
 
 
 @pytest.fixture(scope="session")
 def ray_producer(ray_cluster: None) -> Any:
     """A producer actor (tests/ray_actors.py's ``Producer``), up, shared as
     :func:`ray_trainers` are by the tests that do not kill it."""
-    return _started("Producer", 1)[0]
+    return _up(_SESSION["Producer"])[0]
 
 
-def _started(name: str, count: int) -> list[Any]:
-    import ray
-    import ray_actors
-
-    actors = [getattr(ray_actors, name).remote() for _ in range(count)]
-    ray.get([actor.node.remote() for actor in actors], timeout=120)
-    return actors
+def spare(kind: str) -> Any:
+    """An actor of tests/ray_actors.py's class ``kind`` for one test (which may kill it):
+    the one started early while it lasts, else a new one; up either way."""
+    left = _SPARES.get(kind)
+    return _up([left.pop() if left else _start(kind)])[0]
 
 
 _FREE: list[str] = []  # names of emptied destinations, this process's
@@ -86,16 +123,20 @@ _FREE: list[str] = []  # names of emptied destinations, this process's
 def ray_url(ray_cluster: None) -> Iterator[str]:
     from rlwire.abc import SinkOptions
     from rlwire.transport import parse_url
-    from rlwire.transport.ray import RaySink
+    from rlwire.transport.ray import RaySink, create_board
 
     name = _FREE.pop() if _FREE else f"test-{uuid.uuid4().hex[:12]}"
     url = f"ray://{name}"
     yield url
     import ray
 
-    # A board the test dropped is not made again (an actor start): the next test makes
-    # its own if it needs one.
+    _start_early(_SPARES, _SPARE_KINDS)
     if not any(actor.endswith(f":{name}") for actor in ray.util.list_named_actors()):
+        # The test dropped its board: a board for a later test starts now, under a new
+        # name, while the tests between run (an actor start takes a second or more).
+        spare = f"test-{uuid.uuid4().hex[:12]}"
+        create_board(spare)
+        _FREE.append(spare)
         return
     sink = RaySink.from_url(parse_url(url), SinkOptions())
     try:  # emptied, and kept for the next test

@@ -21,10 +21,7 @@ import pytest
 import ray
 from ray_actors import (
     BusyThreadedProducer,
-    OneCallAsyncProducer,
-    Producer,
     SyncProducer,
-    Trainer,
     fingerprint,
     kill_and_wait,
     mixed_step,
@@ -33,6 +30,7 @@ from ray_actors import (
     step_batches,
     store_bytes,
 )
+from ray_cluster import spare
 
 import rlwire
 from rlwire import Frame, TrainingBatch, TrainingSample, TransportError
@@ -58,7 +56,7 @@ def _name(url: str) -> str:
 
 def test_committed_steps_outlive_the_producer_actor(ray_url: str, ray_trainers: list[Any]) -> None:
     create_board(_name(ray_url))  # the driver's: it outlives the producer
-    producer = Producer.remote()
+    producer = spare("Producer")
     sent = ray.get(producer.send.remote(ray_url, 3, 2), timeout=ACTOR_CALL)
     assert sent["board_owned"] is True
     kill_and_wait(producer)
@@ -158,18 +156,18 @@ def test_a_producer_that_owns_its_steps_takes_them_along(ray_url: str) -> None:
             receiver.receive(timeout=TIMEOUT)
 
 
-def test_a_sync_sender_on_an_async_actors_loop_puts_its_steps_itself(ray_url: str) -> None:
+def test_a_sync_sender_on_an_async_actors_loop_puts_its_steps_itself(
+    ray_url: str, ray_producer: Any
+) -> None:
     """The board cannot call an actor whose loop a sync send blocks: the sender owns what
     it sends instead of waiting ``pull_timeout`` for a call that cannot run."""
     create_board(_name(ray_url))
-    producer = Producer.remote()
-    sent = ray.get(producer.send_blocking.remote(ray_url, 2, 3.0), timeout=ACTOR_CALL)
+    sent = ray.get(ray_producer.send_blocking.remote(ray_url, 2, 3.0), timeout=ACTOR_CALL)
     assert sent == {"board_owned": False}
     with rlwire.open_receiver(ray_url) as receiver:
         for step in range(2):
             got = receiver.receive(timeout=TIMEOUT)
             assert fingerprint(got) == fingerprint(step_batches(step, 1)[0])
-    ray.kill(producer)
 
 
 def test_a_restarted_trainer_gets_every_later_step_once(
@@ -177,7 +175,7 @@ def test_a_restarted_trainer_gets_every_later_step_once(
 ) -> None:
     create_board(_name(ray_url))
     ray.get(ray_producer.send.remote(ray_url, 5, 1, True), timeout=ACTOR_CALL)
-    trainer = Trainer.remote()  # the one killed; a session's trainer stands in for its restart
+    trainer = spare("Trainer")  # the one killed; a session's trainer stands in for its restart
     first = ray.get(trainer.take.remote(ray_url, 0, None, 2), timeout=ACTOR_CALL)
     assert [step for step, _ in first] == [0, 1]
     ray.kill(trainer)  # restarted from its checkpoint, which says it consumed step 1
@@ -425,8 +423,7 @@ def test_an_async_actor_running_one_call_at_a_time_owns_its_steps(ray_url: str) 
     """The board cannot call in while such an actor sends: the sender puts its steps
     itself at once, rather than waiting ``pull_timeout`` for a call that cannot run."""
     create_board(_name(ray_url))
-    producer = OneCallAsyncProducer.remote()
-    ray.get(producer.__ray_ready__.remote(), timeout=ACTOR_CALL)  # started: 10-30 s loaded
+    producer = spare("OneCallAsyncProducer")
     started = time.monotonic()
     assert ray.get(producer.send.remote(ray_url), timeout=ACTOR_CALL) == {"board_owned": False}
     assert time.monotonic() - started < PULL_TIMEOUT / 2  # no wait for a pull

@@ -45,6 +45,8 @@ The modules, one concept each:
     :class:`StepHandle`, a committed step to pass to a trainer
 ``_sink`` / ``_source``
     :class:`RaySink` and :class:`RaySource`
+``_answers``
+    what the board answers a receiver, checked (any client can call the board)
 ``_appended``
     their appended fields (``add_fields``)
 """

@@ -31,6 +31,7 @@ from rlwire.transport.ray._actors import (
     find_board,
     ray_errors,
 )
+from rlwire.transport.ray._answers import checked_refs
 from rlwire.transport.ray._payload import make_payload, parse_payload
 from rlwire.transport.ray._staged import _Staged
 
@@ -125,7 +126,8 @@ class RayFieldsSink(FieldsSink):
 
     def _frames(self, refs: list[tuple[Any, Any, bytes | None]], where: str) -> list[Frame]:
         frames = []
-        for main_ref, side_ref, checksums in refs:
+        for entry in refs:
+            main_ref, side_ref, checksums = checked_refs(*entry, where)
             with ray_errors(where, "get the step's objects"):
                 values = fetch([main_ref] if side_ref is None else [main_ref, side_ref])
             frames.append(

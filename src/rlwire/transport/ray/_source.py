@@ -29,6 +29,7 @@ from rlwire.transport.ray._actors import (
     find_board,
     ray_errors,
 )
+from rlwire.transport.ray._answers import checked_part, checked_refs, checked_seal
 from rlwire.transport.ray._appended import RayFieldsSource
 from rlwire.transport.ray._payload import parse_payload
 
@@ -267,8 +268,8 @@ class RaySource(RayFieldsSource, Source):
         if answer[0] != "part":
             raise CorruptFrameError(f"the board answered {answer[0]!r}", where=where)
         (main_ref, side_ref), key, cost = answer[1], answer[2], answer[3]
-        frame = self._fetch(main_ref, side_ref, where)
-        return PartInfo(rank=self.rank, index=index, key=key, cost=float(cost)), frame
+        info = checked_part(self.rank, index, key, cost, where)
+        return info, self._fetch(main_ref, side_ref, where)
 
     def _expect_part(self, step: int, index: int) -> None:
         self._expected, self._expected_part = step, (step, index)
@@ -280,24 +281,16 @@ class RaySource(RayFieldsSource, Source):
         answer = self._call("read_seal", step, where=where, action="ask the board")
         if answer[0] == "none":
             return None
-        keys, costs = answer[1], answer[2]
-        if (
-            answer[0] != "seal"
-            or len(keys) != len(costs)
-            or any(len(k) != len(c) for k, c in zip(keys, costs, strict=True))
-        ):
-            raise CorruptFrameError("the board answered a malformed seal", where=where)
-        return Seal(
-            step=step,
-            keys=tuple(tuple(rank) for rank in keys),
-            costs=tuple(tuple(float(c) for c in rank) for rank in costs),
-        )
+        if answer[0] != "seal":
+            raise CorruptFrameError(f"the board answered {answer[0]!r}", where=where)
+        return checked_seal(step, answer[1], answer[2], where)
 
     def _fetch(
         self, main_ref: Any, side_ref: Any, where: str, checksums: bytes | None = None
     ) -> Frame:
         """The frame stored as the objects ``main_ref`` and ``side_ref`` (or ``None``),
         verified against ``checksums`` when the board gave them (else its envelope's)."""
+        main_ref, side_ref, checksums = checked_refs(main_ref, side_ref, checksums, where)
         with ray_errors(where, "get the step's objects"):
             values = fetch([main_ref] if side_ref is None else [main_ref, side_ref])
         return parse_payload(

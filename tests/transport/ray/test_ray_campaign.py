@@ -7,8 +7,8 @@ import pytest
 import ray
 
 import rlwire
-from rlwire import CorruptFrameError
-from rlwire.testing import make_sample
+from rlwire import CorruptFrameError, TransportError
+from rlwire.testing import make_batch, make_sample
 from rlwire.transport.ray import create_board
 
 TIMEOUT = 30.0
@@ -22,7 +22,7 @@ def test_values_another_client_puts_on_the_board_are_typed_errors(ray_url: str) 
     board = create_board(_name(ray_url))
     with rlwire.open_sync_sender(ray_url) as sender, sender.open_step(0) as writer:
         writer.put([make_sample(8)], key="a")
-    _, (main, _), _, _ = ray.get(board.read_part.remote(0, 0, 0), timeout=TIMEOUT)
+    main = ray.get(board.read_part.remote(0, 0, 0), timeout=TIMEOUT)[1][0]
     # A whole step whose objects are not object references, one whose checksums are no
     # bytes, a part whose cost is a string, a seal that lists a string for a cost.
     ray.get(board.stage.remote(1, "k1", 0, None, False, [1], 1.0), timeout=TIMEOUT)
@@ -48,3 +48,26 @@ def test_values_another_client_puts_on_the_board_are_typed_errors(ray_url: str) 
                 else:
                     list(receiver.parts(timeout=TIMEOUT))
         assert f"step {step}" in str(caught.value)
+
+
+def test_a_handle_never_opens_another_run_of_its_step(ray_url: str) -> None:
+    """The board is the same after an overwrite, and the step number too: the handle
+    names the commit, and the new run's message under its number is an error."""
+    create_board(_name(ray_url))
+    with rlwire.open_sync_sender(ray_url) as sender:
+        sender.send(make_batch(1, n=8, seed=1))
+        with sender.open_step(1) as writer:
+            writer.put([make_sample(8, seed=2)], key="a")
+        handles = [sender.sink.handle(0), sender.sink.handle(1)]
+    for handle, want in zip(handles, ("whole", "a"), strict=True):
+        with rlwire.open_receiver(handle.url, **handle.receiver_options()) as receiver:
+            part = next(receiver.parts(timeout=TIMEOUT))
+        assert (part.step, part.key or "whole") == (handle.step, want)
+    with rlwire.open_sync_sender(ray_url, on_existing="overwrite") as sender:  # another run
+        sender.send(make_batch(1, n=8, seed=11))
+        with sender.open_step(1) as writer:
+            writer.put([make_sample(8, seed=12)], key="a")
+    for handle in handles:
+        with rlwire.open_receiver(handle.url, **handle.receiver_options()) as receiver:
+            with pytest.raises(TransportError, match="not the one the StepHandle names"):
+                receiver.receive(timeout=TIMEOUT)

@@ -81,6 +81,7 @@ class Board(PartsBoard, FieldsBoard):
         self.staged: dict[str, tuple[int, dict[int, Refs]]] = {}  # key -> (step, ranks)
         self.parts = {}
         self.seals = {}
+        self.tokens = {}
         self.fields = {}
         self.consumed: dict[int, int] = {}
         self.consumed_parts: dict[int, tuple[int, int]] = {}  # rank -> (step, next part)
@@ -138,6 +139,7 @@ class Board(PartsBoard, FieldsBoard):
         self.checksums.pop(step, None)
         self.parts.pop(step, None)
         self.seals.pop(step, None)
+        self.tokens.pop(step, None)
         self.fields.pop(step, None)
         self._drop_staged(lambda s: s == step)
 
@@ -232,6 +234,7 @@ class Board(PartsBoard, FieldsBoard):
         if step in self.parts:
             return ("open",)
         self.committed[step] = [staged[rank] for rank in range(ranks)]
+        self.tokens[step] = key  # which commit this step is: a StepHandle names it
         if checksums is not None:
             self.checksums[step] = list(checksums)
         # What else is staged for this step can never commit: a producer that died
@@ -257,7 +260,8 @@ class Board(PartsBoard, FieldsBoard):
     def _state(self, step: int, rank: int) -> tuple[Any, ...]:
         ranks = self.committed.get(step)
         if ranks is not None and rank < len(ranks):
-            return ("step", [*ranks[rank], self._checksums_of(step, rank)])
+            token = self.tokens.get(step)
+            return ("step", [*ranks[rank], self._checksums_of(step, rank)], token)
         if self.end is not None and step >= self.end:
             return ("end", self.end)
         stored = self._stored()
@@ -266,8 +270,9 @@ class Board(PartsBoard, FieldsBoard):
         return ("none",)
 
     async def read(self, step: int, rank: int) -> tuple[Any, ...]:
-        """Rank ``rank``'s objects of ``step``: ``("step", [main, sidecar, checksums])``
-        (``checksums`` ``None`` when they are in the envelope); else
+        """Rank ``rank``'s objects of ``step``: ``("step", [main, sidecar, checksums],
+        token)`` (``checksums`` ``None`` when they are in the envelope; ``token`` names
+        the commit, as a :class:`~rlwire.transport.ray.StepHandle` does); else
         ``("end", end)`` past the end of the stream, ``("gone", oldest)`` when it was
         deleted (a later step is kept, none at or before it), or ``("none",)``."""
         return self._state(step, rank)

@@ -48,6 +48,9 @@ class PartsBoard:
     parts: dict[int, dict[int, list[_Part]]]
     #: step -> (each rank's keys, each rank's costs)
     seals: dict[int, tuple[list[list[PartKey]], list[list[float]]]]
+    #: step -> the token of its commit (a whole step's) or of its seal, which a
+    #: StepHandle names: the same step number after an overwrite is another commit
+    tokens: dict[int, str]
 
     async def _notify(self) -> None:
         raise NotImplementedError
@@ -148,12 +151,13 @@ class PartsBoard:
         )
 
     async def seal(
-        self, step: int, keys: list[list[PartKey]], costs: list[list[float]]
+        self, step: int, keys: list[list[PartKey]], costs: list[list[float]], token: str = ""
     ) -> tuple[Any, ...]:
         """Close ``step``: record, for each rank, its parts' ``keys`` and ``costs``,
         which must be exactly the parts committed, and wake the receivers. ``("ok",)``,
         ``("exists", why)`` when it is sealed or was sent whole, ``("differs", why)``
-        when the committed parts are not those listed (another sender's)."""
+        when the committed parts are not those listed (another sender's). ``token``
+        names the seal (kept in ``tokens``)."""
         why = self._closed(step)
         if why is not None:
             return ("exists", why)
@@ -167,22 +171,24 @@ class PartsBoard:
                     f"rank {rank} of step {step} has the parts {have}, the seal lists {listed}",
                 )
         self.seals[step] = (keys, costs)
+        self.tokens[step] = token
         self._drop_staged(lambda s: s == step)  # nothing staged can commit any more
         await self._notify()
         return ("ok",)
 
     async def read_part(self, step: int, rank: int, index: int) -> tuple[Any, ...]:
         """Rank ``rank``'s part ``index`` of ``step``: ``("part", [main, sidecar], key,
-        cost)``, or ``("none",)`` while it is not committed."""
+        cost, token)`` (``token`` the seal's, ``None`` before the seal), or ``("none",)``
+        while it is not committed."""
         parts = self._parts_of(step, rank)
         if index >= len(parts):
             return ("none",)
         part = parts[index]
-        return ("part", list(part.refs), part.key, part.cost)
+        return ("part", list(part.refs), part.key, part.cost, self.tokens.get(step))
 
     async def read_seal(self, step: int) -> tuple[Any, ...]:
-        """The seal of ``step``: ``("seal", keys, costs)``, or ``("none",)``."""
+        """The seal of ``step``: ``("seal", keys, costs, token)``, or ``("none",)``."""
         if step not in self.seals:
             return ("none",)
         keys, costs = self.seals[step]
-        return ("seal", keys, costs)
+        return ("seal", keys, costs, self.tokens.get(step))

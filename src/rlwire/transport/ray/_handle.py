@@ -5,7 +5,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["StepHandle"]
+__all__ = ["Commits", "StepHandle"]
+
+#: How many of its latest commits a sink remembers for its handles.
+_REMEMBERED = 4096
+
+
+class Commits:
+    """The tokens of the steps a sink committed (or sealed), the latest
+    :data:`_REMEMBERED`, for the handles it makes."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[int, str] = {}
+
+    def remember(self, step: int, token: str) -> None:
+        self._tokens.pop(step, None)
+        self._tokens[step] = token
+        if len(self._tokens) > _REMEMBERED:
+            del self._tokens[next(iter(self._tokens))]
+
+    def token(self, step: int) -> str:
+        """The token of ``step``'s commit, ``""`` when this sink did not make it."""
+        return self._tokens.get(step, "")
 
 
 @dataclass(frozen=True)
@@ -24,6 +45,11 @@ class StepHandle:
             opened with :meth:`receiver_options` reads that board only: if it died, and
             the step with it, opening raises a ``TransportError``, also when a new board
             holds the name (another run's steps, never this handle's).
+        commit: the token of the step's commit (or seal) on that board ("": not
+            checked, nor when ``board`` is ""). The step deleted since
+            (``"overwrite"``, ``"truncate"``, ``keep_last``) and sent again is another
+            commit: reading it raises a ``TransportError``, never another run's message
+            under the step's number.
 
     Example:
         >>> handle = StepHandle("rollouts", None, step=7, rank=1)
@@ -41,6 +67,7 @@ class StepHandle:
     step: int
     rank: int = 0
     board: str = ""
+    commit: str = ""
 
     @property
     def url(self) -> str:
@@ -50,7 +77,9 @@ class StepHandle:
     def receiver_options(self) -> dict[str, Any]:
         """The keyword arguments of ``open_receiver(handle.url, ...)`` that read this
         step first, as this rank, from this board."""
-        storage: dict[str, str] = {} if self.namespace is None else {"namespace": self.namespace}
+        storage: dict[str, Any] = {} if self.namespace is None else {"namespace": self.namespace}
         if self.board:
             storage["board"] = self.board
+            if self.commit:  # a commit of that board: unchecked with the board
+                storage["commit"] = (self.step, self.commit)
         return {"rank": self.rank, "start_step": self.step, "storage_options": storage}

@@ -37,7 +37,7 @@ from rlwire.transport.ray._actors import (
 )
 from rlwire.transport.ray._appended import RayFieldsSink
 from rlwire.transport.ray._handing import Handed, HandingSink
-from rlwire.transport.ray._handle import StepHandle
+from rlwire.transport.ray._handle import Commits, StepHandle
 from rlwire.transport.ray._payload import make_payload, runs_fit
 from rlwire.transport.ray._source import OPTIONS, RaySource, board_options, parse_name
 from rlwire.transport.ray._staged import RayStaged, RayStagedPart, open_step_error
@@ -154,6 +154,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         self._own_board = False  # whether open() made it, not detached: it dies with us
         self._producer: BoardHandle | None = None
         self._opened = False
+        self._commits = Commits()  # the tokens of the steps it committed, for handles
 
     def __repr__(self) -> str:
         return f"RaySink({self.where!r})"
@@ -239,6 +240,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         board = self._require_board()
         key = uuid.uuid4().hex
         staged = RayStaged(board, self.where, key, step, len(frames))
+        self._commits.remember(step, key)  # the board's token of the step, once committed
         handoffs: list[tuple[int, Handed]] = []  # (rank, its hand-off), not answered yet
         sums: list[bytes | None] = []
         try:
@@ -350,11 +352,14 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
 
     def seal(self, seal: Seal) -> None:
         self._settle_prune()
+        token = uuid.uuid4().hex
+        self._commits.remember(seal.step, token)
         answer = call(
             self._require_board().seal,
             seal.step,
             [list(keys) for keys in seal.keys],
             [list(costs) for costs in seal.costs],
+            token,
             where=self.where,
             action=f"seal step {seal.step}",
         )
@@ -384,8 +389,9 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
     def handle(self, step: int, rank: int = 0) -> StepHandle:
         """A small, serialisable :class:`StepHandle` of rank ``rank``'s message of the
         committed ``step``, for a driver to pass to a trainer actor, which opens it with
-        :meth:`StepHandle.receiver_options`."""
-        return StepHandle(self.name, self.namespace, step, rank, self._board_id)
+        :meth:`StepHandle.receiver_options`: it reads this commit of the step only."""
+        token = self._commits.token(step)
+        return StepHandle(self.name, self.namespace, step, rank, self._board_id, token)
 
     def close(self) -> None:
         with contextlib.suppress(TransportError):  # a send that failed raised it already

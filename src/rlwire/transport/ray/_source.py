@@ -92,7 +92,8 @@ class RaySource(RayFieldsSource, Source):
 
     Storage options: ``namespace`` (the board's Ray namespace, as the sender's);
     ``board`` (the id of the board to read, as a ``StepHandle`` gives it: another board
-    under the name is an error).
+    under the name is an error); ``commit`` (a ``StepHandle``'s step and the token of
+    its commit: another commit of that step, after an overwrite, is an error).
 
     Raises:
         ConfigError: a malformed URL or option; Ray is not initialized.
@@ -113,6 +114,7 @@ class RaySource(RayFieldsSource, Source):
         verify: bool = True,
         writable: bool = False,
         board: str | None = None,
+        commit: tuple[int, str] | None = None,
     ) -> None:
         self.name = name
         self.rank = rank
@@ -122,6 +124,8 @@ class RaySource(RayFieldsSource, Source):
         self._board: BoardHandle | None = None
         # The id of the board this receiver reads: the handle's, or the first it found.
         self._identity = board
+        # The step a StepHandle names and the token of its commit: another is refused.
+        self._commit = commit
         self._answered = False  # whether the board answered a call: it has started
         self._expected = 0  # the step the last read missed: what a wait waits for
         # The part the last read_part missed, (step, index): a wait waits for it too.
@@ -141,13 +145,24 @@ class RaySource(RayFieldsSource, Source):
     @classmethod
     def from_url(cls, url: URL, options: SourceOptions) -> RaySource:
         opts = options.storage_options
-        reject_unknown(url, opts, (*OPTIONS, "board"))
+        reject_unknown(url, opts, (*OPTIONS, "board", "commit"))
         namespace, _ = board_options(url, opts)
         board = opts.get("board")
         if board is not None and (not isinstance(board, str) or not board):
             raise ConfigError(
                 f"storage option 'board' must be a non-empty str (a StepHandle's board), "
                 f"got {board!r}",
+                where=url,
+            )
+        commit = opts.get("commit")
+        if commit is not None and not (
+            isinstance(commit, tuple | list)
+            and len(commit) == 2
+            and type(commit[0]) is int
+            and isinstance(commit[1], str)
+        ):
+            raise ConfigError(
+                f"storage option 'commit' must be a StepHandle's (step, token), got {commit!r}",
                 where=url,
             )
         return cls(
@@ -157,6 +172,7 @@ class RaySource(RayFieldsSource, Source):
             verify=options.verify,
             writable=options.writable,
             board=board,
+            commit=None if commit is None else (commit[0], commit[1]),
         )
 
     def _find(self) -> BoardHandle | None:
@@ -230,6 +246,7 @@ class RaySource(RayFieldsSource, Source):
         else:
             answer = self._call("read", step, self.rank, where=where, action="ask the board")
         if answer[0] == "step":
+            self._check_commit(step, answer[2], where)
             main_ref, side_ref, checksums = answer[1]
             return self._fetch(main_ref, side_ref, where, checksums)
         self._expected = step
@@ -268,8 +285,24 @@ class RaySource(RayFieldsSource, Source):
         if answer[0] != "part":
             raise CorruptFrameError(f"the board answered {answer[0]!r}", where=where)
         (main_ref, side_ref), key, cost = answer[1], answer[2], answer[3]
+        self._check_commit(step, answer[4], where)
         info = checked_part(self.rank, index, key, cost, where)
         return info, self._fetch(main_ref, side_ref, where)
+
+    def _check_commit(self, step: int, token: object, where: str) -> None:
+        """Raise unless ``step`` is the commit the receiver's StepHandle names (when it
+        names one of that step).
+
+        Raises:
+            TransportError: the handle's step was deleted and sent again since.
+        """
+        if self._commit is not None and self._commit[0] == step and token != self._commit[1]:
+            raise TransportError(
+                f"step {step} is not the one the StepHandle names: that one was deleted "
+                "(an overwrite, a truncate, keep_last) and the step sent again since, by "
+                "another run",
+                where=where,
+            )
 
     def _expect_part(self, step: int, index: int) -> None:
         self._expected, self._expected_part = step, (step, index)
@@ -283,6 +316,7 @@ class RaySource(RayFieldsSource, Source):
             return None
         if answer[0] != "seal":
             raise CorruptFrameError(f"the board answered {answer[0]!r}", where=where)
+        self._check_commit(step, answer[3], where)
         return checked_seal(step, answer[1], answer[2], where)
 
     def _fetch(

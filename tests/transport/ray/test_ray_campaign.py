@@ -1,10 +1,14 @@
 """ray:// against what an adversarial campaign tried: values another client puts on a
-board, handles kept across a new run on the same board."""
+board, handles kept across a new run on the same board, another program's actor under a
+board's name."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 import ray
+from ray_actors import Trainer
 
 import rlwire
 from rlwire import CorruptFrameError, TransportError
@@ -71,3 +75,19 @@ def test_a_handle_never_opens_another_run_of_its_step(ray_url: str) -> None:
         with rlwire.open_receiver(handle.url, **handle.receiver_options()) as receiver:
             with pytest.raises(TransportError, match="not the one the StepHandle names"):
                 receiver.receive(timeout=TIMEOUT)
+
+
+@pytest.mark.long
+def test_an_actor_that_is_not_a_board_under_its_name_is_a_typed_error(ray_cluster: None) -> None:
+    name = f"impostor-{uuid.uuid4().hex[:12]}"
+    impostor = Trainer.options(name=f"rlwire-board:{name}").remote()
+    try:
+        ray.get(impostor.node.remote(), timeout=180)
+        not_a_board = r"is not an rlwire board but a ray_actors\.Trainer"
+        with pytest.raises(TransportError, match=not_a_board):
+            rlwire.open_sync_sender(f"ray://{name}")
+        with rlwire.open_receiver(f"ray://{name}") as receiver:
+            with pytest.raises(TransportError, match="is not an rlwire board"):
+                receiver.receive(timeout=TIMEOUT)
+    finally:
+        ray.kill(impostor)

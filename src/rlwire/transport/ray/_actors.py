@@ -14,7 +14,7 @@ from ray.actor import ActorHandle
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlwire._core.errors import ConfigError, RlwireError, TransportError
-from rlwire.transport.ray._board import BoardActor, board_name
+from rlwire.transport.ray._board import Board, BoardActor, board_name
 
 #: A board's actor handle (its methods are :class:`~._board.Board`'s).
 BoardHandle = ActorHandle[Any]
@@ -161,6 +161,7 @@ def create_board(name: str, *, namespace: str | None = None, detached: bool = Fa
         options["lifetime"] = "detached"
     with ray_errors(where, "create the board"):
         handle: BoardHandle = BoardActor.options(**options).remote(where)  # type: ignore[assignment]
+    _check_board(handle, name, namespace)  # get_if_exists: whatever actor holds the name
     kept = _KEPT.get((name, namespace))
     # Keep the first handle to each board: it may be the creator's, the one that counts;
     # replace it only when the board under the name is another (the old one was killed).
@@ -178,11 +179,34 @@ def board_id(board: BoardHandle) -> str:
 
 
 def find_board(name: str, namespace: str | None = None) -> BoardHandle | None:
-    """The board of ``ray://name``, or ``None`` if none is there (yet)."""
+    """The board of ``ray://name``, or ``None`` if none is there (yet).
+
+    Raises:
+        TransportError: another actor holds the board's name.
+    """
     try:
-        return ray.get_actor(board_name(name), namespace=namespace)
+        handle: BoardHandle = ray.get_actor(board_name(name), namespace=namespace)
     except ValueError:
         return None
+    return _check_board(handle, name, namespace)
+
+
+def _check_board(handle: BoardHandle, name: str, namespace: str | None) -> BoardHandle:
+    """``handle``, the actor under the board's name of ``ray://name``, if it is a board.
+
+    Raises:
+        TransportError: it is an actor of another class (not rlwire's board).
+    """
+    made = getattr(handle, "_ray_actor_creation_function_descriptor", None)
+    module, cls = getattr(made, "module_name", None), getattr(made, "class_name", None)
+    if (module, cls) != (Board.__module__, Board.__qualname__):
+        raise TransportError(
+            f"the actor named {board_name(name)!r}"
+            + ("" if namespace is None else f" in namespace {namespace!r}")
+            + f" is not an rlwire board but a {module}.{cls}: another program took the name",
+            where=f"ray://{name}",
+        )
+    return handle
 
 
 def drop_board(name: str, *, namespace: str | None = None, timeout: float = 10.0) -> bool:

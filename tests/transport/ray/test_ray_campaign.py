@@ -1,11 +1,14 @@
 """ray:// against what an adversarial campaign tried: values another client puts on a
-board, handles kept across a new run on the same board, another program's actor under a
-board's name."""
+board, handles kept across a new run on the same board, fields appended across one,
+another program's actor under a board's name."""
 
 from __future__ import annotations
 
+import threading
 import uuid
+from typing import Any
 
+import numpy as np
 import pytest
 import ray
 from ray_actors import Trainer
@@ -14,6 +17,7 @@ import rlwire
 from rlwire import CorruptFrameError, TransportError
 from rlwire.testing import make_batch, make_sample
 from rlwire.transport.ray import create_board
+from rlwire.transport.ray._appended import RayFieldsSink
 
 TIMEOUT = 30.0
 
@@ -91,3 +95,34 @@ def test_an_actor_that_is_not_a_board_under_its_name_is_a_typed_error(ray_cluste
                 receiver.receive(timeout=TIMEOUT)
     finally:
         ray.kill(impostor)
+
+
+def test_fields_never_land_on_another_run_of_their_step(
+    ray_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another run overwrites the step and sends it again between add_fields reading the
+    step (to check the fields against it) and staging them: the fields are refused, not
+    appended to the new run's step."""
+    create_board(_name(ray_url))
+
+    def other_run() -> None:
+        with rlwire.open_sync_sender(ray_url, on_existing="overwrite") as sender:
+            sender.send(make_batch(2, n=8, seed=99))
+
+    read = RayFieldsSink.read_committed
+
+    def read_then_another_run(self: RayFieldsSink, *args: Any) -> Any:
+        frames = read(self, *args)
+        thread = threading.Thread(target=other_run)
+        thread.start()
+        thread.join()
+        return frames
+
+    monkeypatch.setattr(RayFieldsSink, "read_committed", read_then_another_run)
+    with rlwire.open_sync_sender(ray_url) as sender:
+        sender.send(make_batch(2, n=8, seed=1))
+        with pytest.raises(rlwire.ConfigError, match="deleted and sent again"):
+            sender.add_fields(0, {"ref_logprob": np.array([1.5, 2.5])})
+    with rlwire.open_receiver(ray_url, fields=["ref_logprob"]) as receiver:
+        with pytest.raises(rlwire.ReceiveTimeout, match="ref_logprob"):
+            receiver.receive(timeout=0.2)

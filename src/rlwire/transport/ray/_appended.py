@@ -40,13 +40,21 @@ __all__ = ["RayFieldsSink", "RayFieldsSource", "RayStagedFields"]
 
 class RayStagedFields(_Staged):
     """A message of fields for rank ``rank`` of ``step``, staged under ``key``:
-    committed, it is the ``index``-th one appended to the step for the rank."""
+    committed, it is the ``index``-th one appended to the step for the rank, if the
+    step is still the commit ``token`` names (when given)."""
 
     def __init__(
-        self, board: BoardHandle, where: str, key: str, step: int, rank: int, index: int
+        self,
+        board: BoardHandle,
+        where: str,
+        key: str,
+        step: int,
+        rank: int,
+        index: int,
+        token: str | None = None,
     ) -> None:
         super().__init__(board, where, key, step)
-        self.rank, self.index = rank, index
+        self.rank, self.index, self.token = rank, index, token
 
     def commit(self) -> None:
         answer = self._commit(
@@ -55,6 +63,7 @@ class RayStagedFields(_Staged):
             self.key,
             self.rank,
             self.index,
+            self.token,
         )
         if answer[0] == "exists":
             raise StepExistsError(str(answer[1]), where=self.where)
@@ -78,6 +87,9 @@ class RayFieldsSink(FieldsSink):
     :class:`~rlwire.transport.ray._sink.RaySink`)."""
 
     appends_fields = True
+    #: (step, rank, token) of the commit :meth:`read_committed` last read: the fields
+    #: staged next for that step and rank are committed onto that commit only.
+    _read_commit: tuple[int, int, str | None] | None = None
 
     if TYPE_CHECKING:  # RaySink's
         name: str
@@ -152,6 +164,7 @@ class RayFieldsSink(FieldsSink):
             return None
         if answer[0] != "step":
             raise CorruptFrameError(f"the board answered {answer[0]!r}", where=where)
+        self._read_commit = (step, rank, answer[2])
         return self._frames(_refs(answer, "a step's objects", where), where)
 
     def read_appended(self, step: int, rank: int) -> list[Frame]:
@@ -166,7 +179,9 @@ class RayFieldsSink(FieldsSink):
         where = f"{self.where}: fields appended to step {step} rank {rank}"
         have = call(board.read_fields, step, rank, where=where, action="ask the board")
         key = uuid.uuid4().hex
-        staged = RayStagedFields(board, self.where, key, step, rank, len(have[1]))
+        read, self._read_commit = self._read_commit, None
+        token = read[2] if read is not None and read[:2] == (step, rank) else None
+        staged = RayStagedFields(board, self.where, key, step, rank, len(have[1]), token)
         try:
             taken = yield from self._storable(frame)
             sums = yield from self._checksums(taken)

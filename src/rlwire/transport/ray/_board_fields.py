@@ -32,6 +32,8 @@ class FieldsBoard:
     seals: dict[int, tuple[list[list[PartKey]], list[list[float]]]]
     #: step -> rank -> the objects of its appended messages, in commit order
     fields: dict[int, dict[int, list[Refs]]]
+    #: step -> the token of its commit or seal (the board's)
+    tokens: dict[int, str]
 
     def _checksums_of(self, step: int, rank: int) -> bytes | None:
         raise NotImplementedError
@@ -72,14 +74,15 @@ class FieldsBoard:
 
     async def committed_refs(self, step: int, rank: int) -> tuple[Any, ...]:
         """Rank ``rank``'s objects of the committed ``step``, what ``add_fields`` checks
-        against: ``("step", [[main, sidecar, checksums], ...])`` (one for a step sent
-        whole, one per part of a sealed one; ``checksums`` ``None`` when they are in the
-        envelope), or ``("none",)``."""
+        against: ``("step", [[main, sidecar, checksums], ...], token)`` (one for a step
+        sent whole, one per part of a sealed one; ``checksums`` ``None`` when they are in
+        the envelope; ``token`` that of the step's commit, which :meth:`commit_fields`
+        checks), or ``("none",)``."""
         refs = self._committed_refs(step, rank)
         if refs is None:
             return ("none",)
         sums = self._checksums_of(step, rank) if step in self.committed else None
-        return ("step", [[*r, sums] for r in refs])
+        return ("step", [[*r, sums] for r in refs], self.tokens.get(step))
 
     async def stage_fields(
         self,
@@ -99,18 +102,27 @@ class FieldsBoard:
             return ("none", f"step {step} is not committed (sent whole, or sealed)")
         return await self._hold(step, key, rank, producer, has_side, refs, timeout)
 
-    async def commit_fields(self, key: str, rank: int, index: int) -> tuple[Any, ...]:
+    async def commit_fields(
+        self, key: str, rank: int, index: int, token: str | None = None
+    ) -> tuple[Any, ...]:
         """Make the message staged under ``key`` visible as the ``index``-th one of
         fields appended to its step for rank ``rank``, and wake the receivers:
         ``("ok",)``, ``("missing",)`` if nothing is staged under ``key``,
         ``("exists", why)`` if another sender appended one meanwhile (``index`` is
-        taken), ``("none", why)`` if the step was deleted meanwhile."""
+        taken), ``("none", why)`` if the step was deleted meanwhile, or (``token``
+        given: the one :meth:`committed_refs` answered) deleted and sent again."""
         entry = self.staged.pop(key, None)
         if entry is None or rank not in entry[1]:
             return ("missing",)
         step, staged = entry
         if self._committed_refs(step, rank) is None:
             return ("none", f"step {step} was deleted meanwhile")
+        if token is not None and self.tokens.get(step) != token:
+            return (
+                "none",
+                f"step {step} was deleted and sent again (another run) since its message "
+                "was read to check the fields against it",
+            )
         have = self._fields_of(step, rank)
         if len(have) != index:
             return (

@@ -1,6 +1,6 @@
 """ray:// against what an adversarial campaign tried: values another client puts on a
-board, handles kept across a new run on the same board, fields appended across one,
-another program's actor under a board's name."""
+board, handles kept across a new run on the same board, fields appended across one, a
+cancelled receive's wait, another program's actor under a board's name."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import threading
 import uuid
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 import ray
@@ -15,7 +16,7 @@ from ray_actors import Trainer
 
 import rlwire
 from rlwire import CorruptFrameError, TransportError
-from rlwire.testing import make_batch, make_sample
+from rlwire.testing import assert_batches_equal, make_batch, make_sample
 from rlwire.transport.ray import create_board
 from rlwire.transport.ray._appended import RayFieldsSink
 
@@ -126,3 +127,31 @@ def test_fields_never_land_on_another_run_of_their_step(
     with rlwire.open_receiver(ray_url, fields=["ref_logprob"]) as receiver:
         with pytest.raises(rlwire.ReceiveTimeout, match="ref_logprob"):
             receiver.receive(timeout=0.2)
+
+
+def test_a_cancelled_receive_leaves_no_answer_for_the_next(ray_url: str) -> None:
+    """The worker thread of a cancelled areceive goes on waiting on the board, and gets
+    the step's objects when it is sent; the step is then overwritten by another run: the
+    next receive reads the board again, and gets the new run's message."""
+    old, new = make_batch(1, n=8, seed=1), make_batch(1, n=8, seed=2)
+    create_board(_name(ray_url))
+    with rlwire.open_sync_sender(ray_url):
+        pass
+
+    def send(batch: Any, **options: Any) -> None:
+        with rlwire.open_sync_sender(ray_url, **options) as sender:
+            sender.send(batch)
+
+    with rlwire.open_receiver(ray_url) as receiver:
+        with pytest.raises(rlwire.ReceiveTimeout):  # it has found the board, and asked it
+            receiver.receive(timeout=0.01)
+
+        async def cancelled() -> None:
+            with anyio.move_on_after(0.1):
+                await receiver.areceive()  # its thread waits on for up to 0.5 s
+            await anyio.to_thread.run_sync(send, old)  # the thread gets its objects
+            await anyio.sleep(0.05)
+
+        anyio.run(cancelled)
+        send(new, on_existing="overwrite")
+        assert_batches_equal(receiver.receive(timeout=TIMEOUT), new)

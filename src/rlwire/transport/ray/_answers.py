@@ -15,11 +15,11 @@ from typing import Any
 import msgspec
 from ray import ObjectRef
 
-from rlwire._core.errors import ConfigError, CorruptFrameError
+from rlwire._core.errors import ConfigError, CorruptFrameError, TransportError
 from rlwire.transport._parts import Key, PartInfo, Seal, check_key
 from rlwire.transport._stored.parts import parse_seal, seal_bytes
 
-__all__ = ["checked_part", "checked_refs", "checked_seal"]
+__all__ = ["checked_commit", "checked_part", "checked_refs", "checked_seal"]
 
 
 def checked_refs(
@@ -90,3 +90,19 @@ def checked_seal(step: int, keys: Any, costs: Any, where: str) -> Seal:
         costs=tuple(tuple(rank) for rank in costs),
     )
     return parse_seal(seal_bytes(seal), step=step, where=where)  # its keys checked as stored
+
+
+def checked_commit(named: tuple[int, str] | None, step: int, token: object, where: str) -> None:
+    """Raise unless the board's ``token`` of ``step`` is the commit a StepHandle
+    ``named`` (its step and token), when it names one of ``step``.
+
+    Raises:
+        TransportError: the handle's step was deleted and sent again since.
+    """
+    if named is not None and named[0] == step and token != named[1]:
+        raise TransportError(
+            f"step {step} is not the one the StepHandle names: that one was deleted "
+            "(an overwrite, a truncate, keep_last) and the step sent again since, by "
+            "another run",
+            where=where,
+        )

@@ -29,7 +29,12 @@ from rlwire.transport.ray._actors import (
     find_board,
     ray_errors,
 )
-from rlwire.transport.ray._answers import checked_part, checked_refs, checked_seal
+from rlwire.transport.ray._answers import (
+    checked_commit,
+    checked_part,
+    checked_refs,
+    checked_seal,
+)
 from rlwire.transport.ray._appended import RayFieldsSource
 from rlwire.transport.ray._payload import parse_payload
 
@@ -290,19 +295,7 @@ class RaySource(RayFieldsSource, Source):
         return info, self._fetch(main_ref, side_ref, where)
 
     def _check_commit(self, step: int, token: object, where: str) -> None:
-        """Raise unless ``step`` is the commit the receiver's StepHandle names (when it
-        names one of that step).
-
-        Raises:
-            TransportError: the handle's step was deleted and sent again since.
-        """
-        if self._commit is not None and self._commit[0] == step and token != self._commit[1]:
-            raise TransportError(
-                f"step {step} is not the one the StepHandle names: that one was deleted "
-                "(an overwrite, a truncate, keep_last) and the step sent again since, by "
-                "another run",
-                where=where,
-            )
+        checked_commit(self._commit, step, token, where)
 
     def _expect_part(self, step: int, index: int) -> None:
         self._expected, self._expected_part = step, (step, index)
@@ -361,12 +354,17 @@ class RaySource(RayFieldsSource, Source):
         return int(step), int(part)
 
     def wait(self, timeout: float | None) -> None:
+        self._keep(self._wait(timeout))
+
+    def _wait(self, timeout: float | None) -> tuple[int, int | None, tuple[Any, ...]] | None:
+        """Wait on the board (:meth:`wait`); ``(step, index, answer)`` when it answered
+        with the objects the next read asks for, which :meth:`_keep` keeps for it."""
         limit = _WAIT_SLICE if timeout is None else max(0.0, min(timeout, _WAIT_SLICE))
         if self._find() is None:
             time.sleep(min(limit, _NO_BOARD_SLEEP))
-            return
+            return None
         if self._wait_fields(limit):  # a step there, a field asked for not appended yet
-            return
+            return None
         step, part = self._expected, self._expected_part
         index = part[1] if part is not None and part[0] == step else None
         answer = self._call(
@@ -379,15 +377,22 @@ class RaySource(RayFieldsSource, Source):
             action="wait on the board",
             waits=limit,
         )
-        if index is not None and answer[0] == "part":
-            self._ready_part = (step, index, answer)
-        elif answer[0] == "step":
-            self._ready_step = (step, answer)
+        return (step, index, answer)
+
+    def _keep(self, waited: tuple[int, int | None, tuple[Any, ...]] | None) -> None:
+        """Keep a wait's answer for the read that follows it (it saves that read a call)."""
+        if waited is not None:
+            step, index, answer = waited
+            if index is not None and answer[0] == "part":
+                self._ready_part = (step, index, answer)
+            elif answer[0] == "step":
+                self._ready_step = (step, answer)
 
     async def await_message(self, timeout: float | None) -> None:
         # Ray's references cannot be awaited under trio: a worker thread waits instead,
-        # abandoned if cancelled (it returns within _WAIT_SLICE).
-        await to_thread.run_sync(self.wait, timeout, abandon_on_cancel=True)
+        # abandoned if cancelled (it returns within _WAIT_SLICE). An abandoned wait's
+        # answer is not kept: the next read may come after the step was deleted.
+        self._keep(await to_thread.run_sync(self._wait, timeout, abandon_on_cancel=True))
 
     def close(self) -> None:
         self._board = None

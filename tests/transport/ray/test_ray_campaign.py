@@ -1,9 +1,15 @@
 """ray:// against what an adversarial campaign tried: values another client puts on a
 board, handles kept across a new run on the same board, fields appended across one, a
-cancelled receive's wait, another program's actor under a board's name."""
+cancelled receive's wait, another program's actor under a board's name, a handle opened
+by another job."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import subprocess
+import sys
 import threading
 import uuid
 from typing import Any
@@ -17,7 +23,7 @@ from ray_actors import Trainer
 import rlwire
 from rlwire import CorruptFrameError, TransportError
 from rlwire.testing import assert_batches_equal, make_batch, make_sample
-from rlwire.transport.ray import create_board
+from rlwire.transport.ray import create_board, drop_board
 from rlwire.transport.ray._appended import RayFieldsSink
 
 TIMEOUT = 30.0
@@ -155,3 +161,44 @@ def test_a_cancelled_receive_leaves_no_answer_for_the_next(ray_url: str) -> None
         anyio.run(cancelled)
         send(new, on_existing="overwrite")
         assert_batches_equal(receiver.receive(timeout=TIMEOUT), new)
+
+
+def test_a_handle_names_the_namespace_its_board_is_in(ray_url: str) -> None:
+    with rlwire.open_sync_sender(ray_url) as sender:  # the job's own namespace
+        sender.send(make_batch(1, n=8))
+        handle = sender.sink.handle(0)
+    assert handle.namespace == ray.get_runtime_context().namespace
+
+
+_OTHER_JOB = """
+import json, sys, ray, rlwire
+from rlwire.transport.ray import StepHandle
+ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False)
+handle = StepHandle(**json.loads(sys.argv[2]))
+with rlwire.open_receiver(handle.url, **handle.receiver_options()) as receiver:
+    print(len(receiver.receive(timeout=30).samples))
+"""
+
+
+@pytest.mark.long
+def test_another_job_opens_a_handle_of_a_board_in_the_job_namespace(ray_cluster: None) -> None:
+    """A detached board is made so that another driver can read it: a handle made
+    without a ``namespace`` option still names the board's."""
+    name = f"job-{uuid.uuid4().hex[:12]}"
+    create_board(name, detached=True)
+    try:
+        with rlwire.open_sync_sender(f"ray://{name}") as sender:
+            sender.send(make_batch(3, n=8))
+            handle = sender.sink.handle(0)
+        address = ray.get_runtime_context().gcs_address
+        run = subprocess.run(
+            [sys.executable, "-c", _OTHER_JOB, address, json.dumps(dataclasses.asdict(handle))],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "RAY_ADDRESS": ""},
+            check=False,
+        )
+        assert run.stdout.strip().splitlines()[-1:] == ["3"], run.stderr[-2000:]
+    finally:
+        drop_board(name)

@@ -390,8 +390,9 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         """A small, serialisable :class:`StepHandle` of rank ``rank``'s message of the
         committed ``step``, for a driver to pass to a trainer actor, which opens it with
         :meth:`StepHandle.receiver_options`: it reads this commit of the step only."""
-        token = self._commits.token(step)
-        return StepHandle(self.name, self.namespace, step, rank, self._board_id, token)
+        # The board's namespace, the job's own included: a receiver of another job finds it.
+        space = ray.get_runtime_context().namespace if self.namespace is None else self.namespace
+        return StepHandle(self.name, space, step, rank, self._board_id, self._commits.token(step))
 
     def close(self) -> None:
         with contextlib.suppress(TransportError):  # a send that failed raised it already

@@ -202,3 +202,20 @@ def test_another_job_opens_a_handle_of_a_board_in_the_job_namespace(ray_cluster:
         assert run.stdout.strip().splitlines()[-1:] == ["3"], run.stderr[-2000:]
     finally:
         drop_board(name)
+
+
+def test_the_board_refuses_marks_no_receiver_records(ray_url: str) -> None:
+    """Marks another client records reached a resuming receiver and a pruning sender as
+    ValueError or TypeError (or, 1.5, held a max_ahead sender forever)."""
+    board = create_board(_name(ray_url))
+    for args in ((0, "x"), (0, 1.5), (0, None), (-1, 2), (True, 2)):
+        with pytest.raises(ray.exceptions.RayTaskError, match="must be an int >= 0"):
+            ray.get(board.mark.remote(*args), timeout=TIMEOUT)
+    with pytest.raises(ray.exceptions.RayTaskError, match="must be an int >= 0"):
+        ray.get(board.mark_part.remote(0, 0, "x"), timeout=TIMEOUT)
+    with pytest.raises(ray.exceptions.RayTaskError, match="must be an int >= 0"):
+        ray.get(board.finish.remote("end"), timeout=TIMEOUT)
+    with rlwire.open_sync_sender(ray_url, keep_last=1) as sender:
+        sender.send(make_batch(1, n=8))
+    with rlwire.open_receiver(ray_url) as receiver:
+        receiver.receive(timeout=TIMEOUT)

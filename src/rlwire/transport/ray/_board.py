@@ -305,12 +305,23 @@ class Board(PartsBoard, FieldsBoard):
         return state if state[0] == "step" else ("ready",)
 
     async def mark(self, rank: int, next_step: int) -> None:
-        """Record that rank ``rank`` moved past every step before ``next_step``."""
+        """Record that rank ``rank`` moved past every step before ``next_step``.
+
+        Raises:
+            ValueError: not a rank and a step (another client's call: nothing else is
+                stored where receivers and senders read marks).
+        """
+        _counts(rank, next_step)
         self.consumed[rank] = next_step
 
     async def mark_part(self, rank: int, step: int, next_part: int) -> None:
         """Record that rank ``rank`` moved past parts ``0`` to ``next_part - 1`` of
-        ``step`` (its part mark; it counts beside a consumption mark of ``step``)."""
+        ``step`` (its part mark; it counts beside a consumption mark of ``step``).
+
+        Raises:
+            ValueError: not a rank, a step and a part, as :meth:`mark`.
+        """
+        _counts(rank, step, next_part)
         self.consumed_parts[rank] = (step, next_part)
 
     async def consumption(self, ranks: int) -> list[int | None]:
@@ -342,13 +353,20 @@ class Board(PartsBoard, FieldsBoard):
         await self._notify()
 
     async def finish(self, end: int) -> None:
-        """Mark the end of the stream at ``end``."""
+        """Mark the end of the stream at ``end`` (ValueError: not a step, as :meth:`mark`)."""
+        _counts(end)
         self.end = end
         await self._notify()
 
     async def steps(self) -> list[int]:
         """The steps holding anything committed (whole, parts or a seal), ascending."""
         return sorted(self._stored())
+
+
+def _counts(*values: object) -> None:
+    """Raise ValueError unless every value is an int >= 0 (a rank, a step, a part)."""
+    if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
+        raise ValueError(f"a rank, step or part must be an int >= 0, got {values!r}")
 
 
 # The actor class, made once: ray.remote wraps the plain class (kept plain for reading

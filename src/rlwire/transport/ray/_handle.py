@@ -38,7 +38,8 @@ class StepHandle:
 
     Attributes:
         name: the destination's NAME.
-        namespace: the Ray namespace of its board (``None``: the job's own).
+        namespace: the Ray namespace of its board (``None``: the opening job's own);
+            a sink's handles name it, also when it is the sending job's own.
         step: the step.
         rank: the rank whose message it names.
         board: the id of the board that holds the step ("": not checked). A receiver

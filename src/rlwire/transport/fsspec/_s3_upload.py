@@ -15,16 +15,16 @@ s3fs's own retries; what still cannot be known is reported as such, never guesse
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import io
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rlwire._core.errors import transport_error
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire.transport.fsspec._s3_bucket import S3Bucket
+from rlwire.transport.fsspec._s3_parts import Uploader
 from rlwire.transport.fsspec._store import Staging
 
 __all__ = [
@@ -177,7 +177,7 @@ class S3Staging(Staging):
         self.part_bytes = part_bytes
         self.sidecars: list[_S3Object] = []
         self.mains: list[_S3Object] = []
-        self._uploader = _Uploader(store, window)
+        self._uploader = Uploader(store, window)
 
     @property
     def max_parts_in_flight(self) -> int:
@@ -293,81 +293,3 @@ class S3Staging(Staging):
         fs = self.store.fs
         with contextlib.suppress(Exception):
             self.store.run(_gather_results, [o.abort(fs) for o in (*self.mains, *self.sidecars)])
-
-
-async def _upload_part(fs: Any, obj: _S3Object, number: int, body: io.BytesIO) -> str:
-    """Upload one upload part; its ETag.
-
-    The upload part goes as a BytesIO, which aiohttp streams in chunks (a large bytes body
-    would be written in one go, and aiohttp warns about it). A stream is consumed by a
-    try, so this calls the client directly: botocore's own retries rewind the stream,
-    where a retry around the call (s3fs's) would resend it from its end.
-    """
-    from s3fs.errors import translate_boto_error
-
-    await fs.set_session()
-    client = await fs.get_s3(obj.bucket)
-    kwargs = fs._get_s3_method_kwargs(
-        client.upload_part,
-        Bucket=obj.bucket,
-        Key=obj.key,
-        UploadId=obj.upload_id,
-        PartNumber=number,
-        Body=body,
-    )
-    try:
-        out = await client.upload_part(**kwargs)
-    except Exception as exc:  # S3's error codes as OSErrors (NoSuchUpload, ...), like s3fs
-        translated = translate_boto_error(exc)
-        if translated is exc:
-            raise
-        raise translated from exc
-    return str(out["ETag"])
-
-
-class _Uploader:
-    """Uploads upload parts on fsspec's I/O loop, at most ``window`` at a time, while the
-    staging thread cuts the next ones."""
-
-    def __init__(self, store: S3Bucket, window: int) -> None:
-        self.store = store
-        self.window = window
-        self.inflight: dict[concurrent.futures.Future[str], tuple[_S3Object, int]] = {}
-        self.max_in_flight = 0
-
-    def submit(self, obj: _S3Object, number: int, body: io.BytesIO) -> None:
-        fut = asyncio.run_coroutine_threadsafe(
-            _upload_part(self.store.fs, obj, number, body), self.store.loop
-        )
-        self.inflight[fut] = (obj, number)
-        self._reap([f for f in self.inflight if f.done()])
-        self.max_in_flight = max(self.max_in_flight, len(self.inflight))
-
-    def room(self) -> Sliced[None]:
-        """Wait until another upload part may be submitted."""
-        while len(self.inflight) >= self.window:
-            self._wait()
-            yield
-
-    def drain(self) -> Sliced[None]:
-        """Wait until every upload part is uploaded."""
-        while self.inflight:
-            self._wait()
-            yield
-
-    def _wait(self) -> None:
-        # A short timeout bounds how long a cancelled send takes to notice.
-        done, _ = concurrent.futures.wait(
-            self.inflight, timeout=0.05, return_when=concurrent.futures.FIRST_COMPLETED
-        )
-        self._reap(done)
-
-    def _reap(self, done: Iterable[concurrent.futures.Future[str]]) -> None:
-        for fut in list(done):
-            obj, number = self.inflight.pop(fut)
-            obj.etags[number] = fut.result()  # raises the upload's error
-
-    def cancel(self) -> None:
-        for fut in self.inflight:
-            fut.cancel()
-        self.inflight.clear()

@@ -28,6 +28,7 @@ import pytest
 __all__ = [
     "DROP_REPLY",
     "HOLD",
+    "NOT_IMPLEMENTED",
     "PASS",
     "RESET",
     "FaultProxy",
@@ -137,6 +138,14 @@ PASS, RESET, DROP_REPLY = "pass", "reset", "drop-reply"
 #: Hold the request, unanswered, until :meth:`FaultProxy.release` (many requests then
 #: fail at the same moment), then reset its connection.
 HOLD = "hold"
+#: Answer the request (its body read) with S3's 501 ``NotImplemented``, as a store that
+#: does not implement a header it was sent does; the server never sees it.
+NOT_IMPLEMENTED = "not-implemented"
+_NOT_IMPLEMENTED_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NotImplemented</Code>'
+    b"<Message>A header you provided implies functionality that is not implemented"
+    b"</Message></Error>"
+)
 
 
 class FaultProxy:
@@ -144,7 +153,8 @@ class FaultProxy:
 
     ``fault(method, target)`` (``target`` is the request line's path and query, e.g.
     ``/bucket/key?uploadId=...``) decides what happens to each request: :data:`PASS`,
-    :data:`RESET`, :data:`DROP_REPLY` or :data:`HOLD`; ``None`` means :data:`PASS`. It
+    :data:`RESET`, :data:`DROP_REPLY`, :data:`HOLD` or :data:`NOT_IMPLEMENTED`; ``None``
+    means :data:`PASS`. It
     runs in the proxy's threads, one per connection. Setting
     :attr:`down` resets every request (an outage). :attr:`seen` records
     ``(method, target, action)`` of every request.
@@ -238,6 +248,9 @@ class FaultProxy:
             if action in (RESET, HOLD):
                 _reset(client)
                 return
+            if action == NOT_IMPLEMENTED:
+                _not_implemented(client, lines, rest)
+                return
             kept = [
                 line
                 for line in lines[1:]
@@ -293,6 +306,21 @@ def _read_reply(sock: socket.socket, method: str) -> None:
     left = int(fields.get("content-length", "0")) - len(data)
     while left > 0 and (chunk := sock.recv(min(left, 65536))):
         left -= len(chunk)
+
+
+def _not_implemented(client: socket.socket, lines: list[str], rest: bytes) -> None:
+    """Read the request's body from ``client``, then answer it with a 501."""
+    fields = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    if fields.get("expect", "").lower() == "100-continue":
+        client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+    left = int(fields.get("content-length", "0")) - len(rest)
+    while left > 0 and (chunk := client.recv(min(left, 65536))):
+        left -= len(chunk)
+    head = (
+        "HTTP/1.1 501 Not Implemented\r\nContent-Type: application/xml\r\n"
+        f"Content-Length: {len(_NOT_IMPLEMENTED_BODY)}\r\nConnection: close\r\n\r\n"
+    )
+    client.sendall(head.encode("latin-1") + _NOT_IMPLEMENTED_BODY)
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:

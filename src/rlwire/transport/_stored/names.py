@@ -39,6 +39,7 @@ __all__ = [
     "fields_name",
     "main_name",
     "names_to_delete",
+    "never_replaced",
     "orphan_sidecars",
     "part_name",
     "part_sidecar_name",
@@ -131,6 +132,18 @@ def fields_name(step: int, rank: int, index: int, *, sidecar: bool = False) -> s
 def seal_name(step: int) -> str:
     """Name of the seal of ``step``, a step filled part by part."""
     return f"step-{step:08d}.seal.rlw"
+
+
+def never_replaced(name: str) -> bool:
+    """Whether the stored file ``name`` is one a commit must never replace: a step's
+    files (whole message, part or appended fields, main or sidecar) and its seal. The
+    marks (end, rewrite, consumption, part marks) are written again in place.
+
+    Example:
+        >>> never_replaced(seal_name(7)), never_replaced(consumed_name(0))
+        (True, False)
+    """
+    return bool(RANK_FILE_RE.fullmatch(name) or SEAL_RE.fullmatch(name))
 
 
 def pool_name(name: str) -> str:

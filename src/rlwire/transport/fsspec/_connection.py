@@ -24,6 +24,7 @@ from rlwire.transport._stored.sink import translate_errors
 from rlwire.transport._url import URL, parse_url
 from rlwire.transport.fsspec._generic import GenericStore
 from rlwire.transport.fsspec._s3 import S3Store
+from rlwire.transport.fsspec._s3_commit import OPTION
 from rlwire.transport.fsspec._store import Store
 
 __all__ = ["Connection", "translate_errors"]
@@ -51,7 +52,8 @@ class Connection:
     Args:
         url: ``protocol://path``, as a string or as the registry parsed it.
         storage_options: keyword arguments for the fsspec filesystem (copied: later
-            changes by the caller do not count).
+            changes by the caller do not count), but for ``conditional_writes`` (S3
+            only), which is rlwire's.
 
     Raises:
         ConfigError: a malformed URL, or a protocol whose package is not installed.
@@ -130,6 +132,10 @@ def _connect(url: str, protocol: str, storage_options: Mapping[str, Any]) -> Sto
         cls = fsspec.get_filesystem_class(protocol)
     except (ImportError, ValueError) as exc:
         raise ConfigError(f"{url!r}: fsspec cannot serve protocol {protocol!r}: {exc}") from exc
+    storage_options = dict(storage_options)
+    conditional = storage_options.pop(OPTION, None)
+    if conditional is not None and not isinstance(conditional, bool):
+        raise ConfigError(f"{url!r}: storage option {OPTION!r} must be True or False")
     if protocol in _LOCAL:
         reject_unknown(url, storage_options, _named_parameters(cls))
     root = str(cls._strip_protocol(url)).rstrip("/")
@@ -141,7 +147,14 @@ def _connect(url: str, protocol: str, storage_options: Mapping[str, Any]) -> Sto
         raise ConfigError(f"{url!r}: {cls.__name__} rejects the storage options: {exc}") from exc
     except Exception as exc:
         raise transport_error(exc, "create the filesystem", where=url) from exc
-    store = (S3Store if S3Store.serves(fs) else GenericStore)(fs, url, root)
+    store: Store
+    if S3Store.serves(fs):
+        store = S3Store(fs, url, root)
+        store.conditional = conditional is not False
+    elif conditional is not None:
+        raise ConfigError(f"{url!r}: storage option {OPTION!r} applies to s3:// only")
+    else:
+        store = GenericStore(fs, url, root)
     store.check()
     return store
 

@@ -7,10 +7,19 @@ twins made when botocore retried a "create upload" request whose reply was lost,
 listed and aborted when the sink closes (:meth:`S3Store.settle_leftovers`). A killed sender's
 are aborted by the next ``on_existing="resume"``, ``"truncate"`` or ``"overwrite"``.
 
-Limit: a step's objects are committed unconditionally, so two senders committing one step
-at the same moment can both succeed (only the check before the step is written tells
-them apart). S3's conditional writes (``If-None-Match: *`` on PUT and on completing a
-multipart upload, which botocore and moto support) are the way to close it; not done yet.
+A step's objects (every rank's main and sidecar objects, parts, appended fields) and its
+seal are committed with S3's conditional writes (``If-None-Match: *`` on PUT and on
+completing a multipart upload), so none ever replaces an object: of two senders
+committing one step at the same moment one wins and the other gets ``StepExistsError``
+naming the object, as on files; of two ``add_fields`` stages, the second takes the next
+``fields-NNN``; of two producers sealing one step, one seal stands. A request botocore
+or s3fs sent again after losing the reply finds its own object (412): the object's
+metadata holds a token of this commit's (``x-amz-meta-rlwire-commit``), so that counts
+as success. The marks (end, rewrite, consumption, part marks) are written again in
+place, unconditionally. A store that does not implement conditional writes and says so
+(501) gets a ``ConfigError`` naming the storage option ``conditional_writes``; set it to
+False there (and for one that ignores the header): commits are then unconditional, and
+two senders committing one step at once can both succeed.
 """
 
 from __future__ import annotations

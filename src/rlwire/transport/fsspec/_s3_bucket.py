@@ -25,6 +25,9 @@ class S3Bucket(Store):
     #: True once a staging started a multipart upload here (and so may have left one),
     #: until the store aborts what is left.
     made_uploads = False
+    #: Commit a step's files and seals with ``If-None-Match: *`` (never replacing an
+    #: object); the storage option ``conditional_writes`` turns it off.
+    conditional = True
 
     @staticmethod
     def serves(fs: Any) -> bool:

@@ -5,7 +5,10 @@ upload part at a time (never joining the whole object in memory) and uploaded se
 on fsspec's I/O loop, while the staging thread cuts the next upload part. The step becomes
 visible only when :meth:`S3Staging.commit` completes the uploads, and a cancelled or
 failed send aborts them, so nothing is ever half-visible. Small objects are put whole at
-commit.
+commit. A step's files and seals are committed only where no object is
+(``If-None-Match: *``, :mod:`~rlwire.transport.fsspec._s3_commit`), and the step's first
+object goes alone: of two senders committing one step, one wins and the other gets
+``StepExistsError`` having made nothing visible.
 
 Requests whose answer rlwire must have (did a main object land after its request
 failed? is an upload aborted?) are retried with backoff (:func:`retried`) on top of
@@ -17,13 +20,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
-from rlwire._core.errors import transport_error
+from rlwire._core.errors import RlwireError, transport_error
 from rlwire._core.slicing import Sliced, SliceTimer
+from rlwire.transport._stored.names import never_replaced
 from rlwire.transport.fsspec._s3_bucket import S3Bucket
+from rlwire.transport.fsspec._s3_commit import TOKEN, conflict, reply_is, unsupported
 from rlwire.transport.fsspec._s3_parts import Uploader
 from rlwire.transport.fsspec._store import Staging
 
@@ -85,30 +91,70 @@ async def settled(call: Callable[[], Awaitable[object]]) -> bool | None:
 
 @dataclass(eq=False)
 class _S3Object:
-    """One object on its way to S3: bytes to put whole, or a multipart upload."""
+    """One object on its way to S3: bytes to put whole, or a multipart upload.
+
+    A ``conditional`` one is committed with ``If-None-Match: *`` and carries a token of
+    its own in its user metadata (:data:`TOKEN`): a refusal (412) is this commit's own
+    success when the object there has the token (a retried request whose reply was
+    lost), else another sender's object (:attr:`taken`).
+    """
 
     bucket: str
     key: str
+    conditional: bool = False
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
     data: bytes | None = None
     upload_id: str | None = None
     etags: dict[int, str] = field(default_factory=dict)
     committed: bool = False
     tried: bool = False  # commit() was called: the object may exist
+    taken: bool = False  # another sender's object is (or was) at the key
+    unsupported: bool = False  # the store answered the condition with 501
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The user metadata to create the object with."""
+        return {TOKEN: self.token} if self.conditional else {}
 
     async def commit(self, fs: Any) -> None:
-        """Make the object visible: put it whole, or complete its multipart upload."""
+        """Make the object visible: put it whole, or complete its multipart upload; a
+        conditional one only if no object is at its key."""
         self.tried = True
-        if self.data is not None:
-            await fs._call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=self.data)
-        else:
-            parts = [{"PartNumber": n, "ETag": e} for n, e in sorted(self.etags.items())]
-            await fs._call_s3(
-                "complete_multipart_upload",
-                Bucket=self.bucket,
-                Key=self.key,
-                UploadId=self.upload_id,
-                MultipartUpload={"Parts": parts},
-            )
+        cond = {"IfNoneMatch": "*"} if self.conditional else {}
+        try:
+            if self.data is not None:
+                await fs._call_s3(
+                    "put_object",
+                    Bucket=self.bucket,
+                    Key=self.key,
+                    Body=self.data,
+                    Metadata=self.metadata,
+                    **cond,
+                )
+            else:
+                parts = [{"PartNumber": n, "ETag": e} for n, e in sorted(self.etags.items())]
+                await fs._call_s3(
+                    "complete_multipart_upload",
+                    Bucket=self.bucket,
+                    Key=self.key,
+                    UploadId=self.upload_id,
+                    MultipartUpload={"Parts": parts},
+                    **cond,
+                )
+        except Exception as exc:
+            if not self.conditional:
+                raise
+            if reply_is(exc, 501, "NotImplemented"):
+                self.unsupported = True
+                raise
+            # An object is there: this commit's own if botocore or s3fs sent the request
+            # again after losing the reply to the one that made it.
+            if not reply_is(exc, 412, "PreconditionFailed"):
+                raise
+            mine = await self.exists(fs)
+            if not mine:
+                self.taken = self.taken or mine is not None
+                raise
         self.committed = True
         self.data = None
 
@@ -128,17 +174,24 @@ class _S3Object:
         self.upload_id = None  # aborted, or no longer there: nothing to do again
         return True
 
-    async def exists(self, fs: Any) -> bool | None:
-        """Whether the object is there (committed, or found), asked with retries; None
-        if S3 cannot be asked."""
-        if not self.tried:
-            return False  # never put or completed
-        if not self.committed:
-            found = await settled(
-                lambda: fs._call_s3("head_object", Bucket=self.bucket, Key=self.key)
-            )
-            if not found:
-                return found
+    async def exists(self, fs: Any, *, again: bool = False) -> bool | None:
+        """Whether this object is there (committed, or found; a conditional one found
+        with its token, else it is :attr:`taken`), asked with retries (``again``: even
+        if committed); None if S3 cannot be asked."""
+        if not self.tried or self.taken:
+            return False  # never put or completed, or another sender's is there
+        if again or not self.committed:
+            try:
+                head = await retried(
+                    lambda: fs._call_s3("head_object", Bucket=self.bucket, Key=self.key)
+                )
+            except FileNotFoundError:
+                return False
+            except Exception:
+                return None
+            if self.conditional and (head.get("Metadata") or {}).get(TOKEN) != self.token:
+                self.taken = True
+                return False
             self.committed = True  # it landed: its upload is complete, nothing to abort
         return True
 
@@ -153,6 +206,19 @@ async def _each(
 async def _gather_results(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
     """Run every coroutine at once (each handles its own errors); their results."""
     return list(await asyncio.gather(*coros))
+
+
+async def _ours(fs: Any, objs: Sequence[_S3Object]) -> list[_S3Object]:
+    """Those of ``objs`` this commit may have made: every one tried, or, conditional,
+    those found with its token."""
+
+    async def mine(obj: _S3Object) -> bool:
+        # Asked even if committed: a store whose conditions are not atomic (moto) may
+        # have let another sender's commit replace it.
+        return obj.tried and (not obj.conditional or bool(await obj.exists(fs, again=True)))
+
+    found = await asyncio.gather(*(mine(o) for o in objs))
+    return [o for o, hit in zip(objs, found, strict=True) if hit]
 
 
 async def _delete(fs: Any, objs: Sequence[_S3Object]) -> None:
@@ -190,7 +256,7 @@ class S3Staging(Staging):
         views = [memoryview(c).cast("B") for c in chunks]
         size = sum(v.nbytes for v in views)
         bucket, key = self.store.bucket_key(self.store.path(name))
-        obj = _S3Object(bucket, key)
+        obj = _S3Object(bucket, key, self.store.conditional and never_replaced(name))
         into = self.mains if main else self.sidecars
         if size < SMALL_BYTES:
             obj.data = b"".join(views)
@@ -200,7 +266,11 @@ class S3Staging(Staging):
         # abort that fails), an upload may be left: the sink lists them when it closes.
         self.store.made_uploads = True
         out = self.store.run(
-            self.store.fs._call_s3, "create_multipart_upload", Bucket=bucket, Key=key
+            self.store.fs._call_s3,
+            "create_multipart_upload",
+            Bucket=bucket,
+            Key=key,
+            Metadata=obj.metadata,
         )
         obj.upload_id = str(out["UploadId"])
         into.append(obj)  # from here on, discard() aborts it
@@ -234,22 +304,30 @@ class S3Staging(Staging):
         return self._uploader.drain()
 
     def commit(self) -> None:
-        fs, url, run = self.store.fs, self.store.url, self.store.run
-        errs = run(_each, self.sidecars, lambda o: o.commit(fs))
+        fs, run = self.store.fs, self.store.run
+
+        def commit(obj: _S3Object) -> Coroutine[Any, Any, None]:
+            return obj.commit(fs)
+
+        # With conditional commits the step's first object goes alone: of two senders
+        # committing one step at once, the one whose first object lands goes on and the
+        # other stops there, having made nothing visible (its sidecars are deleted).
+        first = 1 if self.store.conditional else len(self.sidecars)
+        errs = run(_each, self.sidecars[:first], commit)
+        if not any(errs):
+            errs += run(_each, self.sidecars[first:], commit)
         failed = [e for e in errs if e is not None]
         if failed:
             self.discard()
             with contextlib.suppress(Exception):  # sidecars without a main are garbage
-                run(_delete, fs, [o for o in self.sidecars if o.tried])
-            raise transport_error(
-                failed[0], "commit the step (nothing was made visible)", where=url
-            )
+                run(_delete, fs, run(_ours, fs, self.sidecars))
+            self._fail(failed[0], "commit the step (nothing was made visible)")
         # Rank 0's main object first, then the others at once: a commit cut short leaves
         # the step visible from rank 0 up, which resume tells apart from the oldest step
         # cut short by retention (that one goes rank 0 first).
-        errs = run(_each, self.mains[:1], lambda o: o.commit(fs))
+        errs = run(_each, self.mains[:1], commit)
         if errs[0] is None or run(self.mains[0].exists, fs):
-            errs += run(_each, self.mains[1:], lambda o: o.commit(fs))
+            errs += run(_each, self.mains[1:], commit)
         failed = [e for e in errs if e is not None]
         if not failed:
             self.visible = True
@@ -267,22 +345,31 @@ class S3Staging(Staging):
         self.discard()
         if self.visible:
             unsure = f"; whether ranks {unknown} are too is unknown" if unknown else ""
-            raise transport_error(
-                failed[0],
-                f"commit the step in full (visible for ranks {ranks} only{unsure})",
-                where=url,
-            )
+            what = f"commit the step in full (visible for ranks {ranks} only{unsure})"
+            self._fail(failed[0], what, ranks)
         if self.visible is None:
             # Sidecars stay: deleting them could tear a step that did become visible.
-            raise transport_error(
+            self._fail(
                 failed[0],
                 "commit the step, and whether it became visible is unknown (S3 could not be "
                 "asked); a sender opened with on_existing='resume' settles it",
-                where=url,
             )
         with contextlib.suppress(Exception):
-            run(_delete, fs, self.sidecars)
-        raise transport_error(failed[0], "commit the step (nothing was made visible)", where=url)
+            run(_delete, fs, run(_ours, fs, self.sidecars))
+        self._fail(failed[0], "commit the step (nothing was made visible)")
+
+    def _fail(self, exc: BaseException, action: str, ranks: Sequence[int] = ()) -> NoReturn:
+        """Raise the error of a failed commit, from ``exc``: ``StepExistsError`` naming
+        the object when another sender's was there, ``ConfigError`` when the store does
+        not implement conditional writes, else a TransportError saying that ``action``
+        failed."""
+        objs = (*self.sidecars, *self.mains)
+        err: RlwireError = transport_error(exc, action, where=self.store.url)
+        if taken := [o for o in objs if o.taken]:
+            err = conflict(self.store.url, taken[0].key, ranks)
+        elif refused := [o for o in objs if o.unsupported]:
+            err = unsupported(self.store.url, refused[0].key, exc)
+        raise err from exc
 
     def discard(self) -> None:
         # Best effort: a failure here must not hide the error that led to it. Each abort

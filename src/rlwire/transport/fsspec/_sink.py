@@ -27,8 +27,11 @@ class FsspecSink(StoredSink):
     Works with any fsspec filesystem; S3 (s3fs) gets streamed, concurrent multipart
     uploads. ``storage_options`` go to the filesystem's constructor as fsspec users
     expect (``endpoint_url``, ``key``, ``secret``, ``client_kwargs``, ``anon``, ...);
-    s3fs's ``max_concurrency`` also bounds how many upload parts are uploaded at once. The
-    filesystem is made, and the bucket checked, lazily in a worker thread, once.
+    s3fs's ``max_concurrency`` also bounds how many upload parts are uploaded at once. On
+    S3, rlwire's own ``conditional_writes`` (default True) commits a step's objects and
+    seals with ``If-None-Match: *``, never replacing another sender's; False commits
+    them unconditionally, for stores that do not implement it. The filesystem is made,
+    and the bucket checked, lazily in a worker thread, once.
 
     Args:
         url: ``protocol://path``, e.g. ``s3://bucket/run-7`` or ``memory://run``.
@@ -47,10 +50,13 @@ class FsspecSink(StoredSink):
 
     Raises:
         ConfigError: a malformed URL, a protocol or package fsspec lacks, or storage
-            options the filesystem rejects (when it is first used).
+            options the filesystem rejects (when it is first used); a store that does
+            not implement conditional writes (501; the message names
+            ``conditional_writes``).
         TransportError: the bucket does not exist, or a request fails; the message names
             the URL and what failed. A failed or cancelled send leaves nothing visible.
-        StepExistsError: a step exists at the destination.
+        StepExistsError: a step exists at the destination, or another sender committed
+            the object first (on S3, with conditional writes).
 
     Example:
         >>> import anyio, rlwire

@@ -1,0 +1,292 @@
+"""Conditional commits on S3 (``If-None-Match: *``), against a real moto server on
+loopback: of two senders committing one step, two stages appending to one step and rank,
+or two producers sealing one step at the same moment, exactly one takes each name and the
+other gets the typed error the file sink raises (``add_fields`` then takes the next
+number); a retried request whose reply was lost is its own commit; and the storage option
+``conditional_writes`` turns them off. Every async test runs under asyncio and trio.
+
+The races are forced, not hoped for: each contender's commit waits on a barrier until
+the other's is ready too (both past their checks), then both go at once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import fsspec
+import numpy as np
+import pytest
+from s3_server import DROP_REPLY, NOT_IMPLEMENTED, FaultProxy, s3_client
+
+import rlwire
+from rlwire.transport.fsspec import FsspecSink, _s3_upload
+from rlwire.transport.fsspec._s3_upload import S3Staging
+
+pytestmark = pytest.mark.anyio
+
+MAIN0 = "step-00000000.rank-0000.rlw"
+
+
+def batch(value: int, routed_bytes: int) -> dict[str, Any]:
+    """A step's message whose every byte says which sender made it (``value``), with
+    a sidecar of ``routed_bytes``."""
+    return {
+        "samples": [
+            {
+                "token_ids": np.full(8, value, np.int64),
+                "routed_experts": np.full(routed_bytes, value, np.uint8),
+            }
+        ]
+    }
+
+
+@pytest.fixture(scope="module")
+def module_proxy(s3_endpoint: dict[str, Any]) -> Iterator[FaultProxy]:
+    """One :class:`FaultProxy` for the module: its tests share one s3fs client (a new
+    client costs a few tenths of a second)."""
+    with FaultProxy(s3_endpoint) as proxy:
+        # s3fs's client adds to config_kwargs in place, so the first filesystem made
+        # with these options is fsspec's cached one for no later call: make it, and the
+        # one the tests share.
+        for _ in range(2):
+            fsspec.filesystem("s3", **proxy.options).connect()
+        yield proxy
+
+
+@pytest.fixture
+def s3_proxy(module_proxy: FaultProxy) -> FaultProxy:
+    """The module's proxy, passing every request until the test says otherwise."""
+    module_proxy.fault = None
+    with module_proxy._lock:
+        module_proxy.seen.clear()
+    return module_proxy
+
+
+def objects(options: dict[str, Any], url: str) -> list[str]:
+    out = s3_client(options).list_objects_v2(Bucket=url.removeprefix("s3://"))
+    return sorted(o["Key"] for o in out.get("Contents", []))
+
+
+def together(monkeypatch: pytest.MonkeyPatch, names: Callable[[str], bool]) -> None:
+    """The first two commits of an object whose name ``names`` picks wait until both
+    are ready (each past its checks), then go one right after the other (moto's checks
+    of a condition are not atomic, S3's are). Later commits do not wait."""
+    barrier, done, count, lock = (
+        threading.Barrier(2, timeout=5),
+        threading.Event(),
+        [0],
+        threading.Lock(),
+    )
+    commit = S3Staging.commit
+
+    def racing(self: S3Staging) -> None:
+        if not any(names(o.key.rpartition("/")[2]) for o in self.mains):
+            return commit(self)
+        with lock:
+            count[0] += 1
+            if count[0] > 2:
+                return commit(self)
+        if barrier.wait():  # the second: after the first's commit
+            assert done.wait(5)
+            return commit(self)
+        try:
+            return commit(self)
+        finally:
+            done.set()
+
+    monkeypatch.setattr(S3Staging, "commit", racing)
+
+
+async def race_one_step(url: str, options: dict[str, Any], routed_bytes: int) -> list[Any]:
+    """Two senders send step 0 to two ranks at once; what each send returned or raised."""
+    outcome: list[Any] = [None, None]
+
+    async def send(who: int) -> None:
+        async with rlwire.open_sender(
+            url, validate=False, sidecar=("routed_experts",), storage_options=options
+        ) as sender:
+            try:
+                batches = [batch(10 * who + rank, routed_bytes) for rank in range(2)]
+                outcome[who] = await sender.send_ranks(batches)
+            except rlwire.RlwireError as exc:
+                outcome[who] = exc
+
+    async with anyio.create_task_group() as tg:
+        for who in range(2):
+            tg.start_soon(send, who)
+    return outcome
+
+
+@pytest.mark.parametrize("multipart", [False, True], ids=["put", "multipart"])
+async def test_two_senders_racing_one_step_one_wins(
+    s3_endpoint: dict[str, Any],
+    s3_url: str,
+    anyio_backend: str,
+    monkeypatch: pytest.MonkeyPatch,
+    multipart: bool,
+) -> None:
+    if multipart:  # the sidecars go up as multipart uploads (of one small part)
+        monkeypatch.setattr(_s3_upload, "SMALL_BYTES", 1024)
+    together(monkeypatch, lambda name: name == MAIN0)
+    outcome = await race_one_step(s3_url, s3_endpoint, 2048)
+    errors = [o for o in outcome if isinstance(o, BaseException)]
+    assert len(errors) == 1, outcome
+    assert isinstance(errors[0], rlwire.StepExistsError), errors[0]
+    assert "another sender committed this step first" in str(errors[0])
+    assert str(errors[0]).startswith(s3_url + "/step-00000000.rank-0000")  # names the object
+    winner = outcome.index(0)
+    for rank in range(2):  # every rank holds the winner's message, whole: never a mix
+        with rlwire.open_receiver(
+            s3_url, type=dict, rank=rank, record_consumed=False, storage_options=s3_endpoint
+        ) as receiver:
+            sample = receiver.receive(timeout=5)["samples"][0]
+        assert set(np.asarray(sample["token_ids"]).tolist()) == {10 * winner + rank}
+        assert set(np.unique(sample["routed_experts"]).tolist()) == {10 * winner + rank}
+    # The loser left nothing behind: no second sidecar, no unfinished upload.
+    assert len(objects(s3_endpoint, s3_url)) == 4
+    uploads = s3_client(s3_endpoint).list_multipart_uploads(Bucket=s3_url[5:])
+    assert uploads.get("Uploads", []) == []
+
+
+async def test_two_stages_appending_at_once_both_land(
+    s3_endpoint: dict[str, Any], s3_url: str, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with rlwire.open_sender(s3_url, validate=False, storage_options=s3_endpoint) as sender:
+        async with sender.open_step() as writer:
+            await writer.put([{"token_ids": np.arange(4)}, {"token_ids": np.arange(3)}], key="g")
+    ragged = rlwire.Ragged(np.arange(7, dtype=np.float32), np.array([0, 4, 7]))
+    together(monkeypatch, lambda name: ".fields-" in name)  # both chose fields-000
+
+    async def stage(name: str) -> None:
+        appender = rlwire.open_sender(s3_url, storage_options=s3_endpoint)  # attaches
+        try:
+            await appender.add_fields(0, {name: ragged}, rank=0)
+        finally:
+            await appender.aclose()
+
+    async with anyio.create_task_group() as tg:
+        for name in ("ref_logprobs", "values"):
+            tg.start_soon(stage, name)
+    assert [k for k in objects(s3_endpoint, s3_url) if ".fields-" in k] == [
+        "step-00000000.rank-0000.fields-000.rlw",
+        "step-00000000.rank-0000.fields-001.rlw",
+    ]
+    with rlwire.open_receiver(
+        s3_url, type=list, as_columns=True, record_consumed=False, storage_options=s3_endpoint
+    ) as receiver:
+        assert set(receiver.receive(timeout=5).names) == {"token_ids", "ref_logprobs", "values"}
+
+
+async def test_two_producers_sealing_one_step_one_wins(
+    s3_endpoint: dict[str, Any], s3_url: str, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opts = s3_endpoint
+    group = [{"token_ids": np.arange(3)}]
+    async with rlwire.open_sender(s3_url, validate=False, storage_options=opts) as first:
+        mine = first.open_step()
+        await mine.__aenter__()
+        await mine.put(group, key="a")
+        async with rlwire.open_sender(
+            s3_url, on_existing="resume", validate=False, storage_options=opts
+        ) as second:
+            theirs = second.open_step(ranks=2)  # the same part, a different seal
+            await theirs.__aenter__()
+            together(monkeypatch, lambda name: name.endswith(".seal.rlw"))
+            outcome: list[BaseException | None] = [None, None]
+
+            async def seal(who: int, writer: Any) -> None:
+                try:
+                    await writer.__aexit__(None, None, None)
+                except rlwire.RlwireError as exc:
+                    outcome[who] = exc
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(seal, 0, mine)
+                tg.start_soon(seal, 1, theirs)
+    errors = [e for e in outcome if e is not None]
+    assert len(errors) == 1, outcome
+    assert isinstance(errors[0], rlwire.StepExistsError)
+    assert "step 0 is sealed already" in str(errors[0]), errors[0]
+    assert "step-00000000.seal.rlw" in str(errors[0])
+    with rlwire.open_receiver(
+        s3_url, type=list, record_consumed=False, storage_options=opts
+    ) as receiver:
+        assert [part.key for part in receiver.parts(timeout=5)] == ["a"]
+
+
+async def test_a_retried_commit_whose_reply_was_lost_succeeds(
+    s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: str, anyio_backend: str
+) -> None:
+    """The main object's PUT lands but its reply is lost; s3fs sends it again, and S3
+    refuses the resend (412: the object is there). The object holds this commit's
+    token: the send succeeded."""
+    options = s3_proxy.options  # botocore does not retry here; s3fs does, 0.1 s later
+    statuses: list[int] = []
+    dropped: list[str] = []
+
+    def fault(method: str, target: str) -> str | None:
+        if method == "PUT" and target.endswith(MAIN0) and not dropped:
+            dropped.append(target)
+            return DROP_REPLY
+        return None
+
+    async with rlwire.open_sender(s3_url, validate=False, storage_options=options) as sender:
+        # The sink's own filesystem (s3fs adds to config_kwargs in place, so asking
+        # fsspec again with the same options makes another).
+        fs = sender._sink._conn.get().fs  # type: ignore[attr-defined]
+        fs.retries = 2
+        client = fs.s3
+
+        def record(http_response: Any, **_: Any) -> None:
+            statuses.append(http_response.status_code)
+
+        client.meta.events.register("after-call.s3.PutObject", record)
+        s3_proxy.fault = fault
+        try:
+            assert await sender.send({"samples": [{"token_ids": np.arange(5)}]}) == 0
+        finally:
+            client.meta.events.unregister("after-call.s3.PutObject", record)
+        assert sender.next_step == 1
+    assert [s[2] for s in s3_proxy.requests("PUT") if s[1].endswith(MAIN0)] == [
+        DROP_REPLY,
+        "pass",
+    ]
+    assert statuses == [412]  # the resend was refused: the commit was conditional
+    with rlwire.open_receiver(
+        s3_url, type=dict, record_consumed=False, storage_options=s3_endpoint
+    ) as receiver:
+        assert receiver.receive(timeout=5)["samples"][0]["token_ids"].tolist() == list(range(5))
+
+
+async def test_conditional_writes_off_commits_unconditionally(
+    s3_endpoint: dict[str, Any], s3_url: str, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old behaviour, for stores without conditional writes: both senders' commits
+    succeed (the later replaces the earlier's objects)."""
+    together(monkeypatch, lambda name: name == MAIN0)
+    options = {**s3_endpoint, "conditional_writes": False}
+    assert await race_one_step(s3_url, options, 64) == [0, 0]
+
+
+async def test_a_store_without_conditional_writes_names_the_option(
+    s3_proxy: FaultProxy, s3_url: str, anyio_backend: str
+) -> None:
+    s3_proxy.fault = lambda m, t: NOT_IMPLEMENTED if m == "PUT" and t.endswith(MAIN0) else None
+    async with rlwire.open_sender(
+        s3_url, validate=False, storage_options=s3_proxy.options
+    ) as sender:
+        with pytest.raises(rlwire.ConfigError, match="conditional_writes") as info:
+            await sender.send({"samples": [{"token_ids": np.arange(5)}]})
+        assert MAIN0 in str(info.value)
+        assert sender.next_step == 0  # nothing became visible
+    assert objects(s3_proxy.options, s3_url) == []
+
+
+def test_conditional_writes_is_checked() -> None:
+    with pytest.raises(rlwire.ConfigError, match="s3:// only"):
+        FsspecSink("memory://cond", storage_options={"conditional_writes": False}).open("error")
+    with pytest.raises(rlwire.ConfigError, match="True or False"):
+        FsspecSink("memory://cond", storage_options={"conditional_writes": "no"}).open("error")

@@ -54,6 +54,8 @@ def conflict(url: str, key: str, ranks: Sequence[int] = ()) -> StepExistsError:
         what = "another stage appended these fields first (two stages on one step and rank)"
     else:
         what = "another sender committed this step first (two senders on one destination)"
+        if name.endswith(".sidecar.rlw"):  # or a failed commit's, left while S3 was out
+            what += ", or a failed commit left this sidecar (on_existing='resume' removes it)"
     mine = f"; ranks {list(ranks)} are this sender's" if ranks else ""
     return StepExistsError(what + mine, where=f"{url}/{name}")
 

@@ -6,7 +6,7 @@ deletes what it wrote when it has judged it. Two kinds of trials share the budge
 
 - **kill -9 at every store call.** A sender runs in a process forked from the trial's
   child, with :func:`install_hooks` wrapping ``S3FileSystem._call_s3`` (every request
-  s3fs makes) and rlwire's ``_s3_upload._upload_part`` (multipart parts, which call the
+  s3fs makes) and rlwire's ``_s3_parts._upload_part`` (multipart parts, which call the
   client directly): the N-th call sends the process SIGKILL just before it is made, or
   just after it returns. A calibration run (:func:`calibrate`) counts a send's calls
   (opening the sender with ``on_existing="resume"``, the send, ``finish()`` if any,
@@ -68,7 +68,7 @@ from s3_server import _CREDENTIALS, DROP_REPLY, HOLD, RESET, FaultProxy, moto_se
 
 import rlwire
 from rlwire.transport._stored.names import MAIN_RE
-from rlwire.transport.fsspec import _s3_upload
+from rlwire.transport.fsspec import _s3_parts, _s3_upload
 from rlwire.transport.layout import END_NAME
 
 from ._model import (
@@ -280,7 +280,7 @@ def install_hooks(
     calls: list[str] = []
     lock = threading.Lock()
     real_call = s3fs.S3FileSystem._call_s3
-    real_part = _s3_upload._upload_part
+    real_part = _s3_parts._upload_part
 
     def start(what: str) -> int:
         with lock:
@@ -314,7 +314,7 @@ def install_hooks(
             end(index)
 
     s3fs.S3FileSystem._call_s3 = call_s3
-    _s3_upload._upload_part = upload_part
+    _s3_parts._upload_part = upload_part
     return calls
 
 

@@ -132,9 +132,9 @@ class AtomicFile:
         else:
             move_no_replace(self.tmp, self.final)
 
-    def commit(self) -> None:
-        """:meth:`rename`, then fsync the directory if asked."""
-        self.rename()
+    def commit(self, *, replace: bool = True) -> None:
+        """:meth:`rename` (``replace`` as there), then fsync the directory if asked."""
+        self.rename(replace=replace)
         if self.fsync:
             fsync_dir(self.final.parent)
 
@@ -215,11 +215,18 @@ def move_no_replace(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) 
 
 
 def write_atomic(
-    final: str | os.PathLike[str], data: bytes, *, fsync: bool = False, mode: int = 0o666
+    final: str | os.PathLike[str],
+    data: bytes,
+    *,
+    fsync: bool = False,
+    mode: int = 0o666,
+    replace: bool = True,
 ) -> None:
-    """Write ``data`` to ``final`` so that it appears whole, replacing any file there.
+    """Write ``data`` to ``final`` so that it appears whole, replacing any file there
+    (with ``replace=False``, none: :func:`move_no_replace`).
 
     Raises:
+        FileExistsError: ``replace`` is False and ``final`` exists; nothing is left.
         OSError: the file cannot be written or renamed; nothing is left behind.
 
     Example:
@@ -231,4 +238,4 @@ def write_atomic(
     """
     with AtomicFile(final, fsync=fsync, mode=mode) as out:
         out.write(data)
-        out.commit()
+        out.commit(replace=replace)

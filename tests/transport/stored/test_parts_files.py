@@ -100,6 +100,24 @@ def test_sealing_twice_is_refused(tmp_path: Path) -> None:
     assert FileSource(tmp_path, rank=0).read_seal(4) == SEAL
 
 
+def test_a_seal_written_since_the_check_is_not_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two producers sealing one step at once, both past the check that no seal is
+    there: the later one's write refuses to replace the seal (a StepExistsError), which
+    stays the first one's."""
+    first, second = FileSink(tmp_path), FileSink(tmp_path)
+    first.open("error")
+    second.open("resume")
+    monkeypatch.setattr(second, "existing", lambda names: [])  # checked before the first
+    other = Seal(step=4, keys=(("b",),), costs=((2.0,),))
+    first.seal(SEAL)
+    with pytest.raises(StepExistsError, match="sealed already"):
+        second.seal(other)
+    assert FileSource(tmp_path, rank=0).read_seal(4) == SEAL
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
 def test_committed_parts_removes_a_killed_commits_sidecar(tmp_path: Path) -> None:
     sink = FileSink(tmp_path)
     sink.open("error")

@@ -5,8 +5,7 @@ sidecar is asked for, the sidecar file ``step-00000042.rank-0000.sidecar.rlw``. 
 written under hidden temporary names beside their final names and renamed into place,
 sidecar files first and main files last, so a main file's appearance means the whole
 message is there. Readers (:class:`~rlwire.transport._file.source.FileSource`) poll with
-``stat``-free ``open`` calls (works on NFS, where inotify does not) and map files with
-mmap, so arrays are views over the page cache.
+``open`` calls (on NFS too) and map files with mmap: arrays view the page cache.
 
 With ``recycle``, pruning moves the files of the newest step it retires into a pool
 (:data:`~rlwire.transport._stored.names.POOL_RE`, hidden names that readers skip and
@@ -53,6 +52,7 @@ from rlwire.transport._stored.names import (
     POOL_RE,
     STORED_RE,
     main_name,
+    never_replaced,
     part_name,
     part_sidecar_name,
     pool_name,
@@ -245,7 +245,7 @@ class FileSink(StoredSink):
             return file.read(size)
 
     def save(self, name: str, data: bytes) -> None:
-        write_atomic(self.root / name, data, fsync=self.fsync)
+        write_atomic(self.root / name, data, fsync=self.fsync, replace=not never_replaced(name))
 
     def remove(self, names: Sequence[str]) -> None:
         for name in names:

@@ -36,7 +36,7 @@ from rlwire.transport._stored.layout import (
     _PartEnvelope,
 )
 from rlwire.transport._stored.marks import MAX_MARK_BYTES
-from rlwire.transport._stored.names import STEP_PART_RE, part_name
+from rlwire.transport._stored.names import STEP_PART_RE, part_name, seal_name
 from rlwire.transport._stored.table import check_magic
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "part_of",
     "read_parts",
     "seal_bytes",
+    "write_seal",
 ]
 
 SEAL_MAGIC = b"RLWS"
@@ -256,6 +257,23 @@ def check_sealable(seal: Seal, found: list[int], where: str) -> None:
         f"step: one producer per step); the step stays open",
         where=where,
     )
+
+
+def write_seal(
+    save: Callable[[str, bytes], None], seal: Seal, found: list[int], where: str
+) -> None:
+    """Write ``seal`` with ``save`` once :func:`check_sealable` allows it (``found``).
+
+    Raises:
+        StepExistsError: as :func:`check_sealable`; also when another producer's seal
+            was written since ``found`` was listed (``save`` raised ``FileExistsError``:
+            a store that refuses to replace a seal).
+    """
+    check_sealable(seal, found, where)
+    try:
+        save(seal_name(seal.step), seal_bytes(seal))
+    except FileExistsError:
+        check_sealable(seal, [0], where)
 
 
 def check_end(end: int, unsealed: int | None, where: str) -> None:

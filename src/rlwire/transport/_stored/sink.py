@@ -39,7 +39,7 @@ from rlwire.transport._stored.names import (
     sidecar_name,
     start_step,
 )
-from rlwire.transport._stored.parts import part_files, read_parts, seal_bytes
+from rlwire.transport._stored.parts import part_files, read_parts
 from rlwire.transport._stored.retention import held_back, read_consumed, steps_to_prune
 
 __all__ = ["StoredSink", "StoredStaging", "translate_errors"]
@@ -140,7 +140,9 @@ class StoredSink(StoredFieldsSink, Sink):
 
     @abc.abstractmethod
     def save(self, name: str, data: bytes) -> None:
-        """Write the small file ``name`` so that it appears whole, replacing any."""
+        """Write the small file ``name`` so that it appears whole, replacing any; one
+        :func:`~rlwire.transport._stored.names.never_replaced` (a seal) raises
+        ``FileExistsError`` (or a ``StepExistsError``) where the store can refuse."""
 
     @abc.abstractmethod
     def remove(self, names: Sequence[str]) -> None:
@@ -384,8 +386,7 @@ class StoredSink(StoredFieldsSink, Sink):
         name = seal_name(seal.step)
         with self.errors(f"seal step {seal.step}", name):
             found = self.existing([name, *stored_parts.after_seal(seal)])
-            stored_parts.check_sealable(seal, found, self.locate(name))
-            self.save(name, seal_bytes(seal))
+            stored_parts.write_seal(self.save, seal, found, self.locate(name))
         if self.unsealed_step == seal.step:
             self.unsealed_step = None
 

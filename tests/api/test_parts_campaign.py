@@ -1,8 +1,7 @@
 """Defects found by the adversarial campaign against steps filled part by part and
-appended fields (campaign/ scripts reproduce each with real processes): a resumed
-producer that finished the stream at a step left open, a seal written over another
-producer's part, and two stages appending to one step at once (on files). Every async
-test runs under asyncio and trio."""
+appended fields: a resumed producer that finished the stream at a step left open, a
+seal written over another producer's part, and two stages appending to one step at
+once (on files). Every async test runs under asyncio and trio."""
 
 from __future__ import annotations
 

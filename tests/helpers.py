@@ -11,15 +11,21 @@ import textwrap
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import anyio
+import numpy as np
+
+import rlwire
 from rlwire.testing import assert_batches_equal, make_batch, make_sample
 
 __all__ = [
     "Received",
+    "append_at_once",
     "assert_batches_equal",
     "capture_zmq_message",
     "make_batch",
     "make_sample",
     "receive_in_child",
+    "send_a_part_of_two_rows",
     "stat_type",
 ]
 
@@ -125,3 +131,27 @@ def stat_type(path: Path) -> str:
     oracle beside rlwire's own reading of mountinfo."""
     run = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True)
     return run.stdout.strip() if run.returncode == 0 else ""
+
+
+async def send_a_part_of_two_rows(url: str, **options: Any) -> None:
+    """Step 0 of ``url``: one part, two rows of 4 and 3 ``token_ids``, sealed."""
+    async with rlwire.open_sender(url, validate=False, **options) as sender:
+        async with sender.open_step() as writer:
+            await writer.put([{"token_ids": np.arange(4)}, {"token_ids": np.arange(3)}], key="g")
+
+
+async def append_at_once(url: str, names: tuple[str, ...], **options: Any) -> None:
+    """One ``add_fields`` call a name, all at once, each from a sender of its own, to
+    rank 0 of :func:`send_a_part_of_two_rows`'s step: a float column of its rows."""
+    ragged = rlwire.Ragged(np.arange(7, dtype=np.float32), np.array([0, 4, 7]))
+
+    async def stage(name: str) -> None:
+        appender = rlwire.open_sender(url, **options)  # attaches
+        try:
+            await appender.add_fields(0, {name: ragged}, rank=0)
+        finally:
+            await appender.aclose()
+
+    async with anyio.create_task_group() as tg:
+        for name in names:
+            tg.start_soon(stage, name)

@@ -9,9 +9,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import anyio
 import numpy as np
 import pytest
+from helpers import append_at_once, send_a_part_of_two_rows
 
 import rlwire
 from rlwire.transport import FileSink
@@ -80,10 +80,7 @@ async def test_a_seal_never_leaves_out_a_part_another_producer_put(
 async def test_two_stages_append_to_one_step_at_once(
     tmp_path: Path, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with rlwire.open_sender(tmp_path, validate=False) as sender:
-        async with sender.open_step() as writer:
-            await writer.put([{"token_ids": np.arange(4)}, {"token_ids": np.arange(3)}], key="g")
-    ragged = rlwire.Ragged(np.arange(7, dtype=np.float32), np.array([0, 4, 7]))
+    await send_a_part_of_two_rows(str(tmp_path))
     # Both stages list the step's files before either commits: both pick fields-000.
     both_staged, first_tries = threading.Barrier(2, timeout=5), [0]
     stage_fields = FileSink.stage_fields
@@ -97,16 +94,7 @@ async def test_two_stages_append_to_one_step_at_once(
 
     monkeypatch.setattr(FileSink, "stage_fields", staged_together)
 
-    async def stage(name: str) -> None:
-        appender = rlwire.open_sender(tmp_path)
-        try:
-            await appender.add_fields(0, {name: ragged}, rank=0)
-        finally:
-            await appender.aclose()
-
-    async with anyio.create_task_group() as tg:
-        for name in ("ref_logprobs", "values"):
-            tg.start_soon(stage, name)
+    await append_at_once(str(tmp_path), ("ref_logprobs", "values"))
     with rlwire.open_receiver(
         tmp_path, type=list, as_columns=True, record_consumed=False
     ) as receiver:

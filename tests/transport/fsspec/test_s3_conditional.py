@@ -19,6 +19,7 @@ import anyio
 import fsspec
 import numpy as np
 import pytest
+from helpers import append_at_once, send_a_part_of_two_rows
 from s3_server import DROP_REPLY, NOT_IMPLEMENTED, FaultProxy, s3_client
 
 import rlwire
@@ -154,22 +155,9 @@ async def test_two_senders_racing_one_step_one_wins(
 async def test_two_stages_appending_at_once_both_land(
     s3_endpoint: dict[str, Any], s3_url: str, anyio_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with rlwire.open_sender(s3_url, validate=False, storage_options=s3_endpoint) as sender:
-        async with sender.open_step() as writer:
-            await writer.put([{"token_ids": np.arange(4)}, {"token_ids": np.arange(3)}], key="g")
-    ragged = rlwire.Ragged(np.arange(7, dtype=np.float32), np.array([0, 4, 7]))
+    await send_a_part_of_two_rows(s3_url, storage_options=s3_endpoint)
     together(monkeypatch, lambda name: ".fields-" in name)  # both chose fields-000
-
-    async def stage(name: str) -> None:
-        appender = rlwire.open_sender(s3_url, storage_options=s3_endpoint)  # attaches
-        try:
-            await appender.add_fields(0, {name: ragged}, rank=0)
-        finally:
-            await appender.aclose()
-
-    async with anyio.create_task_group() as tg:
-        for name in ("ref_logprobs", "values"):
-            tg.start_soon(stage, name)
+    await append_at_once(s3_url, ("ref_logprobs", "values"), storage_options=s3_endpoint)
     assert [k for k in objects(s3_endpoint, s3_url) if ".fields-" in k] == [
         "step-00000000.rank-0000.fields-000.rlw",
         "step-00000000.rank-0000.fields-001.rlw",

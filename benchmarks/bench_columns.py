@@ -348,7 +348,7 @@ class BatchBench(Bench):
         self.batch = batch
         self.packed = packed(batch)
         self.files: list[bytes] = []
-        self.buffer = bytearray()
+        self.buffer = faulted_buffer(0)
 
     async def prepare(self) -> None:
         """One untimed send: the step's bytes for the floor, and a checked round trip."""

@@ -330,6 +330,7 @@ def _row17(name: str, value: Any) -> rlwire.Ragged:
         ({"routed_experts": _flat((400, 4, 2), np.int32)}, r"\.routed_experts: must be uint8"),
         ({"routed_experts": _row17("routed_experts", np.zeros((11, 4, 2), "u1"))}, r"\[17\]\.rout"),
         ({"extras": [{}] * 17 + [[1]] + [{}] * 22}, r"\[17\]\.extras: must be a dict"),
+        ({"extras": [{}] * 17 + [{"a": [1]}] + [{}] * 22}, r"\[17\]\.extras\['a'\]: expected"),
     ],
 )
 def test_a_packed_batch_is_checked_by_column_naming_the_sample(

@@ -91,6 +91,8 @@ class TrainingSample(msgspec.Struct, kw_only=True, gc=False):
 
 
 _SAMPLE = {TrainingSample}
+_STR = {str}
+_DICT = {dict}
 
 
 class TrainingBatch(msgspec.Struct, kw_only=True, gc=False):
@@ -153,10 +155,13 @@ def _check_columns(cols: Columns, where: str) -> None:
         _check_token_column(_ragged(cols, name, where, ndim=1), ids, where, name)
     if "routed_experts" in cols and not _all_none(cols["routed_experts"]):
         _check_routed_column(_ragged(cols, "routed_experts", where, ndim=3), ids, where)
-    for i, env in enumerate(cols["env_name"]):
-        if not isinstance(env, str):
-            raise SchemaError(f"{where}[{i}].env_name: must be str, got {type(env).__name__}")
-    if "extras" in cols:
+    # Thousands of rows: each look runs in C (map, set, any); a row at a time only to
+    # name the first bad one, or for extras that hold something.
+    if set(map(type, cols["env_name"])) != _STR:
+        for i, env in enumerate(cols["env_name"]):
+            if not isinstance(env, str):
+                raise SchemaError(f"{where}[{i}].env_name: must be str, got {type(env).__name__}")
+    if "extras" in cols and (set(map(type, cols["extras"])) != _DICT or any(cols["extras"])):
         for i, extras in enumerate(cols["extras"]):
             _check_extras(extras, f"{where}[{i}]")
 

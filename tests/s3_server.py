@@ -9,6 +9,7 @@ server, to fail chosen requests. Nothing leaves 127.0.0.1: the credentials are m
 from __future__ import annotations
 
 import contextlib
+import http
 import os
 import socket
 import struct
@@ -27,12 +28,14 @@ import pytest
 
 __all__ = [
     "DROP_REPLY",
+    "ERROR_IN_200",
     "HOLD",
     "NOT_IMPLEMENTED",
     "PASS",
     "RESET",
     "FaultProxy",
     "moto_server",
+    "refuse",
     "s3_client",
     "s3_endpoint",
     "s3_proxy",
@@ -138,14 +141,29 @@ PASS, RESET, DROP_REPLY = "pass", "reset", "drop-reply"
 #: Hold the request, unanswered, until :meth:`FaultProxy.release` (many requests then
 #: fail at the same moment), then reset its connection.
 HOLD = "hold"
-#: Answer the request (its body read) with S3's 501 ``NotImplemented``, as a store that
-#: does not implement a header it was sent does; the server never sees it.
-NOT_IMPLEMENTED = "not-implemented"
-_NOT_IMPLEMENTED_BODY = (
-    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NotImplemented</Code>'
-    b"<Message>A header you provided implies functionality that is not implemented"
-    b"</Message></Error>"
-)
+#: Forward the request, and answer ``200 OK`` whose body is S3's ``InternalError``
+#: instead of the server's reply, as S3 may answer a CompleteMultipartUpload (botocore
+#: sends it again): the request landed, its reply is garbled.
+ERROR_IN_200 = "error-in-200"
+
+
+def refuse(status: int, code: str) -> str:
+    """The action that answers a request (its body read) with S3's error ``status`` /
+    ``code``, as a store refusing it would; the server never sees the request."""
+    return f"refuse {status} {code}"
+
+
+#: Answer with S3's 501 ``NotImplemented``, as a store that does not implement a header
+#: it was sent does.
+NOT_IMPLEMENTED = refuse(501, "NotImplemented")
+#: The ``Message`` of each refusal's error, by code (S3's wording where S3 has one).
+_MESSAGES = {
+    "NotImplemented": "A header you provided implies functionality that is not implemented",
+    "InternalError": "We encountered an internal error. Please try again.",
+    "PreconditionFailed": "At least one of the pre-conditions you specified did not hold",
+    "NoSuchUpload": "The specified upload does not exist. The upload ID may be invalid, "
+    "or the upload may have been aborted or completed.",
+}
 
 
 class FaultProxy:
@@ -171,6 +189,7 @@ class FaultProxy:
     def __init__(self, options: dict[str, Any]) -> None:
         self.upstream = options["endpoint_url"].removeprefix("http://").rpartition(":")
         self.fault: Any = None
+        self.conditional: str | None = None
         self.down = False
         self.seen: list[tuple[str, str, str]] = []
         #: ``(method, target, Range header or None)`` of every request.
@@ -217,8 +236,13 @@ class FaultProxy:
                 return
             threading.Thread(target=self._handle, args=(client,), daemon=True).start()
 
-    def _decide(self, method: str, target: str) -> str:
-        action = RESET if self.down else (self.fault(method, target) if self.fault else None)
+    def _decide(self, method: str, target: str, conditional: bool) -> str:
+        if self.down:
+            action = RESET
+        elif conditional and self.conditional:
+            action = self.conditional
+        else:
+            action = self.fault(method, target) if self.fault else None
         action = action or PASS
         with self._lock:
             self.seen.append((method, target, action))
@@ -237,19 +261,20 @@ class FaultProxy:
             head, _, rest = data.partition(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
             method, target = lines[0].split(" ")[:2]
-            ranged = [
-                v for k, _, v in (x.partition(":") for x in lines[1:]) if k.lower() == "range"
-            ]
+            fields = {
+                k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])
+            }
             with self._lock:
-                self.ranges.append((method, target, ranged[0].strip() if ranged else None))
-            action = self._decide(method, target)
+                self.ranges.append((method, target, fields.get("range")))
+            action = self._decide(method, target, "if-none-match" in fields)
             if action == HOLD:
                 self._released.wait(30)
             if action in (RESET, HOLD):
                 _reset(client)
                 return
-            if action == NOT_IMPLEMENTED:
-                _not_implemented(client, lines, rest)
+            if action.startswith("refuse "):
+                _, status, code = action.split(" ")
+                _refuse(client, fields, rest, int(status), code)
                 return
             kept = [
                 line
@@ -272,6 +297,12 @@ class FaultProxy:
                 client.shutdown(socket.SHUT_RD)
                 pump.join(5)
                 _reset(client)
+                return
+            if action == ERROR_IN_200:
+                _read_reply(upstream, method)
+                client.sendall(_error_reply(200, "InternalError"))
+                client.shutdown(socket.SHUT_RD)
+                pump.join(5)
                 return
             _pump(upstream, client)
         except OSError:
@@ -308,19 +339,34 @@ def _read_reply(sock: socket.socket, method: str) -> None:
         left -= len(chunk)
 
 
-def _not_implemented(client: socket.socket, lines: list[str], rest: bytes) -> None:
-    """Read the request's body from ``client``, then answer it with a 501."""
-    fields = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+def _refuse(
+    client: socket.socket, fields: dict[str, str], rest: bytes, status: int, code: str
+) -> None:
+    """Read the request's body from ``client`` (``fields``: its header, lower-case
+    names), then answer it with S3's error ``status`` / ``code``."""
     if fields.get("expect", "").lower() == "100-continue":
         client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
     left = int(fields.get("content-length", "0")) - len(rest)
     while left > 0 and (chunk := client.recv(min(left, 65536))):
         left -= len(chunk)
+    client.sendall(_error_reply(status, code))
+
+
+def _error_reply(status: int, code: str) -> bytes:
+    """A whole HTTP reply of status ``status`` whose body is S3's error ``code``."""
+    message = _MESSAGES.get(code, f"refused by the test's proxy ({code})")
+    # S3 names the failed condition; s3fs then raises FileExistsError.
+    extra = "<Condition>If-None-Match</Condition>" if code == "PreconditionFailed" else ""
+    body = (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+        f"<Message>{message}</Message>{extra}</Error>"
+    ).encode()
     head = (
-        "HTTP/1.1 501 Not Implemented\r\nContent-Type: application/xml\r\n"
-        f"Content-Length: {len(_NOT_IMPLEMENTED_BODY)}\r\nConnection: close\r\n\r\n"
+        f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n"
+        f"Content-Type: application/xml\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
     )
-    client.sendall(head.encode("latin-1") + _NOT_IMPLEMENTED_BODY)
+    return head.encode("latin-1") + body
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:

@@ -20,7 +20,7 @@ import fsspec
 import numpy as np
 import pytest
 from helpers import append_at_once, send_a_part_of_two_rows
-from s3_server import DROP_REPLY, NOT_IMPLEMENTED, FaultProxy, s3_client
+from s3_server import DROP_REPLY, ERROR_IN_200, NOT_IMPLEMENTED, FaultProxy, refuse, s3_client
 
 import rlwire
 from rlwire.transport.fsspec import FsspecSink, _s3_upload
@@ -29,6 +29,8 @@ from rlwire.transport.fsspec._s3_upload import S3Staging
 pytestmark = pytest.mark.anyio
 
 MAIN0 = "step-00000000.rank-0000.rlw"
+SIDE0 = "step-00000000.rank-0000.sidecar.rlw"
+MiB = 1 << 20
 
 
 def batch(value: int, routed_bytes: int) -> dict[str, Any]:
@@ -247,6 +249,83 @@ async def test_a_retried_commit_whose_reply_was_lost_succeeds(
         s3_url, type=dict, record_consumed=False, storage_options=s3_endpoint
     ) as receiver:
         assert receiver.receive(timeout=5)["samples"][0]["token_ids"].tolist() == list(range(5))
+
+
+@pytest.mark.parametrize(
+    ("lost_at", "loss", "resend"),
+    [
+        (MAIN0, DROP_REPLY, None),
+        (SIDE0, DROP_REPLY, None),
+        (MAIN0, ERROR_IN_200, None),
+        (MAIN0, DROP_REPLY, refuse(412, "PreconditionFailed")),
+        (SIDE0, DROP_REPLY, refuse(412, "PreconditionFailed")),
+        (MAIN0, DROP_REPLY, refuse(404, "NoSuchUpload")),
+        (SIDE0, DROP_REPLY, refuse(404, "NoSuchUpload")),
+    ],
+    ids=[
+        "main",
+        "sidecar",
+        "main-error-in-200",
+        "main-resend-412",
+        "sidecar-resend-412",
+        "main-resend-no-such-upload",
+        "sidecar-resend-no-such-upload",
+    ],
+)
+async def test_a_completed_upload_whose_reply_was_lost_is_committed_once(
+    s3_proxy: FaultProxy,
+    s3_endpoint: dict[str, Any],
+    s3_url: str,
+    anyio_backend: str,
+    lost_at: str,
+    loss: str,
+    resend: str | None,
+) -> None:
+    """The main object and the sidecar are multipart uploads (9 and 2 MiB). The request
+    completing one lands, but its reply is lost (the connection reset, or a 200 whose
+    body is an error, as S3 may answer CompleteMultipartUpload) and botocore sends it
+    again. S3 (and moto) answer the resend of a completed upload with its object; a
+    store that checks the condition first answers 412, one that forgot the upload 404
+    ``NoSuchUpload`` (the proxy answers those resends). Each time the object holds this
+    commit's token: the send succeeds, once, and leaves nothing behind."""
+    completes: list[str] = []
+
+    def fault(method: str, target: str) -> str | None:
+        path, _, query = target.partition("?")
+        if method != "POST" or not path.endswith("/" + lost_at) or "uploadId=" not in query:
+            return None
+        completes.append(target)
+        return loss if len(completes) == 1 else resend
+
+    # botocore's own retries on (the proxy's options turn them off): they resend.
+    retries = {"retries": {"total_max_attempts": 3, "mode": "standard"}, "connect_timeout": 2}
+    options = {**s3_proxy.options, "config_kwargs": retries}
+    rng = np.random.default_rng(7)
+    token_ids = rng.integers(-(2**62), 2**62, 9 * MiB // 8, dtype=np.int64)
+    routed = rng.integers(0, 256, 2 * MiB, dtype=np.uint8)
+    s3_proxy.fault = fault
+    async with rlwire.open_sender(
+        s3_url, validate=False, sidecar=("routed_experts",), storage_options=options
+    ) as sender:
+        sent = await sender.send({"samples": [{"token_ids": token_ids, "routed_experts": routed}]})
+        assert sent == 0
+        assert sender.next_step == 1
+    assert len(completes) == 2 and completes[0] == completes[1]  # the lost one, and its resend
+    assert [s[2] for s in s3_proxy.requests("POST") if s[1] in completes] == [
+        loss,
+        resend or "pass",
+    ]
+    assert objects(s3_endpoint, s3_url) == [MAIN0, SIDE0]  # one step, nothing else
+    uploads = s3_client(s3_endpoint).list_multipart_uploads(Bucket=s3_url[5:])
+    assert uploads.get("Uploads", []) == []
+    with rlwire.open_receiver(
+        s3_url, type=dict, record_consumed=False, storage_options=s3_endpoint
+    ) as receiver:
+        sample = receiver.receive(timeout=5)["samples"][0]
+        assert receiver.last_step == 0
+    got_ids, got_routed = np.asarray(sample["token_ids"]), np.asarray(sample["routed_experts"])
+    assert got_ids.dtype == token_ids.dtype and np.array_equal(got_ids, token_ids)
+    assert got_routed.dtype == routed.dtype and np.array_equal(got_routed, routed)
 
 
 async def test_conditional_writes_off_commits_unconditionally(

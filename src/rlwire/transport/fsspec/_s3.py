@@ -13,13 +13,14 @@ completing a multipart upload), so none ever replaces an object: of two senders
 committing one step at the same moment one wins and the other gets ``StepExistsError``
 naming the object, as on files; of two ``add_fields`` stages, the second takes the next
 ``fields-NNN``; of two producers sealing one step, one seal stands. A request botocore
-or s3fs sent again after losing the reply finds its own object (412): the object's
-metadata holds a token of this commit's (``x-amz-meta-rlwire-commit``), so that counts
-as success. The marks (end, rewrite, consumption, part marks) are written again in
-place, unconditionally. A store that does not implement conditional writes and says so
-(501) gets a ``ConfigError`` naming the storage option ``conditional_writes``; set it to
-False there (and for one that ignores the header): commits are then unconditional, and
-two senders committing one step at once can both succeed.
+or s3fs sent again after losing the reply finds its own object (412, or 404
+``NoSuchUpload`` completing an upload): the object's metadata holds a token of this
+commit's (``x-amz-meta-rlwire-commit``), so that counts as success. The marks (end,
+rewrite, consumption, part marks) are written again in place, unconditionally. A store
+that does not implement conditional writes and says so (501) gets a ``ConfigError``
+naming the storage option ``conditional_writes``; set it to False there (and for one
+that ignores the header): commits are then unconditional, and two senders committing
+one step at once can both succeed.
 """
 
 from __future__ import annotations

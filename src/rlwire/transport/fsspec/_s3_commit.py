@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from rlwire._core.errors import ConfigError, StepExistsError
 from rlwire.transport._stored.names import FIELDS_RE, SEAL_RE
 
-__all__ = ["OPTION", "TOKEN", "conflict", "reply_is", "unsupported"]
+__all__ = ["OPTION", "TOKEN", "conflict", "maybe_resent", "reply_is", "unsupported"]
 
 #: The storage option that turns conditional commits off (default on).
 OPTION = "conditional_writes"
@@ -42,6 +42,17 @@ def reply_is(exc: BaseException, status: int, code: str) -> bool:
     if status == 412:  # s3fs turns a failed If-None-Match into FileExistsError
         return isinstance(exc, FileExistsError)
     return status == 501 and isinstance(exc, OSError) and exc.errno == errno.ENOSYS
+
+
+def maybe_resent(exc: BaseException, *, multipart: bool) -> bool:
+    """Whether the refusal ``exc`` of a conditional commit may answer a request sent
+    again (by botocore or s3fs) after the reply to the one that made the object was
+    lost: 412 (the object is there), or, completing a multipart upload, 404
+    ``NoSuchUpload`` (a store that forgets a completed upload; S3 itself answers such a
+    resend with the object). The object's token tells."""
+    return reply_is(exc, 412, "PreconditionFailed") or (
+        multipart and reply_is(exc, 404, "NoSuchUpload")
+    )
 
 
 def conflict(url: str, key: str, ranks: Sequence[int] = ()) -> StepExistsError:

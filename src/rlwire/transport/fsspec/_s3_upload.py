@@ -29,7 +29,7 @@ from rlwire._core.errors import RlwireError, transport_error
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire.transport._stored.names import never_replaced
 from rlwire.transport.fsspec._s3_bucket import S3Bucket
-from rlwire.transport.fsspec._s3_commit import TOKEN, conflict, reply_is, unsupported
+from rlwire.transport.fsspec._s3_commit import TOKEN, conflict, maybe_resent, reply_is, unsupported
 from rlwire.transport.fsspec._s3_parts import Uploader
 from rlwire.transport.fsspec._store import Staging
 
@@ -147,13 +147,15 @@ class _S3Object:
             if reply_is(exc, 501, "NotImplemented"):
                 self.unsupported = True
                 raise
-            # An object is there: this commit's own if botocore or s3fs sent the request
-            # again after losing the reply to the one that made it.
-            if not reply_is(exc, 412, "PreconditionFailed"):
+            # This commit's own object, if botocore or s3fs sent the request again after
+            # losing the reply to the one that made it: the token tells.
+            if not maybe_resent(exc, multipart=self.data is None):
                 raise
             mine = await self.exists(fs)
             if not mine:
-                self.taken = self.taken or mine is not None
+                # Refused (412) for an object not found now: another's, since deleted.
+                refused = reply_is(exc, 412, "PreconditionFailed")
+                self.taken = self.taken or (refused and mine is not None)
                 raise
         self.committed = True
         self.data = None

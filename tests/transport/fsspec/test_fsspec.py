@@ -4,6 +4,7 @@ between their stores. Generic round trips live in the contract suite (rlwire.tes
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import socket
@@ -12,6 +13,7 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 from typing import Any
 
 import anyio
@@ -325,6 +327,37 @@ def test_bad_options_and_missing_bucket_are_typed_errors(
         FsspecSink("simplecache::s3://bucket/x")
     with pytest.raises(rlwire.ConfigError, match="part_bytes"):
         FsspecSink(s3_url, part_bytes=1 << 20)
+
+
+@pytest.mark.anyio
+async def test_storage_options_are_never_changed(
+    s3_endpoint: dict[str, Any], s3_url: str, anyio_backend: str
+) -> None:
+    """s3fs hands the ``retries`` dict of ``config_kwargs`` to botocore, which rewrites
+    it in place (``max_attempts`` becomes ``total_max_attempts``, a ``mode`` is added):
+    the sender's and the receiver's filesystems get copies, so the caller's options stay
+    as given, and still reach botocore."""
+
+    def options(who: str) -> dict[str, Any]:
+        # A user agent of its own: a new filesystem and client, not fsspec's cached one.
+        unique = f"rlwire-test/{who}-{uuid.uuid4().hex[:8]}"
+        retries = {"max_attempts": 2}
+        return {**s3_endpoint, "config_kwargs": {"retries": retries, "user_agent_extra": unique}}
+
+    given = options("sender")
+    snapshot = copy.deepcopy(given)
+    async with rlwire.open_sender(s3_url, validate=False, storage_options=given) as sender:
+        assert await sender.send({"samples": [{"token_ids": np.arange(3)}]}) == 0
+        client = sender._sink._conn.get().fs.s3  # type: ignore[attr-defined]
+        assert client.meta.config.retries["total_max_attempts"] == 3  # 2 retries: it reached
+    assert given == snapshot
+    given = options("receiver")
+    snapshot = copy.deepcopy(given)
+    with rlwire.open_receiver(
+        s3_url, type=dict, record_consumed=False, storage_options=given
+    ) as receiver:
+        assert receiver.receive(timeout=5)["samples"][0]["token_ids"].tolist() == [0, 1, 2]
+    assert given == snapshot
 
 
 def test_missing_packages_are_config_errors(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -51,8 +51,10 @@ class Connection:
 
     Args:
         url: ``protocol://path``, as a string or as the registry parsed it.
-        storage_options: keyword arguments for the fsspec filesystem (copied: later
-            changes by the caller do not count), but for ``conditional_writes`` (S3
+        storage_options: keyword arguments for the fsspec filesystem (copied, with
+            every dict and list in them: later changes by the caller do not count, and
+            the filesystem's own changes, such as botocore's to ``config_kwargs``'s
+            ``retries``, are not the caller's), but for ``conditional_writes`` (S3
             only), which is rlwire's.
 
     Raises:
@@ -70,7 +72,7 @@ class Connection:
         self.url = f"{protocol}://{path.rstrip('/')}"
         #: True for in-memory stores, which cost nothing to poll.
         self.local = protocol in _LOCAL
-        given, options = str(url), dict(storage_options or {})
+        given, options = str(url), _copied(dict(storage_options or {}))
         self._once: Once[Store] = Once(lambda: _connect(given, protocol, options))
 
     @property
@@ -132,15 +134,15 @@ def _connect(url: str, protocol: str, storage_options: Mapping[str, Any]) -> Sto
         cls = fsspec.get_filesystem_class(protocol)
     except (ImportError, ValueError) as exc:
         raise ConfigError(f"{url!r}: fsspec cannot serve protocol {protocol!r}: {exc}") from exc
-    storage_options = dict(storage_options)
-    conditional = storage_options.pop(OPTION, None)
+    given: dict[str, Any] = _copied(dict(storage_options))  # each attempt: s3fs changes them
+    conditional = given.pop(OPTION, None)
     if conditional is not None and not isinstance(conditional, bool):
         raise ConfigError(f"{url!r}: storage option {OPTION!r} must be True or False")
     if protocol in _LOCAL:
-        reject_unknown(url, storage_options, _named_parameters(cls))
+        reject_unknown(url, given, _named_parameters(cls))
     root = str(cls._strip_protocol(url)).rstrip("/")
     # Options in the URL (e.g. s3's ?versionId) give way to explicit storage options.
-    options = {**cls._get_kwargs_from_urls(url), **storage_options}
+    options = {**cls._get_kwargs_from_urls(url), **given}
     try:
         fs = cls(**options)
     except (TypeError, ValueError, KeyError) as exc:
@@ -157,6 +159,17 @@ def _connect(url: str, protocol: str, storage_options: Mapping[str, Any]) -> Sto
         store = GenericStore(fs, url, root)
     store.check()
     return store
+
+
+def _copied(value: Any) -> Any:
+    """``value`` with every dict and list in it copied, recursively; other objects (a
+    session, credentials) are shared. s3fs hands ``config_kwargs`` to botocore, which
+    rewrites its ``retries`` dict in place."""
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copied(v) for v in value]
+    return value
 
 
 def _named_parameters(cls: type) -> list[str]:

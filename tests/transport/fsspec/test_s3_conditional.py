@@ -284,10 +284,11 @@ async def test_a_completed_upload_whose_reply_was_lost_is_committed_once(
     """The main object and the sidecar are multipart uploads (9 and 2 MiB). The request
     completing one lands, but its reply is lost (the connection reset, or a 200 whose
     body is an error, as S3 may answer CompleteMultipartUpload) and botocore sends it
-    again. S3 (and moto) answer the resend of a completed upload with its object; a
-    store that checks the condition first answers 412, one that forgot the upload 404
-    ``NoSuchUpload`` (the proxy answers those resends). Each time the object holds this
-    commit's token: the send succeeds, once, and leaves nothing behind."""
+    again. moto answers the resend of a completed upload with its object; a store that
+    checks the condition first answers 412, one that forgot the upload 404
+    ``NoSuchUpload`` (the proxy answers those resends, as such stores would). Each time
+    the object holds this commit's token: the send succeeds, once, and leaves nothing
+    behind."""
     completes: list[str] = []
 
     def fault(method: str, target: str) -> str | None:

@@ -48,8 +48,8 @@ def maybe_resent(exc: BaseException, *, multipart: bool) -> bool:
     """Whether the refusal ``exc`` of a conditional commit may answer a request sent
     again (by botocore or s3fs) after the reply to the one that made the object was
     lost: 412 (the object is there), or, completing a multipart upload, 404
-    ``NoSuchUpload`` (a store that forgets a completed upload; S3 itself answers such a
-    resend with the object). The object's token tells."""
+    ``NoSuchUpload`` (a store that forgets an upload once completed; others answer such
+    a resend with the object). The object's token tells."""
     return reply_is(exc, 412, "PreconditionFailed") or (
         multipart and reply_is(exc, 404, "NoSuchUpload")
     )

@@ -62,7 +62,7 @@ def module_proxy(s3_endpoint: dict[str, Any]) -> Iterator[FaultProxy]:
 @pytest.fixture
 def s3_proxy(module_proxy: FaultProxy) -> FaultProxy:
     """The module's proxy, passing every request until the test says otherwise."""
-    module_proxy.fault = None
+    module_proxy.fault = module_proxy.conditional = None
     with module_proxy._lock:
         module_proxy.seen.clear()
     return module_proxy
@@ -350,6 +350,49 @@ async def test_a_store_without_conditional_writes_names_the_option(
             await sender.send({"samples": [{"token_ids": np.arange(5)}]})
         assert MAIN0 in str(info.value)
         assert sender.next_step == 0  # nothing became visible
+    assert objects(s3_proxy.options, s3_url) == []
+
+
+@pytest.mark.parametrize(
+    ("size", "code"),
+    [(64, "InvalidArgument"), (2 * MiB, "InvalidRequest")],
+    ids=["put", "multipart"],
+)
+async def test_a_store_refusing_conditional_writes_with_400_is_told_the_option(
+    s3_proxy: FaultProxy, s3_url: str, anyio_backend: str, size: int, code: str
+) -> None:
+    """Some stores refuse a header they do not implement with 400, not 501. A 400 may
+    be about something else, so the TransportError only adds the hint; opened with the
+    option off, the same store takes the step."""
+    s3_proxy.conditional = refuse(400, code)  # every request carrying If-None-Match
+    message = {"samples": [{"token_ids": np.arange(size // 8)}]}
+    async with rlwire.open_sender(
+        s3_url, validate=False, storage_options=s3_proxy.options
+    ) as sender:
+        with pytest.raises(rlwire.TransportError, match="conditional_writes") as info:
+            await sender.send(message)
+        assert code in str(info.value)  # the store's answer
+        assert "nothing was made visible" in str(info.value)
+        assert sender.next_step == 0
+    assert objects(s3_proxy.options, s3_url) == []
+    off = {**s3_proxy.options, "conditional_writes": False}
+    async with rlwire.open_sender(s3_url, validate=False, storage_options=off) as sender:
+        assert await sender.send(message) == 0
+
+
+async def test_a_400_of_an_unconditional_commit_gets_no_hint(
+    s3_proxy: FaultProxy, s3_url: str, anyio_backend: str
+) -> None:
+    options = {**s3_proxy.options, "conditional_writes": False}
+    async with rlwire.open_sender(s3_url, validate=False, storage_options=options) as sender:
+        s3_proxy.fault = lambda m, t: refuse(400, "InvalidArgument") if m == "PUT" else None
+        try:
+            with pytest.raises(rlwire.TransportError) as info:
+                await sender.send({"samples": [{"token_ids": np.arange(5)}]})
+        finally:
+            s3_proxy.fault = None
+        assert "conditional_writes" not in str(info.value)
+        assert "InvalidArgument" in str(info.value)
     assert objects(s3_proxy.options, s3_url) == []
 
 

@@ -18,7 +18,8 @@ or s3fs sent again after losing the reply finds its own object (412, or 404
 commit's (``x-amz-meta-rlwire-commit``), so that counts as success. The marks (end,
 rewrite, consumption, part marks) are written again in place, unconditionally. A store
 that does not implement conditional writes and says so (501) gets a ``ConfigError``
-naming the storage option ``conditional_writes``; set it to False there (and for one
+naming the storage option ``conditional_writes`` (answered 400, which may mean something
+else, the ``TransportError`` names it as what to try); set it to False there (and for one
 that ignores the header): commits are then unconditional, and two senders committing
 one step at once can both succeed.
 """

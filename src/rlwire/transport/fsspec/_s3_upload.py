@@ -29,7 +29,14 @@ from rlwire._core.errors import RlwireError, transport_error
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire.transport._stored.names import never_replaced
 from rlwire.transport.fsspec._s3_bucket import S3Bucket
-from rlwire.transport.fsspec._s3_commit import TOKEN, conflict, maybe_resent, reply_is, unsupported
+from rlwire.transport.fsspec._s3_commit import (
+    OPTION,
+    TOKEN,
+    conflict,
+    maybe_resent,
+    reply_is,
+    unsupported,
+)
 from rlwire.transport.fsspec._s3_parts import Uploader
 from rlwire.transport.fsspec._store import Staging
 
@@ -110,6 +117,7 @@ class _S3Object:
     tried: bool = False  # commit() was called: the object may exist
     taken: bool = False  # another sender's object is (or was) at the key
     unsupported: bool = False  # the store answered the condition with 501
+    bad_request: bool = False  # ... or with 400: perhaps the condition, perhaps not
 
     @property
     def metadata(self) -> dict[str, str]:
@@ -147,6 +155,7 @@ class _S3Object:
             if reply_is(exc, 501, "NotImplemented"):
                 self.unsupported = True
                 raise
+            self.bad_request = reply_is(exc, 400, "InvalidArgument")
             # This commit's own object, if botocore or s3fs sent the request again after
             # losing the reply to the one that made it: the token tells.
             if not maybe_resent(exc, multipart=self.data is None):
@@ -366,6 +375,14 @@ class S3Staging(Staging):
         not implement conditional writes, else a TransportError saying that ``action``
         failed."""
         objs = (*self.sidecars, *self.mains)
+        if any(o.bad_request for o in objs):
+            # Some stores refuse a header they do not implement with 400, not 501; a
+            # 400 may as well be about something else, so this is a hint, not a verdict.
+            action += (
+                f" (the store answered a write with If-None-Match: * with 400: if it does "
+                f"not implement conditional writes, open the sender with "
+                f"storage_options={{{OPTION!r}: False}})"
+            )
         err: RlwireError = transport_error(exc, action, where=self.store.url)
         if taken := [o for o in objs if o.taken]:
             err = conflict(self.store.url, taken[0].key, ranks)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -1072,6 +1073,47 @@ async def test_a_restarted_sender_with_nothing_to_send_tells_connected_receivers
             await sender.finish()
         events = await child.afinish()
     assert events[0]["error"] == "EndOfStream", events
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("restart", "words"),
+    [
+        # A socket keeps nothing: "resume" starts afresh, at step 0, behind the receiver.
+        (
+            {"on_existing": "resume"},
+            "the sender finished the stream at step 0, behind step 3 that this receiver "
+            "expects: a sender restarted behind the steps it had (open a restarted sender "
+            "with start_step=3 to go on from there); no step will come",
+        ),
+        ({"start_step": 3}, "the sender finished the stream: step 2 was its last"),
+    ],
+    ids=["resume", "start_step"],
+)
+async def test_a_restarted_sender_that_finishes_tells_the_truth_about_the_steps_before(
+    tmp_path: Path, backend: dict[str, Any], restart: dict[str, Any], words: str
+) -> None:
+    """A sender that sent steps 0-2 is killed (SIGKILL); the one restarted in its place
+    only finishes. The receiver, which has steps 0-2, gets EndOfStream (twice: it stays
+    at the end) saying where the stream ended against what it had, never that the sender
+    "sent no step"."""
+    url = make_url("ipc", tmp_path)
+    with Child("receiver", url=url, receives=5, timeout=5.0, **backend) as receiver:
+        assert (await receiver.anext())["event"] == "opened"
+        with Child("sender", url=url, steps=3, then="hang") as first:
+            assert await first.anext() == {"event": "opened"}
+            assert [(await first.anext())["sent"] for _ in range(3)] == [0, 1, 2]
+            assert [(await receiver.anext())["step"] for _ in range(3)] == [0, 1, 2]
+            first.kill()
+        assert first.proc.returncode == -signal.SIGKILL
+        async with rlwire.open_sender(url, **restart) as sender:
+            assert sender.next_step == restart.get("start_step", 0)
+            await sender.finish()
+        events = await receiver.afinish()
+    assert [e["error"] for e in events[:2]] == ["EndOfStream"] * 2, events
+    for event in events[:2]:
+        assert event["message"] == f"{url.removeprefix('zmq+')}, rank 0: {words}", events
+        assert "sent no step" not in event["message"]
 
 
 # -- receivers that leave once they have everything -------------------------------------

@@ -3,7 +3,7 @@ session, the sequence number and the step (docs/format.md, "ZeroMQ messages").""
 
 from __future__ import annotations
 
-from rlwire._core.errors import StepOrderError
+from rlwire._core.errors import EndOfStream, StepOrderError
 from rlwire.transport.zmq._protocol import Head
 
 __all__ = ["Ordering", "span"]
@@ -82,6 +82,32 @@ class Ordering:
         if head.seq != expected_seq:
             return f"expected message {expected_seq} of {sender}, got {head.seq}"
         return ""
+
+    def end_of_stream(self, end: int, step: int) -> EndOfStream:
+        """The :class:`~rlwire.EndOfStream` for a sender that finished at ``end`` when
+        ``step`` is expected. An end behind ``step`` says nothing of what the sender
+        sent: a socket keeps nothing, so a sender restarted without ``start_step`` (or
+        with ``on_existing="resume"``, which starts afresh) ends where it started, behind
+        the steps this receiver had from the one before.
+
+        Example:
+            >>> message = str(Ordering("ipc:///run", rank=0).end_of_stream(0, 3))
+            >>> message.removeprefix("ipc:///run: the sender finished the stream ")
+            'at step 0, behind step 3 that this receiver expects; no step will come'
+        """
+        if end >= step:
+            return EndOfStream.at(end, where=self.endpoint)
+        why = (
+            ": a sender restarted behind the steps it had (open a restarted sender with "
+            f"start_step={step} to go on from there)"
+            if self._received
+            else ""
+        )
+        return EndOfStream(
+            f"the sender finished the stream at step {end}, behind step {step} that this "
+            f"receiver expects{why}; no step will come",
+            where=self.endpoint,
+        )
 
 
 def span(first: int, end: int) -> str:

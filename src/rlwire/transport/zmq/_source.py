@@ -13,7 +13,6 @@ from rlwire._core.args import check_int
 from rlwire._core.errors import (
     ConfigError,
     CorruptFrameError,
-    EndOfStream,
     StepGapError,
     TransportError,
     transport_error,
@@ -229,7 +228,7 @@ class ZmqSource(Source):
             got, self._pending = self._pending, None
             return got
         if self._end is not None:
-            raise EndOfStream.at(self._end, where=self.endpoint)
+            raise self._ordering.end_of_stream(self._end, step)
         sock = self._require_socket()
         self._send_ack()
         while not self._parts.sealed(step):  # what follows a seal is for a later step
@@ -264,7 +263,7 @@ class ZmqSource(Source):
                         where=self.endpoint,
                         rank=self.rank,
                     )
-                raise EndOfStream.at(self._end, where=self.endpoint)
+                raise self._ordering.end_of_stream(self._end, step)
             taken = self._take(views, step)
             if taken is not None:
                 return taken

@@ -3,6 +3,7 @@ options, and a trainer in another process moving on while the sender deletes."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,9 @@ import rlwire
 from rlwire.transport.layout import consumed_mark, main_name
 
 pytestmark = pytest.mark.anyio
+
+#: A main file of a step and rank (docs/format.md); groups: step, rank.
+MAIN_FILE = re.compile(r"step-(\d+)\.rank-(\d+)\.rlw")
 
 
 def stored_steps(path: Path) -> list[int]:
@@ -193,3 +197,54 @@ async def test_a_receiver_opened_at_a_step_not_sent_yet_records_nothing_until_it
         assert (tmp_path / "consumed.rank-0000.rlw").read_bytes() == consumed_mark(4)
         await sender.send(make_batch(1, seed=5))  # deletes the steps before 4
     assert stored_steps(tmp_path) == [4, 5]
+
+
+def _stored_files(url: str, options: dict[str, object]) -> list[tuple[int, int]]:
+    """The (step, rank) of every main file stored under ``url``, read from the store."""
+    if not url.startswith("s3://"):
+        names = [p.name for p in Path(url).iterdir()]
+    else:
+        from s3_server import s3_client
+
+        bucket, prefix = url.removeprefix("s3://").split("/", 1)
+        listed = s3_client(options).list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/")
+        names = [item["Key"].rsplit("/", 1)[1] for item in listed.get("Contents", [])]
+    found = [MAIN_FILE.fullmatch(name) for name in names]
+    return sorted((int(m.group(1)), int(m.group(2))) for m in found if m)
+
+
+@pytest.fixture(params=["file", "file-recycle", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, object]]:
+    if request.param == "file":
+        return str(tmp_path / "run"), {}
+    if request.param == "file-recycle":
+        return str(tmp_path / "run"), {"recycle": True}
+    return f"{request.getfixturevalue('s3_url')}/run", request.getfixturevalue("s3_endpoint")
+
+
+async def test_a_step_held_back_is_deleted_at_the_next_send_once_its_rank_moved_past(
+    store: tuple[str, dict[str, object]],
+) -> None:
+    """keep_last=1; step 0 goes to ranks 0 and 1, the later steps to rank 0 only, whose
+    trainer stays at step 1. The send of step 1 would delete step 0, but rank 1 has not
+    read it: it is held back. Once rank 1 moved past it, the send of step 2 deletes it,
+    though rank 0 (which bounds what may go) has not moved: no step is left that every
+    rank moved past and that is not the newest."""
+    url, options = store
+    reading = {k: v for k, v in options.items() if k != "recycle"}  # a sender's option
+    with (
+        rlwire.open_receiver(url, rank=0, storage_options=reading) as r0,
+        rlwire.open_receiver(url, rank=1, storage_options=reading) as r1,
+    ):
+        async with rlwire.open_sender(url, keep_last=1, storage_options=options) as sender:
+            await sender.send_ranks([make_batch(1, seed=0), make_batch(1, seed=1)])
+            assert (await r0.areceive(timeout=20)).samples[0].env_name == "env0"
+            assert r0.poll() is None  # rank 0 moved past step 0, and stays at step 1
+            await sender.send(make_batch(1, seed=2))
+            assert _stored_files(url, options) == [(0, 0), (0, 1), (1, 0)]  # held for rank 1
+            await r1.areceive(timeout=20)
+            assert r1.poll() is None  # rank 1 moved past step 0 too
+            await sender.send(make_batch(1, seed=3))
+            assert _stored_files(url, options) == [(1, 0), (2, 0)]
+            await sender.send(make_batch(1, seed=4))  # rank 0 still at step 1: nothing goes
+            assert _stored_files(url, options) == [(1, 0), (2, 0), (3, 0)]

@@ -16,6 +16,7 @@ from rlwire._api.options import (
     RetentionKeywords,
     from_keywords,
 )
+from rlwire._api.room import Room
 from rlwire._api.stats import SendClock, SendStats
 from rlwire._api.step_order import resolve_step
 from rlwire._api.step_writer import StepWriter
@@ -29,7 +30,7 @@ from rlwire._core.errors import (
     StepOrderError,
     TransportError,
 )
-from rlwire._core.offload import make_limiter, offload, thread_count
+from rlwire._core.offload import make_limiter, thread_count
 from rlwire._core.slicing import Sliced, timed
 from rlwire._frame.compression import Compressor, compress_sliced
 from rlwire._frame.frame import Frame, joined_pieces
@@ -95,8 +96,7 @@ class TrainingBatchSender(AppendingSender):
         self._closed = False
         self._finished = False
         self._unknown_step: int | None = None  # a step whose commit left it undecided
-        self._first_step = 0  # where this sender started: a rank with no mark is there
-        self._pruned = 0  # steps before this one are deleted
+        self._room = Room(sink, self._retention)  # keep_last and max_ahead at work
         self._last_stats: SendStats | None = None
         self._on_stats = on_stats
         self._next_step = 0
@@ -153,7 +153,7 @@ class TrainingBatchSender(AppendingSender):
             self._next_step = await self._sink.aopen(
                 self._on_existing, self._limiter, self._start_step
             )
-            self._first_step = self._next_step
+            self._room.first_step = self._next_step
             self._opened = True
 
     async def send(self, obj: Any, *, step: int | None = None) -> int:
@@ -207,7 +207,7 @@ class TrainingBatchSender(AppendingSender):
             # only one rank's encoded message is held at a time.
             clock = SendClock(len(objs))
             if self._retention.active:
-                await self._make_room(step, len(objs))
+                await self._room.make(step, len(objs), self._limiter)
                 clock.waited = time.perf_counter() - clock.start
             validation = Validation()
             frames = [
@@ -267,7 +267,7 @@ class TrainingBatchSender(AppendingSender):
             raise ClosedError(f"{self!r} finished its stream: nothing can be sent after")
         step = self._resolve_step(step)
         if self._retention.active:
-            await self._make_room(step, ranks)
+            await self._room.make(step, ranks, self._limiter)
         self._filling = step
         return step
 
@@ -281,31 +281,6 @@ class TrainingBatchSender(AppendingSender):
         step = self._filling if self._filling is not None else self._unsealed
         if step is not None and (self._filling is not None or but not in (None, step)):
             raise StepOrderError(f"step {step} is open part by part: open_step({step}), seal it")
-
-    async def _make_room(self, step: int, ranks: int) -> None:
-        """Wait while ``step`` is more than ``max_ahead`` steps ahead of the slowest
-        rank, then delete the steps ``keep_last`` lets go."""
-        delay = 0.005
-        while not await offload(self._room, step, ranks, limiter=self._limiter):
-            await anyio.sleep(delay)  # the receivers' marks are polled, not pushed
-            delay = min(delay * 2, 0.25)
-
-    def _room(self, step: int, ranks: int) -> bool:
-        """In a worker thread: False while ``step`` is more than ``max_ahead`` steps
-        ahead of the slowest rank; else True, once the steps ``keep_last`` lets go are
-        deleted (in the same trip as the read of the marks)."""
-        keep_last, max_ahead = self._retention.keep_last, self._retention.max_ahead
-        marks = self._sink.read_consumption(ranks, step)
-        slowest = min(self._first_step if m is None else m for m in marks)
-        if max_ahead is not None and step - slowest > max_ahead:
-            return False
-        if keep_last is not None and None not in marks:
-            # A rank with no mark has moved past nothing, as far as anyone can tell.
-            below = min(slowest, step + 1 - keep_last)
-            if below > self._pruned:
-                self._sink.prune(below)
-                self._pruned = below
-        return True
 
     def _encode(
         self, obj: Any, step: int, rank: int, clock: SendClock, validation: Validation

@@ -23,11 +23,11 @@ class RetentionContract(ContractFixtures):
         if type(sender.sink).read_consumption is Sink.read_consumption:
             pytest.skip("the sink does not record what receivers consumed (optional)")
 
-    def _stored(self, store: Endpoint, steps: int) -> list[int]:
-        """The steps of rank 0 still stored, read without recording anything."""
+    def _stored(self, store: Endpoint, steps: int, rank: int = 0) -> list[int]:
+        """The steps of ``rank`` still stored, read without recording anything."""
         kept = []
         for step in range(steps):
-            with store.open_receiver(start_step=step, record_consumed=False) as probe:
+            with store.open_receiver(start_step=step, rank=rank, record_consumed=False) as probe:
                 try:
                     if probe.poll() is not None:
                         kept.append(step)
@@ -63,6 +63,27 @@ class RetentionContract(ContractFixtures):
             await take(1, 1)  # both moved past everything: only the newest is kept
             await sender.send_ranks(rank_batches(6))
             assert self._stored(store, 7) == [6]
+
+    async def test_keep_last_deletes_a_step_held_for_a_rank_left_out_once_it_moved_past(
+        self, store: Endpoint, receivers: list[TrainingBatchReceiver[TrainingBatch]]
+    ) -> None:
+        """Step 0 goes to both ranks, the later steps to rank 0 alone, which stays at
+        step 1: the sink keeps step 0 while rank 1 has not moved past it, and deletes it
+        at the first send after rank 1 did, though rank 0 has not moved since."""
+        sender = store.open_sender(keep_last=1)
+        self._require_retention(sender)
+        async with sender:
+            await sender.send_ranks(rank_batches(0))
+            await receivers[0].areceive(timeout=TIMEOUT)
+            receivers[0].wait_next(timeout=0)  # rank 0 moved past step 0; stays at 1
+            await sender.send(make_batch(1, seed=1))
+            assert self._stored(store, 2, rank=1) == [0]  # rank 1 has not read it
+            await receivers[1].areceive(timeout=TIMEOUT)
+            receivers[1].wait_next(timeout=0)  # rank 1 moved past step 0
+            await sender.send(make_batch(1, seed=2))
+            kept = self._stored(store, 3, rank=1)
+            assert kept == [], f"rank 1's step 0 outlived its prune: {kept} stored"
+            assert self._stored(store, 3) == [1, 2]  # rank 0 is at step 1
 
     async def test_max_ahead_waits_for_the_slowest_rank(
         self, store: Endpoint, receivers: list[TrainingBatchReceiver[TrainingBatch]]

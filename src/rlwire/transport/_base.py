@@ -275,11 +275,17 @@ class Sink(PartsSink, FieldsSink, abc.ABC):
         """
         del keep_last, max_ahead  # any will do
 
-    def prune(self, below: int) -> None:
+    def prune(self, below: int) -> int | None:
         """Delete every stored step before ``below``: each step's main files from rank
         0 up, then its sidecars, oldest step first. A sink must keep a step some rank
         holding files of it has not moved past, whatever the ranks of the send that
         prunes (the stores rlwire ships lower ``below`` to the first such step).
+
+        Returns:
+            The first step before ``below`` it kept (``below`` if it deleted them all):
+            the sender prunes again only once its ``below`` is past it, so a step held
+            back is deleted at the first send after its rank moved past it. ``None``
+            says nothing (the sender asks again at its next send).
 
         Raises:
             TransportError: a step cannot be deleted.

@@ -214,6 +214,35 @@ def test_keep_last_frees_object_store_memory(ray_url: str) -> None:
     assert settles(lambda: store_bytes() - baseline < step_bytes / 2)
 
 
+def test_keep_last_drops_a_step_held_for_a_rank_left_out_once_it_moved_past(
+    ray_url: str,
+) -> None:
+    """Step 0 goes to both ranks, the later steps to rank 0 alone, which stays at step
+    1: the board keeps step 0 while rank 1 has not moved past it, and drops it at the
+    first send after rank 1 did (the sender asks again: the board held it back)."""
+    board = create_board(_name(ray_url))
+
+    def steps() -> list[int]:
+        return list(ray.get(board.steps.remote(), timeout=TIMEOUT))
+
+    with (
+        rlwire.open_sync_sender(ray_url, keep_last=1) as sender,
+        rlwire.open_receiver(ray_url, rank=0) as r0,
+        rlwire.open_receiver(ray_url, rank=1) as r1,
+    ):
+        sender.send_ranks(step_batches(0, 2))
+        assert fingerprint(r0.receive(timeout=TIMEOUT)) == fingerprint(step_batches(0, 2)[0])
+        r0.wait_next(timeout=0)  # rank 0 moved past step 0, and stays at step 1
+        sender.send(step_batches(1, 1)[0])
+        sender.send(step_batches(2, 1)[0])  # the prune of step 1's send is answered
+        assert steps() == [0, 1, 2]  # held for rank 1
+        assert fingerprint(r1.receive(timeout=TIMEOUT)) == fingerprint(step_batches(0, 2)[1])
+        r1.wait_next(timeout=0)  # rank 1 moved past step 0
+        sender.send(step_batches(3, 1)[0])
+        assert settles(lambda: steps() == [1, 2, 3]), steps()
+    drop_board(_name(ray_url))
+
+
 @pytest.mark.long
 def test_two_nodes_producer_on_one_trainers_on_the_other(tmp_path: Path) -> None:
     """Two raylets and object stores on this machine; the producer is killed after its

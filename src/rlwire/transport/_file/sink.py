@@ -284,20 +284,19 @@ class FileSink(StoredSink):
             self._warm.clear()
         return super().open(on_existing, start_step)
 
-    def prune(self, below: int) -> None:
+    def prune(self, below: int) -> int:
         """Delete the stored steps before ``below`` as :class:`StoredSink` does, except,
         with ``recycle``, the newest of them: its files are moved into the pool, in the
         same order (main files from rank 0 up, then sidecars), replacing what the pool
         held."""
         if not self.recycle:
-            super().prune(below)
-            return
+            return super().prune(below)
         with self.errors("delete steps every rank consumed"):
             names = self.names()  # no step some rank holding files of it may still read
             below = held_back(names, below, self.read_consumption)
             steps = steps_to_prune(names, below)
             if not steps:
-                return
+                return below
             with self._pool_lock:  # the pool never holds more than one step's files
                 self._pool.clear()
             self.remove([n for n in names if POOL_RE.fullmatch(n)])
@@ -321,6 +320,7 @@ class FileSink(StoredSink):
             # files: read again now none can be opened, the marks say if one is held.
             if held_back(names, below, self.read_consumption) < below:
                 self._empty_pool()
+        return below
 
     def _take(self, name: str) -> Path | None:
         """A pooled file to write the file ``name`` into: one that held the same rank's

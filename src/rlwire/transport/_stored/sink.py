@@ -268,12 +268,13 @@ class StoredSink(StoredFieldsSink, Sink):
 
         return read_consumed(load, self.locate, ranks, sent)
 
-    def prune(self, below: int) -> None:
+    def prune(self, below: int) -> int:
         with self.errors("delete steps every rank consumed"):
             names = self.names()  # no step some rank holding files of it may still read
-            for step in steps_to_prune(names, held_back(names, below, self.read_consumption)):
-                for batch in step:
-                    self.remove(batch)
+            below = held_back(names, below, self.read_consumption)
+            for batch in [batch for step in steps_to_prune(names, below) for batch in step]:
+                self.remove(batch)
+        return below  # steps from the first some rank holding files of it holds back
 
     def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
         if step == self.unsealed_step:

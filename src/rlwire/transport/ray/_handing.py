@@ -136,7 +136,9 @@ class HandingSink:
         """Ask the board to delete every step before ``below``, without waiting for it:
         the sink's next send waits for it before its step is staged in full, and so do
         its ``seal``, ``finish`` and ``close``. Whether the board runs the prune or the
-        send's stage calls first does not matter: they touch different steps."""
+        send's stage calls first does not matter: they touch different steps. Says
+        nothing of the steps the board kept (it answers later): the sender asks again at
+        its next send, and a step held for a rank is dropped once the rank moved past it."""
         self._settle_prune()
         self._pruning = submit(
             self._require_board().prune, below, where=self.where, action="delete steps"

@@ -14,6 +14,9 @@ import pytest
 from helpers import make_batch
 
 import rlwire
+from rlwire.abc import Sink
+from rlwire.codecs import MsgpackCodec
+from rlwire.transport import FileSink
 from rlwire.transport.layout import consumed_mark, main_name
 
 pytestmark = pytest.mark.anyio
@@ -248,3 +251,29 @@ async def test_a_step_held_back_is_deleted_at_the_next_send_once_its_rank_moved_
             assert _stored_files(url, options) == [(1, 0), (2, 0)]
             await sender.send(make_batch(1, seed=4))  # rank 0 still at step 1: nothing goes
             assert _stored_files(url, options) == [(1, 0), (2, 0), (3, 0)]
+
+
+class _NoPrune(FileSink):
+    """A plugin's sink that records consumption (its marks are the file sink's) but
+    deletes nothing: ``prune`` is the abstract sink's."""
+
+    prune = Sink.prune
+
+
+async def test_keep_last_on_a_sink_without_prune_is_refused_when_the_sender_is_made(
+    tmp_path: Path,
+) -> None:
+    """Not at the first send that would delete a step, saying the sink does not track
+    consumption (it does); max_ahead alone, which deletes nothing, works."""
+    with pytest.raises(rlwire.ConfigError) as caught:
+        rlwire.TrainingBatchSender(_NoPrune(tmp_path), MsgpackCodec(), keep_last=1)
+    assert str(caught.value) == (
+        f"keep_last needs a sink that deletes steps: {_NoPrune(tmp_path)!r} records what "
+        "receivers consumed but implements no prune() (max_ahead alone works with it)"
+    )
+    async with rlwire.TrainingBatchSender(_NoPrune(tmp_path), MsgpackCodec(), max_ahead=1) as s:
+        with rlwire.open_receiver(tmp_path) as receiver:
+            for step in range(3):
+                assert await s.send(make_batch(1, seed=step)) == step
+                await receiver.areceive(timeout=20)
+    assert stored_steps(tmp_path) == [0, 1, 2]

@@ -85,6 +85,11 @@ class TrainingBatchSender(AppendingSender):
                 f"consumed (files, fsspec); {sink!r} does not (ZeroMQ has its own "
                 "backpressure: the storage option 'hwm')"
             )
+        if self._retention.keep_last is not None and type(sink).prune is Sink.prune:
+            raise ConfigError(
+                f"keep_last needs a sink that deletes steps: {sink!r} records what receivers "
+                "consumed but implements no prune() (max_ahead alone works with it)"
+            )
         sink.check_retention(self._retention.keep_last, self._retention.max_ahead)
         self._sink = sink
         self._codec = codec

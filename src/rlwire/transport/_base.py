@@ -289,9 +289,10 @@ class Sink(PartsSink, FieldsSink, abc.ABC):
 
         Raises:
             TransportError: a step cannot be deleted.
-            ConfigError: the sink does not track consumption (the default).
+            ConfigError: the sink deletes no steps (the default; a sender with
+                ``keep_last`` refuses such a sink when it is made).
         """
-        raise ConfigError(f"{type(self).__name__} does not track what receivers consumed")
+        raise ConfigError(f"{type(self).__name__} implements no prune(): it deletes no steps")
 
     async def afinish(self, end: int, limiter: CapacityLimiter) -> None:
         """:meth:`finish` in a worker thread, shielded."""

@@ -227,3 +227,49 @@ async def test_appended_arrays_arrive_as_the_steps_own_columns(tmp_path: Path) -
     async with rlwire.open_receiver(url, start_step=1, type=rlwire.TrainingBatch) as r:
         typed = await r.areceive(timeout=20)
     assert [type(s.extras["score"]) for s in typed.samples] == [np.ndarray] * 3
+
+
+def _names(url: str, options: dict[str, Any]) -> list[str]:
+    """What the store holds under ``url``, read from the store itself."""
+    if not url.startswith("s3://"):
+        return sorted(os.listdir(url))
+    from s3_server import s3_client
+
+    bucket, prefix = url.removeprefix("s3://").split("/", 1)
+    listed = s3_client(options).list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/")
+    return sorted(item["Key"] for item in listed.get("Contents", []))
+
+
+@pytest.mark.parametrize(
+    ("how", "ranks", "rank", "words"),
+    [
+        ("whole", 2, 5, "step 0 has 2 ranks (0-1), not rank 5"),
+        ("whole", 1, 1, "step 0 has 1 rank (0), not rank 1"),
+        ("parts", 2, 5, "step 0 has 2 ranks (0-1), not rank 5"),
+    ],
+    ids=["whole-2", "whole-1", "parts-2"],
+)
+async def test_a_rank_beyond_the_steps_is_refused_naming_them_and_writes_nothing(
+    endpoint: tuple[str, dict[str, Any]], how: str, ranks: int, rank: int, words: str
+) -> None:
+    """add_fields for a rank the committed step does not have (sent whole, or sealed
+    part by part) is a ConfigError naming the step, the rank and the step's ranks,
+    whatever the row count (no row too: a rank with no parts has none), and stores
+    nothing (a file for rank 5 held the step, and every later one, from keep_last)."""
+    url, options = endpoint
+    one = [_sample(n) for n in LENGTHS]
+    async with rlwire.open_sender(url, storage_options=options) as sender:
+        if how == "whole":
+            await sender.send_ranks([rlwire.TrainingBatch(samples=one)] * ranks)
+        else:
+            async with sender.open_step(0, ranks=ranks) as writer:
+                for r in range(ranks):
+                    await writer.put(one, key=f"k{r}", rank=r)
+        before = _names(url, options)
+        for fields in ({"score": np.zeros(0)}, {"score": np.zeros(3)}):
+            with pytest.raises(rlwire.ConfigError) as caught:
+                await sender.add_fields(0, fields, rank=rank)
+            assert f"add_fields: {words}" in str(caught.value), str(caught.value)
+            assert caught.value.step == 0 and caught.value.rank == rank
+        assert _names(url, options) == before
+        await sender.add_fields(0, {"score": np.zeros(3)}, rank=ranks - 1)  # one it has

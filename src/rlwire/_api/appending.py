@@ -146,8 +146,8 @@ class AppendingSender:
                 row from the step's ``token_ids`` (names the field and the first bad
                 row), or a field is in the step already.
             ConfigError: ``step`` or ``rank`` is not an int (a numpy integer is
-                taken) of at least 0, the sink keeps no steps (ZeroMQ), or the step is
-                not committed.
+                taken) of at least 0, the sink keeps no steps (ZeroMQ), the step is
+                not committed, or ``rank`` is none of its ranks.
             StepExistsError: another sender appended to the step and rank meanwhile.
             TransportError: the destination cannot be read or written.
             ClosedError: the sender is closed.

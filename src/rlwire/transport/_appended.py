@@ -21,7 +21,19 @@ from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
 
-__all__ = ["FieldsSink", "FieldsSource"]
+__all__ = ["FieldsSink", "FieldsSource", "no_such_rank"]
+
+
+def no_such_rank(step: int, rank: int, ranks: int) -> str:
+    """Why ``add_fields`` refuses ``rank`` of a committed ``step`` of ``ranks`` ranks,
+    all below it: the fields would belong to no receiver's step.
+
+    Example:
+        >>> no_such_rank(3, 5, 2), no_such_rank(3, 1, 1)
+        ('step 3 has 2 ranks (0-1), not rank 5', 'step 3 has 1 rank (0), not rank 1')
+    """
+    which = "rank (0)" if ranks == 1 else f"ranks (0-{ranks - 1})"
+    return f"step {step} has {ranks} {which}, not rank {rank}"
 
 
 class FieldsSink:
@@ -64,7 +76,9 @@ class FieldsSink:
             CorruptFrameError: a stored message is garbled.
             TransportError: the destination cannot be read.
             RlwireError: what ``select`` raises (a field the step does not hold).
-            ConfigError: the sink cannot append fields (the default).
+            ConfigError: the sink cannot append fields (the default), or the step is
+                committed for fewer ranks than ``rank + 1`` (the fields would belong
+                to no receiver's step: :func:`no_such_rank` says so).
         """
         raise self._no_fields()
 

@@ -68,6 +68,12 @@ async def test_appended_fields_come_with_the_step(ray_url: str) -> None:
             await sender.add_fields(0, {"values": _per_token([3, 4])})
         with pytest.raises(rlwire.ConfigError, match="step 2 is not committed"):
             await sender.add_fields(2, {"values": _per_token([3, 5])})
+        # A rank the step does not have, even with no row (a rank with no part has none).
+        for step, rank, words in [(0, 5, r"2 ranks \(0-1\)"), (1, 3, r"1 rank \(0\)")]:
+            with pytest.raises(rlwire.ConfigError, match=rf"step {step} has {words}, not rank"):
+                await sender.add_fields(step, {"score": np.zeros(0)}, rank=rank)
+            board = ray.get_actor(board_name(_name(ray_url)))
+            assert ray.get(board.read_fields.remote(step, rank)) == ("fields", [])
     with anyio.fail_after(TIMEOUT):
         async with rlwire.open_receiver(ray_url) as receiver:
             rows = await receiver.areceive()
@@ -214,6 +220,25 @@ def test_the_board_commits_one_message_per_index() -> None:
 
     answers = asyncio.run(run())
     assert [a[0] for a in answers] == ["ok", "ok", "ok", "exists", "ok", "missing", "none", "ready"]
+
+
+def test_the_board_refuses_fields_for_a_rank_the_step_does_not_have() -> None:
+    """Asked for rank 2 of a step committed for ranks 0-1, the board says so (a step it
+    holds, not one missing), and holds nothing staged for it."""
+
+    async def run() -> list[tuple[Any, ...]]:
+        board = Board("ray://logic")
+        for rank in (0, 1):
+            await board.stage(0, "s", rank, None, False, [f"main{rank}"], 1.0)
+        await board.commit("s", 2)
+        return [
+            await board.committed_refs(0, 2),
+            await board.stage_fields(0, "f", 2, None, False, ["f"], 1.0),
+            await board.committed_refs(1, 2),
+        ]
+
+    why = "step 0 has 2 ranks (0-1), not rank 2"
+    assert asyncio.run(run()) == [("ranks", why), ("none", why), ("none",)]
 
 
 def test_the_board_keeps_a_step_a_rank_left_out_of_later_sends_has_not_read() -> None:

@@ -30,7 +30,7 @@ from rlwire._core.slicing import Sliced
 from rlwire._frame.checksums import checksum_segments
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
-from rlwire.transport._appended import FieldsSink, FieldsSource
+from rlwire.transport._appended import FieldsSink, FieldsSource, no_such_rank
 from rlwire.transport._base import Staged
 from rlwire.transport._stored.layout import (
     _PRELUDE,
@@ -151,6 +151,10 @@ def _whole_main(sink: _Store, name: str) -> memoryview | None:
     return file.read([(0, file.size)])[0]
 
 
+def _no_such_rank(step: int, rank: int, ranks: int, store: _Store) -> ConfigError:
+    return ConfigError(f"add_fields: {no_such_rank(step, rank, ranks)}", where=store.locate())
+
+
 def _with_version(layout: Layout) -> Layout:
     """``layout`` with both files' preludes saying :data:`FIELDS_VERSION` (the
     envelope's checksum does not cover the prelude: nothing else changes)."""
@@ -201,6 +205,9 @@ class StoredFieldsSink(FieldsSink):
             names = set(store.names())
         if main_name(step, rank) in names:
             return [selected(main_name(step, rank), sidecar_name(step, rank), None)]
+        if main_name(step, 0) in names:  # sent whole, to fewer ranks
+            ranks = next(r for r in range(1, rank + 1) if main_name(step, r) not in names)
+            raise _no_such_rank(step, rank, ranks, store)
         if seal_name(step) not in names:
             return None
         with store.errors("read", seal_name(step)):
@@ -208,10 +215,11 @@ class StoredFieldsSink(FieldsSink):
         if data is None:
             return None
         seal = parse_seal(memoryview(data), step=step, where=store.locate(seal_name(step)))
-        count = len(seal.keys[rank]) if rank < seal.ranks else 0
+        if rank >= seal.ranks:
+            raise _no_such_rank(step, rank, seal.ranks, store)
         return [
             selected(part_name(step, rank, i), part_sidecar_name(step, rank, i), i)
-            for i in range(count)
+            for i in range(len(seal.keys[rank]))
         ]
 
     def read_appended(self, step: int, rank: int) -> list[Frame]:

@@ -162,6 +162,8 @@ class RayFieldsSink(FieldsSink):
         )
         if answer[0] == "none":
             return None
+        if answer[0] == "ranks":
+            raise ConfigError(f"add_fields: {answer[1]}", where=self.where)
         if answer[0] != "step":
             raise CorruptFrameError(f"the board answered {answer[0]!r}", where=where)
         self._read_commit = (step, rank, answer[2])

@@ -17,6 +17,7 @@ from typing import Any
 
 from ray import ObjectRef
 
+from rlwire.transport._appended import no_such_rank
 from rlwire.transport.ray._board_parts import PartKey, Refs, _Part
 
 __all__ = ["FieldsBoard"]
@@ -72,12 +73,21 @@ class FieldsBoard:
             return [part.refs for part in self.parts.get(step, {}).get(rank, [])[:count]]
         return None
 
+    def _no_such_rank(self, step: int, rank: int) -> str | None:
+        """Why ``rank`` is none of the committed ``step``'s ranks, or ``None``."""
+        ranks = self.committed.get(step)
+        count = len(ranks) if ranks is not None else len(self.seals.get(step, ([], []))[0])
+        return no_such_rank(step, rank, count) if 0 < count <= rank else None
+
     async def committed_refs(self, step: int, rank: int) -> tuple[Any, ...]:
         """Rank ``rank``'s objects of the committed ``step``, what ``add_fields`` checks
         against: ``("step", [[main, sidecar, checksums], ...], token)`` (one for a step
         sent whole, one per part of a sealed one; ``checksums`` ``None`` when they are in
         the envelope; ``token`` that of the step's commit, which :meth:`commit_fields`
-        checks), or ``("none",)``."""
+        checks), ``("ranks", why)`` when the step has no rank ``rank``, or ``("none",)``."""
+        why = self._no_such_rank(step, rank)
+        if why is not None:
+            return ("ranks", why)
         refs = self._committed_refs(step, rank)
         if refs is None:
             return ("none",)
@@ -97,7 +107,10 @@ class FieldsBoard:
         """Hold the objects of a message of fields for rank ``rank`` of ``step``, not
         visible yet, under ``key``, as :meth:`~rlwire.transport.ray._board.Board.stage`
         holds a rank's. ``("ok",)``, or ``("none", why)`` when the step is not
-        committed."""
+        committed, or has no rank ``rank``."""
+        why = self._no_such_rank(step, rank)
+        if why is not None:
+            return ("none", why)
         if self._committed_refs(step, rank) is None:
             return ("none", f"step {step} is not committed (sent whole, or sealed)")
         return await self._hold(step, key, rank, producer, has_side, refs, timeout)

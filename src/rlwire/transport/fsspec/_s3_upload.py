@@ -376,8 +376,7 @@ class S3Staging(Staging):
         failed."""
         objs = (*self.sidecars, *self.mains)
         if any(o.bad_request for o in objs):
-            # Some stores refuse a header they do not implement with 400, not 501; a
-            # 400 may as well be about something else, so this is a hint, not a verdict.
+            # A store without the header may refuse it with 400 (not 501): only a hint.
             action += (
                 f" (the store answered a write with If-None-Match: * with 400: if it does "
                 f"not implement conditional writes, open the sender with "

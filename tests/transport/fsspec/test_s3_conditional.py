@@ -380,6 +380,50 @@ async def test_a_store_refusing_conditional_writes_with_400_is_told_the_option(
         assert await sender.send(message) == 0
 
 
+@pytest.mark.parametrize("another", [True, False], ids=["another-object-there", "none-there"])
+async def test_a_409_conflict_is_told_by_whose_object_is_there(
+    s3_proxy: FaultProxy,
+    s3_endpoint: dict[str, Any],
+    s3_url: str,
+    anyio_backend: str,
+    another: bool,
+) -> None:
+    """S3 answers a conditional write that met another write at the key at the same
+    moment with 409 ConditionalRequestConflict. The failed commit's look at what is
+    there tells: another sender's object, the step is taken (StepExistsError, as after
+    a 412); none, a TransportError with nothing visible, and the send may be tried
+    again."""
+    bucket, fired = s3_url.removeprefix("s3://"), []
+
+    def conflict(method: str, target: str) -> Any:
+        if method != "PUT" or not target.endswith(MAIN0) or fired:
+            return None
+        fired.append(target)
+        if another:  # the other write, straight to the store
+            s3_client(s3_endpoint).put_object(Bucket=bucket, Key=MAIN0, Body=b"another's")
+        return refuse(409, "ConditionalRequestConflict")
+
+    message = {"samples": [{"token_ids": np.arange(5)}]}
+    s3_proxy.fault = conflict
+    async with rlwire.open_sender(
+        s3_url, validate=False, storage_options=s3_proxy.options
+    ) as sender:
+        error = rlwire.StepExistsError if another else rlwire.TransportError
+        with pytest.raises(error) as info:
+            await sender.send(message)
+        assert fired
+        assert sender.next_step == 0
+        if another:
+            assert MAIN0 in str(info.value)
+            got = s3_client(s3_endpoint).get_object(Bucket=bucket, Key=MAIN0)["Body"].read()
+            assert got == b"another's"  # never replaced
+        else:
+            assert "nothing was made visible" in str(info.value)
+            assert "ConditionalRequestConflict" in str(info.value)
+            assert objects(s3_proxy.options, s3_url) == []
+            assert await sender.send(message) == 0  # tried again, it commits
+
+
 async def test_a_400_of_an_unconditional_commit_gets_no_hint(
     s3_proxy: FaultProxy, s3_url: str, anyio_backend: str
 ) -> None:

@@ -208,7 +208,11 @@ async def test_two_producers_sealing_one_step_one_wins(
 
 
 async def test_a_retried_commit_whose_reply_was_lost_succeeds(
-    s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: str, anyio_backend: str
+    s3_proxy: FaultProxy,
+    s3_endpoint: dict[str, Any],
+    s3_url: str,
+    anyio_backend: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The main object's PUT lands but its reply is lost; s3fs sends it again, and S3
     refuses the resend (412: the object is there). The object holds this commit's
@@ -224,10 +228,10 @@ async def test_a_retried_commit_whose_reply_was_lost_succeeds(
         return None
 
     async with rlwire.open_sender(s3_url, validate=False, storage_options=options) as sender:
-        # The sink's own filesystem (s3fs adds to config_kwargs in place, so asking
-        # fsspec again with the same options makes another).
+        # The sink's own filesystem: fsspec's cached instance for these options, which
+        # later tests share, so its retries are set back after this one.
         fs = sender._sink._conn.get().fs  # type: ignore[attr-defined]
-        fs.retries = 2
+        monkeypatch.setattr(fs, "retries", 2)
         client = fs.s3
 
         def record(http_response: Any, **_: Any) -> None:

@@ -272,9 +272,8 @@ class StoredSink(StoredFieldsSink, Sink):
         with self.errors("delete steps every rank consumed"):
             names = self.names()  # no step some rank holding files of it may still read
             below = held_back(names, below, self.read_consumption)
-            for step in steps_to_prune(names, below):
-                for batch in step:
-                    self.remove(batch)
+            for batch in [batch for step in steps_to_prune(names, below) for batch in step]:
+                self.remove(batch)
         return below  # steps from the first some rank holding files of it holds back
 
     def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:

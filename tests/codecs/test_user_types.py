@@ -612,14 +612,14 @@ def spans(buffers: Iterable[bytearray | memoryview]) -> list[tuple[int, int]]:
 
 
 def within(
-    value: bytes | bytearray | memoryview | np.ndarray, spans: list[tuple[int, int]]
+    value: bytes | bytearray | memoryview | np.ndarray, memory: list[tuple[int, int]]
 ) -> bool:
-    """Whether ``value``'s memory lies in one of ``spans``. By bounds: ``np.shares_memory``'s
-    exact answer, over the hundreds of leaves and buffers of a long list, outlasted the
-    test's timeout."""
+    """Whether ``value``'s memory lies in one of the address ranges ``memory`` (from
+    :func:`spans`). By bounds: ``np.shares_memory``'s exact answer, over the hundreds of
+    leaves and buffers of a long list, outlasted the test's timeout."""
     arr = value if isinstance(value, np.ndarray) else np.frombuffer(value, np.uint8)
     low, high = byte_bounds(arr)
-    return any(start <= low and high <= end for start, end in spans)
+    return any(start <= low and high <= end for start, end in memory)
 
 
 def leaves(got: Any, want: Any) -> Iterator[tuple[Any, Any]]:

@@ -156,6 +156,8 @@ class FileStaging(StoredStaging):
             except FileNotFoundError:  # the pooled file is gone (another sender opened)
                 if pooled is None:
                     raise
+                if self.warm is not None:  # its mapping would keep its memory
+                    self.warm.drop([pooled.name])
                 pooled = None
                 out.create()
         except OSError as exc:

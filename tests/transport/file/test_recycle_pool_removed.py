@@ -1,4 +1,4 @@
-"""Adversarial tests of the recycling file sink: real files on tmpfs, real processes."""
+"""A recycling sink's pooled files, removed by another sender: its mappings of them go too."""
 
 from __future__ import annotations
 

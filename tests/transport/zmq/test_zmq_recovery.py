@@ -202,7 +202,10 @@ async def test_a_cancelled_receive_keeps_the_message_it_took(pattern: str) -> No
     """A receive cancelled while decoding a message it took off the socket: the next
     receive returns that message (before: lost, silently in the shared pattern, as a
     StepGapError in ranks)."""
-    big = 3_000_000  # tokens: decompressing takes many slices
+    # Tokens: decoding a step takes many slices (some 40 ms here), far more than the 3 ms
+    # after which the receive is cancelled; 3,000,000 took 7 s of CPU a test and, beside
+    # the rest of the suite, more than LONG to send three steps.
+    big = 500_000
     options = {"pattern": pattern, "linger": 5}
     async with rlwire.open_sender(
         "zmq+tcp://127.0.0.1:0", storage_options=options, compression="zstd"

@@ -22,7 +22,7 @@ import numpy as np
 
 from rlwire._core.errors import SchemaError
 
-__all__ = ["Chunked"]
+__all__ = ["Chunked", "chunks_problem"]
 
 
 class Chunked:
@@ -111,3 +111,20 @@ class Chunked:
 
     def __repr__(self) -> str:
         return f"Chunked({len(self.chunks)} chunks, shape {self.shape}, dtype {self.dtype})"
+
+
+def chunks_problem(chunks: list[Any]) -> str:
+    """What is wrong with ``chunks`` as the chunks of one array ('' if none): each must
+    be a numpy array of at least one dimension with the first one's dtype and trailing
+    shape (``append`` checks each; a list changed directly is checked again here)."""
+    first = chunks[0] if chunks else None
+    for i, chunk in enumerate(chunks):
+        if type(chunk) is not np.ndarray or chunk.ndim < 1:
+            return f"chunk {i} is not a numpy array of at least one dimension"
+        assert first is not None
+        if chunk.dtype != first.dtype or chunk.shape[1:] != first.shape[1:]:
+            return (
+                f"chunk {i} has dtype {chunk.dtype} and shape {chunk.shape}; chunk 0 has "
+                f"{first.dtype} and {first.shape}"
+            )
+    return ""

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import msgspec
 import numpy as np
 
-from rlwire._core.chunked import Chunked
+from rlwire._core.chunked import Chunked, chunks_problem
 from rlwire._core.columns import Columns
 from rlwire._core.errors import EncodeError, SchemaError
 from rlwire._core.paths import KeyPath, render_path
@@ -91,14 +91,23 @@ def packed_value(
 
 def _chunked_value(w: Walker, chunked: Chunked, path: KeyPath, side: bool) -> msgspec.msgpack.Ext:
     """A Chunked as one array: its chunks are the runs of one buffer (copied into one
-    array only when the whole is small enough to go inline)."""
-    first = chunked.chunks[0] if chunked.chunks else None
+    array only when the whole is small enough to go inline).
+
+    Raises:
+        SchemaError: its list of chunks was changed directly since (a chunk of another
+            dtype or trailing shape: its bytes would be read as the first's).
+    """
+    chunks = list(chunked.chunks)  # its rows counted from the chunks, not from append
+    problem = chunks_problem(chunks)
+    if problem:
+        raise SchemaError(f"{render_path(path)}: {problem} (the Chunked's chunks were changed)")
+    first = chunks[0] if chunks else None
     if first is None or (chunked.nbytes < w.sent.inline_threshold and not side):
         return w.sent.array(chunked.to_array(), path, side)
     if first.dtype not in PLAIN_DTYPES:
         check_dtype(first.dtype, path)
-    pieces = _pieces_of(chunked.chunks)
-    ref = ArrayRef(w.sent.add(pieces, side), first.dtype.str, list(chunked.shape), "C")
+    shape = [sum(map(len, chunks)), *first.shape[1:]]
+    ref = ArrayRef(w.sent.add(_pieces_of(chunks), side), first.dtype.str, shape, "C")
     return msgspec.msgpack.Ext(EXT_ARRAY, w.encoder.encode(ref))
 
 

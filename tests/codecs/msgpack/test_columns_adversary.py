@@ -6,11 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
+from msgspec.msgpack import Ext
+from msgspec.msgpack import encode as mp
 
 import rlwire
 from rlwire import Chunked
+from rlwire.codecs._msgpack.codec import MsgpackCodec
+from rlwire.codecs._msgpack.extensions import EXT_COLUMNS
 
 pytestmark = pytest.mark.anyio
 
@@ -54,3 +59,35 @@ async def test_a_chunk_of_another_dtype_put_in_chunks_is_refused_not_reinterpret
     with pytest.raises(rlwire.SchemaError, match=r"\$\.x: chunk 1 "):
         await send_and_receive(tmp_path, {"x": chunked})
     assert not any(tmp_path.glob("step-*"))
+
+
+def _columns_frame(layout: Any, column: np.ndarray) -> rlwire.Frame:
+    """A frame of ``{"samples": <columns value of 2 rows, one column "a">}``, the column
+    an array (inline)."""
+    header = MsgpackCodec(inline_threshold=1 << 20).encode(column).header
+    inline = msgspec.msgpack.decode(header, ext_hook=Ext)
+    return rlwire.Frame(mp({"samples": Ext(EXT_COLUMNS, mp([2, layout, ["a"], [inline]]))}), ())
+
+
+@pytest.mark.parametrize("layout", [True, False])
+@pytest.mark.parametrize("options", [{}, {"as_columns": True}])
+def test_a_columns_layout_that_is_a_bool_is_corrupt(layout: bool, options: dict[str, Any]) -> None:
+    """docs/format.md: ``layout`` is 0 or 1, "any other value is an error"; a msgpack
+    ``true`` was read as 1 (rows as arrays) and ``false`` as 0, as ``True in (0, 1)``."""
+    frame = _columns_frame(layout, np.arange(2, dtype=np.int64))
+    with pytest.raises(rlwire.CorruptFrameError, match="layout"):
+        MsgpackCodec().decode(frame, Any, **options)
+
+
+@pytest.mark.parametrize("dtype", ["<c8", "<c16", "<f16"])
+@pytest.mark.parametrize("options", [{}, {"as_columns": True}])
+def test_a_1d_array_column_of_numbers_msgpack_cannot_hold_is_corrupt(
+    dtype: str, options: dict[str, Any]
+) -> None:
+    """docs/format.md: a 1-D array column gives each row "a number ... as msgpack would
+    hold it: an int, a float or a bool", and writers refuse to store one of complex or
+    long double numbers. A reader handed one built rows of Python complex numbers and
+    numpy long doubles (which rlwire then cannot send on) instead of refusing it."""
+    frame = _columns_frame(0, np.arange(2).astype(dtype))
+    with pytest.raises(rlwire.CorruptFrameError, match=r"column 'a'"):
+        MsgpackCodec().decode(frame, Any, **options)

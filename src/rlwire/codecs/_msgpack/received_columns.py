@@ -103,7 +103,12 @@ def parse_columns(payload: Any, inner: int, fields: frozenset[str] | None = None
     if type(payload) is not list or len(payload) != 4:
         raise CorruptFrameError("header: a columns value is not [count, layout, names, columns]")
     count, layout, names, columns = payload
-    if type(count) is not int or count < 0 or layout not in (ROWS_AS_MAPS, ROWS_AS_ARRAYS):
+    if (
+        type(count) is not int
+        or count < 0
+        or type(layout) is not int  # a bool is not a layout, though True == 1
+        or layout not in (ROWS_AS_MAPS, ROWS_AS_ARRAYS)
+    ):
         raise CorruptFrameError(
             f"header: a columns value has count {count!r} and layout {layout!r}"
         )
@@ -126,6 +131,11 @@ def parse_columns(payload: Any, inner: int, fields: frozenset[str] | None = None
         ):
             raise CorruptFrameError("header: a column asked for refers to a buffer not read")
     for name, column in zip(names, columns, strict=True):
+        if isinstance(column, np.ndarray) and column.ndim == 1 and not _numbers_a_row(column):
+            raise CorruptFrameError(
+                f"header: column {name!r} of a columns value is a 1-D array of "
+                f"{column.dtype}: its rows would not be numbers msgpack holds"
+            )
         rows = _rows_in(column)
         if rows != count:
             raise CorruptFrameError(
@@ -141,6 +151,12 @@ def _rows_in(column: Any) -> int | None:
         return len(column) if column.ndim else None
     count = getattr(getattr(column, "ref", None), "count", None)  # a chunked list
     return count if getattr(column, "is_map", True) is False else None
+
+
+def _numbers_a_row(column: np.ndarray) -> bool:
+    """True if the items of 1-D ``column`` are numbers msgpack holds (bool, int, or a
+    float of at most 8 bytes): what writers store a 1-D array column of."""
+    return column.dtype.kind in "biuf" and column.dtype.itemsize <= 8
 
 
 def rows_of(found: ColumnsFound, timer: SliceTimer) -> Sliced[list[Any]]:

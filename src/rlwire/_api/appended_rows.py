@@ -99,6 +99,15 @@ def none_in_every_row(
     return next((name for name in sorted(held) if held[name]), None) if rows else None
 
 
+#: Where a sample keeps values of no field of its own, which an appended field would fill.
+EXTRAS = "extras"
+
+
+def _keys(obj: Any) -> list[str]:
+    """The keys of ``obj`` (a sample decoded whole, or its extras) that hold a value."""
+    return [k for k, v in obj.items() if v is not None] if isinstance(obj, dict) else []
+
+
 class _StoredRows:
     """What ``add_fields`` checks against, read from a step's header: its rows and the
     offsets of its ``token_ids``. :meth:`select` (the sink's selector) asks for the
@@ -129,8 +138,14 @@ class _StoredRows:
             samples = samples_of(run_sliced(self.decoding.decode(frame, Any, seconds, True)))
             if samples is None:
                 raise ConfigError("add_fields: the step holds no list of samples to add fields to")
+            for sample in samples if isinstance(samples, list) else ():
+                self.held.update(_keys(sample))
+                self.held.update(_keys(sample.get(EXTRAS) if isinstance(sample, dict) else None))
             return len(samples), None
         self.held.update(c.name for c in table.columns if not c.empty)
+        # A sample's extras are filled by a field of no column of the step: their keys
+        # hold the step's data too.
+        self.held.update(k for c in table.columns if c.name == EXTRAS for k in c.keys)
         col = next((c for c in table.columns if c.name == LENGTHS_FROM), None)
         if col is None or col.dtype is None:
             return table.rows, None

@@ -70,6 +70,8 @@ class StoredColumn:
         array: a column of one value a row stored as one array (a numpy column of a
             :class:`~rlwire.Columns`): ``values`` says where, ``row_shape`` its shape
             past the rows; it has no ``dtype`` here, which marks ragged columns.
+        keys: a column of maps kept in the header (a TrainingSample's ``extras``): the
+            keys that hold a value (not ``None``) in some row.
     """
 
     name: str
@@ -81,6 +83,7 @@ class StoredColumn:
     length: int = 0
     empty: bool = False
     array: bool = False
+    keys: frozenset[str] = frozenset()
 
     @property
     def buffers(self) -> tuple[int, ...]:
@@ -136,7 +139,14 @@ def _column(name: str, value: Any) -> StoredColumn:
         values, _, shape, _ = _where(value)
         return StoredColumn(name, row_shape=tuple(shape[1:]), values=values, array=True)
     if not (type(value) is tuple and value[0] == EXT_RAGGED):
-        return StoredColumn(name, empty=type(value) is list and all(v is None for v in value))
+        rows = value if type(value) is list else []
+        return StoredColumn(
+            name,
+            empty=type(value) is list and all(v is None for v in value),
+            keys=frozenset(
+                k for v in rows if type(v) is dict for k, x in v.items() if x is not None
+            ),
+        )
     payload = value[1]
     if type(payload) is not list or len(payload) != 2:
         raise CorruptFrameError(f"column {name!r}: a malformed ragged array")

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 from rlwire._core.errors import ConfigError, CorruptFrameError, TransportError, transport_error
-from rlwire.transport._stored.names import STEP_PART_RE, STORED_RE
+from rlwire.transport._stored.names import FIELDS_RE, STEP_PART_RE, STORED_RE
 from rlwire.transport.fsspec._s3_bucket import S3Bucket
 from rlwire.transport.fsspec._s3_ranges import (
     READ_BYTES,
@@ -117,7 +117,7 @@ class S3Store(S3Bucket):
 
     def _pending_uploads(self) -> list[tuple[str, str]]:
         """``(key, upload id)`` of every unfinished multipart upload of an rlwire object
-        directly under the root."""
+        (a step's, a part's, appended fields') directly under the root."""
         bucket, prefix = self.bucket_key(self.root + "/")
         out: list[tuple[str, str]] = []
         marker: dict[str, str] = {}
@@ -135,7 +135,7 @@ class S3Store(S3Bucket):
             for upload in page.get("Uploads", []) or []:
                 key = str(upload["Key"])
                 name = key[len(prefix) :]
-                if STORED_RE.fullmatch(name) or STEP_PART_RE.fullmatch(name):
+                if any(r.fullmatch(name) for r in (STORED_RE, STEP_PART_RE, FIELDS_RE)):
                     out.append((key, str(upload["UploadId"])))
             if not page.get("IsTruncated"):
                 return out

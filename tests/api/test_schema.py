@@ -303,6 +303,14 @@ def _bad_logprobs() -> Any:
     return rlwire.Ragged.from_arrays([s.logprobs for s in rows])
 
 
+def _listed(row: int, value: Any) -> list[Any]:
+    """A list column of 40 rows of 10 float32 zeros, ``value`` at ``row``."""
+    rows: list[Any] = [np.zeros(10, np.float32) for _ in range(40)]
+    rows[row] = value
+    return rows
+
+
+_REF_AT_17 = [None] * 17 + [np.full(10, np.inf, np.float32)] + [None] * 22
 _OFFSETS = np.arange(0, 401, 10)  # 40 rows of 10 tokens
 
 
@@ -322,7 +330,10 @@ def _row17(name: str, value: Any) -> rlwire.Ragged:
         ({"advantages": _row17("advantages", np.zeros(11, np.float32))}, r"\[17\]\.advantages"),
         ({"mask": _flat((400,), np.int8)}, r"\.mask: must be a bool array"),
         ({"token_ids": _flat((400,), float)}, r"\.token_ids: token ids must be integers"),
-        ({"logprobs": [np.zeros(10, np.float32)] * 40}, r"\.logprobs: .* must be an rlwire.Ragged"),
+        ({"logprobs": np.zeros(40, np.float32)}, r"\.logprobs: .* must be an rlwire.Ragged"),
+        # A list column (a field whose rows differ, as received): checked row by row.
+        ({"logprobs": _listed(17, np.zeros(10, np.int32))}, r"\[17\]\.logprobs: must be a float"),
+        ({"ref_logprobs": _REF_AT_17}, r"\[17\]\.ref_logprobs: 10 non-finite"),
         ({"advantages": None}, r": no column 'advantages'"),
         ({"reward": np.zeros(40)}, r": column 'reward' is not a field of TrainingSample"),
         ({"env_name": ["a"] * 17 + [3] + ["a"] * 22}, r"\[17\]\.env_name: must be str, got int"),

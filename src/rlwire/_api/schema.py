@@ -28,6 +28,9 @@ __all__ = [
 _PER_TOKEN_FLOATS = ("logprobs", "temperatures", "advantages")
 _MUST_BE_FINITE = ("logprobs", "advantages", "ref_logprobs", "temperatures")
 _EXPERT_DTYPES = (np.uint8, np.uint16)
+#: The per-token fields, which a Columns holds as Ragged, or as a list where their rows
+#: differ in kind.
+_LISTED = ("token_ids", "mask", *_PER_TOKEN_FLOATS, "ref_logprobs", "routed_experts")
 
 
 class TrainingSample(msgspec.Struct, kw_only=True, gc=False):
@@ -141,8 +144,15 @@ class TrainingBatch(msgspec.Struct, kw_only=True, gc=False):
 def _check_columns(cols: Columns, where: str) -> None:
     """:meth:`TrainingSample.validate`'s rules over samples held as columns, a few numpy
     calls a column (one ``isfinite`` each), naming the sample and token of the first
-    problem as the check of that sample would (``where[i].logprobs``)."""
+    problem as the check of that sample would (``where[i].logprobs``). A per-token field
+    whose rows differ (``None`` in some, or two dtypes) is a list column, as the codec
+    stores and returns it: then every row is checked as its sample would be."""
     _check_column_names(cols, where)
+    listed = (cols[name] for name in _LISTED if name in cols)
+    if any(type(column) is list and not _all_none(column) for column in listed):
+        for i, row in enumerate(cols.rows()):
+            TrainingSample(**row).validate(f"{where}[{i}]")
+        return
     ids = _ragged(cols, "token_ids", where, ndim=1)
     if ids.values.dtype.kind not in "iu":
         raise SchemaError(
@@ -206,7 +216,8 @@ def _ragged(cols: Columns, name: str, where: str, *, ndim: int) -> Ragged:
     column = cols[name]
     if not isinstance(column, Ragged):
         raise SchemaError(
-            f"{where}.{name}: a per-token column must be an rlwire.Ragged, got "
+            f"{where}.{name}: a per-token column must be an rlwire.Ragged (or a list of a "
+            f"value a row), got "
             f"{type(column).__name__}"
         )
     if column.values.ndim != ndim:

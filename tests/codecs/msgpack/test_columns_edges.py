@@ -1,5 +1,6 @@
-"""Adversarial cases for the columnar layout (Ragged, Chunked, Columns) through a real
-directory sink, and hostile columns values: each a defect found by trying to break it."""
+"""Edges of the columnar layout through a real directory sink: a Chunked whose chunks
+list was changed directly, columns values docs/format.md calls errors, and a step whose
+fields fell back to list columns, validated as it is received as columns."""
 
 from __future__ import annotations
 
@@ -91,3 +92,40 @@ def test_a_1d_array_column_of_numbers_msgpack_cannot_hold_is_corrupt(
     frame = _columns_frame(0, np.arange(2).astype(dtype))
     with pytest.raises(rlwire.CorruptFrameError, match=r"column 'a'"):
         MsgpackCodec().decode(frame, Any, **options)
+
+
+def _sample(n: int, *, ids: Any = np.int64, ref: bool = False) -> rlwire.TrainingSample:
+    return rlwire.TrainingSample(
+        token_ids=np.arange(n, dtype=ids),
+        mask=np.ones(n, bool),
+        logprobs=np.zeros(n, np.float32),
+        temperatures=np.ones(n, np.float32),
+        advantages=np.zeros(n, np.float32),
+        env_name="gsm8k",
+        ref_logprobs=np.zeros(n, np.float32) if ref else None,
+    )
+
+
+@pytest.mark.parametrize(
+    "samples",
+    [
+        [_sample(3, ref=True), _sample(2, ref=False)],  # ref_logprobs set on some samples
+        [_sample(3, ids=np.int32), _sample(2, ids=np.int64)],  # token ids of two widths
+    ],
+    ids=["ref-logprobs-of-some", "token-ids-of-two-dtypes"],
+)
+async def test_a_valid_batch_received_as_columns_passes_validation(
+    tmp_path: Path, samples: list[rlwire.TrainingSample]
+) -> None:
+    """A field whose rows differ (None in some, or another dtype) is stored as a column
+    of values (docs/format.md: it "falls back alone"), and arrives in a Columns as a list.
+    The same step passes ``validate=True`` received as samples, but received
+    ``as_columns`` it was refused ("a per-token column must be an rlwire.Ragged, got
+    list"): TrainingSample's rules over columns refuse what the sender itself wrote."""
+    async with rlwire.open_sender(tmp_path) as sender:  # validated as it is sent
+        await sender.send(rlwire.TrainingBatch(samples=samples))
+    async with rlwire.open_receiver(tmp_path, validate=True) as receiver:
+        assert len((await receiver.areceive(timeout=10)).samples) == 2
+    async with rlwire.open_receiver(tmp_path, validate=True, as_columns=True) as receiver:
+        got = (await receiver.areceive(timeout=10)).samples
+    assert isinstance(got, rlwire.Columns) and len(got) == 2

@@ -39,6 +39,7 @@ from numpy.lib.array_utils import byte_bounds
 
 import rlwire
 from rlwire import DecodeError, EncodeError, Frame
+from rlwire.abc import Pieces
 from rlwire.codecs import MsgpackCodec
 
 #: MsgpackCodec's documented default: bytes and arrays at least this large go out-of-band.
@@ -605,9 +606,11 @@ def flipped(got: memoryview | np.ndarray, sent: memoryview | np.ndarray) -> bool
     return bool(np.array_equal(flat, ~np.frombuffer(sent.tobytes(), np.uint8)))
 
 
-def spans(buffers: Iterable[bytearray | memoryview]) -> list[tuple[int, int]]:
-    """The first and past-the-last address of each of ``buffers``."""
-    views = [np.frombuffer(buffer, np.uint8) for buffer in buffers]
+def spans(buffers: Iterable[bytearray | memoryview | Pieces]) -> list[tuple[int, int]]:
+    """The first and past-the-last address of each of ``buffers`` (of each run of a
+    :class:`~rlwire.abc.Pieces`: a column of many values' memory)."""
+    runs = (b.runs if isinstance(b, Pieces) else (b,) for b in buffers)
+    views = [np.frombuffer(run, np.uint8) for some in runs for run in some]
     return [(view.ctypes.data, view.ctypes.data + view.nbytes) for view in views]
 
 

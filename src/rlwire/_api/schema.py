@@ -217,8 +217,7 @@ def _ragged(cols: Columns, name: str, where: str, *, ndim: int) -> Ragged:
     if not isinstance(column, Ragged):
         raise SchemaError(
             f"{where}.{name}: a per-token column must be an rlwire.Ragged (or a list of a "
-            f"value a row), got "
-            f"{type(column).__name__}"
+            f"value a row), got {type(column).__name__}"
         )
     if column.values.ndim != ndim:
         shape = "[tokens]" if ndim == 1 else "[tokens, layers, topk]"

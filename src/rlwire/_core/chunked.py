@@ -63,20 +63,9 @@ class Chunked:
             SchemaError: ``chunk`` does not match the first chunk's dtype and trailing
                 shape, or is not an array of at least one dimension.
         """
-        if type(chunk) is not np.ndarray or chunk.ndim < 1:
-            raise SchemaError(
-                f"Chunked: chunk {len(self.chunks)} must be a numpy array of at least one "
-                f"dimension, got {type(chunk).__name__}"
-                + (f" of shape {chunk.shape}" if isinstance(chunk, np.ndarray) else "")
-            )
-        if self.chunks:
-            first = self.chunks[0]
-            if chunk.dtype != first.dtype or chunk.shape[1:] != first.shape[1:]:
-                raise SchemaError(
-                    f"Chunked: chunk {len(self.chunks)} has dtype {chunk.dtype} and shape "
-                    f"{chunk.shape}; chunk 0 has {first.dtype} and {first.shape} (chunks "
-                    "must share a dtype and every dimension but the first)"
-                )
+        problem = _chunk_problem(len(self.chunks), chunk, self.chunks[0] if self.chunks else None)
+        if problem:
+            raise SchemaError(f"Chunked: {problem}")
         self.chunks.append(chunk)
         self._rows += len(chunk)
 
@@ -114,17 +103,29 @@ class Chunked:
 
 
 def chunks_problem(chunks: list[Any]) -> str:
-    """What is wrong with ``chunks`` as the chunks of one array ('' if none): each must
-    be a numpy array of at least one dimension with the first one's dtype and trailing
-    shape (``append`` checks each; a list changed directly is checked again here)."""
-    first = chunks[0] if chunks else None
-    for i, chunk in enumerate(chunks):
-        if type(chunk) is not np.ndarray or chunk.ndim < 1:
-            return f"chunk {i} is not a numpy array of at least one dimension"
-        assert first is not None
-        if chunk.dtype != first.dtype or chunk.shape[1:] != first.shape[1:]:
-            return (
-                f"chunk {i} has dtype {chunk.dtype} and shape {chunk.shape}; chunk 0 has "
-                f"{first.dtype} and {first.shape}"
-            )
+    """What is wrong with ``chunks`` as the chunks of one array ('' if nothing): what
+    :meth:`Chunked.append` checks of each, checked again of a list changed directly.
+
+    Example:
+        >>> chunks_problem([np.arange(2), np.zeros(2)]).split(";")[0]
+        'chunk 1 has dtype float64 and shape (2,)'
+    """
+    problems = (_chunk_problem(i, chunk, chunks[0]) for i, chunk in enumerate(chunks))
+    return next((problem for problem in problems if problem), "")
+
+
+def _chunk_problem(i: int, chunk: Any, first: np.ndarray | None) -> str:
+    """What is wrong with ``chunk`` as chunk ``i`` of an array whose chunk 0 is ``first``."""
+    if type(chunk) is not np.ndarray or chunk.ndim < 1:
+        shape = f" of shape {chunk.shape}" if isinstance(chunk, np.ndarray) else ""
+        return (
+            f"chunk {i} must be a numpy array of at least one dimension, got "
+            f"{type(chunk).__name__}{shape}"
+        )
+    if first is not None and (chunk.dtype != first.dtype or chunk.shape[1:] != first.shape[1:]):
+        return (
+            f"chunk {i} has dtype {chunk.dtype} and shape {chunk.shape}; chunk 0 has "
+            f"{first.dtype} and {first.shape} (chunks must share a dtype and every "
+            "dimension but the first)"
+        )
     return ""

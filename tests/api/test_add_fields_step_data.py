@@ -7,29 +7,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
 import rlwire
+from rlwire.testing import make_sample
 
 pytestmark = pytest.mark.anyio
 
 
-def _sample(n: int, **kw: object) -> rlwire.TrainingSample:
-    return rlwire.TrainingSample(
-        token_ids=np.arange(n),
-        mask=np.ones(n, bool),
-        logprobs=np.zeros(n, np.float32),
-        temperatures=np.ones(n, np.float32),
-        advantages=np.zeros(n, np.float32),
-        env_name="gsm8k",
-        **kw,  # type: ignore[arg-type]
-    )
-
-
 async def test_a_key_of_the_steps_extras_is_refused(tmp_path: Path) -> None:
     url = str(tmp_path / "run")
-    samples = [_sample(2, extras={"score": np.array(7.0)}), _sample(3)]
+    scored = msgspec.structs.replace(make_sample(2, routed=False), extras={"score": np.array(7.0)})
+    samples = [scored, make_sample(3, routed=False)]
     async with rlwire.open_sender(url) as sender:
         await sender.send(rlwire.TrainingBatch(samples=samples))
         with pytest.raises(rlwire.SchemaError, match="'score'") as info:

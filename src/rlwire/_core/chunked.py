@@ -48,11 +48,10 @@ class Chunked:
         [0, 1, 0, 1, 2]
     """
 
-    __slots__ = ("_rows", "chunks")
+    __slots__ = ("chunks",)
 
     def __init__(self, chunks: list[np.ndarray] | None = None) -> None:
         self.chunks: list[np.ndarray] = []
-        self._rows = 0
         for chunk in chunks or ():
             self.append(chunk)
 
@@ -67,7 +66,6 @@ class Chunked:
         if problem:
             raise SchemaError(f"Chunked: {problem}")
         self.chunks.append(chunk)
-        self._rows += len(chunk)
 
     @property
     def dtype(self) -> np.dtype[Any] | None:
@@ -77,7 +75,7 @@ class Chunked:
     @property
     def shape(self) -> tuple[int, ...]:
         """The shape of the whole array: ``(rows, *trailing)``; ``(0,)`` when empty."""
-        return (self._rows, *self.chunks[0].shape[1:]) if self.chunks else (0,)
+        return (len(self), *self.chunks[0].shape[1:]) if self.chunks else (0,)
 
     @property
     def ndim(self) -> int:
@@ -90,7 +88,8 @@ class Chunked:
         return sum(chunk.nbytes for chunk in self.chunks)
 
     def __len__(self) -> int:
-        return self._rows
+        # Counted from the chunks, not by append: the list may have been changed directly.
+        return sum(map(len, self.chunks))
 
     def to_array(self) -> np.ndarray:
         """The chunks concatenated into a new array (a copy)."""

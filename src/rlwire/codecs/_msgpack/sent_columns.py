@@ -97,17 +97,16 @@ def _chunked_value(w: Walker, chunked: Chunked, path: KeyPath, side: bool) -> ms
         SchemaError: its list of chunks was changed directly since (a chunk of another
             dtype or trailing shape: its bytes would be read as the first's).
     """
-    chunks = list(chunked.chunks)  # its rows counted from the chunks, not from append
-    problem = chunks_problem(chunks)
+    problem = chunks_problem(chunked.chunks)
     if problem:
         raise SchemaError(f"{render_path(path)}: {problem} (the Chunked's chunks were changed)")
-    first = chunks[0] if chunks else None
+    first = chunked.chunks[0] if chunked.chunks else None
     if first is None or (chunked.nbytes < w.sent.inline_threshold and not side):
         return w.sent.array(chunked.to_array(), path, side)
     if first.dtype not in PLAIN_DTYPES:
         check_dtype(first.dtype, path)
-    shape = [sum(map(len, chunks)), *first.shape[1:]]
-    ref = ArrayRef(w.sent.add(_pieces_of(chunks), side), first.dtype.str, shape, "C")
+    pieces = _pieces_of(chunked.chunks)
+    ref = ArrayRef(w.sent.add(pieces, side), first.dtype.str, list(chunked.shape), "C")
     return msgspec.msgpack.Ext(EXT_ARRAY, w.encoder.encode(ref))
 
 

@@ -6,7 +6,8 @@ the ZeroMQ messages once by the first rlwire that speaks ZeroMQ version 2.0, the
 ``msgpack-1.1-*`` cases once by the first rlwire that writes format 1.1 (lists stored as
 columns, extension type 7, and ragged arrays, type 6), and ``msgpack-1.2-parts`` once by
 the first rlwire that writes steps part by part (format 1.2), ``msgpack-1.3-fields`` once
-by the first rlwire that writes appended fields as format 1.3, with
+by the first rlwire that writes appended fields as format 1.3, ``msgpack-1.5-fields`` once
+by the first that ties them to the step's message (format 1.5), with
 ``python tests/golden_cases.py [NAME...]`` (without names: the cases that have no files
 yet); never rewrite them to make a test pass. A reader must keep decoding them into
 exactly the objects below.
@@ -370,12 +371,13 @@ def _values(samples: list[rlwire.TrainingSample], scale: float) -> rlwire.Ragged
     return _ragged([s.logprobs * np.float32(scale) - np.float32(0.125) for s in samples])
 
 
-#: Fields appended to committed steps (format 1.3), and the steps they are appended to:
+#: Fields appended to committed steps (format 1.3, then 1.5: the same calls), and the
+#: steps they are appended to:
 #: step 0 sent whole to two ranks (rank 0 samples 0-1, rank 1 sample 2), step 1 filled
 #: part by part (rank 0 parts "a" = sample 0 and "b" = samples 1-2, rank 1 part "c" =
 #: sample 3), both with routed experts in the sidecar. Each entry of APPENDED is one
 #: ``add_fields(step, fields, rank=rank)`` call, in order.
-FIELDS_CASE = "msgpack-1.3-fields"
+FIELDS_CASES = ("msgpack-1.3-fields", "msgpack-1.5-fields")
 STEP0 = ([0, 1], [2])
 STEP1 = [("a", 0, [0]), ("b", 0, [1, 2]), ("c", 1, [3])]
 
@@ -425,12 +427,12 @@ async def _write(name: str) -> None:
 
 if __name__ == "__main__":
     # Without names, only the cases that have no files yet: the others stay as written.
-    every = [*CASES, *PARTS_CASES, FIELDS_CASE, ZMQ_GOLDEN.name]
+    every = [*CASES, *PARTS_CASES, *FIELDS_CASES, ZMQ_GOLDEN.name]
     missing = [c for c in every if not (GOLDEN / c).exists()]
     for case in sys.argv[1:] or missing:
         if case == ZMQ_GOLDEN.name:
             _write_zmq()
-        elif case == FIELDS_CASE:
+        elif case in FIELDS_CASES:
             anyio.run(_write_fields, case)
         elif case in PARTS_CASES:
             anyio.run(_write_parts, case)

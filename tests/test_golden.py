@@ -14,7 +14,7 @@ import pytest
 from golden_cases import (
     AS_COLUMNS,
     CASES,
-    FIELDS_CASE,
+    FIELDS_CASES,
     GOLDEN,
     PARTS_CASES,
     STEP0,
@@ -53,7 +53,7 @@ def test_golden_files_decode_as_columns(name: str) -> None:
 
 
 def test_every_case_has_its_files() -> None:
-    cases = [*CASES, *PARTS_CASES, FIELDS_CASE]
+    cases = [*CASES, *PARTS_CASES, *FIELDS_CASES]
     assert sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) == sorted(cases)
 
 
@@ -304,24 +304,26 @@ def _with_fields(step: int, rank: int) -> rlwire.TrainingBatch:
     return want
 
 
+@pytest.mark.parametrize("case", FIELDS_CASES)
 @pytest.mark.parametrize("verify", [True, False])
 @pytest.mark.parametrize(("step", "rank"), [(0, 0), (0, 1), (1, 0), (1, 1)])
-def test_golden_appended_fields_decode(step: int, rank: int, verify: bool) -> None:
-    """Fields appended to a step sent whole and to one filled part by part (format 1.3)
-    come back with its samples: ``ref_logprobs`` in its field, the others in
+def test_golden_appended_fields_decode(step: int, rank: int, verify: bool, case: str) -> None:
+    """Fields appended to a step sent whole and to one filled part by part (formats 1.3
+    and 1.5) come back with its samples: ``ref_logprobs`` in its field, the others in
     ``extras`` (a ragged row, a float64, a str), rank 1 of step 1 with none."""
     with rlwire.open_receiver(
-        GOLDEN / FIELDS_CASE, rank=rank, start_step=step, verify=verify, record_consumed=False
+        GOLDEN / case, rank=rank, start_step=step, verify=verify, record_consumed=False
     ) as receiver:
         got = receiver.receive(timeout=5)
     assert_same(got, _with_fields(step, rank))
 
 
-def test_golden_appended_fields_as_columns_and_by_field() -> None:
+@pytest.mark.parametrize("name", FIELDS_CASES)
+def test_golden_appended_fields_as_columns_and_by_field(name: str) -> None:
     """Asked for columns, the appended ones follow the step's (an appended
     ``ref_logprobs`` in its place); asked by field, only those are read, appended or
     not, and a step in parts gives its appended columns alone."""
-    case = GOLDEN / FIELDS_CASE
+    case = GOLDEN / name
     added = _appended_to(0, 0)
     with rlwire.open_receiver(case, as_columns=True) as receiver:
         cols = receiver.receive(timeout=5).samples
@@ -350,15 +352,42 @@ def _version(path: Path) -> tuple[int, int]:
     return major, minor
 
 
-def test_golden_appended_fields_are_as_documented(tmp_path: Path) -> None:
-    """Each file of appended fields says 1.3 (the step's files 1.1, its parts and seal
-    1.2) and is a message of the page's layout whose header is ``{"fields": columns}``:
-    the reader built from docs/format.md alone gets the columns of each call."""
-    case = GOLDEN / FIELDS_CASE
+def _envelope(path: Path) -> dict[str, Any]:
+    """The envelope of a main file, as docs/format.md lays it out (after the 24-byte
+    prelude, its length at bytes 12-15)."""
+    data = path.read_bytes()
+    (length,) = struct.unpack_from("<I", data, 12)
+    return msgspec.msgpack.decode(data[24 : 24 + length])  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("name", "version"), [(FIELDS_CASES[0], (1, 3)), (FIELDS_CASES[1], (1, 5))]
+)
+def test_golden_appended_fields_are_as_documented(
+    tmp_path: Path, name: str, version: tuple[int, int]
+) -> None:
+    """Each file of appended fields says 1.3 or 1.5 (the step's files 1.1, its parts and
+    seal 1.2) and is a message of the page's layout whose header is ``{"fields":
+    columns}``: the reader built from docs/format.md alone gets the columns of each
+    call. A 1.5 file's envelope names the step's message it was checked against in
+    ``of``: the rank's main file's ``id``, or its first part's; empty, with no part."""
+    case = GOLDEN / name
     for path in case.glob("*.rlw"):
         kind = re.search(r"\.(fields|part|seal)[-.]", path.name)
-        want = {"fields": (1, 3), "part": (1, 2), "seal": (1, 2)}[kind[1]] if kind else (1, 1)
+        want = {"fields": version, "part": (1, 2), "seal": (1, 2)}[kind[1]] if kind else (1, 1)
         assert _version(path) == want, path.name
+        if kind and kind[1] == "fields" and not path.name.endswith(".sidecar.rlw"):
+            step, rank = (int(n) for n in re.findall(r"\d+", path.name)[:2])
+            stem = f"step-{step:08d}.rank-{rank:04d}"
+            of = _envelope(path).get("of")
+            if version < (1, 5):
+                assert of is None, path.name
+            elif (case / f"{stem}.rlw").exists():
+                assert of == _envelope(case / f"{stem}.rlw")["id"], path.name
+            elif (case / f"{stem}.part-000000.rlw").exists():
+                assert of == _envelope(case / f"{stem}.part-000000.rlw")["id"], path.name
+            else:
+                assert of == b"", path.name
     calls: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for step, rank, fields in appended():
         calls.setdefault((step, rank), []).append(fields)

@@ -28,7 +28,8 @@ A sink that can store a step part by part (``sender.open_step``) sets
 that fields can be appended to them (``sender.add_fields``), sets
 :attr:`Sink.appends_fields` and implements ``attach_fields``, ``read_committed``,
 ``read_appended`` and ``stage_fields``; its source implements ``read_appended`` (and
-``expect_fields`` if it can wait for one without polling). The stored sinks and
+``expect_fields`` if it can wait for one without polling, ``appended_still_tied`` if
+a step can be written again between that read and the step's). The stored sinks and
 ``ray://`` do.
 
 Work that takes long is written as a **sliced generator** (:data:`Sliced`): it does a

@@ -231,6 +231,8 @@ def read_with_appended(
         source.select = select
     if got is None:
         return None
+    if frames and not source.appended_still_tied(step):
+        return FieldPending(f"step {step} was deleted and written again while it was read")
     empty = none_in_every_row(_frames(got[1]), rest, decoding) if rest else None
     if empty is not None:  # a field the step left empty, to be appended: wait for it
         source.expect_fields(step, len(frames))

@@ -21,7 +21,7 @@ from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
 
-__all__ = ["FieldsSink", "FieldsSource", "no_such_rank"]
+__all__ = ["FieldsSink", "FieldsSource", "no_such_rank", "step_replaced"]
 
 
 def no_such_rank(step: int, rank: int, ranks: int) -> str:
@@ -34,6 +34,21 @@ def no_such_rank(step: int, rank: int, ranks: int) -> str:
     """
     which = "rank (0)" if ranks == 1 else f"ranks (0-{ranks - 1})"
     return f"step {step} has {ranks} {which}, not rank {rank}"
+
+
+def step_replaced(step: int, sent_again: bool) -> str:
+    """Why ``add_fields`` refuses, or reports void, fields checked against ``step``'s
+    message: the step was deleted since (and ``sent_again``: a new step of that number
+    was written), so they belong to no receiver's step.
+
+    Example:
+        >>> step_replaced(3, False)
+        'step 3 was deleted since its message was read to check the fields against it'
+    """
+    again = " and sent again (another run)" if sent_again else ""
+    return (
+        f"step {step} was deleted{again} since its message was read to check the fields against it"
+    )
 
 
 class FieldsSink:
@@ -129,6 +144,19 @@ class FieldsSource:
         """
         del step
         return []
+
+    def appended_still_tied(self, step: int) -> bool:
+        """Whether the messages the last :meth:`read_appended` of ``step`` returned are
+        still tied to the step's message as stored: False when the step was deleted and
+        written again since (the reader then reads both again). True for a source that
+        does not tie them (the default).
+
+        Raises:
+            CorruptFrameError: the step's message is garbled.
+            TransportError: the store cannot be read.
+        """
+        del step
+        return True
 
     def expect_fields(self, step: int, count: int) -> None:
         """The receiver found ``count`` messages of fields appended to ``step`` and

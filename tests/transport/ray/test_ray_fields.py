@@ -73,7 +73,7 @@ async def test_appended_fields_come_with_the_step(ray_url: str) -> None:
             with pytest.raises(rlwire.ConfigError, match=rf"step {step} has {words}, not rank"):
                 await sender.add_fields(step, {"score": np.zeros(0)}, rank=rank)
             board = ray.get_actor(board_name(_name(ray_url)))
-            assert ray.get(board.read_fields.remote(step, rank)) == ("fields", [])
+            assert ray.get(board.read_fields.remote(step, rank))[:2] == ("fields", [])
     with anyio.fail_after(TIMEOUT):
         async with rlwire.open_receiver(ray_url) as receiver:
             rows = await receiver.areceive()
@@ -177,11 +177,42 @@ def test_appended_fields_go_with_their_step(ray_url: str) -> None:
             sender.add_fields(1, {"ref_logprobs": _per_token([2])})
             receiver.receive(timeout=TIMEOUT)
             sender.send(_batch([2]))  # every rank moved past step 0: it goes
-    assert ray.get(board.read_fields.remote(0, 0), timeout=TIMEOUT) == ("fields", [])
+    assert ray.get(board.read_fields.remote(0, 0), timeout=TIMEOUT)[:2] == ("fields", [])
     assert len(ray.get(board.read_fields.remote(1, 0), timeout=TIMEOUT)[1]) == 1
     with rlwire.open_sync_sender(ray_url, on_existing="overwrite"):
         pass
-    assert ray.get(board.read_fields.remote(1, 0), timeout=TIMEOUT) == ("fields", [])
+    assert ray.get(board.read_fields.remote(1, 0), timeout=TIMEOUT)[:2] == ("fields", [])
+
+
+def test_a_step_sent_again_while_a_receiver_reads_it_comes_without_the_old_fields(
+    ray_url: str,
+) -> None:
+    """The step is deleted and sent again (a producer restarted with ``overwrite``)
+    between the receiver's read of its appended fields and its read of the step
+    (forced: right after the first): the receiver reads both again, and the new step
+    comes without the old one's fields."""
+    create_board(_name(ray_url))
+    with rlwire.open_sync_sender(ray_url) as sender:
+        sender.send(_batch([2]))
+        sender.add_fields(0, {"ref_logprobs": _per_token([2])})
+    sent_again: list[int] = []
+    with rlwire.open_receiver(ray_url) as receiver:
+        source = receiver._source  # type: ignore[attr-defined]
+        read_appended = source.read_appended
+
+        def then_send_again(step: int) -> list[rlwire.Frame]:
+            got = read_appended(step)
+            if not sent_again:
+                sent_again.append(step)
+                with rlwire.open_sync_sender(ray_url, on_existing="overwrite") as again:
+                    again.send(_batch([3]))
+            return got
+
+        source.read_appended = then_send_again
+        batch = receiver.receive(timeout=TIMEOUT)
+    assert sent_again == [0]
+    assert len(batch.samples[0].token_ids) == 3
+    assert batch.samples[0].ref_logprobs is None
 
 
 def test_a_stage_needs_a_board_a_sender_made(ray_cluster: None) -> None:

@@ -9,9 +9,15 @@ Each call stores one message of its own per step and rank, beside the step's fil
 has a sidecar), ``NNN`` counting from 0 the calls that appended to that step and rank.
 It is written and made visible as any message is (temporary name, checksums, sidecar
 first, a commit that never replaces a file), so a reader sees the whole call's fields
-or none of them; its files say version 1.3 (:data:`FIELDS_VERSION`). Readers find them
+or none of them; its files say version 1.5
+(:data:`~rlwire.transport._stored.layout.FIELDS_VERSION`). Readers find them
 by index, as they find parts: 0, 1, … until one is missing. What they hold is the
 codec's business (:mod:`rlwire._api.appending`).
+
+Each is tied to the step's message it was checked against (its envelope's ``of``, that
+message's ``id``): readers pass over one whose ``of`` is not the step's as they read it,
+and the writer, after its commit, tells its caller when the step's id changed (the file
+stays until the step goes: removing it could hide later ones from readers).
 
 The sink reads what ``add_fields`` checks against by prefixes of the step's files (a
 sink reads the first bytes of a file, not a range): the envelope and codec header, and
@@ -30,16 +36,14 @@ from rlwire._core.slicing import Sliced
 from rlwire._frame.checksums import checksum_segments
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
-from rlwire.transport._appended import FieldsSink, FieldsSource, no_such_rank
+from rlwire.transport._appended import FieldsSink, FieldsSource, no_such_rank, step_replaced
 from rlwire.transport._base import Staged
 from rlwire.transport._stored.layout import (
     _PRELUDE,
-    _SIDECAR_PRELUDE,
-    FIELDS_VERSION,
     MAX_ENVELOPE,
-    Layout,
     _envelope,
-    parse_main,
+    _parse,
+    _whole_envelope,
     plan,
 )
 from rlwire.transport._stored.names import (
@@ -52,7 +56,13 @@ from rlwire.transport._stored.names import (
     sidecar_name,
 )
 from rlwire.transport._stored.parts import parse_seal
-from rlwire.transport._stored.selected import HEAD_BYTES, Ranged, WholeFile, parse_selected
+from rlwire.transport._stored.selected import (
+    HEAD_BYTES,
+    Ranged,
+    WholeFile,
+    parse_selected,
+    read_envelope,
+)
 
 __all__ = ["MAX_APPENDS", "StoredFieldsSink", "StoredFieldsSource"]
 
@@ -89,6 +99,7 @@ class _Reader(Protocol):
     verify: bool
 
     def load(self, name: str) -> memoryview | None: ...
+    def open_ranged(self, name: str) -> Ranged | None: ...
     def locate(self, name: str) -> str: ...
     def _sidecar_loader(self, side: str) -> Callable[[], memoryview]: ...
 
@@ -104,7 +115,8 @@ class _SinkFile(Ranged):
             end = _PRELUDE.size + int(_PRELUDE.unpack_from(self.data)[3])
             if self.data.nbytes < end <= _PRELUDE.size + MAX_ENVELOPE:
                 self.data = self._load(end)
-        self.size = _envelope(self.data, sink.locate(name), whole=False).size
+        env = _envelope(self.data, sink.locate(name), whole=False)
+        self.size, self.id = env.size, env.id
 
     def _load(self, size: int) -> memoryview:
         with self.sink.errors("read", self.name):
@@ -155,20 +167,56 @@ def _no_such_rank(step: int, rank: int, ranks: int, store: _Store) -> ConfigErro
     return ConfigError(f"add_fields: {no_such_rank(step, rank, ranks)}", where=store.locate())
 
 
-def _with_version(layout: Layout) -> Layout:
-    """``layout`` with both files' preludes saying :data:`FIELDS_VERSION` (the
-    envelope's checksum does not cover the prelude: nothing else changes)."""
-    head = bytearray(layout.main[0])
-    magic, _, _, env_len, env_sum = _PRELUDE.unpack_from(head)
-    _PRELUDE.pack_into(head, 0, magic, *FIELDS_VERSION, env_len, env_sum)
-    main = [bytes(head), *layout.main[1:]]
-    sidecar = layout.sidecar
-    if sidecar:
-        side = bytearray(sidecar[0])
-        magic, _, _, reserved, msg_id = _SIDECAR_PRELUDE.unpack_from(side)
-        _SIDECAR_PRELUDE.pack_into(side, 0, magic, *FIELDS_VERSION, reserved, msg_id)
-        sidecar = [bytes(side), *sidecar[1:]]
-    return layout._replace(main=main, sidecar=sidecar)
+def _parse_appended(
+    data: memoryview,
+    *,
+    step: int,
+    rank: int,
+    load_sidecar: Callable[[], memoryview],
+    where: str,
+    verify: bool = True,
+) -> tuple[bytes | None, Frame]:
+    """A message of appended fields, read as a whole step's main file is, and the id of
+    the step's message it was checked against (``None``: written before 1.5)."""
+    env = _whole_envelope(data, where)
+    return env.of, _parse(env, data, step, rank, load_sidecar, where, verify)
+
+
+def _checked_against(appended: list[tuple[bytes | None, Frame]], of: bytes) -> list[Frame]:
+    """The messages of ``appended`` checked against the step's message ``of`` (or
+    written before 1.5, which does not say): those of a step deleted and written
+    again under its number belong to no step a reader may get."""
+    return [frame for tied, frame in appended if tied is None or tied == of]
+
+
+def _message_id(id_of: Callable[[str], bytes | None], step: int, rank: int) -> bytes:
+    """The id of ``rank``'s message of ``step`` as stored now, what appended fields are
+    tied to: its main file's, or its first part's; ``b""`` when it has neither (a step
+    with no part for the rank, or none at all). ``id_of`` reads the id of a main file
+    by name, or returns None if there is no such file."""
+    for name in (main_name(step, rank), part_name(step, rank, 0)):
+        found = id_of(name)
+        if found is not None:
+            return found
+    return b""
+
+
+class _TiedStaging(Staged):
+    """Staged fields whose commit then checks that the step is still the message they
+    were checked against (``check`` raises if not: readers pass over them)."""
+
+    def __init__(self, staged: Staged, check: Callable[[], None]) -> None:
+        self.staged, self.check = staged, check
+
+    def commit(self) -> None:
+        try:
+            self.staged.commit()
+        finally:
+            self.visible = self.staged.visible
+        self.check()
+
+    def discard(self) -> None:
+        self.staged.discard()
 
 
 class StoredFieldsSink(FieldsSink):
@@ -176,6 +224,9 @@ class StoredFieldsSink(FieldsSink):
     :class:`~rlwire.transport._stored.sink.StoredSink`)."""
 
     appends_fields = True
+    #: (step, rank, id) of the message :meth:`read_committed` last read (:func:`_message_id`):
+    #: the fields staged next for that step and rank are tied to it.
+    _read_message: tuple[int, int, bytes] | None = None
 
     def attach_fields(self) -> None:
         store = cast(_Store, self)
@@ -185,14 +236,15 @@ class StoredFieldsSink(FieldsSink):
     def read_committed(self, step: int, rank: int, select: Selector) -> list[Frame] | None:
         store = cast(_Store, self)
 
-        def selected(name: str, side: str, part: int | None) -> Frame:
+        def selected(name: str, side: str, part: int | None) -> tuple[bytes, Frame]:
             with store.errors("read", name):
                 head = store.load_head(name, HEAD_BYTES)
             if head is None:
                 what = "the seal lists it" if part is not None else "it was listed"
                 raise CorruptFrameError(f"missing; {what}", where=store.locate(name))
-            return parse_selected(
-                _SinkFile(store, name, head),
+            file = _SinkFile(store, name, head)
+            return file.id, parse_selected(
+                file,
                 lambda: WholeFile(_whole_side(store, side)),
                 step=step,
                 rank=rank,
@@ -204,35 +256,52 @@ class StoredFieldsSink(FieldsSink):
         with store.errors(f"read step {step}"):
             names = set(store.names())
         if main_name(step, rank) in names:
-            return [selected(main_name(step, rank), sidecar_name(step, rank), None)]
-        if main_name(step, 0) in names:  # sent whole, to fewer ranks
+            read = [selected(main_name(step, rank), sidecar_name(step, rank), None)]
+        elif main_name(step, 0) in names:  # sent whole, to fewer ranks
             ranks = next(r for r in range(1, rank + 1) if main_name(step, r) not in names)
             raise _no_such_rank(step, rank, ranks, store)
-        if seal_name(step) not in names:
+        elif seal_name(step) not in names:
             return None
-        with store.errors("read", seal_name(step)):
-            data = store.load_head(seal_name(step), MAX_ENVELOPE + 64)
-        if data is None:
-            return None
-        seal = parse_seal(memoryview(data), step=step, where=store.locate(seal_name(step)))
-        if rank >= seal.ranks:
-            raise _no_such_rank(step, rank, seal.ranks, store)
-        return [
-            selected(part_name(step, rank, i), part_sidecar_name(step, rank, i), i)
-            for i in range(len(seal.keys[rank]))
-        ]
+        else:
+            with store.errors("read", seal_name(step)):
+                data = store.load_head(seal_name(step), MAX_ENVELOPE + 64)
+            if data is None:
+                return None
+            seal = parse_seal(memoryview(data), step=step, where=store.locate(seal_name(step)))
+            if rank >= seal.ranks:
+                raise _no_such_rank(step, rank, seal.ranks, store)
+            read = [
+                selected(part_name(step, rank, i), part_sidecar_name(step, rank, i), i)
+                for i in range(len(seal.keys[rank]))
+            ]
+        self._read_message = (step, rank, read[0][0] if read else b"")
+        return [frame for _, frame in read]
+
+    def _id_of(self, name: str) -> bytes | None:
+        store = cast(_Store, self)
+        with store.errors("read", name):
+            head = store.load_head(name, HEAD_BYTES)
+        return None if head is None else _SinkFile(store, name, head).id
+
+    def _tied_to(self, step: int, rank: int) -> bytes:
+        """The id of the message the fields of ``step`` and ``rank`` are checked
+        against: the one :meth:`read_committed` read, else the one stored now."""
+        read = self._read_message
+        if read is not None and read[:2] == (step, rank):
+            return read[2]
+        return _message_id(self._id_of, step, rank)
 
     def read_appended(self, step: int, rank: int) -> list[Frame]:
         store = cast(_Store, self)
-        frames = []
+        got = []
         for index in range(MAX_APPENDS):
             name = fields_name(step, rank, index)
             data = _whole_main(store, name)
             if data is None:
                 break
             side = fields_name(step, rank, index, sidecar=True)
-            frames.append(
-                parse_main(
+            got.append(
+                _parse_appended(
                     data,
                     step=step,
                     rank=rank,
@@ -240,7 +309,7 @@ class StoredFieldsSink(FieldsSink):
                     where=store.locate(name),
                 )
             )
-        return frames
+        return _checked_against(got, self._tied_to(step, rank))
 
     def stage_fields(self, step: int, rank: int, frame: Frame) -> Sliced[Staged]:
         store = cast(_Store, self)
@@ -263,35 +332,59 @@ class StoredFieldsSink(FieldsSink):
                 where=store.locate(),
             )
         main, side = fields_name(step, rank, index), fields_name(step, rank, index, sidecar=True)
+        of = self._tied_to(step, rank)
 
         def write(staging: _Staging) -> Sliced[None]:
             with store.errors(f"write the fields appended to step {step}", main):
                 sums = (yield from checksum_segments(frame)) if store.checksum else None
-                layout = _with_version(plan(frame, step, rank, sums))
+                layout = plan(frame, step, rank, sums, of=of)
                 if layout.sidecar:
                     yield from staging.add(side, layout.sidecar, main=False)
                 yield from staging.add(main, layout.main, main=True)
 
-        return (yield from store._staged(step, write))
+        def check() -> None:
+            now = _message_id(self._id_of, step, rank)
+            if now != of:
+                why = step_replaced(step, sent_again=bool(now))
+                raise ConfigError(f"add_fields: {why}", where=store.locate(main))
+
+        staged = yield from store._staged(step, write)
+        return _TiedStaging(staged, check)
 
 
 class StoredFieldsSource(FieldsSource):
     """Appended fields read from a store (a base of
-    :class:`~rlwire.transport._stored.source.StoredSource`)."""
+    :class:`~rlwire.transport._stored.source.StoredSource`): a reader takes those tied
+    to the step's message as stored when it looks (or written before 1.5)."""
 
     appends_fields = True
+    #: (step, id) of the step's message the last :meth:`read_appended` tied its
+    #: messages to (None: it found none that says, 1.3's)
+    _tied: tuple[int, bytes] | None = None
+
+    def _id_of(self, name: str) -> bytes | None:
+        reader = cast(_Reader, self)
+        file = reader.open_ranged(name)
+        return None if file is None else read_envelope(file, reader.locate(name))[1].id
+
+    def appended_still_tied(self, step: int) -> bool:
+        tied = self._tied
+        if tied is None or tied[0] != step:
+            return True
+        return _message_id(self._id_of, step, cast(_Reader, self).rank) == tied[1]
 
     def read_appended(self, step: int) -> list[Frame]:
         reader = cast(_Reader, self)
-        frames = []
+        self._tied = None
+        got = []
         for index in range(MAX_APPENDS):
             name = fields_name(step, reader.rank, index)
             data = reader.load(name)
             if data is None:
                 break
             side = fields_name(step, reader.rank, index, sidecar=True)
-            frames.append(
-                parse_main(
+            got.append(
+                _parse_appended(
                     data,
                     step=step,
                     rank=reader.rank,
@@ -300,4 +393,7 @@ class StoredFieldsSource(FieldsSource):
                     verify=reader.verify,
                 )
             )
-        return frames
+        if all(of is None for of, _ in got):
+            return [frame for _, frame in got]
+        self._tied = (step, _message_id(self._id_of, step, reader.rank))
+        return _checked_against(got, self._tied[1])

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
@@ -53,7 +53,7 @@ MAIN_MAGIC = b"\x89RLW\r\n\x1a\n"
 SIDECAR_MAGIC = b"\x89RLS\r\n\x1a\n"
 FORMAT_VERSION = (1, 1)  # 1.1: the msgpack header may hold extension types 6 and 7
 PARTS_VERSION = (1, 2)  # a part's files and a seal: 1.2 added the envelope's part, key, cost
-FIELDS_VERSION = (1, 3)  # fields appended to a step (add_fields): a whole step's envelope
+FIELDS_VERSION = (1, 5)  # fields appended to a step (add_fields); 1.5 added the envelope's `of`
 MAX_ENVELOPE = 64 << 20
 _PRELUDE = struct.Struct("<8sHHIQ")
 _SIDECAR_PRELUDE = struct.Struct("<8sHHI16s")
@@ -82,6 +82,12 @@ class _PartEnvelope(_Envelope, omit_defaults=True):
     part: int | None = None  # its index among its rank's parts
     key: str | int | None = None  # the producer's key
     cost: float | None = None  # its cost when it was assigned
+    # Since 1.5, appended fields': the id of the step's message they were checked against
+    of: bytes | None = None
+
+
+class _FieldsEnvelope(_Envelope, omit_defaults=True, kw_only=True):
+    of: bytes  # as _PartEnvelope's; empty: the rank had no message (no parts), always written
 
 
 _envelope_encoder = msgspec.msgpack.Encoder()
@@ -111,8 +117,14 @@ class Layout(NamedTuple):
         env = _envelope_encoder.encode(
             msgspec.structs.replace(self.envelope, checksum=CHECKSUM, checksums=checksums)
         )
-        version = PARTS_VERSION if isinstance(self.envelope, _PartEnvelope) else FORMAT_VERSION
+        version = _version(self.envelope)
         return _PRELUDE.pack(MAIN_MAGIC, *version, len(env), xxhash.xxh3_64_intdigest(env)) + env
+
+
+def _version(envelope: _Envelope) -> tuple[int, int]:
+    if isinstance(envelope, _PartEnvelope):
+        return PARTS_VERSION
+    return FIELDS_VERSION if isinstance(envelope, _FieldsEnvelope) else FORMAT_VERSION
 
 
 def _pad(offset: int) -> int:
@@ -157,13 +169,16 @@ def plan(
     checksums: bytes | None = None,
     *,
     part: PartInfo | None = None,
+    of: bytes | None = None,
 ) -> Layout:
     """Lay ``frame`` out as a main file and a sidecar file (empty without sidecar).
 
     ``checksums`` comes from :func:`~rlwire._frame.checksums.checksum_segments`; without
     it the message carries no segment checksums. Offsets come from numpy arithmetic and
     the buffer table is packed arrays, so this costs microseconds per thousand buffers.
-    ``part`` makes it a part of a step (index, key, cost in the envelope; version 1.2).
+    ``part`` makes it a part of a step (index, key, cost in the envelope; version 1.2);
+    ``of`` a message of fields appended to a step, checked against the step's message
+    of that id (``b""``: the rank had none; version 1.5).
     """
     msg_id = os.urandom(16)
     n = len(frame.buffers)
@@ -177,6 +192,12 @@ def plan(
     offsets[in_side] = _starts(padded[in_side], ALIGN)
     sidecar_size = ALIGN + int(padded[in_side].sum()) if frame.sidecar else None
     header_len = len(frame.header)
+    kind: type[_Envelope] = _Envelope
+    kind_keys: dict[str, Any] = {}
+    if part is not None:
+        kind, kind_keys = _PartEnvelope, {"part": part.index, "key": part.key, "cost": part.cost}
+    elif of is not None:
+        kind, kind_keys = _FieldsEnvelope, {"of": of}
     # The envelope holds offsets that depend on its own length: lay out with a guess,
     # then again with the real length until it stops growing (a pass or two).
     env_len = 0
@@ -185,7 +206,7 @@ def plan(
         body = header_offset + header_len + _pad(header_len)
         offsets[~in_side] = _starts(padded[~in_side], body)
         size = body + int(padded[~in_side].sum())
-        envelope = (_Envelope if part is None else _PartEnvelope)(
+        envelope = kind(
             id=msg_id,
             step=step,
             rank=rank,
@@ -200,13 +221,13 @@ def plan(
             checksums=checksums or b"",
             compression=bytes(frame.compression),
             raw_sizes=np.array(frame.raw_sizes, _U64).tobytes(),
-            **({} if part is None else {"part": part.index, "key": part.key, "cost": part.cost}),
+            **kind_keys,
         )
         env = _envelope_encoder.encode(envelope)
         if len(env) == env_len:
             break
         env_len = len(env)
-    version = FORMAT_VERSION if part is None else PARTS_VERSION
+    version = _version(envelope)
     head = _PRELUDE.pack(MAIN_MAGIC, *version, env_len, xxhash.xxh3_64_intdigest(env))
     main: list[bytes | memoryview] = [head + env]
     main_segs = [-1]
@@ -254,10 +275,15 @@ def parse_main(
         CorruptFrameError: anything truncated, garbled or inconsistent, or a segment
             whose checksum does not match (the message names step, rank and buffer).
     """
+    env = _whole_envelope(data, where)
+    return _parse(env, data, step, rank, load_sidecar, where, verify)
+
+
+def _whole_envelope(data: memoryview, where: str) -> _PartEnvelope:
     env = _envelope(data, where)
     if env.part is not None:
         raise CorruptFrameError(f"holds part {env.part}, not a whole step", where=where)
-    return _parse(env, data, step, rank, load_sidecar, where, verify)
+    return env
 
 
 def _parse(

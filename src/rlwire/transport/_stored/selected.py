@@ -31,7 +31,7 @@ from rlwire.transport._stored.layout import (
 from rlwire.transport._stored.parts import _part_info
 from rlwire.transport._stored.table import MAIN, SIDECAR, checked_table
 
-__all__ = ["HEAD_BYTES", "Ranged", "WholeFile", "parse_selected"]
+__all__ = ["HEAD_BYTES", "Ranged", "WholeFile", "parse_selected", "read_envelope"]
 
 #: Bytes read first: the prelude and envelope, and the codec header of most messages.
 HEAD_BYTES = 64 << 10
@@ -77,6 +77,28 @@ class WholeFile(Ranged):
         return [self.data[start:end] for start, end in ranges]
 
 
+def read_envelope(main: Ranged, where: str) -> tuple[memoryview, _PartEnvelope]:
+    """The head of a stored main file (as far as its envelope) and its envelope, read
+    by ranges and checked (its checksum, and the file's size against it).
+
+    Raises:
+        CorruptFrameError, UnsupportedVersionError: as
+            :func:`~rlwire.transport._stored.layout.parse_main`, for the envelope.
+    """
+    head = main.head()
+    if head.nbytes >= _PRELUDE.size:
+        end = _PRELUDE.size + int(_PRELUDE.unpack_from(head)[3])
+        if head.nbytes < end <= min(main.size, _PRELUDE.size + MAX_ENVELOPE):
+            head = main.read([(0, end)])[0]
+    env = _envelope(head, where, whole=False)
+    if env.size != main.size:
+        raise CorruptFrameError(
+            f"truncated or extended: the envelope says {env.size} bytes, found {main.size}",
+            where=where,
+        )
+    return head, env
+
+
 def parse_selected(
     main: Ranged,
     open_sidecar: Callable[[], Ranged],
@@ -99,17 +121,7 @@ def parse_selected(
         UnsupportedVersionError: likewise.
         RlwireError: what ``select`` raises (a field the step does not hold).
     """
-    head = main.head()
-    if head.nbytes >= _PRELUDE.size:
-        end = _PRELUDE.size + int(_PRELUDE.unpack_from(head)[3])
-        if head.nbytes < end <= min(main.size, _PRELUDE.size + MAX_ENVELOPE):
-            head = main.read([(0, end)])[0]
-    env = _envelope(head, where, whole=False)
-    if env.size != main.size:
-        raise CorruptFrameError(
-            f"truncated or extended: the envelope says {env.size} bytes, found {main.size}",
-            where=where,
-        )
+    head, env = read_envelope(main, where)
     info = None
     if part is None:
         if env.part is not None:

@@ -213,6 +213,10 @@ class RayFieldsSource(FieldsSource):
     appends_fields = True
     #: (step, count) a receiver waits beyond: what the next wait waits for.
     _fields_expected: tuple[int, int] | None = None
+    #: (step, token) of the commit whose fields :meth:`read_appended` last returned,
+    #: and of the commit the source's last read of a step (or part) answered
+    _fields_commit: tuple[int, object] | None = None
+    _read_commit: tuple[int, object] | None = None
 
     if TYPE_CHECKING:  # RaySource's
         rank: int
@@ -239,7 +243,15 @@ class RayFieldsSource(FieldsSource):
         )
         where = f"{self.where}: fields appended to step {step} rank {self.rank}"
         refs = _refs(answer, "fields", where)
+        self._fields_commit = (step, answer[2]) if refs and len(answer) > 2 else None
         return [self._fetch(main, side, where, sums) for main, side, sums in refs]
+
+    def appended_still_tied(self, step: int) -> bool:
+        """Whether the step read since :meth:`read_appended` is the commit whose fields
+        it returned (the board deletes a step's fields with it: one sent again between
+        the two reads has none of them)."""
+        tied = self._fields_commit
+        return tied is None or tied[0] != step or self._read_commit == tied
 
     def expect_fields(self, step: int, count: int) -> None:
         self._fields_expected = (step, count)

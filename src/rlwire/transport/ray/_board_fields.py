@@ -17,7 +17,7 @@ from typing import Any
 
 from ray import ObjectRef
 
-from rlwire.transport._appended import no_such_rank
+from rlwire.transport._appended import no_such_rank, step_replaced
 from rlwire.transport.ray._board_parts import PartKey, Refs, _Part
 
 __all__ = ["FieldsBoard"]
@@ -129,13 +129,9 @@ class FieldsBoard:
             return ("missing",)
         step, staged = entry
         if self._committed_refs(step, rank) is None:
-            return ("none", f"step {step} was deleted meanwhile")
+            return ("none", step_replaced(step, False))
         if token is not None and self.tokens.get(step) != token:
-            return (
-                "none",
-                f"step {step} was deleted and sent again (another run) since its message "
-                "was read to check the fields against it",
-            )
+            return ("none", step_replaced(step, True))
         have = self._fields_of(step, rank)
         if len(have) != index:
             return (
@@ -148,8 +144,10 @@ class FieldsBoard:
 
     async def read_fields(self, step: int, rank: int) -> tuple[Any, ...]:
         """The objects of every message of fields appended to ``step`` for ``rank``, in
-        commit order: ``("fields", [[main, sidecar], ...])``."""
-        return ("fields", [list(refs) for refs in self._fields_of(step, rank)])
+        commit order, and the token of the step's commit they belong to: ``("fields",
+        [[main, sidecar], ...], token)``."""
+        refs = [list(refs) for refs in self._fields_of(step, rank)]
+        return ("fields", refs, self.tokens.get(step))
 
     async def wait_fields(
         self, step: int, rank: int, count: int, timeout: float

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -126,3 +127,73 @@ async def test_a_step_written_again_while_a_receiver_reads_it_comes_without_the_
     assert rewrites == [0]
     assert got["token_ids"].values.tolist() == list(range(100, 105))
     assert "score" not in got.names, got["score"]
+
+
+async def test_a_retry_after_another_stage_took_the_index_keeps_the_first_tie(
+    tmp_path: Path,
+) -> None:
+    """Between a stage's check of step 0 and its commit, the producer is restarted with
+    ``overwrite`` (the step deleted and written again) and a fast stage appends to the
+    new step, taking ``fields-000``: the commit finds its index taken and tries again,
+    and must not check its fields (computed for the old step) against the new one and
+    tie them to it. It raises ConfigError; the new step keeps the fast stage's fields
+    alone."""
+    path, other = tmp_path / "run", tmp_path / "other"
+    await _send(path, 0, False)
+    await _send(other, 100, False)
+    await _add(other, {"ref": [5.0, 6.0]})
+    stage = rlwire.open_sender(path)
+    sink = stage._sink  # type: ignore[attr-defined]
+    stage_fields = sink.stage_fields
+    raced: list[int] = []
+
+    def then_race(step: int, rank: int, frame: rlwire.Frame) -> Any:
+        staged = yield from stage_fields(step, rank, frame)
+        if not raced:
+            raced.append(step)
+            for name in os.listdir(path):
+                if not name.startswith("."):  # (the stage's own temporary file stays)
+                    os.unlink(path / name)
+            for name in os.listdir(other):
+                shutil.copy(other / name, path)
+        return staged
+
+    sink.stage_fields = then_race
+    try:
+        with pytest.raises(rlwire.ConfigError, match="step 0 was deleted and sent again"):
+            await stage.add_fields(0, {"score": [1.0, 2.0]})
+    finally:
+        await stage.aclose()
+    assert raced == [0]
+    assert sorted(p.name for p in path.glob("*.fields-*")) == [
+        "step-00000000.rank-0000.fields-000.rlw"
+    ]
+    with rlwire.open_receiver(path, type=dict, as_columns=True, record_consumed=False) as rx:
+        got = rx.receive(timeout=10)["samples"]
+    assert got["token_ids"].values.tolist() == list(range(100, 105))
+    assert got.names == ("token_ids", "ref")
+
+
+async def test_a_file_left_beyond_a_gap_does_not_hide_the_new_steps_fields(
+    tmp_path: Path,
+) -> None:
+    """An overwrite deletes a step's fields in name order: the second stage's
+    ``fields-001``, committed late, can stay without a ``fields-000``. The next stage
+    takes the free ``fields-000`` (readers stop at the first missing index), and is
+    read; the old file is passed over."""
+    path = tmp_path / "run"
+    await _send(path, 0, False)
+    await _add(path, {"ref": [5.0, 6.0]})
+    await _add(path, {"score": [1.0, 2.0]})
+    late = (path / "step-00000000.rank-0000.fields-001.rlw").read_bytes()
+    await _send(path, 100, False, on_existing="overwrite")
+    (path / "step-00000000.rank-0000.fields-001.rlw").write_bytes(late)
+    await _add(path, {"score": [7.0, 8.0]})
+    assert (path / "step-00000000.rank-0000.fields-000.rlw").exists()
+    assert _score(path) == [7.0, 8.0]
+    await _add(path, {"ref": [3.0, 4.0]})  # the next free index: 002
+    assert (path / "step-00000000.rank-0000.fields-002.rlw").exists()
+    with rlwire.open_receiver(path, type=dict, as_columns=True, record_consumed=False) as rx:
+        got = rx.receive(timeout=10)["samples"]
+    assert got.names == ("token_ids", "score", "ref")
+    assert got["ref"].tolist() == [3.0, 4.0]

@@ -214,11 +214,15 @@ def _check_against(
                 )
 
 
-def prepare(sink: Sink, step: int, rank: int, columns: Columns, limits: Limits) -> Frame:
-    """Read and check the step as stored, then encode ``columns`` (in a worker thread)."""
+def prepare(
+    sink: Sink, step: int, rank: int, columns: Columns, limits: Limits, again: bool
+) -> Frame:
+    """Read and check the step as stored (``again``: as it was at the first try of the
+    same call, :meth:`~rlwire.abc.Sink.read_committed`), then encode ``columns`` (in a
+    worker thread)."""
     decoding = FrameDecoding(limits, None, writable=False)
     rows = _StoredRows(decoding)
-    frames = sink.read_committed(step, rank, rows.select)
+    frames = sink.read_committed(step, rank, rows.select, again=again)
     if frames is None:
         raise ConfigError(f"add_fields: step {step} is not committed (sent whole, or sealed)")
     count, lengths = _stored_rows(frames, rows)

@@ -95,7 +95,7 @@ async def add_fields(
     try:
         for attempt in range(_COMMIT_TRIES):
             frame = await to_thread.run_sync(
-                prepare, sink, step, rank, columns, limits, limiter=limiter
+                prepare, sink, step, rank, columns, limits, attempt > 0, limiter=limiter
             )
             staged = await drive_sliced(
                 sink.stage_fields(step, rank, frame), limiter, dropped=lambda s: s.discard()

@@ -79,10 +79,16 @@ class FieldsSink:
         """
         raise self._no_fields()
 
-    def read_committed(self, step: int, rank: int, select: Selector) -> list[Frame] | None:
+    def read_committed(
+        self, step: int, rank: int, select: Selector, *, again: bool = False
+    ) -> list[Frame] | None:
         """``rank``'s message of the committed ``step``, as stored: one frame for a step
         sent whole, one per part (in index order) for a sealed step filled part by part;
-        ``None`` when the step is not committed (absent, or not sealed yet). A sink that
+        ``None`` when the step is not committed (absent, or not sealed yet). The next
+        :meth:`stage_fields` of that step and rank ties its message to what was read
+        (readers never take it with another message of the step); ``again`` (a retry of
+        the same ``add_fields``, another stage having taken its index) keeps the tie of
+        the first read, and refuses a step deleted and sent again since. A sink that
         can read part of a message reads only the buffers ``select`` asks for (the
         others empty, :attr:`~rlwire.Frame.missing`) and checks their checksums; any
         other returns them all.
@@ -91,9 +97,10 @@ class FieldsSink:
             CorruptFrameError: a stored message is garbled.
             TransportError: the destination cannot be read.
             RlwireError: what ``select`` raises (a field the step does not hold).
-            ConfigError: the sink cannot append fields (the default), or the step is
+            ConfigError: the sink cannot append fields (the default), the step is
                 committed for fewer ranks than ``rank + 1`` (the fields would belong
-                to no receiver's step: :func:`no_such_rank` says so).
+                to no receiver's step: :func:`no_such_rank` says so), or (``again``)
+                it is not the one the first read found (:func:`step_replaced`).
         """
         raise self._no_fields()
 

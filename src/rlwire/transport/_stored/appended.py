@@ -31,21 +31,20 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
-from rlwire._core.errors import ConfigError, CorruptFrameError, StepExistsError
+from rlwire._core.errors import ConfigError, CorruptFrameError, StepExistsError, TransportError
 from rlwire._core.slicing import Sliced
 from rlwire._frame.checksums import checksum_segments
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
 from rlwire.transport._appended import FieldsSink, FieldsSource, no_such_rank, step_replaced
 from rlwire.transport._base import Staged
-from rlwire.transport._stored.layout import (
-    _PRELUDE,
-    MAX_ENVELOPE,
-    _envelope,
-    _parse,
-    _whole_envelope,
-    plan,
+from rlwire.transport._stored.appended_tie import (
+    TiedStaging,
+    checked_against,
+    message_id,
+    parse_appended,
 )
+from rlwire.transport._stored.layout import _PRELUDE, MAX_ENVELOPE, _envelope, plan
 from rlwire.transport._stored.names import (
     FIELDS_RE,
     fields_name,
@@ -99,7 +98,7 @@ class _Reader(Protocol):
     verify: bool
 
     def load(self, name: str) -> memoryview | None: ...
-    def open_ranged(self, name: str) -> Ranged | None: ...
+    def open_head(self, name: str) -> Ranged | None: ...
     def locate(self, name: str) -> str: ...
     def _sidecar_loader(self, side: str) -> Callable[[], memoryview]: ...
 
@@ -167,65 +166,14 @@ def _no_such_rank(step: int, rank: int, ranks: int, store: _Store) -> ConfigErro
     return ConfigError(f"add_fields: {no_such_rank(step, rank, ranks)}", where=store.locate())
 
 
-def _parse_appended(
-    data: memoryview,
-    *,
-    step: int,
-    rank: int,
-    load_sidecar: Callable[[], memoryview],
-    where: str,
-    verify: bool = True,
-) -> tuple[bytes | None, Frame]:
-    """A message of appended fields, read as a whole step's main file is, and the id of
-    the step's message it was checked against (``None``: written before 1.5)."""
-    env = _whole_envelope(data, where)
-    return env.of, _parse(env, data, step, rank, load_sidecar, where, verify)
-
-
-def _checked_against(appended: list[tuple[bytes | None, Frame]], of: bytes) -> list[Frame]:
-    """The messages of ``appended`` checked against the step's message ``of`` (or
-    written before 1.5, which does not say): those of a step deleted and written
-    again under its number belong to no step a reader may get."""
-    return [frame for tied, frame in appended if tied is None or tied == of]
-
-
-def _message_id(id_of: Callable[[str], bytes | None], step: int, rank: int) -> bytes:
-    """The id of ``rank``'s message of ``step`` as stored now, what appended fields are
-    tied to: its main file's, or its first part's; ``b""`` when it has neither (a step
-    with no part for the rank, or none at all). ``id_of`` reads the id of a main file
-    by name, or returns None if there is no such file."""
-    for name in (main_name(step, rank), part_name(step, rank, 0)):
-        found = id_of(name)
-        if found is not None:
-            return found
-    return b""
-
-
-class _TiedStaging(Staged):
-    """Staged fields whose commit then checks that the step is still the message they
-    were checked against (``check`` raises if not: readers pass over them)."""
-
-    def __init__(self, staged: Staged, check: Callable[[], None]) -> None:
-        self.staged, self.check = staged, check
-
-    def commit(self) -> None:
-        try:
-            self.staged.commit()
-        finally:
-            self.visible = self.staged.visible
-        self.check()
-
-    def discard(self) -> None:
-        self.staged.discard()
-
-
 class StoredFieldsSink(FieldsSink):
     """Appended fields in a store (a base of
     :class:`~rlwire.transport._stored.sink.StoredSink`)."""
 
     appends_fields = True
-    #: (step, rank, id) of the message :meth:`read_committed` last read (:func:`_message_id`):
-    #: the fields staged next for that step and rank are tied to it.
+    #: (step, rank, id) of the message :meth:`read_committed` last read (its
+    #: :func:`~rlwire.transport._stored.appended_tie.message_id`): the fields staged
+    #: next for that step and rank are tied to it.
     _read_message: tuple[int, int, bytes] | None = None
 
     def attach_fields(self) -> None:
@@ -233,7 +181,9 @@ class StoredFieldsSink(FieldsSink):
         with store.errors("reach the destination"):
             store.prepare()
 
-    def read_committed(self, step: int, rank: int, select: Selector) -> list[Frame] | None:
+    def read_committed(
+        self, step: int, rank: int, select: Selector, *, again: bool = False
+    ) -> list[Frame] | None:
         store = cast(_Store, self)
 
         def selected(name: str, side: str, part: int | None) -> tuple[bytes, Frame]:
@@ -274,7 +224,10 @@ class StoredFieldsSink(FieldsSink):
                 selected(part_name(step, rank, i), part_sidecar_name(step, rank, i), i)
                 for i in range(len(seal.keys[rank]))
             ]
-        self._read_message = (step, rank, read[0][0] if read else b"")
+        first, now = self._read_message, read[0][0] if read else b""
+        if again and first is not None and first[:2] == (step, rank) and first[2] != now:
+            raise ConfigError(f"add_fields: {step_replaced(step, True)}", where=store.locate())
+        self._read_message = (step, rank, now)
         return [frame for _, frame in read]
 
     def _id_of(self, name: str) -> bytes | None:
@@ -289,7 +242,7 @@ class StoredFieldsSink(FieldsSink):
         read = self._read_message
         if read is not None and read[:2] == (step, rank):
             return read[2]
-        return _message_id(self._id_of, step, rank)
+        return message_id(self._id_of, step, rank)
 
     def read_appended(self, step: int, rank: int) -> list[Frame]:
         store = cast(_Store, self)
@@ -301,7 +254,7 @@ class StoredFieldsSink(FieldsSink):
                 break
             side = fields_name(step, rank, index, sidecar=True)
             got.append(
-                _parse_appended(
+                parse_appended(
                     data,
                     step=step,
                     rank=rank,
@@ -309,7 +262,7 @@ class StoredFieldsSink(FieldsSink):
                     where=store.locate(name),
                 )
             )
-        return _checked_against(got, self._tied_to(step, rank))
+        return checked_against(got, self._tied_to(step, rank))
 
     def stage_fields(self, step: int, rank: int, frame: Frame) -> Sliced[Staged]:
         store = cast(_Store, self)
@@ -325,7 +278,9 @@ class StoredFieldsSink(FieldsSink):
             for n in names
             if (m := FIELDS_RE.fullmatch(n)) and (int(m.group(1)), int(m.group(2))) == (step, rank)
         }
-        index = max(taken, default=-1) + 1
+        # The lowest free index: a file left by a stage that raced the step's deletion
+        # (taken, passed over) may stand beyond a gap, where readers would never look.
+        index = min(set(range(len(taken) + 1)) - taken)
         if index >= MAX_APPENDS:
             raise StepExistsError(
                 f"step {step} rank {rank} holds {index} files of appended fields already",
@@ -343,13 +298,16 @@ class StoredFieldsSink(FieldsSink):
                 yield from staging.add(main, layout.main, main=True)
 
         def check() -> None:
-            now = _message_id(self._id_of, step, rank)
+            try:
+                now = message_id(self._id_of, step, rank)
+            except (TransportError, CorruptFrameError):
+                return  # committed, and tied: readers tell, if this cannot
             if now != of:
                 why = step_replaced(step, sent_again=bool(now))
                 raise ConfigError(f"add_fields: {why}", where=store.locate(main))
 
         staged = yield from store._staged(step, write)
-        return _TiedStaging(staged, check)
+        return TiedStaging(staged, check)
 
 
 class StoredFieldsSource(FieldsSource):
@@ -364,14 +322,14 @@ class StoredFieldsSource(FieldsSource):
 
     def _id_of(self, name: str) -> bytes | None:
         reader = cast(_Reader, self)
-        file = reader.open_ranged(name)
+        file = reader.open_head(name)
         return None if file is None else read_envelope(file, reader.locate(name))[1].id
 
     def appended_still_tied(self, step: int) -> bool:
         tied = self._tied
         if tied is None or tied[0] != step:
             return True
-        return _message_id(self._id_of, step, cast(_Reader, self).rank) == tied[1]
+        return message_id(self._id_of, step, cast(_Reader, self).rank) == tied[1]
 
     def read_appended(self, step: int) -> list[Frame]:
         reader = cast(_Reader, self)
@@ -384,7 +342,7 @@ class StoredFieldsSource(FieldsSource):
                 break
             side = fields_name(step, reader.rank, index, sidecar=True)
             got.append(
-                _parse_appended(
+                parse_appended(
                     data,
                     step=step,
                     rank=reader.rank,
@@ -395,5 +353,5 @@ class StoredFieldsSource(FieldsSource):
             )
         if all(of is None for of, _ in got):
             return [frame for _, frame in got]
-        self._tied = (step, _message_id(self._id_of, step, reader.rank))
-        return _checked_against(got, self._tied[1])
+        self._tied = (step, message_id(self._id_of, step, reader.rank))
+        return checked_against(got, self._tied[1])

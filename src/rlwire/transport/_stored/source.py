@@ -195,6 +195,17 @@ class StoredSource(StoredFieldsSource, Source):
         data = self.load(name)
         return None if data is None else WholeFile(data)
 
+    def open_head(self, name: str) -> Ranged | None:
+        """The file called ``name``, to read its head only (a message's envelope), or
+        ``None`` if it does not exist: :meth:`open_ranged` by default; stores that can
+        read a range alone read no more than that, even where ``open_ranged`` reads the
+        whole file.
+
+        Raises:
+            CorruptFrameError, TransportError: as :meth:`load`.
+        """
+        return self.open_ranged(name)
+
     def _read_selected(
         self, name: str, side: str, step: int, part: int | None
     ) -> tuple[PartInfo | None, Frame] | None:

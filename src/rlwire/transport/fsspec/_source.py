@@ -110,6 +110,9 @@ class FsspecSource(StoredSource):
     def open_ranged(self, name: str) -> Ranged | None:
         if self.writable:  # writable buffers are copies anyway: read whole
             return super().open_ranged(name)
+        return self.open_head(name)
+
+    def open_head(self, name: str) -> Ranged | None:
         store = self._conn.get()
         with translate_errors(self.locate(name), "read"):
             return store.ranged(store.path(name))

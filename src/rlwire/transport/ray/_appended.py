@@ -21,7 +21,7 @@ from rlwire._core.errors import ConfigError, CorruptFrameError, StepExistsError
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
-from rlwire.transport._appended import FieldsSink, FieldsSource
+from rlwire.transport._appended import FieldsSink, FieldsSource, step_replaced
 from rlwire.transport._base import Staged
 from rlwire.transport.ray._actors import (
     BoardHandle,
@@ -154,7 +154,9 @@ class RayFieldsSink(FieldsSink):
             )
         return frames
 
-    def read_committed(self, step: int, rank: int, select: Selector) -> list[Frame] | None:
+    def read_committed(
+        self, step: int, rank: int, select: Selector, *, again: bool = False
+    ) -> list[Frame] | None:
         del select  # a message of the object store is mapped whole, without a copy
         where = f"{self.where}: step {step} rank {rank}"
         answer = call(
@@ -166,6 +168,9 @@ class RayFieldsSink(FieldsSink):
             raise ConfigError(f"add_fields: {answer[1]}", where=self.where)
         if answer[0] != "step":
             raise CorruptFrameError(f"the board answered {answer[0]!r}", where=where)
+        read = self._read_commit
+        if again and read is not None and read[:2] == (step, rank) and read[2] != answer[2]:
+            raise ConfigError(f"add_fields: {step_replaced(step, True)}", where=self.where)
         self._read_commit = (step, rank, answer[2])
         return self._frames(_refs(answer, "a step's objects", where), where)
 
@@ -181,7 +186,7 @@ class RayFieldsSink(FieldsSink):
         where = f"{self.where}: fields appended to step {step} rank {rank}"
         have = call(board.read_fields, step, rank, where=where, action="ask the board")
         key = uuid.uuid4().hex
-        read, self._read_commit = self._read_commit, None
+        read = self._read_commit
         token = read[2] if read is not None and read[:2] == (step, rank) else None
         staged = RayStagedFields(board, self.where, key, step, rank, len(have[1]), token)
         try:
@@ -216,7 +221,7 @@ class RayFieldsSource(FieldsSource):
     #: (step, token) of the commit whose fields :meth:`read_appended` last returned,
     #: and of the commit the source's last read of a step (or part) answered
     _fields_commit: tuple[int, object] | None = None
-    _read_commit: tuple[int, object] | None = None
+    _step_commit: tuple[int, object] | None = None
 
     if TYPE_CHECKING:  # RaySource's
         rank: int
@@ -251,7 +256,7 @@ class RayFieldsSource(FieldsSource):
         it returned (the board deletes a step's fields with it: one sent again between
         the two reads has none of them)."""
         tied = self._fields_commit
-        return tied is None or tied[0] != step or self._read_commit == tied
+        return tied is None or tied[0] != step or self._step_commit == tied
 
     def expect_fields(self, step: int, count: int) -> None:
         self._fields_expected = (step, count)

@@ -296,7 +296,7 @@ class RaySource(RayFieldsSource, Source):
 
     def _check_commit(self, step: int, token: object, where: str) -> None:
         checked_commit(self._commit, step, token, where)
-        self._read_commit = (step, token)
+        self._step_commit = (step, token)
 
     def _expect_part(self, step: int, index: int) -> None:
         self._expected, self._expected_part = step, (step, index)

@@ -1,0 +1,69 @@
+"""What ties a message of fields appended to a step (``add_fields``) to the step's
+message it was checked against, in a store (format 1.5, docs/format.md "Appended
+fields"): its envelope's ``of`` is that message's ``id``, which :func:`message_id`
+reads; readers keep the messages :func:`checked_against` the step's as they read it,
+and a writer's :class:`TiedStaging` checks the step again once it has committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlwire._frame.frame import Frame
+from rlwire.transport._base import Staged
+from rlwire.transport._stored.layout import _parse, _whole_envelope
+from rlwire.transport._stored.names import main_name, part_name
+
+__all__ = ["TiedStaging", "checked_against", "message_id", "parse_appended"]
+
+
+def parse_appended(
+    data: memoryview,
+    *,
+    step: int,
+    rank: int,
+    load_sidecar: Callable[[], memoryview],
+    where: str,
+    verify: bool = True,
+) -> tuple[bytes | None, Frame]:
+    """A message of appended fields, read as a whole step's main file is, and the id of
+    the step's message it was checked against (``None``: written before 1.5)."""
+    env = _whole_envelope(data, where)
+    return env.of, _parse(env, data, step, rank, load_sidecar, where, verify)
+
+
+def checked_against(appended: list[tuple[bytes | None, Frame]], of: bytes) -> list[Frame]:
+    """The messages of ``appended`` checked against the step's message ``of`` (or
+    written before 1.5, which does not say): those of a step deleted and written
+    again under its number belong to no step a reader may get."""
+    return [frame for tied, frame in appended if tied is None or tied == of]
+
+
+def message_id(id_of: Callable[[str], bytes | None], step: int, rank: int) -> bytes:
+    """The id of ``rank``'s message of ``step`` as stored now, what appended fields are
+    tied to: its main file's, or its first part's; ``b""`` when it has neither (a step
+    with no part for the rank, or none at all). ``id_of`` reads the id of a main file
+    by name, or returns None if there is no such file."""
+    for name in (main_name(step, rank), part_name(step, rank, 0)):
+        found = id_of(name)
+        if found is not None:
+            return found
+    return b""
+
+
+class TiedStaging(Staged):
+    """Staged fields whose commit then checks that the step is still the message they
+    were checked against (``check`` raises if not: readers pass over them)."""
+
+    def __init__(self, staged: Staged, check: Callable[[], None]) -> None:
+        self.staged, self.check = staged, check
+
+    def commit(self) -> None:
+        try:
+            self.staged.commit()
+        finally:
+            self.visible = self.staged.visible
+        self.check()
+
+    def discard(self) -> None:
+        self.staged.discard()

@@ -118,8 +118,8 @@ def test_fields_never_land_on_another_run_of_their_step(
 
     read = RayFieldsSink.read_committed
 
-    def read_then_another_run(self: RayFieldsSink, *args: Any) -> Any:
-        frames = read(self, *args)
+    def read_then_another_run(self: RayFieldsSink, *args: Any, **kwargs: Any) -> Any:
+        frames = read(self, *args, **kwargs)
         thread = threading.Thread(target=other_run)
         thread.start()
         thread.join()

@@ -230,11 +230,15 @@ class StoredFieldsSink(FieldsSink):
         self._read_message = (step, rank, now)
         return [frame for _, frame in read]
 
-    def _id_of(self, name: str) -> bytes | None:
+    def _id_of(self, step: int, rank: int, part: int | None) -> bytes | None:
         store = cast(_Store, self)
+        name = main_name(step, rank) if part is None else part_name(step, rank, part)
         with store.errors("read", name):
             head = store.load_head(name, HEAD_BYTES)
-        return None if head is None else _SinkFile(store, name, head).id
+        if head is None:
+            return None
+        file, where = _SinkFile(store, name, head), store.locate(name)
+        return read_envelope(file, where, step=step, rank=rank, part=part)[1].id
 
     def _tied_to(self, step: int, rank: int) -> bytes:
         """The id of the message the fields of ``step`` and ``rank`` are checked
@@ -320,10 +324,14 @@ class StoredFieldsSource(FieldsSource):
     #: messages to (None: it found none that says, 1.3's)
     _tied: tuple[int, bytes] | None = None
 
-    def _id_of(self, name: str) -> bytes | None:
+    def _id_of(self, step: int, rank: int, part: int | None) -> bytes | None:
         reader = cast(_Reader, self)
+        name = main_name(step, rank) if part is None else part_name(step, rank, part)
         file = reader.open_head(name)
-        return None if file is None else read_envelope(file, reader.locate(name))[1].id
+        if file is None:
+            return None
+        where = reader.locate(name)
+        return read_envelope(file, where, step=step, rank=rank, part=part)[1].id
 
     def appended_still_tied(self, step: int) -> bool:
         tied = self._tied

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Staged
 from rlwire.transport._stored.layout import _parse, _whole_envelope
-from rlwire.transport._stored.names import main_name, part_name
 
 __all__ = ["TiedStaging", "checked_against", "message_id", "parse_appended"]
 
@@ -39,13 +38,16 @@ def checked_against(appended: list[tuple[bytes | None, Frame]], of: bytes) -> li
     return [frame for tied, frame in appended if tied is None or tied == of]
 
 
-def message_id(id_of: Callable[[str], bytes | None], step: int, rank: int) -> bytes:
+def message_id(
+    id_of: Callable[[int, int, int | None], bytes | None], step: int, rank: int
+) -> bytes:
     """The id of ``rank``'s message of ``step`` as stored now, what appended fields are
     tied to: its main file's, or its first part's; ``b""`` when it has neither (a step
-    with no part for the rank, or none at all). ``id_of`` reads the id of a main file
-    by name, or returns None if there is no such file."""
-    for name in (main_name(step, rank), part_name(step, rank, 0)):
-        found = id_of(name)
+    with no part for the rank, or none at all). ``id_of(step, rank, part)`` reads the
+    id of the main file of that step and rank (``part`` None) or of that part, checked
+    as such, or returns None if there is no such file."""
+    for part in (None, 0):
+        found = id_of(step, rank, part)
         if found is not None:
             return found
     return b""

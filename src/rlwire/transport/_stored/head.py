@@ -25,9 +25,7 @@ from rlwire.transport._parts import PartInfo
 from rlwire.transport._stored.layout import (
     _PRELUDE,
     _SIDECAR_PRELUDE,
-    MAX_ENVELOPE,
     _check_sidecar,
-    _envelope,
     _PartEnvelope,
 )
 from rlwire.transport._stored.names import (
@@ -36,8 +34,7 @@ from rlwire.transport._stored.names import (
     part_sidecar_name,
     sidecar_name,
 )
-from rlwire.transport._stored.parts import _part_info
-from rlwire.transport._stored.selected import Ranged
+from rlwire.transport._stored.selected import Ranged, read_envelope
 from rlwire.transport._stored.table import MAIN, SIDECAR, checked_table
 
 if TYPE_CHECKING:
@@ -164,28 +161,7 @@ def read_head(
             the envelope, the table and the header.
         UnsupportedVersionError: likewise.
     """
-    head = main.head()
-    if head.nbytes >= _PRELUDE.size:
-        end = _PRELUDE.size + int(_PRELUDE.unpack_from(head)[3])
-        if head.nbytes < end <= min(main.size, _PRELUDE.size + MAX_ENVELOPE):
-            head = main.read([(0, end)])[0]
-    env = _envelope(head, where, whole=False)
-    if env.size != main.size:
-        raise CorruptFrameError(
-            f"truncated or extended: the envelope says {env.size} bytes, found {main.size}",
-            where=where,
-        )
-    info = None
-    if part is None:
-        if env.part is not None:
-            raise CorruptFrameError(f"holds part {env.part}, not a whole step", where=where)
-    else:
-        info = _part_info(env, rank, part, where)
-    if (env.step, env.rank) != (step, rank):
-        raise CorruptFrameError(
-            f"holds step {env.step} rank {env.rank}, expected step {step} rank {rank}",
-            where=where,
-        )
+    head, env, info = read_envelope(main, where, step=step, rank=rank, part=part)
     head_end = _PRELUDE.size + int(_PRELUDE.unpack_from(head)[3])
     files, offsets, lengths = checked_table(env, main.size, head_end, where)
     offset, length = env.header

@@ -77,9 +77,13 @@ class WholeFile(Ranged):
         return [self.data[start:end] for start, end in ranges]
 
 
-def read_envelope(main: Ranged, where: str) -> tuple[memoryview, _PartEnvelope]:
-    """The head of a stored main file (as far as its envelope) and its envelope, read
-    by ranges and checked (its checksum, and the file's size against it).
+def read_envelope(
+    main: Ranged, where: str, *, step: int, rank: int, part: int | None
+) -> tuple[memoryview, _PartEnvelope, PartInfo | None]:
+    """The head of a stored main file (as far as its envelope), its envelope and (with
+    ``part``) its :class:`PartInfo`, read by ranges and checked: the envelope's
+    checksum, the file's size, and that it is step ``step`` of ``rank`` (with ``part``,
+    that part of it; else a whole step's message).
 
     Raises:
         CorruptFrameError, UnsupportedVersionError: as
@@ -96,7 +100,18 @@ def read_envelope(main: Ranged, where: str) -> tuple[memoryview, _PartEnvelope]:
             f"truncated or extended: the envelope says {env.size} bytes, found {main.size}",
             where=where,
         )
-    return head, env
+    info = None
+    if part is None:
+        if env.part is not None:
+            raise CorruptFrameError(f"holds part {env.part}, not a whole step", where=where)
+    else:
+        info = _part_info(env, rank, part, where)
+    if (env.step, env.rank) != (step, rank):
+        raise CorruptFrameError(
+            f"holds step {env.step} rank {env.rank}, expected step {step} rank {rank}",
+            where=where,
+        )
+    return head, env, info
 
 
 def parse_selected(
@@ -121,18 +136,7 @@ def parse_selected(
         UnsupportedVersionError: likewise.
         RlwireError: what ``select`` raises (a field the step does not hold).
     """
-    head, env = read_envelope(main, where)
-    info = None
-    if part is None:
-        if env.part is not None:
-            raise CorruptFrameError(f"holds part {env.part}, not a whole step", where=where)
-    else:
-        info = _part_info(env, rank, part, where)
-    if (env.step, env.rank) != (step, rank):
-        raise CorruptFrameError(
-            f"holds step {env.step} rank {env.rank}, expected step {step} rank {rank}",
-            where=where,
-        )
+    head, env, info = read_envelope(main, where, step=step, rank=rank, part=part)
     head_end = _PRELUDE.size + int(_PRELUDE.unpack_from(head)[3])
     files, offsets, lengths = checked_table(env, main.size, head_end, where)
     header = _header(env, head, main, where)

@@ -67,6 +67,8 @@ __all__ = ["MAX_APPENDS", "StoredFieldsSink", "StoredFieldsSource"]
 
 #: The most appended-field files one step and rank may hold.
 MAX_APPENDS = 1000
+#: How many times ``read_committed`` reads a step deleted (and written again) while read.
+_READ_TRIES = 3
 
 _Bytes = bytes | bytearray | memoryview
 
@@ -185,14 +187,53 @@ class StoredFieldsSink(FieldsSink):
         self, step: int, rank: int, select: Selector, *, again: bool = False
     ) -> list[Frame] | None:
         store = cast(_Store, self)
+        for _ in range(_READ_TRIES):
+            ids: list[bytes] = []
+            gone: list[str] = []
+            try:
+                read = self._read_step(step, rank, select, ids, gone)
+                break
+            except CorruptFrameError as exc:
+                # A file of the step gone since it was listed, or another one in its
+                # place while it was read: a producer deleted the step meanwhile (and
+                # wrote it again), unless its message is still the one read (damaged).
+                now = message_id(self._id_of, step, rank)
+                if not gone and not (ids and ids[0] != now):
+                    raise
+                if again:  # the message the first try read is gone
+                    why = step_replaced(step, sent_again=bool(now))
+                    raise ConfigError(f"add_fields: {why}", where=store.locate()) from exc
+        else:
+            raise ConfigError(
+                f"add_fields: step {step} was deleted while read to check the fields "
+                f"against it, {_READ_TRIES} times (a producer writing it again)",
+                where=store.locate(),
+            )
+        if read is None:
+            return None
+        first, now = self._read_message, read[0][0] if read else b""
+        if again and first is not None and first[:2] == (step, rank) and first[2] != now:
+            raise ConfigError(f"add_fields: {step_replaced(step, True)}", where=store.locate())
+        self._read_message = (step, rank, now)
+        return [frame for _, frame in read]
+
+    def _read_step(
+        self, step: int, rank: int, select: Selector, ids: list[bytes], gone: list[str]
+    ) -> list[tuple[bytes, Frame]] | None:
+        """What :meth:`read_committed` reads: each file's id and frame, or ``None``;
+        ``ids`` gets the id of each file as it is opened, ``gone`` the name of a file
+        listed that is missing (both: what a CorruptFrameError raised here was)."""
+        store = cast(_Store, self)
 
         def selected(name: str, side: str, part: int | None) -> tuple[bytes, Frame]:
             with store.errors("read", name):
                 head = store.load_head(name, HEAD_BYTES)
             if head is None:
+                gone.append(name)
                 what = "the seal lists it" if part is not None else "it was listed"
                 raise CorruptFrameError(f"missing; {what}", where=store.locate(name))
             file = _SinkFile(store, name, head)
+            ids.append(file.id)
             return file.id, parse_selected(
                 file,
                 lambda: WholeFile(_whole_side(store, side)),
@@ -206,29 +247,23 @@ class StoredFieldsSink(FieldsSink):
         with store.errors(f"read step {step}"):
             names = set(store.names())
         if main_name(step, rank) in names:
-            read = [selected(main_name(step, rank), sidecar_name(step, rank), None)]
-        elif main_name(step, 0) in names:  # sent whole, to fewer ranks
+            return [selected(main_name(step, rank), sidecar_name(step, rank), None)]
+        if main_name(step, 0) in names:  # sent whole, to fewer ranks
             ranks = next(r for r in range(1, rank + 1) if main_name(step, r) not in names)
             raise _no_such_rank(step, rank, ranks, store)
-        elif seal_name(step) not in names:
+        if seal_name(step) not in names:
             return None
-        else:
-            with store.errors("read", seal_name(step)):
-                data = store.load_head(seal_name(step), MAX_ENVELOPE + 64)
-            if data is None:
-                return None
-            seal = parse_seal(memoryview(data), step=step, where=store.locate(seal_name(step)))
-            if rank >= seal.ranks:
-                raise _no_such_rank(step, rank, seal.ranks, store)
-            read = [
-                selected(part_name(step, rank, i), part_sidecar_name(step, rank, i), i)
-                for i in range(len(seal.keys[rank]))
-            ]
-        first, now = self._read_message, read[0][0] if read else b""
-        if again and first is not None and first[:2] == (step, rank) and first[2] != now:
-            raise ConfigError(f"add_fields: {step_replaced(step, True)}", where=store.locate())
-        self._read_message = (step, rank, now)
-        return [frame for _, frame in read]
+        with store.errors("read", seal_name(step)):
+            data = store.load_head(seal_name(step), MAX_ENVELOPE + 64)
+        if data is None:
+            return None
+        seal = parse_seal(memoryview(data), step=step, where=store.locate(seal_name(step)))
+        if rank >= seal.ranks:
+            raise _no_such_rank(step, rank, seal.ranks, store)
+        return [
+            selected(part_name(step, rank, i), part_sidecar_name(step, rank, i), i)
+            for i in range(len(seal.keys[rank]))
+        ]
 
     def _id_of(self, step: int, rank: int, part: int | None) -> bytes | None:
         store = cast(_Store, self)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rlwire._core.errors import ConfigError, StepExistsError
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Staged
 from rlwire.transport._stored.layout import _parse, _whole_envelope
@@ -55,7 +56,9 @@ def message_id(
 
 class TiedStaging(Staged):
     """Staged fields whose commit then checks that the step is still the message they
-    were checked against (``check`` raises if not: readers pass over them)."""
+    were checked against (``check`` raises if not: readers pass over them); a commit
+    that fails, nothing made visible, checks it too, and raises what ``check`` raises
+    when the step was deleted meanwhile."""
 
     def __init__(self, staged: Staged, check: Callable[[], None]) -> None:
         self.staged, self.check = staged, check
@@ -63,6 +66,16 @@ class TiedStaging(Staged):
     def commit(self) -> None:
         try:
             self.staged.commit()
+        except Exception as exc:
+            # A producer that deleted the step meanwhile (overwrite, truncate) removed
+            # this file in the making too, as a killed writer's: the commit then fails
+            # for that reason, which the caller is told, not a failing store.
+            if not isinstance(exc, StepExistsError) and not self.staged.visible:
+                try:
+                    self.check()
+                except ConfigError as why:
+                    raise why from exc
+            raise
         finally:
             self.visible = self.staged.visible
         self.check()

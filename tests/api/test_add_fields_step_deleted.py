@@ -21,8 +21,10 @@ from rlwire.transport._stored.appended_tie import TiedStaging
 pytestmark = pytest.mark.anyio
 
 
-async def _send(path: Path, first: int, parted: bool, **options: object) -> None:
-    async with rlwire.open_sender(path, **options) as sender:  # type: ignore[arg-type]
+async def _send(
+    path: Path, first: int, parted: bool, options: dict[str, Any] | None = None
+) -> None:
+    async with rlwire.open_sender(path, **(options or {})) as sender:
         if not parted:
             await sender.send({"samples": [{"token_ids": np.arange(first, first + 2)}]})
             return
@@ -98,3 +100,32 @@ async def test_a_step_deleted_right_before_the_stage_commits_is_a_config_error(
     finally:
         await stage.aclose()
     assert not list(path.glob("*.fields-*"))
+
+
+async def test_a_stage_attaching_while_a_producer_opens_with_overwrite_appends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stage's first call probes the directory (a file it creates and removes); a
+    producer opening with ``overwrite`` meanwhile removes that file with the killed
+    writers' leftovers: the stage goes on, and appends to the step sent again."""
+    path = tmp_path / "run"
+    await _send(path, 0, False)
+    unlink = Path.unlink
+    restart = _once(lambda: from_thread.run(_send, path, 100, False, {"on_existing": "overwrite"}))
+
+    def producer_first(self: Path, missing_ok: bool = False) -> None:
+        if self.name.startswith(".rlwire-probe."):
+            restart()
+        unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", producer_first)
+    stage = rlwire.open_sender(path)
+    try:
+        await stage.add_fields(0, {"score": np.ones(1)})
+    finally:
+        await stage.aclose()
+    monkeypatch.undo()
+    with rlwire.open_receiver(path, type=dict, record_consumed=False) as receiver:
+        got = receiver.receive(timeout=10)["samples"][0]
+    assert got["token_ids"].tolist() == [100, 101]
+    assert float(got["score"]) == 1.0

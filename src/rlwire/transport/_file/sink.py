@@ -219,7 +219,7 @@ class FileSink(StoredSink):
             self.root.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".rlwire-probe.{os.getpid()}.{os.urandom(4).hex()}.tmp"
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-            probe.unlink()
+            probe.unlink(missing_ok=True)  # a producer opening meanwhile cleans it up
         except OSError as exc:
             raise transport_error(
                 exc, "write to the destination directory", where=self.root

@@ -129,3 +129,29 @@ async def test_a_stage_attaching_while_a_producer_opens_with_overwrite_appends(
         got = receiver.receive(timeout=10)["samples"][0]
     assert got["token_ids"].tolist() == [100, 101]
     assert float(got["score"]) == 1.0
+
+
+async def test_a_producer_resuming_right_before_the_stage_commits_takes_nothing_from_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer restarted with ``resume`` keeps the step, and removes the stage's file
+    in the making as a killed writer's leftover: the stage writes it again."""
+    path = tmp_path / "run"
+    await _send(path, 0, False)
+    commit = TiedStaging.commit
+    resume = _once(lambda: from_thread.run(_send, path, 100, False, {"on_existing": "resume"}))
+
+    def resumed_first(self: TiedStaging) -> None:
+        resume()
+        commit(self)
+
+    monkeypatch.setattr(TiedStaging, "commit", resumed_first)
+    stage = rlwire.open_sender(path)
+    try:
+        await stage.add_fields(0, {"score": np.ones(1)})
+    finally:
+        await stage.aclose()
+    with rlwire.open_receiver(path, type=dict, record_consumed=False) as receiver:
+        got = receiver.receive(timeout=10)["samples"][0]
+    assert got["token_ids"].tolist() == [0, 1]
+    assert float(got["score"]) == 1.0

@@ -155,3 +155,17 @@ async def test_a_producer_resuming_right_before_the_stage_commits_takes_nothing_
         got = receiver.receive(timeout=10)["samples"][0]
     assert got["token_ids"].tolist() == [0, 1]
     assert float(got["score"]) == 1.0
+
+
+async def test_a_part_missing_from_a_step_kept_is_still_damage(tmp_path: Path) -> None:
+    """Not every missing file is a deletion under way: a part lost from a step that
+    stays as it was is a CorruptFrameError naming it."""
+    path = tmp_path / "run"
+    await _send(path, 0, True)
+    (path / "step-00000000.rank-0000.part-000001.rlw").unlink()
+    stage = rlwire.open_sender(path)
+    try:
+        with pytest.raises(rlwire.CorruptFrameError, match=r"part-000001\.rlw: missing"):
+            await stage.add_fields(0, {"score": np.ones(2)})
+    finally:
+        await stage.aclose()

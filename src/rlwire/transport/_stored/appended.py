@@ -187,7 +187,7 @@ class StoredFieldsSink(FieldsSink):
         self, step: int, rank: int, select: Selector, *, again: bool = False
     ) -> list[Frame] | None:
         store = cast(_Store, self)
-        for _ in range(_READ_TRIES):
+        for tries in range(1, _READ_TRIES + 1):
             ids: list[bytes] = []
             gone: list[str] = []
             try:
@@ -196,19 +196,14 @@ class StoredFieldsSink(FieldsSink):
             except CorruptFrameError as exc:
                 # A file of the step gone since it was listed, or another one in its
                 # place while it was read: a producer deleted the step meanwhile (and
-                # wrote it again), unless its message is still the one read (damaged).
+                # wrote it again), unless its message is still the one read, or a file
+                # stays missing (damaged).
                 now = message_id(self._id_of, step, rank)
-                if not gone and not (ids and ids[0] != now):
+                if not (ids[0] != now if ids else gone) or tries == _READ_TRIES:
                     raise
                 if again:  # the message the first try read is gone
                     why = step_replaced(step, sent_again=bool(now))
                     raise ConfigError(f"add_fields: {why}", where=store.locate()) from exc
-        else:
-            raise ConfigError(
-                f"add_fields: step {step} was deleted while read to check the fields "
-                f"against it, {_READ_TRIES} times (a producer writing it again)",
-                where=store.locate(),
-            )
         if read is None:
             return None
         first, now = self._read_message, read[0][0] if read else b""

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 from rlwire._core.errors import ConfigError, CorruptFrameError, TransportError, transport_error
+from rlwire._core.slicing import Sliced, run_sliced
 from rlwire.transport._stored.names import FIELDS_RE, STEP_PART_RE, STORED_RE
 from rlwire.transport.fsspec._s3_bucket import S3Bucket
 from rlwire.transport.fsspec._s3_ranges import (
@@ -67,6 +68,9 @@ class S3Store(S3Bucket):
             raise transport_error(exc, f"reach bucket {bucket!r}", where=self.url) from exc
 
     def existing(self, paths: Sequence[str]) -> list[int]:
+        return run_sliced(self.existing_in_slices(paths))
+
+    def existing_in_slices(self, paths: Sequence[str]) -> Sliced[list[int]]:
         async def exists(path: str) -> bool:
             bucket, key = self.bucket_key(path)
             try:
@@ -75,7 +79,7 @@ class S3Store(S3Bucket):
                 return False
             return True
 
-        found = self.run(gather_or_cancel, [exists(p) for p in paths])
+        found = yield from self.run_in_slices(gather_or_cancel, [exists(p) for p in paths])
         return [i for i, hit in enumerate(found) if hit]
 
     def clean_leftovers(self, names: Sequence[str]) -> None:

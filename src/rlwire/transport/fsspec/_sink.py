@@ -9,6 +9,7 @@ from typing import Any
 from anyio import CapacityLimiter
 
 from rlwire._core.args import check_int
+from rlwire._core.slicing import Sliced
 from rlwire.transport._base import OnExisting, SinkOptions, SourceOptions
 from rlwire.transport._stored.marks import MAX_MARK_BYTES
 from rlwire.transport._stored.sink import StoredSink
@@ -159,6 +160,10 @@ class FsspecSink(StoredSink):
     def existing(self, names: Sequence[str]) -> list[int]:
         store = self._conn.get()
         return store.existing([store.path(name) for name in names])
+
+    def existing_in_slices(self, names: Sequence[str]) -> Sliced[list[int]]:
+        store = self._conn.get()
+        return (yield from store.existing_in_slices([store.path(name) for name in names]))
 
     def clean_leftovers(self, names: Sequence[str]) -> None:
         self._conn.get().clean_leftovers(names)

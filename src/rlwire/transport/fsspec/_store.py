@@ -13,7 +13,7 @@ import abc
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from rlwire._core.slicing import run_sliced
+from rlwire._core.slicing import Sliced, run_sliced
 from rlwire.transport._stored.names import LEFTOVER_RE
 from rlwire.transport._stored.selected import Ranged, WholeFile
 from rlwire.transport._stored.sink import StoredStaging
@@ -133,6 +133,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def existing(self, paths: Sequence[str]) -> list[int]:
         """Indices of ``paths`` that exist."""
+
+    def existing_in_slices(self, paths: Sequence[str]) -> Sliced[list[int]]:
+        """:meth:`existing` as a sliced generator; by default one call."""
+        yield from ()
+        return self.existing(paths)
 
     @abc.abstractmethod
     def staging(self, *, part_bytes: int, max_concurrency: int | None) -> Staging:

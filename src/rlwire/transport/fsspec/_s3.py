@@ -93,31 +93,32 @@ class S3Store(S3Bucket):
 
     def settle_leftovers(self) -> str | None:
         """If a staging started multipart uploads here, list the unfinished uploads of
-        rlwire objects directly under the root and abort them (the sink is closing:
-        none of them belongs to a send in progress). Requests are retried.
+        the objects it uploaded (:attr:`upload_keys`) and abort them (the sink is
+        closing: none of them belongs to a send in progress; another writer's, a live
+        producer's beside a stage, are left alone). Requests are retried.
 
         Returns:
             None, or what is left behind and why, if S3 could not be reached.
         """
-        if not self.made_uploads:
+        if not self.upload_keys:
             return None
         try:
-            uploads = self._pending_uploads()
+            uploads = self._own_pending_uploads()
         except Exception as exc:
             return f"unfinished multipart uploads could not be listed ({exc})"
         try:
             self.run(self._abort_uploads, uploads)
         except Exception as exc:
-            left = len(self._pending_uploads_or_all(uploads))
+            try:
+                left = len(self._own_pending_uploads())
+            except Exception:
+                left = len(uploads)
             return f"{left} unfinished multipart upload(s) could not be aborted ({exc})"
-        self.made_uploads = False
+        self.upload_keys.clear()
         return None
 
-    def _pending_uploads_or_all(self, uploads: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        try:
-            return self._pending_uploads()
-        except Exception:
-            return uploads
+    def _own_pending_uploads(self) -> list[tuple[str, str]]:
+        return [u for u in self._pending_uploads() if u[0] in self.upload_keys]
 
     def _pending_uploads(self) -> list[tuple[str, str]]:
         """``(key, upload id)`` of every unfinished multipart upload of an rlwire object

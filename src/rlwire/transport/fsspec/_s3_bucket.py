@@ -24,12 +24,28 @@ class S3Bucket(Store):
     worker thread (:meth:`run`).
     """
 
-    #: True once a staging started a multipart upload here (and so may have left one),
-    #: until the store aborts what is left.
-    made_uploads = False
+    #: How many of the newest keys a store keeps that it started multipart uploads
+    #: for (a bound on its memory over a long run; older leftovers wait for the next
+    #: sender opened to resume, truncate or overwrite, or a bucket lifecycle rule).
+    KEPT_UPLOAD_KEYS = 1024
     #: Commit a step's files and seals with ``If-None-Match: *`` (never replacing an
     #: object); the storage option ``conditional_writes`` turns it off.
     conditional = True
+
+    def __init__(self, fs: Any, url: str, root: str) -> None:
+        super().__init__(fs, url, root)
+        #: The keys a staging here started multipart uploads for (and so may have left
+        #: one of, after a lost reply or an abort that failed), newest last: what the
+        #: store aborts when its sink closes; never another writer's upload.
+        self.upload_keys: dict[str, None] = {}
+
+    def started_upload(self, key: str) -> None:
+        """Record that a staging starts a multipart upload of ``key``."""
+        keys = self.upload_keys
+        keys.pop(key, None)
+        keys[key] = None
+        if len(keys) > self.KEPT_UPLOAD_KEYS:
+            del keys[next(iter(keys))]
 
     @staticmethod
     def serves(fs: Any) -> bool:

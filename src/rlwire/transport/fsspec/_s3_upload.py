@@ -275,7 +275,7 @@ class S3Staging(Staging):
             return
         # Whatever happens next (a lost reply that botocore answers by asking again, an
         # abort that fails), an upload may be left: the sink lists them when it closes.
-        self.store.made_uploads = True
+        self.store.started_upload(key)
         out = yield from self.store.run_in_slices(
             self.store.fs._call_s3,
             "create_multipart_upload",

@@ -78,6 +78,17 @@ async def test_a_step_deleted_while_add_fields_reads_it_is_a_config_error(
         await stage.aclose()
 
 
+def _before_commit(monkeypatch: pytest.MonkeyPatch, action: Callable[[], None]) -> None:
+    """Run ``action`` (a real producer's) right before the stage's commit."""
+    commit = TiedStaging.commit
+
+    def action_first(self: TiedStaging) -> None:
+        action()
+        commit(self)
+
+    monkeypatch.setattr(TiedStaging, "commit", action_first)
+
+
 async def test_a_step_deleted_right_before_the_stage_commits_is_a_config_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -85,14 +96,7 @@ async def test_a_step_deleted_right_before_the_stage_commits_is_a_config_error(
     writer's leftover, to it): the commit then fails; the stage is told why."""
     path = tmp_path / "run"
     await _send(path, 0, False)
-    commit = TiedStaging.commit
-    delete = _once(lambda: from_thread.run(_overwrite, path))
-
-    def deleted_first(self: TiedStaging) -> None:
-        delete()
-        commit(self)
-
-    monkeypatch.setattr(TiedStaging, "commit", deleted_first)
+    _before_commit(monkeypatch, _once(lambda: from_thread.run(_overwrite, path)))
     stage = rlwire.open_sender(path)
     try:
         with pytest.raises(rlwire.ConfigError, match="step 0 was deleted"):
@@ -138,14 +142,8 @@ async def test_a_producer_resuming_right_before_the_stage_commits_takes_nothing_
     in the making as a killed writer's leftover: the stage writes it again."""
     path = tmp_path / "run"
     await _send(path, 0, False)
-    commit = TiedStaging.commit
     resume = _once(lambda: from_thread.run(_send, path, 100, False, {"on_existing": "resume"}))
-
-    def resumed_first(self: TiedStaging) -> None:
-        resume()
-        commit(self)
-
-    monkeypatch.setattr(TiedStaging, "commit", resumed_first)
+    _before_commit(monkeypatch, resume)
     stage = rlwire.open_sender(path)
     try:
         await stage.add_fields(0, {"score": np.ones(1)})

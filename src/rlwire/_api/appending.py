@@ -155,7 +155,9 @@ class AppendingSender:
                 row), or a field is in the step already.
             ConfigError: ``step`` or ``rank`` is not an int (a numpy integer is
                 taken) of at least 0, the sink keeps no steps (ZeroMQ), the step is
-                not committed, or ``rank`` is none of its ranks.
+                not committed, ``rank`` is none of its ranks, or the step was deleted
+                (and sent again, by a producer restarted with ``overwrite``) during
+                the call: the fields are tied to no step a receiver gets.
             StepExistsError: another sender appended to the step and rank meanwhile.
             TransportError: the destination cannot be read or written.
             ClosedError: the sender is closed.

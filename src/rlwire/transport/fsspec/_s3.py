@@ -93,7 +93,7 @@ class S3Store(S3Bucket):
 
     def settle_leftovers(self) -> str | None:
         """If a staging started multipart uploads here, list the unfinished uploads of
-        the objects it uploaded (:attr:`upload_keys`) and abort them (the sink is
+        the objects it uploaded (``upload_keys``) and abort them (the sink is
         closing: none of them belongs to a send in progress; another writer's, a live
         producer's beside a stage, are left alone). Requests are retried.
 

@@ -42,7 +42,6 @@ from rlwire._core.errors import (
     RlwireError,
     SchemaError,
     StepExistsError,
-    TransportError,
 )
 from rlwire._core.offload import drive_sliced, run_to_the_end
 from rlwire._core.ragged import Ragged
@@ -108,15 +107,9 @@ async def add_fields(
                 if not staged.visible:
                     await run_to_the_end(staged.discard)
                 # Another stage committed the same file first (it appended to the step at
-                # the same time): check the columns again and take the next file. So too
-                # when the file in the making vanished: a producer opening (resume,
-                # overwrite) removed it as a killed writer's leftover.
-                again = isinstance(exc, StepExistsError) or (
-                    isinstance(exc, TransportError)
-                    and isinstance(exc.__cause__, FileNotFoundError)
-                    and not staged.visible
-                )
-                if not again or attempt == _COMMIT_TRIES - 1:
+                # the same time), or the file in the making went (the sink says which):
+                # check the columns again and take a file.
+                if not isinstance(exc, StepExistsError) or attempt == _COMMIT_TRIES - 1:
                     raise
     except RlwireError as exc:
         exc.add_context(step=step, rank=rank)

@@ -56,9 +56,12 @@ def message_id(
 
 class TiedStaging(Staged):
     """Staged fields whose commit then checks that the step is still the message they
-    were checked against (``check`` raises if not: readers pass over them); a commit
-    that fails, nothing made visible, checks it too, and raises what ``check`` raises
-    when the step was deleted meanwhile."""
+    were checked against (``check`` raises if not: readers pass over them). A commit
+    that fails, nothing made visible, checks it too: a sender opening (resume,
+    overwrite, truncate) removes the file in the making as a killed writer's leftover,
+    so the caller is told the step was deleted (what ``check`` raises) or, the step
+    kept, to write the file again (StepExistsError, as when another stage took its
+    number)."""
 
     def __init__(self, staged: Staged, check: Callable[[], None]) -> None:
         self.staged, self.check = staged, check
@@ -67,14 +70,18 @@ class TiedStaging(Staged):
         try:
             self.staged.commit()
         except Exception as exc:
-            # A producer that deleted the step meanwhile (overwrite, truncate) removed
-            # this file in the making too, as a killed writer's: the commit then fails
-            # for that reason, which the caller is told, not a failing store.
-            if not isinstance(exc, StepExistsError) and not self.staged.visible:
-                try:
-                    self.check()
-                except ConfigError as why:
-                    raise why from exc
+            if isinstance(exc, StepExistsError) or self.staged.visible:
+                raise
+            try:
+                self.check()
+            except ConfigError as why:
+                raise why from exc
+            if isinstance(exc.__cause__, FileNotFoundError):
+                raise StepExistsError(
+                    "the file of the fields in the making was removed (a sender opening "
+                    "took it for a killed writer's leftover)",
+                    where=getattr(exc, "where", None),
+                ) from exc
             raise
         finally:
             self.visible = self.staged.visible

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import forked
 import pytest
 from helpers import make_sample
 from s3_server import s3_client
@@ -222,7 +223,7 @@ class Consumer:
     def __init__(self, store: Store, log: Path, run: int, hold: tuple[str, ...] = ()) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
         args = [store.url, json.dumps(store.options), str(log), str(run), *hold]
-        self.proc = subprocess.Popen(
+        self.proc = forked.Popen(
             [sys.executable, "-c", _CONSUMER, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import anyio
+import forked
 import pytest
 from helpers import make_sample
 
@@ -51,7 +52,7 @@ _PRODUCER = textwrap.dedent(
 
 def start_producer(path: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.Popen(
+    return forked.Popen(
         [sys.executable, "-c", _PRODUCER, str(path), *KEYS],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

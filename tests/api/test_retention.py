@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import anyio
+import forked
 import pytest
 from helpers import make_batch
 
@@ -107,7 +108,7 @@ async def test_a_trainer_process_moves_on_while_the_sender_deletes(tmp_path: Pat
     """Every step arrives intact in another process while the sender deletes behind it
     and waits for it; at the end only the newest steps are stored."""
     steps = 30
-    trainer = subprocess.Popen(
+    trainer = forked.Popen(
         [sys.executable, "-c", TRAINER, str(tmp_path), str(steps)],
         stdout=subprocess.PIPE,
         text=True,

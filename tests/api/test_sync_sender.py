@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import forked
 import numpy as np
 import pytest
 from helpers import assert_batches_equal, make_batch
@@ -279,9 +279,7 @@ def test_forgotten_close_does_not_keep_the_process_alive(tmp_path: Path) -> None
         gc.collect()
         print("done", flush=True)
     """)
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=LONG
-    )
+    done = forked.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=LONG)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "done\n"
     assert_batches_equal(receive_step(tmp_path / "kept", 0), make_batch())
@@ -457,7 +455,7 @@ def test_a_forked_child_gets_closed_error_from_its_parents_sender(tmp_path: Path
         assert sender.send(make_batch(seed=1)) == 1
         sender.close()
     """)
-    done = subprocess.run(
+    done = forked.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=2 * LONG
     )
     assert done.returncode == 0, done.stdout + done.stderr

@@ -3,11 +3,11 @@ for holes and incomplete steps (the rules every store shares, then a real kill).
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import forked
 import pytest
 from helpers import assert_batches_equal, make_batch
 
@@ -131,7 +131,7 @@ KILLED_IN_FIRST_COMMIT = textwrap.dedent("""
 
 
 async def test_a_killed_first_commit_is_not_resumed(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-c", KILLED_IN_FIRST_COMMIT, str(tmp_path)])
+    done = forked.run([sys.executable, "-c", KILLED_IN_FIRST_COMMIT, str(tmp_path)])
     assert done.returncode == -9
     assert (tmp_path / main_name(0, 0)).exists() and not (tmp_path / main_name(0, 1)).exists()
     with pytest.raises(rlwire.StepExistsError, match=r"step 0 is incomplete") as caught:

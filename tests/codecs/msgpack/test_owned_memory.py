@@ -3,10 +3,10 @@ carry more than their bytes are refused when sent (defect 14)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 
+import forked
 import numpy as np
 import pytest
 
@@ -37,7 +37,7 @@ WRITE_THROUGH = textwrap.dedent(
 def test_writing_through_a_received_one_byte_array_leaves_cpython_intact() -> None:
     """Defect 13: a one-element bool or uint8 array was a view over CPython's cached
     ``bytes([v])``: writing through it changed ``bytes([0])`` for the whole process."""
-    proc = subprocess.run(
+    proc = forked.run(
         [sys.executable, "-c", WRITE_THROUGH], capture_output=True, text=True, timeout=60
     )
     assert proc.stdout.strip() == "ok", proc.stdout + proc.stderr

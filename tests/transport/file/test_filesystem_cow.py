@@ -18,6 +18,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import forked
 import numpy as np
 import pytest
 from helpers import assert_batches_equal, make_batch
@@ -82,7 +83,7 @@ CHILD = textwrap.dedent(
 
 
 def run_child(path: Path, mode: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return forked.run(
         [sys.executable, "-c", CHILD, str(path), mode],
         capture_output=True,
         text=True,
@@ -266,7 +267,7 @@ async def test_torch_in_place_op_on_a_received_array(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="torch is not installed")
     batch = await send_step(tmp_path)
     before = digests(tmp_path)
-    done = subprocess.run(
+    done = forked.run(
         [sys.executable, "-c", TORCH_CHILD, str(tmp_path)],
         capture_output=True,
         text=True,

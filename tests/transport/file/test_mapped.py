@@ -8,11 +8,11 @@ import ctypes
 import gc
 import mmap
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 from helpers import stat_type
@@ -219,7 +219,7 @@ def test_growing_a_file_past_what_it_may_hold_is_an_error_not_a_signal(shm_dir: 
         print("kept:", sorted(sink._warm._maps))
         """
     )
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    run = forked.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     lines = dict(line.split(": ", 1) for line in run.stdout.splitlines())
     assert "File too large" in lines["error"] and ".tmp" in lines["error"]

@@ -7,7 +7,6 @@ real."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 import threading
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import forked
 import pytest
 
 import rlwire
@@ -174,9 +174,7 @@ def test_a_rank_that_fails_beside_fails_the_step_and_leaves_nothing(
     here = str(Path(__file__).parent)
     paths = [here, *[p for p in sys.path if p]]
     script = textwrap.dedent(_FAIL_BESIDE).format(paths=paths, root=str(tmp_path), writers=writers)
-    run = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
+    run = forked.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     lines = dict(line.split(": ", 1) for line in run.stdout.splitlines())
     assert "rank-0002.sidecar.rlw" in lines["error"] and "File too large" in lines["error"]

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import forked
 import numpy as np
 import pytest
 
@@ -312,7 +312,7 @@ async def test_a_kill_between_taking_pooled_files_and_commit_leaves_nothing(
 ) -> None:
     root = tmp_path / "run"
     root.mkdir()
-    proc = subprocess.run(
+    proc = forked.run(
         [sys.executable, "-c", _KILLED, str(root)],
         capture_output=True,
         text=True,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 
@@ -51,7 +51,7 @@ def test_pooled_files_another_sender_removed_leave_no_mapping_behind(shm_dir: Pa
                 sink.prune(step)  # the step before is pooled, with the mapping kept of it
             if step >= 2 and step % 2 == 0:
                 assert [n for n in os.listdir(shm_dir) if POOL_RE.fullmatch(n)]
-                subprocess.run([sys.executable, "-c", _OTHER_SENDER, str(shm_dir)], check=True)
+                forked.run([sys.executable, "-c", _OTHER_SENDER, str(shm_dir)], check=True)
             run_sliced(sink.stage(step, frames(step))).commit()
             assert mapped_but_gone(shm_dir) == set(), step
     finally:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import forked
 import pytest
 
 import rlwire
@@ -107,7 +107,7 @@ def test_a_dropped_ranks_held_step_is_never_written_over(tmp_path: Path) -> None
         """
     )
     try:
-        done = subprocess.run(
+        done = forked.run(
             [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
         )
     finally:  # a child killed by SIGBUS cleans nothing up

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import forked
 import pytest
 
 import rlwire
@@ -95,7 +96,7 @@ async def test_parts_seal_and_end_wake_an_async_receiver_across_processes(
     """A producer process puts a part every 0.3 s; each reaches the waiting receiver
     (``aparts``) well within a poll interval, and so do the seal and the end mark."""
     parts, pause = 4, 0.3
-    producer = subprocess.Popen(
+    producer = forked.Popen(
         [sys.executable, "-c", PRODUCER, str(tmp_path), str(parts), str(pause)],
         stderr=subprocess.PIPE,
     )
@@ -352,7 +353,7 @@ FORKED = textwrap.dedent("""
 
 
 def test_a_forked_child_sets_up_its_own_watch(tmp_path: Path) -> None:
-    done = subprocess.run(
+    done = forked.run(
         [sys.executable, "-c", FORKED, str(tmp_path)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr

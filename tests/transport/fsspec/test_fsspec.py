@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 import anyio
+import forked
 import fsspec
 import numpy as np
 import pytest
@@ -427,7 +428,7 @@ def test_receiver_in_another_process_gets_identical_arrays(
                 print(hashlib.sha256(s.routed_experts.tobytes() + s.token_ids.tobytes()
                                      + s.logprobs.tobytes()).hexdigest(), flush=True)
     """)
-    child = subprocess.Popen(
+    child = forked.Popen(
         [sys.executable, "-c", script, s3_url, json.dumps(s3_endpoint)],
         stdout=subprocess.PIPE,
         text=True,

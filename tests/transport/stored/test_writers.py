@@ -5,11 +5,11 @@ files killed writers of marks and probes leave. On the file sink and on fsspec."
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 from helpers import assert_batches_equal, make_batch
@@ -107,7 +107,7 @@ async def test_resume_refuses_an_overwrite_or_truncate_killed_midway(
     async with rlwire.open_sender(tmp_path) as sender:
         for batch in old:
             await sender.send(batch)
-    done = subprocess.run(
+    done = forked.run(
         [sys.executable, "-c", KILLED_WHILE_DELETING, str(tmp_path), mode, str(kill_at)]
     )
     assert done.returncode == -9

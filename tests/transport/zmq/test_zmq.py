@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
+import forked
 import numpy as np
 import pytest
 import zmq
@@ -156,7 +157,7 @@ class Child:
         assert not unknown, unknown
         self.spec = {**DEFAULTS, **spec, "role": role}
         self._on_event = on_event
-        self.proc = subprocess.Popen(
+        self.proc = forked.Popen(
             [sys.executable, "-c", CHILD, json.dumps(self.spec)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

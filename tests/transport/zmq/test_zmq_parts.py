@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import forked
 import msgspec
 import pytest
 import zmq
@@ -71,7 +72,7 @@ def samples_of(step: int, g: int) -> list[rlwire.TrainingSample]:
 
 def producer(url: str, backend: str, **spec: Any) -> subprocess.Popen[str]:
     spec = {"tests": str(TESTS), "url": url, "backend": backend, "hang_after": None, **spec}
-    return subprocess.Popen(
+    return forked.Popen(
         [sys.executable, "-c", PRODUCER, json.dumps(spec)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

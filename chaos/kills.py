@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 
@@ -390,20 +390,82 @@ CONFIGS = [
 ]
 
 
-def jobs(root: str, total: int, seed: int, calibration: dict[Any, Any]) -> Iterator[Job]:
-    """Kill jobs: every call of a send for each configuration (with and without an
-    earlier step), then random-time kills until ``total``; a sample when ``total`` is
-    below the number of calls."""
+#: A campaign of fewer kills than this picks its configurations and modes before they
+#: are calibrated, and calibrates those alone (a sample, as CI's: 6 kills once took 96
+#: calibration runs, most of its time).
+SAMPLE_BELOW = len(CONFIGS) * len(MODES)
+
+
+class Plan(NamedTuple):
+    """Which kills a campaign makes, as far as is known before calibrating.
+
+    ``calls``: (configuration, mode, where among the send's calls, 0 to 1) for a
+    sample, None for every call of every configuration and mode. ``randoms``: (
+    configuration, recycle, when, 0 to 1.2 of the send's time) for a sample, None when
+    the random-time kills fill up to ``total`` after the calls (known once calibrated)."""
+
+    total: int
+    seed: int
+    calls: list[tuple[tuple[Any, ...], int, float]] | None
+    randoms: list[tuple[tuple[Any, ...], bool, float]] | None
+
+
+def plan(total: int, seed: int) -> Plan:
+    """The kills of a campaign of ``total``: a sample picked now when ``total`` is below
+    :data:`SAMPLE_BELOW` (three in four at calls, the rest at random times)."""
+    if total >= SAMPLE_BELOW:
+        return Plan(total, seed, None, None)
     rng = random.Random(seed)
-    exhaustive = [
-        (cfg, mode, at)
-        for cfg in CONFIGS
-        for mode in MODES
-        for at in range(1, len(calibration[(*cfg, mode)]["calls"]) + 1)
+    pairs = [(cfg, mode) for cfg in CONFIGS for mode in MODES]
+    calls = [(cfg, mode, rng.random()) for cfg, mode in rng.sample(pairs, total - total // 4)]
+    randoms = [
+        (rng.choice(CONFIGS), rng.random() < 0.5, rng.uniform(0, 1.2)) for _ in range(total // 4)
     ]
-    if total < len(exhaustive):  # a sample: mostly calls, some random times
-        exhaustive = rng.sample(exhaustive, total - total // 4)
-    for (ranks, compression, fsync), mode, at in exhaustive:
+    return Plan(total, seed, calls, randoms)
+
+
+def calibration_jobs(root: str, planned: Plan) -> Iterator[Job]:
+    """The runs that count each send's calls and time the random-time sends: those the
+    planned kills need."""
+    if planned.calls is None:
+        modes = [(cfg, mode) for cfg in CONFIGS for mode in MODES]
+        timed = [(cfg, recycle) for cfg in CONFIGS for recycle in (False, True)]
+    else:
+        modes = list(dict.fromkeys((cfg, mode) for cfg, mode, _ in planned.calls))
+        timed = list(dict.fromkeys((cfg, recycle) for cfg, recycle, _ in planned.randoms or ()))
+    for cfg, mode in modes:
+        n = MODE_N.get(mode, 600)
+        yield Job(calibrate, (root, *cfg, mode, n), timeout=60, tag=(*cfg, mode))
+    for cfg, recycle in timed:
+        tag = ("random", *cfg, recycle)
+        yield Job(time_random, (root, *cfg, recycle), timeout=60, tag=tag)
+
+
+def jobs(root: str, planned: Plan, calibration: dict[Any, Any]) -> Iterator[Job]:
+    """Kill jobs: every call of a send for each configuration (with and without an
+    earlier step), then random-time kills up to the total; or the planned sample."""
+    rng = random.Random(planned.seed)
+    if planned.calls is None:
+        calls = [
+            (cfg, mode, at)
+            for cfg in CONFIGS
+            for mode in MODES
+            for at in range(1, len(calibration[(*cfg, mode)]["calls"]) + 1)
+        ]
+        if planned.total < len(calls):  # a sample: mostly calls, some random times
+            calls = rng.sample(calls, planned.total - planned.total // 4)
+        randoms = [
+            (rng.choice(CONFIGS), rng.random() < 0.5, rng.uniform(0, 1.2))
+            for _ in range(planned.total - len(calls))
+        ]
+    else:
+        counted = [len(calibration[(*cfg, mode)]["calls"]) for cfg, mode, _ in planned.calls]
+        calls = [
+            (cfg, mode, 1 + min(int(where * n), n - 1))
+            for (cfg, mode, where), n in zip(planned.calls, counted, strict=True)
+        ]
+        randoms = planned.randoms or []
+    for (ranks, compression, fsync), mode, at in calls:
         call = calibration[(ranks, compression, fsync, mode)]["calls"][at - 1]
         yield Job(
             kill_at_call,
@@ -414,11 +476,9 @@ def jobs(root: str, total: int, seed: int, calibration: dict[Any, Any]) -> Itera
                 f"{ranks} rank(s) {compression} fsync={fsync} {MODES[mode]}, call #{at} ({call})",
             ),
         )
-    for _ in range(total - len(exhaustive)):
-        ranks, compression, fsync = rng.choice(CONFIGS)
-        recycle = rng.random() < 0.5
+    for (ranks, compression, fsync), recycle, when in randoms:
         seconds = calibration[("random", ranks, compression, fsync, recycle)]["seconds"]
-        delay = rng.uniform(0, seconds * 1.2)
+        delay = seconds * when
         what = " recycle" if recycle else ""
         yield Job(
             kill_at_random,
@@ -446,13 +506,3 @@ def time_random(
     os.waitpid(pid, 0)
     shutil.rmtree(directory, ignore_errors=True)
     return {"outcome": EXACT, "seconds": time.monotonic() - start}
-
-
-def calibration_jobs(root: str) -> Iterator[Job]:
-    for cfg in CONFIGS:
-        for mode in MODES:
-            n = MODE_N.get(mode, 600)
-            yield Job(calibrate, (root, *cfg, mode, n), timeout=60, tag=(*cfg, mode))
-        for recycle in (False, True):
-            tag = ("random", *cfg, recycle)
-            yield Job(time_random, (root, *cfg, recycle), timeout=60, tag=tag)

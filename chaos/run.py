@@ -114,8 +114,11 @@ def run(args: argparse.Namespace) -> Table:
     try:
         if "kills" in args.campaign and args.kills:
             cal: dict[Any, Any] = {}
-            run_jobs(kills.calibration_jobs(root), lambda j, r: _setup(j, r, cal), args.jobs)
-            timed("kill -9", kills.jobs(root, args.kills, args.seed, cal))
+            planned = kills.plan(args.kills, args.seed)
+            run_jobs(
+                kills.calibration_jobs(root, planned), lambda j, r: _setup(j, r, cal), args.jobs
+            )
+            timed("kill -9", kills.jobs(root, planned, cal))
         if "cancel" in args.campaign and args.cancels:
             timed("cancellation", cancel.jobs(root, args.cancels, args.seed))
         if "corruption" in args.campaign and args.corruptions:

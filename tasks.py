@@ -3,7 +3,8 @@
 
     python3 tasks.py demo    # create or reuse .venv, install rlwire[dev], run `rlwire demo`
     python3 tasks.py test    # the same set-up, then ruff, mypy, the docs site and pytest
-    python3 tasks.py long    # the long scenarios the test command leaves out (marker `long`)
+    python3 tasks.py long    # the long scenarios the test command leaves out (marker `long`),
+                             # and every property test at full depth (tests/depth.py)
     python3 tasks.py bench   # the whole benchmark suite (docs/benchmarks.md)
     python3 tasks.py chaos   # the chaos suite (docs/reliability.md): kills, corruption, ...
 
@@ -67,7 +68,8 @@ def main() -> None:
         # on this kind of machine on a slow day (2026-11-29).
         run(*pytest_command("not long"), *extra)
     elif task == "long":
-        run(*pytest_command("long"), *extra)
+        os.environ.setdefault("RLWIRE_TEST_DEPTH", "1")
+        run(*pytest_command("long or hypothesis"), *extra)
     elif task == "chaos":
         # The campaign is the package chaos/ beside src/; it uses the tests' S3 server.
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from depth import examples
+from hypothesis import settings
 from ray_cluster import ray_cluster as ray_cluster  # a local Ray cluster, on demand
 from ray_cluster import ray_producer as ray_producer
 from ray_cluster import ray_trainers as ray_trainers
@@ -16,6 +18,10 @@ from s3_server import s3_url as s3_url
 # (ray.cluster_utils) last recorded on this machine, if any: each test process, and each
 # example or script it runs, starts its own local cluster instead.
 os.environ.setdefault("RAY_ADDRESS", "local")
+
+# Property tests that ask for no count draw hypothesis's 100 at full depth (depth.py).
+settings.register_profile("rlwire", max_examples=examples(100))
+settings.load_profile("rlwire")
 
 
 @pytest.fixture(params=["asyncio", "trio"])

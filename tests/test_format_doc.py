@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import xxhash
 import zstandard
+from depth import examples
 from golden_cases import AS_COLUMNS, CASES, GOLDEN, array_columns
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -301,7 +302,7 @@ def rows_of_arrays(draw: st.DrawFn) -> list[dict[str, Any]]:
     return [{name: column[i] for name, column in fields.items()} for i in range(count)]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(rows=rows_of_arrays(), sidecar=st.booleans())
 def test_independent_reader_matches_fresh_columns(
     rows: list[dict[str, Any]], sidecar: bool

@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 import pytest
 import xxhash
+from depth import examples
 from helpers import assert_batches_equal, make_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,7 +27,7 @@ from rlwire.codecs import MsgpackCodec
 from rlwire.transport import FileSink
 
 SETTINGS = settings(
-    max_examples=2000,
+    max_examples=examples(2000),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -77,7 +78,8 @@ def receive(path: Path) -> rlwire.TrainingBatch | None:
         return receiver.poll()
 
 
-@settings(SETTINGS, max_examples=500)  # the chaos suite's corruption campaign goes further
+# The chaos suite's corruption campaign goes further.
+@settings(SETTINGS, max_examples=examples(500))
 @given(
     compression=st.sampled_from([None, "lz4", "zstd"]),
     in_side=st.booleans(),

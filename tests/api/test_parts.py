@@ -14,6 +14,7 @@ import anyio
 import msgspec
 import numpy as np
 import pytest
+from depth import examples
 from helpers import assert_batches_equal, make_sample
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -289,7 +290,7 @@ def test_token_cost_counts_tokens() -> None:
     assert token_cost(columns) == 9
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     ranks=st.integers(1, 8),
     costs=st.lists(st.integers(0, 10_000), min_size=0, max_size=200),
@@ -303,7 +304,7 @@ def test_greedy_balance_keeps_ranks_within_the_largest_part(ranks: int, costs: l
     assert max(totals) - min(totals) <= max(costs, default=0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(ranks=st.integers(1, 8), costs=st.lists(st.integers(0, 100), max_size=100))
 def test_count_balance_keeps_part_counts_within_one(ranks: int, costs: list[int]) -> None:
     assigned: list[list[float]] = [[] for _ in range(ranks)]

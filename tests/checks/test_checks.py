@@ -26,6 +26,7 @@ from check_types import (
     Text,
     Turns,
 )
+from depth import examples
 from helpers import make_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -406,7 +407,7 @@ def test_a_million_floats_are_checked_in_slices_without_a_python_loop() -> None:
 finite_floats = st.floats(allow_nan=False, allow_infinity=False)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     values=st.lists(finite_floats, min_size=1, max_size=64),
     repeat=st.integers(1, 400),
@@ -425,7 +426,7 @@ def test_property_a_non_finite_float_is_caught_where_it_is(
     assert message.startswith(f"$.micro_batches[0].inference_logprobs[{index}]: {bad!r} ")
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     values=st.lists(st.integers(-(2**40), 255), min_size=1, max_size=64),
     repeat=st.integers(1, 300),

@@ -28,6 +28,7 @@ from check_types import (
     Text,
     Turns,
 )
+from depth import examples
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -400,7 +401,7 @@ CHECKS = [
 ]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=random_rows(), checks=st.sampled_from(CHECKS))
 def test_property_columns_and_the_per_object_walk_agree(
     case: tuple[str, list[Any]], checks: rlwire.Checks
@@ -563,7 +564,7 @@ def test_a_long_list_of_records_is_checked_in_slices() -> None:
     assert slices(run) >= 2
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @example(np.array([-np.inf, 1.0], np.float32))
 @example(np.array([1.0, np.nan, 2.0], np.float16))
 @example(np.full(4, 3e38, np.float32))

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from depth import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -67,7 +68,7 @@ def columns_with_one_flaw(draw: st.DrawFn) -> Columns:
     return Columns(cols)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(cols=columns_with_one_flaw())
 def test_property_columns_are_checked_as_the_list_of_their_rows(cols: Columns) -> None:
     held = {"samples": cols}
@@ -75,7 +76,7 @@ def test_property_columns_are_checked_as_the_list_of_their_rows(cols: Columns) -
     assert outcome(CHECKS, held) == outcome(CHECKS, rows)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 5), min_size=1, max_size=10),
     bad=st.integers(0, 1_000),

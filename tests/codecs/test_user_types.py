@@ -33,6 +33,7 @@ import fsspec
 import msgspec
 import numpy as np
 import pytest
+from depth import examples
 from hypothesis import HealthCheck, assume, example, given, reject, settings
 from hypothesis import strategies as st
 from numpy.lib.array_utils import byte_bounds
@@ -49,14 +50,14 @@ TIMEOUT = 30.0
 SIDECAR = ("routed_experts",)
 
 CODEC_SETTINGS = settings(
-    max_examples=50,
+    max_examples=examples(50),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 #: For the tests that look at one more property of the same random types.
-SECONDARY_SETTINGS = settings(CODEC_SETTINGS, max_examples=25)
+SECONDARY_SETTINGS = settings(CODEC_SETTINGS, max_examples=examples(25))
 SINK_SETTINGS = settings(
-    max_examples=3,
+    max_examples=examples(3),
     deadline=None,
     suppress_health_check=[
         HealthCheck.too_slow,

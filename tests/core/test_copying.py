@@ -9,6 +9,7 @@ import weakref
 
 import numpy as np
 import pytest
+from depth import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +27,9 @@ def small_steps(monkeypatch: pytest.MonkeyPatch) -> int:
 
 
 @settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(200),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     data=st.binary(max_size=5000), kind=st.sampled_from([bytes, bytearray]), skip=st.integers(0, 7)
@@ -80,7 +83,9 @@ def test_a_copy_closed_midway_releases_its_source(small_steps: int) -> None:
 
 
 @settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(200),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(parts=st.lists(st.binary(max_size=700), max_size=20))
 def test_concatenated_is_the_join_and_lets_go_of_each_part(
@@ -102,7 +107,9 @@ def test_concatenated_refuses_parts_that_do_not_add_up(small_steps: int, size: i
 
 
 @settings(
-    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(200),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(st.lists(st.binary(max_size=2500), max_size=12), st.booleans())
 def test_copied_into_fills_the_target_with_the_join_a_chunk_per_slice(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hypothesis.extra.numpy as hnp
 import numpy as np
 import pytest
+from depth import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,7 +13,7 @@ import rlwire
 from rlwire import Columns, Ragged, SchemaError
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     st.lists(st.integers(0, 20), min_size=1, max_size=30), st.sampled_from(["<i8", "<f4", "|b1"])
 )

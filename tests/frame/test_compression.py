@@ -11,6 +11,7 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
+from depth import examples
 from helpers import assert_batches_equal, make_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,7 +32,9 @@ from rlwire._frame.compression import (
 )
 from rlwire.aio import offload_sliced
 
-SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 KiB = 1 << 10
 
 

@@ -8,6 +8,7 @@ import mmap
 import numpy as np
 import pytest
 import xxhash
+from depth import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +22,9 @@ from rlwire._frame.frame import joined_pieces
 from rlwire._frame.pieces import Pieces
 from rlwire.abc import Pieces as PublicPieces
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 KiB = 1 << 10
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 import pytest
+from depth import examples
 from helpers import make_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,8 +32,12 @@ from rlwire.codecs import make_codec
 from rlwire.codecs._json.codec import JsonCodec
 from rlwire.errors import ConfigError, SchemaError
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-FEW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+FEW = settings(
+    max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 codec = JsonCodec()
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 import zstandard
+from depth import examples
 from helpers import receive_in_child
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -49,7 +50,7 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(JSON)
 def test_json_cost_is_an_upper_bound_of_what_parsing_takes(value: object) -> None:
     doc = orjson.dumps(value)

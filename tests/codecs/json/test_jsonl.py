@@ -22,6 +22,7 @@ import msgspec
 import numpy as np
 import orjson
 import pytest
+from depth import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,7 +37,9 @@ from rlwire.codecs.jsonl import (
 )
 from rlwire.errors import ConfigError, FrameTooLargeError, TransportError
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 codec = JsonCodec()
 

@@ -10,6 +10,7 @@ import hypothesis.extra.numpy as hnp
 import msgspec
 import numpy as np
 import pytest
+from depth import examples
 from helpers import assert_batches_equal, make_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -31,7 +32,9 @@ from rlwire.codecs._msgpack.extensions import (
 )
 from rlwire.codecs._msgpack.joined_rows import _JOIN_BYTES
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def stored(frame: Frame) -> Frame:

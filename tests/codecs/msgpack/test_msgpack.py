@@ -12,6 +12,7 @@ import hypothesis.extra.numpy as hnp
 import msgspec
 import numpy as np
 import pytest
+from depth import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from msgspec.msgpack import Ext
@@ -21,7 +22,9 @@ import rlwire
 from rlwire import CorruptFrameError, DecodeError, EncodeError, Frame, RlwireError
 from rlwire.codecs._msgpack.codec import DEFAULT_INLINE_THRESHOLD, MsgpackCodec
 
-SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 ALL_OOB = 0  # inline_threshold that sends every array and bytes value out-of-band
 ALL_INLINE = 1 << 62  # inline_threshold that keeps everything in the header

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+from depth import examples
 from helpers import assert_batches_equal, make_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -263,7 +264,7 @@ def test_an_extension_value_as_a_maps_key_is_a_corrupt_frame(value: Any, wrap: b
             decode(frame, annotation)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     flips=st.lists(
         st.tuples(st.integers(0, HEAVY.buffers[0].nbytes - 1), st.integers(1, 255)),

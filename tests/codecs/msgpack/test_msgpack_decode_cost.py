@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from depth import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec.msgpack import Ext
@@ -63,7 +64,7 @@ PLAIN = st.recursive(
 )
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(PLAIN)
 def test_plain_cost_is_an_upper_bound_of_what_decoding_takes(value: Any) -> None:
     data = mp(value)
@@ -73,7 +74,7 @@ def test_plain_cost_is_an_upper_bound_of_what_decoding_takes(value: Any) -> None
     assert plain_cost(data, 1 << 62) <= WORST_RATIO * len(data)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.binary(max_size=64), st.integers(0, 1 << 20))
 def test_plain_cost_of_any_bytes_is_a_number(data: bytes, limit: int) -> None:
     """Malformed or truncated input is for the decoder to report: the walk just stops

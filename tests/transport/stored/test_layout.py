@@ -17,6 +17,7 @@ import msgspec
 import numpy as np
 import pytest
 import xxhash
+from depth import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +30,9 @@ from rlwire.transport import FileSink, FileSource
 from rlwire.transport._stored.layout import ALIGN, FORMAT_VERSION, Layout, parse_main, plan
 from rlwire.transport.layout import main_name, sidecar_name
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 PRELUDE = struct.Struct("<8sHHIQ")  # magic, major, minor, envelope length, its xxh3-64
 SIDECAR_PRELUDE = struct.Struct("<8sHHI16s")  # magic, major, minor, reserved, message id
@@ -1055,7 +1058,7 @@ def significant(data: bytes, ranges: list[tuple[int, int]]) -> np.ndarray:
     return mask
 
 
-@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(800), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     case=frames_with_sums(),
     where=st.integers(0, 2**32),
@@ -1090,7 +1093,7 @@ def test_every_flip_is_caught_unless_it_is_padding(
         )
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=frames_with_sums(), cut=st.integers(0, 2**32), in_side=st.booleans())
 def test_every_truncation_with_checksums_is_caught(
     case: tuple[Frame, bytes, bytes], cut: int, in_side: bool

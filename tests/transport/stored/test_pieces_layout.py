@@ -11,6 +11,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 import pytest
+from depth import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +26,9 @@ from rlwire.transport._stored.sink import StoredSink, StoredStaging
 from rlwire.transport.layout import main_name, sidecar_name
 
 PRELUDE = struct.Struct("<8sHHIQ")
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def _view(array: np.ndarray) -> memoryview:

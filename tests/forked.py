@@ -23,7 +23,9 @@ import contextlib
 import io
 import json
 import os
+import select
 import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -105,7 +107,15 @@ def _serve(path: str) -> dict[str, Any]:
                 os._exit(0)
             if key.fileobj is listener:
                 conn, _ = listener.accept()
-                request, fds = _receive(conn, 3)
+                try:
+                    request, fds = _receive(conn, 3)
+                except (OSError, EOFError, ValueError):
+                    request, fds = None, []
+                if request is None:  # a client gone before its request was whole
+                    for fd in fds:
+                        os.close(fd)
+                    conn.close()
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     for fd, (_, other) in list(waiting.items()):
@@ -121,7 +131,10 @@ def _serve(path: str) -> dict[str, Any]:
                 pidfd = os.pidfd_open(pid)
                 waiting[pidfd] = (pid, conn)
                 selector.register(pidfd, selectors.EVENT_READ)
-                _send(conn, {"pid": pid})
+                # The client signals the child through its own copy of the pidfd: never
+                # another process that took the pid once this one was reaped.
+                with contextlib.suppress(OSError):  # the client went: the child goes on
+                    _send(conn, {"pid": pid}, [pidfd])
             else:
                 pidfd = int(key.fd)
                 pid, conn = waiting.pop(pidfd)
@@ -141,6 +154,11 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
     for fd in set(fds):
         if fd > 2:
             os.close(fd)
+    os.umask(request["umask"])
+    # The tests' modules the server imported are the test's to import, as in a new
+    # interpreter (which finds them only on a path the child is given).
+    for name in ("helpers", "forked"):
+        sys.modules.pop(name, None)
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     sys.stdout = io.TextIOWrapper(
         io.FileIO(1, "w", closefd=False), encoding="utf-8", line_buffering=True
@@ -152,8 +170,7 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
         errors="backslashreplace",
     )
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    if request["cwd"] is not None:
-        os.chdir(request["cwd"])
+    os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -201,14 +218,18 @@ class _Server:
                 assert self._proc.stdout is not None
                 ready = self._proc.stdout.readline()
                 assert ready == "ready\n", f"the fork server did not start: {ready!r}"
-                atexit.register(self._stop, self._proc)
+                atexit.register(self._stop, self._proc, directory)
             assert self._path is not None
             return self._path
 
     @staticmethod
-    def _stop(proc: subprocess.Popen[str]) -> None:
+    def _stop(proc: subprocess.Popen[str], directory: str) -> None:
         proc.kill()
         proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                stream.close()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 _SERVER = _Server()
@@ -282,22 +303,31 @@ class _Forked:
         self._text = text or universal_newlines
         theirs: list[int] = []
         close_after: list[int] = []
-        for index, how in enumerate((stdin, stdout, stderr)):
-            fd, mine = self._stream(index, how, close_after)
-            theirs.append(fd)
-            if mine is not None:
-                setattr(self, ("stdin", "stdout", "stderr")[index], mine)
-        request = {
-            "code": args[2],
-            "args": args[3:],
-            "env": dict(os.environ if env is None else env),
-            "cwd": None if cwd is None else os.fspath(cwd),
-        }
+        self._lock = threading.Lock()  # one reader of the server's answer at a time
+        self._readers: list[threading.Thread] | None = None  # communicate()'s
+        self._read: dict[str, Any] = {}
+        self._pidfd = -1
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            for index, how in enumerate((stdin, stdout, stderr)):
+                fd, mine = self._stream(index, how, close_after)
+                theirs.append(fd)
+                if mine is not None:
+                    setattr(self, ("stdin", "stdout", "stderr")[index], mine)
+            umask = os.umask(0o022)
+            os.umask(umask)
+            request = {
+                "code": args[2],
+                "args": args[3:],
+                "env": dict(os.environ if env is None else env),
+                "cwd": os.fspath(os.getcwd() if cwd is None else cwd),
+                "umask": umask,
+            }
             self._conn.connect(_SERVER.path())
             _send(self._conn, request, theirs)
-            answer, _ = _receive(self._conn)
+            answer, fds = _receive(self._conn, 1)
+            if answer is None or not fds:
+                raise RuntimeError("the fork server went away before it forked the child")
         except BaseException:
             self._conn.close()
             for stream in (self.stdin, self.stdout, self.stderr):
@@ -308,6 +338,7 @@ class _Forked:
             for fd in close_after:
                 os.close(fd)
         self.pid: int = answer["pid"]
+        self._pidfd = fds[0]
 
     def _stream(self, index: int, how: Any, close_after: list[int]) -> tuple[int, IO[Any] | None]:
         """The descriptor the child gets as stream ``index``, and this side's end."""
@@ -331,17 +362,22 @@ class _Forked:
         return how.fileno(), None
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            self._conn.setblocking(False)
+        if self.returncode is None and self._lock.acquire(blocking=False):
             try:
-                self._answer()
-            except BlockingIOError:
+                if self.returncode is None:
+                    self._answer(0.0)
+            except subprocess.TimeoutExpired:
                 pass
             finally:
-                self._conn.setblocking(True)
+                self._lock.release()
         return self.returncode
 
-    def _answer(self) -> None:
+    def _answer(self, timeout: float | None) -> None:
+        """Take the exit status from the server, within ``timeout`` seconds (None: no
+        limit); the caller holds the lock. A message of a few bytes comes whole."""
+        ready = select.select([self._conn], [], [], timeout)[0] if timeout is not None else True
+        if not ready:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
         answer, _ = _receive(self._conn)
         if answer is None:
             raise RuntimeError("the fork server went away before the child ended")
@@ -350,20 +386,22 @@ class _Forked:
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
-            self._conn.settimeout(timeout)
+            if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
             try:
-                self._answer()
-            except TimeoutError:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0.0) from None
-            finally:
                 if self.returncode is None:
-                    self._conn.settimeout(None)
+                    self._answer(timeout)
+            finally:
+                self._lock.release()
         assert self.returncode is not None
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, sig)
+        # Through the pidfd, kept until this object goes: once the child is reaped it
+        # refers to no process (ProcessLookupError), never to one that took the pid.
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, sig)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -374,30 +412,40 @@ class _Forked:
     def communicate(
         self, input: str | bytes | None = None, timeout: float | None = None
     ) -> tuple[Any, Any]:
-        results: dict[str, Any] = {}
+        """As Popen's: may be called again after a TimeoutExpired (the same readers go
+        on); an error reading a stream is raised here."""
+        read = self._read
+        if self._readers is None:
 
-        def drain(name: str, stream: IO[Any]) -> None:
-            results[name] = stream.read()
-            stream.close()
+            def drain(name: str, stream: IO[Any]) -> None:
+                try:
+                    read[name] = stream.read()
+                except BaseException as exc:  # raised in the caller's thread
+                    read[name + " error"] = exc
+                finally:
+                    stream.close()
 
-        readers = [
-            threading.Thread(target=drain, args=(name, stream), daemon=True)
-            for name, stream in (("out", self.stdout), ("err", self.stderr))
-            if stream is not None
-        ]
-        for reader in readers:
-            reader.start()
-        if self.stdin is not None:
-            try:
-                if input:
-                    self.stdin.write(input)
-                self.stdin.close()
-            except BrokenPipeError:
-                pass
+            self._readers = [
+                threading.Thread(target=drain, args=(name, stream), daemon=True)
+                for name, stream in (("out", self.stdout), ("err", self.stderr))
+                if stream is not None
+            ]
+            for reader in self._readers:
+                reader.start()
+            if self.stdin is not None and not self.stdin.closed:
+                with contextlib.suppress(BrokenPipeError):
+                    if input:
+                        self.stdin.write(input)
+                    self.stdin.close()
         self.wait(timeout)
-        for reader in readers:
+        for reader in self._readers:
             reader.join(timeout)
-        return results.get("out"), results.get("err")
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        for name in ("out", "err"):
+            if name + " error" in read:
+                raise read[name + " error"]
+        return read.get("out"), read.get("err")
 
     def __del__(self) -> None:
         # The connection to the server is this class's own, not a subprocess's: it goes
@@ -405,6 +453,9 @@ class _Forked:
         conn = getattr(self, "_conn", None)
         if conn is not None:
             conn.close()
+        if getattr(self, "_pidfd", -1) >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
 
     def __enter__(self) -> _Forked:
         return self

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import forked
@@ -103,3 +105,62 @@ def test_other_forms_start_a_new_interpreter() -> None:
     proc = forked.Popen([sys.executable, "-m", "this"], stdout=subprocess.DEVNULL)
     assert isinstance(proc, subprocess.Popen)
     assert proc.wait(60) == 0
+
+
+def test_poll_kill_and_wait_after_the_child_ended_on_its_own() -> None:
+    proc = forked.Popen(python("pass"))
+    assert proc.wait(60) == 0
+    assert proc.poll() == 0
+    proc.kill()  # reaped already: nothing to signal, no error (as subprocess)
+    with forked.Popen(python("import time; time.sleep(60)")) as sleeper:
+        with pytest.raises(subprocess.TimeoutExpired):
+            sleeper.wait(0)
+        sleeper.kill()
+
+
+def test_wait_and_poll_from_two_threads_see_one_exit_status() -> None:
+    for _ in range(20):
+        proc = forked.Popen(python("pass"))
+        codes: list[int | None] = []
+        waiter = threading.Thread(target=lambda p=proc, c=codes: c.append(p.wait(60)))
+        waiter.start()
+        while proc.poll() is None:
+            time.sleep(0.001)
+        waiter.join(60)
+        assert codes == [0] and proc.returncode == 0
+
+
+def test_communicate_again_after_a_timeout_gets_all_the_output() -> None:
+    proc = forked.Popen(
+        python("import time; print('partial', flush=True); time.sleep(0.5); print('rest')"),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.communicate(timeout=0.05)
+    assert proc.communicate(timeout=60) == ("partial\nrest\n", None)
+
+
+def test_a_child_starts_in_the_tests_directory_with_its_umask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    old = os.umask(0o077)
+    try:
+        done = forked.run(
+            python("import os; print(os.getcwd(), oct(os.umask(0)))"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.umask(old)
+    assert done.stdout == f"{tmp_path} 0o77\n"
+
+
+def test_a_client_gone_mid_request_leaves_the_server_and_its_children_running() -> None:
+    with forked.Popen(python("import time; time.sleep(0.5)")) as running:
+        with pytest.raises(OSError):
+            forked.Popen(python("pass"), stdin=999)  # not a descriptor: the send fails
+        assert running.wait(60) == 0
+    assert forked.run(python("pass"), timeout=60).returncode == 0

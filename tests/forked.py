@@ -8,11 +8,13 @@ machine, most of what the tests of processes and of ZeroMQ cost. :func:`Popen` a
 form; anything else (a script, ``-m``, interpreter flags) starts a new interpreter as
 before.
 
-What a forked child does not redo: the imports above, done once with the server's
-environment (rlwire reads no environment variable at import); ``PYTHONPATH`` given to
-the child is put at the front of its ``sys.path``, as a new interpreter would. A child's
-standard streams are line-buffered. The server dies with the pytest process that
-started it (the end of a pipe it holds); its children stay as a subprocess's would.
+A child takes the test's environment, directory and umask; ``PYTHONPATH`` given to it
+goes to the front of its ``sys.path``, as a new interpreter would put it. What it does
+not redo: the imports above, done once with the server's environment (rlwire reads no
+environment variable at import), the server's hash seed and resource limits. Its
+standard streams are line-buffered. Signals reach it through a pidfd, never another
+process that took its pid. The server dies with the pytest process that started it
+(the end of a pipe it holds); its children stay as a subprocess's would.
 """
 
 from __future__ import annotations

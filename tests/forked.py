@@ -127,7 +127,7 @@ def _serve(path: str) -> dict[str, Any]:
                     listener.close()
                     conn.close()
                     _become(request, fds)
-                    return dict(request)
+                    return request
                 for fd in fds:
                     os.close(fd)
                 pidfd = os.pidfd_open(pid)
@@ -171,7 +171,6 @@ def _become(request: dict[str, Any], fds: list[int]) -> None:
         line_buffering=True,
         errors="backslashreplace",
     )
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -274,7 +273,7 @@ def _forkable(args: Sequence[str], options: Mapping[str, Any]) -> bool:
         and args[0] == sys.executable
         and args[1] == "-c"
         and set(options) <= known
-        and options.get("stderr") is not subprocess.STDOUT
+        and options.get("stderr") != subprocess.STDOUT
     )
 
 

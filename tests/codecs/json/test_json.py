@@ -282,28 +282,37 @@ def test_encode_output_is_what_one_orjson_call_gives() -> None:
 
 def test_encode_works_in_short_slices() -> None:
     batch = make_batch(count=64, n=4096)
-    sliced = JsonCodec(check=check_object).encode_sliced(batch)
-    longest, total, count = 0.0, 0.0, 0
+    # Up to three encodes: a slice's CPU time also counts what the kernel did for it (a
+    # page fault that waited on compaction took 36 ms of a 117 ms encode in a parallel
+    # run, where alone the longest slice takes 1-4 ms). An encode that is not sliced
+    # fails all three.
+    runs = [_slice_times(JsonCodec(check=check_object).encode_sliced(batch)) for _ in range(3)]
+    for frame, times in runs:
+        assert isinstance(frame, Frame)
+        assert frame.header.readonly
+        assert len(times) > 10
+        # The work is spread: no slice holds a quarter of it (~1 ms of ~90 ms here). A
+        # bound in seconds failed on a slow day (21 ms against 20, under a load of 7).
+        if max(times) < sum(times) / 4:
+            return
+    raise AssertionError([(max(times), sum(times), len(times)) for _, times in runs])
+
+
+def _slice_times(sliced: Any) -> tuple[Any, list[float]]:
+    """What a sliced encode returns, and each slice's CPU time in this thread: what it
+    holds the GIL for, whatever else the machine runs (its wall time grows with the load;
+    a bound on it failed at 36 ms under a load of 5)."""
+    times = []
     # A full collection of the objects earlier tests left in this process would count
-    # as this slice's CPU time (one took 45 ms in a parallel run): none is due after this.
+    # as a slice's CPU time (one took 45 ms in a parallel run): none is due after this.
     gc.collect()
     while True:
-        # CPU time of this thread: what a slice holds the GIL for, whatever else the
-        # machine runs (its wall time grows with the load; it failed at 36 ms under 5).
         start = time.thread_time()
         try:
             next(sliced)
         except StopIteration as stop:
-            frame = stop.value
-            break
-        took = time.thread_time() - start
-        longest, total, count = max(longest, took), total + took, count + 1
-    assert isinstance(frame, Frame)
-    assert count > 10
-    # The work is spread: no slice holds a quarter of it (~0.5 ms of ~100 ms here). A
-    # bound in seconds failed on a slow day (21 ms against 20, under a load of 7).
-    assert longest < total / 4, (longest, total, count)
-    assert frame.header.readonly
+            return stop.value, times
+        times.append(time.thread_time() - start)
 
 
 def test_numpy_scalars_become_numbers() -> None:

@@ -215,16 +215,29 @@ def _check_against(
 
 
 def prepare(
-    sink: Sink, step: int, rank: int, columns: Columns, limits: Limits, again: bool
+    sink: Sink,
+    step: int,
+    rank: int,
+    columns: Columns,
+    limits: Limits,
+    again: bool,
+    of: bytes | None = None,
 ) -> Frame:
     """Read and check the step as stored (``again``: as it was at the first try of the
-    same call, :meth:`~rlwire.abc.Sink.read_committed`), then encode ``columns`` (in a
-    worker thread)."""
+    same call, :meth:`~rlwire.abc.Sink.read_committed`; ``of``: the message the
+    caller computed the fields from, or None), then encode ``columns`` (in a worker
+    thread)."""
     decoding = FrameDecoding(limits, None, writable=False)
     rows = _StoredRows(decoding)
     frames = sink.read_committed(step, rank, rows.select, again=again)
     if frames is None:
         raise ConfigError(f"add_fields: step {step} is not committed (sent whole, or sealed)")
+    if of is not None and (frames[0].message_id if frames else b"") != of:
+        raise ConfigError(
+            f"add_fields: step {step} rank {rank} as stored is not the message the fields "
+            "were computed from (of=): that one was deleted and the step sent again, by a "
+            "producer restarted with overwrite or truncate"
+        )
     count, lengths = _stored_rows(frames, rows)
     # A field the step holds may be appended (TrainingSample.ref_logprobs, left None):
     # it takes the place of the step's. Twice appended, it is refused.

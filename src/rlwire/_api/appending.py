@@ -85,6 +85,7 @@ async def add_fields(
     fields: Mapping[str, Column],
     rows: int | None,
     rank: int,
+    of: bytes | None = None,
 ) -> None:
     """What :meth:`~rlwire.TrainingBatchSender.add_fields` does, its lock held and the
     sink open (or attached)."""
@@ -92,10 +93,14 @@ async def add_fields(
     step = check_step(int(step) if isinstance(step, np.integer) else step, "add_fields: step")
     rank = check_int(int(rank) if isinstance(rank, np.integer) else rank, "add_fields: rank")
     columns = _check_input(fields, rows)
+    if of is not None and not isinstance(of, bytes):
+        raise ConfigError(
+            f"add_fields: of must be the bytes of a receiver's last_stats.message_id, got {of!r}"
+        )
     try:
         for attempt in range(_COMMIT_TRIES):
             frame = await to_thread.run_sync(
-                prepare, sink, step, rank, columns, limits, attempt > 0, limiter=limiter
+                prepare, sink, step, rank, columns, limits, attempt > 0, of, limiter=limiter
             )
             staged = await drive_sliced(
                 sink.stage_fields(step, rank, frame), limiter, dropped=lambda s: s.discard()
@@ -132,6 +137,7 @@ class AppendingSender:
         *,
         rows: int | None = None,
         rank: int = 0,
+        of: bytes | None = None,
     ) -> None:
         """Store ``fields`` (name -> :class:`~rlwire.Ragged`, array or list, one value
         per sample; an array of two or more dimensions arrives as the Ragged of its
@@ -142,6 +148,13 @@ class AppendingSender:
         does not open it to append: nothing is deleted, resumed or truncated, so a stage
         that only appends may run beside the live producer.
 
+        ``of``: the :attr:`~rlwire.ReceiveStats.message_id` of the step the fields were
+        computed from (``receiver.last_stats.message_id`` right after it was received).
+        Given, the fields are stored only beside that message: if a producer restarted
+        with ``overwrite`` (or ``truncate``) has deleted the step and sent it again
+        since, the call refuses, even when the new step has the same shape. Without it,
+        the fields are tied to the step as this call finds it.
+
         Raises:
             SchemaError: a row count differs from the step's (or ``rows``), a Ragged's
                 row from the step's ``token_ids`` (names the field and the first bad
@@ -151,6 +164,8 @@ class AppendingSender:
                 not committed, ``rank`` is none of its ranks, or the step was deleted
                 (and sent again, by a producer restarted with ``overwrite``) during
                 the call: the fields are tied to no step a receiver gets.
+                With ``of``: the step as stored is another message than ``of``
+                (or ``of`` is not bytes).
             StepExistsError: another sender appended to the step and rank meanwhile.
             TransportError: the destination cannot be read or written.
             ClosedError: the sender is closed.
@@ -178,7 +193,7 @@ class AppendingSender:
                 )
             if not self._opened:
                 await to_thread.run_sync(sink.attach_fields, limiter=self._limiter)
-            await add_fields(sink, self._limiter, Limits(), step, fields, rows, rank)
+            await add_fields(sink, self._limiter, Limits(), step, fields, rows, rank, of)
 
 
 @dataclass
@@ -193,6 +208,11 @@ class Appended:
     @property
     def nbytes(self) -> int:
         return int(self.inner.nbytes)
+
+    @property
+    def message_id(self) -> bytes:
+        """The step's :attr:`~rlwire.Frame.message_id` (its first part's)."""
+        return bytes(self.inner.message_id)
 
 
 class FieldPending(NamedTuple):

@@ -168,6 +168,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
                 decompress_seconds=seconds["decompress"],
                 decode_seconds=seconds["decode"],
                 total_seconds=total,
+                message_id=frame.message_id,
             )
             if type(obj) is TrainingBatch:
                 note_received(obj)

@@ -76,6 +76,12 @@ class SealedStep:
         """The bytes of the parts' frames."""
         return sum(frame.nbytes for _, frame in self.parts)
 
+    @property
+    def message_id(self) -> bytes:
+        """Its first part's :attr:`~rlwire.Frame.message_id`, what fields appended to
+        the step are tied to (``b""``: no part for the rank)."""
+        return self.parts[0][1].message_id if self.parts else b""
+
 
 def part_types(type_: Any) -> tuple[Any, Callable[[Any], Any]]:
     """What a part decodes to for a receiver of ``type_``, and what makes a value of

@@ -8,6 +8,7 @@ around work done anyway, so collecting them costs nothing measurable.
 
 from __future__ import annotations
 
+import builtins
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -87,6 +88,11 @@ class ReceiveStats:
             ``validate=True``).
         total_seconds: the whole ``receive`` / ``areceive`` call (for ``poll``, the
             call that returned the object).
+        message_id: what tells the message received from any other sent as this
+            step and rank (after a producer restarted with ``overwrite``): pass it to
+            :meth:`~rlwire.TrainingBatchSender.add_fields` as ``of=``, so that fields
+            computed from it are never stored beside another. ``b""`` where the
+            destination keeps no steps (ZeroMQ).
 
     Example:
         >>> ReceiveStats(step=0, rank=0, bytes=10).as_dict()["bytes"]
@@ -101,6 +107,7 @@ class ReceiveStats:
     decompress_seconds: float = 0.0
     decode_seconds: float = 0.0
     total_seconds: float = 0.0
+    message_id: builtins.bytes = b""  # the field "bytes" hides the type here
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a dict, ready for a metrics logger."""

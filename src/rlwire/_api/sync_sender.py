@@ -203,10 +203,11 @@ class SyncSender:
         *,
         rows: int | None = None,
         rank: int = 0,
+        of: bytes | None = None,
     ) -> None:
         """Store ``fields`` beside the samples of the committed ``step``; see
         :meth:`rlwire.TrainingBatchSender.add_fields` (same errors)."""
-        self._call(self._sender.add_fields, step, fields, rows=rows, rank=rank)
+        self._call(self._sender.add_fields, step, fields, rows=rows, rank=rank, of=of)
 
     def open_step(
         self,

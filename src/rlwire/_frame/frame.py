@@ -59,6 +59,11 @@ class Frame:
         verified: True when the source that read it checked every segment against a
             checksum the message carried (False: a message without checksums, a
             source with ``verify=False``, or one that does not say).
+        message_id: what tells the stored message a source read it from from any
+            other message stored under the same step and rank (a file's or object's
+            envelope ``id``, a ``ray://`` step's commit); ``b""`` where the source
+            has none (ZeroMQ, a frame made in memory). ``add_fields(..., of=)``
+            compares it.
 
     Example:
         >>> frame = Frame(b"hdr", (memoryview(b"payload"),))
@@ -75,6 +80,7 @@ class Frame:
     stored_size: int | None = None
     missing: frozenset[int] = field(default_factory=frozenset)
     verified: bool = False
+    message_id: bytes = b""
 
     def __post_init__(self) -> None:
         bad = [i for i in self.sidecar if not 0 <= i < len(self.buffers)]

@@ -219,3 +219,27 @@ def test_the_board_refuses_marks_no_receiver_records(ray_url: str) -> None:
         sender.send(make_batch(1, n=8))
     with rlwire.open_receiver(ray_url) as receiver:
         receiver.receive(timeout=TIMEOUT)
+
+
+def test_fields_computed_from_another_run_of_their_step_are_refused(ray_url: str) -> None:
+    """A stage computed its fields from step 0 as received (``of=`` its message id);
+    another run then sent step 0 again, the same shape: those fields are refused, and
+    the ones computed from the new step are stored."""
+    create_board(_name(ray_url))
+    message_ids = []
+    for seed, existing in ((1, "error"), (99, "overwrite")):
+        with rlwire.open_sync_sender(ray_url, on_existing=existing) as sender:
+            sender.send(make_batch(2, n=8, seed=seed))
+        with rlwire.open_receiver(ray_url, record_consumed=False) as receiver:
+            receiver.receive(timeout=TIMEOUT)
+            assert receiver.last_stats is not None
+            message_ids.append(receiver.last_stats.message_id)
+    old, new = message_ids
+    assert old and new and old != new
+    with rlwire.open_sync_sender(ray_url, on_existing="resume") as stage:
+        with pytest.raises(rlwire.ConfigError, match="not the message the fields were computed"):
+            stage.add_fields(0, {"ref_logprob": np.array([1.5, 2.5])}, of=old)
+        stage.add_fields(0, {"ref_logprob": np.array([3.5, 4.5])}, of=new)
+    with rlwire.open_receiver(ray_url, fields=["ref_logprob"]) as receiver:
+        got = receiver.receive(timeout=TIMEOUT)
+    assert got.samples["ref_logprob"].tolist() == [3.5, 4.5]

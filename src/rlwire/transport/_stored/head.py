@@ -187,6 +187,7 @@ def read_head(
         tuple(np.frombuffer(env.raw_sizes, _U64).tolist()),
         stored_size=main.size + (env.sidecar_size or 0),
         missing=frozenset(range(n)),
+        message_id=env.id,
     )
     return Head(
         env,

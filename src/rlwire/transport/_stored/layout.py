@@ -101,10 +101,9 @@ class Layout(NamedTuple):
 
     ``main_segments[j]`` (``sidecar_segments[j]``) is the segment that chunk ``j`` of the
     file holds, or -1 for the prelude, envelope and padding: a sink can hash each segment
-    while it writes it, and then :meth:`head` renders the prelude and envelope with those
-    checksums, to be written over ``main[0]`` (the same length when the layout was planned
-    with placeholder checksums, as :func:`~rlwire._frame.checksums.placeholder_checksums` gives).
-    """
+    while it writes it, then :meth:`head` renders the prelude and envelope with those
+    checksums, to write over ``main[0]`` (the same length, the layout planned with
+    :func:`~rlwire._frame.checksums.placeholder_checksums`)."""
 
     main: list[bytes | memoryview]
     sidecar: list[bytes | memoryview]
@@ -332,6 +331,7 @@ def _parse(
         tuple(np.frombuffer(env.raw_sizes, _U64).tolist()),
         stored_size=stored,
         verified=verified,
+        message_id=env.id,
     )
 
 

@@ -197,6 +197,7 @@ class _Reading:
             tuple(np.frombuffer(self.env.raw_sizes, _U64).tolist()),
             stored_size=self.main.size + (self.env.sidecar_size or 0),
             missing=frozenset(i for i in range(n) if i not in self.loaded),
+            message_id=self.env.id,
         )
 
     def run(self, header: memoryview, select: Selector) -> Frame:

@@ -19,7 +19,7 @@ from rlwire._core.errors import ConfigError, CorruptFrameError, TransportError
 from rlwire.transport._parts import Key, PartInfo, Seal, check_key
 from rlwire.transport._stored.parts import parse_seal, seal_bytes
 
-__all__ = ["checked_commit", "checked_part", "checked_refs", "checked_seal"]
+__all__ = ["checked_commit", "checked_part", "checked_refs", "checked_seal", "commit_id"]
 
 
 def checked_refs(
@@ -90,6 +90,12 @@ def checked_seal(step: int, keys: Any, costs: Any, where: str) -> Seal:
         costs=tuple(tuple(rank) for rank in costs),
     )
     return parse_seal(seal_bytes(seal), step=step, where=where)  # its keys checked as stored
+
+
+def commit_id(token: object) -> bytes:
+    """The :attr:`~rlwire.Frame.message_id` of a step whose commit the board names
+    ``token`` (``b""``: none named)."""
+    return token.encode() if isinstance(token, str) else b""
 
 
 def checked_commit(named: tuple[int, str] | None, step: int, token: object, where: str) -> None:

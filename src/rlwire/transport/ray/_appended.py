@@ -31,7 +31,7 @@ from rlwire.transport.ray._actors import (
     find_board,
     ray_errors,
 )
-from rlwire.transport.ray._answers import checked_refs
+from rlwire.transport.ray._answers import checked_refs, commit_id
 from rlwire.transport.ray._payload import make_payload, parse_payload
 from rlwire.transport.ray._staged import _Staged
 
@@ -136,7 +136,9 @@ class RayFieldsSink(FieldsSink):
         assert self._board is not None
         return self._board
 
-    def _frames(self, refs: list[tuple[Any, Any, bytes | None]], where: str) -> list[Frame]:
+    def _frames(
+        self, refs: list[tuple[Any, Any, bytes | None]], where: str, commit: object = None
+    ) -> list[Frame]:
         frames = []
         for entry in refs:
             main_ref, side_ref, checksums = checked_refs(*entry, where)
@@ -150,6 +152,7 @@ class RayFieldsSink(FieldsSink):
                     writable=False,
                     where=where,
                     checksums=checksums,
+                    message_id=commit_id(commit),
                 )
             )
         return frames
@@ -172,7 +175,7 @@ class RayFieldsSink(FieldsSink):
         if again and read is not None and read[:2] == (step, rank) and read[2] != answer[2]:
             raise ConfigError(f"add_fields: {step_replaced(step, True)}", where=self.where)
         self._read_commit = (step, rank, answer[2])
-        return self._frames(_refs(answer, "a step's objects", where), where)
+        return self._frames(_refs(answer, "a step's objects", where), where, answer[2])
 
     def read_appended(self, step: int, rank: int) -> list[Frame]:
         where = f"{self.where}: fields appended to step {step} rank {rank}"

@@ -180,11 +180,14 @@ def parse_payload(
     writable: bool,
     where: str,
     checksums: bytes | None = None,
+    message_id: bytes = b"",
 ) -> Frame:
     """The frame stored as ``main`` (and ``side``, ``None`` without a sidecar), the
     values ``ray.get`` returned for the objects :func:`make_payload` made, as views of
     them (copies, with ``writable``). ``checksums`` are those the board gave with the
-    references, for an envelope that says they are there (``board_checksums``).
+    references, for an envelope that says they are there (``board_checksums``);
+    ``message_id`` the frame's (its step's commit,
+    :func:`~rlwire.transport.ray._answers.commit_id`).
 
     Raises:
         CorruptFrameError: the objects are not such a message, or (with ``verify``) a
@@ -248,6 +251,7 @@ def parse_payload(
             compression=envelope.compression,
             raw_sizes=envelope.raw_sizes,
             stored_size=values[0].nbytes + sum(envelope.sizes),
+            message_id=message_id,
         )
     except ValueError as exc:  # compression and raw_sizes that do not fit the segments
         raise CorruptFrameError(f"the envelope is inconsistent: {exc}", where=where) from exc

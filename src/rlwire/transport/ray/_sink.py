@@ -39,8 +39,9 @@ from rlwire.transport.ray._appended import RayFieldsSink
 from rlwire.transport.ray._handing import Handed, HandingSink
 from rlwire.transport.ray._handle import Commits, StepHandle
 from rlwire.transport.ray._payload import make_payload, runs_fit
-from rlwire.transport.ray._source import OPTIONS, RaySource, board_options, parse_name
+from rlwire.transport.ray._source import RaySource
 from rlwire.transport.ray._staged import RayStaged, RayStagedPart, open_step_error
+from rlwire.transport.ray._url import OPTIONS, board_options, parse_name
 
 __all__ = ["RaySink", "producer_actor"]
 
@@ -279,8 +280,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
 
     def _settle(self, step: int, handoffs: list[tuple[int, Handed]]) -> None:
         """Wait for the board's answers to the stages of ``step``'s ranks in
-        ``handoffs``, in order, taking each off the list; raise what one says went
-        wrong."""
+        ``handoffs``, in order, each taken off the list; raise what one says is wrong."""
         while handoffs:
             rank, handoff = handoffs.pop(0)
             result = self._answer(handoff)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from anyio import to_thread
@@ -34,51 +33,19 @@ from rlwire.transport.ray._answers import (
     checked_part,
     checked_refs,
     checked_seal,
+    commit_id,
 )
 from rlwire.transport.ray._appended import RayFieldsSource
 from rlwire.transport.ray._payload import parse_payload
+from rlwire.transport.ray._url import OPTIONS, board_options, parse_name
 
-__all__ = ["OPTIONS", "RaySource", "board_options", "parse_name"]
+__all__ = ["RaySource"]
 
-#: The storage options of ray:// destinations, the sender's and the receivers' alike.
-OPTIONS = ("namespace", "detached", "pull_timeout")
 #: The longest one wait on the board: a waiting thread stays answerable to cancellation
 #: (a cancelled await leaves its thread until the board answers).
 _WAIT_SLICE = 0.5
 #: How long a wait sleeps while the board does not exist yet (no sender opened).
 _NO_BOARD_SLEEP = 0.05
-
-
-def parse_name(url: URL) -> str:
-    """The NAME of ``ray://NAME``.
-
-    Raises:
-        ConfigError: it is empty or holds a ``/``, ``?`` or ``#``.
-    """
-    name = url.rest
-    if not name or any(c in name for c in "/?#") or name.strip() != name:
-        raise ConfigError(
-            "a ray:// URL is ray://NAME, NAME non-empty without '/', '?', '#' or spaces",
-            where=url,
-        )
-    return name
-
-
-def board_options(url: URL, options: Mapping[str, Any]) -> tuple[str | None, bool]:
-    """The ``namespace`` and ``detached`` storage options, checked.
-
-    Raises:
-        ConfigError: either is of the wrong type.
-    """
-    namespace = options.get("namespace")
-    if namespace is not None and (not isinstance(namespace, str) or not namespace):
-        raise ConfigError(
-            f"storage option 'namespace' must be a non-empty str, got {namespace!r}", where=url
-        )
-    detached = options.get("detached", False)
-    if not isinstance(detached, bool):
-        raise ConfigError(f"storage option 'detached' must be a bool, got {detached!r}", where=url)
-    return namespace, detached
 
 
 class RaySource(RayFieldsSource, Source):
@@ -253,7 +220,7 @@ class RaySource(RayFieldsSource, Source):
         if answer[0] == "step":
             self._check_commit(step, answer[2], where)
             main_ref, side_ref, checksums = answer[1]
-            return self._fetch(main_ref, side_ref, where, checksums)
+            return self._fetch(main_ref, side_ref, where, checksums, answer[2])
         self._expected = step
         if answer[0] == "end":
             raise EndOfStream.at(int(answer[1]), where=self.where)
@@ -292,7 +259,7 @@ class RaySource(RayFieldsSource, Source):
         (main_ref, side_ref), key, cost = answer[1], answer[2], answer[3]
         self._check_commit(step, answer[4], where)
         info = checked_part(self.rank, index, key, cost, where)
-        return info, self._fetch(main_ref, side_ref, where)
+        return info, self._fetch(main_ref, side_ref, where, commit=answer[4])
 
     def _check_commit(self, step: int, token: object, where: str) -> None:
         checked_commit(self._commit, step, token, where)
@@ -314,10 +281,16 @@ class RaySource(RayFieldsSource, Source):
         return checked_seal(step, answer[1], answer[2], where)
 
     def _fetch(
-        self, main_ref: Any, side_ref: Any, where: str, checksums: bytes | None = None
+        self,
+        main_ref: Any,
+        side_ref: Any,
+        where: str,
+        checksums: bytes | None = None,
+        commit: object = None,
     ) -> Frame:
         """The frame stored as the objects ``main_ref`` and ``side_ref`` (or ``None``),
-        verified against ``checksums`` when the board gave them (else its envelope's)."""
+        verified against ``checksums`` when the board gave them (else its envelope's),
+        its :attr:`~rlwire.Frame.message_id` that of the step's ``commit``."""
         main_ref, side_ref, checksums = checked_refs(main_ref, side_ref, checksums, where)
         with ray_errors(where, "get the step's objects"):
             values = fetch([main_ref] if side_ref is None else [main_ref, side_ref])
@@ -328,6 +301,7 @@ class RaySource(RayFieldsSource, Source):
             writable=self.writable,
             where=where,
             checksums=checksums,
+            message_id=commit_id(commit),
         )
 
     def mark_consumed(self, next_step: int) -> None:

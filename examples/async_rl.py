@@ -80,8 +80,10 @@ async def reference_rank(url: str, rank: int, stage: rlwire.TrainingBatchSender)
     ) as receiver:
         while True:
             rows: list[np.ndarray] = []
+            computed_from = b""  # part 0's message: what the fields are tied to
             try:
                 async for part in receiver.aparts(timeout=60):
+                    computed_from = part.message_id if part.index == 0 else computed_from
                     tokens = part.value.samples["token_ids"]  # an rlwire.Ragged
                     await anyio.sleep(0.002)  # the reference model's forward pass
                     ref = reference_model(tokens)
@@ -94,7 +96,8 @@ async def reference_rank(url: str, rank: int, stage: rlwire.TrainingBatchSender)
             ref = rlwire.Ragged.from_lengths(
                 np.concatenate(rows or [np.zeros(0, np.float32)]), [len(r) for r in rows]
             )
-            await stage.add_fields(step, {"ref_logprobs": ref}, rank=rank)
+            # of=: stored only beside the step these rows came from, never another run's.
+            await stage.add_fields(step, {"ref_logprobs": ref}, rank=rank, of=computed_from)
 
 
 async def reference(url: str) -> None:

@@ -103,3 +103,22 @@ def test_the_sync_sender_takes_of(tmp_path: Any) -> None:
         sender.add_fields(0, {"score": [7, 8]}, of=message)
     with rlwire.open_receiver(url, type=dict) as receiver:
         assert [s["score"] for s in receiver.receive(timeout=10)["samples"]] == [7, 8]
+
+
+async def test_a_part_gives_its_message_id_and_part_0s_is_the_steps(
+    endpoint: tuple[str, dict[str, Any]],
+) -> None:
+    """A stage that reads a step part by part passes part 0's message id."""
+    url, options = endpoint
+    await _send(url, options, 0, True)
+    _, step_id = await _read(url, options, True)
+    async with rlwire.open_receiver(
+        url, storage_options=options, type=list, record_consumed=False
+    ) as receiver:
+        with anyio.fail_after(20):
+            parts = [part async for part in receiver.aparts(timeout=20)]
+    assert [p.index for p in parts] == [0, 1]
+    assert parts[0].message_id == step_id and parts[1].message_id not in (b"", step_id)
+    await _send(url, options, 10, True)
+    with pytest.raises(rlwire.ConfigError, match="not the message"):
+        await _add(url, options, of=parts[0].message_id)

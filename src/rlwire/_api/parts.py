@@ -50,6 +50,9 @@ class Part(Generic[T]):
         index: its place among the rank's parts of the step, from 0, in commit order.
         value: its samples, decoded as the receiver's type: a ``TrainingBatch`` holding
             the part's samples for the default type (see :func:`part_types`).
+        message_id: its message's :attr:`~rlwire.Frame.message_id`. Fields appended
+            to a step filled part by part are tied to its part 0's: pass that one as
+            ``add_fields(..., of=)``.
 
     Example:
         >>> import rlwire
@@ -62,6 +65,7 @@ class Part(Generic[T]):
     rank: int
     index: int
     value: T
+    message_id: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -307,7 +311,7 @@ class PartsReader(ConsumptionMarks, Generic[T]):
                         raise
                     self._take_from_here()
                     self._part_next += 1
-                    return Part(step, info.key, info.rank, info.index, value)
+                    return Part(step, info.key, info.rank, info.index, value, frame.message_id)
                 if seal is not None:
                     count = len(seal.keys[rank]) if rank < seal.ranks else 0
                     if self._part_next >= count:
@@ -344,7 +348,7 @@ class PartsReader(ConsumptionMarks, Generic[T]):
         whole = yield from self._take(time.perf_counter(), as_columns)
         if whole is _NOTHING:
             return _NOTHING
-        return Part(step, None, rank, 0, whole)
+        return Part(step, None, rank, 0, whole, self._last_stats.message_id)
 
     def _decode_sealed(
         self, sealed: SealedStep, seconds: dict[str, float], as_columns: bool

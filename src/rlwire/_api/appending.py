@@ -211,7 +211,8 @@ class Appended:
 
     @property
     def message_id(self) -> bytes:
-        """The step's :attr:`~rlwire.Frame.message_id` (its first part's)."""
+        """The step's :attr:`~rlwire.Frame.message_id` (a step filled part by part:
+        its first part's)."""
         return bytes(self.inner.message_id)
 
 

@@ -59,11 +59,11 @@ class Frame:
         verified: True when the source that read it checked every segment against a
             checksum the message carried (False: a message without checksums, a
             source with ``verify=False``, or one that does not say).
-        message_id: what tells the stored message a source read it from from any
-            other message stored under the same step and rank (a file's or object's
-            envelope ``id``, a ``ray://`` step's commit); ``b""`` where the source
-            has none (ZeroMQ, a frame made in memory). ``add_fields(..., of=)``
-            compares it.
+        message_id: the id of the stored message the frame was read from, which
+            tells it from any other message stored as the same step and rank (a
+            file's or object's envelope ``id``, a ``ray://`` step's commit); ``b""``
+            where the source has none (ZeroMQ, a frame made in memory).
+            ``add_fields(..., of=)`` compares it.
 
     Example:
         >>> frame = Frame(b"hdr", (memoryview(b"payload"),))

@@ -7,7 +7,8 @@ the ZeroMQ messages once by the first rlwire that speaks ZeroMQ version 2.0, the
 columns, extension type 7, and ragged arrays, type 6), and ``msgpack-1.2-parts`` once by
 the first rlwire that writes steps part by part (format 1.2), ``msgpack-1.3-fields`` once
 by the first rlwire that writes appended fields as format 1.3, ``msgpack-1.5-fields`` once
-by the first that ties them to the step's message (format 1.5), with
+by the first that ties them to the step's message (format 1.5), ``msgpack-1.6-parts``
+once by the first that ties a part to its rank's part 0 (format 1.6), with
 ``python tests/golden_cases.py [NAME...]`` (without names: the cases that have no files
 yet); never rewrite them to make a test pass. A reader must keep decoding them into
 exactly the objects below.
@@ -354,6 +355,9 @@ PARTS_CASES: dict[
         {"sidecar": ("routed_experts",), "compression": Compressor("lz4", 0, SMALL)},
     ),
 }
+#: The same parts, written by the first rlwire whose later parts name the part 0 they
+#: follow (format 1.6).
+PARTS_CASES["msgpack-1.6-parts"] = PARTS_CASES["msgpack-1.2-parts"]
 
 
 async def _write_parts(name: str) -> None:

@@ -30,7 +30,7 @@ from rlwire._api.appended_rows import decode_appended, none_in_every_row, prepar
 from rlwire._api.decoding import FrameDecoding
 from rlwire._api.fields import FieldSelector
 from rlwire._api.options import Limits
-from rlwire._api.parts import SealedStep
+from rlwire._api.sealed import SealedStep
 from rlwire._core.args import check_int, check_step
 from rlwire._core.built import dec_hook, type_name
 from rlwire._core.columns import Column, Columns

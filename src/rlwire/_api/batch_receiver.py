@@ -18,10 +18,11 @@ from rlwire._api.decoding import FrameDecoding
 from rlwire._api.fields import FieldSelector, check_fields
 from rlwire._api.options import Limits, LimitsKeywords, from_keywords
 from rlwire._api.parts import NOTHING as _NOTHING
-from rlwire._api.parts import PartsReader, SealedStep, read_sealed
+from rlwire._api.parts import PartsReader
 from rlwire._api.release import note_received
 from rlwire._api.row_reads import RowReads
 from rlwire._api.schema import TrainingBatch, TrainingSample
+from rlwire._api.sealed import SealedStep, read_sealed
 from rlwire._api.stats import ReceiveStats
 from rlwire._checks.checks import Checks
 from rlwire._core.deadlines import deadline_after, time_left

@@ -21,15 +21,22 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from rlwire._api.consumption import ConsumptionMarks
+from rlwire._api.sealed import SealedStep, follows
 from rlwire._core.deadlines import deadline_after
-from rlwire._core.errors import ClosedError, ConfigError, CorruptFrameError, RlwireError
+from rlwire._core.errors import (
+    ClosedError,
+    ConfigError,
+    CorruptFrameError,
+    RlwireError,
+    StepGapError,
+)
 from rlwire._core.offload import drive_sliced
 from rlwire._core.slicing import Sliced, run_sliced
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
-from rlwire.transport._parts import Key, PartInfo, Seal
+from rlwire.transport._parts import Key, PartInfo
 
-__all__ = ["NOTHING", "Part", "PartsReader", "SealedStep", "part_types", "read_sealed"]
+__all__ = ["NOTHING", "Part", "PartsReader", "part_types"]
 
 T = TypeVar("T")
 #: What the receiver's core returns while the next step (or part) is not there yet.
@@ -66,25 +73,6 @@ class Part(Generic[T]):
     index: int
     value: T
     message_id: bytes = b""
-
-
-@dataclass(frozen=True)
-class SealedStep:
-    """A sealed step's parts for one rank, read and not yet decoded."""
-
-    seal: Seal
-    parts: list[tuple[PartInfo, Frame]]
-
-    @property
-    def nbytes(self) -> int:
-        """The bytes of the parts' frames."""
-        return sum(frame.nbytes for _, frame in self.parts)
-
-    @property
-    def message_id(self) -> bytes:
-        """Its first part's :attr:`~rlwire.Frame.message_id`, what fields appended to
-        the step are tied to (``b""``: no part for the rank)."""
-        return self.parts[0][1].message_id if self.parts else b""
 
 
 def part_types(type_: Any) -> tuple[Any, Callable[[Any], Any]]:
@@ -127,30 +115,6 @@ def _same(value: Any) -> Any:
     return value
 
 
-def read_sealed(source: Source, step: int, rank: int) -> tuple[int, SealedStep] | None:
-    """``step`` of ``source`` for ``rank`` if it was filled part by part and is sealed:
-    its seal and every part it lists for the rank, in order; else ``None``.
-
-    Raises:
-        CorruptFrameError: a part the seal lists is missing or is not the one listed.
-    """
-    seal = source.read_seal(step)
-    if seal is None:
-        return None
-    keys = seal.keys[rank] if rank < seal.ranks else ()
-    parts = []
-    for index, key in enumerate(keys):
-        got = source.read_part(step, index)
-        if got is None or got[0].key != key:
-            found = "missing" if got is None else f"holds key {got[0].key!r}"
-            raise CorruptFrameError(
-                f"part {index} of rank {rank} is {found}; the seal lists key {key!r}",
-                where=source.describe(step),
-            )
-        parts.append(got)
-    return step, SealedStep(seal, parts)
-
-
 class PartsReader(ConsumptionMarks, Generic[T]):
     """The ``parts()`` and ``aparts()`` of :class:`~rlwire.TrainingBatchReceiver`,
     over the receiver's core, moving the rank's marks part by part."""
@@ -166,6 +130,7 @@ class PartsReader(ConsumptionMarks, Generic[T]):
     _as_columns: bool
     _closed: bool
     _part_next: int = 0  # the next part of the next step to yield
+    _first_part: tuple[int, bytes] = (-1, b"")  # the step and id of the part 0 yielded
     _last_stats: Any
     # Where the receiver stood before the last step or part it took (see _give_back).
     _taken_from: tuple[int | None, int, int, Any] | None = None
@@ -299,6 +264,7 @@ class PartsReader(ConsumptionMarks, Generic[T]):
                     got = self._source.read_part(step, self._part_next)
                 if got is not None:
                     info, frame = got
+                    self._check_run(step, info, frame)
                     decode_as, make = part_types(self._type)
                     seconds = {"decompress": 0.0, "decode": 0.0}
                     try:
@@ -328,6 +294,25 @@ class PartsReader(ConsumptionMarks, Generic[T]):
         if self._part_next:
             return _NOTHING
         return (yield from self._take_whole(as_columns))
+
+    def _check_run(self, step: int, info: PartInfo, frame: Frame) -> None:
+        """Remember part 0's id; refuse a later part of another run of the step than
+        the part 0 yielded (the step deleted and sent again by a producer restarted
+        with ``overwrite`` while this receiver read it).
+
+        Raises:
+            StepGapError: the part is of another run of the step.
+        """
+        if info.index == 0:
+            self._first_part = (step, frame.message_id)
+        elif self._first_part[0] == step and not follows(info, self._first_part[1]):
+            raise StepGapError(
+                f"step {step} was deleted and sent again (another run) while this receiver "
+                f"read it part by part: part {info.index} is of the new run, the parts "
+                f"before it were of the earlier one; open a receiver at start_step={step} "
+                "to read the new run's step",
+                where=self._source.describe(step),
+            )
 
     def _take_whole(self, as_columns: bool | None) -> Sliced[Any]:
         """The next step as one part (``key`` ``None``) if it was sent whole, or

@@ -56,12 +56,17 @@ class PartInfo:
         index: its place among the rank's parts of the step, from 0, in commit order.
         key: the producer's key, unique within the step.
         cost: what it weighed when it was assigned (tokens, by default).
+        of: the :attr:`~rlwire.Frame.message_id` of its rank's part 0 of the step,
+            which it follows (a part of another run of the step follows another);
+            ``None`` where the store does not say (part 0 of a store, a part
+            written before format 1.6, ZeroMQ).
     """
 
     rank: int
     index: int
     key: Key
     cost: float
+    of: bytes | None = None
 
 
 @dataclass(frozen=True)

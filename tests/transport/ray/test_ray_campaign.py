@@ -243,3 +243,28 @@ def test_fields_computed_from_another_run_of_their_step_are_refused(ray_url: str
     with rlwire.open_receiver(ray_url, fields=["ref_logprob"]) as receiver:
         got = receiver.receive(timeout=TIMEOUT)
     assert got.samples["ref_logprob"].tolist() == [3.5, 4.5]
+
+
+def test_parts_of_a_step_sent_again_midway_are_refused(ray_url: str) -> None:
+    """A receiver reads a step part by part; after part 0 another run sends the step
+    again: the next part (of the new run) is refused, never yielded beside part 0."""
+    create_board(_name(ray_url))
+
+    def fill(first: int, existing: str) -> None:
+        with rlwire.open_sync_sender(ray_url, on_existing=existing) as sender:  # type: ignore[arg-type]
+            with sender.open_step() as writer:
+                for k in range(3):
+                    writer.put([{"token_ids": np.arange(first + k, first + k + 4)}], key=f"k{k}")
+
+    fill(0, "error")
+    firsts = []
+    with rlwire.open_receiver(ray_url, type=list, record_consumed=False) as receiver:
+        with pytest.raises(rlwire.StepGapError, match="sent again"):
+            for part in receiver.parts(timeout=TIMEOUT):
+                firsts.append(int(part.value[0]["token_ids"][0]))
+                if part.index == 0:
+                    fill(100, "overwrite")
+    assert firsts == [0]
+    with rlwire.open_receiver(ray_url, type=list, record_consumed=False) as receiver:
+        got = receiver.receive(timeout=TIMEOUT)
+    assert [int(s["token_ids"][0]) for s in got] == [100, 101, 102]

@@ -10,14 +10,13 @@ The sidecar file is::
     sidecar magic (8) | major u16 | minor u16 | reserved u32 | message id (16)
     | zero padding to 64 | buffer | padding to 64 | buffer | padding to 64 | ...
 
-Every buffer starts at a multiple of 64 bytes from the start of its file, so views
-over a page-aligned mmap are aligned for every dtype. The envelope carries an xxh3-64
-checksum of every stored segment (the header, then each buffer); the prelude carries one
-of the envelope, so every byte but the zero padding is covered.
+Every buffer starts at a multiple of 64 bytes from the start of its file, so views over a
+page-aligned mmap are aligned for every dtype. The envelope carries an xxh3-64 checksum of
+each segment (the header, then each buffer), the prelude one of the envelope: every byte
+but the zero padding is covered.
 
-A buffer given as :class:`~rlwire._frame.pieces.Pieces` is laid out as its joined bytes
-would be (one table entry, aligned at its start): its runs are consecutive chunks of the
-file, with no padding between them.
+A :class:`~rlwire._frame.pieces.Pieces` buffer is laid out as its joined bytes would be
+(one table entry, aligned at its start): its runs are consecutive chunks, unpadded.
 """
 
 from __future__ import annotations
@@ -53,6 +52,7 @@ MAIN_MAGIC = b"\x89RLW\r\n\x1a\n"
 SIDECAR_MAGIC = b"\x89RLS\r\n\x1a\n"
 FORMAT_VERSION = (1, 1)  # 1.1: the msgpack header may hold extension types 6 and 7
 PARTS_VERSION = (1, 2)  # a part's files and a seal: 1.2 added the envelope's part, key, cost
+TIED_PARTS_VERSION = (1, 6)  # a part after part 0: 1.6 added the envelope's `of`
 FIELDS_VERSION = (1, 5)  # fields appended to a step (add_fields); 1.5 added the envelope's `of`
 MAX_ENVELOPE = 64 << 20
 _PRELUDE = struct.Struct("<8sHHIQ")
@@ -82,8 +82,7 @@ class _PartEnvelope(_Envelope, omit_defaults=True):
     part: int | None = None  # its index among its rank's parts
     key: str | int | None = None  # the producer's key
     cost: float | None = None  # its cost when it was assigned
-    # Since 1.5, appended fields': the id of the step's message they were checked against
-    of: bytes | None = None
+    of: bytes | None = None  # 1.5, fields: their step message's id; 1.6, parts: part 0's
 
 
 class _FieldsEnvelope(_Envelope, omit_defaults=True, kw_only=True):
@@ -122,7 +121,7 @@ class Layout(NamedTuple):
 
 def _version(envelope: _Envelope) -> tuple[int, int]:
     if isinstance(envelope, _PartEnvelope):
-        return PARTS_VERSION
+        return PARTS_VERSION if envelope.of is None else TIED_PARTS_VERSION
     return FIELDS_VERSION if isinstance(envelope, _FieldsEnvelope) else FORMAT_VERSION
 
 
@@ -172,12 +171,12 @@ def plan(
 ) -> Layout:
     """Lay ``frame`` out as a main file and a sidecar file (empty without sidecar).
 
-    ``checksums`` comes from :func:`~rlwire._frame.checksums.checksum_segments`; without
-    it the message carries no segment checksums. Offsets come from numpy arithmetic and
-    the buffer table is packed arrays, so this costs microseconds per thousand buffers.
-    ``part`` makes it a part of a step (index, key, cost in the envelope; version 1.2);
-    ``of`` a message of fields appended to a step, checked against the step's message
-    of that id (``b""``: the rank had none; version 1.5).
+    ``checksums`` comes from :func:`~rlwire._frame.checksums.checksum_segments` (None:
+    no segment checksums). Microseconds per thousand buffers (numpy, packed tables).
+    ``part`` makes it a part of a step (index, key, cost in the envelope; version 1.2;
+    1.6 with the id of its rank's part 0 it follows, ``part.of``); ``of`` a message of
+    fields appended to a step, checked against the step's message of that id (``b""``:
+    the rank had none; version 1.5).
     """
     msg_id = os.urandom(16)
     n = len(frame.buffers)
@@ -195,6 +194,7 @@ def plan(
     kind_keys: dict[str, Any] = {}
     if part is not None:
         kind, kind_keys = _PartEnvelope, {"part": part.index, "key": part.key, "cost": part.cost}
+        kind_keys |= {"of": part.of} if part.of is not None else {}
     elif of is not None:
         kind, kind_keys = _FieldsEnvelope, {"of": of}
     # The envelope holds offsets that depend on its own length: lay out with a guess,

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Callable, Iterable
 
@@ -41,9 +42,11 @@ from rlwire.transport._stored.table import check_magic
 
 __all__ = [
     "SEAL_MAGIC",
+    "FirstParts",
     "after_seal",
     "check_end",
     "check_sealable",
+    "is_part_of",
     "parse_part",
     "parse_seal",
     "part_files",
@@ -182,7 +185,40 @@ def _part_info(env: _PartEnvelope, rank: int, index: int, where: str) -> PartInf
             where=where,
         )
     cost = env.cost if env.cost is not None else 0.0
-    return PartInfo(rank=env.rank, index=env.part, key=env.key, cost=cost)
+    return PartInfo(rank=env.rank, index=env.part, key=env.key, cost=cost, of=env.of)
+
+
+class FirstParts:
+    """The ids of each rank's part 0 of the step a sender fills, which its later parts
+    record that they follow (format 1.6: a reader tells a part of another run of the
+    step, one written again since by a producer restarted with ``overwrite``). Read
+    once per step and rank, from part 0's envelope, when part 1 is staged."""
+
+    def __init__(self) -> None:
+        self._step: int | None = None
+        self._ids: dict[int, bytes] = {}
+
+    def follows(self, step: int, part: PartInfo, read: Callable[[], bytes | None]) -> PartInfo:
+        """``part`` with the id of the part 0 it follows (``read`` reads it from the
+        store); as it is for part 0, or when part 0 is not committed yet (a part staged
+        before it: it says nothing, as before 1.6)."""
+        if not part.index:
+            return part
+        if self._step != step:
+            self._step, self._ids = step, {}
+        first = self._ids.get(part.rank)
+        if first is None:
+            first = read()
+            if first is None:
+                return part
+            self._ids[part.rank] = first
+        return dataclasses.replace(part, of=first)
+
+
+def is_part_of(name: str, step: int) -> bool:
+    """Whether ``name`` is a file of a part of ``step``."""
+    m = STEP_PART_RE.fullmatch(name)
+    return m is not None and int(m.group(1)) == step
 
 
 def part_files(names: Iterable[str], step: int) -> tuple[dict[tuple[int, int], str], list[str]]:

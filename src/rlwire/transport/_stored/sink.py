@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -24,7 +25,6 @@ from rlwire.transport._stored.names import (
     LEFTOVER_RE,
     MAIN_RE,
     REWRITE_NAME,
-    STEP_PART_RE,
     main_name,
     names_to_delete,
     orphan_sidecars,
@@ -73,10 +73,9 @@ class StoredStaging(Staged):
     @abc.abstractmethod
     def add(self, name: str, chunks: Sequence[bytes | memoryview], *, main: bool) -> Sliced[None]:
         """Stage the file ``name`` whose bytes are ``chunks``, in order, where readers
-        cannot see it. ``main`` says whether it is a main file (made visible last) or a
-        sidecar file. From the first slice on, :meth:`discard` removes whatever this call
-        left behind. Backend errors pass through: the sink says what failed where.
-        """
+        cannot see it. ``main``: a main file (made visible last), else a sidecar file. From
+        the first slice on, :meth:`discard` removes whatever this call left behind.
+        Backend errors pass through: the sink says what failed where."""
 
     def drain(self) -> Sliced[None]:
         """Wait for the writes :meth:`add` left in flight; raises the first one's error.
@@ -112,6 +111,10 @@ class StoredSink(StoredFieldsSink, Sink):
     #: The step :meth:`open` found filled part by part and not sealed (``"resume"``
     #: continues at it): a whole message for it is refused until it is sealed.
     unsealed_step: int | None = None
+
+    @functools.cached_property
+    def _first_parts(self) -> stored_parts.FirstParts:
+        return stored_parts.FirstParts()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -206,7 +209,7 @@ class StoredSink(StoredFieldsSink, Sink):
         self.unsealed_step = None
         if on_existing == "error":
             return step
-        parted = any(_is_part_of(name, step) for name in names)
+        parted = any(stored_parts.is_part_of(name, step) for name in names)
         if on_existing == "resume" and parted and seal_name(step) not in names:
             self.unsealed_step = step
         # Leftovers of killed writers (temporary files, unfinished uploads) are
@@ -356,6 +359,8 @@ class StoredSink(StoredFieldsSink, Sink):
                 where=self.locate(name),
             )
 
+        part = self._first_parts.follows(step, part, lambda: self._id_of(step, part.rank, 0))
+
         def write(staging: StoredStaging) -> Sliced[None]:
             taken = yield from take_frame(frame)
             yield from self.write_part(staging, step, part, taken)
@@ -390,11 +395,6 @@ class StoredSink(StoredFieldsSink, Sink):
             stored_parts.write_seal(self.save, seal, found, self.locate(name))
         if self.unsealed_step == seal.step:
             self.unsealed_step = None
-
-
-def _is_part_of(name: str, step: int) -> bool:
-    m = STEP_PART_RE.fullmatch(name)
-    return m is not None and int(m.group(1)) == step
 
 
 _start_step = start_step  # Sink.open's parameter shadows the function's name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from anyio import to_thread
@@ -258,7 +259,8 @@ class RaySource(RayFieldsSource, Source):
             raise CorruptFrameError(f"the board answered {answer[0]!r}", where=where)
         (main_ref, side_ref), key, cost = answer[1], answer[2], answer[3]
         self._check_commit(step, answer[4], where)
-        info = checked_part(self.rank, index, key, cost, where)
+        # Every part of one run of the step has its commit: what part 0's is, it follows.
+        info = replace(checked_part(self.rank, index, key, cost, where), of=commit_id(answer[4]))
         return info, self._fetch(main_ref, side_ref, where, commit=answer[4])
 
     def _check_commit(self, step: int, token: object, where: str) -> None:

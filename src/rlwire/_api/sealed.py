@@ -1,0 +1,70 @@
+"""A step filled part by part and sealed, read whole for a receive: its seal and the
+rank's parts, all of one run of the step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlwire._core.errors import CorruptFrameError
+from rlwire._frame.frame import Frame
+from rlwire.transport._base import Source
+from rlwire.transport._parts import PartInfo, Seal
+
+__all__ = ["SealedStep", "follows", "read_sealed"]
+
+
+@dataclass(frozen=True)
+class SealedStep:
+    """A sealed step's parts for one rank, read and not yet decoded."""
+
+    seal: Seal
+    parts: list[tuple[PartInfo, Frame]]
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the parts' frames."""
+        return sum(frame.nbytes for _, frame in self.parts)
+
+    @property
+    def message_id(self) -> bytes:
+        """Its first part's :attr:`~rlwire.Frame.message_id`, what fields appended to
+        the step are tied to (``b""``: no part for the rank)."""
+        return self.parts[0][1].message_id if self.parts else b""
+
+
+def read_sealed(source: Source, step: int, rank: int) -> tuple[int, SealedStep] | None:
+    """``step`` of ``source`` for ``rank`` if it was filled part by part and is sealed:
+    its seal and every part it lists for the rank, in order; else ``None``.
+
+    Also ``None`` when the step is being deleted and sent again meanwhile (a producer
+    restarted with ``overwrite``): its seal went, or a part follows another part 0 than
+    the one read (:attr:`~rlwire.transport._parts.PartInfo.of`). The caller reads the
+    step again, as it would a step not there yet; never parts of two runs.
+
+    Raises:
+        CorruptFrameError: a part the seal lists is missing or is not the one listed.
+    """
+    seal = source.read_seal(step)
+    if seal is None:
+        return None
+    keys = seal.keys[rank] if rank < seal.ranks else ()
+    parts: list[tuple[PartInfo, Frame]] = []
+    for index, key in enumerate(keys):
+        got = source.read_part(step, index)
+        if got is not None and index and not follows(got[0], parts[0][1].message_id):
+            return None
+        if got is None or got[0].key != key:
+            if source.read_seal(step) is None:
+                return None  # deleted since the seal was read
+            found = "missing" if got is None else f"holds key {got[0].key!r}"
+            raise CorruptFrameError(
+                f"part {index} of rank {rank} is {found}; the seal lists key {key!r}",
+                where=source.describe(step),
+            )
+        parts.append(got)
+    return step, SealedStep(seal, parts)
+
+
+def follows(info: PartInfo, first: bytes) -> bool:
+    """False if the part ``info`` says it follows another part 0 than ``first``'s."""
+    return info.of is None or not first or info.of == first

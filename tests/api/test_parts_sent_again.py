@@ -1,0 +1,84 @@
+"""A step filled part by part, deleted and sent again (another run: a producer restarted
+with ``overwrite``) while a receiver reads it: never parts of two runs as one step.
+``parts()`` refuses the first part of the new run with a ``StepGapError``; a ``receive``
+of the sealed step reads it again and gets the new run's, whole. Files and S3 (each
+later part names the part 0 it follows, format 1.6); asyncio and trio."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import rlwire
+from rlwire.transport import FileSource
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["file", "s3"])
+def endpoint(request: pytest.FixtureRequest, tmp_path: Any) -> tuple[str, dict[str, Any]]:
+    if request.param == "file":
+        return str(tmp_path / "run"), {}
+    return f"{request.getfixturevalue('s3_url')}/run", request.getfixturevalue("s3_endpoint")
+
+
+def _fill(url: str, options: dict[str, Any], first: int) -> None:
+    """Step 0 of three parts of one sample each, the first token ids ``first``,
+    ``first + 1``, ``first + 2``; ``first`` other than 0 is another run (overwrite)."""
+    with rlwire.open_sync_sender(
+        url, storage_options=options, on_existing="overwrite" if first else "error"
+    ) as sender:
+        with sender.open_step() as writer:
+            for k in range(3):
+                writer.put([{"token_ids": np.arange(first + k, first + k + 4)}], key=f"k{k}")
+
+
+async def test_parts_of_a_step_sent_again_midway_are_refused(
+    endpoint: tuple[str, dict[str, Any]],
+) -> None:
+    url, options = endpoint
+    _fill(url, options, 0)
+    firsts = []
+    async with rlwire.open_receiver(
+        url, storage_options=options, type=list, record_consumed=False
+    ) as receiver:
+        with anyio.fail_after(30), pytest.raises(rlwire.StepGapError, match="sent again"):
+            async for part in receiver.aparts(timeout=10):
+                firsts.append(int(part.value[0]["token_ids"][0]))
+                if part.index == 0:
+                    await anyio.to_thread.run_sync(_fill, url, options, 100)
+    assert firsts == [0]  # never 101 beside 0
+    async with rlwire.open_receiver(
+        url, storage_options=options, type=list, record_consumed=False
+    ) as receiver:
+        with anyio.fail_after(30):
+            got = await receiver.areceive(timeout=10)
+    assert [int(s["token_ids"][0]) for s in got] == [100, 101, 102]
+
+
+def test_a_receive_of_a_sealed_step_sent_again_midway_reads_it_again(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other run lands between the reads of part 0 and part 1 (forced: the files'
+    read_part runs it once, after part 0): the receive returns the new run's step."""
+    url = str(tmp_path / "run")
+    _fill(url, {}, 0)
+    read_part = FileSource.read_part
+    once = threading.Event()
+
+    def then_another_run(self: FileSource, step: int, index: int) -> Any:
+        got = read_part(self, step, index)
+        if index == 0 and not once.is_set():
+            once.set()
+            _fill(url, {}, 100)
+        return got
+
+    monkeypatch.setattr(FileSource, "read_part", then_another_run)
+    with rlwire.open_receiver(url, type=list, record_consumed=False) as receiver:
+        got = receiver.receive(timeout=10)
+    assert once.is_set()
+    assert [int(s["token_ids"][0]) for s in got] == [100, 101, 102]

@@ -82,3 +82,67 @@ def test_a_receive_of_a_sealed_step_sent_again_midway_reads_it_again(
         got = receiver.receive(timeout=10)
     assert once.is_set()
     assert [int(s["token_ids"][0]) for s in got] == [100, 101, 102]
+
+
+def _fill_keys(url: str, first: int, keys: list[str]) -> None:
+    """Step 0 sent again (overwrite) in parts ``keys``, the first token ids from ``first``."""
+    with rlwire.open_sync_sender(url, on_existing="overwrite") as sender:
+        with sender.open_step() as writer:
+            for k, key in enumerate(keys):
+                writer.put([{"token_ids": np.arange(first + k, first + k + 4)}], key=key)
+
+
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [
+        (["j0", "j1", "j2"], [100, 101, 102]),  # other keys: was a CorruptFrameError
+        (["k0", "k1", "k2", "k3"], [100, 101, 102, 103]),  # one more: was its first three
+        (["k0", "k1"], [100, 101]),  # one fewer: was a CorruptFrameError
+    ],
+)
+def test_a_receive_of_a_step_sent_again_right_after_its_seal_was_read_reads_it_again(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, keys: list[str], expected: list[int]
+) -> None:
+    """The other run, sealed, lands between the reads of the seal and of part 0: every
+    part read is of the new run, the seal read of the earlier one. The receive reads the
+    step again, and returns the new run's parts, all of them."""
+    url = str(tmp_path / "run")
+    _fill(url, {}, 0)  # keys k0, k1, k2
+    read_seal = FileSource.read_seal
+    once = threading.Event()
+
+    def then_another_run(self: FileSource, step: int) -> Any:
+        got = read_seal(self, step)
+        if got is not None and not once.is_set():
+            once.set()
+            _fill_keys(url, 100, keys)
+        return got
+
+    monkeypatch.setattr(FileSource, "read_seal", then_another_run)
+    with rlwire.open_receiver(url, type=list, record_consumed=False) as receiver:
+        got = receiver.receive(timeout=10)
+    assert once.is_set()
+    assert [int(s["token_ids"][0]) for s in got] == expected
+
+
+async def test_a_receiver_resumed_part_way_through_a_step_refuses_a_part_of_another_run(
+    tmp_path: Any,
+) -> None:
+    """A receiver opened with resume=True at part 1 never read part 0: the part 0 its
+    first part names is the one the later parts must follow."""
+    url = str(tmp_path / "run")
+    _fill(url, {}, 0)
+    async with rlwire.open_receiver(url, type=list) as receiver:
+        parts = receiver.aparts(timeout=10)
+        with anyio.fail_after(30):
+            assert (await parts.__anext__()).index == 0
+            await parts.__anext__()  # asking for part 1 marks part 0 consumed
+        await parts.aclose()
+    firsts = []
+    async with rlwire.open_receiver(url, type=list, resume=True) as receiver:
+        assert receiver.next_part == 1
+        with anyio.fail_after(30), pytest.raises(rlwire.StepGapError, match="sent again"):
+            async for part in receiver.aparts(timeout=10):
+                firsts.append(int(part.value[0]["token_ids"][0]))
+                await anyio.to_thread.run_sync(_fill, url, {}, 100)
+    assert firsts == [1]  # never 102 after 1

@@ -305,7 +305,11 @@ class PartsReader(ConsumptionMarks, Generic[T]):
         """
         if info.index == 0:
             self._first_part = (step, frame.message_id)
-        elif self._first_part[0] == step and not follows(info, self._first_part[1]):
+        elif self._first_part[0] != step:
+            # The first part read of the step is not part 0 (a receiver resumed part way
+            # through it): the part 0 it names is the one the later parts must follow.
+            self._first_part = (step, info.of or b"")
+        elif not follows(info, self._first_part[1]):
             raise StepGapError(
                 f"step {step} was deleted and sent again (another run) while this receiver "
                 f"read it part by part: part {info.index} is of the new run, the parts "

@@ -37,9 +37,11 @@ def read_sealed(source: Source, step: int, rank: int) -> tuple[int, SealedStep] 
     its seal and every part it lists for the rank, in order; else ``None``.
 
     Also ``None`` when the step is being deleted and sent again meanwhile (a producer
-    restarted with ``overwrite``): its seal went, or a part follows another part 0 than
-    the one read (:attr:`~rlwire.transport._parts.PartInfo.of`). The caller reads the
-    step again, as it would a step not there yet; never parts of two runs.
+    restarted with ``overwrite``): its seal went or changed, or a part follows another
+    part 0 than the one read (:attr:`~rlwire.transport._parts.PartInfo.of`). The seal is
+    read again after the parts: the parts may all be of a run sent after the seal read
+    first, which lists other parts. The caller reads the step again, as it would a step
+    not there yet; never parts of two runs, nor a run's parts under another's seal.
 
     Raises:
         CorruptFrameError: a part the seal lists is missing or is not the one listed.
@@ -54,14 +56,16 @@ def read_sealed(source: Source, step: int, rank: int) -> tuple[int, SealedStep] 
         if got is not None and index and not follows(got[0], parts[0][1].message_id):
             return None
         if got is None or got[0].key != key:
-            if source.read_seal(step) is None:
-                return None  # deleted since the seal was read
+            if source.read_seal(step) != seal:
+                return None  # deleted (and maybe sealed again) since the seal was read
             found = "missing" if got is None else f"holds key {got[0].key!r}"
             raise CorruptFrameError(
                 f"part {index} of rank {rank} is {found}; the seal lists key {key!r}",
                 where=source.describe(step),
             )
         parts.append(got)
+    if parts and source.read_seal(step) != seal:
+        return None  # the parts are of a run sent since the seal was read
     return step, SealedStep(seal, parts)
 
 

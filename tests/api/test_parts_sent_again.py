@@ -146,3 +146,46 @@ async def test_a_receiver_resumed_part_way_through_a_step_refuses_a_part_of_anot
                 firsts.append(int(part.value[0]["token_ids"][0]))
                 await anyio.to_thread.run_sync(_fill, url, {}, 100)
     assert firsts == [1]  # never 102 after 1
+
+
+def _fill_unsealed(url: str, options: dict[str, Any]) -> None:
+    """Step 0's parts k0 and k1, the producer dying before the seal."""
+    sender = rlwire.open_sync_sender(url, storage_options=options)
+    writer = sender.open_step()
+    writer.__enter__()
+    for k in range(2):
+        writer.put([{"token_ids": np.arange(k, k + 4)}], key=f"k{k}")
+    sender.close()  # the step stays open: no seal
+
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["open", "sealed"])
+async def test_a_seal_of_another_run_never_ends_the_parts_read(
+    endpoint: tuple[str, dict[str, Any]], sealed: bool
+) -> None:
+    """The receiver went through parts of one run (an open step a dead producer left,
+    or a sealed one of three parts); another run, sent and sealed meanwhile, has as
+    many parts or fewer, so no part of it is read: its seal must not end the step as
+    if the parts handed out were all of it, nor call one of them missing."""
+    url, options = endpoint
+    if sealed:
+        _fill(url, options, 0)
+    else:
+        _fill_unsealed(url, options)
+    firsts = []
+    async with rlwire.open_receiver(
+        url, storage_options=options, type=list, record_consumed=False
+    ) as receiver:
+        with anyio.fail_after(30), pytest.raises(rlwire.StepGapError, match="its seal is of"):
+            async for part in receiver.aparts(timeout=10):
+                firsts.append(int(part.value[0]["token_ids"][0]))
+                if part.index == (0 if sealed else 1):
+                    await anyio.to_thread.run_sync(_fill_other, url, options, 1 if sealed else 2)
+        assert receiver.next_step == 0
+    assert firsts == ([0] if sealed else [0, 1])
+
+
+def _fill_other(url: str, options: dict[str, Any], parts: int) -> None:
+    with rlwire.open_sync_sender(url, storage_options=options, on_existing="overwrite") as sender:
+        with sender.open_step() as writer:
+            for k in range(parts):
+                writer.put([{"token_ids": np.arange(100 + k, 104 + k)}], key=f"k{k}")

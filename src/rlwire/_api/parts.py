@@ -279,6 +279,7 @@ class PartsReader(ConsumptionMarks, Generic[T]):
                     self._part_next += 1
                     return Part(step, info.key, info.rank, info.index, value, frame.message_id)
                 if seal is not None:
+                    self._check_sealed_run(step)
                     count = len(seal.keys[rank]) if rank < seal.ranks else 0
                     if self._part_next >= count:
                         self._step, self._next_step, self._part_next = step, step + 1, 0
@@ -315,6 +316,26 @@ class PartsReader(ConsumptionMarks, Generic[T]):
                 f"read it part by part: part {info.index} is of the new run, the parts "
                 f"before it were of the earlier one; open a receiver at start_step={step} "
                 "to read the new run's step",
+                where=self._source.describe(step),
+            )
+
+    def _check_sealed_run(self, step: int) -> None:
+        """Refuse a seal of another run of the step than the parts yielded (its part 0
+        is another now: the step was deleted and sealed again meanwhile), which would
+        end the step at a count of that run's, or call one of its parts missing.
+
+        Raises:
+            StepGapError: the step was sent again since its parts were yielded.
+        """
+        if self._first_part[0] != step or not self._first_part[1]:
+            return
+        now = self._source.first_part(step)
+        if now is not None and now != self._first_part[1]:
+            raise StepGapError(
+                f"step {step} was deleted and sent again (another run) while this receiver "
+                f"read it part by part: its seal is of the new run, the parts it gave "
+                f"({self._part_next}) of the earlier one; open a receiver at "
+                f"start_step={step} to read the new run's step",
                 where=self._source.describe(step),
             )
 

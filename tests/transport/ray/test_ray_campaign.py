@@ -245,26 +245,32 @@ def test_fields_computed_from_another_run_of_their_step_are_refused(ray_url: str
     assert got.samples["ref_logprob"].tolist() == [3.5, 4.5]
 
 
-def test_parts_of_a_step_sent_again_midway_are_refused(ray_url: str) -> None:
+@pytest.mark.parametrize(
+    ("again", "refused"), [(3, "part 1 is of the new run"), (1, "its seal is")]
+)
+def test_parts_of_a_step_sent_again_midway_are_refused(
+    ray_url: str, again: int, refused: str
+) -> None:
     """A receiver reads a step part by part; after part 0 another run sends the step
-    again: the next part (of the new run) is refused, never yielded beside part 0."""
+    again: the next part (of the new run) is refused, never yielded beside part 0; with
+    one part only, the new run's seal does not end the step either."""
     create_board(_name(ray_url))
 
-    def fill(first: int, existing: str) -> None:
+    def fill(first: int, existing: str, parts: int) -> None:
         with rlwire.open_sync_sender(ray_url, on_existing=existing) as sender:  # type: ignore[arg-type]
             with sender.open_step() as writer:
-                for k in range(3):
+                for k in range(parts):
                     writer.put([{"token_ids": np.arange(first + k, first + k + 4)}], key=f"k{k}")
 
-    fill(0, "error")
+    fill(0, "error", 3)
     firsts = []
     with rlwire.open_receiver(ray_url, type=list, record_consumed=False) as receiver:
-        with pytest.raises(rlwire.StepGapError, match="sent again"):
+        with pytest.raises(rlwire.StepGapError, match=refused):
             for part in receiver.parts(timeout=TIMEOUT):
                 firsts.append(int(part.value[0]["token_ids"][0]))
                 if part.index == 0:
-                    fill(100, "overwrite")
+                    fill(100, "overwrite", again)
     assert firsts == [0]
     with rlwire.open_receiver(ray_url, type=list, record_consumed=False) as receiver:
         got = receiver.receive(timeout=TIMEOUT)
-    assert [int(s["token_ids"][0]) for s in got] == [100, 101, 102]
+    assert [int(s["token_ids"][0]) for s in got] == [100, 101, 102][:again]

@@ -296,3 +296,6 @@ class StoredSource(StoredFieldsSource, Source):
         if data is None:
             return None
         return parse_seal(data, step=step, where=self.locate(name))
+
+    def first_part(self, step: int) -> bytes | None:
+        return self._id_of(step, self.rank, 0)

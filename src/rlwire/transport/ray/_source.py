@@ -267,6 +267,10 @@ class RaySource(RayFieldsSource, Source):
         checked_commit(self._commit, step, token, where)
         self._step_commit = (step, token)
 
+    def first_part(self, step: int) -> bytes | None:
+        commit = self._step_commit
+        return commit_id(commit[1]) if commit is not None and commit[0] == step else None
+
     def _expect_part(self, step: int, index: int) -> None:
         self._expected, self._expected_part = step, (step, index)
 

@@ -14,7 +14,13 @@ from rlwire._api.schema import TrainingBatch
 from rlwire._api.step_writer import StepWriter
 from rlwire._api.synthetic import assert_batches_equal, make_sample
 from rlwire._core.columns import Columns
-from rlwire._core.errors import ConfigError, EndOfStream, ReceiveTimeout, StepExistsError
+from rlwire._core.errors import (
+    ConfigError,
+    EndOfStream,
+    ReceiveTimeout,
+    StepExistsError,
+    StepGapError,
+)
 from rlwire._core.ragged import Ragged
 from rlwire.testing._fixtures import (
     RANKS,
@@ -136,6 +142,39 @@ class PartsContract(ContractFixtures):
                 assert_batches_equal(part.value, TrainingBatch(samples=groups[str(part.key)]))
             keys += [str(p.key) for p in got]
         assert sorted(keys) == ["a", "b", "c"]
+
+    async def test_a_step_sent_again_while_its_parts_are_read_is_never_two_runs(
+        self, store: Endpoint
+    ) -> None:
+        """A producer restarted with ``overwrite`` sends the step again (same keys,
+        other samples; three parts, then one) after a receiver took part 0: the receiver
+        refuses the new run's part, or its seal, with StepGapError; a receive then
+        returns the new run's step, whole."""
+        old = {key: _group(1, seed=i) for i, key in enumerate("abc")}
+        sender = store.open_sender()
+        if await _refused(sender):
+            return
+        async with sender:
+            async with sender.open_step() as writer:
+                for key, samples in old.items():
+                    await writer.put(samples, key=key)
+        for again in (3, 1):
+            new = {key: _group(1, seed=10 * again + i) for i, key in enumerate("abc"[:again])}
+            with store.open_receiver(record_consumed=False) as receiver:
+                parts: Any = receiver.aparts(timeout=TIMEOUT)  # an async generator: aclose()
+                first = await parts.__anext__()
+                assert_batches_equal(first.value, TrainingBatch(samples=old[str(first.key)]))
+                async with store.open_sender(on_existing="overwrite") as other:
+                    async with other.open_step() as writer:
+                        for key, samples in new.items():
+                            await writer.put(samples, key=key)
+                with pytest.raises(StepGapError, match="sent again"):
+                    await parts.__anext__()
+                await parts.aclose()
+            with store.open_receiver(record_consumed=False) as receiver:
+                whole = await receiver.areceive(timeout=TIMEOUT)
+            assert_batches_equal(whole, TrainingBatch(samples=[s for g in new.values() for s in g]))
+            old = new
 
     async def test_a_whole_step_waits_for_its_seal_and_finish_ends_the_stream(
         self, store: Endpoint

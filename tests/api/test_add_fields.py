@@ -38,15 +38,8 @@ def _ragged(lengths: tuple[int, ...] = LENGTHS, start: float = 0.0) -> rlwire.Ra
     )
 
 
-@pytest.fixture(params=["file", "s3"])
-def endpoint(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
-    if request.param == "file":
-        return str(tmp_path / "run"), {}
-    return f"{request.getfixturevalue('s3_url')}/run", request.getfixturevalue("s3_endpoint")
-
-
-async def test_appended_fields_come_with_the_step(endpoint: tuple[str, dict[str, Any]]) -> None:
-    url, options = endpoint
+async def test_appended_fields_come_with_the_step(file_or_s3: tuple[str, dict[str, Any]]) -> None:
+    url, options = file_or_s3
     ref = _ragged()
     async with rlwire.open_sender(url, storage_options=options) as sender:
         await sender.send(rlwire.TrainingBatch(samples=[_sample(n) for n in LENGTHS]))
@@ -73,9 +66,9 @@ async def test_appended_fields_come_with_the_step(endpoint: tuple[str, dict[str,
 
 
 async def test_a_receiver_waits_for_a_field_not_appended_yet(
-    endpoint: tuple[str, dict[str, Any]],
+    file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
-    url, options = endpoint
+    url, options = file_or_s3
     async with rlwire.open_sender(url, storage_options=options) as sender:
         await sender.send(rlwire.TrainingBatch(samples=[_sample(n) for n in LENGTHS]))
         async with rlwire.open_receiver(url, fields=("values",), storage_options=options) as rx:
@@ -95,9 +88,9 @@ async def test_a_receiver_waits_for_a_field_not_appended_yet(
 
 
 async def test_bad_fields_are_typed_errors_and_write_nothing(
-    endpoint: tuple[str, dict[str, Any]],
+    file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
-    url, options = endpoint
+    url, options = file_or_s3
     async with rlwire.open_sender(url, storage_options=options) as sender:
         await sender.send(rlwire.TrainingBatch(samples=[_sample(n) for n in LENGTHS]))
         with pytest.raises(
@@ -250,13 +243,13 @@ def _names(url: str, options: dict[str, Any]) -> list[str]:
     ids=["whole-2", "whole-1", "parts-2"],
 )
 async def test_a_rank_beyond_the_steps_is_refused_naming_them_and_writes_nothing(
-    endpoint: tuple[str, dict[str, Any]], how: str, ranks: int, rank: int, words: str
+    file_or_s3: tuple[str, dict[str, Any]], how: str, ranks: int, rank: int, words: str
 ) -> None:
     """add_fields for a rank the committed step does not have (sent whole, or sealed
     part by part) is a ConfigError naming the step, the rank and the step's ranks,
     whatever the row count (no row too: a rank with no parts has none), and stores
     nothing (a file for rank 5 held the step, and every later one, from keep_last)."""
-    url, options = endpoint
+    url, options = file_or_s3
     one = [_sample(n) for n in LENGTHS]
     async with rlwire.open_sender(url, storage_options=options) as sender:
         if how == "whole":

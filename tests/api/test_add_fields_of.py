@@ -17,13 +17,6 @@ import rlwire
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["file", "s3"])
-def endpoint(request: pytest.FixtureRequest, tmp_path: Any) -> tuple[str, dict[str, Any]]:
-    if request.param == "file":
-        return str(tmp_path / "run"), {}
-    return f"{request.getfixturevalue('s3_url')}/run", request.getfixturevalue("s3_endpoint")
-
-
 async def _send(url: str, options: dict[str, Any], first: int, parted: bool) -> None:
     """Step 0 of two samples of 2 and 3 tokens, ``first`` the first token id."""
     async with rlwire.open_sender(
@@ -62,9 +55,9 @@ async def _add(url: str, options: dict[str, Any], of: Any) -> None:
 
 @pytest.mark.parametrize("parted", [False, True], ids=["whole", "parted"])
 async def test_fields_computed_from_a_step_sent_again_since_are_refused(
-    endpoint: tuple[str, dict[str, Any]], parted: bool
+    file_or_s3: tuple[str, dict[str, Any]], parted: bool
 ) -> None:
-    url, options = endpoint
+    url, options = file_or_s3
     await _send(url, options, 0, parted)
     first, first_id = await _read(url, options, parted)
     assert first == [-1, 19] and first_id  # (0, no score; 2, no score)
@@ -106,10 +99,10 @@ def test_the_sync_sender_takes_of(tmp_path: Any) -> None:
 
 
 async def test_a_part_gives_its_message_id_and_part_0s_is_the_steps(
-    endpoint: tuple[str, dict[str, Any]],
+    file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
     """A stage that reads a step part by part passes part 0's message id."""
-    url, options = endpoint
+    url, options = file_or_s3
     await _send(url, options, 0, True)
     _, step_id = await _read(url, options, True)
     async with rlwire.open_receiver(

@@ -37,21 +37,14 @@ def _per_token(lengths: list[int], start: float = 0.0) -> rlwire.Ragged:
     return rlwire.Ragged.from_lengths(values, lengths)
 
 
-@pytest.fixture(params=["file", "s3"])
-def endpoint(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
-    if request.param == "file":
-        return str(tmp_path / "run"), {}
-    return f"{request.getfixturevalue('s3_url')}/run", request.getfixturevalue("s3_endpoint")
-
-
 async def test_a_stage_appends_beside_the_producer_without_opening(
-    endpoint: tuple[str, dict[str, Any]],
+    file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
     """A sender never opened (no ``async with``) appends and opens nothing: the end mark
     the producer wrote stays (receivers still stop at it), and on files so does what a
     live producer is writing (a temporary file that ``on_existing="resume"`` would take
     for a killed writer's leftover and delete)."""
-    url, options = endpoint
+    url, options = file_or_s3
     async with rlwire.open_sender(url, storage_options=options) as producer:
         await producer.send(rlwire.TrainingBatch(samples=[_sample(3), _sample(5)]))
         await producer.finish()
@@ -78,9 +71,9 @@ async def test_a_stage_appends_beside_the_producer_without_opening(
 
 
 async def test_a_never_opened_sender_needs_a_committed_step(
-    endpoint: tuple[str, dict[str, Any]],
+    file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
-    url, options = endpoint
+    url, options = file_or_s3
     stage = rlwire.open_sender(url, storage_options=options)
     try:
         with pytest.raises(rlwire.ConfigError, match="step 0 is not committed") as caught:
@@ -93,12 +86,12 @@ async def test_a_never_opened_sender_needs_a_committed_step(
 
 
 async def test_only_appended_fields_of_a_step_in_parts(
-    endpoint: tuple[str, dict[str, Any]],
+    file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
     """``fields=`` naming only appended fields reads a step filled in several parts
     (whose own columns ``fields=`` cannot join yet): the rank's rows, all of them; and
     waits for one not appended yet."""
-    url, options = endpoint
+    url, options = file_or_s3
     async with rlwire.open_sender(url, storage_options=options) as sender:
         async with sender.open_step(ranks=1) as writer:
             await writer.put([_sample(2)], key="a")
@@ -171,12 +164,12 @@ async def test_appended_files_say_version_1_5(tmp_path: Path) -> None:
 
 
 async def test_a_field_left_none_in_every_row_is_waited_for(
-    endpoint: tuple[str, dict[str, Any]],
+    file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
     """A TrainingSample's ``ref_logprobs`` left ``None`` is stored as a column of Nones:
     asked for by name, it counts as not there yet (the receiver waits, saying why),
     until it is appended; a step that holds it in some rows is read as stored."""
-    url, options = endpoint
+    url, options = file_or_s3
     some = [_sample(2), _sample(3)]
     some[1].ref_logprobs = np.full(3, -1.0, np.float32)
     async with rlwire.open_sender(url, storage_options=options) as sender:

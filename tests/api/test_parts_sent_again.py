@@ -19,13 +19,6 @@ from rlwire.transport import FileSource
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["file", "s3"])
-def endpoint(request: pytest.FixtureRequest, tmp_path: Any) -> tuple[str, dict[str, Any]]:
-    if request.param == "file":
-        return str(tmp_path / "run"), {}
-    return f"{request.getfixturevalue('s3_url')}/run", request.getfixturevalue("s3_endpoint")
-
-
 def _fill(url: str, options: dict[str, Any], first: int) -> None:
     """Step 0 of three parts of one sample each, the first token ids ``first``,
     ``first + 1``, ``first + 2``; ``first`` other than 0 is another run (overwrite)."""
@@ -38,9 +31,9 @@ def _fill(url: str, options: dict[str, Any], first: int) -> None:
 
 
 async def test_parts_of_a_step_sent_again_midway_are_refused(
-    endpoint: tuple[str, dict[str, Any]],
+    file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
-    url, options = endpoint
+    url, options = file_or_s3
     _fill(url, options, 0)
     firsts = []
     async with rlwire.open_receiver(
@@ -160,13 +153,13 @@ def _fill_unsealed(url: str, options: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("sealed", [False, True], ids=["open", "sealed"])
 async def test_a_seal_of_another_run_never_ends_the_parts_read(
-    endpoint: tuple[str, dict[str, Any]], sealed: bool
+    file_or_s3: tuple[str, dict[str, Any]], sealed: bool
 ) -> None:
     """The receiver went through parts of one run (an open step a dead producer left,
     or a sealed one of three parts); another run, sent and sealed meanwhile, has as
     many parts or fewer, so no part of it is read: its seal must not end the step as
     if the parts handed out were all of it, nor call one of them missing."""
-    url, options = endpoint
+    url, options = file_or_s3
     if sealed:
         _fill(url, options, 0)
     else:

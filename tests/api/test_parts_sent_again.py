@@ -182,3 +182,59 @@ def _fill_other(url: str, options: dict[str, Any], parts: int) -> None:
         with sender.open_step() as writer:
             for k in range(parts):
                 writer.put([{"token_ids": np.arange(100 + k, 104 + k)}], key=f"k{k}")
+
+
+def _fill_as(url: str, options: dict[str, Any], how: str) -> None:
+    """Step 0 sent again (overwrite) with no part for rank 0: an empty step, all its
+    parts put to rank 1, or sent whole."""
+    with rlwire.open_sync_sender(url, storage_options=options, on_existing="overwrite") as sender:
+        if how == "whole":
+            sender.send([{"token_ids": np.arange(100, 104)}])
+            return
+        with sender.open_step(ranks=2) as writer:
+            if how == "rank1":
+                for k in range(3):
+                    writer.put([{"token_ids": np.arange(100 + k, 104 + k)}], key=f"k{k}", rank=1)
+
+
+@pytest.mark.parametrize("how", ["empty", "rank1", "whole"])
+async def test_another_run_with_no_part_for_the_rank_never_ends_the_parts_read(
+    endpoint: tuple[str, dict[str, Any]], how: str
+) -> None:
+    """The receiver took part 0 of three; the other run gives its rank no part (sealed
+    with none for it, or sent whole): its seal must not end the step after the one part
+    (it did: the check found no part 0 and passed), nor the receiver wait for a part 1
+    that never comes (it did, until the timeout: forever without one)."""
+    url, options = endpoint
+    _fill(url, options, 0)
+    firsts = []
+    async with rlwire.open_receiver(
+        url, storage_options=options, type=list, record_consumed=False
+    ) as receiver:
+        with anyio.fail_after(30), pytest.raises(rlwire.StepGapError, match="sent again"):
+            async for part in receiver.aparts(timeout=10):
+                firsts.append(int(part.value[0]["token_ids"][0]))
+                if part.index == 0:
+                    await anyio.to_thread.run_sync(_fill_as, url, options, how)
+        assert receiver.next_step == 0
+    assert firsts == [0]
+
+
+def test_a_step_peeked_whole_then_sent_again_in_parts_is_not_received_after_them(
+    tmp_path: Any,
+) -> None:
+    """wait_next() read step 0, sent whole; another run sent it in parts, which parts()
+    yields: the step read by wait_next() is not returned by the next receive() (it was,
+    as if it were the step after)."""
+    url = str(tmp_path / "run")
+    with rlwire.open_sync_sender(url) as sender:
+        sender.send([{"token_ids": np.arange(0, 4)}])
+    with rlwire.open_receiver(url, type=list, record_consumed=False) as receiver:
+        assert receiver.wait_next(timeout=10)
+        _fill(url, {}, 100)
+        with rlwire.open_sync_sender(url, on_existing="resume") as sender:
+            sender.send([{"token_ids": np.arange(7, 11)}])
+        got = [int(part.value[0]["token_ids"][0]) for part in receiver.parts(timeout=10)]
+        assert got == [100, 101, 102]
+        after = receiver.receive(timeout=10)
+        assert (receiver.last_step, int(after[0]["token_ids"][0])) == (1, 7)

@@ -43,6 +43,9 @@ T = TypeVar("T")
 NOTHING: Any = object()
 _NOTHING = NOTHING
 _DONE: Any = object()
+#: Seconds between two looks, while a receiver part way through a step waits for its
+#: next part, for whether the rank's part 0 is still the one it yielded.
+_RUN_CHECK_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,7 @@ class PartsReader(ConsumptionMarks, Generic[T]):
     _closed: bool
     _part_next: int = 0  # the next part of the next step to yield
     _first_part: tuple[int, bytes] = (-1, b"")  # the step and id of the part 0 yielded
+    _run_checked: float = -_RUN_CHECK_SECONDS  # when a wait for a part last checked the run
     _last_stats: Any
     # Where the receiver stood before the last step or part it took (see _give_back).
     _taken_from: tuple[int | None, int, int, Any] | None = None
@@ -265,6 +269,9 @@ class PartsReader(ConsumptionMarks, Generic[T]):
                 if got is not None:
                     info, frame = got
                     self._check_run(step, info, frame)
+                    # A step read whole by wait_next() is another run's (or stale): the
+                    # receiver goes through this one's parts, and never returns it after.
+                    self._peeked = None
                     decode_as, make = part_types(self._type)
                     seconds = {"decompress": 0.0, "decode": 0.0}
                     try:
@@ -282,6 +289,7 @@ class PartsReader(ConsumptionMarks, Generic[T]):
                     self._check_sealed_run(step)
                     count = len(seal.keys[rank]) if rank < seal.ranks else 0
                     if self._part_next >= count:
+                        self._peeked = None  # (as above: past the step)
                         self._step, self._next_step, self._part_next = step, step + 1, 0
                         self._record_position()  # past its last part: past the step, now
                         return _DONE
@@ -291,6 +299,7 @@ class PartsReader(ConsumptionMarks, Generic[T]):
                         where=self._source.describe(step),
                     )
                 if self._part_next:
+                    self._check_waiting_run(step)
                     return _NOTHING
         if self._part_next:
             return _NOTHING
@@ -329,13 +338,37 @@ class PartsReader(ConsumptionMarks, Generic[T]):
         """
         if self._first_part[0] != step or not self._first_part[1]:
             return
-        now = self._source.first_part(step)
-        if now is not None and now != self._first_part[1]:
+        # None: the rank has no part 0 now, so the seal is of a run that gave it none.
+        if self._source.first_part(step) != self._first_part[1]:
             raise StepGapError(
                 f"step {step} was deleted and sent again (another run) while this receiver "
                 f"read it part by part: its seal is of the new run, the parts it gave "
                 f"({self._part_next}) of the earlier one; open a receiver at "
                 f"start_step={step} to read the new run's step",
+                where=self._source.describe(step),
+            )
+
+    def _check_waiting_run(self, step: int) -> None:
+        """While the receiver waits for a later part of ``step``, look (on the first
+        miss, then at most every second) whether the rank's part 0 is still the one it
+        yielded: gone or another, the step was deleted (sent again whole or in other
+        parts, or not yet; or retention deleted it), and the part waited for never comes.
+
+        Raises:
+            StepGapError: the rank's part 0 is no longer the one yielded.
+        """
+        now = time.monotonic()
+        if now - self._run_checked < _RUN_CHECK_SECONDS:
+            return
+        self._run_checked = now
+        if self._first_part[0] != step or not self._first_part[1]:
+            return
+        if self._source.first_part(step) != self._first_part[1]:
+            raise StepGapError(
+                f"step {step} was deleted (and maybe sent again: another run) while this "
+                f"receiver read it part by part: its part 0 is no longer the one it gave, "
+                f"so the part after the {self._part_next} it gave never comes; open a "
+                f"receiver at start_step={step} to read the step as it is now",
                 where=self._source.describe(step),
             )
 

@@ -238,3 +238,48 @@ def test_a_step_peeked_whole_then_sent_again_in_parts_is_not_received_after_them
         assert got == [100, 101, 102]
         after = receiver.receive(timeout=10)
         assert (receiver.last_step, int(after[0]["token_ids"][0])) == (1, 7)
+
+
+def _fill_sidecar(url: str, first: int) -> None:
+    """Step 0 of three parts whose token ids travel in sidecars; ``first`` other than 0
+    is another run (overwrite)."""
+    with rlwire.open_sync_sender(
+        url, sidecar=("token_ids",), on_existing="overwrite" if first else "error"
+    ) as sender:
+        with sender.open_step() as writer:
+            for k in range(3):
+                writer.put([{"token_ids": np.arange(first + k, first + k + 4)}], key=f"k{k}")
+
+
+@pytest.mark.parametrize("how", ["parts", "receive"])
+def test_a_step_sent_again_between_a_parts_main_file_and_sidecar_is_no_corrupt_frame(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """The other run lands between the loads of part 1's main file and its sidecar
+    (forced): the sidecar is the new run's. That was a CorruptFrameError ("a stale
+    sidecar from an earlier run?"); the part is read again: parts() refuses the new
+    run's part 1, a receive returns the new run's step."""
+    url = str(tmp_path / "run")
+    _fill_sidecar(url, 0)
+    load = FileSource.load
+    once = threading.Event()
+
+    def then_another_run(self: FileSource, name: str) -> Any:
+        got = load(self, name)
+        if name.endswith("part-000001.rlw") and not once.is_set():
+            once.set()
+            _fill_sidecar(url, 100)
+        return got
+
+    monkeypatch.setattr(FileSource, "load", then_another_run)
+    with rlwire.open_receiver(url, type=list, record_consumed=False) as receiver:
+        if how == "parts":
+            firsts = []
+            with pytest.raises(rlwire.StepGapError, match="sent again"):
+                for part in receiver.parts(timeout=10):
+                    firsts.append(int(part.value[0]["token_ids"][0]))
+            assert firsts == [0]
+        else:
+            got = receiver.receive(timeout=10)
+            assert [int(s["token_ids"][0]) for s in got] == [100, 101, 102]
+    assert once.is_set()

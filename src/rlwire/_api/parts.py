@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from rlwire._api.consumption import ConsumptionMarks
-from rlwire._api.sealed import SealedStep, follows
+from rlwire._api.sealed import SealedStep, follows, read_part
 from rlwire._core.deadlines import deadline_after
 from rlwire._core.errors import (
     ClosedError,
@@ -260,12 +260,12 @@ class PartsReader(ConsumptionMarks, Generic[T]):
         if self._source.stores_parts:
             with self._mutex:
                 self._record_position()  # asking for this part: done with the one before
-                got = self._source.read_part(step, self._part_next)
+                got = read_part(self._source, step, self._part_next)
                 seal = None if got is not None else self._source.read_seal(step)
                 if seal is not None and got is None:
                     # Committed before its seal, the part may have come between the two
                     # reads: look again before calling it missing.
-                    got = self._source.read_part(step, self._part_next)
+                    got = read_part(self._source, step, self._part_next)
                 if got is not None:
                     info, frame = got
                     self._check_run(step, info, frame)

@@ -10,7 +10,7 @@ from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 from rlwire.transport._parts import PartInfo, Seal
 
-__all__ = ["SealedStep", "follows", "read_sealed"]
+__all__ = ["SealedStep", "follows", "read_part", "read_sealed"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def read_sealed(source: Source, step: int, rank: int) -> tuple[int, SealedStep] 
     keys = seal.keys[rank] if rank < seal.ranks else ()
     parts: list[tuple[PartInfo, Frame]] = []
     for index, key in enumerate(keys):
-        got = source.read_part(step, index)
+        got = read_part(source, step, index)
         if got is not None and index and not follows(got[0], parts[0][1].message_id):
             return None
         if got is None or got[0].key != key:
@@ -67,6 +67,26 @@ def read_sealed(source: Source, step: int, rank: int) -> tuple[int, SealedStep] 
     if parts and source.read_seal(step) != seal:
         return None  # the parts are of a run sent since the seal was read
     return step, SealedStep(seal, parts)
+
+
+def read_part(source: Source, step: int, index: int) -> tuple[PartInfo, Frame] | None:
+    """``source.read_part``, read once more when it fails as corrupt: the step deleted
+    and written again (a producer restarted with ``overwrite``) between the reads of a
+    part's main file and its sidecar leaves a main file of one run beside the sidecar
+    of another, or none; read again, the part is one run's, or missing. A part that
+    fails twice is corrupt.
+
+    Raises:
+        CorruptFrameError: the part failed twice (the first error).
+    """
+    try:
+        return source.read_part(step, index)
+    except CorruptFrameError as exc:
+        first = exc
+    try:
+        return source.read_part(step, index)
+    except CorruptFrameError:
+        raise first from None
 
 
 def follows(info: PartInfo, first: bytes) -> bool:

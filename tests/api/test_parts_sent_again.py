@@ -199,13 +199,13 @@ def _fill_as(url: str, options: dict[str, Any], how: str) -> None:
 
 @pytest.mark.parametrize("how", ["empty", "rank1", "whole"])
 async def test_another_run_with_no_part_for_the_rank_never_ends_the_parts_read(
-    endpoint: tuple[str, dict[str, Any]], how: str
+    file_or_s3: tuple[str, dict[str, Any]], how: str
 ) -> None:
     """The receiver took part 0 of three; the other run gives its rank no part (sealed
     with none for it, or sent whole): its seal must not end the step after the one part
     (it did: the check found no part 0 and passed), nor the receiver wait for a part 1
     that never comes (it did, until the timeout: forever without one)."""
-    url, options = endpoint
+    url, options = file_or_s3
     _fill(url, options, 0)
     firsts = []
     async with rlwire.open_receiver(
@@ -283,3 +283,17 @@ def test_a_step_sent_again_between_a_parts_main_file_and_sidecar_is_no_corrupt_f
             got = receiver.receive(timeout=10)
             assert [int(s["token_ids"][0]) for s in got] == [100, 101, 102]
     assert once.is_set()
+
+
+def test_a_source_that_cannot_tell_the_run_checks_nothing(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Source.first_part`` is None by default (a plugin's source that stores parts
+    and does not say which run is there): its parts end at their seal as before."""
+    url = str(tmp_path / "run")
+    _fill(url, {}, 0)
+    monkeypatch.setattr(FileSource, "first_part", lambda self, step: None)
+    with rlwire.open_receiver(url, type=list, record_consumed=False) as receiver:
+        got = [int(p.value[0]["token_ids"][0]) for p in receiver.parts(timeout=10)]
+        assert receiver.next_step == 1
+    assert got == [0, 1, 2]

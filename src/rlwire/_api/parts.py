@@ -21,20 +21,20 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from rlwire._api.consumption import ConsumptionMarks
-from rlwire._api.sealed import SealedStep, follows, read_part
+from rlwire._api.runs import RunChecks
+from rlwire._api.sealed import SealedStep, read_part
 from rlwire._core.deadlines import deadline_after
 from rlwire._core.errors import (
     ClosedError,
     ConfigError,
     CorruptFrameError,
     RlwireError,
-    StepGapError,
 )
 from rlwire._core.offload import drive_sliced
 from rlwire._core.slicing import Sliced, run_sliced
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
-from rlwire.transport._parts import Key, PartInfo
+from rlwire.transport._parts import Key
 
 __all__ = ["NOTHING", "Part", "PartsReader", "part_types"]
 
@@ -43,9 +43,6 @@ T = TypeVar("T")
 NOTHING: Any = object()
 _NOTHING = NOTHING
 _DONE: Any = object()
-#: Seconds between two looks, while a receiver part way through a step waits for its
-#: next part, for whether the rank's part 0 is still the one it yielded.
-_RUN_CHECK_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -118,7 +115,7 @@ def _same(value: Any) -> Any:
     return value
 
 
-class PartsReader(ConsumptionMarks, Generic[T]):
+class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
     """The ``parts()`` and ``aparts()`` of :class:`~rlwire.TrainingBatchReceiver`,
     over the receiver's core, moving the rank's marks part by part."""
 
@@ -133,8 +130,6 @@ class PartsReader(ConsumptionMarks, Generic[T]):
     _as_columns: bool
     _closed: bool
     _part_next: int = 0  # the next part of the next step to yield
-    _first_part: tuple[int, bytes] = (-1, b"")  # the step and id of the part 0 yielded
-    _run_checked: float = -_RUN_CHECK_SECONDS  # when a wait for a part last checked the run
     _last_stats: Any
     # Where the receiver stood before the last step or part it took (see _give_back).
     _taken_from: tuple[int | None, int, int, Any] | None = None
@@ -304,73 +299,6 @@ class PartsReader(ConsumptionMarks, Generic[T]):
         if self._part_next:
             return _NOTHING
         return (yield from self._take_whole(as_columns))
-
-    def _check_run(self, step: int, info: PartInfo, frame: Frame) -> None:
-        """Remember part 0's id; refuse a later part of another run of the step than
-        the part 0 yielded (the step deleted and sent again by a producer restarted
-        with ``overwrite`` while this receiver read it).
-
-        Raises:
-            StepGapError: the part is of another run of the step.
-        """
-        if info.index == 0:
-            self._first_part = (step, frame.message_id)
-        elif self._first_part[0] != step:
-            # The first part read of the step is not part 0 (a receiver resumed part way
-            # through it): the part 0 it names is the one the later parts must follow.
-            self._first_part = (step, info.of or b"")
-        elif not follows(info, self._first_part[1]):
-            raise StepGapError(
-                f"step {step} was deleted and sent again (another run) while this receiver "
-                f"read it part by part: part {info.index} is of the new run, the parts "
-                f"before it were of the earlier one; open a receiver at start_step={step} "
-                "to read the new run's step",
-                where=self._source.describe(step),
-            )
-
-    def _check_sealed_run(self, step: int) -> None:
-        """Refuse a seal of another run of the step than the parts yielded (its part 0
-        is another now: the step was deleted and sealed again meanwhile), which would
-        end the step at a count of that run's, or call one of its parts missing.
-
-        Raises:
-            StepGapError: the step was sent again since its parts were yielded.
-        """
-        if self._first_part[0] != step or not self._first_part[1]:
-            return
-        # None: the rank has no part 0 now, so the seal is of a run that gave it none.
-        if self._source.first_part(step) != self._first_part[1]:
-            raise StepGapError(
-                f"step {step} was deleted and sent again (another run) while this receiver "
-                f"read it part by part: its seal is of the new run, the parts it gave "
-                f"({self._part_next}) of the earlier one; open a receiver at "
-                f"start_step={step} to read the new run's step",
-                where=self._source.describe(step),
-            )
-
-    def _check_waiting_run(self, step: int) -> None:
-        """While the receiver waits for a later part of ``step``, look (on the first
-        miss, then at most every second) whether the rank's part 0 is still the one it
-        yielded: gone or another, the step was deleted (sent again whole or in other
-        parts, or not yet; or retention deleted it), and the part waited for never comes.
-
-        Raises:
-            StepGapError: the rank's part 0 is no longer the one yielded.
-        """
-        now = time.monotonic()
-        if now - self._run_checked < _RUN_CHECK_SECONDS:
-            return
-        self._run_checked = now
-        if self._first_part[0] != step or not self._first_part[1]:
-            return
-        if self._source.first_part(step) != self._first_part[1]:
-            raise StepGapError(
-                f"step {step} was deleted (and maybe sent again: another run) while this "
-                f"receiver read it part by part: its part 0 is no longer the one it gave, "
-                f"so the part after the {self._part_next} it gave never comes; open a "
-                f"receiver at start_step={step} to read the step as it is now",
-                where=self._source.describe(step),
-            )
 
     def _take_whole(self, as_columns: bool | None) -> Sliced[Any]:
         """The next step as one part (``key`` ``None``) if it was sent whole, or

@@ -172,8 +172,9 @@ class PartsSource:
         """The :attr:`~rlwire.Frame.message_id` of this rank's part 0 of ``step`` as
         stored now (on ``ray://``, the commit of the step the last :meth:`read_seal`
         found): which run of the step is there, what a receiver that went through the
-        step's parts checks before it takes a seal as their end. ``None``: the rank has
-        no part 0, or the source cannot tell (the default). Never blocks.
+        step's parts checks before it takes a seal as their end. ``b""``: the rank has
+        no part 0 (none of the step, or none for the rank); ``None``: the source cannot
+        tell (the default), and the receiver checks nothing. Never blocks.
 
         Raises:
             CorruptFrameError: part 0's envelope is garbled.

@@ -298,4 +298,4 @@ class StoredSource(StoredFieldsSource, Source):
         return parse_seal(data, step=step, where=self.locate(name))
 
     def first_part(self, step: int) -> bytes | None:
-        return self._id_of(step, self.rank, 0)
+        return self._id_of(step, self.rank, 0) or b""

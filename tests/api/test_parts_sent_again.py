@@ -297,3 +297,28 @@ def test_a_source_that_cannot_tell_the_run_checks_nothing(
         got = [int(p.value[0]["token_ids"][0]) for p in receiver.parts(timeout=10)]
         assert receiver.next_step == 1
     assert got == [0, 1, 2]
+
+
+async def test_a_receiver_resumed_part_way_through_refuses_a_seal_of_another_run(
+    file_or_s3: tuple[str, dict[str, Any]],
+) -> None:
+    """Opened with resume=True at part 1 (part 0 handed out by its earlier process);
+    before it reads anything, another run seals the step with one part: the receiver
+    never takes that seal as the end of the step (it read no part of the new run)."""
+    url, options = file_or_s3
+    _fill(url, options, 0)
+    async with rlwire.open_receiver(url, storage_options=options, type=list) as receiver:
+        parts: Any = receiver.aparts(timeout=10)
+        with anyio.fail_after(30):
+            assert (await parts.__anext__()).index == 0
+            await parts.__anext__()  # asking for part 1 marks part 0 consumed
+        await parts.aclose()
+    async with rlwire.open_receiver(
+        url, storage_options=options, type=list, resume=True
+    ) as receiver:
+        assert receiver.next_part == 1
+        await anyio.to_thread.run_sync(_fill_other, url, options, 1)
+        with anyio.fail_after(30), pytest.raises(rlwire.StepGapError, match="its seal is of"):
+            async for _ in receiver.aparts(timeout=10):
+                pass
+        assert receiver.next_step == 0

@@ -103,6 +103,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
         self._read_seconds = 0.0  # of the last read
         self._record_consumed = record_consumed
         self._start_marks(start_step, resume)  # where it starts: start_step, or the marks
+        self._note_run()  # resumed part way through a step: which run it is of
         self._last_stats: ReceiveStats | None = None
 
     def __repr__(self) -> str:

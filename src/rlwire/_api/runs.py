@@ -26,9 +26,29 @@ class RunChecks:
     yielded (or that its first part names, for a receiver resumed part way through)."""
 
     _source: Source
+    _next_step: int
     _part_next: int
     _first_part: tuple[int, bytes] = (-1, b"")  # the step and id of the part 0 yielded
     _run_checked: float = -_RUN_CHECK_SECONDS  # when a wait for a part last checked the run
+
+    def _note_run(self) -> None:
+        """For a receiver opened part way through a step (``resume=True``): the rank's
+        part 0 as stored now is the one the step's later parts must follow, and whose
+        seal ends them. (The parts handed out before the receiver stopped were of
+        whatever run was there then: the marks do not say which.) Called as the
+        receiver is made: on an error, the source is closed.
+
+        Raises:
+            CorruptFrameError, TransportError: as :meth:`~rlwire.abc.Source.first_part`.
+        """
+        if self._part_next:
+            try:
+                first = self._source.first_part(self._next_step)
+            except BaseException:
+                self._source.close()  # the receiver is not made: nothing else closes it
+                raise
+            if first:
+                self._first_part = (self._next_step, first)
 
     def _check_run(self, step: int, info: PartInfo, frame: Frame) -> None:
         """Remember part 0's id; refuse a later part of another run of the step than

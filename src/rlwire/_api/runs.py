@@ -59,7 +59,8 @@ class RunChecks:
             StepGapError: the part is of another run of the step.
         """
         if info.index == 0:
-            self._first_part = (step, frame.message_id)
+            # What later parts name: part 0's id, or the run part 0 names itself (ray://)
+            self._first_part = (step, info.of or frame.message_id)
         elif self._first_part[0] != step:
             # The first part read of the step is not part 0 (a receiver resumed part way
             # through it): the part 0 it names is the one the later parts must follow.

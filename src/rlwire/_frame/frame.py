@@ -61,7 +61,8 @@ class Frame:
             source with ``verify=False``, or one that does not say).
         message_id: the id of the stored message the frame was read from, which
             tells it from any other message stored as the same step and rank (a
-            file's or object's envelope ``id``, a ``ray://`` step's commit); ``b""``
+            file's or object's envelope ``id``; on ``ray://``, the step's commit, or
+            the run of a step filled part by part's parts); ``b""``
             where the source has none (ZeroMQ, a frame made in memory).
             ``add_fields(..., of=)`` compares it.
 

@@ -170,8 +170,8 @@ class PartsSource:
 
     def first_part(self, step: int) -> bytes | None:
         """The :attr:`~rlwire.Frame.message_id` of this rank's part 0 of ``step`` as
-        stored now (on ``ray://``, the commit of the step the last :meth:`read_seal`
-        found): which run of the step is there, what a receiver that went through the
+        stored now (on ``ray://``, the run the board names for the step's parts): which
+        run of the step is there, what a receiver that went through the
         step's parts checks before it takes a seal as their end. ``b""``: the rank has
         no part 0 (none of the step, or none for the rank); ``None``: the source cannot
         tell (the default), and the receiver checks nothing. Never blocks.

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -274,3 +275,56 @@ def test_parts_of_a_step_sent_again_midway_are_refused(
     with rlwire.open_receiver(ray_url, type=list, record_consumed=False) as receiver:
         got = receiver.receive(timeout=TIMEOUT)
     assert [int(s["token_ids"][0]) for s in got] == [100, 101, 102][:again]
+
+
+def test_parts_of_an_open_step_sent_again_are_refused_and_ties_hold(ray_url: str) -> None:
+    """Parts read as they come, before any seal (no commit token yet): after part 0
+    the step is sent again, so the next part is another run's and is refused; a stage
+    that appends with part 0's message id is refused too, one with the new run's is
+    not."""
+    create_board(_name(ray_url))
+    producer = rlwire.open_sync_sender(ray_url)
+    writer = producer.open_step()
+    writer.__enter__()
+    writer.put([{"token_ids": np.arange(0, 4)}], key="k0")
+    with rlwire.open_receiver(ray_url, type=list, record_consumed=False) as receiver:
+        parts = receiver.parts(timeout=TIMEOUT)
+        first = next(parts)
+        assert first.index == 0 and first.message_id
+        writer.__exit__(None, None, None)
+        producer.close()
+        with rlwire.open_sync_sender(ray_url, on_existing="overwrite") as again:
+            with again.open_step() as other:
+                for k in range(2):
+                    other.put([{"token_ids": np.arange(100 + k, 104 + k)}], key=f"k{k}")
+        with pytest.raises(rlwire.StepGapError, match="part 1 is of the new run"):
+            next(parts)
+    with rlwire.open_receiver(ray_url, type=list, record_consumed=False) as receiver:
+        new = list(receiver.parts(timeout=TIMEOUT))
+    assert new[0].message_id not in (b"", first.message_id)
+    with rlwire.open_sync_sender(ray_url, on_existing="resume") as stage:
+        with pytest.raises(rlwire.ConfigError, match="not the message"):
+            stage.add_fields(0, {"score": np.array([1.0, 2.0])}, of=first.message_id)
+        stage.add_fields(0, {"score": np.array([1.0, 2.0])}, of=new[0].message_id)
+
+
+def test_a_wait_for_a_part_the_new_run_has_not_ends(ray_url: str) -> None:
+    """The receiver took both parts a producer committed and waits for a third; the
+    step is then sent again whole (another run): the wait ends in a StepGapError, not
+    at its timeout."""
+    create_board(_name(ray_url))
+    producer = rlwire.open_sync_sender(ray_url)
+    writer = producer.open_step()
+    writer.__enter__()
+    for k in range(2):
+        writer.put([{"token_ids": np.arange(k, k + 4)}], key=f"k{k}")
+    with rlwire.open_receiver(ray_url, type=list, record_consumed=False) as receiver:
+        parts = receiver.parts(timeout=TIMEOUT)
+        assert [next(parts).index, next(parts).index] == [0, 1]
+        producer.close()  # the step stays open: no seal
+        with rlwire.open_sync_sender(ray_url, on_existing="overwrite") as again:
+            again.send({"samples": [{"token_ids": np.arange(100, 104)}]})
+        started = time.monotonic()
+        with pytest.raises(rlwire.StepGapError, match="part 0 is no longer"):
+            next(parts)
+        assert time.monotonic() - started < TIMEOUT / 2

@@ -175,7 +175,9 @@ class RayFieldsSink(FieldsSink):
         if again and read is not None and read[:2] == (step, rank) and read[2] != answer[2]:
             raise ConfigError(f"add_fields: {step_replaced(step, True)}", where=self.where)
         self._read_commit = (step, rank, answer[2])
-        return self._frames(_refs(answer, "a step's objects", where), where, answer[2])
+        # The message id of a sealed step's parts is their run (a receiver's, before the seal)
+        run = answer[3] if len(answer) > 3 and answer[3] else answer[2]
+        return self._frames(_refs(answer, "a step's objects", where), where, run)
 
     def read_appended(self, step: int, rank: int) -> list[Frame]:
         where = f"{self.where}: fields appended to step {step} rank {rank}"

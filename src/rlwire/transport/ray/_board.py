@@ -82,6 +82,7 @@ class Board(PartsBoard, FieldsBoard):
         self.parts = {}
         self.seals = {}
         self.tokens = {}
+        self.runs = {}
         self.fields = {}
         self.consumed: dict[int, int] = {}
         self.consumed_parts: dict[int, tuple[int, int]] = {}  # rank -> (step, next part)
@@ -140,6 +141,7 @@ class Board(PartsBoard, FieldsBoard):
         self.parts.pop(step, None)
         self.seals.pop(step, None)
         self.tokens.pop(step, None)
+        self.runs.pop(step, None)
         self.fields.pop(step, None)
         self._drop_staged(lambda s: s == step)
 

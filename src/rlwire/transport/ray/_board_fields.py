@@ -35,6 +35,7 @@ class FieldsBoard:
     fields: dict[int, dict[int, list[Refs]]]
     #: step -> the token of its commit or seal (the board's)
     tokens: dict[int, str]
+    runs: dict[int, str]
 
     def _checksums_of(self, step: int, rank: int) -> bytes | None:
         raise NotImplementedError
@@ -84,7 +85,8 @@ class FieldsBoard:
         against: ``("step", [[main, sidecar, checksums], ...], token)`` (one for a step
         sent whole, one per part of a sealed one; ``checksums`` ``None`` when they are in
         the envelope; ``token`` that of the step's commit, which :meth:`commit_fields`
-        checks), ``("ranks", why)`` when the step has no rank ``rank``, or ``("none",)``."""
+        checks), then the run of a sealed step's parts, ``("ranks", why)`` when the step
+        has no rank ``rank``, or ``("none",)``."""
         why = self._no_such_rank(step, rank)
         if why is not None:
             return ("ranks", why)
@@ -92,7 +94,7 @@ class FieldsBoard:
         if refs is None:
             return ("none",)
         sums = self._checksums_of(step, rank) if step in self.committed else None
-        return ("step", [[*r, sums] for r in refs], self.tokens.get(step))
+        return ("step", [[*r, sums] for r in refs], self.tokens.get(step), self.runs.get(step))
 
     async def stage_fields(
         self,

@@ -11,6 +11,7 @@ only if it lists exactly the parts committed. Answers are plain values, as the b
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,9 @@ class PartsBoard:
     #: step -> the token of its commit (a whole step's) or of its seal, which a
     #: StepHandle names: the same step number after an overwrite is another commit
     tokens: dict[int, str]
+    #: step -> the run of its parts, named when its first part is committed: a part
+    #: of the step sent again (an overwrite) is of another run, sealed or not yet
+    runs: dict[int, str]
 
     async def _notify(self) -> None:
         raise NotImplementedError
@@ -127,6 +131,8 @@ class PartsBoard:
             why = f"key {part_key!r} is committed already in step {step}"
         if why is not None:
             return ("exists", why)
+        if step not in self.parts:
+            self.runs[step] = uuid.uuid4().hex
         self.parts.setdefault(step, {}).setdefault(rank, []).append(
             _Part(staged[rank], part_key, cost)
         )
@@ -178,13 +184,14 @@ class PartsBoard:
 
     async def read_part(self, step: int, rank: int, index: int) -> tuple[Any, ...]:
         """Rank ``rank``'s part ``index`` of ``step``: ``("part", [main, sidecar], key,
-        cost, token)`` (``token`` the seal's, ``None`` before the seal), or ``("none",)``
-        while it is not committed."""
+        cost, token, run)`` (``token`` the seal's, ``None`` before the seal; ``run``
+        the step's parts'), or ``("none",)`` while it is not committed."""
         parts = self._parts_of(step, rank)
         if index >= len(parts):
             return ("none",)
         part = parts[index]
-        return ("part", list(part.refs), part.key, part.cost, self.tokens.get(step))
+        token = self.tokens.get(step)
+        return ("part", list(part.refs), part.key, part.cost, token, self.runs.get(step))
 
     async def read_seal(self, step: int) -> tuple[Any, ...]:
         """The seal of ``step``: ``("seal", keys, costs, token)``, or ``("none",)``."""

@@ -259,17 +259,23 @@ class RaySource(RayFieldsSource, Source):
             raise CorruptFrameError(f"the board answered {answer[0]!r}", where=where)
         (main_ref, side_ref), key, cost = answer[1], answer[2], answer[3]
         self._check_commit(step, answer[4], where)
-        # Every part of one run of the step has its commit: what part 0's is, it follows.
-        info = replace(checked_part(self.rank, index, key, cost, where), of=commit_id(answer[4]))
-        return info, self._fetch(main_ref, side_ref, where, commit=answer[4])
+        # Every part of one run of the step (part 0 too) names that run, or (a board of
+        # an rlwire before runs) the seal's commit: what part 0's is, it follows; and it
+        # is the part's message id, known before the seal (what add_fields(of=) takes).
+        run = _run(answer)
+        info = replace(checked_part(self.rank, index, key, cost, where), of=commit_id(run))
+        return info, self._fetch(main_ref, side_ref, where, commit=run)
 
     def _check_commit(self, step: int, token: object, where: str) -> None:
         checked_commit(self._commit, step, token, where)
         self._step_commit = (step, token)
 
     def first_part(self, step: int) -> bytes | None:
-        commit = self._step_commit
-        return commit_id(commit[1]) if commit is not None and commit[0] == step else None
+        where = f"{self.describe(step)} part 0"
+        if self._find() is None:
+            return b""
+        answer = self._call("read_part", step, self.rank, 0, where=where, action="ask the board")
+        return commit_id(_run(answer)) if answer[0] == "part" else b""
 
     def _expect_part(self, step: int, index: int) -> None:
         self._expected, self._expected_part = step, (step, index)
@@ -377,3 +383,9 @@ class RaySource(RayFieldsSource, Source):
 
     def close(self) -> None:
         self._board = None
+
+
+def _run(answer: tuple[Any, ...]) -> object:
+    """The run of a step's parts a board's answer for a part names (its seal's commit,
+    from a board that names no runs)."""
+    return answer[5] if len(answer) > 5 and answer[5] else answer[4]

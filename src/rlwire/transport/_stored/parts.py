@@ -51,6 +51,7 @@ __all__ = [
     "parse_seal",
     "part_files",
     "part_of",
+    "part_zero_id",
     "read_parts",
     "seal_bytes",
     "write_seal",
@@ -175,6 +176,30 @@ def part_of(
         if view.nbytes < needed <= _PRELUDE.size + MAX_ENVELOPE:
             return needed
     return _part_info(_envelope(view, where, whole=False), rank, index, where)
+
+
+def part_zero_id(
+    load_head: Callable[[int], bytes | bytearray | memoryview | None], rank: int, where: str
+) -> bytes:
+    """The id of rank ``rank``'s part 0 of a step, read from its first bytes with
+    ``load_head(size)`` (``None``: no such file), never the whole part; ``b""`` when
+    there is none (:meth:`~rlwire.abc.Source.first_part`).
+
+    Raises:
+        CorruptFrameError: the envelope is garbled, not part 0's, or shorter than it says.
+    """
+    size = MAX_MARK_BYTES
+    for _ in range(2):
+        head = load_head(size)
+        if head is None:
+            return b""
+        got = part_of(head, rank=rank, index=0, where=where)
+        if isinstance(got, PartInfo):
+            return _envelope(memoryview(head), where, whole=False).id
+        size = got
+    raise CorruptFrameError(
+        "shorter than its envelope says (written again while read?)", where=where
+    )
 
 
 def _part_info(env: _PartEnvelope, rank: int, index: int, where: str) -> PartInfo:

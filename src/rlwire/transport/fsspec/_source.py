@@ -7,6 +7,8 @@ from typing import Any
 
 from rlwire._frame.frame import Frame
 from rlwire.transport._parts import PartInfo
+from rlwire.transport._stored.names import part_name
+from rlwire.transport._stored.parts import part_zero_id
 from rlwire.transport._stored.selected import Ranged
 from rlwire.transport._stored.source import StoredSource
 from rlwire.transport._url import URL
@@ -111,6 +113,14 @@ class FsspecSource(StoredSource):
         if self.writable:  # writable buffers are copies anyway: read whole
             return super().open_ranged(name)
         return self.open_head(name)
+
+    def first_part(self, step: int) -> bytes | None:
+        # By its first bytes: a generic store's open_head reads an object whole.
+        store, name = self._conn.get(), part_name(step, self.rank, 0)
+        with translate_errors(self.locate(name), "read"):
+            return part_zero_id(
+                lambda size: store.head(store.path(name), size), self.rank, self.locate(name)
+            )
 
     def open_head(self, name: str) -> Ranged | None:
         store = self._conn.get()

@@ -82,10 +82,7 @@ class RunChecks:
         Raises:
             StepGapError: the step was sent again since its parts were yielded.
         """
-        if self._first_part[0] != step or not self._first_part[1]:
-            return
-        now = self._source.first_part(step)  # b"": a run that gave the rank no part 0
-        if now is not None and now != self._first_part[1]:
+        if self._run_moved(step):
             raise StepGapError(
                 f"step {step} was deleted and sent again (another run) while this receiver "
                 f"read it part by part: its seal is of the new run, the parts it gave "
@@ -107,10 +104,7 @@ class RunChecks:
         if now - self._run_checked < _RUN_CHECK_SECONDS:
             return
         self._run_checked = now
-        if self._first_part[0] != step or not self._first_part[1]:
-            return
-        first = self._source.first_part(step)
-        if first is not None and first != self._first_part[1]:
+        if self._run_moved(step):
             raise StepGapError(
                 f"step {step} was deleted (and maybe sent again: another run) while this "
                 f"receiver read it part by part: its part 0 is no longer the one it gave, "
@@ -118,3 +112,12 @@ class RunChecks:
                 f"receiver at start_step={step} to read the step as it is now",
                 where=self._source.describe(step),
             )
+
+    def _run_moved(self, step: int) -> bool:
+        """Whether the rank's part 0 of ``step`` is no longer the one yielded: another
+        run's, or none (``b""``); False when nothing was yielded of ``step`` or the
+        source cannot tell (``None``)."""
+        if self._first_part[0] != step or not self._first_part[1]:
+            return False
+        now = self._source.first_part(step)
+        return now is not None and now != self._first_part[1]

@@ -30,20 +30,31 @@ def _fill(url: str, options: dict[str, Any], first: int) -> None:
                 writer.put([{"token_ids": np.arange(first + k, first + k + 4)}], key=f"k{k}")
 
 
+async def _handed_out_until_refused(
+    url: str, options: dict[str, Any], at: int, another_run: Any, match: str = "sent again"
+) -> list[int]:
+    """The first token id of each part a receiver handed out before it refused the
+    next with StepGapError (``match``); ``another_run()`` runs once part ``at`` is
+    handed out. The receiver stays at the step."""
+    firsts = []
+    async with rlwire.open_receiver(
+        url, storage_options=options, type=list, record_consumed=False
+    ) as receiver:
+        with anyio.fail_after(30), pytest.raises(rlwire.StepGapError, match=match):
+            async for part in receiver.aparts(timeout=10):
+                firsts.append(int(part.value[0]["token_ids"][0]))
+                if part.index == at:
+                    await anyio.to_thread.run_sync(another_run)
+        assert receiver.next_step == 0
+    return firsts
+
+
 async def test_parts_of_a_step_sent_again_midway_are_refused(
     file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
     url, options = file_or_s3
     _fill(url, options, 0)
-    firsts = []
-    async with rlwire.open_receiver(
-        url, storage_options=options, type=list, record_consumed=False
-    ) as receiver:
-        with anyio.fail_after(30), pytest.raises(rlwire.StepGapError, match="sent again"):
-            async for part in receiver.aparts(timeout=10):
-                firsts.append(int(part.value[0]["token_ids"][0]))
-                if part.index == 0:
-                    await anyio.to_thread.run_sync(_fill, url, options, 100)
+    firsts = await _handed_out_until_refused(url, options, 0, lambda: _fill(url, options, 100))
     assert firsts == [0]  # never 101 beside 0
     async with rlwire.open_receiver(
         url, storage_options=options, type=list, record_consumed=False
@@ -164,16 +175,13 @@ async def test_a_seal_of_another_run_never_ends_the_parts_read(
         _fill(url, options, 0)
     else:
         _fill_unsealed(url, options)
-    firsts = []
-    async with rlwire.open_receiver(
-        url, storage_options=options, type=list, record_consumed=False
-    ) as receiver:
-        with anyio.fail_after(30), pytest.raises(rlwire.StepGapError, match="its seal is of"):
-            async for part in receiver.aparts(timeout=10):
-                firsts.append(int(part.value[0]["token_ids"][0]))
-                if part.index == (0 if sealed else 1):
-                    await anyio.to_thread.run_sync(_fill_other, url, options, 1 if sealed else 2)
-        assert receiver.next_step == 0
+    firsts = await _handed_out_until_refused(
+        url,
+        options,
+        0 if sealed else 1,
+        lambda: _fill_other(url, options, 1 if sealed else 2),
+        "its seal is of",
+    )
     assert firsts == ([0] if sealed else [0, 1])
 
 
@@ -207,16 +215,7 @@ async def test_another_run_with_no_part_for_the_rank_never_ends_the_parts_read(
     that never comes (it did, until the timeout: forever without one)."""
     url, options = file_or_s3
     _fill(url, options, 0)
-    firsts = []
-    async with rlwire.open_receiver(
-        url, storage_options=options, type=list, record_consumed=False
-    ) as receiver:
-        with anyio.fail_after(30), pytest.raises(rlwire.StepGapError, match="sent again"):
-            async for part in receiver.aparts(timeout=10):
-                firsts.append(int(part.value[0]["token_ids"][0]))
-                if part.index == 0:
-                    await anyio.to_thread.run_sync(_fill_as, url, options, how)
-        assert receiver.next_step == 0
+    firsts = await _handed_out_until_refused(url, options, 0, lambda: _fill_as(url, options, how))
     assert firsts == [0]
 
 

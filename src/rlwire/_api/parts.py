@@ -24,12 +24,7 @@ from rlwire._api.consumption import ConsumptionMarks
 from rlwire._api.runs import RunChecks
 from rlwire._api.sealed import SealedStep, read_part
 from rlwire._core.deadlines import deadline_after
-from rlwire._core.errors import (
-    ClosedError,
-    ConfigError,
-    CorruptFrameError,
-    RlwireError,
-)
+from rlwire._core.errors import ClosedError, ConfigError, CorruptFrameError, RlwireError
 from rlwire._core.offload import drive_sliced
 from rlwire._core.slicing import Sliced, run_sliced
 from rlwire._frame.frame import Frame

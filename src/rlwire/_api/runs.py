@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from rlwire._api.sealed import follows
+from rlwire._api.sealed import follows, run_of
 from rlwire._core.errors import StepGapError
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
@@ -59,8 +59,7 @@ class RunChecks:
             StepGapError: the part is of another run of the step.
         """
         if info.index == 0:
-            # What later parts name: part 0's id, or the run part 0 names itself (ray://)
-            self._first_part = (step, info.of or frame.message_id)
+            self._first_part = (step, run_of(info, frame))
         elif self._first_part[0] != step:
             # The first part read of the step is not part 0 (a receiver resumed part way
             # through it): the part 0 it names is the one the later parts must follow.

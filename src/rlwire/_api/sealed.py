@@ -10,7 +10,7 @@ from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 from rlwire.transport._parts import PartInfo, Seal
 
-__all__ = ["SealedStep", "follows", "read_part", "read_sealed"]
+__all__ = ["SealedStep", "follows", "read_part", "read_sealed", "run_of"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def read_sealed(source: Source, step: int, rank: int) -> tuple[int, SealedStep] 
     parts: list[tuple[PartInfo, Frame]] = []
     for index, key in enumerate(keys):
         got = read_part(source, step, index)
-        if got is not None and index and not follows(got[0], parts[0][1].message_id):
+        if got is not None and index and not follows(got[0], run_of(*parts[0])):
             return None
         if got is None or got[0].key != key:
             if source.read_seal(step) != seal:
@@ -87,6 +87,12 @@ def read_part(source: Source, step: int, index: int) -> tuple[PartInfo, Frame] |
         return source.read_part(step, index)
     except CorruptFrameError:
         raise first from None
+
+
+def run_of(info: PartInfo, frame: Frame) -> bytes:
+    """What the parts after part 0 (``info``, ``frame``) name as the part 0 they follow:
+    its id, or the run part 0 names itself (``ray://``)."""
+    return info.of or frame.message_id
 
 
 def follows(info: PartInfo, first: bytes) -> bool:

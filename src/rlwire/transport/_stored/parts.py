@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 from collections.abc import Callable, Iterable
+from functools import partial
 
 import msgspec
 import xxhash
@@ -50,7 +51,6 @@ __all__ = [
     "parse_part",
     "parse_seal",
     "part_files",
-    "part_of",
     "part_zero_id",
     "read_parts",
     "seal_bytes",
@@ -159,25 +159,6 @@ def parse_part(
     return info, _parse(env, data, step, rank, load_sidecar, where, verify)
 
 
-def part_of(
-    head: memoryview | bytes | bytearray, *, rank: int, index: int, where: str
-) -> PartInfo | int:
-    """What the main file of part ``index`` of ``rank`` records of it, read from its
-    first bytes ``head``; or, when ``head`` is too short to hold the whole envelope, how
-    many first bytes it takes.
-
-    Raises:
-        CorruptFrameError: the envelope is garbled, or not that of this part.
-        UnsupportedVersionError: a major version this reader does not know.
-    """
-    view = memoryview(head)
-    if view.nbytes >= _PRELUDE.size:
-        needed = _PRELUDE.size + int(_PRELUDE.unpack_from(view)[3])
-        if view.nbytes < needed <= _PRELUDE.size + MAX_ENVELOPE:
-            return needed
-    return _part_info(_envelope(view, where, whole=False), rank, index, where)
-
-
 def part_zero_id(
     load_head: Callable[[int], bytes | bytearray | memoryview | None], rank: int, where: str
 ) -> bytes:
@@ -186,20 +167,41 @@ def part_zero_id(
     there is none (:meth:`~rlwire.abc.Source.first_part`).
 
     Raises:
-        CorruptFrameError: the envelope is garbled, not part 0's, or shorter than it says.
+        CorruptFrameError: the envelope is garbled, not part 0's, or longer than the file.
+    """
+    found = _head_envelope(load_head, rank, 0, where)
+    return b"" if found is None else found[0].id
+
+
+def _head_envelope(
+    load_head: Callable[[int], bytes | bytearray | memoryview | None],
+    rank: int,
+    index: int,
+    where: str,
+) -> tuple[_PartEnvelope, PartInfo] | None:
+    """The envelope of the main file of part ``index`` of ``rank`` and what it records
+    of the part, read from the file's first bytes with ``load_head(size)``: a second
+    read when the envelope is longer than the first; ``None`` if there is no such file.
+
+    Raises:
+        CorruptFrameError: the envelope is garbled, not that of this part, or longer
+            than the file.
+        UnsupportedVersionError: a major version this reader does not know.
     """
     size = MAX_MARK_BYTES
     for _ in range(2):
         head = load_head(size)
         if head is None:
-            return b""
-        got = part_of(head, rank=rank, index=0, where=where)
-        if isinstance(got, PartInfo):
-            return _envelope(memoryview(head), where, whole=False).id
-        size = got
-    raise CorruptFrameError(
-        "shorter than its envelope says (written again while read?)", where=where
-    )
+            return None
+        view = memoryview(head)
+        if view.nbytes >= _PRELUDE.size:
+            needed = _PRELUDE.size + int(_PRELUDE.unpack_from(view)[3])
+            if view.nbytes < needed <= _PRELUDE.size + MAX_ENVELOPE:
+                size = needed
+                continue
+        env = _envelope(view, where, whole=False)
+        return env, _part_info(env, rank, index, where)
+    raise CorruptFrameError("its envelope is longer than the file", where=where)
 
 
 def _part_info(env: _PartEnvelope, rank: int, index: int, where: str) -> PartInfo:
@@ -278,18 +280,10 @@ def read_parts(
                 f"part {index - 1} of rank {rank} is missing, part {index} is there",
                 where=locate(name),
             )
-        size = MAX_MARK_BYTES
-        for _ in range(2):
-            head = load_head(name, size)
-            if head is None:
-                raise CorruptFrameError("deleted while the step was resumed", where=locate(name))
-            got = part_of(head, rank=rank, index=index, where=locate(name))
-            if isinstance(got, PartInfo):
-                found.append(got)
-                break
-            size = got
-        else:
-            raise CorruptFrameError("its envelope is longer than the file", where=locate(name))
+        got = _head_envelope(partial(load_head, name), rank, index, locate(name))
+        if got is None:
+            raise CorruptFrameError("deleted while the step was resumed", where=locate(name))
+        found.append(got[1])
     return found
 
 

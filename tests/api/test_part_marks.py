@@ -71,8 +71,9 @@ class Store:
         part_mark = self.raw(f"consumed.rank-{rank:04d}.part.rlw")
         if part_mark is None:
             return step, 0
-        magic, major, minor, marked, part = struct.unpack("<4sHHQQ", part_mark)
-        assert (magic, major, minor) == (b"RLWP", 1, 2)
+        # 24 bytes, then (format 1.6) the id of the part 0 the parts moved past followed
+        magic, major, minor, marked, part = struct.unpack_from("<4sHHQQ", part_mark)
+        assert (magic, major, minor) == (b"RLWP", 1, 6 if len(part_mark) > 24 else 2)
         return step, part if marked == step else 0
 
     def resumed_at(self, rank: int = 0) -> tuple[int, int]:
@@ -442,17 +443,12 @@ async def test_the_marks_a_new_receiver_writes_are_what_older_senders_read(
         parts = receiver.parts(timeout=TIMEOUT)
         next(parts), next(parts)
         # The consumption mark is the 16-byte mark of format 1.1, as before parts;
-        # the part is in a file of its own, which older senders never look at.
+        # the part is in a file of its own, which older senders never look at; since
+        # format 1.6 it names the run of the parts moved past: part 0's message id.
         assert (tmp_path / "consumed.rank-0000.rlw").read_bytes() == consumed_mark(0)
-        assert struct.unpack(
-            "<4sHHQQ", (tmp_path / "consumed.rank-0000.part.rlw").read_bytes()
-        ) == (
-            b"RLWP",
-            1,
-            2,
-            0,
-            1,
-        )
+        data = (tmp_path / "consumed.rank-0000.part.rlw").read_bytes()
+        assert struct.unpack_from("<4sHHQQ", data) == (b"RLWP", 1, 6, 0, 1)
+        assert len(data) == 24 + 16
 
 
 async def test_a_part_mark_of_another_step_or_garbled(tmp_path: Path) -> None:
@@ -464,7 +460,7 @@ async def test_a_part_mark_of_another_step_or_garbled(tmp_path: Path) -> None:
     part.write_bytes(struct.pack("<4sHHQQ", b"RLWP", 1, 2, 0, 1))  # left from step 0
     assert Store(str(tmp_path), {}, tmp_path).resumed_at() == (1, 0)
     part.write_bytes(b"RLWP" + bytes(4))
-    with pytest.raises(rlwire.CorruptFrameError, match="a part mark is 24 bytes, this one 8") as e:
+    with pytest.raises(rlwire.CorruptFrameError, match="is 24 to 4096 bytes, this one 8") as e:
         rlwire.open_receiver(tmp_path, resume=True)
     assert "consumed.rank-0000.part.rlw" in str(e.value)
     part.write_bytes(struct.pack("<4sHHQQ", b"RLWP", 2, 0, 1, 1))

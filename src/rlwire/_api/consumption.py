@@ -20,6 +20,8 @@ yet (the sender refuses such a mark, and keeps every step back from ``keep_last`
 Each mark is written once per move, before the next step or part is read: a receiver
 killed after asking for part ``i + 1`` is never handed part ``i`` again once resumed,
 and one killed while it holds part ``i`` is handed it again (it had not moved past it).
+A part mark also names the run of the parts moved past (their part 0's id), so that a
+resumed receiver never goes on with parts of another run of the step.
 A mark the store could not take (full, read-only: the source's ``mark_skipped``) is
 written again before each later read, until the store takes it.
 """
@@ -43,6 +45,7 @@ class ConsumptionMarks:
     _next_step: int
     _part_next: int
     _record_consumed: bool
+    _first_part: tuple[int, bytes]  # the step and run of the parts yielded (RunChecks)
 
     def _start_marks(self, start_step: int, resume: bool) -> None:
         """Start at ``start_step``, or, with ``resume``, where the rank's marks say
@@ -168,6 +171,7 @@ class ConsumptionMarks:
                 if not self._save_consumed(step):
                     return
                 self._step_written = True
-            self._source.mark_part(step, part)
+            first, of = self._first_part
+            self._source.mark_part(step, part, of if first == step else b"")
             if not self._source.mark_skipped:
                 self._recorded_part = part

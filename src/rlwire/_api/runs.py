@@ -32,23 +32,25 @@ class RunChecks:
     _run_checked: float = -_RUN_CHECK_SECONDS  # when a wait for a part last checked the run
 
     def _note_run(self) -> None:
-        """For a receiver opened part way through a step (``resume=True``): the rank's
-        part 0 as stored now is the one the step's later parts must follow, and whose
-        seal ends them. (The parts handed out before the receiver stopped were of
-        whatever run was there then: the marks do not say which.) Called as the
-        receiver is made: on an error, the source is closed.
+        """For a receiver opened part way through a step (``resume=True``): the run
+        its rank's part mark records (that of the parts handed out before it stopped)
+        or, where the mark names none (written before format 1.6), the rank's part 0 as
+        stored now, is the one the step's later parts must follow, and whose seal ends
+        them. Called as the receiver is made: on an error, the source is closed.
 
         Raises:
-            CorruptFrameError, TransportError: as :meth:`~rlwire.abc.Source.first_part`.
+            CorruptFrameError, TransportError: as :meth:`~rlwire.abc.Source.first_part`
+                and :meth:`~rlwire.abc.Source.read_part_of`.
         """
         if self._part_next:
+            step = self._next_step
             try:
-                first = self._source.first_part(self._next_step)
+                first = self._source.read_part_of(step) or self._source.first_part(step)
             except BaseException:
                 self._source.close()  # the receiver is not made: nothing else closes it
                 raise
             if first:
-                self._first_part = (self._next_step, first)
+                self._first_part = (step, first)
 
     def _check_run(self, step: int, info: PartInfo, frame: Frame) -> None:
         """Remember part 0's id; refuse a later part of another run of the step than

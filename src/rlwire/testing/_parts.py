@@ -176,6 +176,35 @@ class PartsContract(ContractFixtures):
             assert_batches_equal(whole, TrainingBatch(samples=[s for g in new.values() for s in g]))
             old = new
 
+    async def test_a_receiver_resumed_after_its_step_was_sent_again_refuses_the_new_run(
+        self, store: Endpoint
+    ) -> None:
+        """A receiver moved past part 0 of a step; the step was sent again (other
+        samples, same keys) and the receiver stopped. Resumed (``resume=True``) at part
+        1, it refuses the new run's parts, never handing them out after the old run's
+        part 0: its rank's part mark names that part 0 (``Source.mark_part(of=)``)."""
+        sender = store.open_sender()
+        if await _refused(sender):
+            return
+        async with sender:
+            async with sender.open_step() as writer:
+                for i, key in enumerate("abc"):
+                    await writer.put(_group(1, seed=i), key=key)
+        with store.open_receiver() as receiver:
+            parts: Any = receiver.aparts(timeout=TIMEOUT)  # an async generator: aclose()
+            await parts.__anext__()
+            async with store.open_sender(on_existing="overwrite") as other:
+                async with other.open_step() as writer:
+                    for i, key in enumerate("abc"):
+                        await writer.put(_group(1, seed=10 + i), key=key)
+            with pytest.raises(StepGapError, match="sent again"):
+                await parts.__anext__()  # having written that it moved past part 0
+            await parts.aclose()
+        with store.open_receiver(resume=True) as resumed:
+            assert (resumed.next_step, resumed.next_part) == (0, 1)
+            with pytest.raises(StepGapError, match="sent again"):
+                await resumed.aparts(timeout=TIMEOUT).__anext__()
+
     async def test_a_whole_step_waits_for_its_seal_and_finish_ends_the_stream(
         self, store: Endpoint
     ) -> None:

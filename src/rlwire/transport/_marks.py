@@ -10,6 +10,9 @@ when it asks for the next one, or when ``parts()`` asks for a part after the ran
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 from rlwire._core.errors import ConfigError
 
 __all__ = ["MarksSource"]
@@ -34,16 +37,32 @@ class MarksSource:
             TransportError: the mark cannot be written.
         """
 
-    def mark_part(self, step: int, next_part: int) -> None:
+    def mark_part(self, step: int, next_part: int, of: bytes = b"") -> None:
         """Record that this rank's receiver moved past parts ``0`` to ``next_part - 1``
-        of ``step``, a step filled part by part (it asked for part ``next_part``). The
-        receiver has recorded ``step`` with :meth:`mark_consumed` first: a part mark
-        counts only beside a consumption mark of its step. Sources that keep no steps
-        do nothing.
+        of ``step``, a step filled part by part (it asked for part ``next_part``), and
+        that they followed the part 0 whose :attr:`~rlwire.Frame.message_id` is ``of``
+        (their run, as :meth:`~rlwire.abc.Source.first_part` gives it; ``b""`` if not
+        known), which :meth:`read_part_of` gives back. The receiver has recorded
+        ``step`` with :meth:`mark_consumed` first: a part mark counts only beside a
+        consumption mark of its step. Sources that keep no steps do nothing.
 
         Raises:
             TransportError: the mark cannot be written.
         """
+
+    def read_part_of(self, step: int) -> bytes:
+        """The ``of`` this rank's part mark records, if the mark is of ``step``: the
+        run of the parts its receiver moved past, which a receiver resumed part way
+        through ``step`` checks the step's later parts against (a step sent again
+        since is another run). ``b""``: not recorded, or the source cannot tell (the
+        default).
+
+        Raises:
+            CorruptFrameError: the mark is garbled.
+            TransportError: the mark cannot be read.
+        """
+        del step
+        return b""
 
     def read_consumption(self) -> tuple[int, int] | None:
         """This rank's position as its marks record it: the first step its receiver
@@ -61,3 +80,15 @@ class MarksSource:
             f"{type(self).__name__} records no consumption marks: a receiver cannot resume "
             "from one (resume=True needs a store: files, fsspec, ray://)"
         )
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A plugin written before 0.2 overrides mark_part(step, next_part): it records
+        # no run, and is called as before.
+        old = cls.__dict__.get("mark_part")
+        if old is not None and "of" not in inspect.signature(old).parameters:
+
+            def mark_part(self: MarksSource, step: int, next_part: int, of: bytes = b"") -> None:
+                old(self, step, next_part)
+
+            cls.mark_part = mark_part  # type: ignore[method-assign]

@@ -214,6 +214,8 @@ def test_the_board_refuses_marks_no_receiver_records(ray_url: str) -> None:
             ray.get(board.mark.remote(*args), timeout=TIMEOUT)
     with pytest.raises(ray.exceptions.RayTaskError, match="must be an int >= 0"):
         ray.get(board.mark_part.remote(0, 0, "x"), timeout=TIMEOUT)
+    with pytest.raises(ray.exceptions.RayTaskError, match="a part mark's run is bytes"):
+        ray.get(board.mark_part.remote(0, 0, 1, "run"), timeout=TIMEOUT)
     with pytest.raises(ray.exceptions.RayTaskError, match="must be an int >= 0"):
         ray.get(board.finish.remote("end"), timeout=TIMEOUT)
     with rlwire.open_sync_sender(ray_url, keep_last=1) as sender:
@@ -275,6 +277,34 @@ def test_parts_of_a_step_sent_again_midway_are_refused(
     with rlwire.open_receiver(ray_url, type=list, record_consumed=False) as receiver:
         got = receiver.receive(timeout=TIMEOUT)
     assert [int(s["token_ids"][0]) for s in got] == [100, 101, 102][:again]
+
+
+def test_a_receiver_resumed_after_its_step_was_sent_again_refuses_the_new_run(
+    ray_url: str,
+) -> None:
+    """A receiver was handed part 0, then the step was sent again (an overwrite, which
+    drops the marks) and the receiver stopped as it asked for part 1: its part mark
+    names the run of part 0, so once resumed it refuses the new run's part 1 instead
+    of handing it out after the old run's part 0."""
+    create_board(_name(ray_url))
+
+    def fill(first: int, existing: str) -> None:
+        with rlwire.open_sync_sender(ray_url, on_existing=existing) as sender:  # type: ignore[arg-type]
+            with sender.open_step() as writer:
+                for k in range(3):
+                    writer.put([{"token_ids": np.arange(first + k, first + k + 4)}], key=f"k{k}")
+
+    fill(0, "error")
+    with rlwire.open_receiver(ray_url, type=list) as receiver:
+        parts = receiver.parts(timeout=TIMEOUT)
+        assert next(parts).index == 0
+        fill(100, "overwrite")
+        with pytest.raises(rlwire.StepGapError):
+            next(parts)
+    with rlwire.open_receiver(ray_url, type=list, resume=True) as receiver:
+        assert receiver.next_part == 1
+        with pytest.raises(rlwire.StepGapError, match="part 1 is of the new run"):
+            next(iter(receiver.parts(timeout=TIMEOUT)))
 
 
 def test_parts_of_an_open_step_sent_again_are_refused_and_ties_hold(ray_url: str) -> None:

@@ -5,15 +5,22 @@ minor version (u16 each), a step (u64), little-endian.
 
 A rank's part mark, beside its consumption mark, says how far into a step filled part by
 part its receiver got: 24 bytes, magic (4), major and minor version (u16 each), a step
-(u64) and a part (u64). It is a file of its own so that the consumption mark stays the
-16 bytes every reader (and every sender before parts) knows."""
+(u64) and a part (u64); since format 1.6, followed by the id of the part 0 the parts it
+moved past followed (their run: a step sent again is another), where the receiver knows
+it. It is a file of its own so that the consumption mark stays the 16 bytes every reader
+(and every sender before parts) knows."""
 
 from __future__ import annotations
 
 import struct
 
 from rlwire._core.errors import CorruptFrameError
-from rlwire.transport._stored.layout import FORMAT_VERSION, PARTS_VERSION, check_magic
+from rlwire.transport._stored.layout import (
+    FORMAT_VERSION,
+    PARTS_VERSION,
+    TIED_PARTS_VERSION,
+    check_magic,
+)
 
 __all__ = [
     "CONSUMED_MAGIC",
@@ -56,16 +63,18 @@ def consumed_mark(next_step: int) -> bytes:
     return _MARK.pack(CONSUMED_MAGIC, *FORMAT_VERSION, next_step)
 
 
-def part_mark(step: int, next_part: int) -> bytes:
+def part_mark(step: int, next_part: int, of: bytes = b"") -> bytes:
     """The bytes of a rank's part mark: its receiver moved past parts ``0`` to
-    ``next_part - 1`` of ``step`` (it asked for part ``next_part``). It counts only
-    beside a consumption mark of the same step.
+    ``next_part - 1`` of ``step`` (it asked for part ``next_part``), which followed the
+    part 0 whose id is ``of`` (``b""``: not known). It counts only beside a consumption
+    mark of the same step.
 
     Example:
-        >>> parse_part_mark(part_mark(7, 3), "doc")
-        (7, 3)
+        >>> parse_part_mark(part_mark(7, 3, b"run"), "doc")
+        (7, 3, b'run')
     """
-    return _PART_MARK.pack(PART_MAGIC, *PARTS_VERSION, step, next_part)
+    version = TIED_PARTS_VERSION if of else PARTS_VERSION
+    return _PART_MARK.pack(PART_MAGIC, *version, step, next_part) + of
 
 
 def rewrite_mark(first: int) -> bytes:
@@ -94,19 +103,28 @@ def parse_mark(data: memoryview | bytes | bytearray, magic: bytes, where: str) -
     return int(step)
 
 
-def parse_part_mark(data: memoryview | bytes | bytearray, where: str) -> tuple[int, int]:
-    """The step and next part a part mark (:func:`part_mark`) records.
+def parse_part_mark(data: memoryview | bytes | bytearray, where: str) -> tuple[int, int, bytes]:
+    """The step, next part and part 0's id (``b""`` if it names none) a part mark
+    (:func:`part_mark`) records.
 
     Raises:
         CorruptFrameError: ``data`` is not a part mark.
         UnsupportedVersionError: a major version this reader does not know.
     """
-    if len(data) != _PART_MARK.size:
+    if not _PART_MARK.size <= len(data) <= MAX_MARK_BYTES:
         raise CorruptFrameError(
-            f"a part mark is {_PART_MARK.size} bytes, this one {len(data)}", where=where
+            f"a part mark is {_PART_MARK.size} to {MAX_MARK_BYTES} bytes, this one {len(data)}",
+            where=where,
         )
-    found, major, _minor, step, part = _PART_MARK.unpack_from(data)
+    found, major, minor, step, part = _PART_MARK.unpack_from(data)
     check_magic(
         found, major, expected=PART_MAGIC, known=PARTS_VERSION[0], what="part mark", where=where
     )
-    return int(step), int(part)
+    of = bytes(data[_PART_MARK.size :])
+    if of and minor < TIED_PARTS_VERSION[1]:
+        raise CorruptFrameError(
+            f"a part mark of version {major}.{minor} is {_PART_MARK.size} bytes, this one "
+            f"{len(data)}",
+            where=where,
+        )
+    return int(step), int(part), of

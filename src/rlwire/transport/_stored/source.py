@@ -93,11 +93,11 @@ class StoredSource(StoredFieldsSource, Source):
         steps stay readable."""
         self._save_mark(consumed_name(self.rank), consumed_mark(next_step))
 
-    def mark_part(self, step: int, next_part: int) -> None:
+    def mark_part(self, step: int, next_part: int, of: bytes = b"") -> None:
         """Write the part mark, beside the consumption mark (a file of its own: the
         consumption mark stays the 16 bytes senders before parts read); skipped as
         :meth:`mark_consumed` is where the store cannot take it."""
-        self._save_mark(consumed_part_name(self.rank), part_mark(step, next_part))
+        self._save_mark(consumed_part_name(self.rank), part_mark(step, next_part, of))
 
     def _save_mark(self, name: str, data: bytes) -> None:
         self.mark_skipped = False
@@ -124,12 +124,19 @@ class StoredSource(StoredFieldsSource, Source):
         if data is None:
             return None
         step = parse_mark(data, CONSUMED_MAGIC, self.locate(name))
-        where = self.locate(consumed_part_name(self.rank))
+        marked, part, _ = self._part_mark() or (step, 0, b"")
+        return step, part if marked == step else 0
+
+    def read_part_of(self, step: int) -> bytes:
+        marked, _, of = self._part_mark() or (step, 0, b"")
+        return of if marked == step else b""
+
+    def _part_mark(self) -> tuple[int, int, bytes] | None:
+        """What the rank's part mark records, or None if it has none."""
         data = self.load(consumed_part_name(self.rank))
         if data is None:
-            return step, 0
-        marked, part = parse_part_mark(data, where)
-        return step, part if marked == step else 0
+            return None
+        return parse_part_mark(data, self.locate(consumed_part_name(self.rank)))
 
     def stored_steps(self) -> list[int] | None:
         """The steps whose main file for this rank is stored, or None if the store

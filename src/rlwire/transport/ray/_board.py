@@ -85,7 +85,8 @@ class Board(PartsBoard, FieldsBoard):
         self.runs = {}
         self.fields = {}
         self.consumed: dict[int, int] = {}
-        self.consumed_parts: dict[int, tuple[int, int]] = {}  # rank -> (step, next part)
+        # rank -> (step, next part, the run of the parts before it)
+        self.consumed_parts: dict[int, tuple[int, int, bytes]] = {}
         self.end: int | None = None
         self._changed: asyncio.Condition | None = None
 
@@ -316,15 +317,23 @@ class Board(PartsBoard, FieldsBoard):
         _counts(rank, next_step)
         self.consumed[rank] = next_step
 
-    async def mark_part(self, rank: int, step: int, next_part: int) -> None:
+    async def mark_part(self, rank: int, step: int, next_part: int, of: bytes = b"") -> None:
         """Record that rank ``rank`` moved past parts ``0`` to ``next_part - 1`` of
-        ``step`` (its part mark; it counts beside a consumption mark of ``step``).
+        ``step``, which were of the run ``of`` (its part mark; it counts beside a
+        consumption mark of ``step``).
 
         Raises:
-            ValueError: not a rank, a step and a part, as :meth:`mark`.
+            ValueError: not a rank, a step and a part (and bytes), as :meth:`mark`.
         """
         _counts(rank, step, next_part)
-        self.consumed_parts[rank] = (step, next_part)
+        if not isinstance(of, bytes):
+            raise ValueError(f"a part mark's run is bytes, not {type(of).__name__}")
+        self.consumed_parts[rank] = (step, next_part, of)
+
+    async def part_of(self, rank: int, step: int) -> bytes:
+        """The run rank ``rank``'s part mark records, if it is of ``step``; else b""."""
+        marked, _, of = self.consumed_parts.get(rank, (step, 0, b""))
+        return of if marked == step else b""
 
     async def consumption(self, ranks: int) -> list[int | None]:
         """Each rank's consumption mark, ``None`` where it recorded none."""
@@ -340,7 +349,7 @@ class Board(PartsBoard, FieldsBoard):
         step = self.consumed.get(rank)
         if step is None:
             return None
-        marked, part = self.consumed_parts.get(rank, (step, 0))
+        marked, part, _ = self.consumed_parts.get(rank, (step, 0, b""))
         return (step, part if marked == step else 0)
 
     async def prune(self, below: int) -> None:

@@ -320,16 +320,23 @@ class RaySource(RayFieldsSource, Source):
         if self._find() is not None:
             self._call("mark", self.rank, next_step, where=self.where, action="record consumption")
 
-    def mark_part(self, step: int, next_part: int) -> None:
+    def mark_part(self, step: int, next_part: int, of: bytes = b"") -> None:
         if self._find() is not None:
             self._call(
                 "mark_part",
                 self.rank,
                 step,
                 next_part,
+                of,
                 where=self.where,
                 action="record consumption",
             )
+
+    def read_part_of(self, step: int) -> bytes:
+        if self._find() is None:
+            return b""
+        of = self._call("part_of", self.rank, step, where=self.where, action="read the marks")
+        return of if isinstance(of, bytes) else b""
 
     def read_consumption(self) -> tuple[int, int] | None:
         if self._find() is None:

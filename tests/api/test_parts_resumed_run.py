@@ -72,10 +72,16 @@ async def test_a_receiver_resumed_after_the_step_was_sent_again_refuses_its_late
         url, storage_options=options, type=list, resume=True
     ) as receiver:
         assert receiver.next_part == 1
-        with anyio.fail_after(30), pytest.raises(rlwire.StepGapError, match="sent again"):
+        with (
+            anyio.fail_after(30),
+            pytest.raises(rlwire.StepGapError, match="sent again") as caught,
+        ):
             async for part in receiver.aparts(timeout=10):
                 handed.append(int(part.value[0]["token_ids"][0]))
         assert receiver.next_step == 0
+    # The place named is the part refused, not the step's whole-step file (none here).
+    assert caught.value.where is not None
+    assert caught.value.where.endswith("step-00000000.rank-0000.part-000001.rlw")
     assert handed == []  # never 101 after the 0 consumed before the stop
     async with rlwire.open_receiver(
         url, storage_options=options, type=list, record_consumed=False
@@ -97,9 +103,14 @@ async def test_a_receiver_resumed_while_the_new_run_is_filled_never_waits_for_it
     async with rlwire.open_receiver(
         url, storage_options=options, type=list, resume=True
     ) as receiver:
-        with anyio.fail_after(30), pytest.raises(rlwire.StepGapError, match="no longer the one"):
+        with (
+            anyio.fail_after(30),
+            pytest.raises(rlwire.StepGapError, match="no longer the one") as caught,
+        ):
             async for _ in receiver.aparts(timeout=10):
                 pass
+    assert caught.value.where is not None
+    assert caught.value.where.endswith("step-00000000.rank-0000.part-000000.rlw")
 
 
 async def test_a_receiver_resumed_on_the_same_run_goes_on(

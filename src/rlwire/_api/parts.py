@@ -270,7 +270,8 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
                         value = make(samples)
                         yield from self._check(value, step)
                     except RlwireError as exc:
-                        exc.add_context(where=self._source.describe(step), step=step, rank=rank)
+                        where = self._source.describe_part(step, info.index)
+                        exc.add_context(where=where, step=step, rank=rank)
                         raise
                     self._take_from_here()
                     self._part_next += 1
@@ -286,7 +287,7 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
                     raise CorruptFrameError(
                         f"part {self._part_next} of rank {rank} is missing; the seal lists "
                         f"{count} parts",
-                        where=self._source.describe(step),
+                        where=self._source.describe_part(step, self._part_next),
                     )
                 if self._part_next:
                     self._check_waiting_run(step)

@@ -72,7 +72,7 @@ class RunChecks:
                 f"read it part by part: part {info.index} is of the new run, the parts "
                 f"before it were of the earlier one; open a receiver at start_step={step} "
                 "to read the new run's step",
-                where=self._source.describe(step),
+                where=self._source.describe_part(step, info.index),
             )
 
     def _check_sealed_run(self, step: int) -> None:
@@ -89,7 +89,7 @@ class RunChecks:
                 f"read it part by part: its seal is of the new run, the parts it gave "
                 f"({self._part_next}) of the earlier one; open a receiver at "
                 f"start_step={step} to read the new run's step",
-                where=self._source.describe(step),
+                where=self._source.describe_part(step, 0),  # the part 0 that is no longer it
             )
 
     def _check_waiting_run(self, step: int) -> None:
@@ -111,7 +111,7 @@ class RunChecks:
                 f"receiver read it part by part: its part 0 is no longer the one it gave, "
                 f"so the part after the {self._part_next} it gave never comes; open a "
                 f"receiver at start_step={step} to read the step as it is now",
-                where=self._source.describe(step),
+                where=self._source.describe_part(step, 0),  # the part 0 that is no longer it
             )
 
     def _run_moved(self, step: int) -> bool:

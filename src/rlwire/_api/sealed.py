@@ -61,7 +61,7 @@ def read_sealed(source: Source, step: int, rank: int) -> tuple[int, SealedStep] 
             found = "missing" if got is None else f"holds key {got[0].key!r}"
             raise CorruptFrameError(
                 f"part {index} of rank {rank} is {found}; the seal lists key {key!r}",
-                where=source.describe(step),
+                where=source.describe_part(step, index),
             )
         parts.append(got)
     if parts and source.read_seal(step) != seal:

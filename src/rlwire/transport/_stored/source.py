@@ -191,6 +191,9 @@ class StoredSource(StoredFieldsSource, Source):
     def describe(self, step: int) -> str:
         return self.locate(main_name(step, self.rank))
 
+    def describe_part(self, step: int, index: int) -> str:
+        return self.locate(part_name(step, self.rank, index))
+
     def open_ranged(self, name: str) -> Ranged | None:
         """The file called ``name``, to read by ranges (:meth:`select`'s partial reads),
         or ``None`` if it does not exist (yet). By default, :meth:`load`: the whole

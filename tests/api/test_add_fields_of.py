@@ -65,8 +65,13 @@ async def test_fields_computed_from_a_step_sent_again_since_are_refused(
     again, again_id = await _read(url, options, parted)
     assert again == [99, 119] and again_id and again_id != first_id
 
-    with pytest.raises(rlwire.ConfigError, match=r"not the message the fields were computed"):
+    with pytest.raises(
+        rlwire.ConfigError, match=r"not the message the fields were computed"
+    ) as caught:
         await _add(url, options, of=first_id)
+    # The error names the destination (and the step and rank), not only the step.
+    assert url.removeprefix("s3://") in str(caught.value.where)
+    assert (caught.value.step, caught.value.rank) == (0, 0)
     assert (await _read(url, options, parted))[0] == [99, 119]  # nothing was stored
 
     await _add(url, options, of=again_id)

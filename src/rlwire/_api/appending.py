@@ -117,7 +117,7 @@ async def add_fields(
                 if not isinstance(exc, StepExistsError) or attempt == _COMMIT_TRIES - 1:
                     raise
     except RlwireError as exc:
-        exc.add_context(step=step, rank=rank)
+        exc.add_context(where=sink, step=step, rank=rank)  # the destination, at least
         raise
 
 

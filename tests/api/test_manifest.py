@@ -339,3 +339,25 @@ def test_the_wire_form_is_the_documented_map() -> None:
     )
     with pytest.raises(rlwire.DecodeError, match="not an rlwire manifest"):
         rlwire.Manifest.decode(b"\x81\xa3url\x01")
+
+
+@pytest.mark.parametrize("writable", [False, True])
+async def test_rows_of_a_small_inline_column_are_memory_of_their_own(
+    tmp_path: Path, writable: bool
+) -> None:
+    """A column small enough to be kept in the header is read as the larger ones are:
+    copies a writable receiver may write to, and otherwise read-only views of memory of
+    their own, never of the header's bytes (a one-byte value there is the object
+    CPython shares for every ``b"\\x01"``, which a library that ignores the read-only
+    flag, as torch does, would overwrite)."""
+    url = str(tmp_path / "run")
+    ids = rlwire.Ragged.from_lengths(np.array([7], np.uint8), [1])
+    await _send(url, {}, {"samples": rlwire.Columns({"ids": ids, "n": [1]})})
+    async with rlwire.open_receiver(url, type=dict, writable=writable) as receiver:
+        manifest = await receiver.amanifest(0)
+        assert manifest is not None
+        got = await receiver.aread_rows(manifest, "ids", 0, 1)
+    assert got.values.tolist() == [7] and got.values.flags.writeable is writable
+    got.values.flags.writeable = True  # numpy refuses this of a view over bytes
+    got.values[0] = 1
+    assert bytes([7]) == b"\x07"

@@ -114,7 +114,8 @@ class RowReads:
     def read_rows(self, manifest: Manifest, column: str, start: int, stop: int) -> Ragged:
         """Rows ``[start, stop)`` of the ragged ``column`` of the message ``manifest``
         names: an :class:`~rlwire.Ragged` whose values are views over what was read
-        (copies when the receiver is ``writable``), offsets from 0.
+        (copies when the receiver is ``writable``, and for a column small enough to be
+        kept in the codec header), offsets from 0.
 
         Only the column's offsets and the bytes of those rows are read (after the
         message's head, to check it is still the one named): on files only their
@@ -250,8 +251,9 @@ class RowReads:
         offsets = self._offsets(head, col, table.rows)
         first, last = int(offsets[start]), int(offsets[stop])
         values: Any = col.values
-        if isinstance(values, np.ndarray):
-            got = values[first:last]
+        if isinstance(values, np.ndarray):  # kept in the header: a view of its bytes
+            got = values[first:last].copy()
+            got.flags.writeable = self._writable
         else:
             row_bytes = np.dtype(col.dtype).itemsize * math.prod(col.row_shape)
             if head.compressed(values) or (col.order != "C" and col.row_shape):

@@ -174,3 +174,18 @@ def test_from_arrays_keeps_the_rows_byte_order() -> None:
     ragged = Ragged.from_arrays(rows)
     assert ragged.values.dtype == np.dtype(">f4")
     assert ragged[0].tolist() == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    "given", [np.zeros(1), np.zeros((1, 1)), np.array([3]), np.arange(5), np.zeros((2, 3)), 5]
+)
+def test_a_chunked_given_an_array_or_no_list_of_chunks_is_refused_not_left_empty(
+    given: object,
+) -> None:
+    """``Chunked(arr)`` (one array where a list of chunks goes) once made an empty
+    Chunked when the array was one zero (its truth value), sent as no data at all, and
+    raised numpy's ValueError for a longer one."""
+    with pytest.raises(SchemaError, match=r"Chunked: chunks must be a list of arrays"):
+        rlwire.Chunked(given)  # type: ignore[arg-type]
+    assert rlwire.Chunked(None).chunks == [] and rlwire.Chunked([]).chunks == []
+    assert len(rlwire.Chunked((np.arange(2), np.arange(3)))) == 5  # any iterable of chunks

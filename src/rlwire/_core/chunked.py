@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -38,9 +39,9 @@ class Chunked:
         chunks: chunks to start with (optional).
 
     Raises:
-        SchemaError: a chunk that is not a numpy array of at least one dimension, or
-            whose dtype or trailing shape differs from the first's (from
-            :meth:`append` too); names the chunk.
+        SchemaError: ``chunks`` is an array or not iterable; a chunk that is not a
+            numpy array of at least one dimension, or whose dtype or trailing shape
+            differs from the first's (from :meth:`append` too), naming the chunk.
 
     Example:
         >>> import numpy as np
@@ -52,7 +53,16 @@ class Chunked:
 
     def __init__(self, chunks: list[np.ndarray] | None = None) -> None:
         self.chunks: list[np.ndarray] = []
-        for chunk in chunks or ():
+        if chunks is None:
+            return
+        # One array where the list goes: iterated, it would be cut into its rows (and
+        # ``chunks or ()`` took an array of one zero for no chunks at all).
+        if isinstance(chunks, np.ndarray) or not isinstance(chunks, Iterable):
+            raise SchemaError(
+                f"Chunked: chunks must be a list of arrays, got {type(chunks).__name__}"
+                + (" (for one array, Chunked([array]))" if isinstance(chunks, np.ndarray) else "")
+            )
+        for chunk in chunks:
             self.append(chunk)
 
     def append(self, chunk: np.ndarray) -> None:

@@ -189,3 +189,20 @@ def test_a_chunked_given_an_array_or_no_list_of_chunks_is_refused_not_left_empty
         rlwire.Chunked(given)  # type: ignore[arg-type]
     assert rlwire.Chunked(None).chunks == [] and rlwire.Chunked([]).chunks == []
     assert len(rlwire.Chunked((np.arange(2), np.arange(3)))) == 5  # any iterable of chunks
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Columns([("a", [1])]), r"Columns: takes a mapping of names to columns, got list"),
+        (lambda: Columns(None), r"Columns: takes a mapping .*, got NoneType"),
+        (lambda: Ragged.from_arrays(None), r"Ragged.from_arrays: rows must be .*, got NoneType"),
+        (lambda: Ragged.from_arrays([[1, 2], [1, [2]]]), r"Ragged.from_arrays: row 1 is not"),
+        (lambda: Ragged(np.arange(3), [0, [1], 3]), r"Ragged: offsets must be a 1-D integer"),
+    ],
+)
+def test_arguments_numpy_cannot_read_are_schema_errors(make: object, message: str) -> None:
+    """Not a TypeError, AttributeError or numpy's ValueError: every bad argument of the
+    packed types is an rlwire error that says what was given."""
+    with pytest.raises(SchemaError, match=message):
+        make()  # type: ignore[operator]

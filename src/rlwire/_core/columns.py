@@ -44,8 +44,8 @@ class Columns:
             list (one value per row).
 
     Raises:
-        SchemaError: a column is of another kind, or columns differ in length; names
-            the column.
+        SchemaError: ``columns`` is not a mapping, a column is of another kind, or
+            columns differ in length; names the column.
 
     Example:
         >>> import numpy as np
@@ -57,6 +57,10 @@ class Columns:
     __slots__ = ("_columns", "_rows")
 
     def __init__(self, columns: Mapping[str, Column]) -> None:
+        if not isinstance(columns, Mapping):
+            raise SchemaError(
+                f"Columns: takes a mapping of names to columns, got {type(columns).__name__}"
+            )
         rows = None
         for name, column in columns.items():
             if not isinstance(name, str):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,7 +65,10 @@ class Ragged:
                     else type(values).__name__
                 )
             )
-        offsets = np.asarray(offsets)
+        try:
+            offsets = np.asarray(offsets)
+        except (TypeError, ValueError):  # nested sequences of different lengths
+            offsets = np.asarray(None)  # refused below as not integers
         if offsets.ndim != 1 or offsets.dtype.kind not in "iu" or len(offsets) < 1:
             raise SchemaError(
                 f"Ragged: offsets must be a 1-D integer array of n + 1 boundaries, got "
@@ -84,10 +87,20 @@ class Ragged:
         shape), concatenated.
 
         Raises:
-            SchemaError: the rows differ in dtype, dimensions or trailing shape, or one
-                is not an array; names the first row that differs.
+            SchemaError: ``rows`` is not iterable, or the rows differ in dtype,
+                dimensions or trailing shape, or one is not an array; names the first
+                row that differs.
         """
-        arrays = [np.asarray(row) for row in rows]
+        if not isinstance(rows, Iterable):
+            raise SchemaError(
+                f"Ragged.from_arrays: rows must be a sequence of arrays, got {type(rows).__name__}"
+            )
+        arrays = []
+        for i, row in enumerate(rows):
+            try:
+                arrays.append(np.asarray(row))
+            except (TypeError, ValueError) as exc:  # nested lists of different lengths
+                raise SchemaError(f"Ragged.from_arrays: row {i} is not an array: {exc}") from None
         if not arrays:
             raise SchemaError("Ragged.from_arrays: needs at least one row to know its dtype")
         first = arrays[0]

@@ -129,3 +129,26 @@ async def test_a_valid_batch_received_as_columns_passes_validation(
     async with rlwire.open_receiver(tmp_path, validate=True, as_columns=True) as receiver:
         got = (await receiver.areceive(timeout=10)).samples
     assert isinstance(got, rlwire.Columns) and len(got) == 2
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ([-3, 0, ["a"], [[1, 2]]], "count -3"),
+        ([2, 7, ["a"], [[1, 2]]], "layout 7"),
+        ([2, True, ["a"], [[1, 2]]], "layout True"),
+        ([5, 0, ["a"], [[1, 2]]], "column 'a' of a columns value has 2 rows, not 5"),
+        ([5, 0, [], []], "of 5 rows has no column"),
+    ],
+)
+def test_a_manifest_of_a_columns_value_the_decode_refuses_is_refused(
+    payload: list[Any], message: str
+) -> None:
+    """The table a manifest is made of (``describe_columns``) took such a columns value
+    for a list of samples of its count (-3 rows, or 5 rows of a column of 2), where
+    receiving the message refuses it as corrupt."""
+    frame = rlwire.Frame(mp({"samples": Ext(EXT_COLUMNS, mp(payload))}), ())
+    with pytest.raises(rlwire.CorruptFrameError):
+        MsgpackCodec().decode(frame, Any)
+    with pytest.raises(rlwire.CorruptFrameError, match=message):
+        MsgpackCodec().describe_columns(frame)

@@ -32,6 +32,8 @@ from rlwire.codecs._msgpack.extensions import (
     EXT_COLUMNS,
     EXT_INLINE_ARRAY,
     EXT_RAGGED,
+    ROWS_AS_ARRAYS,
+    ROWS_AS_MAPS,
     ArrayRef,
     InlineArray,
 )
@@ -166,12 +168,35 @@ def _table(field: str | int | None, value: Any) -> ColumnTable | None:
     payload = value[1]
     if not (type(payload) is list and len(payload) == 4 and type(payload[0]) is int):
         raise CorruptFrameError("a malformed columns value")
-    count, _layout, names, columns = payload
+    count, layout, names, columns = payload
+    if count < 0 or type(layout) is not int or layout not in (ROWS_AS_MAPS, ROWS_AS_ARRAYS):
+        raise CorruptFrameError(f"a columns value with count {count!r} and layout {layout!r}")
     if type(names) is not list or type(columns) is not list or len(names) != len(columns):
         raise CorruptFrameError("a columns value whose names and columns do not match")
     if not all(type(n) is str for n in names) or len(set(names)) != len(names):
         raise CorruptFrameError(f"a columns value with names {names!r}: not distinct strings")
-    return ColumnTable(field, count, tuple(map(_column, names, columns)))
+    if count and not names:
+        raise CorruptFrameError(f"a columns value of {count} rows has no column")
+    table = ColumnTable(field, count, tuple(map(_column, names, columns)))
+    for name, value in zip(names, columns, strict=True):
+        rows = _rows_in(value)
+        if rows is not _OTHER and rows != count:  # as the decode refuses it
+            raise CorruptFrameError(
+                f"column {name!r} of a columns value has {rows} rows, not {count}"
+            )
+    return table
+
+
+def _rows_in(value: Any) -> Any:
+    """The rows of a column that :func:`_column` read (None: a 0-d array, no rows);
+    :data:`_OTHER` for a chunked list, whose count this scan does not read."""
+    if type(value) is list:
+        return len(value)
+    if isinstance(value, ArrayRef | InlineArray):
+        return value.shape[0] if value.shape else None
+    if type(value) is tuple and value[0] == EXT_RAGGED:  # its offsets are 1-D (_column)
+        return value[1][1].shape[0] - 1
+    return _OTHER
 
 
 def describe_columns(frame: Frame) -> ColumnTable | None:

@@ -193,6 +193,15 @@ class PartsBoard:
         token = self.tokens.get(step)
         return ("part", list(part.refs), part.key, part.cost, token, self.runs.get(step))
 
+    async def first_run(self, step: int, rank: int) -> tuple[Any, ...]:
+        """Whether rank ``rank`` has a part 0 of ``step`` and which run it is of, as
+        :meth:`read_part` of part 0 says, without its objects (a reader that only
+        checks the run borrows no references): ``("part", token, run)``, or
+        ``("none",)``."""
+        if not self._parts_of(step, rank):
+            return ("none",)
+        return ("part", self.tokens.get(step), self.runs.get(step))
+
     async def read_seal(self, step: int) -> tuple[Any, ...]:
         """The seal of ``step``: ``("seal", keys, costs, token)``, or ``("none",)``."""
         if step not in self.seals:

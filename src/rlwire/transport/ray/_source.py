@@ -274,8 +274,8 @@ class RaySource(RayFieldsSource, Source):
         where = f"{self.describe(step)} part 0"
         if self._find() is None:
             return b""
-        answer = self._call("read_part", step, self.rank, 0, where=where, action="ask the board")
-        return commit_id(_run(answer)) if answer[0] == "part" else b""
+        answer = self._call("first_run", step, self.rank, where=where, action="ask the board")
+        return commit_id(answer[2] or answer[1]) if answer[0] == "part" else b""
 
     def _expect_part(self, step: int, index: int) -> None:
         self._expected, self._expected_part = step, (step, index)

@@ -393,9 +393,7 @@ class Source(PartsSource, FieldsSource, MarksSource, abc.ABC):
         return f"{self!r}: step {step}"
 
     def describe_part(self, step: int, index: int) -> str:
-        """Names this rank's part ``index`` of ``step``, a step filled part by part, in
-        error messages (e.g. its path); by default :meth:`describe`'s name and the
-        part."""
+        """Names this rank's part ``index`` of ``step`` in error messages (its path)."""
         return f"{self.describe(step)} part {index}"
 
     def close(self) -> None:

@@ -321,6 +321,45 @@ def test_ctrl_c_cancels_the_send_it_interrupts() -> None:
         signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread() or os.name != "posix",
+    reason="needs SIGINT delivered to the main thread",
+)
+def test_ctrl_c_returns_once_the_send_it_cancelled_has_settled(tmp_path: Path) -> None:
+    """Ctrl-C at seeded moments of file sends: when KeyboardInterrupt reaches the
+    caller, the cancelled send has settled: ``next_step`` says whether its step is
+    visible, and no temporary file of it is left (it used to return at once, while
+    the send went on committing or cleaning up on the sender's thread)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    main, rng = threading.get_ident(), np.random.default_rng(11)
+    big = make_batch(4, 60_000, layers=8, topk=8)
+    try:
+        with open_sync_sender(tmp_path) as sender:
+            t0 = time.perf_counter()
+            sender.send(big)
+            took = time.perf_counter() - t0
+            for _ in range(8):
+                step = sender.next_step
+                timer = threading.Timer(rng.uniform(0, took), signal.pthread_kill, (main, 2))
+                timer.start()
+                seen = None
+                try:
+                    try:
+                        sender.send(big)
+                    except KeyboardInterrupt:
+                        seen = sender.next_step, os.listdir(tmp_path)  # at once
+                    timer.join()
+                    time.sleep(0.05)  # a signal sent after the send lands here
+                except KeyboardInterrupt:
+                    pass
+                next_step, names = seen or (sender.next_step, os.listdir(tmp_path))
+                assert [n for n in names if n.endswith(".tmp")] == []
+                visible = f"step-{step:08d}.rank-0000.rlw" in names
+                assert next_step == step + visible, (step, sorted(names))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _stop_pressing(stop: threading.Event, presser: threading.Thread) -> None:
     """Stop ``presser`` and take any Ctrl-C it sent meanwhile, so none reaches pytest."""
     stop.set()

@@ -103,7 +103,8 @@ class SyncSender:
     concurrent callers get consecutive steps in the order they acquire the sender.
     Errors are those of the async sender, raised unchanged (same type, same message).
     An exception that interrupts a waiting caller (``KeyboardInterrupt``) cancels the
-    send it waits for; a cancelled send leaves nothing visible. Each call costs one
+    send it waits for, and is raised once that send has settled: the step was committed
+    whole (``next_step`` is past it) or left nothing visible. Each call costs one
     round trip to the event-loop thread (a fraction of a millisecond), on top of the
     async send.
 
@@ -287,16 +288,19 @@ class SyncSender:
         # there is a future to cancel; the call then cancels itself, or is cancelled
         # here, whichever of the two sees the other's mark first (so close() never
         # waits for a send nobody is waiting for).
-        interrupted = threading.Event()
+        interrupted, ended = threading.Event(), threading.Event()
         scopes: list[anyio.CancelScope] = []
 
         async def run() -> T:
-            with anyio.CancelScope() as scope:
-                scopes.append(scope)
-                if interrupted.is_set():
-                    scope.cancel()
-                return await func(*args, **kwargs)
-            raise anyio.get_cancelled_exc_class()  # cancelled before it began
+            try:
+                with anyio.CancelScope() as scope:
+                    scopes.append(scope)
+                    if interrupted.is_set():
+                        scope.cancel()
+                    return await func(*args, **kwargs)
+                raise anyio.get_cancelled_exc_class()  # cancelled before it began
+            finally:
+                ended.set()
 
         try:
             future = self._portal.start_task_soon(run)
@@ -309,7 +313,7 @@ class SyncSender:
             if scopes:
                 self._portal.call(scopes[0].cancel)
             raise
-        return _wait(future)
+        return _wait(future, ended)
 
 
 def _runs_event_loop() -> bool:
@@ -360,11 +364,16 @@ def _start_portal() -> tuple[BlockingPortal, threading.Thread]:
     return ready.result(), thread
 
 
-def _wait(future: Future[T]) -> T:
+def _wait(future: Future[T], ended: threading.Event | None = None) -> T:
     """The result of a call made through the portal. If the wait itself is interrupted
-    (``KeyboardInterrupt`` in the calling thread), the call is cancelled."""
+    (``KeyboardInterrupt`` in the calling thread), the call is cancelled, and the
+    interrupt raised once the call has settled (``ended`` is set; a cancellation waits
+    for one slice, or for a commit under way): the sender's ``next_step`` then says
+    whether the step was committed, and nothing of a step left out is still being
+    cleaned up. A second interrupt stops that wait."""
     try:
         return future.result()
     except BaseException:
-        future.cancel()  # a no-op once the call is done
+        if future.cancel() and ended is not None:  # cancel() is False once it is done
+            ended.wait()
         raise

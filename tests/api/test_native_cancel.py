@@ -59,6 +59,14 @@ class HeldSink(FileSink):
         self.held()
         return staged
 
+    def seal(self, seal: Any) -> None:
+        super().seal(seal)
+        self.held()
+
+    def finish(self, end: int) -> None:
+        super().finish(end)
+        self.held()
+
 
 #: Cancelled once, or twice: the second time while the first one's clean-up waits.
 TIMES = pytest.mark.parametrize("times", [1, 2])
@@ -125,6 +133,28 @@ def test_a_put_cancelled_by_asyncio_records_the_part_its_trip_committed(
                 await writer.put([{"x": 3}], key="b")
         with rlwire.open_receiver(tmp_path, type=list[dict[str, int]]) as receiver:
             assert [p.key for p in receiver.parts(timeout=5)] == ["a", "b"]
+
+    asyncio.run(main())
+
+
+@TIMES
+def test_a_finish_cancelled_by_asyncio_once_marked_stops_sends(tmp_path: Path, times: int) -> None:
+    # The end mark was written by the thread asyncio's cancellation did not stop: a send
+    # after it would give receivers a step past the end they were told (it used to).
+    async def main() -> None:
+        sink = HeldSink(tmp_path)
+        async with rlwire.TrainingBatchSender(sink, MsgpackCodec()) as sender:
+            await sender.send({"a": 0})
+            raised = await cancel_while_held(sink.held, sender.finish(), times)
+            assert isinstance(raised, asyncio.CancelledError), repr(raised)
+            with pytest.raises(rlwire.ClosedError, match=r"finish\(\) was cancelled"):
+                await sender.send({"a": 1})
+            await sender.finish()  # again: marked, and the sender knows it
+            with pytest.raises(rlwire.ClosedError, match="finished its stream"):
+                await sender.send({"a": 1})
+        assert visible_steps(tmp_path) == {0}
+        with rlwire.open_receiver(tmp_path, type=dict[str, int]) as receiver:
+            assert list(receiver) == [{"a": 0}]
 
     asyncio.run(main())
 

@@ -100,6 +100,7 @@ class TrainingBatchSender(AppendingSender):
         self._opened = False
         self._closed = False
         self._finished = False
+        self._ending = False  # a finish() cancelled or failed: the end may be marked
         self._unknown_step: int | None = None  # a step whose commit left it undecided
         self._room = Room(sink, self._retention)  # keep_last and max_ahead at work
         self._last_stats: SendStats | None = None
@@ -198,8 +199,7 @@ class TrainingBatchSender(AppendingSender):
         async with self._lock:
             await self._open_locked()
             self._check_no_open_step()
-            if self._finished:
-                raise ClosedError(f"{self!r} finished its stream: nothing can be sent after")
+            self._check_not_finished()
             if self._unknown_step is not None:
                 raise TransportError(
                     f"whether step {self._unknown_step} became visible is unknown (its "
@@ -268,8 +268,7 @@ class TrainingBatchSender(AppendingSender):
         """Start filling ``step`` (default: the next), the lock held: its number."""
         await self._open_locked()
         self._check_no_open_step(but=step)
-        if self._finished:
-            raise ClosedError(f"{self!r} finished its stream: nothing can be sent after")
+        self._check_not_finished()
         step = self._resolve_step(step)
         if self._retention.active:
             await self._room.make(step, ranks, self._limiter)
@@ -280,6 +279,15 @@ class TrainingBatchSender(AppendingSender):
         self._filling, self._unsealed = None, None if sealed else step  # sealed, or left open
         if sealed:
             self._last_step, self._next_step = step, step + 1
+
+    def _check_not_finished(self) -> None:
+        if self._finished:
+            raise ClosedError(f"{self!r} finished its stream: nothing can be sent after")
+        if self._ending:
+            raise ClosedError(
+                f"{self!r}: finish() was cancelled or failed, and the end of the stream may "
+                f"be marked at step {self._next_step}: call finish() again; nothing can be sent"
+            )
 
     def _check_no_open_step(self, but: int | None = -1) -> None:
         """Refuse while a step is open part by part (but the one re-opened, ``but``)."""
@@ -333,7 +341,9 @@ class TrainingBatchSender(AppendingSender):
         receivers connected until the sender closes are told; this waits (up to the
         ``linger`` storage option) for room in a receiver's full queue. A second call
         does nothing; a send after it is a :class:`~rlwire.ClosedError`. A sender opened
-        later on the same URL with ``on_existing="resume"`` continues the stream.
+        later on the same URL with ``on_existing="resume"`` continues the stream. After
+        a ``finish()`` cancelled or failed part way, sends raise ``ClosedError`` (the
+        end may be marked): call it again.
 
         Raises:
             TransportError: the mark cannot be written (on ZeroMQ: a receiver's queue
@@ -356,7 +366,15 @@ class TrainingBatchSender(AppendingSender):
             await self._open_locked()
             self._check_no_open_step()
             if not self._finished:
-                await self._sink.afinish(self._next_step, self._limiter)
+                try:
+                    await self._sink.afinish(self._next_step, self._limiter)
+                except (StepOrderError, ConfigError, ClosedError):
+                    raise  # refused before anything was marked
+                except BaseException:
+                    # Cancelled (asyncio's own cancellation passes the shield) or failed
+                    # part way: receivers may have the end. Sends stop; finish() again.
+                    self._ending = True
+                    raise
                 self._finished = True
 
     async def aclose(self) -> None:

@@ -138,6 +138,26 @@ def test_a_put_cancelled_by_asyncio_records_the_part_its_trip_committed(
 
 
 @TIMES
+def test_a_seal_cancelled_by_asyncio_once_written_ends_the_step(tmp_path: Path, times: int) -> None:
+    # The seal was written by the thread asyncio's cancellation did not stop: the step
+    # is sealed, and the sender goes on after it (it used to take the step for open, and
+    # refuse both the next step and opening this one again).
+    async def main() -> None:
+        sink = HeldSink(tmp_path)
+        async with rlwire.TrainingBatchSender(sink, MsgpackCodec()) as sender:
+            async with sender.open_step() as writer:
+                await writer.put([{"x": 1}], key="a")
+                raised = await cancel_while_held(sink.held, writer.seal(), times)
+                assert isinstance(raised, asyncio.CancelledError), repr(raised)
+            assert (sender.last_step, sender.next_step) == (0, 1)
+            assert await sender.send([{"x": 2}]) == 1
+        with rlwire.open_receiver(tmp_path, type=list[dict[str, int]]) as receiver:
+            assert [receiver.receive(timeout=5) for _ in range(2)] == [[{"x": 1}], [{"x": 2}]]
+
+    asyncio.run(main())
+
+
+@TIMES
 def test_a_finish_cancelled_by_asyncio_once_marked_stops_sends(tmp_path: Path, times: int) -> None:
     # The end mark was written by the thread asyncio's cancellation did not stop: a send
     # after it would give receivers a step past the end they were told (it used to).

@@ -28,6 +28,7 @@ from rlwire._core.errors import (
     StepExistsError,
     TransportError,
 )
+from rlwire._core.offload import run_to_the_end
 from rlwire._core.ragged import Ragged
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
@@ -356,6 +357,31 @@ class StepWriter:
                 keys=self.assignment,
                 costs=tuple(tuple(costs) for costs in self._costs),
             )
-            await sender.sink.aseal(seal, sender._limiter)
+            try:
+                await sender.sink.aseal(seal, sender._limiter)
+            except BaseException as exc:
+                # Cancelled: asyncio's own cancellation passes the shield of a seal in a
+                # thread, which goes on; the store then says whether it was written.
+                if not isinstance(exc, Exception) and await self._sealed_anyway():
+                    self._sealed = True
+                    sender._end_parts(self.step, sealed=True)
+                raise
             self._sealed = True
             sender._end_parts(self.step, sealed=True)
+
+    async def _sealed_anyway(self) -> bool:
+        """Whether the store holds this step's seal (asked to the end, whatever
+        cancellations come meanwhile); False when it cannot tell (the step stays open,
+        and opening it again settles it)."""
+        found: list[bool] = []
+
+        def ask() -> None:
+            try:
+                self._sender.sink.committed_parts(self.step)
+            except StepExistsError:
+                found.append(True)
+            except Exception:
+                pass
+
+        await run_to_the_end(ask)
+        return bool(found)

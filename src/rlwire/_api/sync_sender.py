@@ -310,8 +310,9 @@ class SyncSender:
             raise
         except BaseException:
             interrupted.set()
-            if scopes:
+            if scopes:  # begun: settled as in _wait (not begun: it will not begin)
                 self._portal.call(scopes[0].cancel)
+                ended.wait()
             raise
         return _wait(future, ended)
 

@@ -76,3 +76,22 @@ async def test_a_late_step_skipped_holds_max_ahead_back_only_until_a_later_one_i
             assert got.samples[0].token_ids.tobytes() == tokens(3)
     assert (tmp_path / MARK).read_bytes() == consumed_mark(3)
     assert stored_steps(tmp_path) == [2, 3]
+
+
+async def test_a_step_skipped_after_a_look_at_it_is_not_received(tmp_path: Path) -> None:
+    """``skip()`` after ``wait_next()`` / ``await_next()`` found the step: the step the
+    look read and kept for the next receive was returned all the same (labelled with
+    its own step, which put ``next_step`` back), and by ``parts()`` as the step after."""
+    async with rlwire.open_sender(tmp_path) as sender:
+        for step in range(4):
+            await sender.send(make_batch(1, 100, seed=step))
+    with rlwire.open_receiver(tmp_path) as receiver:
+        assert receiver.wait_next(timeout=5)
+        assert receiver.skip() == 0
+        got = receiver.receive(timeout=5)
+        assert receiver.last_step == 1 and got.samples[0].token_ids.tobytes() == tokens(1)
+        assert await receiver.await_next(timeout=5)
+        assert receiver.skip() == 2
+        [part] = list(receiver.parts(timeout=5))
+        assert part.step == 3 and part.value.samples[0].token_ids.tobytes() == tokens(3)
+        assert receiver.last_step == 3 and receiver.next_step == 4

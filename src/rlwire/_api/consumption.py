@@ -46,6 +46,7 @@ class ConsumptionMarks:
     _part_next: int
     _record_consumed: bool
     _first_part: tuple[int, bytes]  # the step and run of the parts yielded (RunChecks)
+    _peeked: object  # a step read by wait_next() for the next receive, or None
 
     def _start_marks(self, start_step: int, resume: bool) -> None:
         """Start at ``start_step``, or, with ``resume``, where the rank's marks say
@@ -92,6 +93,7 @@ class ConsumptionMarks:
             step = self._next_step
             if self._missing == step and not self._part_next and self._hold is None:
                 self._hold = step  # not found: it may not be sent yet
+            self._peeked = None  # a look (wait_next) read it: it is skipped all the same
             self._next_step, self._part_next = step + 1, 0
             return step
 

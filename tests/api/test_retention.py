@@ -254,6 +254,28 @@ async def test_a_step_held_back_is_deleted_at_the_next_send_once_its_rank_moved_
             assert _stored_files(url, options) == [(1, 0), (2, 0), (3, 0)]
 
 
+async def test_a_step_sealed_with_no_part_counts_as_sent_when_marks_are_read(
+    store: tuple[str, dict[str, object]],
+) -> None:
+    """A step filled part by part that got no part at all (a producer that found
+    nothing to send) is only a seal. A rank that moved past it has a mark beyond the
+    newest step with files, and the next send that pruned took that mark for one of
+    another run (``CorruptFrameError``, "a mark left by another run?")."""
+    url, options = store
+    reading = {k: v for k, v in options.items() if k != "recycle"}  # a sender's option
+    with rlwire.open_receiver(url, storage_options=reading) as receiver:
+        async with rlwire.open_sender(url, keep_last=1, storage_options=options) as sender:
+            await sender.send(make_batch(1, seed=0))
+            await receiver.areceive(timeout=20)
+            async with sender.open_step() as writer:
+                assert writer.step == 1  # sealed with no part
+            assert [part async for part in receiver.aparts(timeout=20)] == []
+            assert receiver.poll() is None  # moved past step 1: its mark says 2
+            assert await sender.send(make_batch(1, seed=2)) == 2
+            assert _stored_files(url, options) == [(2, 0)]
+            assert (await receiver.areceive(timeout=20)).samples[0].env_name == "env2"
+
+
 class _NoPrune(FileSink):
     """A plugin's sink that records consumption (its marks are the file sink's) but
     deletes nothing: ``prune`` is the abstract sink's."""

@@ -87,16 +87,18 @@ def held_back(
     asked, not only those of the send that prunes (a send to fewer ranks than an earlier
     one, or a sender resumed after a run with more ranks). ``names`` lists the
     destination; ``read(ranks, sent)`` reads the marks of ranks ``0..ranks-1``, as
-    :func:`read_consumed` does (``sent``: one past the newest stored step). A rank with
-    no mark has moved past nothing.
+    :func:`read_consumed` does (``sent``: one past the newest stored step, files or
+    seal). A rank with no mark has moved past nothing.
 
     Raises:
         CorruptFrameError: from ``read``: a garbled mark, or one beyond the stored steps.
     """
     held: dict[int, list[int]] = {}  # by rank, the steps before below it has files of
-    newest = -1
+    newest = -1  # a step sealed with no part has a seal only: it was sent all the same
     for name in names:
-        if m := RANK_FILE_RE.fullmatch(name):
+        if m := SEAL_RE.fullmatch(name):
+            newest = max(newest, int(m.group(1)))
+        elif m := RANK_FILE_RE.fullmatch(name):
             step, rank = int(m.group(1)), int(m.group(2))
             newest = max(newest, step)
             if step < below:

@@ -95,3 +95,29 @@ async def test_a_step_skipped_after_a_look_at_it_is_not_received(tmp_path: Path)
         [part] = list(receiver.parts(timeout=5))
         assert part.step == 3 and part.value.samples[0].token_ids.tobytes() == tokens(3)
         assert receiver.last_step == 3 and receiver.next_step == 4
+
+
+def test_a_step_skipped_without_a_look_is_marked_only_once_it_is_sent(tmp_path: Path) -> None:
+    """``skip()`` of a step the receiver never looked for (no ``ReceiveTimeout`` first):
+    its next read said the rank moved past it though it was not sent, and the sender's
+    next send failed ("a mark left by another run?"). A skipped step that was sent is
+    passed at once, as before (a sender with ``max_ahead=0`` goes on)."""
+    with (
+        rlwire.open_sync_sender(tmp_path, keep_last=1, max_ahead=1) as sender,
+        rlwire.open_receiver(tmp_path) as receiver,
+    ):
+        for step in range(2):
+            sender.send(make_batch(1, 100, seed=step))
+            receiver.receive(timeout=5)
+        assert receiver.skip() == 2  # not sent yet, never looked for
+        assert receiver.poll() is None
+        assert (tmp_path / MARK).read_bytes() == consumed_mark(2)  # past step 1, not 2
+        assert sender.send(make_batch(1, 100, seed=2)) == 2
+        assert sender.send(make_batch(1, 100, seed=3)) == 3
+        assert receiver.receive(timeout=5).samples[0].token_ids.tobytes() == tokens(3)
+        assert (tmp_path / MARK).read_bytes() == consumed_mark(3)
+        assert sender.send(make_batch(1, 100, seed=4)) == 4
+        assert receiver.skip() == 4  # sent, never looked at
+        assert receiver.poll() is None
+        assert (tmp_path / MARK).read_bytes() == consumed_mark(5)
+    assert stored_steps(tmp_path) == [3, 4]

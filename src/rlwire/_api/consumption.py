@@ -65,7 +65,9 @@ class ConsumptionMarks:
         self._check_start = self._record_consumed
         self._restore: int | None = None  # the mark lowered from, while its step is unread
         self._missing = -1  # the step the last read did not find
+        self._seen = -1  # the step the last read found
         self._hold: int | None = None  # a step skipped unfound: the mark stays at it
+        self._hold_unsure = False  # skipped without a look: the store may list it
         if resume:
             try:
                 found = self._source.read_consumption()
@@ -82,20 +84,34 @@ class ConsumptionMarks:
         """Give up on the next step (for example after a CorruptFrameError) and move on to
         the one after it. Returns the step skipped.
 
-        A step skipped before it was sent (after a ``ReceiveTimeout``) is skipped all the
-        same, but the rank's consumption mark says it moved past that step only once this
-        receiver has read a later one: a mark must not run ahead of the steps sent (the
-        sender refuses it). Until then a sender's ``keep_last`` keeps the skipped step,
-        and one with ``max_ahead=0`` waits for the rank (give it 1 or more, as for a
-        receiver opened at a later ``start_step``).
+        A step skipped before it was sent (after a ``ReceiveTimeout``, or never looked
+        for and not stored) is skipped all the same, but the rank's consumption mark says
+        it moved past that step only once this receiver has read a later one: a mark
+        must not run ahead of the steps sent (the sender refuses it); until then it says
+        the rank moved past the steps before it. Meanwhile a sender's ``keep_last`` keeps
+        the skipped step, and one with ``max_ahead=0`` waits for the rank (give it 1 or
+        more, as for a receiver opened at a later ``start_step``).
         """
         with self._mutex:
             step = self._next_step
-            if self._missing == step and not self._part_next and self._hold is None:
+            if self._seen != step and not self._part_next and self._hold is None:
                 self._hold = step  # not found: it may not be sent yet
+                # Never looked for: the next read asks the store (not here, in the loop).
+                self._hold_unsure = self._missing != step
             self._peeked = None  # a look (wait_next) read it: it is skipped all the same
             self._next_step, self._part_next = step + 1, 0
             return step
+
+    def _stored(self, step: int) -> bool:
+        """For a step skipped without a look at it: whether the store lists it or a
+        later step (it was sent); True where the source cannot list (as before), False
+        where the listing fails (the mark then waits for a later step's read)."""
+        listed = getattr(self._source, "stored_steps", None)
+        try:
+            steps = None if listed is None else listed()
+        except RlwireError:
+            return False
+        return steps is None or any(s >= step for s in steps)
 
     def _save_consumed(self, step: int) -> bool:
         """Write the consumption mark ``step``: False if the store could not take it."""
@@ -138,6 +154,7 @@ class ConsumptionMarks:
     def _found(self, found: bool) -> None:
         """Note whether the read of the next step found it (the receiver's mutex held)."""
         self._missing = -1 if found else self._next_step
+        self._seen = self._next_step if found else -1
 
     def _started(self) -> None:
         """Record, once the receiver has read a step, that its rank moved past the steps
@@ -148,6 +165,20 @@ class ConsumptionMarks:
         behind = self._recorded < step or (step > 0 and not self._step_written)
         if self._record_consumed and behind and self._save_consumed(step):
             self._recorded, self._recorded_part, self._step_written = step, 0, True
+
+    def _held(self, step: int, part: int) -> int:
+        """The step the consumption mark may go up to for a receiver at ``step`` and
+        ``part``: a step skipped unfound holds it there until it is known to be sent."""
+        if self._hold is not None and self._hold_unsure and step > self._hold:
+            self._hold_unsure = False
+            if self._stored(self._hold):  # it was sent: passed at once
+                self._hold = None
+        if self._hold is None or step <= self._hold:
+            return step
+        if part:  # a part of a later step was read: the skipped one was sent
+            self._hold = None
+            return step
+        return self._hold  # nothing found past it yet: the mark goes up to it, not past
 
     def _record_position(self) -> None:
         """Write the marks the receiver's position moved past since the last write (the
@@ -160,10 +191,7 @@ class ConsumptionMarks:
         step, part = self._next_step, self._part_next
         if step != self._recorded or part:
             self._restore = None  # it read the step lowered to (parts() reads no _started)
-        if self._hold is not None and step > self._hold:
-            if not part:  # nothing found past the skipped step yet: it may not be sent
-                return
-            self._hold = None  # a part of a later step was read: the skipped one was sent
+        step = self._held(step, part)
         if step > self._recorded:
             if not self._save_consumed(step):
                 return

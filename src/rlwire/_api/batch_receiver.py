@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
-from anyio import CancelScope, CapacityLimiter, to_thread
+from anyio import CancelScope, CapacityLimiter
 from typing_extensions import Unpack
 
 from rlwire._api.appending import Appended, FieldPending, merge_appended, read_with_appended
@@ -35,7 +35,7 @@ from rlwire._core.errors import (
     RlwireError,
 )
 from rlwire._core.offload import drive_sliced, make_limiter, offload
-from rlwire._core.slicing import Sliced, run_sliced
+from rlwire._core.slicing import Sliced, hold, run_sliced
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 
@@ -138,8 +138,8 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
         run its slices in worker threads, letting go of the GIL between them, so that
         decoding a large message never keeps the event loop from the GIL for long. The
         mutex is held across slices, which may run in different threads (a
-        ``threading.Lock`` may be released by any thread)."""
-        with self._mutex:
+        ``threading.Lock`` may be released by any thread), and waited for in slices."""
+        with (yield from hold(self._mutex)):
             got = self._peeked or self._read()
             self._peeked = None
             if got is None:
@@ -213,10 +213,10 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
             return read_sealed(self._source, self._next_step, self._rank or 0)
         return got
 
-    def _peek(self) -> bool:
+    def _peek(self) -> Sliced[bool]:
         """Read the next step's frame, if it has arrived, and keep it for the next
         receive: True if there is one."""
-        with self._mutex:
+        with (yield from hold(self._mutex)):
             if self._peeked is None:
                 self._peeked = self._read()
             return self._peeked is not None
@@ -314,7 +314,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
             False
         """
         deadline = deadline_after(timeout)
-        while not self._peek():
+        while not run_sliced(self._peek()):
             remaining = time_left(deadline)
             if remaining is not None and remaining <= 0:
                 return False
@@ -334,7 +334,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
         """:meth:`wait_next` without blocking the event loop: the peek runs in a worker
         thread."""
         deadline = deadline_after(timeout)
-        while not await to_thread.run_sync(self._peek, limiter=self._limiter):
+        while not await drive_sliced(self._peek(), self._limiter):
             remaining = time_left(deadline)
             if remaining is not None and remaining <= 0:
                 return False
@@ -382,8 +382,10 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
         """Async :meth:`close`; shielded: a receiver left by a cancellation (an ``async
         with`` block cancelled) is closed all the same."""
         # A ZeroMQ context left open blocks forever the thread whose collection finds it.
+        # Not under the receiver's limiter: waiting there for the mutex would hold a
+        # token that a take under way in another task may need to go on.
         with CancelScope(shield=True):
-            await offload(self.close, limiter=self._limiter)
+            await offload(self.close)
 
     def __enter__(self) -> TrainingBatchReceiver[T]:
         return self

@@ -26,7 +26,7 @@ from rlwire._api.sealed import SealedStep, read_part
 from rlwire._core.deadlines import deadline_after
 from rlwire._core.errors import ClosedError, ConfigError, CorruptFrameError, RlwireError
 from rlwire._core.offload import drive_sliced
-from rlwire._core.slicing import Sliced, run_sliced
+from rlwire._core.slicing import Sliced, hold, run_sliced
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 from rlwire.transport._parts import Key
@@ -248,7 +248,7 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
         if _holds_sealed(self._peeked):
             self._peeked = None  # read by wait_next() to be joined: read part by part instead
         if self._source.stores_parts:
-            with self._mutex:
+            with (yield from hold(self._mutex)):
                 self._record_position()  # asking for this part: done with the one before
                 got = read_part(self._source, step, self._part_next)
                 seal = None if got is not None else self._source.read_seal(step)
@@ -302,7 +302,7 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
         part by part."""
         step, rank = self._next_step, self._rank or 0
         if self._source.stores_parts:
-            with self._mutex:
+            with (yield from hold(self._mutex)):
                 if self._peeked is None:
                     self._peeked = self._read()
                 there, sealed_since = self._peeked is not None, _holds_sealed(self._peeked)

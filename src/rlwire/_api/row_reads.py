@@ -24,7 +24,6 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from anyio import to_thread
 
 from rlwire._api.decoding import FrameDecoding
 from rlwire._api.manifest import Manifest, ManifestColumn
@@ -37,8 +36,9 @@ from rlwire._core.errors import (
     RlwireError,
     StaleManifestError,
 )
+from rlwire._core.offload import drive_sliced
 from rlwire._core.ragged import Ragged, offsets_problem
-from rlwire._core.slicing import run_sliced
+from rlwire._core.slicing import Sliced, hold, run_sliced
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 from rlwire.transport._heads import Head, read_head_of, sealed, store_url
@@ -83,12 +83,23 @@ class RowReads:
             >>> m.rows, [(c.name, c.dtype) for c in m.columns]
             (1, [('token_ids', '<i8')])
         """
+        return run_sliced(self._manifest(step, part, rank))
+
+    async def amanifest(
+        self, step: int, *, part: int | None = None, rank: int | None = None
+    ) -> Manifest | None:
+        """:meth:`manifest` in a worker thread."""
+
+        return await drive_sliced(self._manifest(step, part, rank), self._limiter)
+
+    def _manifest(self, step: int, part: int | None, rank: int | None) -> Sliced[Manifest | None]:
+        """The work of :meth:`manifest`, sliced where it waits for the mutex."""
         source = self._open()
         check_int(step, "step")
         rank = self._which_rank(rank)
         if part is not None:
             check_int(part, "part")
-        with self._mutex:
+        with (yield from hold(self._mutex)):
             head = read_head_of(source, step, rank, part)
             if head is None:
                 if part is None and sealed(source, step):
@@ -100,16 +111,6 @@ class RowReads:
                 return None
             table = self._table(head)
         return _manifest(head, table, store_url(source), step, rank)
-
-    async def amanifest(
-        self, step: int, *, part: int | None = None, rank: int | None = None
-    ) -> Manifest | None:
-        """:meth:`manifest` in a worker thread."""
-
-        def run() -> Manifest | None:
-            return self.manifest(step, part=part, rank=rank)
-
-        return await to_thread.run_sync(run, limiter=self._limiter)
 
     def read_rows(self, manifest: Manifest, column: str, start: int, stop: int) -> Ragged:
         """Rows ``[start, stop)`` of the ragged ``column`` of the message ``manifest``
@@ -143,6 +144,15 @@ class RowReads:
             >>> [row.tolist() for row in got]
             [[0], [0, 1]]
         """
+        return run_sliced(self._read_rows(manifest, column, start, stop))
+
+    async def aread_rows(self, manifest: Manifest, column: str, start: int, stop: int) -> Ragged:
+        """:meth:`read_rows` in a worker thread."""
+
+        return await drive_sliced(self._read_rows(manifest, column, start, stop), self._limiter)
+
+    def _read_rows(self, manifest: Manifest, column: str, start: int, stop: int) -> Sliced[Ragged]:
+        """The work of :meth:`read_rows`, sliced where it waits for the mutex."""
         source = self._open()
         if not isinstance(manifest, Manifest):
             raise ConfigError(f"read_rows needs an rlwire.Manifest, got {type(manifest).__name__}")
@@ -161,19 +171,11 @@ class RowReads:
                 f"the manifest is of {manifest.url}, and this receiver reads {url}"
             )
         try:
-            with self._mutex:
+            with (yield from hold(self._mutex)):
                 return self._rows(source, manifest, described, start, stop)
         except RlwireError as exc:
             exc.add_context(step=manifest.step, rank=manifest.rank)
             raise
-
-    async def aread_rows(self, manifest: Manifest, column: str, start: int, stop: int) -> Ragged:
-        """:meth:`read_rows` in a worker thread."""
-
-        def run() -> Ragged:
-            return self.read_rows(manifest, column, start, stop)
-
-        return await to_thread.run_sync(run, limiter=self._limiter)
 
     def _open(self) -> Source:
         if self._closed:

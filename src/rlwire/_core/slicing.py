@@ -15,7 +15,7 @@ import time
 from collections.abc import Generator
 from typing import TypeVar
 
-__all__ = ["SliceTimer", "Sliced", "run_sliced", "run_sliced_beside", "timed"]
+__all__ = ["SliceTimer", "Sliced", "hold", "run_sliced", "run_sliced_beside", "timed"]
 
 T = TypeVar("T")
 
@@ -108,3 +108,35 @@ def timed(slices: Sliced[T], seconds: dict[str, float], key: str) -> Sliced[T]:
             yield
     finally:
         slices.close()
+
+
+#: How long one try of :func:`hold` waits for its lock before it yields, in seconds.
+HOLD_TRY_SECONDS = 0.002
+
+
+class _Held:
+    """What :func:`hold` returns: releases its lock when the ``with`` block ends."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._lock.release()
+
+
+def hold(lock: threading.Lock) -> Sliced[_Held]:
+    """Take ``lock`` from a sliced generator, yielding between short tries: ``with
+    (yield from hold(lock)):``. A generator that blocked on the lock instead would keep
+    its worker thread, and the limiter token the thread holds, for as long as another
+    generator holds the lock between its own trips to worker threads; with every token
+    so held, the holder never got one to go on. Between tries a driver ends the trip in
+    time, giving the token back. The lock is released when the ``with`` block ends (any
+    thread may release a ``threading.Lock``)."""
+    while not lock.acquire(timeout=HOLD_TRY_SECONDS):
+        yield
+    return _Held(lock)

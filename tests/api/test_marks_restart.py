@@ -12,8 +12,8 @@ import pytest
 from helpers import make_batch
 
 import rlwire
-from rlwire.transport import FileSource
-from rlwire.transport.layout import consumed_mark, main_name
+from rlwire.transport import FileSink, FileSource
+from rlwire.transport.layout import consumed_mark, main_name, sidecar_name
 
 MARK = "consumed.rank-0000.rlw"
 
@@ -112,3 +112,82 @@ def test_a_restart_at_a_step_already_deleted_is_a_gap_and_puts_the_mark_back(
         with rlwire.open_receiver(tmp_path, start_step=3) as receiver:
             assert receiver.wait_next(timeout=5)
             assert (tmp_path / MARK).read_bytes() == consumed_mark(3)
+
+
+class PausedPrune(FileSink):
+    """A sink whose first read of the marks, in a prune, waits until the test lets it go
+    on: a send that read the marks just before a trainer restarted."""
+
+    def __init__(self, path: Path, *, recycle: bool) -> None:
+        super().__init__(path, recycle=recycle)
+        self.read, self.go = threading.Event(), threading.Event()
+
+    def read_consumption(self, ranks: int, sent: int) -> list[int | None]:
+        marks = super().read_consumption(ranks, sent)
+        if not self.read.is_set():
+            self.read.set()
+            assert self.go.wait(10)
+        return marks
+
+
+class PausedSidecar(FileSource):
+    """A source that, once it opened the main file of ``step``, waits before it opens
+    the sidecar until the test lets it go on."""
+
+    def __init__(self, path: Path, step: int) -> None:
+        super().__init__(path)
+        self.side = sidecar_name(step, 0)
+        self.opened, self.go = threading.Event(), threading.Event()
+
+    def load(self, name: str, advice: int | None = None) -> memoryview | None:
+        if name == self.side and not self.opened.is_set():
+            self.opened.set()
+            assert self.go.wait(10)
+        return super().load(name, advice)
+
+
+@pytest.mark.parametrize("recycle", [True, False])
+def test_a_step_deleted_between_its_main_file_and_sidecar_is_a_gap(
+    tmp_path: Path, recycle: bool
+) -> None:
+    """A prune that read the marks just before a trainer restarted at step 2 lowered its
+    rank's mark deletes step 2 (or pools its files, then deletes them, seeing the mark)
+    after the receiver opened its main file and before it opened the sidecar: that was a
+    ``CorruptFrameError`` ("missing; the main file refers to it") leaving the mark
+    lowered, where a step ``keep_last`` deleted is the ``StepGapError`` naming the
+    oldest step, with the mark put back."""
+    with rlwire.open_sync_sender(tmp_path, keep_last=2, sidecar="routed_experts") as sender:
+        moved_past_three(tmp_path, sender)
+    sink = PausedPrune(tmp_path, recycle=recycle)
+    pruned: list[int] = []
+    prune = threading.Thread(target=lambda: pruned.append(sink.prune(3)))
+    prune.start()
+    source = PausedSidecar(tmp_path, 2)
+    try:
+        assert sink.read.wait(10)  # the marks say the rank moved past step 2
+        with rlwire.TrainingBatchReceiver(source, rlwire.TrainingBatch, start_step=2) as late:
+            got: dict[str, Any] = {}
+            reader = threading.Thread(target=lambda: _receive(late, got))
+            reader.start()
+            assert source.opened.wait(10)  # lowered the mark, opened the main file
+            assert (tmp_path / MARK).read_bytes() == consumed_mark(2)
+            sink.go.set()
+            prune.join(10)
+            assert pruned == [3] and not (tmp_path / main_name(2, 0)).exists()
+            source.go.set()
+            reader.join(10)
+            assert isinstance(got.get("error"), rlwire.StepGapError), got
+            assert "start_step=3" in str(got["error"])
+            assert (tmp_path / MARK).read_bytes() == consumed_mark(3)
+    finally:
+        sink.go.set()
+        source.go.set()
+        prune.join(10)
+        sink.close()
+
+
+def _receive(receiver: rlwire.TrainingBatchReceiver[Any], got: dict[str, Any]) -> None:
+    try:
+        got["batch"] = receiver.receive(timeout=5)
+    except BaseException as exc:
+        got["error"] = exc

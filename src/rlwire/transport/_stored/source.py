@@ -257,23 +257,31 @@ class StoredSource(StoredFieldsSource, Source):
             data = None
         else:
             data = self.load(name)
-        if data is None:
-            self.check_end(step)
-            self.check_gone(step)
-            return None
-        return parse_main(
-            data,
-            step=step,
-            rank=self.rank,
-            load_sidecar=self._sidecar_loader(sidecar_name(step, self.rank)),
-            where=self.locate(name),
-            verify=self.verify,
-        )
+        try:
+            if data is not None:
+                return parse_main(
+                    data,
+                    step=step,
+                    rank=self.rank,
+                    load_sidecar=self._sidecar_loader(sidecar_name(step, self.rank), name),
+                    where=self.locate(name),
+                    verify=self.verify,
+                )
+        except _Deleted:
+            pass  # deleted as it was read: as if not found
+        self.check_end(step)
+        self.check_gone(step)
+        return None
 
-    def _sidecar_loader(self, side: str) -> Callable[[], memoryview]:
+    def _sidecar_loader(self, side: str, main: str | None = None) -> Callable[[], memoryview]:
         def load_sidecar() -> memoryview:
             view = self.load(side)
             if view is None:
+                if main is not None and self.open_head(main) is None:
+                    # The main file went too, after it was opened: the message was
+                    # deleted as it was read (keep_last, a trainer restarted at a step
+                    # a prune had just let go), not stored without its sidecar.
+                    raise _Deleted
                 raise CorruptFrameError(
                     "missing; the main file refers to it", where=self.locate(side)
                 )
@@ -290,15 +298,18 @@ class StoredSource(StoredFieldsSource, Source):
         data = self.load(name)
         if data is None:
             return None
-        return parse_part(
-            data,
-            step=step,
-            rank=self.rank,
-            index=index,
-            load_sidecar=self._sidecar_loader(part_sidecar_name(step, self.rank, index)),
-            where=self.locate(name),
-            verify=self.verify,
-        )
+        try:
+            return parse_part(
+                data,
+                step=step,
+                rank=self.rank,
+                index=index,
+                load_sidecar=self._sidecar_loader(part_sidecar_name(step, self.rank, index), name),
+                where=self.locate(name),
+                verify=self.verify,
+            )
+        except _Deleted:
+            return None  # deleted as it was read: as if not found
 
     def read_seal(self, step: int) -> Seal | None:
         name = seal_name(step)
@@ -309,3 +320,8 @@ class StoredSource(StoredFieldsSource, Source):
 
     def first_part(self, step: int) -> bytes | None:
         return self._id_of(step, self.rank, 0) or b""
+
+
+class _Deleted(Exception):
+    """A message's main file and sidecar were deleted as it was read (after the main
+    file was opened, before the sidecar was): the read finds nothing."""

@@ -102,18 +102,19 @@ async def add_fields(
             frame = await to_thread.run_sync(
                 prepare, sink, step, rank, columns, limits, attempt > 0, of, limiter=limiter
             )
-            staged = await drive_sliced(
-                sink.stage_fields(step, rank, frame), limiter, dropped=lambda s: s.discard()
-            )
+            staged = None
             try:
+                staged = await drive_sliced(
+                    sink.stage_fields(step, rank, frame), limiter, dropped=lambda s: s.discard()
+                )
                 await staged.acommit(limiter)
                 return
             except BaseException as exc:
-                if not staged.visible:
+                if staged is not None and not staged.visible:
                     await run_to_the_end(staged.discard)
                 # Another stage committed the same file first (it appended to the step at
-                # the same time), or the file in the making went (the sink says which):
-                # check the columns again and take a file.
+                # the same time), or the file in the making went, while written or at its
+                # commit (the sink says which): check the columns again and take a file.
                 if not isinstance(exc, StepExistsError) or attempt == _COMMIT_TRIES - 1:
                     raise
     except RlwireError as exc:

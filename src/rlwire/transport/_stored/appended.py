@@ -39,10 +39,10 @@ from rlwire._frame.selection import Selector
 from rlwire.transport._appended import FieldsSink, FieldsSource, no_such_rank, step_replaced
 from rlwire.transport._base import Staged
 from rlwire.transport._stored.appended_tie import (
-    TiedStaging,
     checked_against,
     message_id,
     parse_appended,
+    tied,
 )
 from rlwire.transport._stored.layout import _PRELUDE, MAX_ENVELOPE, _envelope, plan
 from rlwire.transport._stored.names import (
@@ -340,8 +340,7 @@ class StoredFieldsSink(FieldsSink):
                 why = step_replaced(step, sent_again=bool(now))
                 raise ConfigError(f"add_fields: {why}", where=store.locate(main))
 
-        staged = yield from store._staged(step, write)
-        return TiedStaging(staged, check)
+        return (yield from tied(store._staged(step, write), check))
 
 
 class StoredFieldsSource(FieldsSource):

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlwire._core.errors import ConfigError, StepExistsError
+from rlwire._core.errors import ConfigError, StepExistsError, TransportError
+from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Staged
 from rlwire.transport._stored.layout import _parse, _whole_envelope
 
-__all__ = ["TiedStaging", "checked_against", "message_id", "parse_appended"]
+__all__ = ["TiedStaging", "checked_against", "message_id", "parse_appended", "removed", "tied"]
 
 
 def parse_appended(
@@ -54,6 +55,18 @@ def message_id(
     return b""
 
 
+def removed(exc: Exception) -> StepExistsError:
+    """The error that tells ``add_fields`` to write its file again: ``exc``, a failure
+    to write or commit it caused by a FileNotFoundError, was a sender opening (resume,
+    overwrite, truncate) that removed the file in the making (on S3: aborted its
+    multipart upload) as a killed writer's leftover, the step kept."""
+    return StepExistsError(
+        "the file of the fields in the making was removed (a sender opening took it for a "
+        f"killed writer's leftover): {exc.__cause__}",
+        where=getattr(exc, "where", None),
+    )
+
+
 class TiedStaging(Staged):
     """Staged fields whose commit then checks that the step is still the message they
     were checked against (``check`` raises if not: readers pass over them). A commit
@@ -77,11 +90,7 @@ class TiedStaging(Staged):
             except ConfigError as why:
                 raise why from exc
             if isinstance(exc.__cause__, FileNotFoundError):
-                raise StepExistsError(
-                    "the file of the fields in the making was removed (a sender opening "
-                    "took it for a killed writer's leftover)",
-                    where=getattr(exc, "where", None),
-                ) from exc
+                raise removed(exc) from exc
             raise
         finally:
             self.visible = self.staged.visible
@@ -89,3 +98,18 @@ class TiedStaging(Staged):
 
     def discard(self) -> None:
         self.staged.discard()
+
+
+def tied(staging: Sliced[Staged], check: Callable[[], None]) -> Sliced[TiedStaging]:
+    """The fields ``staging`` stages (a sink's ``_staged``), tied by ``check`` (see
+    :class:`TiedStaging`). A write that fails for a FileNotFoundError (S3: the multipart
+    upload in the making aborted by a sender opening) checks the step too: the
+    ``ConfigError`` of ``check``, or :func:`removed`."""
+    try:
+        staged = yield from staging
+    except TransportError as exc:
+        if not isinstance(exc.__cause__, FileNotFoundError):
+            raise
+        check()
+        raise removed(exc) from exc
+    return TiedStaging(staged, check)

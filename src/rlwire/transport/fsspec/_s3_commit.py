@@ -10,13 +10,24 @@ again in place and stay unconditional
 
 from __future__ import annotations
 
+import asyncio
 import errno
 from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
 
 from rlwire._core.errors import ConfigError, StepExistsError
 from rlwire.transport._stored.names import FIELDS_RE, SEAL_RE
 
-__all__ = ["OPTION", "TOKEN", "conflict", "maybe_resent", "reply_is", "unsupported"]
+__all__ = [
+    "OPTION",
+    "TOKEN",
+    "conflict",
+    "delete",
+    "maybe_resent",
+    "ours",
+    "reply_is",
+    "unsupported",
+]
 
 #: The storage option that turns conditional commits off (default on).
 OPTION = "conditional_writes"
@@ -81,4 +92,39 @@ def unsupported(url: str, key: str, exc: BaseException) -> ConfigError:
         f"storage_options={{{OPTION!r}: False}} to commit unconditionally (then two "
         f"senders committing one step at once can both succeed: one sender per prefix)",
         where=f"{url}/{name}",
+    )
+
+
+class _Object(Protocol):
+    """What of an object on its way to S3 :func:`ours` asks."""
+
+    bucket: str
+    key: str
+    tried: bool
+    conditional: bool
+
+    async def exists(self, fs: Any, *, again: bool = False) -> bool | None: ...
+
+
+ObjT = TypeVar("ObjT", bound=_Object)
+
+
+async def ours(fs: Any, objs: Sequence[ObjT]) -> list[ObjT]:
+    """Those of ``objs`` this commit may have made: every one tried, or, conditional,
+    those found with its token."""
+
+    async def mine(obj: ObjT) -> bool:
+        # Asked even if committed: a store whose conditions are not atomic (moto) may
+        # have let another sender's commit replace it.
+        return obj.tried and (not obj.conditional or bool(await obj.exists(fs, again=True)))
+
+    found = await asyncio.gather(*(mine(o) for o in objs))
+    return [o for o, hit in zip(objs, found, strict=True) if hit]
+
+
+async def delete(fs: Any, objs: Sequence[_Object]) -> None:
+    """Delete ``objs`` (best effort: failures are ignored)."""
+    await asyncio.gather(
+        *(fs._call_s3("delete_object", Bucket=o.bucket, Key=o.key) for o in objs),
+        return_exceptions=True,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import io
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -14,7 +15,10 @@ from rlwire._core.slicing import Sliced
 if TYPE_CHECKING:
     from rlwire.transport.fsspec._s3_bucket import S3Bucket
 
-__all__ = ["Uploader"]
+__all__ = ["Uploader", "aborted", "upload_gone"]
+
+#: Seconds waited before asking again whether an upload is gone, when S3 gave no answer.
+_GONE_DELAYS = (0.1, 0.3, 1.0)
 
 
 class _Upload(Protocol):
@@ -24,6 +28,55 @@ class _Upload(Protocol):
     key: str
     upload_id: str | None
     etags: dict[int, str]
+
+
+async def upload_gone(fs: Any, obj: _Upload, exc: BaseException) -> bool:
+    """Whether S3 answers that ``obj``'s multipart upload does not exist, after S3
+    refused a request of it with ``exc`` (asked again while S3 gives no answer; False
+    when it does not say so, or ``exc`` is no answer of S3's: a connection failed). A
+    live upload is aborted by another writer: a sender opened with
+    ``on_existing="resume"``, ``"truncate"`` or ``"overwrite"`` aborts the unfinished
+    uploads it finds, as a killed writer's."""
+    if not _answered(exc):
+        return False
+    for delay in (*_GONE_DELAYS, None):
+        try:
+            await fs._call_s3(
+                "list_parts", Bucket=obj.bucket, Key=obj.key, UploadId=obj.upload_id, MaxParts=1
+            )
+        except FileNotFoundError:
+            return True
+        except PermissionError:  # not allowed to list parts: an answer, not an outage
+            return False
+        except Exception:
+            if delay is not None:
+                await asyncio.sleep(delay)
+                continue
+        return False
+    return False
+
+
+def _answered(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is a reply of S3's (botocore's
+    ``ClientError``, which s3fs translates into an OSError)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(getattr(cur, "response", None), dict):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def aborted(obj: _Upload) -> FileNotFoundError:
+    """The error of a request of ``obj``'s upload that :func:`upload_gone`."""
+    name = obj.key.rpartition("/")[2]
+    return FileNotFoundError(
+        errno.ENOENT,
+        f"the multipart upload of {name} was aborted (a sender opened with on_existing="
+        "'resume', 'truncate' or 'overwrite' takes unfinished uploads for a killed writer's)",
+    )
 
 
 async def _upload_part(fs: Any, obj: _Upload, number: int, body: io.BytesIO) -> str:
@@ -49,6 +102,8 @@ async def _upload_part(fs: Any, obj: _Upload, number: int, body: io.BytesIO) -> 
     try:
         out = await client.upload_part(**kwargs)
     except Exception as exc:  # S3's error codes as OSErrors (NoSuchUpload, ...), like s3fs
+        if await upload_gone(fs, obj, exc):
+            raise aborted(obj) from exc
         translated = translate_boto_error(exc)
         if translated is exc:
             raise

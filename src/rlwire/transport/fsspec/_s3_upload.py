@@ -33,11 +33,13 @@ from rlwire.transport.fsspec._s3_commit import (
     OPTION,
     TOKEN,
     conflict,
+    delete,
     maybe_resent,
+    ours,
     reply_is,
     unsupported,
 )
-from rlwire.transport.fsspec._s3_parts import Uploader
+from rlwire.transport.fsspec._s3_parts import Uploader, aborted, upload_gone
 from rlwire.transport.fsspec._store import Staging
 
 __all__ = [
@@ -126,7 +128,19 @@ class _S3Object:
 
     async def commit(self, fs: Any) -> None:
         """Make the object visible: put it whole, or complete its multipart upload; a
-        conditional one only if no object is at its key."""
+        conditional one only if no object is at its key. An upload another writer
+        aborted (and that did not land) raises :func:`aborted`'s FileNotFoundError."""
+        try:
+            await self._commit(fs)
+        except Exception as exc:
+            if self.data is None and not self.taken and await upload_gone(fs, self, exc):
+                if (mine := await self.exists(fs)) is False and not self.taken:
+                    raise aborted(self) from exc
+                if mine:
+                    return  # completed by this commit, its reply lost
+            raise
+
+    async def _commit(self, fs: Any) -> None:
         self.tried = True
         cond = {"IfNoneMatch": "*"} if self.conditional else {}
         try:
@@ -217,26 +231,6 @@ async def _each(
 async def _gather_results(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
     """Run every coroutine at once (each handles its own errors); their results."""
     return list(await asyncio.gather(*coros))
-
-
-async def _ours(fs: Any, objs: Sequence[_S3Object]) -> list[_S3Object]:
-    """Those of ``objs`` this commit may have made: every one tried, or, conditional,
-    those found with its token."""
-
-    async def mine(obj: _S3Object) -> bool:
-        # Asked even if committed: a store whose conditions are not atomic (moto) may
-        # have let another sender's commit replace it.
-        return obj.tried and (not obj.conditional or bool(await obj.exists(fs, again=True)))
-
-    found = await asyncio.gather(*(mine(o) for o in objs))
-    return [o for o, hit in zip(objs, found, strict=True) if hit]
-
-
-async def _delete(fs: Any, objs: Sequence[_S3Object]) -> None:
-    await asyncio.gather(
-        *(fs._call_s3("delete_object", Bucket=o.bucket, Key=o.key) for o in objs),
-        return_exceptions=True,
-    )
 
 
 class S3Staging(Staging):
@@ -331,7 +325,7 @@ class S3Staging(Staging):
         if failed:
             self.discard()
             with contextlib.suppress(Exception):  # sidecars without a main are garbage
-                run(_delete, fs, run(_ours, fs, self.sidecars))
+                run(delete, fs, run(ours, fs, self.sidecars))
             self._fail(failed[0], "commit the step (nothing was made visible)")
         # Rank 0's main object first, then the others at once: a commit cut short leaves
         # the step visible from rank 0 up, which resume tells apart from the oldest step
@@ -366,7 +360,7 @@ class S3Staging(Staging):
                 "asked); a sender opened with on_existing='resume' settles it",
             )
         with contextlib.suppress(Exception):
-            run(_delete, fs, run(_ours, fs, self.sidecars))
+            run(delete, fs, run(ours, fs, self.sidecars))
         self._fail(failed[0], "commit the step (nothing was made visible)")
 
     def _fail(self, exc: BaseException, action: str, ranks: Sequence[int] = ()) -> NoReturn:

@@ -205,3 +205,35 @@ async def test_the_check_reads_compressed_offsets(tmp_path: Path) -> None:
     with rlwire.open_receiver(tmp_path, fields=("ref_logprobs",)) as receiver:
         got = receiver.receive(timeout=20).samples["ref_logprobs"]
     assert np.array_equal(np.diff(got.offsets), lengths)
+
+
+async def test_a_receiver_with_fields_leaves_other_appended_fields_unread(
+    s3_url: str, s3_endpoint: dict[str, Any]
+) -> None:
+    """``fields=`` names columns to read: a message of appended fields holding none of
+    them is not fetched beyond its head (it was fetched whole, 32 MB here, for a
+    trainer that reads ``token_ids`` only); one holding some is read and returned."""
+    url = f"{s3_url}/run"
+    lengths = [3, 5]
+    async with rlwire.open_sender(url, storage_options=s3_endpoint) as sender:
+        await sender.send(rlwire.TrainingBatch(samples=[_sample(n) for n in lengths]))
+        await sender.add_fields(0, {"values": np.ones((2, 2_000_000))})
+        await sender.add_fields(0, {"ref_logprobs": _per_token(lengths, 0.5)})
+    with FaultProxy(s3_endpoint) as proxy:
+        for fields in [("token_ids",), ("token_ids", "ref_logprobs")]:
+            seen = len(proxy.ranges)
+            async with rlwire.open_receiver(
+                url, fields=fields, storage_options=proxy.options, record_consumed=False
+            ) as receiver:
+                with anyio.fail_after(20):
+                    cols = (await receiver.areceive()).samples
+            assert cols.names == fields
+            assert cols["token_ids"].offsets.tolist() == [0, 3, 8]
+            fetched = 0
+            for method, target, ranged in proxy.ranges[seen:]:
+                if method == "GET" and "fields-000.rlw" in target:
+                    assert ranged is not None
+                    start, _, end = ranged.removeprefix("bytes=").partition("-")
+                    fetched += int(end) - int(start) + 1
+            assert fetched <= 1 << 16, (fields, fetched)
+        assert cols["ref_logprobs"].values.tolist() == _per_token(lengths, 0.5).values.tolist()

@@ -13,15 +13,16 @@ import msgspec
 import numpy as np
 
 from rlwire._api.decoding import FrameDecoding
+from rlwire._api.fields import AppendedSelector
 from rlwire._api.options import Limits
-from rlwire._core.columns import Columns
+from rlwire._core.columns import Column, Columns
 from rlwire._core.errors import ConfigError, CorruptFrameError, SchemaError
 from rlwire._core.ragged import Ragged, offsets_problem
 from rlwire._core.slicing import run_sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selection
 from rlwire.codecs._registry import get_codec
-from rlwire.transport._base import Sink
+from rlwire.transport._base import Sink, Source
 
 __all__ = [
     "LENGTHS_FROM",
@@ -29,6 +30,7 @@ __all__ = [
     "decode_appended",
     "none_in_every_row",
     "prepare",
+    "read_appended",
     "samples_of",
 ]
 
@@ -273,3 +275,23 @@ def decode_appended(frame: Frame, decoding: FrameDecoding) -> Columns:
     if not isinstance(columns, Columns):
         raise CorruptFrameError("a message of appended fields holds no columns")
     return columns
+
+
+def read_appended(
+    source: Source, step: int, fields: frozenset[str] | None, decoding: FrameDecoding
+) -> tuple[int, dict[str, Column]]:
+    """How many messages of fields are appended to ``step``, and their columns (with
+    ``fields``, those of the messages holding some of them: the others' buffers go
+    unread)."""
+    select = source.select
+    if fields is not None:
+        source.select = AppendedSelector(decoding, fields)
+    try:
+        frames = source.read_appended(step)
+    finally:
+        source.select = select
+    appended: dict[str, Column] = {}
+    for frame in frames:
+        if not (fields is not None and frame.missing):  # else a message of other fields
+            appended.update(decode_appended(frame, decoding).items())
+    return len(frames), appended

@@ -26,7 +26,12 @@ import msgspec
 import numpy as np
 from anyio import CapacityLimiter, to_thread
 
-from rlwire._api.appended_rows import decode_appended, none_in_every_row, prepare, samples_of
+from rlwire._api.appended_rows import (
+    none_in_every_row,
+    prepare,
+    read_appended,
+    samples_of,
+)
 from rlwire._api.decoding import FrameDecoding
 from rlwire._api.fields import FieldSelector
 from rlwire._api.options import Limits
@@ -236,10 +241,7 @@ def read_with_appended(
     told, so that its next wait waits for another appended message)."""
     if not source.appends_fields:
         return read()  # type: ignore[no-any-return]
-    frames = source.read_appended(step)
-    appended: dict[str, Column] = {}
-    for frame in frames:
-        appended.update(decode_appended(frame, decoding).items())
+    count, appended = read_appended(source, step, fields, decoding)
     rest = fields
     select = source.select
     if fields is not None:
@@ -250,17 +252,17 @@ def read_with_appended(
         if got is not None and rest:
             _check_holds(got[1], FieldSelector(decoding, rest))
     except FieldNotFoundError as exc:
-        source.expect_fields(step, len(frames))
+        source.expect_fields(step, count)
         return FieldPending(str(exc))  # the step is there, a field is not (yet): wait
     finally:
         source.select = select
     if got is None:
         return None
-    if frames and not source.appended_still_tied(step):
+    if count and not source.appended_still_tied(step):
         return FieldPending(f"step {step} was deleted and written again while it was read")
     empty = none_in_every_row(_frames(got[1]), rest, decoding) if rest else None
     if empty is not None:  # a field the step left empty, to be appended: wait for it
-        source.expect_fields(step, len(frames))
+        source.expect_fields(step, count)
         return FieldPending(f"field {empty!r} is None in every row of the step")
     if fields is not None:
         appended = {k: v for k, v in appended.items() if k in fields}

@@ -20,7 +20,7 @@ from rlwire._core.slicing import run_sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selection
 
-__all__ = ["FieldSelector", "check_fields"]
+__all__ = ["AppendedSelector", "FieldSelector", "check_fields"]
 
 
 def check_fields(fields: Iterable[str] | None) -> frozenset[str] | None:
@@ -68,3 +68,20 @@ class FieldSelector:
             return None
         got: Selection | None = select(run_sliced(self.decoding.decompressed(frame)), self.fields)
         return got
+
+
+class AppendedSelector(FieldSelector):
+    """The :data:`~rlwire._frame.selection.Selector` of a message of appended fields
+    read by a receiver opened with ``fields``: no buffer of a message whose columns
+    are none of the fields, every buffer of one that holds some (they are decoded
+    whole). A codec that cannot list a message's columns gets every buffer read."""
+
+    def __call__(self, frame: Frame) -> Selection | None:
+        codec = self.decoding.codec(frame.codec)
+        describe = getattr(codec, "describe_columns", None)
+        if describe is None:
+            return None
+        table = describe(run_sliced(self.decoding.decompressed(frame)))
+        if table is None or any(c.name in self.fields for c in table.columns):
+            return None
+        return Selection(frozenset())

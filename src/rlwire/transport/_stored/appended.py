@@ -39,9 +39,11 @@ from rlwire._frame.selection import Selector
 from rlwire.transport._appended import FieldsSink, FieldsSource, no_such_rank, step_replaced
 from rlwire.transport._base import Staged
 from rlwire.transport._stored.appended_tie import (
+    AppendedReader,
     checked_against,
     message_id,
     parse_appended,
+    read_appended_message,
     tied,
 )
 from rlwire.transport._stored.layout import _PRELUDE, MAX_ENVELOPE, _envelope, plan
@@ -373,21 +375,10 @@ class StoredFieldsSource(FieldsSource):
         self._tied = None
         got = []
         for index in range(MAX_APPENDS):
-            name = fields_name(step, reader.rank, index)
-            data = reader.load(name)
-            if data is None:
+            one = read_appended_message(cast(AppendedReader, self), step, index)
+            if one is None:
                 break
-            side = fields_name(step, reader.rank, index, sidecar=True)
-            got.append(
-                parse_appended(
-                    data,
-                    step=step,
-                    rank=reader.rank,
-                    load_sidecar=reader._sidecar_loader(side),
-                    where=reader.locate(name),
-                    verify=reader.verify,
-                )
-            )
+            got.append(one)
         if all(of is None for of, _ in got):
             return [frame for _, frame in got]
         self._tied = (step, message_id(self._id_of, step, reader.rank))

@@ -8,14 +8,27 @@ and a writer's :class:`TiedStaging` checks the step again once it has committed.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
-from rlwire._core.errors import ConfigError, StepExistsError, TransportError
+from rlwire._core.errors import ConfigError, CorruptFrameError, StepExistsError, TransportError
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
+from rlwire._frame.selection import Selector
 from rlwire.transport._base import Staged
 from rlwire.transport._stored.layout import _parse, _whole_envelope
+from rlwire.transport._stored.names import fields_name
+from rlwire.transport._stored.selected import Ranged, parse_selected, read_envelope
 
-__all__ = ["TiedStaging", "checked_against", "message_id", "parse_appended", "removed", "tied"]
+__all__ = [
+    "AppendedReader",
+    "TiedStaging",
+    "checked_against",
+    "message_id",
+    "parse_appended",
+    "read_appended_message",
+    "removed",
+    "tied",
+]
 
 
 def parse_appended(
@@ -31,6 +44,69 @@ def parse_appended(
     the step's message it was checked against (``None``: written before 1.5)."""
     env = _whole_envelope(data, where)
     return env.of, _parse(env, data, step, rank, load_sidecar, where, verify)
+
+
+class AppendedReader(Protocol):
+    """What of a :class:`~rlwire.transport._stored.source.StoredSource`
+    :func:`read_appended_message` uses."""
+
+    rank: int
+    verify: bool
+    select: Selector | None
+
+    def load(self, name: str) -> memoryview | None: ...
+    def open_ranged(self, name: str) -> Ranged | None: ...
+    def locate(self, name: str) -> str: ...
+    def _sidecar_loader(self, side: str) -> Callable[[], memoryview]: ...
+
+
+def read_appended_message(
+    reader: AppendedReader, step: int, index: int
+) -> tuple[bytes | None, Frame] | None:
+    """The appended message ``index`` of ``step`` for the reader's rank, as
+    :func:`parse_appended` returns it, or ``None`` if there is none. With the reader's
+    ``select`` set (a receiver's ``fields=``), read by ranges, only the buffers it asks
+    for: none of a message that holds none of the fields (its frame lists every
+    buffer as :attr:`~rlwire.Frame.missing`)."""
+    name = fields_name(step, reader.rank, index)
+    side, where = fields_name(step, reader.rank, index, sidecar=True), reader.locate(name)
+    if reader.select is None:
+        data = reader.load(name)
+        if data is None:
+            return None
+        load_sidecar = reader._sidecar_loader(side)
+        return parse_appended(
+            data,
+            step=step,
+            rank=reader.rank,
+            load_sidecar=load_sidecar,
+            where=where,
+            verify=reader.verify,
+        )
+    main = reader.open_ranged(name)
+    if main is None:
+        return None
+
+    def open_sidecar() -> Ranged:
+        got = reader.open_ranged(side)
+        if got is None:
+            raise CorruptFrameError(
+                "missing; the main file refers to it", where=reader.locate(side)
+            )
+        return got
+
+    env = read_envelope(main, where, step=step, rank=reader.rank, part=None)[1]
+    _, frame = parse_selected(
+        main,
+        open_sidecar,
+        step=step,
+        rank=reader.rank,
+        part=None,
+        select=reader.select,
+        where=where,
+        verify=reader.verify,
+    )
+    return env.of, frame
 
 
 def checked_against(appended: list[tuple[bytes | None, Frame]], of: bytes) -> list[Frame]:

@@ -120,3 +120,20 @@ async def test_a_part_gives_its_message_id_and_part_0s_is_the_steps(
     await _send(url, options, 10, True)
     with pytest.raises(rlwire.ConfigError, match="not the message"):
         await _add(url, options, of=parts[0].message_id)
+
+
+async def test_a_later_parts_message_id_is_told_from_a_step_sent_again(
+    file_or_s3: tuple[str, dict[str, Any]],
+) -> None:
+    """``of=`` given part 1's message id (the stage should pass part 0's) says so,
+    instead of blaming a producer that sent the step again (none did)."""
+    url, options = file_or_s3
+    await _send(url, options, 0, True)
+    async with rlwire.open_receiver(
+        url, storage_options=options, type=list, record_consumed=False
+    ) as receiver:
+        with anyio.fail_after(20):
+            parts = [part async for part in receiver.aparts(timeout=20)]
+    with pytest.raises(rlwire.ConfigError, match=r"of= is the message_id of part 1 .* part 0's"):
+        await _add(url, options, of=parts[1].message_id)
+    await _add(url, options, of=parts[0].message_id)

@@ -235,6 +235,13 @@ def prepare(
     if frames is None:
         raise ConfigError(f"add_fields: step {step} is not committed (sent whole, or sealed)")
     if of is not None and (frames[0].message_id if frames else b"") != of:
+        ids = [frame.message_id for frame in frames]
+        if of in ids:  # a later part's: the step is the one computed from
+            raise ConfigError(
+                f"add_fields: of= is the message_id of part {ids.index(of)} of step {step} "
+                f"rank {rank}: a step filled part by part is named by its part 0's (the "
+                "part whose index is 0)"
+            )
         raise ConfigError(
             f"add_fields: step {step} rank {rank} as stored is not the message the fields "
             "were computed from (of=): that one was deleted and the step sent again, by a "

@@ -428,6 +428,50 @@ async def test_a_409_conflict_is_told_by_whose_object_is_there(
             assert await sender.send(message) == 0  # tried again, it commits
 
 
+@pytest.mark.parametrize("multipart", [False, True], ids=["put", "multipart"])
+async def test_a_409_conflict_of_appended_fields_takes_a_free_number(
+    s3_proxy: FaultProxy,
+    s3_endpoint: dict[str, Any],
+    s3_url: str,
+    anyio_backend: str,
+    monkeypatch: pytest.MonkeyPatch,
+    multipart: bool,
+) -> None:
+    """S3's 409 ConditionalRequestConflict to a stage's commit of ``fields-NNN`` (another
+    stage writing the same name at that moment, whose write may still fail) is not the
+    end of ``add_fields``: as after a 412, it checks its fields again and commits at the
+    lowest free number (here ``fields-000`` again, nothing having landed there)."""
+    if multipart:
+        monkeypatch.setattr(_s3_upload, "SMALL_BYTES", 1024)
+    fired: list[str] = []
+
+    def conflict(method: str, target: str) -> Any:
+        commit = (method == "PUT" and "partNumber" not in target) or (
+            method == "POST" and "uploadId=" in target
+        )
+        if not commit or "fields-000" not in target or fired:
+            return None
+        fired.append(target)
+        return refuse(409, "ConditionalRequestConflict")
+
+    step = {"samples": [{"token_ids": np.arange(5)}]}
+    async with rlwire.open_sender(s3_url, storage_options=s3_proxy.options) as sender:
+        await sender.send(step)
+        s3_proxy.fault = conflict
+        await sender.add_fields(0, {"score": np.arange(512.0).reshape(1, -1)})
+    assert fired
+    assert [k for k in objects(s3_endpoint, s3_url) if ".fields-" in k] == [
+        "step-00000000.rank-0000.fields-000.rlw"
+    ]
+    uploads = s3_client(s3_endpoint).list_multipart_uploads(Bucket=s3_url[5:])
+    assert uploads.get("Uploads", []) == []
+    with rlwire.open_receiver(
+        s3_url, type=dict, record_consumed=False, storage_options=s3_endpoint
+    ) as receiver:
+        got = receiver.receive(timeout=10)["samples"][0]["score"]
+    assert np.asarray(got).tolist() == np.arange(512.0).tolist()
+
+
 async def test_a_400_of_an_unconditional_commit_gets_no_hint(
     s3_proxy: FaultProxy, s3_url: str, anyio_backend: str
 ) -> None:

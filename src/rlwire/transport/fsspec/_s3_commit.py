@@ -23,6 +23,7 @@ __all__ = [
     "TOKEN",
     "conflict",
     "delete",
+    "in_flight",
     "maybe_resent",
     "ours",
     "reply_is",
@@ -64,6 +65,16 @@ def maybe_resent(exc: BaseException, *, multipart: bool) -> bool:
     return reply_is(exc, 412, "PreconditionFailed") or (
         multipart and reply_is(exc, 404, "NoSuchUpload")
     )
+
+
+def in_flight(exc: BaseException, key: str) -> bool:
+    """Whether ``exc`` is S3's 409 ``ConditionalRequestConflict`` to a conditional
+    commit of appended fields at ``key``: another stage was writing the same
+    ``fields-NNN`` at that moment (or this commit's own earlier request: the token
+    tells), so ``add_fields`` takes a free number, as after a 412. A step's object so
+    refused stays a TransportError: its sender may send it again."""
+    name = key.rpartition("/")[2]
+    return reply_is(exc, 409, "ConditionalRequestConflict") and bool(FIELDS_RE.fullmatch(name))
 
 
 def conflict(url: str, key: str, ranks: Sequence[int] = ()) -> StepExistsError:

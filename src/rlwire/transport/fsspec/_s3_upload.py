@@ -34,6 +34,7 @@ from rlwire.transport.fsspec._s3_commit import (
     TOKEN,
     conflict,
     delete,
+    in_flight,
     maybe_resent,
     ours,
     reply_is,
@@ -172,12 +173,13 @@ class _S3Object:
             self.bad_request = reply_is(exc, 400, "InvalidArgument")
             # This commit's own object, if botocore or s3fs sent the request again after
             # losing the reply to the one that made it: the token tells.
-            if not maybe_resent(exc, multipart=self.data is None):
+            conflicting = in_flight(exc, self.key)
+            if not (conflicting or maybe_resent(exc, multipart=self.data is None)):
                 raise
             mine = await self.exists(fs)
             if not mine:
                 # Refused (412) for an object not found now: another's, since deleted.
-                refused = reply_is(exc, 412, "PreconditionFailed")
+                refused = conflicting or reply_is(exc, 412, "PreconditionFailed")
                 self.taken = self.taken or (refused and mine is not None)
                 raise
         self.committed = True

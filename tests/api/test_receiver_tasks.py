@@ -85,3 +85,63 @@ def test_tasks_waiting_for_a_take_under_way_do_not_starve_it(
         pytest.fail("the tasks sharing the receiver deadlocked")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+SKIP_CHILD = textwrap.dedent(
+    """
+    import sys
+
+    import anyio
+    import numpy as np
+
+    import rlwire
+
+    path, backend = sys.argv[1], sys.argv[2]
+    rows = [{"token_ids": np.arange(i % 50 + 1)} for i in range(20_000)]
+    with rlwire.open_sync_sender(path) as sender:
+        sender.send({"samples": rows})
+
+    async def main() -> None:
+        receiver = rlwire.open_receiver(path, type=dict)
+        got: list[int] = []
+
+        async def take() -> None:
+            got.append(len((await receiver.areceive(timeout=10))["samples"]))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take)
+            while not receiver._mutex.locked():  # the take is under way
+                await anyio.sleep(0)
+            try:
+                receiver.skip()
+            except rlwire.ConfigError as exc:
+                assert "under way" in str(exc), exc
+                print("refused")
+        assert got == [20_000] and receiver.next_step == 1, (got, receiver.next_step)
+        assert receiver.skip() == 1  # with nothing under way, it skips at once
+        await receiver.aclose()
+        print("ok")
+
+    anyio.run(main, backend=backend)
+    """
+)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_skip_on_the_loop_beside_a_take_under_way_is_refused_not_a_deadlock(
+    tmp_path: Path, backend: str
+) -> None:
+    """``skip()`` (sync) called in a task while another task's ``areceive`` holds the
+    receiver's mutex waited for it on the event loop thread, which the take needs to
+    go on: the process hung. It raises ConfigError instead, and the take completes."""
+    try:
+        done = forked.run(
+            [sys.executable, "-c", SKIP_CHILD, str(tmp_path / "run"), backend],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("skip() beside a take under way deadlocked")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["refused", "ok"]

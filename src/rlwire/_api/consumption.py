@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import threading
 
-from rlwire._core.errors import CorruptFrameError, RlwireError, StepGapError
+from rlwire._core.errors import ConfigError, CorruptFrameError, RlwireError, StepGapError
+from rlwire._core.offload import runs_event_loop
 from rlwire.transport._base import Source
 from rlwire.transport._marks import MarksSource
 
@@ -91,8 +92,21 @@ class ConsumptionMarks:
         the rank moved past the steps before it. Meanwhile a sender's ``keep_last`` keeps
         the skipped step, and one with ``max_ahead=0`` waits for the rank (give it 1 or
         more, as for a receiver opened at a later ``start_step``).
+
+        Raises:
+            ConfigError: called on an event loop while another task's ``areceive`` (or
+                ``aparts``, ``await_next``) on this receiver is under way: waiting for it
+                here would block the loop that call needs to finish.
         """
-        with self._mutex:
+        if not self._mutex.acquire(blocking=False):
+            if runs_event_loop():
+                raise ConfigError(
+                    f"skip() while another task's receive on {self!r} is under way: it "
+                    "needs this event loop to finish, so skip() cannot wait for it here; "
+                    "await that receive (or cancel it) first"
+                )
+            self._mutex.acquire()  # another thread's call: it ends without this one
+        try:
             step = self._next_step
             if self._seen != step and not self._part_next and self._hold is None:
                 self._hold = step  # not found: it may not be sent yet
@@ -101,6 +115,8 @@ class ConsumptionMarks:
             self._peeked = None  # a look (wait_next) read it: it is skipped all the same
             self._next_step, self._part_next = step + 1, 0
             return step
+        finally:
+            self._mutex.release()
 
     def _stored(self, step: int) -> bool:
         """For a step skipped without a look at it: whether the store lists it or a

@@ -26,6 +26,7 @@ from rlwire._api.stats import SendStats
 from rlwire._api.sync_step_writer import SyncStepWriter
 from rlwire._core.columns import Column
 from rlwire._core.errors import ClosedError
+from rlwire._core.offload import runs_event_loop
 from rlwire.transport._base import Sink
 
 __all__ = ["SyncSender", "open_sync_sender"]
@@ -124,7 +125,7 @@ class SyncSender:
         self._pid = os.getpid()  # the process whose thread runs the event loop
         self._closed = False
         self._close_lock = threading.Lock()
-        sender.sink.caller_blocks_loop = _runs_event_loop()
+        sender.sink.caller_blocks_loop = runs_event_loop()
         self._portal, self._thread = _start_portal()
         try:
             _wait(self._portal.start_task_soon(sender.aopen))
@@ -317,20 +318,11 @@ class SyncSender:
         return _wait(future, ended)
 
 
-def _runs_event_loop() -> bool:
-    """True on a thread that runs an event loop (asyncio's, or trio's)."""
-    try:
-        anyio.get_current_task()
-    except RuntimeError:
-        return False
-    return True
-
-
 def _made_off_the_loop(make: Callable[[], T]) -> T:
     """``make()``, in a thread of its own when this thread runs an event loop: anyio's
     locks and limiters take the kind of the loop they are made on (a trio lock cannot be
     used on the sender's asyncio loop)."""
-    if not _runs_event_loop():
+    if not runs_event_loop():
         return make()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(make).result()

@@ -26,6 +26,7 @@ __all__ = [
     "offload",
     "offload_sliced",
     "run_to_the_end",
+    "runs_event_loop",
     "thread_count",
 ]
 
@@ -269,3 +270,12 @@ def thread_count(limiter: CapacityLimiter) -> int:
     """How many threads work that releases the GIL (compression) may use under
     ``limiter``: its size, within the one policy of :func:`~rlwire._core.pools.worker_count`."""
     return worker_count(limiter.total_tokens)
+
+
+def runs_event_loop() -> bool:
+    """True on a thread that runs an event loop (asyncio's, or trio's)."""
+    try:
+        anyio.get_current_task()
+    except RuntimeError:
+        return False
+    return True

@@ -224,6 +224,27 @@ def test_the_board_refuses_marks_no_receiver_records(ray_url: str) -> None:
         receiver.receive(timeout=TIMEOUT)
 
 
+def test_the_board_refuses_steps_and_ranks_no_sender_stages(ray_url: str) -> None:
+    """A step staged by another client as a str (or a seal of one) broke every later
+    open of the board, ``overwrite`` included (a TypeError comparing it with a step);
+    a float step committed did too. The board refuses them, and stores nothing."""
+    board = create_board(_name(ray_url))
+    ref = ray.put([b"x"])
+    for step, rank, key in (("x", 0, "k"), (1.5, 0, "k"), (-1, 0, "k"), (1, "r", "k"), (1, 0, 5)):
+        with pytest.raises(ray.exceptions.RayTaskError, match=r"must be an int >= 0|a str"):
+            ray.get(board.stage.remote(step, key, rank, None, False, [ref], 1.0), timeout=TIMEOUT)
+        with pytest.raises(ray.exceptions.RayTaskError, match=r"must be an int >= 0|a str"):
+            ray.get(board.stage_part.remote(step, key, rank, 0, None, False, [ref], 1.0))
+    with pytest.raises(ray.exceptions.RayTaskError, match="must be an int >= 0"):
+        ray.get(board.seal.remote("x", [], [], "t"), timeout=TIMEOUT)
+    assert ray.get(board.commit.remote("k", 1, None), timeout=TIMEOUT) == ("missing",)
+    for on_existing in ("overwrite", "resume"):
+        with rlwire.open_sync_sender(ray_url, on_existing=on_existing) as sender:
+            sender.send(make_batch(1, n=8))
+    with rlwire.open_receiver(ray_url) as receiver:
+        receiver.receive(timeout=TIMEOUT)
+
+
 def test_fields_computed_from_another_run_of_their_step_are_refused(ray_url: str) -> None:
     """A stage computed its fields from step 0 as received (``of=`` its message id);
     another run then sent step 0 again, the same shape: those fields are refused, and

@@ -54,7 +54,7 @@ from rlwire.transport._stored.names import (
 )
 from rlwire.transport._stored.retention import held_back
 from rlwire.transport.ray._board_fields import FieldsBoard
-from rlwire.transport.ray._board_parts import PartsBoard, Refs
+from rlwire.transport.ray._board_parts import PartsBoard, Refs, counts
 from rlwire.transport.ray._handover import hand_over
 
 __all__ = ["Board", "Refs", "board_name"]
@@ -202,7 +202,15 @@ class Board(PartsBoard, FieldsBoard):
     ) -> tuple[Any, ...]:
         """Stage rank ``rank``'s objects under ``key`` (see :meth:`stage`): ``("ok",)``,
         or ``("unpulled", timeout)`` if the producer's actor did not hand them over
-        within ``timeout`` seconds (every call it can run at once was busy)."""
+        within ``timeout`` seconds (every call it can run at once was busy).
+
+        Raises:
+            ValueError: not a step, a rank and a str key (another client's call: a step
+                that is no int broke every later open of the board).
+        """
+        counts(step, rank)
+        if not isinstance(key, str):
+            raise ValueError(f"a staging key is a str, not {type(key).__name__}")
         if producer is not None:
             count = 2 if has_side else 1
             returned = producer.__ray_call__.options(num_returns=count + 1).remote(
@@ -314,7 +322,7 @@ class Board(PartsBoard, FieldsBoard):
             ValueError: not a rank and a step (another client's call: nothing else is
                 stored where receivers and senders read marks).
         """
-        _counts(rank, next_step)
+        counts(rank, next_step)
         self.consumed[rank] = next_step
 
     async def mark_part(self, rank: int, step: int, next_part: int, of: bytes = b"") -> None:
@@ -325,7 +333,7 @@ class Board(PartsBoard, FieldsBoard):
         Raises:
             ValueError: not a rank, a step and a part (and bytes), as :meth:`mark`.
         """
-        _counts(rank, step, next_part)
+        counts(rank, step, next_part)
         if not isinstance(of, bytes):
             raise ValueError(f"a part mark's run is bytes, not {type(of).__name__}")
         self.consumed_parts[rank] = (step, next_part, of)
@@ -365,19 +373,13 @@ class Board(PartsBoard, FieldsBoard):
 
     async def finish(self, end: int) -> None:
         """Mark the end of the stream at ``end`` (ValueError: not a step, as :meth:`mark`)."""
-        _counts(end)
+        counts(end)
         self.end = end
         await self._notify()
 
     async def steps(self) -> list[int]:
         """The steps holding anything committed (whole, parts or a seal), ascending."""
         return sorted(self._stored())
-
-
-def _counts(*values: object) -> None:
-    """Raise ValueError unless every value is an int >= 0 (a rank, a step, a part)."""
-    if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
-        raise ValueError(f"a rank, step or part must be an int >= 0, got {values!r}")
 
 
 # The actor class, made once: ray.remote wraps the plain class (kept plain for reading

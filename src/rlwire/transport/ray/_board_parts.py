@@ -18,7 +18,7 @@ from typing import Any
 
 from ray import ObjectRef
 
-__all__ = ["PartKey", "PartsBoard", "Refs"]
+__all__ = ["PartKey", "PartsBoard", "Refs", "counts"]
 
 #: One rank's objects: the main object's reference, and the sidecar's or ``None``.
 Refs = tuple[ObjectRef[Any], ObjectRef[Any] | None]
@@ -33,6 +33,12 @@ class _Part:
     refs: Refs
     key: PartKey
     cost: float
+
+
+def counts(*values: object) -> None:
+    """Raise ValueError unless every value is an int >= 0 (a rank, a step, a part)."""
+    if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
+        raise ValueError(f"a rank, step or part must be an int >= 0, got {values!r}")
 
 
 def _same_key(a: PartKey, b: PartKey) -> bool:
@@ -163,7 +169,9 @@ class PartsBoard:
         which must be exactly the parts committed, and wake the receivers. ``("ok",)``,
         ``("exists", why)`` when it is sealed or was sent whole, ``("differs", why)``
         when the committed parts are not those listed (another sender's). ``token``
-        names the seal (kept in ``tokens``)."""
+        names the seal (kept in ``tokens``). ValueError: ``step`` is no step (as
+        :meth:`~rlwire.transport.ray._board.Board.mark`)."""
+        counts(step)
         why = self._closed(step)
         if why is not None:
             return ("exists", why)

@@ -6,6 +6,7 @@ go with their step. asyncio and trio where the test is async."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from typing import Any
 
@@ -13,7 +14,7 @@ import anyio
 import numpy as np
 import pytest
 import ray
-from ray_actors import kill_and_wait
+from ray_actors import kill_and_wait, quiet_store_bytes, settles, store_bytes
 from ray_fields_actors import RefStage
 
 import rlwire
@@ -321,3 +322,34 @@ async def test_a_field_left_none_is_waited_for_on_the_board(
                 appended = time.monotonic()
     assert got[0].samples["ref_logprobs"].values.tolist() == [1, 2, 3, 4, 5]
     assert got[1] - appended < 5.0
+
+
+def test_fields_read_and_appended_leave_the_store_to_keep_last(ray_url: str) -> None:
+    """add_fields and a fields= receiver scan the step's header with a decoder whose hook
+    held the scan: a reference cycle that kept views of the step's objects, and with them
+    the object store's memory, after keep_last dropped the step, until Python's cyclic
+    collector ran (never here: it is off)."""
+    pytest.importorskip("grpc")  # the store's figures come over gRPC
+    batch = _batch([1 << 17])  # the step's arrays in its main object, some 1.7 MB
+    baseline = quiet_store_bytes()
+    gc.collect()
+    gc.disable()
+    try:
+        with (
+            rlwire.open_sync_sender(ray_url, keep_last=1) as sender,
+            rlwire.open_receiver(ray_url, fields=("logprobs",)) as receiver,
+        ):
+            for step in range(4):
+                sender.send(batch)
+                sender.add_fields(step, {"score": [1.0]})
+                assert len(receiver.receive(timeout=TIMEOUT).samples) == 1
+                receiver.wait_next(timeout=0)  # moves past it: the next send deletes it
+            stats = sender.last_stats
+            assert stats is not None
+            # One step kept (the newest), and at most one on its way: never all four.
+            assert settles(lambda: store_bytes() - baseline <= 2.2 * stats.bytes), (
+                store_bytes() - baseline,
+                stats.bytes,
+            )
+    finally:
+        gc.enable()

@@ -36,6 +36,7 @@ from rlwire.codecs._msgpack.extensions import (
     ROWS_AS_MAPS,
     ArrayRef,
     InlineArray,
+    weak_hook_decoder,
 )
 
 __all__ = ["ColumnTable", "StoredColumn", "describe_columns", "values_array"]
@@ -114,7 +115,7 @@ class _Scan:
 
     def __init__(self, allowance: HeapAllowance) -> None:
         self.allowance = allowance
-        self.decoder = msgspec.msgpack.Decoder(ext_hook=self.hook)
+        self.decoder = weak_hook_decoder(self.hook)  # no cycle: see there
 
     def hook(self, code: int, data: memoryview) -> Any:
         if code == EXT_ARRAY:
@@ -212,7 +213,8 @@ def describe_columns(frame: Frame) -> ColumnTable | None:
     allowance = HeapAllowance.of(frame)
     try:
         allowance.charge_decode(frame.header)
-        top = _Scan(allowance).decoder.decode(frame.header)
+        scan = _Scan(allowance)  # held while it decodes: its decoder holds it weakly
+        top = scan.decoder.decode(frame.header)
     except RlwireError:
         raise
     except (msgspec.DecodeError, ValueError, TypeError, RecursionError) as exc:

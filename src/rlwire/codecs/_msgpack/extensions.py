@@ -20,6 +20,10 @@ Example:
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
+from typing import Any
+
 import msgspec
 
 __all__ = [
@@ -36,6 +40,7 @@ __all__ = [
     "BytesRef",
     "ChunksRef",
     "InlineArray",
+    "weak_hook_decoder",
 ]
 
 EXT_ARRAY = 1
@@ -81,3 +86,19 @@ class ChunksRef(msgspec.Struct, array_like=True):
     index: int
     count: int
     ranges: list[int]
+
+
+def weak_hook_decoder(hook: Callable[[int, memoryview], Any]) -> msgspec.msgpack.Decoder[Any]:
+    """A decoder whose ``ext_hook`` is the bound method ``hook``, held weakly: an object
+    that keeps the decoder as an attribute then makes no reference cycle with it (a
+    cycle kept what the object holds, a received message's memory included, until
+    Python's cyclic collector ran: on ``ray://`` the object store's memory of a step
+    ``keep_last`` had dropped). The object must outlive every decode the decoder runs."""
+    method = weakref.WeakMethod(hook)
+
+    def ext_hook(code: int, data: memoryview) -> Any:
+        bound = method()
+        assert bound is not None, "the decoder's owner is gone"
+        return bound(code, data)
+
+    return msgspec.msgpack.Decoder(ext_hook=ext_hook)

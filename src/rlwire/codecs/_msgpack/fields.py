@@ -43,6 +43,7 @@ from rlwire.codecs._msgpack.extensions import (
     ArrayRef,
     BytesRef,
     ChunksRef,
+    weak_hook_decoder,
 )
 
 __all__ = ["NOT_READ", "check_fields_present", "select_fields"]
@@ -86,7 +87,7 @@ class _Scan:
         self.needed: set[int] = set()
         self.complete = True
         self.found_columns = False
-        self.decoder = msgspec.msgpack.Decoder(ext_hook=self.hook)
+        self.decoder = weak_hook_decoder(self.hook)  # no cycle: see there
         self.chunks_seen: set[tuple[int, int]] = set()
 
     def hook(self, code: int, data: memoryview) -> Any:

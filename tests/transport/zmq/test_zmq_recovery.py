@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -433,3 +434,50 @@ async def test_a_curve_key_mismatch_is_an_authentication_error_on_the_receiver(
             with pytest.raises(rlwire.TransportError, match="CURVE authentication failed"):
                 with anyio.fail_after(LONG):
                     await receiver.areceive(timeout=5)
+
+
+# -- adversarial review: two receivers connect as the stream ends --------------------------
+
+
+async def test_two_receivers_that_connect_as_the_stream_ends_both_hear_the_end(
+    tmp_path: Path,
+) -> None:
+    """Two receivers connect together as the sender finishes; one announces itself at
+    once, the other only later. The closing sender waits for the second too and tells
+    it the end: the first one's ``ready`` used to clear the wait for both, so the sender
+    closed at once and the second receiver waited forever."""
+    from rlwire.transport.zmq._protocol import parse_end, ready_packet
+
+    url = f"zmq+ipc://{tmp_path / 'late.sock'}"
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    late = {rank: context.socket(zmq.DEALER) for rank in (1, 2)}
+    monitors = [sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED) for sock in late.values()]
+    try:
+        async with rlwire.open_sender(url, storage_options={"linger": LONG}) as sender:
+            with rlwire.open_receiver(url, rank=0) as first:
+                await sender.send(payload(0))
+                assert (await first.areceive(timeout=LONG)).samples[0].env_name == "env0"
+            for sock in late.values():
+                sock.connect(url.removeprefix("zmq+"))
+            for monitor in monitors:
+                assert monitor.poll(int(LONG * 1000)), "no handshake with the sender"
+                monitor.recv_multipart()
+            late[2].send_multipart(ready_packet(2))
+            await anyio.sleep(0.2)  # its ready is there, rank 1's is not
+            await sender.finish()
+            # The sender closes now; rank 1 announces itself while it does.
+            announce = threading.Timer(0.3, late[1].send_multipart, [ready_packet(1)])
+            announce.start()
+        announce.join()
+        for rank, sock in late.items():
+            ends = []
+            while sock.poll(0):
+                ends.append(parse_end(sock.recv_multipart()))
+            assert 1 in ends, f"rank {rank}'s receiver was never told the end"
+    finally:
+        for sock in late.values():
+            sock.disable_monitor()
+            sock.close(linger=0)
+        for monitor in monitors:
+            monitor.close(linger=0)
+        context.term()

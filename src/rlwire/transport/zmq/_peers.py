@@ -88,8 +88,9 @@ class Peers:
     #: The socket's monitor of handshakes, read before every drain: :meth:`linger` waits
     #: for a receiver that connected as the stream ended (``None``: none).
     monitor: Socket | None = None
-    # until when linger waits for a connection up with no ``ready`` read since (monotonic)
-    _unheard_until: float = field(default=0.0, init=False, repr=False)
+    # for each connection up whose receiver has not announced itself yet, until when
+    # linger waits for it (monotonic): one each, as a ``ready`` answers one only
+    _unheard: list[float] = field(default_factory=list, init=False, repr=False)
     # rank -> routing id of its receiver
     _rank_peer: dict[int, bytes] = field(default_factory=dict, init=False, repr=False)
     # the routing ids of the receivers there now, in the order they announced themselves
@@ -218,8 +219,7 @@ class Peers:
                 if self._end_pending:
                     self.send_end(list(self._end_pending))
                 told = not self._end_pending and (
-                    self.end is None
-                    or time.monotonic() >= max(self.announced_by, self._unheard_until)
+                    self.end is None or time.monotonic() >= max([self.announced_by, *self._unheard])
                 )
                 if not waiting and told:
                     return
@@ -282,10 +282,13 @@ class Peers:
         as the monitor reports the handshake first)."""
         while self.monitor is not None and has_packet(self.monitor):
             self.monitor.recv_multipart()
-            self._unheard_until = self._unheard_until or time.monotonic() + _ANNOUNCE_SECONDS
+            now = time.monotonic()  # (the expired are waited for no more)
+            self._unheard = [*(t for t in self._unheard if t > now), now + _ANNOUNCE_SECONDS]
 
     def _ready(self, peer: bytes, body: bytes) -> None:
-        self._unheard_until = 0.0
+        if peer not in self._live and self._unheard:
+            # A receiver announcing itself anew answers one connection, not all of them.
+            self._unheard.pop(0)
         ready = parse_ready(body)
         if ready is None:
             return

@@ -324,6 +324,24 @@ async def test_a_second_sender_on_an_ipc_path_in_use_is_refused(tmp_path: Path) 
         pass
 
 
+@pytest.mark.parametrize("what", ["file", "directory"])
+async def test_a_sender_never_replaces_what_is_not_a_socket_at_its_ipc_path(
+    tmp_path: Path, what: str
+) -> None:
+    """An ipc path that names a regular file (or a directory) is a ConfigError saying
+    so, and the file is left as it was: libzmq unlinks whatever is at the path before
+    binding, so a typo in the URL deleted the user's file."""
+    path = tmp_path / "notes.txt"
+    if what == "file":
+        path.write_text("keep me")
+    else:
+        path.mkdir()
+    with pytest.raises(rlwire.ConfigError, match=r"notes\.txt: .*not a socket"):
+        async with rlwire.open_sender(f"zmq+ipc://{path}"):
+            pass
+    assert path.read_text() == "keep me" if what == "file" else path.is_dir()
+
+
 async def test_a_sender_and_a_receiver_left_by_a_cancellation_are_closed(
     tmp_path: Path,
 ) -> None:

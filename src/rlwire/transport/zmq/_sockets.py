@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import stat
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeAlias, cast
 
@@ -87,12 +88,26 @@ def ensure_ipc_free(endpoint: str) -> None:
     Abstract addresses (``ipc://@name``) and TCP are left to the kernel, which refuses
     an address in use by itself.
 
+    Anything but a socket at the path (a regular file, a directory) is refused too:
+    libzmq would delete it.
+
     Raises:
         TransportError: something listens on the path.
+        ConfigError: the path names something other than a socket.
     """
     path = endpoint.removeprefix("ipc://")
-    if not endpoint.startswith("ipc://") or path.startswith("@") or not os.path.exists(path):
+    if not endpoint.startswith("ipc://") or path.startswith("@"):
         return
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # nothing there (or nothing this process may see): bind says what fails
+    if not stat.S_ISSOCK(mode):
+        raise ConfigError(
+            "cannot bind: the ipc path exists and is not a socket (binding would delete "
+            "it); name a path of its own, e.g. /tmp/run42.sock",
+            where=endpoint,
+        )
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.settimeout(1.0)

@@ -499,3 +499,18 @@ async def test_two_receivers_that_connect_as_the_stream_ends_both_hear_the_end(
         for monitor in monitors:
             monitor.close(linger=0)
         context.term()
+
+
+async def test_a_receiver_without_a_key_for_a_curve_sender_is_told_so() -> None:
+    """A receiver opened without ``curve_server_key`` on a sender that uses CURVE gets a
+    TransportError naming the option it lacks, not a ReceiveTimeout with nothing to go
+    on (the handshake fails: the two sides speak different security mechanisms)."""
+    _public, secret = zmq.curve_keypair()
+    options = {"curve_secret_key": secret, "linger": 1}
+    async with rlwire.open_sender("zmq+tcp://127.0.0.1:0", storage_options=options) as sender:
+        with rlwire.open_receiver(sender.sink.url, rank=0) as receiver:
+            with pytest.raises(rlwire.TransportError) as caught:
+                with anyio.fail_after(LONG):
+                    await receiver.areceive(timeout=5)
+    assert "the sender uses CURVE" in str(caught.value), caught.value
+    assert "curve_server_key" in str(caught.value), caught.value

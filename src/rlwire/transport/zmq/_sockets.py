@@ -221,20 +221,34 @@ async def wait_descriptor(sock: Socket, timeout: float | None) -> None:
         await anyio.wait_readable(cast(int, sock.getsockopt(zmq.FD)))
 
 
-def check_handshake(monitor: Socket, *, where: str) -> None:
+def check_handshake(monitor: Socket, *, where: str, curve: bool = True) -> None:
     """Read the handshake events that ``monitor`` (of a CURVE client's socket, watching
-    :data:`HANDSHAKE_EVENTS`) has queued, without waiting.
+    :data:`HANDSHAKE_EVENTS`, or, ``curve`` false, of a plain one, watching
+    ``EVENT_HANDSHAKE_FAILED_PROTOCOL``) has queued, without waiting.
 
     Raises:
-        TransportError: a handshake failed: authentication failed.
+        TransportError: a handshake failed: authentication failed, or a plain receiver
+            met a sender that uses CURVE (or a peer that speaks another protocol).
     """
     from zmq.utils.monitor import parse_monitor_message
 
     while True:
         try:
-            event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))["event"]
+            message = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))
         except zmq.Again:
             return
+        event, value = message["event"], message["value"]
+        if not curve:
+            if event != zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                continue
+            if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                why = (
+                    "the sender uses CURVE: open the receiver with storage option "
+                    "curve_server_key (the sender's public key)"
+                )
+            else:
+                why = f"ZeroMQ protocol error {value:#x}: is an rlwire sender at this address?"
+            raise TransportError(f"the handshake with the sender failed: {why}", where=where)
         if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             why = "the sender refused this receiver's key (not among its curve_clients)"
         elif event != zmq.EVENT_HANDSHAKE_SUCCEEDED:

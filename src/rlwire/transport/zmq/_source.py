@@ -91,8 +91,8 @@ class ZmqSource(Source):
     Raises:
         ConfigError: CURVE keys that do not go together; an unknown pattern.
         TransportError: the socket cannot connect or receive; CURVE authentication
-            failed (the sender refused this receiver's key, or ``curve_server_key`` is
-            not the sender's): raised by a read, for each handshake that failed.
+            failed (the sender refused this receiver's key, ``curve_server_key`` is not
+            the sender's, or is missing for a sender that uses CURVE): raised by a read.
         StepGapError: a message was lost (the sequence or, for per-rank messages, the
             step does not follow on); the next read returns the message after the gap.
         StepOrderError: a step that would be returned a second time, or go backwards:
@@ -143,19 +143,22 @@ class ZmqSource(Source):
         self._lock = threading.Lock()
         self._context: Context = zmq.Context()
         sock = self._context.socket(zmq.DEALER)
+        self._curve, monitor = curve_server_key is not None, None
         try:
             sock.setsockopt(zmq.RCVHWM, hwm)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTING_ID, os.urandom(12))
-            self._monitor: Socket | None = None
             if curve_server_key is not None:
                 connect_curve(sock, curve_server_key, curve_public_key, curve_secret_key)
-                self._monitor = sock.get_monitor_socket(HANDSHAKE_EVENTS)
+            # A failed handshake says why (a CURVE sender, for a plain receiver too).
+            events = HANDSHAKE_EVENTS if self._curve else zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            monitor = sock.get_monitor_socket(events)
             sock.connect(endpoint)
         except zmq.ZMQError as exc:
-            release(sock, self._context, None, linger=None, monitor=self._monitor)
+            release(sock, self._context, None, linger=None, monitor=monitor)
             raise transport_error(exc, "connect", where=endpoint) from exc
         self._socket: Socket | None = sock
+        self._monitor: Socket = monitor
         self._pattern = pattern  # as given, announced to the sender
         # The pattern expected (True: shared), fixed by the first message if not given.
         self._shared: bool | None = None if pattern is None else pattern == "shared"
@@ -203,8 +206,6 @@ class ZmqSource(Source):
         handed = self._handed is not None and step <= self._handed[0]
         if handed or self._pending is not None or self._parts.sealed(step):
             return
-        if self._monitor is not None and self._socket is not None:
-            check_handshake(self._monitor, where=self.endpoint)
         self._pending = self._next(step)
 
     def read_next(self, step: int) -> tuple[int, Frame] | None:
@@ -216,8 +217,6 @@ class ZmqSource(Source):
                 # still the next one, as a stored step would be.
                 self._handed = handed
                 return handed
-            if self._monitor is not None and self._socket is not None:
-                check_handshake(self._monitor, where=self.endpoint)
             got = self._next(step)
             self._handed = got
             return got
@@ -230,6 +229,7 @@ class ZmqSource(Source):
         if self._end is not None:
             raise self._ordering.end_of_stream(self._end, step)
         sock = self._require_socket()
+        check_handshake(self._monitor, where=self.endpoint, curve=self._curve)
         self._send_ack()
         while not self._parts.sealed(step):  # what follows a seal is for a later step
             try:

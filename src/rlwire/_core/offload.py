@@ -11,6 +11,7 @@ from typing import Generic, TypeVar, TypeVarTuple, Unpack
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 from anyio import CapacityLimiter, from_thread, to_thread
 
 from rlwire._core.args import check_int
@@ -20,7 +21,9 @@ from rlwire._core.slicing import Sliced
 __all__ = [
     "HANDOFF_SECONDS",
     "TRIP_SECONDS",
+    "Abandoned",
     "Resumes",
+    "abandoned",
     "drive_sliced",
     "make_limiter",
     "offload",
@@ -67,6 +70,24 @@ TRIP_SECONDS = 0.02
 #: lets the worker take it back first). After every 0.3 ms slice that was a quarter of
 #: the work; short slices now run back to back up to this long.
 HANDOFF_SECONDS = 0.001
+
+
+class Abandoned(BaseException):
+    """Raised in a worker thread by a wait that gave up because the caller of the trip
+    under way was cancelled (:func:`abandoned`): it ends the generator, and
+    :func:`drive_sliced` raises the caller's cancellation instead."""
+
+
+_current = threading.local()  # the _Trips whose trip runs in this thread, if any
+
+
+def abandoned() -> bool:
+    """Whether the caller of the :func:`drive_sliced` trip running in this thread was
+    cancelled (by anyio, trio, or asyncio's own cancellation); False outside a trip. A
+    long wait inside a slice (a download) asks this now and then, and raises
+    :class:`Abandoned` to stop; waits that must end (a commit) never do."""
+    trips: _Trips[object] | None = getattr(_current, "trips", None)
+    return trips is not None and trips.cancelled()
 
 
 async def offload(
@@ -207,6 +228,9 @@ async def drive_sliced(
     try:
         while True:
             done, finished = await to_thread.run_sync(trips.advance, limiter=limiter)
+            if trips.abandoned:  # a wait gave up on a cancelled caller: raise its cancellation
+                await anyio.lowlevel.checkpoint()
+                raise RuntimeError("a sliced generator gave up on a caller that was not cancelled")
             if resumes is not None:
                 resumes.worst = max(resumes.worst, time.perf_counter() - finished)
                 resumes.trips += 1
@@ -232,7 +256,19 @@ class _Trips(Generic[T]):
         self._slices = slices
         self._lock = threading.Lock()  # held by a trip while it runs slices
         self._closed = False
+        self._leaving = threading.Event()  # close() was called: the caller is gone
+        self.abandoned = False  # the generator raised Abandoned: it is over
         self.returned: list[T] = []  # what the generator returned, once it has
+
+    def cancelled(self) -> bool:
+        """Whether the caller was cancelled (asked from the thread of a trip)."""
+        if self._leaving.is_set():
+            return True
+        try:
+            from_thread.check_cancelled()
+        except BaseException:
+            return True
+        return False
 
     def advance(self) -> tuple[bool, float]:
         """Run slices for up to :data:`TRIP_SECONDS`: (whether the generator returned,
@@ -242,25 +278,37 @@ class _Trips(Generic[T]):
             if self._closed:  # a trip that began after close(): no work
                 return False, handed
             deadline = handed + TRIP_SECONDS
-            while True:
+            _current.trips = self
+            try:
+                return self._run(handed, deadline)
+            finally:
+                _current.trips = None
+
+    def _run(self, handed: float, deadline: float) -> tuple[bool, float]:
+        """The slices of one trip (:meth:`advance`, the lock held)."""
+        while True:
+            try:
+                next(self._slices)
+            except StopIteration as stop:
+                self.returned.append(stop.value)
+                return True, time.perf_counter()
+            except Abandoned:
+                self.abandoned = self._closed = True
+                return False, time.perf_counter()
+            now = time.perf_counter()
+            if now >= deadline:
+                return False, now
+            if now - handed >= HANDOFF_SECONDS:
                 try:
-                    next(self._slices)
-                except StopIteration as stop:
-                    self.returned.append(stop.value)
-                    return True, time.perf_counter()
-                now = time.perf_counter()
-                if now >= deadline:
+                    from_thread.check_cancelled()
+                except BaseException:  # the caller was cancelled: the loop raises it
                     return False, now
-                if now - handed >= HANDOFF_SECONDS:
-                    try:
-                        from_thread.check_cancelled()
-                    except BaseException:  # the caller was cancelled: the loop raises it
-                        return False, now
-                    time.sleep(0)  # lets go of the GIL, long enough for a waiting loop to run
-                    handed = time.perf_counter()
+                time.sleep(0)  # lets go of the GIL, long enough for a waiting loop to run
+                handed = time.perf_counter()
 
     def close(self) -> None:
         """Close the generator once the trip under way (if any) has ended."""
+        self._leaving.set()
         with self._lock:
             self._closed = True
             self._slices.close()

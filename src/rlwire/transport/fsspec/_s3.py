@@ -171,7 +171,7 @@ class S3Store(S3Bucket):
         return S3Staging(self, part_bytes, self.concurrency(max_concurrency))
 
     def get(self, path: str) -> bytes | bytearray | None:
-        return self.run(self._get, path, self.concurrency())
+        return self.run_read(self._get, path, self.concurrency())
 
     def ranged(self, path: str) -> S3Ranged | None:
         return open_ranged(self, path)

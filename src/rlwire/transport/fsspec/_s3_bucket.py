@@ -9,6 +9,7 @@ import concurrent.futures
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from rlwire._core.offload import Abandoned, abandoned
 from rlwire._core.slicing import Sliced
 from rlwire.transport.fsspec._store import Store
 
@@ -80,6 +81,21 @@ class S3Bucket(Store):
 
         result: T = sync(self.loop, func, *args, **kwargs)
         return result
+
+    def run_read(self, func: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any) -> T:
+        """:meth:`run` for a read, which gives up when the receive (or other call) whose
+        worker-thread trip it runs in is cancelled (:func:`~rlwire._core.offload.abandoned`,
+        asked every 50 ms): a download of a large step, or a GET that hangs, stops at the
+        caller's deadline instead of at its end. Nothing a read does needs undoing."""
+        fut = asyncio.run_coroutine_threadsafe(func(*args, **kwargs), self.loop)
+        try:
+            while not fut.done():
+                concurrent.futures.wait([fut], timeout=0.05)
+                if not fut.done() and abandoned():
+                    raise Abandoned(f"a read from {self.url} whose caller was cancelled")
+            return fut.result()
+        finally:
+            fut.cancel()
 
     def run_in_slices(
         self, func: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kwargs: Any

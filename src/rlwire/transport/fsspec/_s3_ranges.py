@@ -86,7 +86,7 @@ class S3Ranged(Ranged):
         held = self.first.nbytes
         spans = coalesced([r for r in ranges if r[1] > held])
         try:
-            blocks = self.store.run(self._fetch_all, spans) if spans else []
+            blocks = self.store.run_read(self._fetch_all, spans) if spans else []
         except RlwireError:
             raise
         except Exception as exc:
@@ -160,4 +160,4 @@ def open_ranged(store: S3Bucket, path: str) -> S3Ranged | None:
     Raises:
         CorruptFrameError: the object is empty.
     """
-    return store.run(_open, store, path)
+    return store.run_read(_open, store, path)

@@ -75,6 +75,9 @@ def test_a_handle_never_opens_another_run_of_its_step(ray_url: str) -> None:
         with sender.open_step(1) as writer:
             writer.put([make_sample(8, seed=2)], key="a")
         handles = [sender.sink.handle(0), sender.sink.handle(1)]
+        for step in (0, 1):  # each step went to rank 0 alone: a handle of rank 1 would wait
+            with pytest.raises(rlwire.ConfigError, match="no message of rank 1"):
+                sender.sink.handle(step, 1)
     for handle, want in zip(handles, ("whole", "a"), strict=True):
         with rlwire.open_receiver(handle.url, **handle.receiver_options()) as receiver:
             part = next(receiver.parts(timeout=TIMEOUT))

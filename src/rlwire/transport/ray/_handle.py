@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rlwire._core.errors import ConfigError
+
 __all__ = ["Commits", "StepHandle"]
 
 #: How many of its latest commits a sink remembers for its handles.
@@ -16,17 +18,29 @@ class Commits:
     :data:`_REMEMBERED`, for the handles it makes."""
 
     def __init__(self) -> None:
-        self._tokens: dict[int, str] = {}
+        self._tokens: dict[int, tuple[str, int]] = {}  # step -> (token, ranks)
 
-    def remember(self, step: int, token: str) -> None:
+    def remember(self, step: int, token: str, ranks: int) -> None:
         self._tokens.pop(step, None)
-        self._tokens[step] = token
+        self._tokens[step] = (token, ranks)
         if len(self._tokens) > _REMEMBERED:
             del self._tokens[next(iter(self._tokens))]
 
-    def token(self, step: int) -> str:
-        """The token of ``step``'s commit, ``""`` when this sink did not make it."""
-        return self._tokens.get(step, "")
+    def token(self, step: int, rank: int, where: str) -> str:
+        """The token of ``step``'s commit, ``""`` when this sink did not make it.
+
+        Raises:
+            ConfigError: this sink committed ``step`` with no message for ``rank`` (a
+                handle of it would wait for ever); nothing is known of other sinks' steps.
+        """
+        token, ranks = self._tokens.get(step, ("", None))
+        if ranks is not None and not 0 <= rank < ranks:
+            raise ConfigError(
+                f"step {step} was sent to {ranks} rank(s), 0 to {ranks - 1}: no message "
+                f"of rank {rank} to make a handle of",
+                where=where,
+            )
+        return token
 
 
 @dataclass(frozen=True)

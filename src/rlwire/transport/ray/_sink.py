@@ -241,7 +241,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         board = self._require_board()
         key = uuid.uuid4().hex
         staged = RayStaged(board, self.where, key, step, len(frames))
-        self._commits.remember(step, key)  # the board's token of the step, once committed
+        self._commits.remember(step, key, len(frames))  # the board's token, once committed
         handoffs: list[tuple[int, Handed]] = []  # (rank, its hand-off), not answered yet
         sums: list[bytes | None] = []
         try:
@@ -353,7 +353,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
     def seal(self, seal: Seal) -> None:
         self._settle_prune()
         token = uuid.uuid4().hex
-        self._commits.remember(seal.step, token)
+        self._commits.remember(seal.step, token, seal.ranks)
         answer = call(
             self._require_board().seal,
             seal.step,
@@ -387,12 +387,12 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         return marks
 
     def handle(self, step: int, rank: int = 0) -> StepHandle:
-        """A small, serialisable :class:`StepHandle` of rank ``rank``'s message of the
-        committed ``step``, for a driver to pass to a trainer actor, which opens it with
-        :meth:`StepHandle.receiver_options`: it reads this commit of the step only."""
+        """A small, serialisable :class:`StepHandle` of rank ``rank``'s message of this commit
+        of ``step``, for a trainer actor to open (:meth:`StepHandle.receiver_options`)."""
         # The board's namespace, the job's own included: a receiver of another job finds it.
         space = ray.get_runtime_context().namespace if self.namespace is None else self.namespace
-        return StepHandle(self.name, space, step, rank, self._board_id, self._commits.token(step))
+        token = self._commits.token(step, rank, self.where)  # ConfigError: no such rank
+        return StepHandle(self.name, space, step, rank, self._board_id, token)
 
     def close(self) -> None:
         with contextlib.suppress(TransportError):  # a send that failed raised it already

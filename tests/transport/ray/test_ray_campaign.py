@@ -25,6 +25,7 @@ import rlwire
 from rlwire import CorruptFrameError, TransportError
 from rlwire.testing import assert_batches_equal, make_batch, make_sample
 from rlwire.transport.ray import create_board, drop_board
+from rlwire.transport.ray._actors import call
 from rlwire.transport.ray._appended import RayFieldsSink
 
 TIMEOUT = 30.0
@@ -246,6 +247,15 @@ def test_the_board_refuses_steps_and_ranks_no_sender_stages(ray_url: str) -> Non
             sender.send(make_batch(1, n=8))
     with rlwire.open_receiver(ray_url) as receiver:
         receiver.receive(timeout=TIMEOUT)
+
+
+def test_a_board_call_that_raises_says_what_it_raised(ray_url: str) -> None:
+    """A TransportError of a board call that raised names what it raised, not only
+    the first line of Ray's RayTaskError (``ray::Board.mark() (pid=...)``)."""
+    board = create_board(_name(ray_url))
+    with pytest.raises(TransportError, match="raised ValueError: a rank, step or part") as e:
+        call(board.mark, "x", 1, where=ray_url, action="record consumption")
+    assert "cannot record consumption: RayTaskError" in str(e.value)
 
 
 def test_fields_computed_from_another_run_of_their_step_are_refused(ray_url: str) -> None:

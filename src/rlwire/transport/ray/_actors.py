@@ -72,6 +72,9 @@ def ray_errors(where: str, action: str) -> Iterator[None]:
     except ray.exceptions.RayError as exc:
         kind = type(exc).__name__
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else kind
+        cause = getattr(exc, "cause", None)  # a RayTaskError's: what the call raised
+        if isinstance(cause, Exception):
+            first += f" raised {type(cause).__name__}: {cause}"
         raise TransportError(f"cannot {action}: {kind}: {first}", where=where) from exc
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from rlwire._core.errors import ConfigError, CorruptFrameError, StepExistsError, TransportError
+from rlwire._core.errors import ConfigError, StepExistsError, TransportError
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
@@ -58,6 +58,7 @@ class AppendedReader(Protocol):
     def open_ranged(self, name: str) -> Ranged | None: ...
     def locate(self, name: str) -> str: ...
     def _sidecar_loader(self, side: str) -> Callable[[], memoryview]: ...
+    def _sidecar_opener(self, side: str) -> Callable[[], Ranged]: ...
 
 
 def read_appended_message(
@@ -86,19 +87,10 @@ def read_appended_message(
     main = reader.open_ranged(name)
     if main is None:
         return None
-
-    def open_sidecar() -> Ranged:
-        got = reader.open_ranged(side)
-        if got is None:
-            raise CorruptFrameError(
-                "missing; the main file refers to it", where=reader.locate(side)
-            )
-        return got
-
     env = read_envelope(main, where, step=step, rank=reader.rank, part=None)[1]
     _, frame = parse_selected(
         main,
-        open_sidecar,
+        reader._sidecar_opener(side),
         step=step,
         rank=reader.rank,
         part=None,

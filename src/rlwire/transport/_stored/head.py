@@ -217,18 +217,9 @@ def open_head(source: StoredSource, step: int, rank: int, part: int | None) -> H
     main = source.open_ranged(name)
     if main is None:
         return None
-
-    def open_sidecar() -> Ranged:
-        got = source.open_ranged(side)
-        if got is None:
-            raise CorruptFrameError(
-                "missing; the main file refers to it", where=source.locate(side)
-            )
-        return got
-
     return read_head(
         main,
-        open_sidecar,
+        source._sidecar_opener(side),
         step=step,
         rank=rank,
         part=part,

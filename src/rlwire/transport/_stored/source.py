@@ -224,19 +224,10 @@ class StoredSource(StoredFieldsSource, Source):
         ranged = self.open_ranged(name)
         if ranged is None:
             return None
-
-        def open_sidecar() -> Ranged:
-            got = self.open_ranged(side)
-            if got is None:
-                raise CorruptFrameError(
-                    "missing; the main file refers to it", where=self.locate(side)
-                )
-            return got
-
         try:
             return parse_selected(
                 ranged,
-                open_sidecar,
+                self._sidecar_opener(side),
                 step=step,
                 rank=self.rank,
                 part=part,
@@ -272,6 +263,20 @@ class StoredSource(StoredFieldsSource, Source):
         self.check_end(step)
         self.check_gone(step)
         return None
+
+    def _sidecar_opener(self, side: str) -> Callable[[], Ranged]:
+        """What opens the sidecar ``side`` of a message read by ranges, when its reader
+        needs it (CorruptFrameError: it is missing, and the main file refers to it)."""
+
+        def open_sidecar() -> Ranged:
+            got = self.open_ranged(side)
+            if got is None:
+                raise CorruptFrameError(
+                    "missing; the main file refers to it", where=self.locate(side)
+                )
+            return got
+
+        return open_sidecar
 
     def _sidecar_loader(self, side: str, main: str | None = None) -> Callable[[], memoryview]:
         def load_sidecar() -> memoryview:

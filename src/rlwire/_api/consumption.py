@@ -65,8 +65,7 @@ class ConsumptionMarks:
         # Before the first read, look whether the rank's mark is past the start, to lower it.
         self._check_start = self._record_consumed
         self._restore: int | None = None  # the mark lowered from, while its step is unread
-        self._missing = -1  # the step the last read did not find
-        self._seen = -1  # the step the last read found
+        self._looked: tuple[int, bool] = (-1, False)  # the last read's step, and if found
         self._hold: int | None = None  # a step skipped unfound: the mark stays at it
         self._hold_unsure = False  # skipped without a look: the store may list it
         if resume:
@@ -108,10 +107,10 @@ class ConsumptionMarks:
             self._mutex.acquire()  # another thread's call: it ends without this one
         try:
             step = self._next_step
-            if self._seen != step and not self._part_next and self._hold is None:
+            if self._looked != (step, True) and not self._part_next and self._hold is None:
                 self._hold = step  # not found: it may not be sent yet
                 # Never looked for: the next read asks the store (not here, in the loop).
-                self._hold_unsure = self._missing != step
+                self._hold_unsure = self._looked != (step, False)
             self._peeked = None  # a look (wait_next) read it: it is skipped all the same
             self._next_step, self._part_next = step + 1, 0
             return step
@@ -169,8 +168,7 @@ class ConsumptionMarks:
 
     def _found(self, found: bool) -> None:
         """Note whether the read of the next step found it (the receiver's mutex held)."""
-        self._missing = -1 if found else self._next_step
-        self._seen = self._next_step if found else -1
+        self._looked = (self._next_step, found)
 
     def _started(self) -> None:
         """Record, once the receiver has read a step, that its rank moved past the steps

@@ -65,6 +65,19 @@ CHILD = textwrap.dedent(
 )
 
 
+def _child(script: str, *args: str) -> list[str]:
+    """What ``script`` (run in a child process with ``args``) printed; a deadlock is a
+    failed test after 60 s, not a hung run."""
+    try:
+        done = forked.run(
+            [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the tasks sharing the receiver deadlocked")
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 @pytest.mark.parametrize("limiter", [1, 2])
 def test_tasks_waiting_for_a_take_under_way_do_not_starve_it(
@@ -74,17 +87,7 @@ def test_tasks_waiting_for_a_take_under_way_do_not_starve_it(
     large step waited for its mutex in worker threads, holding the receiver's limiter
     tokens (two by default): the take never got one for its next trip, and the process
     hung for good; ``aclose`` beside a take did the same with ``limiter=1``."""
-    try:
-        done = forked.run(
-            [sys.executable, "-c", CHILD, str(tmp_path / "run"), backend, str(limiter)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail("the tasks sharing the receiver deadlocked")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "ok"
+    assert _child(CHILD, str(tmp_path / "run"), backend, str(limiter)) == ["ok"]
 
 
 SKIP_CHILD = textwrap.dedent(
@@ -134,14 +137,4 @@ def test_skip_on_the_loop_beside_a_take_under_way_is_refused_not_a_deadlock(
     """``skip()`` (sync) called in a task while another task's ``areceive`` holds the
     receiver's mutex waited for it on the event loop thread, which the take needs to
     go on: the process hung. It raises ConfigError instead, and the take completes."""
-    try:
-        done = forked.run(
-            [sys.executable, "-c", SKIP_CHILD, str(tmp_path / "run"), backend],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail("skip() beside a take under way deadlocked")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["refused", "ok"]
+    assert _child(SKIP_CHILD, str(tmp_path / "run"), backend) == ["refused", "ok"]

@@ -339,11 +339,10 @@ def test_ctrl_c_returns_once_the_send_it_cancelled_has_settled(tmp_path: Path) -
             sender.send(big)
             took = time.perf_counter() - t0
             for _ in range(8):
-                step = sender.next_step
+                step, seen = sender.next_step, None
                 timer = threading.Timer(rng.uniform(0, took), signal.pthread_kill, (main, 2))
-                timer.start()
-                seen = None
                 try:
+                    timer.start()  # in the try: an early signal may land before the send
                     try:
                         sender.send(big)
                     except KeyboardInterrupt:

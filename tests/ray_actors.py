@@ -273,6 +273,24 @@ class Trainer:
                 await receiver.await_next(timeout=0)  # moves past the last one taken
         return got
 
+    async def take_each(self, url: str, rank: int, count: int) -> list[list[Any]]:
+        """Receive from the rank's mark until the end of the stream or ``count`` tries,
+        skipping a step whose receive raised: each step's fingerprint, or the error it
+        raised (its kind and message)."""
+        got: list[list[Any]] = []
+        with rlwire.open_receiver(url, rank=rank, resume=True) as receiver:
+            for _ in range(count):
+                try:
+                    batch = await receiver.areceive(timeout=30)
+                except EndOfStream:
+                    break
+                except rlwire.RlwireError as exc:
+                    got.append(["error", type(exc).__name__, str(exc)])
+                    receiver.skip()
+                    continue
+                got.append(["step", receiver.last_step, fingerprint(batch)])
+        return got
+
 
 def kill_and_wait(actor: Any) -> None:
     """Kill ``actor`` and wait until the object store has dropped what it owned (Ray

@@ -247,25 +247,53 @@ def test_keep_last_drops_a_step_held_for_a_rank_left_out_once_it_moved_past(
 def test_two_nodes_producer_on_one_trainers_on_the_other(tmp_path: Path) -> None:
     """Two raylets and object stores on this machine; the producer is killed after its
     commits, and the trainers on the other node still get every step, bit-exact."""
+    seen = _run_cluster_script("ray_two_nodes", tmp_path)
+    producer, *trainers = seen["nodes"]
+    assert all(node != producer for node in trainers)
+    assert seen["board_owned"] is True
+    assert seen["exact"] is True
+    assert seen["boards_on_driver_node"] is True, seen["placed"]
+
+
+def _run_cluster_script(module: str, cwd: Path) -> Any:
+    """Run ``module`` (a script in tests/ that starts a cluster of its own) in a child
+    process; the JSON it printed last."""
     tests = Path(__file__).resolve().parents[2]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tests.parent / "src"), str(tests)])
     result = subprocess.run(
-        [sys.executable, "-m", "ray_two_nodes"],
+        [sys.executable, "-m", module],
         env=env,
-        cwd=tmp_path,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=180,
         check=False,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    seen = json.loads(result.stdout.strip().splitlines()[-1])
-    producer, *trainers = seen["nodes"]
-    assert all(node != producer for node in trainers)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.long
+def test_steps_stored_only_on_a_lost_node_fail_to_read_with_the_step_named(
+    tmp_path: Path,
+) -> None:
+    """The producer's node is removed after the trainers (on another node) read step 0:
+    a step whose objects lived on that node alone is a TransportError naming the step
+    and that no copy is left (not a hang, not another step's data), skip() passes it,
+    and the receivers go on to the end of the stream."""
+    seen = _run_cluster_script("ray_lost_node", tmp_path)
     assert seen["board_owned"] is True
-    assert seen["exact"] is True
-    assert seen["boards_on_driver_node"] is True, seen["placed"]
+    assert seen["first_exact"] == [True, True]
+    for rank, taken in enumerate(seen["rest"]):
+        # Step 1 may have been fetched to the trainers' node by the first read's
+        # look ahead (await_next): then it survives; step 2 was never read.
+        assert taken[0] == ["exact", 1] or taken[0][:2] == ["error", "TransportError"]
+        kind, name, message = taken[-1]
+        assert (kind, name) == ("error", "TransportError"), taken
+        assert f"step 2 rank {rank}" in message and "no copy of them is left" in message
+        assert "skip() it" in message
+        assert len(taken) == 2  # then the end of the stream
 
 
 def _pickle_buffers_in(tb: TracebackType | None) -> list[str]:

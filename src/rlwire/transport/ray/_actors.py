@@ -69,13 +69,29 @@ def ray_errors(where: str, action: str) -> Iterator[None]:
         raise
     except (ray.exceptions.GetTimeoutError, TimeoutError) as exc:
         raise TransportError(f"cannot {action}: timed out", where=where) from exc
+    except ray.exceptions.ObjectLostError as exc:
+        if isinstance(exc, ray.exceptions.ObjectFetchTimedOutError):
+            raise _failed(exc, where, action) from exc  # a slow transfer: may pass next time
+        # No retry brings the bytes back: say so, or a trainer's loop retries forever.
+        raise TransportError(
+            f"cannot {action}: {type(exc).__name__}: no copy of them is left in the "
+            "cluster (the process that owned them died, or the node that stored them); "
+            "every read of this step fails the same way: skip() it",
+            where=where,
+        ) from exc
     except ray.exceptions.RayError as exc:
-        kind = type(exc).__name__
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else kind
-        cause = getattr(exc, "cause", None)  # a RayTaskError's: what the call raised
-        if isinstance(cause, Exception):
-            first += f" raised {type(cause).__name__}: {cause}"
-        raise TransportError(f"cannot {action}: {kind}: {first}", where=where) from exc
+        raise _failed(exc, where, action) from exc
+
+
+def _failed(exc: ray.exceptions.RayError, where: str, action: str) -> TransportError:
+    """The TransportError of a Ray call that raised ``exc``: its kind and first line,
+    and what the call raised, for a RayTaskError."""
+    kind = type(exc).__name__
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else kind
+    cause = getattr(exc, "cause", None)  # a RayTaskError's: what the call raised
+    if isinstance(cause, Exception):
+        first += f" raised {type(cause).__name__}: {cause}"
+    return TransportError(f"cannot {action}: {kind}: {first}", where=where)
 
 
 def fetch(refs: list[ObjectRef[Any]], timeout: float | None = None) -> list[Any]:

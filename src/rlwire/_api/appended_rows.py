@@ -18,7 +18,7 @@ from rlwire._api.options import Limits
 from rlwire._core.columns import Column, Columns
 from rlwire._core.errors import ConfigError, CorruptFrameError, SchemaError
 from rlwire._core.ragged import Ragged, offsets_problem
-from rlwire._core.slicing import run_sliced
+from rlwire._core.slicing import Sliced, run_sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selection
 from rlwire.codecs._registry import get_codec
@@ -224,11 +224,11 @@ def prepare(
     limits: Limits,
     again: bool,
     of: bytes | None = None,
-) -> Frame:
+) -> Sliced[Frame]:
     """Read and check the step as stored (``again``: as it was at the first try of the
     same call, :meth:`~rlwire.abc.Sink.read_committed`; ``of``: the message the
-    caller computed the fields from, or None), then encode ``columns`` (in a worker
-    thread)."""
+    caller computed the fields from, or None), then encode ``columns``: in slices, in
+    worker threads (a read that hangs gives up when the caller is cancelled)."""
     decoding = FrameDecoding(limits, None, writable=False)
     rows = _StoredRows(decoding)
     frames = sink.read_committed(step, rank, rows.select, again=again)
@@ -254,7 +254,7 @@ def prepare(
         n for f in sink.read_appended(step, rank) for n in decode_appended(f, decoding).names
     ]
     _check_against(columns, appended, count, lengths, rows.held)
-    return run_sliced(get_codec("msgpack")().encode_sliced({"fields": _stored(columns)}))
+    return (yield from get_codec("msgpack")().encode_sliced({"fields": _stored(columns)}))
 
 
 def _stored(columns: Columns) -> Columns:

@@ -104,8 +104,8 @@ async def add_fields(
         )
     try:
         for attempt in range(_COMMIT_TRIES):
-            frame = await to_thread.run_sync(
-                prepare, sink, step, rank, columns, limits, attempt > 0, of, limiter=limiter
+            frame = await drive_sliced(
+                prepare(sink, step, rank, columns, limits, attempt > 0, of), limiter
             )
             staged = None
             try:

@@ -7,7 +7,8 @@ import anyio
 from anyio import CapacityLimiter
 
 from rlwire._api.options import Retention
-from rlwire._core.offload import offload
+from rlwire._core.offload import drive_sliced
+from rlwire._core.slicing import Sliced
 from rlwire.transport._base import Sink
 
 __all__ = ["Room"]
@@ -31,19 +32,21 @@ class Room:
         """Wait while ``step`` is more than ``max_ahead`` steps ahead of the slowest
         rank, then delete the steps ``keep_last`` lets go."""
         delay = 0.005
-        while not await offload(self._room, step, ranks, limiter=limiter):
+        # Sliced: a read of the marks that hangs (S3) gives up when the send is cancelled.
+        while not await drive_sliced(self._room(step, ranks), limiter):
             await anyio.sleep(delay)  # the receivers' marks are polled, not pushed
             delay = min(delay * 2, 0.25)
 
-    def _room(self, step: int, ranks: int) -> bool:
-        """In a worker thread: False while ``step`` is more than ``max_ahead`` steps
+    def _room(self, step: int, ranks: int) -> Sliced[bool]:
+        """In worker threads: False while ``step`` is more than ``max_ahead`` steps
         ahead of the slowest rank; else True, once the steps ``keep_last`` lets go are
-        deleted (in the same trip as the read of the marks)."""
+        deleted (in the slice after the read of the marks)."""
         keep_last, max_ahead = self.retention.keep_last, self.retention.max_ahead
         marks = self.sink.read_consumption(ranks, step)
         slowest = min(self.first_step if m is None else m for m in marks)
         if max_ahead is not None and step - slowest > max_ahead:
             return False
+        yield
         if keep_last is not None and None not in marks:
             # A rank with no mark has moved past nothing, as far as anyone can tell.
             below = min(slowest, step + 1 - keep_last)

@@ -167,6 +167,19 @@ class S3Store(S3Bucket):
             if isinstance(err, BaseException):
                 raise err
 
+    # Reads: one that hangs gives up when its caller (a send waiting under max_ahead,
+    # an add_fields) is cancelled.
+
+    def list_root(self) -> list[str]:
+        return list(self.run_read(self.fs._ls, self.root, detail=False))
+
+    def head(self, path: str, limit: int) -> bytes | None:
+        try:
+            data: bytes = self.run_read(self.fs._cat_file, path, start=0, end=limit)
+        except FileNotFoundError:
+            return None
+        return data
+
     def staging(self, *, part_bytes: int, max_concurrency: int | None) -> S3Staging:
         return S3Staging(self, part_bytes, self.concurrency(max_concurrency))
 

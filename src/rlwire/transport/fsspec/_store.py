@@ -76,7 +76,7 @@ class Store(abc.ABC):
         self.fs.invalidate_cache(self.root)
         for attempt in range(_LIST_ATTEMPTS):
             try:
-                paths = self.fs.ls(self.root, detail=False)
+                paths = self.list_root()
                 break
             except FileNotFoundError:
                 return []
@@ -87,6 +87,10 @@ class Store(abc.ABC):
                 if attempt == _LIST_ATTEMPTS - 1:
                     raise
         return [str(p).rstrip("/").rpartition("/")[2] for p in paths]
+
+    def list_root(self) -> list[str]:
+        """The paths directly under the root (FileNotFoundError: there is no root)."""
+        return list(self.fs.ls(self.root, detail=False))
 
     def remove(self, names: Sequence[str]) -> None:
         """Delete the objects ``names`` directly under the root."""

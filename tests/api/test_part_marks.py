@@ -481,3 +481,86 @@ async def test_overwrite_and_truncate_delete_part_marks(tmp_path: Path) -> None:
         pass
     assert not (tmp_path / "consumed.rank-0000.part.rlw").exists()
     assert not leftover.exists()
+
+
+#: A trainer restarted from a checkpoint: opens the rank at argv[3] (no resume), reads
+#: the steps before argv[4] whole, says which part of step argv[4] it holds, then sleeps.
+_RESTARTED = textwrap.dedent(
+    """
+    import json, sys, time
+    import rlwire
+
+    url, options, start, step = sys.argv[1], json.loads(sys.argv[2]), *map(int, sys.argv[3:])
+    receiver = rlwire.open_receiver(url, start_step=start, storage_options=options)
+    for _ in range(start, step):
+        receiver.receive(timeout=30)
+    part = next(iter(receiver.parts(timeout=30)))
+    print(f"holds {part.step} {part.key}", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("start", [1, 2])
+def test_a_restart_from_a_checkpoint_killed_holding_a_part_resumes_at_it(
+    store: Store, start: int
+) -> None:
+    """The rank had moved past parts 0-2 of step 2 (mark (2, 3)); a trainer restarted
+    from a checkpoint at ``start`` reads up to step 2 and is killed with SIGKILL while
+    it holds part 0: resumed, the rank is handed part 0 again, not part 3 (the part
+    mark of the earlier pass, left beside the mark of the same step, skipped three)."""
+
+    async def produce() -> None:
+        async with rlwire.open_sender(store.url, storage_options=store.options) as sender:
+            for step in range(3):
+                await fill(sender, [step * 10 + k for k in range(5)])
+
+    anyio.run(produce)
+    with rlwire.open_receiver(store.url, storage_options=store.options) as receiver:
+        receiver.receive(timeout=TIMEOUT), receiver.receive(timeout=TIMEOUT)
+        parts = receiver.parts(timeout=TIMEOUT)
+        assert [next(parts).key for _ in range(4)] == [20, 21, 22, 23]
+    assert store.position() == (2, 3)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    args = [store.url, json.dumps(store.options), str(start), "2"]
+    proc = forked.Popen(
+        [sys.executable, "-c", _RESTARTED, *args], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "holds 2 20"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=TIMEOUT)
+    assert store.resumed_at() == (2, 0)
+    with rlwire.open_receiver(store.url, storage_options=store.options, resume=True) as receiver:
+        assert [p.key for p in receiver.parts(timeout=TIMEOUT)] == [20, 21, 22, 23, 24]
+
+
+def test_a_restart_at_a_deleted_step_puts_the_part_mark_back(tmp_path: Path) -> None:
+    """A trainer restarted at a step ``keep_last`` deleted leaves the rank's position as
+    it found it, its part too (the restart reset the part mark before it lowered the
+    consumption mark)."""
+    store = Store(str(tmp_path), {}, tmp_path)
+
+    def fill_step(sender: rlwire.SyncSender, step: int) -> None:
+        with sender.open_step() as writer:
+            for key in range(step * 10, step * 10 + 3):
+                writer.put(samples(key), key=key)
+
+    with rlwire.open_sync_sender(tmp_path, keep_last=2) as sender:
+        for step in range(4):
+            fill_step(sender, step)
+        with rlwire.open_receiver(tmp_path) as receiver:
+            for _ in range(3):
+                receiver.receive(timeout=TIMEOUT)
+            parts = receiver.parts(timeout=TIMEOUT)
+            next(parts), next(parts), next(parts)
+        assert store.position() == (3, 2)
+        fill_step(sender, 4)  # deletes steps 0-2
+    with rlwire.open_receiver(tmp_path, start_step=1) as late:
+        with pytest.raises(rlwire.StepGapError):
+            late.receive(timeout=5)
+    assert store.position() == (3, 2)
+    with rlwire.open_receiver(tmp_path, resume=True) as receiver:
+        assert [p.key for p in receiver.parts(timeout=TIMEOUT)] == [32]

@@ -65,6 +65,7 @@ class ConsumptionMarks:
         # Before the first read, look whether the rank's mark is past the start, to lower it.
         self._check_start = self._record_consumed
         self._restore: int | None = None  # the mark lowered from, while its step is unread
+        self._restore_part: tuple[int, bytes] = (0, b"")  # and its part, its run
         self._looked: tuple[int, bool] = (-1, False)  # the last read's step, and if found
         self._hold: int | None = None  # a step skipped unfound: the mark stays at it
         self._hold_unsure = False  # skipped without a look: the store may list it
@@ -147,6 +148,18 @@ class ConsumptionMarks:
         step = self._next_step
         if found is None or found[0] < step:
             return  # it says less: the receiver says more once it has read the step
+        if found[0] > step or found[1]:
+            # The part mark may say how far an earlier receiver got into this step or a
+            # later one: beside the lowered mark, or the mark of that later step once
+            # this receiver gets there, it would make a receiver resumed while it holds
+            # an earlier part of that step skip those parts. Reset first: a kill before
+            # the mark is lowered costs a repeat of the parts of found[0], not a skip.
+            of = self._source.read_part_of(found[0]) if found[0] > step and found[1] else b""
+            self._source.mark_part(step, 0)
+            if self._source.mark_skipped:
+                self._check_start = True
+                return
+            self._restore_part = (found[1], of)
         # found[0] was checked against the steps sent (by the sender that read it), so
         # the lowered mark is too. Written before the read, so a sender reading the marks
         # from now on keeps the step; if the store cannot take it, it is tried again
@@ -165,6 +178,9 @@ class ConsumptionMarks:
         mark = self._restore
         if isinstance(exc, StepGapError) and mark is not None and self._save_consumed(mark):
             self._recorded, self._restore, self._check_start = mark, None, True
+            part, of = self._restore_part
+            if part:
+                self._source.mark_part(mark, part, of)
 
     def _found(self, found: bool) -> None:
         """Note whether the read of the next step found it (the receiver's mutex held)."""

@@ -564,3 +564,46 @@ def test_a_restart_at_a_deleted_step_puts_the_part_mark_back(tmp_path: Path) -> 
     assert store.position() == (3, 2)
     with rlwire.open_receiver(tmp_path, resume=True) as receiver:
         assert [p.key for p in receiver.parts(timeout=TIMEOUT)] == [32]
+
+
+#: A receiver killed (SIGKILL) at the rename of the mark that says it moved past part 0
+#: (argv[2] "part") or step 0 (argv[2] "step").
+_KILLED_AT_RENAME = textwrap.dedent(
+    """
+    import os, signal, sys
+    import rlwire
+
+    receiver = rlwire.open_receiver(sys.argv[1], resume=True)
+    parts = receiver.parts(timeout=30)
+    next(parts)
+    if sys.argv[2] == "step":
+        next(parts), next(parts)  # holds the last part of step 0
+    os.replace = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+    next(parts, None)  # asks for the next part, or past the step's last
+    """
+)
+
+
+@pytest.mark.parametrize("mark", ["part", "step"])
+def test_a_receiver_killed_writing_its_mark_leaves_no_file_once_resumed(
+    tmp_path: Path, mark: str
+) -> None:
+    """The temporary file of a mark whose writer was killed is removed by the rank's
+    next receiver as it first writes a mark, with the producer open all along (a
+    sender removes such files only when one opens)."""
+    with rlwire.open_sync_sender(tmp_path) as sender:
+        for _ in range(2):
+            with sender.open_step() as writer:
+                for key in (0, 1, 2):
+                    writer.put(samples(key), key=key)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        proc = forked.Popen([sys.executable, "-c", _KILLED_AT_RENAME, str(tmp_path), mark], env=env)
+        assert proc.wait(timeout=TIMEOUT) == -signal.SIGKILL
+        left = [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+        assert len(left) == 1 and left[0].startswith(".consumed.rank-0000."), left
+        with rlwire.open_receiver(tmp_path, resume=True) as receiver:
+            parts = receiver.parts(timeout=TIMEOUT)
+            first = next(parts)
+            assert (first.step, first.index) == ((0, 0) if mark == "part" else (0, 2))
+            next(parts, None)
+        assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]

@@ -14,7 +14,7 @@ from rlwire._core.errors import CorruptFrameError, transport_error
 from rlwire._frame.frame import Frame
 from rlwire.transport._file.mapped import WarmReads, on_tmpfs
 from rlwire.transport._file.watch import DirectoryWatch
-from rlwire.transport._stored.names import STORED_RE
+from rlwire.transport._stored.names import LEFTOVER_RE, STORED_RE, consumed_name
 from rlwire.transport._stored.selected import Ranged, WholeFile
 from rlwire.transport._stored.source import StoredSource
 
@@ -88,6 +88,7 @@ class FileSource(StoredSource):
         self._warm = WarmReads(self._unmap_later) if warm else None
         self._served: dict[str, tuple[int, int]] = {}
         self._fresh = False  # reading again: every file through a new mapping
+        self._swept = False  # the temporary files of this rank's killed marks removed
 
     def __repr__(self) -> str:
         return f"FileSource({str(self.root)!r}, rank={self.rank})"
@@ -138,6 +139,9 @@ class FileSource(StoredSource):
             raise transport_error(exc, "list", where=self.root) from exc
 
     def save(self, name: str, data: bytes) -> None:
+        if not self._swept:
+            self._swept = True
+            self._sweep()
         try:
             for _ in range(3):
                 try:
@@ -153,6 +157,22 @@ class FileSource(StoredSource):
             raise transport_error(
                 exc, "record what this rank consumed", where=self.root / name
             ) from exc
+
+    def _sweep(self) -> None:
+        """Remove the temporary files of this rank's marks (consumption and part) that
+        its receivers, killed while writing one, left. A sender removes them too, but
+        only when one opens: without this, those of a trainer killed while its producer
+        ran on (or had ended) stayed for good. A live receiver of the rank writing a mark
+        now writes it again (:meth:`save`)."""
+        prefix = "." + consumed_name(self.rank).removesuffix("rlw")
+        try:
+            with os.scandir(self.root) as entries:
+                doomed = [e.name for e in entries if e.name.startswith(prefix)]
+            for leftover in doomed:
+                if LEFTOVER_RE.fullmatch(leftover):
+                    os.unlink(self.root / leftover)
+        except OSError:
+            pass  # a clean-up only: the write says what is wrong with the directory
 
     def open_ranged(self, name: str) -> Ranged | None:
         """The file mapped as :meth:`load` maps it, for a partial read: with readahead

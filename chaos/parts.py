@@ -183,6 +183,7 @@ def _sender_options(store: str, plan: dict[str, Any], endpoint: Any) -> dict[str
     options: dict[str, Any] = {"on_existing": "resume", "compression": plan["compression"]}
     if plan["sidecar"]:
         options["sidecar"] = ("routed_experts",)
+    options.update(plan.get("retention", {}))  # the readers campaign's
     if store == "files":
         options["fsync"] = plan["fsync"]
     else:

@@ -2,7 +2,7 @@
 
     python -m chaos.run [--kills N] [--corruptions N] [--cancels N] [--forgeries N]
                         [--full-disks N] [--s3-trials N] [--zmq-kills N]
-                        [--parts-kills N] [--ray-kills N]
+                        [--parts-kills N] [--reader-trials N] [--ray-kills N]
                         [--ray-trainer-kills N] [--seed S]
                         [--campaign NAME ...] [--case NAME ...]
                         [--json FILE] [--jobs J] [--tmp DIR] [-v]
@@ -34,6 +34,7 @@ from . import (
     parts,
     producers,
     raykills,
+    readers,
     s3chaos,
     zmqblips,
     zmqforge,
@@ -57,6 +58,7 @@ CAMPAIGNS = (
     "fork",
     "producers",
     "parts",
+    "readers",
     "ray",
 )
 
@@ -165,6 +167,9 @@ def run(args: argparse.Namespace) -> Table:
             )
             with s3chaos.server() as endpoint:
                 timed("parts kill -9 (S3)", parts.jobs(root, "s3", on_s3, args.seed, endpoint))
+        if "readers" in args.campaign and args.reader_trials:
+            table.show(LOST, DUPLICATED, WRONG_SEAL)
+            timed(readers.CAMPAIGN, readers.jobs(root, args.reader_trials, args.seed))
         if "ray" in args.campaign and (args.ray_kills or args.ray_trainer_kills):
             why = raykills.available()
             if why:
@@ -205,6 +210,12 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=240,
         help="kills of a producer filling steps part by part, half on S3 (240)",
+    )
+    p.add_argument(
+        "--reader-trials",
+        type=int,
+        default=60,
+        help="receivers reading parts live, producers and receivers killed (60)",
     )
     p.add_argument(
         "--ray-kills",

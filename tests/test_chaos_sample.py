@@ -169,6 +169,14 @@ def test_producers_killed_while_filling_steps_part_by_part(tmp_path: Path) -> No
     assert {c for c, _, _ in result["trials"]} == set(parts.CAMPAIGN.values())
 
 
+def test_parts_read_live_while_producers_and_receivers_are_killed(tmp_path: Path) -> None:
+    result = campaign(tmp_path, "--campaign", "readers", "--reader-trials", "8")
+    # Every part handed once per rank, in its seal's order, bit-exact; no mark's
+    # temporary file left: nothing else is allowed.
+    assert_no_bad(result, allowed={EXACT})
+    assert len(result["trials"]) == 8
+
+
 def _filled(tmp_path: Path) -> tuple[parts.Store, dict[str, Any], parts.Ledger]:
     """A directory the parts campaign's producer filled (2 ranks, 2 steps, not killed),
     and what the producer said."""

@@ -389,3 +389,25 @@ def test_a_step_sealed_between_the_reads_of_parts_is_still_read_part_by_part(
             monkeypatch.setattr(source, "read_seal", seal_meanwhile)
             got = list(receiver.parts(timeout=5))
     assert [(p.key, p.index) for p in got] == [("a", 0), ("b", 1)]
+
+
+async def test_a_writer_not_entered_or_entered_again_is_refused_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    async with rlwire.open_sender(tmp_path) as sender:
+        writer = sender.open_step()
+        with pytest.raises(rlwire.ClosedError, match=r"not open: use it as `async with"):
+            await writer.put([make_sample(4)], key="a")
+        with pytest.raises(rlwire.ClosedError, match=r"not open: use it as `async with"):
+            await writer.seal()
+        assert os.listdir(tmp_path) == []
+        async with writer:
+            await writer.put([make_sample(4)], key="a")
+        with pytest.raises(rlwire.ClosedError, match=r"entered once: sender.open_step\(\)"):
+            async with writer:
+                pass
+        assert await sender.send(rlwire.TrainingBatch(samples=[])) == 1
+    with rlwire.open_sync_sender(tmp_path, on_existing="resume") as sync_sender:
+        with pytest.raises(rlwire.ClosedError, match=r"not open: use it as `async with"):
+            sync_sender.open_step().put([], key="b")
+    assert not any("step--" in name for name in os.listdir(tmp_path))

@@ -153,6 +153,7 @@ class StepWriter:
         self._cost = token_cost if cost is None else cost
         self._balance = balance
         self.step = -1  # known once entered
+        self._entered = False
         self._keys: list[list[Key]] = [[] for _ in range(ranks)]
         self._costs: list[list[float]] = [[] for _ in range(ranks)]
         self._taken: dict[tuple[type, Key], tuple[int, int]] = {}
@@ -175,6 +176,12 @@ class StepWriter:
         return frozenset(key for _, key in self._resumed)
 
     async def __aenter__(self) -> StepWriter:
+        if self._entered:
+            # Its parts and seal belong to the step it was entered for.
+            raise ClosedError(
+                f"{self!r} is entered once: sender.open_step() again for another step, "
+                "or to go on with this one"
+            )
         sender = self._sender
         async with sender._lock:
             self.step = await sender._begin_parts(self._asked, self._ranks)
@@ -186,6 +193,7 @@ class StepWriter:
             except BaseException:
                 sender._end_parts(self.step, sealed=False)
                 raise
+        self._entered = True
         return self
 
     def _learn(self, found: list[PartInfo]) -> None:
@@ -279,6 +287,11 @@ class StepWriter:
         return False
 
     def _check_open(self) -> None:
+        if not self._entered:  # it has no step yet
+            raise ClosedError(
+                f"{self!r} is not open: use it as `async with sender.open_step() as "
+                "writer` (`with` on a SyncSender) before put or seal"
+            )
         if self._sealed:
             raise ClosedError(f"step {self.step} is sealed: nothing can be put after")
         if self._sender._closed:

@@ -499,3 +499,25 @@ def test_a_forked_child_gets_closed_error_from_its_parents_sender(tmp_path: Path
     assert done.returncode == 0, done.stdout + done.stderr
     assert "which forked this one" in done.stdout
     assert_batches_equal(receive_step(tmp_path, 1), make_batch(seed=1))
+
+
+def test_a_call_from_its_own_on_stats_callback_is_a_config_error(tmp_path: Path) -> None:
+    # on_stats runs on the sender's event-loop thread, which cannot wait for itself.
+    calls: dict[str, Callable[[SyncSender], object]] = {
+        "send": lambda s: s.send(make_batch()),
+        "finish": lambda s: s.finish(),
+        "open_step": lambda s: s.open_step().put([], key="k"),
+        "close": lambda s: s.close(),
+    }
+    for name, call in calls.items():
+        holder: list[SyncSender] = []
+        sender = open_sync_sender(
+            tmp_path / name, on_stats=lambda _, call=call, holder=holder: call(holder[0])
+        )
+        holder.append(sender)
+        with sender:
+            with pytest.raises(rlwire.ConfigError, match="on the sender's own event-loop"):
+                sender.send(make_batch())
+            assert sender.next_step == 1  # the step was sent; the sender goes on
+        assert portal_threads() == []
+        assert_batches_equal(receive_step(tmp_path / name, 0), make_batch())

@@ -25,7 +25,7 @@ from rlwire._api.sender import open_sender
 from rlwire._api.stats import SendStats
 from rlwire._api.sync_step_writer import SyncStepWriter
 from rlwire._core.columns import Column
-from rlwire._core.errors import ClosedError
+from rlwire._core.errors import ClosedError, ConfigError
 from rlwire._core.offload import runs_event_loop
 from rlwire.transport._base import Sink
 
@@ -63,7 +63,8 @@ def open_sync_sender(url: str | os.PathLike[str], **options: Any) -> SyncSender:
     reported here, and ``sender.sink.url`` is already the bound address of a
     ``zmq+tcp://host:0`` sender. If opening fails, what the sink acquired is released
     and the thread is stopped before the error is raised. ``on_stats`` is called on
-    that thread, not on the thread that sends.
+    that thread, not on the thread that sends, so the sender's methods called from it
+    raise ``ConfigError``.
 
     Raises:
         ConfigError: as :func:`~rlwire.open_sender` (before any thread is started).
@@ -252,6 +253,7 @@ class SyncSender:
         if self._forked():
             self._closed = True  # not under _close_lock: a parent's thread may hold it
             return
+        self._check_not_own_thread("close")
         with self._close_lock:
             if self._closed:
                 return
@@ -270,6 +272,16 @@ class SyncSender:
         finally:
             self._thread.join()
 
+    def _check_not_own_thread(self, what: str) -> None:
+        """Refuse a call from the event-loop thread, which would wait for itself (an
+        ``on_stats`` callback runs there)."""
+        if threading.current_thread() is self._thread:
+            raise ConfigError(
+                f"{what}() of {self!r} was called on the sender's own event-loop thread "
+                "(from its on_stats callback?), where it would wait for itself: call "
+                "it after the send returns"
+            )
+
     def _forked(self) -> bool:
         """Whether this is a process forked from the one that opened the sender."""
         return os.getpid() != self._pid
@@ -284,6 +296,7 @@ class SyncSender:
             )
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
+        self._check_not_own_thread(getattr(func, "__name__", "a method"))
 
         # An interrupt (Ctrl-C) can land while the call is being handed over, before
         # there is a future to cancel; the call then cancels itself, or is cancelled

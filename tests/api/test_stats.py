@@ -83,6 +83,13 @@ async def test_a_failing_stats_callback_is_raised_after_the_step_is_sent(tmp_pat
         assert receiver.poll() is not None
 
 
+def test_a_stats_callback_that_is_not_callable_is_refused_at_open(tmp_path: Path) -> None:
+    for opener in (rlwire.open_sender, rlwire.open_sync_sender):
+        with pytest.raises(rlwire.ConfigError, match=r"on_stats must be a callable .* got 3"):
+            opener(tmp_path, on_stats=3)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []
+
+
 async def test_prometheus_metrics_count_what_the_stats_say(tmp_path: Path) -> None:
     prometheus_client = pytest.importorskip("prometheus_client")
     from rlwire.metrics import Metrics

@@ -109,8 +109,8 @@ def open_sender(  # noqa: PLR0913 (the public keywords; the rest are grouped in 
     Raises:
         ConfigError: an unknown codec, compression or URL scheme (the message lists the
             known ones), an option the codec or sink does not take, a missing optional
-            dependency, a flat keyword given beside the group it belongs to, or a
-            ``start_step`` out of range.
+            dependency, a flat keyword given beside the group it belongs to, a
+            ``start_step`` out of range, or an ``on_stats`` that is not callable.
 
     Returns:
         A :class:`TrainingBatchSender`; use it as ``async with``.
@@ -130,6 +130,8 @@ def open_sender(  # noqa: PLR0913 (the public keywords; the rest are grouped in 
     integrity = group(Integrity, integrity, parameter="integrity", others=(Retention,))
     if not isinstance(validate, bool | Checks):
         raise ConfigError(f"validate must be True, False or a rlwire.Checks, got {validate!r}")
+    if on_stats is not None and not callable(on_stats):
+        raise ConfigError(f"on_stats must be a callable of a SendStats, or None, got {on_stats!r}")
     options = {"sidecar": sidecar, "inline_threshold": inline_threshold}
     made = make_codec(
         codec,

@@ -73,3 +73,12 @@ async def test_groups_and_flat_keywords_do_the_same(tmp_path: Path) -> None:
     assert stored[0] == stored[1]
     with rlwire.open_receiver(tmp_path / "flat", start_step=2, max_compression_ratio=2) as receiver:
         assert receiver.receive(timeout=5).samples
+
+
+def test_integrity_takes_only_true_or_false(tmp_path: Path) -> None:
+    # "no" from a config file would have recorded checksums; None skipped fsync quietly.
+    with pytest.raises(ConfigError, match="checksum must be True or False, got 'no'"):
+        Integrity(checksum="no")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="fsync must be True or False, got None"):
+        rlwire.open_sender(tmp_path, fsync=None)  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, TypedDict, TypeVar
 
-from rlwire._core.args import check_int, check_positive
+from rlwire._core.args import check_bool, check_int, check_positive
 from rlwire._core.errors import ConfigError
 from rlwire._frame.compression import DEFAULT_MAX_DECOMPRESSED, DEFAULT_MAX_RATIO
 
@@ -88,6 +88,9 @@ class Integrity:
             7-8 GB/s a core on a small VM; switch off only to measure its cost).
         fsync: make each step durable before it becomes visible.
 
+    Raises:
+        ConfigError: ``checksum`` or ``fsync`` is not True or False.
+
     Example:
         >>> Integrity(fsync=True)
         Integrity(checksum=True, fsync=True)
@@ -95,6 +98,10 @@ class Integrity:
 
     checksum: bool = True
     fsync: bool = False
+
+    def __post_init__(self) -> None:
+        check_bool(self.checksum, "checksum")
+        check_bool(self.fsync, "fsync")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

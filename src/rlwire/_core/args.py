@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rlwire._core.errors import ConfigError, RlwireError
 
-__all__ = ["MAX_STEP", "STEP_RANGE", "check_int", "check_positive", "check_step"]
+__all__ = ["MAX_STEP", "STEP_RANGE", "check_bool", "check_int", "check_positive", "check_step"]
 
 #: The highest step a sender may send: the format stores a step as a u64, and the end
 #: mark records the step after the last one sent (docs/format.md), which must fit too.
@@ -52,6 +52,21 @@ def check_positive(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigError(f"{what} must be a positive number, got {value!r}")
     return float(value)
+
+
+def check_bool(value: object, what: str) -> bool:
+    """Return ``value`` if it is True or False, else raise :class:`ConfigError` naming
+    ``what`` (a string such as ``"false"`` from a config file would count as true).
+
+    Example:
+        >>> check_bool("no", "checksum")
+        Traceback (most recent call last):
+        ...
+        rlwire.errors.ConfigError: checksum must be True or False, got 'no'
+    """
+    if not isinstance(value, bool):
+        raise ConfigError(f"{what} must be True or False, got {value!r}")
+    return value
 
 
 def check_step(value: object, what: str) -> int:

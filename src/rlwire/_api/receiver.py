@@ -161,26 +161,31 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
     check_positive(poll_interval, "poll_interval")
     if not isinstance(resume, bool):
         raise ConfigError(f"resume must be True or False, got {resume!r}")
-    return TrainingBatchReceiver(
-        open_source(
-            url,
-            SourceOptions(
-                rank=rank,
-                writable=writable,
-                verify=verify,
-                poll_interval=poll_interval,
-                storage_options=storage_options or {},
-            ),
+    source = open_source(
+        url,
+        SourceOptions(
+            rank=rank,
+            writable=writable,
+            verify=verify,
+            poll_interval=poll_interval,
+            storage_options=storage_options or {},
         ),
-        type,
-        start_step=start_step,
-        rank=rank,
-        validate=validate,
-        writable=writable,
-        limits=limits,
-        limiter=limiter,
-        record_consumed=record_consumed,
-        resume=resume,
-        as_columns=as_columns,
-        fields=fields,
     )
+    try:
+        return TrainingBatchReceiver(
+            source,
+            type,
+            start_step=start_step,
+            rank=rank,
+            validate=validate,
+            writable=writable,
+            limits=limits,
+            limiter=limiter,
+            record_consumed=record_consumed,
+            resume=resume,
+            as_columns=as_columns,
+            fields=fields,
+        )
+    except BaseException:
+        source.close()  # a ZeroMQ source is connected already
+        raise

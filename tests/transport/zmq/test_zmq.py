@@ -989,6 +989,23 @@ def test_receiver_config_errors(options: dict[str, Any], words: str) -> None:
     assert words in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{"validate": "yes"}, {"fields": [1]}, {"limiter": 0}, {"fields": ["a"], "validate": True}],
+)
+def test_a_receiver_option_refused_closes_the_socket_it_opened(
+    options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Left open, the socket stays connected to the sender, and its context can block
+    # the thread whose garbage collection finds it.
+    closed: list[ZmqSource] = []
+    real_close = ZmqSource.close
+    monkeypatch.setattr(ZmqSource, "close", lambda self: (closed.append(self), real_close(self)))
+    with pytest.raises(rlwire.ConfigError):
+        rlwire.open_receiver("zmq+tcp://127.0.0.1:5555", **options)
+    assert len(closed) == 1
+
+
 @pytest.mark.anyio
 @asyncio_only
 async def test_port_in_use_and_ready_timeout() -> None:

@@ -526,6 +526,10 @@ async def test_receiver_can_skip_a_damaged_step(tmp_path: Path) -> None:
         (lambda p: rlwire.open_receiver(p, rank=-1), "rank must be an int of at least 0"),
         (lambda p: rlwire.open_receiver(p, start_step=1.5), "start_step must be"),
         (lambda p: rlwire.open_receiver(p, poll_interval=0), "poll_interval"),
+        (
+            lambda p: rlwire.open_receiver(p, type="TrainingBatch"),
+            r"type must be what to decode each message into .* got 'TrainingBatch'",
+        ),
     ],
 )
 async def test_bad_options_are_config_errors(tmp_path: Path, call: Any, match: str) -> None:

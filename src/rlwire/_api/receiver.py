@@ -21,6 +21,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar, overload
 
+import msgspec
 from anyio import CapacityLimiter
 from typing_extensions import Unpack
 
@@ -143,7 +144,8 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
             given flat, as in earlier versions.
 
     Raises:
-        ConfigError: an invalid option or URL (``fields`` not a collection of names, or
+        ConfigError: an invalid option or URL (a ``type`` msgspec cannot decode
+            into, ``fields`` not a collection of names, or
             beside ``validate=True``), a flat keyword beside ``limits=``, or ``resume``
             on a source that records no marks (ZeroMQ).
         CorruptFrameError: with ``resume``, a mark is garbled.
@@ -157,6 +159,13 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
     """
     check_int(start_step, "start_step")
     check_int(rank, "rank")
+    try:
+        msgspec.inspect.type_info(type)
+    except TypeError as exc:  # else each receive raised it, untyped
+        raise ConfigError(
+            f"type must be what to decode each message into (a msgspec Struct, dict, "
+            f"list[...], typing.Any, ...), got {type!r}: {exc}"
+        ) from None
     limits = from_keywords(Limits, limits, keywords, parameter="limits", function="open_receiver")
     check_positive(poll_interval, "poll_interval")
     if not isinstance(resume, bool):

@@ -46,3 +46,26 @@ async def test_receiver_validates_values_with_checks(tmp_path: Path) -> None:
             receiver.receive(timeout=5)
     with pytest.raises(rlwire.ConfigError, match="validate must be True, False or a rlwire"):
         rlwire.open_receiver(tmp_path, validate="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_a_timeout_that_is_not_a_number_is_a_config_error(tmp_path: Path) -> None:
+    # NaN never compares as passed: a wait for a step not sent yet never ended.
+    async with rlwire.open_sender(tmp_path) as sender:
+        await sender.send(make_batch(1))
+    with rlwire.open_receiver(tmp_path) as receiver:
+        for timeout in (float("nan"), "1", True):
+            match = rf"timeout must be a number of seconds or None, got {timeout!r}"
+            with pytest.raises(rlwire.ConfigError, match=match):
+                receiver.receive(timeout=timeout)  # type: ignore[arg-type]
+            with pytest.raises(rlwire.ConfigError, match=match):
+                await receiver.areceive(timeout=timeout)  # type: ignore[arg-type]
+            with pytest.raises(rlwire.ConfigError, match=match):
+                receiver.wait_next(timeout=timeout)  # type: ignore[arg-type]
+            with pytest.raises(rlwire.ConfigError, match=match):
+                await receiver.await_next(timeout=timeout)  # type: ignore[arg-type]
+            with pytest.raises(rlwire.ConfigError, match=match):
+                next(receiver.parts(timeout=timeout))  # type: ignore[arg-type]
+            with pytest.raises(rlwire.ConfigError, match=match):
+                await receiver.aparts(timeout=timeout).__anext__()  # type: ignore[arg-type]
+        assert receiver.receive(timeout=5) is not None and receiver.last_step == 0

@@ -264,11 +264,11 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
         return None if obj is _NOTHING else obj
 
     def receive(self, timeout: float | None = None, *, as_columns: bool | None = None) -> T:
-        """Wait for the next step and return its object (``as_columns`` as for
-        :meth:`poll`).
+        """Wait for the next step and return its object (``as_columns``: see :meth:`poll`).
 
         Raises:
             ReceiveTimeout: nothing arrived within ``timeout`` seconds.
+            ConfigError: ``timeout`` is neither None nor a number.
             RlwireError: the others of :meth:`poll` (``EndOfStream``,
                 ``CorruptFrameError``, ``DecodeError``, ``SchemaError``, ``StepGapError``,
                 ``TransportError``, ``ClosedError``), for the same reasons.

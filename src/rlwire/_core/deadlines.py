@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import time
+
+from rlwire._core.errors import ConfigError
 
 __all__ = ["deadline_after", "time_left"]
 
@@ -11,11 +14,19 @@ def deadline_after(timeout: float | None) -> float | None:
     """When a wait of ``timeout`` seconds begun now ends (:func:`time.monotonic`), or
     ``None`` for a wait without a limit.
 
+    Raises:
+        ConfigError: ``timeout`` is neither ``None`` nor a number (NaN, which no time
+            ever passes, included).
+
     Example:
         >>> deadline_after(None) is None, deadline_after(5.0) > time.monotonic()
         (True, True)
     """
-    return None if timeout is None else time.monotonic() + timeout
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout):
+        raise ConfigError(f"timeout must be a number of seconds or None, got {timeout!r}")
+    return time.monotonic() + timeout
 
 
 def time_left(deadline: float | None) -> float | None:

@@ -544,6 +544,19 @@ async def test_plain_path_with_a_colon(tmp_path: Path, monkeypatch: pytest.Monke
     assert (tmp_path / "run:1" / "step-00000000.rank-0000.rlw").exists()
 
 
+@pytest.mark.parametrize("url", ["", "file://", "file://localhost"])
+async def test_a_url_that_names_no_directory_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    # An unset RUN_DIR must not make the current directory the destination.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(rlwire.ConfigError, match=f"{url!r}: names no directory"):
+        rlwire.open_sender(url)
+    with pytest.raises(rlwire.ConfigError, match=f"{url!r}: names no directory"):
+        rlwire.open_receiver(url)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("start_step", [-1, 2**64 - 1, 2**64, 2**70])
 def test_a_start_step_out_of_the_format_range_is_refused(tmp_path: Path, start_step: int) -> None:
     """Steps are stored as u64 and the end mark is the step after the last: a sender

@@ -69,16 +69,16 @@ def local_path(url: URL) -> str:
     """The path a plain path or ``file://`` URL names.
 
     Raises:
-        ConfigError: a ``file://`` URL that names another host.
+        ConfigError: a ``file://`` URL of another host, or a URL that names no directory.
     """
-    if url.rest == url.text:  # a plain path
-        return url.text
-    if url.parts.netloc not in ("", "localhost"):
+    path = url.text if url.rest == url.text else unquote(url.parts.path)  # plain path, or not
+    if url.rest != url.text and url.parts.netloc not in ("", "localhost"):
         raise ConfigError(
-            f"{url.text!r}: file URLs must name a local path (file:///dir), "
-            f"not host {url.parts.netloc!r}"
+            f"{url.text!r}: file URLs name a local path (file:///dir), no host {url.parts.netloc!r}"
         )
-    return unquote(url.parts.path)
+    if not path:  # "" or "file://": Path("") would be the current directory
+        raise ConfigError(f"{url.text!r}: names no directory (a path, or file:///dir)")
+    return path
 
 
 class FileSink(StoredSink):

@@ -557,6 +557,22 @@ async def test_a_url_that_names_no_directory_is_refused(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("tail", ["?recycle=1", "#run", "?"])
+async def test_a_file_url_with_a_query_or_fragment_is_refused(tmp_path: Path, tail: str) -> None:
+    # They were dropped: file:///dir?recycle=1 wrote to dir, without the option.
+    url = (tmp_path / "run").as_uri() + tail
+    if tail == "?":  # an empty query is no query
+        async with rlwire.open_sender(url) as sender:
+            await sender.send({"a": 1})
+        assert (tmp_path / "run" / "step-00000000.rank-0000.rlw").exists()
+        return
+    with pytest.raises(rlwire.ConfigError, match="no host, query or fragment"):
+        rlwire.open_sender(url)
+    with pytest.raises(rlwire.ConfigError, match="no host, query or fragment"):
+        rlwire.open_receiver(url)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("start_step", [-1, 2**64 - 1, 2**64, 2**70])
 def test_a_start_step_out_of_the_format_range_is_refused(tmp_path: Path, start_step: int) -> None:
     """Steps are stored as u64 and the end mark is the step after the last: a sender

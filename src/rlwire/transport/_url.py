@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from rlwire._core.errors import ConfigError
 
-__all__ = ["URL", "parse_url"]
+__all__ = ["URL", "local_path", "parse_url"]
 
 
 @dataclass(frozen=True)
@@ -62,3 +62,24 @@ def parse_url(url: str | os.PathLike[str] | URL) -> URL:
     if "://" not in url or not parts.scheme:
         return URL(url, "file", url, parts)
     return URL(url, parts.scheme, url.partition("://")[2], parts)
+
+
+def local_path(url: URL) -> str:
+    """The path a plain path or ``file://`` URL names.
+
+    Raises:
+        ConfigError: a ``file://`` URL of another host or with a query or fragment (which
+            would be dropped), or a URL that names no directory.
+    """
+    if url.rest == url.text:  # a plain path
+        path = url.text
+    elif url.parts.netloc not in ("", "localhost") or url.parts.query or url.parts.fragment:
+        raise ConfigError(
+            f"{url.text!r}: file URLs name a local path (file:///dir, '?' and '#' written "
+            "%3F and %23), with no host, query or fragment (options: storage_options=)"
+        )
+    else:
+        path = unquote(url.parts.path)
+    if not path:  # "" or "file://": Path("") would be the current directory
+        raise ConfigError(f"{url.text!r}: names no directory (a path, or file:///dir)")
+    return path

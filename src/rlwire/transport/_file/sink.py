@@ -24,7 +24,6 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from urllib.parse import unquote
 
 import xxhash
 
@@ -60,25 +59,9 @@ from rlwire.transport._stored.names import (
 )
 from rlwire.transport._stored.retention import held_back, steps_to_prune
 from rlwire.transport._stored.sink import StoredSink, StoredStaging
-from rlwire.transport._url import URL
+from rlwire.transport._url import URL, local_path
 
-__all__ = ["FileSink", "FileSource", "local_path"]
-
-
-def local_path(url: URL) -> str:
-    """The path a plain path or ``file://`` URL names.
-
-    Raises:
-        ConfigError: a ``file://`` URL of another host, or a URL that names no directory.
-    """
-    path = url.text if url.rest == url.text else unquote(url.parts.path)  # plain path, or not
-    if url.rest != url.text and url.parts.netloc not in ("", "localhost"):
-        raise ConfigError(
-            f"{url.text!r}: file URLs name a local path (file:///dir), no host {url.parts.netloc!r}"
-        )
-    if not path:  # "" or "file://": Path("") would be the current directory
-        raise ConfigError(f"{url.text!r}: names no directory (a path, or file:///dir)")
-    return path
+__all__ = ["FileSink", "FileSource"]
 
 
 class FileSink(StoredSink):

@@ -267,3 +267,35 @@ def test_register_sink_in_process() -> None:
     register_sink("test-lazy", "no_such_module:Sink")  # imported on first use only
     with pytest.raises(ConfigError, match=r"sink for 'test-lazy' \(no_such_module:Sink\)"):
         get_sink_class("test-lazy")
+
+
+@pytest.fixture
+def twin_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Two distributions that both register the scheme ``twin``."""
+    site = tmp_path / "site"
+    for letter in "ab":
+        info = site / f"twin_{letter}-1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: twin-{letter}\nVersion: 1.0\n"
+        )
+        (info / "entry_points.txt").write_text(f"[rlwire.sinks]\ntwin = twin_{letter}:Sink\n")
+    monkeypatch.syspath_prepend(str(site))
+    yield
+    monkeypatch.undo()
+    available_schemes()  # read the entry points again: the rest of the session has no twins
+
+
+def test_a_scheme_two_installed_packages_register_is_refused(twin_plugins: None) -> None:
+    """Which of them served it depended on the order of sys.path: the error names both,
+    and a choice made in process settles it."""
+    with pytest.raises(
+        ConfigError,
+        match=r"sink for 'twin' is registered by more than one installed package: "
+        r"twin-a \(twin_a:Sink\), twin-b \(twin_b:Sink\)",
+    ):
+        rlwire.open_sender("twin://x")
+    with pytest.raises(ConfigError, match=r"sink for 'twin' is registered by more than one"):
+        rlwire.open_receiver("twin://x")
+    register_sink("twin", MemorySink, clobber=True)
+    assert get_sink_class("twin") is MemorySink

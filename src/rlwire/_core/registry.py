@@ -66,6 +66,8 @@ class Registry:
         self._expected = expected
         self._registered: dict[str, object] = {}  # objects or "module:attr" strings
         self._entries: dict[str, str] = self._builtin
+        # Names that installed packages register with different targets: "pkg (target)".
+        self._conflicts: dict[str, list[str]] = {}
         self._scanned = False
         self._loaded: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -73,7 +75,15 @@ class Registry:
     def _scan(self) -> dict[str, str]:
         """Read the entry point group again (rlwire's own table under it)."""
         found = dict(self._builtin)
-        found.update((ep.name, ep.value) for ep in entry_points(group=self.group))
+        claims: dict[str, dict[str, str]] = {}  # name: {target: the package claiming it}
+        for ep in entry_points(group=self.group):
+            found[ep.name] = ep.value
+            claims.setdefault(ep.name, {})[ep.value] = ep.dist.name if ep.dist else "?"
+        self._conflicts = {
+            name: [f"{package} ({target})" for target, package in sorted(by.items())]
+            for name, by in claims.items()
+            if len(by) > 1
+        }
         self._entries, self._scanned = found, True
         return found
 
@@ -122,7 +132,8 @@ class Registry:
         """The object registered under ``name``, imported on first use.
 
         Raises:
-            ConfigError: unknown name (the message lists the known ones), or its target
+            ConfigError: unknown name (the message lists the known ones), a name that
+                installed packages register with different targets, or its target
                 cannot be imported (with an install hint for rlwire's optional parts),
                 does not exist, or is not what this registry accepts.
         """
@@ -131,6 +142,13 @@ class Registry:
         target = self._target(name) if isinstance(name, str) else None
         if target is None:
             raise self.unknown(name)
+        if name not in self._registered and name in self._conflicts:
+            # Which one wins would depend on the order of sys.path: refuse to guess.
+            raise ConfigError(
+                f"{self._label.format(name=name)} is registered by more than one installed "
+                f"package: {', '.join(self._conflicts[name])}; uninstall all but one, or "
+                "choose one in process (register_sink or register_codec, clobber=True)"
+            )
         obj = self.resolve(name, target)
         self._loaded[name] = obj
         return obj

@@ -526,6 +526,10 @@ async def test_receiver_can_skip_a_damaged_step(tmp_path: Path) -> None:
         (lambda p: rlwire.open_receiver(p, rank=-1), "rank must be an int of at least 0"),
         (lambda p: rlwire.open_receiver(p, start_step=1.5), "start_step must be"),
         (lambda p: rlwire.open_receiver(p, poll_interval=0), "poll_interval"),
+        (lambda p: rlwire.open_receiver(p, record_consumed="no"), "record_consumed must be True"),
+        (lambda p: rlwire.open_receiver(p, verify=None), "verify must be True or False"),
+        (lambda p: rlwire.open_receiver(p, writable=1), "writable must be True or False"),
+        (lambda p: rlwire.open_receiver(p, as_columns="x"), "as_columns must be True or False"),
         (
             lambda p: rlwire.open_receiver(p, type="TrainingBatch"),
             r"type must be what to decode each message into .* got 'TrainingBatch'",

@@ -29,7 +29,7 @@ from rlwire._api.batch_receiver import TrainingBatchReceiver
 from rlwire._api.options import Limits, LimitsKeywords, from_keywords
 from rlwire._api.schema import TrainingBatch
 from rlwire._checks.checks import Checks
-from rlwire._core.args import check_int, check_positive
+from rlwire._core.args import check_bool, check_int, check_positive
 from rlwire._core.errors import ConfigError
 from rlwire.transport._base import SourceOptions
 from rlwire.transport._registry import open_source
@@ -168,8 +168,9 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
         ) from None
     limits = from_keywords(Limits, limits, keywords, parameter="limits", function="open_receiver")
     check_positive(poll_interval, "poll_interval")
-    if not isinstance(resume, bool):
-        raise ConfigError(f"resume must be True or False, got {resume!r}")
+    flags = {"writable": writable, "verify": verify, "record_consumed": record_consumed}
+    for name, value in {**flags, "resume": resume, "as_columns": as_columns}.items():
+        check_bool(value, name)
     source = open_source(
         url,
         SourceOptions(

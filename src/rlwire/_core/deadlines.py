@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import time
 
 from rlwire._core.errors import ConfigError
@@ -24,7 +25,7 @@ def deadline_after(timeout: float | None) -> float | None:
     """
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout):
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or math.isnan(timeout):
         raise ConfigError(f"timeout must be a number of seconds or None, got {timeout!r}")
     return time.monotonic() + timeout
 

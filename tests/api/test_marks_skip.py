@@ -121,3 +121,13 @@ def test_a_step_skipped_without_a_look_is_marked_only_once_it_is_sent(tmp_path: 
         assert receiver.poll() is None
         assert (tmp_path / MARK).read_bytes() == consumed_mark(5)
     assert stored_steps(tmp_path) == [3, 4]
+
+
+def test_skip_on_a_closed_receiver_raises_and_moves_nothing(tmp_path: Path) -> None:
+    """As every other method of a closed receiver: before, skip() moved it on and
+    returned the step."""
+    receiver = rlwire.open_receiver(tmp_path)
+    receiver.close()
+    with pytest.raises(rlwire.ClosedError):
+        receiver.skip()
+    assert receiver.next_step == 0

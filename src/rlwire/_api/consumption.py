@@ -30,7 +30,13 @@ from __future__ import annotations
 
 import threading
 
-from rlwire._core.errors import ConfigError, CorruptFrameError, RlwireError, StepGapError
+from rlwire._core.errors import (
+    ClosedError,
+    ConfigError,
+    CorruptFrameError,
+    RlwireError,
+    StepGapError,
+)
 from rlwire._core.offload import runs_event_loop
 from rlwire.transport._base import Source
 from rlwire.transport._marks import MarksSource
@@ -43,6 +49,7 @@ class ConsumptionMarks:
 
     _source: Source
     _mutex: threading.Lock
+    _closed: bool
     _next_step: int
     _part_next: int
     _record_consumed: bool
@@ -97,6 +104,7 @@ class ConsumptionMarks:
             ConfigError: called on an event loop while another task's ``areceive`` (or
                 ``aparts``, ``await_next``) on this receiver is under way: waiting for it
                 here would block the loop that call needs to finish.
+            ClosedError: the receiver is closed.
         """
         if not self._mutex.acquire(blocking=False):
             if runs_event_loop():
@@ -107,6 +115,8 @@ class ConsumptionMarks:
                 )
             self._mutex.acquire()  # another thread's call: it ends without this one
         try:
+            if self._closed:
+                raise ClosedError(f"{self!r} is closed")
             step = self._next_step
             if self._looked != (step, True) and not self._part_next and self._hold is None:
                 self._hold = step  # not found: it may not be sent yet

@@ -16,6 +16,7 @@ import numpy as np
 
 import rlwire
 from rlwire.testing import assert_batches_equal, make_batch, make_sample
+from rlwire.transport import FileSink
 
 __all__ = [
     "Received",
@@ -27,6 +28,7 @@ __all__ = [
     "receive_in_child",
     "send_a_part_of_two_rows",
     "stat_type",
+    "store_frame",
 ]
 
 
@@ -124,6 +126,20 @@ def receive_in_child(
     )
     assert proc.returncode == 0, proc.stderr
     return Received(*json.loads(proc.stdout))
+
+
+def store_frame(path: Path, frame: rlwire.Frame) -> Path:
+    """Commit ``frame`` as step 0 of the directory ``path`` (rank 0), as it is: a hostile
+    writer's frame, its checksums right."""
+    sink = FileSink(path)
+    sink.open("overwrite")
+    stage = sink.stage(0, [frame])
+    while True:
+        try:
+            next(stage)
+        except StopIteration as stop:
+            stop.value.commit()
+            return path
 
 
 def stat_type(path: Path) -> str:

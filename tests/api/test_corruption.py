@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import xxhash
 from depth import examples
-from helpers import assert_batches_equal, make_batch
+from helpers import assert_batches_equal, make_batch, store_frame
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +24,6 @@ import rlwire
 from rlwire import CorruptFrameError, Frame, FrameTooLargeError, RlwireError
 from rlwire._frame.compression import Compressor, compress
 from rlwire.codecs import MsgpackCodec
-from rlwire.transport import FileSink
 
 SETTINGS = settings(
     max_examples=examples(2000),
@@ -118,18 +117,6 @@ def test_damaged_files_give_typed_errors_or_the_batch(
 # -- forged messages: valid checksums around hostile tables -----------------------------------
 
 
-def store(path: Path, frame: Frame) -> Path:
-    sink = FileSink(path)
-    sink.open("overwrite")
-    stage = sink.stage(0, [frame])
-    while True:
-        try:
-            next(stage)
-        except StopIteration as stop:
-            stop.value.commit()
-            return path
-
-
 def forged(frame: Frame, **changes: object) -> Frame:
     fields = {
         "header": frame.header,
@@ -155,7 +142,7 @@ def test_decompression_bomb_is_refused_before_allocating(tmp_path: Path) -> None
     i = next(k for k, c in enumerate(frame.compression) if c)
     sizes = list(frame.raw_sizes)
     sizes[i] = 1 << 40  # a terabyte
-    store(tmp_path, forged(frame, raw_sizes=tuple(sizes)))
+    store_frame(tmp_path, forged(frame, raw_sizes=tuple(sizes)))
     tracemalloc.start()
     start = time.perf_counter()
     try:
@@ -177,11 +164,11 @@ def test_bomb_spread_over_segments(tmp_path: Path) -> None:
     sizes = list(frame.raw_sizes)
     for k in compressed:
         sizes[k] = whole
-    store(tmp_path, forged(frame, raw_sizes=tuple(sizes)))
+    store_frame(tmp_path, forged(frame, raw_sizes=tuple(sizes)))
     with rlwire.open_receiver(tmp_path, max_decompressed_bytes=whole + 1) as receiver:
         with pytest.raises(FrameTooLargeError, match="raise max_decompressed_bytes"):
             receiver.poll()
-    store(tmp_path, compressed_frame())
+    store_frame(tmp_path, compressed_frame())
     with rlwire.open_receiver(tmp_path, max_decompressed_bytes=whole) as receiver:
         got = receiver.poll()
     assert got is not None
@@ -189,7 +176,7 @@ def test_bomb_spread_over_segments(tmp_path: Path) -> None:
 
 
 def test_limit_is_the_receivers_choice(tmp_path: Path) -> None:
-    store(tmp_path, compressed_frame())
+    store_frame(tmp_path, compressed_frame())
     with rlwire.open_receiver(tmp_path, max_decompressed_bytes=1000) as receiver:
         with pytest.raises(FrameTooLargeError):
             receiver.poll()
@@ -203,7 +190,7 @@ def test_unknown_compression_id(tmp_path: Path) -> None:
     i = next(k for k, c in enumerate(frame.compression) if c)
     ids = list(frame.compression)
     ids[i] = 200
-    store(tmp_path, forged(frame, compression=tuple(ids)))
+    store_frame(tmp_path, forged(frame, compression=tuple(ids)))
     with pytest.raises(CorruptFrameError, match=f"segment {i}: unknown compression id 200"):
         receive(tmp_path)
 
@@ -215,14 +202,14 @@ def test_segment_that_expands_to_another_size(tmp_path: Path, delta: int, algori
     i = next(k for k, c in enumerate(frame.compression) if c)
     sizes = list(frame.raw_sizes)
     sizes[i] += delta
-    store(tmp_path, forged(frame, raw_sizes=tuple(sizes)))
+    store_frame(tmp_path, forged(frame, raw_sizes=tuple(sizes)))
     with pytest.raises(CorruptFrameError, match=f"segment {i}"):
         receive(tmp_path)
 
 
 def test_garbage_that_claims_to_be_lz4(tmp_path: Path) -> None:
     frame = Frame(b"\x80", (memoryview(b"\xff" * 1000),), codec="msgpack")
-    store(tmp_path, forged(frame, compression=(0, 1), raw_sizes=(1, 10_000)))
+    store_frame(tmp_path, forged(frame, compression=(0, 1), raw_sizes=(1, 10_000)))
     with pytest.raises(CorruptFrameError, match="segment 1: lz4 data is corrupt"):
         receive(tmp_path)
 
@@ -242,7 +229,7 @@ def test_hostile_array_descriptors(
 ) -> None:
     ref = msgspec.msgpack.encode([0, dtype, shape, "C"])
     header = msgspec.msgpack.encode({"x": msgspec.msgpack.Ext(1, ref)})
-    store(tmp_path, Frame(header, (memoryview(bytes(10)),)))
+    store_frame(tmp_path, Frame(header, (memoryview(bytes(10)),)))
     with rlwire.open_receiver(tmp_path, type=dict) as receiver:
         with pytest.raises(CorruptFrameError, match=message):
             receiver.poll()
@@ -334,13 +321,13 @@ def hostile_frames() -> dict[str, Frame]:
 
 @pytest.mark.parametrize("name", ["unknown-compression-id", "size-mismatch", "bomb", "garbage-lz4"])
 def test_decompression_errors_name_the_file(tmp_path: Path, name: str) -> None:
-    store(tmp_path, hostile_frames()[name])
+    store_frame(tmp_path, hostile_frames()[name])
     with pytest.raises(RlwireError, match=re.escape(str(tmp_path / MAIN))):
         receive(tmp_path)
 
 
 def test_unknown_codec_in_a_message_is_a_decode_error(tmp_path: Path) -> None:
-    store(tmp_path, hostile_frames()["unknown-codec"])
+    store_frame(tmp_path, hostile_frames()["unknown-codec"])
     with pytest.raises(rlwire.DecodeError, match=re.escape(str(tmp_path / MAIN))):
         receive(tmp_path)
 
@@ -368,7 +355,7 @@ def test_a_small_file_declaring_gigabytes_is_refused_by_default(tmp_path: Path) 
         size if c == 0 else 1 << 30
         for c, size in zip(frame.compression, frame.raw_sizes, strict=True)
     ]
-    store(tmp_path, forged(frame, raw_sizes=tuple(sizes)))
+    store_frame(tmp_path, forged(frame, raw_sizes=tuple(sizes)))
     assert sum(p.stat().st_size for p in tmp_path.iterdir()) < 1 << 20
     tracemalloc.start()
     try:
@@ -409,7 +396,7 @@ def test_unknown_fields_in_a_header_cost_nothing(tmp_path: Path, array_like: boo
     raw: object = ["a", 3, junk] if array_like else {"name": "a", "count": 3, "junk": junk}
     header = msgspec.msgpack.encode(raw)
     del junk, raw
-    store(tmp_path, Frame(header))
+    store_frame(tmp_path, Frame(header))
     tracemalloc.start()
     start = time.perf_counter()
     try:
@@ -426,13 +413,13 @@ def test_a_flood_of_empty_buffers_is_refused_before_any_view(tmp_path: Path) -> 
     """Empty buffers take no room in a file, so millions fit in a few MB; each would
     cost the reader a view and a checksum."""
     flood = Frame(msgspec.msgpack.encode({}), tuple(memoryview(b"") for _ in range(200_000)))
-    store(tmp_path, flood)
+    store_frame(tmp_path, flood)
     start = time.perf_counter()
     with pytest.raises(CorruptFrameError, match="200000 buffers in a message of"):
         receive(tmp_path)
     assert time.perf_counter() - start < 0.5
     few = Frame(msgspec.msgpack.encode({}), tuple(memoryview(b"") for _ in range(3000)))
-    store(tmp_path, few)  # a few thousand empty ones are fine
+    store_frame(tmp_path, few)  # a few thousand empty ones are fine
     with rlwire.open_receiver(tmp_path, type=dict) as receiver:
         assert receiver.receive(timeout=5) == {}
 
@@ -441,7 +428,7 @@ def test_a_header_of_the_wrong_shape_is_refused_without_building_it(tmp_path: Pa
     """An array of a million empty arrays received as a TrainingBatch (a map): refused
     from its first byte, not built into a million lists and then refused."""
     header = b"\xdd" + struct.pack(">I", 1_000_000) + b"\x90" * 1_000_000
-    store(tmp_path, Frame(header))
+    store_frame(tmp_path, Frame(header))
     tracemalloc.start()
     start = time.perf_counter()
     try:

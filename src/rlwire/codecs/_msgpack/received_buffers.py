@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from rlwire._core.errors import CorruptFrameError
+from rlwire._core.errors import CorruptFrameError, RlwireError
 from rlwire.codecs._msgpack.arrays import make_array
 from rlwire.codecs._msgpack.extensions import (
     EXT_ARRAY,
@@ -51,6 +51,9 @@ _array_ref = msgspec.msgpack.Decoder(ArrayRef)
 _inline = msgspec.msgpack.Decoder(InlineArray)
 _bytes_ref = msgspec.msgpack.Decoder(BytesRef)
 _chunks_ref = msgspec.msgpack.Decoder(ChunksRef)
+# A columns value's names and its columns undecoded: each is decoded again on its own
+# to tell which one an error is in.
+_columns_parts = msgspec.msgpack.Decoder(tuple[Any, Any, list[str], list[msgspec.Raw]])
 
 
 def unbounded(data: memoryview) -> Any:
@@ -170,14 +173,34 @@ class ReceivedBuffers:
         # A partial read keeps its fields of the outermost columns value (the samples);
         # a columns value in a kept column is kept whole.
         fields = self.fields if not self.in_columns else None
+        mark = self.claims_mark()
         self.in_columns += 1
         try:
             payload = self.decode_payload(data)
+        except CorruptFrameError as exc:
+            self.unclaim_since(mark)
+            raise self._named(data, exc) from exc
         finally:
             self.in_columns -= 1
         inner = self.chunked_made - chunked + self.bytes_made - made + self.columns_made - columns
         self.chunked_made, self.bytes_made, self.columns_made = chunked, made, columns + 1
         return parse_columns(payload, inner, fields)
+
+    def _named(self, data: memoryview, exc: CorruptFrameError) -> CorruptFrameError:
+        """``exc``, raised decoding columns value ``data``, said of the column it is in:
+        the columns decoded again one by one (as they were, in order) until one fails.
+        The decode in one call is kept for messages that are sound."""
+        try:
+            _, _, names, columns = _columns_parts.decode(data)
+            for name, column in zip(names, columns, strict=True):
+                try:
+                    self.decode_payload(memoryview(column))
+                except CorruptFrameError as found:
+                    what = found.message.removeprefix("header: ")
+                    return type(found)(f"header: column {name!r}: {what}")
+        except (msgspec.DecodeError, ValueError, RlwireError):  # not columns to tell apart
+            pass
+        return exc
 
     def _not_read(self, index: int) -> Any:
         """What a reference to ``index``, a buffer a partial read skipped, becomes:

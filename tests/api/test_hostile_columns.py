@@ -1,0 +1,94 @@
+"""Hostile column tables (a columns value whose offsets, values, dtypes or shapes
+disagree), stored with valid checksums and read through every entry point: a typed
+error that names the column, and the step, never an answer, asyncio and trio."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import store_frame
+from msgspec.msgpack import Ext
+from msgspec.msgpack import encode as mp
+
+import rlwire
+
+pytestmark = pytest.mark.anyio
+
+
+def _ref(index: int, dtype: str, shape: list[int], order: str = "C") -> Ext:
+    return Ext(1, mp([index, dtype, shape, order]))
+
+
+def _i8(*values: int) -> memoryview:
+    return memoryview(np.array(values, "<i8").tobytes())
+
+
+def _step(logprobs: Any, *buffers: memoryview) -> rlwire.Frame:
+    """Step 0 of 2 samples: a sound ragged ``token_ids`` (buffers 0 and 1) and
+    ``logprobs`` as given (its buffers from 2)."""
+    ids = Ext(6, mp([_ref(0, "<i8", [3]), _ref(1, "<i8", [3])]))
+    samples = Ext(7, mp([2, 0, ["token_ids", "logprobs"], [ids, logprobs]]))
+    return rlwire.Frame(mp({"samples": samples}), (_i8(1, 2, 3), _i8(0, 1, 3), *buffers))
+
+
+def _ragged(values: Ext, offsets: Ext) -> Ext:
+    return Ext(6, mp([values, offsets]))
+
+
+HOSTILE = {
+    "offsets from 1": (
+        _ragged(_ref(2, "<f4", [3]), _ref(3, "<i8", [3])),
+        (memoryview(bytes(12)), _i8(1, 2, 3)),
+    ),
+    "offsets past the values": (
+        _ragged(_ref(2, "<f4", [3]), _ref(3, "<i8", [3])),
+        (memoryview(bytes(12)), _i8(0, 1, 9)),
+    ),
+    "float offsets": (
+        _ragged(_ref(2, "<f4", [3]), _ref(3, "<f8", [3])),
+        (memoryview(bytes(12)), _i8(0, 1, 3)),
+    ),
+    "values shorter than their shape": (
+        _ragged(_ref(2, "<f4", [4]), _ref(3, "<i8", [3])),
+        (memoryview(bytes(12)), _i8(0, 1, 3)),
+    ),
+    "object dtype": (
+        _ragged(_ref(2, "|O", [3]), _ref(3, "<i8", [3])),
+        (memoryview(bytes(24)), _i8(0, 1, 3)),
+    ),
+    "huge row shape": (
+        _ragged(_ref(2, "<f4", [3, 2**40, 2**40]), _ref(3, "<i8", [3])),
+        (memoryview(bytes(12)), _i8(0, 1, 3)),
+    ),
+    "values a ragged array": (
+        _ragged(_ragged(_ref(2, "<f4", [3]), _ref(3, "<i8", [2])), _ref(4, "<i8", [3])),
+        (memoryview(bytes(12)), _i8(0, 3), _i8(0, 1, 3)),
+    ),
+    "buffer of token_ids again": (
+        _ragged(_ref(0, "<i8", [3]), _ref(2, "<i8", [3])),
+        (_i8(0, 1, 3),),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+@pytest.mark.parametrize(
+    "options",
+    [{"type": Any}, {"type": rlwire.TrainingBatch}, {"type": Any, "as_columns": True}],
+    ids=["any", "batch", "as-columns"],
+)
+async def test_a_hostile_ragged_column_is_refused_naming_it(
+    tmp_path: Path, case: str, options: dict[str, Any]
+) -> None:
+    """What is wrong with a ragged column was said of "a ragged array" or "an array
+    descriptor", with nothing to tell which of the step's columns it was."""
+    logprobs, buffers = HOSTILE[case]
+    store_frame(tmp_path, _step(logprobs, *buffers))
+    async with rlwire.open_receiver(tmp_path, **options) as receiver:
+        with pytest.raises(rlwire.CorruptFrameError) as caught:
+            await receiver.areceive(timeout=5)
+    assert "step-00000000.rank-0000.rlw" in str(caught.value)
+    assert "column 'logprobs'" in str(caught.value)

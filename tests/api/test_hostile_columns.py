@@ -92,3 +92,21 @@ async def test_a_hostile_ragged_column_is_refused_naming_it(
             await receiver.areceive(timeout=5)
     assert "step-00000000.rank-0000.rlw" in str(caught.value)
     assert "column 'logprobs'" in str(caught.value)
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+async def test_a_partial_read_beside_a_hostile_column_gives_its_column_or_names_the_step(
+    tmp_path: Path, case: str
+) -> None:
+    """``fields=`` reads only the columns asked for, so a hostile column beside them may
+    go unread; where the look at the step's column table refused it, the error said
+    "rank 0" only: neither the step nor the file."""
+    logprobs, buffers = HOSTILE[case]
+    store_frame(tmp_path, _step(logprobs, *buffers))
+    async with rlwire.open_receiver(tmp_path, fields=("token_ids",)) as receiver:
+        try:
+            got = await receiver.areceive(timeout=5)
+        except rlwire.CorruptFrameError as exc:
+            assert "step-00000000.rank-0000.rlw" in str(exc)
+        else:
+            assert got.samples["token_ids"].values.tolist() == [1, 2, 3]

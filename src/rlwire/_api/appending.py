@@ -260,7 +260,11 @@ def read_with_appended(
         return None
     if count and not source.appended_still_tied(step):
         return FieldPending(f"step {step} was deleted and written again while it was read")
-    empty = none_in_every_row(_frames(got[1]), rest, decoding) if rest else None
+    try:
+        empty = none_in_every_row(_frames(got[1]), rest, decoding) if rest else None
+    except RlwireError as exc:  # its header, read again: say whose
+        exc.add_context(where=source.describe(step), step=step)
+        raise
     if empty is not None:  # a field the step left empty, to be appended: wait for it
         source.expect_fields(step, count)
         return FieldPending(f"field {empty!r} is None in every row of the step")

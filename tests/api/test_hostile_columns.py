@@ -4,6 +4,7 @@ error that names the column, and the step, never an answer, asyncio and trio."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,18 @@ HOSTILE = {
         _ragged(_ref(2, "<f4", [3, 2**40, 2**40]), _ref(3, "<i8", [3])),
         (memoryview(bytes(12)), _i8(0, 1, 3)),
     ),
+    "string dtype": (
+        _ragged(_ref(2, "<U1000000000", [3]), _ref(3, "<i8", [3])),
+        (memoryview(bytes(12)), _i8(0, 1, 3)),
+    ),
+    "negative row shape": (
+        _ragged(_ref(2, "<f4", [3, -1]), _ref(3, "<i8", [3])),
+        (memoryview(bytes(12)), _i8(0, 1, 3)),
+    ),
+    "order K": (
+        _ragged(_ref(2, "<f4", [3, 1], "K"), _ref(3, "<i8", [3])),
+        (memoryview(bytes(12)), _i8(0, 1, 3)),
+    ),
     "values a ragged array": (
         _ragged(_ragged(_ref(2, "<f4", [3]), _ref(3, "<i8", [2])), _ref(4, "<i8", [3])),
         (memoryview(bytes(12)), _i8(0, 3), _i8(0, 1, 3)),
@@ -108,5 +121,25 @@ async def test_a_partial_read_beside_a_hostile_column_gives_its_column_or_names_
             got = await receiver.areceive(timeout=5)
         except rlwire.CorruptFrameError as exc:
             assert "step-00000000.rank-0000.rlw" in str(exc)
+            assert "column 'logprobs'" in str(exc)
         else:
             assert got.samples["token_ids"].values.tolist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+async def test_a_manifest_of_a_hostile_column_or_a_read_of_its_rows_names_it(
+    tmp_path: Path, case: str
+) -> None:
+    """A manifest listed columns the decode refuses (dtype ``|O``, a row shape of
+    ``(-1,)``, order ``K``, the buffer of another column) for other processes to act
+    on, and ``read_rows`` then read another column's bytes as the column's rows, or
+    refused the column without naming it."""
+    logprobs, buffers = HOSTILE[case]
+    store_frame(tmp_path, _step(logprobs, *buffers))
+    async with rlwire.open_receiver(tmp_path) as receiver:
+        with pytest.raises(rlwire.CorruptFrameError) as caught:
+            manifest = await receiver.amanifest(0)
+            assert manifest is not None
+            await receiver.aread_rows(manifest, "logprobs", 0, 2)
+    assert re.search(r"step[- ]0+\b", str(caught.value))
+    assert "column 'logprobs'" in str(caught.value)

@@ -249,7 +249,6 @@ class RowReads:
                 f"holds no column {name!r} of {manifest.rows} rows, as its manifest says",
                 where=head.where,
             )
-        self._values(head, memoryview(b""), col, 0)  # a plain dtype, before any sizes
         offsets = self._offsets(head, col, table.rows)
         first, last = int(offsets[start]), int(offsets[stop])
         values: Any = col.values

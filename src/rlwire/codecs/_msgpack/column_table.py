@@ -137,9 +137,22 @@ def _where(ref: Any) -> tuple[int | np.ndarray, str, list[int], str]:
     raise CorruptFrameError("a ragged array's values or offsets are not an array")
 
 
+def _checked(name: str, ref: Any) -> tuple[int | np.ndarray, str, list[int], str]:
+    """:func:`_where` of column ``name``'s array ``ref``, its dtype, shape and order
+    checked as a decode checks them (not its bytes, which are not read here)."""
+    try:
+        values, dtype, shape, order = _where(ref)
+        if shape and shape[0] < 0:
+            raise CorruptFrameError(f"array descriptor: invalid shape {shape}")
+        make_array(memoryview(b""), dtype, [0, *shape[1:]], order, False)
+    except CorruptFrameError as exc:
+        raise CorruptFrameError(f"column {name!r}: {exc.message}") from None
+    return values, dtype, shape, order
+
+
 def _column(name: str, value: Any) -> StoredColumn:
     if isinstance(value, ArrayRef | InlineArray):  # one value a row, as one array
-        values, _, shape, _ = _where(value)
+        values, _, shape, _ = _checked(name, value)
         return StoredColumn(name, row_shape=tuple(shape[1:]), values=values, array=True)
     if not (type(value) is tuple and value[0] == EXT_RAGGED):
         rows = value if type(value) is list else []
@@ -153,8 +166,8 @@ def _column(name: str, value: Any) -> StoredColumn:
     payload = value[1]
     if type(payload) is not list or len(payload) != 2:
         raise CorruptFrameError(f"column {name!r}: a malformed ragged array")
-    values, dtype, shape, order = _where(payload[0])
-    offsets, offsets_dtype, offsets_shape, _ = _where(payload[1])
+    values, dtype, shape, order = _checked(name, payload[0])
+    offsets, offsets_dtype, offsets_shape, _ = _checked(name, payload[1])
     if not shape or len(offsets_shape) != 1 or offsets_dtype != "<i8":
         raise CorruptFrameError(
             f"column {name!r}: ragged values of shape {shape} with offsets {offsets_dtype} "
@@ -179,6 +192,15 @@ def _table(field: str | int | None, value: Any) -> ColumnTable | None:
     if count and not names:
         raise CorruptFrameError(f"a columns value of {count} rows has no column")
     table = ColumnTable(field, count, tuple(map(_column, names, columns)))
+    taken: dict[int, str] = {}  # as the decode refuses a buffer taken twice
+    for column in table.columns:
+        for index in column.buffers:
+            if index in taken:
+                raise CorruptFrameError(
+                    f"column {column.name!r} refers to buffer {index}, as column "
+                    f"{taken[index]!r} does (a buffer may be referred to once)"
+                )
+            taken[index] = column.name
     for name, value in zip(names, columns, strict=True):
         rows = _rows_in(value)
         if rows is not _OTHER and rows != count:  # as the decode refuses it

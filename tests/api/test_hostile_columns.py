@@ -143,3 +143,36 @@ async def test_a_manifest_of_a_hostile_column_or_a_read_of_its_rows_names_it(
             await receiver.aread_rows(manifest, "logprobs", 0, 2)
     assert re.search(r"step[- ]0+\b", str(caught.value))
     assert "column 'logprobs'" in str(caught.value)
+
+
+def _chunked_column(chunk: bytes, count: int) -> tuple[Ext, tuple[memoryview, ...]]:
+    """``logprobs`` a list column stored as a chunked array (extension 4) of ``count``
+    items: one chunk, ``chunk``, in buffer 2, then an 8-byte buffer 3 for it to use."""
+    return Ext(4, mp([2, count, [0, len(chunk)]])), (memoryview(chunk), memoryview(bytes(8)))
+
+
+CHUNKED = {
+    "an item of object dtype": _chunked_column(mp([_ref(3, "|O", [1]), None]), 2),
+    "an item over another's buffer": _chunked_column(mp([_ref(0, "<i8", [3]), None]), 2),
+    "more items than its count": _chunked_column(mp([1.0, 2.0, 3.0]), 2),
+}
+
+
+@pytest.mark.parametrize("case", list(CHUNKED))
+@pytest.mark.parametrize(
+    "options",
+    [{"type": Any}, {"type": rlwire.TrainingBatch}, {"type": Any, "as_columns": True}],
+    ids=["any", "batch", "as-columns"],
+)
+async def test_a_hostile_chunked_list_column_is_refused_naming_it(
+    tmp_path: Path, case: str, options: dict[str, Any]
+) -> None:
+    """A list column heavy enough to be chunked is filled after the columns value is
+    read: what was wrong in its chunks was said with no column named."""
+    logprobs, buffers = CHUNKED[case]
+    store_frame(tmp_path, _step(logprobs, *buffers))
+    async with rlwire.open_receiver(tmp_path, **options) as receiver:
+        with pytest.raises(rlwire.CorruptFrameError) as caught:
+            await receiver.areceive(timeout=5)
+    assert "step-00000000.rank-0000.rlw" in str(caught.value)
+    assert "column 'logprobs'" in str(caught.value)

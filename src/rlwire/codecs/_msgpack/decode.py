@@ -34,6 +34,7 @@ from rlwire.codecs._msgpack.received_columns import (
     ROW_COST,
     ColumnsFound,
     columns_of,
+    in_column,
     rows_of,
     structs_of,
 )
@@ -260,7 +261,11 @@ class Decoding:
             # one, as one decoded with it is (a partial read keeps it whole).
             self.received.in_columns += 1
             try:
-                found.columns = yield from self._fill_plain(found.columns, inner)
+                for entry in inner:  # one by one, to say which column an error is in
+                    try:
+                        found.columns = yield from self._fill_plain(found.columns, [entry])
+                    except CorruptFrameError as exc:
+                        raise in_column(found.names[entry[0][0][0]], exc) from exc
             finally:
                 self.received.in_columns -= 1
             self.to_find, found.inner = to_find, 0

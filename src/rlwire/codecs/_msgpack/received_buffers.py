@@ -43,7 +43,7 @@ from rlwire.codecs._msgpack.extensions import (
     InlineArray,
 )
 from rlwire.codecs._msgpack.fields import NOT_READ
-from rlwire.codecs._msgpack.received_columns import parse_columns, ragged
+from rlwire.codecs._msgpack.received_columns import in_column, parse_columns, ragged
 
 __all__ = ["Chunked", "ReceivedBuffers", "unbounded"]
 
@@ -196,8 +196,7 @@ class ReceivedBuffers:
                 try:
                     self.decode_payload(memoryview(column))
                 except CorruptFrameError as found:
-                    what = found.message.removeprefix("header: ")
-                    return type(found)(f"header: column {name!r}: {what}")
+                    return in_column(name, found)
         except (msgspec.DecodeError, ValueError, RlwireError):  # not columns to tell apart
             pass
         return exc

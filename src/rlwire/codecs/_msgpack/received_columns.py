@@ -35,6 +35,7 @@ __all__ = [
     "ROW_COST",
     "ColumnsFound",
     "columns_of",
+    "in_column",
     "parse_columns",
     "ragged",
     "rows_of",
@@ -64,6 +65,12 @@ class ColumnsFound:
         self.names = names
         self.columns = columns
         self.inner = inner
+
+
+def in_column(name: str, exc: CorruptFrameError) -> CorruptFrameError:
+    """``exc``, met reading column ``name`` of a columns value, said of that column."""
+    what = exc.message.removeprefix("header: ")
+    return type(exc)(f"header: column {name!r}: {what}")
 
 
 def ragged(payload: Any) -> Ragged:

@@ -6,12 +6,12 @@ an earlier one (a receiver that restarted), in the ``shared`` pattern as one mor
 consumer. A receiver that expects the other pattern is refused (a ``refuse`` packet
 tells it why) and gets nothing. Each message to a receiver carries that receiver's next
 sequence number; the receiver acknowledges what it has read, so a closing sender knows
-whom it must still wait for. A receiver that says ``bye``, or that a send finds
-unreachable, is forgotten until it announces itself again.
+whom it must still wait for. A receiver that says ``bye`` (it closed its socket) is
+forgotten for good; one that a send finds unreachable, until it announces itself again.
 
 A receiver is known by its routing id, which it keeps across reconnections (after a
-network blip, ZeroMQ reconnects it with the same id). Its sequence numbers go on for the
-life of the sender, whatever happens to the connection: a receiver that comes back after
+network blip, ZeroMQ reconnects it with the same id). Its sequence numbers go on until
+its ``bye``, whatever happens to the connection: a receiver that comes back after
 a blip, or that lost its rank to another receiver and won it back, gets the sequence
 number after the last one sent to it, so it reports what it lost meanwhile as one
 StepGapError, and never takes a fresh message for an old one.
@@ -95,9 +95,9 @@ class Peers:
     _rank_peer: dict[int, bytes] = field(default_factory=dict, init=False, repr=False)
     # the routing ids of the receivers there now, in the order they announced themselves
     _live: dict[bytes, None] = field(default_factory=dict, init=False, repr=False)
-    # routing id -> next sequence number, for the life of the sender (never forgotten)
+    # routing id -> next sequence number, until its bye (it may come back before)
     _seq: dict[bytes, int] = field(default_factory=dict, init=False, repr=False)
-    # routing id -> messages it has read (never forgotten either)
+    # routing id -> messages it has read (kept as long)
     _acked: dict[bytes, int] = field(default_factory=dict, init=False, repr=False)
     #: routing id -> why the sender refused that receiver (its last ``ready``)
     refused: dict[bytes, str] = field(default_factory=dict, init=False, repr=False)
@@ -188,7 +188,7 @@ class Peers:
                 continue  # not from an rlwire receiver
             peer, kind, body = parts
             if kind == BYE:
-                self.forget(peer)
+                self._drop(peer)
             elif kind == ACK:
                 self._acknowledged(peer, body)
             elif kind == READY:
@@ -202,6 +202,13 @@ class Peers:
         for rank, known in list(self._rank_peer.items()):
             if known == peer:
                 del self._rank_peer[rank]
+
+    def _drop(self, peer: bytes) -> None:
+        """Forget ``peer`` for good: it said bye, closing its socket, and no receiver
+        reuses its routing id (one opened per step would leave an entry in each table)."""
+        self.forget(peer)
+        for table in (self._seq, self._acked, self._minor):
+            table.pop(peer, None)
 
     def linger(self, deadline: float) -> None:
         """Wait, until ``deadline`` (of :func:`time.monotonic`), for every receiver still

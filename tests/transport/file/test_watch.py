@@ -5,6 +5,7 @@ these tests allow, so that only a wake-up can pass them."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from typing import Any
 
 import anyio
 import forked
+import numpy as np
 import pytest
 
 import rlwire
@@ -179,6 +181,35 @@ def test_a_forgotten_source_releases_its_descriptor(tmp_path: Path) -> None:
     assert inotify_fds() == before + 1
     del source
     assert inotify_fds() == before
+
+
+def test_receivers_forgotten_on_a_recycling_tmpfs_release_their_descriptors_at_once(
+    shm_dir: Path,
+) -> None:
+    """On tmpfs a source keeps mappings of the files it read, for when they come back
+    recycled; those held the source in a reference cycle, so a receiver dropped without
+    close() kept its inotify descriptor and its kept files' descriptors until the
+    cyclic collector ran: a trainer that opens a receiver for each step and forgets it
+    piled up inotify instances (128 a user by default) and deleted files' memory."""
+    descriptors = lambda: len(os.listdir("/proc/self/fd"))  # noqa: E731
+    with rlwire.open_sync_sender(shm_dir, keep_last=1, storage_options={"recycle": True}) as sender:
+        gc.disable()  # what a collection would free hides nothing then
+        try:
+            for step in range(12):
+                if step == 4:  # the sender's own kept files settled
+                    before, inotify_before = descriptors(), inotify_fds()
+                receiver = rlwire.open_receiver(
+                    shm_dir, type=Any, start_step=step, poll_interval=POLL
+                )
+                sender.send({"x": np.arange(4) + step})
+                assert receiver.receive(timeout=WOKEN)["x"][0] == step
+                with pytest.raises(rlwire.ReceiveTimeout):
+                    receiver.receive(timeout=0.01)  # sets its watch up
+                del receiver
+            assert inotify_fds() == inotify_before
+            assert descriptors() <= before + 1
+        finally:
+            gc.enable()
 
 
 @pytest.mark.anyio

@@ -80,12 +80,13 @@ class FileSource(StoredSource):
         # dropped. Unmapping a step of 1.6 GB takes ~0.15 s; in a trainer's event-loop
         # thread (``batch = await receiver.areceive()`` drops the previous batch) that
         # is a 0.15 s stall.
-        self._mapped: list[mmap.mmap] = []
-        self._mapped_lock = threading.Lock()
+        self._mapped = _Handed()
         # Mappings of step files kept for when the file comes back recycled, and the
         # keys of those this read is served from (forgotten if its checksums fail).
+        # (They hold the list, not the source: a source dropped unclosed must go at once,
+        # its descriptors with it, not when the cyclic collector runs.)
         warm = verify and not writable and on_tmpfs(self.root)
-        self._warm = WarmReads(self._unmap_later) if warm else None
+        self._warm = WarmReads(self._mapped.append) if warm else None
         self._served: dict[str, tuple[int, int]] = {}
         self._fresh = False  # reading again: every file through a new mapping
         self._swept = False  # the temporary files of this rank's killed marks removed
@@ -108,23 +109,8 @@ class FileSource(StoredSource):
         self.watch.close()
         if self._warm is not None:
             self._warm.close()
-        self._unmap_unused()
-        with self._mapped_lock:
-            self._mapped.clear()
-
-    def _unmap_later(self, mapping: mmap.mmap) -> None:
-        with self._mapped_lock:
-            self._mapped.append(mapping)
-
-    def _unmap_unused(self) -> None:
-        with self._mapped_lock:
-            in_use = []
-            for mapping in self._mapped:
-                try:
-                    mapping.close()  # munmap, with the GIL released
-                except BufferError:  # arrays or views over it are still alive
-                    in_use.append(mapping)
-            self._mapped = in_use
+        self._mapped.unmap_unused()
+        self._mapped.clear()
 
     def locate(self, name: str) -> str:
         return str(self.root / name)
@@ -206,7 +192,7 @@ class FileSource(StoredSource):
         return frame
 
     def load(self, name: str, advice: int | None = None) -> memoryview | None:
-        self._unmap_unused()
+        self._mapped.unmap_unused()
         warm = self._warm
         if warm is not None:  # here, as a waiting receiver polls too
             warm.evict_deleted()
@@ -232,8 +218,7 @@ class FileSource(StoredSource):
             mapping = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
             if advice is not None:
                 mapping.madvise(advice)
-            with self._mapped_lock:
-                self._mapped.append(mapping)
+            self._mapped.append(mapping)
             view = memoryview(mapping)
             return view if self.writable else view.toreadonly()
         except OSError as exc:
@@ -241,6 +226,32 @@ class FileSource(StoredSource):
         finally:
             if fd >= 0:
                 os.close(fd)
+
+
+class _Handed:
+    """The mappings a source handed out, each unmapped once no view of it is left."""
+
+    def __init__(self) -> None:
+        self._mappings: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+
+    def append(self, mapping: mmap.mmap) -> None:
+        with self._lock:
+            self._mappings.append(mapping)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._mappings.clear()
+
+    def unmap_unused(self) -> None:
+        with self._lock:
+            in_use = []
+            for mapping in self._mappings:
+                try:
+                    mapping.close()  # munmap, with the GIL released
+                except BufferError:  # arrays or views over it are still alive
+                    in_use.append(mapping)
+            self._mappings = in_use
 
 
 class _MappedFile(WholeFile):

@@ -176,3 +176,25 @@ async def test_a_hostile_chunked_list_column_is_refused_naming_it(
             await receiver.areceive(timeout=5)
     assert "step-00000000.rank-0000.rlw" in str(caught.value)
     assert "column 'logprobs'" in str(caught.value)
+
+
+SHORT = {
+    "values shorter than their shape": HOSTILE["values shorter than their shape"],
+    "offsets shorter than the rows": (
+        _ragged(_ref(2, "<f4", [3]), _ref(3, "<i8", [3])),
+        (memoryview(bytes(12)), _i8(0, 1)),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SHORT))
+async def test_a_manifest_refuses_a_column_whose_buffer_is_not_its_size(
+    tmp_path: Path, case: str
+) -> None:
+    """The manifest was made (for other processes to act on) and only ``read_rows``
+    refused the column: a manifest says no more than a receive would take."""
+    logprobs, buffers = SHORT[case]
+    store_frame(tmp_path, _step(logprobs, *buffers))
+    async with rlwire.open_receiver(tmp_path) as receiver:
+        with pytest.raises(rlwire.CorruptFrameError, match=r"column 'logprobs': buffer \d"):
+            await receiver.amanifest(0)

@@ -211,6 +211,8 @@ class RowReads:
                     f"message has {n}",
                     where=head.where,
                 )
+            if col.dtype is not None:  # ragged: its buffers' sizes, as the decode checks them
+                _check_sizes(head, col, table.rows)
         return table
 
     def _values(self, head: Head, view: memoryview, col: Any, count: int) -> np.ndarray:
@@ -260,13 +262,7 @@ class RowReads:
             if head.compressed(values) or (col.order != "C" and col.row_shape):
                 whole = self._whole(head, values)
                 got = self._values(head, whole, col, col.length)[first:last]
-            else:
-                if head.lengths[values] != col.length * row_bytes:
-                    raise CorruptFrameError(
-                        f"buffer {values} holds {head.lengths[values]} bytes; column "
-                        f"{name!r} says {col.length} rows of {row_bytes} bytes",
-                        where=head.where,
-                    )
+            else:  # its size checked with the table
                 span = head.read([(values, first * row_bytes, last * row_bytes)])[0]
                 got = self._values(head, span, col, last - first)
         return Ragged(got, offsets[start : stop + 1] - first)
@@ -294,6 +290,25 @@ class RowReads:
         if problem:
             raise CorruptFrameError(f"column {col.name!r}: offsets {problem}", where=head.where)
         return offsets
+
+
+def _check_sizes(head: Head, col: Any, rows: int) -> None:
+    """Refuse ragged column ``col`` if a buffer it stores uncompressed is not the size
+    its table gives (the values: its items; the offsets: ``rows + 1`` of 8 bytes)."""
+    sizes = []
+    if not isinstance(col.values, np.ndarray) and not head.compressed(col.values):
+        row_bytes = np.dtype(col.dtype).itemsize * math.prod(col.row_shape)
+        if col.order == "C" or not col.row_shape:
+            sizes.append((col.values, col.length * row_bytes, f"{col.length} items"))
+    if isinstance(col.offsets, int) and not head.compressed(col.offsets):
+        sizes.append((col.offsets, 8 * (rows + 1), f"offsets of {rows} rows"))
+    for index, size, what in sizes:
+        if head.lengths[index] != size:
+            raise CorruptFrameError(
+                f"column {col.name!r}: buffer {index} holds {head.lengths[index]} bytes, "
+                f"for {what} ({size} bytes)",
+                where=head.where,
+            )
 
 
 def _described(manifest: Manifest, column: str) -> str:

@@ -99,3 +99,38 @@ def test_a_wide_message_gets_a_bounded_description(tmp_path: Path) -> None:
     assert len(proc.stdout) < 10_000 and "... more fields" in proc.stdout
     assert "300000 items" in proc.stdout
     assert seconds < 30
+
+
+def test_a_step_file_given_names_the_step_rank_and_part(tmp_path: Path) -> None:
+    """A stored file as the path: its directory, step and rank (a part: its manifest).
+    Before, the file was taken for a directory (``Not a directory``, naming a
+    ``fields-000`` file inside it)."""
+    sink = FileSink(tmp_path)
+    sink.open("resume")
+    frames = [MsgpackCodec().encode({"step": step, "x": list(range(step + 1))}) for step in (0, 1)]
+    for step, frame in enumerate(frames):
+        run_sliced(sink.stage(step, [frame, frame])).commit()
+    proc, _ = inspect(tmp_path / "step-00000001.rank-0001.rlw")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("step 1 rank 1:")
+    proc, _ = inspect(tmp_path / "step-00000001.rank-0001.rlw", "--step", "0")
+    assert proc.returncode == 2
+    assert "--step 0: the file step-00000001.rank-0001.rlw is of step 1" in proc.stderr
+    for path, what in [
+        (tmp_path / "no-such-run", "no such directory"),
+        (tmp_path / "step-00000001.rank-0001.rlw" / "x", "no such directory"),
+    ]:
+        proc, _ = inspect(path)
+        assert (proc.returncode, what in proc.stderr) == (2, True), proc.stderr
+    (tmp_path / "notes.txt").write_text("hello")
+    proc, _ = inspect(tmp_path / "notes.txt")
+    assert proc.returncode == 2 and "not a stored step's file" in proc.stderr
+
+
+def test_output_cut_short_by_its_reader_is_no_traceback(tmp_path: Path) -> None:
+    """``rlwire inspect run | head -1``: the pipe closed early ended in a traceback."""
+    store(tmp_path, MsgpackCodec().encode({"x": [[i] * 8 for i in range(20_000)]}))
+    cli = f"{sys.executable} -m rlwire._api.cli inspect {tmp_path} | head -c 10"
+    proc = subprocess.run(cli, shell=True, capture_output=True, text=True, timeout=60, check=False)
+    assert len(proc.stdout) == 10
+    assert "Traceback" not in proc.stderr, proc.stderr

@@ -1,0 +1,211 @@
+"""``rlwire inspect PATH``: one stored message described (its size by field, bounded
+for hostile ones), then its manifest; ``--part N`` or ``--json``: the manifest alone."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import pkgutil
+import sys
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from rlwire._api.manifest import Manifest
+from rlwire._api.receiver import open_receiver
+from rlwire._core.errors import ConfigError
+from rlwire.transport._stored.names import STEP_PART_RE, STORED_RE
+
+__all__ = ["inspect"]
+
+
+def _located(ns: argparse.Namespace) -> tuple[str, int, int, int | None]:
+    """The directory or URL to read, and the step, rank and part: a stored file given
+    as the path (``run/step-00000003.rank-0001.rlw``, its sidecar, a part) names them
+    (ConfigError: no such path, not a step's file, options that say otherwise)."""
+    path, given = ns.path, (ns.step, ns.rank, ns.part)
+    if "://" in path or os.path.isdir(path):
+        return path, ns.step or 0, ns.rank or 0, ns.part
+    if not os.path.exists(path):
+        raise ConfigError(f"{path}: no such directory (give the directory a sender writes to)")
+    name = os.path.basename(path)
+    found = STORED_RE.fullmatch(name) or STEP_PART_RE.fullmatch(name)
+    if found is None:
+        raise ConfigError(
+            f"{path}: not a stored step's file (step-NNNNNNNN.rank-NNNN.rlw): give the "
+            "directory a sender writes to, or one of its step files"
+        )
+    named = (int(found[1]), int(found[2]), int(found[3]) if found.re is STEP_PART_RE else None)
+    for option, value, own in zip(("--step", "--rank", "--part"), given, named, strict=True):
+        if value is not None and value != own:
+            raise ConfigError(f"{option} {value}: the file {name} is of {option[2:]} {own}")
+    return os.path.dirname(path) or ".", *named
+
+
+def inspect(ns: argparse.Namespace) -> int:
+    """Run ``rlwire inspect`` with the parsed arguments ``ns``: its exit status."""
+    # A directory or a URL (s3://..., memory://...), as open_receiver takes, or a file.
+    path, step, rank, ns.part = _located(ns)
+    if ns.json or ns.part is not None:  # the manifest alone: envelope and header only
+        with open_receiver(path, rank=rank, record_consumed=False) as receiver:
+            manifest = receiver.manifest(step, part=ns.part)
+        if manifest is None:
+            part = "" if ns.part is None else f" part {ns.part}"
+            print(f"{path}: no step {step}{part} for rank {rank}", file=sys.stderr)
+            return 1
+        print(msgspec.json.encode(manifest).decode() if ns.json else _manifest_text(manifest))
+        return 0
+    target = _load_type(ns.type) if ns.type else Any
+    try:
+        with open_receiver(
+            path, type=target, start_step=step, rank=rank, record_consumed=False
+        ) as receiver:
+            obj = receiver.poll()
+    except (RecursionError, MemoryError) as exc:  # a type of the user's, say
+        print(f"rlwire: {path}: cannot decode step {step} rank {rank}: {exc!r}", file=sys.stderr)
+        return 2
+    if obj is None:
+        print(f"{path}: no step {step} for rank {rank}", file=sys.stderr)
+        return 1
+    print(f"step {step} rank {rank}: {_size(*_nbytes(obj, _MAX_VISITS))}{_describe(obj)}")
+    with open_receiver(path, rank=rank, record_consumed=False) as receiver:
+        manifest = receiver.manifest(step)
+    if manifest is not None:
+        print(_manifest_text(manifest))
+    return 0
+
+
+def _manifest_text(m: Manifest) -> str:
+    """The manifest, a line for the message and one per column."""
+    where = "" if m.part is None else f" part {m.part} (key {m.key!r})"
+    rows = "no columns" if m.rows is None else f"{m.rows} rows"
+    lines = [
+        f"manifest of step {m.step} rank {m.rank}{where}: {_size(m.size)} stored, codec "
+        f"{m.codec}, id {m.id.hex()}, {rows}" + (f" in {m.field!r}" if m.field else "")
+    ]
+    for c in m.columns:
+        kind = (
+            f"{c.dtype} rows [n{''.join(f', {d}' for d in c.row_shape)}]"
+            if c.dtype
+            else "one value a row, one array"
+            if c.size
+            else "values in the codec header"
+        )
+        sums = " ".join(f"{x:016x}" for x in c.checksums)
+        lines.append(
+            f"  {c.name}: {kind}, {_size(c.size)}, buffers {list(c.buffers)}"
+            + (f", xxh3-64 {sums}" if sums else "")
+        )
+    return "\n".join(lines)
+
+
+# The description is bounded whatever the message holds: this many levels, fields and
+# items shown per level, and objects visited to add up sizes.
+_MAX_DEPTH = 8
+_MAX_FIELDS = 24
+_MAX_ITEMS = 3
+_MAX_VISITS = 1_000_000
+_TITLE_VISITS = 20_000
+
+
+def _load_type(spec: str) -> Any:
+    """The type ``module:Name`` (``Name`` may be dotted) names, imported."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise ConfigError(f"--type {spec!r}: expected module:Name, e.g. myproject.types:Rollout")
+    try:
+        return pkgutil.resolve_name(spec)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"--type {spec!r}: {exc}") from None
+
+
+def _fields(obj: Any, most: int) -> dict[str, Any] | None:
+    """A Struct's or dict's first ``most`` fields by name, or None for anything else."""
+    if isinstance(obj, msgspec.Struct):
+        names = obj.__struct_fields__[: max(most, 0)]
+        return {name: getattr(obj, name) for name in names}
+    if isinstance(obj, dict):
+        items = itertools.islice(obj.items(), max(most, 0))
+        return {str(key)[:100]: value for key, value in items}
+    return None
+
+
+def _nbytes(obj: Any, visits: int) -> tuple[int, int]:
+    """The bytes of the arrays, bytes and strings in ``obj``, visiting at most ``visits``
+    objects (without recursion: a message may nest deeper than Python's stack), and the
+    visits left: negative if it stopped before the end."""
+    total, stack = 0, [obj]
+    while stack:
+        visits -= 1
+        if visits < 0:
+            return total, visits
+        item = stack.pop()
+        if isinstance(item, np.ndarray | memoryview):
+            total += int(item.nbytes)
+        elif isinstance(item, bytes | bytearray | str):
+            total += len(item)
+        elif isinstance(item, list | tuple):
+            stack.extend(item[: visits + 1])
+        else:
+            fields = _fields(item, visits + 1)
+            if fields is not None:
+                stack.extend(fields.values())
+    return total, visits
+
+
+def _size(nbytes: int, visits_left: int = 0) -> str:
+    if nbytes < 10_000:
+        text = f"{nbytes} bytes"
+    else:
+        text = f"{nbytes / 1e3:.1f} kB" if nbytes < 10_000_000 else f"{nbytes / 1e6:.1f} MB"
+    return text if visits_left >= 0 else f"over {text}"
+
+
+def _describe(obj: Any, indent: str = "") -> str:
+    if isinstance(obj, np.ndarray):
+        return f" ndarray {obj.dtype} {list(obj.shape)} ({obj.nbytes} bytes)"
+    if isinstance(obj, memoryview | bytes | bytearray):
+        return f" bytes ({memoryview(obj).nbytes})"
+    inner = indent + "  "
+    fields = _fields(obj, _MAX_FIELDS + 1)
+    deep = len(inner) > 2 * _MAX_DEPTH
+    if fields is not None:
+        kind = f" {type(obj).__name__}" if isinstance(obj, msgspec.Struct) else ""
+        if deep:
+            return f"{kind or ' dict'} (nested too deep to show)"
+        shown = list(fields.items())[:_MAX_FIELDS]
+        lines = [f"{inner}{k}:{_describe(v, inner)}" for k, v in shown]
+        if len(fields) > _MAX_FIELDS:
+            lines.append(f"{inner}... more fields")
+        return "\n".join([kind, *lines])
+    if isinstance(obj, list | tuple) and obj:
+        title = f" {len(obj)} items ({_size(*_nbytes(obj, _TITLE_VISITS))})"
+        if deep:
+            return f"{title} (nested too deep to show)"
+        head = [f"{inner}[{i}]:{_describe(v, inner)}" for i, v in enumerate(obj[:_MAX_ITEMS])]
+        more = [f"{inner}... {len(obj) - _MAX_ITEMS} more"] if len(obj) > _MAX_ITEMS else []
+        return "\n".join([title, *head, *more, *_per_field(obj, inner)])
+    text = repr(obj)
+    return f" {text[:200]}..." if len(text) > 200 else f" {text}"
+
+
+def _per_field(items: list[Any] | tuple[Any, ...], indent: str) -> list[str]:
+    """For a list of Structs or dicts: each field's bytes over all of them."""
+    totals: dict[str, int] = {}
+    visits = _TITLE_VISITS
+    for item in items:
+        fields = _fields(item, _MAX_FIELDS + 1)
+        if fields is None or len(fields) > _MAX_FIELDS:
+            return []
+        for name, value in fields.items():
+            size, visits = _nbytes(value, visits)
+            totals[name] = totals.get(name, 0) + size
+            if visits < 0:
+                break
+        if visits < 0:
+            break
+    sizes = ", ".join(f"{name} {_size(n)}" for name, n in totals.items() if n)
+    some = "" if visits >= 0 else " (adding up the first ones)"
+    return [f"{indent}bytes per field{some}, all {len(items)}: {sizes}"] if sizes else []

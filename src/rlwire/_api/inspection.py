@@ -16,7 +16,7 @@ import numpy as np
 from rlwire._api.manifest import Manifest
 from rlwire._api.receiver import open_receiver
 from rlwire._core.errors import ConfigError
-from rlwire.transport._stored.names import STEP_PART_RE, STORED_RE
+from rlwire.transport._heads import message_of
 
 __all__ = ["inspect"]
 
@@ -31,13 +31,12 @@ def _located(ns: argparse.Namespace) -> tuple[str, int, int, int | None]:
     if not os.path.exists(path):
         raise ConfigError(f"{path}: no such directory (give the directory a sender writes to)")
     name = os.path.basename(path)
-    found = STORED_RE.fullmatch(name) or STEP_PART_RE.fullmatch(name)
-    if found is None:
+    named = message_of(name)
+    if named is None:
         raise ConfigError(
             f"{path}: not a stored step's file (step-NNNNNNNN.rank-NNNN.rlw): give the "
             "directory a sender writes to, or one of its step files"
         )
-    named = (int(found[1]), int(found[2]), int(found[3]) if found.re is STEP_PART_RE else None)
     for option, value, own in zip(("--step", "--rank", "--part"), given, named, strict=True):
         if value is not None and value != own:
             raise ConfigError(f"{option} {value}: the file {name} is of {option[2:]} {own}")

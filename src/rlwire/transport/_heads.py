@@ -1,6 +1,6 @@
 """The door to a stored message's head (:mod:`rlwire.transport._stored.head`) for the
 receiver's manifests and row reads: which sources keep messages to be read again, their
-store's URL, and a message's head.
+store's URL, a message's head, and which message a stored file's name is of.
 """
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from __future__ import annotations
 from rlwire._core.errors import ConfigError
 from rlwire.transport._base import Source
 from rlwire.transport._stored.head import Head, open_head
-from rlwire.transport._stored.names import main_name
+from rlwire.transport._stored.names import STEP_PART_RE, STORED_RE, main_name
 from rlwire.transport._stored.source import StoredSource
 
-__all__ = ["Head", "read_head_of", "sealed", "store_url"]
+__all__ = ["Head", "message_of", "read_head_of", "sealed", "store_url"]
 
 
 def _stored(source: Source) -> StoredSource:
@@ -48,3 +48,17 @@ def read_head_of(source: Source, step: int, rank: int, part: int | None) -> Head
 def sealed(source: Source, step: int) -> bool:
     """Whether ``step`` was filled part by part and sealed in ``source``'s store."""
     return _stored(source).read_seal(step) is not None
+
+
+def message_of(name: str) -> tuple[int, int, int | None] | None:
+    """The step, rank and part (``None``: the step sent whole) of the message a stored
+    file named ``name`` holds (its main file or sidecar), or ``None`` for another name.
+
+    Example:
+        >>> message_of("step-00000012.rank-0001.part-000003.rlw")
+        (12, 1, 3)
+    """
+    found = STORED_RE.fullmatch(name) or STEP_PART_RE.fullmatch(name)
+    if found is None:
+        return None
+    return int(found[1]), int(found[2]), int(found[3]) if found.re is STEP_PART_RE else None

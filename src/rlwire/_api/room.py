@@ -47,8 +47,10 @@ class Room:
         if max_ahead is not None and step - slowest > max_ahead:
             return False
         yield
-        if keep_last is not None and None not in marks:
-            # A rank with no mark has moved past nothing, as far as anyone can tell.
+        if keep_last is not None and all(m is not None and m <= step for m in marks):
+            # A rank with no mark has moved past nothing, as far as anyone can tell; one
+            # whose mark is ahead of the steps sent is a receiver of the run before a
+            # rewrite (overwrite, truncate), which tells nothing of this run's steps.
             below = min(slowest, step + 1 - keep_last)
             if below > self.pruned:
                 kept = self.sink.prune(below)

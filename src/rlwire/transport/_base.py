@@ -232,12 +232,12 @@ class Sink(PartsSink, FieldsSink, abc.ABC):
     def read_consumption(self, ranks: int, sent: int) -> list[int | None]:
         """For each rank below ``ranks``, the first step its receiver has not moved past
         (its consumption mark), or ``None`` if it has recorded none; what ``keep_last``
-        and ``max_ahead`` go by. A receiver reading a step part by part moves past it
-        once it has asked for a part after its rank's last; part marks (how far into a
-        step) are not read here. The steps below ``sent`` are those sent so far.
+        and ``max_ahead`` go by (a step read part by part is moved past once a part
+        after its rank's last is asked for). The steps below ``sent`` are those sent so
+        far; a mark beyond them (a receiver of the run before a rewrite) is returned.
 
         Raises:
-            CorruptFrameError: a mark is garbled or records steps not sent yet.
+            CorruptFrameError: a mark is garbled.
             TransportError: the marks cannot be read.
             ConfigError: the sink does not track consumption (the default; streams
                 have backpressure of their own).

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
-from rlwire._core.errors import CorruptFrameError
 from rlwire.transport._stored.marks import CONSUMED_MAGIC, parse_mark
 from rlwire.transport._stored.names import (
     FIELDS_RE,
@@ -34,9 +33,14 @@ def read_consumed(
     ``None`` if it has recorded nothing yet. ``load`` returns a file's bytes or
     ``None``; ``locate`` names it for errors.
 
+    A mark beyond ``sent`` (the steps below it are all that were sent) is returned as
+    it is: a receiver of the run before a rewrite (``overwrite``, ``truncate``), still
+    waiting for a later step, wrote it after the rewrite deleted the marks. Such a rank
+    holds ``max_ahead`` back no more, and is never a reason to delete (:func:`held_back`,
+    and the sender prunes nothing while one is ahead).
+
     Raises:
-        CorruptFrameError: a mark is garbled, or records steps beyond ``sent`` (the
-            steps below ``sent`` are all that were sent): never a reason to delete.
+        CorruptFrameError: a mark is garbled.
     """
     found: list[int | None] = []
     for rank in range(ranks):
@@ -45,14 +49,7 @@ def read_consumed(
         if data is None:
             found.append(None)
             continue
-        step = parse_mark(data, CONSUMED_MAGIC, locate(name))
-        if step > sent:
-            raise CorruptFrameError(
-                f"says rank {rank} moved past step {step - 1}, but only steps before "
-                f"{sent} were sent (a mark left by another run?)",
-                where=locate(name),
-            )
-        found.append(step)
+        found.append(parse_mark(data, CONSUMED_MAGIC, locate(name)))
     return found
 
 
@@ -88,10 +85,11 @@ def held_back(
     one, or a sender resumed after a run with more ranks). ``names`` lists the
     destination; ``read(ranks, sent)`` reads the marks of ranks ``0..ranks-1``, as
     :func:`read_consumed` does (``sent``: one past the newest stored step, files or
-    seal). A rank with no mark has moved past nothing.
+    seal). A rank with no mark has moved past nothing, nor has one whose mark is beyond
+    the stored steps (another run's receiver wrote it).
 
     Raises:
-        CorruptFrameError: from ``read``: a garbled mark, or one beyond the stored steps.
+        CorruptFrameError: from ``read``: a garbled mark.
     """
     held: dict[int, list[int]] = {}  # by rank, the steps before below it has files of
     newest = -1  # a step sealed with no part has a seal only: it was sent all the same
@@ -108,7 +106,7 @@ def held_back(
     marks = read(max(held) + 1, newest + 1)
     for rank, steps in held.items():
         mark = marks[rank]
-        kept = [step for step in steps if mark is None or step >= mark]
+        kept = [step for step in steps if mark is None or mark > newest + 1 or step >= mark]
         if kept:
             below = min(below, *kept)
     return below

@@ -117,6 +117,22 @@ def make_plan(rng: random.Random, store: str) -> dict[str, Any]:
     n_steps = rng.randint(2, 4)
     balance = "count" if ranks > 1 and rng.random() < 0.25 else "cost"
     whole = rng.randrange(n_steps) if rng.random() < 0.2 else -1
+    steps = draw_steps(rng, ranks, balance, n_steps, whole)
+    return {
+        "ranks": ranks,
+        "balance": balance,
+        "compression": rng.choice((None, "lz4", "zstd")),
+        "sidecar": rng.random() < 0.5,
+        "fsync": store == "files" and rng.random() < 0.3,
+        "finish": rng.random() < 0.5,
+        "steps": steps,
+    }
+
+
+def draw_steps(
+    rng: random.Random, ranks: int, balance: str, n_steps: int, whole: int
+) -> list[dict[str, Any]]:
+    """The steps of a plan (step ``whole`` sent whole; -1: none)."""
     steps = []
     for step in range(n_steps):
         if step == whole:
@@ -143,29 +159,22 @@ def make_plan(rng: random.Random, store: str) -> dict[str, Any]:
             forced = rng.randrange(ranks) if balance == "cost" and rng.random() < 0.2 else None
             groups.append([key, sizes, forced])
         steps.append({"whole": False, "groups": groups})
-    return {
-        "ranks": ranks,
-        "balance": balance,
-        "compression": rng.choice((None, "lz4", "zstd")),
-        "sidecar": rng.random() < 0.5,
-        "fsync": store == "files" and rng.random() < 0.3,
-        "finish": rng.random() < 0.5,
-        "steps": steps,
-    }
+    return steps
 
 
 def puts_of(plan: dict[str, Any]) -> int:
     return sum(len(s["groups"]) for s in plan["steps"])
 
 
-def samples(step: int, key: Any, sizes: list[int]) -> list[rlwire.TrainingSample]:
-    """The samples of the group ``key`` of ``step``: the same arguments, the same bits."""
-    seed = zlib.crc32(f"{step}:{type(key).__name__}:{key}".encode())
+def samples(step: int, key: Any, sizes: list[int], run: int = 0) -> list[rlwire.TrainingSample]:
+    """The samples of the group ``key`` of ``step``: the same arguments, the same bits
+    (``run``: a producer restarted with ``overwrite`` or ``truncate`` sends other bits)."""
+    seed = zlib.crc32(f"{step}:{type(key).__name__}:{key}{f':{run}' if run else ''}".encode())
     return [make_sample(n, seed=seed + i) for i, n in enumerate(sizes)]
 
 
-def whole_batch(step: int, rank: int) -> rlwire.TrainingBatch:
-    return rlwire.TrainingBatch(samples=samples(step, f"whole-{rank}", [40, 300]))
+def whole_batch(step: int, rank: int, run: int = 0) -> rlwire.TrainingBatch:
+    return rlwire.TrainingBatch(samples=samples(step, f"whole-{rank}", [40, 300], run))
 
 
 def _typed(key: Any) -> tuple[str, Any]:
@@ -180,7 +189,11 @@ def _show(keys: Any) -> str:
 
 
 def _sender_options(store: str, plan: dict[str, Any], endpoint: Any) -> dict[str, Any]:
-    options: dict[str, Any] = {"on_existing": "resume", "compression": plan["compression"]}
+    options: dict[str, Any] = {"compression": plan["compression"]}
+    # The readers campaign's rewrites: a producer restarted with overwrite or truncate.
+    options["on_existing"] = plan.get("on_existing", "resume")
+    if plan.get("start_step") is not None:
+        options["start_step"] = plan["start_step"]
     if plan["sidecar"]:
         options["sidecar"] = ("routed_experts",)
     options.update(plan.get("retention", {}))  # the readers campaign's
@@ -195,14 +208,14 @@ async def _produce(
     dest: str, options: dict[str, Any], plan: dict[str, Any], emit: Any, after_put: Any
 ) -> None:
     """Fill the plan's steps from where the store stands (``on_existing="resume"``)."""
-    ranks = plan["ranks"]
+    ranks, run = plan["ranks"], plan.get("run", 0)
     async with rlwire.open_sender(dest, **options) as sender:
         emit({"e": "start", "next": sender.next_step})
         for step, spec in enumerate(plan["steps"]):
             if step < sender.next_step:
                 continue
             if spec["whole"]:
-                got = await sender.send_ranks([whole_batch(step, r) for r in range(ranks)])
+                got = await sender.send_ranks([whole_batch(step, r, run) for r in range(ranks)])
                 emit({"e": "sent", "step": got})
                 continue
             async with sender.open_step(ranks=ranks, balance=plan["balance"]) as writer:
@@ -210,7 +223,7 @@ async def _produce(
                     {"e": "open", "step": writer.step, "resumed": sorted(writer.resumed, key=repr)}
                 )
                 for key, sizes, forced in spec["groups"]:
-                    skipped = await writer.put(samples(step, key, sizes), key=key, rank=forced)
+                    skipped = await writer.put(samples(step, key, sizes, run), key=key, rank=forced)
                     emit({"e": "put", "step": step, "key": key, "skipped": skipped})
                     after_put()
             emit({"e": "sealed", "step": writer.step, "keys": writer.assignment})

@@ -2,7 +2,8 @@
 
     python -m chaos.run [--kills N] [--corruptions N] [--cancels N] [--forgeries N]
                         [--full-disks N] [--s3-trials N] [--zmq-kills N]
-                        [--parts-kills N] [--reader-trials N] [--ray-kills N]
+                        [--parts-kills N] [--reader-trials N] [--reader-s3-trials N]
+                        [--ray-kills N]
                         [--ray-trainer-kills N] [--seed S]
                         [--campaign NAME ...] [--case NAME ...]
                         [--json FILE] [--jobs J] [--tmp DIR] [-v]
@@ -169,7 +170,12 @@ def run(args: argparse.Namespace) -> Table:
                 timed("parts kill -9 (S3)", parts.jobs(root, "s3", on_s3, args.seed, endpoint))
         if "readers" in args.campaign and args.reader_trials:
             table.show(LOST, DUPLICATED, WRONG_SEAL)
-            timed(readers.CAMPAIGN, readers.jobs(root, args.reader_trials, args.seed))
+            timed(readers.CAMPAIGN["files"], readers.jobs(root, args.reader_trials, args.seed))
+        if "readers" in args.campaign and args.reader_s3_trials:
+            table.show(LOST, DUPLICATED, WRONG_SEAL)
+            with s3chaos.server() as endpoint:
+                trials = readers.jobs(root, args.reader_s3_trials, args.seed, "s3", endpoint)
+                timed(readers.CAMPAIGN["s3"], trials)
         if "ray" in args.campaign and (args.ray_kills or args.ray_trainer_kills):
             why = raykills.available()
             if why:
@@ -216,6 +222,12 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=60,
         help="receivers reading parts live, producers and receivers killed (60)",
+    )
+    p.add_argument(
+        "--reader-s3-trials",
+        type=int,
+        default=20,
+        help="the same on S3, the tests' server on loopback (20)",
     )
     p.add_argument(
         "--ray-kills",

@@ -170,11 +170,13 @@ def test_producers_killed_while_filling_steps_part_by_part(tmp_path: Path) -> No
 
 
 def test_parts_read_live_while_producers_and_receivers_are_killed(tmp_path: Path) -> None:
-    result = campaign(tmp_path, "--campaign", "readers", "--reader-trials", "8")
-    # Every part handed once per rank, in its seal's order, bit-exact; no mark's
-    # temporary file left: nothing else is allowed.
+    result = campaign(
+        tmp_path, "--campaign", "readers", "--reader-trials", "8", "--reader-s3-trials", "2"
+    )
+    # Every part handed once per rank, in its seal's order, bit-exact, never parts of
+    # two runs as one step; no mark's temporary file left: nothing else is allowed.
     assert_no_bad(result, allowed={EXACT})
-    assert len(result["trials"]) == 8
+    assert len(result["trials"]) == 10
 
 
 def _filled(tmp_path: Path) -> tuple[parts.Store, dict[str, Any], parts.Ledger]:
@@ -320,3 +322,49 @@ def test_the_ray_trainer_judge_sees_a_restart_that_skips_repeats_or_stops() -> N
     changed = {"got": [(3, "x"), *want[4:]], "error": None, "typed": True}
     assert raykills.judge_resumed(log(range(3), [1, 2]), changed, want)[0] == "wrong data"
     assert raykills.judge_resumed(log(range(1, 3), []), restart(3), want)[0] == LOST
+
+
+def test_the_readers_judge_sees_two_runs_as_one_step_a_wrong_end_and_needless_gaps() -> None:
+    """The live readers' judge, on logs of one rank over a step filled part by part that
+    a producer restarted with ``overwrite`` sent again (run 1 of keys x, y)."""
+    from chaos._readjudge import History, judge_ranks
+    from chaos.parts import Ledger
+
+    def group(key: str) -> list[object]:
+        return [key, [8], None]
+
+    runs = [
+        [{"whole": False, "groups": [group(k) for k in "abc"]}],
+        [{"whole": False, "groups": [group(k) for k in "xy"]}],
+    ]
+    plan = {"ranks": 1, "steps": runs[0], "runs": runs, "by_receive": False}
+    history = History(plan)
+    for gen, began in ((0, 0.0), (1, 10.0)):
+        ledger = Ledger({**plan, "steps": runs[gen]})
+        if gen:
+            ledger.sealed[0] = [["x", "y"]]
+        history.new_run(ledger, 0, began)
+    history.stored[0] = [["x", "y"]]
+
+    def got(index: int, key: str, gen: int, run: int = 0) -> dict[str, object]:
+        return {"run": run, "e": "got", "step": 0, "index": index, "key": ["str", key], "gen": gen}
+
+    start = {"run": 0, "e": "start", "step": 0, "part": 0, "how": "resume", "t": 0.0}
+    reopened = {**start, "how": "start_step", "t": 11.0}
+    end = [{"run": 0, "e": "done", "step": 0}, {"run": 0, "e": "end"}]
+    gap = {"run": 0, "e": "gap", "step": 0, "msg": "sent again", "t": 11.0}
+    # Two parts of run 0, the StepGapError, then run 1's step whole: exact.
+    fine = [start, got(0, "a", 0), got(1, "b", 0), gap, reopened, got(0, "x", 1), got(1, "y", 1)]
+    assert judge_ranks(history, [[*fine, *end]])[0] == EXACT
+    # Run 1's part handed after run 0's, as one step: wrong data.
+    mixed = [start, got(0, "a", 0), got(1, "y", 1)]
+    assert judge_ranks(history, [[*mixed, *end]])[0] == "wrong data"
+    # Run 0's parts ended by run 1's seal (run 0 never sealed the step): wrong data.
+    ended = [start, got(0, "a", 0), got(1, "b", 0)]
+    assert judge_ranks(history, [[*ended, *end]])[0] == "wrong data"
+    # A StepGapError before the rewrite began (t 5 < 10): a needless error.
+    early = [start, got(0, "a", 0), {**gap, "t": 5.0}, reopened, got(0, "x", 1), got(1, "y", 1)]
+    assert judge_ranks(history, [[*early, *end]])[0] == TYPED
+    # Run 1's step with a part skipped: lost.
+    skipped = [start, got(0, "a", 0), gap, reopened, got(0, "x", 1)]
+    assert judge_ranks(history, [[*skipped, *end]])[0] == LOST

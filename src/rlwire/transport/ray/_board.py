@@ -237,20 +237,22 @@ class Board(PartsBoard, FieldsBoard):
         another sender committed it first, ``("missing",)`` if not every rank is staged
         under ``key``."""
         entry = self.staged.pop(key, None)
-        if entry is None or sorted(entry[1]) != list(range(ranks)):
+        if entry is None:
             return ("missing",)
         step, staged = entry
         if step in self.committed or step in self.seals:
             return ("exists",)
         if step in self.parts:
             return ("open",)
+        if sorted(staged) != list(range(ranks)):
+            return ("missing",)
         self.committed[step] = [staged[rank] for rank in range(ranks)]
         self.tokens[step] = key  # which commit this step is: a StepHandle names it
         if checksums is not None:
             self.checksums[step] = list(checksums)
         # What else is staged for this step can never commit: a producer that died
         # between staging and committing it left it (its restart just committed it).
-        self._drop_staged(lambda s: s == step)
+        self._free_staged(step)
         await self._notify()
         return ("ok",)
 

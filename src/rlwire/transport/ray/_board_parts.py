@@ -80,6 +80,15 @@ class PartsBoard:
     ) -> tuple[Any, ...]:
         raise NotImplementedError
 
+    def _free_staged(self, step: int) -> None:
+        """Let go of the objects staged for ``step``, just committed or sealed: none of
+        them can commit now. Their keys stay (until committed, discarded or the step
+        deleted), so that another producer of the step is told at its commit that the
+        step exists (a StepExistsError, as on every sink), not that nothing is staged."""
+        for key, (staged_step, _) in self.staged.items():
+            if staged_step == step:
+                self.staged[key] = (step, {})
+
     def _parts_of(self, step: int, rank: int) -> list[_Part]:
         return self.parts.get(step, {}).get(rank, [])
 
@@ -122,7 +131,7 @@ class PartsBoard:
         step is closed, the index is taken (another sender) or skips one, or the key is
         committed already."""
         entry = self.staged.pop(key, None)
-        if entry is None or rank not in entry[1]:
+        if entry is None:
             return ("missing",)
         step, staged = entry
         why = self._closed(step)
@@ -137,6 +146,8 @@ class PartsBoard:
             why = f"key {part_key!r} is committed already in step {step}"
         if why is not None:
             return ("exists", why)
+        if rank not in staged:
+            return ("missing",)
         if step not in self.parts:
             self.runs[step] = uuid.uuid4().hex
         self.parts.setdefault(step, {}).setdefault(rank, []).append(
@@ -186,7 +197,7 @@ class PartsBoard:
                 )
         self.seals[step] = (keys, costs)
         self.tokens[step] = token
-        self._drop_staged(lambda s: s == step)  # nothing staged can commit any more
+        self._free_staged(step)  # nothing staged can commit any more
         await self._notify()
         return ("ok",)
 

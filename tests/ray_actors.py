@@ -88,9 +88,13 @@ def fingerprint(batch: TrainingBatch) -> list[str]:
     return out
 
 
-async def _send(url: str, steps: int, ranks: int, finish: bool, n: int) -> dict[str, Any]:
+async def _send(
+    url: str, steps: int, ranks: int, finish: bool, n: int, options: dict[str, Any] | None = None
+) -> dict[str, Any]:
     handles: list[list[StepHandle]] = []
-    async with rlwire.open_sender(url, sidecar="routed_experts", on_existing="resume") as sender:
+    async with rlwire.open_sender(
+        url, sidecar="routed_experts", on_existing="resume", storage_options=options
+    ) as sender:
         for step in range(steps):
             sent = await sender.send_ranks(step_batches(step, ranks, n))
             sink = sender.sink
@@ -157,9 +161,15 @@ class Producer:
         return canary()
 
     async def send(
-        self, url: str, steps: int, ranks: int, finish: bool = False, n: int = 64
+        self,
+        url: str,
+        steps: int,
+        ranks: int,
+        finish: bool = False,
+        n: int = 64,
+        options: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        return await _send(url, steps, ranks, finish, n)
+        return await _send(url, steps, ranks, finish, n, options)
 
     async def node(self) -> str:
         return ray.get_runtime_context().get_node_id()

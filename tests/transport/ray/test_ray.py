@@ -41,8 +41,8 @@ from rlwire.aio import run_sliced
 from rlwire.testing import assert_batches_equal, make_sample
 from rlwire.transport.ray import RaySink, create_board, drop_board
 from rlwire.transport.ray._payload import make_payload, out_of_band, parse_payload
-from rlwire.transport.ray._sink import PULL_TIMEOUT
 from rlwire.transport.ray._staged import RayStaged
+from rlwire.transport.ray._url import PULL_TIMEOUT
 
 TIMEOUT = 30.0
 #: A call to an actor the test starts: the start itself took 10-30 s, and once more than

@@ -1,11 +1,16 @@
-"""ray:// against what a fourth adversarial review tried: two producers of one step."""
+"""ray:// against what a fourth adversarial review tried: two producers of one step,
+pull_timeouts no thread can wait for."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
+from typing import Any
 
 import pytest
+import ray
 
+import rlwire
 from rlwire import Frame, StepExistsError
 from rlwire.abc import SinkOptions
 from rlwire.aio import run_sliced
@@ -37,3 +42,16 @@ def test_the_second_producer_to_commit_a_step_gets_step_exists(ray_url: str) -> 
         theirs.commit()
     for sink in (first, second):
         sink.close()
+
+
+def test_a_pull_timeout_no_thread_can_wait_for_is_no_limit(ray_url: str, ray_producer: Any) -> None:
+    """A sender in an actor waits pull_timeout (and the board's 10 s) for the board's
+    answer: one beyond what a thread can wait for (inf; 1e10 s) was Python's
+    OverflowError at every send. A NaN, which gave up at once, is a ConfigError."""
+    for step, timeout in enumerate((math.inf, 1e10)):
+        options = {"pull_timeout": timeout}
+        sent = ray.get(ray_producer.send.remote(ray_url, 1, 1, options=options), timeout=60)
+        assert sent["board_owned"] is True
+        assert sent["handles"][0][0].step == step
+    with pytest.raises(rlwire.ConfigError, match="pull_timeout"):
+        rlwire.open_sender(ray_url, storage_options={"pull_timeout": math.nan})

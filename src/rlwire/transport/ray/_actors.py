@@ -4,6 +4,7 @@ rlwire's."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -101,6 +102,8 @@ def fetch(refs: list[ObjectRef[Any]], timeout: float | None = None) -> list[Any]
     warns that it blocks the event loop, though it runs in a worker thread here.
     Errors are Ray's (and TimeoutError): use it under :func:`ray_errors`.
     """
+    if timeout is not None and timeout >= threading.TIMEOUT_MAX:
+        timeout = None  # a thread cannot wait that long (OverflowError): no limit, as asked
     futures = [ref.future() for ref in refs]
     return [future.result(timeout) for future in futures]
 

@@ -41,14 +41,18 @@ from rlwire.transport.ray._handle import Commits, StepHandle
 from rlwire.transport.ray._payload import make_payload, runs_fit
 from rlwire.transport.ray._source import RaySource
 from rlwire.transport.ray._staged import RayStaged, RayStagedPart, open_step_error
-from rlwire.transport.ray._url import OPTIONS, board_options, parse_name
+from rlwire.transport.ray._url import (
+    OPTIONS,
+    PULL_TIMEOUT,
+    board_options,
+    parse_name,
+    pull_timeout,
+)
 
 __all__ = ["RaySink", "producer_actor"]
 
 #: What stands for a buffer left out of a join.
 _NOTHING = memoryview(b"")
-#: Seconds the board waits for a producer's actor to hand a rank's objects over.
-PULL_TIMEOUT = 120.0
 
 
 def producer_actor() -> BoardHandle | None:
@@ -180,18 +184,12 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         opts = options.storage_options
         reject_unknown(url, opts, OPTIONS)
         namespace, detached = board_options(url, opts)
-        timeout = opts.get("pull_timeout", PULL_TIMEOUT)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            raise ConfigError(
-                f"storage option 'pull_timeout' must be a positive number, got {timeout!r}",
-                where=url,
-            )
         return cls(
             parse_name(url),
             namespace=namespace,
             detached=detached,
             checksum=options.checksum,
-            pull_timeout=float(timeout),
+            pull_timeout=pull_timeout(url, opts),
         )
 
     @classmethod

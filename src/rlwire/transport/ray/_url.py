@@ -9,10 +9,12 @@ from typing import Any
 from rlwire._core.errors import ConfigError
 from rlwire.transport._url import URL
 
-__all__ = ["OPTIONS", "board_options", "parse_name"]
+__all__ = ["OPTIONS", "PULL_TIMEOUT", "board_options", "parse_name", "pull_timeout"]
 
 #: The storage options of ray:// destinations, the sender's and the receivers' alike.
 OPTIONS = ("namespace", "detached", "pull_timeout")
+#: Seconds the board waits for a producer's actor to hand a rank's objects over.
+PULL_TIMEOUT = 120.0
 
 
 def parse_name(url: URL) -> str:
@@ -45,3 +47,19 @@ def board_options(url: URL, options: Mapping[str, Any]) -> tuple[str | None, boo
     if not isinstance(detached, bool):
         raise ConfigError(f"storage option 'detached' must be a bool, got {detached!r}", where=url)
     return namespace, detached
+
+
+def pull_timeout(url: URL, options: Mapping[str, Any]) -> float:
+    """The ``pull_timeout`` storage option (default :data:`PULL_TIMEOUT`), checked.
+
+    Raises:
+        ConfigError: it is not a number > 0 (NaN, with which every pull gave up at
+            once, included).
+    """
+    timeout = options.get("pull_timeout", PULL_TIMEOUT)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise ConfigError(
+            f"storage option 'pull_timeout' must be a positive number, got {timeout!r}",
+            where=url,
+        )
+    return float(timeout)

@@ -1,5 +1,6 @@
 """ray:// against what a fourth adversarial review tried: two producers of one step,
-pull_timeouts no thread can wait for."""
+pull_timeouts no thread can wait for, the end of a stream over a killed producer's open
+step."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ import pytest
 import ray
 
 import rlwire
-from rlwire import Frame, StepExistsError
+from rlwire import EndOfStream, Frame, StepExistsError, StepOrderError
 from rlwire.abc import SinkOptions
 from rlwire.aio import run_sliced
+from rlwire.testing import make_sample
 from rlwire.transport import parse_url
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport.ray import RaySink
+
+TIMEOUT = 30.0
 
 
 def _frame() -> Frame:
@@ -55,3 +59,25 @@ def test_a_pull_timeout_no_thread_can_wait_for_is_no_limit(ray_url: str, ray_pro
         assert sent["handles"][0][0].step == step
     with pytest.raises(rlwire.ConfigError, match="pull_timeout"):
         rlwire.open_sender(ray_url, storage_options={"pull_timeout": math.nan})
+
+
+def test_the_end_is_not_marked_at_a_step_a_killed_producer_left_open(ray_url: str) -> None:
+    """As on every stored sink: the end of the stream at a step left open part by part
+    (its producer killed) is a StepOrderError naming the repair. It was marked, and a
+    receiver going through the step's parts waited for ever for the rest of them."""
+    killed = rlwire.open_sync_sender(ray_url)
+    writer = killed.open_step()
+    writer.__enter__()
+    writer.put([make_sample(8, seed=1)], key="a")
+    killed.close()  # no seal
+    with rlwire.open_sync_sender(ray_url, on_existing="resume") as restarted:
+        with pytest.raises(StepOrderError, match="step 0 is open part by part"):
+            restarted.finish()
+    with rlwire.open_sync_sender(ray_url, on_existing="resume") as restarted:
+        with restarted.open_step(0) as writer:  # the repair the error names
+            writer.put([make_sample(8, seed=2)], key="b")
+        restarted.finish()
+    with rlwire.open_receiver(ray_url) as receiver:
+        assert [part.key for part in receiver.parts(timeout=TIMEOUT)] == ["a", "b"]
+        with pytest.raises(EndOfStream):
+            receiver.receive(timeout=TIMEOUT)

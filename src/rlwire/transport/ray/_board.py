@@ -373,11 +373,16 @@ class Board(PartsBoard, FieldsBoard):
         self._drop_staged(lambda s: s < below)
         await self._notify()
 
-    async def finish(self, end: int) -> None:
-        """Mark the end of the stream at ``end`` (ValueError: not a step, as :meth:`mark`)."""
+    async def finish(self, end: int) -> tuple[Any, ...]:
+        """Mark the end of the stream at ``end``: ``("ok",)``, or ``("open",)`` without
+        marking it when ``end`` is open part by part (a killed producer's step: its parts
+        would be read past the end). ValueError: not a step, as :meth:`mark`."""
         counts(end)
+        if end in self.parts and end not in self.seals:
+            return ("open",)
         self.end = end
         await self._notify()
+        return ("ok",)
 
     async def steps(self) -> list[int]:
         """The steps holding anything committed (whole, parts or a seal), ascending."""

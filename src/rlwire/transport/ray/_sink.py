@@ -25,6 +25,7 @@ from rlwire.transport._base import (
     take_frame,
 )
 from rlwire.transport._parts import PartInfo, Seal
+from rlwire.transport._stored.parts import check_end
 from rlwire.transport._url import URL
 from rlwire.transport.ray._actors import (
     BOARD_START_SECONDS,
@@ -366,7 +367,8 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
 
     def finish(self, end: int) -> None:
         self._settle_prune()
-        call(self._require_board().finish, end, where=self.where, action="mark the end")
+        answer = call(self._require_board().finish, end, where=self.where, action="mark the end")
+        check_end(end, end if answer == ("open",) else None, self.where)
 
     def read_consumption(self, ranks: int, sent: int) -> list[int | None]:
         # A mark beyond sent is another run's receiver's, as on files (read_consumed).

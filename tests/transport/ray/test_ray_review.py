@@ -1,10 +1,11 @@
 """ray:// against what a fourth adversarial review tried: two producers of one step,
 pull_timeouts no thread can wait for, the end of a stream over a killed producer's open
-step."""
+step, handles of steps deleted and not sent again."""
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -12,10 +13,10 @@ import pytest
 import ray
 
 import rlwire
-from rlwire import EndOfStream, Frame, StepExistsError, StepOrderError
+from rlwire import EndOfStream, Frame, StepExistsError, StepOrderError, TransportError
 from rlwire.abc import SinkOptions
 from rlwire.aio import run_sliced
-from rlwire.testing import make_sample
+from rlwire.testing import make_batch, make_sample
 from rlwire.transport import parse_url
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport.ray import RaySink
@@ -81,3 +82,27 @@ def test_the_end_is_not_marked_at_a_step_a_killed_producer_left_open(ray_url: st
         assert [part.key for part in receiver.parts(timeout=TIMEOUT)] == ["a", "b"]
         with pytest.raises(EndOfStream):
             receiver.receive(timeout=TIMEOUT)
+
+
+def test_a_handle_of_a_step_deleted_since_fails_and_does_not_wait(ray_url: str) -> None:
+    """A handle is made once its step is committed: a receiver that does not find its
+    step (a whole one, or one filled part by part) after an overwrite raises a
+    TransportError at once. It waited for ever, until the new run sent the step again."""
+    with rlwire.open_sync_sender(ray_url) as sender:
+        sender.send(make_batch(1, n=4, seed=0))
+        sender.send(make_batch(1, n=4, seed=1))
+        with sender.open_step() as writer:
+            writer.put([make_sample(8)], key="a")
+        handles = [sender.sink.handle(1), sender.sink.handle(2)]  # type: ignore[attr-defined]
+    with rlwire.open_sync_sender(ray_url, on_existing="overwrite") as again:
+        again.send(make_batch(1, n=4, seed=5))  # another run, at step 0 yet
+    for handle in handles:
+        for read in ("receive", "parts"):
+            started = time.monotonic()
+            with rlwire.open_receiver(handle.url, **handle.receiver_options()) as receiver:
+                with pytest.raises(TransportError, match="StepHandle names was deleted"):
+                    if read == "receive":
+                        receiver.receive(timeout=TIMEOUT)
+                    else:
+                        list(receiver.parts(timeout=TIMEOUT))
+            assert time.monotonic() - started < TIMEOUT / 2

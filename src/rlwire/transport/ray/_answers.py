@@ -19,7 +19,14 @@ from rlwire._core.errors import ConfigError, CorruptFrameError, TransportError
 from rlwire.transport._parts import Key, PartInfo, Seal, check_key
 from rlwire.transport._stored.parts import parse_seal, seal_bytes
 
-__all__ = ["checked_commit", "checked_part", "checked_refs", "checked_seal", "commit_id"]
+__all__ = [
+    "checked_commit",
+    "checked_part",
+    "checked_refs",
+    "checked_seal",
+    "commit_id",
+    "missing_commit",
+]
 
 
 def checked_refs(
@@ -110,5 +117,23 @@ def checked_commit(named: tuple[int, str] | None, step: int, token: object, wher
             f"step {step} is not the one the StepHandle names: that one was deleted "
             "(an overwrite, a truncate, keep_last) and the step sent again since, by "
             "another run",
+            where=where,
+        )
+
+
+def missing_commit(named: tuple[int, str] | None, step: int, where: str) -> None:
+    """Raise if a StepHandle ``named`` ``step``, which a receiver is about to wait for.
+
+    A handle is made once its step is committed: the board not holding the step now
+    means it was deleted since, and no later commit of the step is the handle's, however
+    long the receiver waits.
+
+    Raises:
+        TransportError: ``named`` names a commit of ``step``.
+    """
+    if named is not None and named[0] == step:
+        raise TransportError(
+            f"step {step} is not on the board: the commit the StepHandle names was deleted "
+            "since (an overwrite, a truncate), and a step sent again would be another run's",
             where=where,
         )

@@ -62,9 +62,10 @@ class StepHandle:
             holds the name (another run's steps, never this handle's).
         commit: the token of the step's commit (or seal) on that board ("": not
             checked, nor when ``board`` is ""). The step deleted since
-            (``"overwrite"``, ``"truncate"``, ``keep_last``) and sent again is another
-            commit: reading it raises a ``TransportError``, never another run's message
-            under the step's number.
+            (``"overwrite"``, ``"truncate"``, ``keep_last``), sent again (another
+            commit) or not yet, raises a ``TransportError`` (a ``StepGapError`` when a
+            later step is kept), never another run's message under the step's number
+            nor a wait for one.
 
     Example:
         >>> handle = StepHandle("rollouts", None, step=7, rank=1)

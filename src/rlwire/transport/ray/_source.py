@@ -35,6 +35,7 @@ from rlwire.transport.ray._answers import (
     checked_refs,
     checked_seal,
     commit_id,
+    missing_commit,
 )
 from rlwire.transport.ray._appended import RayFieldsSource
 from rlwire.transport.ray._payload import parse_payload
@@ -360,6 +361,7 @@ class RaySource(RayFieldsSource, Source):
         if self._wait_fields(limit):  # a step there, a field asked for not appended yet
             return None
         step, part = self._expected, self._expected_part
+        missing_commit(self._commit, step, self.describe(step))
         index = part[1] if part is not None and part[0] == step else None
         answer = self._call(
             "wait",

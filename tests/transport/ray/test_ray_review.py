@@ -19,7 +19,7 @@ from rlwire.aio import run_sliced
 from rlwire.testing import make_batch, make_sample
 from rlwire.transport import parse_url
 from rlwire.transport._parts import PartInfo, Seal
-from rlwire.transport.ray import RaySink
+from rlwire.transport.ray import RaySink, create_board
 
 TIMEOUT = 30.0
 
@@ -53,6 +53,7 @@ def test_a_pull_timeout_no_thread_can_wait_for_is_no_limit(ray_url: str, ray_pro
     """A sender in an actor waits pull_timeout (and the board's 10 s) for the board's
     answer: one beyond what a thread can wait for (inf; 1e10 s) was Python's
     OverflowError at every send. A NaN, which gave up at once, is a ConfigError."""
+    create_board(ray_url.removeprefix("ray://"))  # the driver's: the board owns the steps
     for step, timeout in enumerate((math.inf, 1e10)):
         options = {"pull_timeout": timeout}
         sent = ray.get(ray_producer.send.remote(ray_url, 1, 1, options=options), timeout=60)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rlwire._core.args import check_positive
 from rlwire._core.errors import ConfigError
 from rlwire.transport._url import URL
 
@@ -56,10 +57,9 @@ def pull_timeout(url: URL, options: Mapping[str, Any]) -> float:
         ConfigError: it is not a number > 0 (NaN, with which every pull gave up at
             once, included).
     """
-    timeout = options.get("pull_timeout", PULL_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
-        raise ConfigError(
-            f"storage option 'pull_timeout' must be a positive number, got {timeout!r}",
-            where=url,
+    try:
+        return check_positive(
+            options.get("pull_timeout", PULL_TIMEOUT), "storage option 'pull_timeout'"
         )
-    return float(timeout)
+    except ConfigError as exc:
+        raise exc.add_context(where=url) from None

@@ -187,7 +187,7 @@ class StepWriter:
             self.step = await sender._begin_parts(self._asked, self._ranks)
             try:
                 found = await to_thread.run_sync(
-                    sender.sink.committed_parts, self.step, limiter=sender._limiter
+                    sender.sink.committed_parts, self.step, self._ranks, limiter=sender._limiter
                 )
                 self._learn(found)
             except BaseException:

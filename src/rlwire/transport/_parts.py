@@ -99,14 +99,17 @@ class PartsSink:
     #: The sink can store a step part by part; a sender refuses ``open_step`` on any other.
     stores_parts: ClassVar[bool] = False
 
-    def committed_parts(self, step: int) -> list[PartInfo]:
+    def committed_parts(self, step: int, ranks: int | None = None) -> list[PartInfo]:
         """The parts of ``step`` committed so far, in any order: what a producer that
         opens the step again (after a crash, ``on_existing="resume"``) must not put
-        again. Removes what a killed commit of a part left behind.
+        again. Removes what a killed commit of a part left behind. ``ranks``: those the
+        step is opened for (None: asked again, after an error).
 
         Raises:
             CorruptFrameError: a stored part is garbled.
-            StepExistsError: the step is sealed already, or was sent whole.
+            StepExistsError: the step is sealed already, or was sent whole; or it is the
+                first a resumed sender sends and the step before it, sent whole, lacks
+                one of ``ranks`` (a commit cut short).
             TransportError: the destination cannot be read.
             ConfigError: the sink cannot store parts (the default).
         """

@@ -7,10 +7,10 @@ from __future__ import annotations
 import abc
 import contextlib
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from rlwire._core.errors import RlwireError, StepExistsError, transport_error
+from rlwire._core.errors import StepExistsError
 from rlwire._core.slicing import Sliced
 from rlwire._frame.checksums import checksum_segments
 from rlwire._frame.frame import Frame
@@ -25,6 +25,7 @@ from rlwire.transport._stored.names import (
     LEFTOVER_RE,
     MAIN_RE,
     REWRITE_NAME,
+    check_ranks_after,
     main_name,
     names_to_delete,
     orphan_sidecars,
@@ -33,32 +34,13 @@ from rlwire.transport._stored.names import (
     seal_name,
     sidecar_name,
     start_step,
+    whole_before,
 )
 from rlwire.transport._stored.parts import part_files, read_parts
 from rlwire.transport._stored.retention import held_back, read_consumed, steps_to_prune
+from rlwire.transport._stored.translate import translate_errors
 
 __all__ = ["StoredSink", "StoredStaging", "translate_errors"]
-
-
-@contextlib.contextmanager
-def translate_errors(where: str, action: str) -> Iterator[None]:
-    """Turn whatever a backend raises (OSError, botocore, aiohttp, sqlite3, ...) into a
-    :class:`~rlwire.errors.TransportError` saying that ``action`` failed at ``where``;
-    rlwire's own errors and BaseExceptions (cancellation) pass through.
-
-    Example:
-        >>> with translate_errors("memory://run", "list the destination"):
-        ...     raise PermissionError(13, "Permission denied")
-        Traceback (most recent call last):
-        ...
-        rlwire.errors.TransportError: memory://run: cannot list the destination: Permission denied
-    """
-    try:
-        yield
-    except RlwireError:
-        raise
-    except Exception as exc:
-        raise transport_error(exc, action, where=where) from exc
 
 
 class StoredStaging(Staged):
@@ -111,6 +93,9 @@ class StoredSink(StoredFieldsSink, Sink):
     #: The step :meth:`open` found filled part by part and not sealed (``"resume"``
     #: continues at it): a whole message for it is refused until it is sealed.
     unsealed_step: int | None = None
+    #: The step ``"resume"`` goes on after, sent whole, and its visible ranks: the first
+    #: step sent is refused if it has a rank more (:func:`check_ranks_after`).
+    resumed_after: tuple[int, frozenset[int]] | None = None
 
     @functools.cached_property
     def _first_parts(self) -> stored_parts.FirstParts:
@@ -207,6 +192,7 @@ class StoredSink(StoredFieldsSink, Sink):
             self.check_rewrite(on_existing, first)
         step = _start_step(self.locate(), names, on_existing, start_step)
         self.unsealed_step = None
+        self.resumed_after = whole_before(names, step) if on_existing == "resume" else None
         if on_existing == "error":
             return step
         parted = any(stored_parts.is_part_of(name, step) for name in names)
@@ -285,6 +271,7 @@ class StoredSink(StoredFieldsSink, Sink):
                 f"with open_step({step}), or truncate it",
                 where=self.locate(),
             )
+        self.check_ranks(len(frames))
         mains = [main_name(step, rank) for rank in range(len(frames))]
         with self.errors(f"check whether step {step} exists"):
             found = yield from self.existing_in_slices(mains)
@@ -367,7 +354,16 @@ class StoredSink(StoredFieldsSink, Sink):
 
         return (yield from self._staged(step, write))
 
-    def committed_parts(self, step: int) -> list[PartInfo]:
+    def check_ranks(self, ranks: int) -> None:
+        """Refuse the first step sent after ``"resume"`` to ``ranks`` ranks if the
+        step it went on after lacks one (:func:`check_ranks_after`)."""
+        if self.resumed_after is not None:
+            check_ranks_after(self.locate(), self.resumed_after, ranks)
+            self.resumed_after = None
+
+    def committed_parts(self, step: int, ranks: int | None = None) -> list[PartInfo]:
+        if ranks is not None:
+            self.check_ranks(ranks)
         with self.errors(f"list the parts of step {step}"):
             names = self.names()
         if seal_name(step) in names or any(

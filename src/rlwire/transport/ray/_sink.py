@@ -335,7 +335,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
             raise
         return staged
 
-    def committed_parts(self, step: int) -> list[PartInfo]:
+    def committed_parts(self, step: int, ranks: int | None = None) -> list[PartInfo]:
         answer = call(
             self._require_board().committed_parts,
             step,

@@ -273,7 +273,7 @@ class ZmqSink(Sink):
     def _message(self, head: Head, segments: list[bytes | memoryview | Pieces]) -> Message:
         return Message(head, segments, cut(segments, self.message_bytes))
 
-    def committed_parts(self, step: int) -> list[PartInfo]:
+    def committed_parts(self, step: int, ranks: int | None = None) -> list[PartInfo]:
         # Nothing is stored: a sender in a new process knows no part of an earlier one,
         # as open() starts every on_existing afresh; the same sender opening the step
         # again (after an error) learns the parts it sent itself.

@@ -7,6 +7,7 @@ asyncio and trio."""
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -14,7 +15,8 @@ import numpy as np
 import pytest
 
 import rlwire
-from rlwire.transport import FileSource
+from rlwire.abc import PartInfo
+from rlwire.transport import FileSink, FileSource
 
 pytestmark = pytest.mark.anyio
 
@@ -189,3 +191,20 @@ def test_a_plugin_source_written_before_runs_is_called_as_before() -> None:
 
     OldSource.mark_part(object(), 3, 2, b"run")  # type: ignore[arg-type]
     assert calls == [(3, 2)]
+
+
+def test_a_plugin_sink_written_before_ranks_were_checked_is_called_as_before(
+    tmp_path: Path,
+) -> None:
+    """A sink overriding ``committed_parts(step)`` (before the step writer passed its
+    ranks) is still called by the step writer, which passes ``ranks``: the base wraps
+    it."""
+    calls: list[int] = []
+
+    class OldSink(FileSink):
+        def committed_parts(self, step: int) -> list[PartInfo]:  # type: ignore[override]
+            calls.append(step)
+            return []
+
+    assert OldSink(tmp_path).committed_parts(3, 2) == []
+    assert calls == [3]

@@ -9,6 +9,7 @@ every rank, the keys of its parts in that order, so a reader knows how many to w
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, ClassVar, Union
 
@@ -98,6 +99,21 @@ class PartsSink:
 
     #: The sink can store a step part by part; a sender refuses ``open_step`` on any other.
     stores_parts: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A plugin written before 0.2 overrides committed_parts(step): it checks no
+        # ranks, and is called as before.
+        old = cls.__dict__.get("committed_parts")
+        if old is not None and "ranks" not in inspect.signature(old).parameters:
+
+            def committed_parts(
+                self: PartsSink, step: int, ranks: int | None = None
+            ) -> list[PartInfo]:
+                found: list[PartInfo] = old(self, step)
+                return found
+
+            cls.committed_parts = committed_parts  # type: ignore[method-assign]
 
     def committed_parts(self, step: int, ranks: int | None = None) -> list[PartInfo]:
         """The parts of ``step`` committed so far, in any order: what a producer that

@@ -15,8 +15,13 @@ import numpy as np
 import pytest
 
 import rlwire
+<<<<<<< HEAD
 from rlwire.abc import PartInfo
 from rlwire.transport import FileSink, FileSource
+=======
+from rlwire.transport import FileSource
+from rlwire.transport._stored.source import StoredSource
+>>>>>>> d65cdf5 (A receiver resumed part way through a step as an overwrite or truncate deleted the marks no longer takes the step as stored now for the run of the parts handed out (which could end it at the new run's seal): position and run are read so that they agree)
 
 pytestmark = pytest.mark.anyio
 
@@ -25,10 +30,13 @@ pytestmark = pytest.mark.anyio
 _HEAD = struct.Struct("<4sHHQQ")
 
 
-def _fill(url: str, options: dict[str, Any], first: int, parts: int = 3) -> None:
+def _fill(
+    url: str, options: dict[str, Any], first: int, parts: int = 3, sealed: bool | None = None
+) -> None:
     """Step 0 of ``parts`` parts of one sample each, the first token ids ``first``,
     ``first + 1``, ...; ``first`` other than 0 is another run (overwrite). Fewer than
-    3 parts leave the step open (not sealed), as a producer still filling it."""
+    3 parts leave the step open (not sealed), as a producer still filling it, unless
+    ``sealed``."""
     sender = rlwire.open_sync_sender(
         url, storage_options=options, on_existing="overwrite" if first else "error"
     )
@@ -36,7 +44,7 @@ def _fill(url: str, options: dict[str, Any], first: int, parts: int = 3) -> None
     writer.__enter__()
     for k in range(parts):
         writer.put([{"token_ids": np.arange(first + k, first + k + 4)}], key=f"k{k}")
-    if parts == 3:
+    if parts == 3 if sealed is None else sealed:
         writer.__exit__(None, None, None)
     sender.close()
 
@@ -128,6 +136,43 @@ async def test_a_receiver_resumed_on_the_same_run_goes_on(
             got = [int(p.value[0]["token_ids"][0]) async for p in receiver.aparts(timeout=10)]
         assert receiver.next_step == 1
     assert got == [1, 2]
+
+
+@pytest.mark.parametrize("sealed_before", [True, False], ids=["sealed-first", "sealed-after"])
+async def test_a_receiver_resumed_as_the_step_is_sent_again_never_ends_it_at_the_new_seal(
+    file_or_s3: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch, sealed_before: bool
+) -> None:
+    """Part 0 of run A (whose producer died before sealing) was handed out; a resumed
+    receiver reads its rank's position (part 1 of run A), and a producer's
+    ``overwrite`` deletes the marks and the step before the receiver has read the run
+    its part mark names. Run B seals the step with one part (before or after the
+    receiver is made): ending at that seal would make A's part 0 the whole step (the
+    readers campaign's one wrong data on S3). The receiver goes by marks that agree,
+    here none: it starts over, at B's part 0."""
+    url, options = file_or_s3
+    _fill(url, options, 0, parts=2)
+    await _stop_after_part_0(url, options)
+    read = StoredSource.read_consumption
+
+    def overwritten_after_the_read(self: StoredSource) -> tuple[int, int] | None:
+        found = read(self)
+        monkeypatch.setattr(StoredSource, "read_consumption", read)
+        if sealed_before:
+            _fill(url, options, 100, parts=1, sealed=True)
+        else:
+            rlwire.open_sync_sender(url, storage_options=options, on_existing="overwrite").close()
+        return found
+
+    monkeypatch.setattr(StoredSource, "read_consumption", overwritten_after_the_read)
+    async with rlwire.open_receiver(
+        url, storage_options=options, type=list, resume=True
+    ) as receiver:
+        if not sealed_before:
+            await anyio.to_thread.run_sync(_fill, url, options, 100, 1, True)
+        with anyio.fail_after(30):
+            got = [int(p.value[0]["token_ids"][0]) async for p in receiver.aparts(timeout=10)]
+        assert receiver.next_step == 1
+    assert got == [100]  # B's step whole: never its seal after A's part 0
 
 
 def test_the_part_mark_names_the_run_of_part_0(tmp_path: Any) -> None:

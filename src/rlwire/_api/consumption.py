@@ -78,7 +78,7 @@ class ConsumptionMarks:
         self._hold_unsure = False  # skipped without a look: the store may list it
         if resume:
             try:
-                found = self._source.read_consumption()
+                found, of = self._read_position()
             except BaseException:
                 self._source.close()  # the receiver is not made: nothing else closes it
                 raise
@@ -87,6 +87,24 @@ class ConsumptionMarks:
                 self._next_step, self._part_next = found
                 self._recorded, self._recorded_part = found
                 self._step_written = True
+                if of:
+                    self._first_part = (found[0], of)  # the run its later parts must follow
+
+    def _read_position(self) -> tuple[tuple[int, int] | None, bytes]:
+        """The rank's position as its marks record it and, part way through a step, the
+        run its part mark names (``b""``: none), read so that the two agree: a producer's
+        ``overwrite`` or ``truncate`` deleting the marks between the reads would leave the
+        position of the parts handed out beside no run, and the receiver would take the
+        step as stored now (the new run's) for theirs. The marks have one writer, this
+        rank's receiver, and a rewrite only deletes them: the reads settle at once."""
+        found = self._source.read_consumption()
+        while found is not None and found[1]:
+            of = self._source.read_part_of(found[0])
+            again = self._source.read_consumption()
+            if again == found:
+                return found, of
+            found = again
+        return found, b""
 
     def skip(self) -> int:
         """Give up on the next step (for example after a CorruptFrameError) and move on to

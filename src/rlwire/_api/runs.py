@@ -33,19 +33,19 @@ class RunChecks:
 
     def _note_run(self) -> None:
         """For a receiver opened part way through a step (``resume=True``): the run
-        its rank's part mark records (that of the parts handed out before it stopped)
-        or, where the mark names none (written before format 1.6), the rank's part 0 as
-        stored now, is the one the step's later parts must follow, and whose seal ends
-        them. Called as the receiver is made: on an error, the source is closed.
+        its rank's part mark records (that of the parts handed out before it stopped,
+        read with its position: ``_read_position``) or, where the mark names none
+        (written before format 1.6), the rank's part 0 as stored now, is the one the
+        step's later parts must follow, and whose seal ends them. Called as the
+        receiver is made: on an error, the source is closed.
 
         Raises:
-            CorruptFrameError, TransportError: as :meth:`~rlwire.abc.Source.first_part`
-                and :meth:`~rlwire.abc.Source.read_part_of`.
+            CorruptFrameError, TransportError: as :meth:`~rlwire.abc.Source.first_part`.
         """
-        if self._part_next:
+        if self._part_next and self._first_part[0] != self._next_step:
             step = self._next_step
             try:
-                first = self._source.read_part_of(step) or self._source.first_part(step)
+                first = self._source.first_part(step)
             except BaseException:
                 self._source.close()  # the receiver is not made: nothing else closes it
                 raise

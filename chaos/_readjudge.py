@@ -19,7 +19,8 @@ stored, or as that run's producer reported it; else *lost*, *duplicated*, *wrong
 seal*): a pass ending with another run's seal is caught here. A restart begins with the
 part after its predecessor's last, or with that one again (it died holding it), or,
 once a rewrite began (``overwrite`` and ``truncate`` delete the ranks' marks), at step
-0 as a rank with no mark: then an *epoch* begins, and the steps are read again. A
+0 as a rank with no mark: then an *epoch* begins, and the steps are read again (or,
+its part mark deleted before its consumption mark, at part 0 of the step it was in). A
 ``StepGapError`` must follow a rewrite of its step (else *typed error*). In each epoch
 the steps done go up one by one from where it began, the last epoch's to the plan's
 last step and ``EndOfStream``; with no rewrite, every key of a step is read by one rank.
@@ -186,9 +187,14 @@ class _Rank:
                 allowed.append((step, 0))  # held: its move past it not written yet
         else:
             allowed.append(self.resumed_empty())
+        rewrite = self.h.rewrite_before(e["t"])
         if at in allowed:
             self.resume_at(at)
-        elif at == (0, 0) and self.h.rewrite_before(e["t"]):
+        elif rewrite and self.open is not None and at == (self.open["step"], 0):
+            # The rewrite deleted the rank's part mark and not yet its consumption mark
+            # (part marks go first): the step from its part 0 again, as at (0, 0) below.
+            self.resume_at(at)
+        elif at == (0, 0) and rewrite:
             self.open = None  # the rewrite deleted the rank's marks: a new epoch
             self.close_epoch(final=False)
         else:

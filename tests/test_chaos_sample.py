@@ -368,3 +368,44 @@ def test_the_readers_judge_sees_two_runs_as_one_step_a_wrong_end_and_needless_ga
     # Run 1's step with a part skipped: lost.
     skipped = [start, got(0, "a", 0), gap, reopened, got(0, "x", 1)]
     assert judge_ranks(history, [[*skipped, *end]])[0] == LOST
+
+
+def test_the_readers_judge_takes_a_restart_at_part_0_of_its_step_once_a_rewrite_began() -> None:
+    """A receiver resumed as a rewrite deletes the rank's marks (its part mark first)
+    finds its consumption mark only: it reads its step again from part 0, as a rank
+    with no mark reads from step 0; before the rewrite began, that is a repeat."""
+    from chaos._readjudge import History, judge_ranks
+    from chaos.parts import Ledger
+
+    def group(key: str) -> list[object]:
+        return [key, [8], None]
+
+    runs = [
+        [
+            {"whole": False, "groups": [group("a")]},
+            {"whole": False, "groups": [group("b"), group("c")]},
+        ],
+        [{"whole": False, "groups": [group("w")]}, {"whole": False, "groups": [group("x")]}],
+    ]
+    plan = {"ranks": 1, "steps": runs[0], "runs": runs, "by_receive": False}
+    history = History(plan)
+    for gen, began in ((0, 0.0), (1, 10.0)):
+        ledger = Ledger({**plan, "steps": runs[gen]})
+        ledger.sealed[0] = [["w" if gen else "a"]]
+        if gen:
+            ledger.sealed[1] = [["x"]]
+        history.new_run(ledger, 0, began)
+    history.stored = {0: [["w"]], 1: [["x"]]}
+
+    def got(step: int, index: int, key: str, gen: int, run: int) -> dict[str, object]:
+        e = {"e": "got", "step": step, "index": index, "key": ["str", key], "gen": gen}
+        return {"run": run, **e}
+
+    start = {"run": 0, "e": "start", "step": 0, "part": 0, "how": "resume", "t": 0.0}
+    again = {"run": 1, "e": "start", "step": 1, "part": 0, "how": "resume", "t": 11.0}
+    log = [start, got(0, 0, "a", 0, 0), {"run": 0, "e": "done", "step": 0}]
+    log += [got(1, 0, "b", 0, 0), got(1, 1, "c", 0, 0), again, got(1, 0, "x", 1, 1)]
+    log += [{"run": 1, "e": "done", "step": 1}, {"run": 1, "e": "end"}]
+    assert judge_ranks(history, [log])[0] == EXACT
+    log[5] = {**again, "t": 5.0}
+    assert judge_ranks(history, [log])[0] == DUPLICATED

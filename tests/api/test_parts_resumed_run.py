@@ -15,13 +15,9 @@ import numpy as np
 import pytest
 
 import rlwire
-<<<<<<< HEAD
 from rlwire.abc import PartInfo
 from rlwire.transport import FileSink, FileSource
-=======
-from rlwire.transport import FileSource
 from rlwire.transport._stored.source import StoredSource
->>>>>>> d65cdf5 (A receiver resumed part way through a step as an overwrite or truncate deleted the marks no longer takes the step as stored now for the run of the parts handed out (which could end it at the new run's seal): position and run are read so that they agree)
 
 pytestmark = pytest.mark.anyio
 

@@ -334,9 +334,10 @@ def trial(
         return {"outcome": UNTYPED, "detail": describe(exc) + traceback.format_exc()[-600:]}
     finally:
         for pid in supervisors:
-            with contextlib.suppress(ProcessLookupError):
+            # One the trial reaped already is no child any more (ChildProcessError).
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
                 os.kill(pid, signal.SIGKILL)
-            reap(pid, 5)
+                reap(pid, 5)
         store.clean()
         for log in logs:
             with contextlib.suppress(OSError):

@@ -17,7 +17,7 @@ import pytest
 import rlwire
 from rlwire.abc import PartInfo
 from rlwire.transport import FileSink, FileSource
-from rlwire.transport._stored.source import StoredSource
+from rlwire.transport.layout import StoredSource
 
 pytestmark = pytest.mark.anyio
 

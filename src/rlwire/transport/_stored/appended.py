@@ -239,7 +239,7 @@ class StoredFieldsSink(FieldsSink):
                 part=part,
                 select=select,
                 where=store.locate(name),
-            )[1]
+            )[2]
 
         with store.errors(f"read step {step}"):
             names = set(store.names())

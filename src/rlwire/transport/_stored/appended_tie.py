@@ -17,7 +17,7 @@ from rlwire._frame.selection import Selector
 from rlwire.transport._base import Staged
 from rlwire.transport._stored.layout import _parse, _whole_envelope
 from rlwire.transport._stored.names import fields_name
-from rlwire.transport._stored.selected import Ranged, parse_selected, read_envelope
+from rlwire.transport._stored.selected import Ranged, parse_selected
 
 __all__ = [
     "AppendedReader",
@@ -87,8 +87,7 @@ def read_appended_message(
     main = reader.open_ranged(name)
     if main is None:
         return None
-    env = read_envelope(main, where, step=step, rank=reader.rank, part=None)[1]
-    _, frame = parse_selected(
+    env, _, frame = parse_selected(
         main,
         reader._sidecar_opener(side),
         step=step,

@@ -124,11 +124,12 @@ def parse_selected(
     select: Selector,
     where: str,
     verify: bool = True,
-) -> tuple[PartInfo | None, Frame]:
+) -> tuple[_PartEnvelope, PartInfo | None, Frame]:
     """The frame of a stored message with only the buffers ``select`` asks for read
-    (the others empty, listed in :attr:`~rlwire.Frame.missing`); with ``part``, the
-    message must be that part of ``rank`` (and its :class:`PartInfo` is returned), else
-    a whole step's message.
+    (the others empty, listed in :attr:`~rlwire.Frame.missing`), after its envelope
+    (what an appended message is tied to: its ``of``); with ``part``, the message must
+    be that part of ``rank`` (and its :class:`PartInfo` is returned), else a whole
+    step's message.
 
     Raises:
         CorruptFrameError: as :func:`~rlwire.transport._stored.layout.parse_main`, for
@@ -149,7 +150,7 @@ def parse_selected(
         except CorruptFrameError as exc:
             exc.add_context(step=step, rank=rank)
             raise
-    return info, frame
+    return env, info, frame
 
 
 def _header(env: _PartEnvelope, head: memoryview, main: Ranged, where: str) -> memoryview:

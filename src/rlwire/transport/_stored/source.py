@@ -225,7 +225,7 @@ class StoredSource(StoredFieldsSource, Source):
         if ranged is None:
             return None
         try:
-            return parse_selected(
+            _, info, frame = parse_selected(
                 ranged,
                 self._sidecar_opener(side),
                 step=step,
@@ -238,6 +238,7 @@ class StoredSource(StoredFieldsSource, Source):
         except RlwireError as exc:  # a field the step lacks, found by the selector
             exc.add_context(step=step, rank=self.rank)
             raise
+        return info, frame
 
     def read(self, step: int) -> Frame | None:
         name = main_name(step, self.rank)

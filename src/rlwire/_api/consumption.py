@@ -5,7 +5,8 @@ part of it. It writes the position to its rank's marks (:class:`~rlwire.abc.Sour
 ``mark_consumed`` and ``mark_part``) as it moves: past a part when it asks for the next
 one, past a step when it asks for the next step or, reading parts, for a part after its
 rank's last (``parts()`` ends). A mark never says the rank moved past a step not sent
-yet (the sender refuses such a mark, and keeps every step back from ``keep_last``):
+yet (a sender takes such a mark for a receiver of another run's, which holds nothing
+back from ``keep_last``, and prunes nothing while it is ahead):
 
 - One opened at ``start_step=S`` has moved past every step before ``S``. Where its
   rank's mark already says so (a trainer restarted from a checkpoint), the mark is
@@ -113,8 +114,8 @@ class ConsumptionMarks:
         A step skipped before it was sent (after a ``ReceiveTimeout``, or never looked
         for and not stored) is skipped all the same, but the rank's consumption mark says
         it moved past that step only once this receiver has read a later one: a mark
-        must not run ahead of the steps sent (the sender refuses it); until then it says
-        the rank moved past the steps before it. Meanwhile a sender's ``keep_last`` keeps
+        must not run ahead of the steps sent (a sender takes it for another run's);
+        until then it says the rank moved past the steps before it. Meanwhile a sender's ``keep_last`` keeps
         the skipped step, and one with ``max_ahead=0`` waits for the rank (give it 1 or
         more, as for a receiver opened at a later ``start_step``).
 

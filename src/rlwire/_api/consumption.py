@@ -115,9 +115,10 @@ class ConsumptionMarks:
         for and not stored) is skipped all the same, but the rank's consumption mark says
         it moved past that step only once this receiver has read a later one: a mark
         must not run ahead of the steps sent (a sender takes it for another run's);
-        until then it says the rank moved past the steps before it. Meanwhile a sender's ``keep_last`` keeps
-        the skipped step, and one with ``max_ahead=0`` waits for the rank (give it 1 or
-        more, as for a receiver opened at a later ``start_step``).
+        until then it says the rank moved past the steps before it. Meanwhile a
+        sender's ``keep_last`` keeps the skipped step, and one with ``max_ahead=0``
+        waits for the rank (give it 1 or more, as for a receiver opened at a later
+        ``start_step``).
 
         Raises:
             ConfigError: called on an event loop while another task's ``areceive`` (or

@@ -39,6 +39,7 @@ from rlwire.transport.ray._actors import (
 from rlwire.transport.ray._appended import RayFieldsSink
 from rlwire.transport.ray._handing import Handed, HandingSink
 from rlwire.transport.ray._handle import Commits, StepHandle
+from rlwire.transport.ray._handover import producer_actor
 from rlwire.transport.ray._payload import make_payload, runs_fit
 from rlwire.transport.ray._source import RaySource
 from rlwire.transport.ray._staged import RayStaged, RayStagedPart, open_step_error
@@ -54,25 +55,6 @@ __all__ = ["RaySink", "producer_actor"]
 
 #: What stands for a buffer left out of a join.
 _NOTHING = memoryview(b"")
-
-
-def producer_actor() -> BoardHandle | None:
-    """The handle of the actor this process runs, when the board can pull a step's
-    objects from it: an actor that runs more than one call at a time (an async actor by
-    default; a threaded one with ``max_concurrency`` > 1), free to answer the board's
-    call while a send waits for it. ``None`` in a driver, a task, or an actor that runs
-    one call at a time, async or not (the board's call would wait behind the send that
-    waits for it)."""
-    context = ray.get_runtime_context()
-    if context.get_actor_id() is None:
-        return None
-    core = getattr(ray._private.worker.global_worker, "core_worker", None)
-    try:
-        # One call at a time, async or not: the board's call would queue behind the send.
-        pullable = core is not None and core.current_actor_max_concurrency() > 1
-    except AttributeError:  # a Ray without these: never risk the wait
-        pullable = False
-    return context.current_actor if pullable else None
 
 
 class RaySink(HandingSink, RayFieldsSink, Sink):

@@ -9,7 +9,6 @@ from typing import Any
 from anyio import to_thread
 
 from rlwire._core.errors import (
-    ConfigError,
     CorruptFrameError,
     EndOfStream,
     StepGapError,
@@ -39,7 +38,7 @@ from rlwire.transport.ray._answers import (
 )
 from rlwire.transport.ray._appended import RayFieldsSource
 from rlwire.transport.ray._payload import parse_payload
-from rlwire.transport.ray._url import OPTIONS, board_options, parse_name
+from rlwire.transport.ray._url import OPTIONS, board_options, handle_options, parse_name
 
 __all__ = ["RaySource"]
 
@@ -121,24 +120,7 @@ class RaySource(RayFieldsSource, Source):
         opts = options.storage_options
         reject_unknown(url, opts, (*OPTIONS, "board", "commit"))
         namespace, _ = board_options(url, opts)
-        board = opts.get("board")
-        if board is not None and (not isinstance(board, str) or not board):
-            raise ConfigError(
-                f"storage option 'board' must be a non-empty str (a StepHandle's board), "
-                f"got {board!r}",
-                where=url,
-            )
-        commit = opts.get("commit")
-        if commit is not None and not (
-            isinstance(commit, tuple | list)
-            and len(commit) == 2
-            and type(commit[0]) is int
-            and isinstance(commit[1], str)
-        ):
-            raise ConfigError(
-                f"storage option 'commit' must be a StepHandle's (step, token), got {commit!r}",
-                where=url,
-            )
+        board, commit = handle_options(url, opts)
         return cls(
             parse_name(url),
             rank=options.rank,
@@ -146,7 +128,7 @@ class RaySource(RayFieldsSource, Source):
             verify=options.verify,
             writable=options.writable,
             board=board,
-            commit=None if commit is None else (commit[0], commit[1]),
+            commit=commit,
         )
 
     def _find(self) -> BoardHandle | None:

@@ -10,7 +10,14 @@ from rlwire._core.args import check_positive
 from rlwire._core.errors import ConfigError
 from rlwire.transport._url import URL
 
-__all__ = ["OPTIONS", "PULL_TIMEOUT", "board_options", "parse_name", "pull_timeout"]
+__all__ = [
+    "OPTIONS",
+    "PULL_TIMEOUT",
+    "board_options",
+    "handle_options",
+    "parse_name",
+    "pull_timeout",
+]
 
 #: The storage options of ray:// destinations, the sender's and the receivers' alike.
 OPTIONS = ("namespace", "detached", "pull_timeout")
@@ -63,3 +70,32 @@ def pull_timeout(url: URL, options: Mapping[str, Any]) -> float:
         )
     except ConfigError as exc:
         raise exc.add_context(where=url) from None
+
+
+def handle_options(
+    url: URL, options: Mapping[str, Any]
+) -> tuple[str | None, tuple[int, str] | None]:
+    """A receiver's ``board`` and ``commit`` storage options (what a
+    :class:`~rlwire.transport.ray.StepHandle` gives), checked.
+
+    Raises:
+        ConfigError: either is of the wrong type.
+    """
+    board = options.get("board")
+    if board is not None and (not isinstance(board, str) or not board):
+        raise ConfigError(
+            f"storage option 'board' must be a non-empty str (a StepHandle's board), got {board!r}",
+            where=url,
+        )
+    commit = options.get("commit")
+    if commit is not None and not (
+        isinstance(commit, tuple | list)
+        and len(commit) == 2
+        and type(commit[0]) is int
+        and isinstance(commit[1], str)
+    ):
+        raise ConfigError(
+            f"storage option 'commit' must be a StepHandle's (step, token), got {commit!r}",
+            where=url,
+        )
+    return board, None if commit is None else (commit[0], commit[1])

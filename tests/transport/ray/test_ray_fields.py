@@ -232,9 +232,10 @@ def test_a_stage_needs_a_board_a_sender_made(ray_cluster: None) -> None:
 
 
 def test_the_board_commits_one_message_per_index() -> None:
-    """Two senders appending to one step and rank at once: the second commit at an
-    index taken fails (the sender raises StepExistsError), as a link onto a taken
-    name does on files; a step deleted meanwhile refuses the commit."""
+    """Two senders appending to one step and rank at once, naming the index and not
+    their fields: the second commit at an index taken fails (the sender raises
+    StepExistsError), as a link onto a taken name does on files; a step deleted
+    meanwhile refuses the commit, saying so (the ConfigError of add_fields)."""
 
     async def run() -> list[tuple[Any, ...]]:
         board = Board("ray://logic")
@@ -251,7 +252,8 @@ def test_the_board_commits_one_message_per_index() -> None:
         return answers
 
     answers = asyncio.run(run())
-    assert [a[0] for a in answers] == ["ok", "ok", "ok", "exists", "ok", "missing", "none", "ready"]
+    assert [a[0] for a in answers] == ["ok", "ok", "ok", "exists", "ok", "none", "none", "ready"]
+    assert "step 0 was deleted" in answers[5][1]
 
 
 def test_the_board_refuses_fields_for_a_rank_the_step_does_not_have() -> None:

@@ -12,7 +12,8 @@ deletes (``keep_last``, an overwrite, a truncate) lose their references, parts a
 seal included, so the object store frees their memory once no reader holds a view of
 it; so do objects staged and never committed (a producer died between the two) once
 a sender opens the destination at or before their step, or their step is committed
-again, sealed or deleted.
+again, sealed or deleted (a producer that was alive after all is told why at its
+commit: :mod:`~rlwire.transport.ray._board_staged`).
 
 Objects the board pulled from a producer's actor (``_handover``) are owned by the
 board: they survive the producer and die with the board. Its methods answer with plain
@@ -27,7 +28,6 @@ changing the state, except the waits.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import ray
@@ -54,8 +54,8 @@ from rlwire.transport._stored.names import (
 )
 from rlwire.transport._stored.retention import held_back
 from rlwire.transport.ray._board_fields import FieldsBoard
-from rlwire.transport.ray._board_parts import PartsBoard, Refs, counts
-from rlwire.transport.ray._handover import hand_over
+from rlwire.transport.ray._board_parts import PartsBoard
+from rlwire.transport.ray._board_staged import Refs, counts, deleted, taken_over
 
 __all__ = ["Board", "Refs", "board_name"]
 
@@ -79,6 +79,7 @@ class Board(PartsBoard, FieldsBoard):
         # it while Ray copied it, so they are not in its envelope)
         self.checksums: dict[int, list[bytes | None]] = {}
         self.staged: dict[str, tuple[int, dict[int, Refs]]] = {}  # key -> (step, ranks)
+        self.dropped: dict[str, tuple[int, str]] = {}  # key -> (step, why): tombstones
         self.parts = {}
         self.seals = {}
         self.tokens = {}
@@ -144,7 +145,7 @@ class Board(PartsBoard, FieldsBoard):
         self.tokens.pop(step, None)
         self.runs.pop(step, None)
         self.fields.pop(step, None)
-        self._drop_staged(lambda s: s == step)
+        self._drop_staged(lambda s: s == step, deleted)
 
     def _stored(self) -> set[int]:
         """The steps holding anything committed: whole, parts or a seal."""
@@ -162,8 +163,9 @@ class Board(PartsBoard, FieldsBoard):
         for batch in names_to_delete(names, on_existing, first):
             self._delete(batch)
         # What killed producers staged from the first step to send on can never commit
-        # (the sender stages those steps anew): its objects go now.
-        self._drop_staged(lambda s: s >= step)
+        # (the sender stages those steps anew): its objects go now. A producer still
+        # alive (two on one destination) is told why at its next stage or commit.
+        self._drop_staged(lambda s: s >= step, lambda s: taken_over(s, on_existing))
         await self._notify()
         return ("ok", step)
 
@@ -183,50 +185,14 @@ class Board(PartsBoard, FieldsBoard):
         owns them), waiting up to ``timeout`` seconds; else ``refs`` are the objects the
         producer put (it owns them). ``("ok",)``; ``("exists",)`` when the step is
         committed already, ``("open",)`` when it is being filled part by part,
-        ``("unpulled", timeout)`` when the producer did not hand them over in time."""
+        ``("unpulled", timeout)`` when the producer did not hand them over in time,
+        ``("dropped", why, step)`` when the board let go of what was staged under
+        ``key`` (another sender opened the destination meanwhile: ``_board_staged``)."""
         if step in self.committed or step in self.seals:
             return ("exists",)
         if step in self.parts:
             return ("open",)
         return await self._hold(step, key, rank, producer, has_side, refs, timeout)
-
-    async def _hold(
-        self,
-        step: int,
-        key: str,
-        rank: int,
-        producer: Any,
-        has_side: bool,
-        refs: list[ObjectRef[Any]] | None,
-        timeout: float,
-    ) -> tuple[Any, ...]:
-        """Stage rank ``rank``'s objects under ``key`` (see :meth:`stage`): ``("ok",)``,
-        or ``("unpulled", timeout)`` if the producer's actor did not hand them over
-        within ``timeout`` seconds (every call it can run at once was busy).
-
-        Raises:
-            ValueError: not a step, a rank and a str key (another client's call: a step
-                that is no int broke every later open of the board).
-        """
-        counts(step, rank)
-        if not isinstance(key, str):
-            raise ValueError(f"a staging key is a str, not {type(key).__name__}")
-        if producer is not None:
-            count = 2 if has_side else 1
-            returned = producer.__ray_call__.options(num_returns=count + 1).remote(
-                hand_over, f"{key}.{rank}"
-            )
-            # Its first return is small: once it is there, so are the others (one call),
-            # and awaiting it raises what the hand-over raised.
-            try:
-                await asyncio.wait_for(returned[0], timeout)
-            except TimeoutError:
-                return ("unpulled", timeout)
-            refs = returned[1:]
-        assert refs is not None
-        entry = (refs[0], refs[1] if has_side else None)
-        self.staged.setdefault(key, (step, {}))[1][rank] = entry
-        return ("ok",)
 
     async def commit(
         self, key: str, ranks: int, checksums: list[bytes | None] | None = None
@@ -234,11 +200,12 @@ class Board(PartsBoard, FieldsBoard):
         """Make the step staged under ``key`` visible, all ``ranks`` ranks at once, with
         each rank's ``checksums`` when they are not in its envelope (packed u64, kept
         and given to readers with the references): ``("ok",)``, ``("exists",)`` if
-        another sender committed it first, ``("missing",)`` if not every rank is staged
-        under ``key``."""
+        another sender committed it first, ``("dropped", why, step)`` if the board let
+        go of it (another sender opened the destination meanwhile), ``("missing",)`` if
+        not every rank is staged under ``key``."""
         entry = self.staged.pop(key, None)
         if entry is None:
-            return ("missing",)
+            return self._unstaged(key)
         step, staged = entry
         if step in self.committed or step in self.seals:
             return ("exists",)
@@ -255,14 +222,6 @@ class Board(PartsBoard, FieldsBoard):
         self._free_staged(step)
         await self._notify()
         return ("ok",)
-
-    def _drop_staged(self, doomed: Callable[[int], bool]) -> None:
-        for key in [k for k, (step, _) in self.staged.items() if doomed(step)]:
-            del self.staged[key]
-
-    async def discard(self, key: str) -> None:
-        """Drop what is staged under ``key``, if anything."""
-        self.staged.pop(key, None)
 
     def _checksums_of(self, step: int, rank: int) -> bytes | None:
         """Rank ``rank``'s checksums of the whole ``step``, when it was committed with
@@ -370,7 +329,7 @@ class Board(PartsBoard, FieldsBoard):
         below = held_back(self._names(), below, self._marks)
         for step in [s for s in self._stored() if s < below]:
             self._drop_step(step)
-        self._drop_staged(lambda s: s < below)
+        self._drop_staged(lambda s: s < below, deleted)
         await self._notify()
 
     async def finish(self, end: int) -> tuple[Any, ...]:

@@ -18,17 +18,17 @@ from typing import Any
 from ray import ObjectRef
 
 from rlwire.transport._appended import no_such_rank, step_replaced
-from rlwire.transport.ray._board_parts import PartKey, Refs, _Part
+from rlwire.transport.ray._board_parts import PartKey, _Part
+from rlwire.transport.ray._board_staged import Refs, StagingBoard
 
 __all__ = ["FieldsBoard"]
 
 
-class FieldsBoard:
+class FieldsBoard(StagingBoard):
     """The appended fields of a board; :class:`~rlwire.transport.ray._board.Board`
     holds the rest of the state and the helpers declared here."""
 
     committed: dict[int, list[Refs]]
-    staged: dict[str, tuple[int, dict[int, Refs]]]  # key -> (step, ranks)
     parts: dict[int, dict[int, list[_Part]]]
     seals: dict[int, tuple[list[list[PartKey]], list[list[float]]]]
     #: step -> rank -> the objects of its appended messages, in commit order
@@ -45,18 +45,6 @@ class FieldsBoard:
         raise NotImplementedError
 
     async def _notify(self) -> None:
-        raise NotImplementedError
-
-    async def _hold(
-        self,
-        step: int,
-        key: str,
-        rank: int,
-        producer: Any,
-        has_side: bool,
-        refs: list[ObjectRef[Any]] | None,
-        timeout: float,
-    ) -> tuple[Any, ...]:
         raise NotImplementedError
 
     def _fields_of(self, step: int, rank: int) -> list[Refs]:
@@ -109,13 +97,14 @@ class FieldsBoard:
         """Hold the objects of a message of fields for rank ``rank`` of ``step``, not
         visible yet, under ``key``, as :meth:`~rlwire.transport.ray._board.Board.stage`
         holds a rank's. ``("ok",)``, or ``("none", why)`` when the step is not
-        committed, or has no rank ``rank``."""
+        committed, has no rank ``rank``, or was deleted while they were pulled."""
         why = self._no_such_rank(step, rank)
         if why is not None:
             return ("none", why)
         if self._committed_refs(step, rank) is None:
             return ("none", f"step {step} is not committed (sent whole, or sealed)")
-        return await self._hold(step, key, rank, producer, has_side, refs, timeout)
+        held = await self._hold(step, key, rank, producer, has_side, refs, timeout)
+        return ("none", held[1]) if held[0] == "dropped" else held
 
     async def commit_fields(
         self, key: str, rank: int, index: int, token: str | None = None
@@ -127,7 +116,10 @@ class FieldsBoard:
         taken), ``("none", why)`` if the step was deleted meanwhile, or (``token``
         given: the one :meth:`committed_refs` answered) deleted and sent again."""
         entry = self.staged.pop(key, None)
-        if entry is None or rank not in entry[1]:
+        if entry is None:
+            gone = self._unstaged(key)  # let go of with its step: say so
+            return ("none", gone[1]) if gone[0] == "dropped" else gone
+        if rank not in entry[1]:
             return ("missing",)
         step, staged = entry
         if self._committed_refs(step, rank) is None:

@@ -12,16 +12,15 @@ only if it lists exactly the parts committed. Answers are plain values, as the b
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ray import ObjectRef
 
-__all__ = ["PartKey", "PartsBoard", "Refs", "counts"]
+from rlwire.transport.ray._board_staged import Refs, StagingBoard, counts, resumed
 
-#: One rank's objects: the main object's reference, and the sidecar's or ``None``.
-Refs = tuple[ObjectRef[Any], ObjectRef[Any] | None]
+__all__ = ["PartKey", "PartsBoard"]
+
 #: A part's key, as the producer gave it (plain: what the board answers is plain).
 PartKey = str | int
 
@@ -35,22 +34,15 @@ class _Part:
     cost: float
 
 
-def counts(*values: object) -> None:
-    """Raise ValueError unless every value is an int >= 0 (a rank, a step, a part)."""
-    if any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in values):
-        raise ValueError(f"a rank, step or part must be an int >= 0, got {values!r}")
-
-
 def _same_key(a: PartKey, b: PartKey) -> bool:
     return type(a) is type(b) and a == b  # 1 and "1" are different keys
 
 
-class PartsBoard:
+class PartsBoard(StagingBoard):
     """The parts and seals of a board; :class:`~rlwire.transport.ray._board.Board`
     holds the rest of the state and the helpers declared here."""
 
     committed: dict[int, list[Refs]]
-    staged: dict[str, tuple[int, dict[int, Refs]]]  # key -> (step, ranks)
     #: step -> rank -> its parts in commit order
     parts: dict[int, dict[int, list[_Part]]]
     #: step -> (each rank's keys, each rank's costs)
@@ -64,30 +56,6 @@ class PartsBoard:
 
     async def _notify(self) -> None:
         raise NotImplementedError
-
-    def _drop_staged(self, doomed: Callable[[int], bool]) -> None:
-        raise NotImplementedError
-
-    async def _hold(
-        self,
-        step: int,
-        key: str,
-        rank: int,
-        producer: Any,
-        has_side: bool,
-        refs: list[ObjectRef[Any]] | None,
-        timeout: float,
-    ) -> tuple[Any, ...]:
-        raise NotImplementedError
-
-    def _free_staged(self, step: int) -> None:
-        """Let go of the objects staged for ``step``, just committed or sealed: none of
-        them can commit now. Their keys stay (until committed, discarded or the step
-        deleted), so that another producer of the step is told at its commit that the
-        step exists (a StepExistsError, as on every sink), not that nothing is staged."""
-        for key, (staged_step, _) in self.staged.items():
-            if staged_step == step:
-                self.staged[key] = (step, {})
 
     def _parts_of(self, step: int, rank: int) -> list[_Part]:
         return self.parts.get(step, {}).get(rank, [])
@@ -127,12 +95,13 @@ class PartsBoard:
     ) -> tuple[Any, ...]:
         """Make the part staged under ``key`` visible as part ``index`` of rank ``rank``
         with the producer's key ``part_key``, and wake the receivers: ``("ok",)``,
-        ``("missing",)`` if nothing is staged under ``key``, ``("exists", why)`` if the
-        step is closed, the index is taken (another sender) or skips one, or the key is
-        committed already."""
+        ``("missing",)`` if nothing is staged under ``key``, ``("dropped", why, step)``
+        if the board let go of it (another sender resumed the step, or opened the
+        destination, meanwhile), ``("exists", why)`` if the step is closed, the index
+        is taken (another sender) or skips one, or the key is committed already."""
         entry = self.staged.pop(key, None)
         if entry is None:
-            return ("missing",)
+            return self._unstaged(key)
         step, staged = entry
         why = self._closed(step)
         have = self._parts_of(step, rank)
@@ -163,7 +132,8 @@ class PartsBoard:
         why = self._closed(step)
         if why is not None:
             return ("exists", why)
-        self._drop_staged(lambda s: s == step)
+        # Staged by a killed producer, or by one still alive (told why at its commit).
+        self._drop_staged(lambda s: s == step, resumed)
         return (
             "ok",
             [

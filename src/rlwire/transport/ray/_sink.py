@@ -42,7 +42,12 @@ from rlwire.transport.ray._handle import Commits, StepHandle
 from rlwire.transport.ray._handover import producer_actor
 from rlwire.transport.ray._payload import make_payload, runs_fit
 from rlwire.transport.ray._source import RaySource
-from rlwire.transport.ray._staged import RayStaged, RayStagedPart, open_step_error
+from rlwire.transport.ray._staged import (
+    RayStaged,
+    RayStagedPart,
+    open_step_error,
+    taken_over,
+)
 from rlwire.transport.ray._url import (
     OPTIONS,
     PULL_TIMEOUT,
@@ -271,6 +276,8 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
                 )
             if result[0] == "open":
                 raise open_step_error(step, self.where)
+            if result[0] == "dropped":
+                raise taken_over(result, self.where)
 
     @staticmethod
     def _joins(frame: Frame) -> bool:
@@ -311,6 +318,8 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
             del main, side
             if answer[0] == "exists":
                 raise StepExistsError(str(answer[1]), where=self.where)
+            if answer[0] == "dropped":
+                raise taken_over(answer, self.where)
             self._settle_prune()
         except BaseException:
             staged.discard()

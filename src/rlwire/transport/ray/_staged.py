@@ -13,7 +13,7 @@ from rlwire.transport._parts import PartInfo
 from rlwire.transport.ray._actors import BoardHandle, call
 from rlwire.transport.ray._handover import withdraw
 
-__all__ = ["RayStaged", "RayStagedPart", "open_step_error"]
+__all__ = ["RayStaged", "RayStagedPart", "open_step_error", "taken_over"]
 
 
 def open_step_error(step: int, where: str) -> StepExistsError:
@@ -23,6 +23,12 @@ def open_step_error(step: int, where: str) -> StepExistsError:
         f"open_step({step}), or truncate it",
         where=where,
     )
+
+
+def taken_over(answer: tuple[Any, ...], where: str) -> StepExistsError:
+    """The error for the board's ``("dropped", why, step)``: what a sender staged was let
+    go of, another sender having opened the destination (or resumed the step) since."""
+    return StepExistsError(str(answer[1]), where=where)
 
 
 class _Staged(Staged):
@@ -37,6 +43,8 @@ class _Staged(Staged):
         Raises:
             TransportError: the board is gone or does not answer (visible: unknown), or
                 no longer holds it staged.
+            StepExistsError: the board let go of it: another sender opened the
+                destination (or resumed the step) since it was staged.
         """
         try:
             answer: tuple[Any, ...] = call(method, *args, where=self.where, action=f"commit {what}")
@@ -45,6 +53,8 @@ class _Staged(Staged):
             raise
         if answer[0] == "ok":
             self.visible = True
+        elif answer[0] == "dropped":  # another sender opened the destination meanwhile
+            raise taken_over(answer, self.where)
         elif answer[0] == "missing":
             raise TransportError(
                 f"cannot commit {what}: the board no longer holds it staged (was the board "

@@ -1,0 +1,103 @@
+"""Concurrency on ray://, on a real local Ray cluster: a second sender that opens the
+destination while the first is in the middle of a step takes the step over, and the
+first is told so with a StepExistsError at its commit (as the loser of two producers is
+on every sink)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import ray
+from ray_actors import settles
+
+import rlwire
+from rlwire import Frame
+from rlwire.abc import PartInfo, PendingFrame, Seal, SinkOptions, Sliced, SourceOptions
+from rlwire.aio import run_sliced
+from rlwire.transport import parse_url
+from rlwire.transport.ray import RaySink, RaySource, create_board
+
+TIMEOUT = 60.0
+
+#: What the first sender's commit says once the second took its step over.
+TAKEN = r"step {step} was taken over by another sender: it {did}"
+
+
+def _sink(url: str) -> RaySink:
+    return RaySink.from_url(parse_url(url), SinkOptions())
+
+
+def _frame(header: bytes) -> Frame:
+    return Frame(header, (memoryview(bytearray(64)),))
+
+
+def _on_board(board: Any, look: Any) -> Any:
+    """What ``look(board)`` says, run in the board actor (its state as it is)."""
+    return ray.get(board.__ray_call__.remote(look), timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("mode", ["resume", "overwrite", "truncate"])
+@pytest.mark.parametrize("when", ["staged", "between its ranks"])
+def test_a_second_sender_takes_over_the_step_the_first_is_sending(
+    ray_url: str, mode: str, when: str
+) -> None:
+    """The first sender has staged step 1 (or its rank 0 of two) when a second opens the
+    destination: the first's commit (or its next rank's stage) is a StepExistsError
+    naming the step and the second's ``on_existing``, and the second's step 1 is what a
+    receiver reads. Before, the first failed with a TransportError guessing at a
+    restarted board."""
+    board = create_board(ray_url.removeprefix("ray://"))
+    first, second = _sink(ray_url), _sink(ray_url)
+    first.open("error")
+    run_sliced(first.stage(0, [_frame(b"first 0")])).commit()
+    starts = 0 if mode == "overwrite" else 1
+
+    def second_opens() -> None:
+        assert second.open(mode, 1 if mode == "truncate" else None) == starts
+
+    def then_second_opens() -> Sliced[Frame]:
+        # rank 0 of the first's step 1 is on the board: the second opens now
+        assert settles(lambda: _on_board(board, lambda b: len(b.staged)) == 1)
+        second_opens()
+        return _frame(b"first 1")
+        yield
+
+    ranks: list[PendingFrame] = [_frame(b"first 1"), _frame(b"first 1")]
+    if when != "staged":
+        ranks[1] = then_second_opens()
+    taken = TAKEN.format(step=1, did=rf"opened the destination \(on_existing='{mode}'\)")
+    with pytest.raises(rlwire.StepExistsError, match=taken):
+        staged = run_sliced(first.stage(1, ranks))
+        second_opens()
+        staged.commit()
+    for step in range(starts, 2):
+        run_sliced(second.stage(step, [_frame(b"second %d" % step)])).commit()
+    source = RaySource.from_url(parse_url(ray_url), SourceOptions())
+    got = source.read(1)
+    assert got is not None and bytes(got.header) == b"second 1"
+    for done in (source, first, second):
+        done.close()
+
+
+def test_a_second_sender_takes_over_the_part_the_first_is_filling(ray_url: str) -> None:
+    """The first fills step 0 part by part: part "b" staged when a second resumes the
+    destination, part "c" staged after that but before the second resumes the step.
+    Each of the first's commits is a StepExistsError saying which; the second's step is
+    sealed with its own parts."""
+    first, second = _sink(ray_url), _sink(ray_url)
+    first.open("error")
+    run_sliced(first.stage_part(0, PartInfo(0, 0, "a", 1.0), _frame(b"a"))).commit()
+    b = run_sliced(first.stage_part(0, PartInfo(0, 1, "b", 1.0), _frame(b"b")))
+    assert second.open("resume") == 0
+    c = run_sliced(first.stage_part(0, PartInfo(0, 1, "c", 1.0), _frame(b"c")))
+    assert second.committed_parts(0) == [PartInfo(0, 0, "a", 1.0)]
+    opened = TAKEN.format(step=0, did=r"opened the destination \(on_existing='resume'\)")
+    with pytest.raises(rlwire.StepExistsError, match=opened):
+        b.commit()
+    with pytest.raises(rlwire.StepExistsError, match=TAKEN.format(step=0, did="resumed the step")):
+        c.commit()
+    run_sliced(second.stage_part(0, PartInfo(0, 1, "d", 1.0), _frame(b"d"))).commit()
+    second.seal(Seal(0, (("a", "d"),), ((1.0, 1.0),)))
+    first.close()
+    second.close()

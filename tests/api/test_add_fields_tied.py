@@ -147,8 +147,8 @@ async def test_a_retry_after_another_stage_took_the_index_keeps_the_first_tie(
     stage_fields = sink.stage_fields
     raced: list[int] = []
 
-    def then_race(step: int, rank: int, frame: rlwire.Frame) -> Any:
-        staged = yield from stage_fields(step, rank, frame)
+    def then_race(step: int, rank: int, frame: rlwire.Frame, **names: Any) -> Any:
+        staged = yield from stage_fields(step, rank, frame, **names)
         if not raced:
             raced.append(step)
             for name in os.listdir(path):

@@ -85,8 +85,8 @@ async def test_two_stages_append_to_one_step_at_once(
     both_staged, first_tries = threading.Barrier(2, timeout=5), [0]
     stage_fields = FileSink.stage_fields
 
-    def staged_together(self: Any, step: int, rank: int, frame: Any) -> Any:
-        staged = yield from stage_fields(self, step, rank, frame)
+    def staged_together(self: Any, step: int, rank: int, frame: Any, **names: Any) -> Any:
+        staged = yield from stage_fields(self, step, rank, frame, **names)
         first_tries[0] += 1
         if first_tries[0] <= 2:
             both_staged.wait()

@@ -110,7 +110,9 @@ async def add_fields(
             staged = None
             try:
                 staged = await drive_sliced(
-                    sink.stage_fields(step, rank, frame), limiter, dropped=lambda s: s.discard()
+                    sink.stage_fields(step, rank, frame, names=frozenset(columns.names)),
+                    limiter,
+                    dropped=lambda s: s.discard(),
                 )
                 await staged.acommit(limiter)
                 return
@@ -120,6 +122,7 @@ async def add_fields(
                 # Another stage committed the same file first (it appended to the step at
                 # the same time), or the file in the making went, while written or at its
                 # commit (the sink says which): check the columns again and take a file.
+                # (ray://'s board numbers the messages at their commit: no retry there.)
                 if not isinstance(exc, StepExistsError) or attempt == _COMMIT_TRIES - 1:
                     raise
     except RlwireError as exc:
@@ -164,7 +167,8 @@ class AppendingSender:
         Raises:
             SchemaError: a row count differs from the step's (or ``rows``), a Ragged's
                 row from the step's ``token_ids`` (names the field and the first bad
-                row), or a field is in the step already.
+                row), or a field is in the step already (appended by another stage
+                meanwhile, too).
             ConfigError: ``step`` or ``rank`` is not an int (a numpy integer is
                 taken) of at least 0, the sink keeps no steps (ZeroMQ), the step is
                 not committed, ``rank`` is none of its ranks, or the step was deleted
@@ -172,7 +176,10 @@ class AppendingSender:
                 the call: the fields are tied to no step a receiver gets.
                 With ``of``: the step as stored is another message than ``of``
                 (or ``of`` is not bytes).
-            StepExistsError: another sender appended to the step and rank meanwhile.
+            StepExistsError: (files, S3) other senders took the number of this
+                call's message 8 times in a row, appending to the step and rank
+                meanwhile. (``ray://``'s board numbers messages at their commit: stages
+                appending at once all commit.)
             TransportError: the destination cannot be read or written.
             ClosedError: the sender is closed.
 

@@ -115,11 +115,21 @@ class FieldsSink:
         """
         raise self._no_fields()
 
-    def stage_fields(self, step: int, rank: int, frame: Frame) -> Sliced[Any]:
+    def stage_fields(
+        self, step: int, rank: int, frame: Frame, *, names: frozenset[str] = frozenset()
+    ) -> Sliced[Any]:
         """Write ``frame`` where readers cannot see it yet as the next message of fields
         appended to ``step`` for ``rank``, and return its :class:`~rlwire.abc.Staged`:
         committing it makes the message visible, whole, after those before it. If the
         generator is closed before it returns, or raises, nothing is left behind.
+
+        ``names`` are the fields the message holds (``add_fields`` passes them). A sink
+        that numbers the messages itself at their commit, atomically (``ray://``: its
+        board), refuses there a message holding a field another writer appended
+        meanwhile, and lets writers appending other fields at once all commit; one that
+        names a message by its index when staging it (files, S3) raises
+        StepExistsError from the commit when another writer took that index, and the
+        sender tries again.
 
         Raises:
             ConfigError: ``step`` is not committed; the sink cannot append fields (the
@@ -127,6 +137,8 @@ class FieldsSink:
             StepExistsError: another writer appended to the step and rank meanwhile
                 (from the commit), or the step holds as many appended messages as the
                 sink allows.
+            SchemaError: (from the commit, a sink that numbers messages at their
+                commit) another writer appended a field of ``names`` meanwhile.
             TransportError: the destination cannot be written.
         """
         raise self._no_fields()

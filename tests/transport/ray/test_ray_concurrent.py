@@ -1,15 +1,17 @@
 """Concurrency on ray://, on a real local Ray cluster: a second sender that opens the
 destination while the first is in the middle of a step takes the step over, and the
 first is told so with a StepExistsError at its commit (as the loser of two producers is
-on every sink)."""
+on every sink); stages appending fields to one step at once all commit (the board
+numbers them, in one call), one appending a field another did gets a SchemaError."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 import ray
-from ray_actors import settles
+from ray_actors import settles, step_batches
 
 import rlwire
 from rlwire import Frame
@@ -17,6 +19,7 @@ from rlwire.abc import PartInfo, PendingFrame, Seal, SinkOptions, Sliced, Source
 from rlwire.aio import run_sliced
 from rlwire.transport import parse_url
 from rlwire.transport.ray import RaySink, RaySource, create_board
+from rlwire.transport.ray._board import Board
 
 TIMEOUT = 60.0
 
@@ -101,3 +104,49 @@ def test_a_second_sender_takes_over_the_part_the_first_is_filling(ray_url: str) 
     second.seal(Seal(0, (("a", "d"),), ((1.0, 1.0),)))
     first.close()
     second.close()
+
+
+def test_the_board_numbers_appended_messages_at_their_commit() -> None:
+    """Messages of fields staged at once, each naming its fields: every one commits, in
+    commit order, whatever the others did meanwhile (before, the second of two staged
+    against the same count was refused, and add_fields gave up after 8 such tries); one
+    holding a field another committed meanwhile is refused, saying which."""
+
+    async def run() -> list[tuple[Any, ...]]:
+        board = Board("ray://logic")
+        await board.stage(0, "s", 0, None, False, ["main"], 1.0)
+        await board.commit("s", 1)
+        for key in "abc":
+            await board.stage_fields(0, key, 0, None, False, [f"refs {key}"], 1.0)
+        answers = [
+            await board.commit_fields("a", 0, None, None, ["x"]),
+            await board.commit_fields("b", 0, None, None, ["y", "z"]),
+            await board.commit_fields("c", 0, None, None, ["w", "z"]),
+        ]
+        answers.append(await board.read_fields(0, 0))
+        return answers
+
+    *answers, fields = asyncio.run(run())
+    assert answers[:2] == [("ok",), ("ok",)]
+    assert answers[2] == (
+        "appended",
+        "field 'z' was appended to step 0 rank 0 already (by another stage, meanwhile)",
+    )
+    assert [refs[0] for refs in fields[1]] == ["refs a", "refs b"]
+
+
+def test_stages_appending_to_one_step_at_once_all_commit(ray_url: str, ray_producer: Any) -> None:
+    """Twenty stages in a producer actor append to rank 0 of one step at once (the board
+    pulls each from the actor): all commit, but the one of two appending the same field
+    that comes second, which gets a SchemaError naming it. Before, some stages gave up
+    with StepExistsError after 8 tries."""
+    with rlwire.open_sync_sender(ray_url) as sender:
+        sender.send(step_batches(0, 1)[0])
+    names = [f"f{i}" for i in range(18)] + ["twice", "twice"]
+    errors = ray.get(ray_producer.append_at_once.remote(ray_url, 0, names), timeout=TIMEOUT)
+    assert len(errors) == 1, errors
+    assert errors[0].startswith("twice: SchemaError") and "'twice' was appended" in errors[0]
+    with rlwire.open_receiver(ray_url, as_columns=True) as receiver:
+        got = receiver.receive(timeout=TIMEOUT).samples
+    assert set(got.names) >= set(names)
+    assert sorted(float(got[f"f{i}"][0]) for i in range(18)) == [float(i) for i in range(18)]

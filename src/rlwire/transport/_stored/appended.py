@@ -300,18 +300,21 @@ class StoredFieldsSink(FieldsSink):
             )
         return checked_against(got, self._tied_to(step, rank))
 
-    def stage_fields(self, step: int, rank: int, frame: Frame) -> Sliced[Staged]:
+    def stage_fields(
+        self, step: int, rank: int, frame: Frame, *, names: frozenset[str] = frozenset()
+    ) -> Sliced[Staged]:
+        del names  # a taken index is a StepExistsError at the commit: add_fields tries again
         store = cast(_Store, self)
         with store.errors(f"list the fields appended to step {step}"):
-            names = store.names()
-        if main_name(step, rank) not in names and seal_name(step) not in names:
+            stored = store.names()
+        if main_name(step, rank) not in stored and seal_name(step) not in stored:
             raise ConfigError(
                 f"add_fields: step {step} is not committed (sent whole, or sealed)",
                 where=store.locate(),
             )
         taken = {
             int(m.group(3))
-            for n in names
+            for n in stored
             if (m := FIELDS_RE.fullmatch(n)) and (int(m.group(1)), int(m.group(2))) == (step, rank)
         }
         # The lowest free index: a file left by a stage that raced the step's deletion

@@ -17,7 +17,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from rlwire._core.errors import ConfigError, CorruptFrameError, StepExistsError
+from rlwire._core.errors import ConfigError, CorruptFrameError, SchemaError, StepExistsError
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
@@ -39,9 +39,10 @@ __all__ = ["RayFieldsSink", "RayFieldsSource", "RayStagedFields"]
 
 
 class RayStagedFields(_Staged):
-    """A message of fields for rank ``rank`` of ``step``, staged under ``key``:
-    committed, it is the ``index``-th one appended to the step for the rank, if the
-    step is still the commit ``token`` names (when given)."""
+    """A message of fields ``names`` for rank ``rank`` of ``step``, staged under
+    ``key``: committed, it is the next one appended to the step for the rank (the board
+    numbers it, so stages appending at once all commit), if none of its fields was
+    appended already and the step is still the commit ``token`` names (when given)."""
 
     def __init__(
         self,
@@ -50,22 +51,28 @@ class RayStagedFields(_Staged):
         key: str,
         step: int,
         rank: int,
-        index: int,
+        names: frozenset[str],
         token: str | None = None,
     ) -> None:
         super().__init__(board, where, key, step)
-        self.rank, self.index, self.token = rank, index, token
+        self.rank, self.names, self.token = rank, names, token
 
     def commit(self) -> None:
+        """Raises: SchemaError (a field of it appended meanwhile, by another stage),
+        ConfigError (the step deleted, or sent again, meanwhile), and what
+        :meth:`_commit` raises."""
         answer = self._commit(
             f"the fields appended to step {self.step} rank {self.rank}",
             self.board.commit_fields,
             self.key,
             self.rank,
-            self.index,
+            None,  # the next index, the board's to give
             self.token,
+            sorted(self.names),
         )
-        if answer[0] == "exists":
+        if answer[0] == "appended":
+            raise SchemaError(f"add_fields: {answer[1]}", where=self.where)
+        if answer[0] == "exists":  # a board that numbers no message (not this version's)
             raise StepExistsError(str(answer[1]), where=self.where)
         if answer[0] == "none":
             raise ConfigError(f"add_fields: {answer[1]}", where=self.where)
@@ -186,14 +193,14 @@ class RayFieldsSink(FieldsSink):
         )
         return self._frames(_refs(answer, "appended fields", where), where)
 
-    def stage_fields(self, step: int, rank: int, frame: Frame) -> Sliced[Staged]:
+    def stage_fields(
+        self, step: int, rank: int, frame: Frame, *, names: frozenset[str] = frozenset()
+    ) -> Sliced[Staged]:
         board = self._fields_board()
-        where = f"{self.where}: fields appended to step {step} rank {rank}"
-        have = call(board.read_fields, step, rank, where=where, action="ask the board")
         key = uuid.uuid4().hex
         read = self._read_commit
         token = read[2] if read is not None and read[:2] == (step, rank) else None
-        staged = RayStagedFields(board, self.where, key, step, rank, len(have[1]), token)
+        staged = RayStagedFields(board, self.where, key, step, rank, frozenset(names), token)
         try:
             taken = yield from self._storable(frame)
             sums = yield from self._checksums(taken)

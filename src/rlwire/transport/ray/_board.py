@@ -85,6 +85,7 @@ class Board(PartsBoard, FieldsBoard):
         self.tokens = {}
         self.runs = {}
         self.fields = {}
+        self.field_names = {}
         self.consumed: dict[int, int] = {}
         # rank -> (step, next part, the run of the parts before it)
         self.consumed_parts: dict[int, tuple[int, int, bytes]] = {}
@@ -145,6 +146,7 @@ class Board(PartsBoard, FieldsBoard):
         self.tokens.pop(step, None)
         self.runs.pop(step, None)
         self.fields.pop(step, None)
+        self.field_names.pop(step, None)
         self._drop_staged(lambda s: s == step, deleted)
 
     def _stored(self) -> set[int]:

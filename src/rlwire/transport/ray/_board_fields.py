@@ -5,9 +5,11 @@ each message of fields appended to it (``add_fields``), in commit order.
 A message is staged under a fresh key as a whole step's rank is (pulled from the
 producer's actor, so the board owns it, or put by the producer), then committed on its
 own: :meth:`FieldsBoard.commit_fields` checks, with nothing else running meanwhile,
-that the step is still committed and that the message takes the rank's next index,
-appends it and wakes every waiting receiver. The messages go with their step when it is
-deleted (retention, an overwrite, a truncate). Answers are plain values, as the board's.
+that the step is still committed and that none of the message's fields was appended
+already, then gives it the rank's next index (so stages appending to one step at once
+all commit, each in one call), appends it and wakes every waiting receiver. The
+messages go with their step when it is deleted (retention, an overwrite, a truncate).
+Answers are plain values, as the board's.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class FieldsBoard(StagingBoard):
     seals: dict[int, tuple[list[list[PartKey]], list[list[float]]]]
     #: step -> rank -> the objects of its appended messages, in commit order
     fields: dict[int, dict[int, list[Refs]]]
+    #: step -> rank -> the names of the fields its messages hold (those committed
+    #: with their names: every one an rlwire of this version commits)
+    field_names: dict[int, dict[int, set[str]]]
     #: step -> the token of its commit or seal (the board's)
     tokens: dict[int, str]
     runs: dict[int, str]
@@ -107,14 +112,23 @@ class FieldsBoard(StagingBoard):
         return ("none", held[1]) if held[0] == "dropped" else held
 
     async def commit_fields(
-        self, key: str, rank: int, index: int, token: str | None = None
+        self,
+        key: str,
+        rank: int,
+        index: int | None = None,
+        token: str | None = None,
+        names: list[str] | None = None,
     ) -> tuple[Any, ...]:
-        """Make the message staged under ``key`` visible as the ``index``-th one of
-        fields appended to its step for rank ``rank``, and wake the receivers:
-        ``("ok",)``, ``("missing",)`` if nothing is staged under ``key``,
-        ``("exists", why)`` if another sender appended one meanwhile (``index`` is
-        taken), ``("none", why)`` if the step was deleted meanwhile, or (``token``
-        given: the one :meth:`committed_refs` answered) deleted and sent again."""
+        """Make the message staged under ``key`` visible as the next one of fields
+        appended to its step for rank ``rank``, and wake the receivers. With ``names``
+        (the fields it holds), it takes the next index, whatever messages other senders
+        appended since it was staged (concurrent stages all commit), unless one of them
+        holds a field of ``names``; else (a sender that names none) it must be the
+        ``index``-th. ``("ok",)``, ``("missing",)`` if nothing is staged under ``key``,
+        ``("appended", why)`` if a field of ``names`` was appended to the step and rank
+        already, ``("exists", why)`` if (no ``names``) ``index`` is taken, ``("none",
+        why)`` if the step was deleted meanwhile, or (``token`` given: the one
+        :meth:`committed_refs` answered) deleted and sent again."""
         entry = self.staged.pop(key, None)
         if entry is None:
             gone = self._unstaged(key)  # let go of with its step: say so
@@ -127,12 +141,22 @@ class FieldsBoard(StagingBoard):
         if token is not None and self.tokens.get(step) != token:
             return ("none", step_replaced(step, True))
         have = self._fields_of(step, rank)
-        if len(have) != index:
+        held = self.field_names.get(step, {}).get(rank, set())
+        if names is not None:
+            twice = sorted(set(names) & held)
+            if twice:
+                return (
+                    "appended",
+                    f"field {twice[0]!r} was appended to step {step} rank {rank} already "
+                    "(by another stage, meanwhile)",
+                )
+        elif len(have) != index:
             return (
                 "exists",
                 f"fields were appended to step {step} rank {rank} meanwhile (another sender)",
             )
         self.fields.setdefault(step, {}).setdefault(rank, []).append(staged[rank])
+        self.field_names.setdefault(step, {}).setdefault(rank, set()).update(names or ())
         await self._notify()
         return ("ok",)
 

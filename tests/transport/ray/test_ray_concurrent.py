@@ -2,13 +2,17 @@
 destination while the first is in the middle of a step takes the step over, and the
 first is told so with a StepExistsError at its commit (as the loser of two producers is
 on every sink); stages appending fields to one step at once all commit (the board
-numbers them, in one call), one appending a field another did gets a SchemaError."""
+numbers them, in one call), one appending a field another did gets a SchemaError; a
+receiver whose awaits are cancelled in a loop keeps one wait on the board, not one per
+cancellation. asyncio and trio where the test is async."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
+import anyio
 import pytest
 import ray
 from ray_actors import settles, step_batches
@@ -150,3 +154,28 @@ def test_stages_appending_to_one_step_at_once_all_commit(ray_url: str, ray_produ
         got = receiver.receive(timeout=TIMEOUT).samples
     assert set(got.names) >= set(names)
     assert sorted(float(got[f"f{i}"][0]) for i in range(18)) == [float(i) for i in range(18)]
+
+
+@pytest.mark.anyio
+async def test_receives_cancelled_in_a_loop_keep_one_wait_on_the_board(ray_url: str) -> None:
+    """Fifty receives, each cancelled 10 ms in (in its wait on the board): at most one
+    wait stays on the board and no worker threads pile up, where each cancelled wait
+    used to leave its thread and its board call for up to half a second (some forty of
+    each here); the receiver then gets the next step as soon as it is sent."""
+    board = create_board(ray_url.removeprefix("ray://"))
+    async with rlwire.open_sender(ray_url) as sender:
+        async with rlwire.open_receiver(ray_url) as receiver:
+            with anyio.move_on_after(0.2):
+                await receiver.areceive()  # the board has answered: it has started
+            threads = threading.active_count()
+            most = 0
+            for _ in range(50):
+                with anyio.move_on_after(0.01):
+                    await receiver.areceive()
+                most = max(most, threading.active_count())
+            waits = _on_board(board, lambda b: len(b.changed._waiters))
+            assert waits <= 1, waits
+            assert most - threads <= 2, (threads, most)
+            await sender.send(step_batches(0, 1)[0])
+            with anyio.fail_after(5):
+                await receiver.areceive()

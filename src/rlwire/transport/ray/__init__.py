@@ -35,6 +35,8 @@ The modules, one concept each:
     its parts and seals
 ``_board_fields``
     the fields appended to its steps
+``_board_staged``
+    what senders staged on it, not committed yet, and why what it let go of went
 ``_handing``
     how a sender hands a message's objects to the board, not waiting for its answer
 ``_staged``
@@ -47,6 +49,8 @@ The modules, one concept each:
     :class:`RaySink` and :class:`RaySource`
 ``_answers``
     what the board answers a receiver, checked (any client can call the board)
+``_waiting``
+    a receiver's async waits on the board, one at a time, cancelled or not
 ``_appended``
     their appended fields (``add_fields``)
 """

@@ -6,8 +6,6 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from anyio import to_thread
-
 from rlwire._core.errors import (
     CorruptFrameError,
     EndOfStream,
@@ -39,11 +37,13 @@ from rlwire.transport.ray._answers import (
 from rlwire.transport.ray._appended import RayFieldsSource
 from rlwire.transport.ray._payload import parse_payload
 from rlwire.transport.ray._url import OPTIONS, board_options, handle_options, parse_name
+from rlwire.transport.ray._waiting import OneWait
 
 __all__ = ["RaySource"]
 
-#: The longest one wait on the board: a waiting thread stays answerable to cancellation
-#: (a cancelled await leaves its thread until the board answers).
+#: The longest one wait on the board: a cancelled await leaves its thread waiting until
+#: the board answers, within this (plus the board's time to answer); the next await waits
+#: for that one rather than beside it (``_waiting``): one such thread per receiver.
 _WAIT_SLICE = 0.5
 #: How long a wait sleeps while the board does not exist yet (no sender opened).
 _NO_BOARD_SLEEP = 0.05
@@ -107,6 +107,7 @@ class RaySource(RayFieldsSource, Source):
         self._ready_part: tuple[int, int, tuple[Any, ...]] | None = None
         # The board's answer for a whole step, when a wait returned with it.
         self._ready_step: tuple[int, tuple[Any, ...]] | None = None
+        self._waits = OneWait()  # its async waits, one at a time
 
     def __repr__(self) -> str:
         return f"RaySource({self.where!r}, rank={self.rank})"
@@ -368,9 +369,13 @@ class RaySource(RayFieldsSource, Source):
 
     async def await_message(self, timeout: float | None) -> None:
         # Ray's references cannot be awaited under trio: a worker thread waits instead,
-        # abandoned if cancelled (it returns within _WAIT_SLICE). An abandoned wait's
-        # answer is not kept: the next read may come after the step was deleted.
-        self._keep(await to_thread.run_sync(self._wait, timeout, abandon_on_cancel=True))
+        # abandoned if cancelled (it returns within _WAIT_SLICE and the board's time to
+        # answer), and the next await waits for it, starting no other (_waiting). An
+        # abandoned wait's answer is not kept: the next read may come after the step
+        # was deleted.
+        answers = _actors.BOARD_ANSWER_SECONDS if self._answered else _actors.BOARD_START_SECONDS
+        longest = _WAIT_SLICE + answers
+        self._keep(await self._waits.run(lambda: self._wait(timeout), longest, timeout))
 
     def close(self) -> None:
         self._board = None

@@ -122,7 +122,6 @@ async def add_fields(
                 # Another stage committed the same file first (it appended to the step at
                 # the same time), or the file in the making went, while written or at its
                 # commit (the sink says which): check the columns again and take a file.
-                # (ray://'s board numbers the messages at their commit: no retry there.)
                 if not isinstance(exc, StepExistsError) or attempt == _COMMIT_TRIES - 1:
                     raise
     except RlwireError as exc:
@@ -176,10 +175,8 @@ class AppendingSender:
                 the call: the fields are tied to no step a receiver gets.
                 With ``of``: the step as stored is another message than ``of``
                 (or ``of`` is not bytes).
-            StepExistsError: (files, S3) other senders took the number of this
-                call's message 8 times in a row, appending to the step and rank
-                meanwhile. (``ray://``'s board numbers messages at their commit: stages
-                appending at once all commit.)
+            StepExistsError: (files, S3) other senders took this call's message
+                number 8 times in a row (``ray://`` numbers it at the commit).
             TransportError: the destination cannot be read or written.
             ClosedError: the sender is closed.
 

@@ -16,6 +16,8 @@ import pytest
 from s3_server import FaultProxy
 
 import rlwire
+from rlwire.codecs import make_codec
+from rlwire.transport import FileSink
 
 pytestmark = pytest.mark.anyio
 
@@ -237,3 +239,28 @@ async def test_a_receiver_with_fields_leaves_other_appended_fields_unread(
                     fetched += int(end) - int(start) + 1
             assert fetched <= 1 << 16, (fields, fetched)
         assert cols["ref_logprobs"].values.tolist() == _per_token(lengths, 0.5).values.tolist()
+
+
+async def test_a_plugin_sink_written_before_appended_names_were_passed_still_appends(
+    tmp_path: Path,
+) -> None:
+    """A sink overriding ``stage_fields(step, rank, frame)`` (before ``add_fields``
+    passed the fields' ``names``) is still called by ``add_fields``: the base wraps it,
+    and the fields reach the receiver."""
+    calls: list[tuple[int, int]] = []
+
+    class OldSink(FileSink):
+        def stage_fields(self, step: int, rank: int, frame: Any) -> Any:  # type: ignore[override]
+            calls.append((step, rank))
+            return super().stage_fields(step, rank, frame)
+
+    async with rlwire.TrainingBatchSender(OldSink(tmp_path), make_codec("msgpack")) as sender:
+        await sender.send(rlwire.TrainingBatch(samples=[_sample(3), _sample(5)]))
+        await sender.add_fields(0, {"ref_logprobs": _per_token([3, 5], 0.5)})
+    assert calls == [(0, 0)]
+    with rlwire.open_receiver(tmp_path, record_consumed=False) as receiver:
+        got = receiver.receive(timeout=5)
+    assert [s.ref_logprobs.tolist() for s in got.samples] == [
+        [0.5, 1.5, 2.5],
+        [3.5, 4.5, 5.5, 6.5, 7.5],
+    ]

@@ -14,6 +14,7 @@ and forgets it).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, ClassVar
 
 from rlwire._core.errors import ConfigError
@@ -59,6 +60,26 @@ class FieldsSink:
 
     #: The sink keeps committed steps, and fields can be appended to them.
     appends_fields: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A plugin written before 0.2 overrides stage_fields(step, rank, frame): it
+        # numbers its messages when it stages them, and is called as before.
+        old = cls.__dict__.get("stage_fields")
+        if old is not None and "names" not in inspect.signature(old).parameters:
+
+            def stage_fields(
+                self: FieldsSink,
+                step: int,
+                rank: int,
+                frame: Frame,
+                *,
+                names: frozenset[str] = frozenset(),
+            ) -> Sliced[Any]:
+                staged: Sliced[Any] = old(self, step, rank, frame)
+                return staged
+
+            cls.stage_fields = stage_fields  # type: ignore[method-assign]
 
     def _no_fields(self) -> ConfigError:
         return ConfigError(

@@ -24,12 +24,17 @@ and one killed while it holds part ``i`` is handed it again (it had not moved pa
 A part mark also names the run of the parts moved past (their part 0's id), so that a
 resumed receiver never goes on with parts of another run of the step.
 A mark the store could not take (full, read-only: the source's ``mark_skipped``) is
-written again before each later read, until the store takes it.
+written again before each later read, until the store takes it. A mark gone while the
+receiver waits at the position it records (a producer's ``overwrite`` or ``truncate``
+deleted the ranks' marks) is written again, looked for at most every second: else a
+sender with ``max_ahead`` would count the rank at its first step, and wait for ever for
+a receiver that writes nothing until it moves.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 from rlwire._core.errors import (
     ClosedError,
@@ -43,6 +48,10 @@ from rlwire.transport._base import Source
 from rlwire.transport._marks import MarksSource
 
 __all__ = ["ConsumptionMarks"]
+
+#: Seconds between two looks, while a receiver waits at the position it recorded, for
+#: whether its rank's marks are still there.
+_MARK_CHECK_SECONDS = 1.0
 
 
 class ConsumptionMarks:
@@ -77,6 +86,7 @@ class ConsumptionMarks:
         self._looked: tuple[int, bool] = (-1, False)  # the last read's step, and if found
         self._hold: int | None = None  # a step skipped unfound: the mark stays at it
         self._hold_unsure = False  # skipped without a look: the store may list it
+        self._mark_checked = time.monotonic()  # the last write or look at the marks
         if resume:
             try:
                 found, of = self._read_position()
@@ -162,15 +172,20 @@ class ConsumptionMarks:
     def _save_consumed(self, step: int) -> bool:
         """Write the consumption mark ``step``: False if the store could not take it."""
         self._source.mark_consumed(step)
+        self._mark_checked = time.monotonic()
         return not self._source.mark_skipped
+
+    def _keeps_marks(self) -> bool:
+        """Whether the source keeps marks to read (not a socket's, which records none)."""
+        return type(self._source).read_consumption is not MarksSource.read_consumption
 
     def _lower_to_start(self) -> None:
         """Before the receiver first reads: if its rank's mark says the rank moved past
         the step it starts at (a trainer restarted from a checkpoint), lower the mark to
         that step, so that no sender deletes the step while the receiver reads it."""
         self._check_start = False
-        if type(self._source).read_consumption is MarksSource.read_consumption:
-            return  # a source that records no marks (a socket)
+        if not self._keeps_marks():
+            return
         try:
             found = self._source.read_consumption()
         except CorruptFrameError:
@@ -261,7 +276,45 @@ class ConsumptionMarks:
                 if not self._save_consumed(step):
                     return
                 self._step_written = True
-            first, of = self._first_part
-            self._source.mark_part(step, part, of if first == step else b"")
-            if not self._source.mark_skipped:
-                self._recorded_part = part
+            self._save_part(step, part)
+        elif (step, part) == (self._recorded, self._recorded_part):
+            self._check_marks()
+
+    def _save_part(self, step: int, part: int) -> None:
+        """Write the part mark ``(step, part)``, with the run of the parts moved past."""
+        first, of = self._first_part
+        self._source.mark_part(step, part, of if first == step else b"")
+        if not self._source.mark_skipped:
+            self._recorded_part = part
+
+    def _check_marks(self) -> None:
+        """While the receiver waits at the position it recorded (the receiver's mutex
+        held): look, a second after its last write or look, whether its rank's marks are
+        still there; gone, write them again as it recorded them.
+
+        A producer's ``overwrite`` or ``truncate`` deletes the ranks' marks, and a
+        receiver of the run before, waiting for a later step, writes none until it
+        moves: a sender with ``max_ahead`` counted its rank at the sender's first step,
+        and waited for ever for the rank to move past it. The mark written again is
+        ahead of the new run's steps, which a sender takes for another run's: it holds
+        ``max_ahead`` back no more, and nothing is deleted on its account, as for a
+        receiver that reads on across the rewrite.
+
+        Raises:
+            TransportError: the marks cannot be read or written.
+        """
+        now = time.monotonic()
+        if not self._step_written or now - self._mark_checked < _MARK_CHECK_SECONDS:
+            return
+        if not self._keeps_marks():
+            return
+        self._mark_checked = now
+        try:
+            if self._source.read_consumption() is not None:
+                return  # there (another writer's, maybe: it is left alone)
+        except CorruptFrameError:
+            return  # garbled: a sender says so, naming it
+        step, part = self._recorded, self._recorded_part
+        if self._save_consumed(step) and part:
+            self._recorded_part = 0
+            self._save_part(step, part)

@@ -16,6 +16,7 @@ from ray_actors import part_samples
 from ray_mark_actors import PartTaker
 
 import rlwire
+from rlwire.testing import make_batch
 from rlwire.transport.ray import create_board
 from rlwire.transport.ray._board import board_name
 
@@ -125,3 +126,34 @@ def test_max_ahead_is_released_as_parts_pass_the_last_part(ray_url: str) -> None
         finally:
             thread.join(TIMEOUT)
         assert [p.key for p in receiver.parts(timeout=TIMEOUT)] == [2]
+
+
+def test_a_receiver_waiting_across_an_overwrite_writes_its_mark_again(ray_url: str) -> None:
+    """As on files and S3 (tests/api/test_marks_rewrite.py): the overwrite deletes the
+    board's marks while a receiver of the run before waits for step 4; it records its
+    mark 4 again, so a new producer with ``max_ahead=1`` is not held at step 2 for
+    ever, and the receiver gets the new run's step 4."""
+    with rlwire.open_sync_sender(ray_url) as old:
+        for step in range(4):
+            old.send(make_batch(1, seed=step))
+    with rlwire.open_receiver(ray_url) as receiver:
+        for _ in range(4):
+            receiver.receive(timeout=TIMEOUT)
+        assert receiver.poll() is None and position(ray_url) == (4, 0)
+        got: list[Any] = []
+        waiting = threading.Thread(target=lambda: got.append(receiver.receive(timeout=TIMEOUT)))
+        waiting.start()
+        sent: list[int] = []
+
+        def new_run() -> None:
+            with rlwire.open_sync_sender(ray_url, on_existing="overwrite", max_ahead=1) as new:
+                sent.extend(new.send(make_batch(1, seed=10 + step)) for step in range(5))
+
+        sending = threading.Thread(target=new_run, daemon=True)  # held for ever: left
+        sending.start()
+        sending.join(TIMEOUT)
+        waiting.join(TIMEOUT)
+        assert sent == [0, 1, 2, 3, 4]
+    assert receiver.last_step == 4
+    want = make_batch(1, seed=14).samples[0].token_ids
+    assert got[0].samples[0].token_ids.tobytes() == want.tobytes()

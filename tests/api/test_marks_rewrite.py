@@ -174,3 +174,69 @@ async def test_a_waiting_receiver_looks_at_its_marks_at_most_every_second(
             await receiver.areceive(timeout=2.5)
     assert 1 <= len(looks) <= 3
     assert all(b - a >= 0.9 for a, b in itertools.pairwise(looks))
+
+
+def _fill_sync(sender: rlwire.SyncSender, first: int) -> None:
+    """One step of parts ``a``, ``b``, ``c``, their first token ids from ``first``."""
+    with sender.open_step() as writer:
+        for k, key in enumerate("abc"):
+            writer.put(_samples(first + k), key=key)
+
+
+async def test_a_restart_from_a_checkpoint_as_a_truncate_deletes_the_marks_lowers_nothing(
+    file_or_s3: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rank's marks say step 3, part 2 (run A's parts ``a`` and ``b`` handed out);
+    ``keep_last`` deleted steps 0-2. A trainer restarted from a checkpoint at step 1
+    reads its rank's marks to lower them, and a producer's ``truncate`` from step 3
+    (which deletes the marks) and its new run of step 3 come just after that read.
+    The receiver read the run of the part mark in a second read: none (deleted), beside
+    the position of the first, and its ``StepGapError`` (step 1 is gone) put back step
+    3, part 2 with no run. A receiver resumed there took run B's step 3 as the run of
+    the parts handed out and went on at B's part ``c``: B's ``a`` and ``b`` were never
+    read, and one pass of the step held parts of two runs. The two reads now agree:
+    here no marks, so nothing is lowered or put back."""
+    url, options = file_or_s3
+
+    def old_run() -> None:
+        with rlwire.open_sync_sender(url, storage_options=options, keep_last=2) as sender:
+            for step in range(4):
+                _fill_sync(sender, step * 10)
+            with rlwire.open_receiver(url, storage_options=options, type=list) as receiver:
+                for _ in range(3):
+                    receiver.receive(timeout=TIMEOUT)
+                parts = receiver.parts(timeout=TIMEOUT)
+                assert [next(parts).key for _ in range(3)] == ["a", "b", "c"]  # c held
+            _fill_sync(sender, 40)  # step 4: deletes steps 0-2
+
+    await anyio.to_thread.run_sync(old_run)
+    assert await anyio.to_thread.run_sync(_position, url, options) == (3, 2)
+    read = StoredSource.read_consumption
+
+    def truncated_after_the_read(self: StoredSource) -> tuple[int, int] | None:
+        found = read(self)
+        monkeypatch.setattr(StoredSource, "read_consumption", read)
+        with rlwire.open_sync_sender(
+            url, storage_options=options, start_step=3, on_existing="truncate"
+        ) as new:
+            _fill_sync(new, 130)  # run B's step 3
+        return found
+
+    monkeypatch.setattr(StoredSource, "read_consumption", truncated_after_the_read)
+    async with rlwire.open_receiver(
+        url, storage_options=options, type=list, start_step=1
+    ) as restarted:
+        with pytest.raises(rlwire.StepGapError, match="step 1"):
+            await restarted.areceive(timeout=TIMEOUT)
+    assert StoredSource.read_consumption is read  # the truncate ran
+    handed: list[str | None] = []
+    async with rlwire.open_receiver(
+        url, storage_options=options, type=list, resume=True
+    ) as resumed:
+        try:
+            with anyio.fail_after(TIMEOUT):
+                handed.extend([p.key async for p in resumed.aparts(timeout=TIMEOUT)])
+        except rlwire.StepGapError as exc:  # no marks: from step 0, deleted
+            assert "step 0" in str(exc)
+    assert handed == []  # never B's c alone
+    assert await anyio.to_thread.run_sync(_position, url, options) is None  # as it left them

@@ -106,8 +106,10 @@ class ConsumptionMarks:
         run its part mark names (``b""``: none), read so that the two agree: a producer's
         ``overwrite`` or ``truncate`` deleting the marks between the reads would leave the
         position of the parts handed out beside no run, and the receiver would take the
-        step as stored now (the new run's) for theirs. The marks have one writer, this
-        rank's receiver, and a rewrite only deletes them: the reads settle at once."""
+        step as stored now (the new run's) for theirs (resumed here, or resumed at the
+        position a restart from a checkpoint put back: ``_lower_to_start``). The marks
+        have one writer, this rank's receiver, and a rewrite only deletes them: the
+        reads settle at once."""
         found = self._source.read_consumption()
         while found is not None and found[1]:
             of = self._source.read_part_of(found[0])
@@ -187,7 +189,11 @@ class ConsumptionMarks:
         if not self._keeps_marks():
             return
         try:
-            found = self._source.read_consumption()
+            # Position and run read so that they agree: a rewrite deleting the marks
+            # between two reads would have the position put back beside no run after a
+            # StepGapError (_read_failed), and a receiver resumed there would take the
+            # step as stored now (the new run's) for the run of the parts handed out.
+            found, of = self._read_position()
         except CorruptFrameError:
             return  # a garbled mark is written over once the step is read, as before
         step = self._next_step
@@ -199,7 +205,7 @@ class ConsumptionMarks:
             # this receiver gets there, it would make a receiver resumed while it holds
             # an earlier part of that step skip those parts. Reset first: a kill before
             # the mark is lowered costs a repeat of the parts of found[0], not a skip.
-            of = self._source.read_part_of(found[0]) if found[0] > step and found[1] else b""
+            of = of if found[0] > step else b""
             self._source.mark_part(step, 0)
             if self._source.mark_skipped:
                 self._check_start = True

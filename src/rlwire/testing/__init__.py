@@ -19,9 +19,10 @@ the same class against each of its own sinks (``tests/transport/test_contract.py
 plugin (installed with anyio); the async tests run under asyncio and, when it is
 installed, trio. The property over column-stored values
 (``columns_examples`` per sink) needs hypothesis and is skipped without it. Override
-``sender_options`` / ``receiver_options`` to pass ``storage_options``, and set
+``sender_options`` / ``receiver_options`` to pass ``storage_options``, set
 ``persistent = False`` for a sink that keeps nothing once the sender is gone (a socket
-rather than a store).
+rather than a store), and raise ``timeout`` (30 s, how long a test waits for a step,
+a part or the end of the stream before it fails) for a slow store.
 
 The batch helpers (:func:`make_sample`, :func:`make_batch`,
 :func:`assert_batches_equal`) are useful in any test of code that sends batches.

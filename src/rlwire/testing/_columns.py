@@ -28,13 +28,16 @@ from rlwire._api.synthetic import assert_batches_equal
 from rlwire._core.columns import Columns
 from rlwire._core.errors import RlwireError
 from rlwire._core.ragged import Ragged
-from rlwire.testing._fixtures import TIMEOUT, ContractFixtures, Endpoint, small_samples
+from rlwire.testing._fixtures import ContractFixtures, Endpoint, small_samples
 
 __all__ = ["ColumnsContract"]
 
 
 async def _round_trip(
-    sender: TrainingBatchSender, receivers: list[TrainingBatchReceiver[Any]], value: Any
+    sender: TrainingBatchSender,
+    receivers: list[TrainingBatchReceiver[Any]],
+    value: Any,
+    timeout: float,
 ) -> list[Any]:
     """``value`` sent as one step to every rank, and what each rank received or the
     error it raised. A rank that fails moves past the step, so that the next example
@@ -46,7 +49,7 @@ async def _round_trip(
         receiver = receivers[rank]
         step = receiver.next_step
         try:
-            got[rank] = await receiver.areceive(timeout=TIMEOUT)
+            got[rank] = await receiver.areceive(timeout=timeout)
         except RlwireError as exc:
             got[rank] = exc
             if receiver.next_step == step:  # a store keeps what failed: move past it
@@ -59,7 +62,9 @@ async def _round_trip(
     return got
 
 
-async def _sent_once(endpoint: Endpoint, value: Any, type_: Any, **options: Any) -> tuple[Any, Any]:
+async def _sent_once(
+    endpoint: Endpoint, value: Any, type_: Any, timeout: float, **options: Any
+) -> tuple[Any, Any]:
     """``value`` sent as one step by a sender opened with ``options``, and what rank 0
     received as ``type_`` and rank 1 as columns; raises what either rank raised."""
     sender = endpoint.open_sender(**options)
@@ -67,7 +72,7 @@ async def _sent_once(endpoint: Endpoint, value: Any, type_: Any, **options: Any)
     packed = endpoint.open_receiver(rank=1, type=type_, as_columns=True, record_consumed=False)
     try:
         async with sender:
-            got = await _round_trip(sender, [typed, packed], value)
+            got = await _round_trip(sender, [typed, packed], value, timeout)
     finally:
         typed.close()
         packed.close()
@@ -106,7 +111,9 @@ class ColumnsContract(ContractFixtures):
         @given(_rows.specs())
         def columns_round_trip(spec: _rows.Spec) -> None:
             sent = _rows.build(spec)
-            got, columns = anyio.from_thread.run(_round_trip, sender, [typed, packed], sent)
+            got, columns = anyio.from_thread.run(
+                _round_trip, sender, [typed, packed], sent, self.timeout
+            )
             for received in (got, columns):
                 if isinstance(received, RlwireError):
                     raise received
@@ -125,7 +132,7 @@ class ColumnsContract(ContractFixtures):
         groups, sent as the runs of one buffer (several MiB, runs of other lengths than
         the rows'), and arrives whole, typed on rank 0 and as columns on rank 1."""
         batch = TrainingBatch(samples=small_samples([50 + i % 201 for i in range(3000)], 5))
-        got, columns = await _sent_once(endpoint, batch, TrainingBatch, checksum=True)
+        got, columns = await _sent_once(endpoint, batch, TrainingBatch, self.timeout, checksum=True)
         assert_batches_equal(got, batch)
         assert isinstance(columns.samples, Columns)
         for name in ("token_ids", "mask", "logprobs", "temperatures", "advantages"):
@@ -152,7 +159,13 @@ class ColumnsContract(ContractFixtures):
             )
         }
         rows, columns = await _sent_once(
-            endpoint, sent, Any, inline_threshold=4096, sidecar="hidden", checksum=True
+            endpoint,
+            sent,
+            Any,
+            self.timeout,
+            inline_threshold=4096,
+            sidecar="hidden",
+            checksum=True,
         )
         for name in ("reward", "seed", "hidden"):
             want, got = sent["rows"][name], columns["rows"][name]

@@ -19,7 +19,6 @@ from rlwire._core.errors import (
     SchemaError,
 )
 from rlwire.testing._fixtures import (
-    TIMEOUT,
     ContractFixtures,
     Endpoint,
     big_batch,
@@ -49,7 +48,7 @@ class DeliveryContract(ContractFixtures):
         async with anyio.create_task_group() as tg:
             tg.start_soon(send_all)
             for i, batch in enumerate(batches):
-                assert_batches_equal(await receivers[0].areceive(timeout=TIMEOUT), batch)
+                assert_batches_equal(await receivers[0].areceive(timeout=self.timeout), batch)
                 assert receivers[0].last_step == i
 
     async def test_each_rank_gets_its_own_payload(
@@ -67,7 +66,7 @@ class DeliveryContract(ContractFixtures):
             tg.start_soon(send_all)
             for payloads in steps:
                 for rank, receiver in enumerate(receivers):
-                    got = await receiver.areceive(timeout=TIMEOUT)
+                    got = await receiver.areceive(timeout=self.timeout)
                     assert_batches_equal(got, payloads[rank])
 
     async def test_blocking_receive_in_a_thread(
@@ -82,14 +81,14 @@ class DeliveryContract(ContractFixtures):
                 await sender.send(batch)
 
         got = await receive_beside(
-            send_one, lambda: anyio.to_thread.run_sync(receivers[0].receive, TIMEOUT)
+            send_one, lambda: anyio.to_thread.run_sync(receivers[0].receive, self.timeout)
         )
         assert_batches_equal(got, batch)
 
     async def test_receive_times_out_when_nothing_is_sent(
         self, receivers: list[TrainingBatchReceiver[TrainingBatch]]
     ) -> None:
-        with anyio.fail_after(TIMEOUT), pytest.raises(ReceiveTimeout):
+        with anyio.fail_after(self.timeout), pytest.raises(ReceiveTimeout):
             await receivers[0].areceive(timeout=0.2)
         with pytest.raises(ReceiveTimeout):
             receivers[0].receive(timeout=0.1)
@@ -103,7 +102,7 @@ class DeliveryContract(ContractFixtures):
             tg.start_soon(sender.send, batch)
             await anyio.sleep(0.3)
             with endpoint.open_receiver() as receiver:
-                assert_batches_equal(await receiver.areceive(timeout=TIMEOUT), batch)
+                assert_batches_equal(await receiver.areceive(timeout=self.timeout), batch)
                 assert receiver.last_step == 0
 
     @pytest.mark.parametrize(
@@ -126,7 +125,7 @@ class DeliveryContract(ContractFixtures):
             async with endpoint.open_sender(**options) as s:
                 await s.send(batch)
 
-        got = await receive_beside(send_one, lambda: receivers[0].areceive(timeout=TIMEOUT))
+        got = await receive_beside(send_one, lambda: receivers[0].areceive(timeout=self.timeout))
         assert_batches_equal(got, batch)
 
     async def test_arrays_may_be_reused_once_send_returns(
@@ -146,7 +145,7 @@ class DeliveryContract(ContractFixtures):
                     sample.routed_experts[:] = 0
 
         got = await receive_beside(
-            send_then_scribble, lambda: receivers[0].areceive(timeout=TIMEOUT)
+            send_then_scribble, lambda: receivers[0].areceive(timeout=self.timeout)
         )
         assert_batches_equal(got, sent)
 
@@ -169,8 +168,8 @@ class DeliveryContract(ContractFixtures):
         async with anyio.create_task_group() as tg:
             tg.start_soon(send_and_close)
             for batch in batches:
-                assert_batches_equal(await receivers[0].areceive(timeout=TIMEOUT), batch)
-            with anyio.fail_after(TIMEOUT):
+                assert_batches_equal(await receivers[0].areceive(timeout=self.timeout), batch)
+            with anyio.fail_after(self.timeout):
                 await closed.wait()
 
     async def test_cancelled_send_leaves_no_partial_step(
@@ -198,12 +197,12 @@ class DeliveryContract(ContractFixtures):
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(send_both)
-            first = await receivers[0].areceive(timeout=TIMEOUT)
+            first = await receivers[0].areceive(timeout=self.timeout)
             while first.samples[0].token_ids.size == big.samples[0].token_ids.size:
                 # A send that finished, or a stream that handed the whole message over
                 # before the cancel: whole.
                 assert_batches_equal(first, big)
-                first = await receivers[0].areceive(timeout=TIMEOUT)
+                first = await receivers[0].areceive(timeout=self.timeout)
             assert_batches_equal(first, small)
         assert cancelled, "every send finished before it was cancelled: nothing was tested"
 
@@ -227,7 +226,7 @@ class DeliveryContract(ContractFixtures):
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(send_both)
-            assert_batches_equal(await receivers[0].areceive(timeout=TIMEOUT), good)
+            assert_batches_equal(await receivers[0].areceive(timeout=self.timeout), good)
             assert receivers[0].last_step == 0
 
     async def test_unknown_storage_option_is_a_config_error(self, sink_url: str) -> None:

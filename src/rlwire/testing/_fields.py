@@ -15,7 +15,7 @@ from rlwire._api.schema import TrainingBatch, TrainingSample
 from rlwire._core.columns import Columns
 from rlwire._core.errors import ConfigError, FieldNotFoundError, ReceiveTimeout, SchemaError
 from rlwire._core.ragged import Ragged
-from rlwire.testing._fixtures import TIMEOUT, ContractFixtures, Endpoint, small_samples
+from rlwire.testing._fixtures import ContractFixtures, Endpoint, small_samples
 
 __all__ = ["FieldsContract"]
 
@@ -40,8 +40,8 @@ class FieldsContract(ContractFixtures):
                 if parts:
                     async with sender.open_step() as writer:
                         await writer.put(group, key="g")
-                whole = await receiver.areceive(timeout=TIMEOUT)
-                got = [p async for p in receiver.aparts(timeout=TIMEOUT)] if parts else []
+                whole = await receiver.areceive(timeout=self.timeout)
+                got = [p async for p in receiver.aparts(timeout=self.timeout)] if parts else []
         _check_columns(whole.samples, samples)
         if parts:
             assert [p.key for p in got] == ["g"]
@@ -58,7 +58,7 @@ class FieldsContract(ContractFixtures):
                     with pytest.raises(ReceiveTimeout, match=r"waiting for a field: .*'values'"):
                         await receiver.areceive(timeout=0.3)
                     return
-                with anyio.fail_after(TIMEOUT), pytest.raises(FieldNotFoundError) as caught:
+                with anyio.fail_after(self.timeout), pytest.raises(FieldNotFoundError) as caught:
                     await receiver.areceive()
         assert "'values'" in str(caught.value) and "token_ids" in str(caught.value)
 
@@ -70,7 +70,7 @@ class FieldsContract(ContractFixtures):
         with endpoint.open_receiver() as receiver:
             async with endpoint.open_sender() as sender:
                 await sender.send(TrainingBatch(samples=samples))
-                await receiver.areceive(timeout=TIMEOUT)
+                await receiver.areceive(timeout=self.timeout)
             if not await _keeps_messages(receiver):
                 return
             manifest = await receiver.amanifest(0)
@@ -100,7 +100,7 @@ class FieldsContract(ContractFixtures):
                 got: list[Any] = []
 
                 async def receive() -> None:
-                    got.append(await receiver.areceive(timeout=TIMEOUT))
+                    got.append(await receiver.areceive(timeout=self.timeout))
 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(receive)

@@ -30,7 +30,8 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Seconds a contract test waits for something that should happen.
+#: Seconds a contract test waits for something that should happen, unless its class
+#: says otherwise (:attr:`ContractFixtures.timeout`).
 TIMEOUT = 30.0
 
 #: Ranks the contract's receivers stand for.
@@ -60,6 +61,12 @@ class ContractFixtures:
     #: Steps outlive the sender and can be read, refused, resumed or overwritten later.
     #: Set to False for streams; the tests that need a store are then skipped.
     persistent: ClassVar[bool] = True
+
+    #: Seconds a test waits for something that should happen (a step, a part, the end
+    #: of the stream, a send that ``max_ahead`` holds back): a sink that never delivers
+    #: it fails the test after this long instead of hanging the run. Raise it for a
+    #: slow store.
+    timeout: ClassVar[float] = TIMEOUT
 
     pytestmark = pytest.mark.anyio
 

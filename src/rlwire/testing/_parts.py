@@ -24,7 +24,6 @@ from rlwire._core.errors import (
 from rlwire._core.ragged import Ragged
 from rlwire.testing._fixtures import (
     RANKS,
-    TIMEOUT,
     ContractFixtures,
     Endpoint,
     small_samples,
@@ -48,7 +47,7 @@ class PartsContract(ContractFixtures):
             return
         groups = {f"g{i}": [make_sample(4 + 3 * i, seed=i)] for i in range(5)}
         if not self.persistent:
-            await _over_a_stream(sender, endpoint, groups)
+            await _over_a_stream(sender, endpoint, groups, self.timeout)
             return
         async with sender:
             async with sender.open_step(ranks=RANKS) as writer:
@@ -57,7 +56,7 @@ class PartsContract(ContractFixtures):
         for rank in range(RANKS):
             keys = writer.assignment[rank]
             with endpoint.open_receiver(rank=rank) as receiver:
-                got = [part async for part in receiver.aparts(timeout=TIMEOUT)]
+                got = [part async for part in receiver.aparts(timeout=self.timeout)]
                 assert [(p.key, p.index) for p in got] == [(k, i) for i, k in enumerate(keys)]
                 for part in got:
                     assert_batches_equal(
@@ -65,7 +64,7 @@ class PartsContract(ContractFixtures):
                     )
                 assert receiver.next_step == 1
             with endpoint.open_receiver(rank=rank) as receiver:
-                whole = await receiver.areceive(timeout=TIMEOUT)
+                whole = await receiver.areceive(timeout=self.timeout)
                 assert [len(s.token_ids) for s in whole.samples] == [
                     len(s.token_ids) for k in keys for s in groups[str(k)]
                 ]
@@ -90,7 +89,7 @@ class PartsContract(ContractFixtures):
         assert writer.assignment == ((0, "forced"), (1, 2, 3, 4))
         for rank in range(RANKS):
             with store.open_receiver(rank=rank) as receiver:
-                got = [part async for part in receiver.aparts(timeout=TIMEOUT)]
+                got = [part async for part in receiver.aparts(timeout=self.timeout)]
             assert [(p.key, p.rank, p.index) for p in got] == [
                 (key, rank, i) for i, key in enumerate(writer.assignment[rank])
             ]
@@ -109,7 +108,7 @@ class PartsContract(ContractFixtures):
                     await writer.put(_group(1, seed=2), key="a")
                 await writer.put(_group(1, seed=3), key="b")
         with store.open_receiver() as receiver:
-            got = [part async for part in receiver.aparts(timeout=TIMEOUT)]
+            got = [part async for part in receiver.aparts(timeout=self.timeout)]
         assert [p.key for p in got] == ["a", "b"]
         assert_batches_equal(got[0].value, TrainingBatch(samples=_group(1, seed=1)))
 
@@ -136,7 +135,7 @@ class PartsContract(ContractFixtures):
         keys: list[str] = []
         for rank in range(RANKS):
             with store.open_receiver(rank=rank) as receiver:
-                got = [part async for part in receiver.aparts(timeout=TIMEOUT)]
+                got = [part async for part in receiver.aparts(timeout=self.timeout)]
             assert [p.key for p in got] == list(writer.assignment[rank])
             for part in got:
                 assert_batches_equal(part.value, TrainingBatch(samples=groups[str(part.key)]))
@@ -161,7 +160,7 @@ class PartsContract(ContractFixtures):
         for again in (3, 1):
             new = {key: _group(1, seed=10 * again + i) for i, key in enumerate("abc"[:again])}
             with store.open_receiver(record_consumed=False) as receiver:
-                parts: Any = receiver.aparts(timeout=TIMEOUT)  # an async generator: aclose()
+                parts: Any = receiver.aparts(timeout=self.timeout)  # an async generator: aclose()
                 first = await parts.__anext__()
                 assert_batches_equal(first.value, TrainingBatch(samples=old[str(first.key)]))
                 async with store.open_sender(on_existing="overwrite") as other:
@@ -172,7 +171,7 @@ class PartsContract(ContractFixtures):
                     await parts.__anext__()
                 await parts.aclose()
             with store.open_receiver(record_consumed=False) as receiver:
-                whole = await receiver.areceive(timeout=TIMEOUT)
+                whole = await receiver.areceive(timeout=self.timeout)
             assert_batches_equal(whole, TrainingBatch(samples=[s for g in new.values() for s in g]))
             old = new
 
@@ -191,7 +190,7 @@ class PartsContract(ContractFixtures):
                 for i, key in enumerate("abc"):
                     await writer.put(_group(1, seed=i), key=key)
         with store.open_receiver() as receiver:
-            parts: Any = receiver.aparts(timeout=TIMEOUT)  # an async generator: aclose()
+            parts: Any = receiver.aparts(timeout=self.timeout)  # an async generator: aclose()
             await parts.__anext__()
             async with store.open_sender(on_existing="overwrite") as other:
                 async with other.open_step() as writer:
@@ -203,7 +202,7 @@ class PartsContract(ContractFixtures):
         with store.open_receiver(resume=True) as resumed:
             assert (resumed.next_step, resumed.next_part) == (0, 1)
             with pytest.raises(StepGapError, match="sent again"):
-                await resumed.aparts(timeout=TIMEOUT).__anext__()
+                await resumed.aparts(timeout=self.timeout).__anext__()
 
     async def test_a_whole_step_waits_for_its_seal_and_finish_ends_the_stream(
         self, store: Endpoint
@@ -220,11 +219,11 @@ class PartsContract(ContractFixtures):
                         await receiver.areceive(timeout=0.2)  # parts, no seal yet
                     await writer.put(second, key="b")
                 await sender.finish()
-            whole = await receiver.areceive(timeout=TIMEOUT)
+            whole = await receiver.areceive(timeout=self.timeout)
             assert_batches_equal(whole, TrainingBatch(samples=first + second))
             with pytest.raises(EndOfStream):
-                await receiver.areceive(timeout=TIMEOUT)
-            parts = [part async for part in packed.aparts(timeout=TIMEOUT)]
+                await receiver.areceive(timeout=self.timeout)
+            parts = [part async for part in packed.aparts(timeout=self.timeout)]
             assert [p.key for p in parts] == ["a", "b"]
             for part, samples in zip(parts, (first, second), strict=True):
                 columns = part.value.samples
@@ -251,7 +250,7 @@ async def _refused(sender: TrainingBatchSender) -> bool:
 
 
 async def _over_a_stream(
-    sender: TrainingBatchSender, endpoint: Endpoint, groups: dict[str, list[Any]]
+    sender: TrainingBatchSender, endpoint: Endpoint, groups: dict[str, list[Any]], timeout: float
 ) -> None:
     """A stream carries parts to receivers that are there: each rank reads step 0 part
     by part and step 1 whole, while the sender fills both."""
@@ -269,8 +268,8 @@ async def _over_a_stream(
                 writers.append(writer)
 
     async def consume(rank: int) -> None:
-        parts[rank] = [part async for part in receivers[rank].aparts(timeout=TIMEOUT)]
-        wholes[rank] = await receivers[rank].areceive(timeout=TIMEOUT)
+        parts[rank] = [part async for part in receivers[rank].aparts(timeout=timeout)]
+        wholes[rank] = await receivers[rank].areceive(timeout=timeout)
 
     try:
         async with anyio.create_task_group() as tg:

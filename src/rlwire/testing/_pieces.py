@@ -22,7 +22,7 @@ from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.pieces import Pieces
 from rlwire.codecs._registry import register_codec
-from rlwire.testing._fixtures import TIMEOUT, ContractFixtures, Endpoint, receive_beside
+from rlwire.testing._fixtures import ContractFixtures, Endpoint, receive_beside
 
 __all__ = [
     "FRAME_CODEC",
@@ -156,5 +156,7 @@ class PiecesContract(ContractFixtures):
                 await sender.send(frame)
 
         with endpoint.open_receiver(verify=True) as receiver:
-            got: object = await receive_beside(send, lambda: receiver.areceive(timeout=TIMEOUT))
+            got: object = await receive_beside(
+                send, lambda: receiver.areceive(timeout=self.timeout)
+            )
         assert_frame_arrived(got, frame, expected)

@@ -10,7 +10,7 @@ from rlwire._api.batch_sender import TrainingBatchSender
 from rlwire._api.schema import TrainingBatch
 from rlwire._api.synthetic import make_batch
 from rlwire._core.errors import StepGapError
-from rlwire.testing._fixtures import TIMEOUT, ContractFixtures, Endpoint, rank_batches
+from rlwire.testing._fixtures import ContractFixtures, Endpoint, rank_batches
 from rlwire.transport._base import Sink
 
 __all__ = ["RetentionContract"]
@@ -43,7 +43,7 @@ class RetentionContract(ContractFixtures):
 
         async def take(rank: int, count: int) -> None:
             for _ in range(count):
-                await receivers[rank].areceive(timeout=TIMEOUT)
+                await receivers[rank].areceive(timeout=self.timeout)
             receivers[rank].wait_next(timeout=0)  # looks for the next step: moves past
 
         async with sender:
@@ -74,11 +74,11 @@ class RetentionContract(ContractFixtures):
         self._require_retention(sender)
         async with sender:
             await sender.send_ranks(rank_batches(0))
-            await receivers[0].areceive(timeout=TIMEOUT)
+            await receivers[0].areceive(timeout=self.timeout)
             receivers[0].wait_next(timeout=0)  # rank 0 moved past step 0; stays at 1
             await sender.send(make_batch(1, seed=1))
             assert self._stored(store, 2, rank=1) == [0]  # rank 1 has not read it
-            await receivers[1].areceive(timeout=TIMEOUT)
+            await receivers[1].areceive(timeout=self.timeout)
             receivers[1].wait_next(timeout=0)  # rank 1 moved past step 0
             await sender.send(make_batch(1, seed=2))
             kept = self._stored(store, 3, rank=1)
@@ -102,12 +102,12 @@ class RetentionContract(ContractFixtures):
 
             async def move_on() -> None:
                 await anyio.sleep(0.2)
-                await receivers[0].areceive(timeout=TIMEOUT)  # step 0
+                await receivers[0].areceive(timeout=self.timeout)  # step 0
                 receivers[0].wait_next(timeout=0)  # looks for step 1: moves past step 0
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(move_on)
-                with anyio.fail_after(TIMEOUT):
+                with anyio.fail_after(self.timeout):
                     assert await sender.send(batch) == 2
             stats = sender.last_stats
             assert stats is not None and stats.wait_seconds >= 0.1

@@ -15,7 +15,6 @@ from rlwire._core.errors import (
     StepExistsError,
 )
 from rlwire.testing._fixtures import (
-    TIMEOUT,
     ContractFixtures,
     Endpoint,
     rank_batches,
@@ -37,7 +36,7 @@ class StoredContract(ContractFixtures):
                 await sender.send(batch)
         with store.open_receiver() as receiver:
             for batch in batches:
-                assert_batches_equal(await receiver.areceive(timeout=TIMEOUT), batch)
+                assert_batches_equal(await receiver.areceive(timeout=self.timeout), batch)
 
     async def test_existing_steps_are_refused_resumed_or_overwritten(
         self, store: Endpoint, sender: TrainingBatchSender
@@ -52,12 +51,12 @@ class StoredContract(ContractFixtures):
         async with store.open_sender(on_existing="resume") as again:
             assert await again.send(resumed) == 2
         with store.open_receiver(start_step=2) as receiver:
-            assert_batches_equal(await receiver.areceive(timeout=TIMEOUT), resumed)
+            assert_batches_equal(await receiver.areceive(timeout=self.timeout), resumed)
         fresh = make_batch(1, seed=4)
         async with store.open_sender(on_existing="overwrite") as again:
             assert await again.send(fresh) == 0
         with store.open_receiver() as receiver:
-            assert_batches_equal(await receiver.areceive(timeout=TIMEOUT), fresh)
+            assert_batches_equal(await receiver.areceive(timeout=self.timeout), fresh)
             assert receiver.poll() is None  # steps 1 and 2 of the old run are gone
 
     async def test_restart_from_a_checkpoint_truncates_later_steps(self, store: Endpoint) -> None:
@@ -79,8 +78,8 @@ class StoredContract(ContractFixtures):
         for rank in range(2):
             with store.open_receiver(rank=rank) as rx:
                 for step in range(2):  # the steps before the checkpoint are kept
-                    assert_batches_equal(await rx.areceive(timeout=TIMEOUT), old[step][rank])
-                assert_batches_equal(await rx.areceive(timeout=TIMEOUT), new[rank])
+                    assert_batches_equal(await rx.areceive(timeout=self.timeout), old[step][rank])
+                assert_batches_equal(await rx.areceive(timeout=self.timeout), new[rank])
                 assert rx.poll() is None  # the old step 3 is gone
         async with reopen("resume", None) as resumed:
             assert resumed.next_step == 3
@@ -103,13 +102,13 @@ class StoredContract(ContractFixtures):
         async with anyio.create_task_group() as tg:
             tg.start_soon(send_all)
             for rank, receiver in enumerate(receivers):
-                with anyio.fail_after(TIMEOUT):
+                with anyio.fail_after(self.timeout):
                     got = [batch async for batch in receiver]  # ends at the mark
                 assert len(got) == 2
                 for step, batch in enumerate(got):
                     assert_batches_equal(batch, steps[step][rank])
                 with pytest.raises(EndOfStream):
-                    await receiver.areceive(timeout=TIMEOUT)
+                    await receiver.areceive(timeout=self.timeout)
 
     async def test_wait_does_not_consume(
         self,
@@ -126,7 +125,7 @@ class StoredContract(ContractFixtures):
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(send_one)
-            assert await receiver.await_next(timeout=TIMEOUT)
+            assert await receiver.await_next(timeout=self.timeout)
             assert receiver.last_step is None and receiver.next_step == 0
             assert await receiver.await_next(timeout=0)  # still there, still not taken
             assert_batches_equal(receiver.poll(), batch)  # type: ignore[arg-type]
@@ -140,7 +139,7 @@ class StoredContract(ContractFixtures):
             await sender.finish()
         with store.open_receiver(start_step=5) as late:
             with pytest.raises(EndOfStream):  # started beyond the end
-                late.receive(timeout=TIMEOUT)
+                late.receive(timeout=self.timeout)
             with pytest.raises(EndOfStream):
                 late.wait_next(timeout=0)
         with pytest.raises(StepExistsError):
@@ -148,7 +147,9 @@ class StoredContract(ContractFixtures):
                 pass
         more = make_batch(1, seed=2)
         with store.open_receiver() as receiver:
-            assert [len(b.samples) for b in receiver] == [1]  # step 0, then the end
+            assert len(receiver.receive(timeout=self.timeout).samples) == 1  # step 0
+            with pytest.raises(EndOfStream):  # then the end
+                receiver.receive(timeout=self.timeout)
             async with store.open_sender(on_existing="resume") as again:
                 assert await again.send(more) == 1
-            assert_batches_equal(receiver.receive(timeout=TIMEOUT), more)
+            assert_batches_equal(receiver.receive(timeout=self.timeout), more)

@@ -292,6 +292,7 @@ def decompress_sliced(
         frame.codec,
         stored_size=frame.stored_nbytes,  # the decode bound stays on what was stored
         missing=frame.missing,
+        verified=frame.verified,
         message_id=frame.message_id,
     )
 

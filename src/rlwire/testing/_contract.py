@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rlwire._api.synthetic import assert_batches_equal, make_batch, make_sample
+from rlwire.testing._checksums import ChecksumsContract
 from rlwire.testing._columns import ColumnsContract
 from rlwire.testing._delivery import DeliveryContract
 from rlwire.testing._fields import FieldsContract
@@ -16,6 +17,7 @@ __all__ = ["SinkContract", "assert_batches_equal", "make_batch", "make_sample"]
 
 class SinkContract(
     DeliveryContract,
+    ChecksumsContract,
     StoredContract,
     RetentionContract,
     PiecesContract,

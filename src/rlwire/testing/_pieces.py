@@ -39,11 +39,13 @@ FRAME_CODEC = "rlwire-contract-frames"
 
 @dataclass(frozen=True)
 class ReceivedFrame:
-    """What :class:`FrameCodec` decodes a message into: its segments as bytes."""
+    """What :class:`FrameCodec` decodes a message into: its segments as bytes, and
+    whether the source verified their checksums (:attr:`rlwire.Frame.verified`)."""
 
     header: bytes
     buffers: list[bytes]
     sidecar: frozenset[int]
+    verified: bool = False
 
 
 class FrameCodec:
@@ -63,7 +65,8 @@ class FrameCodec:
 
     def decode(self, frame: Frame, type: Any = Any, *, writable: bool = False) -> ReceivedFrame:
         views = frame.views()  # a received frame holds memoryviews only
-        return ReceivedFrame(bytes(frame.header), [bytes(v) for v in views], frame.sidecar)
+        header = bytes(frame.header)
+        return ReceivedFrame(header, [bytes(v) for v in views], frame.sidecar, frame.verified)
 
 
 def _bytes(array: np.ndarray) -> memoryview:

@@ -240,6 +240,7 @@ def parse_payload(
                 where=where,
             )
         verify_segments(envelope.checksum, sums, ordered, where)
+    verified = verify and bool(envelope.checksum)
     if writable:
         ordered = [memoryview(bytearray(view)) for view in ordered]
     try:
@@ -252,6 +253,7 @@ def parse_payload(
             raw_sizes=envelope.raw_sizes,
             stored_size=values[0].nbytes + sum(envelope.sizes),
             message_id=message_id,
+            verified=verified,
         )
     except ValueError as exc:  # compression and raw_sizes that do not fit the segments
         raise CorruptFrameError(f"the envelope is inconsistent: {exc}", where=where) from exc

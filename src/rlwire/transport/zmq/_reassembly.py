@@ -69,14 +69,17 @@ class Sealed:
             return frozenset()
         return frozenset(range(len(self.segments) - 1)) - self.keep
 
-    def frame(self, where: str, *, copy: bool = False) -> Frame:
-        """The message's frame (its segments copied into writable memory if ``copy``).
+    def frame(self, where: str, *, copy: bool = False, verified: bool = False) -> Frame:
+        """The message's frame (its segments copied into writable memory if ``copy``);
+        ``verified``: :meth:`check` verified its checksums.
 
         Raises:
             CorruptFrameError: the head's description does not fit the segments.
         """
         segments = [memoryview(bytearray(s)) for s in self.segments] if copy else self.segments
         frame = frame_of(self.head, segments, where=where)
+        if verified:
+            frame = replace(frame, verified=True)
         return replace(frame, missing=self.missing) if self.keep is not None else frame
 
     def check(self, *, rank: int, shared: bool | None, verify: bool, where: str) -> None:

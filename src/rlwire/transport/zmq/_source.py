@@ -341,7 +341,8 @@ class ZmqSource(Source):
             if head.kind not in (WHOLE, PART, STEP_SEAL) or (head.shared and head.kind):
                 raise CorruptFrameError(f"a message of unknown kind {head.kind}", where=where)
             self._shared = head.shared
-            frame = None if head.kind == STEP_SEAL else sealed.frame(where)
+            verified = self.verify and head.checksum is not None
+            frame = None if head.kind == STEP_SEAL else sealed.frame(where, verified=verified)
         except CorruptFrameError as exc:
             # Its sequence number stays unused: the next message reports the loss.
             exc.add_context(step=head.step, rank=self.rank)
@@ -350,7 +351,7 @@ class ZmqSource(Source):
         if order is None:
             return None
         if self.writable and frame is not None:
-            frame = sealed.frame(where, copy=True)
+            frame = sealed.frame(where, copy=True, verified=verified)
         got = None
         if frame is None:
             self._parts.add_seal(head, segments[0], where=where)

@@ -30,11 +30,17 @@ class FieldsContract(ContractFixtures):
     appended to a committed step where the sink says it can
     (:attr:`rlwire.abc.Sink.appends_fields`), a ConfigError where it cannot."""
 
-    async def test_fields_reads_only_the_named_columns(self, endpoint: Endpoint) -> None:
+    @pytest.mark.parametrize("inline", [None, 0], ids=["in-header", "buffers"])
+    async def test_fields_reads_only_the_named_columns(
+        self, endpoint: Endpoint, inline: int | None
+    ) -> None:
+        """The columns asked for, in the header (small) or each its own buffer
+        (``inline_threshold=0``): a source that reads part of a message must hand each
+        column its own bytes."""
         samples = _samples(seed=1)
         group = _samples(seed=2)[:2]
         with endpoint.open_receiver(fields=WANTED) as receiver:
-            async with endpoint.open_sender() as sender:
+            async with endpoint.open_sender(inline_threshold=inline) as sender:
                 parts = sender.sink.stores_parts
                 await sender.send(TrainingBatch(samples=samples))
                 if parts:

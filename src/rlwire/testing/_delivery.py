@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import anyio
+import msgspec
+import numpy as np
 import pytest
 
 from rlwire._api.batch_receiver import TrainingBatchReceiver
@@ -12,7 +15,7 @@ from rlwire._api.batch_sender import TrainingBatchSender
 from rlwire._api.receiver import open_receiver
 from rlwire._api.schema import TrainingBatch
 from rlwire._api.sender import open_sender
-from rlwire._api.synthetic import assert_batches_equal, make_batch
+from rlwire._api.synthetic import assert_batches_equal, make_batch, make_sample
 from rlwire._core.errors import (
     ConfigError,
     ReceiveTimeout,
@@ -205,6 +208,70 @@ class DeliveryContract(ContractFixtures):
                 first = await receivers[0].areceive(timeout=self.timeout)
             assert_batches_equal(first, small)
         assert cancelled, "every send finished before it was cancelled: nothing was tested"
+
+    async def test_a_step_being_written_is_never_read_in_part(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        """A receiver polling as fast as it can while a step of about 27 MB is written
+        finds nothing, then the whole step: never a message cut short, which a sink
+        that writes where readers look, or commits before its writes end, hands out."""
+        batch = TrainingBatch(
+            samples=[make_sample(1 << 18, layers=16, topk=2, seed=s) for s in (3, 4)]
+        )
+        deadline = time.monotonic() + self.timeout
+
+        def watch() -> TrainingBatch:
+            polls = 0
+            while time.monotonic() < deadline:
+                got = receivers[0].poll()  # CorruptFrameError: it read a message in part
+                polls += 1
+                if got is not None:
+                    return got
+            pytest.fail(f"the step did not arrive within {self.timeout} s ({polls} polls)")
+
+        async def send_one() -> None:
+            async with sender:
+                await sender.send(batch)
+
+        got = await receive_beside(send_one, lambda: anyio.to_thread.run_sync(watch))
+        assert_batches_equal(got, batch)
+
+    async def test_received_arrays_are_read_only_unless_writable(
+        self, endpoint: Endpoint, sender: TrainingBatchSender
+    ) -> None:
+        """Rank 0 (the default) gets read-only arrays; rank 1, opened with
+        ``writable=True``, gets arrays it may write into, and on a store its writes
+        never reach what is stored: read again, the step is as sent."""
+        # Arrays of some size (out-of-band, not in a header); the same bits twice.
+        payloads, sent = ([make_batch(2, n=20_000, seed=30 + r) for r in (0, 1)] for _ in "ab")
+        with (
+            endpoint.open_receiver(rank=0) as reader,
+            endpoint.open_receiver(rank=1, writable=True) as writer,
+        ):
+
+            async def send() -> None:
+                async with sender:
+                    await sender.send_ranks(payloads)
+
+            async def receive() -> list[TrainingBatch]:
+                return [await r.areceive(timeout=self.timeout) for r in (reader, writer)]
+
+            got = await receive_beside(send, receive)
+        for rank, batch in enumerate(got):
+            assert_batches_equal(batch, sent[rank])
+            for sample in batch.samples:
+                arrays = [v for v in msgspec.structs.astuple(sample) if isinstance(v, np.ndarray)]
+                flags = {a.flags.writeable for a in arrays}
+                assert flags == {rank == 1}, f"rank {rank}: writeable flags {flags}"
+                if rank == 1:
+                    for array in arrays:
+                        array[...] = 0
+        if not self.persistent:
+            return
+        with endpoint.open_receiver(rank=1, record_consumed=False) as again:
+            assert_batches_equal(await again.areceive(timeout=self.timeout), sent[1])
 
     async def test_a_step_that_fails_its_checks_is_never_delivered(
         self,

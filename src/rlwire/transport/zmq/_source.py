@@ -241,7 +241,7 @@ class ZmqSource(Source):
             except zmq.ZMQError as exc:
                 raise transport_error(exc, "receive", where=self.endpoint) from exc
             self._heard = time.monotonic()
-            views = [part.buffer for part in parts]
+            views = [part.buffer.toreadonly() for part in parts]  # arrays read-only to numpy
             if is_ping(views):
                 continue
             refused = parse_refuse(views)

@@ -207,6 +207,9 @@ class PartsContract(ContractFixtures):
     async def test_a_whole_step_waits_for_its_seal_and_finish_ends_the_stream(
         self, store: Endpoint
     ) -> None:
+        """A part is read as soon as its ``put`` returns, the whole step only once it is
+        sealed (before the sender closes), ``EndOfStream`` after ``finish()``, and the
+        parts again ``as_columns``."""
         sender = store.open_sender()
         if await _refused(sender):
             return
@@ -215,15 +218,18 @@ class PartsContract(ContractFixtures):
             async with sender:
                 async with sender.open_step() as writer:
                     await writer.put(first, key="a")
+                    live: Any = packed.aparts(timeout=self.timeout)  # an async generator
+                    early = await live.__anext__()  # a part is visible once put returns
                     with pytest.raises(ReceiveTimeout):
                         await receiver.areceive(timeout=0.2)  # parts, no seal yet
                     await writer.put(second, key="b")
+                # Sealed: the step is whole now, before the sender closes or finishes.
+                whole = await receiver.areceive(timeout=self.timeout)
                 await sender.finish()
-            whole = await receiver.areceive(timeout=self.timeout)
             assert_batches_equal(whole, TrainingBatch(samples=first + second))
             with pytest.raises(EndOfStream):
                 await receiver.areceive(timeout=self.timeout)
-            parts = [part async for part in packed.aparts(timeout=self.timeout)]
+            parts = [early, *[part async for part in live]]
             assert [p.key for p in parts] == ["a", "b"]
             for part, samples in zip(parts, (first, second), strict=True):
                 columns = part.value.samples

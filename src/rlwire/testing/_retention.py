@@ -63,6 +63,10 @@ class RetentionContract(ContractFixtures):
             await take(1, 1)  # both moved past everything: only the newest is kept
             await sender.send_ranks(rank_batches(6))
             assert self._stored(store, 7) == [6]
+        # A receiver that asks for a deleted step is told so, not left waiting for it.
+        with store.open_receiver(record_consumed=False) as late:
+            with pytest.raises(StepGapError):
+                await late.areceive(timeout=self.timeout)
 
     async def test_keep_last_deletes_a_step_held_for_a_rank_left_out_once_it_moved_past(
         self, store: Endpoint, receivers: list[TrainingBatchReceiver[TrainingBatch]]

@@ -436,6 +436,20 @@ class SqliteSource(_Table, StoredSource):
         # bytes are read-only; a writable receiver gets one copy it may change freely.
         return memoryview(bytearray(data) if self.writable else data)
 
+    def stored_steps(self) -> list[int] | None:
+        """The steps stored for this rank: how a receiver at a step ``keep_last``
+        deleted learns so (``StepGapError``) instead of waiting for it."""
+        conn = self._connect()
+        if conn is None:
+            return []
+        with _sqlite_errors("list the steps", self.locate()):
+            rows = conn.execute(
+                f"SELECT name FROM {self.table} WHERE name LIKE 'step-%'"
+            ).fetchall()
+        # text_factory is bytes: names come back as bytes.
+        names = [n.decode() if isinstance(n, bytes) else str(n) for (n,) in rows]
+        return self.steps_among(names)
+
     def save(self, name: str, data: bytes) -> None:
         conn = self._connect()
         with _sqlite_errors("record what this rank consumed", self.locate(name)):

@@ -60,7 +60,9 @@ class StoredSource(StoredFieldsSource, Source):
     :meth:`load` returns.
 
     Subclasses set ``rank`` and ``verify`` and provide :meth:`load`,
-    :meth:`save` and :meth:`locate`.
+    :meth:`save` and :meth:`locate`; and :meth:`stored_steps`, without which a
+    receiver at a step ``keep_last`` deleted waits for it instead of raising
+    :class:`~rlwire.StepGapError` (the contract's retention test checks it).
     """
 
     rank: int

@@ -210,13 +210,12 @@ class DeliveryContract(ContractFixtures):
         assert cancelled, "every send finished before it was cancelled: nothing was tested"
 
     async def test_a_step_being_written_is_never_read_in_part(
-        self,
-        sender: TrainingBatchSender,
-        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+        self, endpoint: Endpoint, receivers: list[TrainingBatchReceiver[TrainingBatch]]
     ) -> None:
-        """A receiver polling as fast as it can while a step of about 27 MB is written
-        finds nothing, then the whole step: never a message cut short, which a sink
-        that writes where readers look, or commits before its writes end, hands out."""
+        """A receiver polling as fast as it can while a step of about 27 MB (no
+        sidecar: one message) is written finds nothing, then the whole step: never a
+        message cut short, which a sink that writes where readers look, or commits
+        before its writes end, hands out."""
         batch = TrainingBatch(
             samples=[make_sample(1 << 18, layers=16, topk=2, seed=s) for s in (3, 4)]
         )
@@ -232,7 +231,7 @@ class DeliveryContract(ContractFixtures):
             pytest.fail(f"the step did not arrive within {self.timeout} s ({polls} polls)")
 
         async def send_one() -> None:
-            async with sender:
+            async with endpoint.open_sender() as sender:
                 await sender.send(batch)
 
         got = await receive_beside(send_one, lambda: anyio.to_thread.run_sync(watch))

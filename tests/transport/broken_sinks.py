@@ -52,39 +52,42 @@ class BrokenSink(FileSink):
 # -- delivery -----------------------------------------------------------------------------
 
 
-class _RepeatingSource(FileSource):
-    def read(self, step: int) -> Frame | None:
-        return super().read(0 if step == 1 else step)
-
-
 class DeliversAStepTwice(BrokenSink):
     """Step 1 is read as step 0 again: step 0 delivered twice (and step 1 never)."""
 
-    source_class = _RepeatingSource
-
-
-class _SwappingSource(FileSource):
-    def read(self, step: int) -> Frame | None:
-        return super().read({1: 2, 2: 1}.get(step, step))
+    class source_class(FileSource):  # what BrokenSink.open_source reads with
+        def read(self, step: int) -> Frame | None:
+            return super().read(0 if step == 1 else step)
 
 
 class DeliversOutOfOrder(BrokenSink):
     """Steps 1 and 2 are read in each other's place: delivered out of order."""
 
-    source_class = _SwappingSource
+    class source_class(FileSource):  # what BrokenSink.open_source reads with
+        def read(self, step: int) -> Frame | None:
+            return super().read({1: 2, 2: 1}.get(step, step))
 
 
-class GivesRankOneRankZeros(BrokenSink):
-    """Every rank after 0 is written rank 0's message (in its own files)."""
+class _ChangesMessages(BrokenSink):
+    """Writes (and hashes) each rank's message as :meth:`change` turns it."""
 
     gathers = True
+
+    def change(self, frame: Frame, rank: int) -> Frame:
+        return frame
 
     def write_message(
         self, staging: StoredStaging, step: int, rank: int, frame: Frame
     ) -> Sliced[None]:
-        if rank == 0:
-            self._first = frame
-        yield from super().write_message(staging, step, rank, self._first)
+        yield from super().write_message(staging, step, rank, self.change(frame, rank))
+
+
+class GivesRankOneRankZeros(_ChangesMessages):
+    """Every rank after 0 is written rank 0's message (in its own files)."""
+
+    def change(self, frame: Frame, rank: int) -> Frame:
+        self._first: Frame = frame if rank == 0 else self._first
+        return self._first
 
 
 class _InPlace(StoredStaging):
@@ -214,28 +217,22 @@ class PrunesHeldSteps(BrokenSink):
         return below
 
 
-class _ForgetfulSource(FileSource):
-    def mark_consumed(self, next_step: int) -> None:
-        self.mark_skipped = False
-
-
 class RecordsNoMarks(BrokenSink):
     """Receivers record no consumption marks: keep_last and max_ahead never see a
     rank move on."""
 
-    source_class = _ForgetfulSource
-
-
-class _GoneUnseenSource(FileSource):
-    def stored_steps(self) -> list[int] | None:
-        return None  # cannot tell: a step keep_last deleted is waited for
+    class source_class(FileSource):  # what BrokenSink.open_source reads with
+        def mark_consumed(self, next_step: int) -> None:
+            self.mark_skipped = False
 
 
 class WaitsForDeletedSteps(BrokenSink):
     """A receiver at a step keep_last deleted waits for it for ever, never told (the
     source lists no stored steps, as StoredSource by default)."""
 
-    source_class = _GoneUnseenSource
+    class source_class(FileSource):  # what BrokenSink.open_source reads with
+        def stored_steps(self) -> list[int] | None:
+            return None  # cannot tell: a step keep_last deleted is waited for
 
 
 class NeverEnds(BrokenSink):
@@ -245,40 +242,34 @@ class NeverEnds(BrokenSink):
         pass
 
 
-class _SharedMapSource(FileSource):
-    def load(self, name: str, advice: int | None = None) -> memoryview | None:
-        try:
-            fd = os.open(self.root / name, os.O_RDWR)
-        except FileNotFoundError:
-            return None
-        try:
-            if os.fstat(fd).st_size == 0:
-                return None
-            return memoryview(mmap.mmap(fd, 0))  # shared and writable: the file itself
-        finally:
-            os.close(fd)
-
-
 class MapsFilesWritable(BrokenSink):
     """Hands out views of a shared, writable mapping of each file: arrays writable to
     numpy, and a trainer's write changes the stored step for every reader."""
 
-    source_class = _SharedMapSource
+    class source_class(FileSource):  # what BrokenSink.open_source reads with
+        def load(self, name: str, advice: int | None = None) -> memoryview | None:
+            try:
+                fd = os.open(self.root / name, os.O_RDWR)
+            except FileNotFoundError:
+                return None
+            try:
+                if os.fstat(fd).st_size == 0:
+                    return None
+                return memoryview(mmap.mmap(fd, 0))  # shared and writable: the file itself
+            finally:
+                os.close(fd)
 
 
 # -- parts --------------------------------------------------------------------------------
 
 
-class _PartSwappingSource(FileSource):
-    def read_part(self, step: int, index: int) -> tuple[PartInfo, Frame] | None:
-        got = super().read_part(step, {0: 1, 1: 0}.get(index, index))
-        return None if got is None else (replace(got[0], index=index), got[1])
-
-
 class PartsOutOfOrder(BrokenSink):
     """A rank's parts 0 and 1 are read in each other's place."""
 
-    source_class = _PartSwappingSource
+    class source_class(FileSource):  # what BrokenSink.open_source reads with
+        def read_part(self, step: int, index: int) -> tuple[PartInfo, Frame] | None:
+            got = super().read_part(step, {0: 1, 1: 0}.get(index, index))
+            return None if got is None else (replace(got[0], index=index), got[1])
 
 
 class _Deferred(Staged):
@@ -328,16 +319,11 @@ def _pieces_changed(frame: Frame, change: Any) -> Frame:
     return replace(frame, buffers=tuple(buffers))
 
 
-class ReversesRuns(BrokenSink):
+class ReversesRuns(_ChangesMessages):
     """Gathers, writing the runs of each Pieces last to first."""
 
-    gathers = True
-
-    def write_message(
-        self, staging: StoredStaging, step: int, rank: int, frame: Frame
-    ) -> Sliced[None]:
-        turned = _pieces_changed(frame, lambda p: Pieces(p.runs[::-1]))
-        yield from super().write_message(staging, step, rank, turned)
+    def change(self, frame: Frame, rank: int) -> Frame:
+        return _pieces_changed(frame, lambda p: Pieces(p.runs[::-1]))
 
 
 def _first_run(pieces: Pieces) -> Pieces:
@@ -347,15 +333,11 @@ def _first_run(pieces: Pieces) -> Pieces:
     return Pieces([first, memoryview(bytes(pieces.nbytes - first.nbytes))])
 
 
-class WritesFirstRunOnly(BrokenSink):
+class WritesFirstRunOnly(_ChangesMessages):
     """Says it gathers, and writes only the first run of each Pieces (zeros after it)."""
 
-    gathers = True
-
-    def write_message(
-        self, staging: StoredStaging, step: int, rank: int, frame: Frame
-    ) -> Sliced[None]:
-        yield from super().write_message(staging, step, rank, _pieces_changed(frame, _first_run))
+    def change(self, frame: Frame, rank: int) -> Frame:
+        return _pieces_changed(frame, _first_run)
 
 
 def _rotated(frame: Frame) -> Frame:
@@ -368,22 +350,19 @@ def _rotated(frame: Frame) -> Frame:
     return replace(frame, buffers=tuple(buffers))
 
 
-class _MisreadingSource(FileSource):
-    def read(self, step: int) -> Frame | None:
-        frame = super().read(step)
-        return frame if frame is None or self.select is None else _rotated(frame)
-
-    def read_part(self, step: int, index: int) -> tuple[PartInfo, Frame] | None:
-        got = super().read_part(step, index)
-        if got is None or self.select is None:
-            return got
-        return got[0], _rotated(got[1])
-
-
 class ReadsWrongColumns(BrokenSink):
     """A read with ``fields=`` hands each column the bytes of another."""
 
-    source_class = _MisreadingSource
+    class source_class(FileSource):  # what BrokenSink.open_source reads with
+        def read(self, step: int) -> Frame | None:
+            frame = super().read(step)
+            return frame if frame is None or self.select is None else _rotated(frame)
+
+        def read_part(self, step: int, index: int) -> tuple[PartInfo, Frame] | None:
+            got = super().read_part(step, index)
+            if got is None or self.select is None:
+                return got
+            return got[0], _rotated(got[1])
 
 
 BROKEN: dict[str, type[BrokenSink]] = {

@@ -390,7 +390,7 @@ BROKEN: dict[str, type[BrokenSink]] = {
 
 
 def register() -> None:
-    register_sink("broken-sound", BrokenSink)
     """Register each broken sink under ``broken-<name>`` (again: no conflict)."""
+    register_sink("broken-sound", BrokenSink)
     for name, cls in BROKEN.items():
         register_sink(f"broken-{name}", cls)

@@ -14,6 +14,7 @@ delivers fails after that long, the contract's own bound, without hanging the ru
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -27,14 +28,19 @@ import rlwire
 
 HERE = Path(__file__).resolve().parent
 
-#: The contract tests each defect must fail, and a text its failure report holds (how
-#: the contract said it).
+#: The contract tests each defect must fail, and a pattern its failure report matches
+#: (how the contract said it; ``re.search``).
 CATCHES: dict[str, tuple[tuple[str, ...], str]] = {
     "dup": (("test_round_trip_in_order",), "token_ids"),
     "order": (("test_round_trip_in_order",), "token_ids"),
     "ranks": (("test_each_rank_gets_its_own_payload",), "token_ids"),
     "inplace": (("test_a_step_being_written_is_never_read_in_part",), "CorruptFrameError"),
-    "halfleft": (("test_a_step_that_fails_its_checks_is_never_delivered",), "StepExistsError"),
+    # The refused step stays where the next send goes (StepExistsError), or the
+    # receiver took it, whole or half written, before the refusal (a machine under load).
+    "halfleft": (
+        ("test_a_step_that_fails_its_checks_is_never_delivered",),
+        "StepExistsError|CorruptFrameError|numbers of samples|token_ids",
+    ),
     "corrupt": (("test_round_trip_in_order",), "does not match its checksum"),
     "nosums": (
         ("test_checksums_pass_through_to_the_receiver[asyncio-recorded-verified]",),
@@ -159,7 +165,7 @@ def test_the_contract_catches_the_defect(outcomes: dict[str, tuple[str, str]], n
     for test in chosen:
         outcome, text = outcomes[node_id(name, test)]
         assert outcome == "failure", f"{BROKEN[name].__name__} {outcome} {test}:\n{text}"
-        assert says in text, f"{test} failed, not saying {says!r}:\n{text[-3000:]}"
+        assert re.search(says, text), f"{test} failed, not saying {says!r}:\n{text[-3000:]}"
 
 
 @pytest.mark.xdist_group("contract-catches")

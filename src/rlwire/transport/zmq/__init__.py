@@ -40,6 +40,8 @@ The modules, one concept each:
     the packets exactly as docs/format.md ("ZeroMQ messages") specifies them
 ``_peers``
     the sender's bookkeeping of its receivers: handshake, ranks, acknowledgements
+``_complaints``
+    what a sender says when it cannot reach its receivers
 ``_sockets``
     endpoints, CURVE keys, waiting on a socket's descriptor
 ``_reassembly``

@@ -3,7 +3,7 @@ session, the sequence number and the step (docs/format.md, "ZeroMQ messages").""
 
 from __future__ import annotations
 
-from rlwire._core.errors import EndOfStream, StepOrderError
+from rlwire._core.errors import EndOfStream, StepGapError, StepOrderError
 from rlwire.transport.zmq._protocol import Head
 
 __all__ = ["Ordering", "span"]
@@ -82,6 +82,19 @@ class Ordering:
         if head.seq != expected_seq:
             return f"expected message {expected_seq} of {sender}, got {head.seq}"
         return ""
+
+    def ended(self, end: int, step: int, *, per_rank: bool) -> StepGapError | EndOfStream:
+        """What a receiver that expects ``step`` raises when the sender's ``end`` comes:
+        in the ``ranks`` pattern (``per_rank``), an end beyond ``step`` first reports the
+        steps lost (the next receive raises :meth:`end_of_stream`)."""
+        if per_rank and end > step:
+            return StepGapError(
+                f"expected step {step}, but the sender finished the stream at step {end}: "
+                f"steps {span(step, end)} were lost; the next receive raises EndOfStream",
+                where=self.endpoint,
+                rank=self.rank,
+            )
+        return self.end_of_stream(end, step)
 
     def end_of_stream(self, end: int, step: int) -> EndOfStream:
         """The :class:`~rlwire.EndOfStream` for a sender that finished at ``end`` when

@@ -28,6 +28,7 @@ import zmq
 
 from rlwire._core.errors import TransportError, transport_error
 from rlwire.transport.zmq._admission import NO_PARTS, Pattern, misfit
+from rlwire.transport.zmq._complaints import gone, timed_out, untold
 from rlwire.transport.zmq._protocol import (
     ACK,
     BYE,
@@ -142,7 +143,7 @@ class Peers:
         while True:
             self.drain()
             if peer is not None and peer not in self._live:
-                raise self._gone(rank)
+                raise gone(self.pattern, rank)
             for candidate in self._candidates(rank) if peer is None else [peer]:
                 try:
                     self.socket.send(candidate, zmq.SNDMORE | zmq.NOBLOCK)
@@ -153,7 +154,7 @@ class Peers:
                         raise transport_error(exc, "send", where=None) from exc
                     self.forget(candidate)
                     if self.pattern == "ranks" or peer is not None:
-                        raise self._gone(rank) from exc
+                        raise gone(self.pattern, rank) from exc
                     continue
                 return candidate
             if peer is None and _expired(deadline) and not self._candidates(rank):
@@ -264,7 +265,11 @@ class Peers:
         self.send_end()
         while self._end_pending:
             if time.monotonic() >= deadline:
-                raise self._untold(seconds).add_context(where=where)
+                pending = self._end_pending
+                ranks = sorted(r for r, p in self._rank_peer.items() if p in pending)
+                raise untold(
+                    self.pattern, ranks, len(pending), end=self.end, seconds=seconds
+                ).add_context(where=where)
             await self._wait()
             self.drain()
             self.send_end(list(self._end_pending))
@@ -361,38 +366,16 @@ class Peers:
     def _deadline(self) -> float | None:
         return None if self.ready_timeout is None else time.monotonic() + self.ready_timeout
 
-    def _gone(self, rank: int) -> TransportError:
-        if self.pattern == "shared":
-            return TransportError("the consumer being sent this step disconnected")
-        return TransportError(
-            f"the receiver of rank {rank} disconnected; it will get a StepGapError for "
-            "this step when it reconnects"
-        )
-
-    def _untold(self, seconds: float) -> TransportError:
-        if self.pattern == "ranks":
-            ranks = sorted(r for r, peer in self._rank_peer.items() if peer in self._end_pending)
-            names = ", ".join(map(str, ranks))
-            whom = (
-                f"the receivers of ranks {names}"
-                if len(ranks) > 1
-                else f"the receiver of rank {names}"
-            )
-        else:
-            whom = f"{len(self._end_pending)} of the consumers"
-        return TransportError(
-            f"the end of the stream (step {self.end}) could not be sent to {whom}: its "
-            f"queue stayed full (it read nothing) for linger={seconds} s; closing the "
-            "sender tries again for as long"
-        )
-
     def _timed_out(self, ranks: list[int]) -> TransportError:
-        if self.pattern == "ranks":
-            missing = f"no receiver of rank {', '.join(map(str, ranks))} announced itself"
-        else:
-            missing = f"{len(self._live)} of {self.consumers} consumers announced themselves"
-        refused = f"; refused: {next(iter(self.refused.values()))}" if self.refused else ""
-        return TransportError(f"{missing} within ready_timeout={self.ready_timeout} s{refused}")
+        refused = next(iter(self.refused.values()), None)
+        return timed_out(
+            self.pattern,
+            ranks,
+            live=len(self._live),
+            consumers=self.consumers,
+            ready_timeout=self.ready_timeout,
+            refused=refused,
+        )
 
 
 def _expired(deadline: float | None) -> bool:

@@ -22,7 +22,7 @@ from rlwire.transport._base import Source, SourceOptions, reject_unknown
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
 from rlwire.transport.zmq._admission import Pattern
-from rlwire.transport.zmq._ordering import Ordering, span
+from rlwire.transport.zmq._ordering import Ordering
 from rlwire.transport.zmq._parts import StepParts
 from rlwire.transport.zmq._protocol import (
     PART,
@@ -255,15 +255,7 @@ class ZmqSource(Source):
                 # Sent after every message to this receiver, on the same connection.
                 self._reassembly.drop()
                 self._end = end
-                if self._shared is False and end > step:
-                    raise StepGapError(
-                        f"expected step {step}, but the sender finished the stream "
-                        f"at step {end}: steps {span(step, end)} were lost; the next "
-                        "receive raises EndOfStream",
-                        where=self.endpoint,
-                        rank=self.rank,
-                    )
-                raise self._ordering.end_of_stream(self._end, step)
+                raise self._ordering.ended(end, step, per_rank=self._shared is False)
             taken = self._take(views, step)
             if taken is not None:
                 return taken

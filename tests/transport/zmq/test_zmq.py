@@ -81,6 +81,8 @@ CHILD = textwrap.dedent("""
                             break
                         continue
                     emit(error=type(exc).__name__, message=str(exc))
+                    if isinstance(exc, rlwire.ConfigError):
+                        break  # refused: every later receive says so again, at once
                 else:
                     step = receiver.last_step
                     try:

@@ -40,6 +40,8 @@ The modules, one concept each:
     the packets exactly as docs/format.md ("ZeroMQ messages") specifies them
 ``_peers``
     the sender's bookkeeping of its receivers: handshake, ranks, acknowledgements
+``_ranks``
+    which receiver serves each rank, and which ones a newer receiver replaced
 ``_complaints``
     what a sender says when it cannot reach its receivers
 ``_sockets``

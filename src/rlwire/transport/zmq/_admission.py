@@ -1,13 +1,15 @@
-"""Which receivers a ZeroMQ sender serves: the two patterns, and why a receiver that
-announced itself is refused (a ``refuse`` packet tells it, and it gets nothing)."""
+"""Which receivers a ZeroMQ sender serves: the two patterns, why a receiver that
+announced itself is refused (a ``refuse`` packet tells it, and it gets nothing), and the
+error the receiver raises for it."""
 
 from __future__ import annotations
 
 from typing import Literal
 
+from rlwire._core.errors import ConfigError
 from rlwire.transport.zmq._protocol import Ready
 
-__all__ = ["NO_PARTS", "Pattern", "misfit"]
+__all__ = ["NO_PARTS", "Pattern", "misfit", "refusal"]
 
 #: ``"ranks"``: each rank's payload goes to that rank's receiver; ``"shared"``: each step
 #: goes to one of the consumers.
@@ -39,3 +41,17 @@ def misfit(ready: Ready, pattern: Pattern, *, parts: bool) -> str:
             "with pattern='ranks' for per-rank payloads, or the consumers with rank 0"
         )
     return ""
+
+
+def refusal(rank: int, why: str, *, where: str) -> ConfigError:
+    """What a receiver of ``rank`` raises once a sender refused it, for ``why`` (the text
+    of the ``refuse`` packet): on that read and every later one, as the sender will send
+    it nothing.
+
+    Example:
+        >>> str(refusal(1, "it expects the other pattern", where="ipc:///run"))
+        'ipc:///run: the sender refused this receiver of rank 1: it expects the other pattern'
+    """
+    return ConfigError(
+        f"the sender refused this receiver of rank {rank}: {why}", where=where, rank=rank
+    )

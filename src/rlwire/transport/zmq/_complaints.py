@@ -1,5 +1,5 @@
-"""What a ZeroMQ sender says when it cannot reach its receivers: a receiver gone midway
-through its message, one missing after ``ready_timeout``, one whose queue
+"""What a ZeroMQ sender says when it cannot reach its receivers: a receiver gone (or
+replaced) midway through its message, one missing after ``ready_timeout``, one whose queue
 stayed full for the end. Each names the ranks (or how many consumers); the sink adds its
 endpoint as the error passes."""
 
@@ -11,16 +11,23 @@ from rlwire.transport.zmq._admission import Pattern
 __all__ = ["gone", "timed_out", "untold"]
 
 
-def gone(pattern: Pattern, rank: int) -> TransportError:
+def gone(pattern: Pattern, rank: int, *, replaced: bool) -> TransportError:
     """The receiver of ``rank`` (a consumer, if ``shared``) being sent its message
-    disconnected; the message was given up before its seal.
+    disconnected, or (``replaced``) lost its rank to a newer receiver of it; the message
+    was given up before its seal.
 
     Example:
-        >>> str(gone("ranks", 2))[:40]
-        'the receiver of rank 2 disconnected; it '
+        >>> str(gone("ranks", 2, replaced=True))[:55]
+        'another receiver of rank 2 took the rank over midway th'
     """
     if pattern == "shared":
         return TransportError("the consumer being sent this step disconnected")
+    if replaced:
+        return TransportError(
+            f"another receiver of rank {rank} took the rank over midway through the "
+            "message of this step, which was given up: the new receiver gets the step if "
+            "it is sent again, else a StepGapError for it"
+        )
     return TransportError(
         f"the receiver of rank {rank} disconnected; it will get a StepGapError for "
         "this step when it reconnects"

@@ -2,19 +2,19 @@
 
 A receiver counts once its ``ready`` packet has arrived (the handshake of
 docs/format.md): in the ``ranks`` pattern as the receiver of the rank it names, replacing
-an earlier one (a receiver that restarted), in the ``shared`` pattern as one more
-consumer. A receiver that expects the other pattern is refused (a ``refuse`` packet
-tells it why) and gets nothing. Each message to a receiver carries that receiver's next
-sequence number; the receiver acknowledges what it has read, so a closing sender knows
-whom it must still wait for. A receiver that says ``bye`` (it closed its socket) is
-forgotten for good; one that a send finds unreachable, until it announces itself again.
+an earlier one for good (a receiver that restarted, or a second trainer of the rank: see
+``_ranks``), in the ``shared`` pattern as one more consumer. A receiver that expects the
+other pattern is refused (a ``refuse`` packet tells it why) and gets nothing. Each
+message to a receiver carries that receiver's next sequence number; the receiver
+acknowledges what it has read, so a closing sender knows whom it must still wait for. A
+receiver that says ``bye`` (it closed its socket) is forgotten for good; one that a send
+finds unreachable, until it announces itself again.
 
 A receiver is known by its routing id, which it keeps across reconnections (after a
 network blip, ZeroMQ reconnects it with the same id). Its sequence numbers go on until
 its ``bye``, whatever happens to the connection: a receiver that comes back after
-a blip, or that lost its rank to another receiver and won it back, gets the sequence
-number after the last one sent to it, so it reports what it lost meanwhile as one
-StepGapError, and never takes a fresh message for an old one.
+a blip gets the sequence number after the last one sent to it, so it reports what it
+lost meanwhile as one StepGapError, and never takes a fresh message for an old one.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from rlwire.transport.zmq._protocol import (
     parse_ready,
     refuse_packet,
 )
+from rlwire.transport.zmq._ranks import RankOwners, taken_over
 from rlwire.transport.zmq._sockets import RETRY_SECONDS, Socket, has_packet, wait_descriptor
 
 __all__ = ["Peers"]
@@ -92,8 +93,8 @@ class Peers:
     # for each connection up whose receiver has not announced itself yet, until when
     # linger waits for it (monotonic): one each, as a ``ready`` answers one only
     _unheard: list[float] = field(default_factory=list, init=False, repr=False)
-    # rank -> routing id of its receiver
-    _rank_peer: dict[int, bytes] = field(default_factory=dict, init=False, repr=False)
+    # each rank's receiver, and those a newer one replaced
+    _owners: RankOwners = field(default_factory=RankOwners, init=False, repr=False)
     # the routing ids of the receivers there now, in the order they announced themselves
     _live: dict[bytes, None] = field(default_factory=dict, init=False, repr=False)
     # routing id -> next sequence number, until its bye (it may come back before)
@@ -122,7 +123,7 @@ class Peers:
         deadline = self._deadline()
         while True:
             self.drain()
-            missing = sorted(set(ranks) - self._rank_peer.keys())
+            missing = sorted(set(ranks) - set(self._owners.ranks()))
             if not missing:
                 return
             if _expired(deadline):
@@ -143,7 +144,7 @@ class Peers:
         while True:
             self.drain()
             if peer is not None and peer not in self._live:
-                raise gone(self.pattern, rank)
+                raise gone(self.pattern, rank, replaced=self._owners.replaced(peer) is not None)
             for candidate in self._candidates(rank) if peer is None else [peer]:
                 try:
                     self.socket.send(candidate, zmq.SNDMORE | zmq.NOBLOCK)
@@ -154,7 +155,7 @@ class Peers:
                         raise transport_error(exc, "send", where=None) from exc
                     self.forget(candidate)
                     if self.pattern == "ranks" or peer is not None:
-                        raise gone(self.pattern, rank) from exc
+                        raise gone(self.pattern, rank, replaced=False) from exc
                     continue
                 return candidate
             if peer is None and _expired(deadline) and not self._candidates(rank):
@@ -196,18 +197,17 @@ class Peers:
                 self._ready(peer, body)
 
     def forget(self, peer: bytes) -> None:
-        """Drop ``peer`` (gone, or replaced by a receiver of the same rank) until it
-        announces itself again; its sequence number is kept."""
+        """Drop ``peer`` (gone, refused, or replaced by a receiver of the same rank) until
+        it announces itself again; its sequence number is kept."""
         self._live.pop(peer, None)
         self._end_pending.discard(peer)
-        for rank, known in list(self._rank_peer.items()):
-            if known == peer:
-                del self._rank_peer[rank]
+        self._owners.release(peer)
 
     def _drop(self, peer: bytes) -> None:
         """Forget ``peer`` for good: it said bye, closing its socket, and no receiver
         reuses its routing id (one opened per step would leave an entry in each table)."""
         self.forget(peer)
+        self._owners.drop(peer)
         for table in (self._seq, self._acked, self._minor):
             table.pop(peer, None)
 
@@ -266,7 +266,7 @@ class Peers:
         while self._end_pending:
             if time.monotonic() >= deadline:
                 pending = self._end_pending
-                ranks = sorted(r for r, p in self._rank_peer.items() if p in pending)
+                ranks = self._owners.ranks_of(pending)
                 raise untold(
                     self.pattern, ranks, len(pending), end=self.end, seconds=seconds
                 ).add_context(where=where)
@@ -305,8 +305,11 @@ class Peers:
         if ready is None:
             return
         rank, refused = ready.rank, misfit(ready, self.pattern, parts=self.parts)
+        lost = self._owners.replaced(peer)  # (only ever set in the ranks pattern)
+        if lost is not None:
+            refused = taken_over(lost)  # it never takes its rank back
         if refused:
-            self._refuse(peer, refused)
+            self._refuse(peer, refused, record=lost is None)
             return
         self._minor[peer] = ready.minor  # its protocol's
         self.refused.pop(peer, None)
@@ -315,10 +318,9 @@ class Peers:
         self._live[peer] = None
         self._seq.setdefault(peer, 0)  # a receiver known before goes on where it was
         if self.pattern == "ranks":
-            old = self._rank_peer.get(rank)
-            if old is not None and old != peer:
-                self.forget(old)  # a restarted receiver replaces the old one
-            self._rank_peer[rank] = peer
+            old = self._owners.take(rank, peer)
+            if old is not None:  # the newest receiver wins; the old one is told
+                self._refuse(old, taken_over(rank), record=False)
 
     def carry_parts(self) -> None:
         """Note that a step filled part by part is being sent: refuse the receivers that
@@ -329,8 +331,11 @@ class Peers:
             for peer in [p for p in self._live if self._minor.get(p, 0) < 1]:
                 self._refuse(peer, NO_PARTS)
 
-    def _refuse(self, peer: bytes, why: str) -> None:
-        self.refused[peer] = why
+    def _refuse(self, peer: bytes, why: str, *, record: bool = True) -> None:
+        """Tell ``peer`` why it gets nothing (if its queue has room: else when it
+        announces itself again), and forget it; ``record``: for :meth:`_timed_out`."""
+        if record:
+            self.refused[peer] = why
         self.forget(peer)
         with contextlib.suppress(zmq.ZMQError):
             self.socket.send_multipart([peer, *refuse_packet(why)], zmq.NOBLOCK)
@@ -343,7 +348,7 @@ class Peers:
     def _candidates(self, rank: int) -> list[bytes]:
         """The receivers that may get ``rank``'s message, in the order to try them."""
         if self.pattern == "ranks":
-            peer = self._rank_peer.get(rank)
+            peer = self._owners.owner(rank)
             return [] if peer is None else [peer]
         peers = list(self._live)
         if len(peers) < self.consumers and not self.delivered:

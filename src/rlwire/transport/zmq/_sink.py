@@ -92,8 +92,10 @@ class ZmqSink(Sink):
     Storage options (``open_sender(..., storage_options={...})``):
 
     ``pattern``
-        ``"ranks"`` (default: each rank's receiver gets only its own payload) or
-        ``"shared"`` (each step goes to one of the consumers, sharing the work).
+        ``"ranks"`` (default: each rank's receiver gets only its own payload; of two
+        receivers of one rank, the one that announced itself last gets it, and the
+        other is refused) or ``"shared"`` (each step goes to one of the consumers,
+        sharing the work).
         Receivers may name it too (their storage option ``pattern``) to refuse
         messages of the other one; else a receiver keeps the pattern of its first.
     ``consumers``
@@ -119,9 +121,10 @@ class ZmqSink(Sink):
 
     Raises:
         ConfigError: a malformed URL or storage option.
-        TransportError: the address cannot be bound; a receiver disconnected while it
-            was being sent to; no receiver announced itself within ``ready_timeout``, or
-            made room for the end within ``linger``.
+        TransportError: the address cannot be bound; a receiver disconnected, or a
+            newer receiver of its rank took the rank over, while it was being sent to;
+            no receiver announced itself within ``ready_timeout``, or made room for the
+            end within ``linger``.
 
     Example:
         >>> from rlwire.abc import SinkOptions

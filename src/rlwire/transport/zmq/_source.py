@@ -21,7 +21,7 @@ from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source, SourceOptions, reject_unknown
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
-from rlwire.transport.zmq._admission import Pattern
+from rlwire.transport.zmq._admission import Pattern, refusal
 from rlwire.transport.zmq._ordering import Ordering
 from rlwire.transport.zmq._parts import StepParts
 from rlwire.transport.zmq._protocol import (
@@ -89,7 +89,10 @@ class ZmqSource(Source):
     read asks for a later step; nothing past the seal is read until then.
 
     Raises:
-        ConfigError: CURVE keys that do not go together; an unknown pattern.
+        ConfigError: CURVE keys that do not go together; an unknown pattern. Raised by
+            a read: the sender refused this receiver (it expects the other pattern, or
+            a newer receiver of its rank took the rank over), by that read and every
+            later one, which read nothing more.
         TransportError: the socket cannot connect or receive; CURVE authentication
             failed (the sender refused this receiver's key, ``curve_server_key`` is not
             the sender's, or is missing for a sender that uses CURVE): raised by a read.
@@ -169,6 +172,7 @@ class ZmqSource(Source):
         # The message read_next returned last, until the receiver asks for a later step.
         self._handed: tuple[int, Frame] | None = None
         self._end: int | None = None  # the end step, once the sender finished
+        self._refused: str | None = None  # why, once the sender refused this receiver
         self._heard = 0.0  # when a packet last arrived or this receiver last announced
         self._ack: list[bytes] | None = None  # an acknowledgement still to send
         try:
@@ -226,6 +230,8 @@ class ZmqSource(Source):
         if self._pending is not None:
             got, self._pending = self._pending, None
             return got
+        if self._refused is not None:  # for good: it reads and announces nothing more
+            raise refusal(self.rank, self._refused, where=self.endpoint)
         if self._end is not None:
             raise self._ordering.end_of_stream(self._end, step)
         sock = self._require_socket()
@@ -244,12 +250,9 @@ class ZmqSource(Source):
             views = [part.buffer.toreadonly() for part in parts]  # arrays read-only to numpy
             if is_ping(views):
                 continue
-            refused = parse_refuse(views)
-            if refused is not None:
-                raise ConfigError(
-                    f"the sender refused this receiver of rank {self.rank}: {refused}",
-                    where=self.endpoint,
-                )
+            self._refused = parse_refuse(views)
+            if self._refused is not None:
+                raise refusal(self.rank, self._refused, where=self.endpoint)
             end = parse_end(views)
             if end is not None:
                 # Sent after every message to this receiver, on the same connection.

@@ -7,18 +7,22 @@ Each trial runs (in its own forked child, under asyncio or trio) a real
 - *blip*: the receiver connects through a :class:`~chaos.tcpproxy.TcpProxy`, which is
   cut and restored at random moments (seeded) while steps flow; sends the sender finds
   unreachable are retried, as a user would;
-- *duplicate rank*: two receivers claim rank 0 (each re-announcement takes it over);
+- *duplicate rank*: two receivers claim rank 0 (in the ``ranks`` pattern the one that
+  announced itself last takes it over for good, and the other is told: ``ConfigError``);
 - *cancelled receive*: receives cancelled at random deadlines while messages are being
   decoded.
 
 Judged per receiver: every step returned is exactly the payload sent for it; steps go up,
 by one in the ``ranks`` pattern, and a step that does not follow on comes right after one
 ``StepGapError`` (what was lost); never an old step as new (a ``StepOrderError`` is
-wrong: it means fresh steps were taken for old ones). Outcomes: *exact* when all of that
-holds and the last step sent arrives; *typed error* for any other ``RlwireError``; *wrong
-data* for a step that is not its payload, one that goes back or repeats, a skip without a
-``StepGapError``, or a step after the last blip that never arrives; *untyped error*
-otherwise; *hang* when the trial outlives its deadline.
+wrong: it means fresh steps were taken for old ones). Two receivers of one rank get each
+step once between them: the one replaced gets the steps before the takeover, then one
+``ConfigError`` saying another receiver took the rank over, and nothing after (a step
+after it, or a second trainer silently given only some steps, is wrong data). Outcomes:
+*exact* when all of that holds and the last step sent arrives; *typed error* for any
+other ``RlwireError``; *wrong data* for a step that is not its payload, one that goes
+back or repeats, a skip without a ``StepGapError``, or a step after the last blip that
+never arrives; *untyped error* otherwise; *hang* when the trial outlives its deadline.
 """
 
 from __future__ import annotations
@@ -80,8 +84,8 @@ async def _trial(kind: str, pattern: str, seed: int) -> dict[str, Any]:
                 async with anyio.create_task_group() as tg:
                     for receiver, log in zip(receivers, logs, strict=True):
                         tg.start_soon(_receive, receiver, log, kind == "cancelled receive", rng)
-                    # Two receivers of one rank take it over from each other when one
-                    # has heard nothing for a second: send for 3 s.
+                    # A receiver of a rank left out announces itself again after a
+                    # second without news (which once took the rank back): send for 3 s.
                     pace = 0.15 if kind == "duplicate rank" else 0.03
                     await _send(sender, proxy if kind == "blip" else None, rng, pace)
                     await sender.finish()
@@ -127,18 +131,42 @@ async def _receive(receiver: Any, log: list[Any], cancel: bool, rng: random.Rand
             log.append("end")
             return
         except rlwire.RlwireError as exc:
-            log.append(f"{type(exc).__name__}: {str(exc)[:200]}")
-            if isinstance(exc, rlwire.ReceiveTimeout):
-                return
+            log.append(f"{type(exc).__name__}: {str(exc)[:300]}")
+            if isinstance(exc, rlwire.ReceiveTimeout | rlwire.ConfigError):
+                return  # (a refusal is final: every later receive raises it again)
             continue
         log.append((receiver.last_step, same(batch, payload(receiver.last_step, 0, n=N))))
 
 
 def _ended(log: list[Any]) -> bool:
-    return bool(log) and (log[-1] == "end" or str(log[-1]).startswith("ReceiveTimeout"))
+    return bool(log) and (log[-1] == "end" or str(log[-1]).startswith(_FINAL))
+
+
+_FINAL = ("ReceiveTimeout", "ConfigError")
+
+
+def _taken_over(logs: list[list[Any]], pattern: str, kind: str) -> dict[str, Any] | None:
+    """For two receivers of rank 0 (the ``ranks`` pattern): the outcome if they did not
+    share the steps as they must (one, until it was told that the other took the rank
+    over, the other every later step); ``None`` if they did. Their logs lose the
+    ``ConfigError`` that told one of them, for :func:`_judge`."""
+    if kind != "duplicate rank" or pattern != "ranks":
+        return None
+    told = [log for log in logs if log and str(log[-1]).startswith("ConfigError")]
+    words = "another receiver of rank 0 announced itself after this one"
+    if len(told) != 1 or words not in str(told[0][-1]):
+        return {"outcome": WRONG, "detail": f"not one receiver told of a takeover; {logs}"}
+    told[0].pop()
+    steps = sorted(e[0] for log in logs for e in log if isinstance(e, tuple))
+    if steps != list(range(STEPS)):
+        return {"outcome": WRONG, "detail": f"the rank's steps were not each sent once; {logs}"}
+    return None
 
 
 def _judge(logs: list[list[Any]], pattern: str, kind: str) -> dict[str, Any]:
+    shared = _taken_over(logs, pattern, kind)
+    if shared is not None:
+        return shared
     typed = []
     for r, log in enumerate(logs):
         previous: int | None = None

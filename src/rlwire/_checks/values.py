@@ -15,7 +15,6 @@ Example:
 
 from __future__ import annotations
 
-import cmath
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
@@ -136,14 +135,25 @@ def check_scalar(value: Any, path: KeyPath, rules: Rules) -> None:
     elif kind is int or kind is bool:
         if rules.limit_name is not None and value > rules.limit:
             _fail_max(path, value, rules)
-    elif kind is complex:
-        if rules.finite is not None and not cmath.isfinite(value):
-            _fail_finite(path, value, rules)
-    elif isinstance(value, np.inexact):  # .item() of a long double is itself
-        if rules.finite is not None and not np.isfinite(value):
-            _fail_finite(path, value, rules)
-    elif isinstance(value, np.generic):
+    elif isinstance(value, np.generic) and not isinstance(value, np.inexact):
         check_scalar(value.item(), path, rules)
+    else:
+        _check_number(value, path, rules)
+
+
+def _check_number(value: Any, path: KeyPath, rules: Rules) -> None:
+    """:func:`check_scalar` of a complex, a numpy float (``.item()`` of a long double is
+    itself), or a subclass of int or float: an IntEnum or a float Enum, which msgspec
+    sends as the number it is."""
+    if isinstance(value, int):
+        if rules.limit_name is not None and value > rules.limit:
+            _fail_max(path, value, rules)
+    elif (
+        rules.finite is not None
+        and isinstance(value, float | complex | np.inexact)
+        and not np.isfinite(value)
+    ):
+        _fail_finite(path, value, rules)
 
 
 def _fail_finite(path: KeyPath, value: Any, rules: Rules) -> None:

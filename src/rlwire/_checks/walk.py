@@ -110,9 +110,9 @@ class Walk:
             dataclasses.is_dataclass(value) and not isinstance(value, type)
         ):
             yield from self.record(value, path, rules)
-        elif isinstance(value, np.generic):
+        elif isinstance(value, np.generic | int | float | complex):  # numpy's, or subclasses
             if rules is not None:
-                check_scalar(value.item(), path, rules)
+                check_scalar(value, path, rules)
         elif isinstance(value, dict):
             yield from self.mapping(value, path, rules, shape)
         elif isinstance(value, list | tuple | set | frozenset):

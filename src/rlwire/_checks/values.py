@@ -23,9 +23,11 @@ import msgspec
 import numpy as np
 
 from rlwire._checks.plan import Rules
+from rlwire._core.chunked import Chunked, chunks_problem
+from rlwire._core.columns import Columns
 from rlwire._core.errors import SchemaError
 from rlwire._core.paths import KeyPath, render_path
-from rlwire._core.ragged import Ragged
+from rlwire._core.ragged import Ragged, ragged_problem
 from rlwire._core.slicing import Sliced
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "by_row",
     "check_scalar",
     "first_differing",
+    "refuse_changed",
     "row_lengths",
     "same_length",
     "scan_array",
@@ -66,6 +69,28 @@ def by_row(column: Ragged | np.ndarray, path: KeyPath, name: str | None) -> Plac
         return at((path, row) if name is None else ((path, row), name), rest)
 
     return place
+
+
+def refuse_changed(value: Any, path: KeyPath) -> None:
+    """Refuse a Ragged, Chunked or Columns at ``path`` that was changed since it was made
+    so that it no longer holds rows (offsets that do not fit the values, a chunk of
+    another kind, a list column grown), with the encoder's message: the checks' error
+    is the one a send raises, and a scan of it would name rows it does not hold."""
+    if isinstance(value, Ragged):
+        problem = ragged_problem(value)
+        if problem:
+            raise SchemaError(f"{render_path(path)}: the Ragged's {problem}")
+    elif isinstance(value, Chunked):
+        problem = chunks_problem(value.chunks)
+        if problem:
+            raise SchemaError(f"{render_path(path)}: {problem} (the Chunked's chunks were changed)")
+    elif isinstance(value, Columns):
+        for name, column in value.items():
+            if len(column) != len(value):
+                raise SchemaError(
+                    f"{render_path((path, name))}: has {len(column)} rows, the Columns {len(value)}"
+                )
+            refuse_changed(column, (path, name))
 
 
 def shifted(path: KeyPath, start: int) -> Place:

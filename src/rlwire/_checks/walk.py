@@ -34,6 +34,7 @@ from rlwire._checks.values import (
     by_row,
     check_scalar,
     first_differing,
+    refuse_changed,
     row_lengths,
     same_length,
     scan_array,
@@ -125,6 +126,7 @@ class Walk:
     def packed(self, value: Any, path: KeyPath, rules: Rules | None) -> Sliced[None]:
         """Check ``value`` if it is a Ragged, a Chunked or a Columns (anything else holds
         nothing the checks know how to look into)."""
+        refuse_changed(value, path)  # one changed since it was made, as the encoder does
         if isinstance(value, Ragged):
             yield from self.ragged(value, path, rules)
         elif isinstance(value, Chunked):
@@ -156,9 +158,8 @@ class Walk:
 
     def columns(self, cols: Columns, path: KeyPath, rules: Rules | None) -> Sliced[None]:
         """Check ``cols`` as the list of its rows, a column at a time: a bad value is named
-        by its row, then its column (``$.samples[3].logprobs[17]``); the first bad value
-        of the first column (in the columns' order) that holds one is named, and the
-        same_length groups are compared after every column."""
+        by its row, then its column (``$.samples[3].logprobs[17]``), the first of the first
+        column that holds one; same_length groups are compared after every column."""
         if self.collect:
             self.seen.update(cols.names)
         for name in cols.names:

@@ -24,7 +24,7 @@ import numpy as np
 
 from rlwire._core.errors import SchemaError
 
-__all__ = ["Ragged", "offsets_problem"]
+__all__ = ["Ragged", "offsets_problem", "ragged_problem"]
 
 
 class Ragged:
@@ -192,6 +192,31 @@ def _whole(lengths: Sequence[Any], given: np.ndarray) -> np.ndarray:
         with contextlib.suppress(OverflowError):  # past int64: refused as not integers
             return np.array([int(n) for n in lengths], np.int64)
     return given
+
+
+def ragged_problem(ragged: Ragged) -> str:
+    """What is wrong with ``ragged``, whose attributes may have been set since it was
+    made, as rows ('' if nothing): ``values ...`` or ``offsets ...``.
+
+    Example:
+        >>> r = Ragged(np.arange(3), [0, 3])
+        >>> r.offsets = np.array([1, 3])
+        >>> ragged_problem(r)
+        'offsets must start at 0, got 1'
+    """
+    values, offsets = ragged.values, ragged.offsets
+    if not isinstance(values, np.ndarray) or values.ndim < 1:
+        got = f"shape {values.shape}" if isinstance(values, np.ndarray) else type(values).__name__
+        return f"values must be a numpy array of at least one dimension, got {got}"
+    if not (
+        isinstance(offsets, np.ndarray)
+        and offsets.ndim == 1
+        and offsets.dtype == np.int64
+        and offsets.size
+    ):
+        return "offsets must be a 1-D int64 array of at least one entry"
+    problem = offsets_problem(offsets, len(values))
+    return f"offsets {problem}" if problem else ""
 
 
 def offsets_problem(offsets: np.ndarray, total: int) -> str:

@@ -25,7 +25,7 @@ from rlwire._core.chunked import Chunked, chunks_problem
 from rlwire._core.columns import Columns
 from rlwire._core.errors import EncodeError, SchemaError
 from rlwire._core.paths import KeyPath, render_path
-from rlwire._core.ragged import Ragged, offsets_problem
+from rlwire._core.ragged import Ragged, ragged_problem
 from rlwire._core.slicing import Sliced
 from rlwire._frame.pieces import Pieces
 from rlwire.codecs._msgpack.arrays import PLAIN_DTYPES, byte_view, check_dtype
@@ -115,20 +115,15 @@ def _ragged_value(w: Walker, ragged: Ragged, path: KeyPath, side: bool) -> msgsp
     arrays (the values to the sidecar if ``side``).
 
     Raises:
-        SchemaError: its offsets no longer fit its values (the arrays were changed
-            since it was made: one pass over the offsets, so no step is written that no
-            receiver can read).
+        SchemaError: its offsets no longer fit its values (the arrays were changed or
+            set since it was made: one pass over the offsets, so no step is written
+            that no receiver can read).
     """
-    offsets = ragged.offsets
-    shaped = isinstance(offsets, np.ndarray) and offsets.ndim == 1 and offsets.dtype == np.int64
-    if shaped and offsets.size:
-        problem = offsets_problem(offsets, len(ragged.values))
-    else:
-        problem = "must be a 1-D int64 array of at least one entry"
+    problem = ragged_problem(ragged)
     if problem:
-        raise SchemaError(f"{render_path(path)}: the Ragged's offsets {problem}")
+        raise SchemaError(f"{render_path(path)}: the Ragged's {problem}")
     values = w.sent.array(ragged.values, (path, "values"), side)
-    bounds = w.sent.array(offsets, (path, "offsets"), False)
+    bounds = w.sent.array(ragged.offsets, (path, "offsets"), False)
     return msgspec.msgpack.Ext(EXT_RAGGED, w.encoder.encode([values, bounds]))
 
 

@@ -47,7 +47,9 @@ class Checks:
     it is sent as, a Columns as the list of its rows (``$.samples[3].logprobs[17]``),
     each array scanned whole. Where a Columns breaks several rules, the first column (in
     its order) that holds a bad value is named, and ``same_length`` is compared after
-    every column is checked.
+    every column is checked. One changed since it was made so that its rows are not
+    what it holds (a Ragged's offsets set to rows of part of its values, a chunk
+    appended to ``chunks`` directly) is refused, as the encoder refuses it, not scanned.
 
     Args:
         finite: field names whose float values must be finite (no NaN, Inf or -Inf): a

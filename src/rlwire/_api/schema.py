@@ -14,7 +14,7 @@ import numpy as np
 
 from rlwire._api.release import on_drop
 from rlwire._checks.columns import all_finite
-from rlwire._core.chunked import Chunked
+from rlwire._core.chunked import Chunked, chunks_problem
 from rlwire._core.columns import Columns
 from rlwire._core.errors import SchemaError
 from rlwire._core.ragged import Ragged
@@ -315,10 +315,14 @@ def _check_extras(extras: Any, where: str) -> None:
 
 def _array(obj: Any, name: str, where: str, *, ndim: int) -> np.ndarray:
     """The array field ``name`` of ``obj``: an ndarray, or a non-empty :class:`~rlwire.Chunked`
-    (read through its shape and dtype; its chunks are checked one by one)."""
+    (read through its shape and dtype; its chunks are checked one by one, and refused
+    if they are not all arrays of one dtype and trailing shape)."""
     value = getattr(obj, name)
     if not (isinstance(value, np.ndarray) or (isinstance(value, Chunked) and value.chunks)):
         raise SchemaError(f"{where}.{name}: expected a numpy array, got {type(value).__name__}")
+    problem = chunks_problem(value.chunks) if isinstance(value, Chunked) else ""
+    if problem:  # its list of chunks changed directly: as the encoder refuses it
+        raise SchemaError(f"{where}.{name}: {problem} (the Chunked's chunks were changed)")
     if len(value.shape) != ndim:
         raise SchemaError(f"{where}.{name}: expected {ndim} dimension(s), got shape {value.shape}")
     return value  # type: ignore[return-value]  # a Chunked has the dtype, shape and len used

@@ -1,0 +1,55 @@
+"""Validation through the sender's faces, against what was made to slip past it
+(session 24's adversarial review); each test here failed before its fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import make_batch
+
+import rlwire
+from rlwire import Chunked
+
+# -- TrainingSample's own rules -----------------------------------------------------------------
+
+
+def with_changed_chunks(extra: Any) -> rlwire.TrainingBatch:
+    """Two samples of 5 tokens; sample 1's logprobs a Chunked of 4 tokens whose list of
+    chunks then had ``extra`` appended directly (not through ``append``)."""
+    batch = make_batch(2, n=5)
+    sample = batch.samples[1]
+    chunked = Chunked([sample.logprobs[:4]])
+    chunked.chunks.append(extra)
+    sample.logprobs = chunked  # type: ignore[assignment]  # a Chunked stands for an array
+    return batch
+
+
+CHANGED_CHUNKS = [
+    (np.zeros((2, 2), np.float32), r"chunk 1 has dtype float32 and shape \(2, 2\)"),
+    (None, r"chunk 1 must be a numpy array of at least one dimension, got NoneType"),
+    # Finite, but cast to float32 it is inf: it was reported as a non-finite value.
+    (np.array([1e300, 0.0]), r"chunk 1 has dtype float64"),
+]
+
+
+@pytest.mark.parametrize(("extra", "match"), CHANGED_CHUNKS)
+def test_a_sample_holding_a_chunked_whose_chunks_were_changed_is_a_schema_error(
+    extra: Any, match: str
+) -> None:
+    """It raised numpy's ValueError, or a TypeError, from ``validate``."""
+    with pytest.raises(rlwire.SchemaError, match=r"^batch\.samples\[1\]\.logprobs: " + match):
+        with_changed_chunks(extra).validate()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("extra", "match"), CHANGED_CHUNKS)
+async def test_a_sender_refuses_such_a_sample_with_a_schema_error(
+    tmp_path: Path, extra: Any, match: str
+) -> None:
+    async with rlwire.open_sender(tmp_path) as sender:
+        with pytest.raises(rlwire.SchemaError, match=r"\$\.samples\[1\]\.logprobs: " + match):
+            await sender.send(with_changed_chunks(extra))
+        assert list(tmp_path.iterdir()) == []

@@ -53,3 +53,41 @@ async def test_a_sender_refuses_such_a_sample_with_a_schema_error(
         with pytest.raises(rlwire.SchemaError, match=r"\$\.samples\[1\]\.logprobs: " + match):
             await sender.send(with_changed_chunks(extra))
         assert list(tmp_path.iterdir()) == []
+
+
+# -- the sync face --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
+def test_a_sync_sender_raises_what_a_check_raises_past_exception_and_goes_on(
+    tmp_path: Path, raised: type[BaseException]
+) -> None:
+    """A ``check=`` that raises KeyboardInterrupt (or SystemExit) runs on the sender's
+    event-loop thread: it ended that loop, the next send raised CancelledError and
+    ``close()`` an AttributeError that hid the interrupt, the sink left open."""
+    calls: list[Any] = []
+
+    def check(obj: Any) -> None:
+        calls.append(obj)
+        if len(calls) == 1:
+            raise raised
+
+    checks = rlwire.Checks(finite=("x",), check=check)
+    with rlwire.open_sync_sender(tmp_path, validate=checks) as sender:
+        with pytest.raises(raised):
+            sender.send({"x": 1.0})
+        assert list(tmp_path.iterdir()) == []
+        assert sender.next_step == 0
+        assert sender.send({"x": 1.0}) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["step-00000000.rank-0000.rlw"]
+
+
+def test_an_interrupt_from_a_check_is_not_hidden_by_the_close_of_the_with_block(
+    tmp_path: Path,
+) -> None:
+    def check(obj: Any) -> None:
+        raise KeyboardInterrupt
+
+    checks = rlwire.Checks(finite=("x",), check=check)
+    with pytest.raises(KeyboardInterrupt), rlwire.open_sync_sender(tmp_path, validate=checks) as s:
+        s.send({"x": 1.0})

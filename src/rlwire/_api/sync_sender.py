@@ -15,7 +15,7 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Literal, NamedTuple, ParamSpec, TypeVar
 
 import anyio
 from anyio.from_thread import BlockingPortal
@@ -305,7 +305,7 @@ class SyncSender:
         interrupted, ended = threading.Event(), threading.Event()
         scopes: list[anyio.CancelScope] = []
 
-        async def run() -> T:
+        async def run() -> T | _Escaped:
             try:
                 with anyio.CancelScope() as scope:
                     scopes.append(scope)
@@ -313,6 +313,10 @@ class SyncSender:
                         scope.cancel()
                     return await func(*args, **kwargs)
                 raise anyio.get_cancelled_exc_class()  # cancelled before it began
+            except (Exception, BaseExceptionGroup, anyio.get_cancelled_exc_class()):
+                raise
+            except BaseException as exc:  # KeyboardInterrupt from a Checks(check=)...
+                return _Escaped(exc)  # ...would end the loop: raised in the caller's thread
             finally:
                 ended.set()
 
@@ -328,7 +332,17 @@ class SyncSender:
                 self._portal.call(scopes[0].cancel)
                 ended.wait()
             raise
-        return _wait(future, ended)
+        result = _wait(future, ended)
+        if isinstance(result, _Escaped):
+            raise result.error
+        return result
+
+
+class _Escaped(NamedTuple):
+    """What a call raised that is not an Exception nor a cancellation (KeyboardInterrupt,
+    SystemExit: from the caller's code the call runs), handed to the caller's thread."""
+
+    error: BaseException
 
 
 def _made_off_the_loop(make: Callable[[], T]) -> T:

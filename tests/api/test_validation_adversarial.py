@@ -91,3 +91,42 @@ def test_an_interrupt_from_a_check_is_not_hidden_by_the_close_of_the_with_block(
     checks = rlwire.Checks(finite=("x",), check=check)
     with pytest.raises(KeyboardInterrupt), rlwire.open_sync_sender(tmp_path, validate=checks) as s:
         s.send({"x": 1.0})
+
+
+# -- parts ----------------------------------------------------------------------------------
+
+X_FINITE = rlwire.Checks(finite=("x",))
+
+
+@pytest.mark.anyio
+async def test_a_part_that_fails_its_checks_is_named_and_nothing_of_it_is_visible(
+    tmp_path: Path,
+) -> None:
+    """The error named the step and the rank, not which put (a part's index and key)."""
+    async with rlwire.open_sender(tmp_path, validate=X_FINITE) as sender:
+        async with sender.open_step(ranks=2) as writer:
+            await writer.put([{"x": 1.0}], key="a")
+            with pytest.raises(rlwire.SchemaError) as info:
+                await writer.put([{"x": 1.0}, {"x": float("nan")}], key="b")
+            assert str(info.value) == (
+                "step 0, rank 1, part 0 (key 'b'): $[1].x: nan is not finite ('x' is checked "
+                "finite)"
+            )
+            assert (info.value.step, info.value.rank) == (0, 1)
+            assert [p.name for p in tmp_path.iterdir()] == [
+                "step-00000000.rank-0000.part-000000.rlw"
+            ]
+            batch = make_batch(6)
+            batch.samples[4].advantages[2] = np.inf
+            named = r"^step 0, rank 1, part 0 \(key 7\): \$\[4\]\.advantages: 1 non-finite"
+            with pytest.raises(rlwire.SchemaError, match=named):
+                await writer.put(batch.samples, key=7)
+            await writer.put([{"x": 2.0}], key="b")  # the key was not used up
+        assert writer.assignment == (("a",), ("b",))
+
+
+def test_a_part_put_through_the_sync_face_is_named_too(tmp_path: Path) -> None:
+    with rlwire.open_sync_sender(tmp_path, validate=X_FINITE) as sender, sender.open_step() as w:
+        with pytest.raises(rlwire.SchemaError, match=r"^step 0, rank 0, part 0 \(key 'k'\): "):
+            w.put([{"x": float("inf")}], key="k")
+        assert list(tmp_path.iterdir()) == []

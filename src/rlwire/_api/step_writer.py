@@ -245,7 +245,7 @@ class StepWriter:
             StepExistsError: ``key`` was put already in this run of the step.
             ConfigError: a bad key, rank, cost or ``samples`` that is not a list.
             SchemaError, EncodeError: as :meth:`~rlwire.TrainingBatchSender.send`,
-                nothing written.
+                nothing written; named ``step 3, rank 1, part 2 (key 'g7'): ...``.
             TransportError: the part cannot be written; or an earlier part's commit
                 failed without knowing whether it became visible (reopen the step).
             ClosedError: the step is sealed, or the sender closed.
@@ -334,10 +334,10 @@ class StepWriter:
             await validation.commit(staged, limiter)
         except BaseException as exc:
             staged = await validation.settle_failed(staged)
+            if isinstance(exc, RlwireError):  # a checks' error too: which put it was
+                exc.add_context(where=info.named(self.step), step=self.step, rank=info.rank)
             if staged is not None and staged.visible is None:
                 self._unknown = True
-                if isinstance(exc, RlwireError):
-                    exc.add_context(step=self.step, rank=info.rank)
             raise
         finally:
             # A part that may be visible is never put again.

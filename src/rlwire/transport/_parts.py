@@ -69,6 +69,15 @@ class PartInfo:
     cost: float
     of: bytes | None = None
 
+    def named(self, step: int) -> str:
+        """This part of ``step`` as errors name it.
+
+        Example:
+            >>> PartInfo(rank=1, index=0, key="b", cost=3.0).named(7)
+            "step 7, rank 1, part 0 (key 'b')"
+        """
+        return f"step {step}, rank {self.rank}, part {self.index} (key {self.key!r})"
+
 
 @dataclass(frozen=True)
 class Seal:

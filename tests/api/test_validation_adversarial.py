@@ -130,3 +130,30 @@ def test_a_part_put_through_the_sync_face_is_named_too(tmp_path: Path) -> None:
         with pytest.raises(rlwire.SchemaError, match=r"^step 0, rank 0, part 0 \(key 'k'\): "):
             w.put([{"x": float("inf")}], key="k")
         assert list(tmp_path.iterdir()) == []
+
+
+# -- a packed step received into the default type ---------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_packed_step_without_a_field_names_the_sample_type_and_the_field(
+    tmp_path: Path,
+) -> None:
+    """Sent as rlwire.Columns without ``advantages`` (a dict, which TrainingSample's rules
+    do not look into), received as the default TrainingBatch: the DecodeError said
+    "does not match list", not which list."""
+    batch = make_batch(3)
+    names = ("token_ids", "mask", "logprobs", "temperatures")
+    columns: dict[str, Any] = {
+        name: rlwire.Ragged.from_arrays([getattr(s, name) for s in batch.samples]) for name in names
+    }
+    columns["env_name"] = [s.env_name for s in batch.samples]
+    async with rlwire.open_sender(tmp_path) as sender:
+        await sender.send({"samples": rlwire.Columns(columns)})
+    async with rlwire.open_receiver(tmp_path) as receiver:
+        with pytest.raises(rlwire.DecodeError) as info:
+            await receiver.areceive(timeout=10)
+    assert str(info.value).endswith(
+        ": received data does not match list[TrainingSample]: Object missing required field "
+        "`advantages` - at `$.samples[0]`"
+    )

@@ -11,6 +11,8 @@ Example:
 
 from __future__ import annotations
 
+import types
+import typing
 from typing import Any
 
 __all__ = ["dec_hook", "type_name"]
@@ -25,5 +27,21 @@ def dec_hook(tp: Any, obj: Any) -> Any:
 
 
 def type_name(tp: Any) -> str:
-    """``tp`` as an error message names it."""
+    """``tp`` as an error message names it: a generic with its arguments, which say
+    which list (``list`` alone left a reader to guess).
+
+    Example:
+        >>> type_name(list[dict[str, int | None]]), type_name(tuple[float, ...])
+        ('list[dict[str, int | None]]', 'tuple[float, ...]')
+    """
+    args = typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        return type_name(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(map(type_name, args))
+    if origin is not None and args:
+        return f"{type_name(origin)}[{', '.join(map(type_name, args))}]"
+    if tp is Ellipsis or tp is type(None):
+        return "..." if tp is Ellipsis else "None"
     return getattr(tp, "__qualname__", None) or repr(tp)

@@ -395,5 +395,6 @@ def test_an_item_refused_in_a_long_list_is_named_by_its_index() -> None:
         ids: list[int]
         name: str
 
-    with pytest.raises(DecodeError, match=r"does not match list: .*at `\$\[57\]\.ids\[1\]`"):
+    named = r"does not match list\[.*Item\]: .*at `\$\[57\]\.ids\[1\]`"
+    with pytest.raises(DecodeError, match=named):
         decode(frame, list[Item])

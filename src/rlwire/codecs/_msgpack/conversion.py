@@ -6,7 +6,7 @@ Example:
     [1.0, 2.0]
     >>> convert(["x"], list[int])  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    rlwire.errors.DecodeError: received data does not match list: Expected `int`, got `str` ...
+    rlwire.errors.DecodeError: received data does not match list[int]: Expected `int`, got `str` ...
 """
 
 from __future__ import annotations

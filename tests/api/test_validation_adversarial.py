@@ -55,6 +55,29 @@ async def test_a_sender_refuses_such_a_sample_with_a_schema_error(
         assert list(tmp_path.iterdir()) == []
 
 
+# -- what a check= raises past Exception -----------------------------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
+async def test_a_sender_raises_what_a_check_raises_past_exception_and_goes_on(
+    tmp_path: Path, raised: type[BaseException]
+) -> None:
+    """Not swallowed (nor made a SchemaError), nothing written, the step not used up."""
+    calls: list[Any] = []
+
+    def check(obj: Any) -> None:
+        calls.append(obj)
+        if len(calls) == 1:
+            raise raised
+
+    async with rlwire.open_sender(tmp_path, validate=rlwire.Checks(check=check)) as sender:
+        with pytest.raises(raised):
+            await sender.send({"x": 1.0})
+        assert list(tmp_path.iterdir()) == []
+        assert await sender.send({"x": 1.0}) == 0
+
+
 # -- the sync face --------------------------------------------------------------------------
 
 

@@ -59,14 +59,18 @@ class Checks:
             one object (the Struct, dataclass or dict that holds them); members of a
             group that are missing or ``None`` are left out. A group has at least two
             names.
-        max_value: field name -> the largest integer allowed in that field (ints,
-            integer and bool arrays, nested lists of them). Only values above the maximum
-            are refused: negative values are not, and floats are not compared.
+        max_value: field name -> the largest integer allowed in that field (ints, an
+            IntEnum's too, integer and bool arrays, nested lists of them). Only values
+            above the maximum are refused: negative values are not, and floats are not
+            compared.
         check: an optional callable ``check(obj) -> None`` called with the whole object
-            after the rules above have passed, which raises to refuse it. An error other
-            than an :class:`~rlwire.RlwireError` becomes a :class:`~rlwire.SchemaError`
-            naming the callable. It runs as one slice of work in a worker thread, so
-            keep it quick.
+            after the rules above have passed, which raises to refuse it. An Exception
+            other than an :class:`~rlwire.RlwireError` becomes a
+            :class:`~rlwire.SchemaError` naming the callable; a KeyboardInterrupt or
+            SystemExit passes unchanged. It runs as one slice of work in a worker
+            thread, so keep it quick; and, as it runs while a sender writes the step,
+            it must not change the object: a change may be written unchecked, or leave
+            the step's bytes unlike their checksum (a receiver then refuses the step).
 
     With ``open_sender(url, validate=Checks(...))`` the checks run on every object, per
     rank, in worker-thread slices beside the write of the step, which is committed only

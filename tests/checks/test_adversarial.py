@@ -8,16 +8,25 @@ error), where the encoder refuses it with a SchemaError saying what changed.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
+import random
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
+from depth import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rlwire
 from rlwire import Checks, Chunked, Columns, Ragged
+from rlwire._core.slicing import run_sliced
 
 CHECKS = Checks(finite=("x",), max_value={"ids": 100})
 
@@ -137,3 +146,117 @@ async def test_a_sender_refuses_a_changed_packed_value_with_one_schema_error(
             await sender.send({"x": make(), "ids": 1})
         assert str(info.value).startswith(f"step 0, rank 0: {message}")
         assert list(tmp_path.iterdir()) == []
+
+
+# -- one bad value, planted anywhere: named exactly where it is --------------------------------
+
+RULES = Checks(finite=("lp",), max_value={"ids": 100})
+_DTYPES = {"lp": ["f2", "f4", "f8", "c8", "c16"], "ids": ["i1", "u1", "u8", "i8"]}
+
+
+class Holder(msgspec.Struct):
+    lp: Any = None
+    ids: Any = None
+    note: str = ""
+
+
+@dataclasses.dataclass
+class DataHolder:
+    lp: Any = None
+    ids: Any = None
+    note: str = ""
+
+
+#: Where a bad value can go inside one value: its index path there, a setter.
+Spot = tuple[tuple[int, ...], Callable[[Any], None]]
+
+
+def field_value(rng: random.Random, name: str, n: int) -> tuple[Any, list[Spot]]:
+    """A value of one of many kinds for field ``name``, ``n`` items long, holding good
+    values, and the places a bad value can go (an index path under it, a setter)."""
+    kind = rng.choice(["array", "strided", "2d", "fortran", "list", "nested", "ragged", "chunked"])
+    zero = 0.0 if name == "lp" else 0
+    if kind in ("array", "strided"):
+        arr = np.zeros(2 * n if kind == "strided" else n, rng.choice(_DTYPES[name]))
+        arr = arr[::2] if kind == "strided" else arr
+        return arr, [((i,), partial(arr.__setitem__, i)) for i in range(n)]
+    if kind in ("2d", "fortran"):
+        arr = np.zeros((n, 3), rng.choice(_DTYPES[name]), order="F" if kind == "fortran" else "C")
+        return arr, [((i, j), partial(arr.__setitem__, (i, j))) for i in range(n) for j in range(3)]
+    if kind == "list":
+        items = [zero] * n
+        return items, [((i,), partial(items.__setitem__, i)) for i in range(n)]
+    if kind == "nested":
+        rows = [[zero, zero] for _ in range(n)]
+        return rows, [((i, j), partial(rows[i].__setitem__, j)) for i in range(n) for j in (0, 1)]
+    if kind == "ragged":
+        lengths = [rng.randrange(4) for _ in range(n)]
+        values = np.zeros(sum(lengths), rng.choice(_DTYPES[name]))
+        ragged = Ragged.from_lengths(values, lengths)
+        starts = ragged.offsets.tolist()
+        return ragged, [
+            ((row, t), partial(values.__setitem__, starts[row] + t))
+            for row in range(n)
+            for t in range(lengths[row])
+        ]
+    chunks = [np.zeros(rng.randrange(4), rng.choice(_DTYPES[name]))]
+    chunks += [np.zeros(rng.randrange(4), chunks[0].dtype) for _ in range(rng.randrange(3))]
+    spots: list[Spot] = []
+    for chunk in chunks:  # named as the one array the chunks are sent as
+        start = len(spots)
+        spots += [((start + t,), partial(chunk.__setitem__, t)) for t in range(len(chunk))]
+    return Chunked(chunks), spots
+
+
+#: Where a bad value can go: its field's name, its path under ``$.rows``, a setter.
+Place = tuple[str, tuple[Any, ...], Callable[[Any], None]]
+
+
+def planted(rng: random.Random) -> tuple[Any, list[Place]]:
+    """``{"meta": ..., "rows": rows}`` (records, dataclasses, dicts or Columns), and every
+    place a bad value can go."""
+    count = rng.choice([1, 3, 4, 5, 17, 40, 600])  # either side of the column walk's bounds
+    shape = rng.choice(["struct", "dataclass", "dict", "columns"])
+    places: list[Place] = []
+    if shape == "columns":
+        lengths = [rng.randrange(4) for _ in range(count)]
+        values = np.zeros(sum(lengths), np.float32)
+        ids = np.zeros((count, 2), np.int64)
+        rows: Any = Columns({"lp": Ragged.from_lengths(values, lengths), "ids": ids})
+        starts = rows["lp"].offsets.tolist()
+        for i in range(count):
+            for t in range(lengths[i]):
+                places.append(("lp", (i, "lp", t), partial(values.__setitem__, starts[i] + t)))
+            for j in (0, 1):
+                places.append(("ids", (i, "ids", j), partial(ids.__setitem__, (i, j))))
+        return {"meta": {"lp": 0.5}, "rows": rows}, places
+    rows = []
+    for i in range(count):
+        n = rng.choice([0, 1, 2, 5])
+        fields = {}
+        for name in ("lp", "ids"):
+            fields[name], spots = field_value(rng, name, n)
+            places += [(name, (i, name, *at), put) for at, put in spots]
+        made = {"struct": Holder, "dataclass": DataHolder, "dict": dict}[shape]
+        rows.append(made(**fields, note="x"))
+    return {"meta": {"lp": 0.5, "ids": 1}, "rows": rows}, places
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(rng=st.randoms(use_true_random=False))
+def test_property_one_bad_value_is_named_exactly_where_it_was_planted(rng: random.Random) -> None:
+    """An independent oracle for the column walk and the packed scans: the path a
+    per-value scan names, built beside the object, not read back from the checks."""
+    obj, places = planted(rng)
+    run_sliced(RULES.validate_sliced(obj, check_names=False))
+    if not places:
+        return
+    name, path, put = rng.choice(places)
+    if name == "lp":
+        put(rng.choice([math.nan, math.inf, -math.inf]))
+    else:
+        put(rng.choice([101, 127]))
+    where = "$.rows" + "".join(f".{p}" if isinstance(p, str) else f"[{p}]" for p in path)
+    with pytest.raises(rlwire.SchemaError) as info:
+        run_sliced(RULES.validate_sliced(obj, check_names=False))
+    assert str(info.value).split(": ")[0] == where

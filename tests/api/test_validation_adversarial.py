@@ -8,7 +8,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from depth import examples
 from helpers import make_batch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rlwire
 from rlwire import Chunked
@@ -53,6 +56,80 @@ async def test_a_sender_refuses_such_a_sample_with_a_schema_error(
         with pytest.raises(rlwire.SchemaError, match=r"\$\.samples\[1\]\.logprobs: " + match):
             await sender.send(with_changed_chunks(extra))
         assert list(tmp_path.iterdir()) == []
+
+
+# -- TrainingBatch(samples=Columns): the first sample's problem, as the list's ------------------
+
+_PER_TOKEN = ("token_ids", "mask", "logprobs", "temperatures", "advantages")
+
+
+def packed(batch: rlwire.TrainingBatch) -> rlwire.TrainingBatch:
+    """``batch``'s samples as a Columns (each per-token field one Ragged), views of theirs."""
+    samples = batch.samples
+    columns: dict[str, Any] = {
+        name: rlwire.Ragged.from_arrays([getattr(s, name) for s in samples])
+        for name in (*_PER_TOKEN, "routed_experts")
+    }
+    if any(s.ref_logprobs is not None for s in samples):
+        columns["ref_logprobs"] = rlwire.Ragged.from_arrays([s.ref_logprobs for s in samples])
+    columns["env_name"] = [s.env_name for s in samples]
+    columns["extras"] = [s.extras for s in samples]
+    return rlwire.TrainingBatch(samples=rlwire.Columns(columns))  # type: ignore[arg-type]
+
+
+def problem(batch: rlwire.TrainingBatch) -> str | None:
+    try:
+        batch.validate()
+    except rlwire.SchemaError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_packed_batch_names_the_first_sample_with_a_problem_as_its_list_does() -> None:
+    """Column by column, the first column's first bad row was named: sample 30's
+    temperatures before sample 12's advantages."""
+    batch = make_batch(40, n=8)
+    batch.samples[30].temperatures[2] = np.nan
+    batch.samples[12].advantages[5] = np.inf
+    assert (
+        problem(batch)
+        == problem(packed(batch))
+        == (
+            "batch.samples[12].advantages: 1 non-finite value (NaN or Inf; first at token 5); "
+            "logprobs, advantages and temperatures must be finite"
+        )
+    )
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(
+    count=st.integers(1, 30),
+    refs=st.booleans(),
+    flaws=st.lists(
+        st.tuples(
+            st.integers(0, 29),
+            st.sampled_from(["logprobs", "temperatures", "advantages", "ref_logprobs", "env"]),
+            st.integers(0, 40),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_property_a_packed_batch_and_its_list_name_the_same_problem(
+    count: int, refs: bool, flaws: list[tuple[int, str, int]]
+) -> None:
+    batch = make_batch(count, n=4)
+    for sample in batch.samples:
+        if refs:
+            sample.ref_logprobs = np.zeros(len(sample.token_ids), np.float32)
+    for row, field, token in flaws:
+        sample = batch.samples[row % count]
+        if field == "env":
+            sample.env_name = 7  # type: ignore[assignment]  # what the test is about
+        elif field != "ref_logprobs" or refs:
+            values = getattr(sample, field)
+            values[token % len(values)] = np.nan
+    assert problem(packed(batch)) == problem(batch)
 
 
 # -- what a check= raises past Exception -----------------------------------------------------

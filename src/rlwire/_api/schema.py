@@ -141,12 +141,18 @@ class TrainingBatch(msgspec.Struct, kw_only=True, gc=False):
                 )
 
 
+#: A problem a column check found: the first row it refuses, and the error naming it.
+_Found = tuple[int, SchemaError]
+
+
 def _check_columns(cols: Columns, where: str) -> None:
     """:meth:`TrainingSample.validate`'s rules over samples held as columns, a few numpy
-    calls a column (one ``isfinite`` each), naming the sample and token of the first
-    problem as the check of that sample would (``where[i].logprobs``). A per-token field
-    whose rows differ (``None`` in some, or two dtypes) is a list column, as the codec
-    stores and returns it: then every row is checked as its sample would be."""
+    calls a column (one ``isfinite`` each), naming the first problem as the check of the
+    samples one by one would (``where[i].logprobs``): each column's checks tell the
+    first row they refuse, and the least row's first problem in the order a sample's
+    check meets them is raised. A per-token field whose rows differ (``None`` in some,
+    or two dtypes) is a list column, as the codec stores and returns it: then every row
+    is checked as its sample would be."""
     _check_column_names(cols, where)
     listed = (cols[name] for name in _LISTED if name in cols)
     if any(type(column) is list and not _all_none(column) for column in listed):
@@ -161,19 +167,35 @@ def _check_columns(cols: Columns, where: str) -> None:
     names = ["mask", *_PER_TOKEN_FLOATS]
     if "ref_logprobs" in cols and not _all_none(cols["ref_logprobs"]):
         names.append("ref_logprobs")
+    found: list[_Found] = []
     for name in names:
-        _check_token_column(_ragged(cols, name, where, ndim=1), ids, where, name)
+        found += _check_token_column(_ragged(cols, name, where, ndim=1), ids, where, name)
     if "routed_experts" in cols and not _all_none(cols["routed_experts"]):
-        _check_routed_column(_ragged(cols, "routed_experts", where, ndim=3), ids, where)
-    # Thousands of rows: each look runs in C (map, set, any); a row at a time only to
-    # name the first bad one, or for extras that hold something.
+        found += _check_routed_column(_ragged(cols, "routed_experts", where, ndim=3), ids, where)
+    found += _check_per_sample_columns(cols, where)
+    if found:
+        raise min(found, key=lambda problem: problem[0])[1]  # the least row's first
+
+
+def _check_per_sample_columns(cols: Columns, where: str) -> list[_Found]:
+    """The env_name column, then extras: the first row each refuses. Thousands of rows:
+    each look runs in C (map, set, any); a row at a time only to name the first bad one,
+    or for extras that hold something."""
+    found: list[_Found] = []
     if set(map(type, cols["env_name"])) != _STR:
         for i, env in enumerate(cols["env_name"]):
             if not isinstance(env, str):
-                raise SchemaError(f"{where}[{i}].env_name: must be str, got {type(env).__name__}")
+                kind = type(env).__name__
+                found.append((i, SchemaError(f"{where}[{i}].env_name: must be str, got {kind}")))
+                break
     if "extras" in cols and (set(map(type, cols["extras"])) != _DICT or any(cols["extras"])):
         for i, extras in enumerate(cols["extras"]):
-            _check_extras(extras, f"{where}[{i}]")
+            try:
+                _check_extras(extras, f"{where}[{i}]")
+            except SchemaError as exc:
+                found.append((i, exc))
+                break
+    return found
 
 
 def _check_column_names(cols: Columns, where: str) -> None:
@@ -186,30 +208,35 @@ def _check_column_names(cols: Columns, where: str) -> None:
             raise SchemaError(f"{where}: no column {name!r} (TrainingSample requires it)")
 
 
-def _check_routed_column(experts: Ragged, ids: Ragged, where: str) -> None:
+def _check_routed_column(experts: Ragged, ids: Ragged, where: str) -> list[_Found]:
     if experts.values.dtype not in _EXPERT_DTYPES:
-        raise SchemaError(
+        error = SchemaError(
             f"{where}.routed_experts: must be uint8 or uint16 expert ids, got dtype "
             f"{experts.values.dtype} (uint8 holds at most 256 experts)"
         )
-    _same_rows(experts, ids, where, "routed_experts", "rows")
+        return [(0, error)]  # a dtype is every row's, the first's first
+    return _same_rows(experts, ids, where, "routed_experts", "rows")
 
 
-def _check_token_column(column: Ragged, ids: Ragged, where: str, name: str) -> None:
+def _check_token_column(column: Ragged, ids: Ragged, where: str, name: str) -> list[_Found]:
     """The mask or a per-token float column: its dtype, rows as long as the token ids',
     finite values (one look at the least and greatest, then one ``isfinite`` to find
-    the row if they are not)."""
+    the row if they are not); what is wrong with it, in that order."""
     dtype = column.values.dtype
     if name == "mask" and dtype != np.bool_:
-        raise SchemaError(f"{where}.mask: must be a bool array, got dtype {dtype}")
+        return [(0, SchemaError(f"{where}.mask: must be a bool array, got dtype {dtype}"))]
     if name != "mask" and dtype.kind != "f":
-        raise SchemaError(f"{where}.{name}: must be a float array, got dtype {dtype}")
-    _same_rows(column, ids, where, name, "entries")
+        return [(0, SchemaError(f"{where}.{name}: must be a float array, got dtype {dtype}"))]
+    found = _same_rows(column, ids, where, name, "entries")
     if name in _MUST_BE_FINITE and not all_finite(column.values):
         finite = np.isfinite(column.values)
         if not finite.all():
             i = int(np.searchsorted(column.offsets, int(np.argmin(finite)), "right")) - 1
-            _check_finite(column[i], f"{where}[{i}].{name}")
+            try:
+                _check_finite(column[i], f"{where}[{i}].{name}")
+            except SchemaError as exc:
+                found.append((i, exc))
+    return found
 
 
 def _ragged(cols: Columns, name: str, where: str, *, ndim: int) -> Ragged:
@@ -227,15 +254,17 @@ def _ragged(cols: Columns, name: str, where: str, *, ndim: int) -> Ragged:
     return column
 
 
-def _same_rows(column: Ragged, ids: Ragged, where: str, name: str, what: str) -> None:
-    """``column``'s rows are as long as ``ids``', or the first row that is not is named."""
+def _same_rows(column: Ragged, ids: Ragged, where: str, name: str, what: str) -> list[_Found]:
+    """Nothing if ``column``'s rows are as long as ``ids``', else the first row that is
+    not, named."""
     if column.offsets is ids.offsets or np.array_equal(column.offsets, ids.offsets):
-        return
+        return []
     i = int(np.argmax(column.lengths != ids.lengths))
-    raise SchemaError(
+    error = SchemaError(
         f"{where}[{i}].{name}: has {int(column.lengths[i])} {what} but token_ids has "
         f"{int(ids.lengths[i])}; per-token arrays must have the same length"
     )
+    return [(i, error)]
 
 
 def _all_none(column: Any) -> bool:

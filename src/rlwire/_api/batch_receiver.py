@@ -13,9 +13,10 @@ from typing import Any, Generic, TypeVar
 from anyio import CancelScope, CapacityLimiter
 from typing_extensions import Unpack
 
-from rlwire._api.appending import Appended, FieldPending, merge_appended, read_with_appended
+from rlwire._api.appending import Appended, FieldPending, read_with_appended
 from rlwire._api.decoding import FrameDecoding
 from rlwire._api.fields import FieldSelector, check_fields
+from rlwire._api.merged_fields import merge_appended
 from rlwire._api.options import Limits, LimitsKeywords, from_keywords
 from rlwire._api.parts import NOTHING as _NOTHING
 from rlwire._api.parts import PartsReader

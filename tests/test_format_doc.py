@@ -264,7 +264,9 @@ def test_independent_reader_matches_a_fresh_message(tmp_path: Path) -> None:
         async with rlwire.open_sender(
             tmp_path, sidecar=["routed_experts"], compression="zstd"
         ) as sender:
-            await sender.send({"a": 1})
+            # A dict's keys vary by step: the name not met yet is warned about, once.
+            with pytest.warns(rlwire.SidecarWarning, match="'routed_experts' matched no"):
+                await sender.send({"a": 1})
             await sender.send(obj)
 
     anyio.run(send)

@@ -5,7 +5,8 @@ Example:
     >>> path = tempfile.mkdtemp()
     >>> async def produce() -> None:
     ...     async with rlwire.open_sender(path, sidecar=("routed_experts",)) as sender:
-    ...         await sender.send({"token_ids": np.arange(8)})
+    ...         experts = np.zeros((8, 4, 2), np.uint8)  # travels raw, in a sidecar file
+    ...         await sender.send({"token_ids": np.arange(8), "routed_experts": experts})
     >>> anyio.run(produce)
     >>> with rlwire.open_receiver(path, type=dict) as receiver:
     ...     receiver.receive(timeout=5)["token_ids"].sum()
@@ -64,6 +65,7 @@ __all__ = [
     "RlwireError",
     "SchemaError",
     "SendStats",
+    "SidecarWarning",
     "StaleManifestError",
     "StepExistsError",
     "StepGapError",

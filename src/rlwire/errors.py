@@ -3,8 +3,9 @@
 Every class here is also importable from :mod:`rlwire` itself (``rlwire.DecodeError``);
 each reports this module as where it lives, as tracebacks show. Each one derives from the
 closest built-in exception too, so code that already catches ``ValueError`` or ``OSError``
-keeps working. One warning lives here too: :class:`MarkSkippedWarning`, when a receiver
-reads on without recording what it consumed.
+keeps working. Two warnings live here too: :class:`MarkSkippedWarning`, when a receiver
+reads on without recording what it consumed, and :class:`SidecarWarning`, when a name
+given to ``sidecar=`` matched nothing in a message sent.
 
 Example:
     >>> import rlwire.errors
@@ -25,6 +26,7 @@ from rlwire._core.errors import (
     ReceiveTimeout,
     RlwireError,
     SchemaError,
+    SidecarWarning,
     StaleManifestError,
     StepExistsError,
     StepGapError,
@@ -47,6 +49,7 @@ __all__ = [
     "ReceiveTimeout",
     "RlwireError",
     "SchemaError",
+    "SidecarWarning",
     "StaleManifestError",
     "StepExistsError",
     "StepGapError",

@@ -1154,7 +1154,7 @@ def test_sender_refuses_unencodable_rank_and_writes_nothing(tmp_path: Path) -> N
     url = str(tmp_path / "run")
 
     async def send() -> None:
-        async with rlwire.open_sender(url, sidecar=SIDECAR) as sender:
+        async with rlwire.open_sender(url) as sender:
             await sender.send_ranks([err_step(), _set_id(3, 17, 2**64)()])
 
     with pytest.raises(EncodeError) as info:
@@ -1282,6 +1282,8 @@ async def send_and_receive(sink: Sink, payloads: list[Any], item_type: Any) -> l
     """
     url = sink.fresh()
     got: list[Any] = []
+    # A name no field of the types sent holds is refused: random types have none.
+    sidecar = SIDECAR if "routed_experts" in item_type.__struct_fields__ else ()
     with ExitStack() as stack:
         receivers = [
             stack.enter_context(
@@ -1297,7 +1299,7 @@ async def send_and_receive(sink: Sink, payloads: list[Any], item_type: Any) -> l
 
         async def send() -> None:
             async with rlwire.open_sender(
-                url, sidecar=SIDECAR, storage_options=sink.options
+                url, sidecar=sidecar, storage_options=sink.options
             ) as sender:
                 assert await sender.send_ranks(payloads) == 0
 

@@ -64,7 +64,11 @@ def open_sender(  # noqa: PLR0913 (the public keywords; the rest are grouped in 
             out-of-band buffer of at least 64 KiB that shrinks by 10 % or more, in
             parallel worker threads.
         sidecar: field names (e.g. ``("routed_experts",)``) whose array and bytes values,
-            at any depth, travel raw in a sidecar beside the main message.
+            at any depth, travel raw in a sidecar beside the main message (and beside
+            the fields ``add_fields`` appends). A name no field of the message's types
+            holds, where no dict's keys could, makes the first send raise ConfigError
+            before anything is written; one a dict's keys could still hold in a later
+            step is warned about once (:class:`~rlwire.SidecarWarning`).
         on_existing: what to do when ``url`` already holds steps: ``"error"`` (refuse
             any at or after ``start_step``), ``"resume"`` (continue after the last one,
             or at ``start_step``; refuses a stored sequence with a hole or an incomplete

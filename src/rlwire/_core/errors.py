@@ -228,6 +228,19 @@ class MarkSkippedWarning(RuntimeWarning):
     """
 
 
+class SidecarWarning(UserWarning):
+    """A name given to ``sidecar=`` matched no field or key of a message sent, where a
+    dict's keys (which may vary by step) could still hold it in a later one: a misspelt
+    name would send those values in the main message. Warned once per sender and name;
+    a name no message of the types sent can hold is a :class:`ConfigError` instead.
+
+    Example:
+        >>> import rlwire
+        >>> issubclass(rlwire.SidecarWarning, UserWarning)  # filter it to refuse
+        True
+    """
+
+
 def _named_in(fact: str, where: str) -> bool:
     """True if ``where`` already says ``fact`` (e.g. "step 3" in "…/step-00000003…")."""
     name, value = fact.split(" ")

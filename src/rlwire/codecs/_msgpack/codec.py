@@ -43,6 +43,7 @@ from rlwire.codecs._msgpack.column_table import (
 from rlwire.codecs._msgpack.decode import Decoding
 from rlwire.codecs._msgpack.encode import Encoding
 from rlwire.codecs._msgpack.fields import select_fields
+from rlwire.codecs._msgpack.sidecar_names import SidecarNames
 from rlwire.codecs._registry import Check
 
 __all__ = ["DEFAULT_INLINE_THRESHOLD", "MsgpackCodec"]
@@ -56,7 +57,9 @@ class MsgpackCodec:
 
     Args:
         sidecar: field (or dict key) names whose bytes-like and array values, at any
-            depth inside the named field, go to the sidecar.
+            depth inside the named field, go to the sidecar. A name that matches
+            nothing in a message encoded is refused or warned about (see
+            :meth:`encode_sliced`).
         inline_threshold: arrays and bytes of at least this many bytes go out-of-band.
         check: called as ``check(struct, path)`` for every Struct the encoder walks;
             rlwire uses it to validate :class:`~rlwire.TrainingSample` in the same pass.
@@ -93,6 +96,7 @@ class MsgpackCodec:
         self.inline_threshold = check_int(inline_threshold, "inline_threshold")
         self.check = check
         self._encoder = msgspec.msgpack.Encoder()
+        self._sidecar_names = SidecarNames(self.sidecar)
 
     def encode(self, obj: Any) -> Frame:
         """Encode ``obj`` in the calling thread; see :meth:`encode_sliced`."""
@@ -104,8 +108,16 @@ class MsgpackCodec:
         Array bytes are never copied, except for arrays that are neither C- nor
         F-contiguous, which are made C-contiguous first.
 
+        A ``sidecar`` name that matches no field or key of ``obj`` is checked (once it
+        has matched, or is a field of a type sent, never again): one no message of
+        ``obj``'s types can hold raises ConfigError; one a dict's keys could still hold
+        in a later message is warned about once (:class:`~rlwire.SidecarWarning`).
+
         Raises:
             EncodeError: ``obj`` holds a value msgpack cannot carry; names its path.
+            ConfigError: a ``sidecar`` name is no field of any Struct (or dataclass,
+                TypedDict) type in ``obj``, and ``obj`` holds no dict (nor ``Any``)
+                whose keys could take it; names the name and the names there.
         """
         encoding = Encoding(
             self._encoder,
@@ -113,7 +125,10 @@ class MsgpackCodec:
             inline_threshold=self.inline_threshold,
             check=self.check,
         )
-        return (yield from encoding.run(obj))
+        frame = yield from encoding.run(obj)
+        if self.sidecar:
+            yield from self._sidecar_names.check(obj, encoding.matched)
+        return frame
 
     def decode(
         self,

@@ -89,6 +89,7 @@ class Encoding:
     ) -> None:
         self.encoder = encoder
         self.sidecar_names = sidecar
+        self.matched: set[str] = set()  # the sidecar names met as a field or key
         self.check = check
         self.sent = SentBuffers(encoder, inline_threshold)
         self.timer = SliceTimer()
@@ -159,9 +160,10 @@ class Encoding:
             old = getattr(obj, name)
             # The annotation is a promise Python does not keep: look at what is there.
             if may_hold or isinstance(old, _BUFFER_LIKE):
-                new, heft = yield from self.value(
-                    old, (path, name), side or name in self.sidecar_names
-                )
+                named = name in self.sidecar_names
+                if named:
+                    self.matched.add(name)
+                new, heft = yield from self.value(old, (path, name), side or named)
             else:
                 new, heft = old, weight(old)
             entries.append([name, new, heft])
@@ -178,7 +180,10 @@ class Encoding:
     def mapping(self, obj: dict[Any, Any], path: KeyPath, side: bool) -> Sliced[tuple[Any, int]]:
         entries: list[list[Any]] = []
         for key, item in obj.items():
-            new, heft = yield from self.value(item, (path, key), side or key in self.sidecar_names)
+            named = key in self.sidecar_names
+            if named:
+                self.matched.add(key)
+            new, heft = yield from self.value(item, (path, key), side or named)
             entries.append([key, new, heft + 1])
             yield from self.tick()
         total = yield from self.lighten(entries, path)

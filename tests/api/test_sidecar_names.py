@@ -1,6 +1,8 @@
 """A ``sidecar=`` name that matches nothing in the messages sent (``"routed_expert"``
 beside a field ``routed_experts``): refused when no message of the types sent can hold
-it, warned about once when a dict's keys still could. Real files; asyncio and trio."""
+it, warned about once when a dict's keys still could; and ``add_fields`` sending the
+fields named in ``sidecar=`` to a sidecar. Real files and the test S3 server; asyncio
+and trio."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 import numpy as np
 import pytest
@@ -142,3 +145,43 @@ def test_a_warning_made_an_error_refuses_the_step(tmp_path: Path) -> None:
             with pytest.raises(rlwire.SidecarWarning):
                 sender.send(rlwire.TrainingBatch(samples=[_sample(3)]))
     assert _stored(tmp_path) == []
+
+
+def _names(url: str, options: dict[str, Any]) -> list[str]:
+    """What the store holds under ``url``, read from the store itself."""
+    if not url.startswith("s3://"):
+        return sorted(os.listdir(url))
+    from s3_server import s3_client
+
+    bucket, prefix = url.removeprefix("s3://").split("/", 1)
+    listed = s3_client(options).list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/")
+    return sorted(item["Key"].removeprefix(f"{prefix}/") for item in listed.get("Contents", []))
+
+
+async def test_add_fields_sends_the_fields_named_in_sidecar_to_a_sidecar(
+    file_or_s3: tuple[str, dict[str, Any]],
+) -> None:
+    url, options = file_or_s3
+    values = np.arange(3 * 5000, dtype=np.float32).reshape(3, 5000)
+    async with rlwire.open_sender(url, storage_options=options) as sender:
+        await sender.send(rlwire.TrainingBatch(samples=[_sample(n) for n in (2, 3, 4)]))
+    stage = rlwire.open_sender(url, sidecar=("values",), storage_options=options)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the name matches no step's field: no matter
+            await stage.add_fields(0, {"values": values, "score": [1.0, 2.0, 3.0]})
+            await stage.add_fields(0, {"other": [1, 2, 3]})
+    finally:
+        await stage.aclose()
+    stored = _names(url, options)
+    assert "step-00000000.rank-0000.fields-000.sidecar.rlw" in stored
+    assert "step-00000000.rank-0000.fields-001.sidecar.rlw" not in stored
+    async with rlwire.open_receiver(url, storage_options=options) as receiver:
+        with anyio.fail_after(20):
+            got = await receiver.areceive()
+    assert [s.extras["values"].tolist() for s in got.samples] == values.tolist()
+    assert [float(s.extras["score"]) for s in got.samples] == [1.0, 2.0, 3.0]
+    async with rlwire.open_receiver(url, fields=("values",), storage_options=options) as rx:
+        with anyio.fail_after(20):
+            cols = (await rx.areceive()).samples
+    assert np.array_equal(cols["values"].values, values.reshape(-1))

@@ -224,11 +224,13 @@ def prepare(
     limits: Limits,
     again: bool,
     of: bytes | None = None,
+    sidecar: frozenset[str] = frozenset(),
 ) -> Sliced[Frame]:
     """Read and check the step as stored (``again``: as it was at the first try of the
     same call, :meth:`~rlwire.abc.Sink.read_committed`; ``of``: the message the
-    caller computed the fields from, or None), then encode ``columns``: in slices, in
-    worker threads (a read that hangs gives up when the caller is cancelled)."""
+    caller computed the fields from, or None), then encode ``columns`` (those named in
+    ``sidecar`` to the sidecar): in slices, in worker threads (a read that hangs gives
+    up when the caller is cancelled)."""
     decoding = FrameDecoding(limits, None, writable=False)
     rows = _StoredRows(decoding)
     frames = sink.read_committed(step, rank, rows.select, again=again)
@@ -254,7 +256,9 @@ def prepare(
         n for f in sink.read_appended(step, rank) for n in decode_appended(f, decoding).names
     ]
     _check_against(columns, appended, count, lengths, rows.held)
-    return (yield from get_codec("msgpack")().encode_sliced({"fields": _stored(columns)}))
+    # Only the names of fields given: the sender's others are its steps' business.
+    codec = get_codec("msgpack")(sidecar=sidecar & set(columns.names))
+    return (yield from codec.encode_sliced({"fields": _stored(columns)}))
 
 
 def _stored(columns: Columns) -> Columns:

@@ -44,6 +44,7 @@ from rlwire._core.errors import (
 )
 from rlwire._core.offload import drive_sliced, run_to_the_end
 from rlwire._frame.frame import Frame
+from rlwire.codecs._registry import Codec
 from rlwire.transport._base import Sink, Source
 
 __all__ = [
@@ -69,7 +70,7 @@ def _check_input(fields: Mapping[str, Column], rows: int | None) -> Columns:
     return columns
 
 
-async def add_fields(
+async def add_fields(  # noqa: PLR0913 (the call's arguments, and the sender's own)
     sink: Sink,
     limiter: CapacityLimiter,
     limits: Limits,
@@ -78,9 +79,10 @@ async def add_fields(
     rows: int | None,
     rank: int,
     of: bytes | None = None,
+    sidecar: frozenset[str] = frozenset(),
 ) -> None:
     """What :meth:`~rlwire.TrainingBatchSender.add_fields` does, its lock held and the
-    sink open (or attached)."""
+    sink open (or attached); the fields named in ``sidecar`` go to the sidecar."""
     # A step or rank taken from an array is a numpy integer: the stored name needs an int.
     step = check_step(int(step) if isinstance(step, np.integer) else step, "add_fields: step")
     rank = check_int(int(rank) if isinstance(rank, np.integer) else rank, "add_fields: rank")
@@ -92,7 +94,7 @@ async def add_fields(
     try:
         for attempt in range(_COMMIT_TRIES):
             frame = await drive_sliced(
-                prepare(sink, step, rank, columns, limits, attempt > 0, of), limiter
+                prepare(sink, step, rank, columns, limits, attempt > 0, of, sidecar), limiter
             )
             staged = None
             try:
@@ -124,6 +126,7 @@ class AppendingSender:
     _limiter: CapacityLimiter
     _opened: bool
     _closed: bool
+    _codec: Codec
 
     async def add_fields(
         self,
@@ -149,6 +152,11 @@ class AppendingSender:
         with ``overwrite`` (or ``truncate``) has deleted the step and sent it again
         since, the call refuses, even when the new step has the same shape. Without it,
         the fields are tied to the step as this call finds it.
+
+        A field named in the sender's ``sidecar=`` goes to a sidecar, as in a step
+        (``sidecar=("values",)`` puts a ``values`` field's bytes there); the names
+        match the fields given, and one that matches none is no error here: it is for
+        the steps.
 
         Raises:
             SchemaError: a row count differs from the step's (or ``rows``), a Ragged's
@@ -190,7 +198,17 @@ class AppendingSender:
                 )
             if not self._opened:
                 await to_thread.run_sync(sink.attach_fields, limiter=self._limiter)
-            await add_fields(sink, self._limiter, Limits(), step, fields, rows, rank, of)
+            side = _sidecar_names(self._codec)
+            await add_fields(sink, self._limiter, Limits(), step, fields, rows, rank, of, side)
+
+
+def _sidecar_names(codec: Any) -> frozenset[str]:
+    """The sidecar names of a sender's codec (the msgpack codec's ``sidecar``; none for
+    a codec that has none, as JSON)."""
+    names = getattr(codec, "sidecar", None)
+    if isinstance(names, set | frozenset) and all(isinstance(n, str) for n in names):
+        return frozenset(names)
+    return frozenset()
 
 
 @dataclass

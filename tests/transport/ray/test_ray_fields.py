@@ -167,6 +167,26 @@ def test_fields_a_reference_actor_appends_outlive_it(ray_url: str) -> None:
     ]
 
 
+@pytest.mark.anyio
+async def test_appended_fields_named_in_sidecar_go_to_a_sidecar_object(ray_url: str) -> None:
+    """A stage opened with ``sidecar=`` puts those fields in a sidecar object, as a step's."""
+    async with rlwire.open_sender(ray_url) as sender:
+        await sender.send(_batch([2, 3]))
+        stage = rlwire.open_sender(ray_url, sidecar=("values",))
+        try:
+            await stage.add_fields(0, {"values": _per_token([2, 3]), "score": [1.0, 2.0]})
+            await stage.add_fields(0, {"other": [1, 2]})
+        finally:
+            await stage.aclose()
+        board = ray.get_actor(board_name(_name(ray_url)))
+        refs = ray.get(board.read_fields.remote(0, 0), timeout=TIMEOUT)[1]
+        assert [r[1] is not None for r in refs] == [True, False]
+        with anyio.fail_after(TIMEOUT):
+            async with rlwire.open_receiver(ray_url) as receiver:
+                got = await receiver.areceive()
+    assert [s.extras["values"].tolist() for s in got.samples] == [[0, 1], [2, 3, 4]]
+
+
 def test_appended_fields_go_with_their_step(ray_url: str) -> None:
     board = create_board(_name(ray_url))
     with rlwire.open_sync_sender(ray_url, keep_last=1) as sender:

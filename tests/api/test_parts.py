@@ -327,7 +327,7 @@ def test_the_streaming_example_runs() -> None:
     assert proc.stdout.count("step 0 done") == 2
 
 
-async def test_parts_as_columns_and_a_joined_step_refuses_them(tmp_path: Path) -> None:
+async def test_parts_as_columns_and_a_joined_step_as_one_columns(tmp_path: Path) -> None:
     async with rlwire.open_sender(tmp_path) as sender, sender.open_step() as writer:
         await writer.put([make_sample(3), make_sample(5)], key="a")
         await writer.put([make_sample(2)], key="b")
@@ -337,9 +337,9 @@ async def test_parts_as_columns_and_a_joined_step_refuses_them(tmp_path: Path) -
         assert isinstance(columns, rlwire.Columns)
         assert columns["token_ids"].offsets.tolist() == [0, 3, 8]
     with rlwire.open_receiver(tmp_path) as receiver:
-        with pytest.raises(rlwire.ConfigError, match="2 parts cannot be returned as one Columns"):
-            receiver.receive(timeout=5, as_columns=True)
-        assert len(receiver.receive(timeout=5).samples) == 3  # the step is still there
+        joined = receiver.receive(timeout=5, as_columns=True).samples
+        assert isinstance(joined, rlwire.Columns)
+        assert joined["token_ids"].offsets.tolist() == [0, 3, 8, 10]
 
 
 async def test_a_refused_seal_leaves_the_step_open_for_more_parts(tmp_path: Path) -> None:

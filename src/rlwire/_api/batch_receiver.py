@@ -48,11 +48,10 @@ T = TypeVar("T")
 class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
     """Receives the objects of consecutive steps for one rank.
 
-    Synchronous (``receive``, ``poll``, ``for``, ``with``) for trainer processes, and
-    asynchronous (``areceive``, ``async for``, ``async with``) for event-loop code. Both
-    faces share one core, so they can be mixed. Each message is decoded by the codec
-    whose name it records, and decompressed segment by segment in parallel threads.
-    With ``fields``, only those columns are read (:mod:`rlwire._api.fields`).
+    Synchronous (``receive``, ``poll``, ``for``, ``with``) for trainer processes and
+    asynchronous (``areceive``, ``async for``, ``async with``) for event-loop code, over one
+    core, so they can be mixed. Each message is decoded by the codec it names, decompressed
+    segment by segment in parallel threads; ``fields`` reads some (:mod:`rlwire._api.fields`).
     """
 
     def __init__(  # noqa: PLR0913 (the options open_receiver resolved, one each)

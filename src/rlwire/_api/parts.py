@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from rlwire._api.consumption import ConsumptionMarks
+from rlwire._api.joined_parts import joined_columns
 from rlwire._api.runs import RunChecks
 from rlwire._api.sealed import SealedStep, read_part
 from rlwire._core.deadlines import deadline_after
@@ -123,6 +124,7 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
     _peeked: Any
     _limiter: Any
     _as_columns: bool
+    _writable: bool
     _closed: bool
     _part_next: int = 0  # the next part of the next step to yield
     _last_stats: Any
@@ -320,18 +322,15 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
     def _decode_sealed(
         self, sealed: SealedStep, seconds: dict[str, float], as_columns: bool
     ) -> Sliced[Any]:
-        """The receiver's object of a sealed step: its parts' samples, joined."""
+        """The receiver's object of a sealed step: its parts' samples, joined (as one
+        Columns with ``as_columns``, :mod:`rlwire._api.joined_parts`)."""
         decode_as, make = part_types(self._type)
-        if as_columns and len(sealed.parts) > 1:
-            raise ConfigError(
-                f"as_columns: a step filled in {len(sealed.parts)} parts cannot be returned "
-                "as one Columns yet; read its parts with parts(as_columns=True)"
-            )
-        samples: Any = []
+        got = []
         for _, frame in sealed.parts:
-            got = yield from self._decode(frame, seconds, as_columns, decode_as)
-            samples = got if as_columns else [*samples, *got]
-        return make(samples)
+            got.append((yield from self._decode(frame, seconds, as_columns, decode_as)))
+        if as_columns:
+            return make((yield from joined_columns(got, writable=self._writable)))
+        return make([sample for samples in got for sample in samples])
 
 
 def _holds_sealed(peeked: Any) -> bool:

@@ -128,8 +128,9 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
             :class:`~rlwire.Columns`: per-token fields as :class:`~rlwire.Ragged`,
             other fields as lists, all views over the received memory and no object
             per sample, in the place of the list (``batch.samples`` of a
-            :class:`~rlwire.TrainingBatch`). ``receive(as_columns=...)`` overrides it
-            for one step.
+            :class:`~rlwire.TrainingBatch`). A step filled part by part: one Columns
+            of its parts' rows (their columns copied into one when there are
+            several). ``receive(as_columns=...)`` overrides it for one step.
         fields: read only these fields of the samples (names, e.g. ``("token_ids",
             "advantages")``): each step and each part comes back as with
             ``as_columns=True``, each list of samples stored column by column as a

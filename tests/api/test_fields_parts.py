@@ -1,0 +1,138 @@
+"""``receive()`` with ``fields=`` (and ``as_columns=True``) of a step filled part by part:
+one Columns of the rank's parts joined in index order, as for a step sent whole; the
+appended fields beside; parts that cannot be joined refused in words naming them. Files
+and the test S3 server, asyncio and trio."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import rlwire
+
+pytestmark = pytest.mark.anyio
+
+LENGTHS = ((3, 5), (), (2,), (4, 1, 6))  # the samples' token counts, part by part
+
+
+def _sample(n: int, seed: int, ref: bool = False) -> rlwire.TrainingSample:
+    rng = np.random.default_rng(seed)
+    return rlwire.TrainingSample(
+        token_ids=rng.integers(0, 50_000, n, dtype=np.int32),
+        mask=rng.random(n) < 0.5,
+        logprobs=-rng.random(n).astype(np.float32),
+        temperatures=np.ones(n, np.float32),
+        advantages=rng.random(n).astype(np.float32),
+        env_name=f"env-{seed}",
+        ref_logprobs=-rng.random(n).astype(np.float32) if ref else None,
+    )
+
+
+def _parts(ref: bool = False) -> list[list[rlwire.TrainingSample]]:
+    seeds = iter(range(100))
+    return [
+        [_sample(n, next(seeds), ref and i == 0) for n in part] for i, part in enumerate(LENGTHS)
+    ]
+
+
+async def _send_parts(url: str, options: dict[str, Any], parts: list[list[Any]]) -> None:
+    async with rlwire.open_sender(url, storage_options=options) as sender:
+        async with sender.open_step() as writer:
+            for i, samples in enumerate(parts):
+                await writer.put(samples, key=f"group-{i}", rank=0)
+
+
+async def _receive(url: str, options: dict[str, Any], **how: Any) -> Any:
+    async with rlwire.open_receiver(url, storage_options=options, **how) as receiver:
+        with anyio.fail_after(20):
+            return await receiver.areceive()
+
+
+async def test_fields_of_a_step_filled_part_by_part_are_its_parts_joined(
+    file_or_s3: tuple[str, dict[str, Any]],
+) -> None:
+    url, options = file_or_s3
+    parts = _parts()
+    samples = [s for part in parts for s in part]
+    await _send_parts(url, options, parts)
+    got = await _receive(url, options, fields=["token_ids", "advantages"])
+    assert isinstance(got, rlwire.TrainingBatch) and isinstance(got.samples, rlwire.Columns)
+    cols = got.samples
+    assert cols.names == ("token_ids", "advantages") and len(cols) == len(samples)
+    for name in cols.names:
+        column = cols[name]
+        assert isinstance(column, rlwire.Ragged)
+        assert column.dtype == getattr(samples[0], name).dtype
+        assert [row.tolist() for row in column] == [getattr(s, name).tolist() for s in samples]
+        assert not column.values.flags.writeable and not column.offsets.flags.writeable
+    # The same as the parts read one by one, joined by hand.
+    async with rlwire.open_receiver(url, storage_options=options, fields=["token_ids"]) as rx:
+        each = [p.value.samples async for p in rx.aparts(timeout=20)]
+    each = [part["token_ids"] for part in each if len(part)]  # (a part of none: [])
+    assert np.array_equal(cols["token_ids"].values, np.concatenate([r.values for r in each]))
+
+
+async def test_as_columns_joins_every_column_and_writable_copies_are_writable(
+    file_or_s3: tuple[str, dict[str, Any]],
+) -> None:
+    url, options = file_or_s3
+    parts = _parts(ref=True)  # ref_logprobs in part 0's samples only: None after
+    samples = [s for part in parts for s in part]
+    await _send_parts(url, options, parts)
+    got = await _receive(url, options, as_columns=True, writable=True)
+    cols = got.samples
+    assert len(cols) == len(samples)
+    assert cols["env_name"] == [s.env_name for s in samples]
+    assert np.array_equal(cols["mask"].values, np.concatenate([s.mask for s in samples]))
+    assert cols["mask"].values.flags.writeable
+    # A Ragged in one part and None in the others: a value a row, as one message keeps it.
+    refs = cols["ref_logprobs"]
+    assert isinstance(refs, list) and refs[2:] == [None] * (len(samples) - 2)
+    assert [r.tolist() for r in refs[:2]] == [s.ref_logprobs.tolist() for s in samples[:2]]
+
+
+async def test_fields_of_parts_beside_fields_appended_to_the_step(
+    file_or_s3: tuple[str, dict[str, Any]],
+) -> None:
+    url, options = file_or_s3
+    parts = _parts()
+    samples = [s for part in parts for s in part]
+    await _send_parts(url, options, parts)
+    lengths = [s.seq_len for s in samples]
+    ref = rlwire.Ragged.from_lengths(np.arange(sum(lengths), dtype=np.float32), lengths)
+    stage = rlwire.open_sender(url, storage_options=options)
+    try:
+        await stage.add_fields(0, {"ref_logprobs": ref})
+    finally:
+        await stage.aclose()
+    cols = (await _receive(url, options, fields=("token_ids", "ref_logprobs"))).samples
+    assert set(cols.names) == {"token_ids", "ref_logprobs"}
+    assert np.array_equal(cols["ref_logprobs"].values, ref.values)
+    assert np.array_equal(cols["token_ids"].offsets, ref.offsets)
+
+
+async def test_parts_of_other_fields_are_refused_naming_them(
+    file_or_s3: tuple[str, dict[str, Any]],
+) -> None:
+    """Dict samples whose keys differ from part to part: no one Columns holds them all.
+    ``fields=`` of the keys they share still joins."""
+    url, options = file_or_s3
+    await _send_parts(
+        url,
+        options,
+        [
+            [{"token_ids": np.arange(3), "values": np.zeros(3)}],
+            [{"token_ids": np.arange(2)}],
+        ],
+    )
+    with pytest.raises(rlwire.ConfigError) as caught:
+        await _receive(url, options, type=list, as_columns=True)
+    message = str(caught.value)
+    assert "part 0 holds the fields ['token_ids', 'values'] and part 1 ['token_ids']" in message
+    assert "parts()" in message and "step 0, rank 0" in message
+    assert "as_columns" not in message
+    got = await _receive(url, options, type=list, fields=("token_ids",))
+    assert got["token_ids"].offsets.tolist() == [0, 3, 5]

@@ -51,7 +51,10 @@ async def test_a_send_to_fewer_ranks_keeps_the_step_a_dropped_rank_has_not_read(
                 assert_batches_equal(await r0.areceive(timeout=10), batch(step, 0, n=64))
             assert stored(root, 0, 1)  # rank 1 has not read it: kept
             assert_batches_equal(await r1.areceive(timeout=10), batch(0, 1))  # no StepGapError
-            assert r1.poll() is None  # asks for step 1: moved past step 0
+            # Asks for step 1 (moved past step 0): sent to rank 0 only, and step 2 is
+            # stored, so it never comes for rank 1; a StepGapError says so, not a wait.
+            with pytest.raises(rlwire.StepGapError, match="step 1 was committed for ranks"):
+                r1.poll()
             await sender.send(batch(4, 0, n=64))
             assert_batches_equal(await r0.areceive(timeout=10), batch(4, 0, n=64))
             await sender.send(batch(5, 0, n=64))

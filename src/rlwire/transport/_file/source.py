@@ -115,10 +115,10 @@ class FileSource(StoredSource):
     def locate(self, name: str) -> str:
         return str(self.root / name)
 
-    def stored_steps(self) -> list[int] | None:
+    def listed(self) -> list[str] | None:
         try:
             with os.scandir(self.root) as entries:
-                return self.steps_among([e.name for e in entries])
+                return [e.name for e in entries]
         except FileNotFoundError:
             return []
         except OSError as exc:

@@ -21,6 +21,7 @@ from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._stored.appended import StoredFieldsSource
+from rlwire.transport._stored.gaps import never_coming
 from rlwire.transport._stored.layout import parse_main
 from rlwire.transport._stored.marks import (
     CONSUMED_MAGIC,
@@ -140,31 +141,39 @@ class StoredSource(StoredFieldsSource, Source):
             return None
         return parse_part_mark(data, self.locate(consumed_part_name(self.rank)))
 
-    def stored_steps(self) -> list[int] | None:
-        """The steps whose main file for this rank is stored, or None if the store
-        cannot list them. Raises what :meth:`load` raises."""
+    def listed(self) -> list[str] | None:
+        """The names of every file in the destination, or None if the store cannot
+        list them. Raises what :meth:`load` raises."""
         return None
 
-    def check_gone(self, step: int) -> None:
-        """Raise :class:`~rlwire.StepGapError` if ``step`` is missing because it was
-        deleted (``keep_last``): a later step is stored and none at or before it. Looks
-        on the first miss of ``step``, then at most every second."""
+    def stored_steps(self) -> list[int] | None:
+        """The steps whose main file for this rank is stored, and the sealed steps, or
+        None if the store cannot list them. Raises what :meth:`load` raises."""
+        names = self.listed()
+        return None if names is None else self.steps_among(names)
+
+    def check_gone(self, step: int, end: int | None = None) -> None:
+        """Raise :class:`~rlwire.StepGapError` if this rank's message of ``step`` is
+        missing for good: a later step is stored, or the end mark (``end``, read before)
+        is after ``step``, and ``step`` has no message for the rank (retention deleted
+        it, or its commit was cut short: :func:`~rlwire.transport._stored.gaps.never_coming`).
+        Looks on the first miss of ``step``, then at most every second."""
         now = time.monotonic()
         if self._gone_checked is not None:
             last_step, when = self._gone_checked
             if last_step == step and now - when < _GONE_CHECK_SECONDS:
                 return
         self._gone_checked = (step, now)
-        steps = self.stored_steps()
-        if not steps or min(steps) <= step:
-            return
-        oldest = min(steps)
-        raise StepGapError(
-            f"step {step} is no longer stored: it was deleted (the sender's keep_last) "
-            f"before this receiver read it; the oldest stored step is {oldest}; open the "
-            f"receiver with start_step={oldest} to go on from there",
-            where=self.describe(step),
-        )
+        names = self.listed()
+        if names is not None:
+            why = never_coming(names, step, self.rank, end)
+        else:  # a store that lists only its steps (a plugin's stored_steps)
+            steps = self.stored_steps()
+            why = None
+            if steps and min(steps) > step:
+                why = never_coming([main_name(min(steps), self.rank)], step, self.rank, None)
+        if why is not None:
+            raise StepGapError(why, where=self.describe(step))
 
     @abc.abstractmethod
     def locate(self, name: str) -> str:
@@ -179,16 +188,18 @@ class StoredSource(StoredFieldsSource, Source):
                 out.append(int(m.group(1)))
         return out
 
-    def check_end(self, step: int) -> None:
-        """Raise :class:`~rlwire.EndOfStream` if the sender finished before ``step``.
+    def check_end(self, step: int) -> int | None:
+        """Raise :class:`~rlwire.EndOfStream` if the sender finished before ``step``;
+        else the step the end mark gives (after ``step``), or None if there is none.
         Called only when ``step`` is missing: the mark is written after the last step."""
         mark = self.load(END_NAME)
         if mark is None:
-            return
+            return None
         where = self.locate(END_NAME)
         end = parse_mark(mark, END_MAGIC, where)
         if step >= end:
             raise EndOfStream.at(end, where=where)
+        return end
 
     def describe(self, step: int) -> str:
         return self.locate(main_name(step, self.rank))
@@ -263,8 +274,7 @@ class StoredSource(StoredFieldsSource, Source):
                 )
         except _Deleted:
             pass  # deleted as it was read: as if not found
-        self.check_end(step)
-        self.check_gone(step)
+        self.check_gone(step, self.check_end(step))
         return None
 
     def _sidecar_opener(self, side: str) -> Callable[[], Ranged]:

@@ -87,9 +87,9 @@ class FsspecSource(StoredSource):
         with translate_errors(self.locate(name), "record what this rank consumed"):
             self._conn.get().save(name, data)
 
-    def stored_steps(self) -> list[int] | None:
+    def listed(self) -> list[str] | None:
         with translate_errors(self.url, "list"):
-            return self.steps_among(self._conn.get().names())
+            return self._conn.get().names()
 
     def read(self, step: int) -> Frame | None:
         frame = super().read(step)

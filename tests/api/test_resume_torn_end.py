@@ -107,6 +107,32 @@ async def test_the_same_kill_on_files_is_refused_when_the_sender_opens(tmp_path:
                 got.receive(timeout=10)
 
 
+@pytest.mark.parametrize("then", ["whole", "parts"])
+async def test_a_resumed_sender_held_back_by_max_ahead_refuses_a_torn_step_at_once(
+    s3_url: str, s3_endpoint: dict[str, Any], then: str
+) -> None:
+    """The ranks the torn step lacks never move past it: a sender with ``max_ahead=0``
+    that waited for them before checking its ranks against the step would wait for
+    ever. It refuses first."""
+    url = f"{s3_url}/run"
+    step = torn(url, s3_endpoint, "after parts")
+    for rank in range(RANKS):  # every rank read step 0; rank 0 read step 1 and moved on
+        with receiver(url, s3_endpoint, rank, 0) as got:
+            assert len(list(got.parts(timeout=10))) == 2
+            if rank == 0:
+                assert_batches_equal(got.receive(timeout=10), batch(step, 0))
+                with pytest.raises(rlwire.ReceiveTimeout):
+                    got.receive(timeout=0.1)
+    async with resumed(url, s3_endpoint, max_ahead=0) as sender:
+        with anyio.fail_after(30), pytest.raises(rlwire.StepExistsError, match="is incomplete"):
+            if then == "whole":
+                await sender.send_ranks([batch(step + 1, r) for r in range(RANKS)])
+            else:
+                async with sender.open_step(ranks=RANKS) as writer:
+                    await writer.put([batch(step + 1, 0).samples[0]], key=0)
+        assert sender.next_step == step + 1
+
+
 async def test_steps_sent_on_to_fewer_ranks_after_a_torn_step_neither_hang_nor_hold_back(
     s3_url: str, s3_endpoint: dict[str, Any]
 ) -> None:

@@ -208,6 +208,7 @@ class TrainingBatchSender(AppendingSender):
                     where=self._sink,
                 )
             step = self._resolve_step(step)
+            self._sink.check_ranks(step, len(objs))  # before a wait for room it refuses
             # Each rank is validated and encoded when the sink is ready to write it, so
             # only one rank's encoded message is held at a time.
             clock = SendClock(len(objs))
@@ -270,6 +271,7 @@ class TrainingBatchSender(AppendingSender):
         self._check_no_open_step(but=step)
         self._check_not_finished()
         step = self._resolve_step(step)
+        self._sink.check_ranks(step, ranks)  # before a wait for room it refuses
         if self._retention.active:
             await self._room.make(step, ranks, self._limiter)
         self._filling = step

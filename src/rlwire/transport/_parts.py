@@ -124,6 +124,18 @@ class PartsSink:
 
             cls.committed_parts = committed_parts  # type: ignore[method-assign]
 
+    def check_ranks(self, step: int, ranks: int) -> None:
+        """Refuse to send ``step`` (whole, or filled part by part) to ``ranks`` ranks,
+        before the sender waits for room for it (``max_ahead``) or writes anything; it
+        runs in the event loop, so it must not block. Accepts any by default.
+
+        Raises:
+            StepExistsError: the stored sinks, opened with ``on_existing="resume"``:
+                ``step`` is the first after the one they resumed after, sent whole,
+                which lacks one of ``ranks`` (a commit cut short).
+        """
+        del step, ranks  # any will do
+
     def committed_parts(self, step: int, ranks: int | None = None) -> list[PartInfo]:
         """The parts of ``step`` committed so far, in any order: what a producer that
         opens the step again (after a crash, ``on_existing="resume"``) must not put

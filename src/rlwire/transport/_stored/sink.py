@@ -93,8 +93,8 @@ class StoredSink(StoredFieldsSink, Sink):
     #: The step :meth:`open` found filled part by part and not sealed (``"resume"``
     #: continues at it): a whole message for it is refused until it is sealed.
     unsealed_step: int | None = None
-    #: The step ``"resume"`` goes on after, sent whole, and its visible ranks: the first
-    #: step sent is refused if it has a rank more (:func:`check_ranks_after`).
+    #: The step ``"resume"`` goes on after, sent whole, and its visible ranks: the step
+    #: after it is refused if it has a rank more (:func:`check_ranks_after`).
     resumed_after: tuple[int, frozenset[int]] | None = None
 
     @functools.cached_property
@@ -271,7 +271,7 @@ class StoredSink(StoredFieldsSink, Sink):
                 f"with open_step({step}), or truncate it",
                 where=self.locate(),
             )
-        self.check_ranks(len(frames))
+        self.check_ranks(step, len(frames))
         mains = [main_name(step, rank) for rank in range(len(frames))]
         with self.errors(f"check whether step {step} exists"):
             found = yield from self.existing_in_slices(mains)
@@ -354,16 +354,15 @@ class StoredSink(StoredFieldsSink, Sink):
 
         return (yield from self._staged(step, write))
 
-    def check_ranks(self, ranks: int) -> None:
-        """Refuse the first step sent after ``"resume"`` to ``ranks`` ranks if the
-        step it went on after lacks one (:func:`check_ranks_after`)."""
-        if self.resumed_after is not None:
+    def check_ranks(self, step: int, ranks: int) -> None:
+        """Refuse ``step`` for ``ranks`` ranks if it is the first after the step
+        ``"resume"`` went on after and that one lacks one (:func:`check_ranks_after`)."""
+        if self.resumed_after is not None and step == self.resumed_after[0] + 1:
             check_ranks_after(self.locate(), self.resumed_after, ranks)
-            self.resumed_after = None
 
     def committed_parts(self, step: int, ranks: int | None = None) -> list[PartInfo]:
         if ranks is not None:
-            self.check_ranks(ranks)
+            self.check_ranks(step, ranks)
         with self.errors(f"list the parts of step {step}"):
             names = self.names()
         if seal_name(step) in names or any(

@@ -63,7 +63,9 @@ class StoredSource(StoredFieldsSource, Source):
     Subclasses set ``rank`` and ``verify`` and provide :meth:`load`,
     :meth:`save` and :meth:`locate`; and :meth:`stored_steps`, without which a
     receiver at a step ``keep_last`` deleted waits for it instead of raising
-    :class:`~rlwire.StepGapError` (the contract's retention test checks it).
+    :class:`~rlwire.StepGapError` (the contract's retention test checks it); one that
+    provides :meth:`listed` too tells a message that will never come
+    (:meth:`check_gone`) from one not sent yet.
     """
 
     rank: int

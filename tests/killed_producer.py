@@ -1,16 +1,18 @@
 """A producer killed (SIGKILL, by itself) as it writes a chosen file or object, in a child
 process: on S3 (the test server) or in a directory.
 
-:func:`run_killed` runs a plan of sends (``("send", ranks)``: a whole step to ``ranks``
-ranks; ``("parts", ranks, keys)``: a step filled part by part with ``keys`` puts, then
-sealed; ``("finish",)``: the end mark) in a process forked from the warm server
-(``forked.py``), with its sender opened with ``on_existing="resume"``. Every request s3fs
-makes, and every ``os.link``, ``os.rename`` and ``os.replace`` (how the file sink moves a
-file into place), goes through a hook: the first that writes the object or file named
-``kill_at`` (``put_object`` or completing a multipart upload whose ``Key`` ends with
-it; a move to a path that ends with it) sends the process SIGKILL just ``before`` it
-is made, or just after it returns. So the store is left as a producer killed at that
-moment leaves it, by a real kill.
+:func:`run_killed` runs a plan in a process forked from the warm server (``forked.py``),
+with its sender opened with ``on_existing="resume"``: ``("send", ranks)`` sends a whole
+step to ``ranks`` ranks (samples of 40 tokens, or of a third item's count);
+``("parts", ranks, keys)`` fills a step part by part with ``keys`` puts, then seals it;
+``("finish",)`` marks the end. Every request s3fs makes, and every ``os.link``,
+``os.rename`` and ``os.replace`` (how the file sink moves a file into place), goes
+through a hook: the first that writes the object or file named ``kill_at`` (a
+``put_object`` or a completed multipart upload whose ``Key`` ends with it, or one of
+the requests ``extra["kill_methods"]`` names, such as ``delete_objects``; a move to a
+path that ends with it) sends the process SIGKILL just ``before`` it is made, or just
+after it returns. So the store is left as a producer killed at that moment leaves it,
+by a real kill.
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ _CHILD = textwrap.dedent(
     from killed_producer import run_plan
 
     url, options, plan, kill_at, when, extra = json.loads(sys.argv[1])
+    methods = extra.pop("kill_methods", ["put_object", "complete_multipart_upload"])
     real = s3fs.S3FileSystem._call_s3
 
     async def call_s3(self, method, *args, **kwargs):
-        name = str(kwargs.get("Key", "")).rpartition("/")[2]
-        hit = method in ("put_object", "complete_multipart_upload") and name == kill_at
+        doomed = kwargs.get("Delete", {}).get("Objects", [])
+        keys = [kwargs.get("Key", "")] + [o["Key"] for o in doomed]
+        hit = method in methods and kill_at in [str(k).rpartition("/")[2] for k in keys]
         if hit and when == "before":
             os.kill(os.getpid(), signal.SIGKILL)
         out = await real(self, method, *args, **kwargs)
@@ -90,7 +94,8 @@ async def run_plan(
         for action in plan:
             if action[0] == "send":
                 step = sender.next_step
-                await sender.send_ranks([batch(step, r) for r in range(action[1])])
+                tokens = action[2] if len(action) > 2 else 40
+                await sender.send_ranks([batch(step, r, tokens) for r in range(action[1])])
             elif action[0] == "parts":
                 async with sender.open_step(ranks=action[1]) as writer:
                     for key in range(action[2]):

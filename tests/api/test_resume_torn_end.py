@@ -155,3 +155,34 @@ async def test_steps_sent_on_to_fewer_ranks_after_a_torn_step_neither_hang_nor_h
         with receiver(url, s3_endpoint, rank, step) as other:
             with pytest.raises(rlwire.StepGapError, match=rf"step {step} "):
                 other.receive(timeout=10)
+
+
+async def test_the_repair_a_sender_names_after_steps_sent_on_to_fewer_ranks_repairs(
+    s3_url: str, s3_endpoint: dict[str, Any]
+) -> None:
+    """A producer resumed after a torn step 0 sends step 1 to rank 0 only, and is
+    resumed again: a step for every rank is refused naming step 0, not step 1 (the
+    step before it, which looks the same), so that the repair gives every rank both."""
+    url = f"{s3_url}/run"
+    step = torn(url, s3_endpoint, "first")
+    async with resumed(url, s3_endpoint) as sender:
+        assert await sender.send(batch(step + 1, 0)) == step + 1
+    async with resumed(url, s3_endpoint) as sender:
+        with pytest.raises(rlwire.StepExistsError, match=r"steps 0\.\.1 have ranks \[0\] only"):
+            await sender.send_ranks([batch(step + 2, r) for r in range(RANKS)])
+        with pytest.raises(rlwire.StepExistsError) as info:
+            async with sender.open_step(ranks=RANKS) as writer:
+                await writer.put([batch(step + 2, 0).samples[0]], key=0)
+    assert f"start_step={step}, on_existing='truncate'" in str(info.value)
+
+    repair = {"on_existing": "truncate", "start_step": step}
+    async with rlwire.open_sender(url, storage_options=s3_endpoint, **repair) as sender:
+        for n in (step, step + 1):
+            await sender.send_ranks([batch(n, r) for r in range(RANKS)])
+        await sender.finish()
+    for rank in range(RANKS):
+        with receiver(url, s3_endpoint, rank, step) as got:
+            for n in (step, step + 1):
+                assert_batches_equal(got.receive(timeout=10), batch(n, rank))
+            with pytest.raises(rlwire.EndOfStream):
+                got.receive(timeout=10)

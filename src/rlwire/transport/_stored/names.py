@@ -34,7 +34,6 @@ __all__ = [
     "STEP_PART_RE",
     "STORED_RE",
     "TEMP_RE",
-    "check_ranks_after",
     "consumed_name",
     "consumed_part_name",
     "fields_name",
@@ -49,7 +48,6 @@ __all__ = [
     "sidecar_name",
     "start_step",
     "temp_name",
-    "whole_before",
 ]
 
 #: The end-of-stream mark a finished sender leaves (see :func:`~rlwire.transport.layout.end_mark`).
@@ -372,27 +370,3 @@ def orphan_sidecars(names: Iterable[str], first: int) -> list[str]:
         if m and m.group(3) and int(m.group(1)) >= first:
             out.append(name)
     return sorted(out)
-
-
-def whole_before(names: Iterable[str], step: int) -> tuple[int, frozenset[int]] | None:
-    """The step before ``step`` and the ranks whose main file of it is visible, if it
-    was sent whole (None: it was not, or ``step`` is the first)."""
-    have = _scan(names)[0].get(step - 1)
-    return None if have is None else (step - 1, frozenset(have))
-
-
-def check_ranks_after(where: str, before: tuple[int, frozenset[int]], ranks: int) -> None:
-    """Refuse the first step a resumed sender sends to ``ranks`` ranks when the step
-    ``before`` it (sent whole, :func:`whole_before`) lacks one of them: a sender killed
-    while committing it made it visible for its first ranks only, and, nothing of the
-    others listed (S3 puts them from memory), :func:`start_step` took it for a step of
-    fewer ranks. Going on would leave their receivers waiting for ever."""
-    step, have = before
-    if not set(range(ranks)) <= have:
-        raise StepExistsError(
-            f"cannot resume: step {step} is incomplete (ranks {sorted(have)} of {ranks}: a "
-            f"sender was killed while committing it); open the sender with start_step={step}"
-            f", on_existing='truncate' to delete step {step} and every later one, then send "
-            f"from step {step} again",
-            where=where,
-        )

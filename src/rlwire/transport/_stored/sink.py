@@ -25,7 +25,6 @@ from rlwire.transport._stored.names import (
     LEFTOVER_RE,
     MAIN_RE,
     REWRITE_NAME,
-    check_ranks_after,
     main_name,
     names_to_delete,
     orphan_sidecars,
@@ -34,9 +33,9 @@ from rlwire.transport._stored.names import (
     seal_name,
     sidecar_name,
     start_step,
-    whole_before,
 )
 from rlwire.transport._stored.parts import part_files, read_parts
+from rlwire.transport._stored.resumed import Trail, check_ranks_after, whole_before
 from rlwire.transport._stored.retention import held_back, read_consumed, steps_to_prune
 from rlwire.transport._stored.translate import translate_errors
 
@@ -93,9 +92,9 @@ class StoredSink(StoredFieldsSink, Sink):
     #: The step :meth:`open` found filled part by part and not sealed (``"resume"``
     #: continues at it): a whole message for it is refused until it is sealed.
     unsealed_step: int | None = None
-    #: The step ``"resume"`` goes on after, sent whole, and its visible ranks: the step
-    #: after it is refused if it has a rank more (:func:`check_ranks_after`).
-    resumed_after: tuple[int, frozenset[int]] | None = None
+    #: The steps ``"resume"`` goes on after, sent whole, and their visible ranks: the
+    #: step after them is refused if it has a rank more (:func:`check_ranks_after`).
+    resumed_after: Trail | None = None
 
     @functools.cached_property
     def _first_parts(self) -> stored_parts.FirstParts:
@@ -357,7 +356,7 @@ class StoredSink(StoredFieldsSink, Sink):
     def check_ranks(self, step: int, ranks: int) -> None:
         """Refuse ``step`` for ``ranks`` ranks if it is the first after the step
         ``"resume"`` went on after and that one lacks one (:func:`check_ranks_after`)."""
-        if self.resumed_after is not None and step == self.resumed_after[0] + 1:
+        if self.resumed_after is not None and step == self.resumed_after[1] + 1:
             check_ranks_after(self.locate(), self.resumed_after, ranks)
 
     def committed_parts(self, step: int, ranks: int | None = None) -> list[PartInfo]:

@@ -231,7 +231,7 @@ class WaitsForDeletedSteps(BrokenSink):
     source lists no stored steps, as StoredSource by default)."""
 
     class source_class(FileSource):  # what BrokenSink.open_source reads with
-        def stored_steps(self) -> list[int] | None:
+        def listed(self) -> list[str] | None:
             return None  # cannot tell: a step keep_last deleted is waited for
 
 

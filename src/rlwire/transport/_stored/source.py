@@ -61,11 +61,11 @@ class StoredSource(StoredFieldsSource, Source):
     :meth:`load` returns.
 
     Subclasses set ``rank`` and ``verify`` and provide :meth:`load`,
-    :meth:`save` and :meth:`locate`; and :meth:`stored_steps`, without which a
-    receiver at a step ``keep_last`` deleted waits for it instead of raising
-    :class:`~rlwire.StepGapError` (the contract's retention test checks it); one that
-    provides :meth:`listed` too tells a message that will never come
-    (:meth:`check_gone`) from one not sent yet.
+    :meth:`save` and :meth:`locate`; and :meth:`listed` (or at least
+    :meth:`stored_steps`), without which a receiver at a step ``keep_last`` deleted,
+    or of a rank a step will never have, waits for it instead of raising
+    :class:`~rlwire.StepGapError` (:meth:`check_gone`; the contract's retention test
+    checks it).
     """
 
     rank: int

@@ -13,7 +13,9 @@ seal included, so the object store frees their memory once no reader holds a vie
 it; so do objects staged and never committed (a producer died between the two) once
 a sender opens the destination at or before their step, or their step is committed
 again, sealed or deleted (a producer that was alive after all is told why at its
-commit: :mod:`~rlwire.transport.ray._board_staged`).
+commit: :mod:`~rlwire.transport.ray._board_staged`). Each open of the destination is
+given the next epoch, and a sender opened before the newest one is refused every call
+that would change anything (:mod:`~rlwire.transport.ray._board_fence`).
 
 Objects the board pulled from a producer's actor (``_handover``) are owned by the
 board: they survive the producer and die with the board. Its methods answer with plain
@@ -90,6 +92,7 @@ class Board(PartsBoard, FieldsBoard):
         # rank -> (step, next part, the run of the parts before it)
         self.consumed_parts: dict[int, tuple[int, int, bytes]] = {}
         self.end: int | None = None
+        self.epoch, self.opens = 0, {}  # the fence (_board_fence)
         self._changed: asyncio.Condition | None = None
 
     @property
@@ -155,8 +158,10 @@ class Board(PartsBoard, FieldsBoard):
 
     async def open(self, on_existing: OnExisting, first: int | None) -> tuple[Any, ...]:
         """Apply ``on_existing`` (and the sender's ``start_step``, ``first``) as every
-        stored sink does; ``("ok", step)`` with the first step to send, or
-        ``(error class name, message)``. Atomic: nothing else runs meanwhile."""
+        stored sink does; ``("ok", step, epoch)`` with the first step to send and the
+        sender's epoch (every sender opened before it is fenced off from now on:
+        ``_board_fence``), or ``(error class name, message)``. Atomic: nothing else
+        runs meanwhile."""
         names = self._names()
         try:
             step = start_step(self.where, names, on_existing, first)
@@ -168,8 +173,9 @@ class Board(PartsBoard, FieldsBoard):
         # (the sender stages those steps anew): its objects go now. A producer still
         # alive (two on one destination) is told why at its next stage or commit.
         self._drop_staged(lambda s: s >= step, lambda s: taken_over(s, on_existing))
+        epoch = self._open_epoch(on_existing)
         await self._notify()
-        return ("ok", step)
+        return ("ok", step, epoch)
 
     async def stage(
         self,
@@ -180,6 +186,7 @@ class Board(PartsBoard, FieldsBoard):
         has_side: bool,
         refs: list[ObjectRef[Any]] | None,
         timeout: float,
+        epoch: int | None = None,
     ) -> tuple[Any, ...]:
         """Hold rank ``rank``'s objects of ``step``, not visible yet, under ``key``: a
         main object, and a sidecar object when ``has_side``. With ``producer`` (an actor
@@ -189,26 +196,39 @@ class Board(PartsBoard, FieldsBoard):
         committed already, ``("open",)`` when it is being filled part by part,
         ``("unpulled", timeout)`` when the producer did not hand them over in time,
         ``("dropped", why, step)`` when the board let go of what was staged under
-        ``key`` (another sender opened the destination meanwhile: ``_board_staged``)."""
+        ``key`` (another sender opened the destination meanwhile: ``_board_staged``),
+        ``("fenced", why)`` when the sender, opened at ``epoch``, is fenced off."""
+        what = f"store step {step} rank {rank}"
+        refused = self._refused(key, epoch, what)
+        if refused is not None:
+            return refused
         if step in self.committed or step in self.seals:
             return ("exists",)
         if step in self.parts:
             return ("open",)
-        return await self._hold(step, key, rank, producer, has_side, refs, timeout)
+        return await self._hold(step, key, rank, producer, has_side, refs, timeout, (epoch, what))
 
     async def commit(
-        self, key: str, ranks: int, checksums: list[bytes | None] | None = None
+        self,
+        key: str,
+        ranks: int,
+        checksums: list[bytes | None] | None = None,
+        epoch: int | None = None,
     ) -> tuple[Any, ...]:
         """Make the step staged under ``key`` visible, all ``ranks`` ranks at once, with
         each rank's ``checksums`` when they are not in its envelope (packed u64, kept
         and given to readers with the references): ``("ok",)``, ``("exists",)`` if
         another sender committed it first, ``("dropped", why, step)`` if the board let
-        go of it (another sender opened the destination meanwhile), ``("missing",)`` if
-        not every rank is staged under ``key``."""
+        go of it (another sender opened the destination meanwhile), ``("fenced", why)``
+        if the sender, opened at ``epoch``, is fenced off (what it staged goes),
+        ``("missing",)`` if not every rank is staged under ``key``."""
         entry = self.staged.pop(key, None)
         if entry is None:
             return self._unstaged(key)
         step, staged = entry
+        fenced = self._fenced(epoch, f"commit step {step}")
+        if fenced is not None:
+            return fenced
         if step in self.committed or step in self.seals:
             return ("exists",)
         if step in self.parts:
@@ -306,9 +326,14 @@ class Board(PartsBoard, FieldsBoard):
         marked, _, of = self.consumed_parts.get(rank, (step, 0, b""))
         return of if marked == step else b""
 
-    async def consumption(self, ranks: int) -> list[int | None]:
-        """Each rank's consumption mark, ``None`` where it recorded none."""
-        return self._marks(ranks)
+    async def consumption(
+        self, ranks: int, epoch: int | None = None
+    ) -> list[int | None] | tuple[Any, ...]:
+        """Each rank's consumption mark, ``None`` where it recorded none; ``("fenced",
+        why)`` when the sender, opened at ``epoch``, is fenced off (its ``max_ahead``
+        would wait on another run's receivers)."""
+        fenced = self._fenced(epoch, "read the consumption marks")
+        return self._marks(ranks) if fenced is None else fenced
 
     def _marks(self, ranks: int, _sent: int = 0) -> list[int | None]:
         """The consumption marks of ranks ``0..ranks-1`` (``None``: none recorded)."""
@@ -323,22 +348,31 @@ class Board(PartsBoard, FieldsBoard):
         marked, part, _ = self.consumed_parts.get(rank, (step, 0, b""))
         return (step, part if marked == step else 0)
 
-    async def prune(self, below: int) -> None:
+    async def prune(self, below: int, epoch: int | None = None) -> tuple[Any, ...] | None:
         """Delete every step before ``below``: its references go, and with them the
         memory once no reader holds a view of it. A step some rank holding objects of
         it has not moved past is kept (a rank left out of later sends), as every
-        stored sink keeps it."""
+        stored sink keeps it. ``None``; ``("fenced", why)``, deleting nothing, when the
+        sender, opened at ``epoch``, is fenced off."""
+        fenced = self._fenced(epoch, f"delete the steps before step {below}")
+        if fenced is not None:
+            return fenced
         below = held_back(self._names(), below, self._marks)
         for step in [s for s in self._stored() if s < below]:
             self._drop_step(step)
         self._drop_staged(lambda s: s < below, deleted)
         await self._notify()
+        return None
 
-    async def finish(self, end: int) -> tuple[Any, ...]:
+    async def finish(self, end: int, epoch: int | None = None) -> tuple[Any, ...]:
         """Mark the end of the stream at ``end``: ``("ok",)``, or ``("open",)`` without
         marking it when ``end`` is open part by part (a killed producer's step: its parts
-        would be read past the end). ValueError: not a step, as :meth:`mark`."""
+        would be read past the end), ``("fenced", why)`` when the sender, opened at
+        ``epoch``, is fenced off. ValueError: not a step, as :meth:`mark`."""
         counts(end)
+        fenced = self._fenced(epoch, f"mark the end of the stream at step {end}")
+        if fenced is not None:
+            return fenced
         if end in self.parts and end not in self.seals:
             return ("open",)
         self.end = end

@@ -98,17 +98,24 @@ class FieldsBoard(StagingBoard):
         has_side: bool,
         refs: list[ObjectRef[Any]] | None,
         timeout: float,
+        epoch: int | None = None,
     ) -> tuple[Any, ...]:
         """Hold the objects of a message of fields for rank ``rank`` of ``step``, not
         visible yet, under ``key``, as :meth:`~rlwire.transport.ray._board.Board.stage`
-        holds a rank's. ``("ok",)``, or ``("none", why)`` when the step is not
-        committed, has no rank ``rank``, or was deleted while they were pulled."""
+        holds a rank's. ``("ok",)``, ``("none", why)`` when the step is not committed,
+        has no rank ``rank``, or was deleted while they were pulled, ``("fenced", why)``
+        when the sender, opened at ``epoch``, is fenced off (``_board_fence``; a stage
+        that only appends opened nothing, and names no epoch)."""
+        what = f"append fields to step {step} rank {rank}"
+        fenced = self._fenced(epoch, what)
+        if fenced is not None:
+            return fenced
         why = self._no_such_rank(step, rank)
         if why is not None:
             return ("none", why)
         if self._committed_refs(step, rank) is None:
             return ("none", f"step {step} is not committed (sent whole, or sealed)")
-        held = await self._hold(step, key, rank, producer, has_side, refs, timeout)
+        held = await self._hold(step, key, rank, producer, has_side, refs, timeout, (epoch, what))
         return ("none", held[1]) if held[0] == "dropped" else held
 
     async def commit_fields(
@@ -118,6 +125,7 @@ class FieldsBoard(StagingBoard):
         index: int | None = None,
         token: str | None = None,
         names: list[str] | None = None,
+        epoch: int | None = None,
     ) -> tuple[Any, ...]:
         """Make the message staged under ``key`` visible as the next one of fields
         appended to its step for rank ``rank``, and wake the receivers. With ``names``
@@ -128,14 +136,18 @@ class FieldsBoard(StagingBoard):
         ``("appended", why)`` if a field of ``names`` was appended to the step and rank
         already, ``("exists", why)`` if (no ``names``) ``index`` is taken, ``("none",
         why)`` if the step was deleted meanwhile, or (``token`` given: the one
-        :meth:`committed_refs` answered) deleted and sent again."""
+        :meth:`committed_refs` answered) deleted and sent again, ``("fenced", why)`` if
+        the sender, opened at ``epoch``, is fenced off (what it staged goes)."""
         entry = self.staged.pop(key, None)
         if entry is None:
             gone = self._unstaged(key)  # let go of with its step: say so
             return ("none", gone[1]) if gone[0] == "dropped" else gone
-        if rank not in entry[1]:
-            return ("missing",)
         step, staged = entry
+        fenced = self._fenced(epoch, f"append fields to step {step} rank {rank}")
+        if fenced is not None:
+            return fenced
+        if rank not in staged:
+            return ("missing",)
         if self._committed_refs(step, rank) is None:
             return ("none", step_replaced(step, False))
         if token is not None and self.tokens.get(step) != token:

@@ -68,7 +68,7 @@ class PartsBoard(StagingBoard):
             return f"step {step} is sealed already"
         return None
 
-    async def stage_part(
+    async def stage_part(  # noqa: PLR0913 (a remote call's arguments, each a plain value)
         self,
         step: int,
         key: str,
@@ -78,31 +78,48 @@ class PartsBoard(StagingBoard):
         has_side: bool,
         refs: list[ObjectRef[Any]] | None,
         timeout: float,
+        epoch: int | None = None,
     ) -> tuple[Any, ...]:
         """Hold the objects of part ``index`` of rank ``rank`` of ``step``, not visible
         yet, under ``key``, as :meth:`~rlwire.transport.ray._board.Board.stage` holds a
-        rank's. ``("ok",)``, or ``("exists", why)`` when the step is closed or the part
-        exists."""
+        rank's. ``("ok",)``, ``("exists", why)`` when the step is closed or the part
+        exists, ``("fenced", why)`` when the sender, opened at ``epoch``, is fenced off
+        (``_board_fence``)."""
+        what = f"store part {index} of rank {rank} of step {step}"
+        refused = self._refused(key, epoch, what)
+        if refused is not None:
+            return refused
         why = self._closed(step)
         if why is None and len(self._parts_of(step, rank)) > index:
             why = f"part {index} of rank {rank} of step {step} already exists"
         if why is not None:
             return ("exists", why)
-        return await self._hold(step, key, rank, producer, has_side, refs, timeout)
+        return await self._hold(step, key, rank, producer, has_side, refs, timeout, (epoch, what))
 
     async def commit_part(
-        self, key: str, rank: int, index: int, part_key: PartKey, cost: float
+        self,
+        key: str,
+        rank: int,
+        index: int,
+        part_key: PartKey,
+        cost: float,
+        epoch: int | None = None,
     ) -> tuple[Any, ...]:
         """Make the part staged under ``key`` visible as part ``index`` of rank ``rank``
         with the producer's key ``part_key``, and wake the receivers: ``("ok",)``,
         ``("missing",)`` if nothing is staged under ``key``, ``("dropped", why, step)``
         if the board let go of it (another sender resumed the step, or opened the
-        destination, meanwhile), ``("exists", why)`` if the step is closed, the index
-        is taken (another sender) or skips one, or the key is committed already."""
+        destination, meanwhile), ``("fenced", why)`` if the sender, opened at ``epoch``,
+        is fenced off (what it staged goes), ``("exists", why)`` if the step is closed,
+        the index is taken (another sender) or skips one, or the key is committed
+        already."""
         entry = self.staged.pop(key, None)
         if entry is None:
             return self._unstaged(key)
         step, staged = entry
+        fenced = self._fenced(epoch, f"commit part {index} of rank {rank} of step {step}")
+        if fenced is not None:
+            return fenced
         why = self._closed(step)
         have = self._parts_of(step, rank)
         if why is None and len(have) != index:
@@ -125,10 +142,14 @@ class PartsBoard(StagingBoard):
         await self._notify()
         return ("ok",)
 
-    async def committed_parts(self, step: int) -> tuple[Any, ...]:
+    async def committed_parts(self, step: int, epoch: int | None = None) -> tuple[Any, ...]:
         """The parts of ``step`` committed so far, for a producer that resumes it:
-        ``("ok", [(rank, index, key, cost), ...])``, or ``("exists", why)`` when it is
-        sealed or was sent whole. What killed producers staged for it is dropped."""
+        ``("ok", [(rank, index, key, cost), ...])``, ``("exists", why)`` when it is
+        sealed or was sent whole, or ``("fenced", why)`` when the producer, opened at
+        ``epoch``, is fenced off. What killed producers staged for it is dropped."""
+        fenced = self._fenced(epoch, f"resume step {step} part by part")
+        if fenced is not None:
+            return fenced
         why = self._closed(step)
         if why is not None:
             return ("exists", why)
@@ -144,15 +165,24 @@ class PartsBoard(StagingBoard):
         )
 
     async def seal(
-        self, step: int, keys: list[list[PartKey]], costs: list[list[float]], token: str = ""
+        self,
+        step: int,
+        keys: list[list[PartKey]],
+        costs: list[list[float]],
+        token: str = "",
+        epoch: int | None = None,
     ) -> tuple[Any, ...]:
         """Close ``step``: record, for each rank, its parts' ``keys`` and ``costs``,
         which must be exactly the parts committed, and wake the receivers. ``("ok",)``,
         ``("exists", why)`` when it is sealed or was sent whole, ``("differs", why)``
-        when the committed parts are not those listed (another sender's). ``token``
-        names the seal (kept in ``tokens``). ValueError: ``step`` is no step (as
+        when the committed parts are not those listed (another sender's), ``("fenced",
+        why)`` when the sender, opened at ``epoch``, is fenced off. ``token`` names the
+        seal (kept in ``tokens``). ValueError: ``step`` is no step (as
         :meth:`~rlwire.transport.ray._board.Board.mark`)."""
         counts(step)
+        fenced = self._fenced(epoch, f"seal step {step}")
+        if fenced is not None:
+            return fenced
         why = self._closed(step)
         if why is not None:
             return ("exists", why)

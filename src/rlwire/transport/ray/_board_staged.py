@@ -21,6 +21,7 @@ from typing import Any
 
 from ray import ObjectRef
 
+from rlwire.transport.ray._board_fence import FencingBoard
 from rlwire.transport.ray._handover import hand_over
 
 __all__ = ["TOMBSTONES", "Refs", "StagingBoard", "counts", "deleted", "resumed", "taken_over"]
@@ -67,7 +68,7 @@ def resumed(step: int) -> str:
     )
 
 
-class StagingBoard:
+class StagingBoard(FencingBoard):
     """What the board holds staged, and the tombstones of what it let go of."""
 
     #: key -> (step, rank -> its objects), not visible yet
@@ -79,6 +80,12 @@ class StagingBoard:
         """``("dropped", why, step)`` if what was staged under ``key`` was let go of."""
         tomb = self.dropped.get(key)
         return None if tomb is None else ("dropped", tomb[1], tomb[0])
+
+    def _refused(self, key: str, epoch: int | None, what: str) -> tuple[Any, ...] | None:
+        """Why a stage under ``key`` of a sender opened at ``epoch`` is refused, if it
+        is: what it staged under ``key`` was let go of (the step taken over: its
+        tombstone says so), or the sender is fenced off (``_board_fence``)."""
+        return self._dropped_answer(key) or self._fenced(epoch, what)
 
     def _unstaged(self, key: str) -> tuple[Any, ...]:
         """What a commit of ``key`` answers when nothing is staged under it:
@@ -96,6 +103,7 @@ class StagingBoard:
         has_side: bool,
         refs: list[ObjectRef[Any]] | None,
         timeout: float,
+        fence: tuple[int | None, str] = (None, ""),
     ) -> tuple[Any, ...]:
         """Stage rank ``rank``'s objects of ``step`` under ``key``: with ``producer``
         (an actor handle) pulled from it under the key ``f"{key}.{rank}"`` (the board
@@ -103,7 +111,9 @@ class StagingBoard:
         the producer put (it owns them). ``("ok",)``; ``("unpulled", timeout)`` if the
         producer's actor did not hand them over in time (every call it can run at once
         was busy); ``("dropped", why, step)`` if the board let go of what was staged
-        under ``key`` (before or during the pull): nothing is held then.
+        under ``key`` (before or during the pull), ``("fenced", why)`` if the sender is
+        fenced off (before or during the pull: ``fence`` is the epoch it opened at and
+        what its call does, for :meth:`_refused`): nothing is held then.
 
         Raises:
             ValueError: not a step, a rank and a str key (another client's call: a step
@@ -112,7 +122,7 @@ class StagingBoard:
         counts(step, rank)
         if not isinstance(key, str):
             raise ValueError(f"a staging key is a str, not {type(key).__name__}")
-        gone = self._dropped_answer(key)
+        gone = self._refused(key, *fence)
         if gone is not None:
             return gone
         if producer is not None:
@@ -127,7 +137,7 @@ class StagingBoard:
             except TimeoutError:
                 return ("unpulled", timeout)
             refs = returned[1:]
-            gone = self._dropped_answer(key)  # let go of while it was pulled
+            gone = self._refused(key, *fence)  # let go of, or fenced, meanwhile
             if gone is not None:
                 return gone
         assert refs is not None

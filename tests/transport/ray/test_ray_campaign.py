@@ -109,12 +109,15 @@ def test_an_actor_that_is_not_a_board_under_its_name_is_a_typed_error(ray_cluste
         ray.kill(impostor)
 
 
+@pytest.mark.parametrize("who", ["a stage", "the producer"])
 def test_fields_never_land_on_another_run_of_their_step(
-    ray_url: str, monkeypatch: pytest.MonkeyPatch
+    ray_url: str, monkeypatch: pytest.MonkeyPatch, who: str
 ) -> None:
     """Another run overwrites the step and sends it again between add_fields reading the
     step (to check the fields against it) and staging them: the fields are refused, not
-    appended to the new run's step."""
+    appended to the new run's step. A stage that never opened the destination is told
+    the step was sent again; the producer that sent it, that another opened the
+    destination since (it is fenced)."""
     create_board(_name(ray_url))
 
     def other_run() -> None:
@@ -131,10 +134,23 @@ def test_fields_never_land_on_another_run_of_their_step(
         return frames
 
     monkeypatch.setattr(RayFieldsSink, "read_committed", read_then_another_run)
+    fields = {"ref_logprob": np.array([1.5, 2.5])}
+
+    async def append() -> None:  # a stage of its own, that never opens the destination
+        stage = rlwire.open_sender(ray_url)
+        try:
+            await stage.add_fields(0, fields)
+        finally:
+            await stage.aclose()
+
     with rlwire.open_sync_sender(ray_url) as sender:
         sender.send(make_batch(2, n=8, seed=1))
-        with pytest.raises(rlwire.ConfigError, match="deleted and sent again"):
-            sender.add_fields(0, {"ref_logprob": np.array([1.5, 2.5])})
+        if who == "the producer":
+            with pytest.raises(rlwire.ClosedError, match="another sender opened the destinat"):
+                sender.add_fields(0, fields)
+        else:
+            with pytest.raises(rlwire.ConfigError, match="deleted and sent again"):
+                anyio.run(append)
     with rlwire.open_receiver(ray_url, fields=["ref_logprob"]) as receiver:
         with pytest.raises(rlwire.ReceiveTimeout, match="ref_logprob"):
             receiver.receive(timeout=0.2)

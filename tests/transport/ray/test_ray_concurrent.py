@@ -1,10 +1,10 @@
 """Concurrency on ray://, on a real local Ray cluster: a second sender that opens the
 destination while the first is in the middle of a step takes the step over, and the
 first is told so with a StepExistsError at its commit (as the loser of two producers is
-on every sink); stages appending fields to one step at once all commit (the board
-numbers them, in one call), one appending a field another did gets a SchemaError; a
-receiver whose awaits are cancelled in a loop keeps one wait on the board, not one per
-cancellation. asyncio and trio where the test is async."""
+on every sink; its later calls are fenced: test_ray_fence.py); stages appending fields
+to one step at once all commit (the board numbers them, in one call), one appending a
+field another did gets a SchemaError; a receiver whose awaits are cancelled in a loop
+keeps one wait on the board, not one per cancellation. asyncio and trio where the test is async."""
 
 from __future__ import annotations
 
@@ -89,14 +89,19 @@ def test_a_second_sender_takes_over_the_step_the_first_is_sending(
 
 def test_a_second_sender_takes_over_the_part_the_first_is_filling(ray_url: str) -> None:
     """The first fills step 0 part by part: part "b" staged when a second resumes the
-    destination, part "c" staged after that but before the second resumes the step.
-    Each of the first's commits is a StepExistsError saying which; the second's step is
-    sealed with its own parts."""
+    destination, part "c" staged after that (by a sender that names no epoch, as one of
+    an rlwire before epochs: the board cannot fence it) but before the second resumes
+    the step. Each of the first's commits is a StepExistsError saying which (a first
+    that names its epoch is fenced at its stage of "c": test_ray_fence.py); the second's
+    step is sealed with its own parts."""
     first, second = _sink(ray_url), _sink(ray_url)
     first.open("error")
     run_sliced(first.stage_part(0, PartInfo(0, 0, "a", 1.0), _frame(b"a"))).commit()
     b = run_sliced(first.stage_part(0, PartInfo(0, 1, "b", 1.0), _frame(b"b")))
     assert second.open("resume") == 0
+    with pytest.raises(rlwire.ClosedError, match="another sender opened the destination"):
+        run_sliced(first.stage_part(0, PartInfo(0, 1, "c", 1.0), _frame(b"c")))
+    first._fence = ()  # an rlwire before epochs
     c = run_sliced(first.stage_part(0, PartInfo(0, 1, "c", 1.0), _frame(b"c")))
     assert second.committed_parts(0) == [PartInfo(0, 0, "a", 1.0)]
     opened = TAKEN.format(step=0, did=r"opened the destination \(on_existing='resume'\)")

@@ -31,9 +31,13 @@ def _frame() -> Frame:
 def test_the_second_producer_to_commit_a_step_gets_step_exists(ray_url: str) -> None:
     """Two producers staged one step (a whole one; a part of one filled part by part):
     the first commits (seals), and the second's commit is a StepExistsError, as on every
-    sink, not a TransportError saying the board no longer holds what it staged."""
+    sink, not a TransportError saying the board no longer holds what it staged. The
+    first names no epoch, as a sender of an rlwire before epochs does: the board cannot
+    fence it (one that names its epoch is fenced once the second opened:
+    test_ray_fence.py)."""
     first, second = (RaySink.from_url(parse_url(ray_url), SinkOptions()) for _ in range(2))
     assert first.open("error") == second.open("error") == 0
+    first._fence = ()  # an rlwire before epochs
     mine, theirs = (run_sliced(sink.stage(0, [_frame()])) for sink in (first, second))
     mine.commit()
     with pytest.raises(StepExistsError, match="step 0 was committed by another sender"):

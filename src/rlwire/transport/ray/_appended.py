@@ -33,7 +33,7 @@ from rlwire.transport.ray._actors import (
 )
 from rlwire.transport.ray._answers import checked_refs, commit_id
 from rlwire.transport.ray._payload import make_payload, parse_payload
-from rlwire.transport.ray._staged import _Staged
+from rlwire.transport.ray._staged import Fence, _Staged, check_fence
 
 __all__ = ["RayFieldsSink", "RayFieldsSource", "RayStagedFields"]
 
@@ -42,7 +42,9 @@ class RayStagedFields(_Staged):
     """A message of fields ``names`` for rank ``rank`` of ``step``, staged under
     ``key``: committed, it is the next one appended to the step for the rank (the board
     numbers it, so stages appending at once all commit), if none of its fields was
-    appended already and the step is still the commit ``token`` names (when given)."""
+    appended already and the step is still the commit ``token`` names (when given).
+    ``fence`` is the epoch of the sender that opened the destination (none for a stage
+    that only appends: it opened nothing, and may append beside the producer)."""
 
     def __init__(
         self,
@@ -53,8 +55,9 @@ class RayStagedFields(_Staged):
         rank: int,
         names: frozenset[str],
         token: str | None = None,
+        fence: Fence = (),
     ) -> None:
-        super().__init__(board, where, key, step)
+        super().__init__(board, where, key, step, fence)
         self.rank, self.names, self.token = rank, names, token
 
     def commit(self) -> None:
@@ -104,6 +107,7 @@ class RayFieldsSink(FieldsSink):
         caller_blocks_loop: bool
         _board: BoardHandle | None
         _producer: BoardHandle | None
+        _fence: Fence
 
         @property
         def where(self) -> str: ...
@@ -200,7 +204,9 @@ class RayFieldsSink(FieldsSink):
         key = uuid.uuid4().hex
         read = self._read_commit
         token = read[2] if read is not None and read[:2] == (step, rank) else None
-        staged = RayStagedFields(board, self.where, key, step, rank, frozenset(names), token)
+        staged = RayStagedFields(
+            board, self.where, key, step, rank, frozenset(names), token, self._fence
+        )
         try:
             taken = yield from self._storable(frame)
             sums = yield from self._checksums(taken)
@@ -217,6 +223,7 @@ class RayFieldsSink(FieldsSink):
             del main, side
             if answer[0] == "none":
                 raise ConfigError(f"add_fields: {answer[1]}", where=self.where)
+            check_fence(answer, self.where)  # its sender opened, and another since
         except BaseException:
             staged.discard()
             raise

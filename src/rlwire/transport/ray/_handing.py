@@ -18,6 +18,7 @@ from rlwire.transport.ray import _actors
 from rlwire.transport.ray._actors import BoardHandle, answer_of, ray_errors, submit
 from rlwire.transport.ray._handover import offer, withdraw
 from rlwire.transport.ray._payload import out_of_band
+from rlwire.transport.ray._staged import Fence, check_fence
 
 __all__ = ["Handed", "HandingSink"]
 
@@ -37,6 +38,10 @@ class HandingSink:
 
     #: A prune the board may still be running (:meth:`prune`).
     _pruning: ObjectRef[Any] | None = None
+    #: What the sender names in its calls to the board: the epoch of its open (none
+    #: before it opens, for a stage that only appends fields, or from a board of an
+    #: rlwire before epochs): ``_board_fence``.
+    _fence: Fence = ()
 
     if TYPE_CHECKING:  # RaySink's
         pull_timeout: float
@@ -69,12 +74,13 @@ class HandingSink:
         action: str,
     ) -> Handed:
         """Hand one message's objects to the board, whose ``method`` stages them (called
-        with ``head``, then the producer, whether there is a sidecar, the references and
-        the pull timeout): pulled from this actor under ``rank_key`` (the board owns
-        them), or put by this process (it owns them; the put blocks this worker thread
-        for the copy into the object store). The call is not waited for: pass what this
-        returns to :meth:`_answer`, and keep the memory of ``main`` and ``side`` as it
-        is until then (the board may still be pulling it)."""
+        with ``head``, then the producer, whether there is a sidecar, the references,
+        the pull timeout and the sender's fence): pulled from this actor under
+        ``rank_key`` (the board owns them), or put by this process (it owns them; the
+        put blocks this worker thread for the copy into the object store). The call is
+        not waited for: pass what this returns to :meth:`_answer`, and keep the memory
+        of ``main`` and ``side`` as it is until then (the board may still be pulling
+        it)."""
         refs = None
         values = [out_of_band(main)] if side is None else [out_of_band(main), out_of_band(side)]
         try:
@@ -93,6 +99,7 @@ class HandingSink:
                 side is not None,
                 refs,
                 self.pull_timeout,
+                *self._fence,
                 where=self.where,
                 action=action,
             )
@@ -141,7 +148,11 @@ class HandingSink:
         its next send, and a step held for a rank is dropped once the rank moved past it."""
         self._settle_prune()
         self._pruning = submit(
-            self._require_board().prune, below, where=self.where, action="delete steps"
+            self._require_board().prune,
+            below,
+            *self._fence,
+            where=self.where,
+            action="delete steps",
         )
 
     def _settle_prune(self) -> None:
@@ -149,7 +160,8 @@ class HandingSink:
 
         Raises:
             TransportError: the board is gone, or failed to prune.
+            ClosedError: the sender is fenced off: the prune deleted nothing.
         """
         pruning, self._pruning = self._pruning, None
         if pruning is not None:
-            answer_of(pruning, self.where, "delete steps")
+            check_fence(answer_of(pruning, self.where, "delete steps"), self.where)

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import ray
 
-from rlwire._core.errors import ConfigError, StepExistsError, TransportError
+from rlwire._core.errors import ClosedError, ConfigError, StepExistsError, TransportError
 from rlwire._core.slicing import Sliced
 from rlwire._frame.checksums import checksum_segments
 from rlwire._frame.frame import Frame, JoinSpace
@@ -45,6 +45,7 @@ from rlwire.transport.ray._source import RaySource
 from rlwire.transport.ray._staged import (
     RayStaged,
     RayStagedPart,
+    check_fence,
     open_step_error,
     taken_over,
 )
@@ -206,6 +207,9 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
             error = StepExistsError if answer[0] == "StepExistsError" else ConfigError
             raise error(answer[1], where=self.where)
         self._board, self._own_board = board, made
+        # Its epoch, named in every later call: refused once another sender opens the
+        # destination (_board_fence). A board of an rlwire before epochs answers none.
+        self._fence = (int(answer[2]),) if len(answer) > 2 else ()
         self._board_id = board_id(board)
         # A sync sender on the actor's loop blocks it: the board could not call in.
         self._producer = None if self.caller_blocks_loop else producer_actor()
@@ -226,7 +230,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         instead of 30 ms)."""
         board = self._require_board()
         key = uuid.uuid4().hex
-        staged = RayStaged(board, self.where, key, step, len(frames))
+        staged = RayStaged(board, self.where, key, step, len(frames), self._fence)
         self._commits.remember(step, key, len(frames))  # the board's token, once committed
         handoffs: list[tuple[int, Handed]] = []  # (rank, its hand-off), not answered yet
         sums: list[bytes | None] = []
@@ -278,6 +282,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
                 raise open_step_error(step, self.where)
             if result[0] == "dropped":
                 raise taken_over(result, self.where)
+            check_fence(result, self.where)
 
     @staticmethod
     def _joins(frame: Frame) -> bool:
@@ -301,7 +306,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
     def stage_part(self, step: int, part: PartInfo, frame: PendingFrame) -> Sliced[Staged]:
         board = self._require_board()
         key = uuid.uuid4().hex
-        staged = RayStagedPart(board, self.where, key, step, part)
+        staged = RayStagedPart(board, self.where, key, step, part, self._fence)
         try:
             taken = yield from self._storable((yield from take_frame(frame)))
             sums = yield from self._checksums(taken)
@@ -320,6 +325,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
                 raise StepExistsError(str(answer[1]), where=self.where)
             if answer[0] == "dropped":
                 raise taken_over(answer, self.where)
+            check_fence(answer, self.where)
             self._settle_prune()
         except BaseException:
             staged.discard()
@@ -330,9 +336,11 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         answer = call(
             self._require_board().committed_parts,
             step,
+            *self._fence,
             where=self.where,
             action=f"list the parts of step {step}",
         )
+        check_fence(answer, self.where)
         if answer[0] != "ok":
             raise StepExistsError(str(answer[1]), where=self.where)
         return [
@@ -350,26 +358,27 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
             [list(keys) for keys in seal.keys],
             [list(costs) for costs in seal.costs],
             token,
+            *self._fence,
             where=self.where,
             action=f"seal step {seal.step}",
         )
+        check_fence(answer, self.where)
         if answer[0] != "ok":
             raise StepExistsError(str(answer[1]), where=self.where)
 
     def finish(self, end: int) -> None:
         self._settle_prune()
-        answer = call(self._require_board().finish, end, where=self.where, action="mark the end")
+        board = self._require_board()
+        answer = call(board.finish, end, *self._fence, where=self.where, action="mark the end")
+        check_fence(answer, self.where)
         check_end(end, end if answer == ("open",) else None, self.where)
 
     def read_consumption(self, ranks: int, sent: int) -> list[int | None]:
         # A mark beyond sent is another run's receiver's, as on files (read_consumed).
-        marks: list[int | None] = call(
-            self._require_board().consumption,
-            ranks,
-            where=self.where,
-            action="read the consumption marks",
-        )
-        return marks
+        board, action = self._require_board(), "read the consumption marks"
+        marks = call(board.consumption, ranks, *self._fence, where=self.where, action=action)
+        check_fence(marks, self.where)  # a fenced sender waits for no room (max_ahead)
+        return list(marks)
 
     def handle(self, step: int, rank: int = 0) -> StepHandle:
         """A small, serialisable :class:`StepHandle` of rank ``rank``'s message of this commit
@@ -380,6 +389,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         return StepHandle(self.name, space, step, rank, self._board_id, token)
 
     def close(self) -> None:
-        with contextlib.suppress(TransportError):  # a send that failed raised it already
+        # A send that failed raised it already; a fenced sender's prune deleted nothing.
+        with contextlib.suppress(TransportError, ClosedError):
             self._settle_prune()
         self._board = None

@@ -1,19 +1,24 @@
 """What the board holds staged for a sender, not visible yet: a whole step's ranks
 (:class:`RayStaged`) or one part (:class:`RayStagedPart`); committing asks the board to
-make it visible, in one call that either does or does not."""
+make it visible, in one call that either does or does not, and that names the sender's
+epoch (refused once another sender opened the destination: :func:`check_fence`)."""
 
 from __future__ import annotations
 
 import contextlib
 from typing import Any
 
-from rlwire._core.errors import StepExistsError, TransportError
+from rlwire._core.errors import ClosedError, StepExistsError, TransportError
 from rlwire.transport._base import Staged
 from rlwire.transport._parts import PartInfo
 from rlwire.transport.ray._actors import BoardHandle, call
 from rlwire.transport.ray._handover import withdraw
 
-__all__ = ["RayStaged", "RayStagedPart", "open_step_error", "taken_over"]
+__all__ = ["Fence", "RayStaged", "RayStagedPart", "check_fence", "open_step_error", "taken_over"]
+
+#: What a sender names in its calls to the board: its epoch, or nothing (a stage that
+#: only appends fields, or a sender of a board made by an rlwire before epochs).
+Fence = tuple[int, ...]
 
 
 def open_step_error(step: int, where: str) -> StepExistsError:
@@ -31,23 +36,41 @@ def taken_over(answer: tuple[Any, ...], where: str) -> StepExistsError:
     return StepExistsError(str(answer[1]), where=where)
 
 
-class _Staged(Staged):
-    """Staged under ``key`` on ``board``; :meth:`_commit` makes it visible."""
+def check_fence(answer: Any, where: str) -> None:
+    """Raise if the board's ``answer`` is ``("fenced", why)``: another sender opened the
+    destination after this one (``_board_fence``), and nothing of the call was stored.
 
-    def __init__(self, board: BoardHandle, where: str, key: str, step: int) -> None:
+    Raises:
+        ClosedError: the sender is fenced off, saying by which open.
+    """
+    if isinstance(answer, tuple) and answer[:1] == ("fenced",):
+        raise ClosedError(str(answer[1]), where=where)
+
+
+class _Staged(Staged):
+    """Staged under ``key`` on ``board`` by a sender that names ``fence`` in its calls;
+    :meth:`_commit` makes it visible."""
+
+    def __init__(self, board: BoardHandle, where: str, key: str, step: int, fence: Fence) -> None:
         self.board, self.where, self.key, self.step = board, where, key, step
+        self.fence = fence
 
     def _commit(self, what: str, method: Any, *args: Any) -> tuple[Any, ...]:
-        """Call the board's commit ``method``; its answer, with :attr:`visible` set.
+        """Call the board's commit ``method`` (with ``args`` and the sender's fence); its
+        answer, with :attr:`visible` set.
 
         Raises:
             TransportError: the board is gone or does not answer (visible: unknown), or
                 no longer holds it staged.
             StepExistsError: the board let go of it: another sender opened the
                 destination (or resumed the step) since it was staged.
+            ClosedError: the sender is fenced off (another opened the destination since
+                it did); the board let go of it.
         """
         try:
-            answer: tuple[Any, ...] = call(method, *args, where=self.where, action=f"commit {what}")
+            answer: tuple[Any, ...] = call(
+                method, *args, *self.fence, where=self.where, action=f"commit {what}"
+            )
         except TransportError:
             self.visible = None  # the board may have committed it before it failed
             raise
@@ -61,6 +84,7 @@ class _Staged(Staged):
                 "restarted, or the step resumed or deleted by another sender?)",
                 where=self.where,
             )
+        check_fence(answer, self.where)
         return answer
 
     def _discard(self, ranks: range) -> None:
@@ -75,8 +99,10 @@ class RayStaged(_Staged):
     each rank's ``checksums`` when the sender hashed them beside the store's copy
     (``None``: they are in the envelopes)."""
 
-    def __init__(self, board: BoardHandle, where: str, key: str, step: int, ranks: int) -> None:
-        super().__init__(board, where, key, step)
+    def __init__(
+        self, board: BoardHandle, where: str, key: str, step: int, ranks: int, fence: Fence
+    ) -> None:
+        super().__init__(board, where, key, step, fence)
         self.ranks = ranks
         self.checksums: list[bytes | None] | None = None
 
@@ -99,8 +125,10 @@ class RayStagedPart(_Staged):
     """One part of ``step``, staged under ``key``: committed, it is part ``part.index``
     of rank ``part.rank``."""
 
-    def __init__(self, board: BoardHandle, where: str, key: str, step: int, part: PartInfo) -> None:
-        super().__init__(board, where, key, step)
+    def __init__(
+        self, board: BoardHandle, where: str, key: str, step: int, part: PartInfo, fence: Fence
+    ) -> None:
+        super().__init__(board, where, key, step, fence)
         self.part = part
 
     def commit(self) -> None:

@@ -148,9 +148,12 @@ class FieldsSink:
         that numbers the messages itself at their commit, atomically (``ray://``: its
         board), refuses there a message holding a field another writer appended
         meanwhile, and lets writers appending other fields at once all commit; one that
-        names a message by its index when staging it (files, S3) raises
-        StepExistsError from the commit when another writer took that index, and the
-        sender tries again.
+        names a message by its index when staging it (files, S3) gives it the index
+        after the messages its last :meth:`read_appended` of the step and rank read
+        (those the fields were checked against), and raises StepExistsError when
+        another writer took that index (from the commit, or at once when it is taken
+        already): the sender checks the fields again and tries again, for as long as
+        other writers append.
 
         Raises:
             ConfigError: ``step`` is not committed; the sink cannot append fields (the

@@ -11,8 +11,8 @@ It is written and made visible as any message is (temporary name, checksums, sid
 first, a commit that never replaces a file), so a reader sees the whole call's fields
 or none of them; its files say version 1.5
 (:data:`~rlwire.transport._stored.layout.FIELDS_VERSION`). Readers find them
-by index, as they find parts: 0, 1, … until one is missing. What they hold is the
-codec's business (:mod:`rlwire._api.appending`).
+by index, as they find parts: 0, 1, … until one is missing. A writer takes the index
+after the files it checked its fields against (else StepExistsError: it checks again).
 
 Each is tied to the step's message it was checked against (its envelope's ``of``, that
 message's ``id``): readers pass over one whose ``of`` is not the step's as they read it,
@@ -179,6 +179,9 @@ class StoredFieldsSink(FieldsSink):
     #: :func:`~rlwire.transport._stored.appended_tie.message_id`): the fields staged
     #: next for that step and rank are tied to it.
     _read_message: tuple[int, int, bytes] | None = None
+    #: (step, rank, n) of the last :meth:`read_appended`: it read files 0 to n - 1, which
+    #: the fields staged next for that step and rank are checked against: they take n.
+    _appended_read: tuple[int, int, int] | None = None
 
     def attach_fields(self) -> None:
         store = cast(_Store, self)
@@ -298,12 +301,13 @@ class StoredFieldsSink(FieldsSink):
                     where=store.locate(name),
                 )
             )
+        self._appended_read = (step, rank, len(got))
         return checked_against(got, self._tied_to(step, rank))
 
     def stage_fields(
         self, step: int, rank: int, frame: Frame, *, names: frozenset[str] = frozenset()
     ) -> Sliced[Staged]:
-        del names  # a taken index is a StepExistsError at the commit: add_fields tries again
+        del names  # a taken index is a StepExistsError: add_fields checks again, and retries
         store = cast(_Store, self)
         with store.errors(f"list the fields appended to step {step}"):
             stored = store.names()
@@ -320,6 +324,14 @@ class StoredFieldsSink(FieldsSink):
         # The lowest free index: a file left by a stage that raced the step's deletion
         # (taken, passed over) may stand beyond a gap, where readers would never look.
         index = min(set(range(len(taken) + 1)) - taken)
+        read = self._appended_read
+        if read is not None and read[:2] == (step, rank) and read[2] != index:
+            # Checked against files 0 to n - 1, they take n: one appended since goes unchecked.
+            raise StepExistsError(
+                f"another stage appended to step {step} rank {rank} since the fields were "
+                f"checked against its {read[2]} files of appended fields (it holds {index})",
+                where=store.locate(fields_name(step, rank, read[2])),
+            )
         if index >= MAX_APPENDS:
             raise StepExistsError(
                 f"step {step} rank {rank} holds {index} files of appended fields already",

@@ -225,12 +225,13 @@ def prepare(
     again: bool,
     of: bytes | None = None,
     sidecar: frozenset[str] = frozenset(),
-) -> Sliced[Frame]:
+) -> Sliced[tuple[Frame, int]]:
     """Read and check the step as stored (``again``: as it was at the first try of the
     same call, :meth:`~rlwire.abc.Sink.read_committed`; ``of``: the message the
-    caller computed the fields from, or None), then encode ``columns`` (those named in
-    ``sidecar`` to the sidecar): in slices, in worker threads (a read that hangs gives
-    up when the caller is cancelled)."""
+    caller computed the fields from, or None) and the messages appended to it, then
+    encode ``columns`` (those named in ``sidecar`` to the sidecar): in slices, in worker
+    threads (a read that hangs gives up when the caller is cancelled). Returns the
+    encoded frame and how many messages were appended (the ones checked against)."""
     decoding = FrameDecoding(limits, None, writable=False)
     rows = _StoredRows(decoding)
     frames = sink.read_committed(step, rank, rows.select, again=again)
@@ -252,13 +253,13 @@ def prepare(
     count, lengths = _stored_rows(frames, rows)
     # A field the step holds may be appended (TrainingSample.ref_logprobs, left None):
     # it takes the place of the step's. Twice appended, it is refused.
-    appended = [
-        n for f in sink.read_appended(step, rank) for n in decode_appended(f, decoding).names
-    ]
+    messages = sink.read_appended(step, rank)
+    appended = [n for f in messages for n in decode_appended(f, decoding).names]
     _check_against(columns, appended, count, lengths, rows.held)
     # Only the names of fields given: the sender's others are its steps' business.
     codec = get_codec("msgpack")(sidecar=sidecar & set(columns.names))
-    return (yield from codec.encode_sliced({"fields": _stored(columns)}))
+    frame = yield from codec.encode_sliced({"fields": _stored(columns)})
+    return frame, len(messages)
 
 
 def _stored(columns: Columns) -> Columns:

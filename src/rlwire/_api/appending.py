@@ -20,29 +20,24 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import anyio
-import numpy as np
 from anyio import CapacityLimiter, to_thread
 
 from rlwire._api.appended_rows import (
     none_in_every_row,
-    prepare,
     read_appended,
 )
+from rlwire._api.appending_commit import add_fields
 from rlwire._api.decoding import FrameDecoding
 from rlwire._api.fields import FieldSelector
 from rlwire._api.options import Limits
 from rlwire._api.sealed import SealedStep
-from rlwire._core.args import check_int, check_step
-from rlwire._core.columns import Column, Columns
+from rlwire._core.columns import Column
 from rlwire._core.errors import (
     ClosedError,
     ConfigError,
     FieldNotFoundError,
     RlwireError,
-    SchemaError,
-    StepExistsError,
 )
-from rlwire._core.offload import drive_sliced, run_to_the_end
 from rlwire._frame.frame import Frame
 from rlwire.codecs._registry import Codec
 from rlwire.transport._base import Sink, Source
@@ -54,68 +49,6 @@ __all__ = [
     "add_fields",
     "read_with_appended",
 ]
-
-#: How many times add_fields commits, when other stages take its file first.
-_COMMIT_TRIES = 8
-
-
-def _check_input(fields: Mapping[str, Column], rows: int | None) -> Columns:
-    if not isinstance(fields, Mapping) or not fields:
-        raise ConfigError(f"add_fields needs a non-empty mapping of name -> column, got {fields!r}")
-    columns = Columns(fields)  # SchemaError naming the column: a kind or a length
-    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
-        raise ConfigError(f"rows must be a row count (int >= 0) or None, got {rows!r}")
-    if rows is not None and len(columns) != rows:
-        raise SchemaError(f"add_fields: the columns hold {len(columns)} rows, rows={rows}")
-    return columns
-
-
-async def add_fields(  # noqa: PLR0913 (the call's arguments, and the sender's own)
-    sink: Sink,
-    limiter: CapacityLimiter,
-    limits: Limits,
-    step: int,
-    fields: Mapping[str, Column],
-    rows: int | None,
-    rank: int,
-    of: bytes | None = None,
-    sidecar: frozenset[str] = frozenset(),
-) -> None:
-    """What :meth:`~rlwire.TrainingBatchSender.add_fields` does, its lock held and the
-    sink open (or attached); the fields named in ``sidecar`` go to the sidecar."""
-    # A step or rank taken from an array is a numpy integer: the stored name needs an int.
-    step = check_step(int(step) if isinstance(step, np.integer) else step, "add_fields: step")
-    rank = check_int(int(rank) if isinstance(rank, np.integer) else rank, "add_fields: rank")
-    columns = _check_input(fields, rows)
-    if of is not None and not isinstance(of, bytes):
-        raise ConfigError(
-            f"add_fields: of must be the bytes of a receiver's last_stats.message_id, got {of!r}"
-        )
-    try:
-        for attempt in range(_COMMIT_TRIES):
-            frame = await drive_sliced(
-                prepare(sink, step, rank, columns, limits, attempt > 0, of, sidecar), limiter
-            )
-            staged = None
-            try:
-                staged = await drive_sliced(
-                    sink.stage_fields(step, rank, frame, names=frozenset(columns.names)),
-                    limiter,
-                    dropped=lambda s: s.discard(),
-                )
-                await staged.acommit(limiter)
-                return
-            except BaseException as exc:
-                if staged is not None and not staged.visible:
-                    await run_to_the_end(staged.discard)
-                # Another stage committed the same file first (it appended to the step at
-                # the same time), or the file in the making went, while written or at its
-                # commit (the sink says which): check the columns again and take a file.
-                if not isinstance(exc, StepExistsError) or attempt == _COMMIT_TRIES - 1:
-                    raise
-    except RlwireError as exc:
-        exc.add_context(where=sink, step=step, rank=rank)  # the destination, at least
-        raise
 
 
 class AppendingSender:
@@ -170,8 +103,11 @@ class AppendingSender:
                 the call: the fields are tied to no step a receiver gets.
                 With ``of``: the step as stored is another message than ``of``
                 (or ``of`` is not bytes).
-            StepExistsError: (files, S3) other senders took this call's message
-                number 8 times in a row (``ray://`` numbers it at the commit).
+            StepExistsError: (files, S3) 8 tries in a row found this call's message
+                number taken while no other message was appended to the step and rank
+                (a sender opening removed the file in the making, say; the step holds
+                1000 such messages). A number another stage took is tried again for as
+                long as they append (``ray://`` numbers it at the commit).
             TransportError: the destination cannot be read or written.
             ClosedError: the sender is closed.
 

@@ -184,10 +184,18 @@ class FaultProxy:
 
     Use it as a context manager; :attr:`options` are storage options that reach the
     server through it, with botocore's own retries off (s3fs still retries).
+
+    ``atomic_conditions``: forward the requests that carry ``If-None-Match`` one at a
+    time, each until its reply is relayed. moto checks such a condition and then
+    writes, not atomically (two commits of one new key at once can both succeed, the
+    later replacing the earlier), where S3 refuses all but one: through this proxy moto
+    does as S3 does, for tests of many writers committing at once.
     """
 
-    def __init__(self, options: dict[str, Any]) -> None:
+    def __init__(self, options: dict[str, Any], *, atomic_conditions: bool = False) -> None:
         self.upstream = options["endpoint_url"].removeprefix("http://").rpartition(":")
+        self.atomic_conditions = atomic_conditions
+        self._one_condition = threading.Lock()
         self.fault: Any = None
         self.conditional: str | None = None
         self.down = False
@@ -249,7 +257,7 @@ class FaultProxy:
         return str(action)
 
     def _handle(self, client: socket.socket) -> None:
-        upstream: socket.socket | None = None
+        sockets = [client]  # closed at the end: the client's, and the server's
         try:
             client.settimeout(30)
             data = b""
@@ -276,42 +284,53 @@ class FaultProxy:
                 _, status, code = action.split(" ")
                 _refuse(client, fields, rest, int(status), code)
                 return
-            kept = [
-                line
-                for line in lines[1:]
-                if line.partition(":")[0].strip().lower() not in ("connection", "expect")
-            ]
-            expect = any(line.lower().startswith("expect: 100-continue") for line in lines)
-            out = "\r\n".join([lines[0], *kept, "Connection: close"]) + "\r\n\r\n"
-            host, _, port = self.upstream
-            upstream = socket.create_connection((host, int(port)), timeout=30)
-            upstream.sendall(out.encode("latin-1") + rest)
-            if expect:
-                client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-            pump = threading.Thread(target=_pump, args=(client, upstream), daemon=True)
-            pump.start()
-            if action == DROP_REPLY:
-                _read_reply(upstream, method)
-                # Wake the pump's recv first: a socket another thread reads from is not
-                # really closed (no reset sent) until that read returns.
-                client.shutdown(socket.SHUT_RD)
-                pump.join(5)
-                _reset(client)
-                return
-            if action == ERROR_IN_200:
-                _read_reply(upstream, method)
-                client.sendall(_error_reply(200, "InternalError"))
-                client.shutdown(socket.SHUT_RD)
-                pump.join(5)
-                return
-            _pump(upstream, client)
+            one = self.atomic_conditions and "if-none-match" in fields
+            with self._one_condition if one else contextlib.nullcontext():
+                self._forward(sockets, lines, rest, method, action)
         except OSError:
             pass
         finally:
-            for s in (client, upstream):
-                if s is not None:
-                    with contextlib.suppress(OSError):
-                        s.close()
+            for s in sockets:
+                with contextlib.suppress(OSError):
+                    s.close()
+
+    def _forward(
+        self, sockets: list[socket.socket], lines: list[str], rest: bytes, method: str, action: str
+    ) -> None:
+        """Send the request to the server and relay its reply to ``sockets[0]`` (the
+        client), as ``action`` says; the connection to the server is added to
+        ``sockets``."""
+        client = sockets[0]
+        kept = [
+            line
+            for line in lines[1:]
+            if line.partition(":")[0].strip().lower() not in ("connection", "expect")
+        ]
+        expect = any(line.lower().startswith("expect: 100-continue") for line in lines)
+        out = "\r\n".join([lines[0], *kept, "Connection: close"]) + "\r\n\r\n"
+        host, _, port = self.upstream
+        upstream = socket.create_connection((host, int(port)), timeout=30)
+        sockets.append(upstream)
+        upstream.sendall(out.encode("latin-1") + rest)
+        if expect:
+            client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+        pump = threading.Thread(target=_pump, args=(client, upstream), daemon=True)
+        pump.start()
+        if action == DROP_REPLY:
+            _read_reply(upstream, method)
+            # Wake the pump's recv first: a socket another thread reads from is not
+            # really closed (no reset sent) until that read returns.
+            client.shutdown(socket.SHUT_RD)
+            pump.join(5)
+            _reset(client)
+            return
+        if action == ERROR_IN_200:
+            _read_reply(upstream, method)
+            client.sendall(_error_reply(200, "InternalError"))
+            client.shutdown(socket.SHUT_RD)
+            pump.join(5)
+            return
+        _pump(upstream, client)
 
 
 def _read_reply(sock: socket.socket, method: str) -> None:

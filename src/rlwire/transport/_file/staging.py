@@ -26,6 +26,7 @@ from rlwire._core.slicing import Sliced, SliceTimer, run_sliced_beside
 from rlwire.transport._file.mapped import WarmMaps, close_quietly, inode_of, map_for_writing
 from rlwire.transport._file.writev import batches, hash_batch, writev_all
 from rlwire.transport._stored.layout import Layout
+from rlwire.transport._stored.names import FIELDS_RE
 from rlwire.transport._stored.sink import StoredStaging
 
 __all__ = ["BESIDE_BYTES", "SLICE_BYTES", "FileStaging", "RankFile", "envelope"]
@@ -249,11 +250,16 @@ class FileStaging(StoredStaging):
                 for out in moved:  # only this sender's: nothing replaced them
                     out.final.unlink(missing_ok=True)
             if isinstance(exc, FileExistsError):
-                raise StepExistsError(
-                    "another sender committed this step first (two senders on one "
-                    "destination)" + (f"; ranks {ranks} are this sender's" if ranks else ""),
-                    where=exc.filename or self.root,
-                ) from exc
+                # The file in the way (filename2: the move's target; not the temporary).
+                where = exc.filename2 or exc.filename or self.root
+                what = (
+                    "another stage appended to this step and rank first, under this number"
+                    if FIELDS_RE.fullmatch(Path(where).name)
+                    else "another sender committed this step first (two senders on one "
+                    "destination)"
+                )
+                mine = f"; ranks {ranks} are this sender's" if ranks else ""
+                raise StepExistsError(what + mine, where=where) from exc
             if ranks:
                 raise transport_error(
                     exc,

@@ -48,6 +48,19 @@ RankFile = tuple[
 ]
 
 
+def _taken(exc: FileExistsError, ranks: list[int], root: Path) -> StepExistsError:
+    """The error of a commit whose move found its name taken: names the file in the way
+    (``filename2``, the move's target, not the temporary file); ``ranks`` are those of
+    the step the commit made visible before."""
+    where = exc.filename2 or exc.filename or root
+    what = "another sender committed this step first (two senders on one destination)"
+    if FIELDS_RE.fullmatch(Path(where).name):
+        what = "another stage appended to this step and rank first, under this number"
+    return StepExistsError(
+        what + (f"; ranks {ranks} are this sender's" if ranks else ""), where=where
+    )
+
+
 class FileStaging(StoredStaging):
     """The files of one step, written under temporary names in ``root``.
 
@@ -250,16 +263,7 @@ class FileStaging(StoredStaging):
                 for out in moved:  # only this sender's: nothing replaced them
                     out.final.unlink(missing_ok=True)
             if isinstance(exc, FileExistsError):
-                # The file in the way (filename2: the move's target; not the temporary).
-                where = exc.filename2 or exc.filename or self.root
-                what = (
-                    "another stage appended to this step and rank first, under this number"
-                    if FIELDS_RE.fullmatch(Path(where).name)
-                    else "another sender committed this step first (two senders on one "
-                    "destination)"
-                )
-                mine = f"; ranks {ranks} are this sender's" if ranks else ""
-                raise StepExistsError(what + mine, where=where) from exc
+                raise _taken(exc, ranks, self.root) from exc
             if ranks:
                 raise transport_error(
                     exc,

@@ -280,6 +280,7 @@ class FileSink(StoredSink):
             steps = steps_to_prune(names, below)
             if not steps:
                 return below
+            self.fence.check(f"delete the steps before step {below}")
             with self._pool_lock:  # the pool never holds more than one step's files
                 self._pool.clear()
             self.remove([n for n in names if POOL_RE.fullmatch(n)])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import struct
 
-from rlwire._core.errors import CorruptFrameError
+from rlwire._core.errors import CorruptFrameError, StepExistsError
 from rlwire.transport._stored.layout import (
     FORMAT_VERSION,
     PARTS_VERSION,
@@ -28,6 +28,7 @@ __all__ = [
     "MAX_MARK_BYTES",
     "PART_MAGIC",
     "REWRITE_MAGIC",
+    "check_rewrite",
     "consumed_mark",
     "end_mark",
     "parse_mark",
@@ -101,6 +102,31 @@ def parse_mark(data: memoryview | bytes | bytearray, magic: bytes, where: str) -
     found, major, _minor, step = _MARK.unpack_from(data)
     check_magic(found, major, expected=magic, known=FORMAT_VERSION[0], what=what, where=where)
     return int(step)
+
+
+def check_rewrite(
+    data: memoryview | bytes | bytearray, on_existing: str, first: int | None, where: str
+) -> None:
+    """Refuse to open with ``on_existing`` (deleting from ``first``) in a way that would
+    leave the steps of the unfinished overwrite or truncate whose rewrite mark is
+    ``data`` to receivers.
+
+    Raises:
+        StepExistsError: ``on_existing`` is ``"error"`` or ``"resume"``, or a truncate
+            keeping steps the unfinished one deletes; the message names the repair.
+        CorruptFrameError: ``data`` is no rewrite mark.
+    """
+    low = parse_mark(data, REWRITE_MAGIC, where)
+    if on_existing in ("overwrite", "truncate") and first is not None and first <= low:
+        return  # it deletes at least what the unfinished one did: it finishes the job
+    what = "an overwrite" if low == 0 else f"a truncate from step {low}"
+    repair = "on_existing='overwrite'" if low == 0 else f"start_step={low}, on_existing='truncate'"
+    raise StepExistsError(
+        f"{what} was cut short (a sender killed while deleting the steps of an earlier "
+        f"run): the steps left must not be sent as this run's; open the sender with "
+        f"{repair} to finish it",
+        where=where,
+    )
 
 
 def parse_part_mark(data: memoryview | bytes | bytearray, where: str) -> tuple[int, int, bytes]:

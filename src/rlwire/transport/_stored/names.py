@@ -82,10 +82,10 @@ TEMP_RE = re.compile(
 #: sidecar suffix.
 POOL_RE = re.compile(r"\.pool\.rank-(\d+)(\.sidecar)?\.rlw\.[0-9a-f]+\.tmp")
 #: A temporary file any writer may leave when killed: a step's file, a mark
-#: (consumption, part, end, rewrite), the sink's probe of the directory, or a pooled file.
+#: (consumption, part, end, rewrite, fence), the sink's probe of the directory, or a pooled file.
 LEFTOVER_RE = re.compile(
     r"\.(?:step-\d+\.(?:rank-\d+(?:\.(?:part|fields)-\d+)?(?:\.sidecar)?|seal)"
-    r"|consumed\.rank-\d+(?:\.part)?|end|rewrite)"
+    r"|consumed\.rank-\d+(?:\.part)?|end|rewrite|fence)"
     r"\.rlw\.[0-9a-f]+\.tmp"
     r"|\.rlwire-probe\.\d+\.[0-9a-f]+\.tmp"
     rf"|{POOL_RE.pattern}"

@@ -18,8 +18,9 @@ from rlwire.transport._base import OnExisting, PendingFrame, Sink, Staged, take_
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._stored import parts as stored_parts
 from rlwire.transport._stored.appended import StoredFieldsSink
+from rlwire.transport._stored.fence import FENCE_NAME, Fence, fenced_commit
 from rlwire.transport._stored.layout import plan
-from rlwire.transport._stored.marks import REWRITE_MAGIC, end_mark, parse_mark, rewrite_mark
+from rlwire.transport._stored.marks import check_rewrite, end_mark, rewrite_mark
 from rlwire.transport._stored.names import (
     END_NAME,
     LEFTOVER_RE,
@@ -32,8 +33,8 @@ from rlwire.transport._stored.names import (
     part_sidecar_name,
     seal_name,
     sidecar_name,
-    start_step,
 )
+from rlwire.transport._stored.names import start_step as _start_step  # open's parameter
 from rlwire.transport._stored.parts import part_files, read_parts
 from rlwire.transport._stored.resumed import Trail, check_ranks_after, whole_before
 from rlwire.transport._stored.retention import held_back, read_consumed, steps_to_prune
@@ -48,8 +49,16 @@ class StoredStaging(Staged):
 
     :meth:`commit` makes the files visible, sidecar files first and main files last
     (or all at once, for a store with transactions); :meth:`discard` removes
-    everything staged.
+    everything staged. Every subclass's ``commit`` first checks :attr:`fence`.
     """
+
+    #: What refuses the commit of a sender fenced off (``_stored.fence``); None: none.
+    fence: Callable[[], None] | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "commit" in cls.__dict__:
+            setattr(cls, "commit", fenced_commit(cls.__dict__["commit"]))  # noqa: B010
 
     @abc.abstractmethod
     def add(self, name: str, chunks: Sequence[bytes | memoryview], *, main: bool) -> Sliced[None]:
@@ -100,6 +109,11 @@ class StoredSink(StoredFieldsSink, Sink):
     def _first_parts(self) -> stored_parts.FirstParts:
         return stored_parts.FirstParts()
 
+    @functools.cached_property
+    def fence(self) -> Fence:
+        """This sender's fence: written when it opens, checked before each commit."""
+        return Fence(self)
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # Its own stage or write_message may read frame.buffers as memoryviews.
@@ -144,10 +158,8 @@ class StoredSink(StoredFieldsSink, Sink):
         first. Raises what the backend raises."""
 
     def load_head(self, name: str, size: int) -> bytes | bytearray | memoryview | None:
-        """At most the first ``size`` bytes of the file ``name``, or ``None`` if it does
-        not exist: how a producer resuming a step reads its parts' envelopes. By default
-        the first bytes of what :meth:`load` returns; stores whose ``load`` reads only a
-        mark's length override it."""
+        """At most the first ``size`` bytes of the file ``name`` (``None``: none), how a
+        producer resuming a step reads its parts' envelopes: by default from :meth:`load`."""
         data = self.load(name)
         return None if data is None else memoryview(data)[:size]
 
@@ -183,13 +195,12 @@ class StoredSink(StoredFieldsSink, Sink):
     def open(self, on_existing: OnExisting, start_step: int | None = None) -> int:
         with self.errors("write to the destination"):
             self.prepare()
-        with self.errors("list the destination"):
-            names = self.names()
+        step, names = self._listed(on_existing, start_step)
+        self.fence.write(on_existing, FENCE_NAME in names)  # the senders before: no more
+        if on_existing != "error":  # what they committed until then is the earlier run
+            step, names = self._listed(on_existing, start_step)
         rewriting = on_existing in ("overwrite", "truncate")
         first = 0 if on_existing == "overwrite" else start_step
-        if REWRITE_NAME in names:
-            self.check_rewrite(on_existing, first)
-        step = _start_step(self.locate(), names, on_existing, start_step)
         self.unsealed_step = None
         self.resumed_after = whole_before(names, step) if on_existing == "resume" else None
         if on_existing == "error":
@@ -201,6 +212,7 @@ class StoredSink(StoredFieldsSink, Sink):
         # invisible to readers, but take space.
         with self.errors("clean up after an earlier run"):
             self.clean_leftovers(names)
+        self.fence.check("delete earlier steps")  # another open since: they are its own
         if rewriting:
             # Written before the first deletion, removed after the last: a sender killed
             # in between leaves it, and "resume" refuses to go on after the old steps.
@@ -216,35 +228,25 @@ class StoredSink(StoredFieldsSink, Sink):
                 self.remove([REWRITE_NAME])
         return step
 
-    def check_rewrite(self, on_existing: OnExisting, first: int | None) -> None:
-        """Refuse to open in a way that would leave the steps of an unfinished overwrite
-        or truncate (its mark, :data:`REWRITE_NAME`, is there) to receivers.
+    def _listed(self, on_existing: OnExisting, start_step: int | None) -> tuple[int, list[str]]:
+        """The first step to send and the destination's names, the open checked."""
+        with self.errors("list the destination"):
+            names = self.names()
+        if REWRITE_NAME in names:
+            self.check_rewrite(on_existing, 0 if on_existing == "overwrite" else start_step)
+        return _start_step(self.locate(), names, on_existing, start_step), names
 
-        Raises:
-            StepExistsError: ``on_existing`` is ``"error"`` or ``"resume"``, or a truncate
-                keeping steps the unfinished one deletes; the message names the repair.
-        """
+    def check_rewrite(self, on_existing: OnExisting, first: int | None) -> None:
+        """Refuse to open over an unfinished overwrite or truncate (its mark,
+        :data:`REWRITE_NAME`) as :func:`~rlwire.transport._stored.marks.check_rewrite` says."""
         with self.errors("read", REWRITE_NAME):
             data = self.load(REWRITE_NAME)
-        if data is None:
-            return
-        where = self.locate(REWRITE_NAME)
-        low = parse_mark(data, REWRITE_MAGIC, where)
-        if on_existing in ("overwrite", "truncate") and first is not None and first <= low:
-            return  # it deletes at least what the unfinished one did: it finishes the job
-        what = "an overwrite" if low == 0 else f"a truncate from step {low}"
-        repair = (
-            "on_existing='overwrite'" if low == 0 else f"start_step={low}, on_existing='truncate'"
-        )
-        raise StepExistsError(
-            f"{what} was cut short (a sender killed while deleting the steps of an earlier "
-            f"run): the steps left must not be sent as this run's; open the sender with "
-            f"{repair} to finish it",
-            where=where,
-        )
+        if data is not None:
+            check_rewrite(data, on_existing, first, self.locate(REWRITE_NAME))
 
     def finish(self, end: int) -> None:
         stored_parts.check_end(end, self.unsealed_step, self.locate(END_NAME))
+        self.fence.check(f"mark the end of the stream at step {end}")
         with self.errors("mark the end of the stream", END_NAME):
             self.save(END_NAME, end_mark(end))
 
@@ -259,7 +261,10 @@ class StoredSink(StoredFieldsSink, Sink):
         with self.errors("delete steps every rank consumed"):
             names = self.names()  # no step some rank holding files of it may still read
             below = held_back(names, below, self.read_consumption)
-            for batch in [batch for step in steps_to_prune(names, below) for batch in step]:
+            batches = [batch for step in steps_to_prune(names, below) for batch in step]
+            if batches:
+                self.fence.check(f"delete the steps before step {below}")
+            for batch in batches:
                 self.remove(batch)
         return below  # steps from the first some rank holding files of it holds back
 
@@ -290,6 +295,7 @@ class StoredSink(StoredFieldsSink, Sink):
         """A staging of ``step`` that ``write`` filled, drained: nothing of it left
         behind if anything fails (a whole step's messages and a part share this)."""
         staging = self.staging(step)
+        staging.fence = self.fence.checking(f"commit step {step}")
         try:
             yield from write(staging)
             with self.errors(f"{self.stage_verb} step {step}"):
@@ -373,6 +379,8 @@ class StoredSink(StoredFieldsSink, Sink):
             )
         mains, orphans = part_files(names, step)
         # A sender killed while committing a part left its sidecar: its index is free.
+        if orphans:
+            self.fence.check(f"clean up after an earlier run of step {step}")
         with self.errors(f"clean up after an earlier run of step {step}"):
             self.remove(orphans)
 
@@ -384,11 +392,9 @@ class StoredSink(StoredFieldsSink, Sink):
 
     def seal(self, seal: Seal) -> None:
         name = seal_name(seal.step)
+        self.fence.check(f"seal step {seal.step}")
         with self.errors(f"seal step {seal.step}", name):
             found = self.existing([name, *stored_parts.after_seal(seal)])
             stored_parts.write_seal(self.save, seal, found, self.locate(name))
         if self.unsealed_step == seal.step:
             self.unsealed_step = None
-
-
-_start_step = start_step  # Sink.open's parameter shadows the function's name

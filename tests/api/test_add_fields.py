@@ -171,7 +171,7 @@ async def test_overwrite_deletes_appended_files(tmp_path: Path) -> None:
         await sender.add_fields(0, {"score": np.zeros(1)})
     async with rlwire.open_sender(url, on_existing="overwrite"):
         pass
-    assert os.listdir(url) == []
+    assert os.listdir(url) == ["fence.rlw"]  # the overwriting sender's
 
 
 async def test_zeromq_refuses(tmp_path: Path) -> None:

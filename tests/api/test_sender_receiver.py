@@ -224,7 +224,7 @@ async def test_overwrite_clears_earlier_steps(tmp_path: Path) -> None:
     new = make_batch(1, seed=2)
     async with rlwire.open_sender(tmp_path, on_existing="overwrite") as sender:
         await sender.send(new)
-    assert visible(tmp_path) == ["step-00000000.rank-0000.rlw"]  # no stale step 1 or 2
+    assert visible(tmp_path) == ["fence.rlw", "step-00000000.rank-0000.rlw"]  # no step 1, 2
     with rlwire.open_receiver(tmp_path) as receiver:
         assert_batches_equal(receiver.receive(timeout=5), new)
 

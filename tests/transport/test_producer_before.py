@@ -35,11 +35,6 @@ def _received(url: str, options: Any) -> list[Any]:
     return got
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="files and S3 have no fence against the producer before",
-)
 @pytest.mark.parametrize("store", ["files", "s3"])
 @pytest.mark.parametrize(
     ("mode", "start"), [("overwrite", None), ("resume", None), ("truncate", 1)]

@@ -52,6 +52,7 @@ def test_pooled_files_another_sender_removed_leave_no_mapping_behind(shm_dir: Pa
             if step >= 2 and step % 2 == 0:
                 assert [n for n in os.listdir(shm_dir) if POOL_RE.fullmatch(n)]
                 forked.run([sys.executable, "-c", _OTHER_SENDER, str(shm_dir)], check=True)
+                sink.fence.write("resume", True)  # as if it opened last: not fenced off
             run_sliced(sink.stage(step, frames(step))).commit()
             assert mapped_but_gone(shm_dir) == set(), step
     finally:

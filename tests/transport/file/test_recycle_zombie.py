@@ -45,13 +45,13 @@ def test_the_old_producers_step_in_a_file_the_replacement_wrote_holds_its_own_by
     with rlwire.open_receiver(shm_dir, start_step=4, type=dict) as receiver:
         assert receiver.receive(timeout=10)["tag"] == 104
         receiver.poll()  # moved past step 4: the old producer may prune it
-        assert old.send(obj(5)) == 5  # into the file the replacement wrote
+        with pytest.raises(rlwire.ClosedError):  # fenced off: it prunes and writes nothing
+            old.send(obj(5))
+        assert new.send(obj(105)) == 5
         got = receiver.receive(timeout=10)  # no CorruptFrameError
-        assert got["tag"] == 5
-        assert np.array_equal(got["big"], obj(5)["big"])
+        assert got["tag"] == 105
+        assert np.array_equal(got["big"], obj(105)["big"])
         del got
-    with pytest.raises(rlwire.StepExistsError):
-        new.send(obj(105))
     old.close()
     new.close()
 

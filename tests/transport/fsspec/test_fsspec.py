@@ -307,7 +307,8 @@ def test_existing_steps_and_on_existing(s3_endpoint: dict[str, Any], s3_url: str
     with pytest.raises(rlwire.StepExistsError, match="step 1 is incomplete"):
         FsspecSink(url, storage_options=s3_endpoint).open("resume")
     assert FsspecSink(url, storage_options=s3_endpoint).open("overwrite") == 0
-    assert list(objects(s3_endpoint, url)) == ["run/notes.txt"]  # only rlwire's objects go
+    # only rlwire's objects go; the fence is the overwriting sender's
+    assert list(objects(s3_endpoint, url)) == ["run/fence.rlw", "run/notes.txt"]
 
 
 def test_bad_options_and_missing_bucket_are_typed_errors(
@@ -577,7 +578,7 @@ def test_memory_discard_and_cancel_leave_no_keys() -> None:
     # A killed sender's temporary keys are cleaned up by resume and overwrite.
     run_sliced(sink.stage(0, [frame(100)]))
     assert FsspecSink(url).open("resume") == 0
-    assert keys(root) == []
+    assert keys(root) == ["fence.rlw"]  # the resumed sender's
 
 
 def test_memory_listing_beside_a_thread_that_deletes_objects() -> None:

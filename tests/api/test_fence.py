@@ -134,8 +134,9 @@ def test_a_missing_fence_is_refused(file_or_s3: tuple[str, dict[str, Any]]) -> N
     """The fence is gone: something else than a sender of this rlwire rewrote the
     destination (an rlwire before fences, a manual deletion); the sender stops."""
     url, options = file_or_s3
-    with rlwire.open_sync_sender(url, storage_options=options) as sender:
+    with rlwire.open_sync_sender(url, on_existing="overwrite", storage_options=options) as sender:
         sender.send(make_batch(2, n=8))
+        assert "fence.rlw" in _listing(url, options)
         _sink(url, options).remove(["fence.rlw"])
         listed = _listing(url, options)
         with pytest.raises(rlwire.ClosedError, match=r"fence.rlw\) is gone"):

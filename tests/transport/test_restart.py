@@ -141,7 +141,11 @@ async def test_a_killed_first_commit_is_not_resumed(tmp_path: Path) -> None:
     per_rank = [make_batch(1, seed=7), make_batch(1, seed=8)]
     async with rlwire.open_sender(tmp_path, start_step=0, on_existing="truncate") as sender:
         assert await sender.send_ranks(per_rank) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == [main_name(0, 0), main_name(0, 1)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "fence.rlw",  # the truncating sender's
+        main_name(0, 0),
+        main_name(0, 1),
+    ]
     for rank in range(2):
         with rlwire.open_receiver(tmp_path, rank=rank) as receiver:
             assert_batches_equal(receiver.receive(timeout=5), per_rank[rank])

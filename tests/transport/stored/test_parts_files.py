@@ -105,10 +105,12 @@ def test_a_seal_written_since_the_check_is_not_replaced(
 ) -> None:
     """Two producers sealing one step at once, both past the check that no seal is
     there: the later one's write refuses to replace the seal (a StepExistsError), which
-    stays the first one's."""
+    stays the first one's. The first read the fence before the second opened (the
+    window the fence leaves), so it seals too."""
     first, second = FileSink(tmp_path), FileSink(tmp_path)
     first.open("error")
     second.open("resume")
+    monkeypatch.setattr(first.fence, "check", lambda what: None)  # read before the open
     monkeypatch.setattr(second, "existing", lambda names: [])  # checked before the first
     other = Seal(step=4, keys=(("b",),), costs=((2.0,),))
     first.seal(SEAL)

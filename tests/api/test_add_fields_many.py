@@ -327,6 +327,11 @@ CHILD = textwrap.dedent("""
 """)
 
 
+# On S3 in the long suite: three processes on the shared test server are its slowest
+# case; S3's commits are covered by the tasks above, the processes by files here.
+@pytest.mark.parametrize(
+    "store", ["file", pytest.param("s3", marks=pytest.mark.long)], indirect=True
+)
 async def test_stages_in_processes_all_commit_and_one_field_twice_is_refused(
     store: tuple[str, dict[str, Any]], anyio_backend: str
 ) -> None:

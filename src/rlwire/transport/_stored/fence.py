@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from rlwire._core.errors import ClosedError, CorruptFrameError
+from rlwire.transport._fenced import fenced
 from rlwire.transport._stored.layout import check_magic
 
 __all__ = [
@@ -41,7 +42,6 @@ __all__ = [
     "FENCE_VERSION",
     "Fence",
     "fence_mark",
-    "fenced",
     "fenced_commit",
     "parse_fence",
 ]
@@ -84,19 +84,6 @@ def parse_fence(data: bytes | bytearray | memoryview, where: str) -> tuple[bytes
         found, major, expected=FENCE_MAGIC, known=FENCE_VERSION[0], what="fence", where=where
     )
     return bytes(token), bytes(data[_FENCE.size :]).decode("ascii", "replace")
-
-
-def fenced(what: str, on_existing: str | None) -> str:
-    """Why a fenced sender's call to ``what`` is refused: another sender opened the
-    destination (with ``on_existing``, when the fence says) after it did (the words of
-    ``ray://``'s fence)."""
-    how = "" if on_existing is None else f" (on_existing={on_existing!r})"
-    return (
-        f"cannot {what}: another sender opened the destination{how} after this one did, "
-        "and the destination is that sender's now: this one is fenced off, nothing of "
-        "this call was stored, and every later call of it is refused the same way; stop "
-        "this producer (a destination has one producer: give each its own destination)"
-    )
 
 
 class _Marks(Protocol):

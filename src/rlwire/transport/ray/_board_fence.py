@@ -23,22 +23,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["OPENS", "FencingBoard", "fenced"]
+from rlwire.transport._fenced import fenced
+
+__all__ = ["OPENS", "FencingBoard"]
 
 #: How many opens (their ``on_existing``) the board remembers, for its messages.
 OPENS = 1024
-
-
-def fenced(what: str, on_existing: str | None) -> str:
-    """Why a fenced sender's call to ``what`` is refused: another sender opened the
-    destination (with ``on_existing``, when the board remembers it) after it did."""
-    how = "" if on_existing is None else f" (on_existing={on_existing!r})"
-    return (
-        f"cannot {what}: another sender opened the destination{how} after this one did, "
-        "and the destination is that sender's now: this one is fenced off, nothing of "
-        "this call was stored, and every later call of it is refused the same way; stop "
-        "this producer (a destination has one producer: give each its own destination)"
-    )
 
 
 class FencingBoard:

@@ -245,6 +245,10 @@ async def test_of_many_stages_appending_one_field_at_once_one_commits(
     assert len(_files_of_fields(url, options)) == 1
 
 
+# On S3 in the long suite: its reads again and again load the shared test server.
+@pytest.mark.parametrize(
+    "store", ["file", pytest.param("s3", marks=pytest.mark.long)], indirect=True
+)
 async def test_a_receiver_reading_meanwhile_gets_whole_messages_in_index_order(
     store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

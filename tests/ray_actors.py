@@ -112,6 +112,27 @@ def canary() -> list[Any]:
     return [ray.put(np.zeros(1 << 20, np.uint8))]
 
 
+async def _append_at_once(url: str, step: int, names: list[str]) -> list[str]:
+    """Append one field per name to rank 0 of ``step``, each its own stage (its own
+    sender, never opened) and all at once, as concurrent stages of a framework append
+    to one step; the error each raised (``type: message``), if any."""
+    errors: list[str] = []
+
+    async def append(i: int, name: str) -> None:
+        sender = rlwire.open_sender(url)
+        try:
+            await sender.add_fields(step, {name: np.full(2, float(i))})
+        except Exception as exc:
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+        finally:
+            await sender.aclose()
+
+    async with anyio.create_task_group() as tg:
+        for i, name in enumerate(names):
+            tg.start_soon(append, i, name)
+    return errors
+
+
 @ray.remote(num_cpus=0)
 class Producer:
     """An async actor, as a framework's rollout worker: the board pulls its steps."""
@@ -175,24 +196,7 @@ class Producer:
         return ray.get_runtime_context().get_node_id()
 
     async def append_at_once(self, url: str, step: int, names: list[str]) -> list[str]:
-        """Append one field per name to rank 0 of ``step``, each its own stage (its own
-        sender, never opened) and all at once, as concurrent stages of a framework
-        append to one step; the error each raised (``type: message``), if any."""
-        errors: list[str] = []
-
-        async def append(i: int, name: str) -> None:
-            sender = rlwire.open_sender(url)
-            try:
-                await sender.add_fields(step, {name: np.full(2, float(i))})
-            except Exception as exc:
-                errors.append(f"{name}: {type(exc).__name__}: {exc}")
-            finally:
-                await sender.aclose()
-
-        async with anyio.create_task_group() as tg:
-            for i, name in enumerate(names):
-                tg.start_soon(append, i, name)
-        return errors
+        return await _append_at_once(url, step, names)
 
     async def send_mixed(self, url: str, ranks: int) -> bool:
         """Send :func:`mixed_step` as step 0; whether the board owns it."""
@@ -269,24 +273,7 @@ class Trainer:
         return ray.get_runtime_context().get_node_id()
 
     async def append_at_once(self, url: str, step: int, names: list[str]) -> list[str]:
-        """Append one field per name to rank 0 of ``step``, each its own stage (its own
-        sender, never opened) and all at once, as concurrent stages of a framework
-        append to one step; the error each raised (``type: message``), if any."""
-        errors: list[str] = []
-
-        async def append(i: int, name: str) -> None:
-            sender = rlwire.open_sender(url)
-            try:
-                await sender.add_fields(step, {name: np.full(2, float(i))})
-            except Exception as exc:
-                errors.append(f"{name}: {type(exc).__name__}: {exc}")
-            finally:
-                await sender.aclose()
-
-        async with anyio.create_task_group() as tg:
-            for i, name in enumerate(names):
-                tg.start_soon(append, i, name)
-        return errors
+        return await _append_at_once(url, step, names)
 
     async def open_handle(self, handle: StepHandle) -> tuple[int | None, list[str]]:
         with rlwire.open_receiver(handle.url, **handle.receiver_options()) as receiver:

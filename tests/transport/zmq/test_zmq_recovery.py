@@ -493,8 +493,8 @@ async def test_two_receivers_that_connect_as_the_stream_ends_both_hear_the_end(
             announce.start()
         announce.join()
         for rank, sock in late.items():
-            ends = []
-            while sock.poll(0):
+            ends = []  # (the end may still be on its way through the receiver's socket)
+            while 1 not in ends and sock.poll(int(LONG * 1000)):
                 ends.append(parse_end(sock.recv_multipart()))
             assert 1 in ends, f"rank {rank}'s receiver was never told the end"
     finally:

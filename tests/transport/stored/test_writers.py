@@ -24,11 +24,15 @@ from rlwire.transport._stored.names import REWRITE_NAME, main_name, sidecar_name
 pytestmark = pytest.mark.anyio
 
 CODEC = MsgpackCodec(sidecar=["routed_experts"])
+# Messages without routed_experts go through a codec that does not name it: CODEC warns
+# once about a sidecar name no message holds, and whether this module's first message
+# holds it depends on the order in which xdist hands the tests out.
+PLAIN = MsgpackCodec()
 
 
 def frames(who: int, ranks: int, *, sidecar: bool = True) -> list[rlwire.Frame]:
     return [
-        CODEC.encode(
+        (CODEC if sidecar else PLAIN).encode(
             {
                 "who": who,
                 "rank": r,

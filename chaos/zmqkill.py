@@ -38,8 +38,9 @@ Outcomes: *exact* when all of that holds (the detail names the steps lost with t
 process and the typed errors the scenario is expected to produce); *wrong data* for a
 step that is not the payload sent, or returned twice; *half-visible (undetected)* for a
 step that is skipped without a ``StepGapError``, a step sent after the restart that never
-arrives, or a receiver there before the last sender finished that never sees
-``EndOfStream`` ("end never seen": it would wait forever); *typed error* for any other
+arrives, or a receiver open before the last sender finished that never sees
+``EndOfStream`` ("end never seen": it would wait forever; timed from the receiver's own
+"open" event, as its fork may come long before); *typed error* for any other
 ``RlwireError``; *untyped error* for any other exception; *hang* for a receive over its
 timeout by more than :data:`SLACK` s, or a sender that never finishes.
 """
@@ -238,9 +239,18 @@ def receiver_main(
 ) -> None:
     log = Log(log_path)
     log("start", start=start)
-    with rlwire.open_receiver(
-        url, rank=rank, start_step=start, storage_options={"pattern": pattern}
-    ) as receiver:
+    try:
+        opened = rlwire.open_receiver(
+            url, rank=rank, start_step=start, storage_options={"pattern": pattern}
+        )
+    except Exception as exc:
+        typed = isinstance(exc, rlwire.RlwireError)
+        log("error", typed=typed, type=type(exc).__name__, error=describe(exc))
+        return
+    with opened as receiver:
+        # Its socket exists, and its ``ready`` is queued, from here on: the judge times
+        # its presence from this, not from the fork, which a loaded machine runs late.
+        log("open")
         while time.monotonic() < deadline:
             began = time.monotonic()
             try:
@@ -596,16 +606,22 @@ def _judge_receiver(
             ended = True
     if life.killed or ended:
         return
-    # A receiver announces itself on connecting and every second without news; one that
-    # started after the last sender finished (give or take its start) and got nothing
-    # from it may have had nobody to hear the end from.
-    if life.started > finished_at - 0.05 and not any(e["e"] == "got" for e in events):
-        notes.append(f"{who} started after the sender finished: no end to hear")
+    # (A receiver whose open failed logged the error, judged above.)
+    opened = next((e["t"] for e in events if e["e"] == "open"), float("inf"))
+    # A receiver announces itself on connecting and every second without news; one whose
+    # receiver opened after the last sender finished (give or take its connection) and
+    # got nothing from it may have had nobody to hear the end from. Timed from its own
+    # open, not from its fork: a forked process opens its first receiver 0.1-0.5 s after
+    # the fork on a loaded machine (its imports), and a receiver restarted before the
+    # sender finished may open after the sender closed and find nobody there.
+    if opened > finished_at - 0.05 and not any(e["e"] == "got" for e in events):
+        late = "never" if opened == float("inf") else f"{opened - finished_at:+.2f} s"
+        notes.append(f"{who} opened {late} from the sender's finish(): no end to hear")
         return
     after = "" if resent is None else f"; the restarted sender sent {resent} step(s) before"
     raise Verdict(
         HALF,
-        f"end never seen: {who}, there {finished_at - life.started:.2f} s before the last "
+        f"end never seen: {who}, open {finished_at - opened:.2f} s before the last "
         f"sender's finish(), saw no EndOfStream within {END_GRACE:.0f} s of its close (it "
         f"would wait forever); its last step {steps[-1] if steps else None}, last events "
         f"{[ev['e'] for ev in events[-3:]]}{after}",

@@ -409,3 +409,47 @@ def test_the_readers_judge_takes_a_restart_at_part_0_of_its_step_once_a_rewrite_
     assert judge_ranks(history, [log])[0] == EXACT
     log[5] = {**again, "t": 5.0}
     assert judge_ranks(history, [log])[0] == DUPLICATED
+
+
+def test_the_zeromq_kills_judge_times_a_restarted_consumer_from_its_open(tmp_path: Path) -> None:
+    """The ZeroMQ kills judge, on logs of a shared-pattern trial (seed 31, trial 62):
+    consumer 1 killed after steps 0 and 2 (4 and 6 were queued for it), restarted 0.2 s
+    before the sender's ``finish()`` by the clock of its fork, but its receiver open
+    only 0.1 s after it (a forked process's first open imports ZeroMQ: 0.1-0.5 s on a
+    loaded machine): the sender had closed, and nobody could tell it the end. A receiver
+    open well before ``finish()`` that never hears the end is still a bad outcome."""
+    from chaos import zmqkill
+
+    finished = 100.0
+
+    def life(name: str, n: int, started: float, events: list[Any], killed: bool = False) -> Any:
+        path = tmp_path / f"{name}.log"
+        path.write_text("".join(json.dumps(e) + "\n" for e in events))
+        role, index = ("sender", 0) if name.startswith("sender") else ("receiver", int(name[8]))
+        return zmqkill.Life(role, index, n, 0, 0, path, killed, started, reaped=True)
+
+    def got(t: float, steps: Any) -> list[dict[str, Any]]:
+        return [{"e": "got", "t": t, "step": s, "ok": True, "took": 0.0} for s in steps]
+
+    def trial(opened: float) -> dict[str, Any]:
+        sent = [{"e": "sent", "t": 98.0 + s / 100, "step": s} for s in range(zmqkill.STEPS)]
+        sender = [{"e": "open", "t": 97.0}, *sent, {"e": "finished", "t": finished, "end": 24}]
+        first = [{"e": "start", "t": 97.1, "start": 0}, {"e": "open", "t": 97.5}]
+        end = {"e": "end", "t": finished + 0.1, "took": 0.0}
+        wait = [{"e": "timeout", "t": opened + k, "took": 1.0} for k in (1, 2)]
+        again = [{"e": "start", "t": 99.9, "start": 3}, {"e": "open", "t": opened}, *wait]
+        lives = [
+            life("sender.0", 0, 96.9, sender),
+            life("receiver0.0", 0, 97.0, [*first, *got(98.5, [1, 3, 5, *range(7, 24)]), end]),
+            life("receiver1.0", 0, 97.0, [*first, *got(98.1, [0, 2])], killed=True),
+            life("receiver1.1", 1, finished - 0.2, again),
+        ]
+        scenario = zmqkill.Scenario("receiver", "shared", 2, "resume")
+        return zmqkill.judge(scenario, lives, [])
+
+    late = trial(opened=finished + 0.1)
+    assert late["outcome"] == EXACT, late
+    assert "receiver 1 life 1 opened +0.10 s from the sender's finish()" in late["detail"]
+    early = trial(opened=finished - 0.5)
+    assert early["outcome"] == HALF, early
+    assert "end never seen: receiver 1 life 1, open 0.50 s before" in early["detail"]

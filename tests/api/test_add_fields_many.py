@@ -80,10 +80,11 @@ async def _append(url: str, options: dict[str, Any], name: str, i: int) -> str:
 
 
 def _stored(url: str, options: dict[str, Any]) -> rlwire.Columns:
+    # type=dict: the samples hold token_ids alone, not the fields a TrainingSample needs.
     with rlwire.open_receiver(
-        url, as_columns=True, record_consumed=False, storage_options=options
+        url, type=dict, as_columns=True, record_consumed=False, storage_options=options
     ) as receiver:
-        samples = receiver.receive(timeout=20).samples
+        samples = receiver.receive(timeout=20)["samples"]
     assert isinstance(samples, rlwire.Columns)
     return samples
 
@@ -272,9 +273,9 @@ async def test_a_receiver_reading_meanwhile_gets_whole_messages_in_index_order(
     async def read() -> None:
         while not finished.is_set():
             async with rlwire.open_receiver(
-                url, as_columns=True, record_consumed=False, storage_options=options
+                url, type=dict, as_columns=True, record_consumed=False, storage_options=options
             ) as receiver:
-                samples = (await receiver.areceive(timeout=20)).samples
+                samples = (await receiver.areceive(timeout=20))["samples"]
             appended = tuple(n for n in samples.names if n != "token_ids")
             for name in appended:  # whole: every value of the stage's field
                 i = int(name.removeprefix("field_"))

@@ -22,7 +22,7 @@ from rlwire._api.parts import NOTHING as _NOTHING
 from rlwire._api.parts import PartsReader
 from rlwire._api.release import note_received
 from rlwire._api.row_reads import RowReads
-from rlwire._api.schema import TrainingBatch, TrainingSample
+from rlwire._api.schema import TrainingBatch, TrainingSample, check_columns_held
 from rlwire._api.sealed import SealedStep, read_sealed
 from rlwire._api.stats import ReceiveStats
 from rlwire._checks.checks import Checks
@@ -177,7 +177,10 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
             return obj
 
     def _check(self, obj: Any, step: int) -> Sliced[None]:
-        """Validate ``obj`` as ``validate=`` asks, in slices."""
+        """Validate ``obj`` as ``validate=`` asks, in slices; a TrainingBatch received
+        as columns (of every field: ``fields=`` asks for some) holds those it requires."""
+        if self._fields is None and isinstance(obj, TrainingBatch):
+            check_columns_held(obj)
         if isinstance(self._validate, Checks):
             yield from self._validate.validate_sliced(obj, check_names=not self._names_checked)
             self._names_checked = True
@@ -323,11 +326,8 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
 
     def wait(self, timeout: float | None = None) -> bool:
         """Deprecated: :meth:`wait_next`."""
-        warnings.warn(
-            "receiver.wait() is deprecated: use receiver.wait_next()",
-            DeprecationWarning,
-            stacklevel=2,
-        )
+        message = "receiver.wait() is deprecated: use receiver.wait_next()"
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
         return self.wait_next(timeout)
 
     async def await_next(self, timeout: float | None = None) -> bool:

@@ -130,7 +130,10 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
             per sample, in the place of the list (``batch.samples`` of a
             :class:`~rlwire.TrainingBatch`). A step filled part by part: one Columns
             of its parts' rows (their columns copied into one when there are
-            several). ``receive(as_columns=...)`` overrides it for one step.
+            several). ``receive(as_columns=...)`` overrides it for one step. Of the
+            default type, the Columns must hold every field TrainingSample requires
+            (a DecodeError names the first missing, as for the step received as
+            samples); ``type=dict`` takes columns of any fields.
         fields: read only these fields of the samples (names, e.g. ``("token_ids",
             "advantages")``): each step and each part comes back as with
             ``as_columns=True``, each list of samples stored column by column as a

@@ -16,12 +16,13 @@ from rlwire._api.release import on_drop
 from rlwire._checks.columns import all_finite
 from rlwire._core.chunked import Chunked, chunks_problem
 from rlwire._core.columns import Columns
-from rlwire._core.errors import SchemaError
+from rlwire._core.errors import DecodeError, SchemaError
 from rlwire._core.ragged import Ragged
 
 __all__ = [
     "TrainingBatch",
     "TrainingSample",
+    "check_columns_held",
     "check_object",
 ]
 
@@ -94,6 +95,8 @@ class TrainingSample(msgspec.Struct, kw_only=True, gc=False):
 
 
 _SAMPLE = {TrainingSample}
+#: The fields a TrainingSample has no default for: a Columns of samples holds each.
+_REQUIRED = tuple(f.name for f in msgspec.structs.fields(TrainingSample) if f.required)
 _STR = {str}
 _DICT = {dict}
 
@@ -203,9 +206,30 @@ def _check_column_names(cols: Columns, where: str) -> None:
     for name in cols.names:
         if name not in fields:
             raise SchemaError(f"{where}: column {name!r} is not a field of TrainingSample")
-    for name in ("token_ids", "mask", *_PER_TOKEN_FLOATS, "env_name"):
+    for name in _REQUIRED:
         if name not in cols:
             raise SchemaError(f"{where}: no column {name!r} (TrainingSample requires it)")
+
+
+def check_columns_held(batch: TrainingBatch) -> None:
+    """A receiver's check of a :class:`TrainingBatch` it returns with columns, whether
+    it validates or not: its Columns of samples holds every field
+    :class:`TrainingSample` requires, as each sample of a step received as samples must
+    (a step sent packed, or as dicts, may lack one). One look a field, not a row.
+
+    Raises:
+        DecodeError: naming the first field missing, as decoding a sample without it
+            does.
+    """
+    if not isinstance(batch.samples, Columns):
+        return
+    for name in _REQUIRED:
+        if name not in batch.samples:
+            raise DecodeError(
+                "received data does not match list[TrainingSample]: the columns hold no "
+                f"{name!r}, a field TrainingSample requires - at `$.samples` (columns of "
+                "other fields are received with type=dict)"
+            )
 
 
 def _check_routed_column(experts: Ragged, ids: Ragged, where: str) -> list[_Found]:

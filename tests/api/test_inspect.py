@@ -134,3 +134,57 @@ def test_output_cut_short_by_its_reader_is_no_traceback(tmp_path: Path) -> None:
     proc = subprocess.run(cli, shell=True, capture_output=True, text=True, timeout=60, check=False)
     assert len(proc.stdout) == 10
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def fence_line(root: Path, token: bytes, how: str) -> str:
+    return (
+        f"fence: {root / 'fence.rlw'}, id {token.hex()}: written when a sender last opened "
+        f"the destination{how}; that sender alone commits and deletes there now, those "
+        "opened before it are fenced off\n"
+    )
+
+
+def test_the_fence_is_described_with_the_destination_and_alone(tmp_path: Path) -> None:
+    """``fence.rlw`` (format 1.7): its id and the ``on_existing`` of the open that wrote
+    it, after the step of a destination and as the file given. Before, the file given
+    was "not a stored step's file" and a destination's description left it out."""
+    store(tmp_path, MsgpackCodec().encode({"x": [1, 2]}))  # opened with resume: a fence
+    fence = tmp_path / "fence.rlw"
+    token = fence.read_bytes()[8:24]
+    line = fence_line(tmp_path, token, ' (on_existing="resume")')
+    listed, _ = inspect(tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.startswith("step 0 rank 0:") and listed.stdout.endswith(line)
+    alone, _ = inspect(fence)
+    assert (alone.returncode, alone.stdout, alone.stderr) == (0, line, "")
+    missing, _ = inspect(tmp_path, "--step", "3")  # no such step: its fence still
+    assert missing.returncode == 1 and missing.stdout == line
+    for option in ("--step", "--rank", "--part"):
+        refused, _ = inspect(fence, option, "0")
+        assert refused.returncode == 2 and f"{option}: " in refused.stderr, refused.stderr
+        assert "is a destination's fence" in refused.stderr
+    # An on_existing this rlwire does not know is left unsaid.
+    fence.write_bytes(b"RLWF" + struct.pack("<HH", 1, 9) + token + b"later")
+    alone, _ = inspect(fence)
+    assert (alone.returncode, alone.stdout) == (0, fence_line(tmp_path, token, ""))
+    fence.write_bytes(b"RLWF\x01\x00")
+    damaged, _ = inspect(fence)
+    assert damaged.returncode == 2 and "CorruptFrameError" in damaged.stderr
+    assert "a fence is 24 to 40 bytes, this one 6" in damaged.stderr
+    assert "Traceback" not in damaged.stderr
+
+
+def test_a_destination_without_a_fence_says_so(tmp_path: Path) -> None:
+    """Opened with ``error`` where there was none, a destination has no fence."""
+    sink = FileSink(tmp_path)
+    sink.open("error")
+    run_sliced(sink.stage(0, [MsgpackCodec().encode({"x": 1})])).commit()
+    assert not (tmp_path / "fence.rlw").exists()
+    listed, _ = inspect(tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[-1].startswith(f"fence: none at {tmp_path / 'fence.rlw'}")
+    alone, _ = inspect(tmp_path / "fence.rlw")
+    assert alone.returncode == 1 and alone.stdout == ""
+    assert alone.stderr.startswith("fence: none at") and 'on_existing="error"' in alone.stderr
+    gone, _ = inspect(tmp_path / "no-such-run" / "fence.rlw")
+    assert gone.returncode == 2 and "no such directory" in gone.stderr

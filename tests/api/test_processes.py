@@ -8,11 +8,13 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
 import pytest
 from helpers import assert_batches_equal
+from s3_server import s3_client
 
 import rlwire
 from rlwire._frame.compression import Compressor
@@ -156,6 +158,59 @@ def test_inspect_command(tmp_path: Path) -> None:
     (tmp_path / "step-00000000.rank-0000.rlw").write_bytes(b"garbage")
     corrupt = run(sys.executable, "-m", "rlwire._api.cli", "inspect", str(tmp_path))
     assert corrupt.returncode == 2 and "CorruptFrameError" in corrupt.stderr
+
+
+def test_inspect_describes_the_fence_of_the_last_open(tmp_path: Path) -> None:
+    """Each open writes a new fence: inspect shows the last one's id and on_existing,
+    with the destination and given the file itself."""
+    cli = (sys.executable, "-m", "rlwire._api.cli", "inspect")
+    fence = tmp_path / "fence.rlw"
+    seen = []
+    for on_existing in ("overwrite", "resume"):
+        with rlwire.open_sync_sender(tmp_path, on_existing=on_existing) as sender:
+            sender.send(make_batch(**SIZES))
+        token = fence.read_bytes()[8:24]
+        line = (
+            f"fence: {fence}, id {token.hex()}: written when a sender last opened the "
+            f'destination (on_existing="{on_existing}"); that sender alone commits and '
+            "deletes there now, those opened before it are fenced off"
+        )
+        listed = run(*cli, str(tmp_path))
+        assert listed.returncode == 0, listed.stderr
+        assert listed.stdout.splitlines()[-1] == line
+        alone = run(*cli, str(fence))
+        assert alone.returncode == 0, alone.stderr
+        assert alone.stdout == line + "\n"
+        seen.append(token)
+    assert seen[0] != seen[1]
+    # A step's file, or the manifest alone: no fence.
+    for args in ((str(tmp_path / "step-00000000.rank-0000.rlw"),), (str(tmp_path), "--json")):
+        described = run(*cli, *args)
+        assert described.returncode == 0 and "fence" not in described.stdout, described.stderr
+
+
+def test_inspect_describes_the_fence_of_an_s3_destination(
+    s3_url: str, s3_endpoint: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A URL as the destination, and the fence's URL: as on files."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint["endpoint_url"])
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_endpoint["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_endpoint["secret"])
+    monkeypatch.setenv("AWS_DEFAULT_REGION", s3_endpoint["client_kwargs"]["region_name"])
+    url = f"{s3_url}/run"
+    with rlwire.open_sync_sender(url, on_existing="truncate", start_step=0) as sender:
+        sender.send(make_batch(**SIZES))
+    got = s3_client(s3_endpoint).get_object(Bucket=s3_url[5:], Key="run/fence.rlw")
+    token = got["Body"].read()[8:24]
+    line = (
+        f"fence: {url}/fence.rlw, id {token.hex()}: written when a sender last opened the "
+        'destination (on_existing="truncate")'
+    )
+    cli = (sys.executable, "-m", "rlwire._api.cli", "inspect")
+    for where in (url, f"{url}/fence.rlw"):
+        described = run(*cli, where)
+        assert described.returncode == 0, described.stderr
+        assert described.stdout.splitlines()[-1].startswith(line), described.stdout
 
 
 ROLLOUT_TYPES = textwrap.dedent("""

@@ -161,7 +161,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "path",
         help="the directory or URL a sender writes to (s3://bucket/run, file://...), or "
-        "one of its step files (step-00000003.rank-0001.rlw)",
+        "one of its step files (step-00000003.rank-0001.rlw), or its fence (fence.rlw)",
     )
     inspect.add_argument("--step", type=int, help="the step (default 0, or the file's)")
     inspect.add_argument("--rank", type=int, help="the rank (default 0, or the file's)")

@@ -1,5 +1,6 @@
 """``rlwire inspect PATH``: one stored message described (its size by field, bounded
-for hostile ones), then its manifest; ``--part N`` or ``--json``: the manifest alone."""
+for hostile ones), then its manifest, then, for a destination, its fence; ``--part N``
+or ``--json``: the manifest alone; the fence file: the fence alone."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 from rlwire._api.manifest import Manifest
 from rlwire._api.receiver import open_receiver
 from rlwire._core.errors import ConfigError
-from rlwire.transport._heads import message_of
+from rlwire.transport._heads import FENCE_NAME, fence_at, message_of
 
 __all__ = ["inspect"]
 
@@ -45,8 +46,11 @@ def _located(ns: argparse.Namespace) -> tuple[str, int, int, int | None]:
 
 def inspect(ns: argparse.Namespace) -> int:
     """Run ``rlwire inspect`` with the parsed arguments ``ns``: its exit status."""
+    if os.path.basename(ns.path) == FENCE_NAME and not os.path.isdir(ns.path):
+        return _inspect_fence(ns)
     # A directory or a URL (s3://..., memory://...), as open_receiver takes, or a file.
     path, step, rank, ns.part = _located(ns)
+    destination = path == ns.path  # not one of its files: its fence is described too
     if ns.json or ns.part is not None:  # the manifest alone: envelope and header only
         with open_receiver(path, rank=rank, record_consumed=False) as receiver:
             manifest = receiver.manifest(step, part=ns.part)
@@ -67,13 +71,62 @@ def inspect(ns: argparse.Namespace) -> int:
         return 2
     if obj is None:
         print(f"{path}: no step {step} for rank {rank}", file=sys.stderr)
+        if destination:  # what there is of it
+            _print_fence(path)
         return 1
     print(f"step {step} rank {rank}: {_size(*_nbytes(obj, _MAX_VISITS))}{_describe(obj)}")
     with open_receiver(path, rank=rank, record_consumed=False) as receiver:
         manifest = receiver.manifest(step)
     if manifest is not None:
         print(_manifest_text(manifest))
+    if destination:
+        _print_fence(path)
     return 0
+
+
+def _inspect_fence(ns: argparse.Namespace) -> int:
+    """``rlwire inspect DIR/fence.rlw``: the destination's fence described (1 if the
+    destination has none)."""
+    for option in ("step", "rank", "part", "type"):
+        if getattr(ns, option) is not None:
+            raise ConfigError(f"--{option}: {ns.path} is a destination's fence, of no step")
+    if ns.json:
+        raise ConfigError(f"--json: {ns.path} is a destination's fence, which has no manifest")
+    path = os.path.dirname(ns.path) or "."
+    if "://" not in path and not os.path.isdir(path):
+        raise ConfigError(f"{path}: no such directory (give the directory a sender writes to)")
+    text, found = _fence(path) or (f"{path}: no fence file is kept there", False)
+    print(text, file=sys.stdout if found else sys.stderr)
+    return 0 if found else 1
+
+
+def _print_fence(path: str) -> None:
+    """Print what the destination ``path``'s fence says, if it is a store."""
+    fence = _fence(path)
+    if fence is not None:
+        print(fence[0])
+
+
+def _fence(path: str) -> tuple[str, bool] | None:
+    """What the fence of the destination ``path`` says, in a line, and whether there
+    is one; ``None`` where no fence file is kept (ZeroMQ; ``ray://``, whose board
+    fences). Every open of a store writes it (format 1.7), but one with
+    ``on_existing="error"`` of a destination that had none."""
+    found = fence_at(path)
+    if found is None:
+        return None
+    if found.token is None:
+        return (
+            f"fence: none at {found.where}: the senders that opened the destination did "
+            'so with on_existing="error" where there was none, or were before format 1.7; '
+            "the first fence written fences them off"
+        ), False
+    how = "" if found.on_existing is None else f' (on_existing="{found.on_existing}")'
+    return (
+        f"fence: {found.where}, id {found.token.hex()}: written when a sender last opened "
+        f"the destination{how}; that sender alone commits and deletes there now, those "
+        "opened before it are fenced off"
+    ), True
 
 
 def _manifest_text(m: Manifest) -> str:

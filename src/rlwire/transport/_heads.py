@@ -1,17 +1,33 @@
 """The door to a stored message's head (:mod:`rlwire.transport._stored.head`) for the
 receiver's manifests and row reads: which sources keep messages to be read again, their
-store's URL, a message's head, and which message a stored file's name is of.
+store's URL, a message's head, and which message a stored file's name is of; and to a
+store's fence (:mod:`rlwire.transport._stored.fence`) for ``rlwire inspect``.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from rlwire._core.errors import ConfigError
-from rlwire.transport._base import Source
+from rlwire.transport._base import Source, SourceOptions
+from rlwire.transport._registry import get_sink_class, open_source
+from rlwire.transport._stored.fence import FENCE_NAME, MODES, parse_fence
 from rlwire.transport._stored.head import Head, open_head
 from rlwire.transport._stored.names import STEP_PART_RE, STORED_RE, main_name
+from rlwire.transport._stored.sink import StoredSink
 from rlwire.transport._stored.source import StoredSource
+from rlwire.transport._url import parse_url
 
-__all__ = ["Head", "message_of", "read_head_of", "sealed", "store_url"]
+__all__ = [
+    "FENCE_NAME",
+    "FoundFence",
+    "Head",
+    "fence_at",
+    "message_of",
+    "read_head_of",
+    "sealed",
+    "store_url",
+]
 
 
 def _stored(source: Source) -> StoredSource:
@@ -62,3 +78,41 @@ def message_of(name: str) -> tuple[int, int, int | None] | None:
     if found is None:
         return None
     return int(found[1]), int(found[2]), int(found[3]) if found.re is STEP_PART_RE else None
+
+
+class FoundFence(NamedTuple):
+    """What :func:`fence_at` found: where the fence is, and, if there is one, the id and
+    ``on_existing`` of the open that wrote it (``on_existing`` ``None`` if it records
+    none that rlwire knows)."""
+
+    where: str
+    token: bytes | None
+    on_existing: str | None
+
+
+def fence_at(url: str) -> FoundFence | None:
+    """The fence of the destination ``url`` (``token`` ``None``: there is none), or
+    ``None`` if its sink keeps no fence file (ZeroMQ; ``ray://``, whose board fences):
+    then nothing is opened (a ZeroMQ source would announce itself to a sender).
+
+    Raises:
+        CorruptFrameError: the fence is damaged (UnsupportedVersionError: of a major
+            version this reader does not know).
+        TransportError: the store cannot be read.
+        ConfigError: ``url`` is not valid.
+    """
+    parsed = parse_url(url)
+    if not issubclass(get_sink_class(parsed.scheme), StoredSink):
+        return None
+    source = open_source(parsed, SourceOptions())
+    try:
+        if not isinstance(source, StoredSource):  # a plugin's store of its own
+            return None
+        where = source.locate(FENCE_NAME)
+        data = source.load(FENCE_NAME)
+        if data is None:
+            return FoundFence(where, None, None)
+        token, mode = parse_fence(data, where)
+        return FoundFence(where, token, mode if mode in MODES else None)
+    finally:
+        source.close()

@@ -40,6 +40,7 @@ __all__ = [
     "FENCE_MAGIC",
     "FENCE_NAME",
     "FENCE_VERSION",
+    "MODES",
     "Fence",
     "fence_mark",
     "fenced_commit",
@@ -52,8 +53,8 @@ FENCE_MAGIC = b"RLWF"
 #: 1.7 added the fence.
 FENCE_VERSION = (1, 7)
 _FENCE = struct.Struct("<4sHH16s")
-#: The ``on_existing`` values, by the byte a fence records for them (for messages).
-_MODES = ("error", "resume", "overwrite", "truncate")
+#: The ``on_existing`` values a fence records (for messages); anything else is unknown.
+MODES = ("error", "resume", "overwrite", "truncate")
 
 
 def fence_mark(token: bytes, on_existing: str) -> bytes:
@@ -142,7 +143,7 @@ class Fence:
                 where=where,
             )
         _token, mode = parse_fence(data, where)
-        raise ClosedError(fenced(what, mode if mode in _MODES else None), where=where)
+        raise ClosedError(fenced(what, mode if mode in MODES else None), where=where)
 
     def checking(self, what: str) -> Callable[[], None] | None:
         """What checks the fence for ``what`` (``None`` while nothing is fenced)."""

@@ -209,6 +209,15 @@ class RaySource(RayFieldsSource, Source):
         self._expected = step
         if answer[0] == "end":
             raise EndOfStream.at(int(answer[1]), where=self.where)
+        if answer[0] == "fewer":
+            ranks = int(answer[1])
+            sent = "[0]" if ranks == 1 else f"0..{ranks - 1}"
+            raise StepGapError(
+                f"step {step} was committed for ranks {sent} only: it will never have a "
+                f"message for rank {self.rank} (a step sent to fewer ranks: a send after a "
+                "send_ranks, or a send_ranks of fewer objects); skip() it",
+                where=where,
+            )
         if answer[0] == "gone":
             oldest = int(answer[1])
             raise StepGapError(

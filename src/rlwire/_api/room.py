@@ -3,6 +3,9 @@ each send, from the consumption marks the receivers record beside the steps."""
 
 from __future__ import annotations
 
+import bisect
+from array import array
+
 import anyio
 from anyio import CapacityLimiter
 
@@ -11,7 +14,59 @@ from rlwire._core.offload import drive_sliced
 from rlwire._core.slicing import Sliced
 from rlwire.transport._base import Sink
 
-__all__ = ["Room"]
+__all__ = ["Room", "Widths"]
+
+
+class Widths:
+    """How many ranks each step a sender sent went to, from its first step on, as runs
+    of steps of one width (a run starts where the width changes): a run of alternating
+    ``send`` and ``send_ranks`` costs 16 bytes a step, any other far less.
+
+    Example:
+        >>> widths = Widths(first=4)
+        >>> for step, ranks in [(4, 2), (5, 1), (6, 1), (7, 2)]:
+        ...     widths.record(step, ranks)
+        >>> [widths.position(mark, rank=1, step=7) for mark in (None, 4, 5, 6, 7)]
+        [4, 4, 7, 7, 7]
+        >>> widths.position(3, rank=1, step=7)  # before the first step: not known
+        3
+    """
+
+    def __init__(self, first: int) -> None:
+        self.first = first
+        self._starts = array("q")
+        self._ranks = array("q")
+
+    def record(self, step: int, ranks: int) -> None:
+        """``step`` goes to ``ranks`` ranks; it forgets any later step recorded (a send
+        that failed, whose step number is used again)."""
+        while self._starts and self._starts[-1] >= step:
+            self._starts.pop()
+            self._ranks.pop()
+        if not self._ranks or self._ranks[-1] != ranks:
+            self._starts.append(step)
+            self._ranks.append(ranks)
+
+    def position(self, mark: int | None, rank: int, step: int) -> int:
+        """Where ``rank``, whose consumption mark is ``mark`` (``None``: it recorded
+        nothing, so it is at the first step), stands for a send of ``step``: the first
+        step from its mark on that it was sent, or ``step`` if none before it was. A
+        step sent to fewer ranks has nothing for it to move past, and its receiver
+        learns that the step will never come only once a later step is stored
+        (``StepGapError``): counting the rank there would make the send of that later
+        step wait for it, and it for the send, for ever. A mark before the first step
+        (a run before this sender's) is taken as it is: those steps' ranks are not
+        known here."""
+        at = self.first if mark is None else mark
+        if at < self.first or at >= step:
+            return at
+        run = bisect.bisect_right(self._starts, at) - 1
+        if run < 0:
+            return at  # no send recorded yet
+        while run < len(self._ranks) and self._ranks[run] <= rank:
+            run += 1  # the whole run went to fewer ranks: on to the next
+            at = self._starts[run] if run < len(self._starts) else step
+        return min(at, step)
 
 
 class Room:
@@ -22,15 +77,25 @@ class Room:
     def __init__(self, sink: Sink, retention: Retention) -> None:
         self.sink = sink
         self.retention = retention
-        self.first_step = 0  # where the sender started: a rank with no mark is there
+        self.widths = Widths(0)  # made again once the sender knows its first step
         # Steps before this one are deleted. Not the step asked for: a sink keeps a step
         # some rank holding files of it has not moved past, and says which it kept, so
         # that a later send asks again once that rank has moved past it.
         self.pruned = 0
 
+    @property
+    def first_step(self) -> int:
+        """Where the sender started: a rank with no mark is there."""
+        return self.widths.first
+
+    @first_step.setter
+    def first_step(self, step: int) -> None:
+        self.widths = Widths(step)
+
     async def make(self, step: int, ranks: int, limiter: CapacityLimiter) -> None:
-        """Wait while ``step`` is more than ``max_ahead`` steps ahead of the slowest
-        rank, then delete the steps ``keep_last`` lets go."""
+        """Wait while ``step`` (for ``ranks`` ranks) is more than ``max_ahead`` steps
+        ahead of the slowest of those ranks, then delete the steps ``keep_last`` lets go."""
+        self.widths.record(step, ranks)
         delay = 0.005
         # Sliced: a read of the marks that hangs (S3) gives up when the send is cancelled.
         while not await drive_sliced(self._room(step, ranks), limiter):
@@ -43,15 +108,18 @@ class Room:
         deleted (in the slice after the read of the marks)."""
         keep_last, max_ahead = self.retention.keep_last, self.retention.max_ahead
         marks = self.sink.read_consumption(ranks, step)
-        slowest = min(self.first_step if m is None else m for m in marks)
-        if max_ahead is not None and step - slowest > max_ahead:
-            return False
+        if max_ahead is not None:
+            behind = min(self.widths.position(m, r, step) for r, m in enumerate(marks))
+            if step - behind > max_ahead:
+                return False
         yield
         if keep_last is not None and all(m is not None and m <= step for m in marks):
             # A rank with no mark has moved past nothing, as far as anyone can tell; one
             # whose mark is ahead of the steps sent is a receiver of the run before a
             # rewrite (overwrite, truncate), which tells nothing of this run's steps.
-            below = min(slowest, step + 1 - keep_last)
+            # The marks as they are: a step is the sink's to keep while a rank holding
+            # files of it has not moved past it (Sink.prune).
+            below = min(min(m for m in marks if m is not None), step + 1 - keep_last)
             if below > self.pruned:
                 kept = self.sink.prune(below)
                 if kept is not None:  # else the sink does not say: ask again next time

@@ -8,7 +8,7 @@ import pytest
 from rlwire._api.batch_receiver import TrainingBatchReceiver
 from rlwire._api.batch_sender import TrainingBatchSender
 from rlwire._api.schema import TrainingBatch
-from rlwire._api.synthetic import make_batch
+from rlwire._api.synthetic import assert_batches_equal, make_batch
 from rlwire._core.errors import StepGapError
 from rlwire.testing._fixtures import ContractFixtures, Endpoint, rank_batches
 from rlwire.transport._base import Sink
@@ -115,3 +115,44 @@ class RetentionContract(ContractFixtures):
                     assert await sender.send(batch) == 2
             stats = sender.last_stats
             assert stats is not None and stats.wait_seconds >= 0.1
+
+    async def test_max_ahead_waits_for_no_rank_on_steps_it_was_left_out_of(
+        self, store: Endpoint, receivers: list[TrainingBatchReceiver[TrainingBatch]]
+    ) -> None:
+        """max_ahead=0: step 0 goes to both ranks, steps 1 and 2 to rank 0 alone (a
+        ``send``, then a ``send_ranks`` of one), step 3 to both. Rank 1 moved past step
+        0 and cannot move past steps 1 and 2: its receiver learns they will never come
+        only once a later step is stored (StepGapError). So the send of step 3 must not
+        wait for rank 1 there, which would be the two waiting for each other for ever;
+        on a step it was sent, rank 1 still holds the sender back."""
+        sender = store.open_sender(max_ahead=0)
+        self._require_retention(sender)
+        rank0, rank1 = receivers
+
+        async def move_past(receiver: TrainingBatchReceiver[TrainingBatch]) -> TrainingBatch:
+            batch = await receiver.areceive(timeout=self.timeout)
+            receiver.wait_next(timeout=0)  # looks for the next step: moves past
+            return batch
+
+        async with sender:
+            with anyio.fail_after(self.timeout):
+                await sender.send_ranks(rank_batches(0))
+                await move_past(rank0)
+                await move_past(rank1)  # rank 1 is at step 1 from now on
+                await sender.send(make_batch(1, seed=1))
+                await move_past(rank0)
+                await sender.send_ranks([make_batch(1, seed=2)])
+                await move_past(rank0)
+                assert await sender.send_ranks(rank_batches(3)) == 3
+            for step in (1, 2):
+                with pytest.raises(StepGapError, match=f"step {step}"):
+                    await rank1.areceive(timeout=self.timeout)
+                assert rank1.skip() == step
+            await move_past(rank0)  # rank 0 moved past step 3, rank 1 has not
+            with pytest.raises(TimeoutError):
+                with anyio.fail_after(0.3):
+                    await sender.send_ranks(rank_batches(4))  # waits for rank 1
+            assert sender.next_step == 4
+            with anyio.fail_after(self.timeout):
+                assert_batches_equal(await move_past(rank1), rank_batches(3)[1])
+                assert await sender.send_ranks(rank_batches(4)) == 4

@@ -275,6 +275,39 @@ async def test_a_step_sealed_with_no_part_counts_as_sent_when_marks_are_read(
             assert (await receiver.areceive(timeout=20)).samples[0].env_name == "env2"
 
 
+async def test_max_ahead_waits_for_a_rank_on_a_step_filled_part_by_part_without_it(
+    store: tuple[str, dict[str, object]],
+) -> None:
+    """A step filled part by part for rank 0 alone still reaches rank 1 (the seal gives
+    it the step, empty), which reads it and moves past: unlike a step sent whole to
+    fewer ranks, it holds max_ahead for rank 1 until rank 1 has read it."""
+    url, options = store
+    reading = {k: v for k, v in options.items() if k != "recycle"}  # a sender's option
+    with (
+        rlwire.open_receiver(url, rank=0, storage_options=reading) as r0,
+        rlwire.open_receiver(url, rank=1, storage_options=reading) as r1,
+    ):
+        # keep_last for recycle, which needs it; of three steps it deletes none.
+        retention = rlwire.Retention(keep_last=8, max_ahead=0)
+        async with rlwire.open_sender(url, retention=retention, storage_options=options) as sender:
+            await sender.send_ranks([make_batch(1, seed=0), make_batch(1, seed=1)])
+            for receiver in (r0, r1):
+                await receiver.areceive(timeout=20)
+                assert receiver.poll() is None  # moved past step 0
+            async with sender.open_step(ranks=1) as writer:
+                await writer.put(make_batch(1, seed=2).samples, key="a")
+            assert len((await r0.areceive(timeout=20)).samples) == 1
+            assert r0.poll() is None  # rank 0 moved past step 1, rank 1 has not
+            both = [make_batch(1, seed=3), make_batch(1, seed=4)]
+            with pytest.raises(TimeoutError):
+                with anyio.fail_after(0.5):
+                    await sender.send_ranks(both)  # waits for rank 1
+            assert len((await r1.areceive(timeout=20)).samples) == 0  # its empty step 1
+            assert r1.poll() is None
+            with anyio.fail_after(20):
+                assert await sender.send_ranks(both) == 2
+
+
 class _NoPrune(FileSink):
     """A plugin's sink that records consumption (its marks are the file sink's) but
     deletes nothing: ``prune`` is the abstract sink's."""

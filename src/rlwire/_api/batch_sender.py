@@ -273,7 +273,7 @@ class TrainingBatchSender(AppendingSender):
         step = self._resolve_step(step)
         self._sink.check_ranks(step, ranks)  # before a wait for room it refuses
         if self._retention.active:
-            await self._room.make(step, ranks, self._limiter)
+            await self._room.make(step, ranks, self._limiter, parts=True)
         self._filling = step
         return step
 

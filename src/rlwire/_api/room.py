@@ -14,7 +14,10 @@ from rlwire._core.offload import drive_sliced
 from rlwire._core.slicing import Sliced
 from rlwire.transport._base import Sink
 
-__all__ = ["Room", "Widths"]
+__all__ = ["EVERY_RANK", "Room", "Widths"]
+
+#: The width of a step every rank reads, whatever the ranks it was sent to.
+EVERY_RANK = 2**62
 
 
 class Widths:
@@ -92,10 +95,15 @@ class Room:
     def first_step(self, step: int) -> None:
         self.widths = Widths(step)
 
-    async def make(self, step: int, ranks: int, limiter: CapacityLimiter) -> None:
-        """Wait while ``step`` (for ``ranks`` ranks) is more than ``max_ahead`` steps
-        ahead of the slowest of those ranks, then delete the steps ``keep_last`` lets go."""
-        self.widths.record(step, ranks)
+    async def make(
+        self, step: int, ranks: int, limiter: CapacityLimiter, *, parts: bool = False
+    ) -> None:
+        """Wait while ``step`` (for ``ranks`` ranks; ``parts``: to be filled part by
+        part) is more than ``max_ahead`` steps ahead of the slowest of those ranks, then
+        delete the steps ``keep_last`` lets go."""
+        # A step filled part by part leaves no rank out: its seal gives every rank the
+        # step, empty for a rank without parts, which that rank reads and moves past.
+        self.widths.record(step, EVERY_RANK if parts else ranks)
         delay = 0.005
         # Sliced: a read of the marks that hangs (S3) gives up when the send is cancelled.
         while not await drive_sliced(self._room(step, ranks), limiter):

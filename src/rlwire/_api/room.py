@@ -121,13 +121,17 @@ class Room:
             if step - behind > max_ahead:
                 return False
         yield
-        if keep_last is not None and all(m is not None and m <= step for m in marks):
-            # A rank with no mark has moved past nothing, as far as anyone can tell; one
-            # whose mark is ahead of the steps sent is a receiver of the run before a
-            # rewrite (overwrite, truncate), which tells nothing of this run's steps.
-            # The marks as they are: a step is the sink's to keep while a rank holding
-            # files of it has not moved past it (Sink.prune).
-            below = min(min(m for m in marks if m is not None), step + 1 - keep_last)
+        if keep_last is not None and all(m is None or m <= step for m in marks):
+            # A rank with no mark has moved past nothing, as far as anyone can tell: it
+            # counts as being at the sender's first step, and the sink keeps every step
+            # holding files of it (prune's contract), so a rank new to the run (a
+            # restart with more ranks) holds back its own steps, not the run's older
+            # ones. A rank whose mark is ahead of the steps sent is a receiver of the
+            # run before a rewrite (overwrite, truncate): it tells nothing of this
+            # run's steps, and nothing is deleted while there is one. The marks as they
+            # are, not the positions max_ahead takes for ranks left out of steps.
+            slowest = min(self.first_step if m is None else m for m in marks)
+            below = min(slowest, step + 1 - keep_last)
             if below > self.pruned:
                 kept = self.sink.prune(below)
                 if kept is not None:  # else the sink does not say: ask again next time

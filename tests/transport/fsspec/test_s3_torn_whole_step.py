@@ -34,10 +34,11 @@ def tear(options: dict[str, Any], url: str, step: int) -> None:
 
 
 @pytest.mark.parametrize("parts_before", [False, True])
-@pytest.mark.parametrize("then", ["whole", "parts"])
 async def test_resume_refuses_to_go_on_after_a_torn_whole_step(
-    s3_url: str, s3_endpoint: dict[str, Any], parts_before: bool, then: str
+    s3_url: str, s3_endpoint: dict[str, Any], parts_before: bool
 ) -> None:
+    """Its message records the ranks it was sent to (1.8): the resumed sender's open
+    refuses it, naming the step, the ranks it has and the repair."""
     options = {"storage_options": s3_endpoint, "on_existing": "resume"}
     torn = 1 if parts_before else 0
     async with rlwire.open_sender(s3_url, **options) as sender:
@@ -48,16 +49,11 @@ async def test_resume_refuses_to_go_on_after_a_torn_whole_step(
         await sender.send_ranks([batch(torn, r) for r in range(RANKS)])
     tear(s3_endpoint, s3_url, torn)
 
-    async with rlwire.open_sender(s3_url, **options) as sender:
-        assert sender.next_step == torn + 1
-        with pytest.raises(rlwire.StepExistsError, match=rf"step {torn} is incomplete") as info:
-            if then == "whole":
-                await sender.send_ranks([batch(torn + 1, r) for r in range(RANKS)])
-            else:
-                async with sender.open_step(ranks=RANKS) as writer:
-                    await writer.put([make_sample(30, seed=9)], key=9)
-        assert f"start_step={torn}, on_existing='truncate'" in str(info.value)
-        assert sender.next_step == torn + 1  # nothing was sent
+    incomplete = rf"step {torn} is incomplete \(ranks \[0\] of the {RANKS} it was sent to\)"
+    with pytest.raises(rlwire.StepExistsError, match=incomplete) as info:
+        async with rlwire.open_sender(s3_url, **options):
+            pass
+    assert f"start_step={torn}, on_existing='truncate'" in str(info.value)
 
     # Nothing of the next step was made visible.
     listed = s3_client(s3_endpoint).list_objects_v2(Bucket=s3_url.removeprefix("s3://"))

@@ -57,13 +57,14 @@ def test_a_part_is_a_message_under_its_own_name_with_its_key(tmp_path: Path) -> 
         source.read_part(4, 1)
 
 
-def test_whole_steps_keep_the_bytes_of_version_1_1(tmp_path: Path) -> None:
+def test_whole_steps_say_version_1_8_and_record_their_ranks(tmp_path: Path) -> None:
     sink = FileSink(tmp_path)
     sink.open("error")
-    run_sliced(sink.stage(0, [Frame(b"h")])).commit()
-    data = (tmp_path / "step-00000000.rank-0000.rlw").read_bytes()
-    assert struct.unpack_from("<HH", data, 8) == (1, 1)
-    assert data[24] == 0x80 | 11  # a fixmap: the envelope's 14 fields, 11 of them written
+    run_sliced(sink.stage(0, [Frame(b"h"), Frame(b"i")])).commit()
+    data = (tmp_path / "step-00000000.rank-0001.rlw").read_bytes()
+    assert struct.unpack_from("<HH", data, 8) == (1, 8)
+    assert data[24] == 0x80 | 12  # a fixmap: the envelope's 15 fields, 12 of them written
+    assert sink.sent_to(0, 1) == 2
 
 
 def test_the_seal_round_trips_and_refuses_corruption() -> None:

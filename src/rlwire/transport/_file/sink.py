@@ -329,9 +329,8 @@ class FileSink(StoredSink):
         """Write the files while hashing them: the envelope is planned with placeholder
         checksums and written last, at offset 0, with the real ones."""
         names = (main_name(step, rank), sidecar_name(step, rank))
-        yield from self._write_hashed(
-            staging, frame, _plan_with(step, rank, None), names, beside=True
-        )
+        planner = _plan_with(step, rank, None, staging.ranks)
+        yield from self._write_hashed(staging, frame, planner, names, beside=True)
 
     def write_part(
         self, staging: StoredStaging, step: int, part: PartInfo, frame: Frame
@@ -371,11 +370,11 @@ class FileSink(StoredSink):
 
 
 def _plan_with(
-    step: int, rank: int, part: PartInfo | None
+    step: int, rank: int, part: PartInfo | None, ranks: int | None = None
 ) -> Callable[[Frame, bytes | None], Layout]:
-    """What lays a frame out for ``step`` and ``rank`` (as ``part``, if given), given its
-    checksums."""
-    return lambda frame, sums: plan(frame, step, rank, sums, part=part)
+    """What lays a frame out for ``step`` and ``rank`` (as ``part``, if given; else a
+    whole step's message, of a step sent to ``ranks`` ranks), given its checksums."""
+    return lambda frame, sums: plan(frame, step, rank, sums, part=part, ranks=ranks)
 
 
 def _kind(name: str) -> str:

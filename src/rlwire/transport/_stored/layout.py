@@ -35,7 +35,7 @@ from rlwire._frame.checksums import CHECKSUM, verify_segments
 from rlwire._frame.frame import Frame
 from rlwire._frame.pieces import Pieces
 from rlwire.transport._parts import PartInfo
-from rlwire.transport._stored.table import ALIGN, SIDECAR, check_magic, checked_table
+from rlwire.transport._stored.table import ALIGN, SIDECAR, check_magic, checked_table, span
 
 __all__ = [
     "ALIGN",
@@ -51,6 +51,7 @@ __all__ = [
 MAIN_MAGIC = b"\x89RLW\r\n\x1a\n"
 SIDECAR_MAGIC = b"\x89RLS\r\n\x1a\n"
 FORMAT_VERSION = (1, 1)  # 1.1: the msgpack header may hold extension types 6 and 7
+RANKS_VERSION = (1, 8)  # a whole step's files: 1.8 added the envelope's `ranks`
 PARTS_VERSION = (1, 2)  # a part's files and a seal: 1.2 added the envelope's part, key, cost
 TIED_PARTS_VERSION = (1, 6)  # a part after part 0: 1.6 added the envelope's `of`
 FIELDS_VERSION = (1, 5)  # fields appended to a step (add_fields); 1.5 added the envelope's `of`
@@ -75,10 +76,11 @@ class _Envelope(msgspec.Struct, omit_defaults=True):
     checksums: bytes = b""  # little-endian u64 per segment: the header, then each buffer
     compression: bytes = b""  # one byte per segment, empty when nothing is compressed
     raw_sizes: bytes = b""  # little-endian u64 per segment, empty likewise
+    ranks: int | None = None  # 1.8, a whole step's: the ranks it was sent to (_stored/resumed.py)
 
 
 class _PartEnvelope(_Envelope, omit_defaults=True):
-    # Since 1.2; a whole step's keeps 14 fields, so 1.1's bytes (msgspec: map16 past 15)
+    # Since 1.2; a whole step's keeps 15 fields at most, one msgpack fixmap as 1.1's
     part: int | None = None  # its index among its rank's parts
     key: str | int | None = None  # the producer's key
     cost: float | None = None  # its cost when it was assigned
@@ -122,7 +124,9 @@ class Layout(NamedTuple):
 def _version(envelope: _Envelope) -> tuple[int, int]:
     if isinstance(envelope, _PartEnvelope):
         return PARTS_VERSION if envelope.of is None else TIED_PARTS_VERSION
-    return FIELDS_VERSION if isinstance(envelope, _FieldsEnvelope) else FORMAT_VERSION
+    if isinstance(envelope, _FieldsEnvelope):
+        return FIELDS_VERSION
+    return FORMAT_VERSION if envelope.ranks is None else RANKS_VERSION
 
 
 def _pad(offset: int) -> int:
@@ -168,6 +172,7 @@ def plan(
     *,
     part: PartInfo | None = None,
     of: bytes | None = None,
+    ranks: int | None = None,
 ) -> Layout:
     """Lay ``frame`` out as a main file and a sidecar file (empty without sidecar).
 
@@ -176,7 +181,8 @@ def plan(
     ``part`` makes it a part of a step (index, key, cost in the envelope; version 1.2;
     1.6 with the id of its rank's part 0 it follows, ``part.of``); ``of`` a message of
     fields appended to a step, checked against the step's message of that id (``b""``:
-    the rank had none; version 1.5).
+    the rank had none; version 1.5); ``ranks`` a whole step's message, the step sent
+    to that many ranks (version 1.8).
     """
     msg_id = os.urandom(16)
     n = len(frame.buffers)
@@ -197,6 +203,8 @@ def plan(
         kind_keys |= {"of": part.of} if part.of is not None else {}
     elif of is not None:
         kind, kind_keys = _FieldsEnvelope, {"of": of}
+    elif ranks is not None:
+        kind_keys = {"ranks": ranks}
     # The envelope holds offsets that depend on its own length: lay out with a guess,
     # then again with the real length until it stops growing (a pass or two).
     env_len = 0
@@ -299,7 +307,7 @@ def _parse(
             f"holds step {env.step} rank {env.rank}, expected step {step} rank {rank}",
             where=where,
         )
-    header = _span(data, env.header[0], env.header[1], where, "header")
+    header = span(data, env.header[0], env.header[1], where, "header")
     head_end = _PRELUDE.size + _PRELUDE.unpack_from(data)[3]
     files, offsets, lengths = checked_table(env, data.nbytes, head_end, where)
     sidecar = data[:0]
@@ -389,12 +397,3 @@ def _check_sidecar(side: memoryview, msg_id: bytes, size: int, where: str) -> No
             f"sidecar truncated or extended: expected {size} bytes, found {side.nbytes}",
             where=where,
         )
-
-
-def _span(data: memoryview, offset: int, length: int, where: str, what: str) -> memoryview:
-    if offset < 0 or length < 0 or offset + length > data.nbytes:
-        raise CorruptFrameError(
-            f"{what} at offset {offset} length {length} lies outside the {data.nbytes}-byte data",
-            where=where,
-        )
-    return data[offset : offset + length]

@@ -13,7 +13,7 @@ sidecar) until a new step is written into them.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from rlwire._core.atomic import temp_name
 from rlwire._core.errors import ConfigError, StepExistsError
@@ -40,7 +40,6 @@ __all__ = [
     "main_name",
     "names_to_delete",
     "never_replaced",
-    "orphan_sidecars",
     "part_name",
     "part_sidecar_name",
     "pool_name",
@@ -207,7 +206,11 @@ def _scan_parts(names: Iterable[str]) -> tuple[set[int], set[int]]:
 
 
 def start_step(
-    where: str, names: Iterable[str], on_existing: OnExisting, first: int | None = None
+    where: str,
+    names: Iterable[str],
+    on_existing: OnExisting,
+    first: int | None = None,
+    sent_to: Callable[[int, int], int | None] | None = None,
 ) -> int:
     """The first step a sender sends to a destination holding ``names``.
 
@@ -217,9 +220,11 @@ def start_step(
     step, then continues at ``first`` or after the last stored step (at the last stored
     step itself when it was being filled part by part and is not sealed: the sender
     finishes it); ``"truncate"``
-    starts at ``first`` and ``"overwrite"`` at ``first`` or 0. The caller then deletes
-    what :func:`names_to_delete` lists. An end-of-stream mark (:data:`END_NAME`) is
-    refused by ``"error"`` and deleted by the others.
+    starts at ``first`` and ``"overwrite"`` at ``first`` or 0. ``sent_to(step, rank)``
+    reads how many ranks a step sent whole was sent to from ``rank``'s message of it
+    (None: not recorded), which tells a step of fewer ranks from an incomplete one.
+    The caller then deletes what :func:`names_to_delete` lists. An end-of-stream mark
+    (:data:`END_NAME`) is refused by ``"error"`` and deleted by the others.
 
     Raises:
         StepExistsError: the stored steps conflict with ``on_existing``; the message
@@ -259,7 +264,7 @@ def start_step(
         )
     if on_existing == "error" or not stored:
         return first or 0
-    _check_resumable(where, mains, any_file, first, sealed, parted)
+    _check_resumable(where, mains, any_file, first, sealed, parted, sent_to)
     if unsealed:
         if first is not None and first != last:
             raise StepExistsError(
@@ -280,13 +285,18 @@ def _check_resumable(
     first: int | None,
     sealed: set[int],
     parted: set[int],
+    sent_to: Callable[[int, int], int | None] | None = None,
 ) -> None:
     """Refuse to resume after a hole or an incomplete step: receivers of the missing
     ranks would wait forever for it. A sealed step is whole; a step with parts and no
     seal is the step to finish when it is the last (or the oldest, partly pruned:
-    retention deletes a step's seal first)."""
+    retention deletes a step's seal first). A step sent whole is whole when it has the
+    ranks its messages say it was sent to (:func:`_told`); one of a writer that did not
+    record them (before 1.8), when it has every rank any such step has files of."""
     steps = sorted(set(mains) | sealed | parted)
-    ranks = set().union(*mains.values(), *(any_file.get(s, set()) for s in mains))
+    told = _told(mains, sent_to)
+    untold = [mains[s] | any_file.get(s, set()) for s in mains if told[s] is None]
+    ranks = set().union(*untold)
     for step in range(steps[0], steps[-1] + 1):
         have = mains.get(step)
         if step in sealed or (have is None and step in parted and step in (steps[0], steps[-1])):
@@ -295,10 +305,16 @@ def _check_resumable(
             problem = f"step {step} was filled part by part and never sealed"
         elif have is None:
             problem = f"step {step} is missing (a hole)"
-        elif have == ranks or (step == steps[0] and step != steps[-1] and 0 not in have):
-            # All ranks are there; or the oldest step, partly deleted by retention,
-            # which removes a step's main files from rank 0 up (a failed commit makes
-            # them visible from rank 0 up, so it never lacks rank 0).
+        elif step == steps[0] and step != steps[-1] and 0 not in have:
+            # The oldest step, partly deleted by retention, which removes a step's main
+            # files from rank 0 up (a failed commit makes them visible from rank 0 up,
+            # so it never lacks rank 0).
+            continue
+        elif (n := told[step]) is not None:
+            if have == set(range(n)):
+                continue
+            problem = f"step {step} is incomplete (ranks {sorted(have)} of the {n} it was sent to)"
+        elif have == ranks:
             continue
         else:
             problem = f"step {step} is incomplete (ranks {sorted(have)} of {sorted(ranks)})"
@@ -316,6 +332,25 @@ def _check_resumable(
             "resume without start_step",
             where=where,
         )
+
+
+def _told(
+    mains: dict[int, set[int]], sent_to: Callable[[int, int], int | None] | None
+) -> dict[int, int | None]:
+    """For each step sent whole, how many ranks it was sent to (None: not recorded):
+    read for the first and the last step of each run of steps visible for the same
+    ranks, the others taking their run's first step's word. A commit cut short is the
+    last step its sender sent: the last stored one, or one a sender went on after (its
+    commit failed), which ends its run unless the next step went to exactly the ranks
+    it shows; reading every step would cost a read per step (on S3, a request)."""
+    told: dict[int, int | None] = {}
+    for step in sorted(mains):
+        have = mains[step]
+        if mains.get(step - 1) == have and mains.get(step + 1) == have:
+            told[step] = told[step - 1]
+        else:
+            told[step] = None if sent_to is None else sent_to(step, min(have))
+    return told
 
 
 def names_to_delete(
@@ -358,15 +393,3 @@ def _seal_first(name: str) -> tuple[bool, str]:
     """Sorts a step's seal before its other files: a deletion cut short leaves a step
     with parts and no seal, never a seal whose parts are gone."""
     return (not SEAL_RE.fullmatch(name), name)
-
-
-def orphan_sidecars(names: Iterable[str], first: int) -> list[str]:
-    """The sidecar files among ``names`` of steps from ``first`` on: a sender killed
-    while committing such a step (no main file is there, or ``first`` would be later)
-    left them, and a commit never replaces a file."""
-    out = []
-    for name in names:
-        m = STORED_RE.fullmatch(name)
-        if m and m.group(3) and int(m.group(1)) >= first:
-            out.append(name)
-    return sorted(out)

@@ -47,6 +47,7 @@ __all__ = [
     "after_seal",
     "check_end",
     "check_sealable",
+    "head_envelope",
     "is_part_of",
     "parse_part",
     "parse_seal",
@@ -188,6 +189,21 @@ def _head_envelope(
             than the file.
         UnsupportedVersionError: a major version this reader does not know.
     """
+    env = head_envelope(load_head, where)
+    return None if env is None else (env, _part_info(env, rank, index, where))
+
+
+def head_envelope(
+    load_head: Callable[[int], bytes | bytearray | memoryview | None], where: str
+) -> _PartEnvelope | None:
+    """The envelope of a main file (a part's or a whole step's), read from its first
+    bytes with ``load_head(size)``: a second read when the envelope is longer than the
+    first; ``None`` if there is no such file.
+
+    Raises:
+        CorruptFrameError: the envelope is garbled, or longer than the file.
+        UnsupportedVersionError: a major version this reader does not know.
+    """
     size = MAX_MARK_BYTES
     for _ in range(2):
         head = load_head(size)
@@ -199,8 +215,7 @@ def _head_envelope(
             if view.nbytes < needed <= _PRELUDE.size + MAX_ENVELOPE:
                 size = needed
                 continue
-        env = _envelope(view, where, whole=False)
-        return env, _part_info(env, rank, index, where)
+        return _envelope(view, where, whole=False)
     raise CorruptFrameError("its envelope is longer than the file", where=where)
 
 

@@ -1,21 +1,37 @@
-"""What a sender opened with ``on_existing="resume"`` checks the first step it sends
-against: the steps sent whole that it goes on after, which a commit cut short may have
-left visible for their first ranks only (on S3 without sidecars nothing of the other
-ranks is listed, so :func:`~rlwire.transport._stored.names.start_step` takes such a step
-for a step of fewer ranks)."""
+"""What a sender opened with ``on_existing="resume"`` knows of the steps it goes on
+after: how many ranks each was sent to, which its messages record (1.8, the envelope's
+``ranks``), and, for steps of an older writer that record none, the steps sent whole
+that a commit cut short may have left visible for their first ranks only (on S3 without
+sidecars nothing of the other ranks is listed, so
+:func:`~rlwire.transport._stored.names.start_step` takes such a step for a step of fewer
+ranks, and the first step sent for more ranks is refused)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import functools
+from collections.abc import Callable, Iterable
+from typing import Protocol, cast
 
-from rlwire._core.errors import StepExistsError
-from rlwire.transport._stored.names import MAIN_RE
+from rlwire._core.errors import CorruptFrameError, StepExistsError
+from rlwire.transport._stored.names import MAIN_RE, STORED_RE, main_name
+from rlwire.transport._stored.parts import head_envelope
 
-__all__ = ["Trail", "check_ranks_after", "whole_before"]
+__all__ = [
+    "ResumedSink",
+    "SentTo",
+    "Trail",
+    "check_ranks_after",
+    "orphan_sidecars",
+    "whole_before",
+]
 
 #: The steps sent whole that a step follows: ``(first, last, ranks)``, the steps
 #: ``first..last`` each visible for ``ranks``.
 Trail = tuple[int, int, frozenset[int]]
+#: ``sent_to(step, rank)``: how many ranks ``step`` was sent to, as ``rank``'s message
+#: of it records (``None``: an older writer recorded nothing).
+SentTo = Callable[[int, int], "int | None"]
 
 
 def whole_before(names: Iterable[str], step: int) -> Trail | None:
@@ -42,10 +58,11 @@ def whole_before(names: Iterable[str], step: int) -> Trail | None:
 
 def check_ranks_after(where: str, before: Trail, ranks: int) -> None:
     """Refuse the first step a resumed sender sends to ``ranks`` ranks when the steps
-    ``before`` it (:func:`whole_before`) lack one of them: a sender killed while
-    committing the first of them made it visible for its first ranks only (and a
-    resumed one may have sent on to those ranks only). Going on would leave the other
-    ranks' receivers without those steps; the repair deletes them all, from the first."""
+    ``before`` it (:func:`whole_before`), written by a writer that did not record how
+    many ranks they were sent to, lack one of them: a sender killed while committing
+    the first of them made it visible for its first ranks only (and a resumed one may
+    have sent on to those ranks only). Going on would leave the other ranks' receivers
+    without those steps; the repair deletes them all, from the first."""
     first, last, have = before
     if set(range(ranks)) <= have:
         return
@@ -61,6 +78,86 @@ def check_ranks_after(where: str, before: Trail, ranks: int) -> None:
     raise StepExistsError(
         f"cannot resume: {what}; open the sender with start_step={first}, on_existing="
         f"'truncate' to delete step {first} and every later one, then send from step "
-        f"{first} again",
+        f"{first} again (steps written by rlwire before wire format 1.8 do not record "
+        "how many ranks they were sent to, so a step of fewer ranks looks the same)",
         where=where,
     )
+
+
+def orphan_sidecars(names: Iterable[str], first: int) -> list[str]:
+    """The sidecar files among ``names`` of steps from ``first`` on: a sender killed
+    while committing such a step (no main file is there, or ``first`` would be later)
+    left them, and a commit never replaces a file."""
+    out = []
+    for name in names:
+        m = STORED_RE.fullmatch(name)
+        if m and m.group(3) and int(m.group(1)) >= first:
+            out.append(name)
+    return sorted(out)
+
+
+class _Store(Protocol):
+    """What of a :class:`~rlwire.transport._stored.sink.StoredSink` this module uses."""
+
+    def load_head(self, name: str, size: int) -> bytes | bytearray | memoryview | None: ...
+    def locate(self, name: str | None = None) -> str: ...
+    def errors(
+        self, action: str, name: str | None = None
+    ) -> contextlib.AbstractContextManager[None]: ...
+
+
+class ResumedSink:
+    """The part of a stored sink that checks the step sent first after ``"resume"``."""
+
+    #: The steps ``"resume"`` goes on after, sent whole by a writer that did not record
+    #: their ranks, and their visible ranks: the step after them is refused if it has a
+    #: rank more (:func:`check_ranks_after`). None: nothing to check.
+    resumed_after: Trail | None = None
+
+    def sent_to(self, step: int, rank: int) -> int | None:
+        """How many ranks ``step``, sent whole, was sent to, as the envelope of
+        ``rank``'s main file of it records (None: written before 1.8, or gone).
+
+        Raises:
+            CorruptFrameError: the file is garbled, or is not that message.
+            TransportError: it cannot be read.
+        """
+        store = cast(_Store, self)
+        name = main_name(step, rank)
+        where = store.locate(name)
+
+        def load(size: int) -> bytes | bytearray | memoryview | None:
+            with store.errors("read", name):
+                return store.load_head(name, size)
+
+        env = head_envelope(load, where)
+        if env is None:
+            return None
+        if (env.step, env.rank, env.part) != (step, rank, None):
+            raise CorruptFrameError(
+                f"holds step {env.step} rank {env.rank}, expected step {step} rank {rank}",
+                where=where,
+            )
+        return env.ranks
+
+    def resuming(self, names: list[str], step: int, sent_to: SentTo) -> None:
+        """Note what the first step sent, ``step``, must be checked against: the steps
+        before it, unless the messages of the first and last of them record their ranks
+        (then :func:`~rlwire.transport._stored.names.start_step` checked them whole)."""
+        trail = whole_before(names, step)
+        if trail is not None:
+            first, last, have = trail
+            if None not in (sent_to(first, min(have)), sent_to(last, min(have))):
+                trail = None
+        self.resumed_after = trail
+
+    def reading_sent_to(self) -> SentTo:
+        """:meth:`sent_to`, each step's answer read once (an open asks twice)."""
+        return functools.cache(self.sent_to)
+
+    def check_ranks(self, step: int, ranks: int) -> None:
+        """Refuse ``step`` for ``ranks`` ranks if it is the first after the steps
+        ``"resume"`` went on after and those lack one (:func:`check_ranks_after`)."""
+        before = self.resumed_after
+        if before is not None and step == before[1] + 1:
+            check_ranks_after(cast(_Store, self).locate(), before, ranks)

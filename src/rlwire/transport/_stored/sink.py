@@ -28,7 +28,6 @@ from rlwire.transport._stored.names import (
     REWRITE_NAME,
     main_name,
     names_to_delete,
-    orphan_sidecars,
     part_name,
     part_sidecar_name,
     seal_name,
@@ -36,7 +35,7 @@ from rlwire.transport._stored.names import (
 )
 from rlwire.transport._stored.names import start_step as _start_step  # open's parameter
 from rlwire.transport._stored.parts import part_files, read_parts
-from rlwire.transport._stored.resumed import Trail, check_ranks_after, whole_before
+from rlwire.transport._stored.resumed import ResumedSink, SentTo, orphan_sidecars
 from rlwire.transport._stored.retention import held_back, read_consumed, steps_to_prune
 from rlwire.transport._stored.translate import translate_errors
 
@@ -54,6 +53,8 @@ class StoredStaging(Staged):
 
     #: What refuses the commit of a sender fenced off (``_stored.fence``); None: none.
     fence: Callable[[], None] | None = None
+    #: A whole step's: how many ranks it is sent to, recorded in each message (1.8).
+    ranks: int | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -73,7 +74,7 @@ class StoredStaging(Staged):
         yield from ()
 
 
-class StoredSink(StoredFieldsSink, Sink):
+class StoredSink(StoredFieldsSink, ResumedSink, Sink):
     """A sink that stores step ``s`` of rank ``r`` as the files ``main_name(s, r)`` and,
     when the message has one, ``sidecar_name(s, r)``, beside an end mark and the ranks'
     consumption marks, in the byte layout every built-in store shares.
@@ -101,9 +102,6 @@ class StoredSink(StoredFieldsSink, Sink):
     #: The step :meth:`open` found filled part by part and not sealed (``"resume"``
     #: continues at it): a whole message for it is refused until it is sealed.
     unsealed_step: int | None = None
-    #: The steps ``"resume"`` goes on after, sent whole, and their visible ranks: the
-    #: step after them is refused if it has a rank more (:func:`check_ranks_after`).
-    resumed_after: Trail | None = None
 
     @functools.cached_property
     def _first_parts(self) -> stored_parts.FirstParts:
@@ -195,14 +193,16 @@ class StoredSink(StoredFieldsSink, Sink):
     def open(self, on_existing: OnExisting, start_step: int | None = None) -> int:
         with self.errors("write to the destination"):
             self.prepare()
-        step, names = self._listed(on_existing, start_step)
+        sent_to = self.reading_sent_to()
+        step, names = self._listed(on_existing, start_step, sent_to)
         self.fence.write(on_existing, FENCE_NAME in names)  # the senders before: no more
         if on_existing != "error":  # what they committed until then is the earlier run
-            step, names = self._listed(on_existing, start_step)
+            step, names = self._listed(on_existing, start_step, sent_to)
         rewriting = on_existing in ("overwrite", "truncate")
         first = 0 if on_existing == "overwrite" else start_step
-        self.unsealed_step = None
-        self.resumed_after = whole_before(names, step) if on_existing == "resume" else None
+        self.unsealed_step = self.resumed_after = None
+        if on_existing == "resume":
+            self.resuming(names, step, sent_to)
         if on_existing == "error":
             return step
         parted = any(stored_parts.is_part_of(name, step) for name in names)
@@ -228,13 +228,15 @@ class StoredSink(StoredFieldsSink, Sink):
                 self.remove([REWRITE_NAME])
         return step
 
-    def _listed(self, on_existing: OnExisting, start_step: int | None) -> tuple[int, list[str]]:
+    def _listed(
+        self, on_existing: OnExisting, start_step: int | None, sent_to: SentTo
+    ) -> tuple[int, list[str]]:
         """The first step to send and the destination's names, the open checked."""
         with self.errors("list the destination"):
             names = self.names()
         if REWRITE_NAME in names:
             self.check_rewrite(on_existing, 0 if on_existing == "overwrite" else start_step)
-        return _start_step(self.locate(), names, on_existing, start_step), names
+        return _start_step(self.locate(), names, on_existing, start_step, sent_to), names
 
     def check_rewrite(self, on_existing: OnExisting, first: int | None) -> None:
         """Refuse to open over an unfinished overwrite or truncate (its mark,
@@ -283,6 +285,7 @@ class StoredSink(StoredFieldsSink, Sink):
             raise self.step_exists(step, found[0])
 
         def write(staging: StoredStaging) -> Sliced[None]:
+            staging.ranks = len(frames)
             for rank, pending in enumerate(frames):
                 frame = yield from take_frame(pending)  # the codec's errors stay its own
                 yield from self.write_message(staging, step, rank, frame)
@@ -336,7 +339,8 @@ class StoredSink(StoredFieldsSink, Sink):
     ) -> Sliced[None]:
         with self.errors(f"{self.stage_verb} step {step}"):
             sums = (yield from checksum_segments(frame)) if self.checksum else None
-            layout = plan(frame, step, rank, sums, part=part)
+            ranks = staging.ranks if part is None else None
+            layout = plan(frame, step, rank, sums, part=part, ranks=ranks)
             if layout.sidecar:
                 yield from staging.add(names[1], layout.sidecar, main=False)
             yield from staging.add(names[0], layout.main, main=True)
@@ -358,12 +362,6 @@ class StoredSink(StoredFieldsSink, Sink):
             yield from self.write_part(staging, step, part, taken)
 
         return (yield from self._staged(step, write))
-
-    def check_ranks(self, step: int, ranks: int) -> None:
-        """Refuse ``step`` for ``ranks`` ranks if it is the first after the step
-        ``"resume"`` went on after and that one lacks one (:func:`check_ranks_after`)."""
-        if self.resumed_after is not None and step == self.resumed_after[1] + 1:
-            check_ranks_after(self.locate(), self.resumed_after, ranks)
 
     def committed_parts(self, step: int, ranks: int | None = None) -> list[PartInfo]:
         if ranks is not None:

@@ -38,6 +38,7 @@ __all__ = [
     "check_table_sizes",
     "check_within",
     "checked_table",
+    "span",
 ]
 
 ALIGN = 64
@@ -198,3 +199,18 @@ def _name(segment: int, file: int) -> str:
     if segment == -1:
         return "the prelude and envelope" if file == MAIN else "the sidecar's prelude"
     return "the header"
+
+
+def span(data: memoryview, offset: int, length: int, where: str, what: str) -> memoryview:
+    """Bytes ``offset:offset + length`` of ``data``, which must lie inside it (``what``
+    names them in the error).
+
+    Raises:
+        CorruptFrameError: they do not.
+    """
+    if offset < 0 or length < 0 or offset + length > data.nbytes:
+        raise CorruptFrameError(
+            f"{what} at offset {offset} length {length} lies outside the {data.nbytes}-byte data",
+            where=where,
+        )
+    return data[offset : offset + length]

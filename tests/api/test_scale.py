@@ -1,0 +1,171 @@
+"""A run restarted from a checkpoint with more or fewer trainer ranks than before, on a
+directory and on S3: a sender opened with ``on_existing="resume"`` sends the next step to
+the new number of ranks, and so does the one after the next restart; the ranks left out
+get a typed error or the end, never a wait for ever; ``keep_last`` deletes the steps the
+old ranks moved past while a new rank has read nothing, and keeps the new rank's own.
+A step whose commit was cut short (the hazard resume guards against) is still refused,
+though it shows as many ranks as the steps before it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from golden_cases import GOLDEN
+from s3_server import s3_client
+
+import rlwire
+from rlwire.testing import assert_batches_equal, make_sample
+from rlwire.transport.layout import main_name
+
+pytestmark = pytest.mark.anyio
+
+
+def batch(step: int, rank: int) -> rlwire.TrainingBatch:
+    return rlwire.TrainingBatch(samples=[make_sample(20, seed=100 * step + rank)])
+
+
+def ranks(step: int, n: int) -> list[rlwire.TrainingBatch]:
+    return [batch(step, rank) for rank in range(n)]
+
+
+def listed(url: str, options: dict[str, Any]) -> set[str]:
+    """The names stored under ``url`` (``run`` under a directory or a bucket)."""
+    if not options:
+        return {path.name for path in Path(url).iterdir()}
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    got = s3_client(options).list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/")
+    return {item["Key"].rpartition("/")[2] for item in got.get("Contents", [])}
+
+
+def delete(url: str, options: dict[str, Any], name: str) -> None:
+    """Delete one stored file: what a commit cut short never made visible."""
+    if not options:
+        (Path(url) / name).unlink()
+        return
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    s3_client(options).delete_object(Bucket=bucket, Key=f"{prefix}/{name}")
+
+
+async def received(url: str, options: dict[str, Any], rank: int, start: int, count: int) -> None:
+    """Rank ``rank`` receives steps ``start..start + count - 1``, each its own batch."""
+    async with rlwire.open_receiver(
+        url, rank=rank, start_step=start, storage_options=options, record_consumed=False
+    ) as receiver:
+        for step in range(start, start + count):
+            with anyio.fail_after(20):
+                assert_batches_equal(await receiver.areceive(), batch(step, rank))
+
+
+async def test_a_restart_with_more_ranks_goes_on(file_or_s3: tuple[str, dict[str, Any]]) -> None:
+    url, options = file_or_s3
+    async with rlwire.open_sender(url, storage_options=options) as sender:
+        for step in range(3):
+            await sender.send_ranks(ranks(step, 2))
+    resume = {"storage_options": options, "on_existing": "resume"}
+    async with rlwire.open_sender(url, **resume) as sender:
+        assert await sender.send_ranks(ranks(3, 4)) == 3
+    # The next restart goes on too: the steps of 2 ranks before are whole, not short.
+    async with rlwire.open_sender(url, **resume) as sender:
+        assert await sender.send_ranks(ranks(4, 4)) == 4
+        await sender.finish()
+    for rank in (0, 1):
+        await received(url, options, rank, 0, 5)
+    for rank in (2, 3):  # new ranks start where the run gave them steps
+        await received(url, options, rank, 3, 2)
+    # A new rank opened at the run's first step is told it has no message there.
+    async with rlwire.open_receiver(url, rank=3, storage_options=options) as receiver:
+        with anyio.fail_after(20), pytest.raises(rlwire.StepGapError, match=r"ranks \[0, 1\]"):
+            await receiver.areceive()
+
+
+async def test_a_restart_with_fewer_ranks_goes_on_and_ends_the_others(
+    file_or_s3: tuple[str, dict[str, Any]],
+) -> None:
+    url, options = file_or_s3
+    async with rlwire.open_sender(url, storage_options=options) as sender:
+        for step in range(3):
+            await sender.send_ranks(ranks(step, 4))
+    resume = {"storage_options": options, "on_existing": "resume"}
+    async with rlwire.open_sender(url, **resume) as sender:
+        assert await sender.send_ranks(ranks(3, 2)) == 3
+    async with rlwire.open_sender(url, **resume) as sender:
+        assert await sender.send_ranks(ranks(4, 2)) == 4
+    for rank in (0, 1):
+        await received(url, options, rank, 0, 5)
+    # The ranks left out read their steps, then a typed error, not a wait for ever.
+    for rank in (2, 3):
+        await received(url, options, rank, 0, 3)
+        async with rlwire.open_receiver(
+            url, rank=rank, start_step=3, storage_options=options
+        ) as receiver:
+            with anyio.fail_after(20), pytest.raises(rlwire.StepGapError, match="step 3"):
+                await receiver.areceive()
+
+
+@pytest.mark.parametrize("before", [2, 4])
+async def test_a_step_cut_short_is_refused_though_it_looks_whole(
+    file_or_s3: tuple[str, dict[str, Any]], before: int
+) -> None:
+    """A sender killed while committing step 3 to 4 ranks, after rank 1's message:
+    the step shows ranks 0 and 1, as the steps of 2 ranks before it (or fewer than those
+    of 4); its messages say it went to 4, so resume refuses it and names the repair."""
+    url, options = file_or_s3
+    async with rlwire.open_sender(url, storage_options=options) as sender:
+        for step in range(3):
+            await sender.send_ranks(ranks(step, before))
+        await sender.send_ranks(ranks(3, 4))
+    for rank in (2, 3):
+        delete(url, options, main_name(3, rank))
+    resume = {"storage_options": options, "on_existing": "resume"}
+    with pytest.raises(
+        rlwire.StepExistsError, match=r"step 3 is incomplete \(ranks \[0, 1\] of the 4"
+    ) as info:
+        async with rlwire.open_sender(url, **resume):
+            pass
+    assert "start_step=3, on_existing='truncate'" in str(info.value)
+    assert not {main_name(4, rank) for rank in range(4)} & listed(url, options)
+
+
+async def test_keep_last_deletes_what_the_old_ranks_passed_and_keeps_a_new_ranks_steps(
+    file_or_s3: tuple[str, dict[str, Any]],
+) -> None:
+    """After a restart from 2 ranks to 4, the new ranks 2 and 3 have read nothing: the
+    steps before the restart (none of theirs) go once ranks 0 and 1 moved past them;
+    the steps from the restart on stay until the new ranks read them."""
+    url, options = file_or_s3
+    async with rlwire.open_sender(url, storage_options=options, keep_last=1) as sender:
+        for step in range(3):
+            await sender.send_ranks(ranks(step, 2))
+    resume = {"storage_options": options, "on_existing": "resume", "keep_last": 1}
+    async with rlwire.open_sender(url, **resume) as sender:
+        await sender.send_ranks(ranks(3, 4))
+        for rank in (0, 1):  # each moves past steps 0-3 (it asks for step 4)
+            async with rlwire.open_receiver(url, rank=rank, storage_options=options) as rx:
+                for step in range(4):
+                    with anyio.fail_after(20):
+                        assert_batches_equal(await rx.areceive(), batch(step, rank))
+                assert not await rx.await_next(timeout=0)
+        for step in (4, 5):
+            await sender.send_ranks(ranks(step, 4))
+        stored = listed(url, options)
+        assert not {main_name(step, rank) for step in range(3) for rank in (0, 1)} & stored
+        assert {main_name(step, rank) for step in (3, 4, 5) for rank in (2, 3)} <= stored
+    for rank in (2, 3):
+        await received(url, options, rank, 3, 3)
+
+
+async def test_steps_that_record_no_ranks_still_refuse_more_ranks(tmp_path: Path) -> None:
+    """A step written before 1.8 does not say how many ranks it was sent to: one of a
+    single rank may be a step of more cut short, so a resumed sender still refuses to
+    send the next to more ranks, and names the repair; to as many it goes on."""
+    shutil.copytree(GOLDEN / "msgpack-1.1-batch", tmp_path / "run")
+    url = str(tmp_path / "run")
+    async with rlwire.open_sender(url, on_existing="resume") as sender:
+        with pytest.raises(rlwire.StepExistsError, match=r"before wire format 1\.8") as info:
+            await sender.send_ranks(ranks(1, 2))
+        assert "start_step=0, on_existing='truncate'" in str(info.value)
+        assert await sender.send_ranks(ranks(1, 1)) == 1

@@ -8,7 +8,9 @@ columns, extension type 7, and ragged arrays, type 6), and ``msgpack-1.2-parts``
 the first rlwire that writes steps part by part (format 1.2), ``msgpack-1.3-fields`` once
 by the first rlwire that writes appended fields as format 1.3, ``msgpack-1.5-fields`` once
 by the first that ties them to the step's message (format 1.5), ``msgpack-1.6-parts``
-once by the first that ties a part to its rank's part 0 (format 1.6), with
+once by the first that ties a part to its rank's part 0 (format 1.6), ``msgpack-1.8-ranks``
+once by the first whose whole steps record how many ranks they were sent to (format 1.8),
+with
 ``python tests/golden_cases.py [NAME...]`` (without names: the cases that have no files
 yet); never rewrite them to make a test pass. A reader must keep decoding them into
 exactly the objects below.
@@ -421,6 +423,20 @@ async def _write_fields(name: str) -> None:
             await sender.add_fields(step, fields, rank=rank)
 
 
+#: Steps sent whole that record how many ranks they were sent to (format 1.8): step 0
+#: to two ranks (rank 0 samples 0-1, rank 1 sample 2), step 1 to rank 0 alone (sample 3).
+RANKS_CASE = "msgpack-1.8-ranks"
+RANKS_STEPS = ([[0, 1], [2]], [[3]])
+
+
+async def _write_ranks() -> None:
+    path = GOLDEN / RANKS_CASE
+    shutil.rmtree(path, ignore_errors=True)
+    async with rlwire.open_sender(path, sidecar=("routed_experts",)) as sender:
+        for step in RANKS_STEPS:
+            await sender.send_ranks([fields_batch(rows) for rows in step])
+
+
 async def _write(name: str) -> None:
     make, options, _ = CASES[name]
     path = GOLDEN / name
@@ -431,11 +447,13 @@ async def _write(name: str) -> None:
 
 if __name__ == "__main__":
     # Without names, only the cases that have no files yet: the others stay as written.
-    every = [*CASES, *PARTS_CASES, *FIELDS_CASES, ZMQ_GOLDEN.name]
+    every = [*CASES, *PARTS_CASES, *FIELDS_CASES, RANKS_CASE, ZMQ_GOLDEN.name]
     missing = [c for c in every if not (GOLDEN / c).exists()]
     for case in sys.argv[1:] or missing:
         if case == ZMQ_GOLDEN.name:
             _write_zmq()
+        elif case == RANKS_CASE:
+            anyio.run(_write_ranks)
         elif case in FIELDS_CASES:
             anyio.run(_write_fields, case)
         elif case in PARTS_CASES:

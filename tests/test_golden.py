@@ -8,6 +8,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 import numpy as np
 import pytest
@@ -17,6 +18,8 @@ from golden_cases import (
     FIELDS_CASES,
     GOLDEN,
     PARTS_CASES,
+    RANKS_CASE,
+    RANKS_STEPS,
     STEP0,
     STEP1,
     ZMQ_GOLDEN,
@@ -53,7 +56,7 @@ def test_golden_files_decode_as_columns(name: str) -> None:
 
 
 def test_every_case_has_its_files() -> None:
-    cases = [*CASES, *PARTS_CASES, *FIELDS_CASES]
+    cases = [*CASES, *PARTS_CASES, *FIELDS_CASES, RANKS_CASE]
     assert sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) == sorted(cases)
 
 
@@ -407,3 +410,28 @@ def test_golden_appended_fields_are_as_documented(
         for (s, r), m in calls.items()
         for i in range(len(m))
     )
+
+
+def test_golden_steps_that_record_their_ranks_decode_and_let_a_resume_scale_up(
+    tmp_path: Path,
+) -> None:
+    """Format 1.8: each message of a step sent whole records how many ranks the step
+    went to (docs/format.md). Step 1 went to rank 0 alone: a resumed sender knows it is
+    whole, not a step of two ranks cut short, and sends the next step to four ranks."""
+    for step, rows_of in enumerate(RANKS_STEPS):
+        for rank, rows in enumerate(rows_of):
+            main = (GOLDEN / RANKS_CASE / f"step-{step:08d}.rank-{rank:04d}.rlw").read_bytes()
+            assert struct.unpack_from("<HH", main, 8) == (1, 8)
+            with rlwire.open_receiver(GOLDEN / RANKS_CASE, rank=rank, start_step=step) as r:
+                assert_batches_equal(r.receive(timeout=5), fields_batch(rows))
+    shutil.copytree(GOLDEN / RANKS_CASE, tmp_path / "run")
+    more = [fields_batch([i]) for i in range(4)]
+
+    async def resume() -> int:
+        async with rlwire.open_sender(tmp_path / "run", on_existing="resume") as sender:
+            return await sender.send_ranks(more)
+
+    assert anyio.run(resume) == 2
+    for rank in range(4):
+        with rlwire.open_receiver(tmp_path / "run", rank=rank, start_step=2) as receiver:
+            assert_batches_equal(receiver.receive(timeout=5), more[rank])

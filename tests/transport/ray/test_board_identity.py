@@ -107,3 +107,25 @@ def test_a_board_the_producer_actor_made_itself_dies_with_it_and_its_sender_says
     assert ray.get(again.send.remote(ray_url, 1, 1), timeout=60)["board_owned"] is True
     ray.kill(again)
     drop_board(_name(ray_url))
+
+
+def test_a_run_resumed_on_its_board_goes_on_to_more_ranks_then_fewer(ray_url: str) -> None:
+    """The board commits a step for every rank at once, so each step it holds was sent
+    to the ranks it has: a sender resumed after a step of two ranks sends the next to
+    four, and one resumed after that to one; a rank left out gets StepGapError once the
+    stream ends, not a wait."""
+    create_board(_name(ray_url))
+    widths = (2, 4, 1)  # step 0 to two ranks, step 1 to four, step 2 to one
+    for step, width in enumerate(widths):
+        with rlwire.open_sync_sender(ray_url, on_existing="resume") as sender:
+            assert sender.next_step == step
+            sender.send_ranks(step_batches(step, width))
+    for step, width in enumerate(widths):
+        with rlwire.open_receiver(ray_url, rank=width - 1, start_step=step) as receiver:
+            got = receiver.receive(timeout=TIMEOUT)
+            assert fingerprint(got) == fingerprint(step_batches(step, width)[width - 1])
+    with rlwire.open_sync_sender(ray_url, on_existing="resume") as sender:
+        sender.finish()
+    with rlwire.open_receiver(ray_url, rank=3, start_step=2) as left_out:
+        with pytest.raises(rlwire.StepGapError, match="step 2"):
+            left_out.receive(timeout=TIMEOUT)

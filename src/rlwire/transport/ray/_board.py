@@ -163,12 +163,9 @@ class Board(PartsBoard, FieldsBoard):
         ``_board_fence``), or ``(error class name, message)``. Atomic: nothing else
         runs meanwhile."""
         names = self._names()
-
-        def whole(step: int, rank: int) -> int:
-            # A step commits on the board whole, for every rank at once: each step
-            # stored was sent to the ranks it has, however many the steps before had.
-            return len(self.committed[step])
-
+        # A step commits on the board whole, for every rank at once: each step stored
+        # was sent to the ranks it has, however many the steps before had.
+        whole = lambda step, rank: len(self.committed[step])  # noqa: E731
         try:
             step = start_step(self.where, names, on_existing, first, whole)
         except RlwireError as exc:

@@ -130,21 +130,28 @@ async def test_a_receiver_holds_a_part_before_the_step_is_sealed(tmp_path: Path)
 async def test_the_timeout_of_parts_is_a_wait_for_each_part_not_for_the_step(
     tmp_path: Path, face: str
 ) -> None:
-    """Parts 0.2 s apart, five of them: 1 s in all, each within the 0.5 s timeout. Then
-    nothing: the wait for the sixth part times out, naming the step."""
-    gap, timeout = 0.2, 0.5
-    last_put = anyio.Event()
+    """Parts 0.4 s apart, five of them: 2 s in all, each within the 1.5 s timeout. Then
+    nothing: the wait for the sixth part times out, naming the step.
+
+    Each wait covers a gap and a put: a put of 0.3 s or more, on a loaded machine, used
+    to overrun a 0.2 s gap's 0.5 s timeout. And the seal waits for the timeout, not a
+    fixed time after the last put."""
+    gap, timeout = 0.4, 1.5
+    opened, last_put, timed_out = anyio.Event(), anyio.Event(), anyio.Event()
 
     async def produce() -> None:
         async with rlwire.open_sender(tmp_path) as sender:
+            opened.set()  # the receiver's first wait is for the first part, not the open
             async with sender.open_step() as writer:
                 for key in range(5):
                     await anyio.sleep(gap)
                     await writer.put([make_sample(4)], key=key)
                 last_put.set()
-                await anyio.sleep(2 * timeout)  # the receiver times out before the seal
+                with anyio.fail_after(30):
+                    await timed_out.wait()  # the receiver times out before the seal
 
     async def consume() -> None:
+        await opened.wait()
         with rlwire.open_receiver(tmp_path, poll_interval=0.005) as receiver:
             if face == "parts":
                 parts = receiver.parts(timeout=timeout)
@@ -157,6 +164,7 @@ async def test_the_timeout_of_parts_is_a_wait_for_each_part_not_for_the_step(
                 with pytest.raises(rlwire.ReceiveTimeout, match="no new part of step 0 came"):
                     async for part in receiver.aparts(timeout=timeout):
                         got.append(part.key)
+        timed_out.set()
         assert last_put.is_set()
 
     got: list[Any] = []

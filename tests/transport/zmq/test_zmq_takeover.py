@@ -301,6 +301,20 @@ def arrived(sock: zmq.Socket[bytes], quiet: float = 0.3) -> list[bytes]:
     return kinds
 
 
+async def read_by(sender: Any, condition: Any) -> None:
+    """Wait until ``sender`` has read what its receivers sent it, as its next send would,
+    and ``condition()`` holds. A packet a raw socket sends reaches the sender's socket
+    through two ZeroMQ I/O threads: a fixed pause before the next send (0.3 s) was a bet
+    that a loaded machine could lose, the packet then read only after the step went."""
+    peers = sender.sink._peers
+    with anyio.fail_after(LONG):
+        while True:
+            peers.drain()
+            if condition():
+                return
+            await anyio.sleep(0.005)
+
+
 async def test_a_replaced_receiver_announcing_itself_again_is_refused_for_good(
     tmp_path: Path,
 ) -> None:
@@ -322,18 +336,20 @@ async def test_a_replaced_receiver_announcing_itself_again_is_refused_for_good(
             await sender.send(payload(0), step=0)
             assert arrived(old) == [b"data", b"seal"]
             new.send_multipart(ready_packet(0))
-            await anyio.sleep(0.3)  # arrived: the next send reads it
+            # Read, it takes the rank: the sender tells the old receiver at once.
+            await read_by(sender, lambda: old.poll(0))
             await sender.send(payload(1), step=1)
             assert arrived(new) == [b"data", b"seal"]
             assert arrived(old) == [refused]
             old.send_multipart(ready_packet(0))
-            await anyio.sleep(0.3)
+            await read_by(sender, lambda: old.poll(0))  # read, and answered
             await sender.send(payload(2), step=2)
             assert arrived(new) == [b"data", b"seal"]
             assert arrived(old) == [refused]
             new.send_multipart(bye_packet())
             old.send_multipart(ready_packet(0))
-            await anyio.sleep(0.3)
+            peers = sender.sink._peers
+            await read_by(sender, lambda: old.poll(0) and peers._owners.owner(0) is None)
             words = r"no receiver of rank 0 announced itself within ready_timeout=1.0 s$"
             with pytest.raises(rlwire.TransportError, match=words):
                 await sender.send(payload(3), step=3)

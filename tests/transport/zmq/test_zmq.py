@@ -670,12 +670,28 @@ async def test_a_rank_stopped_midway_loses_only_its_own_copy(
         assert [await rank0.anext(), await rank1.anext()] == [{"event": "opened"}] * 2
         async with rlwire.open_sender(url, storage_options=options) as sender:
             payloads = [batch(0, rank, **size) for rank in range(2)]
-            with anyio.move_on_after(SHORT * 2) as scope:
+            peers = sender.sink._peers  # type: ignore[attr-defined]
+            finished: list[bool] = []
+
+            async def send() -> None:
                 await sender.send_ranks(payloads)
-            assert scope.cancelled_caught and sender.next_step == 1
+                finished.append(True)
+
+            # Cancelled once rank 0's process has the whole step (its seal went) and rank
+            # 1's message has begun (its sequence number taken): a fixed 2 s, on a loaded
+            # machine, could end before rank 0's 24 data packets reached its process.
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(send)
+                    step_0 = await rank0.anext()
+                    with anyio.fail_after(LONG):
+                        while sorted(peers._seq.values()) != [1, 1]:
+                            await anyio.sleep(0.01)
+                    scope.cancel()
+            assert scope.cancelled_caught and not finished and sender.next_step == 1
             rank1.open_gate()
             await sender.send_ranks([batch(1, rank, **size) for rank in range(2)])
-        events = [await rank0.afinish(), await rank1.afinish()]
+        events = [[step_0, *await rank0.afinish()], await rank1.afinish()]
     assert steps_of(events[0]) == [0, 1]
     assert events[1][0]["error"] == "StepGapError", events[1]
     assert "expected step 0, got step 1" in events[1][0]["message"]

@@ -73,10 +73,16 @@ class Outcomes:
 
 @contextlib.asynccontextmanager
 async def receiving(
-    receiver: Any, outcomes: Outcomes, *, stop_after: int | None = None, n: int = 16
+    receiver: Any,
+    outcomes: Outcomes,
+    *,
+    stop_after: int | None = None,
+    until_refused: bool = False,
+    n: int = 16,
 ) -> AsyncIterator[anyio.abc.TaskGroup]:
     """Receive in a task until the stream ends (or ``stop_after`` steps came; 0: until
-    the first error), checking each step against ``payload(step, n)``. A receive that
+    the first error; ``until_refused``: until a ConfigError, after which every receive
+    says so again), checking each step against ``payload(step, n)``. A receive that
     times out ends it too, recorded: nothing here takes ``LONG``, so the stream stalled,
     and receiving on would hang the test."""
 
@@ -89,6 +95,8 @@ async def receiving(
             except rlwire.RlwireError as exc:
                 outcomes.events.append(f"{type(exc).__name__}: {exc}")
                 if stop_after == 0 or isinstance(exc, rlwire.ReceiveTimeout):
+                    return
+                if until_refused and isinstance(exc, rlwire.ConfigError):
                     return
                 continue
             assert_batches_equal(batch, payload(receiver.last_step, n=n))
@@ -175,7 +183,12 @@ async def test_two_receivers_of_one_rank_never_share_its_steps() -> None:
     another receiver took the rank over. Together they get each step once. (Before, each
     took the rank back whenever it had heard nothing for a second, and each silently got
     some of the steps.) Across processes, and a restart whose old process hangs:
-    test_zmq_takeover.py."""
+    test_zmq_takeover.py.
+
+    Both announce themselves on opening, but the sender reads a ``ready`` only once it
+    arrived: one read after the first steps went to the other takes the rank over then,
+    and its first receive reports those steps as one StepGapError (they went to the
+    other receiver), so each receives on past such an error, until refused."""
     options = {"linger": 5}
     async with rlwire.open_sender("zmq+tcp://127.0.0.1:0", storage_options=options) as sender:
         url = sender.sink.url
@@ -184,7 +197,10 @@ async def test_two_receivers_of_one_rank_never_share_its_steps() -> None:
             rlwire.open_receiver(url, rank=0) as a,
             rlwire.open_receiver(url, rank=0) as b,
         ):
-            async with receiving(a, first, stop_after=0), receiving(b, second, stop_after=0):
+            async with (
+                receiving(a, first, until_refused=True),
+                receiving(b, second, until_refused=True),
+            ):
                 for step in range(30):
                     await send_retrying(sender, step)
                     await anyio.sleep(0.05)  # 1.5 s: a receiver left out announces itself

@@ -44,7 +44,6 @@ from rlwire.codecs._msgpack.decode import Decoding
 from rlwire.codecs._msgpack.encode import Encoding
 from rlwire.codecs._msgpack.fields import select_fields
 from rlwire.codecs._msgpack.sidecar_names import SidecarNames
-from rlwire.codecs._msgpack.warm_buffers import WarmBuffers
 from rlwire.codecs._registry import Check
 
 __all__ = ["DEFAULT_INLINE_THRESHOLD", "MsgpackCodec"]
@@ -98,7 +97,6 @@ class MsgpackCodec:
         self.check = check
         self._encoder = msgspec.msgpack.Encoder()
         self._sidecar_names = SidecarNames(self.sidecar)
-        self._warm = WarmBuffers()
 
     def encode(self, obj: Any) -> Frame:
         """Encode ``obj`` in the calling thread; see :meth:`encode_sliced`."""
@@ -126,7 +124,6 @@ class MsgpackCodec:
             sidecar=self.sidecar,
             inline_threshold=self.inline_threshold,
             check=self.check,
-            warm=self._warm,
         )
         frame = yield from encoding.run(obj)
         if self.sidecar:

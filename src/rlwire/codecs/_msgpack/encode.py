@@ -38,7 +38,6 @@ from rlwire._frame.frame import Frame
 from rlwire.codecs._msgpack.extensions import EXT_CHUNKED_ARRAY, EXT_CHUNKED_MAP, ChunksRef
 from rlwire.codecs._msgpack.sent_buffers import SentBuffers
 from rlwire.codecs._msgpack.sent_columns import list_as_columns, packed_value
-from rlwire.codecs._msgpack.warm_buffers import WarmBuffers
 from rlwire.codecs._registry import Check
 
 __all__ = ["CHUNK_WEIGHT", "Encoding", "weight"]
@@ -87,10 +86,8 @@ class Encoding:
         sidecar: frozenset[str],
         inline_threshold: int,
         check: Check | None,
-        warm: WarmBuffers,
     ) -> None:
         self.encoder = encoder
-        self.warm = warm  # where small rows are joined
         self.sidecar_names = sidecar
         self.matched: set[str] = set()  # the sidecar names met as a field or key
         self.check = check

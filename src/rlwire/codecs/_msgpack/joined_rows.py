@@ -4,9 +4,8 @@ groups kept as the runs of one buffer.
 
 Rows of a few kB each cost more to send where they are (a view and a run each, some
 microseconds of Python) than to copy. Copied into one new array, a column is fresh memory
-faulted in a page at a time; joined in groups of about :data:`_JOIN_BYTES` into the
-codec's :class:`~rlwire.codecs._msgpack.warm_buffers.WarmBuffers`, it is written into
-memory an earlier message used, and each group is a slice's worth of C.
+faulted in a page at a time; joined in groups of about :data:`_JOIN_BYTES`, it reuses
+the memory the step before freed, and each group is a slice's worth of C.
 """
 
 from __future__ import annotations
@@ -21,13 +20,12 @@ from rlwire._core.slicing import Sliced
 from rlwire._frame.pieces import Pieces
 from rlwire.codecs._msgpack.extensions import EXT_ARRAY, ArrayRef
 from rlwire.codecs._msgpack.sent_buffers import SentBuffers
-from rlwire.codecs._msgpack.warm_buffers import WarmBuffers
 from rlwire.codecs._registry import RowArrays
 
 __all__ = ["Joining", "joined_rows"]
 
 # Bytes of small rows joined per call, a slice's worth (0.3-0.4 ms), each group a run of
-# the column's buffer: a warm buffer an earlier message used, where one array of a
+# the column's buffer: memory the step before freed is used again, where one array of a
 # column is fresh memory faulted in a page at a time (2,400 faults an 8,000-sample step,
 # more than the copy), and runs this large Ray stores as they are (256 KiB or more).
 _JOIN_BYTES = 1 << 19
@@ -42,7 +40,6 @@ class Joining(Protocol):
 
     sent: SentBuffers
     encoder: msgspec.msgpack.Encoder
-    warm: WarmBuffers
 
     def tick(self) -> Sliced[None]: ...
 
@@ -60,11 +57,10 @@ def joined_rows(
     """The extension value of small ``rows`` (``shape`` and ``nbytes`` back to back)
     copied, and the :class:`RowArrays` of the copy; None if they differ in dtype, number
     of dimensions or trailing shape. Rows shown to be of one kind (``one_kind``) are
-    joined as bytes (``BytesIO.writelines``, like ``bytes.join``, reads their buffers and
-    nothing else: some 3x faster than numpy's concatenate), :data:`_JOIN_BYTES` a call
-    and slice, the groups being the runs of the column's buffer. A row that is not
-    C-contiguous refuses; then numpy copies every row into one array, and with
-    casting="no" refuses a row of another kind."""
+    joined as bytes (``bytes.join`` reads their buffers and nothing else: some 3x faster
+    than numpy's concatenate), :data:`_JOIN_BYTES` a call and slice, the groups being
+    the runs of the column's buffer. A row that is not C-contiguous refuses; then numpy
+    copies every row into one array, and with casting="no" refuses a row of another kind."""
     dtype, tail = rows[0].dtype, shape[1:]
     apart = side or nbytes >= w.sent.inline_threshold  # out of band: the runs as they are
     if one_kind:
@@ -75,7 +71,7 @@ def joined_rows(
             return w.sent.array(one, path, side), RowArrays([one], offsets)
         if runs is not None:  # several: of rows that hold values (row_bytes > 0)
             groups = [np.frombuffer(run, dtype).reshape(-1, *tail) for run in runs]
-            pieces = Pieces.from_distinct(runs)
+            pieces = Pieces.from_distinct(map(memoryview, runs))
             ref = ArrayRef(w.sent.add(pieces, side), dtype.str, shape, "C")
             return msgspec.msgpack.Ext(EXT_ARRAY, w.encoder.encode(ref)), RowArrays(groups, offsets)
     joined = np.empty(shape, dtype)  # the same byte order as the rows
@@ -109,16 +105,17 @@ def _group_stops(offsets: np.ndarray, row_bytes: int) -> list[int]:
 
 def _joined_runs(
     w: Joining, rows: list[np.ndarray], stops: list[int]
-) -> Sliced[list[memoryview] | None]:
-    """The rows' bytes joined in the codec's warm buffers, a group of rows (up to each
-    of ``stops``) per call and slice; None if a row is not C-contiguous."""
+) -> Sliced[list[bytes] | None]:
+    """The rows' bytes joined, a group of rows (up to each of ``stops``) per call and
+    slice; None if a row is not C-contiguous."""
     runs = []
     start = 0
     for stop in stops:
         if stop > start:
             try:
-                runs.append(w.warm.join(rows[start:stop]))
-            except (TypeError, ValueError):  # a row whose bytes are not one C-contiguous run
+                # ndarrays export their buffer, which numpy's stubs do not say
+                runs.append(b"".join(rows[start:stop]))  # type: ignore[arg-type]
+            except TypeError:  # a row whose bytes are not one C-contiguous run
                 return None
             start = stop
             yield from w.tick()

@@ -39,7 +39,6 @@ from rlwire.codecs._msgpack.extensions import (
 )
 from rlwire.codecs._msgpack.joined_rows import joined_rows
 from rlwire.codecs._msgpack.sent_buffers import SentBuffers
-from rlwire.codecs._msgpack.warm_buffers import WarmBuffers
 from rlwire.codecs._registry import RowArrays
 
 __all__ = ["Walker", "list_as_columns", "packed_value"]
@@ -69,7 +68,6 @@ class Walker(Protocol):
     sent: SentBuffers
     encoder: msgspec.msgpack.Encoder
     sidecar_names: frozenset[str]
-    warm: WarmBuffers
     matched: set[str]
     check: Callable[[Any, str], None] | None
 

@@ -154,12 +154,12 @@ async def test_the_check_reads_a_few_pages_of_the_step_from_files(tmp_path: Path
 
 
 async def test_appended_files_say_version_1_5(tmp_path: Path) -> None:
-    """An appended message says 1.5 (bytes 8-11), its step 1.1."""
+    """An appended message says 1.5 (bytes 8-11), its step, sent whole, 1.8."""
     async with rlwire.open_sender(tmp_path) as sender:
         await sender.send(rlwire.TrainingBatch(samples=[_sample(3)]))
         await sender.add_fields(0, {"score": np.ones(1)})
     for name, version in {
-        "step-00000000.rank-0000.rlw": (1, 1),
+        "step-00000000.rank-0000.rlw": (1, 8),
         "step-00000000.rank-0000.fields-000.rlw": (1, 5),
     }.items():
         assert struct.unpack_from("<HH", (tmp_path / name).read_bytes(), 8) == version

@@ -116,10 +116,11 @@ class ResumedSink:
 
     def sent_to(self, step: int, rank: int) -> int | None:
         """How many ranks ``step``, sent whole, was sent to, as the envelope of
-        ``rank``'s main file of it records (None: written before 1.8, or gone).
+        ``rank``'s main file of it records (None: written before 1.8, gone, or not
+        readable as that message: a damaged step is its receivers' to skip, and tells
+        a resumed sender as little as one of an older writer).
 
         Raises:
-            CorruptFrameError: the file is garbled, or is not that message.
             TransportError: it cannot be read.
         """
         store = cast(_Store, self)
@@ -130,14 +131,12 @@ class ResumedSink:
             with store.errors("read", name):
                 return store.load_head(name, size)
 
-        env = head_envelope(load, where)
-        if env is None:
+        try:
+            env = head_envelope(load, where)
+        except CorruptFrameError:
             return None
-        if (env.step, env.rank, env.part) != (step, rank, None):
-            raise CorruptFrameError(
-                f"holds step {env.step} rank {env.rank}, expected step {step} rank {rank}",
-                where=where,
-            )
+        if env is None or (env.step, env.rank, env.part) != (step, rank, None):
+            return None
         return env.ranks
 
     def resuming(self, names: list[str], step: int, sent_to: SentTo) -> None:

@@ -5,11 +5,13 @@ groups kept as the runs of one buffer.
 Rows of a few kB each cost more to send where they are (a view and a run each, some
 microseconds of Python) than to copy. Copied into one new array, a column is fresh memory
 faulted in a page at a time; joined in groups of about :data:`_JOIN_BYTES`, it reuses
-the memory the step before freed, and each group is a slice's worth of C.
+the memory the step before freed (the last groups are kept alive a while for that:
+:data:`_KEPT`), and each group is a slice's worth of C.
 """
 
 from __future__ import annotations
 
+import collections
 from typing import Protocol
 
 import msgspec
@@ -32,6 +34,15 @@ _JOIN_BYTES = 1 << 19
 # Each group but the last ends at a multiple of this many bytes where it can: Ray lays
 # out-of-band buffers at multiples of 64, so such runs land back to back (one block).
 _RUN_ALIGN = 64
+# The groups joined last, kept alive a while after their frames are gone (about 48 MiB:
+# some two steps of 8,000 small samples), whatever sender joined them. Freed at once,
+# a step's groups leave the top of malloc's heap free, and glibc's thresholds may give
+# the memory back to the system, so the next step faults every page in again: a step
+# of 8,000 small samples sent to 2 ranks took 40-49 ms where 1 rank or 4 took 28-30
+# (benchmarks/bench_send_ranks.py). Kept, the groups the next steps join are above
+# them, and those freed in between are reused where they lie. Never written to: only
+# freed later. Larger groups (a few huge rows) are not kept.
+_KEPT: collections.deque[bytes] = collections.deque(maxlen=96)
 
 
 class Joining(Protocol):
@@ -114,9 +125,12 @@ def _joined_runs(
         if stop > start:
             try:
                 # ndarrays export their buffer, which numpy's stubs do not say
-                runs.append(b"".join(rows[start:stop]))  # type: ignore[arg-type]
+                run = b"".join(rows[start:stop])  # type: ignore[arg-type]
             except TypeError:  # a row whose bytes are not one C-contiguous run
                 return None
+            runs.append(run)
+            if len(run) <= 2 * _JOIN_BYTES:
+                _KEPT.append(run)  # (atomic, as deque appends are: joins in many threads)
             start = stop
             yield from w.tick()
     return runs

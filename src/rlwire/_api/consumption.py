@@ -130,7 +130,8 @@ class ConsumptionMarks:
         until then it says the rank moved past the steps before it. Meanwhile a
         sender's ``keep_last`` keeps the skipped step, and one with ``max_ahead=0``
         waits for the rank (give it 1 or more, as for a receiver opened at a later
-        ``start_step``).
+        ``start_step``), unless that sender sent the step without this rank (then it
+        counts the rank as past it).
 
         Raises:
             ConfigError: called on an event loop while another task's ``areceive`` (or

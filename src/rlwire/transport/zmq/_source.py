@@ -357,8 +357,10 @@ class ZmqSource(Source):
             self._pending = got if order else None
         if order:
             raise StepGapError(
-                f"{order}: messages were lost (a sender or receiver restarted, or a send "
-                f"failed); the next receive goes on with step {head.step}",
+                f"{order}: steps never came (sent to fewer ranks: a send after a "
+                "send_ranks, or a send_ranks of fewer batches) or were lost (a sender or "
+                f"receiver restarted, or a send failed); the next receive goes on with step "
+                f"{head.step}",
                 where=self.endpoint,
                 rank=self.rank,
             )

@@ -60,18 +60,25 @@ async def received(url: str, options: dict[str, Any], rank: int, start: int, cou
                 assert_batches_equal(await receiver.areceive(), batch(step, rank))
 
 
-async def test_a_restart_with_more_ranks_goes_on(file_or_s3: tuple[str, dict[str, Any]]) -> None:
-    url, options = file_or_s3
+async def run_and_restarts(
+    url: str, options: dict[str, Any], *, before: int, after: int, finish: bool
+) -> None:
+    """Steps 0-2 to ``before`` ranks; then a sender resumed sends step 3 to ``after``
+    ranks, and another resumed after it step 4 (and the end, if ``finish``)."""
     async with rlwire.open_sender(url, storage_options=options) as sender:
         for step in range(3):
-            await sender.send_ranks(ranks(step, 2))
-    resume = {"storage_options": options, "on_existing": "resume"}
-    async with rlwire.open_sender(url, **resume) as sender:
-        assert await sender.send_ranks(ranks(3, 4)) == 3
-    # The next restart goes on too: the steps of 2 ranks before are whole, not short.
-    async with rlwire.open_sender(url, **resume) as sender:
-        assert await sender.send_ranks(ranks(4, 4)) == 4
-        await sender.finish()
+            await sender.send_ranks(ranks(step, before))
+    for step in (3, 4):
+        async with rlwire.open_sender(url, storage_options=options, on_existing="resume") as s:
+            assert await s.send_ranks(ranks(step, after)) == step
+            if finish and step == 4:
+                await s.finish()
+
+
+async def test_a_restart_with_more_ranks_goes_on(file_or_s3: tuple[str, dict[str, Any]]) -> None:
+    url, options = file_or_s3
+    # The second restart goes on too: the steps of 2 ranks before are whole, not short.
+    await run_and_restarts(url, options, before=2, after=4, finish=True)
     for rank in (0, 1):
         await received(url, options, rank, 0, 5)
     for rank in (2, 3):  # new ranks start where the run gave them steps
@@ -86,14 +93,7 @@ async def test_a_restart_with_fewer_ranks_goes_on_and_ends_the_others(
     file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
     url, options = file_or_s3
-    async with rlwire.open_sender(url, storage_options=options) as sender:
-        for step in range(3):
-            await sender.send_ranks(ranks(step, 4))
-    resume = {"storage_options": options, "on_existing": "resume"}
-    async with rlwire.open_sender(url, **resume) as sender:
-        assert await sender.send_ranks(ranks(3, 2)) == 3
-    async with rlwire.open_sender(url, **resume) as sender:
-        assert await sender.send_ranks(ranks(4, 2)) == 4
+    await run_and_restarts(url, options, before=4, after=2, finish=False)
     for rank in (0, 1):
         await received(url, options, rank, 0, 5)
     # The ranks left out read their steps, then a typed error, not a wait for ever.

@@ -16,7 +16,7 @@ from typing_extensions import Unpack
 from rlwire._api.appending import Appended, FieldPending, read_with_appended
 from rlwire._api.decoding import FrameDecoding
 from rlwire._api.fields import FieldSelector, check_fields
-from rlwire._api.merged_fields import merge_appended
+from rlwire._api.merged_fields import merged_rows, rows_type
 from rlwire._api.options import Limits, LimitsKeywords, from_keywords
 from rlwire._api.parts import NOTHING as _NOTHING
 from rlwire._api.parts import PartsReader
@@ -231,18 +231,18 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
         as_columns: bool,
         type_: Any = _NOTHING,
     ) -> Sliced[Any]:
-        if isinstance(frame, Appended):  # fields appended to the step (add_fields)
-            decoding = self._decoding
-            self._decoding = copy.copy(decoding)
+        type_ = self._type if type_ is _NOTHING else type_
+        if isinstance(frame, Appended):  # add_fields; as columns if made rows after (rows_type)
+            rows = None if as_columns else rows_type(type_, frame, self._decoding)
+            decoding, self._decoding = self._decoding, copy.copy(self._decoding)
             self._decoding.fields = frame.fields
             try:
-                obj = yield from self._decode(frame.inner, seconds, as_columns, type_)
+                obj = yield from self._decode(frame.inner, seconds, as_columns or bool(rows), type_)
             finally:
                 self._decoding = decoding
-            return merge_appended(obj, frame.columns) if frame.columns else obj
+            return (yield from merged_rows(obj, frame, rows, seconds))
         if isinstance(frame, SealedStep):
             return (yield from self._decode_sealed(frame, seconds, as_columns))
-        type_ = self._type if type_ is _NOTHING else type_
         return (yield from self._decoding.decode(frame, type_, seconds, as_columns))
 
     def poll(self, *, as_columns: bool | None = None) -> T | None:

@@ -2,24 +2,38 @@
 columns (a :class:`~rlwire.Columns`), or on each sample (a Struct's field of that name,
 converted to its annotation as the step's own values are; else its ``extras``; a
 dict's key). The receiving side of :mod:`rlwire._api.appending`.
+
+A step whose samples are Structs (a :class:`~rlwire.TrainingSample`) stored as columns
+is decoded as columns when it has fields appended, and its rows are made once the
+fields its Struct declares are merged (:func:`merged_rows`): a field the Struct
+requires may be one appended (``advantages``, from a later stage), which a decode into
+Structs before the merge would refuse as missing.
 """
 
 from __future__ import annotations
 
 import re
 import typing
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
 
 from rlwire._api.appended_rows import samples_of
+from rlwire._api.appending import Appended
+from rlwire._api.decoding import FrameDecoding
+from rlwire._api.parts import part_types
+from rlwire._api.sealed import SealedStep
 from rlwire._core.built import dec_hook, type_name
 from rlwire._core.columns import Column, Columns
-from rlwire._core.errors import DecodeError
+from rlwire._core.errors import ConfigError, DecodeError
 from rlwire._core.ragged import Ragged
+from rlwire._core.slicing import Sliced, timed
+from rlwire._frame.bounds import heap_allowance
+from rlwire._frame.frame import Frame
 
-__all__ = ["merge_appended"]
+__all__ = ["RowsAfter", "merge_appended", "merged_rows", "rows_type"]
 
 
 def _python(value: Any) -> Any:
@@ -125,3 +139,96 @@ def _replace(obj: Any, old: Any, new: Any) -> Any:
         if getattr(obj, f) is old:
             return msgspec.structs.replace(obj, **{f: new})
     return obj
+
+
+class RowsAfter(NamedTuple):
+    """How a step's samples, decoded as columns, are made rows after the merge: as
+    ``annotation`` (a ``list[S]``), by the codec's ``make``
+    (``rows_of_columns(columns, annotation, heap=...)``)."""
+
+    annotation: Any
+    make: Callable[..., Sliced[list[Any]]]
+
+
+def rows_type(type_: Any, step: Appended, decoding: FrameDecoding) -> RowsAfter | None:
+    """How the samples of a receiver of ``type_`` received as rows are made after the
+    fields appended to ``step`` are merged (a field their Struct requires may be one
+    appended, which a decode into Structs before the merge would refuse as missing):
+    when they are Structs ``S`` (not ``array_like``: positional rows) and the step's
+    codec makes rows of columns. Else ``None``: the step is decoded as asked and the
+    fields set on its samples (:func:`merge_appended`)."""
+    if not step.columns:
+        return None
+    try:
+        decode_as, _ = part_types(type_)
+    except ConfigError:  # no list of samples to tell
+        return None
+    item = next(iter(typing.get_args(decode_as)), None)
+    if not (isinstance(item, type) and issubclass(item, msgspec.Struct)):
+        return None
+    if item.__struct_config__.array_like:
+        return None
+    frames = _frames(step.inner)
+    codecs = {f.codec for f in frames}
+    make = getattr(decoding.codec(codecs.pop()), "rows_of_columns", None) if codecs else None
+    if make is None or codecs:  # a codec that keeps no columns (JSON, a plugin's); mixed
+        return None
+    return RowsAfter(decode_as, make)
+
+
+def merged_rows(
+    obj: Any, step: Appended, rows: RowsAfter | None, seconds: dict[str, float]
+) -> Sliced[Any]:
+    """``obj`` (``step`` decoded) with the columns appended to ``step`` merged: with
+    ``rows`` (from :func:`rows_type`; ``obj`` was decoded as columns) its samples made
+    rows once the columns their Struct declares are merged into them, the others set
+    on the rows after (``extras``, as :func:`merge_appended` sets them); without,
+    :func:`merge_appended`. Time spent is added to ``seconds["decode"]``.
+
+    Raises:
+        DecodeError: as :func:`merge_appended`; or the rows do not match their Struct
+            (a field it requires is neither in the step nor appended), as when the
+            step is decoded into it at once.
+        FrameTooLargeError: the rows would build more Python objects than the step's
+            messages may.
+    """
+    columns = step.columns
+    if not columns:
+        return obj
+    if rows is None or not isinstance(samples_of(obj), Columns):
+        return merge_appended(obj, columns)
+    return (yield from timed(_made_rows(obj, step, rows), seconds, "decode"))
+
+
+def _made_rows(obj: Any, step: Appended, rows: RowsAfter) -> Sliced[Any]:
+    fields = msgspec.structs.fields(typing.get_args(rows.annotation)[0])
+    declared = {f.encode_name for f in fields}
+    into = {name: c for name, c in step.columns.items() if name in declared}
+    rest = {name: c for name, c in step.columns.items() if name not in declared}
+    merged = merge_appended(obj, into) if into else obj
+    samples = samples_of(merged)
+    assert isinstance(samples, Columns)
+    heap = sum(heap_allowance(f) for f in _frames(step.inner))
+    try:
+        made = yield from rows.make(samples, rows.annotation, heap=heap)
+    except DecodeError as exc:  # its path starts at the list: say where that is
+        where = _path_of(merged, samples)
+        raise DecodeError(str(exc).replace(" - at `$", f" - at `{where}", 1)) from None
+    out = _replace(merged, samples, made)
+    return merge_appended(out, rest) if rest else out
+
+
+def _frames(inner: Any) -> list[Frame]:
+    """The messages of a step as read: one, or its parts' (none if one is not read)."""
+    frames = [f for _, f in inner.parts] if isinstance(inner, SealedStep) else [inner]
+    return frames if all(isinstance(f, Frame) for f in frames) else []
+
+
+def _path_of(obj: Any, samples: Any) -> str:
+    """Where ``samples`` is in ``obj``, as msgspec's errors write paths."""
+    if obj is samples or not isinstance(obj, msgspec.Struct):
+        return "$"
+    for f in msgspec.structs.fields(obj):
+        if getattr(obj, f.name) is samples:
+            return f"$.{f.encode_name}"
+    return "$"

@@ -30,6 +30,7 @@ import msgspec
 import numpy as np
 
 from rlwire._core.args import check_int
+from rlwire._core.columns import Columns
 from rlwire._core.errors import ConfigError
 from rlwire._core.slicing import Sliced, run_sliced
 from rlwire._frame.frame import Frame
@@ -43,6 +44,7 @@ from rlwire.codecs._msgpack.column_table import (
 from rlwire.codecs._msgpack.decode import Decoding
 from rlwire.codecs._msgpack.encode import Encoding
 from rlwire.codecs._msgpack.fields import select_fields
+from rlwire.codecs._msgpack.received_columns import rows_from_columns
 from rlwire.codecs._msgpack.sidecar_names import SidecarNames
 from rlwire.codecs._registry import Check
 
@@ -199,6 +201,18 @@ class MsgpackCodec:
             CorruptFrameError: the header or its columns value is malformed.
         """
         return describe_columns(frame)
+
+    def rows_of_columns(self, columns: Columns, type: Any, *, heap: int) -> Sliced[list[Any]]:
+        """The rows of ``columns`` that a receiver got from this codec (fields may have
+        been added since) as ``type`` (a ``list[T]``), made as :meth:`decode` makes a
+        list stored as columns, within ``heap`` bytes of Python objects
+        (:func:`~rlwire.codecs._msgpack.received_columns.rows_from_columns`).
+
+        Raises:
+            DecodeError: the rows do not match ``type``; the path starts at the list.
+            FrameTooLargeError: the rows would build more than ``heap`` bytes.
+        """
+        return (yield from rows_from_columns(columns, type, heap))
 
     def column_values(
         self, view: memoryview, column: StoredColumn, count: int, writable: bool

@@ -23,10 +23,10 @@ import msgspec
 import numpy as np
 
 from rlwire._core.columns import Columns
-from rlwire._core.errors import CorruptFrameError
+from rlwire._core.errors import CorruptFrameError, FrameTooLargeError
 from rlwire._core.ragged import Ragged, offsets_problem
 from rlwire._core.slicing import Sliced, SliceTimer
-from rlwire.codecs._msgpack.conversion import dec_hook
+from rlwire.codecs._msgpack.conversion import converted, dec_hook
 from rlwire.codecs._msgpack.extensions import ROWS_AS_ARRAYS, ROWS_AS_MAPS
 from rlwire.codecs._msgpack.fields import NOT_READ, check_fields_present
 from rlwire.codecs._msgpack.row_makers import dict_maker, list_maker, struct_maker
@@ -38,6 +38,7 @@ __all__ = [
     "in_column",
     "parse_columns",
     "ragged",
+    "rows_from_columns",
     "rows_of",
     "structs_of",
 ]
@@ -173,6 +174,31 @@ def rows_of(found: ColumnsFound, timer: SliceTimer) -> Sliced[list[Any]]:
         return (yield from _made_rows(found.columns, found.count, timer, list_maker))
     make = dict_maker(tuple(found.names))
     return (yield from _made_rows(found.columns, found.count, timer, make))
+
+
+def rows_from_columns(columns: Columns, annotation: Any, heap: int) -> Sliced[list[Any]]:
+    """The rows of ``columns`` (received, maybe with columns added since) as
+    ``annotation`` (a ``list[T]``), made as those of a columns value received into it
+    are (:func:`structs_of`, else rows converted), within ``heap`` bytes of Python
+    objects (what the messages they came from may build).
+
+    Raises:
+        DecodeError: the rows do not match ``annotation``; the path starts at the list.
+        FrameTooLargeError: the rows would build more than ``heap`` bytes.
+    """
+    found = ColumnsFound(len(columns), ROWS_AS_MAPS, list(columns.names), list(columns.values()))
+    cells = found.count * max(1, len(found.names))  # a row of no field is an object
+    if cells * ROW_COST > heap:
+        raise FrameTooLargeError(
+            f"rows from columns: {found.count} rows of {len(found.names)} fields would "
+            f"build over the {heap // 2**20} MiB of Python objects their messages may"
+        )
+    timer = SliceTimer()
+    made = yield from structs_of(found, annotation, timer)
+    if made is None:
+        plain = yield from rows_of(found, timer)
+        made = yield from converted(plain, annotation, timer)
+    return made  # type: ignore[no-any-return]
 
 
 def _made_rows(

@@ -212,8 +212,17 @@ def _made_rows(obj: Any, step: Appended, rows: RowsAfter) -> Sliced[Any]:
     try:
         made = yield from rows.make(samples, rows.annotation, heap=heap)
     except DecodeError as exc:  # its path starts at the list: say where that is
+        text = str(exc)
+        at = re.search(r" - at `\$\[(\d+)\]\.([^`.\[]+)", text)
+        field = next((f for f in fields if at and f.encode_name == at[2]), None)
+        if at and field is not None and at[2] in into:  # a value appended: say so
+            kind, why = typing.get_args(rows.annotation)[0], text[: at.start()].split(": ", 1)[-1]
+            raise DecodeError(
+                f"appended field {at[2]!r} row {at[1]} does not match "
+                f"{kind.__name__}.{field.name} ({type_name(field.type)}): {why}"
+            ) from None
         where = _path_of(merged, samples)
-        raise DecodeError(str(exc).replace(" - at `$", f" - at `{where}", 1)) from None
+        raise DecodeError(text.replace(" - at `$", f" - at `{where}", 1)) from None
     out = _replace(merged, samples, made)
     return merge_appended(out, rest) if rest else out
 

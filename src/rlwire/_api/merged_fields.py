@@ -119,15 +119,21 @@ def _struct_values(samples: list[Any], name: str, column: Column) -> list[Any]:
                 at = re.search(r" - at `\$\[(\d+)\]`", str(exc))
                 row = rows[int(at[1])] if at else rows[0]
                 why = str(exc)[: at.start()] if at else str(exc)
-                raise DecodeError(
-                    f"appended field {name!r} row {row} does not match "
-                    f"{kind.__name__}.{name} ({type_name(annotation)}): {why}"
-                ) from None
+                raise _misfit(name, row, kind, name, annotation, why) from None
         if len(rows) == len(samples):
             return list(got)
         for i, value in zip(rows, got, strict=True):
             out[i] = value
     return out
+
+
+def _misfit(name: str, row: int, kind: type, field: str, annotation: Any, why: str) -> DecodeError:
+    """The error for row ``row`` of the appended field ``name``, whose value does not
+    match ``kind``'s ``field`` (``annotation``): ``why``, as msgspec said it."""
+    return DecodeError(
+        f"appended field {name!r} row {row} does not match "
+        f"{kind.__name__}.{field} ({type_name(annotation)}): {why}"
+    )
 
 
 def _replace(obj: Any, old: Any, new: Any) -> Any:
@@ -201,7 +207,8 @@ def merged_rows(
 
 
 def _made_rows(obj: Any, step: Appended, rows: RowsAfter) -> Sliced[Any]:
-    fields = msgspec.structs.fields(typing.get_args(rows.annotation)[0])
+    kind = typing.get_args(rows.annotation)[0]
+    fields = msgspec.structs.fields(kind)
     declared = {f.encode_name for f in fields}
     into = {name: c for name, c in step.columns.items() if name in declared}
     rest = {name: c for name, c in step.columns.items() if name not in declared}
@@ -216,11 +223,8 @@ def _made_rows(obj: Any, step: Appended, rows: RowsAfter) -> Sliced[Any]:
         at = re.search(r" - at `\$\[(\d+)\]\.([^`.\[]+)", text)
         field = next((f for f in fields if at and f.encode_name == at[2]), None)
         if at and field is not None and at[2] in into:  # a value appended: say so
-            kind, why = typing.get_args(rows.annotation)[0], text[: at.start()].split(": ", 1)[-1]
-            raise DecodeError(
-                f"appended field {at[2]!r} row {at[1]} does not match "
-                f"{kind.__name__}.{field.name} ({type_name(field.type)}): {why}"
-            ) from None
+            why = text[: at.start()].split(": ", 1)[-1]
+            raise _misfit(at[2], int(at[1]), kind, field.name, field.type, why) from None
         where = _path_of(merged, samples)
         raise DecodeError(text.replace(" - at `$", f" - at `{where}", 1)) from None
     out = _replace(merged, samples, made)

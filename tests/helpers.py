@@ -171,3 +171,17 @@ async def append_at_once(url: str, names: tuple[str, ...], **options: Any) -> No
     async with anyio.create_task_group() as tg:
         for name in names:
             tg.start_soon(stage, name)
+
+
+def plain_sample(n: int, experts: tuple[int, int] | None = None) -> rlwire.TrainingSample:
+    """A TrainingSample of ``n`` tokens whose values are plain (a range, ones, zeros),
+    with routed experts of ``experts`` (layers, top-k) per token when given."""
+    return rlwire.TrainingSample(
+        token_ids=np.arange(n),
+        mask=np.ones(n, bool),
+        logprobs=np.zeros(n, np.float32),
+        temperatures=np.ones(n, np.float32),
+        advantages=np.zeros(n, np.float32),
+        env_name="gsm8k",
+        routed_experts=None if experts is None else np.ones((n, *experts), np.uint8),
+    )

@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from helpers import plain_sample
 
 import rlwire
 from rlwire.transport.layout import StoredSink
@@ -21,14 +22,7 @@ LENGTHS = (3, 5, 2)
 
 
 def _sample(n: int) -> rlwire.TrainingSample:
-    return rlwire.TrainingSample(
-        token_ids=np.arange(n),
-        mask=np.ones(n, bool),
-        logprobs=np.zeros(n, np.float32),
-        temperatures=np.ones(n, np.float32),
-        advantages=np.zeros(n, np.float32),
-        env_name="gsm8k",
-    )
+    return plain_sample(n)
 
 
 def _ragged(lengths: tuple[int, ...] = LENGTHS, start: float = 0.0) -> rlwire.Ragged:

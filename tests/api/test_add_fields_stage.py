@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from helpers import plain_sample
 from s3_server import FaultProxy
 
 import rlwire
@@ -23,15 +24,7 @@ pytestmark = pytest.mark.anyio
 
 
 def _sample(n: int, experts: int = 0) -> rlwire.TrainingSample:
-    return rlwire.TrainingSample(
-        token_ids=np.arange(n),
-        mask=np.ones(n, bool),
-        logprobs=np.zeros(n, np.float32),
-        temperatures=np.ones(n, np.float32),
-        advantages=np.zeros(n, np.float32),
-        env_name="gsm8k",
-        routed_experts=np.ones((n, experts, 8), np.uint8) if experts else None,
-    )
+    return plain_sample(n, (experts, 8) if experts else None)
 
 
 def _per_token(lengths: list[int], start: float = 0.0) -> rlwire.Ragged:

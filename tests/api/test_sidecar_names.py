@@ -15,6 +15,7 @@ import anyio
 import msgspec
 import numpy as np
 import pytest
+from helpers import plain_sample
 
 import rlwire
 
@@ -40,15 +41,7 @@ def _micro(n: int, experts: bool = True) -> MicroBatch:
 
 
 def _sample(n: int, experts: bool = True) -> rlwire.TrainingSample:
-    return rlwire.TrainingSample(
-        token_ids=np.arange(n),
-        mask=np.ones(n, bool),
-        logprobs=np.zeros(n, np.float32),
-        temperatures=np.ones(n, np.float32),
-        advantages=np.zeros(n, np.float32),
-        env_name="gsm8k",
-        routed_experts=np.ones((n, 4, 2), np.uint8) if experts else None,
-    )
+    return plain_sample(n, (4, 2) if experts else None)
 
 
 def _stored(path: Path) -> list[str]:

@@ -14,6 +14,7 @@ import anyio
 import numpy as np
 import pytest
 import ray
+from helpers import plain_sample
 from ray_actors import kill_and_wait, quiet_store_bytes, settles, store_bytes
 from ray_fields_actors import RefStage
 
@@ -30,15 +31,7 @@ def _name(url: str) -> str:
 
 
 def _sample(n: int) -> rlwire.TrainingSample:
-    return rlwire.TrainingSample(
-        token_ids=np.arange(n),
-        mask=np.ones(n, bool),
-        logprobs=np.zeros(n, np.float32),
-        temperatures=np.ones(n, np.float32),
-        advantages=np.zeros(n, np.float32),
-        env_name="gsm8k",
-        routed_experts=np.ones((n, 4, 2), np.uint8),
-    )
+    return plain_sample(n, (4, 2))
 
 
 def _per_token(lengths: list[int], start: float = 0.0) -> rlwire.Ragged:

@@ -55,15 +55,8 @@ from rlwire._core.faces import claim, names_on_demand
 from rlwire._frame.pieces import Pieces
 from rlwire.aio import Sliced, SliceTimer
 from rlwire.codecs._registry import Codec
-from rlwire.transport._base import (
-    OnExisting,
-    PendingFrame,
-    Sink,
-    SinkOptions,
-    Source,
-    SourceOptions,
-    Staged,
-)
+from rlwire.transport._base import OnExisting, PendingFrame, Sink, Source, Staged
+from rlwire.transport._options import SinkOptions, SourceOptions
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
 

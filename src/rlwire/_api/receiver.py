@@ -31,7 +31,7 @@ from rlwire._api.schema import TrainingBatch
 from rlwire._checks.checks import Checks
 from rlwire._core.args import check_bool, check_int, check_positive
 from rlwire._core.errors import ConfigError
-from rlwire.transport._base import SourceOptions
+from rlwire.transport._options import SourceOptions
 from rlwire.transport._registry import open_source
 
 __all__ = ["ReceiverOptions", "TrainingBatchReceiver", "open_receiver"]

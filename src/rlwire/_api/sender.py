@@ -26,7 +26,8 @@ from rlwire._core.errors import (
 )
 from rlwire._frame.compression import Compressor
 from rlwire.codecs._registry import Codec, make_codec
-from rlwire.transport._base import OnExisting, SinkOptions
+from rlwire.transport._base import OnExisting
+from rlwire.transport._options import SinkOptions
 from rlwire.transport._registry import open_sink
 
 __all__ = ["TrainingBatchSender", "open_sender"]

@@ -11,8 +11,9 @@ shares is :mod:`rlwire.transport.layout`.
 
 from rlwire._core.errors import transport_error
 from rlwire._core.faces import claim
-from rlwire.transport._base import reject_unknown, take_frame
+from rlwire.transport._base import take_frame
 from rlwire.transport._file.sink import FileSink, FileSource
+from rlwire.transport._options import reject_unknown
 from rlwire.transport._registry import (
     GROUP,
     available_schemes,

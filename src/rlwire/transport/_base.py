@@ -5,8 +5,7 @@ from __future__ import annotations
 import abc
 import time
 import warnings
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import anyio
@@ -19,6 +18,7 @@ from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
 from rlwire.transport._appended import FieldsSink, FieldsSource
 from rlwire.transport._marks import MarksSource
+from rlwire.transport._options import SinkOptions, SourceOptions
 from rlwire.transport._parts import PartsSink, PartsSource
 from rlwire.transport._url import URL
 
@@ -26,11 +26,8 @@ __all__ = [
     "OnExisting",
     "PendingFrame",
     "Sink",
-    "SinkOptions",
     "Source",
-    "SourceOptions",
     "Staged",
-    "reject_unknown",
     "take_frame",
 ]
 
@@ -96,53 +93,6 @@ class Staged(abc.ABC):
         """
         with anyio.CancelScope(shield=True):
             await offload(self.commit, limiter=limiter)
-
-
-@dataclass(frozen=True)
-class SinkOptions:
-    """What ``open_sender`` passes to :meth:`Sink.from_url` besides the URL.
-
-    Attributes:
-        fsync: make each step durable before it becomes visible (where that means
-            anything).
-        checksum: record an xxh3-64 checksum of every segment for readers to verify.
-        storage_options: the sink's own options, e.g. fsspec's storage options or
-            ZeroMQ's high-water mark and CURVE keys. Sinks reject keys they do not know.
-    """
-
-    fsync: bool = False
-    checksum: bool = True
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class SourceOptions:
-    """What ``open_receiver`` passes to :meth:`Sink.open_source` besides the URL.
-
-    Attributes:
-        rank: the data-parallel rank to read.
-        writable: hand out writable buffers (copy-on-write where possible).
-        verify: check every segment against its recorded checksum.
-        poll_interval: seconds between checks for a message, for sources that poll.
-        storage_options: as for :class:`SinkOptions`.
-    """
-
-    rank: int = 0
-    writable: bool = False
-    verify: bool = True
-    poll_interval: float = 0.01
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-
-
-def reject_unknown(where: object, options: Mapping[str, Any], known: Sequence[str]) -> None:
-    """Raise ConfigError naming any key of ``options`` not in ``known``."""
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ConfigError(
-            f"unknown storage option(s) {', '.join(map(repr, unknown))}; "
-            f"known: {', '.join(known) or 'none'}",
-            where=where,
-        )
 
 
 class Sink(PartsSink, FieldsSink, abc.ABC):

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from rlwire._core.errors import ConfigError
-from rlwire.transport._base import Source, SourceOptions
+from rlwire.transport._base import Source
+from rlwire.transport._options import SourceOptions
 from rlwire.transport._registry import get_sink_class, open_source
 from rlwire.transport._stored.fence import FENCE_NAME, MODES, parse_fence
 from rlwire.transport._stored.head import Head, open_head

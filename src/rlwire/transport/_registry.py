@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 
 from rlwire._core.registry import Registry
-from rlwire.transport._base import Sink, SinkOptions, Source, SourceOptions
+from rlwire.transport._base import Sink, Source
+from rlwire.transport._options import SinkOptions, SourceOptions
 from rlwire.transport._url import URL, parse_url
 
 __all__ = [

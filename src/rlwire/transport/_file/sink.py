@@ -33,17 +33,11 @@ from rlwire._core.pools import worker_count
 from rlwire._core.slicing import Sliced
 from rlwire._frame.checksums import placeholder_checksums
 from rlwire._frame.frame import Frame
-from rlwire.transport._base import (
-    OnExisting,
-    PendingFrame,
-    SinkOptions,
-    SourceOptions,
-    Staged,
-    reject_unknown,
-)
+from rlwire.transport._base import OnExisting, PendingFrame, Staged
 from rlwire.transport._file.mapped import WarmMaps, on_tmpfs
 from rlwire.transport._file.source import FileSource, open_regular
 from rlwire.transport._file.staging import FileStaging, RankFile, envelope
+from rlwire.transport._options import SinkOptions, SourceOptions, reject_unknown
 from rlwire.transport._parts import PartInfo
 from rlwire.transport._stored.layout import Layout, plan
 from rlwire.transport._stored.marks import MAX_MARK_BYTES

@@ -19,7 +19,7 @@ from anyio import CapacityLimiter
 
 from rlwire._core.errors import ConfigError, transport_error
 from rlwire._core.once import Once
-from rlwire.transport._base import reject_unknown
+from rlwire.transport._options import reject_unknown
 from rlwire.transport._stored.sink import translate_errors
 from rlwire.transport._url import URL, parse_url
 from rlwire.transport.fsspec._generic import GenericStore

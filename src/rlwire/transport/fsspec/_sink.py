@@ -10,7 +10,8 @@ from anyio import CapacityLimiter
 
 from rlwire._core.args import check_int
 from rlwire._core.slicing import Sliced
-from rlwire.transport._base import OnExisting, SinkOptions, SourceOptions
+from rlwire.transport._base import OnExisting
+from rlwire.transport._options import SinkOptions, SourceOptions
 from rlwire.transport._stored.marks import MAX_MARK_BYTES
 from rlwire.transport._stored.sink import StoredSink
 from rlwire.transport._url import URL

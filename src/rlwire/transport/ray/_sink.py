@@ -14,16 +14,8 @@ from rlwire._core.slicing import Sliced
 from rlwire._frame.checksums import checksum_segments
 from rlwire._frame.frame import Frame, JoinSpace
 from rlwire._frame.pieces import Pieces
-from rlwire.transport._base import (
-    OnExisting,
-    PendingFrame,
-    Sink,
-    SinkOptions,
-    SourceOptions,
-    Staged,
-    reject_unknown,
-    take_frame,
-)
+from rlwire.transport._base import OnExisting, PendingFrame, Sink, Staged, take_frame
+from rlwire.transport._options import SinkOptions, SourceOptions, reject_unknown
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._stored.parts import check_end
 from rlwire.transport._url import URL

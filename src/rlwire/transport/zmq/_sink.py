@@ -17,16 +17,8 @@ from rlwire._core.slicing import Sliced
 from rlwire._frame.checksums import CHECKSUM
 from rlwire._frame.frame import Frame
 from rlwire._frame.pieces import Pieces
-from rlwire.transport._base import (
-    OnExisting,
-    PendingFrame,
-    Sink,
-    SinkOptions,
-    SourceOptions,
-    Staged,
-    reject_unknown,
-    take_frame,
-)
+from rlwire.transport._base import OnExisting, PendingFrame, Sink, Staged, take_frame
+from rlwire.transport._options import SinkOptions, SourceOptions, reject_unknown
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
 from rlwire.transport.zmq._admission import Pattern

@@ -18,7 +18,8 @@ from rlwire._core.errors import (
     transport_error,
 )
 from rlwire._frame.frame import Frame
-from rlwire.transport._base import Source, SourceOptions, reject_unknown
+from rlwire.transport._base import Source
+from rlwire.transport._options import SourceOptions, reject_unknown
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
 from rlwire.transport.zmq._admission import Pattern, refusal

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
+from collections.abc import Sequence
 
 import anyio
 from anyio import CapacityLimiter
@@ -33,12 +34,20 @@ class Widths:
         [4, 4, 7, 7, 7]
         >>> widths.position(3, rank=1, step=7)  # before the first step: not known
         3
+        >>> Widths(first=4, before=[(2, 2), (3, 1)]).position(3, rank=1, step=4)
+        4
     """
 
-    def __init__(self, first: int) -> None:
+    def __init__(self, first: int, before: Sequence[tuple[int, int | None]] = ()) -> None:
+        """``before``: the widths of steps before ``first`` sent by an earlier run, as
+        ``(step, ranks)`` where they change (``None``: every rank), from the oldest."""
         self.first = first
         self._starts = array("q")
         self._ranks = array("q")
+        for step, ranks in before:
+            self.record(step, EVERY_RANK if ranks is None else ranks)
+        # Where the widths are known from: a mark before it is taken as it is.
+        self._known = min(first, before[0][0]) if before else first
 
     def record(self, step: int, ranks: int) -> None:
         """``step`` goes to ``ranks`` ranks; it forgets any later step recorded (a send
@@ -57,11 +66,11 @@ class Widths:
         step sent to fewer ranks has nothing for it to move past, and its receiver
         learns that the step will never come only once a later step is stored
         (``StepGapError``): counting the rank there would make the send of that later
-        step wait for it, and it for the send, for ever. A mark before the first step
-        (a run before this sender's) is taken as it is: those steps' ranks are not
-        known here."""
+        step wait for it, and it for the send, for ever. A mark before the steps whose
+        widths are known (this sender's, and those a resumed sink kept) is taken as it
+        is."""
         at = self.first if mark is None else mark
-        if at < self.first or at >= step:
+        if at < self._known or at >= step:
             return at
         run = bisect.bisect_right(self._starts, at) - 1
         if run < 0:
@@ -93,7 +102,8 @@ class Room:
 
     @first_step.setter
     def first_step(self, step: int) -> None:
-        self.widths = Widths(step)
+        # A resumed sink knows how many ranks each step it kept went to.
+        self.widths = Widths(step, self.sink.resumed_widths)
 
     async def make(
         self, step: int, ranks: int, limiter: CapacityLimiter, *, parts: bool = False

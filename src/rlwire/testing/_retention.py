@@ -156,3 +156,30 @@ class RetentionContract(ContractFixtures):
             with anyio.fail_after(self.timeout):
                 assert_batches_equal(await move_past(rank1), rank_batches(3)[1])
                 assert await sender.send_ranks(rank_batches(4)) == 4
+
+    async def test_max_ahead_after_resume_waits_for_no_rank_on_steps_it_was_left_out_of(
+        self, store: Endpoint, receivers: list[TrainingBatchReceiver[TrainingBatch]]
+    ) -> None:
+        """As above across a restart: step 0 goes to both ranks, step 1 to rank 0
+        alone, then the sender stops. A sender resumed with ``max_ahead=0`` must send
+        step 2 to both ranks without waiting for rank 1 to move past step 1, which it
+        was never sent (the resumed sink says how many ranks each kept step went to)."""
+        rank0, rank1 = receivers
+        first = store.open_sender(max_ahead=0)
+        self._require_retention(first)
+        async with first:
+            with anyio.fail_after(self.timeout):
+                await first.send_ranks(rank_batches(0))
+                for receiver in receivers:
+                    await receiver.areceive(timeout=self.timeout)
+                    receiver.wait_next(timeout=0)  # moves past step 0
+                await first.send(make_batch(1, seed=1))
+                await rank0.areceive(timeout=self.timeout)
+                rank0.wait_next(timeout=0)
+        async with store.open_sender(max_ahead=0, on_existing="resume") as again:
+            with anyio.fail_after(self.timeout):
+                assert await again.send_ranks(rank_batches(2)) == 2
+            with pytest.raises(StepGapError, match="step 1"):
+                await rank1.areceive(timeout=self.timeout)
+            assert rank1.skip() == 1
+            assert_batches_equal(await rank1.areceive(timeout=self.timeout), rank_batches(2)[1])

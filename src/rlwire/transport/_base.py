@@ -119,6 +119,12 @@ class Sink(PartsSink, FieldsSink, abc.ABC):
     #: itself rather than have its board call the producer's actor).
     caller_blocks_loop: bool = False
 
+    #: Set by :meth:`open` with ``"resume"``: the steps kept before the first to send,
+    #: as ``(step, ranks)`` where the count of ranks sent the step changes (``None``:
+    #: every rank reads it, a step filled part by part). ``max_ahead`` then counts a
+    #: rank left out of one as past it. Empty (the default): not known.
+    resumed_widths: Sequence[tuple[int, int | None]] = ()
+
     @classmethod
     def from_url(cls, url: URL, options: SinkOptions) -> Sink:
         """The sink for ``url``, a URL of a scheme this class is registered for, parsed

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, cast
 
 from rlwire._core.errors import CorruptFrameError, StepExistsError
-from rlwire.transport._stored.names import MAIN_RE, STORED_RE, main_name
+from rlwire.transport._stored.names import MAIN_RE, SEAL_RE, STORED_RE, main_name
 from rlwire.transport._stored.parts import head_envelope
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "Trail",
     "check_ranks_after",
     "orphan_sidecars",
+    "stored_widths",
     "whole_before",
 ]
 
@@ -54,6 +55,32 @@ def whole_before(names: Iterable[str], step: int) -> Trail | None:
     while mains.get(first - 1) == have:
         first -= 1
     return first, step - 1, frozenset(have)
+
+
+def stored_widths(names: Iterable[str], step: int) -> list[tuple[int, int | None]]:
+    """The steps stored before ``step``, from the oldest, as ``(step, ranks)`` where
+    their width changes: the ranks a step sent whole is visible for (rank 0 up; a
+    resumed open has refused a step cut short), ``None`` for a step filled part by part
+    (its seal gives every rank the step) or missing.
+
+    Example:
+        >>> stored_widths(["step-00000003.rank-0000.rlw", "step-00000003.rank-0001.rlw",
+        ...                "step-00000004.rank-0000.rlw", "step-00000005.seal.rlw"], 6)
+        [(3, 2), (4, 1), (5, None)]
+    """
+    ranks: dict[int, int | None] = {}
+    for name in names:
+        if m := MAIN_RE.fullmatch(name):
+            at = int(m.group(1))
+            ranks[at] = max(ranks.get(at) or 0, int(m.group(2)) + 1)
+        elif m := SEAL_RE.fullmatch(name):
+            ranks[int(m.group(1))] = None
+    runs: list[tuple[int, int | None]] = []
+    for at in range(min(ranks, default=step), step):
+        width = ranks.get(at)
+        if not runs or runs[-1][1] != width:
+            runs.append((at, width))
+    return runs
 
 
 def check_ranks_after(where: str, before: Trail, ranks: int) -> None:
@@ -113,6 +140,8 @@ class ResumedSink:
     #: their ranks, and their visible ranks: the step after them is refused if it has a
     #: rank more (:func:`check_ranks_after`). None: nothing to check.
     resumed_after: Trail | None = None
+    #: :attr:`rlwire.abc.Sink.resumed_widths`, from the steps :meth:`resuming` found.
+    resumed_widths: Sequence[tuple[int, int | None]] = ()
 
     def sent_to(self, step: int, rank: int) -> int | None:
         """How many ranks ``step``, sent whole, was sent to, as the envelope of
@@ -143,6 +172,7 @@ class ResumedSink:
         """Note what the first step sent, ``step``, must be checked against: the steps
         before it, unless the messages of the first and last of them record their ranks
         (then :func:`~rlwire.transport._stored.names.start_step` checked them whole)."""
+        self.resumed_widths = stored_widths(names, step)
         trail = whole_before(names, step)
         if trail is not None:
             first, last, have = trail

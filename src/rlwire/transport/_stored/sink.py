@@ -201,6 +201,7 @@ class StoredSink(StoredFieldsSink, ResumedSink, Sink):
         rewriting = on_existing in ("overwrite", "truncate")
         first = 0 if on_existing == "overwrite" else start_step
         self.unsealed_step = self.resumed_after = None
+        self.resumed_widths = ()
         if on_existing == "resume":
             self.resuming(names, step, sent_to)
         if on_existing == "error":

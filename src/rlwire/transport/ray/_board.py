@@ -54,6 +54,7 @@ from rlwire.transport._stored.names import (
     sidecar_name,
     start_step,
 )
+from rlwire.transport._stored.resumed import stored_widths
 from rlwire.transport._stored.retention import held_back
 from rlwire.transport.ray._board_fields import FieldsBoard
 from rlwire.transport.ray._board_parts import PartsBoard
@@ -160,7 +161,8 @@ class Board(PartsBoard, FieldsBoard):
         """Apply ``on_existing`` (and the sender's ``start_step``, ``first``) as every
         stored sink does; ``("ok", step, epoch)`` with the first step to send and the
         sender's epoch (every sender opened before it is fenced off from now on:
-        ``_board_fence``), or ``(error class name, message)``. Atomic: nothing else
+        ``_board_fence``) and, resumed, the widths of the steps kept (``stored_widths``),
+        or ``(error class name, message)``. Atomic: nothing else
         runs meanwhile."""
         names = self._names()
         # A step commits on the board whole, for every rank at once: each step stored
@@ -178,7 +180,7 @@ class Board(PartsBoard, FieldsBoard):
         self._drop_staged(lambda s: s >= step, lambda s: taken_over(s, on_existing))
         epoch = self._open_epoch(on_existing)
         await self._notify()
-        return ("ok", step, epoch)
+        return ("ok", step, epoch, stored_widths(names, step) if on_existing == "resume" else [])
 
     async def stage(
         self,

@@ -202,6 +202,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         # Its epoch, named in every later call: refused once another sender opens the
         # destination (_board_fence). A board of an rlwire before epochs answers none.
         self._fence = (int(answer[2]),) if len(answer) > 2 else ()
+        self.resumed_widths = list(answer[3]) if len(answer) > 3 else []  # after "resume"
         self._board_id = board_id(board)
         # A sync sender on the actor's loop blocks it: the board could not call in.
         self._producer = None if self.caller_blocks_loop else producer_actor()

@@ -43,17 +43,32 @@ def samples_of(obj: Any) -> Columns | list[Any] | None:
     that is a list or a :class:`~rlwire.Columns`."""
     if isinstance(obj, Columns | list):
         return obj
-    values = (
-        obj.values()
+    found = _lists_in(obj)
+    return found[0][1] if len(found) == 1 else None
+
+
+def _lists_in(obj: Any) -> list[tuple[str, Any]]:
+    """The fields (or keys) of ``obj`` that hold a list or a :class:`~rlwire.Columns`."""
+    items: Any = (
+        obj.items()
         if isinstance(obj, dict)
         else (
-            [getattr(obj, f) for f in obj.__struct_fields__]
+            [(f, getattr(obj, f)) for f in obj.__struct_fields__]
             if isinstance(obj, msgspec.Struct)
             else []
         )
     )
-    found = [v for v in values if isinstance(v, Columns | list)]
-    return found[0] if len(found) == 1 else None
+    return [(k, v) for k, v in items if isinstance(v, Columns | list)]
+
+
+def _several_lists(names: Any) -> ConfigError:
+    """The refusal of a step whose object holds the lists ``names``: receivers merge
+    appended fields into a step's one list of samples."""
+    named = ", ".join(map(repr, names))
+    return ConfigError(
+        f"add_fields: the step holds lists {named}: fields are appended to a step whose "
+        "object holds one list, its samples"
+    )
 
 
 def column_table(frame: Frame, decoding: FrameDecoding) -> Any:
@@ -137,13 +152,18 @@ class _StoredRows:
         table = self._table(frame)
         if table is None:
             seconds = {"decompress": 0.0, "decode": 0.0}
-            samples = samples_of(run_sliced(self.decoding.decode(frame, Any, seconds, True)))
+            decoded = run_sliced(self.decoding.decode(frame, Any, seconds, True))
+            samples = samples_of(decoded)
+            if samples is None and len(lists := _lists_in(decoded)) > 1:
+                raise _several_lists(k for k, _ in lists)
             if samples is None:
                 raise ConfigError("add_fields: the step holds no list of samples to add fields to")
             for sample in samples if isinstance(samples, list) else ():
                 self.held.update(_keys(sample))
                 self.held.update(_keys(sample.get(EXTRAS) if isinstance(sample, dict) else None))
             return len(samples), None
+        if len(table.lists) > 1:
+            raise _several_lists(table.lists)
         self.held.update(c.name for c in table.columns if not c.empty)
         # A sample's extras are filled by a field of no column of the step: their keys
         # hold the step's data too.

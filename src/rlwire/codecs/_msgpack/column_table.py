@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -29,6 +29,7 @@ from rlwire.codecs._msgpack.allowance import HeapAllowance
 from rlwire.codecs._msgpack.arrays import make_array
 from rlwire.codecs._msgpack.extensions import (
     EXT_ARRAY,
+    EXT_CHUNKED_ARRAY,
     EXT_COLUMNS,
     EXT_INLINE_ARRAY,
     EXT_RAGGED,
@@ -50,6 +51,8 @@ class _Other:
 
 
 _OTHER = _Other()
+#: A chunked list (extension 4), which a decode makes a list.
+_LIST = _Other()
 
 
 @dataclass(frozen=True)
@@ -103,11 +106,15 @@ class ColumnTable:
             field name (``samples``) or an index (of an ``array_like`` object).
         rows: its number of rows (samples).
         columns: its columns, in stored order.
+        lists: the fields of the object at the top that hold a list (this one, and
+            any other a decode makes a list or columns), in stored order; ``()`` when
+            it is at the top.
     """
 
     field: str | int | None
     rows: int
     columns: tuple[StoredColumn, ...]
+    lists: tuple[str | int, ...] = ()
 
 
 class _Scan:
@@ -125,7 +132,7 @@ class _Scan:
         if code in (EXT_RAGGED, EXT_COLUMNS):
             self.allowance.charge_decode(data, kept=False)
             return (code, self.decoder.decode(data))
-        return _OTHER
+        return _LIST if code == EXT_CHUNKED_ARRAY else _OTHER
 
 
 def _where(ref: Any) -> tuple[int | np.ndarray, str, list[int], str]:
@@ -245,11 +252,21 @@ def describe_columns(frame: Frame) -> ColumnTable | None:
     if found is not None:
         return found
     items: Any = top.items() if type(top) is dict else enumerate(top) if type(top) is list else ()
+    items = list(items)
     for key, value in items:
         found = _table(key, value)
         if found is not None:
-            return found
+            lists = tuple(k for k, v in items if _a_list(v))
+            return replace(found, lists=lists)
     return None
+
+
+def _a_list(value: Any) -> bool:
+    """True if ``value`` (a value of the header's top object, as scanned) decodes to a
+    list or columns."""
+    return (
+        type(value) is list or value is _LIST or (type(value) is tuple and value[0] == EXT_COLUMNS)
+    )
 
 
 def values_array(view: memoryview, column: StoredColumn, count: int, writable: bool) -> np.ndarray:

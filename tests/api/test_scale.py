@@ -169,3 +169,21 @@ async def test_steps_that_record_no_ranks_still_refuse_more_ranks(tmp_path: Path
             await sender.send_ranks(ranks(1, 2))
         assert "start_step=0, on_existing='truncate'" in str(info.value)
         assert await sender.send_ranks(ranks(1, 1)) == 1
+
+
+async def test_a_step_cut_short_between_steps_of_as_few_ranks_is_refused(tmp_path: Path) -> None:
+    """Step 2 to 2 ranks, its commit failing after rank 0's message (the sender goes on:
+    the step's number is used), then step 3 to 1 rank, as steps 0 and 1: step 2 shows
+    rank 0 as the steps around it do, in the middle of their run. Its message says it
+    went to 2, so resume on a directory, which reads every step's, refuses it."""
+    url = str(tmp_path / "run")
+    async with rlwire.open_sender(url) as sender:
+        for step, n in enumerate((1, 1, 2, 1)):
+            await sender.send_ranks(ranks(step, n))
+    delete(url, {}, main_name(2, 1))
+    with pytest.raises(
+        rlwire.StepExistsError, match=r"step 2 is incomplete \(ranks \[0\] of the 2"
+    ) as info:
+        async with rlwire.open_sender(url, on_existing="resume"):
+            pass
+    assert "start_step=2, on_existing='truncate'" in str(info.value)

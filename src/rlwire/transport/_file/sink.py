@@ -115,6 +115,7 @@ class FileSink(StoredSink):
     """
 
     gathers = True  # write_message writes the layout's chunks, runs of Pieces included
+    heads_cheap = True  # resume reads each step's ranks: a file's first bytes
 
     def __init__(
         self,

@@ -211,6 +211,7 @@ def start_step(
     on_existing: OnExisting,
     first: int | None = None,
     sent_to: Callable[[int, int], int | None] | None = None,
+    every: bool = False,
 ) -> int:
     """The first step a sender sends to a destination holding ``names``.
 
@@ -222,7 +223,8 @@ def start_step(
     finishes it); ``"truncate"``
     starts at ``first`` and ``"overwrite"`` at ``first`` or 0. ``sent_to(step, rank)``
     reads how many ranks a step sent whole was sent to from ``rank``'s message of it
-    (None: not recorded), which tells a step of fewer ranks from an incomplete one.
+    (None: not recorded), which tells a step of fewer ranks from an incomplete one;
+    ``every``: ask it of every step, not only of each run's edges (:func:`_told`).
     The caller then deletes what :func:`names_to_delete` lists. An end-of-stream mark
     (:data:`END_NAME`) is refused by ``"error"`` and deleted by the others.
 
@@ -264,7 +266,7 @@ def start_step(
         )
     if on_existing == "error" or not stored:
         return first or 0
-    _check_resumable(where, mains, any_file, first, sealed, parted, sent_to)
+    _check_resumable(where, mains, any_file, first, sealed, parted, sent_to, every)
     if unsealed:
         if first is not None and first != last:
             raise StepExistsError(
@@ -286,6 +288,7 @@ def _check_resumable(
     sealed: set[int],
     parted: set[int],
     sent_to: Callable[[int, int], int | None] | None = None,
+    every: bool = False,
 ) -> None:
     """Refuse to resume after a hole or an incomplete step: receivers of the missing
     ranks would wait forever for it. A sealed step is whole; a step with parts and no
@@ -294,7 +297,7 @@ def _check_resumable(
     ranks its messages say it was sent to (:func:`_told`); one of a writer that did not
     record them (before 1.8), when it has every rank any such step has files of."""
     steps = sorted(set(mains) | sealed | parted)
-    told = _told(mains, sent_to)
+    told = _told(mains, sent_to, every)
     untold = [mains[s] | any_file.get(s, set()) for s in mains if told[s] is None]
     ranks = set().union(*untold)
     for step in range(steps[0], steps[-1] + 1):
@@ -335,18 +338,20 @@ def _check_resumable(
 
 
 def _told(
-    mains: dict[int, set[int]], sent_to: Callable[[int, int], int | None] | None
+    mains: dict[int, set[int]],
+    sent_to: Callable[[int, int], int | None] | None,
+    every: bool = False,
 ) -> dict[int, int | None]:
     """For each step sent whole, how many ranks it was sent to (None: not recorded):
-    read for the first and the last step of each run of steps visible for the same
-    ranks, the others taking their run's first step's word. A commit cut short is the
-    last step its sender sent: the last stored one, or one a sender went on after (its
-    commit failed), which ends its run unless the next step went to exactly the ranks
-    it shows; reading every step would cost a read per step (on S3, a request)."""
+    read for every step if ``every``, else for the first and the last step of each run
+    of steps visible for the same ranks, the others taking their run's first step's
+    word. A commit cut short is the last step its sender sent, or one it went on after
+    (its commit failed), which ends its run unless the steps around it went to exactly
+    the ranks it shows: only reading every step (on S3, a request each) tells that one."""
     told: dict[int, int | None] = {}
     for step in sorted(mains):
         have = mains[step]
-        if mains.get(step - 1) == have and mains.get(step + 1) == have:
+        if not every and mains.get(step - 1) == have and mains.get(step + 1) == have:
             told[step] = told[step - 1]
         else:
             told[step] = None if sent_to is None else sent_to(step, min(have))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol, cast
+from typing import ClassVar, Protocol, cast
 
 from rlwire._core.errors import CorruptFrameError, StepExistsError
 from rlwire.transport._stored.names import MAIN_RE, SEAL_RE, STORED_RE, main_name
@@ -142,6 +142,10 @@ class ResumedSink:
     resumed_after: Trail | None = None
     #: :attr:`rlwire.abc.Sink.resumed_widths`, from the steps :meth:`resuming` found.
     resumed_widths: Sequence[tuple[int, int | None]] = ()
+    #: Whether reading the head of every step's message costs little (local files):
+    #: ``"resume"`` then reads how many ranks each step was sent to, not only the first
+    #: and last of each run of steps visible for the same ranks (a request each on S3).
+    heads_cheap: ClassVar[bool] = False
 
     def sent_to(self, step: int, rank: int) -> int | None:
         """How many ranks ``step``, sent whole, was sent to, as the envelope of

@@ -237,7 +237,8 @@ class StoredSink(StoredFieldsSink, ResumedSink, Sink):
             names = self.names()
         if REWRITE_NAME in names:
             self.check_rewrite(on_existing, 0 if on_existing == "overwrite" else start_step)
-        return _start_step(self.locate(), names, on_existing, start_step, sent_to), names
+        step = _start_step(self.locate(), names, on_existing, start_step, sent_to, self.heads_cheap)
+        return step, names
 
     def check_rewrite(self, on_existing: OnExisting, first: int | None) -> None:
         """Refuse to open over an unfinished overwrite or truncate (its mark,

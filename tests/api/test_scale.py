@@ -161,14 +161,30 @@ async def test_keep_last_deletes_what_the_old_ranks_passed_and_keeps_a_new_ranks
 async def test_steps_that_record_no_ranks_still_refuse_more_ranks(tmp_path: Path) -> None:
     """A step written before 1.8 does not say how many ranks it was sent to: one of a
     single rank may be a step of more cut short, so a resumed sender still refuses to
-    send the next to more ranks, and names the repair; to as many it goes on."""
+    send the next to more ranks; the message says why, without calling the step cut
+    short, and names both ways on: the repair if it was cut short, and for a step sent
+    to fewer ranks on purpose, a truncate past it, which keeps it and goes on (and a
+    later resume with it). To as many ranks it goes on."""
     shutil.copytree(GOLDEN / "msgpack-1.1-batch", tmp_path / "run")
     url = str(tmp_path / "run")
     async with rlwire.open_sender(url, on_existing="resume") as sender:
         with pytest.raises(rlwire.StepExistsError, match=r"before wire format 1\.8") as info:
             await sender.send_ranks(ranks(1, 2))
-        assert "start_step=0, on_existing='truncate'" in str(info.value)
-        assert await sender.send_ranks(ranks(1, 1)) == 1
+        message = str(info.value)
+        assert "step 1 to 2 ranks" in message
+        assert "step 0 has ranks [0] only" in message
+        assert "may be a step of more ranks cut short" in message
+        assert "incomplete" not in message  # it may be whole
+        assert "start_step=0, on_existing='truncate' to delete step 0" in message
+        assert "sent to fewer ranks on purpose" in message
+        assert "start_step=1, on_existing='truncate', which keeps" in message
+    async with rlwire.open_sender(url, start_step=1, on_existing="truncate") as sender:
+        assert await sender.send_ranks(ranks(1, 2)) == 1
+    async with rlwire.open_sender(url, on_existing="resume") as sender:
+        assert await sender.send_ranks(ranks(2, 2)) == 2
+    await received(url, {}, 1, 1, 2)
+    async with rlwire.open_sender(url, on_existing="resume") as sender:
+        assert await sender.send_ranks(ranks(3, 1)) == 3  # to as many: goes on
 
 
 async def test_a_step_cut_short_between_steps_of_as_few_ranks_is_refused(tmp_path: Path) -> None:

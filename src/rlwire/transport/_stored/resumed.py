@@ -88,25 +88,28 @@ def check_ranks_after(where: str, before: Trail, ranks: int) -> None:
     ``before`` it (:func:`whole_before`), written by a writer that did not record how
     many ranks they were sent to, lack one of them: a sender killed while committing
     the first of them made it visible for its first ranks only (and a resumed one may
-    have sent on to those ranks only). Going on would leave the other ranks' receivers
-    without those steps; the repair deletes them all, from the first."""
+    have sent on to those ranks only), or they were sent to fewer ranks. The message
+    names both ways on: the repair (deleting them all, from the first) for the one, a
+    truncate past them (keeping them, unchecked) for the other."""
     first, last, have = before
     if set(range(ranks)) <= have:
         return
     if first == last:
-        what = f"step {first} is incomplete (ranks {sorted(have)} of {ranks}: a sender was "
-        what += "killed while committing it)"
+        what = f"step {first} has ranks {sorted(have)} only, and it"
+        they, them = "it was", "it"
     else:
-        what = (
-            f"steps {first}..{last} have ranks {sorted(have)} only, of {ranks}: a sender "
-            f"killed while committing step {first}, then resumed and sending on to fewer "
-            "ranks, leaves that"
-        )
+        what = f"steps {first}..{last} have ranks {sorted(have)} only, and step {first}"
+        they, them = "they were", "them"
     raise StepExistsError(
-        f"cannot resume: {what}; open the sender with start_step={first}, on_existing="
-        f"'truncate' to delete step {first} and every later one, then send from step "
-        f"{first} again (steps written by rlwire before wire format 1.8 do not record "
-        "how many ranks they were sent to, so a step of fewer ranks looks the same)",
+        f"cannot send step {last + 1} to {ranks} ranks after resuming: {what} may be a step "
+        "of more ranks cut short (a sender killed while committing it), which the "
+        "receivers of the other ranks would never get; steps written by rlwire before "
+        "wire format 1.8 do not record how many ranks they were sent to, so it cannot be "
+        f"told from a step sent to fewer. If it was cut short, open the sender with "
+        f"start_step={first}, on_existing='truncate' to delete step {first} and every "
+        f"later one, then send from step {first} again; if {they} sent to fewer ranks on "
+        f"purpose (a restart with more ranks), open it with start_step={last + 1}, "
+        f"on_existing='truncate', which keeps {them} and goes on",
         where=where,
     )
 

@@ -78,6 +78,10 @@ class _Envelope(msgspec.Struct, omit_defaults=True):
     raw_sizes: bytes = b""  # little-endian u64 per segment, empty likewise
     ranks: int | None = None  # 1.8, a whole step's: the ranks it was sent to (_stored/resumed.py)
 
+    def __post_init__(self) -> None:  # on decode too: msgspec makes this a ValidationError
+        if self.ranks is not None and self.ranks <= self.rank:  # no rank of such a step
+            raise ValueError(f"its key 'ranks' is {self.ranks}, not more than its rank {self.rank}")
+
 
 class _PartEnvelope(_Envelope, omit_defaults=True):
     # Since 1.2; a whole step's keeps 15 fields at most, one msgpack fixmap as 1.1's
@@ -316,12 +320,8 @@ def _parse(
         _check_sidecar(sidecar, env.id, env.sidecar_size or 0, where)
     stored = data.nbytes + sidecar.nbytes
     views = (data, sidecar)
-    buffers = [
-        views[file][off : off + length]
-        for file, off, length in zip(
-            files.tolist(), offsets.tolist(), lengths.tolist(), strict=True
-        )
-    ]
+    table = zip(files.tolist(), offsets.tolist(), lengths.tolist(), strict=True)
+    buffers = [views[file][off : off + length] for file, off, length in table]
     verified = False
     if verify and env.checksum is not None:
         try:

@@ -314,9 +314,12 @@ def _check_resumable(
             # so it never lacks rank 0).
             continue
         elif (n := told[step]) is not None:
-            if have == set(range(n)):
+            # Ranks 0..n-1 without a set of n: a forged n may be 2**63.
+            if len(have) == n and max(have) == n - 1:
                 continue
             problem = f"step {step} is incomplete (ranks {sorted(have)} of the {n} it was sent to)"
+            if max(have) >= n:
+                problem = f"step {step} has ranks {sorted(have)}, but was sent to {n}"
         elif have == ranks:
             continue
         else:

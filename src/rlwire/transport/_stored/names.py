@@ -220,13 +220,13 @@ def start_step(
     ``"resume"`` refuses them too, and a stored sequence with a hole or an incomplete
     step, then continues at ``first`` or after the last stored step (at the last stored
     step itself when it was being filled part by part and is not sealed: the sender
-    finishes it); ``"truncate"``
-    starts at ``first`` and ``"overwrite"`` at ``first`` or 0. ``sent_to(step, rank)``
-    reads how many ranks a step sent whole was sent to from ``rank``'s message of it
-    (None: not recorded), which tells a step of fewer ranks from an incomplete one;
-    ``every``: ask it of every step, not only of each run's edges (:func:`_told`).
-    The caller then deletes what :func:`names_to_delete` lists. An end-of-stream mark
-    (:data:`END_NAME`) is refused by ``"error"`` and deleted by the others.
+    finishes it); ``"truncate"`` starts at ``first`` and ``"overwrite"`` at ``first`` or
+    0. ``sent_to(step, rank)`` reads how many ranks a step sent whole was sent to from
+    ``rank``'s message of it (None: not recorded), which tells a step of fewer ranks
+    from an incomplete one; ``every``: ask it of every step, not only of each run's
+    edges (:func:`_told`). The caller then deletes what :func:`names_to_delete` lists.
+    An end-of-stream mark (:data:`END_NAME`) is refused by ``"error"``, deleted by the
+    others.
 
     Raises:
         StepExistsError: the stored steps conflict with ``on_existing``; the message
@@ -309,9 +309,8 @@ def _check_resumable(
         elif have is None:
             problem = f"step {step} is missing (a hole)"
         elif step == steps[0] and step != steps[-1] and 0 not in have:
-            # The oldest step, partly deleted by retention, which removes a step's main
-            # files from rank 0 up (a failed commit makes them visible from rank 0 up,
-            # so it never lacks rank 0).
+            # The oldest step, partly deleted by retention, which removes main files from
+            # rank 0 up (a failed commit shows them from rank 0 up: never lacks rank 0).
             continue
         elif (n := told[step]) is not None:
             # Ranks 0..n-1 without a set of n: a forged n may be 2**63.
@@ -341,9 +340,7 @@ def _check_resumable(
 
 
 def _told(
-    mains: dict[int, set[int]],
-    sent_to: Callable[[int, int], int | None] | None,
-    every: bool = False,
+    mains: dict[int, set[int]], sent_to: Callable[[int, int], int | None] | None, every: bool
 ) -> dict[int, int | None]:
     """For each step sent whole, how many ranks it was sent to (None: not recorded):
     read for every step if ``every``, else for the first and the last step of each run

@@ -206,7 +206,7 @@ def test_the_board_fences_every_epoch_but_the_newest() -> None:
         return [opened, *answers]
 
     opened, *answers, state = asyncio.run(run())
-    assert opened == [("ok", 0, 1), ("ok", 0, 2)]
+    assert opened == [("ok", 0, 1, []), ("ok", 0, 2, [])]  # resumed: no steps kept
     assert [a[0] for a in answers] == ["fenced", "ok", "ok", "ok", "ok", "fenced", "fenced"]
     assert "(on_existing='resume')" in answers[0][1]
     assert state == ([0], None, {})

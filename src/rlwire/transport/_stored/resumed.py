@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import ClassVar, Protocol, cast
 
 from rlwire._core.errors import CorruptFrameError, StepExistsError
@@ -143,8 +143,6 @@ class ResumedSink:
     #: their ranks, and their visible ranks: the step after them is refused if it has a
     #: rank more (:func:`check_ranks_after`). None: nothing to check.
     resumed_after: Trail | None = None
-    #: :attr:`rlwire.abc.Sink.resumed_widths`, from the steps :meth:`resuming` found.
-    resumed_widths: Sequence[tuple[int, int | None]] = ()
     #: Whether reading the head of every step's message costs little (local files):
     #: ``"resume"`` then reads how many ranks each step was sent to, not only the first
     #: and last of each run of steps visible for the same ranks (a request each on S3).
@@ -179,7 +177,6 @@ class ResumedSink:
         """Note what the first step sent, ``step``, must be checked against: the steps
         before it, unless the messages of the first and last of them record their ranks
         (then :func:`~rlwire.transport._stored.names.start_step` checked them whole)."""
-        self.resumed_widths = stored_widths(names, step)
         trail = whole_before(names, step)
         if trail is not None:
             first, last, have = trail

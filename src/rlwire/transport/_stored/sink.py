@@ -35,7 +35,7 @@ from rlwire.transport._stored.names import (
 )
 from rlwire.transport._stored.names import start_step as _start_step  # open's parameter
 from rlwire.transport._stored.parts import part_files, read_parts
-from rlwire.transport._stored.resumed import ResumedSink, SentTo, orphan_sidecars
+from rlwire.transport._stored.resumed import ResumedSink, SentTo, orphan_sidecars, stored_widths
 from rlwire.transport._stored.retention import held_back, read_consumed, steps_to_prune
 from rlwire.transport._stored.translate import translate_errors
 
@@ -201,7 +201,7 @@ class StoredSink(StoredFieldsSink, ResumedSink, Sink):
         rewriting = on_existing in ("overwrite", "truncate")
         first = 0 if on_existing == "overwrite" else start_step
         self.unsealed_step = self.resumed_after = None
-        self.resumed_widths = ()
+        self.resumed_widths = stored_widths(names, step) if on_existing == "resume" else ()
         if on_existing == "resume":
             self.resuming(names, step, sent_to)
         if on_existing == "error":

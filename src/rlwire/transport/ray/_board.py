@@ -159,11 +159,11 @@ class Board(PartsBoard, FieldsBoard):
 
     async def open(self, on_existing: OnExisting, first: int | None) -> tuple[Any, ...]:
         """Apply ``on_existing`` (and the sender's ``start_step``, ``first``) as every
-        stored sink does; ``("ok", step, epoch)`` with the first step to send and the
-        sender's epoch (every sender opened before it is fenced off from now on:
-        ``_board_fence``) and, resumed, the widths of the steps kept (``stored_widths``),
-        or ``(error class name, message)``. Atomic: nothing else
-        runs meanwhile."""
+        stored sink does; ``("ok", step, epoch, widths)`` with the first step to send,
+        the sender's epoch (every sender opened before it is fenced off from now on:
+        ``_board_fence``) and, resumed, the widths of the steps kept (``stored_widths``;
+        else ``[]``), or ``(error class name, message)``. Atomic: nothing else runs
+        meanwhile."""
         names = self._names()
         # A step commits on the board whole, for every rank at once: each step stored
         # was sent to the ranks it has, however many the steps before had.

@@ -246,7 +246,9 @@ async def test_a_step_held_back_is_deleted_at_the_next_send_once_its_rank_moved_
             await sender.send(make_batch(1, seed=2))
             assert _stored_files(url, options) == [(0, 0), (0, 1), (1, 0)]  # held for rank 1
             await r1.areceive(timeout=20)
-            assert r1.poll() is None  # rank 1 moved past step 0 too
+            # Rank 1 moved past step 0 too, and is told at once that step 1 left it out.
+            with pytest.raises(rlwire.StepGapError, match=r"step 1 was sent to ranks \[0\] only"):
+                r1.poll()
             await sender.send(make_batch(1, seed=3))
             assert _stored_files(url, options) == [(1, 0), (2, 0)]
             await sender.send(make_batch(1, seed=4))  # rank 0 still at step 1: nothing goes

@@ -63,10 +63,10 @@ class Widths:
         """Where ``rank``, whose consumption mark is ``mark`` (``None``: it recorded
         nothing, so it is at the first step), stands for a send of ``step``: the first
         step from its mark on that it was sent, or ``step`` if none before it was. A
-        step sent to fewer ranks has nothing for it to move past, and its receiver
-        learns that the step will never come only once a later step is stored
-        (``StepGapError``): counting the rank there would make the send of that later
-        step wait for it, and it for the send, for ever. A mark before the steps whose
+        step sent to fewer ranks has nothing for it to move past: its receiver skips
+        it (``StepGapError``) when it reads, which may be after the send of a later
+        step (on ZeroMQ it learns only from that step); counting the rank there could
+        make that send wait for it, and it for the send, for ever. A mark before the steps whose
         widths are known (this sender's, and those a resumed sink kept) is taken as it
         is."""
         at = self.first if mark is None else mark

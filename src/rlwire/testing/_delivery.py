@@ -20,6 +20,7 @@ from rlwire._core.errors import (
     ConfigError,
     ReceiveTimeout,
     SchemaError,
+    StepGapError,
 )
 from rlwire.testing._fixtures import (
     ContractFixtures,
@@ -71,6 +72,30 @@ class DeliveryContract(ContractFixtures):
                 for rank, receiver in enumerate(receivers):
                     got = await receiver.areceive(timeout=self.timeout)
                     assert_batches_equal(got, payloads[rank])
+
+    async def test_a_rank_left_out_of_a_step_is_told_before_the_next_step(
+        self, store: Endpoint, receivers: list[TrainingBatchReceiver[TrainingBatch]]
+    ) -> None:
+        """Step 0 goes to both ranks, step 1 to rank 0 alone, and nothing follows for a
+        while (a rollout is long): rank 1's receiver must not wait for step 1 until step 2
+        is sent, but raise StepGapError for it now; after ``skip()`` it gets step 2.
+        (A stream, ZeroMQ, keeps no record of a step's ranks: its receiver learns of the
+        gap from the next message.)"""
+        rank0, rank1 = receivers
+        async with store.open_sender() as sender:
+            await sender.send_ranks(rank_batches(0))
+            for receiver in receivers:
+                await receiver.areceive(timeout=self.timeout)
+            await sender.send(make_batch(1, seed=1))
+            assert_batches_equal(await rank0.areceive(timeout=self.timeout), make_batch(1, seed=1))
+            started = time.monotonic()
+            with pytest.raises(StepGapError, match="step 1"):
+                await rank1.areceive(timeout=self.timeout)
+            told = time.monotonic() - started
+            assert told < self.timeout / 2, f"rank 1 was told after {told:.1f} s"
+            assert rank1.skip() == 1
+            await sender.send_ranks(rank_batches(2))
+            assert_batches_equal(await rank1.areceive(timeout=self.timeout), rank_batches(2)[1])
 
     async def test_blocking_receive_in_a_thread(
         self,

@@ -121,8 +121,8 @@ class RetentionContract(ContractFixtures):
     ) -> None:
         """max_ahead=0: step 0 goes to both ranks, steps 1 and 2 to rank 0 alone (a
         ``send``, then a ``send_ranks`` of one), step 3 to both. Rank 1 moved past step
-        0 and cannot move past steps 1 and 2: its receiver learns they will never come
-        only once a later step is stored (StepGapError). So the send of step 3 must not
+        0 and, not reading meanwhile, does not move past steps 1 and 2 (its receiver
+        skips them, StepGapError, when it next reads). So the send of step 3 must not
         wait for rank 1 there, which would be the two waiting for each other for ever;
         on a step it was sent, rank 1 still holds the sender back."""
         sender = store.open_sender(max_ahead=0)

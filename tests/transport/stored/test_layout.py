@@ -21,7 +21,7 @@ from depth import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlwire import CorruptFrameError, Frame, RlwireError, UnsupportedVersionError
+from rlwire import CorruptFrameError, Frame, RlwireError, StepGapError, UnsupportedVersionError
 from rlwire._core.slicing import run_sliced
 from rlwire._frame import checksums
 from rlwire._frame.checksums import CHECKSUM, checksum_segments, verify_segments
@@ -565,7 +565,9 @@ def test_missing_step_returns_none(tmp_path: Path) -> None:
     write_step(tmp_path, 0, [FRAME])
     source = FileSource(tmp_path)
     assert source.read(1) is None
-    assert FileSource(tmp_path, rank=5).read(0) is None
+    # Step 0 went to rank 0 alone, as its envelope records: rank 5 is told, not left waiting.
+    with pytest.raises(StepGapError, match=r"step 0 was sent to ranks \[0\] only"):
+        FileSource(tmp_path, rank=5).read(0)
     assert FileSource(tmp_path / "nowhere").read(0) is None
 
 

@@ -4,18 +4,26 @@ yet (a receiver waits), or never to come (a receiver raises
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from rlwire.transport._stored.names import MAIN_RE, SEAL_RE, STEP_PART_RE
 
 __all__ = ["never_coming"]
 
 
-def never_coming(names: Iterable[str], step: int, rank: int, end: int | None) -> str | None:
+def never_coming(
+    names: Iterable[str],
+    step: int,
+    rank: int,
+    end: int | None,
+    sent_to: Callable[[], int | None] | None = None,
+) -> str | None:
     """Why ``rank``'s message of ``step`` will never be stored, or ``None`` if it may
     still come (a receiver waits for it). ``names`` lists the destination, read after
     the miss; ``end``: the step the end mark gives (``None``: no mark), read before
-    ``names``.
+    ``names``; ``sent_to()``: how many ranks the envelope of rank 0's main file of
+    ``step`` records (``None``: written before 1.8, or unreadable), asked only when that
+    file is listed and nothing after ``step`` is.
 
     A step is committed whole (every rank's main file) before the next one is sent and
     before the end is marked. So once a later step is listed, or the end is marked after
@@ -39,7 +47,17 @@ def never_coming(names: Iterable[str], step: int, rank: int, end: int | None) ->
         return None  # arrived since the miss, or filled part by part: read it so
     later = sorted(s for s in stored if s > step)
     if not later and (end is None or end <= step):
-        return None  # not sent yet
+        # Not sent yet, or being committed (rank 0's file is moved first), unless rank 0's
+        # envelope says the step went to fewer ranks: then the left-out rank learns it
+        # now, not once the next step is sent, which may be a whole rollout later.
+        ranks = sent_to() if sent_to is not None and 0 in have else None
+        if ranks is not None and ranks <= rank:
+            return (
+                f"step {step} was sent to ranks {_ranks(ranks)} only, as its rank 0 "
+                f"message records: it will never have a message for rank {rank} (a send "
+                "after a send_ranks, or a send_ranks of fewer objects); skip() it"
+            )
+        return None
     after = f"the stream ended at step {end}" if not later else f"step {later[0]} is stored"
     if 0 in have:  # a commit makes main files visible from rank 0 up
         return (
@@ -60,3 +78,7 @@ def never_coming(names: Iterable[str], step: int, rank: int, end: int | None) ->
         f"start_step={step}, on_existing='truncate' and send from step {step} again, or "
         f"skip() it"
     )
+
+
+def _ranks(count: int) -> str:
+    return "[0]" if count == 1 else f"0..{count - 1}"

@@ -44,7 +44,7 @@ from rlwire.transport._stored.names import (
     sidecar_name,
 )
 from rlwire.transport._stored.parts import parse_part, parse_seal
-from rlwire.transport._stored.selected import Ranged, WholeFile, parse_selected
+from rlwire.transport._stored.selected import Ranged, WholeFile, parse_selected, read_envelope
 
 __all__ = ["StoredSource"]
 
@@ -168,7 +168,7 @@ class StoredSource(StoredFieldsSource, Source):
         self._gone_checked = (step, now)
         names = self.listed()
         if names is not None:
-            why = never_coming(names, step, self.rank, end)
+            why = never_coming(names, step, self.rank, end, lambda: self._sent_to(step))
         else:  # a store that lists only its steps (a plugin's stored_steps)
             steps = self.stored_steps()
             why = None
@@ -176,6 +176,19 @@ class StoredSource(StoredFieldsSource, Source):
                 why = never_coming([main_name(min(steps), self.rank)], step, self.rank, None)
         if why is not None:
             raise StepGapError(why, where=self.describe(step))
+
+    def _sent_to(self, step: int) -> int | None:
+        """How many ranks the envelope of rank 0's main file of ``step`` records (None:
+        gone, written before 1.8, or damaged: rank 0's receiver is told of that)."""
+        name = main_name(step, 0)
+        try:
+            head = self.open_head(name)
+            if head is None:
+                return None
+            _, env, _ = read_envelope(head, self.locate(name), step=step, rank=0, part=None)
+        except CorruptFrameError:
+            return None
+        return env.ranks
 
     @abc.abstractmethod
     def locate(self, name: str) -> str:

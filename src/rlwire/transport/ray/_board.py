@@ -261,9 +261,9 @@ class Board(PartsBoard, FieldsBoard):
         if ranks is not None and rank < len(ranks):
             token = self.tokens.get(step)
             return ("step", [*ranks[rank], self._checksums_of(step, rank)], token)
-        # Committed for fewer ranks: said once a later step or the end is there, as on
-        # files (gaps.py), so that a receiver may look for the next step meanwhile.
-        if ranks is not None and (self.end is not None or max(self._stored()) > step):
+        # Committed for fewer ranks: a commit is whole here, so the rank left out is told
+        # at once, not when the next step comes (a rollout later).
+        if ranks is not None:
             return ("fewer", len(ranks))
         if self.end is not None and step >= self.end:
             return ("end", self.end)
@@ -276,8 +276,7 @@ class Board(PartsBoard, FieldsBoard):
         """Rank ``rank``'s objects of ``step``: ``("step", [main, sidecar, checksums],
         token)`` (``checksums`` ``None`` when they are in the envelope; ``token`` names
         the commit, as a :class:`~rlwire.transport.ray.StepHandle` does); else
-        ``("fewer", ranks)`` when it was committed for ``ranks`` ranks, not ``rank``,
-        and a later step or the end is there;
+        ``("fewer", ranks)`` when it was committed for ``ranks`` ranks, not ``rank``;
         ``("end", end)`` past the end of the stream, ``("gone", oldest)`` when it was
         deleted (a later step is kept, none at or before it), or ``("none",)``."""
         return self._state(step, rank)

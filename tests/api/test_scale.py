@@ -9,10 +9,12 @@ though it shows as many ranks as the steps before it."""
 from __future__ import annotations
 
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
 import anyio
+import fsspec
 import pytest
 from golden_cases import GOLDEN
 from s3_server import s3_client
@@ -34,6 +36,8 @@ def ranks(step: int, n: int) -> list[rlwire.TrainingBatch]:
 
 def listed(url: str, options: dict[str, Any]) -> set[str]:
     """The names stored under ``url`` (``run`` under a directory or a bucket)."""
+    if url.startswith("memory://"):
+        return {path.rpartition("/")[2] for path in fsspec.filesystem("memory").ls(url, False)}
     if not options:
         return {path.name for path in Path(url).iterdir()}
     bucket, _, prefix = url.removeprefix("s3://").partition("/")
@@ -43,6 +47,9 @@ def listed(url: str, options: dict[str, Any]) -> set[str]:
 
 def delete(url: str, options: dict[str, Any], name: str) -> None:
     """Delete one stored file: what a commit cut short never made visible."""
+    if url.startswith("memory://"):
+        fsspec.filesystem("memory").rm(f"{url}/{name}")
+        return
     if not options:
         (Path(url) / name).unlink()
         return
@@ -187,19 +194,33 @@ async def test_steps_that_record_no_ranks_still_refuse_more_ranks(tmp_path: Path
         assert await sender.send_ranks(ranks(3, 1)) == 3  # to as many: goes on
 
 
-async def test_a_step_cut_short_between_steps_of_as_few_ranks_is_refused(tmp_path: Path) -> None:
+@pytest.fixture(params=["file", "memory", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    """``(url, storage_options)`` of every store that keeps steps: a new directory, a
+    new memory:// root, a new bucket on the test session's S3 server."""
+    if request.param == "memory":
+        return f"memory://scale-{uuid.uuid4().hex}/run", {}
+    if request.param == "file":
+        return str(tmp_path / "run"), {}
+    return f"{request.getfixturevalue('s3_url')}/run", request.getfixturevalue("s3_endpoint")
+
+
+async def test_a_step_cut_short_between_steps_of_as_few_ranks_is_refused(
+    store: tuple[str, dict[str, Any]],
+) -> None:
     """Step 2 to 2 ranks, its commit failing after rank 0's message (the sender goes on:
     the step's number is used), then step 3 to 1 rank, as steps 0 and 1: step 2 shows
     rank 0 as the steps around it do, in the middle of their run. Its message says it
-    went to 2, so resume on a directory, which reads every step's, refuses it."""
-    url = str(tmp_path / "run")
-    async with rlwire.open_sender(url) as sender:
+    went to 2, so resume, which reads every step's (on S3 concurrently), refuses it."""
+    url, options = store
+    async with rlwire.open_sender(url, storage_options=options) as sender:
         for step, n in enumerate((1, 1, 2, 1)):
             await sender.send_ranks(ranks(step, n))
-    delete(url, {}, main_name(2, 1))
+    delete(url, options, main_name(2, 1))
+    resume = {"storage_options": options, "on_existing": "resume"}
     with pytest.raises(
         rlwire.StepExistsError, match=r"step 2 is incomplete \(ranks \[0\] of the 2"
     ) as info:
-        async with rlwire.open_sender(url, on_existing="resume"):
+        async with rlwire.open_sender(url, **resume):
             pass
     assert "start_step=2, on_existing='truncate'" in str(info.value)

@@ -347,7 +347,7 @@ def _told(
     of steps visible for the same ranks, the others taking their run's first step's
     word. A commit cut short is the last step its sender sent, or one it went on after
     (its commit failed), which ends its run unless the steps around it went to exactly
-    the ranks it shows: only reading every step (on S3, a request each) tells that one."""
+    the ranks it shows: only reading every step (on S3 a request each, made at once) tells it."""
     told: dict[int, int | None] = {}
     for step in sorted(mains):
         have = mains[step]

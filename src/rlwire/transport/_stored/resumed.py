@@ -9,15 +9,18 @@ ranks, and the first step sent for more ranks is refused)."""
 from __future__ import annotations
 
 import contextlib
-import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar, Protocol, cast
 
 from rlwire._core.errors import CorruptFrameError, StepExistsError
+from rlwire.transport._base import OnExisting
+from rlwire.transport._stored.marks import MAX_MARK_BYTES
 from rlwire.transport._stored.names import MAIN_RE, SEAL_RE, STORED_RE, main_name
 from rlwire.transport._stored.parts import head_envelope
 
 __all__ = [
+    "HEADS_AT_ONCE",
+    "ReadSentTo",
     "ResumedSink",
     "SentTo",
     "Trail",
@@ -33,6 +36,13 @@ Trail = tuple[int, int, frozenset[int]]
 #: ``sent_to(step, rank)``: how many ranks ``step`` was sent to, as ``rank``'s message
 #: of it records (``None``: an older writer recorded nothing).
 SentTo = Callable[[int, int], "int | None"]
+#: A file's first bytes (None: no such file), or the error reading them raised.
+_Head = bytes | bytearray | memoryview | None
+#: How many steps' heads a resumed open asks a store for in one call
+#: (:meth:`ReadSentTo.every`; S3 keeps s3fs's ``max_concurrency`` of them in flight): a
+#: bound on the bytes held at once (``MAX_MARK_BYTES`` each, 1 MiB in all) however many
+#: steps are stored.
+HEADS_AT_ONCE = 256
 
 
 def whole_before(names: Iterable[str], step: int) -> Trail | None:
@@ -129,7 +139,12 @@ def orphan_sidecars(names: Iterable[str], first: int) -> list[str]:
 class _Store(Protocol):
     """What of a :class:`~rlwire.transport._stored.sink.StoredSink` this module uses."""
 
-    def load_head(self, name: str, size: int) -> bytes | bytearray | memoryview | None: ...
+    heads_cheap: ClassVar[bool]
+
+    def load_head(self, name: str, size: int) -> _Head: ...
+    def load_heads(self, names: Sequence[str], size: int) -> Sequence[_Head | Exception]: ...
+    def sent_to(self, step: int, rank: int) -> int | None: ...
+    def sent_to_many(self, keys: Sequence[tuple[int, int]]) -> list[int | None]: ...
     def locate(self, name: str | None = None) -> str: ...
     def errors(
         self, action: str, name: str | None = None
@@ -143,10 +158,26 @@ class ResumedSink:
     #: their ranks, and their visible ranks: the step after them is refused if it has a
     #: rank more (:func:`check_ranks_after`). None: nothing to check.
     resumed_after: Trail | None = None
-    #: Whether reading the head of every step's message costs little (local files):
-    #: ``"resume"`` then reads how many ranks each step was sent to, not only the first
-    #: and last of each run of steps visible for the same ranks (a request each on S3).
+    #: Whether reading the head of every step's message costs little (local files, or
+    #: a store that reads many at once, :meth:`load_heads`): ``"resume"`` then reads how
+    #: many ranks each step was sent to, not only the first and last of each run of
+    #: steps visible for the same ranks.
     heads_cheap: ClassVar[bool] = False
+
+    def load_heads(self, names: Sequence[str], size: int) -> Sequence[_Head | Exception]:
+        """At most the first ``size`` bytes of each of the files ``names`` (``None``: no
+        such file), how a resumed open reads every step's envelope: a store whose reads
+        are requests makes them concurrently. The error a read raised is returned in its
+        place (the caller names its file). By default
+        :meth:`~rlwire.transport._stored.sink.StoredSink.load_head` of each in turn."""
+        store = cast(_Store, self)
+        out: list[_Head | Exception] = []
+        for name in names:
+            try:
+                out.append(store.load_head(name, size))
+            except Exception as exc:
+                out.append(exc)
+        return out
 
     def sent_to(self, step: int, rank: int) -> int | None:
         """How many ranks ``step``, sent whole, was sent to, as the envelope of
@@ -159,19 +190,25 @@ class ResumedSink:
         """
         store = cast(_Store, self)
         name = main_name(step, rank)
-        where = store.locate(name)
+        return _recorded(store, name, step, rank, lambda size: _read(store, name, size))
 
-        def load(size: int) -> bytes | bytearray | memoryview | None:
-            with store.errors("read", name):
-                return store.load_head(name, size)
+    def sent_to_many(self, keys: Sequence[tuple[int, int]]) -> list[int | None]:
+        """:meth:`sent_to` of each ``(step, rank)`` of ``keys``, their heads read at once
+        (:meth:`load_heads`); again, alone, only an envelope longer than the bytes read.
 
-        try:
-            env = head_envelope(load, where)
-        except CorruptFrameError:
-            return None
-        if env is None or (env.step, env.rank, env.part) != (step, rank, None):
-            return None
-        return env.ranks
+        Raises:
+            TransportError: one cannot be read (the first such, named).
+        """
+        store = cast(_Store, self)
+        names = [main_name(step, rank) for step, rank in keys]
+        heads = store.load_heads(names, MAX_MARK_BYTES)
+        out = []
+        for (step, rank), name, head in zip(keys, names, heads, strict=True):
+            if isinstance(head, Exception):
+                with store.errors("read", name):
+                    raise head
+            out.append(_recorded(store, name, step, rank, _ahead(store, name, head)))
+        return out
 
     def resuming(self, names: list[str], step: int, sent_to: SentTo) -> None:
         """Note what the first step sent, ``step``, must be checked against: the steps
@@ -184,9 +221,9 @@ class ResumedSink:
                 trail = None
         self.resumed_after = trail
 
-    def reading_sent_to(self) -> SentTo:
+    def reading_sent_to(self) -> ReadSentTo:
         """:meth:`sent_to`, each step's answer read once (an open asks twice)."""
-        return functools.cache(self.sent_to)
+        return ReadSentTo(cast(_Store, self))
 
     def check_ranks(self, step: int, ranks: int) -> None:
         """Refuse ``step`` for ``ranks`` ranks if it is the first after the steps
@@ -194,3 +231,66 @@ class ResumedSink:
         before = self.resumed_after
         if before is not None and step == before[1] + 1:
             check_ranks_after(cast(_Store, self).locate(), before, ranks)
+
+
+class ReadSentTo:
+    """A store's :meth:`ResumedSink.sent_to`, each answer read once; :meth:`every`
+    reads those of every step stored, many at once."""
+
+    def __init__(self, store: _Store) -> None:
+        self._store = store
+        self._known: dict[tuple[int, int], int | None] = {}
+
+    def __call__(self, step: int, rank: int) -> int | None:
+        key = (step, rank)
+        if key not in self._known:
+            self._known[key] = self._store.sent_to(step, rank)
+        return self._known[key]
+
+    def every(self, names: Iterable[str], on_existing: OnExisting) -> bool:
+        """Whether :func:`~rlwire.transport._stored.names.start_step` asks for every
+        step's ranks (the store's ``heads_cheap``); if so and ``on_existing`` is
+        ``"resume"``, those of the steps ``names`` holds sent whole, each read from its
+        lowest visible rank's message, are read first, :data:`HEADS_AT_ONCE` at a time.
+
+        Raises:
+            TransportError: one cannot be read.
+        """
+        if not self._store.heads_cheap:
+            return False
+        if on_existing == "resume":
+            lowest: dict[int, int] = {}
+            for name in names:
+                if m := MAIN_RE.fullmatch(name):
+                    step, rank = int(m.group(1)), int(m.group(2))
+                    lowest[step] = min(rank, lowest.get(step, rank))
+            keys = [key for key in sorted(lowest.items()) if key not in self._known]
+            for at in range(0, len(keys), HEADS_AT_ONCE):
+                batch = keys[at : at + HEADS_AT_ONCE]
+                self._known.update(zip(batch, self._store.sent_to_many(batch), strict=True))
+        return True
+
+
+def _read(store: _Store, name: str, size: int) -> _Head:
+    with store.errors("read", name):
+        return store.load_head(name, size)
+
+
+def _ahead(store: _Store, name: str, head: _Head) -> Callable[[int], _Head]:
+    """``load_head(size)`` of the file ``name`` whose first ``MAX_MARK_BYTES`` were read
+    ahead as ``head``: a longer read is made anew."""
+    return lambda size: head if size <= MAX_MARK_BYTES else _read(store, name, size)
+
+
+def _recorded(
+    store: _Store, name: str, step: int, rank: int, load: Callable[[int], _Head]
+) -> int | None:
+    """The ranks ``step``'s message of ``rank``, the file ``name``, records
+    (:meth:`ResumedSink.sent_to`), its head read with ``load(size)``."""
+    try:
+        env = head_envelope(load, store.locate(name))
+    except CorruptFrameError:
+        return None
+    if env is None or (env.step, env.rank, env.part) != (step, rank, None):
+        return None
+    return env.ranks

@@ -35,7 +35,7 @@ from rlwire.transport._stored.names import (
 )
 from rlwire.transport._stored.names import start_step as _start_step  # open's parameter
 from rlwire.transport._stored.parts import part_files, read_parts
-from rlwire.transport._stored.resumed import ResumedSink, SentTo, orphan_sidecars, stored_widths
+from rlwire.transport._stored.resumed import ReadSentTo, ResumedSink, orphan_sidecars, stored_widths
 from rlwire.transport._stored.retention import held_back, read_consumed, steps_to_prune
 from rlwire.transport._stored.translate import translate_errors
 
@@ -230,14 +230,15 @@ class StoredSink(StoredFieldsSink, ResumedSink, Sink):
         return step
 
     def _listed(
-        self, on_existing: OnExisting, start_step: int | None, sent_to: SentTo
+        self, on_existing: OnExisting, start_step: int | None, sent_to: ReadSentTo
     ) -> tuple[int, list[str]]:
         """The first step to send and the destination's names, the open checked."""
         with self.errors("list the destination"):
             names = self.names()
         if REWRITE_NAME in names:
             self.check_rewrite(on_existing, 0 if on_existing == "overwrite" else start_step)
-        step = _start_step(self.locate(), names, on_existing, start_step, sent_to, self.heads_cheap)
+        every = sent_to.every(names, on_existing)  # read ahead, many at once
+        step = _start_step(self.locate(), names, on_existing, start_step, sent_to, every)
         return step, names
 
     def check_rewrite(self, on_existing: OnExisting, first: int | None) -> None:
@@ -297,8 +298,7 @@ class StoredSink(StoredFieldsSink, ResumedSink, Sink):
     def _staged(
         self, step: int, write: Callable[[StoredStaging], Sliced[None]]
     ) -> Sliced[StoredStaging]:
-        """A staging of ``step`` that ``write`` filled, drained: nothing of it left
-        behind if anything fails (a whole step's messages and a part share this)."""
+        """``step``'s staging, filled by ``write`` and drained; discarded on failure."""
         staging = self.staging(step)
         staging.fence = self.fence.checking(f"commit step {step}")
         try:

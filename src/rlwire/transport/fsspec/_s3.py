@@ -180,6 +180,19 @@ class S3Store(S3Bucket):
             return None
         return data
 
+    def heads(self, paths: Sequence[str], limit: int) -> list[bytes | Exception | None]:
+        # As many GETs in flight as s3fs's max_concurrency (10, as its connection pool):
+        # more would only wait there for a connection.
+        got = self.run_read(
+            self.fs._cat_ranges,
+            list(paths),
+            0,
+            limit,
+            on_error="return",
+            batch_size=self.concurrency(),
+        )
+        return [None if isinstance(g, FileNotFoundError) else g for g in got]
+
     def staging(self, *, part_bytes: int, max_concurrency: int | None) -> S3Staging:
         return S3Staging(self, part_bytes, self.concurrency(max_concurrency))
 

@@ -69,6 +69,8 @@ class FsspecSink(StoredSink):
         0
     """
 
+    heads_cheap = True  # resume reads each step's ranks: on S3, many GETs at once
+
     def __init__(
         self,
         url: str | URL,
@@ -151,6 +153,10 @@ class FsspecSink(StoredSink):
     def load_head(self, name: str, size: int) -> bytes | bytearray | None:
         store = self._conn.get()
         return store.head(store.path(name), size)
+
+    def load_heads(self, names: Sequence[str], size: int) -> list[bytes | Exception | None]:
+        store = self._conn.get()
+        return store.heads([store.path(name) for name in names], size)
 
     def save(self, name: str, data: bytes) -> None:
         self._conn.get().save(name, data)

@@ -120,6 +120,12 @@ class Store(abc.ABC):
             return None
         return data
 
+    def heads(self, paths: Sequence[str], limit: int) -> list[bytes | Exception | None]:
+        """:meth:`head` of each of ``paths``, the error a read raised in its place: one
+        ranged read each, concurrent on an async filesystem (fsspec's ``cat_ranges``)."""
+        got = self.fs.cat_ranges(list(paths), 0, limit, on_error="return")
+        return [None if isinstance(g, FileNotFoundError) else g for g in got]
+
     def clean_leftovers(self, names: Sequence[str]) -> None:
         """Remove what a killed sender left behind, invisible to readers: the temporary
         keys among ``names`` (the root's listing)."""

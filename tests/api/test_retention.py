@@ -153,6 +153,33 @@ async def test_a_step_keep_last_deleted_is_a_gap_error_naming_the_oldest(
     assert "start_step=6" in str(caught.value)
 
 
+async def test_a_deleted_step_a_rank_was_left_out_of_is_not_said_to_be_unread(
+    tmp_path: Path,
+) -> None:
+    """Step 0 goes to ranks 0 and 1, steps 1-3 to rank 0 alone, which reads them all:
+    keep_last deletes steps 0-2. Rank 1 asks for step 1, which was never its own:
+    nothing tells it so once the step is gone, and the message must not say the rank
+    failed to read it in time (as it did), but allow for a step sent to fewer ranks."""
+    rank0 = rlwire.open_receiver(tmp_path, rank=0)
+    rank1 = rlwire.open_receiver(tmp_path, rank=1)
+    with rank0, rank1:
+        async with rlwire.open_sender(tmp_path, keep_last=1) as sender:
+            await sender.send_ranks([make_batch(1), make_batch(1)])
+            await rank1.areceive(timeout=10)
+            rank1.wait_next(timeout=0)  # at step 1
+            for step in range(4):
+                if step:
+                    await sender.send(make_batch(1))
+                await rank0.areceive(timeout=10)
+                rank0.wait_next(timeout=0)
+            await sender.send(make_batch(1))  # deletes steps 0-3 but the newest
+        with pytest.raises(rlwire.StepGapError, match="step 1 is no longer stored") as caught:
+            await rank1.areceive(timeout=10)
+    message = str(caught.value)
+    assert "if it was not sent to this rank (a step sent to fewer ranks)" in message
+    assert "skip() it" in message
+
+
 async def test_a_receiver_opened_at_each_step_lets_keep_last_and_max_ahead_go_on(
     tmp_path: Path,
 ) -> None:

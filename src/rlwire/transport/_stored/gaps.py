@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 
 from rlwire.transport._stored.names import MAIN_RE, SEAL_RE, STEP_PART_RE
 
-__all__ = ["never_coming"]
+__all__ = ["deleted", "never_coming"]
 
 
 def never_coming(
@@ -68,15 +68,23 @@ def never_coming(
             f"from step {step} again; or skip() it"
         )
     if later and (have or min(stored) > step):  # retention deletes rank 0's first
-        return (
-            f"step {step} is no longer stored: it was deleted (the sender's keep_last) "
-            f"before this receiver read it; the oldest stored step is {later[0]}; open the "
-            f"receiver with start_step={later[0]} to go on from there"
-        )
+        return deleted(step, later[0])
     return (
         f"step {step} is missing, and {after}: it will never come; open the sender with "
         f"start_step={step}, on_existing='truncate' and send from step {step} again, or "
         f"skip() it"
+    )
+
+
+def deleted(step: int, oldest: int) -> str:
+    """Why ``step``, deleted by retention, will never come; ``oldest``: the oldest
+    stored step. Nothing tells whether it had a message for the receiver's rank."""
+    return (
+        f"step {step} is no longer stored: the sender's keep_last deleted it, before this "
+        "receiver read it or, if it was not sent to this rank (a step sent to fewer "
+        "ranks), once the ranks it was sent to moved past it; the oldest stored step is "
+        f"{oldest}: skip() it, or open the receiver with start_step={oldest} to go on "
+        "from there"
     )
 
 

@@ -16,6 +16,7 @@ from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 from rlwire.transport._options import SourceOptions, reject_unknown
 from rlwire.transport._parts import PartInfo, Seal
+from rlwire.transport._stored.gaps import deleted
 from rlwire.transport._url import URL
 from rlwire.transport.ray import _actors
 from rlwire.transport.ray._actors import (
@@ -220,13 +221,7 @@ class RaySource(RayFieldsSource, Source):
                 where=where,
             )
         if answer[0] == "gone":
-            oldest = int(answer[1])
-            raise StepGapError(
-                f"step {step} is no longer stored: it was deleted (the sender's keep_last) "
-                f"before this receiver read it; the oldest stored step is {oldest}; open the "
-                f"receiver with start_step={oldest} to go on from there",
-                where=where,
-            )
+            raise StepGapError(deleted(step, int(answer[1])), where=where)
         if answer[0] != "none":
             raise CorruptFrameError(f"the board answered {answer[0]!r}", where=where)
         return None

@@ -394,3 +394,12 @@ async def test_a_receiver_of_the_run_before_an_overwrite_neither_stops_nor_prune
             assert receiver.last_step == 2
             want = make_batch(1, seed=12).samples[0].token_ids
             assert got.samples[0].token_ids.tobytes() == want.tobytes()
+
+
+async def test_max_ahead_and_keep_last_take_steps_from_2_63_on(tmp_path: Path) -> None:
+    """Steps are u64: the record of each step's ranks kept them as signed (OverflowError)."""
+    async with rlwire.open_sender(tmp_path, start_step=2**63, max_ahead=1, keep_last=1) as sender:
+        assert await sender.send(make_batch(1)) == 2**63
+        assert await sender.send_ranks([make_batch(1), make_batch(1)]) == 2**63 + 1
+    with rlwire.open_receiver(tmp_path, rank=1, start_step=2**63 + 1) as receiver:
+        assert receiver.receive(timeout=10) is not None

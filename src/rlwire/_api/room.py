@@ -36,18 +36,25 @@ class Widths:
         3
         >>> Widths(first=4, before=[(2, 2), (3, 1)]).position(3, rank=1, step=4)
         4
+        >>> Widths(first=4, before=[(2, 1)]).position(0, rank=1, step=4)  # 0, 1: gone
+        4
     """
 
     def __init__(self, first: int, before: Sequence[tuple[int, int | None]] = ()) -> None:
         """``before``: the widths of steps before ``first`` sent by an earlier run, as
-        ``(step, ranks)`` where they change (``None``: every rank), from the oldest."""
+        ``(step, ranks)`` where they change (``None``: every rank), from the oldest
+        step stored: none before it is."""
         self.first = first
-        self._starts = array("q")
+        self._starts = array("Q")  # steps go up to 2**64 - 2
         self._ranks = array("q")
         for step, ranks in before:
             self.record(step, EVERY_RANK if ranks is None else ranks)
-        # Where the widths are known from: a mark before it is taken as it is.
+        # Where the widths are known from: a mark before it is taken as it is, but for
+        # a mark before the oldest step a resumed sink kept. The steps between are gone:
+        # keep_last deleted them once every rank holding files of them had moved past
+        # them, so the rank had none; its receiver skips them (StepGapError).
         self._known = min(first, before[0][0]) if before else first
+        self._gone = before[0][0] if before else 0
 
     def record(self, step: int, ranks: int) -> None:
         """``step`` goes to ``ranks`` ranks; it forgets any later step recorded (a send
@@ -69,7 +76,7 @@ class Widths:
         make that send wait for it, and it for the send, for ever. A mark before the steps whose
         widths are known (this sender's, and those a resumed sink kept) is taken as it
         is."""
-        at = self.first if mark is None else mark
+        at = max(self.first if mark is None else mark, self._gone)
         if at < self._known or at >= step:
             return at
         run = bisect.bisect_right(self._starts, at) - 1

@@ -183,3 +183,33 @@ class RetentionContract(ContractFixtures):
                 await rank1.areceive(timeout=self.timeout)
             assert rank1.skip() == 1
             assert_batches_equal(await rank1.areceive(timeout=self.timeout), rank_batches(2)[1])
+
+    async def test_max_ahead_after_resume_waits_for_no_rank_on_deleted_steps_it_was_left_out_of(
+        self, store: Endpoint, receivers: list[TrainingBatchReceiver[TrainingBatch]]
+    ) -> None:
+        """With ``keep_last=1``: step 0 goes to both ranks, steps 1-3 to rank 0 alone,
+        each read, so steps 0-2 are deleted and rank 1's mark stays at step 1. Resumed
+        with ``max_ahead=1``, the send of step 4 must not wait for rank 1 to move past
+        steps 1-3: the resumed sink no longer has them to say they left rank 1 out, and
+        rank 1 can read none of them (it skips them, then waits for step 4)."""
+        rank0, rank1 = receivers
+        first = store.open_sender(keep_last=1)
+        self._require_retention(first)
+        async with first:
+            with anyio.fail_after(self.timeout):
+                await first.send_ranks(rank_batches(0))
+                await rank1.areceive(timeout=self.timeout)
+                rank1.wait_next(timeout=0)  # moves past step 0
+                for step in range(4):
+                    if step:
+                        await first.send(make_batch(1, seed=step))
+                    await rank0.areceive(timeout=self.timeout)
+                    rank0.wait_next(timeout=0)
+        async with store.open_sender(max_ahead=1, on_existing="resume") as again:
+            with anyio.fail_after(self.timeout):
+                assert await again.send_ranks(rank_batches(4)) == 4
+            for step in (1, 2, 3):
+                with pytest.raises(StepGapError, match=f"step {step}"):
+                    await rank1.areceive(timeout=self.timeout)
+                assert rank1.skip() == step
+            assert_batches_equal(await rank1.areceive(timeout=self.timeout), rank_batches(4)[1])

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 
 from rlwire.transport._stored.names import MAIN_RE, SEAL_RE, STEP_PART_RE
 
-__all__ = ["deleted", "never_coming"]
+__all__ = ["deleted", "fewer", "never_coming"]
 
 
 def never_coming(
@@ -51,13 +51,7 @@ def never_coming(
         # envelope says the step went to fewer ranks: then the left-out rank learns it
         # now, not once the next step is sent, which may be a whole rollout later.
         ranks = sent_to() if sent_to is not None and 0 in have else None
-        if ranks is not None and ranks <= rank:
-            return (
-                f"step {step} was sent to ranks {_ranks(ranks)} only, as its rank 0 "
-                f"message records: it will never have a message for rank {rank} (a send "
-                "after a send_ranks, or a send_ranks of fewer objects); skip() it"
-            )
-        return None
+        return fewer(step, ranks, rank) if ranks is not None and ranks <= rank else None
     after = f"the stream ended at step {end}" if not later else f"step {later[0]} is stored"
     if 0 in have:  # a commit makes main files visible from rank 0 up
         return (
@@ -88,5 +82,11 @@ def deleted(step: int, oldest: int) -> str:
     )
 
 
-def _ranks(count: int) -> str:
-    return "[0]" if count == 1 else f"0..{count - 1}"
+def fewer(step: int, ranks: int, rank: int) -> str:
+    """Why ``step``, sent to ``ranks`` ranks, will never have a message for ``rank``."""
+    sent = "[0]" if ranks == 1 else f"0..{ranks - 1}"
+    return (
+        f"step {step} was sent to ranks {sent} only: it will never have a message for "
+        f"rank {rank} (a step sent to fewer ranks: a send after a send_ranks, or a "
+        "send_ranks of fewer objects); skip() it"
+    )

@@ -16,6 +16,7 @@ from rlwire._core.errors import (
     RlwireError,
     StepGapError,
     TransportError,
+    UnsupportedVersionError,
 )
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
@@ -186,7 +187,7 @@ class StoredSource(StoredFieldsSource, Source):
             if head is None:
                 return None
             _, env, _ = read_envelope(head, self.locate(name), step=step, rank=0, part=None)
-        except CorruptFrameError:
+        except (CorruptFrameError, UnsupportedVersionError):
             return None
         return env.ranks
 

@@ -16,7 +16,7 @@ from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 from rlwire.transport._options import SourceOptions, reject_unknown
 from rlwire.transport._parts import PartInfo, Seal
-from rlwire.transport._stored.gaps import deleted
+from rlwire.transport._stored.gaps import deleted, fewer
 from rlwire.transport._url import URL
 from rlwire.transport.ray import _actors
 from rlwire.transport.ray._actors import (
@@ -212,14 +212,7 @@ class RaySource(RayFieldsSource, Source):
         if answer[0] == "end":
             raise EndOfStream.at(int(answer[1]), where=self.where)
         if answer[0] == "fewer":
-            ranks = int(answer[1])
-            sent = "[0]" if ranks == 1 else f"0..{ranks - 1}"
-            raise StepGapError(
-                f"step {step} was committed for ranks {sent} only: it will never have a "
-                f"message for rank {self.rank} (a step sent to fewer ranks: a send after a "
-                "send_ranks, or a send_ranks of fewer objects); skip() it",
-                where=where,
-            )
+            raise StepGapError(fewer(step, int(answer[1]), self.rank), where=where)
         if answer[0] == "gone":
             raise StepGapError(deleted(step, int(answer[1])), where=where)
         if answer[0] != "none":

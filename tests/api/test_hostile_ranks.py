@@ -21,6 +21,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import anyio
 import msgspec
 import pytest
 import xxhash
@@ -103,35 +104,39 @@ _RESUME = textwrap.dedent(
     from rlwire.testing import make_sample
     resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 
-    async def main():
+    async def main(root):
         batches = [rlwire.TrainingBatch(samples=[make_sample(4, seed=r)]) for r in range(2)]
-        async with rlwire.open_sender(sys.argv[1], on_existing="resume") as sender:
+        async with rlwire.open_sender(root, on_existing="resume") as sender:
             return await sender.send_ranks(batches)
 
-    try:
-        out = ["sent", anyio.run(main, backend=sys.argv[2])]
-    except rlwire.StepExistsError as exc:
-        out = ["refused", str(exc)]
-    except BaseException as exc:
-        out = ["UNTYPED " + type(exc).__name__, str(exc)[:300]]
-    print(json.dumps(out))
+    outs = []
+    for root in sys.argv[2:]:
+        try:
+            out = ["sent", anyio.run(main, root, backend=sys.argv[1])]
+        except rlwire.StepExistsError as exc:
+            out = ["refused", str(exc)]
+        except BaseException as exc:
+            out = ["UNTYPED " + type(exc).__name__, str(exc)[:300]]
+        outs.append(out)
+    print(json.dumps(outs))
     """
 )
 
 
-def resumed(root: Path, backend: str) -> tuple[str, Any]:
-    """What a sender resumed over ``root`` in a child process made of sending the next
-    step to two ranks: ``("sent", step)``, ``("refused", message)`` or the untyped error."""
+def resumed(roots: list[Path], backend: str) -> list[tuple[str, Any]]:
+    """What a sender resumed over each of ``roots`` made of sending the next step to two
+    ranks: ``("sent", step)``, ``("refused", message)`` or the untyped error. One child
+    process, under a memory limit, resumes over every root in turn (a new Python and
+    rlwire per root cost most of this module's time)."""
     proc = subprocess.run(
-        [sys.executable, "-c", _RESUME, str(root), backend],
+        [sys.executable, "-c", _RESUME, backend, *map(str, roots)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    out, detail = json.loads(proc.stdout)
-    return out, detail
+    return [(out, detail) for out, detail in json.loads(proc.stdout)]
 
 
 def limit_memory() -> None:
@@ -140,6 +145,10 @@ def limit_memory() -> None:
 
 @pytest.mark.parametrize("name", list(CASES))
 async def test_a_forged_ranks_key(tmp_path: Path, anyio_backend: str, name: str) -> None:
+    """Receivers and a resumed sender on the whole step; then, on a copy whose step 1 is
+    listed for rank 0 only, whatever its ``ranks`` says, the resumed sender does not send
+    the next step to ranks 0 and 1 after it, unless it says 1 (a step of one rank, then
+    a run of more ranks after a restart)."""
     case = CASES[name]
     root = tmp_path / "run"
     await two_steps(root, case, torn=False)
@@ -154,6 +163,34 @@ async def test_a_forged_ranks_key(tmp_path: Path, anyio_backend: str, name: str)
             else:
                 assert_batches_equal(receiver.receive(timeout=10), batch(1, rank))
 
+    roots = [root]
+    if case.torn != "skip":
+        roots.append(tmp_path / "torn")
+        await two_steps(roots[1], case, torn=True)
+    outcomes = resumed(roots, anyio_backend)
+
+    out, detail = outcomes[0]
+    assert out == case.whole, detail
+    if out == "sent":
+        assert detail == 2
+    else:
+        assert "step 1" in detail and "start_step=1, on_existing='truncate'" in detail
+        assert case.says in detail
+    if case.torn != "skip":
+        out, detail = outcomes[1]
+        assert out == case.torn, detail
+        if out == "refused":
+            assert "step 1" in detail and "start_step=1, on_existing='truncate'" in detail
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_inspect_names_a_forged_ranks_key(tmp_path: Path, name: str) -> None:
+    """``rlwire inspect`` on the forged file: a malformed ``ranks`` exits 2 naming the
+    key, without a traceback (synchronous, so once, not once per event loop)."""
+    case = CASES[name]
+    root = tmp_path / "run"
+    anyio.run(two_steps, root, case, False)
+    forged = root / main_name(1, case.rank)
     command = ["inspect", str(root), "--step", "1", "--rank", str(case.rank)]
     proc = subprocess.run(
         [sys.executable, "-m", "rlwire._api.cli", *command],
@@ -167,27 +204,3 @@ async def test_a_forged_ranks_key(tmp_path: Path, anyio_backend: str, name: str)
     assert proc.returncode == (2 if case.corrupt else 0), proc.stderr
     if case.corrupt:
         assert "ranks" in proc.stderr.replace(str(forged), "")
-
-    out, detail = resumed(root, anyio_backend)
-    assert out == case.whole, detail
-    if out == "sent":
-        assert detail == 2
-    else:
-        assert "step 1" in detail and "start_step=1, on_existing='truncate'" in detail
-        assert case.says in detail
-
-
-@pytest.mark.parametrize("name", [n for n, c in CASES.items() if c.torn != "skip"])
-async def test_a_forged_ranks_key_on_a_torn_step(
-    tmp_path: Path, anyio_backend: str, name: str
-) -> None:
-    """Step 1 listed for rank 0 only: whatever its ``ranks`` says, the resumed sender
-    does not send the next step to ranks 0 and 1 after it, unless it says 1 (a step
-    of one rank, then a run of more ranks after a restart)."""
-    case = CASES[name]
-    root = tmp_path / "run"
-    await two_steps(root, case, torn=True)
-    out, detail = resumed(root, anyio_backend)
-    assert out == case.torn, detail
-    if out == "refused":
-        assert "step 1" in detail and "start_step=1, on_existing='truncate'" in detail

@@ -113,10 +113,20 @@ async def test_cancelled_first_caller_does_not_cancel_the_run() -> None:
 
 
 @pytest.mark.anyio
-async def test_async_callers_all_see_the_failure() -> None:
+async def test_async_callers_all_see_the_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     factory = Factory(fail=True)
     once = Once(factory)
     errors: list[BaseException] = []
+    # Each caller's thread is seen entering get(): a fixed pause alone let a caller that
+    # a loaded machine scheduled late arrive after the failed run, and start another.
+    entered = threading.Semaphore(0)
+    get = Once.get
+
+    def counted(self: Once[str]) -> str:
+        entered.release()
+        return get(self)
+
+    monkeypatch.setattr(Once, "get", counted)
 
     async def wait_for_it() -> None:
         try:
@@ -127,8 +137,10 @@ async def test_async_callers_all_see_the_failure() -> None:
     async with anyio.create_task_group() as tg:
         for _ in range(4):
             tg.start_soon(wait_for_it)
+        for _ in range(4):
+            assert await anyio.to_thread.run_sync(entered.acquire, True, 5)
         await anyio.to_thread.run_sync(factory.started.wait, 5)
-        await anyio.sleep(0.05)
+        await anyio.sleep(0.05)  # from get() to the wait for the run: a few bytecodes
         factory.release.set()
     assert factory.calls == 1
     assert len(errors) == 4 and {str(e) for e in errors} == {"run 1 failed"}

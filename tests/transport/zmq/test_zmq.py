@@ -38,7 +38,7 @@ import rlwire
 from rlwire.abc import SinkOptions
 from rlwire.transport import parse_url
 from rlwire.transport.zmq import ZmqSink, ZmqSource
-from rlwire.transport.zmq._protocol import parse_end, ready_packet
+from rlwire.transport.zmq._control import parse_end, ready_packet
 
 TESTS = Path(__file__).resolve().parents[2]  # helpers.py lives there
 #: For what should happen: far longer than it takes, even on a busy machine.

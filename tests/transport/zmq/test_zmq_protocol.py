@@ -23,6 +23,7 @@ from helpers import make_batch
 import rlwire
 from rlwire._frame.frame import Frame
 from rlwire.codecs import MsgpackCodec
+from rlwire.transport.zmq import _control as control
 from rlwire.transport.zmq import _protocol as protocol
 
 #: For what should happen: far longer than it takes, even on a busy machine.
@@ -147,7 +148,7 @@ def test_first_parts_and_seal_are_the_documented_bytes(
         assert protocol.first_part(head, seq=9, index=index, count=3) == packet[0]
     segments = [bytes(frame.header), *map(bytes, frame.buffers)]
     sums = checksums_of(segments) if checksums else b""
-    assert protocol.seal_packet(b"S" * 8, 9, sums) == expected[-1]
+    assert control.seal_packet(b"S" * 8, 9, sums) == expected[-1]
 
 
 def test_a_documented_packets_parses() -> None:
@@ -166,36 +167,36 @@ def test_a_documented_packets_parses() -> None:
     assert protocol.frame_of(head, segments, where="here") == Frame(
         data[0][1], tuple(map(memoryview, data[1][1:])), frozenset(), "msgpack"
     )
-    parsed = protocol.parse_seal(seal, where="here")
-    assert parsed == protocol.Seal(b"S" * 8, 2, checksums_of([data[0][1], *data[1][1:]]))
+    parsed = control.parse_seal(seal, where="here")
+    assert parsed == control.Seal(b"S" * 8, 2, checksums_of([data[0][1], *data[1][1:]]))
 
 
 def test_control_packets_are_as_documented() -> None:
-    assert protocol.ready_packet(3) == [b"ready", msgspec.msgpack.encode([2, 3, None, 1])]
-    assert protocol.ack_packet(b"C" * 8, 7) == [b"ack", struct.pack("<8sQ", b"C" * 8, 7)]
-    assert protocol.bye_packet() == [b"bye", b""]
-    assert protocol.abort_packet(b"C" * 8, 7) == [b"abort", struct.pack("<8sQ", b"C" * 8, 7)]
-    assert protocol.is_ping([b"ping"]) and not protocol.is_ping([b"ping", b""])
-    assert protocol.parse_ready(msgspec.msgpack.encode([2, 3])) == protocol.Ready(2, 3)
-    assert protocol.ready_packet(0, "shared") == [
+    assert control.ready_packet(3) == [b"ready", msgspec.msgpack.encode([2, 3, None, 1])]
+    assert control.ack_packet(b"C" * 8, 7) == [b"ack", struct.pack("<8sQ", b"C" * 8, 7)]
+    assert control.bye_packet() == [b"bye", b""]
+    assert control.abort_packet(b"C" * 8, 7) == [b"abort", struct.pack("<8sQ", b"C" * 8, 7)]
+    assert control.is_ping([b"ping"]) and not control.is_ping([b"ping", b""])
+    assert control.parse_ready(msgspec.msgpack.encode([2, 3])) == control.Ready(2, 3)
+    assert control.ready_packet(0, "shared") == [
         b"ready",
         msgspec.msgpack.encode([2, 0, "shared", 1]),
     ]
-    assert protocol.parse_ready(msgspec.msgpack.encode([2, 1, "ranks"])) == protocol.Ready(
+    assert control.parse_ready(msgspec.msgpack.encode([2, 1, "ranks"])) == control.Ready(
         2, 1, "ranks"
     )
-    assert protocol.parse_ready(msgspec.msgpack.encode([2, 1, "odd"])) == protocol.Ready(2, 1)
-    assert protocol.refuse_packet("why") == [b"refuse", b"why"]
-    assert protocol.parse_refuse([b"refuse", b"why"]) == "why"
+    assert control.parse_ready(msgspec.msgpack.encode([2, 1, "odd"])) == control.Ready(2, 1)
+    assert control.refuse_packet("why") == [b"refuse", b"why"]
+    assert control.parse_refuse([b"refuse", b"why"]) == "why"
     for body in (msgspec.msgpack.encode([1, 3]), msgspec.msgpack.encode([2, -1]), b"\xc1"):
-        assert protocol.parse_ready(body) is None  # ignored: another version, or not one
-    assert protocol.parse_ack(struct.pack("<8sQ", b"C" * 8, 7)) == (b"C" * 8, 7)
-    assert protocol.parse_ack(b"C" * 15) is None
-    assert protocol.parse_abort([b"abort", struct.pack("<8sQ", b"C" * 8, 7)]) == (b"C" * 8, 7)
-    assert protocol.parse_abort([b"abort", b"C" * 15]) is None
+        assert control.parse_ready(body) is None  # ignored: another version, or not one
+    assert control.parse_ack(struct.pack("<8sQ", b"C" * 8, 7)) == (b"C" * 8, 7)
+    assert control.parse_ack(b"C" * 15) is None
+    assert control.parse_abort([b"abort", struct.pack("<8sQ", b"C" * 8, 7)]) == (b"C" * 8, 7)
+    assert control.parse_abort([b"abort", b"C" * 15]) is None
     for body in (b"C" * 15, b"C" * 16 + b"sum"):
         with pytest.raises(rlwire.CorruptFrameError, match="here: malformed seal"):
-            protocol.parse_seal([b"seal", body], where="here")
+            control.parse_seal([b"seal", body], where="here")
 
 
 _first, *_rest = wire_packets(0, 0)[0]
@@ -432,7 +433,7 @@ def forged(
         ]
         for index in range(len(counts))
     ]
-    return [*data, protocol.seal_packet(session, seq, checksums_of(segments))]
+    return [*data, control.seal_packet(session, seq, checksums_of(segments))]
 
 
 class Forger:
@@ -606,7 +607,7 @@ def test_an_end_after_lost_steps_is_a_gap_then_the_end(
         forger.handshake()
         forger.send(forged(0, 0))
         forger.send(forged(1, 1))
-        forger.send([protocol.end_packet(5)])
+        forger.send([control.end_packet(5)])
         assert [env(receiver), env(receiver)] == ["env0", "env1"]
         with pytest.raises(rlwire.StepGapError, match="finished the stream at step 5: steps 2-4"):
             receiver.receive(timeout=LONG)
@@ -617,7 +618,7 @@ def test_an_end_after_lost_steps_is_a_gap_then_the_end(
     with rlwire.open_receiver(url) as receiver:
         forger.handshake()
         forger.send(forged(0, 0, session=b"A" * 8))
-        forger.send([protocol.end_packet(1)])  # the end carries no session
+        forger.send([control.end_packet(1)])  # the end carries no session
         assert env(receiver) == "env0"
         assert list(receiver) == []
 
@@ -638,8 +639,8 @@ def test_a_message_stopped_midway_is_dropped_and_counts_as_lost(
         forger.send(forged(0, 0, cut=(2,)))
         assert env(receiver) == "env0"
         one = forged(1, 1, cut=(2, 2))
-        forger.send([*one[:2], protocol.abort_packet(b"S" * 8, 0)])  # another message's
-        forger.send([one[2], protocol.abort_packet(b"S" * 8, 1), one[3]])
+        forger.send([*one[:2], control.abort_packet(b"S" * 8, 0)])  # another message's
+        forger.send([one[2], control.abort_packet(b"S" * 8, 1), one[3]])
         forger.send(forged(2, 2, cut=(2,)))
         with pytest.raises(rlwire.StepGapError, match="expected step 1, got step 2"):
             receiver.receive(timeout=LONG)
@@ -656,7 +657,7 @@ def test_a_message_stopped_midway_is_dropped_and_counts_as_lost(
         with pytest.raises(rlwire.StepGapError, match="expected step 5, got step 6"):
             receiver.receive(timeout=LONG)
         assert env(receiver) == "env6"
-        forger.send([*forged(7, 7, cut=(2,))[:1], protocol.end_packet(8)])
+        forger.send([*forged(7, 7, cut=(2,))[:1], control.end_packet(8)])
         with pytest.raises(rlwire.StepGapError, match="finished the stream at step 8: steps 7"):
             receiver.receive(timeout=LONG)
         with pytest.raises(rlwire.EndOfStream):

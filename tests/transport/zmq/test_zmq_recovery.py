@@ -485,7 +485,7 @@ async def test_two_receivers_that_connect_as_the_stream_ends_both_hear_the_end(
     once, the other only later. The closing sender waits for the second too and tells
     it the end: the first one's ``ready`` used to clear the wait for both, so the sender
     closed at once and the second receiver waited forever."""
-    from rlwire.transport.zmq._protocol import parse_end, ready_packet
+    from rlwire.transport.zmq._control import parse_end, ready_packet
 
     url = f"zmq+ipc://{tmp_path / 'late.sock'}"
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()

@@ -31,7 +31,7 @@ import zmq
 from helpers import make_batch
 
 import rlwire
-from rlwire.transport.zmq._protocol import bye_packet, ready_packet
+from rlwire.transport.zmq._control import bye_packet, ready_packet
 from rlwire.transport.zmq._ranks import taken_over
 
 pytestmark = pytest.mark.anyio

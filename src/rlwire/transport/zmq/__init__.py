@@ -37,7 +37,9 @@ edge-triggered file descriptor with :func:`anyio.wait_readable` and re-reading
 The modules, one concept each:
 
 ``_protocol``
-    the packets exactly as docs/format.md ("ZeroMQ messages") specifies them
+    the data packets exactly as docs/format.md ("ZeroMQ messages") specifies them
+``_control``
+    the control packets (a kind and a body: ``ready``, ``seal``, ``end`` …), likewise
 ``_peers``
     the sender's bookkeeping of its receivers: handshake, ranks, acknowledgements
 ``_ranks``
@@ -50,6 +52,8 @@ The modules, one concept each:
     a receiver puts a message back together from its data packets and checks it
 ``_ordering``
     a receiver places each message against the one it expects next
+``_waiting``
+    how a receiver waits for the next packet, never past its next announcement
 ``_sink`` / ``_source``
     :class:`ZmqSink` and :class:`ZmqSource`
 """

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Literal
 
 from rlwire._core.errors import ConfigError
-from rlwire.transport.zmq._protocol import Ready
+from rlwire.transport.zmq._control import Ready
 
 __all__ = ["NO_PARTS", "Pattern", "misfit", "refusal"]
 

@@ -29,7 +29,7 @@ import zmq
 from rlwire._core.errors import TransportError, transport_error
 from rlwire.transport.zmq._admission import NO_PARTS, Pattern, misfit
 from rlwire.transport.zmq._complaints import gone, timed_out, untold
-from rlwire.transport.zmq._protocol import (
+from rlwire.transport.zmq._control import (
     ACK,
     BYE,
     PING,

@@ -18,13 +18,8 @@ from rlwire._core.errors import CorruptFrameError, RlwireError
 from rlwire._frame.checksums import CHECKSUM, check_algorithm, compare_digests, segment_digests
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
-from rlwire.transport.zmq._protocol import (
-    Head,
-    frame_of,
-    parse_abort,
-    parse_data,
-    parse_seal,
-)
+from rlwire.transport.zmq._control import parse_abort, parse_seal
+from rlwire.transport.zmq._protocol import Head, frame_of, parse_data
 
 __all__ = ["Reassembly", "Sealed"]
 
@@ -112,7 +107,7 @@ class Reassembly:
     """The message under way on one receiver's connection, put back together.
 
     Example:
-        >>> from rlwire.transport.zmq._protocol import abort_packet
+        >>> from rlwire.transport.zmq._control import abort_packet
         >>> Reassembly(verify=True).take(abort_packet(b"S" * 8, 0), where="ipc:///run")
     """
 

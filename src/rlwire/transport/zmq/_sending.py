@@ -17,8 +17,9 @@ from rlwire._core.errors import transport_error
 from rlwire._core.slicing import SliceTimer
 from rlwire._frame.checksums import segment_digests
 from rlwire._frame.pieces import Pieces
+from rlwire.transport.zmq._control import seal_packet
 from rlwire.transport.zmq._peers import Peers
-from rlwire.transport.zmq._protocol import Head, first_part, seal_packet
+from rlwire.transport.zmq._protocol import Head, first_part
 from rlwire.transport.zmq._sockets import Socket
 
 #: A data packet this small is hashed in the event loop (xxh3: some tens of microseconds)

@@ -23,13 +23,8 @@ from rlwire.transport._options import SourceOptions, reject_unknown
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
 from rlwire.transport.zmq._admission import Pattern, refusal
-from rlwire.transport.zmq._ordering import Ordering
-from rlwire.transport.zmq._parts import StepParts
-from rlwire.transport.zmq._protocol import (
-    PART,
+from rlwire.transport.zmq._control import (
     REANNOUNCE_SECONDS,
-    STEP_SEAL,
-    WHOLE,
     ack_packet,
     bye_packet,
     is_ping,
@@ -37,20 +32,21 @@ from rlwire.transport.zmq._protocol import (
     parse_refuse,
     ready_packet,
 )
+from rlwire.transport.zmq._ordering import Ordering
+from rlwire.transport.zmq._parts import StepParts
+from rlwire.transport.zmq._protocol import PART, STEP_SEAL, WHOLE
 from rlwire.transport.zmq._reassembly import Reassembly, Sealed
 from rlwire.transport.zmq._sockets import (
     HANDSHAKE_EVENTS,
-    RETRY_SECONDS,
     Context,
     Socket,
     check_handshake,
     connect_curve,
     endpoint,
-    has_packet,
     option_key,
     release,
-    wait_descriptor,
 )
+from rlwire.transport.zmq._waiting import await_packet, wait_for_packet
 
 __all__ = ["ZmqSource", "open_source"]
 
@@ -266,28 +262,10 @@ class ZmqSource(Source):
         return None
 
     def wait(self, timeout: float | None) -> None:
-        # Bounded, so that the next read_next re-announces this receiver to a sender
-        # that restarted (else a blocking receive waits forever); in short polls under
-        # the lock, since close() may be called from another thread meanwhile.
-        deadline = _deadline(timeout)
-        while (remaining := deadline - time.monotonic()) > 0:
-            with self._lock:
-                if self._socket is None or self._socket.poll(
-                    max(1, int(min(remaining, RETRY_SECONDS) * 1000)), zmq.POLLIN
-                ):
-                    return
+        wait_for_packet(lambda: self._socket, self._lock, timeout)
 
     async def await_message(self, timeout: float | None) -> None:
-        # Bounded, so a closed source or a re-announcement is noticed.
-        deadline = _deadline(timeout)
-        while (remaining := deadline - time.monotonic()) > 0:
-            sock = self._socket
-            try:
-                if sock is None or has_packet(sock):
-                    return
-                await wait_descriptor(sock, min(remaining, RETRY_SECONDS))
-            except zmq.ZMQError:
-                return  # closed meanwhile: the next read says so
+        await await_packet(lambda: self._socket, timeout)
 
     def close(self) -> None:
         with self._lock:
@@ -389,9 +367,3 @@ def open_source(url: URL, options: SourceOptions) -> ZmqSource:
         curve_public_key=option_key(opts, "curve_public_key"),
         curve_secret_key=option_key(opts, "curve_secret_key"),
     )
-
-
-def _deadline(timeout: float | None) -> float:
-    """When a wait of ``timeout`` seconds ends: never later than a re-announcement is due."""
-    limit = REANNOUNCE_SECONDS if timeout is None else min(timeout, REANNOUNCE_SECONDS)
-    return time.monotonic() + limit

@@ -270,7 +270,7 @@ def test_a_part_and_a_seal_are_the_documented_bytes() -> None:
     whole = protocol.make_head(frame, session=b"S" * 8, step=4, rank=1, shared=False, checksum=True)
     head = part_head(whole, PartInfo(rank=1, index=2, key="g7", cost=12.0))
     first = protocol.first_part(head, seq=5, index=0, count=1)
-    assert first[:8] == b"RLWZ\x02\x00\x01\x00"
+    assert first[:8] == b"RLWZ\x02\x00\x02\x00"
     values = msgspec.msgpack.decode(first[8:])
     assert values[:3] == [b"S" * 8, 5, 4] and values[11:] == [0, 1, 1, 2, "g7", 12.0]
     plain = msgspec.msgpack.decode(protocol.first_part(whole, seq=5, index=0, count=1)[8:])

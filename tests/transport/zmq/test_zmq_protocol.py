@@ -61,7 +61,7 @@ def documented_packets(
     shared: bool = False,
     session: bytes = b"S" * 8,
     version: int = 2,
-    minor: int = 1,
+    minor: int = 2,
     checksums: bool = True,
     cut: tuple[int, ...] = (),
 ) -> Packets:
@@ -172,7 +172,7 @@ def test_a_documented_packets_parses() -> None:
 
 
 def test_control_packets_are_as_documented() -> None:
-    assert control.ready_packet(3) == [b"ready", msgspec.msgpack.encode([2, 3, None, 1])]
+    assert control.ready_packet(3) == [b"ready", msgspec.msgpack.encode([2, 3, None, 2])]
     assert control.ack_packet(b"C" * 8, 7) == [b"ack", struct.pack("<8sQ", b"C" * 8, 7)]
     assert control.bye_packet() == [b"bye", b""]
     assert control.abort_packet(b"C" * 8, 7) == [b"abort", struct.pack("<8sQ", b"C" * 8, 7)]
@@ -180,13 +180,16 @@ def test_control_packets_are_as_documented() -> None:
     assert control.parse_ready(msgspec.msgpack.encode([2, 3])) == control.Ready(2, 3)
     assert control.ready_packet(0, "shared") == [
         b"ready",
-        msgspec.msgpack.encode([2, 0, "shared", 1]),
+        msgspec.msgpack.encode([2, 0, "shared", 2]),
     ]
     assert control.parse_ready(msgspec.msgpack.encode([2, 1, "ranks"])) == control.Ready(
         2, 1, "ranks"
     )
     assert control.parse_ready(msgspec.msgpack.encode([2, 1, "odd"])) == control.Ready(2, 1)
     assert control.refuse_packet("why") == [b"refuse", b"why"]
+    assert control.absent_packet(7, 2) == [b"absent", struct.pack("<QQ", 7, 2)]
+    assert control.parse_absent([b"absent", struct.pack("<QQ", 7, 2)]) == (7, 2)
+    assert control.parse_absent([b"absent", b"C" * 15]) is None
     assert control.parse_refuse([b"refuse", b"why"]) == "why"
     for body in (msgspec.msgpack.encode([1, 3]), msgspec.msgpack.encode([2, -1]), b"\xc1"):
         assert control.parse_ready(body) is None  # ignored: another version, or not one
@@ -306,7 +309,7 @@ async def test_what_a_sender_sends_reads_as_documented(
         for seq, (data, seal) in enumerate(received):
             heads, segments = [], []
             for index, (first, *carried) in enumerate(data):
-                assert PRELUDE.unpack_from(first) == (b"RLWZ", 2, 1)
+                assert PRELUDE.unpack_from(first) == (b"RLWZ", 2, 2)
                 values = msgspec.msgpack.decode(first[PRELUDE.size :])
                 head = dict(zip(HEAD_FIELDS, values, strict=True))
                 assert carried and (head["index"], head["count"]) == (index, len(data))
@@ -354,7 +357,7 @@ def test_a_receiver_refuses_malformed_packets_and_goes_on(
     router.bind(url.removeprefix("zmq+"))
     with rlwire.open_receiver(url) as receiver:
         peer, kind, body = router.recv_multipart()
-        assert (kind, msgspec.msgpack.decode(body)) == (b"ready", [2, 0, None, 1])
+        assert (kind, msgspec.msgpack.decode(body)) == (b"ready", [2, 0, None, 2])
         refused: list[tuple[Packets, type[rlwire.RlwireError], str]] = [
             ([parts], error, words) for parts, error, words in BAD
         ]
@@ -662,3 +665,68 @@ def test_a_message_stopped_midway_is_dropped_and_counts_as_lost(
             receiver.receive(timeout=LONG)
         with pytest.raises(rlwire.EndOfStream):
             receiver.receive(timeout=LONG)
+
+
+# -- absent (2.2): a step that has no message for a rank -----------------------------------
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_step_sent_to_fewer_ranks_sends_absent_to_the_receivers_of_2_2_only(
+    tmp_path: Path, raw_socket: RawSocket
+) -> None:
+    """Step 0 goes to ranks 0-2, step 1 to rank 0 alone: the receiver of rank 1, which
+    announced minor version 2, is sent ``absent`` (step 1, 1 rank) as soon as step 1 is
+    sent, with no sequence number of its own; the receiver of rank 2 announced 2.1, which
+    would refuse an unknown packet as corrupt, and is sent nothing until the end."""
+    url = f"zmq+ipc://{tmp_path}/sock"
+    dealers = [raw_socket(zmq.DEALER) for _ in range(3)]
+    async with rlwire.open_sender(url, storage_options={"linger": SHORT}) as sender:
+        for rank, dealer in enumerate(dealers):
+            dealer.connect(url.removeprefix("zmq+"))
+            minor = 1 if rank == 2 else 2
+            dealer.send_multipart([b"ready", msgspec.msgpack.encode([2, rank, None, minor])])
+        await sender.send_ranks([make_batch(1, 8, seed=rank) for rank in range(3)])
+        await sender.send(make_batch(1, 8, seed=9))
+        for dealer in dealers:
+            receive_message(dealer)  # step 0
+        assert dealers[1].recv_multipart() == [b"absent", struct.pack("<QQ", 1, 1)]
+        await sender.finish()
+    data, _seal = receive_message(dealers[0])  # step 1
+    assert msgspec.msgpack.decode(data[0][0][PRELUDE.size :])[1:3] == [1, 1]  # seq 1, step 1
+    for dealer in dealers:
+        assert dealer.recv_multipart() == [b"end", struct.pack("<Q", 2)]
+
+
+def test_an_absent_step_is_a_gap_said_once(tmp_path: Path, raw_socket: RawSocket) -> None:
+    """``absent`` of the step a receiver expects raises StepGapError naming the step and
+    the ranks it went to, once: the next whole step then follows on with no second
+    gap, whether the receiver ``skip()``-ped the step or not, and so does the end. An
+    ``absent`` of a step passed, or of one after a gap (the next message reports the gap),
+    says nothing."""
+    url = f"zmq+ipc://{tmp_path}/sock"
+    forger = Forger(raw_socket, url)
+    with rlwire.open_receiver(url, rank=2) as receiver:
+        forger.handshake()
+        forger.send([*forged(0, 0, rank=2), control.absent_packet(1, 2)])
+        assert env(receiver) == "env0"
+        with pytest.raises(rlwire.StepGapError, match=r"step 1 was sent to ranks 0\.\.1 only"):
+            receiver.receive(timeout=LONG)
+        with pytest.raises(rlwire.ReceiveTimeout):  # nothing more is said of step 1
+            receiver.receive(timeout=SHORT / 4)
+        forger.send(forged(2, 1, rank=2))
+        assert env(receiver) == "env2"  # not skipped: no second gap either
+        forger.send([control.absent_packet(3, 1)])
+        with pytest.raises(rlwire.StepGapError, match="step 3 was sent to rank 0 only"):
+            receiver.receive(timeout=LONG)
+        assert receiver.skip() == 3
+        forger.send([control.absent_packet(3, 1), *forged(4, 2, rank=2)])  # passed: ignored
+        assert env(receiver) == "env4"
+        forger.send([control.absent_packet(6, 1), *forged(7, 3, rank=2)])  # after a gap
+        with pytest.raises(rlwire.StepGapError, match="expected step 5, got step 7"):
+            receiver.receive(timeout=LONG)
+        assert env(receiver) == "env7"
+        forger.send([control.absent_packet(8, 1), control.end_packet(9)])
+        with pytest.raises(rlwire.StepGapError, match="step 8 was sent to rank 0 only"):
+            receiver.receive(timeout=LONG)
+        assert list(receiver) == []  # the end at step 9: no gap to report

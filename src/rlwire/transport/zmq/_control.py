@@ -2,8 +2,8 @@
 
 A control packet is a kind and a body (``ping`` is a kind alone): ``ready``, ``ack`` and
 ``bye`` go from a receiver to the sender; ``ping``, ``seal`` (which closes a message's
-data packets: see :mod:`rlwire.transport.zmq._protocol`), ``abort``, ``end`` and
-``refuse`` from a sender to a receiver.
+data packets: see :mod:`rlwire.transport.zmq._protocol`), ``abort``, ``end``, ``refuse``
+and (2.2) ``absent`` from a sender to a receiver.
 
 This module builds and checks them and touches no socket. What it writes is the wire
 format: a change here is a change of docs/format.md, and of
@@ -22,6 +22,8 @@ from rlwire.transport.zmq._protocol import VERSION
 
 __all__ = [
     "ABORT",
+    "ABSENT",
+    "ABSENT_SINCE",
     "ACK",
     "BYE",
     "END",
@@ -33,11 +35,13 @@ __all__ = [
     "Ready",
     "Seal",
     "abort_packet",
+    "absent_packet",
     "ack_packet",
     "bye_packet",
     "end_packet",
     "is_ping",
     "parse_abort",
+    "parse_absent",
     "parse_ack",
     "parse_end",
     "parse_ready",
@@ -70,10 +74,17 @@ ABORT = b"abort"
 #: to a receiver whose ``ready`` does not fit it (it expects the other pattern).
 REFUSE = b"refuse"
 _REFUSE_BYTES = 1000
+#: Sender -> receiver (2.2), body: a step and how many ranks it was sent to (u64 LE
+#: each): the step has no message for this receiver, whose rank is not among them.
+ABSENT = b"absent"
+#: The minor version from which a receiver reads ``absent``: one of 2.1 would refuse the
+#: packet as corrupt, so it is sent only to receivers whose ``ready`` says this or more.
+ABSENT_SINCE = 2
 REANNOUNCE_SECONDS = 1.0
 
 _ACK_BODY = struct.Struct("<8sQ")
 _END_BODY = struct.Struct("<Q")
+_ABSENT_BODY = struct.Struct("<QQ")
 # session, seq: the body of an abort, and what opens the body of a seal
 _MESSAGE_ID = struct.Struct("<8sQ")
 
@@ -90,7 +101,8 @@ class Seal(msgspec.Struct, frozen=True):
 class Ready(msgspec.Struct, array_like=True, frozen=True):
     """The body of a ``ready`` packet: the receiver's major version, its rank, the
     pattern it expects (or nil), and since 2.1 its minor version (a 2.0 sender ignores
-    it; a receiver that sends none is taken for 2.0, which carries no parts)."""
+    it; a receiver that sends none is taken for 2.0, which carries no parts; one of 2.1
+    is sent no ``absent``)."""
 
     major: int
     rank: int
@@ -156,6 +168,25 @@ def parse_end(parts: Sequence[bytes | memoryview]) -> int | None:
     return int(_END_BODY.unpack(parts[1])[0])
 
 
+def absent_packet(step: int, ranks: int) -> list[bytes]:
+    """The ``absent`` packet: ``step`` went to ranks ``0 .. ranks - 1`` only, so it has
+    no message for the receiver told."""
+    return [ABSENT, _ABSENT_BODY.pack(step, ranks)]
+
+
+def parse_absent(parts: Sequence[bytes | memoryview]) -> tuple[int, int] | None:
+    """``(step, ranks)`` if ``parts`` is a sender's ``absent`` packet, else ``None``.
+
+    Example:
+        >>> parse_absent(absent_packet(7, 2)), parse_absent([b"absent", b"short"])
+        ((7, 2), None)
+    """
+    if len(parts) != 2 or bytes(parts[0]) != ABSENT or len(parts[1]) != _ABSENT_BODY.size:
+        return None
+    step, ranks = _ABSENT_BODY.unpack(parts[1])
+    return step, ranks
+
+
 def is_ping(parts: Sequence[bytes | memoryview]) -> bool:
     """True if ``parts`` is a sender's ``ping``, which a receiver ignores."""
     return len(parts) == 1 and bytes(parts[0]) == PING
@@ -167,7 +198,7 @@ def ready_packet(rank: int, pattern: str | None = None) -> list[bytes]:
 
     Example:
         >>> ready_packet(2), ready_packet(0, "shared")
-        ([b'ready', b'\\x94\\x02\\x02\\xc0\\x01'], [b'ready', b'\\x94\\x02\\x00\\xa6shared\\x01'])
+        ([b'ready', b'\\x94\\x02\\x02\\xc0\\x02'], [b'ready', b'\\x94\\x02\\x00\\xa6shared\\x02'])
     """
     return [READY, msgspec.msgpack.encode([VERSION[0], rank, pattern, VERSION[1]])]
 
@@ -178,7 +209,7 @@ def parse_ready(body: bytes) -> Ready | None:
 
     Example:
         >>> parse_ready(ready_packet(2)[1]), parse_ready(b"\\x92\\x09\\x02")  # version 9
-        (Ready(major=2, rank=2, pattern=None, minor=1), None)
+        (Ready(major=2, rank=2, pattern=None, minor=2), None)
     """
     try:
         ready = _ready_decoder.decode(body)

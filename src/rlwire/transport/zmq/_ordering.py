@@ -4,7 +4,7 @@ session, the sequence number and the step (docs/format.md, "ZeroMQ messages").""
 from __future__ import annotations
 
 from rlwire._core.errors import EndOfStream, StepGapError, StepOrderError
-from rlwire.transport.zmq._protocol import Head
+from rlwire.transport.zmq._protocol import WHOLE, Head
 
 __all__ = ["Ordering", "span"]
 
@@ -30,6 +30,9 @@ class Ordering:
         # A new session that started behind: its steps below the expected one are
         # discarded without a word (it was reported once).
         self._behind: bytes | None = None
+        # The step an ``absent`` packet said has no message for this receiver, expected:
+        # it was reported then.
+        self._absent: int | None = None
 
     def place(self, head: Head, step: int) -> str | None:
         """Where ``head``'s message stands when ``step`` is expected: ``""`` if it is the
@@ -41,6 +44,9 @@ class Ordering:
             StepOrderError: it repeats or goes back: discarded (it moves the state on only
                 if it is the next in the sequence, with a step already past).
         """
+        if head.kind == WHOLE and head.step > step:
+            # Not a part: the reader of a step filled part by part stays at its step.
+            step = self._past_absent(step)
         new = head.session != self._session
         expected_seq = 0 if new else self._next_seq
         sender = "a new sender session" if new else "this sender"
@@ -83,10 +89,37 @@ class Ordering:
             return f"expected message {expected_seq} of {sender}, got {head.seq}"
         return ""
 
+    def absent(self, absent: int, ranks: int, step: int) -> None:
+        """Note an ``absent`` packet: step ``absent`` went to ``ranks`` ranks, not this
+        receiver's. Said only when it is ``step``, the one expected: a step passed is
+        discarded, and one after a gap is left to the next message, which reports the
+        gap with it. Said once: a whole step after it then follows on, skipped to or not.
+
+        Raises:
+            StepGapError: ``absent`` is ``step``.
+        """
+        if absent != step:
+            return
+        self._absent, self._received = absent, True
+        to = "rank 0" if ranks == 1 else f"ranks 0..{ranks - 1}"
+        raise StepGapError(
+            f"step {step} was sent to {to} only: it will never have a message for rank "
+            f"{self.rank} (a send after a send_ranks, or a send_ranks of fewer objects); "
+            "skip() it (else the next receive goes on with the next step sent)",
+            where=self.endpoint,
+            rank=self.rank,
+        )
+
+    def _past_absent(self, step: int) -> int:
+        """The step expected next when ``step`` is: the one after it if the sender said it
+        has no message for this receiver (reported then, not again by what follows)."""
+        return step + 1 if step == self._absent else step
+
     def ended(self, end: int, step: int, *, per_rank: bool) -> StepGapError | EndOfStream:
         """What a receiver that expects ``step`` raises when the sender's ``end`` comes:
         in the ``ranks`` pattern (``per_rank``), an end beyond ``step`` first reports the
         steps lost (the next receive raises :meth:`end_of_stream`)."""
+        step = self._past_absent(step)
         if per_rank and end > step:
             return StepGapError(
                 f"expected step {step}, but the sender finished the stream at step {end}: "
@@ -108,6 +141,7 @@ class Ordering:
             >>> message.removeprefix("ipc:///run: the sender finished the stream ")
             'at step 0, behind step 3 that this receiver expects; no step will come'
         """
+        step = self._past_absent(step)
         if end >= step:
             return EndOfStream.at(end, where=self.endpoint)
         why = (

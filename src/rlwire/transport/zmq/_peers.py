@@ -30,12 +30,14 @@ from rlwire._core.errors import TransportError, transport_error
 from rlwire.transport.zmq._admission import NO_PARTS, Pattern, misfit
 from rlwire.transport.zmq._complaints import gone, timed_out, untold
 from rlwire.transport.zmq._control import (
+    ABSENT_SINCE,
     ACK,
     BYE,
     PING,
     READY,
     REANNOUNCE_SECONDS,
     abort_packet,
+    absent_packet,
     end_packet,
     parse_ack,
     parse_ready,
@@ -170,6 +172,16 @@ class Peers:
             self._seq[peer] = seq
         with contextlib.suppress(zmq.ZMQError):
             self.socket.send_multipart([peer, *abort_packet(self.session, seq)], zmq.NOBLOCK)
+
+    def tell_absent(self, step: int, ranks: int) -> None:
+        """Tell the receivers of ranks ``ranks`` and above that ``step``, sent to ranks
+        ``0 .. ranks - 1``, has no message for them, if their queue has room (else, or
+        not of 2.2, or not there yet, they learn it from their next message). Not
+        sequenced: the step after it, which the next message holds, tells it too."""
+        for rank, peer in self._owners.served():
+            if rank >= ranks and self._minor.get(peer, 0) >= ABSENT_SINCE:
+                with contextlib.suppress(zmq.ZMQError):
+                    self.socket.send_multipart([peer, *absent_packet(step, ranks)], zmq.NOBLOCK)
 
     def take_seq(self, peer: bytes) -> int:
         """The sequence number of the message now going to ``peer``, counted as sent."""

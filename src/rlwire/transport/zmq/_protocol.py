@@ -38,7 +38,7 @@ __all__ = [
 
 MAGIC = b"RLWZ"
 #: (major, minor): a reader refuses a major version it does not know.
-VERSION = (2, 1)
+VERSION = (2, 2)
 _PRELUDE = struct.Struct("<4sHH")
 _PRELUDE_BYTES = _PRELUDE.pack(MAGIC, *VERSION)
 

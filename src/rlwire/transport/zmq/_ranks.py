@@ -58,6 +58,10 @@ class RankOwners:
         """The ranks that have a receiver."""
         return self._owner.keys()
 
+    def served(self) -> list[tuple[int, bytes]]:
+        """Each rank that has a receiver, with its routing id."""
+        return list(self._owner.items())
+
     def ranks_of(self, peers: Collection[bytes]) -> list[int]:
         """The ranks served by ``peers``, in order."""
         return sorted(rank for rank, peer in self._owner.items() if peer in peers)

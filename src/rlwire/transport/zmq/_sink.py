@@ -335,6 +335,12 @@ class ZmqSink(Sink):
                 where=self.endpoint,
                 on_visible=staged.seen,
             )
+        first = staged.messages[0].head if staged.messages else None
+        if self.pattern == "ranks" and first is not None and first.kind == WHOLE:
+            # Sent whole to ranks 0 .. w-1: the ranks after are told now, not by the next
+            # step, which may come a whole rollout later. A send stopped before this
+            # (cancelled, failed) tells them nothing: their next message does.
+            peers.tell_absent(first.step, len(staged.messages))
         # The caller's arrays are referenced, not copied: return only once ZeroMQ has
         # let go of them, so they may be reused. A tracker has no descriptor to wait on.
         delay = 0.0005

@@ -28,6 +28,7 @@ from rlwire.transport.zmq._control import (
     ack_packet,
     bye_packet,
     is_ping,
+    parse_absent,
     parse_end,
     parse_refuse,
     ready_packet,
@@ -95,6 +96,8 @@ class ZmqSource(Source):
             the sender's, or is missing for a sender that uses CURVE): raised by a read.
         StepGapError: a message was lost (the sequence or, for per-rank messages, the
             step does not follow on); the next read returns the message after the gap.
+            Or the sender said the step has no message for this rank (``absent``: it
+            went to fewer ranks): said once, then the next whole step follows on.
         StepOrderError: a step that would be returned a second time, or go backwards:
             discarded, the next read goes on with the next message.
         CorruptFrameError: a message that is not well-formed, fails its checksums, holds
@@ -245,21 +248,32 @@ class ZmqSource(Source):
                 raise transport_error(exc, "receive", where=self.endpoint) from exc
             self._heard = time.monotonic()
             views = [part.buffer.toreadonly() for part in parts]  # arrays read-only to numpy
-            if is_ping(views):
+            if self._controlled(views, step):
                 continue
-            self._refused = parse_refuse(views)
-            if self._refused is not None:
-                raise refusal(self.rank, self._refused, where=self.endpoint)
-            end = parse_end(views)
-            if end is not None:
-                # Sent after every message to this receiver, on the same connection.
-                self._reassembly.drop()
-                self._end = end
-                raise self._ordering.ended(end, step, per_rank=self._shared is False)
             taken = self._take(views, step)
             if taken is not None:
                 return taken
         return None
+
+    def _controlled(self, views: list[memoryview], step: int) -> bool:
+        """True if ``views`` is a control packet, done with: a ping, or an ``absent`` of
+        another step than ``step`` (a passed one, or one after a gap, which the next
+        message reports); an error for the others."""
+        if is_ping(views):
+            return True
+        self._refused = parse_refuse(views)
+        if self._refused is not None:
+            raise refusal(self.rank, self._refused, where=self.endpoint)
+        end = parse_end(views)
+        if end is not None:
+            # Sent after every message to this receiver, on the same connection.
+            self._reassembly.drop()
+            self._end = end
+            raise self._ordering.ended(end, step, per_rank=self._shared is False)
+        absent = parse_absent(views)
+        if absent is not None:
+            self._ordering.absent(*absent, step)  # raises StepGapError if it is step
+        return absent is not None
 
     def wait(self, timeout: float | None) -> None:
         wait_for_packet(lambda: self._socket, self._lock, timeout)

@@ -72,8 +72,8 @@ class Widths:
         step from its mark on that it was sent, or ``step`` if none before it was. A
         step sent to fewer ranks has nothing for it to move past: its receiver skips
         it (``StepGapError``) when it reads, which may be after the send of a later
-        step (on ZeroMQ it learns only from that step); counting the rank there could
-        make that send wait for it, and it for the send, for ever. A mark before the
+        step; counting the rank there could make that send wait for it, and it for the
+        send, for ever. A mark before the
         steps whose widths are known (this sender's, and those a resumed sink kept) is
         taken as it is; one before the oldest step a resumed sink kept, as that step."""
         at = max(self.first if mark is None else mark, self._gone)

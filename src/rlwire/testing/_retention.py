@@ -90,6 +90,44 @@ class RetentionContract(ContractFixtures):
             assert kept == [], f"rank 1's step 0 outlived its prune: {kept} stored"
             assert self._stored(store, 3) == [1, 2]  # rank 0 is at step 1
 
+    async def test_keep_last_keeps_a_step_filled_part_by_part_for_a_rank_without_parts(
+        self, store: Endpoint, receivers: list[TrainingBatchReceiver[TrainingBatch]]
+    ) -> None:
+        """Step 1 is filled part by part for both ranks, every part on rank 0; steps 2
+        and 3 go to rank 0 alone. Rank 1 has no file of step 1, yet reads it (empty):
+        its seal counts rank 1, so the sink keeps it until rank 1 moved past it."""
+        sender = store.open_sender(keep_last=1)
+        self._require_retention(sender)
+        if not sender.sink.stores_parts:
+            await sender.aclose()
+            pytest.skip("the sink cannot store a step part by part (optional)")
+        rank0, rank1 = receivers
+
+        async def move_past(receiver: TrainingBatchReceiver[TrainingBatch]) -> TrainingBatch:
+            batch = await receiver.areceive(timeout=self.timeout)
+            receiver.wait_next(timeout=0)  # looks for the next step: moves past
+            return batch
+
+        async with sender:
+            await sender.send_ranks(rank_batches(0))
+            for receiver in receivers:
+                await move_past(receiver)
+            async with sender.open_step(ranks=2) as writer:
+                await writer.put(rank_batches(1)[0].samples, key="a", rank=0)
+            await move_past(rank0)
+            await sender.send(make_batch(1, seed=2))
+            await move_past(rank0)
+            await sender.send(make_batch(1, seed=3))
+            assert self._stored(store, 4, rank=1) == [1], "rank 1's step 1 was deleted"
+            assert len((await rank1.areceive(timeout=self.timeout)).samples) == 0  # no parts
+            assert rank1.last_stats is not None and rank1.last_stats.step == 1
+            with pytest.raises(StepGapError, match="step 2"):  # sent to rank 0 alone
+                rank1.wait_next(timeout=0)  # looks for step 2: moved past step 1
+            await move_past(rank0)
+            await sender.send(make_batch(1, seed=4))
+            assert self._stored(store, 5, rank=1) == []  # moved past: deleted
+            assert self._stored(store, 5) == [4]
+
     async def test_max_ahead_waits_for_the_slowest_rank(
         self, store: Endpoint, receivers: list[TrainingBatchReceiver[TrainingBatch]]
     ) -> None:

@@ -271,7 +271,7 @@ class FileSink(StoredSink):
             return super().prune(below)
         with self.errors("delete steps every rank consumed"):
             names = self.names()  # no step some rank holding files of it may still read
-            below = held_back(names, below, self.read_consumption)
+            below = held_back(names, below, self.read_consumption, self.sealed_for)
             steps = steps_to_prune(names, below)
             if not steps:
                 return below
@@ -297,7 +297,7 @@ class FileSink(StoredSink):
                         self._pool.setdefault(_kind(name), []).append(pooled)
             # A trainer restarted at a pruned step lowers its mark before it opens the
             # files: read again now none can be opened, the marks say if one is held.
-            if held_back(names, below, self.read_consumption) < below:
+            if held_back(names, below, self.read_consumption, self.sealed_for) < below:
                 self._empty_pool()
         return below
 

@@ -8,7 +8,9 @@ rank has moved past; this module holds what the file and fsspec sinks share.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, cast
 
 from rlwire.transport._stored.marks import CONSUMED_MAGIC, parse_mark
 from rlwire.transport._stored.names import (
@@ -18,9 +20,11 @@ from rlwire.transport._stored.names import (
     STEP_PART_RE,
     STORED_RE,
     consumed_name,
+    seal_name,
 )
+from rlwire.transport._stored.parts import parse_seal
 
-__all__ = ["held_back", "read_consumed", "steps_to_prune"]
+__all__ = ["RetainedSink", "held_back", "read_consumed", "sealed_ranks", "steps_to_prune"]
 
 
 def read_consumed(
@@ -77,30 +81,43 @@ def steps_to_prune(names: Iterable[str], below: int) -> list[list[list[str]]]:
 
 
 def held_back(
-    names: Sequence[str], below: int, read: Callable[[int, int], list[int | None]]
+    names: Sequence[str],
+    below: int,
+    read: Callable[[int, int], list[int | None]],
+    sealed_for: Callable[[int], int],
 ) -> int:
-    """``below`` lowered to the first stored step before it that some rank holding
-    files of it has not moved past: every rank with files among the steps to prune is
-    asked, not only those of the send that prunes (a send to fewer ranks than an earlier
-    one, or a sender resumed after a run with more ranks). ``names`` lists the
+    """``below`` lowered to the first stored step before it that some rank of it has not
+    moved past: every rank with files among the steps to prune is asked, not only those
+    of the send that prunes (a send to fewer ranks than an earlier one, or a sender
+    resumed after a run with more ranks), and every rank a sealed step's seal counts,
+    those without parts of it too (they read it, empty). ``names`` lists the
     destination; ``read(ranks, sent)`` reads the marks of ranks ``0..ranks-1``, as
     :func:`read_consumed` does (``sent``: one past the newest stored step, files or
-    seal). A rank with no mark has moved past nothing, nor has one whose mark is beyond
-    the stored steps (another run's receiver wrote it).
+    seal); ``sealed_for(step)`` says how many ranks the seal of ``step`` counts (0 if
+    it is gone), read only for sealed steps before ``below``. A rank with no mark has
+    moved past nothing, nor has one whose mark is beyond the stored steps (another
+    run's receiver wrote it).
 
     Raises:
-        CorruptFrameError: from ``read``: a garbled mark.
+        CorruptFrameError: from ``read``: a garbled mark; from ``sealed_for``: a
+            garbled seal.
     """
-    held: dict[int, list[int]] = {}  # by rank, the steps before below it has files of
+    held: dict[int, set[int]] = {}  # by rank, the steps before below it is a rank of
     newest = -1  # a step sealed with no part has a seal only: it was sent all the same
+    sealed = []
     for name in names:
         if m := SEAL_RE.fullmatch(name):
             newest = max(newest, int(m.group(1)))
+            if int(m.group(1)) < below:
+                sealed.append(int(m.group(1)))
         elif m := RANK_FILE_RE.fullmatch(name):
             step, rank = int(m.group(1)), int(m.group(2))
             newest = max(newest, step)
             if step < below:
-                held.setdefault(rank, []).append(step)
+                held.setdefault(rank, set()).add(step)
+    for step in sealed:
+        for rank in range(sealed_for(step)):
+            held.setdefault(rank, set()).add(step)
     if not held:
         return below
     marks = read(max(held) + 1, newest + 1)
@@ -110,3 +127,51 @@ def held_back(
         if kept:
             below = min(below, *kept)
     return below
+
+
+def sealed_ranks(
+    load: Callable[[str], bytes | bytearray | memoryview | None],
+    locate: Callable[[str], str],
+    step: int,
+) -> int:
+    """How many ranks the seal of ``step`` counts (each reads the step, with or without
+    parts of its own), 0 if it is gone; ``load`` and ``locate`` as for
+    :func:`read_consumed`.
+
+    Raises:
+        CorruptFrameError: the seal is garbled.
+    """
+    name = seal_name(step)
+    data = load(name)
+    if data is None:
+        return 0
+    return parse_seal(memoryview(data), step=step, where=locate(name)).ranks
+
+
+class _Store(Protocol):
+    """What of a :class:`~rlwire.transport._stored.sink.StoredSink` this module uses."""
+
+    def load(self, name: str) -> bytes | bytearray | memoryview | None: ...
+    def locate(self, name: str | None = None) -> str: ...
+    def errors(
+        self, action: str, name: str | None = None
+    ) -> contextlib.AbstractContextManager[None]: ...
+
+
+class RetainedSink:
+    """The part of a stored sink that reads what :func:`held_back` asks: the ranks'
+    consumption marks and the ranks a seal counts, each a small file."""
+
+    def _load(self, name: str) -> bytes | bytearray | memoryview | None:
+        store = cast(_Store, self)
+        with store.errors("read", name):
+            return store.load(name)
+
+    def read_consumption(self, ranks: int, sent: int) -> list[int | None]:
+        """The marks of ranks ``0..ranks-1``, as :func:`read_consumed` reads them."""
+        return read_consumed(self._load, cast(_Store, self).locate, ranks, sent)
+
+    def sealed_for(self, step: int) -> int:
+        """How many ranks the seal of ``step`` counts (0: gone), as :func:`sealed_ranks`
+        reads it."""
+        return sealed_ranks(self._load, cast(_Store, self).locate, step)

@@ -36,7 +36,7 @@ from rlwire.transport._stored.names import (
 from rlwire.transport._stored.names import start_step as _start_step  # open's parameter
 from rlwire.transport._stored.parts import part_files, read_parts
 from rlwire.transport._stored.resumed import ReadSentTo, ResumedSink, orphan_sidecars, stored_widths
-from rlwire.transport._stored.retention import held_back, read_consumed, steps_to_prune
+from rlwire.transport._stored.retention import RetainedSink, held_back, steps_to_prune
 from rlwire.transport._stored.translate import translate_errors
 
 __all__ = ["StoredSink", "StoredStaging", "translate_errors"]
@@ -74,16 +74,17 @@ class StoredStaging(Staged):
         yield from ()
 
 
-class StoredSink(StoredFieldsSink, ResumedSink, Sink):
+class StoredSink(StoredFieldsSink, ResumedSink, RetainedSink, Sink):
     """A sink that stores step ``s`` of rank ``r`` as the files ``main_name(s, r)`` and,
     when the message has one, ``sidecar_name(s, r)``, beside an end mark and the ranks'
     consumption marks, in the byte layout every built-in store shares.
 
     It implements :meth:`open` (``on_existing``, ``start_step``), :meth:`stage`,
-    :meth:`finish`, :meth:`read_consumption` and :meth:`prune` over a few primitives that a
-    subclass provides: :meth:`names` lists the destination, :meth:`load` reads a small
-    file, :meth:`save` writes one, :meth:`remove` deletes files, :meth:`staging`
-    starts a step's :class:`StoredStaging`, and :meth:`locate` names a file in errors.
+    :meth:`finish`, :meth:`read_consumption` (:class:`RetainedSink`) and :meth:`prune`
+    over a few primitives that a subclass provides: :meth:`names` lists the
+    destination, :meth:`load` reads a small file, :meth:`save` writes one,
+    :meth:`remove` deletes files, :meth:`staging` starts a step's
+    :class:`StoredStaging`, and :meth:`locate` names a file in errors.
     Primitives raise what their backend raises; the sink turns it into a
     :class:`~rlwire.errors.TransportError` saying what failed where (:meth:`errors`).
 
@@ -255,17 +256,10 @@ class StoredSink(StoredFieldsSink, ResumedSink, Sink):
         with self.errors("mark the end of the stream", END_NAME):
             self.save(END_NAME, end_mark(end))
 
-    def read_consumption(self, ranks: int, sent: int) -> list[int | None]:
-        def load(name: str) -> bytes | bytearray | memoryview | None:
-            with self.errors("read", name):
-                return self.load(name)
-
-        return read_consumed(load, self.locate, ranks, sent)
-
     def prune(self, below: int) -> int:
         with self.errors("delete steps every rank consumed"):
             names = self.names()  # no step some rank holding files of it may still read
-            below = held_back(names, below, self.read_consumption)
+            below = held_back(names, below, self.read_consumption, self.sealed_for)
             batches = [batch for step in steps_to_prune(names, below) for batch in step]
             if batches:
                 self.fence.check(f"delete the steps before step {below}")

@@ -360,14 +360,14 @@ class Board(PartsBoard, FieldsBoard):
 
     async def prune(self, below: int, epoch: int | None = None) -> tuple[Any, ...] | None:
         """Delete every step before ``below``: its references go, and with them the
-        memory once no reader holds a view of it. A step some rank holding objects of
-        it has not moved past is kept (a rank left out of later sends), as every
-        stored sink keeps it. ``None``; ``("fenced", why)``, deleting nothing, when the
-        sender, opened at ``epoch``, is fenced off."""
+        memory once no reader holds a view of it. A step some rank of it (with objects
+        of it, or counted by its seal) has not moved past is kept, as every stored sink
+        keeps it. ``None``; ``("fenced", why)``, deleting nothing, when the sender,
+        opened at ``epoch``, is fenced off."""
         fenced = self._fenced(epoch, f"delete the steps before step {below}")
         if fenced is not None:
             return fenced
-        below = held_back(self._names(), below, self._marks)
+        below = held_back(self._names(), below, self._marks, lambda s: len(self.seals[s][0]))
         for step in [s for s in self._stored() if s < below]:
             self._drop_step(step)
         self._drop_staged(lambda s: s < below, deleted)

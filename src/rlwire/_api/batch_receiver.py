@@ -240,7 +240,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
                 obj = yield from self._decode(frame.inner, seconds, as_columns or bool(rows), type_)
             finally:
                 self._decoding = decoding
-            return (yield from merged_rows(obj, frame, rows, seconds))
+            return (yield from merged_rows(obj, frame, rows, seconds, type_))
         if isinstance(frame, SealedStep):
             return (yield from self._decode_sealed(frame, seconds, as_columns))
         return (yield from self._decoding.decode(frame, type_, seconds, as_columns))

@@ -26,6 +26,7 @@ from rlwire._api.decoding import FrameDecoding
 from rlwire._api.parts import part_types
 from rlwire._api.sealed import SealedStep
 from rlwire._core.built import dec_hook, type_name
+from rlwire._core.column_types import check_column_types
 from rlwire._core.columns import Column, Columns
 from rlwire._core.errors import ConfigError, DecodeError
 from rlwire._core.ragged import Ragged
@@ -183,13 +184,15 @@ def rows_type(type_: Any, step: Appended, decoding: FrameDecoding) -> RowsAfter 
 
 
 def merged_rows(
-    obj: Any, step: Appended, rows: RowsAfter | None, seconds: dict[str, float]
+    obj: Any, step: Appended, rows: RowsAfter | None, seconds: dict[str, float], type_: Any = Any
 ) -> Sliced[Any]:
     """``obj`` (``step`` decoded) with the columns appended to ``step`` merged: with
     ``rows`` (from :func:`rows_type`; ``obj`` was decoded as columns) its samples made
     rows once the columns their Struct declares are merged into them, the others set
     on the rows after (``extras``, as :func:`merge_appended` sets them); without,
-    :func:`merge_appended`. Time spent is added to ``seconds["decode"]``.
+    :func:`merge_appended`, the columns appended beside columns checked against the
+    fields of the samples of ``type_`` as the step's own are. Time spent is added to
+    ``seconds["decode"]``.
 
     Raises:
         DecodeError: as :func:`merge_appended`; or the rows do not match their Struct
@@ -202,8 +205,25 @@ def merged_rows(
     if not columns:
         return obj
     if rows is None or not isinstance(samples_of(obj), Columns):
-        return merge_appended(obj, columns)
+        merged = merge_appended(obj, columns)
+        _check_appended_types(merged, columns, type_)
+        return merged
     return (yield from timed(_made_rows(obj, step, rows), seconds, "decode"))
+
+
+def _check_appended_types(obj: Any, columns: dict[str, Column], type_: Any) -> None:
+    """Refuse ``columns``, appended beside the columns of ``obj``'s samples, if one holds
+    what its field of the samples of ``type_`` refuses (as the decode checks the step's
+    own columns)."""
+    samples = samples_of(obj)
+    if not isinstance(samples, Columns) or type_ in (Any, object, dict):
+        return
+    try:
+        decode_as, _ = part_types(type_)
+    except ConfigError:  # no list of samples to tell
+        return
+    appended = Columns({name: samples[name] for name in columns if name in samples})
+    check_column_types(appended, decode_as, _path_of(obj, samples))
 
 
 def _made_rows(obj: Any, step: Appended, rows: RowsAfter) -> Sliced[Any]:

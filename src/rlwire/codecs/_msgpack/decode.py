@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from rlwire._core.column_types import check_column_types
 from rlwire._core.errors import CorruptFrameError, DecodeError
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire._core.types import may_hold_buffer
@@ -28,6 +29,7 @@ from rlwire._frame.frame import Frame
 from rlwire.codecs._msgpack.allowance import HeapAllowance
 from rlwire.codecs._msgpack.conversion import as_annotated, converted
 from rlwire.codecs._msgpack.decode_calls import DecodeCalls
+from rlwire.codecs._msgpack.extensions import ROWS_AS_ARRAYS
 from rlwire.codecs._msgpack.known_fields import known_fields, skeleton
 from rlwire.codecs._msgpack.received_buffers import Chunked, ReceivedBuffers, unbounded
 from rlwire.codecs._msgpack.received_columns import (
@@ -271,6 +273,9 @@ class Decoding:
             self.to_find, found.inner = to_find, 0
         if self.as_columns:
             value: Any = columns_of(found)
+            if annotation is not None:  # refused as its rows would be, a look a column
+                positional = found.layout == ROWS_AS_ARRAYS
+                check_column_types(value, annotation, render_raw(path), positional=positional)
         else:
             cells = found.count * max(1, len(found.names))  # a row of no field is an object
             self.calls.charge(cells * ROW_COST, "rows from columns")

@@ -99,10 +99,12 @@ async def test_a_trip_ends_once_its_slices_have_run_for_trip_seconds() -> None:
 
 async def test_a_cancelled_caller_ends_the_trip_after_the_slice_under_way() -> None:
     ran = 0
+    started = threading.Event()
     closed = threading.Event()
 
     def work() -> Sliced[None]:
         nonlocal ran
+        started.set()
         try:
             for _ in range(1000):
                 time.sleep(0.001)  # 20 of these fill a trip
@@ -113,7 +115,9 @@ async def test_a_cancelled_caller_ends_the_trip_after_the_slice_under_way() -> N
 
     with anyio.move_on_after(0.004):
         await offload_sliced(work())
-    assert closed.is_set()
+    # A loaded machine may cancel it before the worker thread took its first slice:
+    # then the generator never ran, and there is nothing to close.
+    assert closed.is_set() == started.is_set()
     assert ran < 12, f"{ran} slices ran: the trip went on after the cancellation"
 
 

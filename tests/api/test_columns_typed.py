@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rlwire
-from rlwire.codecs._msgpack.codec import MsgpackCodec
+from rlwire.codecs import MsgpackCodec
 from rlwire.testing import make_batch
 
 pytestmark = pytest.mark.anyio

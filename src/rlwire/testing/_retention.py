@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import anyio
 import pytest
 
@@ -103,10 +105,7 @@ class RetentionContract(ContractFixtures):
             pytest.skip("the sink cannot store a step part by part (optional)")
         rank0, rank1 = receivers
 
-        async def move_past(receiver: TrainingBatchReceiver[TrainingBatch]) -> TrainingBatch:
-            batch = await receiver.areceive(timeout=self.timeout)
-            receiver.wait_next(timeout=0)  # looks for the next step: moves past
-            return batch
+        move_past = functools.partial(_move_past, timeout=self.timeout)
 
         async with sender:
             await sender.send_ranks(rank_batches(0))
@@ -168,10 +167,7 @@ class RetentionContract(ContractFixtures):
         self._require_retention(sender)
         rank0, rank1 = receivers
 
-        async def move_past(receiver: TrainingBatchReceiver[TrainingBatch]) -> TrainingBatch:
-            batch = await receiver.areceive(timeout=self.timeout)
-            receiver.wait_next(timeout=0)  # looks for the next step: moves past
-            return batch
+        move_past = functools.partial(_move_past, timeout=self.timeout)
 
         async with sender:
             with anyio.fail_after(self.timeout):
@@ -252,3 +248,12 @@ class RetentionContract(ContractFixtures):
                     await rank1.areceive(timeout=self.timeout)
                 assert rank1.skip() == step
             assert_batches_equal(await rank1.areceive(timeout=self.timeout), rank_batches(4)[1])
+
+
+async def _move_past(
+    receiver: TrainingBatchReceiver[TrainingBatch], timeout: float
+) -> TrainingBatch:
+    """Receive the next step, then look for the one after it: the rank moves past it."""
+    batch = await receiver.areceive(timeout=timeout)
+    receiver.wait_next(timeout=0)
+    return batch

@@ -47,7 +47,8 @@ class Retention:
         max_ahead: on a store, make each send wait, with the event loop free, while the
             step to send is more than ``max_ahead`` steps ahead of the slowest rank's
             receiver (a rank that recorded nothing yet counts as being at the sender's
-            first step; a rank left out of steps this sender sent, to fewer ranks,
+            first step, or at the oldest step stored that went to it when the sender
+            resumed; a rank left out of steps this sender sent, to fewer ranks,
             counts as past them: its receiver cannot read them). Bound the wait with
             ``anyio.fail_after``: a cancelled wait sends nothing. ``None``: never wait.
 

@@ -68,7 +68,8 @@ class Widths:
 
     def position(self, mark: int | None, rank: int, step: int) -> int:
         """Where ``rank``, whose consumption mark is ``mark`` (``None``: it recorded
-        nothing, so it is at the first step), stands for a send of ``step``: the first
+        nothing: it is at the oldest step a resumed sink kept, else at the first),
+        stands for a send of ``step``: the first
         step from its mark on that it was sent, or ``step`` if none before it was. A
         step sent to fewer ranks has nothing for it to move past: its receiver skips
         it (``StepGapError``) when it reads, which may be after the send of a later
@@ -76,7 +77,11 @@ class Widths:
         send, for ever. A mark before the
         steps whose widths are known (this sender's, and those a resumed sink kept) is
         taken as it is; one before the oldest step a resumed sink kept, as that step."""
-        at = max(self.first if mark is None else mark, self._gone)
+        # A rank that recorded nothing is at the oldest step it could read: the oldest a
+        # resumed sink kept (the walk below passes those it was left out of), else the
+        # first; not at each new sender's first step, which let every restart run
+        # max_ahead steps further past a rank that never read.
+        at = self._known if mark is None else max(mark, self._gone)
         if at < self._known or at >= step:
             return at
         run = bisect.bisect_right(self._starts, at) - 1

@@ -249,6 +249,30 @@ class RetentionContract(ContractFixtures):
                 assert rank1.skip() == step
             assert_batches_equal(await rank1.areceive(timeout=self.timeout), rank_batches(4)[1])
 
+    async def test_max_ahead_after_resume_holds_for_a_rank_that_never_read(
+        self, store: Endpoint, receivers: list[TrainingBatchReceiver[TrainingBatch]]
+    ) -> None:
+        """``max_ahead=1``: steps 0 and 1 go to both ranks; rank 0 reads them, rank 1
+        reads nothing (no mark). A resumed sender must still wait for rank 1 before
+        step 2, as the first sender would have: counting it at each new sender's first
+        step let every restart run ``max_ahead`` steps further past it."""
+        rank0, rank1 = receivers
+        first = store.open_sender(max_ahead=1)
+        self._require_retention(first)
+        async with first:
+            with anyio.fail_after(self.timeout):
+                for step in range(2):
+                    await first.send_ranks(rank_batches(step))
+                    await _move_past(rank0, self.timeout)
+        async with store.open_sender(max_ahead=1, on_existing="resume") as again:
+            with pytest.raises(TimeoutError):
+                with anyio.fail_after(0.3):
+                    await again.send_ranks(rank_batches(2))  # two ahead of rank 1
+            assert again.next_step == 2
+            with anyio.fail_after(self.timeout):
+                assert_batches_equal(await _move_past(rank1, self.timeout), rank_batches(0)[1])
+                assert await again.send_ranks(rank_batches(2)) == 2
+
 
 async def _move_past(
     receiver: TrainingBatchReceiver[TrainingBatch], timeout: float

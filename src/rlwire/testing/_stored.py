@@ -153,3 +153,20 @@ class StoredContract(ContractFixtures):
             async with store.open_sender(on_existing="resume") as again:
                 assert await again.send(more) == 1
             assert_batches_equal(receiver.receive(timeout=self.timeout), more)
+
+    async def test_a_stream_finished_past_its_last_step_resumes_at_its_end(
+        self, store: Endpoint
+    ) -> None:
+        """A sender opened at step 5 finishes without sending: the stream ends at step 5,
+        and a receiver there is told so. A sender resumed after it goes on at step 5, not
+        at step 0, where the receiver would wait for ever."""
+        async with store.open_sender(start_step=5) as sender:
+            await sender.finish()
+        with store.open_receiver(start_step=5) as receiver:
+            with pytest.raises(EndOfStream):
+                receiver.receive(timeout=self.timeout)
+            batch = make_batch(1, seed=3)
+            async with store.open_sender(on_existing="resume") as again:
+                assert again.next_step == 5
+                assert await again.send(batch) == 5
+            assert_batches_equal(receiver.receive(timeout=self.timeout), batch)

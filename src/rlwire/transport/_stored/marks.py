@@ -31,6 +31,7 @@ __all__ = [
     "check_rewrite",
     "consumed_mark",
     "end_mark",
+    "ended_at",
     "parse_mark",
     "parse_part_mark",
     "part_mark",
@@ -102,6 +103,20 @@ def parse_mark(data: memoryview | bytes | bytearray, magic: bytes, where: str) -
     found, major, _minor, step = _MARK.unpack_from(data)
     check_magic(found, major, expected=magic, known=FORMAT_VERSION[0], what=what, where=where)
     return int(step)
+
+
+def ended_at(data: memoryview | bytes | bytearray | None, where: str) -> int:
+    """The step the end mark ``data`` gives, where ``"resume"`` goes on from at the
+    least (a stream finished past its last step); 0 if it is gone (``None``) or garbled:
+    ``"resume"`` deletes it, so it tells nothing more.
+
+    Raises:
+        UnsupportedVersionError: a major version this reader does not know.
+    """
+    try:
+        return 0 if data is None else parse_mark(data, END_MAGIC, where)
+    except CorruptFrameError:
+        return 0
 
 
 def check_rewrite(

@@ -20,7 +20,7 @@ from rlwire.transport._stored import parts as stored_parts
 from rlwire.transport._stored.appended import StoredFieldsSink
 from rlwire.transport._stored.fence import FENCE_NAME, Fence, fenced_commit
 from rlwire.transport._stored.layout import plan
-from rlwire.transport._stored.marks import check_rewrite, end_mark, rewrite_mark
+from rlwire.transport._stored.marks import check_rewrite, end_mark, ended_at, rewrite_mark
 from rlwire.transport._stored.names import (
     END_NAME,
     LEFTOVER_RE,
@@ -240,6 +240,9 @@ class StoredSink(StoredFieldsSink, ResumedSink, RetainedSink, Sink):
             self.check_rewrite(on_existing, 0 if on_existing == "overwrite" else start_step)
         every = sent_to.every(names, on_existing)  # read ahead, many at once
         step = _start_step(self.locate(), names, on_existing, start_step, sent_to, every)
+        if on_existing == "resume" and start_step is None and END_NAME in names:
+            with self.errors("read", END_NAME):  # a stream may have ended past its last step
+                step = max(step, ended_at(self.load(END_NAME), self.locate(END_NAME)))
         return step, names
 
     def check_rewrite(self, on_existing: OnExisting, first: int | None) -> None:

@@ -165,11 +165,12 @@ class Board(PartsBoard, FieldsBoard):
         else ``[]``), or ``(error class name, message)``. Atomic: nothing else runs
         meanwhile."""
         names = self._names()
-        # A step commits on the board whole, for every rank at once: each step stored
-        # was sent to the ranks it has, however many the steps before had.
+        # A step commits whole, for every rank at once: stored steps went to their ranks.
         whole = lambda step, rank: len(self.committed[step])  # noqa: E731
         try:
             step = start_step(self.where, names, on_existing, first, whole)
+            if on_existing == "resume" and first is None and self.end is not None:
+                step = max(step, self.end)  # a stream finished past its last step
         except RlwireError as exc:
             return (type(exc).__name__, exc.message)
         for batch in names_to_delete(names, on_existing, first):

@@ -55,6 +55,8 @@ def test_slices_are_raggeds_over_the_same_values() -> None:
         (np.arange(4), [0.0, 4.0], "1-D integer array"),
         (np.int64(3), [0, 1], "at least one dimension"),
         ([1, 2], [0, 2], "values must be a numpy array"),
+        # As int64 it would read -2**63: a decrease the message showed as that number.
+        (np.arange(5), np.array([0, 2**63, 5], np.uint64), "reach 9223372036854775808, past"),
     ],
 )
 def test_bad_offsets_are_schema_errors_that_say_what(

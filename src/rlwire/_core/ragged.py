@@ -74,6 +74,10 @@ class Ragged:
                 f"Ragged: offsets must be a 1-D integer array of n + 1 boundaries, got "
                 f"dtype {offsets.dtype} and shape {offsets.shape}"
             )
+        if offsets.dtype.kind == "u" and len(offsets) and offsets.max() > np.iinfo(np.int64).max:
+            raise SchemaError(
+                f"Ragged: offsets reach {int(offsets.max())}, past the int64 they are kept as"
+            )
         offsets = offsets.astype(np.int64, copy=False)
         problem = offsets_problem(offsets, len(values))
         if problem:

@@ -295,3 +295,42 @@ def test_a_column_is_refused_exactly_when_its_rows_are(values: list[Any], tp: An
     assert (as_rows is None) == (as_columns is None), (as_rows, as_columns)
     if as_columns is not None:
         assert re.search(r"Expected `[^`]+`, got .* - at `\$\.samples\[\d+\]\.x`$", as_columns)
+
+
+class Packed(msgspec.Struct, array_like=True):
+    t: np.ndarray
+    a: int
+    b: str
+    c: float = 0.5
+
+
+class PackedBatch(msgspec.Struct):
+    samples: list[Packed]
+
+
+@pytest.mark.parametrize("fields", [["b"], ["c"], ["t", "c"], ["a", "b"]])
+@pytest.mark.parametrize("as_columns", [False, True])
+async def test_a_selection_of_an_array_like_structs_fields_is_checked_by_name(
+    tmp_path: Path, fields: list[str], as_columns: bool
+) -> None:
+    """An array_like Struct's columns are named by its fields: a selection of some of
+    them is checked against those fields, not the first ones (it refused `b`'s strings
+    as field `t`'s arrays)."""
+    sent = PackedBatch([Packed(np.arange(i + 1), i, f"x{i}", 1.5) for i in range(3)])
+    await _send(tmp_path, sent)
+    got = await _receive(tmp_path, type=PackedBatch, fields=fields, as_columns=as_columns)
+    assert got.samples.names == tuple(fields)
+    assert list(got.samples["b"] if "b" in fields else ["x0", "x1", "x2"]) == ["x0", "x1", "x2"]
+
+
+class Numbered(msgspec.Struct, array_like=True):
+    t: np.ndarray
+    a: int
+    b: int  # where Packed has a str
+    c: float = 0.5
+
+
+async def test_a_selected_column_of_an_array_like_struct_is_still_refused(tmp_path: Path) -> None:
+    await _send(tmp_path, {"samples": [Numbered(np.arange(i + 1), i, 7 + i) for i in range(2)]})
+    with pytest.raises(rlwire.DecodeError, match=r"Expected `str`.* - at `\$\.samples\[0\]\.b`"):
+        await _receive(tmp_path, type=PackedBatch, fields=["b"], as_columns=True)

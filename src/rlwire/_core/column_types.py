@@ -101,10 +101,10 @@ def _item(annotation: Any) -> type[msgspec.Struct] | None:
 
 @functools.lru_cache(maxsize=256)
 def _plan(kind: type[msgspec.Struct], names: tuple[str, ...], by_position: bool) -> _Plan:
-    """The columns of ``names`` to check for ``kind``, with their rules: by name, or by
-    position for an ``array_like`` kind (column ``k`` fills field ``k``, as msgspec
-    fills it); none when the rows' layout is not the kind's (msgspec refuses each row)
-    or an annotation cannot be resolved."""
+    """The columns of ``names`` to check for ``kind``, with their rules: by name, or,
+    for an ``array_like`` kind whose columns are not named by its fields, by position
+    (column ``k`` fills field ``k``, as msgspec fills it); none when the rows' layout
+    is not the kind's (msgspec refuses each row) or an annotation cannot be resolved."""
     positional = bool(kind.__struct_config__.array_like)
     if by_position != positional:
         return ()
@@ -114,11 +114,14 @@ def _plan(kind: type[msgspec.Struct], names: tuple[str, ...], by_position: bool)
     except Exception:  # an unresolvable annotation: nothing known to check against
         return ()
     by_name = {f.encode_name: f for f in fields}
+    # An array_like kind's columns are named by its fields too, and a selection
+    # (``fields=``) keeps some of them: by position only when no name is a field's.
+    by_index = positional and not any(name in by_name for name in names)
     plan = []
     for index, name in enumerate(names):
-        field = (
-            (fields[index] if index < len(fields) else None) if positional else by_name.get(name)
-        )
+        field = by_name.get(name)
+        if by_index:
+            field = fields[index] if index < len(fields) else None
         if field is None:
             continue
         tp = hints.get(field.name, Any)

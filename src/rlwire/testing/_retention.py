@@ -273,6 +273,33 @@ class RetentionContract(ContractFixtures):
                 assert_batches_equal(await _move_past(rank1, self.timeout), rank_batches(0)[1])
                 assert await again.send_ranks(rank_batches(2)) == 2
 
+    async def test_max_ahead_after_resume_with_more_ranks_passes_a_step_filled_part_by_part(
+        self, store: Endpoint, receivers: list[TrainingBatchReceiver[TrainingBatch]]
+    ) -> None:
+        """Step 0 is filled part by part for ranks 0 and 1, steps 1-3 go to both, and
+        both read everything. Resumed with four ranks and ``max_ahead=2``, the send of
+        step 4 must go at once: ranks 2 and 3 had no step before it (step 0's seal
+        counts two ranks), though they recorded nothing."""
+        first = store.open_sender()
+        self._require_retention(first)
+        if not first.sink.stores_parts:
+            await first.aclose()
+            pytest.skip("the sink cannot store a step part by part (optional)")
+        async with first:
+            async with first.open_step(ranks=2) as writer:
+                for rank in range(2):
+                    await writer.put(make_batch(1, seed=rank).samples, key=rank, rank=rank)
+            for step in range(1, 4):
+                await first.send_ranks(rank_batches(step))
+        with anyio.fail_after(self.timeout):
+            for receiver in receivers:
+                for _ in range(4):
+                    await receiver.areceive(timeout=self.timeout)
+                receiver.wait_next(timeout=0)  # moves past step 3
+        async with store.open_sender(max_ahead=2, on_existing="resume") as again:
+            with anyio.fail_after(self.timeout):
+                assert await again.send_ranks([make_batch(1, seed=r) for r in range(4)]) == 4
+
 
 async def _move_past(
     receiver: TrainingBatchReceiver[TrainingBatch], timeout: float

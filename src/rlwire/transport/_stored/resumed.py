@@ -67,11 +67,15 @@ def whole_before(names: Iterable[str], step: int) -> Trail | None:
     return first, step - 1, frozenset(have)
 
 
-def stored_widths(names: Iterable[str], step: int) -> list[tuple[int, int | None]]:
+def stored_widths(
+    names: Iterable[str], step: int, sealed_for: Callable[[int], int] | None = None
+) -> list[tuple[int, int | None]]:
     """The steps stored before ``step``, from the oldest, as ``(step, ranks)`` where
     their width changes: the ranks a step sent whole is visible for (rank 0 up; a
-    resumed open has refused a step cut short), ``None`` for a step filled part by part
-    (its seal gives every rank the step) or missing.
+    resumed open has refused a step cut short), for a step filled part by part the
+    ranks its seal counts (``sealed_for(step)``: each of them reads it), ``None`` where
+    that is not known (every rank: no ``sealed_for``, a seal gone or garbled) or for a
+    step missing.
 
     Example:
         >>> stored_widths(["step-00000003.rank-0000.rlw", "step-00000003.rank-0001.rlw",
@@ -84,13 +88,20 @@ def stored_widths(names: Iterable[str], step: int) -> list[tuple[int, int | None
             at = int(m.group(1))
             ranks[at] = max(ranks.get(at) or 0, int(m.group(2)) + 1)
         elif m := SEAL_RE.fullmatch(name):
-            ranks[int(m.group(1))] = None
+            ranks[int(m.group(1))] = _sealed(sealed_for, int(m.group(1)))
     runs: list[tuple[int, int | None]] = []
     for at in range(min(ranks, default=step), step):
         width = ranks.get(at)
         if not runs or runs[-1][1] != width:
             runs.append((at, width))
     return runs
+
+
+def _sealed(sealed_for: Callable[[int], int] | None, step: int) -> int | None:
+    try:
+        return (sealed_for(step) or None) if sealed_for is not None else None
+    except CorruptFrameError:  # its receivers are told; a resumed sender counts every rank
+        return None
 
 
 def check_ranks_after(where: str, before: Trail, ranks: int) -> None:

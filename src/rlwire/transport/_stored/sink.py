@@ -202,7 +202,8 @@ class StoredSink(StoredFieldsSink, ResumedSink, RetainedSink, Sink):
         rewriting = on_existing in ("overwrite", "truncate")
         first = 0 if on_existing == "overwrite" else start_step
         self.unsealed_step = self.resumed_after = None
-        self.resumed_widths = stored_widths(names, step) if on_existing == "resume" else ()
+        resumed = on_existing == "resume"
+        self.resumed_widths = stored_widths(names, step, self.sealed_for) if resumed else ()
         if on_existing == "resume":
             self.resuming(names, step, sent_to)
         if on_existing == "error":

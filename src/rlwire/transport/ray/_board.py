@@ -4,9 +4,9 @@ It records, per step and rank, the references of the step's objects (a main obje
 when the message has one, a sidecar object) and the checksums its commit brought (the
 sender hashes a step while Ray copies it in), which steps are committed, each rank's
 consumption mark and part mark (as a store's files record them) and the end of the
-stream. A step filled part by part has, per rank,
-its parts in commit order (each part's objects, key and cost) and, once closed, its
-seal (for each rank, its parts' keys and costs). Receivers wait on it (an
+stream. A step filled part by part has, per rank, its parts in commit order (each
+part's objects, key and cost) and, once closed, its seal (for each rank, its parts'
+keys and costs). Receivers wait on it (an
 :class:`asyncio.Condition`, notified by every commit) instead of polling. Steps it
 deletes (``keep_last``, an overwrite, a truncate) lose their references, parts and
 seal included, so the object store frees their memory once no reader holds a view of
@@ -23,8 +23,7 @@ values (tuples of str and int, references), never rlwire's exceptions, so nothin
 rlwire's is pickled on the way back; the sink and source raise the errors.
 
 Every method is a coroutine, so Ray runs the board as an async actor: one event loop,
-no locks, and every method runs without a suspension point between reading and
-changing the state, except the waits.
+no locks, no suspension point between reading and changing the state but the waits.
 """
 
 from __future__ import annotations
@@ -162,8 +161,7 @@ class Board(PartsBoard, FieldsBoard):
         stored sink does; ``("ok", step, epoch, widths)`` with the first step to send,
         the sender's epoch (every sender opened before it is fenced off from now on:
         ``_board_fence``) and, resumed, the widths of the steps kept (``stored_widths``;
-        else ``[]``), or ``(error class name, message)``. Atomic: nothing else runs
-        meanwhile."""
+        else ``[]``), or ``(error class name, message)``. Atomic."""
         names = self._names()
         # A step commits whole, for every rank at once: stored steps went to their ranks.
         whole = lambda step, rank: len(self.committed[step])  # noqa: E731
@@ -181,7 +179,8 @@ class Board(PartsBoard, FieldsBoard):
         self._drop_staged(lambda s: s >= step, lambda s: taken_over(s, on_existing))
         epoch = self._open_epoch(on_existing)
         await self._notify()
-        return ("ok", step, epoch, stored_widths(names, step) if on_existing == "resume" else [])
+        widths = stored_widths(names, step, self._sealed_for) if on_existing == "resume" else []
+        return ("ok", step, epoch, widths)
 
     async def stage(
         self,
@@ -252,8 +251,7 @@ class Board(PartsBoard, FieldsBoard):
         return ("ok",)
 
     def _checksums_of(self, step: int, rank: int) -> bytes | None:
-        """Rank ``rank``'s checksums of the whole ``step``, when it was committed with
-        them."""
+        """Rank ``rank``'s checksums of the whole ``step``, if committed with them."""
         sums = self.checksums.get(step)
         return sums[rank] if sums is not None and rank < len(sums) else None
 
@@ -321,8 +319,7 @@ class Board(PartsBoard, FieldsBoard):
 
     async def mark_part(self, rank: int, step: int, next_part: int, of: bytes = b"") -> None:
         """Record that rank ``rank`` moved past parts ``0`` to ``next_part - 1`` of
-        ``step``, which were of the run ``of`` (its part mark; it counts beside a
-        consumption mark of ``step``).
+        ``step``, of the run ``of`` (its part mark, beside a consumption mark of ``step``).
 
         Raises:
             ValueError: not a rank, a step and a part (and bytes), as :meth:`mark`.
@@ -350,9 +347,12 @@ class Board(PartsBoard, FieldsBoard):
         """The consumption marks of ranks ``0..ranks-1`` (``None``: none recorded)."""
         return [self.consumed.get(rank) for rank in range(ranks)]
 
+    def _sealed_for(self, step: int) -> int:  # the ranks the seal of ``step`` counts
+        return len(self.seals[step][0])
+
     async def position(self, rank: int) -> tuple[int, int] | None:
-        """Rank ``rank``'s consumption mark and, when its part mark is of that step, the
-        part mark's part (else 0); ``None`` if it recorded no consumption mark."""
+        """Rank ``rank``'s consumption mark and, when its part mark is of that step, its
+        part (else 0); ``None`` without a consumption mark."""
         step = self.consumed.get(rank)
         if step is None:
             return None
@@ -368,7 +368,7 @@ class Board(PartsBoard, FieldsBoard):
         fenced = self._fenced(epoch, f"delete the steps before step {below}")
         if fenced is not None:
             return fenced
-        below = held_back(self._names(), below, self._marks, lambda s: len(self.seals[s][0]))
+        below = held_back(self._names(), below, self._marks, self._sealed_for)
         for step in [s for s in self._stored() if s < below]:
             self._drop_step(step)
         self._drop_staged(lambda s: s < below, deleted)

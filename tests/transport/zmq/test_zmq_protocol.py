@@ -730,3 +730,26 @@ def test_an_absent_step_is_a_gap_said_once(tmp_path: Path, raw_socket: RawSocket
         with pytest.raises(rlwire.StepGapError, match="step 8 was sent to rank 0 only"):
             receiver.receive(timeout=LONG)
         assert list(receiver) == []  # the end at step 9: no gap to report
+
+
+@pytest.mark.parametrize("skips", [False, True])
+def test_absent_steps_in_a_row_are_each_said_at_once(
+    tmp_path: Path, raw_socket: RawSocket, skips: bool
+) -> None:
+    """Steps 1 and 2 both leave rank 2 out: each is said when it is the step to come,
+    ``skip()``-ped or not (the second packet was dropped while the receiver still
+    expected step 1, so step 2 was said only when step 3 came), and step 3 follows on."""
+    url = f"zmq+ipc://{tmp_path}/sock"
+    forger = Forger(raw_socket, url)
+    with rlwire.open_receiver(url, rank=2) as receiver:
+        forger.handshake()
+        forger.send([*forged(0, 0, rank=2), control.absent_packet(1, 2)])
+        forger.send([control.absent_packet(2, 1)])
+        assert env(receiver) == "env0"
+        for step in (1, 2):
+            with pytest.raises(rlwire.StepGapError, match=f"step {step} was sent to"):
+                receiver.receive(timeout=LONG)
+            if skips:
+                assert receiver.skip() == step
+        forger.send(forged(3, 1, rank=2))
+        assert env(receiver) == "env3"

@@ -30,9 +30,9 @@ class Ordering:
         # A new session that started behind: its steps below the expected one are
         # discarded without a word (it was reported once).
         self._behind: bytes | None = None
-        # The step an ``absent`` packet said has no message for this receiver, expected:
-        # it was reported then.
-        self._absent: int | None = None
+        # The steps ``absent`` packets said have no message for this receiver, one after
+        # another from the one expected (first, last): each was reported then.
+        self._absent: tuple[int, int] | None = None
 
     def place(self, head: Head, step: int) -> str | None:
         """Where ``head``'s message stands when ``step`` is expected: ``""`` if it is the
@@ -91,19 +91,21 @@ class Ordering:
 
     def absent(self, absent: int, ranks: int, step: int) -> None:
         """Note an ``absent`` packet: step ``absent`` went to ``ranks`` ranks, not this
-        receiver's. Said only when it is ``step``, the one expected: a step passed is
+        receiver's. Said only when it is ``step``, the one expected (or the one after the
+        steps said absent from ``step`` on, not skipped): a step passed is
         discarded, and one after a gap is left to the next message, which reports the
         gap with it. Said once: a whole step after it then follows on, skipped to or not.
 
         Raises:
             StepGapError: ``absent`` is ``step``.
         """
-        if absent != step:
+        if absent != self._past_absent(step):
             return
-        self._absent, self._received = absent, True
+        first = step if absent == step else self._absent[0] if self._absent else step
+        self._absent, self._received = (first, absent), True
         to = "rank 0" if ranks == 1 else f"ranks 0..{ranks - 1}"
         raise StepGapError(
-            f"step {step} was sent to {to} only: it will never have a message for rank "
+            f"step {absent} was sent to {to} only: it will never have a message for rank "
             f"{self.rank} (a send after a send_ranks, or a send_ranks of fewer objects); "
             "skip() it (else the next receive goes on with the next step sent)",
             where=self.endpoint,
@@ -111,9 +113,12 @@ class Ordering:
         )
 
     def _past_absent(self, step: int) -> int:
-        """The step expected next when ``step`` is: the one after it if the sender said it
-        has no message for this receiver (reported then, not again by what follows)."""
-        return step + 1 if step == self._absent else step
+        """The step expected next when ``step`` is: the one after the steps from it on
+        that the sender said have no message for this receiver (reported then, not again
+        by what follows), skipped or not."""
+        if self._absent is not None and self._absent[0] <= step <= self._absent[1]:
+            return self._absent[1] + 1
+        return step
 
     def ended(self, end: int, step: int, *, per_rank: bool) -> StepGapError | EndOfStream:
         """What a receiver that expects ``step`` raises when the sender's ``end`` comes:

@@ -54,7 +54,7 @@ class Widths:
         # keep_last deleted them once every rank holding files of them had moved past
         # them, so the rank had none; its receiver skips them (StepGapError).
         self._known = min(first, before[0][0]) if before else first
-        self._gone = before[0][0] if before else 0
+        self._gone = self._known if before else 0  # marks before it count from it
 
     def record(self, step: int, ranks: int) -> None:
         """``step`` goes to ``ranks`` ranks; it forgets any later step recorded (a send

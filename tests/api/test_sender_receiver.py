@@ -14,6 +14,7 @@ import pytest
 from helpers import assert_batches_equal, make_batch, make_sample
 
 import rlwire
+from rlwire.transport._url import local_path, parse_url
 
 pytestmark = pytest.mark.anyio
 
@@ -546,6 +547,27 @@ async def test_plain_path_with_a_colon(tmp_path: Path, monkeypatch: pytest.Monke
     async with rlwire.open_sender("run:1") as sender:
         await sender.send({"a": 1})
     assert (tmp_path / "run:1" / "step-00000000.rank-0000.rlw").exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("memory://run[x]", "'x' does not appear to be an IPv4 or IPv6 address"),
+        ("s3://bucket[/prefix", "Invalid IPv6 URL"),
+        ("zmq+tcp://[bad]:5555", "'bad' does not appear to be an IPv4 or IPv6 address"),
+    ],
+)
+async def test_a_url_urllib_cannot_split_is_a_config_error(url: str, match: str) -> None:
+    # urllib takes brackets in a host for an IPv6 address and raised a bare ValueError.
+    for call in (rlwire.open_sender, rlwire.open_sync_sender, rlwire.open_receiver):
+        with pytest.raises(rlwire.ConfigError, match=rf"^{re.escape(url)}: malformed URL: {match}"):
+            call(url)
+
+
+def test_a_plain_path_urllib_cannot_split_is_still_a_path() -> None:
+    # "//host[x]/run" is a POSIX path; urllib reads "host[x]" as a host and refuses it.
+    url = parse_url("//host[x]/run")
+    assert (url.scheme, local_path(url)) == ("file", "//host[x]/run")
 
 
 @pytest.mark.parametrize("url", ["", "file://", "file://localhost"])

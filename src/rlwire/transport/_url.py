@@ -45,7 +45,9 @@ def parse_url(url: str | os.PathLike[str] | URL) -> URL:
     """Parse ``url`` (a URL string, a plain path or a path-like object).
 
     Raises:
-        ConfigError: ``url`` is neither a string nor a path-like object.
+        ConfigError: ``url`` is neither a string nor a path-like object, or a URL whose
+            host urllib cannot parse (square brackets around anything but an IPv6
+            address, an unclosed bracket).
     """
     if isinstance(url, URL):
         return url
@@ -57,7 +59,15 @@ def parse_url(url: str | os.PathLike[str] | URL) -> URL:
         if not isinstance(text, str):
             raise ConfigError(f"expected a str path, got {type(text).__name__}")
         url = text
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # urllib checks a host in brackets is an IPv6 address
+        if "://" not in url:  # a plain path such as "//host[1]/run" is still a path
+            return URL(url, "file", url, SplitResult("", "", url, "", ""))
+        hint = " (square brackets in a host enclose an IPv6 address: [::1])"
+        raise ConfigError(
+            f"malformed URL: {exc}{hint if '[' in url or ']' in url else ''}", where=url
+        ) from None
     # Only "scheme://" names a scheme: "run:1" or "C:\\x" are plain paths.
     if "://" not in url or not parts.scheme:
         return URL(url, "file", url, parts)

@@ -5,6 +5,7 @@ and the test S3 server, asyncio and trio."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -136,3 +137,29 @@ async def test_parts_of_other_fields_are_refused_naming_them(
     assert "as_columns" not in message
     got = await _receive(url, options, type=list, fields=("token_ids",))
     assert got["token_ids"].offsets.tolist() == [0, 3, 5]
+
+
+@pytest.mark.parametrize(
+    "numbers",
+    [(1, 1.5), (1.5, 1), (1, True), (1, 2), (1.5, 2.5), (True, False), (1, None), (2**64 - 1, 1)],
+)
+async def test_a_number_column_of_parts_is_joined_as_one_message_keeps_it(
+    tmp_path: Path, numbers: tuple[Any, Any]
+) -> None:
+    # Ints in one part and floats (or bools) in another were joined as numpy scalars
+    # (np.int64(1), np.float64(1.5)); one message holding the rows lists Python numbers.
+    rows = [{"x": np.arange(3 - i), "n": n} for i, n in enumerate(numbers)]
+    whole, parted = str(tmp_path / "whole"), str(tmp_path / "parted")
+    async with rlwire.open_sender(whole, validate=False) as sender:
+        await sender.send({"samples": rows})
+    async with rlwire.open_sender(parted, validate=False) as sender:
+        async with sender.open_step() as writer:
+            for i, row in enumerate(rows):
+                await writer.put([row], key=i)
+    one = (await _receive(whole, {}, type=Any, as_columns=True))["samples"]["n"]
+    joined = (await _receive(parted, {}, type=Any, as_columns=True))["n"]
+    assert type(joined) is type(one)
+    if isinstance(one, np.ndarray):
+        assert joined.dtype == one.dtype and joined.tolist() == one.tolist()
+    else:
+        assert [(type(v), v) for v in joined] == [(type(v), v) for v in one]

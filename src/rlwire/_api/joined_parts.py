@@ -8,7 +8,8 @@ values are the parts' values back to back (a copy, made in slices) and whose off
 are the parts' moved along; an array whose first axis is the rows, the parts' arrays
 back to back (a copy); a list, the parts' lists. A column whose parts do not agree (a
 Ragged in one part and a list in another, or arrays of two dtypes) is joined as the
-codec stores such a field within one message: a list of each row's value (views). A
+codec stores such a field within one message: a list of each row's value (views; a
+number as a Python int, float or bool). A
 single part is returned as it is, with no copy.
 
 Example:
@@ -90,7 +91,16 @@ def _joined(columns: list[Column], writable: bool) -> Sliced[Column]:
         if _alike(arrays):
             return (yield from _arrays(arrays, writable))
     # Lists, or parts that disagree: a value a row, as one message stores such a field.
-    return [row for column in columns for row in column]
+    # A part's 1-D array held plain numbers (one message keeps a 0-d array row as a
+    # list item, never in an array), which one message's list keeps as Python values.
+    return [row for column in columns for row in _rows(column)]
+
+
+def _rows(column: Column) -> list[Any] | Column:
+    """The rows of a part's ``column`` as one message lists them."""
+    if isinstance(column, np.ndarray) and column.ndim == 1:
+        return column.tolist()  # type: ignore[no-any-return]
+    return column
 
 
 def _alike(arrays: list[np.ndarray]) -> bool:

@@ -127,6 +127,47 @@ def test_columns_rows_and_mapping_face() -> None:
         cols.row(2)
 
 
+def _every_kind() -> Columns:
+    return Columns(
+        {
+            "ids": Ragged(np.arange(5), [0, 3, 5, 5]),
+            "adv": np.array([0.5, -0.5, 2.0]),
+            "pairs": np.arange(6).reshape(3, 2),
+            "env": ["a", "b", "c"],
+        }
+    )
+
+
+def _same_row(a: dict[str, object], b: dict[str, object]) -> bool:
+    return a.keys() == b.keys() and all(
+        np.shape(a[k]) == np.shape(b[k]) and np.array_equal(a[k], b[k]) for k in a
+    )
+
+
+@pytest.mark.parametrize("index", [True, False, np.True_])
+def test_a_bool_is_no_row_index(index: object) -> None:
+    # row(True) was row 1 of the Ragged and list columns and, numpy reading it as a
+    # mask, the whole array with a new axis of the others.
+    cols = _every_kind()
+    with pytest.raises(TypeError, match=r"Columns: row (True|False) is a bool|bool.*integer"):
+        cols.row(index)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"Ragged: row (True|False) is a bool|bool.*integer"):
+        cols["ids"][index]  # type: ignore[index]
+
+
+def test_negative_rows_count_from_the_end_in_every_kind_of_column() -> None:
+    cols = _every_kind()
+    for k in range(1, 4):
+        assert _same_row(cols.row(-k), cols.row(3 - k))
+        assert _same_row(cols.row(np.int64(-k)), cols.row(3 - k))  # type: ignore[arg-type]
+    assert cols.row(-3)["ids"].tolist() == [0, 1, 2] and cols.row(-1)["ids"].tolist() == []
+    for index in (3, -4):
+        with pytest.raises(IndexError, match=f"Columns: row {index} out of range for 3 rows"):
+            cols.row(index)
+    with pytest.raises(TypeError, match="cannot be interpreted as an integer"):
+        cols.row(1.0)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("columns", "message"),
     [

@@ -8,7 +8,7 @@ with no work per row.
 
 Example:
     >>> import numpy as np
-    >>> from rlwire._core.ragged import Ragged
+    >>> from rlwire._core.ragged import Ragged, row_index
     >>> cols = Columns({"ids": Ragged(np.arange(5), [0, 2, 5]), "reward": np.array([1.0, 0.0])})
     >>> len(cols), cols.names, cols.row(1)["ids"].tolist()
     (2, ('ids', 'reward'), [2, 3, 4])
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from rlwire._core.errors import SchemaError
-from rlwire._core.ragged import Ragged
+from rlwire._core.ragged import Ragged, row_index
 
 __all__ = ["Column", "Columns"]
 
@@ -115,9 +115,11 @@ class Columns:
         the item of each list column.
 
         Raises:
-            IndexError: ``index`` is out of range.
+            IndexError: ``index`` is out of range (a negative one counts from the end).
+            TypeError: ``index`` is not an int, or is a bool.
         """
         n = self._rows
+        index = row_index(index, "Columns")
         i = index + n if index < 0 else index
         if not 0 <= i < n:
             raise IndexError(f"Columns: row {index} out of range for {n} rows")

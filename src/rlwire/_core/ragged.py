@@ -24,7 +24,7 @@ import numpy as np
 
 from rlwire._core.errors import SchemaError
 
-__all__ = ["Ragged", "offsets_problem", "ragged_problem"]
+__all__ = ["Ragged", "offsets_problem", "ragged_problem", "row_index"]
 
 
 class Ragged:
@@ -171,7 +171,7 @@ class Ragged:
                 self.values[base : self.offsets[stop]], self.offsets[start : stop + 1] - base
             )
         n = len(self)
-        index = operator.index(index)  # a str or float is a TypeError, as for a list
+        index = row_index(index, "Ragged")
         i = index + n if index < 0 else index
         if not 0 <= i < n:
             raise IndexError(f"Ragged: row {index} out of range for {n} rows")
@@ -188,6 +188,21 @@ class Ragged:
             + (f" x {list(self.values.shape[1:])}" if self.values.ndim > 1 else "")
             + ")"
         )
+
+
+def row_index(index: Any, what: str) -> int:
+    """``index`` as an int row index: a str or float is a TypeError, as for a list, and
+    so is a bool, which numpy would read as a mask (a new axis) where a list reads row 1.
+
+    Raises:
+        TypeError: ``index`` is a bool or not an integer.
+    """
+    if isinstance(index, bool):
+        raise TypeError(
+            f"{what}: row {index} is a bool; a row index is an int (numpy reads a bool as "
+            "a mask, a list as row 0 or 1)"
+        )
+    return operator.index(index)
 
 
 def _whole(lengths: Sequence[Any], given: np.ndarray) -> np.ndarray:

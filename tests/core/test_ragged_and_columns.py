@@ -83,12 +83,49 @@ def test_from_lengths_does_not_copy() -> None:
 
 
 @pytest.mark.parametrize(
-    "lengths", [[2.5, 3.5], [[2, 4]], "24", np.array([2, 4], np.float32)], ids=repr
+    "lengths",
+    [[2.5, 3.5], [[2, 4]], "24", np.array([2, 4], np.float32), [[2], [2, 2]]],
+    ids=repr,
 )
 def test_from_lengths_refuses_lengths_that_are_not_integers(lengths: object) -> None:
     # A float length was truncated: [2.5, 3.5] cut 6 values into rows of 2 and 3.
     with pytest.raises(SchemaError, match="lengths must be a 1-D sequence of integers"):
         Ragged.from_lengths(np.arange(6), lengths)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        # np.cumsum wrapped: "offsets decrease at row 1", though no length decreased.
+        ([2**63 - 1, 2**63 - 1, 7], rf"the lengths add up to {2**64 - 2} by row 1, past the int64"),
+        ([2**62] * 3, rf"the lengths add up to {2**63} by row 1, past the int64"),
+        (np.array([2**64 - 1, 7], np.uint64), rf"the lengths add up to {2**64 - 1} by row 0, past"),
+        ([2, -1, 5], r"length of row 1 is negative \(-1\)"),
+        # numpy took True as 1 beside ints.
+        ([True, 5], r"length of row 0 is a bool \(True\); lengths must be integers"),
+        ([np.uint64(5), np.False_, 1], r"length of row 1 is a bool \(False\)"),
+        (np.array([True, False]), r"lengths must be a 1-D sequence of integers, got dtype bool"),
+    ],
+    ids=repr,
+)
+def test_from_lengths_names_what_is_wrong_with_the_lengths(lengths: object, message: str) -> None:
+    with pytest.raises(SchemaError, match=rf"^Ragged.from_lengths: {message}"):
+        Ragged.from_lengths(np.arange(6), lengths)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        # It compared row 0 with itself: "row 0 has dtype int64 and shape (); row 0 has ...".
+        ([np.array(1)], r"row 0 is a 0-d int64 array \(shape \(\)\); a row needs at least one"),
+        ([np.arange(2), 3.5], r"row 1 is a 0-d float64 array \(shape \(\)\); a row needs"),
+        ("abc", r"rows must be a sequence of arrays, got str"),
+    ],
+    ids=repr,
+)
+def test_from_arrays_says_a_row_needs_a_dimension(rows: object, message: str) -> None:
+    with pytest.raises(SchemaError, match=rf"^Ragged.from_arrays: {message}"):
+        Ragged.from_arrays(rows)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -294,7 +294,7 @@ def _stored(columns: Columns) -> Columns:
         if isinstance(column, np.ndarray) and column.ndim >= 2 and column.dtype.kind != "O":
             rows, width = column.shape[:2]
             flat = column.reshape(rows * width, *column.shape[2:])
-            column = Ragged.from_lengths(flat, [width] * rows)
+            column = Ragged.from_lengths(flat, np.full(rows, width))
         out[name] = column
     return Columns(out)
 

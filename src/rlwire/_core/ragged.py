@@ -26,6 +26,8 @@ from rlwire._core.errors import SchemaError
 
 __all__ = ["Ragged", "offsets_problem", "ragged_problem", "row_index"]
 
+_BOOLS = frozenset((bool, np.bool_))
+
 
 class Ragged:
     """A jagged array: ``len(offsets) - 1`` rows, row ``i`` being
@@ -95,7 +97,7 @@ class Ragged:
                 dimensions or trailing shape, or one is not an array; names the first
                 row that differs.
         """
-        if not isinstance(rows, Iterable):
+        if not isinstance(rows, Iterable) or isinstance(rows, str | bytes):
             raise SchemaError(
                 f"Ragged.from_arrays: rows must be a sequence of arrays, got {type(rows).__name__}"
             )
@@ -109,7 +111,12 @@ class Ragged:
             raise SchemaError("Ragged.from_arrays: needs at least one row to know its dtype")
         first = arrays[0]
         for i, row in enumerate(arrays):
-            if row.ndim < 1 or row.dtype != first.dtype or row.shape[1:] != first.shape[1:]:
+            if row.ndim < 1:  # a number or a string: no items to be a row of
+                raise SchemaError(
+                    f"Ragged.from_arrays: row {i} is a 0-d {row.dtype} array (shape ()); a row "
+                    "needs at least one dimension, its items"
+                )
+            if row.dtype != first.dtype or row.shape[1:] != first.shape[1:]:
                 raise SchemaError(
                     f"Ragged.from_arrays: row {i} has dtype {row.dtype} and shape "
                     f"{row.shape}; row 0 has {first.dtype} and {first.shape} (rows must "
@@ -124,26 +131,43 @@ class Ragged:
         """A Ragged over ``values`` (not copied) cut into rows of ``lengths``.
 
         Raises:
-            SchemaError: ``lengths`` is not a 1-D sequence of integers (a float length
-                is refused, not truncated), or they do not add up to ``len(values)``.
+            SchemaError: ``lengths`` is not a 1-D sequence of integers (a float or bool
+                length is refused, not truncated or taken as 0 or 1), one is negative,
+                they add up past int64 or they do not add up to ``len(values)``.
 
         Example:
             >>> import numpy as np
             >>> Ragged.from_lengths(np.arange(3), [1, 2]).offsets.tolist()
             [0, 1, 3]
         """
-        given = np.asarray(lengths)
+        try:
+            given = np.asarray(lengths)
+        except (TypeError, ValueError):  # nested sequences of different lengths
+            given = np.asarray(None)  # refused below as not integers
         if given.dtype.kind in "fO" and not isinstance(lengths, np.ndarray):
             given = _whole(lengths, given)  # numpy ints of mixed widths promote to float
+        # numpy took True as 1 beside ints (an array of bools is refused below).
+        bools = given.ndim == 1 and not isinstance(lengths, np.ndarray)
+        if bools and not _BOOLS.isdisjoint(map(type, lengths)):
+            i = next(i for i, n in enumerate(lengths) if type(n) in _BOOLS)
+            raise SchemaError(
+                f"Ragged.from_lengths: length of row {i} is a bool ({lengths[i]}); lengths "
+                "must be integers"
+            )
         if given.ndim != 1 or (given.size and given.dtype.kind not in "iu"):
             raise SchemaError(
                 f"Ragged.from_lengths: lengths must be a 1-D sequence of integers, got "
                 f"dtype {given.dtype} and shape {given.shape}"
             )
-        lengths = given.astype(np.int64, copy=False)
-        offsets = np.zeros(len(lengths) + 1, np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        return cls(values, offsets)
+        offsets = np.zeros(len(given) + 1, np.int64)
+        np.cumsum(given.astype(np.int64, copy=False), out=offsets[1:])
+        try:
+            return cls(values, offsets)
+        except SchemaError:  # a negative length or a sum past int64 reads as a decrease
+            problem = _lengths_problem(given)
+            if problem:
+                raise SchemaError(f"Ragged.from_lengths: {problem}") from None
+            raise
 
     @property
     def lengths(self) -> np.ndarray:
@@ -203,6 +227,22 @@ def row_index(index: Any, what: str) -> int:
             "a mask, a list as row 0 or 1)"
         )
     return operator.index(index)
+
+
+def _lengths_problem(given: np.ndarray) -> str:
+    """A negative length, or lengths whose sum (the last offset) is past int64 (where
+    np.cumsum wraps to a decrease), in integer ``given`` ('' if neither)."""
+    if given.size and given.dtype.kind == "i" and given.min() < 0:
+        i = int(np.argmax(given < 0))
+        return f"length of row {i} is negative ({given[i]})"
+    total, top = 0, np.iinfo(np.int64).max
+    for i, n in enumerate(given.tolist()):
+        total += n
+        if total > top:
+            return (
+                f"the lengths add up to {total} by row {i}, past the int64 the offsets are kept as"
+            )
+    return ""
 
 
 def _whole(lengths: Sequence[Any], given: np.ndarray) -> np.ndarray:

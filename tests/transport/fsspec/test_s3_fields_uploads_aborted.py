@@ -18,10 +18,20 @@ from s3_server import RESET, FaultProxy, s3_client
 from s3_server import s3_proxy as s3_proxy  # the fixture, for this module
 
 import rlwire
+from rlwire.transport.fsspec import _s3_upload
 
 pytestmark = pytest.mark.anyio
 
-BIG = np.ones((2, 2_000_000))  # 32 MB: a multipart upload
+#: 12 MB: a multipart upload of two upload parts (8 MB each at most), as any object
+#: above 1 MB is; more bytes than that only make each upload slower.
+BIG = np.ones((2, 750_000))
+
+
+@pytest.fixture(autouse=True)
+def short_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rlwire's own retries after a failed request wait 0.1-2 s (3.4 s in all), meant
+    for an outage; the same schedule, shorter, keeps these tests quick."""
+    monkeypatch.setattr(_s3_upload, "RETRY_DELAYS", (0.05, 0.1, 0.2, 0.4))
 
 
 def _uploads(options: dict[str, Any], url: str) -> list[str]:

@@ -139,12 +139,39 @@ def resumed(roots: list[Path], backend: str) -> list[tuple[str, Any]]:
     return [(out, detail) for out, detail in json.loads(proc.stdout)]
 
 
+#: Each backend's outcomes of every case, ``[whole]`` or ``[whole, torn]``, by name:
+#: the directories of every case are made, and resumed over in one child, by the first
+#: test of the backend in this process (a child a test cost most of this module's time).
+_RESUMED: dict[str, dict[str, list[tuple[str, Any]]]] = {}
+
+
+async def resumed_cases(
+    factory: pytest.TempPathFactory, backend: str
+) -> dict[str, list[tuple[str, Any]]]:
+    """:func:`resumed` under ``backend`` over every case's directory, whole and (unless
+    skipped) torn, made once in this process: each case's outcomes by its name."""
+    if backend not in _RESUMED:
+        folder = factory.mktemp(f"resumed-{backend}")
+        roots: dict[str, list[Path]] = {}
+        for i, (name, case) in enumerate(CASES.items()):
+            roots[name] = [folder / f"{i}-run"]
+            await two_steps(roots[name][0], case, torn=False)
+            if case.torn != "skip":
+                roots[name].append(folder / f"{i}-torn")
+                await two_steps(roots[name][1], case, torn=True)
+        outcomes = iter(resumed([root for both in roots.values() for root in both], backend))
+        _RESUMED[backend] = {name: [next(outcomes) for _ in both] for name, both in roots.items()}
+    return _RESUMED[backend]
+
+
 def limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 
 
 @pytest.mark.parametrize("name", list(CASES))
-async def test_a_forged_ranks_key(tmp_path: Path, anyio_backend: str, name: str) -> None:
+async def test_a_forged_ranks_key(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, anyio_backend: str, name: str
+) -> None:
     """Receivers and a resumed sender on the whole step; then, on a copy whose step 1 is
     listed for rank 0 only, whatever its ``ranks`` says, the resumed sender does not send
     the next step to ranks 0 and 1 after it, unless it says 1 (a step of one rank, then
@@ -163,11 +190,7 @@ async def test_a_forged_ranks_key(tmp_path: Path, anyio_backend: str, name: str)
             else:
                 assert_batches_equal(receiver.receive(timeout=10), batch(1, rank))
 
-    roots = [root]
-    if case.torn != "skip":
-        roots.append(tmp_path / "torn")
-        await two_steps(roots[1], case, torn=True)
-    outcomes = resumed(roots, anyio_backend)
+    outcomes = (await resumed_cases(tmp_path_factory, anyio_backend))[name]
 
     out, detail = outcomes[0]
     assert out == case.whole, detail

@@ -56,7 +56,8 @@ class SinkContract(
     hypothesis is not installed), and a step of thousands of small samples, whose
     columns are several runs each. A sink that stores steps part by part
     (:attr:`rlwire.abc.Sink.stores_parts`) must deliver every rank's parts in commit
-    order and the sealed step whole; any other must refuse ``open_step`` with ConfigError.
+    order and the sealed step whole, also to a rank that skipped a step it was left out
+    of just before; any other must refuse ``open_step`` with ConfigError.
     On a store, parts also keep the writer's assignment (by cost, or a forced rank), a
     key once per step, an open step resumed with its committed keys skipped, a part
     readable once its ``put`` returns, a whole step held back until its seal and

@@ -9,10 +9,11 @@ import anyio
 import numpy as np
 import pytest
 
+from rlwire._api.batch_receiver import TrainingBatchReceiver
 from rlwire._api.batch_sender import TrainingBatchSender
 from rlwire._api.schema import TrainingBatch
 from rlwire._api.step_writer import StepWriter
-from rlwire._api.synthetic import assert_batches_equal, make_sample
+from rlwire._api.synthetic import assert_batches_equal, make_batch, make_sample
 from rlwire._core.columns import Columns
 from rlwire._core.errors import (
     ConfigError,
@@ -26,6 +27,7 @@ from rlwire.testing._fixtures import (
     RANKS,
     ContractFixtures,
     Endpoint,
+    rank_batches,
     small_samples,
 )
 
@@ -238,6 +240,56 @@ class PartsContract(ContractFixtures):
                 assert isinstance(tokens, Ragged)
                 for i, sample in enumerate(samples):
                     assert np.array_equal(tokens[i], sample.token_ids)
+
+    async def test_a_step_filled_part_by_part_follows_a_rank_left_out(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        """Step 1 goes to rank 0 alone, step 2 is filled part by part for both ranks:
+        rank 1 is told of step 1 (StepGapError), and after ``skip()`` reads step 2's
+        parts intact, then step 3, then the end of the stream."""
+        if await _refused(sender):
+            return
+        groups = {f"g{i}": _group(1 + i % 3, seed=i) for i in range(4)}
+        got: dict[int, list[Any]] = {}
+
+        async def produce() -> None:
+            async with sender.open_step(ranks=RANKS, balance="count") as writer:
+                for key, samples in groups.items():
+                    await writer.put(samples, key=key)
+            await sender.send_ranks(rank_batches(3))
+            await sender.finish()
+
+        async def consume(rank: int) -> None:
+            receiver = receivers[rank]
+            got[rank] = [p async for p in receiver.aparts(timeout=self.timeout)]
+            step3 = await receiver.areceive(timeout=self.timeout)
+            assert_batches_equal(step3, rank_batches(3)[rank])
+            with pytest.raises(EndOfStream):
+                await receiver.areceive(timeout=self.timeout)
+
+        rank0, rank1 = receivers
+        async with sender:
+            await sender.send_ranks(rank_batches(0))
+            for receiver in receivers:
+                await receiver.areceive(timeout=self.timeout)
+            await sender.send(make_batch(1, seed=1))
+            assert_batches_equal(await rank0.areceive(timeout=self.timeout), make_batch(1, seed=1))
+            with pytest.raises(StepGapError, match="step 1"):
+                await rank1.areceive(timeout=self.timeout)
+            assert rank1.skip() == 1
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(produce)
+                for rank in range(RANKS):
+                    tg.start_soon(consume, rank)
+        for rank in range(RANKS):
+            keys = list(groups)[rank::RANKS]  # by count, in turn
+            assert [(p.step, p.key, p.index) for p in got[rank]] == [
+                (2, k, i) for i, k in enumerate(keys)
+            ]
+            for part in got[rank]:
+                assert_batches_equal(part.value, type(part.value)(samples=groups[str(part.key)]))
 
 
 def _group(count: int, seed: int) -> list[Any]:

@@ -23,7 +23,8 @@ sample) stored back to back as one buffer, with no copy. A sink that writes them
 A sink that can store a step part by part (``sender.open_step``) sets
 :attr:`Sink.stores_parts` and implements ``stage_part``, ``seal`` and
 ``committed_parts``, naming each part by a :class:`PartInfo` and closing the step with a
-:class:`Seal`; its source implements ``read_part`` and ``read_seal``. The stored sinks
+:class:`Seal`; its source implements ``read_part`` and ``read_seal`` (and
+``moved_to`` if it is handed messages and says a gap once, as ZeroMQ's). The stored sinks
 (:mod:`rlwire.transport.layout`) do all of it. A sink that keeps committed steps, so
 that fields can be appended to them (``sender.add_fields``), sets
 :attr:`Sink.appends_fields` and implements ``attach_fields``, ``read_committed``,

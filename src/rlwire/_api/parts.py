@@ -247,6 +247,8 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
         if self._closed:
             raise ClosedError(f"{self!r} is closed")
         step, rank = self._next_step, self._rank or 0
+        if self._source.stores_parts:
+            step = self._source.moved_to(step)  # after a gap the source said, skipped or not
         if _holds_sealed(self._peeked):
             self._peeked = None  # read by wait_next() to be joined: read part by part instead
         if self._source.stores_parts:
@@ -276,7 +278,7 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
                         exc.add_context(where=where, step=step, rank=rank)
                         raise
                     self._take_from_here()
-                    self._part_next += 1
+                    self._next_step, self._part_next = step, self._part_next + 1
                     return Part(step, info.key, info.rank, info.index, value, frame.message_id)
                 if seal is not None:
                     self._check_sealed_run(step)
@@ -302,7 +304,7 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
         """The next step as one part (``key`` ``None``) if it was sent whole, or
         ``_NOTHING``; a step sealed since :meth:`_take_part` looked for its parts is read
         part by part."""
-        step, rank = self._next_step, self._rank or 0
+        rank = self._rank or 0
         if self._source.stores_parts:
             with (yield from hold(self._mutex)):
                 if self._peeked is None:
@@ -317,7 +319,9 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
         whole = yield from self._take(time.perf_counter(), as_columns)
         if whole is _NOTHING:
             return _NOTHING
-        return Part(step, None, rank, 0, whole, self._last_stats.message_id)
+        # The step taken: a source handed messages may go on past a gap it said.
+        stats = self._last_stats
+        return Part(stats.step, None, rank, 0, whole, stats.message_id)
 
     def _decode_sealed(
         self, sealed: SealedStep, seconds: dict[str, float], as_columns: bool

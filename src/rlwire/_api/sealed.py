@@ -34,7 +34,9 @@ class SealedStep:
 
 def read_sealed(source: Source, step: int, rank: int) -> tuple[int, SealedStep] | None:
     """``step`` of ``source`` for ``rank`` if it was filled part by part and is sealed:
-    its seal and every part it lists for the rank, in order; else ``None``.
+    its seal and every part it lists for the rank, in order; else ``None``. The step
+    returned is the one the source goes on with (:meth:`~rlwire.abc.Source.moved_to`:
+    after a gap a socket said, past the steps it said never come).
 
     Also ``None`` when the step is being deleted and sent again meanwhile (a producer
     restarted with ``overwrite``): its seal went or changed, or a part follows another
@@ -46,6 +48,7 @@ def read_sealed(source: Source, step: int, rank: int) -> tuple[int, SealedStep] 
     Raises:
         CorruptFrameError: a part the seal lists is missing or is not the one listed.
     """
+    step = source.moved_to(step)
     seal = source.read_seal(step)
     if seal is None:
         return None

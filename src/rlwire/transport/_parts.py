@@ -188,6 +188,16 @@ class PartsSource:
     #: The source reads steps filled part by part.
     stores_parts: ClassVar[bool] = False
 
+    def moved_to(self, step: int) -> int:
+        """The step a read of ``step`` goes on with: ``step`` (the default), unless this
+        source is handed messages (a socket) and said ``step`` never comes, with those
+        up to the one returned (a :class:`~rlwire.errors.StepGapError`, once): then the
+        step after them. :meth:`~rlwire.abc.Source.read_next` returns a whole one with
+        its number; the parts and seal of one filled part by part are read under the
+        number returned here, which the receiver takes as its next step, skipped to or
+        not."""
+        return step
+
     def read_part(self, step: int, index: int) -> tuple[PartInfo, Frame] | None:
         """This rank's part ``index`` of ``step`` (its place in commit order, from 0) if
         it is visible, else ``None``; never blocks.

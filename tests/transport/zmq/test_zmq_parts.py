@@ -322,7 +322,7 @@ async def test_a_gap_into_a_step_filled_part_by_part_is_reported_then_skipped(
     tmp_path: Path,
 ) -> None:
     """A receiver expecting step 0 gets parts of step 1 (the sender started there):
-    StepGapError, each part as it comes; ``skip()`` to step 1 reads the kept parts."""
+    StepGapError, once; ``skip()`` to step 1 reads the kept parts."""
     url = url_of("ipc", tmp_path)
     with rlwire.open_receiver(url) as receiver:
 
@@ -339,3 +339,134 @@ async def test_a_gap_into_a_step_filled_part_by_part_is_reported_then_skipped(
             assert receiver.skip() == 0
             parts = [p async for p in receiver.aparts(timeout=LONG)]
     assert [(p.step, p.key) for p in parts] == [(1, "a"), (1, "b")]
+
+
+async def receive_parts(receiver: rlwire.Receiver[Any], how: str) -> list[tuple[int, Any]]:
+    """The next step's parts as ``(step, key)``: by ``aparts``, or (``how="whole"``) by
+    ``areceive`` of the step joined, as ``(step, samples)``."""
+    if how == "parts":
+        return [(p.step, p.key) async for p in receiver.aparts(timeout=LONG)]
+    got = await receiver.areceive(timeout=LONG)
+    return [(receiver.last_step, len(got.samples))]
+
+
+@pytest.mark.parametrize("how", ["parts", "whole"])
+@pytest.mark.parametrize("skips", [False, True])
+async def test_a_step_filled_part_by_part_follows_a_gap_said_once(
+    tmp_path: Path, skips: bool, how: str
+) -> None:
+    """Step 1 goes whole to rank 0 alone, step 2 is filled part by part for ranks 0-2,
+    step 3 for ranks 0 and 1, step 4 goes whole to ranks 0-3: rank 1 hears of step 1
+    once, then (``skip()``-ped or not) reads step 2's parts, then step 3's; rank 2 hears
+    of step 1, reads step 2, hears of step 3; rank 3 hears of step 1, then of steps 2-3
+    (by step 4's message); each then reads step 4, and the end of the stream. (The parts
+    of a step after a gap were each a gap again, and never read without skip.)"""
+    url = url_of("ipc", tmp_path)
+
+    async def produce() -> None:
+        async with rlwire.open_sender(url) as sender:
+            await sender.send_ranks([make_batch(1, 8, seed=r) for r in range(4)])
+            await sender.send(make_batch(1, 8, seed=10))
+            for step, ranks in ((2, 3), (3, 2)):
+                async with sender.open_step(ranks=ranks, balance="count") as writer:
+                    for g in range(2 * ranks):
+                        await writer.put(samples_of(step, g), key=f"s{step}-g{g}")
+            await sender.send_ranks([make_batch(1, 8, seed=40 + r) for r in range(4)])
+            await sender.finish()
+
+    async def drain(receiver: rlwire.Receiver[Any]) -> None:
+        with pytest.raises(rlwire.EndOfStream):
+            while True:
+                await receiver.areceive(timeout=LONG)
+
+    rank0, rank1, rank2, rank3 = (rlwire.open_receiver(url, rank=r) for r in range(4))
+    with rank0, rank1, rank2, rank3:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(produce)
+            tg.start_soon(drain, rank0)
+            for receiver in (rank1, rank2, rank3):
+                assert (await receiver.areceive(timeout=LONG)).samples
+                with pytest.raises(rlwire.StepGapError, match="step 1") as told:
+                    await receiver.areceive(timeout=LONG)
+                assert "step 2" not in str(told.value)
+                if skips:
+                    assert receiver.skip() == 1
+            wanted = [(2, "s2-g1"), (2, "s2-g4")] if how == "parts" else [(2, 4)]
+            assert await receive_parts(rank1, how) == wanted
+            wanted = [(3, "s3-g1"), (3, "s3-g3")] if how == "parts" else [(3, 3)]
+            assert await receive_parts(rank1, how) == wanted
+            wanted = [(2, "s2-g2"), (2, "s2-g5")] if how == "parts" else [(2, 6)]
+            assert await receive_parts(rank2, how) == wanted
+            with pytest.raises(rlwire.StepGapError, match="step 3"):
+                await rank2.areceive(timeout=LONG)
+            if skips:
+                assert rank2.skip() == 3
+            with pytest.raises(rlwire.StepGapError, match="expected step 2, got step 4"):
+                await rank3.areceive(timeout=LONG)
+            if skips:
+                assert rank3.skip() == 2
+            for rank, receiver in ((1, rank1), (2, rank2), (3, rank3)):
+                assert_batches_equal(
+                    await receiver.areceive(timeout=LONG), make_batch(1, 8, seed=40 + rank)
+                )
+                assert receiver.last_step == 4
+                with pytest.raises(rlwire.EndOfStream):
+                    await receiver.areceive(timeout=LONG)
+
+
+@pytest.mark.parametrize("how", ["parts", "whole"])
+@pytest.mark.parametrize("skips", [False, True])
+async def test_two_steps_filled_part_by_part_follow_a_lost_step(
+    tmp_path: Path, skips: bool, how: str
+) -> None:
+    """A receiver expecting step 0 gets steps 1 and 2 filled part by part (step 0 never
+    came: the sender started at step 1): the gap is said once, by step 1's first part,
+    then (``skip()``-ped or not) steps 1 and 2 are read whole, and the stream ends."""
+    url = url_of("ipc", tmp_path)
+
+    async def produce() -> None:
+        async with rlwire.open_sender(url, start_step=1) as sender:
+            for step in (1, 2):
+                async with sender.open_step() as writer:
+                    for g in range(3):
+                        await writer.put(samples_of(step, g), key=f"s{step}-g{g}")
+            await sender.finish()
+
+    with rlwire.open_receiver(url) as receiver:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(produce)
+            with pytest.raises(rlwire.StepGapError, match="expected step 0, got step 1"):
+                await receiver.areceive(timeout=LONG)
+            if skips:
+                assert receiver.skip() == 0
+            for step in (1, 2):
+                keys = [(step, f"s{step}-g{g}") for g in range(3)]
+                assert await receive_parts(receiver, how) == (
+                    keys if how == "parts" else [(step, 6)]
+                )
+                assert receiver.last_step == step
+            with pytest.raises(rlwire.EndOfStream):
+                await receiver.areceive(timeout=LONG)
+
+
+async def test_parts_yields_a_whole_step_after_a_gap_under_its_own_step(tmp_path: Path) -> None:
+    """``parts()`` of a receiver expecting step 0 when step 2 comes whole (steps 0 and 1
+    never came): the gap, then step 2 as one part, numbered 2 (it said 0)."""
+    url = url_of("ipc", tmp_path)
+    with rlwire.open_receiver(url) as receiver:
+
+        async def produce() -> None:
+            async with rlwire.open_sender(url, start_step=2) as sender:
+                await sender.send(make_batch(2, 8, seed=2))
+                await sender.finish()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(produce)
+            with pytest.raises(rlwire.StepGapError, match="expected step 0, got step 2"):
+                await receiver.aparts(timeout=LONG).__anext__()
+            parts = [p async for p in receiver.aparts(timeout=LONG)]
+            assert [(p.step, p.key) for p in parts] == [(2, None)]
+            assert_batches_equal(parts[0].value, make_batch(2, 8, seed=2))
+            assert (receiver.last_step, receiver.next_step) == (2, 3)
+            with pytest.raises(rlwire.EndOfStream):
+                await receiver.areceive(timeout=LONG)

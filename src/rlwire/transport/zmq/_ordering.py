@@ -4,7 +4,7 @@ session, the sequence number and the step (docs/format.md, "ZeroMQ messages").""
 from __future__ import annotations
 
 from rlwire._core.errors import EndOfStream, StepGapError, StepOrderError
-from rlwire.transport.zmq._protocol import WHOLE, Head
+from rlwire.transport.zmq._protocol import Head
 
 __all__ = ["Ordering", "span"]
 
@@ -30,9 +30,10 @@ class Ordering:
         # A new session that started behind: its steps below the expected one are
         # discarded without a word (it was reported once).
         self._behind: bytes | None = None
-        # The steps ``absent`` packets said have no message for this receiver, one after
-        # another from the one expected (first, last): each was reported then.
-        self._absent: tuple[int, int] | None = None
+        # The steps said never to come to this receiver, one after another from the one
+        # expected (first, last): by ``absent`` packets, or by the message after a gap.
+        # Each was reported then; a receive of any of them goes on with the step after.
+        self._said: tuple[int, int] | None = None
 
     def place(self, head: Head, step: int) -> str | None:
         """Where ``head``'s message stands when ``step`` is expected: ``""`` if it is the
@@ -44,9 +45,7 @@ class Ordering:
             StepOrderError: it repeats or goes back: discarded (it moves the state on only
                 if it is the next in the sequence, with a step already past).
         """
-        if head.kind == WHOLE and head.step > step:
-            # Not a part: the reader of a step filled part by part stays at its step.
-            step = self._past_absent(step)
+        step = self.moved_to(step)
         new = head.session != self._session
         expected_seq = 0 if new else self._next_seq
         sender = "a new sender session" if new else "this sender"
@@ -84,6 +83,9 @@ class Ordering:
         self._session, self._next_seq, self._behind = head.session, head.seq + 1, None
         self._received = True
         if not head.shared and head.step != step:
+            # Said once: the parts and seal of a step filled part by part come as
+            # messages of their own, each of which would say it again.
+            self._say(step, head.step - 1)
             return f"expected step {step}, got step {head.step}"
         if head.seq != expected_seq:
             return f"expected message {expected_seq} of {sender}, got {head.seq}"
@@ -94,15 +96,16 @@ class Ordering:
         receiver's. Said only when it is ``step``, the one expected (or the one after the
         steps said absent from ``step`` on, not skipped): a step passed is
         discarded, and one after a gap is left to the next message, which reports the
-        gap with it. Said once: a whole step after it then follows on, skipped to or not.
+        gap with it. Said once: the step after it then follows on (whole, or filled part by
+        part), skipped to or not.
 
         Raises:
             StepGapError: ``absent`` is ``step``.
         """
-        if absent != self._past_absent(step):
+        if absent != self.moved_to(step):
             return
-        first = step if absent == step else self._absent[0] if self._absent else step
-        self._absent, self._received = (first, absent), True
+        self._say(absent, absent)
+        self._received = True
         to = "rank 0" if ranks == 1 else f"ranks 0..{ranks - 1}"
         raise StepGapError(
             f"step {absent} was sent to {to} only: it will never have a message for rank "
@@ -112,19 +115,35 @@ class Ordering:
             rank=self.rank,
         )
 
-    def _past_absent(self, step: int) -> int:
+    def moved_to(self, step: int) -> int:
         """The step expected next when ``step`` is: the one after the steps from it on
-        that the sender said have no message for this receiver (reported then, not again
-        by what follows), skipped or not."""
-        if self._absent is not None and self._absent[0] <= step <= self._absent[1]:
-            return self._absent[1] + 1
+        said never to come to this receiver (reported then, not again by what follows),
+        skipped or not.
+
+        Example:
+            >>> ordering = Ordering("ipc:///run", rank=1)
+            >>> ordering.absent(4, 1, 4)
+            Traceback (most recent call last):
+            ...
+            rlwire.errors.StepGapError: ipc:///run: step 4 was sent to rank 0 only: ...
+            >>> ordering.moved_to(4), ordering.moved_to(5)
+            (5, 5)
+        """
+        if self._said is not None and self._said[0] <= step <= self._said[1]:
+            return self._said[1] + 1
         return step
+
+    def _say(self, first: int, last: int) -> None:
+        """Record steps ``first`` to ``last`` as said never to come."""
+        if self._said is not None and self._said[0] <= first <= self._said[1] + 1:
+            first = self._said[0]  # they follow on from those said before
+        self._said = (first, last)
 
     def ended(self, end: int, step: int, *, per_rank: bool) -> StepGapError | EndOfStream:
         """What a receiver that expects ``step`` raises when the sender's ``end`` comes:
         in the ``ranks`` pattern (``per_rank``), an end beyond ``step`` first reports the
         steps lost (the next receive raises :meth:`end_of_stream`)."""
-        step = self._past_absent(step)
+        step = self.moved_to(step)
         if per_rank and end > step:
             return StepGapError(
                 f"expected step {step}, but the sender finished the stream at step {end}: "
@@ -146,7 +165,7 @@ class Ordering:
             >>> message.removeprefix("ipc:///run: the sender finished the stream ")
             'at step 0, behind step 3 that this receiver expects; no step will come'
         """
-        step = self._past_absent(step)
+        step = self.moved_to(step)
         if end >= step:
             return EndOfStream.at(end, where=self.endpoint)
         why = (

@@ -97,7 +97,9 @@ class ZmqSource(Source):
         StepGapError: a message was lost (the sequence or, for per-rank messages, the
             step does not follow on); the next read returns the message after the gap.
             Or the sender said the step has no message for this rank (``absent``: it
-            went to fewer ranks): said once, then the next whole step follows on.
+            went to fewer ranks). Said once: then the next step follows on, a read of
+            any step said goes on with it (:meth:`moved_to`: a step filled part by
+            part is read under its own number).
         StepOrderError: a step that would be returned a second time, or go backwards:
             discarded, the next read goes on with the next message.
         CorruptFrameError: a message that is not well-formed, fails its checksums, holds
@@ -193,15 +195,20 @@ class ZmqSource(Source):
         got = self.read_next(step)
         return None if got is None else got[1]
 
+    def moved_to(self, step: int) -> int:
+        with self._lock:
+            return self._ordering.moved_to(step)
+
     def read_part(self, step: int, index: int) -> tuple[PartInfo, Frame] | None:
         with self._lock:
+            step = self._ordering.moved_to(step)
             self._pump(step)
             return self._parts.get(step, index)
 
     def read_seal(self, step: int) -> Seal | None:
         # Reads nothing: taken here, a seal could overtake parts a reader just missed.
         with self._lock:
-            return self._parts.seal_of(step)
+            return self._parts.seal_of(self._ordering.moved_to(step))
 
     def _pump(self, step: int) -> None:
         """Take what arrived of ``step``'s parts, up to its seal (the lock held); a whole
@@ -214,6 +221,7 @@ class ZmqSource(Source):
 
     def read_next(self, step: int) -> tuple[int, Frame] | None:
         with self._lock:
+            step = self._ordering.moved_to(step)  # past the steps said never to come
             self._parts.forget_before(step)
             handed, self._handed = self._handed, None
             if handed is not None and step <= handed[0]:

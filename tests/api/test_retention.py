@@ -274,7 +274,7 @@ async def test_a_step_held_back_is_deleted_at_the_next_send_once_its_rank_moved_
             assert _stored_files(url, options) == [(0, 0), (0, 1), (1, 0)]  # held for rank 1
             await r1.areceive(timeout=20)
             # Rank 1 moved past step 0 too, and is told at once that step 1 left it out.
-            with pytest.raises(rlwire.StepGapError, match=r"step 1 was sent to ranks \[0\] only"):
+            with pytest.raises(rlwire.StepGapError, match=r"step 1 was sent to rank 0 only"):
                 r1.poll()
             await sender.send(make_batch(1, seed=3))
             assert _stored_files(url, options) == [(1, 0), (2, 0)]

@@ -84,9 +84,9 @@ def deleted(step: int, oldest: int) -> str:
 
 def fewer(step: int, ranks: int, rank: int) -> str:
     """Why ``step``, sent to ``ranks`` ranks, will never have a message for ``rank``."""
-    sent = "[0]" if ranks == 1 else f"0..{ranks - 1}"
+    sent = "rank 0" if ranks == 1 else f"ranks 0..{ranks - 1}"
     return (
-        f"step {step} was sent to ranks {sent} only: it will never have a message for "
+        f"step {step} was sent to {sent} only: it will never have a message for "
         f"rank {rank} (a step sent to fewer ranks: a send after a send_ranks, or a "
         "send_ranks of fewer objects); skip() it"
     )

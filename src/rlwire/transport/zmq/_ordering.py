@@ -4,6 +4,7 @@ session, the sequence number and the step (docs/format.md, "ZeroMQ messages").""
 from __future__ import annotations
 
 from rlwire._core.errors import EndOfStream, StepGapError, StepOrderError
+from rlwire.transport._stored.gaps import fewer
 from rlwire.transport.zmq._protocol import Head
 
 __all__ = ["Ordering", "span"]
@@ -106,11 +107,9 @@ class Ordering:
             return
         self._say(absent, absent)
         self._received = True
-        to = "rank 0" if ranks == 1 else f"ranks 0..{ranks - 1}"
         raise StepGapError(
-            f"step {absent} was sent to {to} only: it will never have a message for rank "
-            f"{self.rank} (a send after a send_ranks, or a send_ranks of fewer objects); "
-            "skip() it (else the next receive goes on with the next step sent)",
+            f"{fewer(absent, ranks, self.rank)} (else the next receive goes on with the "
+            "next step sent)",
             where=self.endpoint,
             rank=self.rank,
         )

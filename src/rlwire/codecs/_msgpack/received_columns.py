@@ -234,9 +234,10 @@ def _values(column: Any, start: int, stop: int) -> list[Any]:
 def structs_of(found: ColumnsFound, annotation: Any, timer: SliceTimer) -> Sliced[Any]:
     """The rows as instances of ``T`` when ``annotation`` is ``list[T]`` of a Struct
     type that takes each column as it is (array fields typed ``np.ndarray``, other
-    columns converted whole, one msgspec call each), made by calling ``T`` a few hundred
-    rows at a time; None when that cannot be told, for the general conversion to do
-    (and to word its errors)."""
+    columns converted whole, one msgspec call each, which checks the constraints of an
+    ``Annotated`` field as msgspec checks a row's), made by calling ``T`` a few hundred
+    rows at a time (which checks no constraint); None when that cannot be told, for the
+    general conversion to do (and to word its errors)."""
     kind = _struct_item(annotation)
     plan = _plan(kind, tuple(found.names)) if kind is not None else None
     if (
@@ -267,11 +268,29 @@ def structs_of(found: ColumnsFound, annotation: Any, timer: SliceTimer) -> Slice
         return None
 
 
+#: The :class:`msgspec.Meta` attributes that constrain a value (the others describe it).
+_CONSTRAINTS = frozenset(
+    ("gt", "ge", "lt", "le", "multiple_of", "pattern", "min_length", "max_length", "tz")
+)
+
+
 def _takes_arrays(tp: Any) -> bool:
-    """True if a field annotated ``tp`` takes a numpy array as it is."""
+    """True if a field annotated ``tp`` takes a numpy array as it is (a constraint on
+    it is msgspec's to check, or to refuse)."""
+    if typing.get_origin(tp) is typing.Annotated:
+        tp, *extras = typing.get_args(tp)
+        if any(_constrains(extra) for extra in extras):
+            return False
     return tp in (Any, object, np.ndarray) or (
         typing.get_origin(tp) in (typing.Union, types.UnionType)
         and np.ndarray in typing.get_args(tp)
+    )
+
+
+def _constrains(extra: Any) -> bool:
+    """True if ``extra``, met in ``Annotated[T, ...]``, is a constraint msgspec checks."""
+    return isinstance(extra, msgspec.Meta) and any(
+        getattr(extra, name) is not None for name in _CONSTRAINTS
     )
 
 
@@ -299,7 +318,9 @@ def _plan(
     annotation cannot be resolved."""
     try:
         ordered = msgspec.structs.fields(kind)
-        hints = typing.get_type_hints(kind)
+        # With ``Annotated`` kept: its constraints (``Meta(ge=5)``) are checked as a
+        # column's values are converted, as msgspec checks a row's.
+        hints = typing.get_type_hints(kind, include_extras=True)
     except Exception:  # an unresolvable annotation: leave it to msgspec
         return None
     positional = bool(kind.__struct_config__.array_like)

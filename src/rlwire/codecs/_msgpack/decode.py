@@ -30,6 +30,7 @@ from rlwire.codecs._msgpack.allowance import HeapAllowance
 from rlwire.codecs._msgpack.conversion import as_annotated, converted
 from rlwire.codecs._msgpack.decode_calls import DecodeCalls
 from rlwire.codecs._msgpack.extensions import ROWS_AS_ARRAYS
+from rlwire.codecs._msgpack.fields import check_fields_present
 from rlwire.codecs._msgpack.known_fields import known_fields, skeleton
 from rlwire.codecs._msgpack.received_buffers import Chunked, ReceivedBuffers, unbounded
 from rlwire.codecs._msgpack.received_columns import (
@@ -109,7 +110,11 @@ class Decoding:
             if raw is None:
                 raw = yield from self.calls.plain(self.header)
             yield
-            return (yield from self.assemble(raw, annotation))
+            value = yield from self.assemble(raw, annotation)
+            held, wanted = self.received.held, self.received.fields
+            if held is not None and wanted is not None:  # a partial read met columns
+                check_fields_present(wanted, list(held))
+            return value
         finally:
             # The buffers and their hook refer to each other through decode_payload:
             # left as a cycle, the received memory (a mapped file) would wait for the

@@ -6,6 +6,8 @@ column's bytes in buffers of its own. The header is scanned with an extension ho
 reads no buffer and records, for each extension value, the buffers it refers to. The
 buffers needed are those of the named columns of every columns value, and every buffer
 referred to outside columns values (small fields of the step beside its samples). A
+step may hold several lists stored as columns (``{"samples": [...], "eval": [...]}``):
+each keeps the named columns it holds, and a name is missing only if none holds it. A
 container chunked into a buffer (extension 4 or 5) may refer to more buffers from inside
 its chunks: its buffer is needed first, then scanned in turn
 (:attr:`~rlwire._frame.selection.Selection.complete` is False until it has been read).
@@ -87,6 +89,7 @@ class _Scan:
         self.needed: set[int] = set()
         self.complete = True
         self.found_columns = False
+        self.held: dict[str, None] = {}  # the names of every columns value, in order
         self.decoder = weak_hook_decoder(self.hook)  # no cycle: see there
         self.chunks_seen: set[tuple[int, int]] = set()
 
@@ -121,7 +124,7 @@ class _Scan:
         for refs in _refs_in(value, into_columns=whole):
             if isinstance(refs, _ColumnsRefs):
                 self.found_columns = True
-                check_fields_present(self.fields, refs.names)
+                self.held.update(dict.fromkeys(refs.names))
                 for name, column in zip(refs.names, refs.columns, strict=True):
                     if name in self.fields:
                         self.take(column, whole=True)
@@ -166,7 +169,8 @@ def _refs_in(value: Any, *, into_columns: bool = True) -> Iterator[Any]:
 
 
 def check_fields_present(fields: frozenset[str], names: list[str]) -> None:
-    """Check that every one of ``fields`` is among a columns value's ``names``.
+    """Check that every one of ``fields`` is among ``names``: those of the columns
+    values of a message, all of them (a selection keeps what each holds).
 
     Raises:
         FieldNotFoundError: one is not, naming it and the names there are.
@@ -187,8 +191,8 @@ def select_fields(frame: Frame, fields: frozenset[str]) -> Selection | None:
     then every buffer is read, and the decode says what is wrong.
 
     Raises:
-        FieldNotFoundError: a columns value of the message has no column of one of
-            ``fields``.
+        FieldNotFoundError: no columns value of the message has a column of one of
+            ``fields`` (told once the scan is complete).
         FrameTooLargeError: the scan could build more Python objects than a plain
             decode of the message may (its :class:`HeapAllowance`): refused before
             anything is built, as that decode would.
@@ -203,5 +207,7 @@ def select_fields(frame: Frame, fields: frozenset[str]) -> Selection | None:
         return None
     if not scan.found_columns:
         return None
+    if scan.complete:  # else a chunk still to read may hold a columns value of them
+        check_fields_present(fields, list(scan.held))
     n = len(frame.buffers)
     return Selection(frozenset(i for i in scan.needed if 0 <= i < n), scan.complete)

@@ -86,6 +86,9 @@ class ReceivedBuffers:
         # A partial read (``fields=``): the buffers not read, and the columns kept.
         self.missing = missing
         self.fields = fields
+        # The names of the columns values a partial read met (None: it met none): each
+        # keeps the fields it holds; one of them is missing only if none holds it.
+        self.held: dict[str, None] | None = None
         self.in_columns = 0  # columns values being decoded, one inside another
         # Buffers referred to by arrays and bytes values: each may be referred to once,
         # or a small header could have one large buffer copied many times. (A typed
@@ -184,7 +187,11 @@ class ReceivedBuffers:
             self.in_columns -= 1
         inner = self.chunked_made - chunked + self.bytes_made - made + self.columns_made - columns
         self.chunked_made, self.bytes_made, self.columns_made = chunked, made, columns + 1
-        return parse_columns(payload, inner, fields)
+        found = parse_columns(payload, inner, fields)
+        if fields is not None:  # its names checked by parse_columns: distinct strings
+            self.held = {} if self.held is None else self.held
+            self.held.update(dict.fromkeys(payload[2]))
+        return found
 
     def _named(self, data: memoryview, exc: CorruptFrameError) -> CorruptFrameError:
         """``exc``, raised decoding columns value ``data``, said of the column it is in:

@@ -28,7 +28,7 @@ from rlwire._core.ragged import Ragged, offsets_problem
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire.codecs._msgpack.conversion import converted, dec_hook
 from rlwire.codecs._msgpack.extensions import ROWS_AS_ARRAYS, ROWS_AS_MAPS
-from rlwire.codecs._msgpack.fields import NOT_READ, check_fields_present
+from rlwire.codecs._msgpack.fields import NOT_READ
 from rlwire.codecs._msgpack.row_makers import dict_maker, list_maker, struct_maker
 
 __all__ = [
@@ -99,14 +99,14 @@ def ragged(payload: Any) -> Ragged:
 def parse_columns(payload: Any, inner: int, fields: frozenset[str] | None = None) -> ColumnsFound:
     """The columns value (extension 7) whose payload decoded to ``payload``; ``inner``:
     the chunked containers and bytes values its columns hold; ``fields``: the names of
-    the columns to keep (a partial read), or ``None`` for all.
+    the columns to keep (a partial read; those it holds: another columns value of the
+    message may hold the others), or ``None`` for all.
 
     Raises:
         CorruptFrameError: the payload is not ``[count, layout, names, columns]`` with
             distinct string names, one column per name, each of ``count`` rows, and a
             column at least when ``count`` is above 0; or a
             column kept refers to a buffer that was not read.
-        FieldNotFoundError: a name of ``fields`` is not among its names.
     """
     if type(payload) is not list or len(payload) != 4:
         raise CorruptFrameError("header: a columns value is not [count, layout, names, columns]")
@@ -131,7 +131,6 @@ def parse_columns(payload: Any, inner: int, fields: frozenset[str] | None = None
     if count and not names:  # rows would be charged nothing: bound them by their columns
         raise CorruptFrameError(f"header: a columns value of {count} rows has no column")
     if fields is not None:
-        check_fields_present(fields, names)
         kept = [i for i, name in enumerate(names) if name in fields]
         names, columns = [names[i] for i in kept], [columns[i] for i in kept]
         if any(

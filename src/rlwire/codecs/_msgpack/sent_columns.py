@@ -7,8 +7,10 @@ back to back, :class:`~rlwire._frame.pieces.Pieces`, plus int64 offsets), a fiel
 that once. A list is stored this way when its items are Structs of one type or dicts
 with the same keys, and the first holds an array. A field whose arrays differ in dtype or
 trailing shape, or that holds anything else, is a column of one value per row, each
-encoded as usual; a list whose items differ in type or keys is left a list. Either way
-the receiver gets the same values back.
+encoded as usual; a list whose items differ in type or keys is left a list, and so is
+one with a Struct field left ``UNSET`` in some rows only (see
+:mod:`rlwire.codecs._msgpack.row_shape`). Either way the receiver gets the same values
+back.
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ from rlwire.codecs._msgpack.extensions import (
     EXT_ARRAY,
     EXT_COLUMNS,
     EXT_RAGGED,
-    ROWS_AS_ARRAYS,
     ROWS_AS_MAPS,
     ArrayRef,
 )
 from rlwire.codecs._msgpack.joined_rows import joined_rows
+from rlwire.codecs._msgpack.row_shape import row_shape
 from rlwire.codecs._msgpack.sent_buffers import SentBuffers
 from rlwire.codecs._registry import RowArrays
 
@@ -187,7 +189,7 @@ def _encoded(w: Walker, payload: list[Any], paths: list[Callable[[int], KeyPath]
 def list_as_columns(w: Walker, items: list[Any], path: KeyPath, side: bool) -> Sliced[Any]:
     """The extension value (7) that stands for ``items`` stored as columns, or None if
     they are not rows of one shape with an array among their fields."""
-    shape = _row_shape(items)
+    shape = row_shape(items)
     if shape is None:
         return None
     layout, names, keys, getters = shape
@@ -215,40 +217,6 @@ def list_as_columns(w: Walker, items: list[Any], path: KeyPath, side: bool) -> S
     payload = [len(items), layout, names, encoded]
     paths = [_field_of(path, name) for name in names]
     return msgspec.msgpack.Ext(EXT_COLUMNS, _encoded(w, payload, paths))
-
-
-def _row_shape(
-    items: list[Any],
-) -> tuple[int, list[str], list[str], list[Callable[[Any], Any]]] | None:
-    """``(layout, encoded names, attribute names or keys, a getter per field)`` if
-    ``items`` are Structs of one (untagged) type or dicts with the same string keys, with
-    an array among the first one's fields; else None."""
-    first = items[0]
-    kind = type(first)
-    getters: list[Callable[[Any], Any]]
-    if isinstance(first, msgspec.Struct):
-        config = first.__struct_config__
-        if config.tag is not None or set(map(type, items)) != {kind}:
-            return None
-        fields = msgspec.structs.fields(first)
-        names = [f.encode_name for f in fields]
-        keys = [f.name for f in fields]
-        getters = [operator.attrgetter(key) for key in keys]
-        layout = ROWS_AS_ARRAYS if config.array_like else ROWS_AS_MAPS
-    elif kind is dict:
-        given = first.keys()
-        if any(type(k) is not str for k in given):
-            return None
-        if any(type(item) is not dict or item.keys() != given for item in items):
-            return None
-        names = keys = list(given)
-        getters = [operator.itemgetter(k) for k in names]
-        layout = ROWS_AS_MAPS
-    else:
-        return None
-    if not any(isinstance(get(first), np.ndarray | Ragged | Chunked) for get in getters):
-        return None
-    return layout, names, keys, getters
 
 
 def _column(

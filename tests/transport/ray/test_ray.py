@@ -238,7 +238,7 @@ def test_keep_last_drops_a_step_held_for_a_rank_left_out_once_it_moved_past(
         assert steps() == [0, 1, 2]  # held for rank 1
         assert fingerprint(r1.receive(timeout=TIMEOUT)) == fingerprint(step_batches(0, 2)[1])
         # Rank 1 moved past step 0; step 1 went to rank 0 alone, and step 2 is there.
-        with pytest.raises(rlwire.StepGapError, match=r"sent to ranks \[0\] only"):
+        with pytest.raises(rlwire.StepGapError, match=r"sent to rank 0 only"):
             r1.wait_next(timeout=0)
         sender.send(step_batches(3, 1)[0])
         assert settles(lambda: steps() == [1, 2, 3]), steps()

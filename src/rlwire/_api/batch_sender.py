@@ -11,11 +11,7 @@ from anyio import CapacityLimiter
 from typing_extensions import Unpack
 
 from rlwire._api.appending import AppendingSender
-from rlwire._api.options import (
-    Retention,
-    RetentionKeywords,
-    from_keywords,
-)
+from rlwire._api.options import Retention, RetentionKeywords, from_keywords
 from rlwire._api.room import Room
 from rlwire._api.stats import SendClock, SendStats
 from rlwire._api.step_order import resolve_step
@@ -23,6 +19,7 @@ from rlwire._api.step_writer import StepWriter
 from rlwire._api.validation import ChecksBeside, Validation
 from rlwire._checks.checks import Checks
 from rlwire._core.args import check_step
+from rlwire._core.backends import BackendLock
 from rlwire._core.errors import (
     ClosedError,
     ConfigError,
@@ -96,7 +93,7 @@ class TrainingBatchSender(AppendingSender):
         self._compressor = compression
         self._on_existing: OnExisting = on_existing
         self._limiter = make_limiter(limiter)
-        self._lock = anyio.Lock()
+        self._lock: anyio.Lock = BackendLock()
         self._opened = False
         self._closed = False
         self._finished = False

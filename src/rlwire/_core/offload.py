@@ -14,7 +14,7 @@ import anyio.abc
 import anyio.lowlevel
 from anyio import CapacityLimiter, from_thread, to_thread
 
-from rlwire._core.args import check_int
+from rlwire._core.backends import make_limiter
 from rlwire._core.pools import worker_count
 from rlwire._core.slicing import Sliced
 
@@ -35,16 +35,6 @@ __all__ = [
 
 T = TypeVar("T")
 Args = TypeVarTuple("Args")
-
-
-def make_limiter(limiter: CapacityLimiter | int | None, default: int = 2) -> CapacityLimiter:
-    """Return ``limiter`` itself, or a new CapacityLimiter of that many (or ``default``)
-    tokens. Safe to call before an event loop runs."""
-    if isinstance(limiter, CapacityLimiter):
-        return limiter
-    if limiter is None:
-        return CapacityLimiter(default)
-    return CapacityLimiter(check_int(limiter, "limiter (a CapacityLimiter or its size)", low=1))
 
 
 class Resumes:

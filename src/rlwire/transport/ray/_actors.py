@@ -3,6 +3,7 @@ rlwire's."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import threading
 import time
@@ -50,12 +51,14 @@ __all__ = [
 ]
 
 
-def ensure_ray(where: str) -> None:
-    """Raise ConfigError unless this process is connected to a Ray cluster."""
+def ensure_ray(where: str | None) -> None:
+    """Raise ConfigError unless this process is connected to a Ray cluster (never was,
+    or no longer is: ``ray.shutdown()``)."""
     if not ray.is_initialized():
         raise ConfigError(
             "this process is not connected to a Ray cluster: call ray.init() first "
-            "(inside a Ray actor or task it is)",
+            "(inside a Ray actor or task it is), and use no sender or receiver after "
+            "ray.shutdown()",
             where=where,
         )
 
@@ -63,10 +66,16 @@ def ensure_ray(where: str) -> None:
 @contextlib.contextmanager
 def ray_errors(where: str, action: str) -> Iterator[None]:
     """Turn Ray's errors (a dead board, a lost object, a timeout) into a
-    :class:`~rlwire.errors.TransportError` saying that ``action`` failed at ``where``."""
+    :class:`~rlwire.errors.TransportError` saying that ``action`` failed at ``where``.
+
+    Raises ConfigError at once when Ray is shut down (``ray.shutdown()``): a call then
+    raises Ray's bare Exception (the actor is not found), and a wait may hang until Ray
+    ends the process."""
+    ensure_ray(where)
     try:
         yield
-    except RlwireError:
+    except RlwireError as exc:
+        exc.add_context(where=where)
         raise
     except (ray.exceptions.GetTimeoutError, TimeoutError) as exc:
         raise TransportError(f"cannot {action}: timed out", where=where) from exc
@@ -100,12 +109,34 @@ def fetch(refs: list[ObjectRef[Any]], timeout: float | None = None) -> list[Any]
 
     Through each reference's future rather than ``ray.get``, which in an async actor
     warns that it blocks the event loop, though it runs in a worker thread here.
-    Errors are Ray's (and TimeoutError): use it under :func:`ray_errors`.
+    Errors are Ray's (and TimeoutError), and ConfigError once Ray is shut down: use it
+    under :func:`ray_errors`.
     """
     if timeout is not None and timeout >= threading.TIMEOUT_MAX:
         timeout = None  # a thread cannot wait that long (OverflowError): no limit, as asked
     futures = [ref.future() for ref in refs]
-    return [future.result(timeout) for future in futures]
+    return [_result(future, timeout) for future in futures]
+
+
+#: How often a wait on Ray asks whether Ray is still there, in seconds: after
+#: ``ray.shutdown()`` no answer comes, and the wait held its caller its whole timeout.
+SHUTDOWN_POLL_SECONDS = 0.5
+
+
+def _result(future: concurrent.futures.Future[Any], timeout: float | None) -> Any:
+    """``future.result(timeout)``, raising ConfigError within
+    :data:`SHUTDOWN_POLL_SECONDS` once Ray is shut down."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return future.result(
+                SHUTDOWN_POLL_SECONDS if left is None else min(left, SHUTDOWN_POLL_SECONDS)
+            )
+        except TimeoutError:
+            if left is not None and left <= SHUTDOWN_POLL_SECONDS:
+                raise
+            ensure_ray(None)
 
 
 def call(method: Any, *args: Any, where: str, action: str, timeout: float | None = None) -> Any:
@@ -123,6 +154,7 @@ def submit(method: Any, *args: Any, where: str, action: str) -> ObjectRef[Any]:
     (:func:`answer_of` waits for it).
 
     Raises:
+        ConfigError: Ray is shut down.
         TransportError: Ray cannot submit the call.
     """
     with ray_errors(where, action):

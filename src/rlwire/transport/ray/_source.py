@@ -110,6 +110,7 @@ class RaySource(RayFieldsSource, Source):
         # The board's answer for a whole step, when a wait returned with it.
         self._ready_step: tuple[int, tuple[Any, ...]] | None = None
         self._waits = OneWait()  # its async waits, one at a time
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"RaySource({self.where!r}, rank={self.rank})"
@@ -357,8 +358,9 @@ class RaySource(RayFieldsSource, Source):
         return (step, index, answer)
 
     def _keep(self, waited: tuple[int, int | None, tuple[Any, ...]] | None) -> None:
-        """Keep a wait's answer for the read that follows it (it saves that read a call)."""
-        if waited is not None:
+        """Keep a wait's answer for the read that follows it (it saves that read a call);
+        none after :meth:`close` (a wait under way then ends later)."""
+        if waited is not None and not self._closed:
             step, index, answer = waited
             if index is not None and answer[0] == "part":
                 self._ready_part = (step, index, answer)
@@ -376,7 +378,10 @@ class RaySource(RayFieldsSource, Source):
         self._keep(await self._waits.run(lambda: self._wait(timeout), longest, timeout))
 
     def close(self) -> None:
-        self._board = None
+        # A kept answer holds references to its step's objects: they stay in the object
+        # store while a reference lives, deleted from the board or not.
+        self._board = self._ready_step = self._ready_part = None
+        self._closed = True
 
 
 def _run(answer: tuple[Any, ...]) -> object:

@@ -107,7 +107,9 @@ def open_receiver(  # noqa: PLR0913 (the public keywords; the rest are grouped i
             allocate (``max_decompressed_bytes``, default 16 GiB, and
             ``max_compression_ratio``, default 1024); beyond them, FrameTooLargeError.
         limiter: bounds the worker threads of the async methods, and the number of
-            segments decompressed in parallel.
+            segments decompressed in parallel: a CapacityLimiter, or its size (which
+            serves asyncio and trio in turn; a limiter given serves the backend it is
+            bound to, and another raises ConfigError).
         record_consumed: on a store (files, fsspec, ``ray://``), write this rank's
             consumption mark beside the steps each time the receiver moves past a step
             (asks for the next, or, reading parts, for a part after the rank's last),

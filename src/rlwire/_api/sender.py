@@ -93,6 +93,8 @@ def open_sender(  # noqa: PLR0913 (the public keywords; the rest are grouped in 
             encoding and I/O; share one between senders to bound them together. A
             process forked while tasks of the parent held tokens of a limiter keeps
             those tokens borrowed: in a forked child, pass a new limiter (or a size).
+            A size serves asyncio and trio in turn; a limiter given serves the backend
+            it is bound to (another raises ConfigError).
         inline_threshold: arrays and bytes smaller than this many bytes stay in the
             header (msgpack codec; default 4096).
         validate: ``True`` (default): rlwire's own rules, which validate every

@@ -9,7 +9,7 @@ another backend than its own raises a :class:`~rlwire.ConfigError` saying so.
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Callable
 from types import TracebackType
 
 from anyio import CapacityLimiter, CapacityLimiterStatistics, Lock, LockStatistics
@@ -17,12 +17,20 @@ from anyio import CapacityLimiter, CapacityLimiterStatistics, Lock, LockStatisti
 from rlwire._core.args import check_int
 from rlwire._core.errors import ConfigError
 
+_library: Callable[[], str] | None
+try:
+    from sniffio import current_async_library as _library
+except ImportError:  # pragma: no cover (trio, which rlwire's tests run, needs sniffio)
+    _library = None
+
 __all__ = ["BackendLimiter", "BackendLock", "GivenLimiter", "make_limiter"]
 
 
 def make_limiter(limiter: CapacityLimiter | int | None, default: int = 2) -> CapacityLimiter:
     """The limiter given, kept as :class:`GivenLimiter`, or one of that many (or ``default``)
     tokens made for each backend. Safe to call before an event loop runs."""
+    if isinstance(limiter, BackendLimiter | GivenLimiter):
+        return limiter  # one of rlwire's, passed on (a receiver's, to a codec)
     if isinstance(limiter, CapacityLimiter):
         return GivenLimiter(limiter)
     if limiter is None:
@@ -31,9 +39,9 @@ def make_limiter(limiter: CapacityLimiter | int | None, default: int = 2) -> Cap
 
 
 def _backend() -> str:
-    """The backend running in this thread: rlwire runs under anyio's two, asyncio (whose
-    running loop this thread knows, cheaply) or trio."""
-    return "asyncio" if asyncio._get_running_loop() is not None else "trio"
+    """The backend of the task running, as anyio tells it (sniffio's word, else asyncio:
+    without sniffio, which trio needs, anyio runs asyncio alone)."""
+    return "asyncio" if _library is None else _library()
 
 
 class _Delegating(CapacityLimiter):
@@ -138,7 +146,8 @@ class GivenLimiter(_Delegating):
 
     def _refused(self) -> ConfigError:
         return ConfigError(
-            f"the limiter given (limiter={self.given!r}) belongs to another event loop "
+            f"the limiter given (a CapacityLimiter of {self.given.total_tokens} tokens) "
+            "belongs to another event loop "
             f"backend than this one ({_backend()}): anyio binds a CapacityLimiter to the "
             "backend that first uses it. Give one made for this backend, or a size "
             "(limiter=2) for rlwire to make one for each backend"

@@ -13,7 +13,6 @@ machine."""
 from __future__ import annotations
 
 import json
-import resource
 import struct
 import subprocess
 import sys
@@ -164,10 +163,6 @@ async def resumed_cases(
     return _RESUMED[backend]
 
 
-def limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
-
-
 @pytest.mark.parametrize("name", list(CASES))
 async def test_a_forged_ranks_key(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, anyio_backend: str, name: str
@@ -206,24 +201,76 @@ async def test_a_forged_ranks_key(
             assert "step 1" in detail and "start_step=1, on_existing='truncate'" in detail
 
 
+_INSPECT = textwrap.dedent(
+    """
+    import contextlib, io, json, resource, sys, traceback
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+    from rlwire._api.cli import main
+
+    outs = []
+    for argv in json.loads(sys.argv[1]):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main(argv)
+            except BaseException:
+                traceback.print_exc()
+                status = -1
+        outs.append([status, out.getvalue(), err.getvalue()])
+    print(json.dumps(outs))
+    """
+)
+
+
+class Inspected(NamedTuple):
+    forged: Path  #: the file whose ``ranks`` is forged
+    returncode: int  #: -1: an exception came out of the command
+    stdout: str
+    stderr: str
+
+
+#: ``rlwire inspect`` on every case's directory, by name: made, and inspected in one
+#: child, by the first test of this process that asks.
+_INSPECTED: dict[str, Inspected] = {}
+
+
+def inspected_cases(factory: pytest.TempPathFactory) -> dict[str, Inspected]:
+    """``rlwire inspect DIR --step 1 --rank R`` on every case's directory, each run by
+    the command's entry point in one child process under a memory limit (a new Python
+    and rlwire per case cost most of this test's time); an exception out of it is
+    reported as its traceback on stderr, with status -1."""
+    if not _INSPECTED:
+        folder = factory.mktemp("inspected")
+        commands, forged = [], []
+        for i, case in enumerate(CASES.values()):
+            root = folder / f"{i}-run"
+            anyio.run(two_steps, root, case, False)
+            forged.append(root / main_name(1, case.rank))
+            commands.append(["inspect", str(root), "--step", "1", "--rank", str(case.rank)])
+        proc = subprocess.run(
+            [sys.executable, "-c", _INSPECT, json.dumps(commands)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        outs = json.loads(proc.stdout)
+        for name, path, out in zip(CASES, forged, outs, strict=True):
+            _INSPECTED[name] = Inspected(path, *out)
+    return _INSPECTED
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_inspect_names_a_forged_ranks_key(tmp_path: Path, name: str) -> None:
+@pytest.mark.xdist_group("forged-inspect")  # one worker makes and inspects every case, once
+def test_inspect_names_a_forged_ranks_key(
+    tmp_path_factory: pytest.TempPathFactory, name: str
+) -> None:
     """``rlwire inspect`` on the forged file: a malformed ``ranks`` exits 2 naming the
     key, without a traceback (synchronous, so once, not once per event loop)."""
     case = CASES[name]
-    root = tmp_path / "run"
-    anyio.run(two_steps, root, case, False)
-    forged = root / main_name(1, case.rank)
-    command = ["inspect", str(root), "--step", "1", "--rank", str(case.rank)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "rlwire._api.cli", *command],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        preexec_fn=limit_memory,
-        check=False,
-    )
-    assert "Traceback" not in proc.stderr
-    assert proc.returncode == (2 if case.corrupt else 0), proc.stderr
+    forged, returncode, _, stderr = inspected_cases(tmp_path_factory)[name]
+    assert "Traceback" not in stderr
+    assert returncode == (2 if case.corrupt else 0), stderr
     if case.corrupt:
-        assert "ranks" in proc.stderr.replace(str(forged), "")
+        assert "ranks" in stderr.replace(str(forged), "")

@@ -3,6 +3,8 @@ status 2, within time and memory bounds (defect 6)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import resource
 import struct
 import subprocess
@@ -15,6 +17,7 @@ from msgspec.msgpack import Ext
 from msgspec.msgpack import encode as mp
 
 from rlwire import Frame
+from rlwire._api.cli import main
 from rlwire._core.slicing import run_sliced
 from rlwire.codecs import MsgpackCodec
 from rlwire.transport import FileSink
@@ -51,6 +54,16 @@ def inspect(root: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], f
         check=False,
     )
     return proc, cpu_of_children() - began
+
+
+def inspect_here(path: Path, *args: str) -> tuple[int, str, str]:
+    """``rlwire inspect`` run by its entry point in this process (for ordinary files:
+    a new Python and rlwire per call cost most of these tests' time): its exit status,
+    stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(["inspect", str(path), *args])
+    return status, out.getvalue(), err.getvalue()
 
 
 def nested(depth: int) -> Any:
@@ -117,21 +130,21 @@ def test_a_step_file_given_names_the_step_rank_and_part(tmp_path: Path) -> None:
     frames = [MsgpackCodec().encode({"step": step, "x": list(range(step + 1))}) for step in (0, 1)]
     for step, frame in enumerate(frames):
         run_sliced(sink.stage(step, [frame, frame])).commit()
-    proc, _ = inspect(tmp_path / "step-00000001.rank-0001.rlw")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("step 1 rank 1:")
-    proc, _ = inspect(tmp_path / "step-00000001.rank-0001.rlw", "--step", "0")
-    assert proc.returncode == 2
-    assert "--step 0: the file step-00000001.rank-0001.rlw is of step 1" in proc.stderr
+    status, out, err = inspect_here(tmp_path / "step-00000001.rank-0001.rlw")
+    assert status == 0, err
+    assert out.startswith("step 1 rank 1:")
+    status, out, err = inspect_here(tmp_path / "step-00000001.rank-0001.rlw", "--step", "0")
+    assert status == 2
+    assert "--step 0: the file step-00000001.rank-0001.rlw is of step 1" in err
     for path, what in [
         (tmp_path / "no-such-run", "no such directory"),
         (tmp_path / "step-00000001.rank-0001.rlw" / "x", "no such directory"),
     ]:
-        proc, _ = inspect(path)
-        assert (proc.returncode, what in proc.stderr) == (2, True), proc.stderr
+        status, _, err = inspect_here(path)
+        assert (status, what in err) == (2, True), err
     (tmp_path / "notes.txt").write_text("hello")
-    proc, _ = inspect(tmp_path / "notes.txt")
-    assert proc.returncode == 2 and "not a stored step's file" in proc.stderr
+    status, _, err = inspect_here(tmp_path / "notes.txt")
+    assert status == 2 and "not a stored step's file" in err
 
 
 def test_output_cut_short_by_its_reader_is_no_traceback(tmp_path: Path) -> None:
@@ -159,26 +172,25 @@ def test_the_fence_is_described_with_the_destination_and_alone(tmp_path: Path) -
     fence = tmp_path / "fence.rlw"
     token = fence.read_bytes()[8:24]
     line = fence_line(tmp_path, token, ' (on_existing="resume")')
-    listed, _ = inspect(tmp_path)
-    assert listed.returncode == 0, listed.stderr
-    assert listed.stdout.startswith("step 0 rank 0:") and listed.stdout.endswith(line)
-    alone, _ = inspect(fence)
-    assert (alone.returncode, alone.stdout, alone.stderr) == (0, line, "")
-    missing, _ = inspect(tmp_path, "--step", "3")  # no such step: its fence still
-    assert missing.returncode == 1 and missing.stdout == line
+    status, out, err = inspect_here(tmp_path)
+    assert status == 0, err
+    assert out.startswith("step 0 rank 0:") and out.endswith(line)
+    assert inspect_here(fence) == (0, line, "")
+    status, out, _ = inspect_here(tmp_path, "--step", "3")  # no such step: its fence still
+    assert status == 1 and out == line
     for option in ("--step", "--rank", "--part"):
-        refused, _ = inspect(fence, option, "0")
-        assert refused.returncode == 2 and f"{option}: " in refused.stderr, refused.stderr
-        assert "is a destination's fence" in refused.stderr
+        status, _, err = inspect_here(fence, option, "0")
+        assert status == 2 and f"{option}: " in err, err
+        assert "is a destination's fence" in err
     # An on_existing this rlwire does not know is left unsaid.
     fence.write_bytes(b"RLWF" + struct.pack("<HH", 1, 9) + token + b"later")
-    alone, _ = inspect(fence)
-    assert (alone.returncode, alone.stdout) == (0, fence_line(tmp_path, token, ""))
+    status, out, _ = inspect_here(fence)
+    assert (status, out) == (0, fence_line(tmp_path, token, ""))
     fence.write_bytes(b"RLWF\x01\x00")
-    damaged, _ = inspect(fence)
-    assert damaged.returncode == 2 and "CorruptFrameError" in damaged.stderr
-    assert "a fence is 24 to 40 bytes, this one 6" in damaged.stderr
-    assert "Traceback" not in damaged.stderr
+    status, _, err = inspect_here(fence)
+    assert status == 2 and "CorruptFrameError" in err
+    assert "a fence is 24 to 40 bytes, this one 6" in err
+    assert "Traceback" not in err
 
 
 def test_a_destination_without_a_fence_says_so(tmp_path: Path) -> None:
@@ -187,11 +199,11 @@ def test_a_destination_without_a_fence_says_so(tmp_path: Path) -> None:
     sink.open("error")
     run_sliced(sink.stage(0, [MsgpackCodec().encode({"x": 1})])).commit()
     assert not (tmp_path / "fence.rlw").exists()
-    listed, _ = inspect(tmp_path)
-    assert listed.returncode == 0, listed.stderr
-    assert listed.stdout.splitlines()[-1].startswith(f"fence: none at {tmp_path / 'fence.rlw'}")
-    alone, _ = inspect(tmp_path / "fence.rlw")
-    assert alone.returncode == 1 and alone.stdout == ""
-    assert alone.stderr.startswith("fence: none at") and 'on_existing="error"' in alone.stderr
-    gone, _ = inspect(tmp_path / "no-such-run" / "fence.rlw")
-    assert gone.returncode == 2 and "no such directory" in gone.stderr
+    status, out, err = inspect_here(tmp_path)
+    assert status == 0, err
+    assert out.splitlines()[-1].startswith(f"fence: none at {tmp_path / 'fence.rlw'}")
+    status, out, err = inspect_here(tmp_path / "fence.rlw")
+    assert status == 1 and out == ""
+    assert err.startswith("fence: none at") and 'on_existing="error"' in err
+    status, _, err = inspect_here(tmp_path / "no-such-run" / "fence.rlw")
+    assert status == 2 and "no such directory" in err

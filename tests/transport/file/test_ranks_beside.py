@@ -6,6 +6,7 @@ real."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import textwrap
@@ -15,10 +16,12 @@ from typing import Any
 
 import anyio
 import forked
+import msgspec
+import numpy as np
 import pytest
 
 import rlwire
-from rlwire import TrainingBatch
+from rlwire import TrainingBatch, TrainingSample
 from rlwire.testing import assert_batches_equal, make_sample
 from rlwire.transport._file import staging
 from rlwire.transport._stored.names import POOL_RE
@@ -26,12 +29,26 @@ from rlwire.transport._stored.names import POOL_RE
 RANKS = 4
 
 
+@functools.cache
+def _random_sample(rank: int, i: int) -> TrainingSample:
+    return make_sample(4096, layers=48, topk=8, seed=10 * rank + i)
+
+
 def rank_batch(rank: int, step: int, samples: int = 7) -> TrainingBatch:
-    """About 11 MB a rank, most of it routed experts (the sidecar): over BESIDE_BYTES."""
+    """About 11 MB a rank, most of it routed experts (the sidecar): over BESIDE_BYTES.
+
+    The rank's random samples, made once (making them anew took most of these tests'
+    time), with ``step`` added to every token id and routed expert: the batches of two
+    steps (under 256 apart) differ in every one of them."""
     return TrainingBatch(
         samples=[
-            make_sample(4096, layers=48, topk=8, seed=1000 * step + 10 * rank + i)
-            for i in range(samples)
+            msgspec.structs.replace(
+                sample,
+                token_ids=sample.token_ids + step,
+                routed_experts=sample.routed_experts + np.uint8(step % 256),
+                env_name=f"{sample.env_name}-step{step}",
+            )
+            for sample in map(functools.partial(_random_sample, rank), range(samples))
         ]
     )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+import time
 import tracemalloc
 from typing import Any
 
@@ -116,6 +117,19 @@ def test_plain_cost_counts_long_runs_in_bulk(item: bytes, each: int) -> None:
     assert plain_cost(data, 1 << 62) >= count * (each + 8)
     limit = count * each // 2
     assert limit < plain_cost(data, limit) <= limit + 64 * 1024 * (each + 8)  # stops soon past it
+
+
+def test_one_letter_strings_are_counted_in_bulk() -> None:
+    """They cost nothing (CPython caches them) but their list slots; they were walked
+    one at a time in Python, some 0.7 s of CPU a million (a header of 4M took 3-9 s to
+    receive in the chaos campaign)."""
+    count = 2_000_000
+    data = _array32(b"\xa1a", count)
+    began = time.process_time()
+    assert plain_cost(data, 1 << 62) == 56 + 8 * count
+    assert time.process_time() - began < 0.3
+    mixed = b"\xdd" + struct.pack(">I", 4000) + b"\xa1a\xa1\x7f\xa2ab\xa1b" * 1000  # no runs
+    assert plain_cost(mixed, 1 << 62) == 56 + 8 * 4000 + 51 * 1000
 
 
 def test_header_of_empty_arrays_received_as_any_is_refused_before_it_is_built() -> None:

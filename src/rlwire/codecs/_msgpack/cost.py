@@ -60,6 +60,7 @@ for _b, _length, _cost in (
     (0x80, 1, _EMPTY_DICT),
     (0x90, 1, _LIST),  # empty array
     (0xA0, 1, 0),  # empty string
+    (0xA1, 2, 0),  # a one-byte string: an ASCII character, a cached str (runs in bulk)
     (0xC0, 1, 0),  # nil
     (0xC2, 1, 0),  # false
     (0xC3, 1, 0),  # true
@@ -114,7 +115,7 @@ _ARRAY, _MAP, _STRING, _BIN, _EXT = range(5)
 _VARIABLE: dict[int, tuple[int, int]] = {
     **{b: (_ARRAY, b & 0x0F) for b in range(0x91, 0xA0)},
     **{b: (_MAP, b & 0x0F) for b in range(0x81, 0x90)},
-    **{b: (_STRING, b & 0x1F) for b in range(0xA1, 0xC0)},
+    **{b: (_STRING, b & 0x1F) for b in range(0xA2, 0xC0)},
     0xDC: (_ARRAY, -2),
     0xDD: (_ARRAY, -4),
     0xDE: (_MAP, -2),

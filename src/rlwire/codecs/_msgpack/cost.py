@@ -23,16 +23,16 @@ from rlwire.codecs._msgpack.extensions import (
     EXT_INLINE_ARRAY,
 )
 
-__all__ = ["WORST_RATIO", "plain_cost"]
+__all__ = ["DICT_ITEM", "LIST_ITEM", "WORST_RATIO", "plain_cost"]
 
 # Bytes of heap per object, upper bounds measured on CPython 3.11-3.13 (sys.getsizeof,
 # which counts the GC header, rounded up). A container's items are charged by the
 # container: 8 per list slot, 64 per dict entry (its hash table, over-allocated).
 _LIST = 56
-_LIST_ITEM = 8
+_LIST_ITEM = LIST_ITEM = 8
 _EMPTY_DICT = 64
 _DICT = 160
-_DICT_ITEM = 64
+_DICT_ITEM = DICT_ITEM = 64
 _INT = 32  # ints outside the cached -5..256
 _FLOAT = 24
 _STR = 49  # plus one byte per character for ASCII

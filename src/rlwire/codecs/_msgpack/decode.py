@@ -28,6 +28,7 @@ from rlwire._core.types import may_hold_buffer
 from rlwire._frame.frame import Frame
 from rlwire.codecs._msgpack.allowance import HeapAllowance
 from rlwire.codecs._msgpack.conversion import as_annotated, converted
+from rlwire.codecs._msgpack.cost import DICT_ITEM, LIST_ITEM
 from rlwire.codecs._msgpack.decode_calls import DecodeCalls
 from rlwire.codecs._msgpack.extensions import ROWS_AS_ARRAYS
 from rlwire.codecs._msgpack.fields import check_fields_present
@@ -311,6 +312,10 @@ class Decoding:
         kind = dict if chunked.is_map else list
         if type(target) is not kind:
             raise CannotFollow
+        # The container gets every item its table declares (checked below): a slot each,
+        # taken before a chunk is built, so a table declaring millions is refused at once.
+        slot = DICT_ITEM if chunked.is_map else LIST_ITEM
+        self.calls.charge(slot * ref.count, f"a chunked container of {ref.count} items")
         before = len(target)
         for start, end in zip(ref.ranges[::2], ref.ranges[1::2], strict=True):
             self.budget -= end - start

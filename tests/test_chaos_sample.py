@@ -35,7 +35,9 @@ SEED = int(os.environ.get("CHAOS_SEED", "0"))
 def campaign(tmp_path: Path, *args: str) -> dict[str, Any]:
     """Run ``python -m chaos.run`` with ``args``; its JSON report."""
     report = tmp_path / "report.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    # This checkout's src first: else the campaign ran whichever rlwire was installed.
+    paths = [str(ROOT / "src"), str(ROOT), str(ROOT / "tests")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     proc = subprocess.run(
         [sys.executable, "-m", "chaos.run", "--seed", str(SEED), "--json", str(report), *args],
         env=env,

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import TracebackType
+from typing import TypeVar
 
 from anyio import CapacityLimiter, CapacityLimiterStatistics, Lock, LockStatistics
 
 from rlwire._core.args import check_int
 from rlwire._core.errors import ConfigError
+
+T = TypeVar("T")
 
 _library: Callable[[], str] | None
 try:
@@ -42,6 +45,16 @@ def _backend() -> str:
     """The backend of the task running, as anyio tells it (sniffio's word, else asyncio:
     without sniffio, which trio needs, anyio runs asyncio alone)."""
     return "asyncio" if _library is None else _library()
+
+
+def _own(made: dict[str, T], make: Callable[[], T]) -> T:
+    """The current backend's object in ``made``, made by ``make()`` on its first use:
+    made on the loop, it is that backend's own."""
+    backend = _backend()
+    got = made.get(backend)
+    if got is None:
+        got = made[backend] = make()
+    return got
 
 
 class _Delegating(CapacityLimiter):
@@ -106,11 +119,7 @@ class BackendLimiter(_Delegating):
 
     @property
     def _limiter(self) -> CapacityLimiter:
-        backend = _backend()
-        made = self._made.get(backend)
-        if made is None:  # made on the loop, it is that backend's own
-            made = self._made[backend] = CapacityLimiter(self._total)
-        return made
+        return _own(self._made, lambda: CapacityLimiter(self._total))
 
     @property
     def total_tokens(self) -> float:
@@ -192,11 +201,7 @@ class BackendLock(Lock):
 
     @property
     def _lock(self) -> Lock:
-        backend = _backend()
-        made = self._made.get(backend)
-        if made is None:  # made on the loop, it is that backend's own
-            made = self._made[backend] = Lock()
-        return made
+        return _own(self._made, Lock)
 
     async def __aenter__(self) -> None:
         await self._lock.acquire()

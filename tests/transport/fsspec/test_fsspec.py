@@ -327,6 +327,10 @@ def test_bad_options_and_missing_bucket_are_typed_errors(
         rlwire.open_sender("s3://")
     with pytest.raises(rlwire.ConfigError, match="chained"):
         FsspecSink("simplecache::s3://bucket/x")
+    with pytest.raises(rlwire.ConfigError, match="chained"):
+        FsspecSink("zip://inner::http://[::1]:9/a.zip")
+    # An IPv6 literal host chains nothing: fsspec's http:// store takes it.
+    assert FsspecSink("http://[::1]:9/run").url == "http://[::1]:9/run"
     with pytest.raises(rlwire.ConfigError, match="part_bytes"):
         FsspecSink(s3_url, part_bytes=1 << 20)
 

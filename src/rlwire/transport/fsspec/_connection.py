@@ -103,7 +103,8 @@ def _split_url(given: str | URL) -> tuple[str, str]:
     if parsed is None or parsed.rest == parsed.text:
         raise ConfigError(f"{given!r}: not an fsspec URL (expected protocol://path)")
     url = parsed.text
-    if "::" in url:
+    # A host given as an IPv6 literal ([::1]) holds "::" too: it chains nothing.
+    if "::" in re.sub(r"\[[0-9A-Fa-f:.%]*\]", "", url):
         raise ConfigError(
             f"{url!r}: chained fsspec URLs (a::b) are not supported; give the target URL "
             "and its storage_options"

@@ -22,19 +22,14 @@ from rlwire._core.errors import CorruptFrameError
 from rlwire._frame.checksums import verify_some
 from rlwire._frame.frame import Frame
 from rlwire.transport._parts import PartInfo
-from rlwire.transport._stored.layout import (
-    _PRELUDE,
-    _SIDECAR_PRELUDE,
-    _check_sidecar,
-    _PartEnvelope,
-)
+from rlwire.transport._stored.layout import _PRELUDE, _PartEnvelope
 from rlwire.transport._stored.names import (
     main_name,
     part_name,
     part_sidecar_name,
     sidecar_name,
 )
-from rlwire.transport._stored.selected import Ranged, read_envelope
+from rlwire.transport._stored.selected import Ranged, open_checked_sidecar, read_envelope
 from rlwire.transport._stored.table import MAIN, SIDECAR, checked_table
 
 if TYPE_CHECKING:
@@ -130,16 +125,7 @@ class Head:
 
     def _side(self) -> Ranged:
         if self._sidecar is None:
-            side = self.open_sidecar()
-            size = self.env.sidecar_size or 0
-            prelude = side.read([(0, min(side.size, _SIDECAR_PRELUDE.size))])[0]
-            _check_sidecar(prelude, self.env.id, prelude.nbytes, self.where)
-            if side.size != size:
-                raise CorruptFrameError(
-                    f"sidecar truncated or extended: expected {size} bytes, found {side.size}",
-                    where=self.where,
-                )
-            self._sidecar = side
+            self._sidecar = open_checked_sidecar(self.open_sidecar, self.env, self.where)
         return self._sidecar
 
 

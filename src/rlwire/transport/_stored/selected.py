@@ -31,7 +31,14 @@ from rlwire.transport._stored.layout import (
 from rlwire.transport._stored.parts import _part_info
 from rlwire.transport._stored.table import MAIN, SIDECAR, checked_table
 
-__all__ = ["HEAD_BYTES", "Ranged", "WholeFile", "parse_selected", "read_envelope"]
+__all__ = [
+    "HEAD_BYTES",
+    "Ranged",
+    "WholeFile",
+    "open_checked_sidecar",
+    "parse_selected",
+    "read_envelope",
+]
 
 #: Bytes read first: the prelude and envelope, and the codec header of most messages.
 HEAD_BYTES = 64 << 10
@@ -75,6 +82,28 @@ class WholeFile(Ranged):
 
     def read(self, ranges: Sequence[tuple[int, int]]) -> list[memoryview]:
         return [self.data[start:end] for start, end in ranges]
+
+
+def open_checked_sidecar(
+    open_sidecar: Callable[[], Ranged], env: _PartEnvelope, where: str
+) -> Ranged:
+    """The sidecar of the message whose envelope is ``env``, opened by ``open_sidecar``
+    and checked: its prelude names the message's id, and it is as long as the envelope
+    says.
+
+    Raises:
+        CorruptFrameError: a sidecar of another message, or truncated or extended.
+    """
+    side = open_sidecar()
+    size = env.sidecar_size or 0
+    prelude = side.read([(0, min(side.size, _SIDECAR_PRELUDE.size))])[0]
+    _check_sidecar(prelude, env.id, prelude.nbytes, where)
+    if side.size != size:
+        raise CorruptFrameError(
+            f"sidecar truncated or extended: expected {size} bytes, found {side.size}",
+            where=where,
+        )
+    return side
 
 
 def read_envelope(
@@ -230,14 +259,5 @@ class _Reading:
 
     def _sidecar(self) -> Ranged:
         if self.sidecar is None:
-            side = self.open_sidecar()
-            size = self.env.sidecar_size or 0
-            prelude = side.read([(0, min(side.size, _SIDECAR_PRELUDE.size))])[0]
-            _check_sidecar(prelude, self.env.id, prelude.nbytes, self.where)
-            if side.size != size:
-                raise CorruptFrameError(
-                    f"sidecar truncated or extended: expected {size} bytes, found {side.size}",
-                    where=self.where,
-                )
-            self.sidecar = side
+            self.sidecar = open_checked_sidecar(self.open_sidecar, self.env, self.where)
         return self.sidecar

@@ -69,3 +69,19 @@ async def test_a_timeout_that_is_not_a_number_is_a_config_error(tmp_path: Path) 
             with pytest.raises(rlwire.ConfigError, match=match):
                 await receiver.aparts(timeout=timeout).__anext__()  # type: ignore[arg-type]
         assert receiver.receive(timeout=5) is not None and receiver.last_step == 0
+
+
+@pytest.mark.anyio
+async def test_a_timeout_beyond_any_float_waits_as_inf_does(tmp_path: Path) -> None:
+    """An int too large for a float (10**400) raised Python's OverflowError; it is a
+    wait without end, as ``math.inf`` (or an immediate timeout, when negative)."""
+    async with rlwire.open_sender(tmp_path) as sender:
+        await sender.send(make_batch(1))
+    with rlwire.open_receiver(tmp_path) as receiver:
+        assert receiver.wait_next(timeout=10**400)
+        assert await receiver.await_next(timeout=10**400)
+        assert receiver.receive(timeout=10**400) is not None and receiver.last_step == 0
+        with pytest.raises(rlwire.ReceiveTimeout):
+            receiver.receive(timeout=-(10**400))
+        with pytest.raises(rlwire.ReceiveTimeout):
+            await receiver.areceive(timeout=-(10**400))

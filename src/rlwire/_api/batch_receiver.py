@@ -24,7 +24,7 @@ from rlwire._api.release import note_received
 from rlwire._api.row_reads import RowReads
 from rlwire._api.schema import TrainingBatch, TrainingSample, check_columns_held
 from rlwire._api.sealed import SealedStep, read_sealed
-from rlwire._api.stats import ReceiveStats
+from rlwire._api.stats import ReceiveStats, received
 from rlwire._checks.checks import Checks
 from rlwire._core.deadlines import deadline_after, time_left
 from rlwire._core.errors import (
@@ -36,7 +36,7 @@ from rlwire._core.errors import (
     RlwireError,
 )
 from rlwire._core.offload import drive_sliced, make_limiter, offload
-from rlwire._core.slicing import Sliced, hold, run_sliced
+from rlwire._core.slicing import Held, Sliced, run_sliced
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 
@@ -139,7 +139,9 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
         decoding a large message never keeps the event loop from the GIL for long. The
         mutex is held across slices, which may run in different threads (a
         ``threading.Lock`` may be released by any thread), and waited for in slices."""
-        with (yield from hold(self._mutex)):
+        held = Held(self._mutex)
+        try:
+            yield from held.take()
             got = self._peeked or self._read()
             self._peeked = None
             if got is None:
@@ -160,21 +162,13 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
                 raise
             self._take_from_here()
             self._step, self._next_step, self._part_next = step, step + 1, 0
-            total = time.perf_counter() - started
-            self._last_stats = ReceiveStats(
-                step=step,
-                rank=self._rank or 0,
-                bytes=frame.nbytes,
-                wait_seconds=max(0.0, total - sum(seconds.values())),
-                read_seconds=seconds["read"],
-                decompress_seconds=seconds["decompress"],
-                decode_seconds=seconds["decode"],
-                total_seconds=total,
-                message_id=frame.message_id,
-            )
+            rank, nbytes, message_id = self._rank or 0, frame.nbytes, frame.message_id
+            self._last_stats = received(step, rank, nbytes, message_id, seconds, started)
             if type(obj) is TrainingBatch:
                 note_received(obj)
             return obj
+        finally:
+            held.release()
 
     def _check(self, obj: Any, step: int) -> Sliced[None]:
         """Validate ``obj`` as ``validate=`` asks, in slices; a TrainingBatch received
@@ -219,10 +213,14 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
     def _peek(self) -> Sliced[bool]:
         """Read the next step's frame, if it has arrived, and keep it for the next
         receive: True if there is one."""
-        with (yield from hold(self._mutex)):
+        held = Held(self._mutex)
+        try:
+            yield from held.take()
             if self._peeked is None:
                 self._peeked = self._read()
             return self._peeked is not None
+        finally:
+            held.release()
 
     def _decode(
         self,

@@ -44,6 +44,7 @@ from rlwire._core.errors import (
     StepGapError,
 )
 from rlwire._core.offload import runs_event_loop
+from rlwire._core.slicing import Held, run_sliced
 from rlwire.transport._base import Source
 from rlwire.transport._marks import MarksSource
 
@@ -139,15 +140,16 @@ class ConsumptionMarks:
                 here would block the loop that call needs to finish.
             ClosedError: the receiver is closed.
         """
-        if not self._mutex.acquire(blocking=False):
-            if runs_event_loop():
-                raise ConfigError(
-                    f"skip() while another task's receive on {self!r} is under way: it "
-                    "needs this event loop to finish, so skip() cannot wait for it here; "
-                    "await that receive (or cancel it) first"
-                )
-            self._mutex.acquire()  # another thread's call: it ends without this one
+        held = Held(self._mutex)
         try:
+            if not held.take_now():
+                if runs_event_loop():
+                    raise ConfigError(
+                        f"skip() while another task's receive on {self!r} is under way: it "
+                        "needs this event loop to finish, so skip() cannot wait for it here; "
+                        "await that receive (or cancel it) first"
+                    )
+                run_sliced(held.take())  # another thread's call: it ends without this one
             if self._closed:
                 raise ClosedError(f"{self!r} is closed")
             step = self._next_step
@@ -159,7 +161,7 @@ class ConsumptionMarks:
             self._next_step, self._part_next = step + 1, 0
             return step
         finally:
-            self._mutex.release()
+            held.release()
 
     def _stored(self, step: int) -> bool:
         """For a step skipped without a look at it: whether the store lists it or a

@@ -27,7 +27,7 @@ from rlwire._api.sealed import SealedStep, read_part
 from rlwire._core.deadlines import deadline_after
 from rlwire._core.errors import ClosedError, ConfigError, CorruptFrameError, RlwireError
 from rlwire._core.offload import drive_sliced
-from rlwire._core.slicing import Sliced, hold, run_sliced
+from rlwire._core.slicing import Held, Sliced, run_sliced
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 from rlwire.transport._parts import Key
@@ -252,7 +252,9 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
         if _holds_sealed(self._peeked):
             self._peeked = None  # read by wait_next() to be joined: read part by part instead
         if self._source.stores_parts:
-            with (yield from hold(self._mutex)):
+            held = Held(self._mutex)
+            try:
+                yield from held.take()
                 self._record_position()  # asking for this part: done with the one before
                 got = read_part(self._source, step, self._part_next)
                 seal = None if got is not None else self._source.read_seal(step)
@@ -296,6 +298,8 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
                 if self._part_next:
                     self._check_waiting_run(step)
                     return _NOTHING
+            finally:
+                held.release()
         if self._part_next:
             return _NOTHING
         return (yield from self._take_whole(as_columns))
@@ -306,10 +310,14 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
         part by part."""
         rank = self._rank or 0
         if self._source.stores_parts:
-            with (yield from hold(self._mutex)):
+            held = Held(self._mutex)
+            try:
+                yield from held.take()
                 if self._peeked is None:
                     self._peeked = self._read()
                 there, sealed_since = self._peeked is not None, _holds_sealed(self._peeked)
+            finally:
+                held.release()
             if sealed_since:
                 # Its parts and seal were committed after the reads above: read it part
                 # by part (its parts are all there now), never joined as one part.

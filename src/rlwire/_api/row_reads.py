@@ -38,7 +38,7 @@ from rlwire._core.errors import (
 )
 from rlwire._core.offload import drive_sliced
 from rlwire._core.ragged import Ragged, offsets_problem
-from rlwire._core.slicing import Sliced, hold, run_sliced
+from rlwire._core.slicing import Held, Sliced, run_sliced
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 from rlwire.transport._heads import Head, read_head_of, sealed, store_url
@@ -99,7 +99,9 @@ class RowReads:
         rank = self._which_rank(rank)
         if part is not None:
             check_int(part, "part")
-        with (yield from hold(self._mutex)):
+        held = Held(self._mutex)
+        try:
+            yield from held.take()
             head = read_head_of(source, step, rank, part)
             if head is None:
                 if part is None and sealed(source, step):
@@ -110,6 +112,8 @@ class RowReads:
                     )
                 return None
             table = self._table(head)
+        finally:
+            held.release()
         return _manifest(head, table, store_url(source), step, rank)
 
     def read_rows(self, manifest: Manifest, column: str, start: int, stop: int) -> Ragged:
@@ -171,8 +175,12 @@ class RowReads:
                 f"the manifest is of {manifest.url}, and this receiver reads {url}"
             )
         try:
-            with (yield from hold(self._mutex)):
+            held = Held(self._mutex)
+            try:
+                yield from held.take()
                 return self._rows(source, manifest, described, start, stop)
+            finally:
+                held.release()
         except RlwireError as exc:
             exc.add_context(step=manifest.step, rank=manifest.rank)
             raise

@@ -15,7 +15,7 @@ from typing import Any
 
 from rlwire._core.offload import Resumes
 
-__all__ = ["ReceiveStats", "SendClock", "SendStats"]
+__all__ = ["ReceiveStats", "SendClock", "SendStats", "received"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,3 +143,23 @@ class SendClock:
             total_seconds=now - self.start,
             worst_loop_lag_seconds=self.resumes.worst,
         )
+
+
+def received(
+    step: int, rank: int, nbytes: int, message_id: bytes, seconds: dict[str, float], started: float
+) -> ReceiveStats:
+    """The :class:`ReceiveStats` of ``step``, received whole by now: ``seconds`` holds
+    the time its read, decompression and decode took (the rest since ``started``, a
+    :func:`time.perf_counter`, was waiting for it)."""
+    total = time.perf_counter() - started
+    return ReceiveStats(
+        step=step,
+        rank=rank,
+        bytes=nbytes,
+        wait_seconds=max(0.0, total - sum(seconds.values())),
+        read_seconds=seconds["read"],
+        decompress_seconds=seconds["decompress"],
+        decode_seconds=seconds["decode"],
+        total_seconds=total,
+        message_id=message_id,
+    )

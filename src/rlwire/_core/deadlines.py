@@ -11,6 +11,10 @@ from rlwire._core.errors import ConfigError
 __all__ = ["deadline_after", "time_left"]
 
 
+#: Seconds beyond which an int timeout is taken as ``math.inf`` (no float holds 10**400).
+_LONGEST = 2**63
+
+
 def deadline_after(timeout: float | None) -> float | None:
     """When a wait of ``timeout`` seconds begun now ends (:func:`time.monotonic`), or
     ``None`` for a wait without a limit.
@@ -25,7 +29,11 @@ def deadline_after(timeout: float | None) -> float | None:
     """
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or math.isnan(timeout):
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise ConfigError(f"timeout must be a number of seconds or None, got {timeout!r}")
+    if isinstance(timeout, numbers.Integral) and abs(timeout) > _LONGEST:
+        timeout = math.inf if timeout > 0 else -math.inf  # beyond any float (10**400)
+    if math.isnan(timeout):
         raise ConfigError(f"timeout must be a number of seconds or None, got {timeout!r}")
     return time.monotonic() + timeout
 

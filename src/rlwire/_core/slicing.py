@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Generator
+from collections import deque
+from collections.abc import Callable, Generator
+from functools import partial
+from itertools import chain, compress
+from operator import call
 from typing import TypeVar
 
-__all__ = ["SliceTimer", "Sliced", "hold", "run_sliced", "run_sliced_beside", "timed"]
+__all__ = ["Held", "SliceTimer", "Sliced", "run_sliced", "run_sliced_beside", "timed"]
 
 T = TypeVar("T")
 
@@ -110,33 +114,72 @@ def timed(slices: Sliced[T], seconds: dict[str, float], key: str) -> Sliced[T]:
         slices.close()
 
 
-#: How long one try of :func:`hold` waits for its lock before it yields, in seconds.
+#: How long one try of :meth:`Held.take` waits for its lock before it yields, in seconds.
 HOLD_TRY_SECONDS = 0.002
 
 
-class _Held:
-    """What :func:`hold` returns: releases its lock when the ``with`` block ends."""
+class Held:
+    """A lock taken from a sliced generator, yielding between short tries::
 
-    __slots__ = ("_lock",)
+        held = Held(lock)
+        try:
+            yield from held.take()
+            ...  # the lock is held here
+        finally:
+            held.release()
+
+    A generator that blocked on the lock instead would keep its worker thread, and the
+    limiter token the thread holds, for as long as another generator holds the lock
+    between its own trips to worker threads; with every token so held, the holder never
+    got one to go on. Between tries a driver ends the trip in time, giving the token
+    back. Any thread may release a ``threading.Lock``; :meth:`release` releases it only
+    if :meth:`take` took it, and only once.
+
+    Interrupts: an exception raised between two bytecodes (a ``KeyboardInterrupt`` from
+    a signal handler, as Ctrl-C's is) must never leave the lock held, or every later
+    call waits for it for ever. CPython raises it only at some bytecodes, among them the
+    end of every call and the start of every Python function. So the ``try`` begins
+    before the lock is taken; a try of the lock that takes it records so within the same
+    call of C code; and :meth:`release` is C code too (no Python function, such as a
+    ``with`` block's ``__exit__``, whose start could be interrupted before the release).
+
+    Example:
+        >>> lock = threading.Lock()
+        >>> def work():
+        ...     held = Held(lock)
+        ...     try:
+        ...         yield from held.take()
+        ...         return lock.locked()
+        ...     finally:
+        ...         held.release()
+        >>> run_sliced(work()), lock.locked()
+        (True, False)
+    """
+
+    __slots__ = ("_lock", "_taken", "release")
 
     def __init__(self, lock: threading.Lock) -> None:
         self._lock = lock
+        self._taken: list[Callable[[], None]] = []  # the lock's release, while held
+        #: Release the lock if this took it, once: each release in ``_taken`` called,
+        #: then the list cleared, all within one call of C code.
+        self.release: Callable[[], object] = partial(
+            deque[object](maxlen=0).extend,
+            chain(map(call, self._taken), iter(self._taken.clear, None)),
+        )
 
-    def __enter__(self) -> None:
-        return None
+    def take_now(self) -> bool:
+        """Take the lock if it is free, without waiting: whether it took it."""
+        lock = self._lock
+        self._taken.extend(compress((lock.release,), map(lock.acquire, (False,))))
+        return bool(self._taken)
 
-    def __exit__(self, *exc_info: object) -> None:
-        self._lock.release()
-
-
-def hold(lock: threading.Lock) -> Sliced[_Held]:
-    """Take ``lock`` from a sliced generator, yielding between short tries: ``with
-    (yield from hold(lock)):``. A generator that blocked on the lock instead would keep
-    its worker thread, and the limiter token the thread holds, for as long as another
-    generator holds the lock between its own trips to worker threads; with every token
-    so held, the holder never got one to go on. Between tries a driver ends the trip in
-    time, giving the token back. The lock is released when the ``with`` block ends (any
-    thread may release a ``threading.Lock``)."""
-    while not lock.acquire(timeout=HOLD_TRY_SECONDS):
-        yield
-    return _Held(lock)
+    def take(self) -> Sliced[None]:
+        """Take the lock, yielding between tries of :data:`HOLD_TRY_SECONDS`."""
+        lock, taken = self._lock, self._taken
+        while True:
+            # One call of C code tries the lock and, if it took it, records its release.
+            taken.extend(compress((lock.release,), map(lock.acquire, (True,), (HOLD_TRY_SECONDS,))))
+            if taken:
+                return
+            yield

@@ -74,7 +74,7 @@ class Validation:
         self.committed: Staged | None = None
         #: How long that commit took, and what it raised (:meth:`commit` raises it).
         self.commit_seconds = 0.0
-        self._commit_error: BaseException | None = None
+        self._commit_error: Exception | None = None
 
     def start(self, rank: int, checks: Sliced[None]) -> None:
         """Run ``checks`` (of rank ``rank``) beside whatever the caller does next."""
@@ -170,17 +170,23 @@ class Validation:
     def _committing(self, staging: Sliced[Staged]) -> Sliced[Staged]:
         """``staging``, then, in the same trip to a worker thread, the commit, when the
         checks have all passed by then and the sink commits in a thread anyway (the
-        default :meth:`Staged.acommit`): one trip fewer a send. What the commit raises
-        is kept for :meth:`commit`, so the caller handles it as ever."""
+        default :meth:`Staged.acommit`): one trip fewer a send. The error the commit
+        raises is kept for :meth:`commit`, so the caller handles it as ever. A read of
+        the commit's (the fence's) that gave up on a cancelled caller
+        (:class:`~rlwire._core.offload.Abandoned`) is not kept: it ends this generator,
+        and :func:`~rlwire._core.offload.drive_sliced` raises the caller's cancellation;
+        the step stays ``committed``, which :meth:`settle_failed` discards if none of it
+        became visible."""
         staged = yield from staging
         if _commits_in_thread(staged) and self._passed():
             self.committed = staged
             began = time.perf_counter()
             try:
                 staged.commit()
-            except BaseException as exc:
+            except Exception as exc:
                 self._commit_error = exc
-            self.commit_seconds = time.perf_counter() - began
+            finally:
+                self.commit_seconds = time.perf_counter() - began
         return staged
 
     def _dropped(self, staged: Staged) -> None:

@@ -75,7 +75,11 @@ def abandoned() -> bool:
     """Whether the caller of the :func:`drive_sliced` trip running in this thread was
     cancelled (by anyio, trio, or asyncio's own cancellation); False outside a trip. A
     long wait inside a slice (a download) asks this now and then, and raises
-    :class:`Abandoned` to stop; waits that must end (a commit) never do."""
+    :class:`Abandoned` to stop; waits that must end (a commit's writes) never do. A
+    commit's read before it makes anything visible (the fence's) may: nothing of the
+    step is then visible, and the caller is cancelled. Whatever catches what a slice
+    raised to raise it later must let :class:`Abandoned` through (it is no error of the
+    work: :func:`drive_sliced` raises the caller's cancellation in its place)."""
     trips: _Trips[object] | None = getattr(_current, "trips", None)
     return trips is not None and trips.cancelled()
 

@@ -1,0 +1,105 @@
+"""A send (or a part's ``put``) to S3 cancelled while its commit reads the fence back
+(the GET of ``fence.rlw``, held by the test's proxy as a stalled connection holds it)
+is just cancelled: the read gives up on the cancelled caller, nothing of the step is
+visible, and the next send takes the same step. The commit ran in the write's last trip
+to a worker thread, which kept what it raised for later: the read's giving up, a
+private BaseException, escaped the caller's cancel scope instead of its cancellation."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import fsspec
+import numpy as np
+import pytest
+from s3_server import HOLD, FaultProxy, s3_client
+from s3_server import s3_proxy as s3_proxy  # the fixture, for this module
+
+import rlwire
+
+pytestmark = pytest.mark.anyio
+
+
+def through(proxy: FaultProxy) -> dict[str, Any]:
+    """The proxy's options with botocore's read timeout cut to 4 s, s3fs's retries off."""
+    options = {**proxy.options}
+    options["config_kwargs"] = {**options["config_kwargs"], "read_timeout": 4}
+    fsspec.filesystem("s3", **options).retries = 1
+    return options
+
+
+async def cancelled_at_the_fence(proxy: FaultProxy, work: Callable[[], Awaitable[Any]]) -> float:
+    """Run ``work``, cancel it while its read of the fence is held, and return how long
+    it took to end once cancelled; the cancellation must end it, nothing else."""
+    held: list[str] = []
+
+    def fault(method: str, target: str) -> str | None:
+        if method != "GET" or "fence.rlw" not in target or held:
+            return None
+        held.append(target)
+        return HOLD
+
+    scope = anyio.CancelScope()
+
+    async def run() -> None:
+        with scope:
+            await work()
+
+    proxy.fault = fault
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        with anyio.fail_after(30):  # a loaded machine reaches the commit late
+            while not held:
+                await anyio.sleep(0.01)
+        await anyio.sleep(0.1)  # inside the held GET's wait
+        start = time.monotonic()
+        scope.cancel()
+    took = time.monotonic() - start
+    proxy.fault = None
+    threading.Timer(0.1, proxy.release).start()
+    assert scope.cancelled_caught
+    return took
+
+
+def keys(options: dict[str, Any], url: str, step: int) -> list[str]:
+    """The objects of ``step`` at ``url``."""
+    client, bucket = s3_client(options), url.removeprefix("s3://")
+    objects = client.list_objects_v2(Bucket=bucket).get("Contents", [])
+    return [o["Key"] for o in objects if f"step-{step:08d}" in o["Key"]]
+
+
+def batch(tag: int) -> dict[str, Any]:
+    # No list of samples: no checks of rows run beside the write, so the commit is
+    # always in the write's last trip.
+    return {"x": np.arange(1000) * (tag + 1)}
+
+
+async def test_a_send(s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: str) -> None:
+    options = through(s3_proxy)
+    async with rlwire.open_sender(s3_url, storage_options=options) as sender:
+        assert await sender.send(batch(0)) == 0
+        took = await cancelled_at_the_fence(s3_proxy, lambda: sender.send(batch(1)))
+        assert sender.next_step == 1
+        assert keys(s3_endpoint, s3_url, 1) == []
+        assert await sender.send(batch(2)) == 1
+    assert took < 1.5, f"the cancelled send returned after {took:.1f} s"
+    async with rlwire.open_receiver(s3_url, storage_options=s3_endpoint, type=dict) as rx:
+        for tag in (0, 2):
+            assert (await rx.areceive(timeout=10))["x"].tolist() == batch(tag)["x"].tolist()
+
+
+async def test_a_put(s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: str) -> None:
+    options = through(s3_proxy)
+    # Columns: no checks of rows run beside the write, so the commit is in its last trip.
+    part = rlwire.Columns({"score": [0.5, 1.5]})
+    async with rlwire.open_sender(s3_url, storage_options=options) as sender:
+        async with sender.open_step(ranks=1) as writer:
+            took = await cancelled_at_the_fence(s3_proxy, lambda: writer.put(part, key="a"))
+            assert keys(s3_endpoint, s3_url, 0) == []
+            assert await writer.put(part, key="a") is False
+        assert sender.next_step == 1
+    assert took < 1.5, f"the cancelled put returned after {took:.1f} s"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import mmap
 import os
 import stat
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 from rlwire._core.atomic import write_atomic
 from rlwire._core.errors import CorruptFrameError, transport_error
 from rlwire._frame.frame import Frame
+from rlwire.transport._file.handed import HandedMappings
 from rlwire.transport._file.mapped import WarmReads, on_tmpfs
 from rlwire.transport._file.watch import DirectoryWatch
 from rlwire.transport._stored.names import LEFTOVER_RE, STORED_RE, consumed_name
@@ -75,12 +75,9 @@ class FileSource(StoredSource):
         self.rank = rank
         self.writable = writable
         self.verify = verify
-        # Every mapping handed out, unmapped here once no view of it is left: in the
-        # thread that reads the next step, not wherever the last array of a step is
-        # dropped. Unmapping a step of 1.6 GB takes ~0.15 s; in a trainer's event-loop
-        # thread (``batch = await receiver.areceive()`` drops the previous batch) that
-        # is a 0.15 s stall.
-        self._mapped = _Handed()
+        # Every mapping handed out, unmapped once no view of it is left, in the thread
+        # that reads the next file.
+        self._mapped = HandedMappings()
         # Mappings of step files kept for when the file comes back recycled, and the
         # keys of those this read is served from (forgotten if its checksums fail).
         # (They hold the list, not the source: a source dropped unclosed must go at once,
@@ -192,7 +189,7 @@ class FileSource(StoredSource):
         return frame
 
     def load(self, name: str, advice: int | None = None) -> memoryview | None:
-        self._mapped.unmap_unused()
+        self._mapped.unmap_due()
         warm = self._warm
         if warm is not None:  # here, as a waiting receiver polls too
             warm.evict_deleted()
@@ -226,32 +223,6 @@ class FileSource(StoredSource):
         finally:
             if fd >= 0:
                 os.close(fd)
-
-
-class _Handed:
-    """The mappings a source handed out, each unmapped once no view of it is left."""
-
-    def __init__(self) -> None:
-        self._mappings: list[mmap.mmap] = []
-        self._lock = threading.Lock()
-
-    def append(self, mapping: mmap.mmap) -> None:
-        with self._lock:
-            self._mappings.append(mapping)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._mappings.clear()
-
-    def unmap_unused(self) -> None:
-        with self._lock:
-            in_use = []
-            for mapping in self._mappings:
-                try:
-                    mapping.close()  # munmap, with the GIL released
-                except BufferError:  # arrays or views over it are still alive
-                    in_use.append(mapping)
-            self._mappings = in_use
 
 
 class _MappedFile(WholeFile):

@@ -7,12 +7,15 @@ from __future__ import annotations
 import functools
 import itertools
 import mmap
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+import pytest
 
 import rlwire
 from rlwire.transport._file.handed import FEW, WAIT_FACTOR, HandedMappings
@@ -66,6 +69,31 @@ def test_receiving_a_step_of_many_parts_tries_each_mapping_a_few_times(tmp_path:
             rows = receiver.receive(timeout=10)
         assert sorted(row["token_ids"][0] for row in rows) == list(range(parts))
     assert tries[0] < 5 * parts  # 20,000 before
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_a_step_of_more_parts_than_descriptors_says_why_it_cannot_be_mapped(
+    tmp_path: Path,
+) -> None:
+    # Each part received whole stays mapped, and CPython's mmap keeps a descriptor of
+    # its file: a step of more parts than the open-file limit (often 1,024) fails.
+    import resource
+
+    with rlwire.open_sync_sender(tmp_path) as sender, sender.open_step(ranks=1) as writer:
+        for i in range(80):
+            writer.put([{"token_ids": [i]}], key=i)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with rlwire.open_receiver(tmp_path, type=list, record_consumed=False) as receiver:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 40, hard))
+        try:
+            with pytest.raises(rlwire.TransportError) as raised:
+                receiver.receive(timeout=10)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert "part-0000" in str(raised.value)
+    assert "files this receiver has mapped" in str(raised.value)
+    assert "every part of a step received whole, holds a descriptor" in str(raised.value)
+    assert "ulimit -n" in str(raised.value) and "parts()" in str(raised.value)
 
 
 def test_reading_many_files_held_at_once_is_linear_in_tries() -> None:

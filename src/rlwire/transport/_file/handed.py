@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import mmap
 import threading
 import time
@@ -14,6 +15,8 @@ FEW = 16
 #: A reader that waits tries every mapping again once this many times as long as its last
 #: try of them all took has passed (at most a twentieth of the time, in tries).
 WAIT_FACTOR = 20
+#: What mapping a file raises when the process is out of descriptors or of mappings.
+_CROWDED = {errno.EMFILE, errno.ENFILE, errno.ENOMEM}
 
 
 class HandedMappings:
@@ -88,6 +91,20 @@ class HandedMappings:
             else:
                 self._held += _in_use(self._new)
                 self._new = []
+
+    def crowding(self, exc: OSError) -> str:
+        """What to say of the mappings held when mapping a file failed with ``exc``, if
+        they may be why: each holds a descriptor (CPython's mmap keeps a copy of its
+        file's) and counts against ``vm.max_map_count``; else ``""``."""
+        held = len(self)
+        if exc.errno not in _CROWDED or held <= FEW:
+            return ""
+        return (
+            f" beside the {held} files this receiver has mapped (each file whose arrays"
+            " are in use, as every part of a step received whole, holds a descriptor:"
+            " raise the open-file limit, ulimit -n, or vm.max_map_count, or read the"
+            " step with parts())"
+        )
 
     def _try_all(self) -> None:
         began = self._clock()

@@ -219,7 +219,8 @@ class FileSource(StoredSource):
             view = memoryview(mapping)
             return view if self.writable else view.toreadonly()
         except OSError as exc:
-            raise transport_error(exc, "map", where=path) from exc
+            action = "map" + self._mapped.crowding(exc)
+            raise transport_error(exc, action, where=path) from exc
         finally:
             if fd >= 0:
                 os.close(fd)

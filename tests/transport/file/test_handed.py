@@ -71,6 +71,28 @@ def test_receiving_a_step_of_many_parts_tries_each_mapping_a_few_times(tmp_path:
     assert tries[0] < 5 * parts  # 20,000 before
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc/self/maps")
+def test_a_step_of_many_parts_dropped_while_its_receiver_waits_is_unmapped(
+    tmp_path: Path,
+) -> None:
+    parts = 3 * FEW  # more than are all tried at each read
+    with rlwire.open_sync_sender(tmp_path) as sender, sender.open_step(ranks=1) as writer:
+        for i in range(parts):
+            writer.put([{"token_ids": [i]}], key=i)
+
+    def mapped() -> int:
+        return sum(str(tmp_path) in line for line in Path("/proc/self/maps").read_text().split())
+
+    with rlwire.open_receiver(tmp_path, type=list, record_consumed=False) as receiver:
+        rows = receiver.receive(timeout=10)
+        assert mapped() >= parts  # every part
+        del rows
+        assert mapped() >= parts  # not where it was dropped
+        with pytest.raises(rlwire.ReceiveTimeout):
+            receiver.receive(timeout=0.5)  # polls for the next step
+        assert mapped() == 0
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
 def test_a_step_of_more_parts_than_descriptors_says_why_it_cannot_be_mapped(
     tmp_path: Path,

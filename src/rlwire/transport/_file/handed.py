@@ -37,7 +37,7 @@ class HandedMappings:
       that a read pays for about two tries (reading N files is linear in N);
     - nothing was handed out since the last read (a reader waiting for a step), and
       :data:`WAIT_FACTOR` times as long as that try took has passed since it ended: a
-      step dropped while its reader waits goes within a fraction of a second.
+      step dropped while its reader waits goes within that (16,000 parts: ~0.6 s).
 
     A mapping no longer in use is thus unmapped at the next read while few are held,
     else within as many reads as were held at the last try of them all.

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar, Protocol, cast
 
+from rlwire._core.args import MAX_STEP
 from rlwire._core.errors import CorruptFrameError, StepExistsError
 from rlwire.transport._base import OnExisting
 from rlwire.transport._stored.marks import MAX_MARK_BYTES
@@ -43,6 +44,9 @@ _Head = bytes | bytearray | memoryview | None
 #: bound on the bytes held at once (``MAX_MARK_BYTES`` each, 1 MiB in all) however many
 #: steps are stored.
 HEADS_AT_ONCE = 256
+#: Ranks are counted in int64 (a stored file of rank ``2**63 - 1`` would make a width
+#: of ``2**63``).
+_MAX_RANK = 2**63 - 1
 
 
 def whole_before(names: Iterable[str], step: int) -> Trail | None:
@@ -68,14 +72,23 @@ def whole_before(names: Iterable[str], step: int) -> Trail | None:
 
 
 def stored_widths(
-    names: Iterable[str], step: int, sealed_for: Callable[[int], int] | None = None
+    names: Iterable[str],
+    step: int,
+    sealed_for: Callable[[int], int] | None = None,
+    locate: Callable[[str], str] = str,
 ) -> list[tuple[int, int | None]]:
     """The steps stored before ``step``, from the oldest, as ``(step, ranks)`` where
     their width changes: the ranks a step sent whole is visible for (rank 0 up; a
     resumed open has refused a step cut short), for a step filled part by part the
     ranks its seal counts (``sealed_for(step)``: each of them reads it), ``None`` where
     that is not known (every rank: no ``sealed_for``, a seal gone or garbled) or for a
-    step missing.
+    step missing. Time and memory go with the steps stored, however far past them
+    ``step`` is (an end mark may put it there).
+
+    Raises:
+        CorruptFrameError: a stored file's name (named, ``locate(name)``) gives a step
+            past :data:`~rlwire._core.args.MAX_STEP` or a rank past int64, which no
+            sender writes.
 
     Example:
         >>> stored_widths(["step-00000003.rank-0000.rlw", "step-00000003.rank-0001.rlw",
@@ -85,16 +98,39 @@ def stored_widths(
     ranks: dict[int, int | None] = {}
     for name in names:
         if m := MAIN_RE.fullmatch(name):
-            at = int(m.group(1))
-            ranks[at] = max(ranks.get(at) or 0, int(m.group(2)) + 1)
+            at, rank = _numbers(name, int(m.group(1)), int(m.group(2)), locate)
+            ranks[at] = max(ranks.get(at) or 0, rank + 1)
         elif m := SEAL_RE.fullmatch(name):
-            ranks[int(m.group(1))] = _sealed(sealed_for, int(m.group(1)))
+            at, _ = _numbers(name, int(m.group(1)), 0, locate)
+            ranks[at] = _sealed(sealed_for, at)
     runs: list[tuple[int, int | None]] = []
-    for at in range(min(ranks, default=step), step):
-        width = ranks.get(at)
+
+    def run(at: int, width: int | None) -> None:
         if not runs or runs[-1][1] != width:
             runs.append((at, width))
+
+    # The steps stored, not every number up to ``step``: an end mark far past them (a
+    # stream finished after a truncate to a far start_step) would make that billions.
+    after: int | None = None  # the step after the last one stored seen
+    for at in sorted(at for at in ranks if at < step):
+        if after is not None and at > after:
+            run(after, None)  # the steps between are missing
+        run(at, ranks[at])
+        after = at + 1
+    if after is not None and after < step:
+        run(after, None)
     return runs
+
+
+def _numbers(name: str, step: int, rank: int, locate: Callable[[str], str]) -> tuple[int, int]:
+    """``(step, rank)``, the numbers the stored file ``name`` gives, checked."""
+    if step > MAX_STEP or rank >= _MAX_RANK:
+        raise CorruptFrameError(
+            f"not a file a sender writes: its name gives step {step}, rank {rank} (steps "
+            f"go up to {MAX_STEP}, ranks below {_MAX_RANK}); delete it to resume",
+            where=locate(name),
+        )
+    return step, rank
 
 
 def _sealed(sealed_for: Callable[[int], int] | None, step: int) -> int | None:

@@ -203,7 +203,8 @@ class StoredSink(StoredFieldsSink, ResumedSink, RetainedSink, Sink):
         first = 0 if on_existing == "overwrite" else start_step
         self.unsealed_step = self.resumed_after = None
         resumed = on_existing == "resume"
-        self.resumed_widths = stored_widths(names, step, self.sealed_for) if resumed else ()
+        widths = stored_widths(names, step, self.sealed_for, self.locate) if resumed else ()
+        self.resumed_widths = widths
         if on_existing == "resume":
             self.resuming(names, step, sent_to)
         if on_existing == "error":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import http
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -34,6 +35,7 @@ __all__ = [
     "PASS",
     "RESET",
     "FaultProxy",
+    "claim_size",
     "moto_server",
     "refuse",
     "s3_client",
@@ -151,6 +153,13 @@ def refuse(status: int, code: str) -> str:
     """The action that answers a request (its body read) with S3's error ``status`` /
     ``code``, as a store refusing it would; the server never sees the request."""
     return f"refuse {status} {code}"
+
+
+def claim_size(size: int) -> str:
+    """The action that forwards a request and relays the server's reply with the total
+    of its ``Content-Range`` header replaced by ``size``, as a proxy that lies about an
+    object's size would (the body is the server's)."""
+    return f"claim-size {size}"
 
 
 #: Answer with S3's 501 ``NotImplemented``, as a store that does not implement a header
@@ -330,7 +339,23 @@ class FaultProxy:
             client.shutdown(socket.SHUT_RD)
             pump.join(5)
             return
+        if action.startswith("claim-size "):
+            _relay_claiming(upstream, client, action.partition(" ")[2])
         _pump(upstream, client)
+
+
+def _relay_claiming(upstream: socket.socket, client: socket.socket, size: str) -> None:
+    """Relay the reply's head from ``upstream`` to ``client``, the total of its
+    ``Content-Range`` replaced by ``size``; the body is left for the pump."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = upstream.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, sep, body = data.partition(b"\r\n\r\n")
+    head = re.sub(rb"(?im)^(content-range:[^/\r\n]*/)\d+", rb"\g<1>" + size.encode(), head)
+    client.sendall(head + sep + body)
 
 
 def _read_reply(sock: socket.socket, method: str) -> None:

@@ -34,7 +34,9 @@ from typing import TypeVar
 
 from rlwire._core.errors import ConfigError, CorruptFrameError, TransportError, transport_error
 from rlwire._core.slicing import Sliced, run_sliced
+from rlwire.transport._stored.layout import MAIN_MAGIC
 from rlwire.transport._stored.names import FIELDS_RE, STEP_PART_RE, STORED_RE
+from rlwire.transport._stored.parts import head_envelope
 from rlwire.transport.fsspec._s3_bucket import S3Bucket
 from rlwire.transport.fsspec._s3_ranges import (
     READ_BYTES,
@@ -226,6 +228,8 @@ class S3Store(S3Bucket):
         total = total_size(resp.get("ContentRange"), len(first))
         if total == len(first):
             return first
+        name = key.rpartition("/")[2]  # the key repeats the URL's prefix
+        _check_message_size(first, total, f"{self.url}/{name}")
         buf = bytearray(total)
         buf[: len(first)] = first
         etag = resp.get("ETag")
@@ -244,9 +248,47 @@ class S3Store(S3Bucket):
                 finally:
                     r["Body"].close()
             if len(data) != end - start:
-                name = key.rpartition("/")[2]  # the key repeats the URL's prefix
                 raise CorruptFrameError(f"{self.url}/{name}: short read at offset {start}")
             buf[start:end] = data
 
         await gather_or_cancel([fetch(s) for s in range(len(first), total, READ_BYTES)])
         return buf
+
+
+class _Longer(Exception):
+    """The envelope is longer than an object's first read."""
+
+
+def _check_message_size(first: bytes, total: int, where: str) -> None:
+    """Refuse a message's object (a main file: a whole step's, a part's, appended
+    fields') whose size, ``total`` (as ``Content-Range`` says), is not the size its
+    envelope, read from the object's ``first`` bytes, says: before a byte more is
+    allocated or fetched (junk appended to the object, or a proxy's lie, would be read
+    whole first). Another object, or an envelope longer than ``first``, is not checked
+    here (its reader checks the whole).
+
+    Raises:
+        CorruptFrameError: the sizes differ, or the envelope is garbled.
+        UnsupportedVersionError: a major version this reader does not know.
+    """
+    if not first.startswith(MAIN_MAGIC):
+        return
+
+    calls: list[int] = []
+
+    def load(size: int) -> bytes:  # all there is; asked again for more: the envelope's
+        calls.append(size)
+        if len(calls) > 1 and size > len(first):
+            raise _Longer
+        return first
+
+    try:
+        env = head_envelope(load, where)
+    except _Longer:
+        return
+    if env is not None and env.size != total:
+        raise CorruptFrameError(
+            f"truncated or extended: the envelope says {env.size} bytes, the object is "
+            f"{total} (Content-Range); not read further",
+            where=where,
+        )

@@ -34,6 +34,7 @@ __all__ = [
     "frame_of",
     "make_head",
     "parse_data",
+    "parse_head",
 ]
 
 MAGIC = b"RLWZ"
@@ -127,11 +128,33 @@ def first_part(head: Head, *, seq: int, index: int, count: int) -> bytes:
     return _PRELUDE_BYTES + _head_encoder.encode(values)
 
 
-def parse_data(parts: Sequence[bytes | memoryview], *, where: str) -> tuple[Head, list[memoryview]]:
+def parse_head(first: bytes | memoryview, *, where: str) -> Head:
+    """The head of a data packet whose part 0 is ``first``: its prelude and version
+    checked, its counts not (:func:`parse_data` checks them against the packet).
+
+    Raises:
+        UnsupportedVersionError: a major version this reader does not know.
+        CorruptFrameError: not a data packet's part 0, or a malformed head.
+    """
+    first = bytes(first)
+    if len(first) < _PRELUDE.size:
+        raise CorruptFrameError(f"not an rlwire packet ({len(first)}-byte head)", where=where)
+    magic, major, _minor = _PRELUDE.unpack_from(first)
+    check_magic(magic, major, expected=MAGIC, known=VERSION[0], what="ZeroMQ packet", where=where)
+    try:
+        return _head_decoder.decode(first[_PRELUDE.size :])
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise CorruptFrameError(f"malformed packet head: {exc}", where=where) from exc
+
+
+def parse_data(
+    parts: Sequence[bytes | memoryview], *, where: str, head: Head | None = None
+) -> tuple[Head, list[memoryview]]:
     """Check a received data packet as docs/format.md asks a reader to, before anything
-    is decoded: the prelude and the version, the head, and that the head's counts agree
-    with each other. Which receiver it is for, whether it follows on from the packets
-    before it, and checksums are left to the caller.
+    is decoded: the prelude and the version, the head (``head``: :func:`parse_head`
+    of its part 0, already), and that the head's counts agree with each other. Which
+    receiver it is for, whether it follows on from the packets before it, and checksums
+    are left to the caller.
 
     Returns:
         The head, and a view of each segment it carries (parts 1 …), not copied.
@@ -146,15 +169,8 @@ def parse_data(parts: Sequence[bytes | memoryview], *, where: str) -> tuple[Head
         ...
         rlwire.errors.CorruptFrameError: ipc:///run: not an rlwire packet (2-byte head)
     """
-    first = bytes(parts[0])
-    if len(first) < _PRELUDE.size:
-        raise CorruptFrameError(f"not an rlwire packet ({len(first)}-byte head)", where=where)
-    magic, major, _minor = _PRELUDE.unpack_from(first)
-    check_magic(magic, major, expected=MAGIC, known=VERSION[0], what="ZeroMQ packet", where=where)
-    try:
-        head = _head_decoder.decode(first[_PRELUDE.size :])
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        raise CorruptFrameError(f"malformed packet head: {exc}", where=where) from exc
+    if head is None:
+        head = parse_head(parts[0], where=where)
     carried = len(parts) - 1
     if not 0 <= head.index < head.count or not 1 <= carried <= head.segments:
         raise CorruptFrameError(

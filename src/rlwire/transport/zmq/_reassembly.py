@@ -32,6 +32,7 @@ class _Partial:
     segments: list[memoryview] = field(default_factory=list)
     digests: list[int] = field(default_factory=list)
     received: int = 0  # data packets
+    nbytes: int = 0  # of the segments received (kept or not)
     keep: frozenset[int] | None = None  # the buffers kept (a partial read), None: all
 
     def follows(self, head: Head) -> bool:
@@ -116,15 +117,29 @@ class Reassembly:
         self._partial: _Partial | None = None  # a message whose seal has not come
 
     def drop(self) -> None:
-        """Drop the message under way (the stream ended)."""
+        """Drop the message under way (the stream ended, or a packet was refused)."""
         self._partial = None
 
+    def held(self, head: Head) -> tuple[int, int]:
+        """The segments and bytes received of the message that the data packet of
+        ``head`` goes on with; none if it starts a message, or follows on from none."""
+        partial = self._partial
+        if head.index == 0 or partial is None or not partial.follows(head):
+            return 0, 0
+        return len(partial.segments), partial.nbytes
+
     def take(
-        self, parts: Sequence[bytes | memoryview], *, where: str, select: Selector | None = None
+        self,
+        parts: Sequence[bytes | memoryview],
+        *,
+        where: str,
+        select: Selector | None = None,
+        head: Head | None = None,
     ) -> Sealed | None:
         """The message that ``parts`` (an ``abort``, a seal or a data packet) completes,
         or ``None`` if it completes none. With ``select`` (a partial read), the buffers
-        it does not ask for are dropped as they arrive.
+        it does not ask for are dropped as they arrive. ``head``: the data packet's,
+        parsed already.
 
         Raises:
             CorruptFrameError: a data packet or seal that is not well-formed, or that
@@ -152,7 +167,7 @@ class Reassembly:
                 partial.head, partial.segments, seal.checksums, partial.digests, partial.keep
             )
         try:
-            head, segments = parse_data(parts, where=where)
+            head, segments = parse_data(parts, where=where, head=head)
         except CorruptFrameError:
             self._partial = None
             raise
@@ -166,6 +181,7 @@ class Reassembly:
             self._partial = None
             return None
         partial = self._partial
+        partial.nbytes += sum(len(s) for s in segments)
         if partial.keep is not None:  # drop the buffers not asked for: their memory goes
             first = len(partial.segments)
             segments = [

@@ -33,9 +33,10 @@ from rlwire.transport.zmq._control import (
     parse_refuse,
     ready_packet,
 )
+from rlwire.transport.zmq._incoming import Incoming
 from rlwire.transport.zmq._ordering import Ordering
 from rlwire.transport.zmq._parts import StepParts
-from rlwire.transport.zmq._protocol import PART, STEP_SEAL, WHOLE
+from rlwire.transport.zmq._protocol import PART, STEP_SEAL, WHOLE, Head
 from rlwire.transport.zmq._reassembly import Reassembly, Sealed
 from rlwire.transport.zmq._sockets import (
     HANDSHAKE_EVENTS,
@@ -169,6 +170,7 @@ class ZmqSource(Source):
         self._shared: bool | None = None if pattern is None else pattern == "shared"
         self._ordering = Ordering(endpoint, rank=rank)
         self._reassembly = Reassembly(verify=verify)
+        self._incoming = Incoming()
         self._pending: tuple[int, Frame] | None = None  # the message after a gap
         self._parts = StepParts()  # of the step filled part by part being read
         # The message read_next returned last, until the receiver asks for a later step.
@@ -247,7 +249,7 @@ class ZmqSource(Source):
         self._send_ack()
         while not self._parts.sealed(step):  # what follows a seal is for a later step
             try:
-                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                packet = self._incoming.take(sock, self._reassembly, where=self.describe(step))
             except zmq.Again:
                 if time.monotonic() - self._heard > REANNOUNCE_SECONDS:
                     self._announce()
@@ -255,10 +257,12 @@ class ZmqSource(Source):
             except zmq.ZMQError as exc:
                 raise transport_error(exc, "receive", where=self.endpoint) from exc
             self._heard = time.monotonic()
-            views = [part.buffer.toreadonly() for part in parts]  # arrays read-only to numpy
-            if self._controlled(views, step):
+            if packet is None:  # the rest of a packet refused, still being discarded
+                return None
+            views, head = packet
+            if head is None and self._controlled(views, step):
                 continue
-            taken = self._take(views, step)
+            taken = self._take(views, step, head)
             if taken is not None:
                 return taken
         return None
@@ -318,11 +322,15 @@ class ZmqSource(Source):
                 self._require_socket().send_multipart(self._ack, zmq.NOBLOCK)
                 self._ack = None
 
-    def _take(self, parts: list[memoryview], step: int) -> tuple[int, Frame] | None:
-        """The step and frame of the message that packet ``parts`` completes if it is the
-        next one for this receiver; ``None`` if it completes none, or one to discard
-        without a word; an error otherwise."""
-        sealed = self._reassembly.take(parts, where=self.describe(step), select=self.select)
+    def _take(
+        self, parts: list[memoryview], step: int, head: Head | None
+    ) -> tuple[int, Frame] | None:
+        """The step and frame of the message that packet ``parts`` (of ``head``, if a
+        data packet whose head was read) completes if it is the next one for this
+        receiver; ``None`` if it completes none, or one to discard without a word; an
+        error otherwise."""
+        where = self.describe(step)
+        sealed = self._reassembly.take(parts, where=where, select=self.select, head=head)
         return None if sealed is None else self._sealed(sealed, step)
 
     def _sealed(self, sealed: Sealed, step: int) -> tuple[int, Frame] | None:

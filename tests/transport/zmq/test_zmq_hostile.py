@@ -207,3 +207,17 @@ def test_a_control_packet_of_more_parts_than_two_is_refused(
             receiver.receive(timeout=LONG)
         assert receiver.receive(timeout=LONG) == {"step": 0}
 
+
+def test_an_absent_packet_that_leaves_no_rank_out_is_refused(
+    hostile: tuple[str, Hostile],
+) -> None:
+    """``absent`` of step 0 sent to ranks 0..4, told to rank 0 (which it does not leave
+    out), is malformed: CorruptFrameError naming it, not a gap; the real step 0 that
+    follows is returned."""
+    url, peer = hostile
+    with rlwire.open_receiver(url, type=Any, rank=0) as receiver:
+        peer.handshake()
+        peer.send([control.absent_packet(0, 5), *message(0, 0)])
+        with pytest.raises(rlwire.CorruptFrameError, match=r"ranks 0\.\.4, rank 0 among them"):
+            receiver.receive(timeout=LONG)
+        assert receiver.receive(timeout=LONG) == {"step": 0}

@@ -3,7 +3,7 @@ session, the sequence number and the step (docs/format.md, "ZeroMQ messages").""
 
 from __future__ import annotations
 
-from rlwire._core.errors import EndOfStream, StepGapError, StepOrderError
+from rlwire._core.errors import CorruptFrameError, EndOfStream, StepGapError, StepOrderError
 from rlwire.transport._stored.gaps import fewer
 from rlwire.transport.zmq._protocol import Head
 
@@ -102,7 +102,16 @@ class Ordering:
 
         Raises:
             StepGapError: ``absent`` is ``step``.
+            CorruptFrameError: the packet does not leave this receiver's rank out.
         """
+        if ranks > self.rank:  # this receiver's rank is among those it went to
+            sent = f"ranks 0..{ranks - 1}" if ranks > 1 else "rank 0"
+            raise CorruptFrameError(
+                f"malformed 'absent' packet: step {absent} went to {sent}, rank "
+                f"{self.rank} among them; discarded",
+                where=self.endpoint,
+                rank=self.rank,
+            )
         if absent != self.moved_to(step):
             return
         self._say(absent, absent)

@@ -38,6 +38,7 @@ from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
 from rlwire.transport._appended import FieldsSink, FieldsSource, no_such_rank, step_replaced
 from rlwire.transport._base import Staged
+from rlwire.transport._stored.appended_numbers import next_number, without_sidecar
 from rlwire.transport._stored.appended_tie import (
     AppendedReader,
     checked_against,
@@ -48,7 +49,6 @@ from rlwire.transport._stored.appended_tie import (
 )
 from rlwire.transport._stored.layout import _PRELUDE, MAX_ENVELOPE, _envelope, plan
 from rlwire.transport._stored.names import (
-    FIELDS_RE,
     fields_name,
     main_name,
     part_name,
@@ -92,6 +92,7 @@ class _Store(Protocol):
         self, action: str, name: str | None = None
     ) -> contextlib.AbstractContextManager[None]: ...
     def prepare(self) -> None: ...
+    def remove(self, names: Sequence[str]) -> None: ...
     def _staged(self, step: int, write: Callable[[_Staging], Sliced[None]]) -> Sliced[Staged]: ...
 
 
@@ -316,14 +317,9 @@ class StoredFieldsSink(FieldsSink):
                 f"add_fields: step {step} is not committed (sent whole, or sealed)",
                 where=store.locate(),
             )
-        taken = {
-            int(m.group(3))
-            for n in stored
-            if (m := FIELDS_RE.fullmatch(n)) and (int(m.group(1)), int(m.group(2))) == (step, rank)
-        }
-        # The lowest free index: a file left by a stage that raced the step's deletion
-        # (taken, passed over) may stand beyond a gap, where readers would never look.
-        index = min(set(range(len(taken) + 1)) - taken)
+        # The lowest number with no main file, as readers count (see appended_numbers).
+        index, orphan = next_number(stored, step, rank)
+        frame = without_sidecar(frame) if orphan else frame
         read = self._appended_read
         if read is not None and read[:2] == (step, rank) and read[2] != index:
             # Checked against files 0 to n - 1, they take n: one appended since goes unchecked.
@@ -357,7 +353,11 @@ class StoredFieldsSink(FieldsSink):
                 why = step_replaced(step, sent_again=bool(now))
                 raise ConfigError(f"add_fields: {why}", where=store.locate(main))
 
-        return (yield from tied(store._staged(step, write), check))
+        def clean() -> None:  # the main file is this one's: no file refers to the sidecar
+            with contextlib.suppress(TransportError), store.errors("remove", side):
+                store.remove([side])
+
+        return (yield from tied(store._staged(step, write), check, clean if orphan else None))
 
 
 class StoredFieldsSource(FieldsSource):

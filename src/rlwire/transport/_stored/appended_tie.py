@@ -141,10 +141,13 @@ class TiedStaging(Staged):
     overwrite, truncate) removes the file in the making as a killed writer's leftover,
     so the caller is told the step was deleted (what ``check`` raises) or, the step
     kept, to write the file again (StepExistsError, as when another stage took its
-    number)."""
+    number). ``after``, when given, runs once the commit made the fields visible and
+    ``check`` passed (what a writer does that needs its own file committed first)."""
 
-    def __init__(self, staged: Staged, check: Callable[[], None]) -> None:
-        self.staged, self.check = staged, check
+    def __init__(
+        self, staged: Staged, check: Callable[[], None], after: Callable[[], None] | None = None
+    ) -> None:
+        self.staged, self.check, self.after = staged, check, after
 
     def commit(self) -> None:
         try:
@@ -162,16 +165,20 @@ class TiedStaging(Staged):
         finally:
             self.visible = self.staged.visible
         self.check()
+        if self.after is not None:
+            self.after()
 
     def discard(self) -> None:
         self.staged.discard()
 
 
-def tied(staging: Sliced[Staged], check: Callable[[], None]) -> Sliced[TiedStaging]:
-    """The fields ``staging`` stages (a sink's ``_staged``), tied by ``check`` (see
-    :class:`TiedStaging`). A write that fails for a FileNotFoundError (S3: the multipart
-    upload in the making aborted by a sender opening) checks the step too: the
-    ``ConfigError`` of ``check``, or :func:`removed`."""
+def tied(
+    staging: Sliced[Staged], check: Callable[[], None], after: Callable[[], None] | None = None
+) -> Sliced[TiedStaging]:
+    """The fields ``staging`` stages (a sink's ``_staged``), tied by ``check``, then
+    ``after`` (see :class:`TiedStaging`). A write that fails for a FileNotFoundError
+    (S3: the multipart upload in the making aborted by a sender opening) checks the step
+    too: the ``ConfigError`` of ``check``, or :func:`removed`."""
     try:
         staged = yield from staging
     except TransportError as exc:
@@ -179,4 +186,4 @@ def tied(staging: Sliced[Staged], check: Callable[[], None]) -> Sliced[TiedStagi
             raise
         check()
         raise removed(exc) from exc
-    return TiedStaging(staged, check)
+    return TiedStaging(staged, check, after)

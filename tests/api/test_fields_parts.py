@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import numpy as np
 import pytest
 
@@ -113,6 +114,48 @@ async def test_fields_of_parts_beside_fields_appended_to_the_step(
     assert set(cols.names) == {"token_ids", "ref_logprobs"}
     assert np.array_equal(cols["ref_logprobs"].values, ref.values)
     assert np.array_equal(cols["token_ids"].offsets, ref.offsets)
+
+
+@pytest.mark.parametrize("lengths", [((), (3, 5), (2,)), ((), (), (4,)), ((3,), (), (2, 6))])
+async def test_appended_fields_alone_of_a_step_whose_first_parts_are_empty(
+    file_or_s3: tuple[str, dict[str, Any]], lengths: tuple[tuple[int, ...], ...]
+) -> None:
+    """``fields=`` naming appended fields alone (examples/async_rl.py's trainers) of a
+    step whose first part holds no sample (``put([])``: a group filtered out): the
+    step's rows are its parts', not its first part's (before session 29: DecodeError
+    "fields appended for 3 rows, the step holds 0", naming a main file the step has not)."""
+    url, options = file_or_s3
+    seeds = iter(range(100))
+    await _send_parts(url, options, [[_sample(n, next(seeds)) for n in part] for part in lengths])
+    rows = [n for part in lengths for n in part]
+    ref = rlwire.Ragged.from_lengths(np.arange(sum(rows), dtype=np.float32), rows)
+    stage = rlwire.open_sender(url, storage_options=options)
+    try:
+        await stage.add_fields(0, {"ref_logprobs": ref})
+    finally:
+        await stage.aclose()
+    cols = (await _receive(url, options, fields=("ref_logprobs",))).samples
+    assert cols.names == ("ref_logprobs",) and len(cols) == len(rows)
+    assert [r.tolist() for r in cols["ref_logprobs"]] == [r.tolist() for r in ref]
+    both = (await _receive(url, options, fields=("token_ids", "ref_logprobs"))).samples
+    assert np.array_equal(both["token_ids"].offsets, ref.offsets)
+
+
+class _NotSamples(msgspec.Struct):
+    samples: list[int]
+
+
+async def test_a_decode_error_of_a_step_filled_part_by_part_names_its_parts(
+    file_or_s3: tuple[str, dict[str, Any]],
+) -> None:
+    """A step filled part by part has no main file: an error decoding it names its first
+    part's file, and how many parts followed (before session 29: the main file)."""
+    url, options = file_or_s3
+    await _send_parts(url, options, _parts()[:2])
+    with pytest.raises(rlwire.DecodeError) as caught:
+        await _receive(url, options, type=_NotSamples)
+    assert caught.value.where is not None
+    assert caught.value.where.endswith("step-00000000.rank-0000.part-000000.rlw (and 1 more part)")
 
 
 async def test_parts_of_other_fields_are_refused_naming_them(

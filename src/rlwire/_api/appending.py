@@ -23,6 +23,7 @@ import anyio
 from anyio import CapacityLimiter, to_thread
 
 from rlwire._api.appended_rows import (
+    column_table,
     none_in_every_row,
     read_appended,
 )
@@ -30,7 +31,7 @@ from rlwire._api.appending_commit import add_fields
 from rlwire._api.decoding import FrameDecoding
 from rlwire._api.fields import FieldSelector
 from rlwire._api.options import Limits
-from rlwire._api.sealed import SealedStep
+from rlwire._api.sealed import SealedStep, where_of
 from rlwire._core.columns import Column
 from rlwire._core.errors import (
     ClosedError,
@@ -208,7 +209,7 @@ def read_with_appended(
     try:
         empty = none_in_every_row(_frames(got[1]), rest, decoding) if rest else None
     except RlwireError as exc:  # its header, read again: say whose
-        exc.add_context(where=source.describe(step), step=step)
+        exc.add_context(where=where_of(source, step, got[1]), step=step)
         raise
     if empty is not None:  # a field the step left empty, to be appended: wait for it
         source.expect_fields(step, count)
@@ -219,10 +220,22 @@ def read_with_appended(
         return got  # type: ignore[no-any-return]
     inner = got[1]
     if rest == frozenset() and isinstance(inner, SealedStep) and len(inner.parts) > 1:
-        # Only appended fields asked for: the step gives their place (its samples' list)
-        # and no column, which its first part alone tells.
-        inner = SealedStep(inner.seal, inner.parts[:1])
+        inner = _place(inner, decoding)
     return got[0], Appended(inner, appended, rest)
+
+
+def _place(inner: SealedStep, decoding: FrameDecoding) -> SealedStep:
+    """What of a sealed step read for appended fields alone is decoded: the step gives
+    their place (its samples' list) and no column, which its first part that holds rows
+    stored as columns tells (its header says so; its columns are not read: they have no
+    row count then). An empty part (``put([])``) holds its samples as a plain empty list,
+    which would set the fields' rows to 0. With no such part (a codec that stores no
+    columns), every part: they are joined as decoded."""
+    for info, frame in inner.parts:
+        table = column_table(frame, decoding)
+        if table is not None and table.rows:
+            return SealedStep(inner.seal, [(info, frame)])
+    return inner
 
 
 def _frames(read: Any) -> list[Frame]:

@@ -23,7 +23,7 @@ from rlwire._api.parts import PartsReader
 from rlwire._api.release import note_received
 from rlwire._api.row_reads import RowReads
 from rlwire._api.schema import TrainingBatch, TrainingSample, check_columns_held
-from rlwire._api.sealed import SealedStep, read_sealed
+from rlwire._api.sealed import SealedStep, read_sealed, where_of
 from rlwire._api.stats import ReceiveStats, received
 from rlwire._checks.checks import Checks
 from rlwire._core.deadlines import deadline_after, time_left
@@ -157,8 +157,8 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
                 # over is gone, and waiting for it again would only report a gap.
                 if self._source.reads_once:
                     self._next_step = step + 1
-                where = self._source.describe(step) if isinstance(exc, DecodeError) else None
-                exc.add_context(where=where, step=step, rank=self._rank)
+                where = isinstance(exc, DecodeError) and where_of(self._source, step, frame)
+                exc.add_context(where=where or None, step=step, rank=self._rank)
                 raise
             self._take_from_here()
             self._step, self._next_step, self._part_next = step, step + 1, 0

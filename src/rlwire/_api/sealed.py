@@ -4,13 +4,14 @@ rank's parts, all of one run of the step."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rlwire._core.errors import CorruptFrameError
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 from rlwire.transport._parts import PartInfo, Seal
 
-__all__ = ["SealedStep", "follows", "read_part", "read_sealed", "run_of"]
+__all__ = ["SealedStep", "follows", "read_part", "read_sealed", "run_of", "where_of"]
 
 
 @dataclass(frozen=True)
@@ -101,3 +102,16 @@ def run_of(info: PartInfo, frame: Frame) -> bytes:
 def follows(info: PartInfo, first: bytes) -> bool:
     """False if the part ``info`` says it follows another part 0 than ``first``'s."""
     return info.of is None or not first or info.of == first
+
+
+def where_of(source: Source, step: int, read: Any) -> str:
+    """Where an error decoding ``step`` as ``read`` (a frame, a :class:`SealedStep`, or
+    either with fields appended: its ``inner``) says it is: ``source.describe(step)``
+    (its main file), or, for a step filled part by part, which has none, its first part
+    read, and how many parts followed."""
+    inner = getattr(read, "inner", read)
+    if not isinstance(inner, SealedStep) or not inner.parts:
+        return source.describe(step)
+    where = source.describe_part(step, inner.parts[0][0].index)
+    more = len(inner.parts) - 1
+    return f"{where} (and {more} more part{'s' if more > 1 else ''})" if more else where

@@ -118,40 +118,69 @@ async def test_a_sidecar_left_by_a_killed_stage_blocks_no_later_stage(
     }
 
 
+@pytest.fixture(params=["file", "s3"])
+def held(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[str, dict[str, Any], threading.Event, threading.Event]]:
+    """``(url, storage_options, held, go)``: a destination whose first commit of
+    :data:`MAIN` waits, once ``held`` is set, until ``go`` is (files: its move into
+    place; S3: its PUT, at a proxy in front of the server)."""
+    hold, go = threading.Event(), threading.Event()
+
+    def wait() -> None:
+        hold.set()
+        go.wait(10)
+
+    if request.param == "file":
+        real = os.link
+
+        def link(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            if str(dst).endswith(MAIN) and not hold.is_set():
+                wait()
+            real(src, dst, *args, **kwargs)
+
+        monkeypatch.setattr(os, "link", link)
+        yield str(tmp_path / "run"), {}, hold, go
+        return
+    url = request.getfixturevalue("s3_url")
+    with FaultProxy(request.getfixturevalue("s3_endpoint"), atomic_conditions=True) as proxy:
+
+        def fault(method: str, target: str) -> None:
+            if method == "PUT" and target.partition("?")[0].endswith(MAIN) and not hold.is_set():
+                wait()
+
+        proxy.fault = fault
+        yield f"{url}/run", proxy.options, hold, go
+        go.set()
+
+
 async def test_a_live_stage_between_its_commits_takes_the_next_number(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    held: tuple[str, dict[str, Any], threading.Event, threading.Event],
 ) -> None:
     """Stage A has committed its sidecar 000 and is held before its main file's commit;
     stage B finds the sidecar with no main file, takes 000 and removes the sidecar. A's
     commit then finds 000 taken, and A appends again as 001: both stages' fields arrive,
     whole (A's main file never refers to the sidecar B removed)."""
-    url = str(tmp_path / "run")
-    await _send(url, {})
-    held, go = threading.Event(), threading.Event()
-    real = os.link
-
-    def link(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-        if str(dst).endswith(MAIN) and not held.is_set():  # A's main file, once
-            held.set()
-            go.wait(10)
-        real(src, dst, *args, **kwargs)
-
-    monkeypatch.setattr(os, "link", link)
+    url, options, hold, go = held
+    await _send(url, options)
     got: dict[str, str] = {}
 
     async def stage_a() -> None:
-        got["a"] = await _append(url, {}, "values", 1.0)
+        got["a"] = await _append(url, options, "values", 1.0)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(stage_a)
-        await anyio.to_thread.run_sync(held.wait, 10)
-        assert _names(url, {}) == [SIDE]  # A's sidecar, committed; its main file held
-        got["b"] = await _append(url, {}, "score", 2.0)
+        assert await anyio.to_thread.run_sync(hold.wait, 20)
+        assert _names(url, options) == [SIDE]  # A's sidecar, committed; its main file held
+        got["b"] = await _append(url, options, "score", 2.0)
         go.set()
     assert got == {"a": "ok", "b": "ok"}
-    assert _names(url, {}) == [
+    assert _names(url, options) == [
         MAIN,
         "step-00000000.rank-0000.fields-001.rlw",
         "step-00000000.rank-0000.fields-001.sidecar.rlw",
     ]
-    assert _read(url, {}, "values", "score") == {"values": [1.0, -1.0], "score": [2.0, -2.0]}
+    assert _read(url, options, "values", "score") == {
+        "values": [1.0, -1.0],
+        "score": [2.0, -2.0],
+    }

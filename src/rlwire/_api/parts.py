@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from rlwire._api.consumption import ConsumptionMarks
+from rlwire._api.handed_keys import HandedKeys
 from rlwire._api.joined_parts import joined_columns
 from rlwire._api.runs import RunChecks
 from rlwire._api.sealed import SealedStep, read_part
@@ -30,7 +31,7 @@ from rlwire._core.offload import drive_sliced
 from rlwire._core.slicing import Held, Sliced, run_sliced
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
-from rlwire.transport._parts import Key
+from rlwire.transport._parts import Key, Seal
 
 __all__ = ["NOTHING", "Part", "PartsReader", "part_types"]
 
@@ -130,6 +131,7 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
     _last_stats: Any
     # Where the receiver stood before the last step or part it took (see _give_back).
     _taken_from: tuple[int | None, int, int, Any] | None = None
+    _handed_keys: HandedKeys | None = None  # the keys of the parts handed out, for the seal
 
     @property
     def next_part(self) -> int:
@@ -265,6 +267,7 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
                 if got is not None:
                     info, frame = got
                     self._check_run(step, info, frame)
+                    self._check_keys(seal, rank, (info.index, info.key))
                     # A step read whole by wait_next() is another run's (or stale): the
                     # receiver goes through this one's parts, and never returns it after.
                     self._peeked = None
@@ -281,9 +284,11 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
                         raise
                     self._take_from_here()
                     self._next_step, self._part_next = step, self._part_next + 1
+                    self._keys_handed().note(step, info.index, info.key)
                     return Part(step, info.key, info.rank, info.index, value, frame.message_id)
                 if seal is not None:
                     self._check_sealed_run(step)
+                    self._check_keys(seal, rank)
                     count = len(seal.keys[rank]) if rank < seal.ranks else 0
                     if self._part_next >= count:
                         self._peeked = None  # (as above: past the step)
@@ -303,6 +308,31 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
         if self._part_next:
             return _NOTHING
         return (yield from self._take_whole(as_columns))
+
+    def _keys_handed(self) -> HandedKeys:
+        if self._handed_keys is None:
+            self._handed_keys = HandedKeys()
+        return self._handed_keys
+
+    def _check_keys(
+        self, seal: Seal | None, rank: int, extra: tuple[int, Key] | None = None
+    ) -> None:
+        """Refuse the step once its seal (``None``: not read yet, nothing to check)
+        contradicts the key of a part handed out of it (or of ``extra``, the one about
+        to be): a corrupt or forged step, unless the step was sent again meanwhile
+        (another run, whose seal this is).
+
+        Raises:
+            StepGapError: the seal is of another run than the parts handed out.
+            CorruptFrameError: the seal lists another key at a part's index, or fewer
+                parts than were handed out.
+        """
+        if seal is None:
+            return
+        refused = self._keys_handed().refused(seal, rank, self._source.describe_part, extra)
+        if refused is not None:
+            self._check_sealed_run(seal.step)
+            raise refused
 
     def _take_whole(self, as_columns: bool | None) -> Sliced[Any]:
         """The next step as one part (``key`` ``None``) if it was sent whole, or

@@ -62,10 +62,13 @@ def read_sealed(source: Source, step: int, rank: int) -> tuple[int, SealedStep] 
         if got is None or got[0].key != key:
             if source.read_seal(step) != seal:
                 return None  # deleted (and maybe sealed again) since the seal was read
-            found = "missing" if got is None else f"holds key {got[0].key!r}"
+            found = "is missing" if got is None else f"holds key {got[0].key!r}"
             raise CorruptFrameError(
-                f"part {index} of rank {rank} is {found}; the seal lists key {key!r}",
+                f"part {index} of rank {rank} of step {step} {found}; the seal lists key "
+                f"{key!r} for it",
                 where=source.describe_part(step, index),
+                step=step,
+                rank=rank,
             )
         parts.append(got)
     if parts and source.read_seal(step) != seal:

@@ -470,3 +470,91 @@ async def test_parts_yields_a_whole_step_after_a_gap_under_its_own_step(tmp_path
             assert (receiver.last_step, receiver.next_step) == (2, 3)
             with pytest.raises(rlwire.EndOfStream):
                 await receiver.areceive(timeout=LONG)
+
+
+async def captured_step_of_two_parts(tmp_path: Path) -> list[list[bytes]]:
+    """The packets a real sender sends rank 0 for a step filled with parts ``k0`` and
+    ``k1``, got by a raw DEALER that acknowledges each message's seal: part 0's
+    packets, part 1's, then the step's seal message."""
+    import threading
+    import time
+
+    from rlwire.transport.zmq import _control as control
+
+    endpoint = f"ipc://{tmp_path}/capture.sock"
+    got: list[list[bytes]] = []
+
+    def dealer() -> None:
+        with zmq.Context() as context, context.socket(zmq.DEALER) as sock:
+            sock.connect(endpoint)
+            sock.send_multipart(control.ready_packet(0))
+            seals, deadline = 0, time.monotonic() + LONG
+            while seals < 3 and time.monotonic() < deadline:
+                if sock.poll(100):
+                    packet = sock.recv_multipart()
+                    if packet[0][:4] == b"RLWZ" or packet[0] == b"seal":
+                        got.append(packet)
+                    if packet[0] == b"seal":
+                        seals += 1
+                        sock.send_multipart([b"ack", packet[1][:16]])  # its session and seq
+            sock.send_multipart([b"bye", b""])
+            sock.setsockopt(zmq.LINGER, 1000)
+
+    thread = threading.Thread(target=dealer)
+    thread.start()
+    async with rlwire.open_sender(f"zmq+{endpoint}") as sender:
+        async with sender.open_step() as writer:
+            for g in range(2):
+                await writer.put(samples_of(0, g), key=f"k{g}")
+    await anyio.to_thread.run_sync(thread.join)
+    return got
+
+
+def with_key(packet: list[bytes], key: str) -> list[bytes]:
+    """``packet`` (a part's first data packet) with ``key`` in its head, which no
+    checksum covers: the seal still lists the key the sender put."""
+    head = msgspec.msgpack.decode(packet[0][8:], type=protocol.Head)
+    head = msgspec.structs.replace(head, key=key)
+    return [packet[0][:8] + msgspec.msgpack.encode(head), *packet[1:]]
+
+
+@pytest.mark.parametrize("key", ["k7", "k0"])
+async def test_a_part_whose_key_its_seal_contradicts_is_refused_at_the_seal(
+    tmp_path: Path, key: str
+) -> None:
+    """A hostile peer (a raw ROUTER socket) replays a real sender's packets of a step of
+    parts k0, k1, part 1's head saying ``key`` (another, or part 0's again). ``parts()``
+    hands out part 1 as its head says (the seal has not been read), and at the seal
+    raises CorruptFrameError naming the part and both keys: it ended the loop as if all
+    were well. ``receive()`` refuses the same step."""
+    packets = await captured_step_of_two_parts(tmp_path)
+    first_of_part_1 = next(
+        i
+        for i, p in enumerate(packets)
+        if p[0][:4] == b"RLWZ"
+        and (head := msgspec.msgpack.decode(p[0][8:], type=protocol.Head)).kind == protocol.PART
+        and head.part == 1
+    )
+    packets[first_of_part_1] = with_key(packets[first_of_part_1], key)
+    words = f"part 1 of rank 0 of step 0 holds key {key!r}; the seal lists key 'k1' for it"
+    for how in ("parts", "whole"):
+        url = f"zmq+ipc://{tmp_path}/{how}.sock"
+        with zmq.Context() as context, context.socket(zmq.ROUTER) as router:
+            router.setsockopt(zmq.LINGER, 0)
+            router.bind(url.removeprefix("zmq+"))
+            async with rlwire.open_receiver(url, type=list) as receiver:
+                peer, kind, _ = router.recv_multipart()
+                assert kind == b"ready"
+                for packet in packets:
+                    router.send_multipart([peer, *packet])
+                with anyio.fail_after(LONG):
+                    if how == "whole":
+                        with pytest.raises(rlwire.CorruptFrameError, match=words):
+                            await receiver.areceive(timeout=LONG)
+                        continue
+                    keys = []
+                    with pytest.raises(rlwire.CorruptFrameError, match=words) as info:
+                        async for part in receiver.aparts(timeout=LONG):
+                            keys.append(part.key)
+                    assert keys == ["k0", key]
+                    assert (info.value.step, info.value.rank) == (0, 0)

@@ -1,0 +1,92 @@
+"""A store whose step filled part by part contradicts itself: part files copied in from
+another run's directory or bucket (a broken or hostile store; each file intact, its
+checksums right). ``parts()`` and ``receive()`` refuse the step with a
+``CorruptFrameError`` naming the part: never a part its seal contradicts handed out and
+the loop ended as if all were well, never a wait for ever. Real files and objects, on
+a directory and on S3; asyncio and trio."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+import rlwire
+
+pytestmark = pytest.mark.anyio
+
+PART = "step-00000000.rank-0000.part-{:06d}"
+
+
+def _fill(url: str, options: dict[str, Any], keys: list[str]) -> None:
+    """Step 0 in parts ``keys`` (one sample each, token ids from the part's index)."""
+    with rlwire.open_sync_sender(url, storage_options=options) as sender:
+        with sender.open_step() as writer:
+            for k, key in enumerate(keys):
+                writer.put([{"token_ids": np.arange(k, k + 4)}], key=key)
+        sender.finish()
+
+
+def _copy_parts(source: str, target: str, options: dict[str, Any], indices: list[int]) -> None:
+    """Copy the files of the parts ``indices`` of rank 0 of step 0 (main files and
+    sidecars) from the run at ``source`` over those of the run at ``target``."""
+    prefixes = tuple(PART.format(i) + "." for i in indices)
+    if not source.startswith("s3://"):
+        for path in Path(source).iterdir():
+            if path.name.startswith(prefixes):
+                shutil.copyfile(path, Path(target, path.name))
+        return
+    from s3_server import s3_client
+
+    client = s3_client(options)
+    bucket, _, prefix = source.removeprefix("s3://").partition("/")
+    _, _, to = target.removeprefix("s3://").partition("/")
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/")["Contents"]
+    for name in (o["Key"].rpartition("/")[2] for o in listed):
+        if name.startswith(prefixes):
+            copied = {"Bucket": bucket, "Key": f"{prefix}/{name}"}
+            client.copy_object(Bucket=bucket, Key=f"{to}/{name}", CopySource=copied)
+
+
+def _two_runs(
+    file_or_s3: tuple[str, dict[str, Any]], indices: list[int]
+) -> tuple[str, dict[str, Any]]:
+    """A run whose step 0 was put as keys k0, k1 and sealed so, with the files of its
+    parts ``indices`` copied from another run's step 0, put as keys k0, k7."""
+    url, options = file_or_s3
+    other = url.removesuffix("run") + "other"
+    _fill(url, options, ["k0", "k1"])
+    _fill(other, options, ["k0", "k7"])
+    _copy_parts(other, url, options, indices)
+    return url, options
+
+
+async def test_parts_whose_keys_the_seal_contradicts_are_refused_at_the_seal(
+    file_or_s3: tuple[str, dict[str, Any]], anyio_backend: str
+) -> None:
+    """Both parts from the other run (part 1 follows part 0, as in one run): ``parts()``
+    cannot know part 1's key is wrong until the seal, and there it raises instead of
+    ending the loop (it ended normally, having handed out key k7, which the seal does
+    not list); a later call raises the same. ``receive()`` refuses the step too."""
+    url, options = _two_runs(file_or_s3, [0, 1])
+    async with rlwire.open_receiver(
+        url, storage_options=options, type=list, record_consumed=False
+    ) as receiver:
+        keys = []
+        with anyio.fail_after(30):
+            for _ in range(2):
+                with pytest.raises(rlwire.CorruptFrameError) as info:
+                    async for part in receiver.aparts(timeout=10):
+                        keys.append(part.key)
+                assert "part 1 of rank 0 of step 0 holds key 'k7'; the seal lists key 'k1'" in (
+                    str(info.value)
+                )
+                assert PART.format(1) in str(info.value)
+            assert keys == ["k0", "k7"]  # handed out before the seal, not again
+            assert receiver.next_step == 0
+            with pytest.raises(rlwire.CorruptFrameError, match="holds key 'k7'; the seal lists"):
+                await receiver.areceive(timeout=10)

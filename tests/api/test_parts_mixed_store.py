@@ -7,6 +7,7 @@ a directory and on S3; asyncio and trio."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -90,3 +91,27 @@ async def test_parts_whose_keys_the_seal_contradicts_are_refused_at_the_seal(
             assert receiver.next_step == 0
             with pytest.raises(rlwire.CorruptFrameError, match="holds key 'k7'; the seal lists"):
                 await receiver.areceive(timeout=10)
+
+
+async def test_a_step_mixing_the_parts_of_two_runs_is_refused_not_waited_for(
+    file_or_s3: tuple[str, dict[str, Any]], anyio_backend: str
+) -> None:
+    """Part 1 alone from the other run: it follows another part 0 than the one stored,
+    which no run sent since replaced. ``receive()`` with no timeout raised nothing and
+    waited for ever (a step being sent again, it thought); ``parts()`` called it a step
+    sent again (StepGapError, "open a receiver at start_step=0", which finds the same).
+    Both now say the step is corrupt."""
+    url, options = _two_runs(file_or_s3, [1])
+    words = "follows another part 0 (of another run of the step) than the rank's part 0"
+    async with rlwire.open_receiver(
+        url, storage_options=options, type=list, record_consumed=False
+    ) as receiver:
+        with anyio.fail_after(30):
+            with pytest.raises(rlwire.CorruptFrameError) as info:
+                await receiver.areceive()
+            assert words in str(info.value) and PART.format(1) in str(info.value)
+            keys = []
+            with pytest.raises(rlwire.CorruptFrameError, match=re.escape(words)):
+                async for part in receiver.aparts(timeout=10):
+                    keys.append(part.key)
+            assert keys == ["k0"]

@@ -263,8 +263,8 @@ def test_a_step_sent_again_between_a_parts_main_file_and_sidecar_is_no_corrupt_f
     load = FileSource.load
     once = threading.Event()
 
-    def then_another_run(self: FileSource, name: str) -> Any:
-        got = load(self, name)
+    def then_another_run(self: FileSource, name: str, **options: Any) -> Any:
+        got = load(self, name, **options)
         if name.endswith("part-000001.rlw") and not once.is_set():
             once.set()
             _fill_sidecar(url, 100)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from rlwire._api.sealed import follows, run_of
+from rlwire._api.sealed import follows, mixed_runs, run_of
 from rlwire._core.errors import StepGapError
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
@@ -59,6 +59,8 @@ class RunChecks:
 
         Raises:
             StepGapError: the part is of another run of the step.
+            CorruptFrameError: it is, while the rank's part 0 is still the one yielded
+                (the store mixes runs: no run was sent since).
         """
         if info.index == 0:
             self._first_part = (step, run_of(info, frame))
@@ -67,6 +69,8 @@ class RunChecks:
             # through it): the part 0 it names is the one the later parts must follow.
             self._first_part = (step, info.of or b"")
         elif not follows(info, self._first_part[1]):
+            if self._source.first_part(step) == self._first_part[1]:
+                raise mixed_runs(self._source, step, info.rank, info.index)
             raise StepGapError(
                 f"step {step} was deleted and sent again (another run) while this receiver "
                 f"read it part by part: part {info.index} is of the new run, the parts "

@@ -11,7 +11,16 @@ from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 from rlwire.transport._parts import PartInfo, Seal
 
-__all__ = ["SealedStep", "follows", "read_part", "read_sealed", "run_of", "where_of"]
+__all__ = [
+    "SealedStep",
+    "follows",
+    "mixed_runs",
+    "read_part",
+    "read_sealed",
+    "run_of",
+    "still_first",
+    "where_of",
+]
 
 
 @dataclass(frozen=True)
@@ -47,7 +56,9 @@ def read_sealed(source: Source, step: int, rank: int) -> tuple[int, SealedStep] 
     not there yet; never parts of two runs, nor a run's parts under another's seal.
 
     Raises:
-        CorruptFrameError: a part the seal lists is missing or is not the one listed.
+        CorruptFrameError: a part the seal lists is missing or is not the one listed;
+            or it follows another part 0 than the rank's, which is still the one read
+            (no run sent since: the store mixes runs, :func:`mixed_runs`).
     """
     step = source.moved_to(step)
     seal = source.read_seal(step)
@@ -58,7 +69,9 @@ def read_sealed(source: Source, step: int, rank: int) -> tuple[int, SealedStep] 
     for index, key in enumerate(keys):
         got = read_part(source, step, index)
         if got is not None and index and not follows(got[0], run_of(*parts[0])):
-            return None
+            if source.read_seal(step) != seal or not still_first(source, step, parts[0]):
+                return None  # deleted and sent again since part 0 was read
+            raise mixed_runs(source, step, rank, index)
         if got is None or got[0].key != key:
             if source.read_seal(step) != seal:
                 return None  # deleted (and maybe sealed again) since the seal was read
@@ -118,3 +131,25 @@ def where_of(source: Source, step: int, read: Any) -> str:
     where = source.describe_part(step, inner.parts[0][0].index)
     more = len(inner.parts) - 1
     return f"{where} (and {more} more part{'s' if more > 1 else ''})" if more else where
+
+
+def still_first(source: Source, step: int, first: tuple[PartInfo, Frame]) -> bool:
+    """Whether the rank's part 0 of ``step`` stored now is still ``first`` (one read
+    before); False when the source cannot tell."""
+    return source.first_part(step) == run_of(*first)
+
+
+def mixed_runs(source: Source, step: int, rank: int, index: int) -> CorruptFrameError:
+    """The error for part ``index`` of ``step`` following another part 0 than the rank's
+    part 0 while that part 0 is still stored. A step sent again (another run) replaces
+    part 0 before it writes a later part naming the new part 0, so this is no step
+    being sent again: the store mixes runs (a file copied from another run's
+    directory, a forged one), and reading the step again finds the same."""
+    return CorruptFrameError(
+        f"part {index} of rank {rank} of step {step} follows another part 0 (of another "
+        "run of the step) than the rank's part 0 stored beside it: the step mixes the "
+        "parts of two runs, and no run was sent since (its part 0 is still the one read)",
+        where=source.describe_part(step, index),
+        step=step,
+        rank=rank,
+    )

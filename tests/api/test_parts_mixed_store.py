@@ -54,13 +54,13 @@ def _copy_parts(source: str, target: str, options: dict[str, Any], indices: list
 
 
 def _two_runs(
-    file_or_s3: tuple[str, dict[str, Any]], indices: list[int]
+    file_or_s3: tuple[str, dict[str, Any]], indices: list[int], keys: tuple[str, ...] = ("k0", "k1")
 ) -> tuple[str, dict[str, Any]]:
-    """A run whose step 0 was put as keys k0, k1 and sealed so, with the files of its
-    parts ``indices`` copied from another run's step 0, put as keys k0, k7."""
+    """A run whose step 0 was put as ``keys`` and sealed so, with the files of its parts
+    ``indices`` copied from another run's step 0, put as keys k0, k7."""
     url, options = file_or_s3
     other = url.removesuffix("run") + "other"
-    _fill(url, options, ["k0", "k1"])
+    _fill(url, options, list(keys))
     _fill(other, options, ["k0", "k7"])
     _copy_parts(other, url, options, indices)
     return url, options
@@ -91,6 +91,28 @@ async def test_parts_whose_keys_the_seal_contradicts_are_refused_at_the_seal(
             assert receiver.next_step == 0
             with pytest.raises(rlwire.CorruptFrameError, match="holds key 'k7'; the seal lists"):
                 await receiver.areceive(timeout=10)
+
+
+async def test_parts_past_those_the_seal_lists_are_refused_at_the_seal(
+    file_or_s3: tuple[str, dict[str, Any]], anyio_backend: str
+) -> None:
+    """The run's step was sealed with one part (k0); both parts of the other run copied
+    in. ``parts()`` hands out a part 1 the seal does not list, and at the seal raises
+    (it ended the loop normally); ``receive()`` returns the one part the seal lists."""
+    url, options = _two_runs(file_or_s3, [0, 1], keys=("k0",))
+    async with rlwire.open_receiver(
+        url, storage_options=options, type=list, record_consumed=False
+    ) as receiver:
+        keys = []
+        with anyio.fail_after(30):
+            with pytest.raises(rlwire.CorruptFrameError) as info:
+                async for part in receiver.aparts(timeout=10):
+                    keys.append(part.key)
+            words = "part 1 of rank 0 of step 0 holds key 'k7'; the seal lists 1 part for the rank"
+            assert words in str(info.value)
+            assert keys == ["k0", "k7"]
+            got = await receiver.areceive(timeout=10)
+    assert [int(s["token_ids"][0]) for s in got] == [0]
 
 
 async def test_a_step_mixing_the_parts_of_two_runs_is_refused_not_waited_for(

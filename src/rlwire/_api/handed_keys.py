@@ -60,7 +60,8 @@ class HandedKeys:
         listed = seal.keys[rank] if rank < seal.ranks else ()
         for index, key in sorted(handed.items()):
             if index >= len(listed):
-                lists = f"lists {len(listed)} parts for the rank"
+                n = len(listed)
+                lists = f"lists {n} part{'' if n == 1 else 's'} for the rank"
             elif listed[index] != key or type(listed[index]) is not type(key):
                 lists = f"lists key {listed[index]!r} for it"
             else:

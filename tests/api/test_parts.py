@@ -202,6 +202,9 @@ async def test_bad_puts_are_typed_errors_and_write_nothing(tmp_path: Path) -> No
             for key in ("", True, 1.5, None, "x" * 1025):
                 with pytest.raises(rlwire.ConfigError, match="key"):
                     await writer.put([], key=key)  # type: ignore[arg-type]
+            utf8 = r"key must be encodable as UTF-8, got 'g-\\udc80'"
+            with pytest.raises(rlwire.ConfigError, match=utf8):
+                await writer.put([make_sample(4)], key="g-\udc80")  # a lone surrogate
             with pytest.raises(rlwire.ConfigError, match="must be a list"):
                 await writer.put(rlwire.TrainingBatch(samples=[]), key="c")  # type: ignore[arg-type]
             with pytest.raises(rlwire.ConfigError, match="rank must be"):

@@ -39,6 +39,13 @@ def check_key(key: object) -> Key:
         ('group-7', 7)
     """
     if isinstance(key, str) and 0 < len(key) <= MAX_KEY_LENGTH:
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate: the store writes keys as UTF-8
+            raise ConfigError(
+                f"a part's key must be encodable as UTF-8, got {key!r} ({e.reason} at "
+                f"character {e.start})"
+            ) from None
         return key
     if isinstance(key, int) and not isinstance(key, bool) and _INT_RANGE[0] <= key <= _INT_RANGE[1]:
         return key

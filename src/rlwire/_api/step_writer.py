@@ -350,8 +350,8 @@ class StepWriter:
         sender goes on to the next step. A second call does nothing.
 
         Raises:
-            ConfigError: ``balance="count"`` and the ranks got different numbers of
-                parts (the step stays open: put more, then seal).
+            ConfigError: ``balance="count"`` and the ranks' part counts differ (put more,
+                then seal), or the seal is over the readers' 64 MiB; the step stays open.
             TransportError: the seal cannot be written (the step stays open).
         """
         sender = self._sender

@@ -225,3 +225,19 @@ def test_an_open_step_is_resumed_or_truncated_as_on_files(ray_url: str) -> None:
     with rlwire.open_receiver(ray_url) as receiver:
         parts = list(receiver.parts(timeout=TIMEOUT))
         assert [(p.key, p.index) for p in parts] == [(None, 0)]
+
+
+def test_a_seal_over_the_readers_limit_is_refused_and_the_step_stays_open(ray_url: str) -> None:
+    """As on files (tests/transport/stored/test_seal_limit.py): a reader checks a
+    board's seal as a stored one, 64 MiB at most, so the sink refuses a larger one."""
+    from rlwire.abc import Seal
+
+    sink = RaySink.from_url(parse_url(ray_url), SinkOptions())
+    sink.open("error")
+    keys = tuple(f"{i:08d}" + "\U0001f600" * 1016 for i in range(16_500))
+    with pytest.raises(rlwire.ConfigError, match=r"step 0 cannot be sealed.*stays open"):
+        sink.seal(Seal(step=0, keys=(keys,), costs=((0.0,) * len(keys),)))
+    sink.seal(Seal(step=0, keys=((),), costs=((),)))  # still open: a seal that fits
+    with pytest.raises(rlwire.StepExistsError, match="sealed already"):
+        sink.committed_parts(0)
+    sink.close()

@@ -26,7 +26,7 @@ from functools import partial
 import msgspec
 import xxhash
 
-from rlwire._core.errors import CorruptFrameError, StepExistsError, StepOrderError
+from rlwire._core.errors import ConfigError, CorruptFrameError, StepExistsError, StepOrderError
 from rlwire._frame.frame import Frame
 from rlwire.transport._parts import MAX_KEY_LENGTH, Key, PartInfo, Seal
 from rlwire.transport._stored.layout import (
@@ -46,6 +46,7 @@ __all__ = [
     "FirstParts",
     "after_seal",
     "check_end",
+    "check_seal_size",
     "check_sealable",
     "head_envelope",
     "is_part_of",
@@ -89,6 +90,28 @@ def seal_bytes(seal: Seal) -> bytes:
     return prelude + body
 
 
+def check_seal_size(seal: Seal, where: str) -> bytes:
+    """The bytes of ``seal`` (:func:`seal_bytes`) if readers accept a seal that large.
+
+    Raises:
+        ConfigError: its body is over :data:`MAX_SEAL_BYTES` (too many parts, or too
+            long keys); nothing is written, and the step stays open.
+    """
+    data = seal_bytes(seal)
+    size = len(data) - _SEAL_PRELUDE.size
+    if size > MAX_SEAL_BYTES:
+        raise ConfigError(
+            f"step {seal.step} cannot be sealed: its seal would be {size} bytes (its "
+            f"{sum(map(len, seal.keys))} parts' keys and costs), over the {MAX_SEAL_BYTES} "
+            f"bytes (64 MiB) readers accept. "
+            f"Nothing was written and the step stays open (receive() never returns it): close the "
+            f"sender and send the step again from a sender opened with "
+            f"start_step={seal.step}, on_existing='truncate', with fewer parts or shorter keys",
+            where=where,
+        )
+    return data
+
+
 def parse_seal(data: memoryview | bytes | bytearray, *, step: int, where: str) -> Seal:
     """The seal stored as ``data``, checked: its prelude, checksum and body, that it is
     the seal of ``step``, that every rank has one cost per key, and that no key repeats.
@@ -103,7 +126,13 @@ def parse_seal(data: memoryview | bytes | bytearray, *, step: int, where: str) -
     magic, major, _minor, size, digest = _SEAL_PRELUDE.unpack_from(view)
     check_magic(magic, major, expected=SEAL_MAGIC, known=PARTS_VERSION[0], what="seal", where=where)
     body = view[_SEAL_PRELUDE.size :]
-    if size != body.nbytes or size > MAX_SEAL_BYTES:
+    if size > MAX_SEAL_BYTES:
+        raise CorruptFrameError(
+            f"the seal says its body is {size} bytes, over the {MAX_SEAL_BYTES} bytes "
+            f"(64 MiB) a reader accepts",
+            where=where,
+        )
+    if size != body.nbytes:
         raise CorruptFrameError(
             f"the seal says its body is {size} bytes, found {body.nbytes}", where=where
         )
@@ -332,16 +361,19 @@ def check_sealable(seal: Seal, found: list[int], where: str) -> None:
 def write_seal(
     save: Callable[[str, bytes], None], seal: Seal, found: list[int], where: str
 ) -> None:
-    """Write ``seal`` with ``save`` once :func:`check_sealable` allows it (``found``).
+    """Write ``seal`` with ``save`` once :func:`check_seal_size` and
+    :func:`check_sealable` allow it (``found``).
 
     Raises:
+        ConfigError: as :func:`check_seal_size`.
         StepExistsError: as :func:`check_sealable`; also when another producer's seal
             was written since ``found`` was listed (``save`` raised ``FileExistsError``:
             a store that refuses to replace a seal).
     """
+    data = check_seal_size(seal, where)
     check_sealable(seal, found, where)
     try:
-        save(seal_name(seal.step), seal_bytes(seal))
+        save(seal_name(seal.step), data)
     except FileExistsError:
         check_sealable(seal, [0], where)
 

@@ -17,7 +17,7 @@ from rlwire._frame.pieces import Pieces
 from rlwire.transport._base import OnExisting, PendingFrame, Sink, Staged, take_frame
 from rlwire.transport._options import SinkOptions, SourceOptions, reject_unknown
 from rlwire.transport._parts import PartInfo, Seal
-from rlwire.transport._stored.parts import check_end
+from rlwire.transport._stored.parts import check_end, check_seal_size
 from rlwire.transport._url import URL
 from rlwire.transport.ray._actors import (
     BOARD_START_SECONDS,
@@ -342,6 +342,7 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         ]
 
     def seal(self, seal: Seal) -> None:
+        check_seal_size(seal, self.where)  # as its readers check it (checked_seal)
         self._settle_prune()
         token = uuid.uuid4().hex
         self._commits.remember(seal.step, token, seal.ranks)

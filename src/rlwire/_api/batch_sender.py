@@ -12,6 +12,7 @@ from typing_extensions import Unpack
 
 from rlwire._api.appending import AppendingSender
 from rlwire._api.options import Retention, RetentionKeywords, from_keywords
+from rlwire._api.owned_parts import OwnedParts
 from rlwire._api.room import Room
 from rlwire._api.stats import SendClock, SendStats
 from rlwire._api.step_order import resolve_step
@@ -112,6 +113,7 @@ class TrainingBatchSender(AppendingSender):
         self._names_checked = False  # Checks names are matched against the first object only
         self._filling: int | None = None  # the step a StepWriter is filling
         self._unsealed: int | None = None  # a step left open by a StepWriter's error
+        self._owned = OwnedParts()  # the parts an open_step may take as this sender's
 
     def __repr__(self) -> str:
         return f"TrainingBatchSender({self._sink!r}, next_step={self._next_step})"
@@ -157,6 +159,7 @@ class TrainingBatchSender(AppendingSender):
                 self._on_existing, self._limiter, self._start_step
             )
             self._room.first_step = self._next_step
+            self._owned.opened(self._on_existing, self._next_step)
             self._opened = True
 
     async def send(self, obj: Any, *, step: int | None = None) -> int:

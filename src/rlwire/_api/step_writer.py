@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import anyio
 from anyio import CapacityLimiter, to_thread
 
+from rlwire._api.owned_parts import OwnedParts
 from rlwire._api.stats import SendClock
 from rlwire._api.validation import Validation
 from rlwire._core.args import check_int
@@ -44,6 +45,8 @@ class _Sender(Protocol):
     _limiter: CapacityLimiter
     _closed: bool
     _names_checked: bool
+    _owned: OwnedParts
+    _unsealed: int | None
 
     @property
     def sink(self) -> Sink: ...
@@ -189,22 +192,17 @@ class StepWriter:
                 found = await to_thread.run_sync(
                     sender.sink.committed_parts, self.step, self._ranks, limiter=sender._limiter
                 )
-                self._learn(found)
+                for info in sender._owned.learn(self.step, self._ranks, found, sender.sink):
+                    self._record(info)
+                self._resumed = frozenset(self._taken)
             except BaseException:
+                before = sender._unsealed
                 sender._end_parts(self.step, sealed=False)
+                if not sender._owned.holds(self.step):  # nothing of it is this sender's
+                    sender._unsealed = before
                 raise
         self._entered = True
         return self
-
-    def _learn(self, found: list[PartInfo]) -> None:
-        for info in sorted(found, key=lambda p: (p.rank, p.index)):
-            if info.rank >= self._ranks:
-                raise ConfigError(
-                    f"step {self.step} holds parts for rank {info.rank}, but it was opened "
-                    f"with ranks={self._ranks}: open it with the ranks it was begun with"
-                )
-            self._record(info)
-        self._resumed = frozenset(self._taken)
 
     def _record(self, info: PartInfo) -> None:
         self._keys[info.rank].append(info.key)
@@ -340,7 +338,9 @@ class StepWriter:
                 self._unknown = True
             raise
         finally:
-            # A part that may be visible is never put again.
+            # A part that may be visible is never put again, and is this sender's.
+            if staged is not None and staged.visible is not False:
+                sender._owned.put(self.step, info)
             if staged is not None and staged.visible:
                 self._record(info)
 

@@ -365,8 +365,9 @@ class StoredSink(StoredFieldsSink, ResumedSink, RetainedSink, Sink):
         return (yield from self._staged(step, write))
 
     def committed_parts(self, step: int, ranks: int | None = None) -> list[PartInfo]:
-        if ranks is not None:
+        if ranks is not None:  # an open_step (not a question after an error)
             self.check_ranks(step, ranks)
+            self.fence.check(f"fill step {step} part by part")  # fenced: ClosedError, at once
         with self.errors(f"list the parts of step {step}"):
             names = self.names()
         if seal_name(step) in names or any(

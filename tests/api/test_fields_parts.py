@@ -116,6 +116,31 @@ async def test_fields_of_parts_beside_fields_appended_to_the_step(
     assert np.array_equal(cols["token_ids"].offsets, ref.offsets)
 
 
+async def test_parts_asked_for_a_field_appended_to_the_step_say_where_it_is(
+    file_or_s3: tuple[str, dict[str, Any]],
+) -> None:
+    """``parts()`` hands out the parts as committed: a field appended to the step since is
+    in none of them, and the error says so and where it is (it said "not in the step")."""
+    url, options = file_or_s3
+    await _send_parts(url, options, [[{"token_ids": np.arange(n)} for n in (3, 2)]])
+    ref = rlwire.Ragged.from_lengths(np.zeros(5, np.float32), [3, 2])
+    stage = rlwire.open_sender(url, storage_options=options)
+    try:
+        await stage.add_fields(0, {"ref": ref})
+    finally:
+        await stage.aclose()
+    how = {"type": list, "fields": ("ref",), "record_consumed": False}
+    async with rlwire.open_receiver(url, storage_options=options, **how) as receiver:
+        with pytest.raises(rlwire.FieldNotFoundError) as info:
+            async for _ in receiver.aparts(timeout=20):
+                pass
+    message = str(info.value)
+    assert "'ref' not in the part (its samples hold: token_ids)" in message, message
+    assert "receive() reads the step with them" in message, message
+    got = await _receive(url, options, **how)
+    assert np.array_equal(got["ref"].values, ref.values)
+
+
 @pytest.mark.parametrize("lengths", [((), (3, 5), (2,)), ((), (), (4,)), ((3,), (), (2, 6))])
 async def test_appended_fields_alone_of_a_step_whose_first_parts_are_empty(
     file_or_s3: tuple[str, dict[str, Any]], lengths: tuple[tuple[int, ...], ...]

@@ -24,7 +24,7 @@ from rlwire._api.consumption import ConsumptionMarks
 from rlwire._api.handed_keys import HandedKeys
 from rlwire._api.joined_parts import joined_columns
 from rlwire._api.runs import RunChecks
-from rlwire._api.sealed import SealedStep, read_part
+from rlwire._api.sealed import SealedStep, read_handed_part
 from rlwire._core.deadlines import deadline_after
 from rlwire._core.errors import ClosedError, ConfigError, CorruptFrameError, RlwireError
 from rlwire._core.offload import drive_sliced
@@ -258,12 +258,12 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
             try:
                 yield from held.take()
                 self._record_position()  # asking for this part: done with the one before
-                got = read_part(self._source, step, self._part_next)
+                got = read_handed_part(self._source, step, self._part_next)
                 seal = None if got is not None else self._source.read_seal(step)
                 if seal is not None and got is None:
                     # Committed before its seal, the part may have come between the two
                     # reads: look again before calling it missing.
-                    got = read_part(self._source, step, self._part_next)
+                    got = read_handed_part(self._source, step, self._part_next)
                 if got is not None:
                     info, frame = got
                     self._check_run(step, info, frame)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rlwire._core.errors import CorruptFrameError
+from rlwire._core.errors import CorruptFrameError, FieldNotFoundError
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
 from rlwire.transport._parts import PartInfo, Seal
@@ -15,6 +15,7 @@ __all__ = [
     "SealedStep",
     "follows",
     "mixed_runs",
+    "read_handed_part",
     "read_part",
     "read_sealed",
     "run_of",
@@ -153,3 +154,20 @@ def mixed_runs(source: Source, step: int, rank: int, index: int) -> CorruptFrame
         step=step,
         rank=rank,
     )
+
+
+def read_handed_part(source: Source, step: int, index: int) -> tuple[PartInfo, Frame] | None:
+    """:func:`read_part` for ``parts()``, whose ``fields=`` are
+    looked for in the part alone: a field missing there is said to be so, and why a
+    field appended to the step is."""
+    try:
+        return read_part(source, step, index)
+    except FieldNotFoundError as exc:
+        said = exc.message.replace("not in the step (its", "not in the part (its")
+        raise FieldNotFoundError(
+            f"{said}; parts() hands out each part as it was committed, without the fields "
+            "appended to its step since: receive() reads the step with them",
+            where=exc.where,
+            step=exc.step,
+            rank=exc.rank,
+        ) from None

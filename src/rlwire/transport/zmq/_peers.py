@@ -24,6 +24,7 @@ import time
 from collections.abc import Collection
 from dataclasses import KW_ONLY, dataclass, field
 
+import anyio.lowlevel
 import zmq
 
 from rlwire._core.errors import TransportError, transport_error
@@ -43,6 +44,7 @@ from rlwire.transport.zmq._control import (
     parse_ready,
     refuse_packet,
 )
+from rlwire.transport.zmq._peer_packets import PEER_PARTS, PeerPackets
 from rlwire.transport.zmq._ranks import RankOwners, taken_over
 from rlwire.transport.zmq._sockets import RETRY_SECONDS, Socket, has_packet, wait_descriptor
 
@@ -113,6 +115,7 @@ class Peers:
     # receivers not yet told the end (their queue was full)
     _end_pending: set[bytes] = field(default_factory=set, init=False, repr=False)
     _opened: float = field(default_factory=time.monotonic, init=False, repr=False)
+    _packets: PeerPackets = field(default_factory=PeerPackets, init=False, repr=False)
 
     async def await_ranks(self, ranks: Collection[int]) -> None:
         """Wait, sending nothing, until a receiver of each of ``ranks`` (those to be sent
@@ -191,14 +194,10 @@ class Peers:
         return seq
 
     def drain(self) -> None:
-        """Take every ``ready``, ``ack`` and ``bye`` packet waiting on the socket."""
+        """Take every ``ready``, ``ack`` and ``bye`` packet waiting (see ``_peer_packets``)."""
         self._watch_connections()
-        while True:
-            try:
-                parts = self.socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if len(parts) != 3:
+        while (parts := self._packets.take(self.socket)) is not None:
+            if len(parts) != PEER_PARTS:
                 continue  # not from an rlwire receiver
             peer, kind, body = parts
             if kind == BYE:
@@ -376,9 +375,10 @@ class Peers:
 
     async def _wait(self) -> None:
         """Wait for any change on the socket (a packet in, room in a queue), at most
-        :data:`RETRY_SECONDS`."""
-        if not has_packet(self.socket):
-            await wait_descriptor(self.socket, RETRY_SECONDS)
+        :data:`RETRY_SECONDS`; with a packet in (one being discarded), let the loop tick."""
+        if has_packet(self.socket):
+            return await anyio.lowlevel.checkpoint()
+        await wait_descriptor(self.socket, RETRY_SECONDS)
 
     def _deadline(self) -> float | None:
         return None if self.ready_timeout is None else time.monotonic() + self.ready_timeout

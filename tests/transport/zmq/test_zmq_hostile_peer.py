@@ -23,7 +23,7 @@ from rlwire.transport.zmq._control import ACK, ready_packet
 #: For what should happen: far longer than it takes, even on a busy machine.
 LONG = 60.0
 #: Parts of the hostile packet: a few MB on the wire.
-MANY = 300_000
+MANY = 200_000
 
 
 class Hostile:
@@ -67,10 +67,10 @@ def hostile(url: str) -> Iterator[Hostile]:
 async def test_a_packet_of_many_parts_from_a_peer_is_ignored_and_the_loop_ticks_on(
     url: str, hostile: Hostile
 ) -> None:
-    """A peer's packet of 300,000 empty parts is ignored, its parts discarded a slice at
+    """A peer's packet of 200,000 empty parts is ignored, its parts discarded a slice at
     a time while the producer's event loop ticks on (one read of them all stalled it
-    about a second); the ``ready`` the peer sends after it is taken, and the step sent to
-    its rank and to an honest receiver's arrives."""
+    2-3 s on a loaded 2-core VM); the ``ready`` the peer sends after it is taken, and
+    the step sent to its rank and to an honest receiver's arrives."""
     with rlwire.open_receiver(url, type=Any) as receiver:
         async with rlwire.open_sender(url) as sender:
             await sender.send({"step": 0})
@@ -126,12 +126,15 @@ anyio.run(main)
 def test_a_packet_of_many_parts_from_a_peer_costs_the_producer_no_object_a_part(
     url: str, hostile: Hostile
 ) -> None:
-    """A peer's packet of 300,000 parts of 33 bytes (10 MB on the wire) costs the
-    producer what libzmq holds of it (about 40 MiB: libzmq keeps a multipart packet whole
-    until it is read, docs/reliability.md), not a Python object a part on top (65 MiB
+    """A peer's packet of 200,000 parts of 33 bytes (7 MB on the wire) costs the
+    producer what libzmq holds of it (27 MiB: libzmq keeps a multipart packet whole
+    until it is read, docs/reliability.md), not a Python object a part on top (43 MiB
     before); the ``ready`` after it is taken."""
     child = subprocess.Popen(
-        [sys.executable, "-c", PRODUCER, url], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", PRODUCER, url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         with rlwire.open_receiver(url, type=Any) as receiver:
@@ -141,9 +144,10 @@ def test_a_packet_of_many_parts_from_a_peer_costs_the_producer_no_object_a_part(
             assert receiver.receive(timeout=LONG) == {"step": 1}
             assert hostile.first_packet()[0].startswith(b"RLWZ")
             hostile.close()
-            out, _ = child.communicate(timeout=LONG)
+            out, err = child.communicate(timeout=LONG)
     finally:
         child.kill()
         child.wait()
+    assert out, err
     rise = json.loads(out)["rise_kib"]
-    assert rise < 52 << 10, f"{rise >> 10} MiB"
+    assert rise < 35 << 10, f"{rise >> 10} MiB"

@@ -180,7 +180,7 @@ class TrainingBatchSender(AppendingSender):
                 failed without knowing whether its step became visible (reopen with
                 ``on_existing="resume"``).
             CorruptFrameError: with ``keep_last`` or ``max_ahead``, a receiver's
-                consumption mark is garbled or records steps not sent yet.
+                consumption mark is garbled.
             ClosedError: the sender is closed, or finished its stream.
         """
         return await self.send_ranks([obj], step=step)

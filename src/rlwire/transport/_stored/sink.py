@@ -18,9 +18,10 @@ from rlwire.transport._base import OnExisting, PendingFrame, Sink, Staged, take_
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._stored import parts as stored_parts
 from rlwire.transport._stored.appended import StoredFieldsSink
+from rlwire.transport._stored.ended import EndedSink
 from rlwire.transport._stored.fence import FENCE_NAME, Fence, fenced_commit
 from rlwire.transport._stored.layout import plan
-from rlwire.transport._stored.marks import check_rewrite, end_mark, ended_at, rewrite_mark
+from rlwire.transport._stored.marks import check_rewrite, ended_at, rewrite_mark
 from rlwire.transport._stored.names import (
     END_NAME,
     LEFTOVER_RE,
@@ -74,7 +75,7 @@ class StoredStaging(Staged):
         yield from ()
 
 
-class StoredSink(StoredFieldsSink, ResumedSink, RetainedSink, Sink):
+class StoredSink(StoredFieldsSink, ResumedSink, RetainedSink, EndedSink, Sink):
     """A sink that stores step ``s`` of rank ``r`` as the files ``main_name(s, r)`` and,
     when the message has one, ``sidecar_name(s, r)``, beside an end mark and the ranks'
     consumption marks, in the byte layout every built-in store shares.
@@ -222,9 +223,10 @@ class StoredSink(StoredFieldsSink, ResumedSink, RetainedSink, Sink):
             # in between leaves it, and "resume" refuses to go on after the old steps.
             with self.errors("mark the start of the deletion", REWRITE_NAME):
                 self.save(REWRITE_NAME, rewrite_mark(first or 0))
+        kept = self.keep_end(names, on_existing == "resume")  # until the first commit
         with self.errors("delete earlier steps"):
             for doomed in names_to_delete(names, on_existing, start_step):  # in order
-                self.remove(doomed)
+                self.remove([name for name in doomed if not kept(name)])
             if on_existing == "resume":  # a killed commit's sidecars, which block the step
                 self.remove(orphan_sidecars(names, step))
         if rewriting:
@@ -254,12 +256,6 @@ class StoredSink(StoredFieldsSink, ResumedSink, RetainedSink, Sink):
             data = self.load(REWRITE_NAME)
         if data is not None:
             check_rewrite(data, on_existing, first, self.locate(REWRITE_NAME))
-
-    def finish(self, end: int) -> None:
-        stored_parts.check_end(end, self.unsealed_step, self.locate(END_NAME))
-        self.fence.check(f"mark the end of the stream at step {end}")
-        with self.errors("mark the end of the stream", END_NAME):
-            self.save(END_NAME, end_mark(end))
 
     def prune(self, below: int) -> int:
         with self.errors("delete steps every rank consumed"):
@@ -299,7 +295,7 @@ class StoredSink(StoredFieldsSink, ResumedSink, RetainedSink, Sink):
     ) -> Sliced[StoredStaging]:
         """``step``'s staging, filled by ``write`` and drained; discarded on failure."""
         staging = self.staging(step)
-        staging.fence = self.fence.checking(f"commit step {step}")
+        staging.fence = self.before_commit(f"commit step {step}")
         try:
             yield from write(staging)
             with self.errors(f"{self.stage_verb} step {step}"):
@@ -393,6 +389,7 @@ class StoredSink(StoredFieldsSink, ResumedSink, RetainedSink, Sink):
     def seal(self, seal: Seal) -> None:
         name = seal_name(seal.step)
         self.fence.check(f"seal step {seal.step}")
+        self.reopen_end(f"seal step {seal.step}")
         with self.errors(f"seal step {seal.step}", name):
             found = self.existing([name, *stored_parts.after_seal(seal)])
             stored_parts.write_seal(self.save, seal, found, self.locate(name))

@@ -14,6 +14,7 @@ from rlwire._frame.frame import Frame
 from rlwire.transport._file.handed import HandedMappings
 from rlwire.transport._file.mapped import WarmReads, on_tmpfs
 from rlwire.transport._file.watch import DirectoryWatch
+from rlwire.transport._stored.marks import too_long
 from rlwire.transport._stored.names import LEFTOVER_RE, STORED_RE, consumed_name
 from rlwire.transport._stored.selected import Ranged, WholeFile
 from rlwire.transport._stored.source import StoredSource
@@ -225,6 +226,9 @@ class FileSource(StoredSource):
             if fd >= 0:
                 os.close(fd)
 
+    def load_mark(self, name: str, limit: int, what: str) -> bytes | None:
+        return read_bounded(self.root / name, limit, what)
+
 
 class _MappedFile(WholeFile):
     """A mapped file read by ranges: each range's pages are asked for ahead."""
@@ -266,6 +270,29 @@ def open_regular(path: Path) -> int | None:
         kind = _KINDS.get(stat.S_IFMT(mode), "special file")
         raise CorruptFrameError(f"not a regular file but a {kind}", where=path)
     return fd
+
+
+def read_bounded(path: Path, limit: int, what: str) -> bytes | None:
+    """The file at ``path``, a ``what`` (a mark, a seal) of at most ``limit`` bytes,
+    read (not mapped), or ``None`` if nothing is there; one longer is refused by its
+    size, unread.
+
+    Raises:
+        CorruptFrameError: it is longer than ``limit``, or not a regular file.
+        TransportError: it cannot be read.
+    """
+    fd = open_regular(path)
+    if fd is None:
+        return None
+    with os.fdopen(fd, "rb") as file:
+        try:
+            size = os.fstat(fd).st_size
+            data = file.read(size + 1) if size <= limit else b""  # all there is
+        except OSError as exc:
+            raise transport_error(exc, "read", where=path) from exc
+    if size > limit or len(data) > limit:
+        raise too_long(what, max(size, len(data)), limit, str(path))
+    return data
 
 
 _KINDS = {

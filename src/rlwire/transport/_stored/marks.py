@@ -25,6 +25,7 @@ from rlwire.transport._stored.layout import (
 __all__ = [
     "CONSUMED_MAGIC",
     "END_MAGIC",
+    "MARK_BYTES",
     "MAX_MARK_BYTES",
     "PART_MAGIC",
     "REWRITE_MAGIC",
@@ -36,6 +37,7 @@ __all__ = [
     "parse_part_mark",
     "part_mark",
     "rewrite_mark",
+    "too_long",
 ]
 
 #: The end-of-stream mark records the end step; a rank's consumption mark the first
@@ -52,6 +54,24 @@ _PART_MARK = struct.Struct("<4sHHQQ")
 #: More than any mark holds: a sink reads at most this much of a file at a mark's name,
 #: so a large one is refused by its length without being read whole.
 MAX_MARK_BYTES = 4096
+#: The size of an end, consumption or rewrite mark.
+MARK_BYTES = _MARK.size
+
+
+def too_long(what: str, size: int | None, limit: int, where: str) -> CorruptFrameError:
+    """The error for a file at the name of a ``what`` (a mark, a seal) of ``size`` bytes
+    (``None``: more than ``limit``, not known how many), over the ``limit`` any is: it
+    is refused by its size, not read (a sparse file of gigabytes would be mapped).
+
+    Example:
+        >>> str(too_long("end mark", 2**32, MARK_BYTES, "end.rlw"))
+        'end.rlw: an end mark is at most 16 bytes, this one 4294967296: not read'
+    """
+    found = "longer" if size is None else str(size)
+    a = "an" if what[0] in "aeiou" else "a"
+    return CorruptFrameError(
+        f"{a} {what} is at most {limit} bytes, this one {found}: not read", where=where
+    )
 
 
 def end_mark(end: int) -> bytes:

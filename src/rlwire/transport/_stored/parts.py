@@ -42,6 +42,7 @@ from rlwire.transport._stored.names import STEP_PART_RE, part_name, seal_name
 from rlwire.transport._stored.table import check_magic
 
 __all__ = [
+    "MAX_SEAL_FILE_BYTES",
     "SEAL_MAGIC",
     "FirstParts",
     "after_seal",
@@ -63,6 +64,8 @@ SEAL_MAGIC = b"RLWS"
 _SEAL_PRELUDE = struct.Struct("<4sHHIQ")
 #: The largest seal body a reader accepts (a million parts with keys of 50 bytes).
 MAX_SEAL_BYTES = 64 << 20
+#: The largest seal file a reader accepts: its prelude and the largest body.
+MAX_SEAL_FILE_BYTES = _SEAL_PRELUDE.size + MAX_SEAL_BYTES
 
 
 class _SealBody(msgspec.Struct, omit_defaults=True):

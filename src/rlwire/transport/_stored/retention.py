@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, cast
 
-from rlwire.transport._stored.marks import CONSUMED_MAGIC, parse_mark
+from rlwire.transport._stored.marks import CONSUMED_MAGIC, parse_mark, too_long
 from rlwire.transport._stored.names import (
     FIELDS_RE,
     RANK_FILE_RE,
@@ -22,7 +22,7 @@ from rlwire.transport._stored.names import (
     consumed_name,
     seal_name,
 )
-from rlwire.transport._stored.parts import parse_seal
+from rlwire.transport._stored.parts import MAX_SEAL_FILE_BYTES, parse_seal
 
 __all__ = ["RetainedSink", "held_back", "read_consumed", "sealed_ranks", "steps_to_prune"]
 
@@ -152,6 +152,7 @@ class _Store(Protocol):
     """What of a :class:`~rlwire.transport._stored.sink.StoredSink` this module uses."""
 
     def load(self, name: str) -> bytes | bytearray | memoryview | None: ...
+    def load_head(self, name: str, size: int) -> bytes | bytearray | memoryview | None: ...
     def locate(self, name: str | None = None) -> str: ...
     def errors(
         self, action: str, name: str | None = None
@@ -174,4 +175,16 @@ class RetainedSink:
     def sealed_for(self, step: int) -> int:
         """How many ranks the seal of ``step`` counts (0: gone), as :func:`sealed_ranks`
         reads it."""
-        return sealed_ranks(self._load, cast(_Store, self).locate, step)
+        return sealed_ranks(self._load_seal, cast(_Store, self).locate, step)
+
+    def _load_seal(self, name: str) -> bytes | bytearray | memoryview | None:
+        """The seal ``name``, read whole up to the largest a reader accepts (a mark's
+        :meth:`load` reads no more than a mark can be: a seal of many parts was cut
+        short, taken for garbled, and every send of a sender with ``keep_last`` after it
+        raised)."""
+        store = cast(_Store, self)
+        with store.errors("read", name):
+            data = store.load_head(name, MAX_SEAL_FILE_BYTES + 1)
+        if data is not None and len(data) > MAX_SEAL_FILE_BYTES:
+            raise too_long("seal", None, MAX_SEAL_FILE_BYTES, store.locate(name))
+        return data

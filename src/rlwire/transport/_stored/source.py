@@ -27,10 +27,13 @@ from rlwire.transport._stored.layout import parse_main
 from rlwire.transport._stored.marks import (
     CONSUMED_MAGIC,
     END_MAGIC,
+    MARK_BYTES,
+    MAX_MARK_BYTES,
     consumed_mark,
     parse_mark,
     parse_part_mark,
     part_mark,
+    too_long,
 )
 from rlwire.transport._stored.names import (
     END_NAME,
@@ -44,7 +47,7 @@ from rlwire.transport._stored.names import (
     seal_name,
     sidecar_name,
 )
-from rlwire.transport._stored.parts import parse_part, parse_seal
+from rlwire.transport._stored.parts import MAX_SEAL_FILE_BYTES, parse_part, parse_seal
 from rlwire.transport._stored.selected import Ranged, WholeFile, parse_selected, read_envelope
 
 __all__ = ["StoredSource"]
@@ -83,6 +86,21 @@ class StoredSource(StoredFieldsSource, Source):
             CorruptFrameError: the file exists but cannot be a message (e.g. empty).
             TransportError: the file cannot be read.
         """
+
+    def load_mark(self, name: str, limit: int, what: str) -> memoryview | bytes | None:
+        """The file called ``name``, a ``what`` (a mark, a seal) of at most ``limit``
+        bytes, or ``None`` if it does not exist. By default :meth:`load`, then its size
+        checked; stores that can tell a file's size first (files, fsspec) read no more
+        than ``limit`` bytes of it.
+
+        Raises:
+            CorruptFrameError: it is longer than ``limit`` (named, with its size).
+            TransportError: it cannot be read.
+        """
+        data = self.load(name)
+        if data is not None and len(data) > limit:
+            raise too_long(what, len(data), limit, self.locate(name))
+        return data
 
     @abc.abstractmethod
     def save(self, name: str, data: bytes) -> None:
@@ -126,7 +144,7 @@ class StoredSource(StoredFieldsSource, Source):
         """The consumption mark's step, and the part mark's part when it is of that
         step (a part mark of another step is one left behind: 0)."""
         name = consumed_name(self.rank)
-        data = self.load(name)
+        data = self.load_mark(name, MARK_BYTES, "consumption mark")
         if data is None:
             return None
         step = parse_mark(data, CONSUMED_MAGIC, self.locate(name))
@@ -139,7 +157,7 @@ class StoredSource(StoredFieldsSource, Source):
 
     def _part_mark(self) -> tuple[int, int, bytes] | None:
         """What the rank's part mark records, or None if it has none."""
-        data = self.load(consumed_part_name(self.rank))
+        data = self.load_mark(consumed_part_name(self.rank), MAX_MARK_BYTES, "part mark")
         if data is None:
             return None
         return parse_part_mark(data, self.locate(consumed_part_name(self.rank)))
@@ -208,7 +226,7 @@ class StoredSource(StoredFieldsSource, Source):
         """Raise :class:`~rlwire.EndOfStream` if the sender finished before ``step``;
         else the step the end mark gives (after ``step``), or None if there is none.
         Called only when ``step`` is missing: the mark is written after the last step."""
-        mark = self.load(END_NAME)
+        mark = self.load_mark(END_NAME, MARK_BYTES, "end mark")
         if mark is None:
             return None
         where = self.locate(END_NAME)
@@ -347,7 +365,7 @@ class StoredSource(StoredFieldsSource, Source):
 
     def read_seal(self, step: int) -> Seal | None:
         name = seal_name(step)
-        data = self.load(name)
+        data = self.load_mark(name, MAX_SEAL_FILE_BYTES, "seal")
         if data is None:
             return None
         return parse_seal(data, step=step, where=self.locate(name))

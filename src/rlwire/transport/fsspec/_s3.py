@@ -182,6 +182,13 @@ class S3Store(S3Bucket):
             return None
         return data
 
+    def size(self, path: str) -> int | None:
+        try:
+            info = self.run_read(self.fs._info, path, refresh=True)
+        except FileNotFoundError:
+            return None
+        return int(info["size"])
+
     def heads(self, paths: Sequence[str], limit: int) -> list[bytes | Exception | None]:
         # As many GETs in flight as s3fs's max_concurrency (10, as its connection pool):
         # more would only wait there for a connection.

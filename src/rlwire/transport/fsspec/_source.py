@@ -7,6 +7,7 @@ from typing import Any
 
 from rlwire._frame.frame import Frame
 from rlwire.transport._parts import PartInfo
+from rlwire.transport._stored.marks import too_long
 from rlwire.transport._stored.names import part_name
 from rlwire.transport._stored.parts import part_zero_id
 from rlwire.transport._stored.selected import Ranged
@@ -126,6 +127,16 @@ class FsspecSource(StoredSource):
         store = self._conn.get()
         with translate_errors(self.locate(name), "read"):
             return store.ranged(store.path(name))
+
+    def load_mark(self, name: str, limit: int, what: str) -> bytes | None:
+        """One ranged read of at most ``limit + 1`` bytes; more is refused, its size
+        asked for the message (a HEAD)."""
+        store, where = self._conn.get(), self.locate(name)
+        with translate_errors(where, "read"):
+            data = store.head(store.path(name), limit + 1)
+            if data is not None and len(data) > limit:
+                raise too_long(what, store.size(store.path(name)), limit, where)
+        return data
 
     def load(self, name: str) -> memoryview | None:
         store = self._conn.get()

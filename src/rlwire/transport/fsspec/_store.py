@@ -120,6 +120,13 @@ class Store(abc.ABC):
             return None
         return data
 
+    def size(self, path: str) -> int | None:
+        """The size of the object at ``path`` (None: not known, or gone)."""
+        try:
+            return int(self.fs.size(path))
+        except (FileNotFoundError, TypeError):
+            return None
+
     def heads(self, paths: Sequence[str], limit: int) -> list[bytes | Exception | None]:
         """:meth:`head` of each of ``paths``, the error a read raised in its place: one
         ranged read each, concurrent on an async filesystem (fsspec's ``cat_ranges``)."""

@@ -52,9 +52,15 @@ def test_a_seal_over_the_readers_limit_is_refused_and_the_step_stays_open(
 def test_a_reader_names_the_limit_a_seal_is_over(tmp_path: Path) -> None:
     size = LIMIT + 1
     head = struct.pack("<4sHHIQ", b"RLWS", 1, 2, size, 0)  # docs/format.md's prelude
-    (tmp_path / seal_name(0)).write_bytes(head + bytes(size))
+    (tmp_path / seal_name(0)).write_bytes(head + bytes(16))  # its prelude says
     with pytest.raises(
         rlwire.CorruptFrameError,
         match=rf"seal says its body is {size} bytes, over the {LIMIT} bytes \(64 MiB\) a reader",
+    ):
+        FileSource(tmp_path, rank=0).read_seal(0)
+    (tmp_path / seal_name(0)).write_bytes(head + bytes(size))  # its size says: not read
+    with pytest.raises(
+        rlwire.CorruptFrameError,
+        match=rf"a seal is at most {LIMIT + len(head)} bytes, this one {size + len(head)}: not",
     ):
         FileSource(tmp_path, rank=0).read_seal(0)

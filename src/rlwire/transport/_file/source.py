@@ -19,7 +19,7 @@ from rlwire.transport._stored.names import LEFTOVER_RE, STORED_RE, consumed_name
 from rlwire.transport._stored.selected import Ranged, WholeFile
 from rlwire.transport._stored.source import StoredSource
 
-__all__ = ["FileSource", "open_regular"]
+__all__ = ["FileSource", "open_regular", "read_bounded"]
 
 
 class FileSource(StoredSource):

@@ -178,8 +178,8 @@ class RetainedSink:
         return sealed_ranks(self._load_seal, cast(_Store, self).locate, step)
 
     def _load_seal(self, name: str) -> bytes | bytearray | memoryview | None:
-        """The seal ``name``, read whole up to the largest a reader accepts (a mark's
-        :meth:`load` reads no more than a mark can be: a seal of many parts was cut
+        """The seal ``name``, read whole up to the largest a reader accepts (the sink's
+        ``load`` reads no more than a mark can be: a seal of many parts was cut
         short, taken for garbled, and every send of a sender with ``keep_last`` after it
         raised)."""
         store = cast(_Store, self)

@@ -651,12 +651,13 @@ async def test_a_send_cancelled_midway_delivers_nothing(
 
 
 @pytest.mark.anyio
-async def test_a_rank_stopped_midway_loses_only_its_own_copy(
+async def test_a_send_cancelled_between_ranks_still_reaches_every_rank(
     tmp_path: Path, backend: dict[str, Any]
 ) -> None:
-    """With two ranks, a send cancelled after rank 0's message was sealed but in the middle
-    of rank 1's counts as sent (rank 0 may have it): rank 1's receiver drops the part it
-    got and reports the step as lost when the next one comes."""
+    """With two ranks, a send cancelled after rank 0's message was sealed, in the middle
+    of rank 1's (whose receiver reads nothing yet), goes on to rank 1 before the
+    cancellation is raised: the step counts as sent and reaches both ranks, with no
+    StepGapError. It used to stop there, and rank 1 never got the step."""
     url = make_url("ipc", tmp_path)
     size = {"count": 1, "n": 200_000}
     options = {"hwm": 1, "message_bytes": 256 << 10}
@@ -671,24 +672,74 @@ async def test_a_rank_stopped_midway_loses_only_its_own_copy(
         async with rlwire.open_sender(url, storage_options=options) as sender:
             payloads = [batch(0, rank, **size) for rank in range(2)]
             peers = sender.sink._peers  # type: ignore[attr-defined]
-            finished: list[bool] = []
+            returned = anyio.Event()
 
             async def send() -> None:
-                await sender.send_ranks(payloads)
-                finished.append(True)
+                with scope:
+                    await sender.send_ranks(payloads)
+                returned.set()
 
             # Cancelled once rank 0's process has the whole step (its seal went) and rank
-            # 1's message has begun (its sequence number taken): a fixed 2 s, on a loaded
-            # machine, could end before rank 0's 24 data packets reached its process.
-            with anyio.CancelScope() as scope:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(send)
-                    step_0 = await rank0.anext()
-                    with anyio.fail_after(LONG):
-                        while sorted(peers._seq.values()) != [1, 1]:
-                            await anyio.sleep(0.01)
-                    scope.cancel()
-            assert scope.cancelled_caught and not finished and sender.next_step == 1
+            # 1's message has begun (its sequence number taken).
+            scope = anyio.CancelScope()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send)
+                step_0 = await rank0.anext()
+                with anyio.fail_after(LONG):
+                    while sorted(peers._seq.values()) != [1, 1]:
+                        await anyio.sleep(0.01)
+                scope.cancel()
+                await anyio.sleep(SHORT)
+                assert not returned.is_set()  # still sending rank 1's message
+                rank1.open_gate()
+            assert sender.next_step == 1
+            await sender.send_ranks([batch(1, rank, **size) for rank in range(2)])
+        events = [[step_0, *await rank0.afinish()], await rank1.afinish()]
+    assert steps_of(events[0]) == [0, 1]
+    assert steps_of(events[1]) == [0, 1], events[1]
+
+
+@pytest.mark.anyio
+async def test_a_send_cancelled_between_ranks_waits_for_a_stuck_rank_only_linger(
+    tmp_path: Path, backend: dict[str, Any]
+) -> None:
+    """Cancelled after rank 0 has the step, the send waits for rank 1's receiver, which
+    reads nothing, for ``linger`` seconds only, then fails with a TransportError naming
+    the rank: the step counts as sent, and rank 1 reports it lost when the next comes."""
+    url = make_url("ipc", tmp_path)
+    size = {"count": 1, "n": 200_000}
+    options = {"hwm": 1, "message_bytes": 256 << 10, "linger": 1.0}
+    spec = {"url": url, "receives": 2, "options": {"hwm": 1}, **size}
+    with (
+        Child("receiver", face="async", rank=0, **spec, **backend) as rank0,
+        Child(
+            "receiver", face="async", rank=1, seed_base=1000, gate=True, **spec, **backend
+        ) as rank1,
+    ):
+        assert [await rank0.anext(), await rank1.anext()] == [{"event": "opened"}] * 2
+        async with rlwire.open_sender(url, storage_options=options) as sender:
+            payloads = [batch(0, rank, **size) for rank in range(2)]
+            peers = sender.sink._peers  # type: ignore[attr-defined]
+            errors: list[BaseException] = []
+
+            async def send() -> None:
+                with scope:
+                    try:
+                        await sender.send_ranks(payloads)
+                    except rlwire.TransportError as exc:
+                        errors.append(exc)
+
+            scope = anyio.CancelScope()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send)
+                step_0 = await rank0.anext()
+                with anyio.fail_after(LONG):
+                    while sorted(peers._seq.values()) != [1, 1]:
+                        await anyio.sleep(0.01)
+                scope.cancel()
+            assert len(errors) == 1, errors
+            assert "receiver of rank 1 made no room for its message within 1 s" in str(errors[0])
+            assert sender.next_step == 1
             rank1.open_gate()
             await sender.send_ranks([batch(1, rank, **size) for rank in range(2)])
         events = [[step_0, *await rank0.afinish()], await rank1.afinish()]
@@ -696,6 +747,48 @@ async def test_a_rank_stopped_midway_loses_only_its_own_copy(
     assert events[1][0]["error"] == "StepGapError", events[1]
     assert "expected step 0, got step 1" in events[1][0]["message"]
     assert steps_of(events[1]) == [1]
+
+
+DONE = {"event": "done"}
+
+
+@pytest.mark.anyio
+async def test_send_ranks_cancelled_at_swept_deadlines_reaches_every_rank_or_none(
+    tmp_path: Path, backend: dict[str, Any]
+) -> None:
+    """Two ranks, each read in its own process; each step is sent under deadlines
+    growing from 0.1 ms until a send counts it (``next_step``): every step counted reaches
+    both ranks, in order, and none other does."""
+    url, steps = make_url("tcp", tmp_path), 6
+    size = {"count": 1, "n": 20_000}  # about 600 KB a rank: 10 data packets of 64 KiB
+    options = {"hwm": 1, "message_bytes": 64 << 10}
+    spec = {"url": url, "receives": steps + 1, "timeout": 5.0, "options": {"hwm": 1}, **size}
+    spec |= backend
+    with (
+        Child("receiver", face="async", rank=0, **spec) as rank0,
+        Child("receiver", face="async", rank=1, seed_base=1000, **spec) as rank1,
+    ):
+        assert [await rank0.anext(), await rank1.anext()] == [{"event": "opened"}] * 2
+        cancelled_but_sent = 0
+        async with rlwire.open_sender(url, storage_options=options) as sender:
+            with anyio.fail_after(LONG):
+                deadline = 1e-4
+                while sender.next_step < steps:
+                    step = sender.next_step
+                    with anyio.move_on_after(deadline) as scope:
+                        await sender.send_ranks([batch(step, rank, **size) for rank in range(2)])
+                    if sender.next_step == step + 1:
+                        cancelled_but_sent += scope.cancelled_caught
+                        deadline = 1e-4
+                    else:
+                        assert sender.next_step == step
+                        deadline *= 1.3
+            await sender.finish()
+        events = [await rank0.afinish(), await rank1.afinish()]
+    assert [steps_of(got) for got in events] == [list(range(steps))] * 2, events
+    for got in events:
+        assert [got[steps].get("error"), got[steps + 1 :]] == ["EndOfStream", [DONE]], got
+    assert cancelled_but_sent  # some sends were cancelled once their step was visible
 
 
 def test_close_flushes_accepted_steps(tmp_path: Path) -> None:

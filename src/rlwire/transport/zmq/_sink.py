@@ -22,6 +22,7 @@ from rlwire.transport._options import SinkOptions, SourceOptions, reject_unknown
 from rlwire.transport._parts import PartInfo, Seal
 from rlwire.transport._url import URL
 from rlwire.transport.zmq._admission import Pattern
+from rlwire.transport.zmq._delivery import send_step
 from rlwire.transport.zmq._parts import (
     SentParts,
     encode_seal,
@@ -325,7 +326,8 @@ class ZmqSink(Sink):
             # there) is connected.
             await peers.await_ranks({message.head.rank for message in staged.messages})
         trackers: list[zmq.MessageTracker] = []
-        for message in staged.messages:
+
+        async def send(message: Message) -> None:
             await send_message(
                 peers,
                 message,
@@ -335,6 +337,9 @@ class ZmqSink(Sink):
                 where=self.endpoint,
                 on_visible=staged.seen,
             )
+
+        # Once one rank's message is sealed, the others follow, whatever cancellation.
+        await send_step(staged.messages, send, patience=self.linger)
         first = staged.messages[0].head if staged.messages else None
         if self.pattern == "ranks" and first is not None and first.kind == WHOLE:
             # Sent whole to ranks 0 .. w-1: the ranks after are told now, not by the next

@@ -33,9 +33,9 @@ from rlwire._core.errors import EncodeError
 from rlwire._core.paths import KeyPath, render_path
 from rlwire._core.ragged import Ragged
 from rlwire._core.slicing import Sliced, SliceTimer
-from rlwire._core.types import buffer_fields
 from rlwire._frame.frame import Frame
 from rlwire.codecs._msgpack.extensions import EXT_CHUNKED_ARRAY, EXT_CHUNKED_MAP, ChunksRef
+from rlwire.codecs._msgpack.refused_values import REFUSED, refuse, walked_fields
 from rlwire.codecs._msgpack.sent_buffers import SentBuffers
 from rlwire.codecs._msgpack.sent_columns import list_as_columns, packed_value
 from rlwire.codecs._registry import Check
@@ -54,6 +54,7 @@ _SCAN = 65536
 _SCALARS = (str, int, float, bool, type(None))
 _SCALAR_SET = frozenset(_SCALARS)
 _BUFFER_LIKE = (np.ndarray, bytes, bytearray, memoryview)
+_WALKED = (*_BUFFER_LIKE, *REFUSED)  # looked at in any Struct field, whatever its annotation
 _PACKED = frozenset((Ragged, Columns, Chunked))  # packed by the user: one buffer a field
 
 
@@ -93,6 +94,9 @@ class Encoding:
         self.check = check
         self.sent = SentBuffers(encoder, inline_threshold)
         self.timer = SliceTimer()
+        # Above 0 while a Struct already walked is walked again (to chunk its heavy
+        # fields): the extension values in it are the codec's own, not the user's.
+        self.again = 0
 
     def run(self, obj: Any) -> Sliced[Frame]:
         try:
@@ -132,8 +136,6 @@ class Encoding:
             return (yield from self.sequence(obj, path, side))
         if isinstance(obj, bytes | bytearray | memoryview):
             return self.sent.bytes_value(obj, path, side)
-        if isinstance(obj, np.generic):
-            return _scalar(obj, path), 1
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
             fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
             return (yield from self.mapping(fields, path, side))
@@ -142,24 +144,35 @@ class Encoding:
                 f"{render_path(path)}: subclasses of dict, list and tuple "
                 f"({kind.__name__}) are not supported; convert to the base type"
             )
+        return self.leaf(obj, path), 1
+
+    def leaf(self, obj: Any, path: KeyPath) -> Any:
+        """What to encode in place of ``obj``, a value the walk does not look into."""
+        if isinstance(obj, np.generic):
+            return _scalar(obj, path)
+        if isinstance(obj, REFUSED):
+            if self.again:
+                return obj
+            raise refuse(obj, path)
         try:
             self.encoder.encode(obj)
         except (TypeError, ValueError, OverflowError) as exc:
+            kind = type(obj)
             raise EncodeError(
                 f"{render_path(path)}: cannot encode value of type "
                 f"{kind.__module__}.{kind.__qualname__}: {exc}"
             ) from None
-        return obj, 1
+        return obj
 
     def struct(self, obj: msgspec.Struct, path: KeyPath, side: bool) -> Sliced[tuple[Any, int]]:
         if self.check is not None:
             self.check(obj, render_path(path))
             yield from self.tick()
         entries: list[list[Any]] = []
-        for name, may_hold in buffer_fields(type(obj)):
+        for name, walked in walked_fields(type(obj)):
             old = getattr(obj, name)
             # The annotation is a promise Python does not keep: look at what is there.
-            if may_hold or isinstance(old, _BUFFER_LIKE):
+            if walked or isinstance(old, _WALKED):
                 named = name in self.sidecar_names
                 if named:
                     self.matched.add(name)
@@ -283,7 +296,11 @@ class Encoding:
                 if type(value) in (list, tuple, dict):
                     value, heft = (yield from self.chunked(value, (path, key))), 1
                 elif isinstance(value, msgspec.Struct):  # its heavy fields become chunks
-                    value, heft = yield from self.struct(value, (path, key), False)
+                    self.again += 1  # walked already: its extension values are the codec's
+                    try:
+                        value, heft = yield from self.struct(value, (path, key), False)
+                    finally:
+                        self.again -= 1
                 items[i] = (key, value) if is_map else value
             if load and load + heft > CHUNK_WEIGHT:
                 bounds.append(i)

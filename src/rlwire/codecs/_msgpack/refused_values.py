@@ -1,0 +1,72 @@
+"""Values the msgpack codec refuses to send though msgspec would write them, and where in
+a Struct it looks for them.
+
+* A :class:`msgspec.Raw` is bytes msgspec copies into the header unchecked: malformed, it
+  made a step every reader refused; JSON text in it (``Raw(b"1")``) arrived as something
+  else (49); an extension value in it was read as one of rlwire's.
+* A :class:`msgspec.msgpack.Ext` is read back by the receiver's extension hook, which knows
+  only rlwire's own types (1-7, :mod:`rlwire.codecs._msgpack.extensions`): any other code
+  made a step every reader refused, and one of rlwire's read the user's payload as an
+  array or a buffer.
+
+Each is an :class:`~rlwire.EncodeError` naming its path, raised before anything is written.
+
+Example:
+    >>> class Tagged(msgspec.Struct):
+    ...     tags: list[msgspec.msgpack.Ext]
+    ...     ids: list[int]
+    >>> walked_fields(Tagged)
+    (('tags', True), ('ids', False))
+"""
+
+from __future__ import annotations
+
+import functools
+
+import msgspec
+import msgspec.inspect as mi
+
+from rlwire._core.errors import EncodeError
+from rlwire._core.paths import KeyPath, render_path
+from rlwire._core.types import buffer_fields, reachable
+
+__all__ = ["REFUSED", "refuse", "walked_fields"]
+
+#: Types msgspec writes as they are, which the codec refuses (see :func:`refuse`).
+REFUSED = (msgspec.Raw, msgspec.msgpack.Ext)
+
+
+def refuse(obj: msgspec.Raw | msgspec.msgpack.Ext, path: KeyPath) -> EncodeError:
+    """The error for a :data:`REFUSED` value ``obj`` found at ``path``."""
+    if isinstance(obj, msgspec.msgpack.Ext):
+        return EncodeError(
+            f"{render_path(path)}: msgspec.msgpack.Ext values (here code {obj.code}) are not "
+            "supported: rlwire reserves msgpack extension types for its own buffers; send "
+            "the code and data as plain values (e.g. a tuple)"
+        )
+    return EncodeError(
+        f"{render_path(path)}: msgspec.Raw values are not supported: their bytes would be "
+        "written into the header unchecked; send the value they encode (msgspec.msgpack."
+        "decode(raw)) or the bytes themselves (bytes(raw))"
+    )
+
+
+def _may_hold_refused(t: mi.Type) -> bool:
+    return any(isinstance(inner, mi.RawType | mi.ExtType) for inner in reachable(t))
+
+
+@functools.cache
+def walked_fields(cls: type[msgspec.Struct]) -> tuple[tuple[str, bool], ...]:
+    """``(attribute name, walked)`` for each field of ``cls``, in order: a field is walked
+    when its annotation may hold a buffer (:func:`~rlwire._core.types.buffer_fields`) or a
+    :data:`REFUSED` value at any depth (``list[msgspec.Raw]``, ``Ext | None``)."""
+    fields = buffer_fields(cls)
+    try:
+        info = mi.type_info(cls)
+    except Exception:  # buffer_fields walks such a type in full already
+        return fields
+    assert isinstance(info, mi.StructType)
+    return tuple(
+        (name, may_hold or _may_hold_refused(field.type))
+        for (name, may_hold), field in zip(fields, info.fields, strict=True)
+    )

@@ -4,6 +4,8 @@ arrives exactly as sent; each test here failed before its fix."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -86,4 +88,60 @@ def test_a_raw_is_refused_by_either_codec(tmp_path: Path, codec: str) -> None:
     with rlwire.open_sync_sender(tmp_path, codec=codec) as sender:
         with pytest.raises(rlwire.EncodeError, match=r"\$\.v: .*msgspec\.Raw"):
             sender.send({"v": msgspec.Raw(b"1")})
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- bare exceptions: a dataclass field never set, a released memoryview --------------------
+
+
+@dataclasses.dataclass
+class Rollout:
+    reward: float
+    cached: int = dataclasses.field(init=False)  # filled in later, sometimes not
+
+
+@dataclasses.dataclass
+class RolloutRead:
+    reward: float
+    cached: int = dataclasses.field(init=False, default=-1)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("codec", ["msgpack", "json"])
+async def test_a_dataclass_field_never_set_is_left_out_as_msgspec_does(
+    tmp_path: Path, codec: str
+) -> None:
+    """send() raised AttributeError; msgspec and orjson write such a value without it."""
+    done = Rollout(2.0)
+    done.cached = 3
+    async with rlwire.open_sender(tmp_path, codec=codec) as sender:
+        await sender.send({"r": Rollout(1.0), "done": done, "rows": [Rollout(0.5)] * 2})
+    with rlwire.open_receiver(tmp_path, type=Any) as receiver:
+        got = receiver.receive(timeout=5)
+    assert got == {
+        "r": {"reward": 1.0},
+        "done": {"reward": 2.0, "cached": 3},
+        "rows": [{"reward": 0.5}] * 2,
+    }
+    # A typed read needs a default for it, as with msgspec itself.
+    assert msgspec.convert(got["r"], RolloutRead) == RolloutRead(1.0)
+
+
+def _released() -> memoryview:
+    view = memoryview(b"abc")
+    view.release()
+    return view
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("codec", ["msgpack", "json"])
+async def test_a_released_memoryview_is_an_encode_error_naming_its_path(
+    tmp_path: Path, codec: str
+) -> None:
+    """The msgpack codec raised a bare ValueError."""
+    places = [({"m": _released()}, "$.m"), (Tagged([1], tag=[0, _released()]), "$.tag[1]")]
+    async with rlwire.open_sender(tmp_path, codec=codec) as sender:
+        for message, path in places:
+            with pytest.raises(rlwire.EncodeError, match=re.escape(f"{path}: cannot encode mem")):
+                await sender.send(message)
     assert list(tmp_path.iterdir()) == []

@@ -123,10 +123,8 @@ class _Writer:
             if isinstance(obj, dict):
                 yield from self._entries([(k, k, v) for k, v in obj.items()], True, path, depth)
                 return
-            fields = dataclasses.fields(obj)
-            yield from self._entries(
-                [(f.name, f.name, getattr(obj, f.name)) for f in fields], True, path, depth
-            )
+            fields = child_items(obj) or ()  # a dataclass instance's
+            yield from self._entries([(k, k, v) for k, v in fields], True, path, depth)
             return
         self.out += self._dump(obj, path)
 

@@ -201,7 +201,7 @@ def _native(obj: Any, depth: int = 0) -> Any:
         new = _native(built, depth + 1)
         return obj if new is built else new
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+        fields = dict(child_items(obj) or ())
         new = _native(fields, depth + 1)
         return obj if new is fields else new
     if isinstance(obj, dict):
@@ -219,7 +219,9 @@ def child_items(obj: Any) -> Iterable[tuple[str | int, Any]] | None:
     if isinstance(obj, msgspec.Struct):
         return ((name, getattr(obj, name)) for name in obj.__struct_fields__)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return ((f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj))
+        # A field never set (field(init=False) left unassigned) is left out, as orjson does.
+        fields = dataclasses.fields(obj)
+        return ((f.name, getattr(obj, f.name)) for f in fields if hasattr(obj, f.name))
     if isinstance(obj, dict):
         return obj.items()
     if isinstance(obj, list | tuple):

@@ -137,8 +137,7 @@ class Encoding:
         if isinstance(obj, bytes | bytearray | memoryview):
             return self.sent.bytes_value(obj, path, side)
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-            return (yield from self.mapping(fields, path, side))
+            return (yield from self.mapping(_dataclass_fields(obj), path, side))
         if isinstance(obj, dict | list | tuple):
             raise EncodeError(
                 f"{render_path(path)}: subclasses of dict, list and tuple "
@@ -327,6 +326,20 @@ class Encoding:
         except (TypeError, ValueError, OverflowError) as exc:
             culprit = _find_unencodable(self.encoder, tree, path)
             raise EncodeError(f"{render_path(culprit)}: cannot encode: {exc}") from None
+
+
+def _dataclass_fields(obj: Any) -> dict[str, Any]:
+    """A dataclass instance's fields by name, as msgspec encodes it: a field never set
+    (``field(init=False)`` left unassigned) is left out."""
+    fields = {}
+    for field in dataclasses.fields(obj):
+        value = getattr(obj, field.name, _UNSET)
+        if value is not _UNSET:
+            fields[field.name] = value
+    return fields
+
+
+_UNSET: Any = object()
 
 
 def _scalar(obj: np.generic, path: KeyPath) -> Any:

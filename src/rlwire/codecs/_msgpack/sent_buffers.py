@@ -87,7 +87,10 @@ class SentBuffers:
     ) -> tuple[Any, int]:
         """``(what to encode in obj's place, its weight)``: an extension value when
         ``obj`` goes out of band, else ``obj`` itself."""
-        view = memoryview(obj)
+        try:
+            view = memoryview(obj)
+        except ValueError as exc:  # a released memoryview
+            raise EncodeError(f"{render_path(path)}: cannot encode memoryview: {exc}") from None
         if not view.contiguous:
             raise EncodeError(
                 f"{render_path(path)}: non-contiguous memoryview cannot be sent; "

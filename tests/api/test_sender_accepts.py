@@ -145,3 +145,39 @@ async def test_a_released_memoryview_is_an_encode_error_naming_its_path(
             with pytest.raises(rlwire.EncodeError, match=re.escape(f"{path}: cannot encode mem")):
                 await sender.send(message)
     assert list(tmp_path.iterdir()) == []
+
+
+# -- numpy datetime64 and timedelta64: refused, every unit, every place ----------------------
+
+# Nanosecond scalars, alone or as a Columns column, arrived as plain ints; other units
+# were refused. All are refused now, naming the path and the dtype.
+TIMES = [
+    np.datetime64("2020-01-01T00:00:00.123456789", "ns"),
+    np.datetime64("2020-01-01T00:00:00", "s"),
+    np.datetime64("2020-01-01", "D"),
+    np.datetime64("NaT", "ns"),
+    np.timedelta64(5, "ns"),
+    np.timedelta64(5, "D"),
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("value", TIMES, ids=lambda v: f"{v.dtype}={v}")
+async def test_datetime64_and_timedelta64_values_are_refused_with_msgpack(
+    tmp_path: Path, value: np.generic
+) -> None:
+    ids = np.arange(3)
+    places = [
+        ({"t": value}, "$.t", value.dtype),
+        ({"c": rlwire.Columns({"t": np.array([value, value])})}, "$.c.t[0]", value.dtype),
+        ({"rows": [{"a": ids, "t": value}] * 2}, "$.rows[0].t", value.dtype),
+        (Tagged([1], tag=[value]), "$.tag[0]", value.dtype),
+        ({"arr": np.array([value])}, "$.arr", np.array([value]).dtype),
+    ]
+    async with rlwire.open_sender(tmp_path) as sender:
+        for message, path, dtype in places:
+            with pytest.raises(rlwire.EncodeError) as info:
+                await sender.send(message)
+            assert f": {path}: numpy " in str(info.value), str(info.value)
+            assert f" {dtype} " in str(info.value), str(info.value)
+    assert list(tmp_path.iterdir()) == []

@@ -707,6 +707,11 @@ BAD_VALUES = {
     "object": object,
     "set-of-objects": lambda: {object(), object()},
     "datetime64-scalar": lambda: np.datetime64(1, "s"),
+    "datetime64[ns]-scalar": lambda: np.datetime64(1, "ns"),  # arrived as an int
+    "timedelta64[ns]-scalar": lambda: np.timedelta64(1, "ns"),  # arrived as an int
+    "raw": lambda: msgspec.Raw(b"1"),  # arrived as 49
+    "ext": lambda: Ext(2, mp(["<f8", [1], "C", bytes(8)])),  # arrived as an array
+    "released-memoryview": lambda: (view := memoryview(b"ab"), view.release())[0],
     "str_-scalar": lambda: np.str_("x"),
     "non-contiguous-memoryview": lambda: memoryview(b"abcdef")[::2],
     "function": lambda: lambda: None,

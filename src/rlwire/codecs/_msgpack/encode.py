@@ -35,7 +35,7 @@ from rlwire._core.ragged import Ragged
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire._frame.frame import Frame
 from rlwire.codecs._msgpack.extensions import EXT_CHUNKED_ARRAY, EXT_CHUNKED_MAP, ChunksRef
-from rlwire.codecs._msgpack.refused_values import REFUSED, refuse, walked_fields
+from rlwire.codecs._msgpack.refused_values import REFUSED, refuse, scalar, walked_fields
 from rlwire.codecs._msgpack.sent_buffers import SentBuffers
 from rlwire.codecs._msgpack.sent_columns import list_as_columns, packed_value
 from rlwire.codecs._registry import Check
@@ -148,7 +148,7 @@ class Encoding:
     def leaf(self, obj: Any, path: KeyPath) -> Any:
         """What to encode in place of ``obj``, a value the walk does not look into."""
         if isinstance(obj, np.generic):
-            return _scalar(obj, path)
+            return scalar(obj, path)
         if isinstance(obj, REFUSED):
             if self.again:
                 return obj
@@ -340,17 +340,6 @@ def _dataclass_fields(obj: Any) -> dict[str, Any]:
 
 
 _UNSET: Any = object()
-
-
-def _scalar(obj: np.generic, path: KeyPath) -> Any:
-    value = obj.item()
-    if type(value) not in (bool, int, float):
-        raise EncodeError(
-            f"{render_path(path)}: numpy scalar of dtype {obj.dtype} has no plain number "
-            "equivalent"
-            + ("; send it as a 0-d array (np.asarray(value))" if obj.dtype.kind in "biufc" else "")
-        )
-    return value
 
 
 def _find_unencodable(encoder: msgspec.msgpack.Encoder, tree: Any, path: KeyPath) -> KeyPath:

@@ -8,6 +8,11 @@ a Struct it looks for them.
   only rlwire's own types (1-7, :mod:`rlwire.codecs._msgpack.extensions`): any other code
   made a step every reader refused, and one of rlwire's read the user's payload as an
   array or a buffer.
+* A numpy ``datetime64`` or ``timedelta64`` scalar has no plain number equivalent: its
+  ``item()`` is an int for nanoseconds (it arrived as one, its unit and type lost, in a
+  :class:`~rlwire.Columns` column too) and a ``datetime`` or ``timedelta`` for coarser
+  units. Arrays of them are refused as every dtype but bool and numeric ones is
+  (:mod:`rlwire.codecs._msgpack.arrays`).
 
 Each is an :class:`~rlwire.EncodeError` naming its path, raised before anything is written.
 
@@ -17,20 +22,24 @@ Example:
     ...     ids: list[int]
     >>> walked_fields(Tagged)
     (('tags', True), ('ids', False))
+    >>> scalar(np.float32(0.5), None)
+    0.5
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import msgspec
 import msgspec.inspect as mi
+import numpy as np
 
 from rlwire._core.errors import EncodeError
 from rlwire._core.paths import KeyPath, render_path
 from rlwire._core.types import buffer_fields, reachable
 
-__all__ = ["REFUSED", "refuse", "walked_fields"]
+__all__ = ["REFUSED", "refuse", "scalar", "walked_fields"]
 
 #: Types msgspec writes as they are, which the codec refuses (see :func:`refuse`).
 REFUSED = (msgspec.Raw, msgspec.msgpack.Ext)
@@ -70,3 +79,26 @@ def walked_fields(cls: type[msgspec.Struct]) -> tuple[tuple[str, bool], ...]:
         (name, may_hold or _may_hold_refused(field.type))
         for (name, may_hold), field in zip(fields, info.fields, strict=True)
     )
+
+
+def scalar(obj: np.generic, path: KeyPath) -> Any:
+    """The plain number (or bool) a numpy scalar found at ``path`` is sent as.
+
+    Raises:
+        EncodeError: it has none (datetime64, timedelta64, complex, strings, ...).
+    """
+    dtype = obj.dtype
+    if dtype.kind in "mM":
+        raise EncodeError(
+            f"{render_path(path)}: numpy {dtype} values are not supported (they would "
+            "arrive as plain ints or datetimes, their unit lost); send value.astype('int64') "
+            "and the unit beside it"
+        )
+    value = obj.item()
+    if type(value) not in (bool, int, float):
+        raise EncodeError(
+            f"{render_path(path)}: numpy scalar of dtype {dtype} has no plain number "
+            "equivalent"
+            + ("; send it as a 0-d array (np.asarray(value))" if dtype.kind in "biufc" else "")
+        )
+    return value

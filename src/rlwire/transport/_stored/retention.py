@@ -24,7 +24,14 @@ from rlwire.transport._stored.names import (
 )
 from rlwire.transport._stored.parts import MAX_SEAL_FILE_BYTES, parse_seal
 
-__all__ = ["RetainedSink", "held_back", "read_consumed", "sealed_ranks", "steps_to_prune"]
+__all__ = [
+    "RetainedSink",
+    "held_back",
+    "prune_steps",
+    "read_consumed",
+    "sealed_ranks",
+    "steps_to_prune",
+]
 
 
 def read_consumed(
@@ -127,6 +134,41 @@ def held_back(
         if kept:
             below = min(below, *kept)
     return below
+
+
+def prune_steps(
+    names: Sequence[str],
+    below: int,
+    read: Callable[[int, int], list[int | None]],
+    sealed_for: Callable[[int], int],
+    remove: Callable[[list[str]], None],
+    check: Callable[[int], None],
+) -> int:
+    """Delete the stored steps before ``below`` that :func:`held_back` lets go (``names``,
+    ``read`` and ``sealed_for`` as it takes them), by ``remove``, after ``check(below)``
+    (the fence) if there is any; returns the first step kept, as a sink's ``prune``.
+
+    Every step's main files go first (seals, main files, parts' and appended fields'
+    main files, oldest step first, in :func:`steps_to_prune`'s order), then the marks
+    are read again, then the sidecars of the steps they still let go. A trainer
+    restarted at a step lowers its mark before it reads anything, and reads a main file
+    before its sidecar: one that read a main file before it was deleted had lowered its
+    mark before this second read, which keeps the step's sidecars for it (a later prune
+    deletes them); one too late finds the main file gone (a step gap).
+    """
+    below = held_back(names, below, read, sealed_for)
+    steps = steps_to_prune(names, below)
+    if not steps:
+        return below
+    check(below)
+    for step in steps:
+        for batch in step[:2]:
+            remove(batch)
+    kept = held_back(names, below, read, sealed_for)
+    for step in steps_to_prune(names, kept):
+        if step[2]:
+            remove(step[2])
+    return kept
 
 
 def sealed_ranks(

@@ -37,7 +37,7 @@ from rlwire.transport._stored.names import (
 from rlwire.transport._stored.names import start_step as _start_step  # open's parameter
 from rlwire.transport._stored.parts import part_files, read_parts
 from rlwire.transport._stored.resumed import ReadSentTo, ResumedSink, orphan_sidecars, stored_widths
-from rlwire.transport._stored.retention import RetainedSink, held_back, steps_to_prune
+from rlwire.transport._stored.retention import RetainedSink, prune_steps
 from rlwire.transport._stored.translate import translate_errors
 
 __all__ = ["StoredSink", "StoredStaging", "translate_errors"]
@@ -258,15 +258,14 @@ class StoredSink(StoredFieldsSink, ResumedSink, RetainedSink, EndedSink, Sink):
             check_rewrite(data, on_existing, first, self.locate(REWRITE_NAME))
 
     def prune(self, below: int) -> int:
+        def check(below: int) -> None:
+            self.fence.check(f"delete the steps before step {below}")
+
         with self.errors("delete steps every rank consumed"):
             names = self.names()  # no step some rank holding files of it may still read
-            below = held_back(names, below, self.read_consumption, self.sealed_for)
-            batches = [batch for step in steps_to_prune(names, below) for batch in step]
-            if batches:
-                self.fence.check(f"delete the steps before step {below}")
-            for batch in batches:
-                self.remove(batch)
-        return below  # steps from the first some rank holding files of it holds back
+            return prune_steps(
+                names, below, self.read_consumption, self.sealed_for, self.remove, check
+            )
 
     def stage(self, step: int, frames: Sequence[PendingFrame]) -> Sliced[Staged]:
         if step == self.unsealed_step:

@@ -16,7 +16,7 @@ Example:
     ...     input_ids: list[int]
     ...     routed_experts: bytes | None = None
     >>> buffer_fields(Sample)
-    (('input_ids', False), ('routed_experts', True))
+    (('input_ids', 'input_ids', False), ('routed_experts', 'routed_experts', True))
     >>> child_annotation(Sample, "input_ids", dict)
     list[int]
     >>> [(step, type(t).__name__) for step, t in children(mi.type_info(dict[str, list[int]]))]
@@ -124,19 +124,21 @@ def _may_hold_buffer(t: mi.Type) -> bool:
 
 
 @functools.cache
-def buffer_fields(cls: type[msgspec.Struct]) -> tuple[tuple[str, bool], ...]:
-    """``(attribute name, may hold a buffer)`` for each field of ``cls``, in order.
+def buffer_fields(cls: type[msgspec.Struct]) -> tuple[tuple[str, str, bool], ...]:
+    """``(attribute name, encoded name, may hold a buffer)`` for each field of ``cls``,
+    in order (the two names differ for a field renamed by ``field(name=...)`` or the
+    Struct's ``rename=``).
 
     A type msgspec cannot inspect (an unresolvable forward reference, say) is walked in
     full: every field says True.
     """
-    names = cls.__struct_fields__
+    names = zip(cls.__struct_fields__, cls.__struct_encode_fields__, strict=True)
     try:
         info = mi.type_info(cls)
     except Exception:  # msgspec raises several types for annotations it cannot resolve
-        return tuple((name, True) for name in names)
+        return tuple((name, encoded, True) for name, encoded in names)
     assert isinstance(info, mi.StructType)
-    return tuple((f.name, _may_hold_buffer(f.type)) for f in info.fields)
+    return tuple((f.name, f.encode_name, _may_hold_buffer(f.type)) for f in info.fields)
 
 
 @functools.cache

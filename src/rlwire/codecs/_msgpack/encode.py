@@ -168,13 +168,11 @@ class Encoding:
             self.check(obj, render_path(path))
             yield from self.tick()
         entries: list[list[Any]] = []
-        for name, walked in walked_fields(type(obj)):
+        for name, encoded, walked in walked_fields(type(obj)):
             old = getattr(obj, name)
             # The annotation is a promise Python does not keep: look at what is there.
             if walked or isinstance(old, _WALKED):
-                named = name in self.sidecar_names
-                if named:
-                    self.matched.add(name)
+                named = self.named(name, encoded)
                 new, heft = yield from self.value(old, (path, name), side or named)
             else:
                 new, heft = old, weight(old)
@@ -189,12 +187,21 @@ class Encoding:
         yield from self.tick()
         return out, total
 
+    def named(self, name: Any, encoded: Any) -> bool:
+        """Whether a field or key is one of the sidecar names, by its attribute name or
+        its encoded name (a Struct's renamed field answers to both, alone or stored as a
+        column of a list); the names met are noted."""
+        named = False
+        for met in (name, encoded):
+            if met in self.sidecar_names:
+                self.matched.add(met)
+                named = True
+        return named
+
     def mapping(self, obj: dict[Any, Any], path: KeyPath, side: bool) -> Sliced[tuple[Any, int]]:
         entries: list[list[Any]] = []
         for key, item in obj.items():
-            named = key in self.sidecar_names
-            if named:
-                self.matched.add(key)
+            named = self.named(key, key)
             new, heft = yield from self.value(item, (path, key), side or named)
             entries.append([key, new, heft + 1])
             yield from self.tick()

@@ -65,8 +65,9 @@ def _may_hold_refused(t: mi.Type) -> bool:
 
 
 @functools.cache
-def walked_fields(cls: type[msgspec.Struct]) -> tuple[tuple[str, bool], ...]:
-    """``(attribute name, walked)`` for each field of ``cls``, in order: a field is walked
+def walked_fields(cls: type[msgspec.Struct]) -> tuple[tuple[str, str, bool], ...]:
+    """``(attribute name, encoded name, walked)`` for each field of ``cls``, in order
+    (:func:`~rlwire._core.types.buffer_fields`'s names): a field is walked
     when its annotation may hold a buffer (:func:`~rlwire._core.types.buffer_fields`) or a
     :data:`REFUSED` value at any depth (``list[msgspec.Raw]``, ``Ext | None``)."""
     fields = buffer_fields(cls)
@@ -76,8 +77,8 @@ def walked_fields(cls: type[msgspec.Struct]) -> tuple[tuple[str, bool], ...]:
         return fields
     assert isinstance(info, mi.StructType)
     return tuple(
-        (name, may_hold or _may_hold_refused(field.type))
-        for (name, may_hold), field in zip(fields, info.fields, strict=True)
+        (name, encoded, may_hold or _may_hold_refused(field.type))
+        for (name, encoded, may_hold), field in zip(fields, info.fields, strict=True)
     )
 
 

@@ -69,9 +69,9 @@ class Walker(Protocol):
 
     sent: SentBuffers
     encoder: msgspec.msgpack.Encoder
-    sidecar_names: frozenset[str]
-    matched: set[str]
     check: Callable[[Any, str], None] | None
+
+    def named(self, name: Any, encoded: Any) -> bool: ...
 
     def value(self, obj: Any, path: KeyPath, side: bool) -> Sliced[tuple[Any, int]]: ...
 
@@ -135,7 +135,7 @@ def _columns_value(w: Walker, columns: Columns, path: KeyPath, side: bool) -> Sl
     names = list(columns.names)
     encoded = []
     for name, column in columns.items():
-        where, on_side = (path, name), side or _named(w, name)
+        where, on_side = (path, name), side or w.named(name, name)
         if len(column) != len(columns):  # changed since the Columns was made
             raise SchemaError(
                 f"{render_path(where)}: has {len(column)} rows, the Columns {len(columns)}"
@@ -152,14 +152,6 @@ def _columns_value(w: Walker, columns: Columns, path: KeyPath, side: bool) -> Sl
     payload = [len(columns), ROWS_AS_MAPS, names, encoded]
     paths = [_item_of((path, name)) for name in names]
     return msgspec.msgpack.Ext(EXT_COLUMNS, _encoded(w, payload, paths))
-
-
-def _named(w: Walker, name: str) -> bool:
-    """Whether ``name`` is one of the sidecar names (noted as met if so)."""
-    if name in w.sidecar_names:
-        w.matched.add(name)
-        return True
-    return False
 
 
 def _one_array(column: np.ndarray) -> bool:
@@ -208,7 +200,7 @@ def list_as_columns(w: Walker, items: list[Any], path: KeyPath, side: bool) -> S
         for start in range(0, len(items), _LOOK_ROWS):
             values += map(get, items[start : start + _LOOK_ROWS])
             yield from w.tick()
-        on_side = side or _named(w, name)
+        on_side = side or w.named(key, name)  # a renamed field: either name
         value, held = yield from _column(w, values, _field_of(path, name), on_side)
         encoded.append(value)
         if type(stored) is dict:

@@ -17,6 +17,8 @@ Value rules (the same for the codec and JSON lines):
   written as ``null`` (orjson's and JavaScript's rule), so the output is valid JSON that
   any reader parses. They read back as ``None``; a ``null`` inside an array decoded into
   an ``np.ndarray`` field is a :class:`~rlwire.errors.DecodeError`.
+* An array holding no values whose JSON (a list per row) would take over 1 MiB, such
+  as one of shape ``(10**6, 0)``, is refused (:mod:`rlwire.codecs._json.numpy_text`).
 * Dict keys must be strings; integers must fit in 64 bits. Types orjson writes natively
   (``datetime``, ``UUID``, enums, datetime64 arrays, ...) are written as orjson writes them.
 """

@@ -30,6 +30,7 @@ import orjson
 
 from rlwire._core.errors import ConfigError, EncodeError
 from rlwire._core.paths import KeyPath, render_path
+from rlwire.codecs._json.numpy_text import array_text, hollow_problem, scalar_text
 
 __all__ = [
     "OPTION",
@@ -43,8 +44,8 @@ __all__ = [
     "type_name",
 ]
 
-#: orjson options for one JSON document: numpy arrays and scalars written natively.
-OPTION = orjson.OPT_SERIALIZE_NUMPY
+#: orjson options for one JSON document: none (numpy values go through the hook).
+OPTION = 0
 _ORJSON_DEPTH = 254  # orjson's nesting limit when encoding
 
 
@@ -167,20 +168,19 @@ def _default(obj: Any) -> Any:
     """orjson's ``default=`` hook: called for values orjson does not write itself."""
     if isinstance(obj, msgspec.Struct):
         return struct_plan(type(obj)).builtin(obj)
-    if isinstance(obj, np.ndarray):
-        problem = _array_problem(obj)
+    if isinstance(obj, np.ndarray):  # every array: see rlwire.codecs._json.numpy_text
+        problem = _array_problem(obj) or hollow_problem(obj)
         if problem is not None:
             raise TypeError(problem)
-        if obj.ndim == 0:
-            return obj[()]
-        if not obj.dtype.isnative:
-            obj = obj.astype(obj.dtype.newbyteorder("="))
-        return np.ascontiguousarray(obj)
+        return obj[()] if obj.ndim == 0 else array_text(obj)
     if isinstance(obj, bytes | bytearray | memoryview):
         return base64.b64encode(obj).decode("ascii")
     if isinstance(obj, set | frozenset | tuple):  # tuple: subclasses such as NamedTuple
         return list(obj)
     if isinstance(obj, np.generic):
+        text = scalar_text(obj)
+        if text is not None:
+            return text
         raise TypeError(
             f"numpy scalar of dtype {obj.dtype} has no JSON equivalent"
             + ("; convert it with float() first" if obj.dtype.kind == "f" else "")

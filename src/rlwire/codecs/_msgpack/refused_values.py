@@ -21,7 +21,7 @@ Example:
     ...     tags: list[msgspec.msgpack.Ext]
     ...     ids: list[int]
     >>> walked_fields(Tagged)
-    (('tags', True), ('ids', False))
+    (('tags', 'tags', True), ('ids', 'ids', False))
     >>> scalar(np.float32(0.5), None)
     0.5
 """

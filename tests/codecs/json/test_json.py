@@ -559,6 +559,21 @@ def test_self_containing_object_is_an_encode_error() -> None:
         JsonCodec(check=check_object).encode(loop)
 
 
+def test_a_value_holding_itself_twice_is_refused_at_once() -> None:
+    """A list holding itself twice (or one list twice at every level) made the refusal's
+    walk take time exponential in orjson's depth limit, 254: it never ended."""
+    loop: list[Any] = []
+    loop += [loop, loop]
+    shared: Any = [np.arange(3, dtype=">i4")]  # a non-native array: the slow path is taken
+    for _ in range(300):
+        shared = [shared, shared]
+    for obj in ({"x": loop}, {"x": shared}):
+        started = time.monotonic()
+        with pytest.raises(EncodeError, match="levels deep"):
+            codec.encode(obj)
+        assert time.monotonic() - started < 5
+
+
 # -- decode errors --------------------------------------------------------------------
 
 

@@ -28,12 +28,45 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-__all__ = ["HOLLOW_TEXT", "array_text", "hollow_problem", "hollow_text", "scalar_text"]
+__all__ = [
+    "HOLLOW_TEXT",
+    "array_problem",
+    "array_text",
+    "hollow_problem",
+    "hollow_text",
+    "scalar_text",
+]
 
 #: The most bytes of JSON text an array holding no values may take (some 350,000 empty
 #: lists).
 HOLLOW_TEXT = 1 << 20
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
+
+
+def array_problem(arr: np.ndarray) -> str | None:
+    """Why JSON cannot carry ``arr`` (its dtype, a masked array), or ``None``."""
+    if isinstance(arr, np.ma.MaskedArray):
+        return (
+            "numpy masked arrays are not supported: the mask would be lost and the masked "
+            "values written as data; write arr.filled(value) and the mask as arrays of "
+            "their own"
+        )
+    dtype = arr.dtype
+    if dtype.fields is None and dtype.subdtype is None:
+        if dtype.kind in "biuM" or (dtype.kind == "f" and dtype.itemsize <= 8):
+            return None
+        if dtype.kind == "f" or dtype.kind == "c":
+            return (
+                f"numpy arrays of dtype {dtype} are not supported (JSON numbers are "
+                "float64 at most and not complex); convert the array first, e.g. "
+                ".astype(np.float64)"
+            )
+    hint = (
+        " (object arrays would need pickle, which rlwire never uses)" if dtype.kind == "O" else ""
+    )
+    return (
+        f"numpy arrays of dtype {dtype} are not supported; only bool and numeric dtypes are{hint}"
+    )
 
 
 def array_text(arr: np.ndarray) -> orjson.Fragment:

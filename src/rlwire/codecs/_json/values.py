@@ -30,7 +30,7 @@ import orjson
 
 from rlwire._core.errors import ConfigError, EncodeError
 from rlwire._core.paths import KeyPath, render_path
-from rlwire.codecs._json.numpy_text import array_text, hollow_problem, scalar_text
+from rlwire.codecs._json.numpy_text import array_problem, array_text, hollow_problem, scalar_text
 
 __all__ = [
     "OPTION",
@@ -139,37 +139,12 @@ def struct_plan(cls: type[msgspec.Struct]) -> StructPlan:
 # -- values orjson does not write natively --------------------------------------------
 
 
-def _array_problem(arr: np.ndarray) -> str | None:
-    if isinstance(arr, np.ma.MaskedArray):
-        return (
-            "numpy masked arrays are not supported: the mask would be lost and the masked "
-            "values written as data; write arr.filled(value) and the mask as arrays of "
-            "their own"
-        )
-    dtype = arr.dtype
-    if dtype.fields is None and dtype.subdtype is None:
-        if dtype.kind in "biuM" or (dtype.kind == "f" and dtype.itemsize <= 8):
-            return None
-        if dtype.kind == "f" or dtype.kind == "c":
-            return (
-                f"numpy arrays of dtype {dtype} are not supported (JSON numbers are "
-                "float64 at most and not complex); convert the array first, e.g. "
-                ".astype(np.float64)"
-            )
-    hint = (
-        " (object arrays would need pickle, which rlwire never uses)" if dtype.kind == "O" else ""
-    )
-    return (
-        f"numpy arrays of dtype {dtype} are not supported; only bool and numeric dtypes are{hint}"
-    )
-
-
 def _default(obj: Any) -> Any:
     """orjson's ``default=`` hook: called for values orjson does not write itself."""
     if isinstance(obj, msgspec.Struct):
         return struct_plan(type(obj)).builtin(obj)
     if isinstance(obj, np.ndarray):  # every array: see rlwire.codecs._json.numpy_text
-        problem = _array_problem(obj) or hollow_problem(obj)
+        problem = array_problem(obj) or hollow_problem(obj)
         if problem is not None:
             raise TypeError(problem)
         return obj[()] if obj.ndim == 0 else array_text(obj)
@@ -188,28 +163,42 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot encode value of type {qualname(obj)}")
 
 
-def _native(obj: Any, depth: int = 0) -> Any:
+def _native(obj: Any, depth: int = 0, memo: dict[int, tuple[Any, Any]] | None = None) -> Any:
     """``obj`` with arrays orjson refuses outright (non-native byte order) replaced by
     native ones; ``obj`` itself when there are none. The slow path, taken only after
-    orjson failed."""
+    orjson failed. Each container is looked at once (``memo``: by id, the container
+    kept alive beside its answer): a value that holds one list twice at every level,
+    or that contains itself, took time exponential in its depth."""
     if depth > _ORJSON_DEPTH:
         return obj
     if isinstance(obj, np.ndarray):
-        return obj if obj.dtype.isnative or _array_problem(obj) else _default(obj)
+        return obj if obj.dtype.isnative or array_problem(obj) else _default(obj)
+    memo = {} if memo is None else memo
+    seen = memo.get(id(obj))
+    if seen is not None:
+        return seen[1]
+    memo[id(obj)] = (obj, obj)  # while it is looked at: itself, where it contains itself
+    new = _native_of(obj, depth, memo)
+    memo[id(obj)] = (obj, new)
+    return new
+
+
+def _native_of(obj: Any, depth: int, memo: dict[int, tuple[Any, Any]]) -> Any:
+    """:func:`_native` of ``obj``, not an array, once."""
     if isinstance(obj, msgspec.Struct):
         built = struct_plan(type(obj)).builtin(obj)
-        new = _native(built, depth + 1)
+        new = _native(built, depth + 1, memo)
         return obj if new is built else new
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         fields = dict(child_items(obj) or ())
-        new = _native(fields, depth + 1)
+        new = _native(fields, depth + 1, memo)
         return obj if new is fields else new
     if isinstance(obj, dict):
-        out = {k: _native(v, depth + 1) for k, v in obj.items()}
+        out = {k: _native(v, depth + 1, memo) for k, v in obj.items()}
         changed = any(out[k] is not v for k, v in obj.items())
         return out if changed else obj
     if isinstance(obj, list | tuple):
-        items = [_native(v, depth + 1) for v in obj]
+        items = [_native(v, depth + 1, memo) for v in obj]
         return items if any(a is not b for a, b in zip(items, obj, strict=True)) else obj
     return obj
 

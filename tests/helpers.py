@@ -8,6 +8,9 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -185,3 +188,23 @@ def plain_sample(n: int, experts: tuple[int, int] | None = None) -> rlwire.Train
         env_name="gsm8k",
         routed_experts=None if experts is None else np.ones((n, *experts), np.uint8),
     )
+
+
+@asynccontextmanager
+async def loop_gaps(every: float = 0.005) -> AsyncIterator[list[float]]:
+    """The gaps between the ticks of a task that sleeps ``every`` seconds on the running
+    event loop, for the time of the ``async with`` block: a stalled loop makes one long."""
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await anyio.sleep(every)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(tick)
+        yield gaps
+        tasks.cancel_scope.cancel()

@@ -8,15 +8,14 @@ import json
 import struct
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 import xxhash
 import zmq
+from helpers import loop_gaps
 
 import rlwire
 from rlwire.codecs import MsgpackCodec
@@ -185,22 +184,10 @@ async def test_discarding_a_packet_of_many_parts_keeps_the_loop_and_the_timeout(
         peer.handshake()
         peer.send(many_parts(MANY + 1))
         peer.send(message(0, 0))
-        gaps: list[float] = []
-
-        async def tick() -> None:
-            last = time.monotonic()
-            while True:
-                await anyio.sleep(0.005)
-                now = time.monotonic()
-                gaps.append(now - last)
-                last = now
-
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(tick)
+        async with loop_gaps() as gaps:
             with pytest.raises(rlwire.CorruptFrameError, match="65537 segments"):
                 await receiver.areceive(timeout=LONG)
             assert await receiver.areceive(timeout=LONG) == {"step": 0}
-            tasks.cancel_scope.cancel()
         assert gaps and max(gaps) < 0.5, max(gaps)
 
 

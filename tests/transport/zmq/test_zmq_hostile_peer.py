@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 import zmq
+from helpers import loop_gaps
 
 import rlwire
 from rlwire.transport.zmq._control import ACK, ready_packet
@@ -76,22 +76,10 @@ async def test_a_packet_of_many_parts_from_a_peer_is_ignored_and_the_loop_ticks_
             await sender.send({"step": 0})
             assert await receiver.areceive(timeout=LONG) == {"step": 0}
             hostile.send_many_then_ready(b"")
-            gaps: list[float] = []
-
-            async def tick() -> None:
-                last = time.monotonic()
-                while True:
-                    await anyio.sleep(0.005)
-                    now = time.monotonic()
-                    gaps.append(now - last)
-                    last = now
-
-            async with anyio.create_task_group() as tasks:
-                tasks.start_soon(tick)
+            async with loop_gaps() as gaps:
                 await anyio.sleep(0.05)  # ticking
                 await sender.send_ranks([{"step": 1}, {"step": 1, "rank": 1}])
                 await anyio.sleep(0.05)  # a tick after the last wait, to be measured
-                tasks.cancel_scope.cancel()
             assert gaps and max(gaps) < 0.5, max(gaps)
             assert await receiver.areceive(timeout=LONG) == {"step": 1}
             assert hostile.first_packet()[0].startswith(b"RLWZ")  # rank 1's data packet

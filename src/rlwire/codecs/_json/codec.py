@@ -19,7 +19,8 @@ Value rules (the same for the codec and JSON lines):
   an ``np.ndarray`` field is a :class:`~rlwire.errors.DecodeError`.
 * An array holding no values whose JSON (a list per row) would take over 1 MiB, such
   as one of shape ``(10**6, 0)``, is refused (:mod:`rlwire.codecs._json.numpy_text`).
-* Dict keys must be strings; integers must fit in 64 bits. Types orjson writes natively
+* Dict keys must be strings; integers must fit in 64 bits (read, integers of any size are
+  exact: :mod:`rlwire.codecs._json.parse`). Types orjson writes natively
   (``datetime``, ``UUID``, enums, datetime64 arrays, ...) are written as orjson writes them.
 """
 
@@ -39,6 +40,7 @@ from rlwire._core.paths import KeyPath, render_path
 from rlwire._core.slicing import Sliced, SliceTimer, run_sliced
 from rlwire._frame.frame import Frame
 from rlwire.codecs._json.cost import refuse_costly
+from rlwire.codecs._json.parse import parse
 from rlwire.codecs._json.values import (
     OPTION,
     child_items,
@@ -276,7 +278,7 @@ class JsonCodec:
             )
         refuse_costly(frame.header, frame.stored_nbytes, "header")
         try:
-            raw = orjson.loads(frame.header)
+            raw = parse(frame.header)
         except orjson.JSONDecodeError as exc:
             raise CorruptFrameError(f"header: malformed JSON: {exc}") from None
         try:

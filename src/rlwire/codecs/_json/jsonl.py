@@ -32,6 +32,7 @@ from rlwire.codecs._json.files import (
     check_binary,
     name_of,
 )
+from rlwire.codecs._json.parse import parse
 from rlwire.codecs._json.values import OPTION, convert, dumps, type_name
 
 __all__ = ["DEFAULT_MAX_LINE_BYTES", "adump_jsonl", "aload_jsonl", "dump_jsonl", "load_jsonl"]
@@ -293,7 +294,7 @@ class _LineReader:
         """The record on line ``self.lineno``; ``last``: the file ends without a newline."""
         refuse_costly(line, len(line), f"line {self.lineno}", self.name)
         try:
-            raw = orjson.loads(line)
+            raw = parse(line)
         except orjson.JSONDecodeError as exc:
             problem = (
                 "truncated: the file ends without a newline in the middle of a JSON "

@@ -311,6 +311,11 @@ def _number_array(obj: Any) -> np.ndarray:
                 "null), so the array cannot be rebuilt; decode without a type to see the "
                 "raw values"
             )
+        if arr.dtype.kind == "O" and any(type(x) is int for x in arr.ravel()):
+            raise ValueError(
+                "integer beyond 64 bits inside an array: no numpy dtype holds it exactly; "
+                "read it into list[int] (or without a type) to get it exactly"
+            )
         raise ValueError(
             f"expected an array of numbers, got array-like values of dtype {arr.dtype}"
         )

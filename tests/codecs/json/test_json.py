@@ -30,6 +30,7 @@ from rlwire import CorruptFrameError, DecodeError, EncodeError, Frame
 from rlwire._api.schema import check_object
 from rlwire.codecs import make_codec
 from rlwire.codecs._json.codec import JsonCodec
+from rlwire.codecs.jsonl import dump_jsonl
 from rlwire.errors import ConfigError, SchemaError
 
 SETTINGS = settings(
@@ -516,6 +517,11 @@ BAD_VALUES = {
     "complex-dtype": (lambda: np.ones(2, np.complex64), "dtype complex64"),
     "longdouble-dtype": (lambda: np.ones(2, np.longdouble), "are not supported"),
     "timedelta64": (lambda: np.array([1], dtype="m8[s]"), "timedelta64"),
+    "datetime64[ns]": (lambda: np.array([1, 2], "M8[ns]"), "numpy datetime64[ns] values"),
+    "datetime64[ns]-scalar": (lambda: np.datetime64(1, "ns"), "numpy datetime64[ns] values"),
+    "datetime64[ns]-0d": (lambda: np.array(1, "M8[ns]"), "numpy datetime64[ns] values"),
+    "datetime64[ps]": (lambda: np.array([1], "M8[ps]"), "microseconds at most"),
+    "NaT[ns]-scalar": (lambda: np.datetime64("NaT", "ns"), "numpy datetime64[ns] values"),
     "object": (object, "type object"),
     "function": (lambda: lambda: None, "type function"),
     "complex": (lambda: 1 + 2j, "type complex"),
@@ -548,6 +554,31 @@ def test_encode_errors_name_the_path_and_the_type(name: str) -> None:
         message = str(info.value)
         assert message.startswith(f"{path}: "), (path, message)
         assert what in message, message
+
+
+def test_datetime64_finer_than_microseconds_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """orjson writes a datetime64 to the microsecond: a datetime64[ns] arrived cut to
+    microseconds, without a word. Coarser units are written, exactly."""
+    ns = np.datetime64("2020-01-01T00:00:00.123456789", "ns")
+    big = np.full(100_000, ns)  # written a block of rows at a time
+    for obj, path in [({"t": [ns]}, "$.t[0]"), ({"a": [1, {"t": big}]}, "$.a[1].t")]:
+        with pytest.raises(EncodeError, match=re.escape(f"{path}: numpy datetime64[ns]")):
+            codec.encode(obj)
+        with pytest.raises(EncodeError, match=re.escape(f"record 0: {path}: numpy")):
+            dump_jsonl([obj], tmp_path / "r.jsonl")
+        with rlwire.open_sync_sender(tmp_path / "s", codec="json") as sender:
+            with pytest.raises(EncodeError, match=re.escape("astype('datetime64[us]')")):
+                sender.send(obj)
+            assert sender.next_step == 0
+    assert not (tmp_path / "r.jsonl").exists()
+    assert sorted(p.name for p in (tmp_path / "s").iterdir() if p.name.startswith("step")) == []
+    us = ns.astype("datetime64[us]")
+    assert json.loads(header({"t": us, "a": np.array([us])})) == {
+        "t": "2020-01-01T00:00:00.123456",
+        "a": ["2020-01-01T00:00:00.123456"],
+    }
 
 
 def test_self_containing_object_is_an_encode_error() -> None:

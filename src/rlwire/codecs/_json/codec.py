@@ -21,7 +21,9 @@ Value rules (the same for the codec and JSON lines):
   as one of shape ``(10**6, 0)``, is refused (:mod:`rlwire.codecs._json.numpy_text`).
 * Dict keys must be strings; integers must fit in 64 bits (read, integers of any size are
   exact: :mod:`rlwire.codecs._json.parse`). Types orjson writes natively
-  (``datetime``, ``UUID``, enums, datetime64 arrays, ...) are written as orjson writes them.
+  (``datetime``, ``UUID``, enums, datetime64 arrays, ...) are written as orjson writes them;
+  datetime64 values of units finer than microseconds (``ns``) are refused: orjson would
+  cut them to microseconds.
 """
 
 from __future__ import annotations

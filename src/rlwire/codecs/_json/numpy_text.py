@@ -13,6 +13,11 @@ list per value per axis: its text is bounded by its bytes), and hands the others
 the text orjson writes for them (:class:`orjson.Fragment`), unchanged. This costs about a
 microsecond per array or numpy scalar, and nothing for the rest of a document.
 
+orjson writes a ``datetime64`` as an ISO string of microseconds at most: the nanoseconds
+of a ``datetime64[ns]`` were cut off without a word. Units finer than microseconds are
+refused (:func:`datetime_problem`), arrays and scalars alike, as the msgpack codec
+refuses every ``datetime64``.
+
 Example:
     >>> import numpy as np, orjson
     >>> orjson.dumps({"a": array_text(np.arange(3).reshape(3, 1))})
@@ -25,6 +30,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import orjson
 
@@ -32,6 +39,7 @@ __all__ = [
     "HOLLOW_TEXT",
     "array_problem",
     "array_text",
+    "datetime_problem",
     "hollow_problem",
     "hollow_text",
     "scalar_text",
@@ -41,6 +49,7 @@ __all__ = [
 #: lists).
 HOLLOW_TEXT = 1 << 20
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
+_FINE_UNITS = frozenset(("ns", "ps", "fs", "as"))
 
 
 def array_problem(arr: np.ndarray) -> str | None:
@@ -53,8 +62,10 @@ def array_problem(arr: np.ndarray) -> str | None:
         )
     dtype = arr.dtype
     if dtype.fields is None and dtype.subdtype is None:
-        if dtype.kind in "biuM" or (dtype.kind == "f" and dtype.itemsize <= 8):
+        if dtype.kind in "biu" or (dtype.kind == "f" and dtype.itemsize <= 8):
             return None
+        if dtype.kind == "M":
+            return datetime_problem(dtype)
         if dtype.kind == "f" or dtype.kind == "c":
             return (
                 f"numpy arrays of dtype {dtype} are not supported (JSON numbers are "
@@ -69,6 +80,22 @@ def array_problem(arr: np.ndarray) -> str | None:
     )
 
 
+def datetime_problem(dtype: np.dtype[Any]) -> str | None:
+    """Why JSON cannot carry values of the datetime64 ``dtype``, or None: orjson writes
+    a datetime64 as an ISO string of microseconds at most, so it cut the digits of a
+    finer unit off, without a word (``datetime64[ns]``), or refused it (``ps``, ``fs``,
+    ``as``)."""
+    unit = np.datetime_data(dtype)[0]
+    if unit not in _FINE_UNITS:
+        return None
+    return (
+        f"numpy {dtype} values are not supported: JSON writes a datetime64 as an ISO string "
+        "of microseconds at most, so the finer digits would be lost; convert with "
+        f".astype('datetime64[us]') if microseconds suffice, or send .view(np.int64) (the "
+        f"{unit} since 1970)"
+    )
+
+
 def array_text(arr: np.ndarray) -> orjson.Fragment:
     """The JSON text orjson writes for ``arr`` (at least one dimension, a dtype it
     writes), in native byte order."""
@@ -77,12 +104,23 @@ def array_text(arr: np.ndarray) -> orjson.Fragment:
     return orjson.Fragment(orjson.dumps(np.ascontiguousarray(arr), option=_NUMPY))
 
 
-def scalar_text(value: np.generic) -> orjson.Fragment | None:
-    """The JSON text orjson writes for a numpy scalar, or None if it writes none."""
-    try:
-        return orjson.Fragment(orjson.dumps(value, option=_NUMPY))
-    except orjson.JSONEncodeError:
-        return None
+def scalar_text(value: np.generic) -> orjson.Fragment:
+    """The JSON text orjson writes for a numpy scalar.
+
+    Raises:
+        TypeError: JSON cannot carry it; the message says why.
+    """
+    dtype = value.dtype
+    problem = datetime_problem(dtype) if dtype.kind == "M" else None
+    if problem is None:
+        try:
+            return orjson.Fragment(orjson.dumps(value, option=_NUMPY))
+        except orjson.JSONEncodeError:
+            pass
+        problem = f"numpy scalar of dtype {dtype} has no JSON equivalent" + (
+            "; convert it with float() first" if dtype.kind == "f" else ""
+        )
+    raise TypeError(problem)
 
 
 def hollow_text(shape: tuple[int, ...]) -> int:

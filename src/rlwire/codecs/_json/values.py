@@ -153,13 +153,7 @@ def _default(obj: Any) -> Any:
     if isinstance(obj, set | frozenset | tuple):  # tuple: subclasses such as NamedTuple
         return list(obj)
     if isinstance(obj, np.generic):
-        text = scalar_text(obj)
-        if text is not None:
-            return text
-        raise TypeError(
-            f"numpy scalar of dtype {obj.dtype} has no JSON equivalent"
-            + ("; convert it with float() first" if obj.dtype.kind == "f" else "")
-        )
+        return scalar_text(obj)
     raise TypeError(f"cannot encode value of type {qualname(obj)}")
 
 

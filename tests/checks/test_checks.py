@@ -6,6 +6,7 @@ import dataclasses
 import math
 import re
 import sys
+from decimal import Decimal
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -185,6 +186,32 @@ def test_finite_leaves_ints_and_strings_alone() -> None:
     assert schema_error(checks, {"x": np.float32("nan")}) == (
         "$.x: nan is not finite ('x' is checked finite)"
     )
+
+
+class Priced(msgspec.Struct):
+    x: list[Decimal]
+
+
+def test_finite_refuses_a_decimal_nan_or_infinity(tmp_path: Path) -> None:
+    """A Decimal NaN passed `finite`: msgspec sends it as the string "NaN", and a receiver
+    typed Decimal gets Decimal('NaN'). max_value compares no Decimal, as it compares no
+    float."""
+    rlwire.Checks(max_value={"ids": 10}).validate({"ids": [Decimal(100)]})
+    checks = rlwire.Checks(finite=("x",))
+    checks.validate({"x": [Decimal("1.5"), Decimal("-0")]})
+    assert schema_error(checks, {"x": [Decimal(1), Decimal("NaN")]}) == (
+        "$.x[1]: Decimal('NaN') is not finite ('x' is checked finite)"
+    )
+    for bad in Decimal("sNaN"), Decimal("-Infinity"):
+        assert schema_error(checks, {"x": bad}) == (
+            f"$.x: {bad!r} is not finite ('x' is checked finite)"
+        )
+    rows = [Priced([Decimal(i)]) for i in range(5)] + [Priced([Decimal("Infinity")])]
+    assert schema_error(checks, {"rows": rows}).startswith("$.rows[5].x[0]: Decimal('Infinity')")
+    with rlwire.open_sync_sender(tmp_path, validate=checks) as sender:
+        with pytest.raises(rlwire.SchemaError, match=re.escape("$.x[0]: Decimal('NaN')")):
+            sender.send({"x": [Decimal("NaN")]})
+        assert sender.next_step == 0
 
 
 # -- dicts, nested lists, arrays ------------------------------------------------------------

@@ -53,16 +53,16 @@ class Checks:
 
     Args:
         finite: field names whose float values must be finite (no NaN, Inf or -Inf): a
-            float, a list or nested lists of floats, a float or complex array, or any of
-            these inside the field.
+            float (a ``Decimal`` too), a list or nested lists of floats, a float or
+            complex array, or any of these inside the field.
         same_length: groups of field names whose values must have equal ``len()`` within
             one object (the Struct, dataclass or dict that holds them); members of a
             group that are missing or ``None`` are left out. A group has at least two
             names.
         max_value: field name -> the largest integer allowed in that field (ints, an
             IntEnum's too, integer and bool arrays, nested lists of them). Only values
-            above the maximum are refused: negative values are not, and floats are not
-            compared.
+            above the maximum are refused: negative values are not, and floats (and
+            Decimals, float arrays) are not compared.
         check: an optional callable ``check(obj) -> None`` called with the whole object
             after the rules above have passed, which raises to refuse it. An Exception
             other than an :class:`~rlwire.RlwireError` becomes a

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from decimal import Decimal
 from typing import Any, Final
 
 import msgspec
@@ -31,6 +32,7 @@ from rlwire._core.ragged import Ragged, ragged_problem
 from rlwire._core.slicing import Sliced
 
 __all__ = [
+    "SCALARS",
     "Place",
     "at",
     "by_row",
@@ -47,6 +49,10 @@ __all__ = [
 #: Elements per block of an array (numpy releases the GIL while it scans); bounds the
 #: temporary bool array too.
 _ARRAY_BLOCK: Final = 1 << 18
+
+#: The scalars :func:`check_scalar` looks at besides Python's own numbers: numpy's, Decimals
+#: (which msgspec sends as strings, read back as Decimals), subclasses of int, float, complex.
+SCALARS: Final = (np.generic, int, float, complex, Decimal)
 
 #: Where an element of a scanned array is, given its index in that array.
 Place = Callable[[tuple[int, ...]], KeyPath]
@@ -168,11 +174,16 @@ def check_scalar(value: Any, path: KeyPath, rules: Rules) -> None:
 
 def _check_number(value: Any, path: KeyPath, rules: Rules) -> None:
     """:func:`check_scalar` of a complex, a numpy float (``.item()`` of a long double is
-    itself), or a subclass of int or float: an IntEnum or a float Enum, which msgspec
-    sends as the number it is."""
+    itself), a subclass of int or float (an IntEnum or a float Enum, which msgspec sends
+    as the number it is), or a Decimal: ``finite`` refuses a NaN or infinite one (it
+    arrives as a Decimal NaN where the field is typed so); ``max_value`` does not compare
+    it, as it compares no floats."""
     if isinstance(value, int):
         if rules.limit_name is not None and value > rules.limit:
             _fail_max(path, value, rules)
+    elif isinstance(value, Decimal):
+        if rules.finite is not None and not value.is_finite():
+            _fail_finite(path, value, rules)
     elif (
         rules.finite is not None
         and isinstance(value, float | complex | np.inexact)

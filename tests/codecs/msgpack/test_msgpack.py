@@ -741,6 +741,19 @@ def test_encode_errors_name_the_exact_path(name: str) -> None:
         assert f"{path}:" in message, (path, message)
 
 
+def test_a_numpy_string_is_refused_as_a_string() -> None:
+    """A np.str_ was refused as "a numpy scalar of dtype <U2 with no plain number
+    equivalent": it is a string, and str(value) sends it."""
+    for obj in (np.str_("ab"), np.array(["ab"])[0]):
+        for tree, path in _nestings(obj):
+            with pytest.raises(EncodeError) as info:
+                MsgpackCodec().encode(tree)
+            assert str(info.value) == (
+                f"{path}: numpy str_ values (dtype <U2) are not supported: numpy scalars "
+                "are sent as plain numbers; send str(value)"
+            )
+
+
 def test_encode_error_is_a_rlwire_error() -> None:
     assert issubclass(EncodeError, RlwireError)
     assert issubclass(EncodeError, TypeError)

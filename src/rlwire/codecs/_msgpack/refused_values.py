@@ -86,7 +86,10 @@ def scalar(obj: np.generic, path: KeyPath) -> Any:
     """The plain number (or bool) a numpy scalar found at ``path`` is sent as.
 
     Raises:
-        EncodeError: it has none (datetime64, timedelta64, complex, strings, ...).
+        EncodeError: it has none (datetime64, timedelta64, complex, strings, ...); for a
+            string (``np.str_``, ``np.bytes_``) the message says so, not that it has no
+            number: it named a string "a numpy scalar of dtype <U2 with no plain number
+            equivalent".
     """
     dtype = obj.dtype
     if dtype.kind in "mM":
@@ -94,6 +97,12 @@ def scalar(obj: np.generic, path: KeyPath) -> Any:
             f"{render_path(path)}: numpy {dtype} values are not supported (they would "
             "arrive as plain ints or datetimes, their unit lost); send value.astype('int64') "
             "and the unit beside it"
+        )
+    if dtype.kind in "US":
+        plain = "str" if dtype.kind == "U" else "bytes"
+        raise EncodeError(
+            f"{render_path(path)}: numpy {type(obj).__name__} values (dtype {dtype}) are not "
+            f"supported: numpy scalars are sent as plain numbers; send {plain}(value)"
         )
     value = obj.item()
     if type(value) not in (bool, int, float):

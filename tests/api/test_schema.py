@@ -75,6 +75,22 @@ def test_invalid_sample(sample: rlwire.TrainingSample, match: str) -> None:
         sample.validate("samples[4]")
 
 
+def test_a_non_finite_ref_logprobs_is_named_among_the_fields_that_must_be_finite() -> None:
+    """A NaN in ref_logprobs, which is checked finite, was refused saying "logprobs,
+    advantages and temperatures must be finite", leaving ref_logprobs out."""
+    bad = _set(ref_logprobs=np.array([0.0] * 9 + [np.nan]))
+    told = (
+        "ref_logprobs: 1 non-finite value (NaN or Inf; first at token 9); "
+        "logprobs, advantages, ref_logprobs and temperatures must be finite"
+    )
+    with pytest.raises(rlwire.SchemaError) as info:
+        bad.validate("samples[4]")
+    assert str(info.value) == f"samples[4].{told}"
+    with pytest.raises(rlwire.SchemaError) as info:
+        check_rows([make_sample(10), bad], "$.samples")
+    assert str(info.value) == f"$.samples[1].{told}"
+
+
 def test_batch_errors_name_the_sample_index() -> None:
     bad = make_sample(10)
     bad.logprobs[7] = np.nan
@@ -164,7 +180,7 @@ def test_a_check_reading_the_codecs_columns_names_the_same_sample_and_token(
     late[1400].logprobs[tokens // 2] = np.nan  # in a later group of joined rows
     assert _error(lambda: check_beside_codec(late)) == (
         f"$.samples[1400].logprobs: 1 non-finite value (NaN or Inf; first at token "
-        f"{tokens // 2}); logprobs, advantages and temperatures must be finite"
+        f"{tokens // 2}); logprobs, advantages, ref_logprobs and temperatures must be finite"
     )
     check_beside_codec(good)
 

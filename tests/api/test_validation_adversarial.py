@@ -96,7 +96,7 @@ def test_a_packed_batch_names_the_first_sample_with_a_problem_as_its_list_does()
         == problem(packed(batch))
         == (
             "batch.samples[12].advantages: 1 non-finite value (NaN or Inf; first at token 5); "
-            "logprobs, advantages and temperatures must be finite"
+            "logprobs, advantages, ref_logprobs and temperatures must be finite"
         )
     )
 

@@ -28,6 +28,8 @@ __all__ = [
 
 _PER_TOKEN_FLOATS = ("logprobs", "temperatures", "advantages")
 _MUST_BE_FINITE = ("logprobs", "advantages", "ref_logprobs", "temperatures")
+#: As the non-finite message lists them (it listed three: ref_logprobs was left out).
+_FINITE_LISTED = f"{', '.join(_MUST_BE_FINITE[:-1])} and {_MUST_BE_FINITE[-1]}"
 _EXPERT_DTYPES = (np.uint8, np.uint16)
 #: The per-token fields, which a Columns holds as Ragged, or as a list where their rows
 #: differ in kind.
@@ -46,7 +48,7 @@ class TrainingSample(msgspec.Struct, kw_only=True, gc=False):
         temperatures: float sampling temperature per token (finite).
         advantages: float advantage per token (finite).
         env_name: the environment that produced the sample.
-        ref_logprobs: optional float log-probabilities from a reference policy.
+        ref_logprobs: optional float log-probabilities from a reference policy (finite).
         routed_experts: optional ``uint8``/``uint16`` array ``[seq_len, layers, topk]``
             of MoE expert ids chosen at rollout time (router replay).
         extras: any other arrays, by name.
@@ -391,5 +393,5 @@ def _check_finite(arr: np.ndarray, where: str) -> None:
     plural = "value" if len(bad) == 1 else "values"
     raise SchemaError(
         f"{where}: {len(bad)} non-finite {plural} (NaN or Inf; first at token "
-        f"{int(bad[0])}); logprobs, advantages and temperatures must be finite"
+        f"{int(bad[0])}); {_FINITE_LISTED} must be finite"
     )

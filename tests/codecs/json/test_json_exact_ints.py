@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 import numpy as np
+import orjson
 import pytest
 from depth import examples
 from hypothesis import HealthCheck, given, settings
@@ -78,6 +79,16 @@ def test_an_array_field_cannot_hold_one_and_says_why() -> None:
             codec.decode(Frame(text, codec="json"), type=dict[str, np.ndarray])
         with pytest.raises(DecodeError, match=r"line 1: .*beyond 64 bits"):
             list(load_jsonl(io.BytesIO(text), type=dict[str, np.ndarray]))
+    # Each fits in 64 bits, but int64 and uint64 together: numpy made them float64, rounded.
+    both = b'{"x": [[-1, 18446744073709551615]]}'
+    with pytest.raises(DecodeError, match=r"int64 and uint64 range together inside an array"):
+        codec.decode(Frame(both, codec="json"), type=dict[str, np.ndarray])
+    assert codec.decode(Frame(both, codec="json"), type=dict[str, list[list[int]]]) == {
+        "x": [[-1, 2**64 - 1]]
+    }
+    for text, dtype in ((b"[0, 18446744073709551615]", np.uint64), (b"[-1.5, 1e19]", np.float64)):
+        got = codec.decode(Frame(text, codec="json"), type=np.ndarray)
+        assert got.dtype == dtype and got.tolist() == orjson.loads(text)
 
 
 def test_malformed_documents_are_still_named_by_orjson() -> None:

@@ -319,6 +319,11 @@ def _number_array(obj: Any) -> np.ndarray:
             exact = np.array(obj, dtype=np.uint64)
             if np.array_equal(exact.astype(np.float64), arr):
                 arr = exact
+        if arr.dtype.kind == "f" and all(type(x) is int for x in np.array(obj, object).flat):
+            raise ValueError(  # negative ones beside ones above int64: float64 rounds them
+                "integers of int64 and uint64 range together inside an array: no numpy "
+                "dtype holds them exactly; read it into list[int] (or without a type)"
+            )
     return arr
 
 

@@ -33,7 +33,9 @@ class Chunked:
     A sender stores it as one array, the chunks written back to back; a receiver gets
     an ordinary numpy array (a view over the received memory), equal to
     ``np.concatenate(chunks)``. Keep the chunks unchanged until the step is sent, as
-    any array handed to ``send``.
+    any array handed to ``send``. Another thread may ``append`` meanwhile: the send
+    takes the chunks as they are at one moment, so a chunk appended during it is
+    wholly in that step or not at all.
 
     Args:
         chunks: chunks to start with (optional).

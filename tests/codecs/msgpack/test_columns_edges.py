@@ -4,6 +4,8 @@ fields fell back to list columns, validated as it is received as columns."""
 
 from __future__ import annotations
 
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +154,36 @@ def test_a_manifest_of_a_columns_value_the_decode_refuses_is_refused(
         MsgpackCodec().decode(frame, Any)
     with pytest.raises(rlwire.CorruptFrameError, match=message):
         MsgpackCodec().describe_columns(frame)
+
+
+def test_a_chunk_appended_while_the_chunked_is_encoded_is_in_the_bytes_and_shape_or_in_neither(
+    tmp_path: Path,
+) -> None:
+    """Another thread may append to a Chunked while a send encodes it. A chunk appended
+    between the encoder's read of the bytes and its read of the shape made the shape
+    larger than the bytes: the step was committed, and every receiver refused it
+    (``CorruptFrameError``). Here a chunk is appended each time the send reads the
+    Chunked's ``shape``, as such a thread could (a profile hook, in every thread)."""
+    chunked = Chunked([np.zeros((1, 4096), np.uint8)])  # out of band, not inline
+    reads = 0
+
+    def append(frame: Any, event: str, _: Any) -> None:
+        nonlocal reads
+        reading = event == "call" and frame.f_code.co_name == "shape"
+        if reading and frame.f_locals.get("self") is chunked:
+            reads += 1
+            chunked.append(np.full((1, 4096), reads, np.uint8))
+
+    sys.setprofile(append)
+    threading.setprofile(append)  # the sender's threads, started from here on
+    try:
+        with rlwire.open_sync_sender(tmp_path, validate=False) as sender:
+            sender.send({"x": chunked})
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+    with rlwire.open_receiver(tmp_path, type=dict) as receiver:
+        received = receiver.receive(timeout=10)["x"]
+    whole = chunked.to_array()
+    assert 1 <= len(received) <= len(whole)
+    np.testing.assert_array_equal(received, whole[: len(received)])

@@ -92,7 +92,7 @@ def packed_value(
     return (yield from _columns_value(w, obj, path, side))
 
 
-def _chunked_value(w: Walker, chunked: Chunked, path: KeyPath, side: bool) -> msgspec.msgpack.Ext:
+def _chunked_value(w: Walker, value: Chunked, path: KeyPath, side: bool) -> msgspec.msgpack.Ext:
     """A Chunked as one array: its chunks are the runs of one buffer (copied into one
     array only when the whole is small enough to go inline).
 
@@ -100,6 +100,11 @@ def _chunked_value(w: Walker, chunked: Chunked, path: KeyPath, side: bool) -> ms
         SchemaError: its list of chunks was changed directly since (a chunk of another
             dtype or trailing shape: its bytes would be read as the first's).
     """
+    # The chunks as they are now, read once: a chunk another thread appends meanwhile
+    # must be in both the bytes and the shape, or in neither (it made the shape larger
+    # than the bytes: a step every receiver refused).
+    chunked = Chunked(None)
+    chunked.chunks = list(value.chunks)
     problem = chunks_problem(chunked.chunks)
     if problem:
         raise SchemaError(f"{render_path(path)}: {problem} (the Chunked's chunks were changed)")

@@ -4,9 +4,10 @@ It records, per step and rank, the references of the step's objects (a main obje
 when the message has one, a sidecar object) and the checksums its commit brought (the
 sender hashes a step while Ray copies it in), which steps are committed, each rank's
 consumption mark and part mark (as a store's files record them) and the end of the
-stream. A step filled part by part has, per rank, its parts in commit order (each
-part's objects, key and cost) and, once closed, its seal (for each rank, its parts'
-keys and costs). Receivers wait on it (an
+stream (kept by a resumed open until its sender's first commit:
+:mod:`~rlwire.transport.ray._board_end`). A step filled part by part has, per rank, its
+parts in commit order (each part's objects, key and cost) and, once closed, its seal
+(for each rank, its parts' keys and costs). Receivers wait on it (an
 :class:`asyncio.Condition`, notified by every commit) instead of polling. Steps it
 deletes (``keep_last``, an overwrite, a truncate) lose their references, parts and
 seal included, so the object store frees their memory once no reader holds a view of
@@ -55,6 +56,7 @@ from rlwire.transport._stored.names import (
 )
 from rlwire.transport._stored.resumed import stored_widths
 from rlwire.transport._stored.retention import held_back
+from rlwire.transport.ray._board_end import EndingBoard
 from rlwire.transport.ray._board_fields import FieldsBoard
 from rlwire.transport.ray._board_parts import PartsBoard
 from rlwire.transport.ray._board_staged import Refs, counts, deleted, taken_over
@@ -67,7 +69,7 @@ def board_name(name: str) -> str:
     return f"rlwire-board:{name}"
 
 
-class Board(PartsBoard, FieldsBoard):
+class Board(PartsBoard, FieldsBoard, EndingBoard):
     """The state of one ``ray://NAME`` destination (see the module's docstring).
 
     Created through :func:`ray.remote` (``_actors`` does); callers use its methods'
@@ -91,7 +93,7 @@ class Board(PartsBoard, FieldsBoard):
         self.consumed: dict[int, int] = {}
         # rank -> (step, next part, the run of the parts before it)
         self.consumed_parts: dict[int, tuple[int, int, bytes]] = {}
-        self.end: int | None = None
+        self.end, self.end_kept = None, False  # the end of the stream (_board_end)
         self.epoch, self.opens = 0, {}  # the fence (_board_fence)
         self._changed: asyncio.Condition | None = None
 
@@ -171,8 +173,9 @@ class Board(PartsBoard, FieldsBoard):
                 step = max(step, self.end)  # a stream finished past its last step
         except RlwireError as exc:
             return (type(exc).__name__, exc.message)
+        self._keep_end(on_existing == "resume")  # until its first commit (_board_end)
         for batch in names_to_delete(names, on_existing, first):
-            self._delete(batch)
+            self._delete([name for name in batch if not (self.end_kept and name == END_NAME)])
         # What killed producers staged from the first step to send on can never commit
         # (the sender stages those steps anew): its objects go now. A producer still
         # alive (two on one destination) is told why at its next stage or commit.
@@ -240,6 +243,7 @@ class Board(PartsBoard, FieldsBoard):
             return ("open",)
         if sorted(staged) != list(range(ranks)):
             return ("missing",)
+        self._reopen_end()
         self.committed[step] = [staged[rank] for rank in range(ranks)]
         self.tokens[step] = key  # which commit this step is: a StepHandle names it
         if checksums is not None:
@@ -374,21 +378,6 @@ class Board(PartsBoard, FieldsBoard):
         self._drop_staged(lambda s: s < below, deleted)
         await self._notify()
         return None
-
-    async def finish(self, end: int, epoch: int | None = None) -> tuple[Any, ...]:
-        """Mark the end of the stream at ``end``: ``("ok",)``, or ``("open",)`` without
-        marking it when ``end`` is open part by part (a killed producer's step: its parts
-        would be read past the end), ``("fenced", why)`` when the sender, opened at
-        ``epoch``, is fenced off. ValueError: not a step, as :meth:`mark`."""
-        counts(end)
-        fenced = self._fenced(epoch, f"mark the end of the stream at step {end}")
-        if fenced is not None:
-            return fenced
-        if end in self.parts and end not in self.seals:
-            return ("open",)
-        self.end = end
-        await self._notify()
-        return ("ok",)
 
     async def steps(self) -> list[int]:
         """The steps holding anything committed (whole, parts or a seal), ascending."""

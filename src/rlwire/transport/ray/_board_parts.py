@@ -17,6 +17,7 @@ from typing import Any
 
 from ray import ObjectRef
 
+from rlwire.transport.ray._board_end import EndingBoard
 from rlwire.transport.ray._board_staged import Refs, StagingBoard, counts, resumed
 
 __all__ = ["PartKey", "PartsBoard"]
@@ -38,7 +39,7 @@ def _same_key(a: PartKey, b: PartKey) -> bool:
     return type(a) is type(b) and a == b  # 1 and "1" are different keys
 
 
-class PartsBoard(StagingBoard):
+class PartsBoard(StagingBoard, EndingBoard):
     """The parts and seals of a board; :class:`~rlwire.transport.ray._board.Board`
     holds the rest of the state and the helpers declared here."""
 
@@ -134,6 +135,7 @@ class PartsBoard(StagingBoard):
             return ("exists", why)
         if rank not in staged:
             return ("missing",)
+        self._reopen_end()
         if step not in self.parts:
             self.runs[step] = uuid.uuid4().hex
         self.parts.setdefault(step, {}).setdefault(rank, []).append(
@@ -195,6 +197,7 @@ class PartsBoard(StagingBoard):
                     "differs",
                     f"rank {rank} of step {step} has the parts {have}, the seal lists {listed}",
                 )
+        self._reopen_end()
         self.seals[step] = (keys, costs)
         self.tokens[step] = token
         self._free_staged(step)  # nothing staged can commit any more

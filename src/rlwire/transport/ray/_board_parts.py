@@ -39,6 +39,41 @@ def _same_key(a: PartKey, b: PartKey) -> bool:
     return type(a) is type(b) and a == b  # 1 and "1" are different keys
 
 
+#: How many differing parts a seal's ``("differs", why)`` names (it counts the rest).
+SHOWN = 3
+#: How many characters of a key's repr it shows: a key may be 1024 characters long.
+KEY_TEXT = 60
+
+
+def _key_text(keys: list[PartKey], index: int) -> str:
+    """The key at ``index`` of ``keys`` as a message shows it: its repr, cut at
+    :data:`KEY_TEXT` characters; "missing" past the end of ``keys``."""
+    if index >= len(keys):
+        return "missing"
+    text = repr(keys[index])
+    return text if len(text) <= KEY_TEXT else text[: KEY_TEXT - 3] + "..."
+
+
+def _differs(rank: int, step: int, have: list[PartKey], listed: list[PartKey]) -> str:
+    """Why a seal listing ``listed`` for rank ``rank`` of ``step`` does not match its
+    committed parts' keys ``have``: the counts, how many parts differ and the first
+    :data:`SHOWN` of them, in a message bounded whatever the number of parts."""
+    differ = [
+        i
+        for i in range(max(len(have), len(listed)))
+        if i >= len(have) or i >= len(listed) or not _same_key(have[i], listed[i])
+    ]
+    named = "; ".join(
+        f"part {i} is {_key_text(have, i)} on the board, {_key_text(listed, i)} in the seal"
+        for i in differ[:SHOWN]
+    )
+    more = f"; {len(differ) - SHOWN} more" if len(differ) > SHOWN else ""
+    return (
+        f"rank {rank} of step {step} has {len(have)} parts committed, the seal lists "
+        f"{len(listed)}: {len(differ)} parts differ ({named}{more})"
+    )
+
+
 class PartsBoard(StagingBoard, EndingBoard):
     """The parts and seals of a board; :class:`~rlwire.transport.ray._board.Board`
     holds the rest of the state and the helpers declared here."""
@@ -193,10 +228,7 @@ class PartsBoard(StagingBoard, EndingBoard):
             have = [p.key for p in ranks.get(rank, [])]
             listed = keys[rank] if rank < len(keys) else []
             if len(have) != len(listed) or not all(map(_same_key, have, listed)):
-                return (
-                    "differs",
-                    f"rank {rank} of step {step} has the parts {have}, the seal lists {listed}",
-                )
+                return ("differs", _differs(rank, step, have, listed))
         self._reopen_end()
         self.seals[step] = (keys, costs)
         self.tokens[step] = token

@@ -48,6 +48,7 @@ __all__ = [
     "find_board",
     "ray_errors",
     "submit",
+    "unanswered",
 ]
 
 
@@ -181,6 +182,14 @@ def answer_of(ref: ObjectRef[Any], where: str, action: str, timeout: float | Non
                 where=where,
             ) from exc.__cause__
         raise
+
+
+def unanswered(exc: BaseException) -> bool:
+    """Whether ``exc`` says the board did not answer in time (:func:`answer_of`): a
+    cleanup's call to it after that would wait as long again, for nothing."""
+    return isinstance(exc, TransportError) and isinstance(
+        exc.__cause__, ray.exceptions.GetTimeoutError | TimeoutError
+    )
 
 
 def create_board(name: str, *, namespace: str | None = None, detached: bool = False) -> BoardHandle:

@@ -224,7 +224,8 @@ class RayFieldsSink(FieldsSink):
             if answer[0] == "none":
                 raise ConfigError(f"add_fields: {answer[1]}", where=self.where)
             check_fence(answer, self.where)  # its sender opened, and another since
-        except BaseException:
+        except BaseException as exc:
+            staged.failed(exc)
             staged.discard()
             raise
         return staged

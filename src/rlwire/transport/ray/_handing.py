@@ -133,9 +133,14 @@ class HandingSink:
             )
         return answer
 
-    def _quiesce(self, handed: Handed) -> None:
+    def _quiesce(self, handed: Handed, silent: bool = False) -> None:
         """Wait for the board's answer to ``handed``, whatever it is (a failed send
-        discards what it staged once it is in)."""
+        discards what it staged once it is in); not when the board is ``silent`` (did
+        not answer another call in time: it would wait as long again), which only lets
+        go of the values the board did not pull."""
+        if silent:
+            withdraw(handed.rank_key)
+            return
         with contextlib.suppress(TransportError):
             self._answer(handed)
 

@@ -249,9 +249,10 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
                 del frame  # the board may still be pulling it: its memory stays as it is
             self._settle(step, handoffs)
             self._settle_prune()
-        except BaseException:
+        except BaseException as exc:
+            staged.failed(exc)
             for _, handoff in handoffs:
-                self._quiesce(handoff)
+                self._quiesce(handoff, staged.silent)
             staged.discard()
             raise
         staged.checksums = sums if self.checksum else None
@@ -320,7 +321,8 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
                 raise taken_over(answer, self.where)
             check_fence(answer, self.where)
             self._settle_prune()
-        except BaseException:
+        except BaseException as exc:
+            staged.failed(exc)
             staged.discard()
             raise
         return staged

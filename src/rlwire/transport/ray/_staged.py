@@ -11,7 +11,7 @@ from typing import Any
 from rlwire._core.errors import ClosedError, StepExistsError, TransportError
 from rlwire.transport._base import Staged
 from rlwire.transport._parts import PartInfo
-from rlwire.transport.ray._actors import BoardHandle, call
+from rlwire.transport.ray._actors import BoardHandle, call, submit, unanswered
 from rlwire.transport.ray._handover import withdraw
 
 __all__ = ["Fence", "RayStaged", "RayStagedPart", "check_fence", "open_step_error", "taken_over"]
@@ -51,9 +51,18 @@ class _Staged(Staged):
     """Staged under ``key`` on ``board`` by a sender that names ``fence`` in its calls;
     :meth:`_commit` makes it visible."""
 
+    #: Whether a call of its stage or commit found the board not answering in time: its
+    #: discard then asks the board without waiting for an answer (it would wait the
+    #: board's answer time again before the sender raised).
+    silent = False
+
     def __init__(self, board: BoardHandle, where: str, key: str, step: int, fence: Fence) -> None:
         self.board, self.where, self.key, self.step = board, where, key, step
         self.fence = fence
+
+    def failed(self, exc: BaseException) -> None:
+        """Note what its stage raised (:attr:`silent`), before it is discarded."""
+        self.silent = self.silent or unanswered(exc)
 
     def _commit(self, what: str, method: Any, *args: Any) -> tuple[Any, ...]:
         """Call the board's commit ``method`` (with ``args`` and the sender's fence); its
@@ -71,8 +80,9 @@ class _Staged(Staged):
             answer: tuple[Any, ...] = call(
                 method, *args, *self.fence, where=self.where, action=f"commit {what}"
             )
-        except TransportError:
+        except TransportError as exc:
             self.visible = None  # the board may have committed it before it failed
+            self.failed(exc)
             raise
         if answer[0] == "ok":
             self.visible = True
@@ -90,8 +100,12 @@ class _Staged(Staged):
     def _discard(self, ranks: range) -> None:
         for rank in ranks:
             withdraw(f"{self.key}.{rank}")
+        action = "discard a step"
         with contextlib.suppress(TransportError):  # a board that is gone holds nothing
-            call(self.board.discard, self.key, where=self.where, action="discard a step")
+            if self.silent:  # it runs the call once it answers again, if it does
+                submit(self.board.discard, self.key, where=self.where, action=action)
+            else:
+                call(self.board.discard, self.key, where=self.where, action=action)
 
 
 class RayStaged(_Staged):

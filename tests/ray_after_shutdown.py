@@ -1,10 +1,12 @@
 """A ``ray://`` sender and receivers used after ``ray.shutdown()``: a Ray cluster of its
 own (the test session's must stay up), started, used, and shut down while a receiver
-waits. Run as a script by tests/transport/ray/test_ray_after_shutdown.py; prints, as
-JSON, what each call raised and how long it took (``"hung"`` past :data:`LIMIT`)."""
+waits and a prune a failed send asked for is not waited for yet. Run as a script by
+tests/transport/ray/test_ray_after_shutdown.py; prints, as JSON, what each call raised
+and how long it took (``"hung"`` past :data:`LIMIT`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import numpy as np
 import ray
 from helpers import make_batch
 
@@ -63,9 +66,21 @@ def main(temp: str) -> dict[str, Any]:
     sender.send(make_batch(1, seed=0))
     receiver = rlwire.open_receiver(url)
     receiver.receive(timeout=30)
+    # A sender whose last send failed after it asked the board to delete the steps its
+    # rank moved past (keep_last): that prune is not waited for yet as Ray shuts down.
+    kept = rlwire.open_sync_sender(url + "-kept", keep_last=1)
+    with rlwire.open_receiver(url + "-kept") as consumer:
+        for seed in range(3):
+            kept.send(make_batch(1, seed=seed))
+            consumer.receive(timeout=30)
+    refused = make_batch(1, seed=3)
+    refused.samples[0].token_ids = np.array([object()], dtype=object)
+    with contextlib.suppress(rlwire.SchemaError):
+        kept.send(refused)
+    seen_prune = getattr(kept.sink, "_pruning", None) is not None
     waiting = rlwire.open_receiver(url, resume=True)  # at step 1, which never comes
     waiting.poll()
-    seen: dict[str, Any] = {}
+    seen: dict[str, Any] = {"prune pending": seen_prune}
     thread = threading.Thread(
         target=lambda: seen.update(waiting=outcome(lambda: waiting.receive(timeout=60)))
     )
@@ -84,6 +99,7 @@ def main(temp: str) -> dict[str, Any]:
             lambda b=backend: anyio.run(async_sender.send, make_batch(1), backend=b)  # type: ignore[misc]
         )
     seen["sender close"] = outcome(sender.close)
+    seen["sender close, a prune pending"] = outcome(kept.close)
     seen["async sender close"] = outcome(lambda: anyio.run(async_sender.aclose))
     seen["receiver close"] = outcome(receiver.close)
     return seen

@@ -385,7 +385,11 @@ class RaySink(HandingSink, RayFieldsSink, Sink):
         return StepHandle(self.name, space, step, rank, self._board_id, token)
 
     def close(self) -> None:
-        # A send that failed raised it already; a fenced sender's prune deleted nothing.
-        with contextlib.suppress(TransportError, ClosedError):
+        """Let go of the board, once a prune not waited for yet is answered. Nothing a
+        close does can lose a step (each send returned once its step was committed): after
+        ``ray.shutdown()`` it lets go of the prune too, and returns."""
+        # A send that failed raised it already; a fenced sender's prune deleted nothing;
+        # the ConfigError is Ray's shutdown (before the close, or during its wait).
+        with contextlib.suppress(TransportError, ClosedError, ConfigError):
             self._settle_prune()
         self._board = None

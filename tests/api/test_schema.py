@@ -176,13 +176,21 @@ def test_a_check_reading_the_codecs_columns_names_the_same_sample_and_token(
     alone = _error(lambda: check_rows(rows, "$.samples"))
     assert alone is not None and re.match(r"^\$\.samples\[17\]\." + match, alone)
     assert _error(lambda: check_beside_codec(rows)) == alone
+    check_beside_codec(good)
+
+
+@pytest.mark.parametrize("tokens", [10, 3000])
+def test_a_check_reading_a_later_group_of_joined_rows_names_its_sample_and_token(
+    tokens: int,
+) -> None:
+    """The same over many rows, the bad one in a later group of the rows the codec
+    joined (once, not for every case above: 1,500 samples each)."""
     late = [make_sample(tokens, routed=False) for _ in range(1500)]
-    late[1400].logprobs[tokens // 2] = np.nan  # in a later group of joined rows
+    late[1400].logprobs[tokens // 2] = np.nan
     assert _error(lambda: check_beside_codec(late)) == (
         f"$.samples[1400].logprobs: 1 non-finite value (NaN or Inf; first at token "
         f"{tokens // 2}); logprobs, advantages, ref_logprobs and temperatures must be finite"
     )
-    check_beside_codec(good)
 
 
 @pytest.mark.parametrize("tokens", [10, 3000])

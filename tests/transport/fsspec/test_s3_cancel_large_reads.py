@@ -24,8 +24,8 @@ pytestmark = pytest.mark.anyio
 
 
 def batch(tag: int) -> list[dict[str, Any]]:
-    # 20 MB of routed_experts in the sidecar: three ranged GETs of 8 MB.
-    experts = np.full((52_000, 48, 8), tag, np.uint8)
+    # 10 MB of routed_experts in the sidecar: two ranged GETs (8 MB, then the rest).
+    experts = np.full((26_000, 48, 8), tag, np.uint8)
     return [{"token_ids": np.arange(4) + tag, "routed_experts": experts}]
 
 

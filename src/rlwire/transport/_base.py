@@ -12,7 +12,7 @@ import anyio
 from anyio import CapacityLimiter, to_thread
 
 from rlwire._core.errors import ConfigError
-from rlwire._core.offload import offload
+from rlwire._core.offload import drive_sliced, offload
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
@@ -86,13 +86,16 @@ class Staged(abc.ABC):
         sink already cleaned up."""
 
     async def acommit(self, limiter: CapacityLimiter) -> None:
-        """What the sender awaits: :meth:`commit` in a worker thread, shielded so that
-        once it starts it finishes. Sinks whose commit waits on the network (a socket
-        applying backpressure) override this with a cancellable async version that sets
-        :attr:`visible` as soon as any rank may have received its message.
+        """What the sender awaits: :meth:`commit` in a worker thread, as one trip of
+        :func:`~rlwire._core.offload.drive_sliced`, so that once it starts it finishes
+        (a cancellation waits for it), save a read it makes before anything is visible
+        (S3's read of the fence), which gives up on a cancelled caller
+        (:func:`~rlwire._core.offload.abandoned`): the caller's cancellation is then
+        raised, nothing of the step visible. Sinks whose commit waits on the network (a
+        socket applying backpressure) override this with a cancellable async version
+        that sets :attr:`visible` as soon as any rank may have received its message.
         """
-        with anyio.CancelScope(shield=True):
-            await offload(self.commit, limiter=limiter)
+        await drive_sliced(_committing(self), limiter)
 
 
 class Sink(PartsSink, FieldsSink, abc.ABC):
@@ -354,3 +357,10 @@ class Source(PartsSource, FieldsSource, MarksSource, abc.ABC):
 
     def close(self) -> None:
         """Release resources. Sources that hold none need not override this."""
+
+
+def _committing(staged: Staged) -> Sliced[None]:
+    """``staged``'s :meth:`~Staged.commit` as one slice (:meth:`Staged.acommit`)."""
+    staged.commit()
+    return
+    yield  # a generator: a trip of drive_sliced

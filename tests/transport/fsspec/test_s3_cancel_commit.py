@@ -103,3 +103,23 @@ async def test_a_put(s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: 
             assert await writer.put(part, key="a") is False
         assert sender.next_step == 1
     assert took < 1.5, f"the cancelled put returned after {took:.1f} s"
+
+
+async def test_a_send_whose_checks_end_after_its_write(
+    s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: str
+) -> None:
+    """Checks still running when the write ends: the commit is a trip of its own after
+    them, and its read of the fence gives up on the cancelled send there too (it was
+    shielded: the send ended at botocore's read timeout, 4 s here)."""
+    options = through(s3_proxy)
+    slow = rlwire.Checks(check=lambda obj: time.sleep(0.3))
+    async with rlwire.open_sender(s3_url, storage_options=options, validate=slow) as sender:
+        assert await sender.send(batch(0)) == 0
+        took = await cancelled_at_the_fence(s3_proxy, lambda: sender.send(batch(1)))
+        assert sender.next_step == 1
+        assert keys(s3_endpoint, s3_url, 1) == []
+        assert await sender.send(batch(2)) == 1
+    assert took < 1.5, f"the cancelled send returned after {took:.1f} s"
+    async with rlwire.open_receiver(s3_url, storage_options=s3_endpoint, type=dict) as rx:
+        for tag in (0, 2):
+            assert (await rx.areceive(timeout=10))["x"].tolist() == batch(tag)["x"].tolist()

@@ -133,3 +133,29 @@ async def test_keep_last_reads_a_seal_of_many_parts_whole(
     with rlwire.open_receiver(url, start_step=0, storage_options=options) as receiver:
         with pytest.raises(rlwire.StepGapError):  # step 0 was pruned
             receiver.receive(timeout=10)
+
+
+async def test_keep_last_names_a_consumption_mark_of_gigabytes_by_its_size(
+    where: tuple[str, dict[str, Any]],
+) -> None:
+    """A sender with ``keep_last`` reads each rank's consumption mark: one of 4 GiB (a
+    sparse file; on S3 an object of 1 MiB) is refused by its size, which the message
+    gives (it said 'this one 4096', the bytes it had read)."""
+    url, options = where
+    async with rlwire.open_sender(url, keep_last=1, storage_options=options) as sender:
+        for _ in range(2):
+            await sender.send(make_batch(1))
+        name = "consumed.rank-0000.rlw"
+        if options:
+            size = 1 << 20
+            bucket, _, prefix = url.removeprefix("s3://").partition("/")
+            s3_client(options).put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=bytes(size))
+        else:
+            size = HUGE
+            with open(os.path.join(url, name), "wb") as file:
+                file.truncate(size)
+        with pytest.raises(rlwire.CorruptFrameError) as caught:
+            await sender.send(make_batch(1))
+    message = str(caught.value)
+    assert f"{url}/{name}" in message
+    assert f"a consumption mark is at most 16 bytes, this one {size}: not read" in message

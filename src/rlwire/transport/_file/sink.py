@@ -222,6 +222,12 @@ class FileSink(StoredSink):
         with os.fdopen(fd, "rb") as file:
             return file.read(size)
 
+    def size_of(self, name: str) -> int | None:
+        try:
+            return os.stat(self.root / name).st_size
+        except OSError:
+            return None
+
     def save(self, name: str, data: bytes) -> None:
         write_atomic(self.root / name, data, fsync=self.fsync, replace=not never_replaced(name))
 

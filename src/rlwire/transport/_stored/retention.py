@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol, cast
 
-from rlwire.transport._stored.marks import CONSUMED_MAGIC, parse_mark, too_long
+from rlwire.transport._stored.marks import CONSUMED_MAGIC, MARK_BYTES, parse_mark, too_long
 from rlwire.transport._stored.names import (
     FIELDS_RE,
     RANK_FILE_RE,
@@ -193,7 +193,6 @@ def sealed_ranks(
 class _Store(Protocol):
     """What of a :class:`~rlwire.transport._stored.sink.StoredSink` this module uses."""
 
-    def load(self, name: str) -> bytes | bytearray | memoryview | None: ...
     def load_head(self, name: str, size: int) -> bytes | bytearray | memoryview | None: ...
     def locate(self, name: str | None = None) -> str: ...
     def errors(
@@ -205,28 +204,44 @@ class RetainedSink:
     """The part of a stored sink that reads what :func:`held_back` asks: the ranks'
     consumption marks and the ranks a seal counts, each a small file."""
 
-    def _load(self, name: str) -> bytes | bytearray | memoryview | None:
+    def load_mark(self, name: str, limit: int, what: str) -> bytes | bytearray | memoryview | None:
+        """The file ``name``, a ``what`` (a mark, a seal) of at most ``limit`` bytes, or
+        ``None`` if it is not there: no more than ``limit + 1`` bytes of it read.
+
+        Raises:
+            CorruptFrameError: it is longer than ``limit``: named, with its size
+                (:meth:`size_of`), not read further.
+            TransportError: it cannot be read.
+        """
         store = cast(_Store, self)
         with store.errors("read", name):
-            return store.load(name)
+            data = store.load_head(name, limit + 1)
+            if data is not None and len(data) > limit:
+                raise too_long(what, self.size_of(name), limit, store.locate(name))
+        return data
+
+    def size_of(self, name: str) -> int | None:
+        """The size of the file ``name`` (``None``: not known, or gone), for the message
+        of :meth:`load_mark`; stores that can tell it cheaply say."""
+        return None
 
     def read_consumption(self, ranks: int, sent: int) -> list[int | None]:
-        """The marks of ranks ``0..ranks-1``, as :func:`read_consumed` reads them."""
-        return read_consumed(self._load, cast(_Store, self).locate, ranks, sent)
+        """The marks of ranks ``0..ranks-1``, as :func:`read_consumed` reads them; a
+        file at a mark's name longer than a mark is refused by its size (it was read
+        up to 4096 bytes, and a 4 GiB one named as 4096 bytes long)."""
+
+        def load(name: str) -> bytes | bytearray | memoryview | None:
+            return self.load_mark(name, MARK_BYTES, "consumption mark")
+
+        return read_consumed(load, cast(_Store, self).locate, ranks, sent)
 
     def sealed_for(self, step: int) -> int:
         """How many ranks the seal of ``step`` counts (0: gone), as :func:`sealed_ranks`
-        reads it."""
-        return sealed_ranks(self._load_seal, cast(_Store, self).locate, step)
+        reads it: whole up to the largest a reader accepts (a seal of many parts read
+        as far as a mark was cut short, taken for garbled, and every send of a sender
+        with ``keep_last`` after it raised)."""
 
-    def _load_seal(self, name: str) -> bytes | bytearray | memoryview | None:
-        """The seal ``name``, read whole up to the largest a reader accepts (the sink's
-        ``load`` reads no more than a mark can be: a seal of many parts was cut
-        short, taken for garbled, and every send of a sender with ``keep_last`` after it
-        raised)."""
-        store = cast(_Store, self)
-        with store.errors("read", name):
-            data = store.load_head(name, MAX_SEAL_FILE_BYTES + 1)
-        if data is not None and len(data) > MAX_SEAL_FILE_BYTES:
-            raise too_long("seal", None, MAX_SEAL_FILE_BYTES, store.locate(name))
-        return data
+        def load(name: str) -> bytes | bytearray | memoryview | None:
+            return self.load_mark(name, MAX_SEAL_FILE_BYTES, "seal")
+
+        return sealed_ranks(load, cast(_Store, self).locate, step)

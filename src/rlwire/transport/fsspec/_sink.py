@@ -154,6 +154,10 @@ class FsspecSink(StoredSink):
         store = self._conn.get()
         return store.head(store.path(name), size)
 
+    def size_of(self, name: str) -> int | None:
+        store = self._conn.get()
+        return store.size(store.path(name))
+
     def load_heads(self, names: Sequence[str], size: int) -> list[bytes | Exception | None]:
         store = self._conn.get()
         return store.heads([store.path(name) for name in names], size)

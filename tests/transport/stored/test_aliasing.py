@@ -134,7 +134,7 @@ def test_overlapping_buffers_are_corrupt(
     edit_envelope(path, offsets=np.array([base + first, base + second], U64).tobytes())
     data = memoryview(path.read_bytes())
     with pytest.raises(CorruptFrameError, match=message):
-        parse_main(data, step=0, rank=0, load_sidecar=lambda: data[:0], where="m", verify=False)
+        parse_main(data, step=0, rank=0, load_sidecar=lambda _: data[:0], where="m", verify=False)
 
 
 def test_a_buffer_over_the_envelope_is_corrupt(tmp_path: Path) -> None:
@@ -143,12 +143,12 @@ def test_a_buffer_over_the_envelope_is_corrupt(tmp_path: Path) -> None:
     edit_envelope(path, offsets=np.array([8], U64).tobytes())
     data = memoryview(path.read_bytes())
     with pytest.raises(CorruptFrameError, match="lays the prelude and envelope and buffer 0"):
-        parse_main(data, step=0, rank=0, load_sidecar=lambda: data[:0], where="m", verify=False)
+        parse_main(data, step=0, rank=0, load_sidecar=lambda _: data[:0], where="m", verify=False)
 
 
 def test_stored_size_counts_each_stored_byte_once(tmp_path: Path) -> None:
     frame = Frame(b"h", (memoryview(b"a" * 100), memoryview(b""), memoryview(b"b" * 7)))
     path = write(tmp_path, frame)
     data = memoryview(path.read_bytes())
-    got = parse_main(data, step=0, rank=0, load_sidecar=lambda: data[:0], where="m")
+    got = parse_main(data, step=0, rank=0, load_sidecar=lambda _: data[:0], where="m")
     assert got.stored_nbytes == data.nbytes

@@ -61,7 +61,7 @@ def parse(
     rank: int = RANK,
     calls: list[int] | None = None,
 ) -> Frame:
-    def load_sidecar() -> memoryview:
+    def load_sidecar(size: int) -> memoryview:
         if calls is not None:
             calls.append(1)
         if side is None:
@@ -844,7 +844,7 @@ def test_flipped_segment_byte_names_step_rank_and_segment(segment: int) -> None:
         memoryview(data[0]),
         step=STEP,
         rank=RANK,
-        load_sidecar=lambda: memoryview(data[1]),
+        load_sidecar=lambda _: memoryview(data[1]),
         where="msg",
         verify=False,
     )
@@ -992,7 +992,7 @@ def test_unknown_checksum_algorithm() -> None:
         memoryview(data),
         step=STEP,
         rank=RANK,
-        load_sidecar=lambda: memoryview(side),
+        load_sidecar=lambda _: memoryview(side),
         where="msg",
         verify=False,
     )

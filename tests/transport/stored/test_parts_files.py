@@ -50,7 +50,7 @@ def test_a_part_is_a_message_under_its_own_name_with_its_key(tmp_path: Path) -> 
     assert source.read_part(4, 1) is None and source.read_seal(4) is None
     with pytest.raises(CorruptFrameError, match="holds part 0, not a whole step"):
         parse_main(
-            memoryview(data), step=4, rank=1, load_sidecar=lambda: memoryview(b""), where="p"
+            memoryview(data), step=4, rank=1, load_sidecar=lambda _: memoryview(b""), where="p"
         )
     os.rename(tmp_path / part_name(4, 1, 0), tmp_path / part_name(4, 1, 1))
     with pytest.raises(CorruptFrameError, match="holds part 0 of rank 1, expected part 1"):

@@ -115,7 +115,7 @@ def test_runs_are_consecutive_chunks_of_one_segment_with_no_padding_between() ->
     main = b"".join(bytes(c) for c in layout.main)
     side = b"".join(bytes(c) for c in layout.sidecar)
     got = parse_main(
-        memoryview(main), step=0, rank=0, load_sidecar=lambda: memoryview(side), where="t"
+        memoryview(main), step=0, rank=0, load_sidecar=lambda _: memoryview(side), where="t"
     )
     assert [bytes(b) for b in got.buffers] == [bytes(b) for b in joined(frame).buffers]  # type: ignore[arg-type]
 

@@ -298,7 +298,7 @@ class StoredFieldsSink(FieldsSink):
                     data,
                     step=step,
                     rank=rank,
-                    load_sidecar=lambda side=side: _whole_side(store, side),  # type: ignore[misc]
+                    load_sidecar=lambda _, side=side: _whole_side(store, side),  # type: ignore[misc]
                     where=store.locate(name),
                 )
             )

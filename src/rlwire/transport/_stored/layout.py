@@ -266,7 +266,7 @@ def parse_main(
     *,
     step: int,
     rank: int,
-    load_sidecar: Callable[[], memoryview],
+    load_sidecar: Callable[[int], memoryview],
     where: str,
     verify: bool = True,
 ) -> Frame:
@@ -276,7 +276,7 @@ def parse_main(
         data: the whole main file.
         step: the step the caller expects the message to hold.
         rank: the rank the caller expects it to be for.
-        load_sidecar: returns the whole sidecar file; called only if the message has one.
+        load_sidecar: the whole sidecar file, given its size; called only if it has one.
         where: names the message in error messages (a path or URL).
         verify: check the checksum of every segment (the envelope's is always checked).
 
@@ -302,7 +302,7 @@ def _parse(
     data: memoryview,
     step: int,
     rank: int,
-    load_sidecar: Callable[[], memoryview],
+    load_sidecar: Callable[[int], memoryview],
     where: str,
     verify: bool,
 ) -> Frame:
@@ -316,7 +316,7 @@ def _parse(
     files, offsets, lengths = checked_table(env, data.nbytes, head_end, where)
     sidecar = data[:0]
     if (files == SIDECAR).any():
-        sidecar = load_sidecar()
+        sidecar = load_sidecar(env.sidecar_size or 0)
         _check_sidecar(sidecar, env.id, env.sidecar_size or 0, where)
     stored = data.nbytes + sidecar.nbytes
     views = (data, sidecar)

@@ -174,7 +174,7 @@ def parse_part(
     step: int,
     rank: int,
     index: int,
-    load_sidecar: Callable[[], memoryview],
+    load_sidecar: Callable[[int], memoryview],
     where: str,
     verify: bool = True,
 ) -> tuple[PartInfo, Frame]:

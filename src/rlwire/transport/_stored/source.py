@@ -87,6 +87,12 @@ class StoredSource(StoredFieldsSource, Source):
             TransportError: the file cannot be read.
         """
 
+    def load_sidecar(self, name: str, size: int) -> memoryview | None:
+        """The whole sidecar ``name``, which its main file's envelope says is ``size``
+        bytes, as :meth:`load` reads it; stores that learn a file's size before they
+        read it all (S3) refuse one of another size unread (``CorruptFrameError``)."""
+        return self.load(name)
+
     def load_mark(self, name: str, limit: int, what: str) -> memoryview | bytes | None:
         """The file called ``name``, a ``what`` (a mark, a seal) of at most ``limit``
         bytes, or ``None`` if it does not exist. By default :meth:`load`, then its size
@@ -325,9 +331,9 @@ class StoredSource(StoredFieldsSource, Source):
 
         return open_sidecar
 
-    def _sidecar_loader(self, side: str, main: str | None = None) -> Callable[[], memoryview]:
-        def load_sidecar() -> memoryview:
-            view = self.load(side)
+    def _sidecar_loader(self, side: str, main: str | None = None) -> Callable[[int], memoryview]:
+        def load_sidecar(size: int) -> memoryview:
+            view = self.load_sidecar(side, size)
             if view is None:
                 if main is not None and self.open_head(main) is None:
                     # The main file went too, after it was opened: the message was

@@ -41,7 +41,7 @@ class GenericStore(Store):
     def staging(self, *, part_bytes: int, max_concurrency: int | None) -> TempStaging:
         return TempStaging(self)
 
-    def get(self, path: str) -> bytes | None:
+    def get(self, path: str, size: int | None = None) -> bytes | None:
         try:
             data: bytes = self.fs.cat_file(path)
         except FileNotFoundError:

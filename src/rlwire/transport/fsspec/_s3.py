@@ -205,16 +205,18 @@ class S3Store(S3Bucket):
     def staging(self, *, part_bytes: int, max_concurrency: int | None) -> S3Staging:
         return S3Staging(self, part_bytes, self.concurrency(max_concurrency))
 
-    def get(self, path: str) -> bytes | bytearray | None:
-        return self.run_read(self._get, path, self.concurrency())
+    def get(self, path: str, size: int | None = None) -> bytes | bytearray | None:
+        return self.run_read(self._get, path, self.concurrency(), size)
 
     def ranged(self, path: str) -> S3Ranged | None:
         return open_ranged(self, path)
 
-    async def _get(self, path: str, window: int) -> bytes | bytearray | None:
+    async def _get(self, path: str, window: int, size: int | None) -> bytes | bytearray | None:
         """One ranged GET answers small objects and tells the size of large ones, whose
         other ranges are then fetched ``window`` at a time straight into one buffer: no
-        HEAD request, and no joining of chunks afterwards."""
+        HEAD request, and no joining of chunks afterwards. An object that is not the
+        ``size`` given (a sidecar's, by its envelope), or a main object not the size its
+        envelope says, is refused then, before the buffer is made."""
         fs = self.fs
         bucket, key = self.bucket_key(path)
         try:
@@ -237,6 +239,12 @@ class S3Store(S3Bucket):
             return first
         name = key.rpartition("/")[2]  # the key repeats the URL's prefix
         _check_message_size(first, total, f"{self.url}/{name}")
+        if size is not None and total != size:
+            raise CorruptFrameError(
+                f"sidecar truncated or extended: expected {size} bytes, the object is "
+                f"{total} (Content-Range); not read further",
+                where=f"{self.url}/{name}",
+            )
         buf = bytearray(total)
         buf[: len(first)] = first
         etag = resp.get("ETag")

@@ -139,9 +139,12 @@ class FsspecSource(StoredSource):
         return data
 
     def load(self, name: str) -> memoryview | None:
+        return self.load_sidecar(name, None)
+
+    def load_sidecar(self, name: str, size: int | None) -> memoryview | None:
         store = self._conn.get()
         with translate_errors(self.locate(name), "read"):
-            data = store.get(store.path(name))
+            data = store.get(store.path(name), size)
         if data is None:
             return None
         if self.writable:

@@ -173,9 +173,12 @@ class Store(abc.ABC):
         return None if data is None else WholeFile(memoryview(data).toreadonly())
 
     @abc.abstractmethod
-    def get(self, path: str) -> bytes | bytearray | None:
-        """The whole object at ``path``, or None if it does not exist.
+    def get(self, path: str, size: int | None = None) -> bytes | bytearray | None:
+        """The whole object at ``path``, or None if it does not exist; a sidecar whose
+        ``size`` its main object's envelope says, which a store that learns the size
+        first (S3) refuses unread when it is another.
 
         Raises:
-            CorruptFrameError: the object cannot be read as a whole (empty, short).
+            CorruptFrameError: the object cannot be read as a whole (empty, short), or
+                is not ``size`` bytes long.
         """

@@ -147,45 +147,43 @@ class PausedSidecar(FileSource):
 
 
 @pytest.mark.parametrize("recycle", [True, False])
-def test_a_step_deleted_between_its_main_file_and_sidecar_is_a_gap(
-    tmp_path: Path, recycle: bool
+@pytest.mark.parametrize("step", [1, 2])
+def test_a_step_pruned_between_its_main_file_and_sidecar_is_read(
+    tmp_path: Path, recycle: bool, step: int
 ) -> None:
-    """A prune that read the marks just before a trainer restarted at step 2 lowered its
-    rank's mark deletes step 2 (or pools its files, then deletes them, seeing the mark)
-    after the receiver opened its main file and before it opened the sidecar: that was a
-    ``CorruptFrameError`` ("missing; the main file refers to it") leaving the mark
-    lowered, where a step ``keep_last`` deleted is the ``StepGapError`` naming the
-    oldest step, with the mark put back. Without ``recycle`` the prune reads the marks
-    again once it deleted the main files, and keeps the sidecar: the step is read."""
-    with rlwire.open_sync_sender(tmp_path, keep_last=2, sidecar="routed_experts") as sender:
-        moved_past_three(tmp_path, sender)
+    """A prune that read the marks just before a trainer restarted at ``step`` lowered
+    its rank's mark deletes the step's main file (or, the newest step it prunes with
+    ``recycle``, pools it) after the receiver opened it and before it opened the
+    sidecar. The prune reads the marks again once the main files went, and keeps the
+    sidecar: the step is read (that was a ``CorruptFrameError`` once, "missing; the main
+    file refers to it"; then, with ``recycle``, a ``StepGapError``: the step's sidecar
+    went into the pool, or was deleted with its main file, under the reader); with
+    ``recycle`` nothing pooled is written into while it may be held."""
+    with rlwire.open_sync_sender(tmp_path, keep_last=3, sidecar="routed_experts") as sender:
+        moved_past_three(tmp_path, sender)  # steps 1-3 stored; prune(3) lets 1 and 2 go
     sink = PausedPrune(tmp_path, recycle=recycle)
     pruned: list[int] = []
     prune = threading.Thread(target=lambda: pruned.append(sink.prune(3)))
     prune.start()
-    source = PausedSidecar(tmp_path, 2)
+    source = PausedSidecar(tmp_path, step)
     try:
-        assert sink.read.wait(10)  # the marks say the rank moved past step 2
-        with rlwire.TrainingBatchReceiver(source, rlwire.TrainingBatch, start_step=2) as late:
+        assert sink.read.wait(10)  # the marks say the rank moved past the step
+        with rlwire.TrainingBatchReceiver(source, rlwire.TrainingBatch, start_step=step) as late:
             got: dict[str, Any] = {}
             reader = threading.Thread(target=lambda: _receive(late, got))
             reader.start()
             assert source.opened.wait(10)  # lowered the mark, opened the main file
-            assert (tmp_path / MARK).read_bytes() == consumed_mark(2)
+            assert (tmp_path / MARK).read_bytes() == consumed_mark(step)
             sink.go.set()
             prune.join(10)
-            assert not (tmp_path / main_name(2, 0)).exists()
+            assert not (tmp_path / main_name(step, 0)).exists()
+            assert (tmp_path / sidecar_name(step, 0)).exists()
+            assert not [p for p in tmp_path.iterdir() if p.name.startswith(".pool.")]
             source.go.set()
             reader.join(10)
-            if not recycle:  # the marks read again once the main files went: it stays
-                assert pruned == [2] and "error" not in got, got
-                assert token_bytes(got["batch"]) == token_bytes(make_batch(1, 5000, seed=2))
-                assert (tmp_path / MARK).read_bytes() == consumed_mark(2)
-                return
-            assert pruned == [3]
-            assert isinstance(got.get("error"), rlwire.StepGapError), got
-            assert "start_step=3" in str(got["error"])
-            assert (tmp_path / MARK).read_bytes() == consumed_mark(3)
+            assert pruned == [step] and "error" not in got, got
+            assert token_bytes(got["batch"]) == token_bytes(make_batch(1, 5000, seed=step))
+            assert (tmp_path / MARK).read_bytes() == consumed_mark(step)
     finally:
         sink.go.set()
         source.go.set()

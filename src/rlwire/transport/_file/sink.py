@@ -51,7 +51,7 @@ from rlwire.transport._stored.names import (
     pool_name,
     sidecar_name,
 )
-from rlwire.transport._stored.retention import held_back, steps_to_prune
+from rlwire.transport._stored.retention import prune_steps
 from rlwire.transport._stored.sink import StoredSink, StoredStaging
 from rlwire.transport._url import URL, local_path
 
@@ -269,43 +269,44 @@ class FileSink(StoredSink):
         return super().open(on_existing, start_step)
 
     def prune(self, below: int) -> int:
-        """Delete the stored steps before ``below`` as :class:`StoredSink` does, except,
-        with ``recycle``, the newest of them: its files are moved into the pool, in the
-        same order (main files from rank 0 up, then sidecars), replacing what the pool
-        held."""
+        """Delete the stored steps before ``below`` as :class:`StoredSink` does
+        (:func:`~rlwire.transport._stored.retention.prune_steps`: every step's main
+        files, then the marks read again, then the sidecars they still let go), except,
+        with ``recycle``, the newest of them: its files are moved into the pool instead,
+        replacing what the pool held. A trainer restarted at a pruned step lowers its
+        mark before it opens the step's files: if the marks read again hold one, the
+        pooled main files are deleted, never written into, and the sidecars stay."""
         if not self.recycle:
             return super().prune(below)
-        with self.errors("delete steps every rank consumed"):
-            names = self.names()  # no step some rank holding files of it may still read
-            below = held_back(names, below, self.read_consumption, self.sealed_for)
-            steps = steps_to_prune(names, below)
-            if not steps:
-                return below
+
+        def check(below: int) -> None:
             self.fence.check(f"delete the steps before step {below}")
             with self._pool_lock:  # the pool never holds more than one step's files
                 self._pool.clear()
             self.remove([n for n in names if POOL_RE.fullmatch(n)])
-            for step in steps[:-1]:
-                for batch in step:
-                    self.remove(batch)
-            for batch in steps[-1]:
-                # A part's files are never written into again: deleted, not pooled.
-                self.remove([n for n in batch if not STORED_RE.fullmatch(n)])
-                for name in filter(STORED_RE.fullmatch, batch):
-                    pooled = self.root / pool_name(name)
-                    try:
-                        os.rename(self.root / name, pooled)
-                    except FileNotFoundError:
-                        continue
-                    if self._warm is not None:
-                        self._warm.move(name, pooled.name)
-                    with self._pool_lock:
-                        self._pool.setdefault(_kind(name), []).append(pooled)
-            # A trainer restarted at a pruned step lowers its mark before it opens the
-            # files: read again now none can be opened, the marks say if one is held.
-            if held_back(names, below, self.read_consumption, self.sealed_for) < below:
+
+        with self.errors("delete steps every rank consumed"):
+            names = self.names()  # no step some rank holding files of it may still read
+            read, sealed = self.read_consumption, self.sealed_for
+            kept = prune_steps(names, below, read, sealed, self.remove, check, self._pool_files)
+            if kept < below:
                 self._empty_pool()
-        return below
+        return kept
+
+    def _pool_files(self, names: list[str]) -> None:
+        """Move the step files ``names`` into the pool (a part's files are never written
+        into again, nor a seal or appended fields: deleted)."""
+        self.remove([n for n in names if not STORED_RE.fullmatch(n)])
+        for name in filter(STORED_RE.fullmatch, names):
+            pooled = self.root / pool_name(name)
+            try:
+                os.rename(self.root / name, pooled)
+            except FileNotFoundError:
+                continue
+            if self._warm is not None:
+                self._warm.move(name, pooled.name)
+            with self._pool_lock:
+                self._pool.setdefault(_kind(name), []).append(pooled)
 
     def _take(self, name: str) -> Path | None:
         """A pooled file to write the file ``name`` into: one that held the same rank's

@@ -143,10 +143,13 @@ def prune_steps(
     sealed_for: Callable[[int], int],
     remove: Callable[[list[str]], None],
     check: Callable[[int], None],
+    retire: Callable[[list[str]], None] | None = None,
 ) -> int:
     """Delete the stored steps before ``below`` that :func:`held_back` lets go (``names``,
     ``read`` and ``sealed_for`` as it takes them), by ``remove``, after ``check(below)``
     (the fence) if there is any; returns the first step kept, as a sink's ``prune``.
+    ``retire``, if given, takes the newest such step's files in ``remove``'s place (a
+    recycling directory moves them into its pool, to write the next step into).
 
     Every step's main files go first (seals, main files, parts' and appended fields'
     main files, oldest step first, in :func:`steps_to_prune`'s order), then the marks
@@ -154,20 +157,25 @@ def prune_steps(
     restarted at a step lowers its mark before it reads anything, and reads a main file
     before its sidecar: one that read a main file before it was deleted had lowered its
     mark before this second read, which keeps the step's sidecars for it (a later prune
-    deletes them); one too late finds the main file gone (a step gap).
+    deletes them); one too late finds the main file gone (a step gap). So the newest
+    step's sidecars are retired only if the marks read again still let it go (its main
+    files were retired before: a recycling sink deletes them, rather than write into
+    them, when they do not).
     """
     below = held_back(names, below, read, sealed_for)
     steps = steps_to_prune(names, below)
     if not steps:
         return below
     check(below)
-    for step in steps:
+    last = retire or remove
+    for i, step in enumerate(steps):
         for batch in step[:2]:
-            remove(batch)
+            (last if i == len(steps) - 1 else remove)(batch)
     kept = held_back(names, below, read, sealed_for)
-    for step in steps_to_prune(names, kept):
+    let_go = steps_to_prune(names, kept)
+    for i, step in enumerate(let_go):
         if step[2]:
-            remove(step[2])
+            (last if kept == below and i == len(let_go) - 1 else remove)(step[2])
     return kept
 
 

@@ -123,3 +123,18 @@ async def test_a_send_whose_checks_end_after_its_write(
     async with rlwire.open_receiver(s3_url, storage_options=s3_endpoint, type=dict) as rx:
         for tag in (0, 2):
             assert (await rx.areceive(timeout=10))["x"].tolist() == batch(tag)["x"].tolist()
+
+
+async def test_a_put_whose_checks_end_after_its_write(
+    s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: str
+) -> None:
+    options = through(s3_proxy)
+    slow = rlwire.Checks(check=lambda obj: time.sleep(0.3))
+    part = rlwire.Columns({"score": [0.5, 1.5]})
+    async with rlwire.open_sender(s3_url, storage_options=options, validate=slow) as sender:
+        async with sender.open_step(ranks=1) as writer:
+            took = await cancelled_at_the_fence(s3_proxy, lambda: writer.put(part, key="a"))
+            assert keys(s3_endpoint, s3_url, 0) == []
+            assert await writer.put(part, key="a") is False
+        assert sender.next_step == 1
+    assert took < 1.5, f"the cancelled put returned after {took:.1f} s"

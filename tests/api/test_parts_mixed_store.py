@@ -137,3 +137,60 @@ async def test_a_step_mixing_the_parts_of_two_runs_is_refused_not_waited_for(
                 async for part in receiver.aparts(timeout=10):
                     keys.append(part.key)
             assert keys == ["k0"]
+
+
+def _seal_aside(url: str, options: dict[str, Any]) -> Any:
+    """Take step 0's seal away; what puts it back, as it was."""
+    name = "step-00000000.seal.rlw"
+    if not url.startswith("s3://"):
+        path = Path(url, name)
+        data = path.read_bytes()
+        path.unlink()
+        return lambda: path.write_bytes(data)
+    from s3_server import s3_client
+
+    client = s3_client(options)
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    key = f"{prefix}/{name}"
+    data = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+    client.delete_object(Bucket=bucket, Key=key)
+    return lambda: client.put_object(Bucket=bucket, Key=key, Body=data)
+
+
+@pytest.mark.parametrize(
+    ("sealed", "words"),
+    [
+        (("k0", "k1"), "part 1 of rank 0 of step 0 holds key 'k7'; the seal lists key 'k1'"),
+        (("k0",), "part 1 of rank 0 of step 0 holds key 'k7'; the seal lists 1 part for the rank"),
+    ],
+)
+async def test_parts_handed_out_before_a_resume_are_checked_at_the_seal(
+    file_or_s3: tuple[str, dict[str, Any]],
+    anyio_backend: str,
+    sealed: tuple[str, ...],
+    words: str,
+) -> None:
+    """Both parts from the other run, handed out (k0, k7) by a receiver that then asked
+    for part 2 and stopped before the seal came: one resumed there (``resume=True``, at
+    part 2) reads the seal, which contradicts part 1 (another key, or one part listed).
+    It ended the loop as if all were well (it knew no key of the parts before it); it
+    now reads their keys again (the envelopes only) and refuses the step as the
+    receiver that handed them out would have."""
+    url, options = _two_runs(file_or_s3, [0, 1], keys=sealed)
+    put_back = _seal_aside(url, options)
+    async with rlwire.open_receiver(url, storage_options=options, type=list) as receiver:
+        keys = []
+        with anyio.fail_after(30), pytest.raises(rlwire.ReceiveTimeout):
+            async for part in receiver.aparts(timeout=0.5):
+                keys.append(part.key)
+        assert keys == ["k0", "k7"]
+    put_back()
+    async with rlwire.open_receiver(
+        url, storage_options=options, type=list, resume=True
+    ) as receiver:
+        assert (receiver.next_step, receiver.next_part) == (0, 2)
+        with anyio.fail_after(30), pytest.raises(rlwire.CorruptFrameError) as info:
+            async for part in receiver.aparts(timeout=10):
+                keys.append(part.key)
+        assert words in str(info.value) and PART.format(1) in str(info.value)
+        assert keys == ["k0", "k7"]  # nothing handed out again

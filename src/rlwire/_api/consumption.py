@@ -65,6 +65,7 @@ class ConsumptionMarks:
     _part_next: int
     _record_consumed: bool
     _first_part: tuple[int, bytes]  # the step and run of the parts yielded (RunChecks)
+    _resumed_at: tuple[int, int]  # where resume=True started (PartsReader, at the seal)
     _peeked: object  # a step read by wait_next() for the next receive, or None
 
     def _start_marks(self, start_step: int, resume: bool) -> None:
@@ -98,6 +99,7 @@ class ConsumptionMarks:
             if found is not None:
                 self._next_step, self._part_next = found
                 self._recorded, self._recorded_part = found
+                self._resumed_at = found  # the parts before were handed out: at the seal
                 self._step_written = True
                 if of:
                     self._first_part = (found[0], of)  # the run its later parts must follow

@@ -132,6 +132,7 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
     # Where the receiver stood before the last step or part it took (see _give_back).
     _taken_from: tuple[int | None, int, int, Any] | None = None
     _handed_keys: HandedKeys | None = None  # the keys of the parts handed out, for the seal
+    _resumed_at: tuple[int, int] = (-1, 0)  # the step and part resume=True started at
 
     @property
     def next_part(self) -> int:
@@ -312,6 +313,9 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
     def _keys_handed(self) -> HandedKeys:
         if self._handed_keys is None:
             self._handed_keys = HandedKeys()
+            step, part = self._resumed_at
+            if part:  # resumed part way through: the parts before were handed out
+                self._handed_keys.resumed(step, part)
         return self._handed_keys
 
     def _check_keys(
@@ -329,7 +333,8 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
         """
         if seal is None:
             return
-        refused = self._keys_handed().refused(seal, rank, self._source.describe_part, extra)
+        handed, source = self._keys_handed(), self._source
+        refused = handed.refused(seal, rank, source.describe_part, extra, source.part_key)
         if refused is not None:
             self._check_sealed_run(seal.step)
             raise refused

@@ -215,6 +215,18 @@ class PartsSource:
         """
         raise ConfigError(f"{type(self).__name__} cannot read a step part by part")
 
+    def part_key(self, step: int, index: int) -> Key | None:
+        """The key of this rank's part ``index`` of ``step`` as stored now, which a
+        receiver resumed past it checks against the step's seal; ``None`` if it is not
+        there, or the source cannot tell (the default: the receiver then checks only
+        that the seal lists the part). A stored source reads its envelope only.
+
+        Raises:
+            CorruptFrameError: the stored part is garbled.
+        """
+        del step, index
+        return None
+
     def read_seal(self, step: int) -> Seal | None:
         """The seal of ``step`` if it was filled part by part and is sealed, else
         ``None`` (always, for a source that cannot read parts).

@@ -20,7 +20,7 @@ from rlwire._core.errors import (
 )
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Source
-from rlwire.transport._parts import PartInfo, Seal
+from rlwire.transport._parts import Key, PartInfo, Seal
 from rlwire.transport._stored.appended import StoredFieldsSource
 from rlwire.transport._stored.gaps import never_coming
 from rlwire.transport._stored.layout import parse_main
@@ -378,6 +378,15 @@ class StoredSource(StoredFieldsSource, Source):
 
     def first_part(self, step: int) -> bytes | None:
         return self._id_of(step, self.rank, 0) or b""
+
+    def part_key(self, step: int, index: int) -> Key | None:
+        name = part_name(step, self.rank, index)
+        head = self.open_head(name)  # the envelope only, not the part
+        if head is None:
+            return None
+        where = self.locate(name)
+        info = read_envelope(head, where, step=step, rank=self.rank, part=index)[2]
+        return None if info is None else info.key
 
 
 class _Deleted(Exception):

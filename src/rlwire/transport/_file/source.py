@@ -229,6 +229,23 @@ class FileSource(StoredSource):
     def load_mark(self, name: str, limit: int, what: str) -> bytes | None:
         return read_bounded(self.root / name, limit, what)
 
+    def load_sidecar(self, name: str, size: int) -> memoryview | None:
+        """The sidecar ``name``, its size looked at before it is mapped: one longer than
+        its envelope says is refused unmapped (a sparse 4 GiB one was mapped whole:
+        under a limit on address space a TransportError, 'cannot map'); a shorter one
+        is mapped and checked as ever (its prelude says if it is another message's)."""
+        try:
+            info = os.stat(self.root / name)
+        except OSError:
+            info = None  # gone, or not to be looked at: load says which
+        found = info.st_size if info is not None and stat.S_ISREG(info.st_mode) else size
+        if found > size:  # (not a regular file: load says what it is)
+            raise CorruptFrameError(
+                f"sidecar extended: expected {size} bytes, found {found}; not read",
+                where=self.root / name,
+            )
+        return self.load(name)
+
 
 class _MappedFile(WholeFile):
     """A mapped file read by ranges: each range's pages are asked for ahead."""

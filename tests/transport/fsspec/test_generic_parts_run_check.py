@@ -21,8 +21,8 @@ def test_waiting_for_a_part_reads_part_0_whole_once(monkeypatch: pytest.MonkeyPa
     whole: list[str] = []
     get = GenericStore.get
 
-    def counted(self: GenericStore, path: str) -> Any:
-        data = get(self, path)
+    def counted(self: GenericStore, path: str, size: int | None = None) -> Any:
+        data = get(self, path, size)
         if data is not None and len(data) > 1 << 20:
             whole.append(path.rsplit("/", 1)[-1])
         return data

@@ -159,3 +159,29 @@ async def test_keep_last_names_a_consumption_mark_of_gigabytes_by_its_size(
     message = str(caught.value)
     assert f"{url}/{name}" in message
     assert f"a consumption mark is at most 16 bytes, this one {size}: not read" in message
+
+
+async def test_opening_names_a_rewrite_mark_of_gigabytes_by_its_size(
+    where: tuple[str, dict[str, Any]],
+) -> None:
+    """A sender opening a destination reads its rewrite mark, if there is one: one of
+    4 GiB (on S3 1 MiB) is refused by its size, which the message gives (it said 'this
+    one 4096')."""
+    url, options = where
+    async with rlwire.open_sender(url, storage_options=options) as sender:
+        await sender.send(make_batch(1))
+    name = "rewrite.rlw"
+    if options:
+        size = 1 << 20
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        s3_client(options).put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=bytes(size))
+    else:
+        size = HUGE
+        with open(os.path.join(url, name), "wb") as file:
+            file.truncate(size)
+    with pytest.raises(rlwire.CorruptFrameError) as caught:
+        async with rlwire.open_sender(url, storage_options=options, on_existing="resume"):
+            pass
+    message = str(caught.value)
+    assert f"{url}/{name}" in message
+    assert f"a rewrite mark is at most 16 bytes, this one {size}: not read" in message

@@ -21,7 +21,7 @@ from rlwire.transport._stored.appended import StoredFieldsSink
 from rlwire.transport._stored.ended import EndedSink
 from rlwire.transport._stored.fence import FENCE_NAME, Fence, fenced_commit
 from rlwire.transport._stored.layout import plan
-from rlwire.transport._stored.marks import check_rewrite, ended_at, rewrite_mark
+from rlwire.transport._stored.marks import MARK_BYTES, check_rewrite, ended_at, rewrite_mark
 from rlwire.transport._stored.names import (
     END_NAME,
     LEFTOVER_RE,
@@ -252,8 +252,7 @@ class StoredSink(StoredFieldsSink, ResumedSink, RetainedSink, EndedSink, Sink):
     def check_rewrite(self, on_existing: OnExisting, first: int | None) -> None:
         """Refuse to open over an unfinished overwrite or truncate (its mark,
         :data:`REWRITE_NAME`) as :func:`~rlwire.transport._stored.marks.check_rewrite` says."""
-        with self.errors("read", REWRITE_NAME):
-            data = self.load(REWRITE_NAME)
+        data = self.load_mark(REWRITE_NAME, MARK_BYTES, "rewrite mark")  # refused by its size
         if data is not None:
             check_rewrite(data, on_existing, first, self.locate(REWRITE_NAME))
 

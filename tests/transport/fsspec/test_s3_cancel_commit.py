@@ -78,9 +78,23 @@ def batch(tag: int) -> dict[str, Any]:
     return {"x": np.arange(1000) * (tag + 1)}
 
 
-async def test_a_send(s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: str) -> None:
+#: The sender's checks: none (the commit is in the write's last trip), or checks still
+#: running when the write ends, so that the commit is a trip of its own after them; its
+#: read of the fence gives up on the cancelled caller there too (it was shielded: the
+#: send ended at botocore's read timeout, 4 s here).
+CHECKS = pytest.mark.parametrize(
+    "checks",
+    [True, rlwire.Checks(check=lambda obj: time.sleep(0.3))],
+    ids=["in-the-last-trip", "checks-end-after-the-write"],
+)
+
+
+@CHECKS
+async def test_a_send(
+    s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: str, checks: Any
+) -> None:
     options = through(s3_proxy)
-    async with rlwire.open_sender(s3_url, storage_options=options) as sender:
+    async with rlwire.open_sender(s3_url, storage_options=options, validate=checks) as sender:
         assert await sender.send(batch(0)) == 0
         took = await cancelled_at_the_fence(s3_proxy, lambda: sender.send(batch(1)))
         assert sender.next_step == 1
@@ -92,46 +106,14 @@ async def test_a_send(s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url:
             assert (await rx.areceive(timeout=10))["x"].tolist() == batch(tag)["x"].tolist()
 
 
-async def test_a_put(s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: str) -> None:
+@CHECKS
+async def test_a_put(
+    s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: str, checks: Any
+) -> None:
     options = through(s3_proxy)
     # Columns: no checks of rows run beside the write, so the commit is in its last trip.
     part = rlwire.Columns({"score": [0.5, 1.5]})
-    async with rlwire.open_sender(s3_url, storage_options=options) as sender:
-        async with sender.open_step(ranks=1) as writer:
-            took = await cancelled_at_the_fence(s3_proxy, lambda: writer.put(part, key="a"))
-            assert keys(s3_endpoint, s3_url, 0) == []
-            assert await writer.put(part, key="a") is False
-        assert sender.next_step == 1
-    assert took < 1.5, f"the cancelled put returned after {took:.1f} s"
-
-
-async def test_a_send_whose_checks_end_after_its_write(
-    s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: str
-) -> None:
-    """Checks still running when the write ends: the commit is a trip of its own after
-    them, and its read of the fence gives up on the cancelled send there too (it was
-    shielded: the send ended at botocore's read timeout, 4 s here)."""
-    options = through(s3_proxy)
-    slow = rlwire.Checks(check=lambda obj: time.sleep(0.3))
-    async with rlwire.open_sender(s3_url, storage_options=options, validate=slow) as sender:
-        assert await sender.send(batch(0)) == 0
-        took = await cancelled_at_the_fence(s3_proxy, lambda: sender.send(batch(1)))
-        assert sender.next_step == 1
-        assert keys(s3_endpoint, s3_url, 1) == []
-        assert await sender.send(batch(2)) == 1
-    assert took < 1.5, f"the cancelled send returned after {took:.1f} s"
-    async with rlwire.open_receiver(s3_url, storage_options=s3_endpoint, type=dict) as rx:
-        for tag in (0, 2):
-            assert (await rx.areceive(timeout=10))["x"].tolist() == batch(tag)["x"].tolist()
-
-
-async def test_a_put_whose_checks_end_after_its_write(
-    s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: str
-) -> None:
-    options = through(s3_proxy)
-    slow = rlwire.Checks(check=lambda obj: time.sleep(0.3))
-    part = rlwire.Columns({"score": [0.5, 1.5]})
-    async with rlwire.open_sender(s3_url, storage_options=options, validate=slow) as sender:
+    async with rlwire.open_sender(s3_url, storage_options=options, validate=checks) as sender:
         async with sender.open_step(ranks=1) as writer:
             took = await cancelled_at_the_fence(s3_proxy, lambda: writer.put(part, key="a"))
             assert keys(s3_endpoint, s3_url, 0) == []

@@ -135,6 +135,18 @@ async def test_keep_last_reads_a_seal_of_many_parts_whole(
             receiver.receive(timeout=10)
 
 
+def plant_huge(url: str, options: dict[str, Any], name: str) -> int:
+    """Put a file ``name`` far longer than any mark at ``url``: a sparse 4 GiB file, or
+    on S3 an object of 1 MiB; its size."""
+    if not options:
+        with open(os.path.join(url, name), "wb") as file:
+            file.truncate(HUGE)
+        return HUGE
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    s3_client(options).put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=bytes(1 << 20))
+    return 1 << 20
+
+
 async def test_keep_last_names_a_consumption_mark_of_gigabytes_by_its_size(
     where: tuple[str, dict[str, Any]],
 ) -> None:
@@ -146,14 +158,7 @@ async def test_keep_last_names_a_consumption_mark_of_gigabytes_by_its_size(
         for _ in range(2):
             await sender.send(make_batch(1))
         name = "consumed.rank-0000.rlw"
-        if options:
-            size = 1 << 20
-            bucket, _, prefix = url.removeprefix("s3://").partition("/")
-            s3_client(options).put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=bytes(size))
-        else:
-            size = HUGE
-            with open(os.path.join(url, name), "wb") as file:
-                file.truncate(size)
+        size = plant_huge(url, options, name)
         with pytest.raises(rlwire.CorruptFrameError) as caught:
             await sender.send(make_batch(1))
     message = str(caught.value)
@@ -171,14 +176,7 @@ async def test_opening_names_a_rewrite_mark_of_gigabytes_by_its_size(
     async with rlwire.open_sender(url, storage_options=options) as sender:
         await sender.send(make_batch(1))
     name = "rewrite.rlw"
-    if options:
-        size = 1 << 20
-        bucket, _, prefix = url.removeprefix("s3://").partition("/")
-        s3_client(options).put_object(Bucket=bucket, Key=f"{prefix}/{name}", Body=bytes(size))
-    else:
-        size = HUGE
-        with open(os.path.join(url, name), "wb") as file:
-            file.truncate(size)
+    size = plant_huge(url, options, name)
     with pytest.raises(rlwire.CorruptFrameError) as caught:
         async with rlwire.open_sender(url, storage_options=options, on_existing="resume"):
             pass

@@ -118,3 +118,53 @@ async def test_prometheus_metrics_count_what_the_stats_say(tmp_path: Path) -> No
     assert registry.get_sample_value("t_received_steps_total", {"rank": "0"}) == 3
     assert registry.get_sample_value("t_received_bytes_total", {"rank": "0"}) == received
     assert registry.get_sample_value("t_receive_seconds_count", {"phase": "decode"}) == 3
+
+
+async def test_a_step_filled_part_by_part_has_one_send_stats_summing_its_parts(
+    tmp_path: Path,
+) -> None:
+    seen: list[rlwire.SendStats] = []
+    async with rlwire.open_sender(
+        tmp_path, sidecar="routed_experts", on_stats=seen.append
+    ) as sender:
+        await sender.send(make_batch(2, 1000, seed=0))
+        async with sender.open_step(ranks=2) as writer:
+            for key in range(4):
+                await writer.put(make_batch(1, 1000, seed=key).samples, key=key, rank=key % 2)
+        parts = sender.last_stats
+        await sender.send(make_batch(2, 1000, seed=9))
+    assert [stats.step for stats in seen] == [0, 1, 2]
+    assert parts is not None and parts == seen[1]
+    assert (parts.step, parts.ranks, len(parts.bytes_per_rank)) == (1, 2, 2)
+    files = {p.name: p.stat().st_size for p in tmp_path.iterdir() if "00000001" in p.name}
+    for rank in range(2):
+        stored = sum(size for name, size in files.items() if f"rank-{rank:04d}" in name)
+        # Two parts each: their frames, plus a small envelope and padding per file.
+        assert parts.bytes_per_rank[rank] <= stored < parts.bytes_per_rank[rank] + 4 * 8192
+    sidecars = sum(size for name, size in files.items() if "sidecar" in name)
+    assert 0 < parts.sidecar_bytes <= sidecars
+    assert parts.encode_seconds > 0 and parts.write_seconds > 0 and parts.commit_seconds > 0
+    phases = parts.encode_seconds + parts.write_seconds + parts.commit_seconds
+    assert phases + parts.wait_seconds <= parts.total_seconds * 1.01
+    with rlwire.open_receiver(tmp_path, start_step=1) as receiver:
+        receiver.receive(timeout=5)
+        got = receiver.last_stats
+        assert got is not None and got.step == 1 and got.bytes == parts.bytes_per_rank[0]
+
+
+def test_the_sync_sender_counts_a_step_filled_part_by_part(tmp_path: Path) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from rlwire.metrics import Metrics
+
+    registry = prometheus_client.CollectorRegistry()
+    metrics = Metrics(registry=registry, namespace="t")
+    with rlwire.open_sync_sender(tmp_path, on_stats=metrics.observe_send) as sender:
+        sender.send(make_batch(2, 100))
+        whole = sender.last_stats
+        with sender.open_step() as writer:
+            writer.put(make_batch(1, 100, seed=1).samples, key="a")
+            writer.put(make_batch(1, 100, seed=2).samples, key="b")
+        parts = sender.last_stats
+    assert whole is not None and parts is not None and parts.step == 1
+    assert registry.get_sample_value("t_sent_steps_total") == 2
+    assert registry.get_sample_value("t_sent_bytes_total") == whole.bytes + parts.bytes

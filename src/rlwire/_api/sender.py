@@ -107,8 +107,9 @@ def open_sender(  # noqa: PLR0913 (the public keywords; the rest are grouped in 
             (credentials, ``endpoint_url``, ...); ZeroMQ's for ``zmq+`` URLs (see the
             guide). A sink rejects keys it does not know.
         on_stats: called in the event loop with the :class:`~rlwire.SendStats` of each
-            step once it is sent (also ``sender.last_stats``); what it raises, ``send``
-            raises, after the step was sent.
+            step once it is sent (also ``sender.last_stats``; a step filled part by part
+            has one, once sealed); what it raises, ``send`` (or the seal) raises, after
+            the step was sent.
         keywords: ``keep_last``, ``max_ahead``, ``checksum`` and ``fsync`` may also be
             given flat, as in earlier versions: ``open_sender(url, keep_last=4)`` is
             ``open_sender(url, retention=Retention(keep_last=4))``.

@@ -1,7 +1,8 @@
 """Per-step figures of a send or a receive, for logging beside a training step.
 
 A sender fills a :class:`SendStats` for every step (``sender.last_stats``, and the
-``on_stats=`` callback of :func:`~rlwire.open_sender`); a receiver a :class:`ReceiveStats`
+``on_stats=`` callback of :func:`~rlwire.open_sender`), one for a step filled part by part
+too, when it is sealed (:class:`PartsClock`); a receiver a :class:`ReceiveStats`
 for every object it returns (``receiver.last_stats``). They are taken from clocks read
 around work done anyway, so collecting them costs nothing measurable.
 """
@@ -10,17 +11,24 @@ from __future__ import annotations
 
 import builtins
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from rlwire._core.offload import Resumes
 
-__all__ = ["ReceiveStats", "SendClock", "SendStats", "received"]
+__all__ = ["PartsClock", "ReceiveStats", "SendClock", "SendStats", "received"]
 
 
 @dataclass(frozen=True, slots=True)
 class SendStats:
     """What one step's send cost.
+
+    A step filled part by part (``sender.open_step()``) has one, made when it is sealed:
+    the sums over the parts its writer put (their bytes per rank, and the seconds of
+    each phase), the wait for ``max_ahead`` when the step was opened, and the seal's
+    time in ``commit_seconds``; ``total_seconds`` is the sum of those calls, not the
+    time from opening to sealing, in which the producer made its parts. Parts skipped
+    as put by an earlier run (``on_existing="resume"``) count nothing.
 
     Attributes:
         step: the step sent.
@@ -142,6 +150,39 @@ class SendClock:
             wait_seconds=self.waited,
             total_seconds=now - self.start,
             worst_loop_lag_seconds=self.resumes.worst,
+        )
+
+
+class PartsClock:
+    """The figures of a step filled part by part, gathered as its parts are put."""
+
+    def __init__(self, ranks: int, waited: float) -> None:
+        self.sums = SendStats(-1, ranks, (0,) * ranks, wait_seconds=waited, total_seconds=waited)
+
+    def add(self, part: SendStats) -> None:
+        """Add one part's send (its :meth:`SendClock.stats`)."""
+        sums = self.sums
+        sizes = zip(sums.bytes_per_rank, part.bytes_per_rank, strict=True)
+        added = {
+            field.name: getattr(sums, field.name) + getattr(part, field.name)
+            for field in fields(SendStats)
+            if field.name.endswith(("_seconds", "_bytes")) and "lag" not in field.name
+        }
+        self.sums = replace(
+            sums,
+            bytes_per_rank=tuple(a + b for a, b in sizes),
+            worst_loop_lag_seconds=max(sums.worst_loop_lag_seconds, part.worst_loop_lag_seconds),
+            **added,
+        )
+
+    def sealed(self, step: int, seconds: float) -> SendStats:
+        """The step's :class:`SendStats`, once its seal took ``seconds`` to write."""
+        sums = self.sums
+        return replace(
+            sums,
+            step=step,
+            commit_seconds=sums.commit_seconds + seconds,
+            total_seconds=sums.total_seconds + seconds,
         )
 
 

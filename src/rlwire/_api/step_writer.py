@@ -10,15 +10,17 @@ own names, and is visible once its commit returns.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Protocol
 
 import anyio
 from anyio import CapacityLimiter, to_thread
 
+from rlwire._api.balance import choose_rank, token_cost
 from rlwire._api.owned_parts import OwnedParts
-from rlwire._api.stats import SendClock
+from rlwire._api.stats import PartsClock, SendClock, SendStats
 from rlwire._api.validation import Validation
 from rlwire._core.args import check_int
 from rlwire._core.columns import Columns
@@ -30,7 +32,6 @@ from rlwire._core.errors import (
     TransportError,
 )
 from rlwire._core.offload import run_to_the_end
-from rlwire._core.ragged import Ragged
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
 from rlwire.transport._base import Sink, Staged
@@ -47,6 +48,8 @@ class _Sender(Protocol):
     _names_checked: bool
     _owned: OwnedParts
     _unsealed: int | None
+    _last_stats: SendStats | None
+    _on_stats: Callable[[SendStats], object] | None
 
     @property
     def sink(self) -> Sink: ...
@@ -61,48 +64,6 @@ class _Sender(Protocol):
 
 
 __all__ = ["StepWriter", "choose_rank", "token_cost"]
-
-
-def token_cost(samples: Sequence[Any] | Columns) -> int:
-    """The default cost of a part: its number of tokens, the length of each sample's
-    ``token_ids`` (an attribute, or a key of a dict), or the rows of a ``token_ids``
-    column of an :class:`~rlwire.Columns`; a sample without ``token_ids`` counts 1.
-
-    Example:
-        >>> token_cost([{"token_ids": [1, 2, 3]}, {"token_ids": [4]}, {"reward": 1.0}])
-        5
-    """
-    if isinstance(samples, Columns):
-        column = samples["token_ids"] if "token_ids" in samples.names else None
-        if isinstance(column, Ragged):
-            return int(column.offsets[-1] - column.offsets[0])
-        return len(samples)
-    total = 0
-    for sample in samples:
-        ids = sample.get("token_ids") if isinstance(sample, Mapping) else None
-        if ids is None:
-            ids = getattr(sample, "token_ids", None)
-        total += 1 if ids is None else len(ids)
-    return total
-
-
-def choose_rank(costs: Sequence[Sequence[float]], balance: str = "cost") -> int:
-    """The rank the next part goes to, given each rank's parts' costs so far: the one
-    with the lowest total (``balance="cost"``), or with the fewest parts and then the
-    lowest total (``"count"``); ties go to the lowest rank.
-
-    With ``"cost"``, the totals of any two ranks never differ by more than the largest
-    single cost: the part goes to the lightest rank, which it can lift at most its own
-    cost above the others.
-
-    Example:
-        >>> choose_rank([[5.0], [2.0, 2.0]]), choose_rank([[5.0], [2.0, 2.0]], "count")
-        (1, 0)
-    """
-    totals = [sum(c) for c in costs]
-    if balance == "count":
-        return min(range(len(costs)), key=lambda r: (len(costs[r]), totals[r], r))
-    return min(range(len(costs)), key=lambda r: (totals[r], r))
 
 
 class StepWriter:
@@ -163,6 +124,7 @@ class StepWriter:
         self._resumed: frozenset[tuple[type, Key]] = frozenset()
         self._sealed = False
         self._unknown = False  # a part's commit left it undecided
+        self._clock = PartsClock(ranks, 0.0)  # the figures of the parts it puts
 
     def __repr__(self) -> str:
         return f"StepWriter(step={self.step}, parts={[len(k) for k in self._keys]})"
@@ -187,7 +149,9 @@ class StepWriter:
             )
         sender = self._sender
         async with sender._lock:
+            began = time.perf_counter()
             self.step = await sender._begin_parts(self._asked, self._ranks)
+            self._clock = PartsClock(self._ranks, time.perf_counter() - began)
             try:
                 found = await to_thread.run_sync(
                     sender.sink.committed_parts, self.step, self._ranks, limiter=sender._limiter
@@ -329,7 +293,9 @@ class StepWriter:
                 sender.sink.stage_part(self.step, info, frame), self.step, limiter, clock.resumes
             )
             sender._names_checked = True
+            clock.staged = time.perf_counter() - validation.commit_seconds
             await validation.commit(staged, limiter)
+            self._clock.add(clock.stats(self.step))
         except BaseException as exc:
             staged = await validation.settle_failed(staged)
             if isinstance(exc, RlwireError):  # a checks' error too: which put it was
@@ -347,7 +313,9 @@ class StepWriter:
     async def seal(self) -> None:
         """Seal the step now (leaving the block does it): write the record of every
         rank's parts, after which receivers' ``receive()`` returns the step, and the
-        sender goes on to the next step. A second call does nothing.
+        sender goes on to the next step. A second call does nothing. The step's
+        :class:`~rlwire.SendStats` (its parts' figures summed) is then the sender's
+        ``last_stats``, and handed to its ``on_stats``.
 
         Raises:
             ConfigError: ``balance="count"`` and the ranks' part counts differ (put more,
@@ -370,6 +338,7 @@ class StepWriter:
                 keys=self.assignment,
                 costs=tuple(tuple(costs) for costs in self._costs),
             )
+            began = time.perf_counter()
             try:
                 await sender.sink.aseal(seal, sender._limiter)
             except BaseException as exc:
@@ -381,6 +350,10 @@ class StepWriter:
                 raise
             self._sealed = True
             sender._end_parts(self.step, sealed=True)
+            stats = self._clock.sealed(self.step, time.perf_counter() - began)
+            sender._last_stats = stats
+        if sender._on_stats is not None:
+            sender._on_stats(stats)
 
     async def _sealed_anyway(self) -> bool:
         """Whether the store holds this step's seal (asked to the end, whatever

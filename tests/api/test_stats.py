@@ -168,3 +168,30 @@ def test_the_sync_sender_counts_a_step_filled_part_by_part(tmp_path: Path) -> No
     assert whole is not None and parts is not None and parts.step == 1
     assert registry.get_sample_value("t_sent_steps_total") == 2
     assert registry.get_sample_value("t_sent_bytes_total") == whole.bytes + parts.bytes
+
+
+async def test_parts_leave_the_stats_of_each_part_then_of_the_step(tmp_path: Path) -> None:
+    async with rlwire.open_sender(tmp_path) as sender:
+        await sender.send(make_batch(2, 500, seed=0))
+        async with sender.open_step() as writer:
+            for key in ("a", "b", "c"):
+                await writer.put(make_batch(2, 500, seed=len(key)).samples, key=key)
+        sent = sender.last_stats
+    assert sent is not None and sent.step == 1
+    with rlwire.open_receiver(tmp_path) as receiver:
+        await receiver.areceive(timeout=5)
+        handed: list[rlwire.ReceiveStats] = []
+        async for part in receiver.aparts(timeout=5):
+            stats = receiver.last_stats
+            assert stats is not None and (stats.step, stats.rank) == (1, 0)
+            assert stats.message_id == part.message_id  # of this part, not of step 0
+            assert stats.read_seconds > 0 and stats.decode_seconds > 0
+            inner = stats.read_seconds + stats.decompress_seconds + stats.decode_seconds
+            assert inner + stats.wait_seconds == pytest.approx(stats.total_seconds)
+            handed.append(stats)
+        assert len(handed) == 3 and sum(s.bytes for s in handed) == sent.bytes
+        step = receiver.last_stats  # once parts() ended: the step, its parts summed
+        assert step is not None and (step.step, step.bytes) == (1, sent.bytes)
+        assert step.message_id == handed[0].message_id  # part 0's, what add_fields(of=) takes
+        assert step.decode_seconds == pytest.approx(sum(s.decode_seconds for s in handed))
+        assert step.total_seconds >= sum(s.total_seconds for s in handed)

@@ -77,7 +77,8 @@ class Metrics:
 
     def observe_receive(self, stats: ReceiveStats | None) -> None:
         """Count one receive, e.g. ``metrics.observe_receive(receiver.last_stats)``
-        after each ``receive`` (``None``, before the first, is ignored)."""
+        after each ``receive`` (``None``, before the first, is ignored); after a
+        ``parts()`` loop it counts the step, inside it each part."""
         if stats is None:
             return
         rank = str(stats.rank)

@@ -25,6 +25,7 @@ from rlwire._api.handed_keys import HandedKeys
 from rlwire._api.joined_parts import joined_columns
 from rlwire._api.runs import RunChecks
 from rlwire._api.sealed import SealedStep, read_handed_part
+from rlwire._api.stats import ReceiveStats, parts_added, parts_ended, received
 from rlwire._core.deadlines import deadline_after
 from rlwire._core.errors import ClosedError, ConfigError, CorruptFrameError, RlwireError
 from rlwire._core.offload import drive_sliced
@@ -129,8 +130,9 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
     _closed: bool
     _part_next: int = 0  # the next part of the next step to yield
     _last_stats: Any
+    _step_stats: ReceiveStats | None = None  # the parts yielded of a step, summed
     # Where the receiver stood before the last step or part it took (see _give_back).
-    _taken_from: tuple[int | None, int, int, Any] | None = None
+    _taken_from: tuple[int | None, int, int, Any, Any] | None = None
     _handed_keys: HandedKeys | None = None  # the keys of the parts handed out, for the seal
     _resumed_at: tuple[int, int] = (-1, 0)  # the step and part resume=True started at
 
@@ -144,7 +146,8 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
     def _take_from_here(self) -> None:
         """Note where the receiver stands, just before it moves past what it takes (the
         mutex held)."""
-        self._taken_from = (self._step, self._next_step, self._part_next, self._last_stats)
+        stats = (self._last_stats, self._step_stats)
+        self._taken_from = (self._step, self._next_step, self._part_next, *stats)
 
     def _give_back(self, taken: Any) -> None:
         """Move back to before ``taken``, a step or part that a take returned in a trip
@@ -154,7 +157,8 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
             return
         with self._mutex:
             if self._taken_from is not None:
-                self._step, self._next_step, self._part_next, self._last_stats = self._taken_from
+                self._step, self._next_step, self._part_next, *stats = self._taken_from
+                self._last_stats, self._step_stats = stats
                 self._taken_from = None
 
     # The receiver's core, which it defines.
@@ -211,9 +215,9 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
             ...     [part.key for part in receiver.parts(timeout=5)]
             ['a', 'b']
         """
-        deadline = deadline_after(timeout)
+        deadline, started = deadline_after(timeout), time.perf_counter()
         while True:
-            got = run_sliced(self._take_part(as_columns))
+            got = run_sliced(self._take_part(as_columns, started))
             if got is _DONE:
                 return
             if got is _NOTHING:
@@ -222,17 +226,17 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
             yield got
             if got.key is None:
                 return
-            deadline = deadline_after(timeout)
+            deadline, started = deadline_after(timeout), time.perf_counter()
 
     async def aparts(
         self, timeout: float | None = None, *, as_columns: bool | None = None
     ) -> AsyncIterator[Part[T]]:
         """:meth:`parts` without blocking the event loop: reads and decoding run in
         worker threads."""
-        deadline = deadline_after(timeout)
+        deadline, started = deadline_after(timeout), time.perf_counter()
         while True:
             got = await drive_sliced(
-                self._take_part(as_columns), self._limiter, dropped=self._give_back
+                self._take_part(as_columns, started), self._limiter, dropped=self._give_back
             )
             if got is _DONE:
                 return
@@ -242,9 +246,9 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
             yield got
             if got.key is None:
                 return
-            deadline = deadline_after(timeout)
+            deadline, started = deadline_after(timeout), time.perf_counter()
 
-    def _take_part(self, as_columns: bool | None) -> Sliced[Any]:
+    def _take_part(self, as_columns: bool | None, started: float) -> Sliced[Any]:
         """The next part of the next step, ``_NOTHING`` if it is not there yet, or
         ``_DONE`` once the step's parts are all yielded (the receiver moves on)."""
         if self._closed:
@@ -258,6 +262,7 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
             held = Held(self._mutex)
             try:
                 yield from held.take()
+                began = time.perf_counter()
                 self._record_position()  # asking for this part: done with the one before
                 got = read_handed_part(self._source, step, self._part_next)
                 seal = None if got is not None else self._source.read_seal(step)
@@ -273,7 +278,11 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
                     # receiver goes through this one's parts, and never returns it after.
                     self._peeked = None
                     decode_as, make = part_types(self._type)
-                    seconds = {"decompress": 0.0, "decode": 0.0}
+                    seconds = {
+                        "read": time.perf_counter() - began,
+                        "decompress": 0.0,
+                        "decode": 0.0,
+                    }
                     try:
                         columns = self._as_columns if as_columns is None else as_columns
                         samples = yield from self._decode(frame, seconds, columns, decode_as)
@@ -286,6 +295,9 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
                     self._take_from_here()
                     self._next_step, self._part_next = step, self._part_next + 1
                     self._keys_handed().note(step, info.index, info.key)
+                    stats = received(step, rank, frame.nbytes, frame.message_id, seconds, started)
+                    self._last_stats = stats
+                    self._step_stats = parts_added(self._step_stats, stats, info.index)
                     return Part(step, info.key, info.rank, info.index, value, frame.message_id)
                 if seal is not None:
                     self._check_sealed_run(step)
@@ -295,6 +307,8 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
                         self._peeked = None  # (as above: past the step)
                         self._step, self._next_step, self._part_next = step, step + 1, 0
                         self._record_position()  # past its last part: past the step, now
+                        stats = parts_ended(self._step_stats, step, rank, started)
+                        self._last_stats, self._step_stats = stats, None
                         return _DONE
                     raise CorruptFrameError(
                         f"part {self._part_next} of rank {rank} is missing; the seal lists "
@@ -308,7 +322,7 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
                 held.release()
         if self._part_next:
             return _NOTHING
-        return (yield from self._take_whole(as_columns))
+        return (yield from self._take_whole(as_columns, started))
 
     def _keys_handed(self) -> HandedKeys:
         if self._handed_keys is None:
@@ -339,7 +353,7 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
             self._check_sealed_run(seal.step)
             raise refused
 
-    def _take_whole(self, as_columns: bool | None) -> Sliced[Any]:
+    def _take_whole(self, as_columns: bool | None, started: float) -> Sliced[Any]:
         """The next step as one part (``key`` ``None``) if it was sent whole, or
         ``_NOTHING``; a step sealed since :meth:`_take_part` looked for its parts is read
         part by part."""
@@ -356,10 +370,10 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
             if sealed_since:
                 # Its parts and seal were committed after the reads above: read it part
                 # by part (its parts are all there now), never joined as one part.
-                return (yield from self._take_part(as_columns))
+                return (yield from self._take_part(as_columns, started))
             if not there:
                 return _NOTHING
-        whole = yield from self._take(time.perf_counter(), as_columns)
+        whole = yield from self._take(started, as_columns)
         if whole is _NOTHING:
             return _NOTHING
         # The step taken: a source handed messages may go on past a gap it said.

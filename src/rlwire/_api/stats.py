@@ -16,7 +16,15 @@ from typing import Any
 
 from rlwire._core.offload import Resumes
 
-__all__ = ["PartsClock", "ReceiveStats", "SendClock", "SendStats", "received"]
+__all__ = [
+    "PartsClock",
+    "ReceiveStats",
+    "SendClock",
+    "SendStats",
+    "parts_added",
+    "parts_ended",
+    "received",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +91,13 @@ class SendStats:
 @dataclass(frozen=True, slots=True)
 class ReceiveStats:
     """What receiving one step cost a receiver.
+
+    ``parts()`` / ``aparts()`` leave one for each part they yield (its step, its
+    bytes, its ``message_id`` and the seconds taken to find, read and decode it), and,
+    once they end at a step's seal, one for the step: the sums over the parts this
+    receiver yielded of it, the wait for the seal counted, with the ``message_id`` of
+    the step's part 0 (``b""`` if this receiver did not yield it). Call
+    ``Metrics.observe_receive`` after the loop to count steps, inside it to count parts.
 
     Attributes:
         step: the step received.
@@ -203,4 +218,31 @@ def received(
         decode_seconds=seconds["decode"],
         total_seconds=total,
         message_id=message_id,
+    )
+
+
+def parts_added(sums: ReceiveStats | None, part: ReceiveStats, index: int) -> ReceiveStats:
+    """The figures of ``part``'s step so far (``sums``, if of that step), with those
+    of ``part``, its part ``index``, added; the step's ``message_id`` is its part 0's."""
+    if sums is None or sums.step != part.step:
+        return part if index == 0 else replace(part, message_id=b"")
+    return _added(sums, part)
+
+
+def parts_ended(sums: ReceiveStats | None, step: int, rank: int, started: float) -> ReceiveStats:
+    """The figures of ``step``, whose seal a receiver's ``parts()`` reached in a take
+    that began at ``started``: those of its parts yielded (``sums``), and that wait."""
+    zero = {"read": 0.0, "decompress": 0.0, "decode": 0.0}
+    return parts_added(sums, received(step, rank, 0, b"", zero, started), -1)
+
+
+def _added(first: ReceiveStats, then: ReceiveStats) -> ReceiveStats:
+    """``first``'s step and ``message_id``, with the bytes and seconds of both."""
+    return replace(
+        first,
+        **{
+            field.name: getattr(first, field.name) + getattr(then, field.name)
+            for field in fields(ReceiveStats)
+            if field.name == "bytes" or field.name.endswith("_seconds")
+        },
     )

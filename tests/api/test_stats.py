@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import anyio
+import numpy as np
 import pytest
 from helpers import make_batch
 
@@ -195,3 +196,31 @@ async def test_parts_leave_the_stats_of_each_part_then_of_the_step(tmp_path: Pat
         assert step.message_id == handed[0].message_id  # part 0's, what add_fields(of=) takes
         assert step.decode_seconds == pytest.approx(sum(s.decode_seconds for s in handed))
         assert step.total_seconds >= sum(s.total_seconds for s in handed)
+
+
+async def test_receive_stats_count_the_bytes_of_appended_fields_read(tmp_path: Path) -> None:
+    batch = make_batch(4, 64, seed=0)
+    lengths = [len(sample.token_ids) for sample in batch.samples]
+    hidden = np.ones((sum(lengths), 500), np.float32)  # 500 floats a token
+    async with rlwire.open_sender(tmp_path) as sender:
+        await sender.send(batch)
+        await sender.add_fields(0, {"hidden": rlwire.Ragged.from_lengths(hidden, lengths)})
+        sent = sender.last_stats
+    assert sent is not None
+    stored = sum(p.stat().st_size for p in tmp_path.glob("step-00000000.rank-0000.fields-*"))
+    assert stored > hidden.nbytes
+    with rlwire.open_receiver(tmp_path, record_consumed=False) as receiver:
+        got = await receiver.areceive(timeout=5)
+        assert got.samples[0].extras["hidden"].shape == (lengths[0], 500)
+        stats = receiver.last_stats
+        assert stats is not None and stats.bytes > sent.bytes + hidden.nbytes
+        # The fields' frame: its file less a small envelope and padding.
+        assert sent.bytes + stored - 8192 < stats.bytes <= sent.bytes + stored
+    for fields, least, most in (
+        (["token_ids"], 0, sent.bytes),  # of the step's own message only
+        (["hidden"], hidden.nbytes, sent.bytes + stored),  # and the appended field's
+    ):
+        with rlwire.open_receiver(tmp_path, record_consumed=False, fields=fields) as receiver:
+            await receiver.areceive(timeout=5)
+            stats = receiver.last_stats
+            assert stats is not None and least < stats.bytes <= most, fields

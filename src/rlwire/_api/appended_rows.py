@@ -311,10 +311,10 @@ def decode_appended(frame: Frame, decoding: FrameDecoding) -> Columns:
 
 def read_appended(
     source: Source, step: int, fields: frozenset[str] | None, decoding: FrameDecoding
-) -> tuple[int, dict[str, Column]]:
-    """How many messages of fields are appended to ``step``, and their columns (with
+) -> tuple[int, dict[str, Column], int]:
+    """How many messages of fields are appended to ``step``, their columns (with
     ``fields``, those of the messages holding some of them: the others' buffers go
-    unread)."""
+    unread), and the bytes of those that hold columns returned, as read."""
     select = source.select
     if fields is not None:
         source.select = AppendedSelector(decoding, fields)
@@ -323,7 +323,9 @@ def read_appended(
     finally:
         source.select = select
     appended: dict[str, Column] = {}
+    nbytes = 0
     for frame in frames:
         if not (fields is not None and frame.missing):  # else a message of other fields
             appended.update(decode_appended(frame, decoding).items())
-    return len(frames), appended
+            nbytes += frame.nbytes  # (buffers a selection left unread are empty)
+    return len(frames), appended, nbytes

@@ -151,15 +151,18 @@ def _sidecar_names(codec: Any) -> frozenset[str]:
 @dataclass
 class Appended:
     """A step as read (a frame, or a sealed step's parts), with the columns appended to
-    it and the fields its own read was limited to."""
+    it, the fields its own read was limited to, and the bytes of the appended messages
+    read for those columns."""
 
     inner: Any
     columns: dict[str, Column]
     fields: frozenset[str] | None
+    appended_bytes: int = 0
 
     @property
     def nbytes(self) -> int:
-        return int(self.inner.nbytes)
+        """The bytes read: the step's (as its read was limited), and of its fields'."""
+        return int(self.inner.nbytes) + self.appended_bytes
 
     @property
     def message_id(self) -> bytes:
@@ -187,7 +190,7 @@ def read_with_appended(
     told, so that its next wait waits for another appended message)."""
     if not source.appends_fields:
         return read()  # type: ignore[no-any-return]
-    count, appended = read_appended(source, step, fields, decoding)
+    count, appended, nbytes = read_appended(source, step, fields, decoding)
     rest = fields
     select = source.select
     if fields is not None:
@@ -221,7 +224,7 @@ def read_with_appended(
     inner = got[1]
     if rest == frozenset() and isinstance(inner, SealedStep) and len(inner.parts) > 1:
         inner = _place(inner, decoding)
-    return got[0], Appended(inner, appended, rest)
+    return got[0], Appended(inner, appended, rest, nbytes)
 
 
 def _place(inner: SealedStep, decoding: FrameDecoding) -> SealedStep:

@@ -102,7 +102,9 @@ class ReceiveStats:
     Attributes:
         step: the step received.
         rank: the rank received.
-        bytes: the message's size as received (compressed, if it was).
+        bytes: the message's size as received (compressed, if it was), with the
+            messages of fields appended to it (``add_fields``) that were read; with
+            ``fields=``, only the buffers read are counted.
         wait_seconds: time waiting for the step to arrive.
         read_seconds: time reading it: opening and mapping files, or downloading, and
             checking checksums (``verify=True``).

@@ -224,3 +224,19 @@ async def test_receive_stats_count_the_bytes_of_appended_fields_read(tmp_path: P
             await receiver.areceive(timeout=5)
             stats = receiver.last_stats
             assert stats is not None and least < stats.bytes <= most, fields
+
+
+async def test_a_step_read_by_wait_next_is_not_read_again_in_the_receive_stats(
+    tmp_path: Path,
+) -> None:
+    async with rlwire.open_sender(tmp_path) as sender:
+        await sender.send(make_batch(8, 20_000))
+    with rlwire.open_receiver(tmp_path, record_consumed=False) as receiver:
+        assert await receiver.await_next(timeout=5)
+        await anyio.sleep(0.2)  # a read counted in the receive would be older than it
+        await receiver.areceive(timeout=5)
+        stats = receiver.last_stats
+    assert stats is not None
+    inner = stats.read_seconds + stats.decompress_seconds + stats.decode_seconds
+    assert inner + stats.wait_seconds == pytest.approx(stats.total_seconds)
+    assert stats.read_seconds <= stats.total_seconds < 0.2

@@ -100,7 +100,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
         self._closed = False
         self._peeked: tuple[int, Frame | SealedStep] | None = None  # read by wait_next()
         self._pending: str | None = None  # why the step is not there yet, when known
-        self._read_seconds = 0.0  # of the last read
+        self._read_span = (0.0, 0.0)  # when the last read began and ended
         self._record_consumed = record_consumed
         self._start_marks(start_step, resume)  # where it starts: start_step, or the marks
         self._note_run()  # resumed part way through a step: which run it is of
@@ -147,7 +147,9 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
             if got is None:
                 return _NOTHING
             step, frame = got
-            seconds = {"read": self._read_seconds, "decompress": 0.0, "decode": 0.0}
+            began, ended = self._read_span  # its part in this call (wait_next read before)
+            seconds = dict.fromkeys(("decompress", "decode"), 0.0)
+            seconds["read"] = max(0.0, ended - max(began, started))
             try:
                 columns = self._as_columns if as_columns is None else as_columns
                 obj = yield from self._decode(frame, seconds, columns or self._fields is not None)
@@ -202,7 +204,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
             exc.add_context(rank=self._rank)
             raise
         finally:
-            self._read_seconds = time.perf_counter() - began
+            self._read_span = (began, time.perf_counter())
 
     def _read_step(self) -> tuple[int, Frame | SealedStep] | None:
         got = self._source.read_next(self._next_step)

@@ -107,7 +107,8 @@ class ReceiveStats:
             ``fields=``, only the buffers read are counted.
         wait_seconds: time waiting for the step to arrive.
         read_seconds: time reading it: opening and mapping files, or downloading, and
-            checking checksums (``verify=True``).
+            checking checksums (``verify=True``), in this call (a step that
+            ``wait_next`` read was read before it: 0).
         decompress_seconds: time decompressing.
         decode_seconds: time decoding into objects (and validating, with
             ``validate=True``).

@@ -240,3 +240,18 @@ async def test_a_step_read_by_wait_next_is_not_read_again_in_the_receive_stats(
     inner = stats.read_seconds + stats.decompress_seconds + stats.decode_seconds
     assert inner + stats.wait_seconds == pytest.approx(stats.total_seconds)
     assert stats.read_seconds <= stats.total_seconds < 0.2
+
+
+async def test_a_failing_stats_callback_is_raised_after_a_step_of_parts_is_sealed(
+    tmp_path: Path,
+) -> None:
+    def broken(stats: rlwire.SendStats) -> None:
+        raise RuntimeError(f"logger down at step {stats.step}")
+
+    async with rlwire.open_sender(tmp_path, on_stats=broken) as sender:
+        with pytest.raises(RuntimeError, match="logger down at step 0"):
+            async with sender.open_step() as writer:
+                await writer.put(make_batch(1).samples, key="a")
+        assert sender.next_step == 1  # sealed before the callback ran
+    with rlwire.open_receiver(tmp_path) as receiver:
+        assert receiver.poll() is not None

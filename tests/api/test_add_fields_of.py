@@ -115,8 +115,10 @@ async def test_a_part_gives_its_message_id_and_part_0s_is_the_steps(
     ) as receiver:
         with anyio.fail_after(20):
             parts = [part async for part in receiver.aparts(timeout=20)]
+        ended = receiver.last_stats  # once the loop ended: the step's, with part 0's id
     assert [p.index for p in parts] == [0, 1]
     assert parts[0].message_id == step_id and parts[1].message_id not in (b"", step_id)
+    assert ended is not None and ended.message_id == step_id
     await _send(url, options, 10, True)
     with pytest.raises(rlwire.ConfigError, match="not the message"):
         await _add(url, options, of=parts[0].message_id)

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rlwire
-from rlwire._api.step_writer import choose_rank, token_cost
+from rlwire._api.balance import choose_rank, token_cost
 
 pytestmark = pytest.mark.anyio
 

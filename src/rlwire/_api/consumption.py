@@ -65,7 +65,7 @@ class ConsumptionMarks:
     _part_next: int
     _record_consumed: bool
     _first_part: tuple[int, bytes]  # the step and run of the parts yielded (RunChecks)
-    _resumed_at: tuple[int, int]  # where resume=True started (PartsReader, at the seal)
+    _resumed_at: tuple[int, int] = (-1, 0)  # where resume=True started (parts: the seal)
     _peeked: object  # a step read by wait_next() for the next receive, or None
 
     def _start_marks(self, start_step: int, resume: bool) -> None:

@@ -134,7 +134,6 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
     # Where the receiver stood before the last step or part it took (see _give_back).
     _taken_from: tuple[int | None, int, int, Any, Any] | None = None
     _handed_keys: HandedKeys | None = None  # the keys of the parts handed out, for the seal
-    _resumed_at: tuple[int, int] = (-1, 0)  # the step and part resume=True started at
 
     @property
     def next_part(self) -> int:
@@ -327,9 +326,7 @@ class PartsReader(RunChecks, ConsumptionMarks, Generic[T]):
     def _keys_handed(self) -> HandedKeys:
         if self._handed_keys is None:
             self._handed_keys = HandedKeys()
-            step, part = self._resumed_at
-            if part:  # resumed part way through: the parts before were handed out
-                self._handed_keys.resumed(step, part)
+            self._handed_keys.resumed(*self._resumed_at)  # those handed out before a resume
         return self._handed_keys
 
     def _check_keys(

@@ -63,7 +63,7 @@ class _Sender(Protocol):
     ) -> Sliced[Frame]: ...
 
 
-__all__ = ["StepWriter", "choose_rank", "token_cost"]
+__all__ = ["StepWriter"]
 
 
 class StepWriter:

@@ -8,8 +8,9 @@ written by another tool (Python's ``json``, JavaScript's ``BigInt``, a database 
 may hold one, an id say. msgspec's JSON decoder reads it exactly, as a Python ``int``,
 so documents are parsed by it: within a third of orjson's time either way (0.6x on an
 array of floats, 1.3x on mixed or string-heavy documents, 2026-12-01), where finding the
-long integer literals in the text first would cost a third of a parse. Where msgspec refuses a document (malformed JSON, nesting beyond Python's
-recursion limit), orjson parses it again: it reports malformed JSON as before
+long integer literals in the text first would cost a third of a parse. Where msgspec
+refuses a document (malformed JSON, nesting beyond Python's recursion limit), orjson
+parses it again: it reports malformed JSON as before
 (:func:`parse` raises its :class:`orjson.JSONDecodeError`), and it accepts nesting up
 to 1024 levels.
 

@@ -12,14 +12,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import zstandard
 from msgspec.msgpack import Ext
 from msgspec.msgpack import encode as mp
 
+import rlwire
 from rlwire import Frame
 from rlwire._api.cli import main
 from rlwire._core.slicing import run_sliced
 from rlwire.codecs import MsgpackCodec
+from rlwire.testing import make_batch
 from rlwire.transport import FileSink
 
 MiB = 1 << 20
@@ -211,3 +214,28 @@ def test_a_destination_without_a_fence_says_so(tmp_path: Path) -> None:
     assert err.startswith("fence: none at") and 'on_existing="error"' in err
     status, _, err = inspect_here(tmp_path / "no-such-run" / "fence.rlw")
     assert status == 2 and "no such directory" in err
+
+
+def test_a_step_filled_part_by_part_lists_its_parts(tmp_path: Path) -> None:
+    """A step filled part by part: its tree, then its parts' manifests (``--part N``:
+    one); ``--json``: a JSON list of them. Before, the tree was followed by a
+    ConfigError naming a file that does not exist and the Python API's
+    ``manifest(step, part=i)``, exit status 2 (``--json`` too)."""
+    with rlwire.open_sync_sender(tmp_path) as sender:
+        with sender.open_step(ranks=2) as writer:
+            for key in range(3):
+                writer.put(make_batch(1, 16, seed=key).samples, key=key)
+    status, out, err = inspect_here(tmp_path)
+    assert status == 0, err
+    assert out.startswith("step 0 rank 0:"), out
+    assert "step 0 rank 0 was filled part by part: 2 parts (--part N:" in out
+    assert "manifest of step 0 rank 0 part 0 (key 0)" in out
+    assert "manifest of step 0 rank 0 part 1 (key 2)" in out
+    assert out.splitlines()[-1].startswith("fence: ")
+    status, out, err = inspect_here(tmp_path, "--json", "--rank", "1")
+    assert status == 0, err
+    listed = msgspec.json.decode(out)
+    assert [(m["rank"], m["part"], m["key"]) for m in listed] == [(1, 0, 1)]
+    status, out, err = inspect_here(tmp_path, "--part", "1")
+    assert status == 0, err
+    assert out.startswith("manifest of step 0 rank 0 part 1 (key 2)")

@@ -272,8 +272,9 @@ def test_inspect_prints_the_manifest(tmp_path: Path, capsys: pytest.CaptureFixtu
     manifest = msgspec.json.decode(capsys.readouterr().out, type=rlwire.Manifest)
     with rlwire.open_receiver(url) as receiver:
         assert manifest == receiver.manifest(0)
-    assert main(["inspect", url, "--step", "1", "--json"]) == 2  # parts: --part, says why
-    assert "part by part" in capsys.readouterr().err
+    assert main(["inspect", url, "--step", "1", "--json"]) == 0  # parts: a list of theirs
+    parts = msgspec.json.decode(capsys.readouterr().out, type=list[rlwire.Manifest])
+    assert [(m.step, m.part, m.key) for m in parts] == [(1, 0, "g0")]
     # A URL, as the receivers take (it was made a local path: "s3:/bucket/run").
     for where in (f"file://{url}", f"memory://inspect-{tmp_path.name}"):
         if where.startswith("memory"):

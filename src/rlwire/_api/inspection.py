@@ -53,12 +53,18 @@ def inspect(ns: argparse.Namespace) -> int:
     destination = path == ns.path  # not one of its files: its fence is described too
     if ns.json or ns.part is not None:  # the manifest alone: envelope and header only
         with open_receiver(path, rank=rank, record_consumed=False) as receiver:
-            manifest = receiver.manifest(step, part=ns.part)
+            if ns.part is None:
+                manifest = _manifests(receiver, step, None)
+            else:
+                manifest = receiver.manifest(step, part=ns.part)
         if manifest is None:
             part = "" if ns.part is None else f" part {ns.part}"
             print(f"{path}: no step {step}{part} for rank {rank}", file=sys.stderr)
             return 1
-        print(msgspec.json.encode(manifest).decode() if ns.json else _manifest_text(manifest))
+        if isinstance(manifest, Manifest) and not ns.json:
+            print(_manifest_text(manifest))
+        else:  # JSON; of a step filled part by part: the list of its parts' manifests
+            print(msgspec.json.encode(manifest).decode())
         return 0
     target = _load_type(ns.type) if ns.type else Any
     try:
@@ -76,12 +82,44 @@ def inspect(ns: argparse.Namespace) -> int:
         return 1
     print(f"step {step} rank {rank}: {_size(*_nbytes(obj, _MAX_VISITS))}{_describe(obj)}")
     with open_receiver(path, rank=rank, record_consumed=False) as receiver:
-        manifest = receiver.manifest(step)
-    if manifest is not None:
+        manifest = _manifests(receiver, step, _MAX_PARTS)
+    if isinstance(manifest, Manifest):
         print(_manifest_text(manifest))
+    elif manifest is not None:
+        print(_parts_text(manifest, step, rank))
     if destination:
         _print_fence(path)
     return 0
+
+
+def _manifests(receiver: Any, step: int, most: int | None) -> Manifest | list[Manifest] | None:
+    """The manifest of ``step`` for the receiver's rank, or, for a step filled part by
+    part, its parts' (the first ``most`` + 1 of them, or all); ``None``: not stored."""
+    try:
+        return receiver.manifest(step)  # type: ignore[no-any-return]
+    except ConfigError:  # a step filled part by part, or no store (which raises again)
+        parts: list[Manifest] = []
+        while most is None or len(parts) <= most:
+            part = receiver.manifest(step, part=len(parts))
+            if part is None:
+                break
+            parts.append(part)
+        return parts
+
+
+def _parts_text(parts: list[Manifest], step: int, rank: int) -> str:
+    """What the manifests of the parts of a step filled part by part say, the first
+    :data:`_MAX_PARTS` of them."""
+    more = len(parts) > _MAX_PARTS
+    count = f"{_MAX_PARTS} parts and more" if more else f"{len(parts)} parts"
+    lines = [
+        f"step {step} rank {rank} was filled part by part: {count} (--part N: the "
+        "manifest of part N alone; --json: all of them, as a list)"
+    ]
+    lines += [_manifest_text(m) for m in parts[:_MAX_PARTS]]
+    if more:
+        lines.append(f"... more parts (--part {_MAX_PARTS} and on)")
+    return "\n".join(lines)
 
 
 def _inspect_fence(ns: argparse.Namespace) -> int:
@@ -160,6 +198,7 @@ _MAX_FIELDS = 24
 _MAX_ITEMS = 3
 _MAX_VISITS = 1_000_000
 _TITLE_VISITS = 20_000
+_MAX_PARTS = 16
 
 
 def _load_type(spec: str) -> Any:

@@ -60,6 +60,15 @@ def test_every_case_has_its_files() -> None:
     assert sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) == sorted(cases)
 
 
+def test_golden_folders_hold_no_receiver_marks() -> None:
+    """The golden folders hold what their writers wrote (tests/golden_cases.py), not the
+    consumption marks of a receiver: a test reads them with ``record_consumed=False``,
+    or reads a copy. Before, the marks of a test's receivers of ``msgpack-1.8-ranks``
+    were committed with its files, and every run wrote them again."""
+    marks = sorted(str(p.relative_to(GOLDEN)) for p in GOLDEN.rglob("consumed.*"))
+    assert marks == []
+
+
 def test_the_golden_files_span_both_minor_versions() -> None:
     """The 1.0 files keep decoding beside the 1.1 ones: each main file says which
     version wrote it (bytes 8-11, docs/format.md), and both are here. Files of the
@@ -422,7 +431,9 @@ def test_golden_steps_that_record_their_ranks_decode_and_let_a_resume_scale_up(
         for rank, rows in enumerate(rows_of):
             main = (GOLDEN / RANKS_CASE / f"step-{step:08d}.rank-{rank:04d}.rlw").read_bytes()
             assert struct.unpack_from("<HH", main, 8) == (1, 8)
-            with rlwire.open_receiver(GOLDEN / RANKS_CASE, rank=rank, start_step=step) as r:
+            with rlwire.open_receiver(
+                GOLDEN / RANKS_CASE, rank=rank, start_step=step, record_consumed=False
+            ) as r:
                 assert_batches_equal(r.receive(timeout=5), fields_batch(rows))
     shutil.copytree(GOLDEN / RANKS_CASE, tmp_path / "run")
     more = [fields_batch([i]) for i in range(4)]

@@ -59,7 +59,7 @@ def inspect(root: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], f
     return proc, cpu_of_children() - began
 
 
-def inspect_here(path: Path, *args: str) -> tuple[int, str, str]:
+def inspect_here(path: Path | str, *args: str) -> tuple[int, str, str]:
     """``rlwire inspect`` run by its entry point in this process (for ordinary files:
     a new Python and rlwire per call cost most of these tests' time): its exit status,
     stdout and stderr."""
@@ -239,3 +239,32 @@ def test_a_step_filled_part_by_part_lists_its_parts(tmp_path: Path) -> None:
     status, out, err = inspect_here(tmp_path, "--part", "1")
     assert status == 0, err
     assert out.startswith("manifest of step 0 rank 0 part 1 (key 2)")
+
+
+def test_a_step_files_url_names_its_step_and_rank(tmp_path: Path) -> None:
+    """The URL of a step's file (``memory://run/step-00000001.rank-0001.rlw``,
+    ``file:///...``): its destination, step and rank, as its path does. Before, it was
+    taken for a destination, its step 0 "deleted by keep_last" (StepGapError); a
+    ``file://`` URL of another file named a made-up path, and one of no directory
+    printed "fence: none at ..."."""
+    url = f"memory://inspect-url-{tmp_path.name}"
+    with rlwire.open_sync_sender(url) as sender:
+        sender.send_ranks([{"x": [0]}, {"x": [1]}])
+        sender.send_ranks([{"x": [2]}, {"x": [3]}])
+    status, out, err = inspect_here(f"{url}/step-00000001.rank-0001.rlw")
+    assert status == 0, err
+    assert out.startswith("step 1 rank 1:") and "[0]: 3" in out and "fence" not in out
+    status, _, err = inspect_here(f"{url}/step-00000001.rank-0001.rlw", "--rank", "0")
+    assert status == 2 and "--rank 0: the file step-00000001.rank-0001.rlw is of rank 1" in err
+    with rlwire.open_sync_sender(tmp_path / "run") as sender:
+        sender.send({"x": [4]})
+    status, out, err = inspect_here(f"file://{tmp_path}/run/step-00000000.rank-0000.rlw")
+    assert status == 0 and out.startswith("step 0 rank 0:"), err
+    (tmp_path / "notes.txt").write_text("hello")
+    for where, what in [
+        (f"file://{tmp_path}/notes.txt", "not a stored step's file"),
+        (f"file://{tmp_path}/no-such-run", "no such directory"),
+        (f"file://{tmp_path}/no-such-run/fence.rlw", "no such directory"),
+    ]:
+        status, out, err = inspect_here(where)
+        assert (status, out, what in err) == (2, "", True), (where, out, err)

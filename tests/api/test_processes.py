@@ -211,6 +211,11 @@ def test_inspect_describes_the_fence_of_an_s3_destination(
         described = run(*cli, where)
         assert described.returncode == 0, described.stderr
         assert described.stdout.splitlines()[-1].startswith(line), described.stdout
+    # One of its step files, by its object's URL: that step and rank, no fence. Before,
+    # the URL was taken for a destination, whose step 0 was "deleted by keep_last".
+    described = run(*cli, f"{url}/step-00000000.rank-0000.rlw")
+    assert described.returncode == 0, described.stderr
+    assert described.stdout.startswith("step 0 rank 0:") and "fence" not in described.stdout
 
 
 ROLLOUT_TYPES = textwrap.dedent("""

@@ -18,30 +18,53 @@ from rlwire._api.manifest import Manifest
 from rlwire._api.receiver import open_receiver
 from rlwire._core.errors import ConfigError
 from rlwire.transport._heads import FENCE_NAME, fence_at, message_of
+from rlwire.transport._url import local_path, parse_url
 
 __all__ = ["inspect"]
 
 
 def _located(ns: argparse.Namespace) -> tuple[str, int, int, int | None]:
     """The directory or URL to read, and the step, rank and part: a stored file given
-    as the path (``run/step-00000003.rank-0001.rlw``, its sidecar, a part) names them
+    as the path (``run/step-00000003.rank-0001.rlw``, its sidecar, a part; or such an
+    object's URL, ``s3://bucket/run/step-00000003.rank-0001.rlw``) names them
     (ConfigError: no such path, not a step's file, options that say otherwise)."""
-    path, given = ns.path, (ns.step, ns.rank, ns.part)
-    if "://" in path or os.path.isdir(path):
+    path = ns.path
+    local = _local(path)
+    if local is None:  # a URL of another scheme: a prefix, or one of its step files
+        parent, _, name = path.rpartition("/")
+        named = None if "?" in path or "#" in path else message_of(name)
+        if named is None or "://" not in parent:
+            return path, ns.step or 0, ns.rank or 0, ns.part
+        return parent, *_options_agree(ns, name, named)
+    if os.path.isdir(local):
         return path, ns.step or 0, ns.rank or 0, ns.part
-    if not os.path.exists(path):
+    if not os.path.exists(local):
         raise ConfigError(f"{path}: no such directory (give the directory a sender writes to)")
-    name = os.path.basename(path)
-    named = message_of(name)
+    named = message_of(os.path.basename(local))
     if named is None:
         raise ConfigError(
             f"{path}: not a stored step's file (step-NNNNNNNN.rank-NNNN.rlw): give the "
             "directory a sender writes to, or one of its step files"
         )
+    return os.path.dirname(local) or ".", *_options_agree(ns, os.path.basename(local), named)
+
+
+def _local(path: str) -> str | None:
+    """The local path a plain path or ``file://`` URL names; ``None`` for another URL."""
+    url = parse_url(path)
+    return local_path(url) if url.scheme == "file" else None
+
+
+def _options_agree(
+    ns: argparse.Namespace, name: str, named: tuple[int, int, int | None]
+) -> tuple[int, int, int | None]:
+    """The step, rank and part of the file ``name`` (``named``), if ``--step``,
+    ``--rank`` and ``--part`` say the same or nothing (else ConfigError)."""
+    given = (ns.step, ns.rank, ns.part)
     for option, value, own in zip(("--step", "--rank", "--part"), given, named, strict=True):
         if value is not None and value != own:
             raise ConfigError(f"{option} {value}: the file {name} is of {option[2:]} {own}")
-    return os.path.dirname(path) or ".", *named
+    return named
 
 
 def inspect(ns: argparse.Namespace) -> int:
@@ -131,7 +154,8 @@ def _inspect_fence(ns: argparse.Namespace) -> int:
     if ns.json:
         raise ConfigError(f"--json: {ns.path} is a destination's fence, which has no manifest")
     path = os.path.dirname(ns.path) or "."
-    if "://" not in path and not os.path.isdir(path):
+    local = _local(path)
+    if local is not None and not os.path.isdir(local):
         raise ConfigError(f"{path}: no such directory (give the directory a sender writes to)")
     text, found = _fence(path) or (f"{path}: no fence file is kept there", False)
     print(text, file=sys.stdout if found else sys.stderr)

@@ -17,6 +17,7 @@ from helpers import assert_batches_equal
 from s3_server import s3_client
 
 import rlwire
+from rlwire._api.cli import main
 from rlwire._frame.compression import Compressor
 from rlwire.testing import make_batch
 
@@ -137,6 +138,17 @@ def test_demo_refuses_a_directory_with_steps(tmp_path: Path) -> None:
     again = run(sys.executable, "-m", "rlwire._api.cli", *args)
     assert again.returncode == 2
     assert "StepExistsError" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_demo_refuses_counts_out_of_range(capsys: pytest.CaptureFixture[str]) -> None:
+    """A usage error, before anything is sent. Before, ``--steps -1`` ran a demo that
+    sent nothing and ended "FAILED: the trainer verified 0 of -1 steps"; ``--steps 0``
+    "verified all 0 steps"."""
+    for option, value, least in [("--steps", "-1", 1), ("--steps", "0", 1), ("--samples", "-1", 0)]:
+        with pytest.raises(SystemExit) as exited:
+            main(["demo", option, value])
+        assert exited.value.code == 2
+        assert f"argument {option}: {value}: at least {least}" in capsys.readouterr().err
 
 
 def test_inspect_command(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 
@@ -138,18 +138,33 @@ async def _demo(ns: argparse.Namespace, directory: str) -> int:
     return 0
 
 
+def _count(least: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``least`` (else a usage error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value}: at least {least}")
+        return value
+
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlwire", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def batch_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--samples", type=int, default=64, help="samples per step")
-        p.add_argument("--tokens", type=int, default=4096, help="tokens per sample (at most)")
-        p.add_argument("--layers", type=int, default=24, help="MoE layers")
-        p.add_argument("--topk", type=int, default=8, help="experts per token")
+        p.add_argument("--samples", type=_count(0), default=64, help="samples per step")
+        p.add_argument("--tokens", type=_count(0), default=4096, help="tokens per sample (at most)")
+        p.add_argument("--layers", type=_count(0), default=24, help="MoE layers")
+        p.add_argument("--topk", type=_count(0), default=8, help="experts per token")
 
     demo = sub.add_parser("demo", help="send synthetic batches to a trainer process")
-    demo.add_argument("--steps", type=int, default=40)
+    demo.add_argument("--steps", type=_count(1), default=40, help="steps to send (from 1)")
     demo.add_argument("--dir", help="directory to use (default: a new temporary one)")
     batch_options(demo)
     trainer = sub.add_parser("_trainer")  # the demo's other process

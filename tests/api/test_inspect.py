@@ -268,3 +268,26 @@ def test_a_step_files_url_names_its_step_and_rank(tmp_path: Path) -> None:
     ]:
         status, out, err = inspect_here(where)
         assert (status, out, what in err) == (2, "", True), (where, out, err)
+
+
+def test_a_step_not_stored_is_told_alike_with_the_steps_that_are(tmp_path: Path) -> None:
+    """A step keep_last deleted, or after the end: exit status 1 and the steps stored,
+    with the option that shows one, with ``--json`` or without. Before, without it, a
+    deleted step was a StepGapError (exit 2) whose advice was the library's (``skip()``,
+    ``start_step=5``), a step after the end an EndOfStream, where ``--json`` said "no
+    step 0" (exit 1)."""
+    with rlwire.open_sync_sender(tmp_path, keep_last=2) as sender:
+        for _ in range(4):
+            sender.send({"x": [1]})
+        with rlwire.open_receiver(tmp_path, type=dict) as receiver:
+            for _ in range(4):
+                receiver.receive(timeout=5)
+        sender.send({"x": [2]})
+        sender.finish()
+    told = "no step {} for rank 0 (steps 3 to 4 are stored for it: --step 3 for the oldest)\n"
+    for step in (0, 9):
+        for json in ([], ["--json"]):
+            status, _, err = inspect_here(tmp_path, "--step", str(step), *json)
+            assert (status, err) == (1, f"{tmp_path}: {told.format(step)}"), (json, err)
+    status, _, err = inspect_here(tmp_path, "--step", "0", "--rank", "1")
+    assert (status, err) == (1, f"{tmp_path}: no step 0 for rank 1 (no step is stored for it)\n")

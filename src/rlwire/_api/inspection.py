@@ -16,8 +16,8 @@ import numpy as np
 
 from rlwire._api.manifest import Manifest
 from rlwire._api.receiver import open_receiver
-from rlwire._core.errors import ConfigError
-from rlwire.transport._heads import FENCE_NAME, fence_at, message_of
+from rlwire._core.errors import ConfigError, EndOfStream, StepGapError
+from rlwire.transport._heads import FENCE_NAME, fence_at, message_of, stored_steps_at
 from rlwire.transport._url import local_path, parse_url
 
 __all__ = ["inspect"]
@@ -81,9 +81,7 @@ def inspect(ns: argparse.Namespace) -> int:
             else:
                 manifest = receiver.manifest(step, part=ns.part)
         if manifest is None:
-            part = "" if ns.part is None else f" part {ns.part}"
-            print(f"{path}: no step {step}{part} for rank {rank}", file=sys.stderr)
-            return 1
+            return _missing(path, step, rank, ns.part, fence=False)
         if isinstance(manifest, Manifest) and not ns.json:
             print(_manifest_text(manifest))
         else:  # JSON; of a step filled part by part: the list of its parts' manifests
@@ -98,11 +96,10 @@ def inspect(ns: argparse.Namespace) -> int:
     except (RecursionError, MemoryError) as exc:  # a type of the user's, say
         print(f"rlwire: {path}: cannot decode step {step} rank {rank}: {exc!r}", file=sys.stderr)
         return 2
+    except (StepGapError, EndOfStream):  # deleted by keep_last, never sent, after the end
+        obj = None
     if obj is None:
-        print(f"{path}: no step {step} for rank {rank}", file=sys.stderr)
-        if destination:  # what there is of it
-            _print_fence(path)
-        return 1
+        return _missing(path, step, rank, None, fence=destination)
     print(f"step {step} rank {rank}: {_size(*_nbytes(obj, _MAX_VISITS))}{_describe(obj)}")
     with open_receiver(path, rank=rank, record_consumed=False) as receiver:
         manifest = _manifests(receiver, step, _MAX_PARTS)
@@ -113,6 +110,24 @@ def inspect(ns: argparse.Namespace) -> int:
     if destination:
         _print_fence(path)
     return 0
+
+
+def _missing(path: str, step: int, rank: int, part: int | None, *, fence: bool) -> int:
+    """Say that ``step`` (``part`` of it) is not stored for ``rank``, and which steps
+    are; then, with ``fence``, what the destination's fence says: exit status 1."""
+    what = "" if part is None else f" part {part}"
+    stored = stored_steps_at(path, rank) if part is None else None
+    hint = ""
+    if stored:
+        first, last = stored[0], stored[-1]
+        steps = f"step {first} is" if first == last else f"steps {first} to {last} are"
+        hint = f" ({steps} stored for it: --step {first} for the oldest)"
+    elif stored is not None:
+        hint = " (no step is stored for it)"
+    print(f"{path}: no step {step}{what} for rank {rank}{hint}", file=sys.stderr)
+    if fence:  # what there is of the destination
+        _print_fence(path)
+    return 1
 
 
 def _manifests(receiver: Any, step: int, most: int | None) -> Manifest | list[Manifest] | None:

@@ -28,6 +28,7 @@ __all__ = [
     "read_head_of",
     "sealed",
     "store_url",
+    "stored_steps_at",
 ]
 
 
@@ -117,3 +118,22 @@ def fence_at(url: str) -> FoundFence | None:
         return FoundFence(where, token, mode if mode in MODES else None)
     finally:
         source.close()
+
+
+def stored_steps_at(url: str, rank: int) -> list[int] | None:
+    """The steps of the destination ``url`` stored for ``rank`` (its main files, and the
+    sealed steps), in order; ``None`` if its sink keeps no store or cannot list it.
+
+    Raises:
+        TransportError: the store cannot be read.
+        ConfigError: ``url`` is not valid.
+    """
+    parsed = parse_url(url)
+    if not issubclass(get_sink_class(parsed.scheme), StoredSink):
+        return None
+    source = open_source(parsed, SourceOptions(rank=rank))
+    try:
+        steps = source.stored_steps() if isinstance(source, StoredSource) else None
+    finally:
+        source.close()
+    return None if steps is None else sorted(set(steps))

@@ -225,6 +225,8 @@ def test_a_step_filled_part_by_part_lists_its_parts(tmp_path: Path) -> None:
         with sender.open_step(ranks=2) as writer:
             for key in range(3):
                 writer.put(make_batch(1, 16, seed=key).samples, key=key)
+        with sender.open_step(ranks=3) as writer:  # one part: none for ranks 1 and 2
+            writer.put(make_batch(1, 16).samples, key=0)
     status, out, err = inspect_here(tmp_path)
     assert status == 0, err
     assert out.startswith("step 0 rank 0:"), out
@@ -239,6 +241,9 @@ def test_a_step_filled_part_by_part_lists_its_parts(tmp_path: Path) -> None:
     status, out, err = inspect_here(tmp_path, "--part", "1")
     assert status == 0, err
     assert out.startswith("manifest of step 0 rank 0 part 1 (key 2)")
+    status, out, err = inspect_here(tmp_path, "--step", "1", "--rank", "2")
+    assert status == 0, err
+    assert "step 1 rank 2 was filled part by part: none of its parts is for this rank" in out
 
 
 def test_a_step_files_url_names_its_step_and_rank(tmp_path: Path) -> None:

@@ -181,7 +181,11 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--step", type=int, help="the step (default 0, or the file's)")
     inspect.add_argument("--rank", type=int, help="the rank (default 0, or the file's)")
     inspect.add_argument("--part", type=int, help="the manifest of this part of the step")
-    inspect.add_argument("--json", action="store_true", help="the manifest alone, as JSON")
+    inspect.add_argument(
+        "--json",
+        action="store_true",
+        help="the manifest alone, as JSON (a step filled part by part: a list of its parts')",
+    )
     inspect.add_argument(
         "--type",
         metavar="MODULE:NAME",

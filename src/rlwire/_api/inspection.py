@@ -148,6 +148,10 @@ def _manifests(receiver: Any, step: int, most: int | None) -> Manifest | list[Ma
 def _parts_text(parts: list[Manifest], step: int, rank: int) -> str:
     """What the manifests of the parts of a step filled part by part say, the first
     :data:`_MAX_PARTS` of them."""
+    if not parts:
+        return (
+            f"step {step} rank {rank} was filled part by part: none of its parts is for this rank"
+        )
     more = len(parts) > _MAX_PARTS
     count = f"{_MAX_PARTS} parts and more" if more else f"{len(parts)} parts"
     lines = [

@@ -148,6 +148,18 @@ class LeavesCancelledWrites(WritesInPlace):
     keep_discarded = True
 
 
+class PublishesRanksEarly(BrokenSink):
+    """Moves each rank's files into place once the next rank's write begins, before the
+    step's checks pass, and leaves them if it fails: half a step failed for rank 1."""
+
+    def write_message(self, staging: Any, step: int, rank: int, frame: Frame) -> Sliced[None]:
+        yield from staging.drain()  # the ranks before are written in full
+        for out in (*staging.sidecars, *staging.mains):
+            out.rename(replace=False)
+        staging.sidecars.clear(), staging.mains.clear()
+        yield from super().write_message(staging, step, rank, frame)
+
+
 # -- checksums ----------------------------------------------------------------------------
 
 
@@ -371,6 +383,7 @@ BROKEN: dict[str, type[BrokenSink]] = {
     "ranks": GivesRankOneRankZeros,
     "inplace": WritesInPlace,
     "halfleft": LeavesCancelledWrites,
+    "early": PublishesRanksEarly,
     "corrupt": CorruptsAfterChecksum,
     "nosums": DropsChecksums,
     "keepall": KeepsEverything,

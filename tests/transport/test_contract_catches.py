@@ -41,6 +41,7 @@ CATCHES: dict[str, tuple[tuple[str, ...], str]] = {
         ("test_a_step_that_fails_its_checks_is_never_delivered",),
         "StepExistsError|CorruptFrameError|numbers of samples|token_ids",
     ),
+    "early": (("test_a_step_one_rank_fails_is_delivered_to_no_rank",), "rank 0 got step 0"),
     "corrupt": (("test_round_trip_in_order",), "does not match its checksum"),
     "nosums": (
         ("test_checksums_pass_through_to_the_receiver[asyncio-recorded-verified]",),

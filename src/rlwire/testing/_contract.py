@@ -42,7 +42,9 @@ class SinkContract(
     arrays read-only to numpy unless the receiver is ``writable=True``, whose writes
     never reach the store; and checksums passed through: a step sent with
     ``checksum=True`` arrives verified (:attr:`rlwire.Frame.verified`, which a source
-    of your own sets once it checked every segment). Retention means ``keep_last``
+    of your own sets once it checked every segment); a step that fails its checks,
+    for one rank of several too, reaches no rank, and its number delivers the step
+    sent in its place to every rank. Retention means ``keep_last``
     deletes only what every rank moved past, and a receiver at a deleted step gets
     :class:`~rlwire.StepGapError`, not a wait.
 
@@ -76,7 +78,8 @@ class SinkContract(
 
     ``tests/transport/test_contract_catches.py`` in rlwire runs the contract against
     sinks with one planted defect each (a step delivered twice, ranks mixed up, a step
-    visible while written, bytes changed after their checksum, checksums dropped,
+    visible while written, half a step left
+    visible when one rank failed, bytes changed after their checksum, checksums dropped,
     retention that deletes too much or too little, no end mark, parts out of order or
     after their seal, Pieces runs misplaced, wrong columns, writable mappings) and
     checks that it fails each.

@@ -324,6 +324,30 @@ class DeliveryContract(ContractFixtures):
             assert_batches_equal(await receivers[0].areceive(timeout=self.timeout), good)
             assert receivers[0].last_step == 0
 
+    async def test_a_step_one_rank_fails_is_delivered_to_no_rank(
+        self,
+        sender: TrainingBatchSender,
+        receivers: list[TrainingBatchReceiver[TrainingBatch]],
+    ) -> None:
+        """``send_ranks`` whose rank 1 fails its checks (after rank 0 was written, and
+        on some sinks after rank 1 was too) makes no rank of the step visible: rank 0
+        finds nothing, not its half of a step that failed, and the step's number, not
+        used up, then delivers the step sent in its place to every rank."""
+        failed = [make_batch(2, seed=40), make_batch(3, seed=41)]
+        failed[1].samples[1].logprobs[0] = float("nan")
+        again = [make_batch(2, seed=42), make_batch(2, seed=43)]
+        async with sender:
+            with pytest.raises(SchemaError, match=r"samples\[1\]\.logprobs") as info:
+                await sender.send_ranks(failed)
+            assert (info.value.step, info.value.rank) == (0, 1)
+            for rank, receiver in enumerate(receivers):
+                got = receiver.poll()
+                assert got is None, f"rank {rank} got step {receiver.last_step} of a failed send"
+            assert await sender.send_ranks(again) == 0  # the failed step was not used up
+            for rank, receiver in enumerate(receivers):
+                assert_batches_equal(await receiver.areceive(timeout=self.timeout), again[rank])
+                assert receiver.last_step == 0
+
     async def test_unknown_storage_option_is_a_config_error(self, sink_url: str) -> None:
         with pytest.raises(ConfigError, match="no_such_option"):
             async with open_sender(sink_url, storage_options={"no_such_option": 1}) as s:

@@ -203,7 +203,7 @@ class TrainingBatchSender(AppendingSender):
             if self._unknown_step is not None:
                 raise TransportError(
                     f"whether step {self._unknown_step} became visible is unknown (its "
-                    "commit failed and the store could not be asked); open a new sender "
+                    "commit failed and did not say); open a new sender "
                     "with on_existing='resume', which settles it, to go on",
                     where=self._sink,
                 )

@@ -261,8 +261,7 @@ class StepWriter:
         if self._unknown:
             raise TransportError(
                 f"whether a part of step {self.step} became visible is unknown (its commit "
-                "failed and the store could not be asked); open the step again, which "
-                "settles it, to go on",
+                "failed and did not say); open the step again, which settles it, to go on",
                 where=self._sender.sink,
             )
 

@@ -148,13 +148,23 @@ class Validation:
 
     async def commit(self, staged: Staged, limiter: CapacityLimiter) -> None:
         """Make ``staged`` visible (:meth:`Staged.acommit`), unless :meth:`stage` did in
-        its last trip: then raise what that commit raised, if anything."""
-        if self.committed is not staged:
-            await staged.acommit(limiter)
-        elif self._commit_error is not None:
-            # Let go of it: its traceback holds the generator's frame, which holds self.
-            error, self._commit_error = self._commit_error, None
-            raise error
+        its last trip: then raise what that commit raised, if anything.
+
+        A commit that raised anything but an rlwire error (a sink's own bug, its
+        backend's error passed on) did not say what it left visible: ``staged.visible``
+        becomes None, unless the sink set it True, as for a store that could not be
+        asked; the caller then neither sends the step again nor goes on past it."""
+        try:
+            if self.committed is not staged:
+                await staged.acommit(limiter)
+            elif self._commit_error is not None:
+                # Let go of it: its traceback holds the generator's frame, which holds self.
+                error, self._commit_error = self._commit_error, None
+                raise error
+        except Exception as exc:
+            if not isinstance(exc, RlwireError) and staged.visible is False:
+                staged.visible = None
+            raise
 
     async def settle_failed(self, staged: Staged | None) -> Staged | None:
         """After :meth:`stage` or :meth:`commit` raised: the step that may be visible

@@ -65,7 +65,10 @@ class Staged(abc.ABC):
     #: True once any rank's main message may be visible to readers. A sender then counts
     #: the step as used even if :meth:`commit` fails, so a retry never reuses its number.
     #: ``None`` when a failed commit cannot tell (the store could not be asked): the
-    #: sender then refuses further sends until it is reopened with ``"resume"``.
+    #: sender then refuses further sends until it is reopened with ``"resume"``. A
+    #: commit that raises anything but an rlwire error (:class:`~rlwire.RlwireError`)
+    #: is taken to leave it unknown too, unless it set ``visible = True``: the sender
+    #: passes that error on as it is, and never assumes nothing was made visible.
     visible: bool | None = False
 
     def commit(self) -> None:

@@ -142,6 +142,39 @@ async def test_a_commit_of_unknown_outcome_stops_the_sender_until_resume(tmp_pat
         await again.send({"a": 0})
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("error", [OSError(5, "disk gone after rank 0"), ValueError("a bug")])
+async def test_a_commit_that_raises_a_foreign_error_leaves_the_step_unknown(
+    tmp_path: Path, error: Exception
+) -> None:
+    """A plugin's commit that made rank 0 visible, did not say so (``visible`` left
+    False) and raised its own error, not an rlwire one: the sender passes the error on
+    and takes the step's state as unknown (never sends it again, so no receiver that
+    took rank 0 sees two versions of it), until a resumed sender settles it."""
+
+    class ForeignCommitError(FileSink):
+        def stage(self, step: int, frames: object) -> object:  # type: ignore[override]
+            staged = yield from super().stage(step, frames)  # type: ignore[arg-type]
+
+            def commit() -> None:
+                staged.mains[0].rename(replace=False)  # rank 0 visible, not said
+                raise error
+
+            staged.commit = commit
+            return staged
+
+    async with rlwire.TrainingBatchSender(ForeignCommitError(tmp_path), MsgpackCodec()) as sender:
+        with pytest.raises(type(error), match=str(error.args[-1])):
+            await sender.send_ranks([{"a": 0}, {"a": 1}])
+        for attempt in ([{"a": 0}, {"a": 1}], [{"a": 2}, {"a": 3}]):
+            with pytest.raises(rlwire.TransportError, match=r"step 0 .* is unknown.*'resume'"):
+                await sender.send_ranks(attempt)
+        assert sender.next_step == 0
+    assert "step-00000000.rank-0000.rlw" in names(tmp_path)  # left visible: never sent again
+    with pytest.raises(rlwire.StepExistsError, match=r"step 0 is incomplete.*ranks \[0\]"):
+        FileSink(tmp_path).open("resume")
+
+
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
 @pytest.mark.parametrize("part", ["main", "sidecar"])
 def test_odd_files_at_a_step_path_are_typed_errors_not_hangs(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -173,6 +174,35 @@ async def test_a_commit_that_raises_a_foreign_error_leaves_the_step_unknown(
     assert "step-00000000.rank-0000.rlw" in names(tmp_path)  # left visible: never sent again
     with pytest.raises(rlwire.StepExistsError, match=r"step 0 is incomplete.*ranks \[0\]"):
         FileSink(tmp_path).open("resume")
+
+
+@pytest.mark.anyio
+async def test_a_part_whose_commit_raises_a_foreign_error_is_unknown(tmp_path: Path) -> None:
+    """A plugin's part commit that made the part visible, did not say so and raised a
+    ValueError: the next put is refused (unknown), and the step opened again takes the
+    part as this sender's own, never put twice."""
+
+    class ForeignPartError(FileSink):
+        def stage_part(self, step: int, part: Any, frame: Any) -> Any:
+            staged = yield from super().stage_part(step, part, frame)
+            if part.key == "a":
+
+                def commit() -> None:
+                    type(staged).commit(staged)
+                    staged.visible = False  # the bug: visible, not said
+                    raise ValueError("a bug after the part")
+
+                staged.commit = commit
+            return staged
+
+    async with rlwire.TrainingBatchSender(ForeignPartError(tmp_path), MsgpackCodec()) as sender:
+        with pytest.raises(rlwire.TransportError, match=r"a part of step 0 .* is unknown"):
+            async with sender.open_step(ranks=1) as writer:
+                with pytest.raises(ValueError, match="a bug after the part"):
+                    await writer.put([{"token_ids": [1, 2]}], key="a")
+                await writer.put([{"token_ids": [3]}], key="b")
+        async with sender.open_step(0, ranks=1) as writer:
+            assert writer.resumed == {"a"}
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device"])

@@ -299,3 +299,50 @@ def test_a_scheme_two_installed_packages_register_is_refused(twin_plugins: None)
         rlwire.open_receiver("twin://x")
     register_sink("twin", MemorySink, clobber=True)
     assert get_sink_class("twin") is MemorySink
+
+
+@pytest.fixture
+def odd_schemes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A distribution registering sinks under schemes no URL can carry: urllib reads
+    ``my_scheme://x`` as a path, and ``MyS://x`` as the scheme ``mys``."""
+    site = tmp_path / "site"
+    info = site / "odd_schemes-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: odd-schemes\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[rlwire.sinks]\nmy_scheme = rlwire.transport:FileSink\nMyS = rlwire.transport:FileSink\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    yield
+    monkeypatch.undo()
+    available_schemes()  # read the entry points again without them
+
+
+def test_a_scheme_no_url_can_carry_is_refused_not_taken_for_a_path(
+    odd_schemes: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was listed, yet ``my_scheme://bucket/run`` wrote to the local directory
+    ``./my_scheme:/bucket/run``, and ``MyS://`` was an unknown scheme 'mys'."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    assert not {"my_scheme", "MyS"} & set(available_schemes())
+    for open_url in (rlwire.open_sender, rlwire.open_receiver):
+        with pytest.raises(
+            ConfigError,
+            match=r"not a URL scheme: 'my_scheme' .*odd-schemes registers 'my_scheme' "
+            r"\(rlwire.transport:FileSink\) in rlwire.sinks, ignored",
+        ):
+            open_url("my_scheme://bucket/run")
+        with pytest.raises(ConfigError, match=r"not a URL scheme: 's3_'"):
+            open_url("s3_://bucket/run")
+        with pytest.raises(
+            ConfigError,
+            match=r"unknown URL scheme 'mys'.*odd-schemes registers 'MyS' .*read in lower case",
+        ):
+            open_url("MyS://bucket/run")
+    assert list(cwd.iterdir()) == []  # nothing written as a local path
+    assert rlwire.transport.parse_url("./my_scheme://x").scheme == "file"  # a path, said so
+    for bad in ("my_scheme", "MyS", "9p", ""):
+        with pytest.raises(ConfigError, match=f"sink for {bad!r}: "):
+            register_sink(bad, MemorySink)

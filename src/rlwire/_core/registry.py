@@ -34,6 +34,9 @@ class Registry:
         builtin: rlwire's own ``{name: "module:attr"}``, used under the entry points.
         hints: an install hint per optional entry, shown when its import fails.
         accepts: a test every loaded object must pass, and ``expected`` says what it wants.
+        check_name: what is wrong with a name (None for a good one): ``register``
+            refuses such a name, and an entry point under one is ignored (not listed),
+            named by the error for an unknown name and by :meth:`refused`.
 
     Example:
         >>> reg = Registry("example.group", label="thing {name!r}",
@@ -56,6 +59,7 @@ class Registry:
         hints: Mapping[str, str] | None = None,
         accepts: Callable[[Any], bool] | None = None,
         expected: str = "",
+        check_name: Callable[[str], str | None] | None = None,
     ) -> None:
         self.group = group
         self._label = label
@@ -64,6 +68,9 @@ class Registry:
         self._hints = dict(hints or {})
         self._accepts = accepts
         self._expected = expected
+        self._check_name = check_name
+        # Entry points under a name check_name refuses: name: (package, target, why).
+        self._refused: dict[str, tuple[str, str, str]] = {}
         self._registered: dict[str, object] = {}  # objects or "module:attr" strings
         self._entries: dict[str, str] = self._builtin
         # Names that installed packages register with different targets: "pkg (target)".
@@ -76,9 +83,16 @@ class Registry:
         """Read the entry point group again (rlwire's own table under it)."""
         found = dict(self._builtin)
         claims: dict[str, dict[str, str]] = {}  # name: {target: the package claiming it}
+        refused: dict[str, tuple[str, str, str]] = {}
         for ep in entry_points(group=self.group):
+            package = ep.dist.name if ep.dist else "?"
+            problem = self._check_name(ep.name) if self._check_name else None
+            if problem:  # unreachable: refused when asked for, not in every process
+                refused[ep.name] = (package, ep.value, problem)
+                continue
             found[ep.name] = ep.value
-            claims.setdefault(ep.name, {})[ep.value] = ep.dist.name if ep.dist else "?"
+            claims.setdefault(ep.name, {})[ep.value] = package
+        self._refused = refused
         self._conflicts = {
             name: [f"{package} ({target})" for target, package in sorted(by.items())]
             for name, by in claims.items()
@@ -104,7 +118,20 @@ class Registry:
         """The error for a name nothing is registered under, listing the known ones
         (``also`` ends the message)."""
         available = ", ".join(self.names())
-        return ConfigError(self._unknown.format(name=name, available=available) + also)
+        ignored = "".join(
+            f"; {package} registers {key!r} ({target}) in {self.group}, ignored: {why}"
+            for key, (package, target, why) in sorted(self._refused.items())
+        )
+        return ConfigError(self._unknown.format(name=name, available=available) + also + ignored)
+
+    def refused(self, name: str) -> str | None:
+        """Why an installed package's entry point under ``name`` is ignored, naming the
+        package, or None if none is."""
+        self._scan()
+        if name not in self._refused:
+            return None
+        package, target, why = self._refused[name]
+        return f"{package} registers {name!r} ({target}) in {self.group}, ignored: {why}"
 
     def register(self, name: str, target: object, *, clobber: bool = False) -> None:
         """Register ``target`` (an object, or ``"module:attr"`` imported on first use)
@@ -116,6 +143,9 @@ class Registry:
         """
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{self._label.format(name=name)}: a name must be a non-empty str")
+        problem = self._check_name(name) if self._check_name else None
+        if problem:
+            raise ConfigError(f"{self._label.format(name=name)}: {problem}")
         if not isinstance(target, str):
             self._check(name, target, repr(target))
         with self._lock:

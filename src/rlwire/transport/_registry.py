@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import os
 
+from rlwire._core.errors import ConfigError
 from rlwire._core.registry import Registry
 from rlwire.transport._base import Sink, Source
 from rlwire.transport._options import SinkOptions, SourceOptions
-from rlwire.transport._url import URL, parse_url
+from rlwire.transport._url import URL, parse_url, scheme_problem
 
 __all__ = [
     "GROUP",
@@ -69,6 +70,7 @@ _REGISTRY = Registry(
     hints=_HINTS,
     accepts=_is_sink_class,
     expected="a subclass of rlwire.abc.Sink",
+    check_name=scheme_problem,
 )
 
 
@@ -121,7 +123,10 @@ def register_sink(scheme: str, sink: type[Sink] | str, *, clobber: bool = False)
 
     Raises:
         ConfigError: the scheme is taken (by a built-in, an entry point or an earlier
-            call) and ``clobber`` is false, or ``sink`` is not a Sink subclass.
+            call) and ``clobber`` is false, ``sink`` is not a Sink subclass, or the
+            scheme is one no URL can carry (RFC 3986: a lowercase letter, then
+            lowercase letters, digits, ``+ - .``). An entry point under such a scheme
+            is ignored, and named by the error of a URL that tries it.
 
     Example:
         >>> from rlwire.transport import FileSink
@@ -136,13 +141,27 @@ def register_sink(scheme: str, sink: type[Sink] | str, *, clobber: bool = False)
     _REGISTRY.register(scheme, sink, clobber=clobber)
 
 
+def _parse(url: str | os.PathLike[str] | URL) -> URL:
+    """``parse_url(url)``; its error for ``name://`` names an installed package whose
+    entry point registers ``name``, a scheme no URL can carry."""
+    try:
+        return parse_url(url)
+    except ConfigError as exc:
+        text = url if isinstance(url, str) else ""
+        head, sep, _ = text.partition("://")
+        why = _REGISTRY.refused(head) if sep else None
+        if why:
+            raise ConfigError(f"{exc.message}; {why}", where=exc.where) from None
+        raise
+
+
 def open_sink(url: str | os.PathLike[str] | URL, options: SinkOptions) -> Sink:
     """The sink for ``url``, chosen by its scheme; the URL is parsed here, once.
 
     Raises:
         ConfigError: unknown scheme, malformed URL or unknown storage option.
     """
-    parsed = parse_url(url)
+    parsed = _parse(url)
     return get_sink_class(parsed.scheme).from_url(parsed, options)
 
 
@@ -152,5 +171,5 @@ def open_source(url: str | os.PathLike[str] | URL, options: SourceOptions) -> So
     Raises:
         ConfigError: unknown scheme, malformed URL or unknown storage option.
     """
-    parsed = parse_url(url)
+    parsed = _parse(url)
     return get_sink_class(parsed.scheme).open_source(parsed, options)

@@ -3,12 +3,37 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from rlwire._core.errors import ConfigError
 
-__all__ = ["URL", "local_path", "parse_url"]
+__all__ = ["URL", "local_path", "parse_url", "scheme_problem"]
+
+# RFC 3986, section 3.1: a letter, then letters, digits, "+", "-" or "."; urllib takes
+# nothing else for a scheme (it reads "my_scheme://x" as a path), and lowercases it.
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*\Z")
+_SCHEME_RULE = "a URL scheme is a letter, then letters, digits, '+', '-' or '.'"
+
+
+def scheme_problem(scheme: str, *, lowercase: bool = True) -> str | None:
+    """What makes ``scheme`` one no URL can carry, or None for a good one; with
+    ``lowercase``, an upper case letter is a problem too (a URL's scheme is read in
+    lower case, so a sink registered as ``"MyS"`` would never be reached).
+
+    Example:
+        >>> scheme_problem("zmq+tcp") is None, scheme_problem("my_scheme")
+        (True, "a URL scheme is a letter, then letters, digits, '+', '-' or '.'")
+        >>> scheme_problem("MyS")
+        "a URL scheme is read in lower case (URLs reach 'mys', never 'MyS')"
+    """
+    lower = scheme.lower()
+    if not _SCHEME.match(lower):
+        return _SCHEME_RULE
+    if lowercase and scheme != lower:
+        return f"a URL scheme is read in lower case (URLs reach {lower!r}, never {scheme!r})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -47,7 +72,9 @@ def parse_url(url: str | os.PathLike[str] | URL) -> URL:
     Raises:
         ConfigError: ``url`` is neither a string nor a path-like object, or a URL whose
             host urllib cannot parse (square brackets around anything but an IPv6
-            address, an unclosed bracket).
+            address, an unclosed bracket), or text of the form ``name://...`` whose
+            ``name`` is not a URL scheme (such as ``my_scheme://`` or ``s3_://``):
+            urllib would read it as a local path; ``./name://...`` is one.
     """
     if isinstance(url, URL):
         return url
@@ -59,6 +86,13 @@ def parse_url(url: str | os.PathLike[str] | URL) -> URL:
         if not isinstance(text, str):
             raise ConfigError(f"expected a str path, got {type(text).__name__}")
         url = text
+    head, sep, _ = url.partition("://")
+    if sep and "/" not in head and "\\" not in head and scheme_problem(head, lowercase=False):
+        raise ConfigError(
+            f"not a URL scheme: {head!r} ({_SCHEME_RULE}; for a local directory of "
+            f"that name write ./{url})",
+            where=url,
+        )
     try:
         parts = urlsplit(url)
     except ValueError as exc:  # urllib checks a host in brackets is an IPv6 address

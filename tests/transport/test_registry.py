@@ -346,3 +346,24 @@ def test_a_scheme_no_url_can_carry_is_refused_not_taken_for_a_path(
     for bad in ("my_scheme", "MyS", "9p", ""):
         with pytest.raises(ConfigError, match=f"sink for {bad!r}: "):
             register_sink(bad, MemorySink)
+
+
+@pytest.fixture
+def plugin_with_extras(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A distribution whose entry point lists extras, as the standard syntax allows."""
+    site = tmp_path / "site"
+    info = site / "extras_sink-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: extras-sink\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[rlwire.sinks]\nwith-extras = rlwire.transport : FileSink [fast, s3]\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    yield
+    monkeypatch.undo()
+    available_schemes()
+
+
+def test_an_entry_point_with_extras_is_loaded(plugin_with_extras: None) -> None:
+    """It was refused: 'invalid format: rlwire.transport : FileSink [fast, s3]'."""
+    assert get_sink_class("with-extras") is rlwire.transport.FileSink

@@ -16,12 +16,23 @@ from __future__ import annotations
 import pkgutil
 import threading
 from collections.abc import Callable, Mapping
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from rlwire._core.errors import ConfigError
 
 __all__ = ["Registry"]
+
+
+def _target_of(ep: EntryPoint) -> str:
+    """The ``"module:attr"`` an entry point names, without the extras its value may
+    list (``mod:attr [extra]``), which :func:`pkgutil.resolve_name` does not take; its
+    value as written if it is malformed (the error then shows it)."""
+    match = ep.pattern.match(ep.value)
+    if match is None:
+        return ep.value
+    module, attr = match.group("module"), match.group("attr")
+    return f"{module}:{attr}" if attr else module
 
 
 class Registry:
@@ -88,10 +99,10 @@ class Registry:
             package = ep.dist.name if ep.dist else "?"
             problem = self._check_name(ep.name) if self._check_name else None
             if problem:  # unreachable: refused when asked for, not in every process
-                refused[ep.name] = (package, ep.value, problem)
+                refused[ep.name] = (package, _target_of(ep), problem)
                 continue
-            found[ep.name] = ep.value
-            claims.setdefault(ep.name, {})[ep.value] = package
+            found[ep.name] = target = _target_of(ep)
+            claims.setdefault(ep.name, {})[target] = package
         self._refused = refused
         self._conflicts = {
             name: [f"{package} ({target})" for target, package in sorted(by.items())]

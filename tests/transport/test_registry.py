@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from helpers import assert_batches_equal, make_batch
 import rlwire
 from rlwire import ConfigError
 from rlwire.aio import run_sliced
-from rlwire.codecs import make_codec
+from rlwire.codecs import available_codecs, make_codec
 from rlwire.transport import available_schemes, get_sink_class, register_sink
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "plugin_sink"
@@ -367,3 +368,39 @@ def plugin_with_extras(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Itera
 def test_an_entry_point_with_extras_is_loaded(plugin_with_extras: None) -> None:
     """It was refused: 'invalid format: rlwire.transport : FileSink [fast, s3]'."""
     assert get_sink_class("with-extras") is rlwire.transport.FileSink
+
+
+@pytest.fixture
+def malformed_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """An installed package, nothing to do with rlwire, whose entry_points.txt has a line
+    without '=' (under console_scripts), next to a good sink plugin."""
+    site = tmp_path / "site"
+    for name, text in [
+        ("unrelated_tool", "[console_scripts]\nfoo\n"),
+        ("good_sink", "[rlwire.sinks]\ngood = rlwire.transport:FileSink\n"),
+    ]:
+        info = site / f"{name}-1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 1.0\n"
+        )
+        (info / "entry_points.txt").write_text(text)
+    monkeypatch.syspath_prepend(str(site))
+    yield
+    monkeypatch.undo()
+    available_schemes()
+
+
+def test_a_package_with_malformed_entry_points_breaks_nothing_else(
+    malformed_package: None, tmp_path: Path
+) -> None:
+    """Every open_sender, even of a plain path, raised a bare TypeError from
+    importlib.metadata. The package is skipped, with one warning naming it."""
+    with pytest.warns(RuntimeWarning, match=r"skips the entry points of .*'unrelated-tool'"):
+        assert BUILTIN_SCHEMES | {"good"} <= set(available_schemes())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert get_sink_class("good") is rlwire.transport.FileSink
+        assert "msgpack" in available_codecs()
+        rlwire.open_sender(tmp_path / "run")
+        rlwire.open_receiver(tmp_path / "run")

@@ -16,9 +16,10 @@ from __future__ import annotations
 import pkgutil
 import threading
 from collections.abc import Callable, Mapping
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 from typing import Any
 
+from rlwire._core.entry_points import group_entry_points
 from rlwire._core.errors import ConfigError
 
 __all__ = ["Registry"]
@@ -95,7 +96,7 @@ class Registry:
         found = dict(self._builtin)
         claims: dict[str, dict[str, str]] = {}  # name: {target: the package claiming it}
         refused: dict[str, tuple[str, str, str]] = {}
-        for ep in entry_points(group=self.group):
+        for ep in group_entry_points(self.group):  # a broken package skipped, not fatal
             package = ep.dist.name if ep.dist else "?"
             problem = self._check_name(ep.name) if self._check_name else None
             if problem:  # unreachable: refused when asked for, not in every process

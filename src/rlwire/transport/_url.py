@@ -17,10 +17,10 @@ _SCHEME = re.compile(r"[a-z][a-z0-9+.-]*\Z")
 _SCHEME_RULE = "a URL scheme is a letter, then letters, digits, '+', '-' or '.'"
 
 
-def scheme_problem(scheme: str, *, lowercase: bool = True) -> str | None:
-    """What makes ``scheme`` one no URL can carry, or None for a good one; with
-    ``lowercase``, an upper case letter is a problem too (a URL's scheme is read in
-    lower case, so a sink registered as ``"MyS"`` would never be reached).
+def scheme_problem(scheme: str) -> str | None:
+    """What makes ``scheme`` one no URL can carry, or None for a good one: an upper
+    case letter is a problem too (a URL's scheme is read in lower case, so a sink
+    registered as ``"MyS"`` would never be reached).
 
     Example:
         >>> scheme_problem("zmq+tcp") is None, scheme_problem("my_scheme")
@@ -31,7 +31,7 @@ def scheme_problem(scheme: str, *, lowercase: bool = True) -> str | None:
     lower = scheme.lower()
     if not _SCHEME.match(lower):
         return _SCHEME_RULE
-    if lowercase and scheme != lower:
+    if scheme != lower:
         return f"a URL scheme is read in lower case (URLs reach {lower!r}, never {scheme!r})"
     return None
 
@@ -86,13 +86,6 @@ def parse_url(url: str | os.PathLike[str] | URL) -> URL:
         if not isinstance(text, str):
             raise ConfigError(f"expected a str path, got {type(text).__name__}")
         url = text
-    head, sep, _ = url.partition("://")
-    if sep and "/" not in head and "\\" not in head and scheme_problem(head, lowercase=False):
-        raise ConfigError(
-            f"not a URL scheme: {head!r} ({_SCHEME_RULE}; for a local directory of "
-            f"that name write ./{url})",
-            where=url,
-        )
     try:
         parts = urlsplit(url)
     except ValueError as exc:  # urllib checks a host in brackets is an IPv6 address
@@ -102,8 +95,16 @@ def parse_url(url: str | os.PathLike[str] | URL) -> URL:
         raise ConfigError(
             f"malformed URL: {exc}{hint if '[' in url or ']' in url else ''}", where=url
         ) from None
+    head, sep, _ = url.partition("://")
+    if sep and not parts.scheme and "/" not in head and "\\" not in head:
+        # urllib found no scheme before "://" (my_scheme, s3_): not a path either.
+        raise ConfigError(
+            f"not a URL scheme: {head!r} ({_SCHEME_RULE}; for a local directory of "
+            f"that name write ./{url})",
+            where=url,
+        )
     # Only "scheme://" names a scheme: "run:1" or "C:\\x" are plain paths.
-    if "://" not in url or not parts.scheme:
+    if not sep or not parts.scheme:
         return URL(url, "file", url, parts)
     return URL(url, parts.scheme, url.partition("://")[2], parts)
 

@@ -178,6 +178,18 @@ def test_unknown_scheme_lists_every_installed_sink() -> None:
         assert installed <= {name.strip() for name in listed.split(",")}, str(info.value)
 
 
+def installed(site: Path, name: str, entry_points: str) -> None:
+    """Install the distribution ``name`` (``_`` in a file name, ``-`` in its metadata)
+    into ``site``, as pip would leave its metadata: ``entry_points`` is its
+    entry_points.txt."""
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 1.0\n"
+    )
+    (info / "entry_points.txt").write_text(entry_points)
+
+
 @pytest.fixture
 def broken_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A distribution whose entry points name a missing module and a class that is not
@@ -185,11 +197,10 @@ def broken_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     site = tmp_path / "site"
     site.mkdir()
     (site / "not_a_sink.py").write_text("class Thing:\n    pass\n")
-    info = site / "broken_sinks-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-sinks\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(
-        "[rlwire.sinks]\nmissing = no_such_module:Sink\nthing = not_a_sink:Thing\n"
+    installed(
+        site,
+        "broken_sinks",
+        "[rlwire.sinks]\nmissing = no_such_module:Sink\nthing = not_a_sink:Thing\n",
     )
     monkeypatch.syspath_prepend(str(site))
     yield
@@ -275,12 +286,7 @@ def twin_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[No
     """Two distributions that both register the scheme ``twin``."""
     site = tmp_path / "site"
     for letter in "ab":
-        info = site / f"twin_{letter}-1.0.dist-info"
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: twin-{letter}\nVersion: 1.0\n"
-        )
-        (info / "entry_points.txt").write_text(f"[rlwire.sinks]\ntwin = twin_{letter}:Sink\n")
+        installed(site, f"twin_{letter}", f"[rlwire.sinks]\ntwin = twin_{letter}:Sink\n")
     monkeypatch.syspath_prepend(str(site))
     yield
     monkeypatch.undo()
@@ -307,12 +313,8 @@ def odd_schemes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Non
     """A distribution registering sinks under schemes no URL can carry: urllib reads
     ``my_scheme://x`` as a path, and ``MyS://x`` as the scheme ``mys``."""
     site = tmp_path / "site"
-    info = site / "odd_schemes-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: odd-schemes\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(
-        "[rlwire.sinks]\nmy_scheme = rlwire.transport:FileSink\nMyS = rlwire.transport:FileSink\n"
-    )
+    sinks = "my_scheme = rlwire.transport:FileSink\nMyS = rlwire.transport:FileSink\n"
+    installed(site, "odd_schemes", f"[rlwire.sinks]\n{sinks}")
     monkeypatch.syspath_prepend(str(site))
     yield
     monkeypatch.undo()
@@ -353,11 +355,10 @@ def test_a_scheme_no_url_can_carry_is_refused_not_taken_for_a_path(
 def plugin_with_extras(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A distribution whose entry point lists extras, as the standard syntax allows."""
     site = tmp_path / "site"
-    info = site / "extras_sink-1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: extras-sink\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(
-        "[rlwire.sinks]\nwith-extras = rlwire.transport : FileSink [fast, s3]\n"
+    installed(
+        site,
+        "extras_sink",
+        "[rlwire.sinks]\nwith-extras = rlwire.transport : FileSink [fast, s3]\n",
     )
     monkeypatch.syspath_prepend(str(site))
     yield
@@ -379,12 +380,7 @@ def malformed_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
         ("unrelated_tool", "[console_scripts]\nfoo\n"),
         ("good_sink", "[rlwire.sinks]\ngood = rlwire.transport:FileSink\n"),
     ]:
-        info = site / f"{name}-1.0.dist-info"
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 1.0\n"
-        )
-        (info / "entry_points.txt").write_text(text)
+        installed(site, name, text)
     monkeypatch.syspath_prepend(str(site))
     yield
     monkeypatch.undo()

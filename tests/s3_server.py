@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import fsspec
 import pytest
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "s3_endpoint",
     "s3_proxy",
     "s3_url",
+    "short_reads",
 ]
 
 #: Dummy credentials moto accepts; set for the server and given to clients explicitly.
@@ -297,13 +299,10 @@ class FaultProxy:
         sockets = [client]  # closed at the end: the client's, and the server's
         try:
             client.settimeout(30)
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = client.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
-            head, _, rest = data.partition(b"\r\n\r\n")
+            data = _read_head(client)
+            if _END_OF_HEAD not in data:
+                return
+            head, _, rest = data.partition(_END_OF_HEAD)
             lines = head.decode("latin-1").split("\r\n")
             method, target = lines[0].split(" ")[:2]
             fields = {
@@ -372,16 +371,24 @@ class FaultProxy:
         _pump(upstream, client)
 
 
-def _relay_claiming(upstream: socket.socket, client: socket.socket, size: str) -> None:
-    """Relay the reply's head from ``upstream`` to ``client``, the total of its
-    ``Content-Range`` replaced by ``size``; the body is left for the pump."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = upstream.recv(65536)
+_END_OF_HEAD = b"\r\n\r\n"
+
+
+def _read_head(sock: socket.socket, data: bytes = b"") -> bytes:
+    """``data`` and what ``sock`` sends after it, up to and past the end of an HTTP
+    head (all of it if the connection ends first)."""
+    while _END_OF_HEAD not in data:
+        chunk = sock.recv(65536)
         if not chunk:
             break
         data += chunk
-    head, sep, body = data.partition(b"\r\n\r\n")
+    return data
+
+
+def _relay_claiming(upstream: socket.socket, client: socket.socket, size: str) -> None:
+    """Relay the reply's head from ``upstream`` to ``client``, the total of its
+    ``Content-Range`` replaced by ``size``; the body is left for the pump."""
+    head, sep, body = _read_head(upstream).partition(_END_OF_HEAD)
     head = re.sub(rb"(?im)^(content-range:[^/\r\n]*/)\d+", rb"\g<1>" + size.encode(), head)
     client.sendall(head + sep + body)
 
@@ -390,12 +397,10 @@ def _read_reply(sock: socket.socket, method: str) -> None:
     """Read one whole HTTP reply from ``sock`` (interim 1xx replies skipped)."""
     data = b""
     while True:
-        while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return
-            data += chunk
-        head, _, data = data.partition(b"\r\n\r\n")
+        data = _read_head(sock, data)
+        if _END_OF_HEAD not in data:
+            return
+        head, _, data = data.partition(_END_OF_HEAD)
         lines = head.decode("latin-1").split("\r\n")
         if not lines[0].split(" ")[1].startswith("1"):
             break
@@ -453,6 +458,15 @@ def _reset(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
+
+
+def short_reads(proxy: FaultProxy) -> dict[str, Any]:
+    """The proxy's options with botocore's read timeout cut to 4 s, s3fs's retries off:
+    a request the proxy holds fails in seconds, not minutes."""
+    options = {**proxy.options}
+    options["config_kwargs"] = {**options["config_kwargs"], "read_timeout": 4}
+    fsspec.filesystem("s3", **options).retries = 1
+    return options
 
 
 @pytest.fixture

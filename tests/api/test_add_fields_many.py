@@ -21,7 +21,7 @@ import os
 import sys
 import textwrap
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ import anyio
 import numpy as np
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
-from s3_server import FaultProxy, s3_client
+from s3_server import s3_client
 
 import rlwire
 from rlwire.aio import run_sliced
@@ -42,18 +42,6 @@ pytestmark = pytest.mark.anyio
 #: How many stages append at once: more than the 8 tries add_fields made before.
 STAGES = 10
 LENGTHS = [4, 3]
-
-
-@pytest.fixture(params=["file", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(url, storage_options)``: a new directory, or a new bucket reached through a
-    proxy that makes moto's conditional writes atomic, as S3's are."""
-    if request.param == "file":
-        yield str(tmp_path / "run"), {}
-        return
-    url = request.getfixturevalue("s3_url")
-    with FaultProxy(request.getfixturevalue("s3_endpoint"), atomic_conditions=True) as proxy:
-        yield f"{url}/run", proxy.options
 
 
 def _values(i: int) -> rlwire.Ragged:
@@ -150,12 +138,12 @@ def _hold_commits(monkeypatch: pytest.MonkeyPatch, before: Callable[[], None]) -
 
 
 async def test_every_stage_of_many_committing_at_once_commits(
-    store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+    file_or_atomic_s3: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """10 stages, each committing the same number at once every time: one wins each
     round, the others check their fields again and take the next number, 10 rounds in
     all. Before, those that lost 8 rounds raised StepExistsError (2 of them)."""
-    url, options = store
+    url, options = file_or_atomic_s3
     await _send(url, options)
     lockstep = Lockstep(STAGES)
     _hold_commits(monkeypatch, lockstep.wait)
@@ -180,12 +168,12 @@ async def test_every_stage_of_many_committing_at_once_commits(
 
 
 async def test_a_field_appended_by_two_stages_is_committed_by_one(
-    store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+    file_or_atomic_s3: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Stage A checks ``score`` against the step (not appended yet), then B appends
     ``score`` and returns before A stages its file: A gets SchemaError naming the field,
     the step and the rank. Before, A took the next number and both committed."""
-    url, options = store
+    url, options = file_or_atomic_s3
     await _send(url, options)
     b_done = threading.Event()
     first = rlwire.open_sender(url, storage_options=options)
@@ -225,11 +213,11 @@ async def test_a_field_appended_by_two_stages_is_committed_by_one(
 
 
 async def test_of_many_stages_appending_one_field_at_once_one_commits(
-    store: tuple[str, dict[str, Any]],
+    file_or_atomic_s3: tuple[str, dict[str, Any]],
 ) -> None:
     """10 stages append ``score`` at once, nothing held: one commits, the 9 others get
     SchemaError naming it (before, 2 to 4 of 12 committed it, on files and S3 alike)."""
-    url, options = store
+    url, options = file_or_atomic_s3
     await _send(url, options)
     got: list[str] = []
 
@@ -248,15 +236,15 @@ async def test_of_many_stages_appending_one_field_at_once_one_commits(
 
 # On S3 in the long suite: its reads again and again load the shared test server.
 @pytest.mark.parametrize(
-    "store", ["file", pytest.param("s3", marks=pytest.mark.long)], indirect=True
+    "file_or_atomic_s3", ["file", pytest.param("s3", marks=pytest.mark.long)], indirect=True
 )
 async def test_a_receiver_reading_meanwhile_gets_whole_messages_in_index_order(
-    store: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+    file_or_atomic_s3: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While 8 stages commit in lockstep, a receiver reads the step again and again:
     each read holds the fields of the first k messages (in index order, as stored),
     each whole, never a later message without an earlier one."""
-    url, options = store
+    url, options = file_or_atomic_s3
     stages = 8
     await _send(url, options)
     lockstep = Lockstep(stages)
@@ -335,15 +323,15 @@ CHILD = textwrap.dedent("""
 # On S3 in the long suite: three processes on the shared test server are its slowest
 # case; S3's commits are covered by the tasks above, the processes by files here.
 @pytest.mark.parametrize(
-    "store", ["file", pytest.param("s3", marks=pytest.mark.long)], indirect=True
+    "file_or_atomic_s3", ["file", pytest.param("s3", marks=pytest.mark.long)], indirect=True
 )
 async def test_stages_in_processes_all_commit_and_one_field_twice_is_refused(
-    store: tuple[str, dict[str, Any]], anyio_backend: str
+    file_or_atomic_s3: tuple[str, dict[str, Any]], anyio_backend: str
 ) -> None:
     """3 processes, each with 3 stages appending fields of their own and one appending
     ``shared``, all at once: the 9 fields are committed, ``shared`` by one stage, the
     2 others get SchemaError naming it."""
-    url, options = store
+    url, options = file_or_atomic_s3
     await _send(url, options)
     procs = []
     for p in range(3):

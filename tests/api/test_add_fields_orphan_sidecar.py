@@ -32,18 +32,6 @@ MAIN = "step-00000000.rank-0000.fields-000.rlw"
 SIDE = "step-00000000.rank-0000.fields-000.sidecar.rlw"
 
 
-@pytest.fixture(params=["file", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(url, storage_options)``: a new directory, or a new bucket (through a proxy that
-    makes moto's conditional writes atomic, as S3's are)."""
-    if request.param == "file":
-        yield str(tmp_path / "run"), {}
-        return
-    url = request.getfixturevalue("s3_url")
-    with FaultProxy(request.getfixturevalue("s3_endpoint"), atomic_conditions=True) as proxy:
-        yield f"{url}/run", proxy.options
-
-
 def _names(url: str, options: dict[str, Any]) -> list[str]:
     if not url.startswith("s3://"):
         return sorted(n for n in os.listdir(url) if "fields" in n and not n.startswith("."))
@@ -89,9 +77,9 @@ def _read(url: str, options: dict[str, Any], *names: str) -> dict[str, list[floa
 
 
 async def test_a_sidecar_left_by_a_killed_stage_blocks_no_later_stage(
-    store: tuple[str, dict[str, Any]],
+    file_or_atomic_s3: tuple[str, dict[str, Any]],
 ) -> None:
-    url, options = store
+    url, options = file_or_atomic_s3
     await _send(url, options)
     assert await _append(url, options, "values", 1.0) == "ok"
     _remove(url, options, MAIN)  # killed between its two commits: its sidecar alone

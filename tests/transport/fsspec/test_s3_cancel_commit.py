@@ -13,23 +13,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
-import fsspec
 import numpy as np
 import pytest
-from s3_server import HOLD, FaultProxy, s3_client
+from s3_server import HOLD, FaultProxy, s3_client, short_reads
 from s3_server import s3_proxy as s3_proxy  # the fixture, for this module
 
 import rlwire
 
 pytestmark = pytest.mark.anyio
-
-
-def through(proxy: FaultProxy) -> dict[str, Any]:
-    """The proxy's options with botocore's read timeout cut to 4 s, s3fs's retries off."""
-    options = {**proxy.options}
-    options["config_kwargs"] = {**options["config_kwargs"], "read_timeout": 4}
-    fsspec.filesystem("s3", **options).retries = 1
-    return options
 
 
 async def cancelled_at_the_fence(proxy: FaultProxy, work: Callable[[], Awaitable[Any]]) -> float:
@@ -93,7 +84,7 @@ CHECKS = pytest.mark.parametrize(
 async def test_a_send(
     s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: str, checks: Any
 ) -> None:
-    options = through(s3_proxy)
+    options = short_reads(s3_proxy)
     async with rlwire.open_sender(s3_url, storage_options=options, validate=checks) as sender:
         assert await sender.send(batch(0)) == 0
         took = await cancelled_at_the_fence(s3_proxy, lambda: sender.send(batch(1)))
@@ -110,7 +101,7 @@ async def test_a_send(
 async def test_a_put(
     s3_proxy: FaultProxy, s3_endpoint: dict[str, Any], s3_url: str, checks: Any
 ) -> None:
-    options = through(s3_proxy)
+    options = short_reads(s3_proxy)
     # Columns: no checks of rows run beside the write, so the commit is in its last trip.
     part = rlwire.Columns({"score": [0.5, 1.5]})
     async with rlwire.open_sender(s3_url, storage_options=options, validate=checks) as sender:

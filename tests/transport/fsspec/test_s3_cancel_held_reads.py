@@ -13,23 +13,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
-import fsspec
 import numpy as np
 import pytest
-from s3_server import HOLD, FaultProxy
+from s3_server import HOLD, FaultProxy, short_reads
 from s3_server import s3_proxy as s3_proxy  # the fixture, for this module
 
 import rlwire
 
 pytestmark = pytest.mark.anyio
-
-
-def through(proxy: FaultProxy) -> dict[str, Any]:
-    """The proxy's options with botocore's read timeout cut to 4 s, s3fs's retries off."""
-    options = {**proxy.options}
-    options["config_kwargs"] = {**options["config_kwargs"], "read_timeout": 4}
-    fsspec.filesystem("s3", **options).retries = 1
-    return options
 
 
 async def cut_short(proxy: FaultProxy, work: Callable[[], Awaitable[Any]]) -> float:
@@ -69,7 +60,7 @@ def batch(tag: int) -> dict[str, Any]:
 
 
 async def test_a_receive(s3_proxy: FaultProxy, s3_url: str) -> None:
-    options = through(s3_proxy)
+    options = short_reads(s3_proxy)
     async with rlwire.open_sender(s3_url, storage_options=options) as sender:
         for tag in (0, 1):
             await sender.send(batch(tag))
@@ -81,7 +72,7 @@ async def test_a_receive(s3_proxy: FaultProxy, s3_url: str) -> None:
 
 
 async def test_add_fields(s3_proxy: FaultProxy, s3_url: str) -> None:
-    options = through(s3_proxy)
+    options = short_reads(s3_proxy)
     async with rlwire.open_sender(s3_url, storage_options=options) as sender:
         await sender.send({"samples": [{"token_ids": np.arange(3)}] * 4})
         took = await cut_short(s3_proxy, lambda: sender.add_fields(0, {"score": [0.5] * 4}))
@@ -90,7 +81,7 @@ async def test_add_fields(s3_proxy: FaultProxy, s3_url: str) -> None:
 
 
 async def test_a_send_waiting_under_max_ahead(s3_proxy: FaultProxy, s3_url: str) -> None:
-    options = through(s3_proxy)
+    options = short_reads(s3_proxy)
     retention = rlwire.Retention(max_ahead=1)
     async with rlwire.open_sender(s3_url, storage_options=options, retention=retention) as sender:
         for tag in (0, 1):

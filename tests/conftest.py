@@ -11,7 +11,8 @@ from ray_cluster import ray_cluster as ray_cluster  # a local Ray cluster, on de
 from ray_cluster import ray_producer as ray_producer
 from ray_cluster import ray_trainers as ray_trainers
 from ray_cluster import ray_url as ray_url
-from s3_server import s3_endpoint as s3_endpoint  # moto S3 fixtures for every module
+from s3_server import file_or_s3 as file_or_s3  # moto S3 fixtures for every module
+from s3_server import s3_endpoint as s3_endpoint
 from s3_server import s3_url as s3_url
 
 # ray.init() without an address joins the cluster a `ray start` or a multi-node test

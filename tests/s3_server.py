@@ -24,6 +24,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -38,6 +39,7 @@ __all__ = [
     "RESET",
     "FaultProxy",
     "claim_size",
+    "file_or_s3",
     "moto_server",
     "refuse",
     "s3_client",
@@ -162,6 +164,15 @@ def s3_url(s3_endpoint: dict[str, Any]) -> str:
     bucket = f"rlwire-{uuid.uuid4().hex[:16]}"
     s3_client(s3_endpoint).create_bucket(Bucket=bucket)
     return f"s3://{bucket}"
+
+
+@pytest.fixture(params=["file", "s3"])
+def file_or_s3(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    """``(url, storage_options)`` of a store that keeps steps: a new directory, then a
+    new bucket on the test session's S3 server (``run`` under each)."""
+    if request.param == "file":
+        return str(tmp_path / "run"), {}
+    return f"{request.getfixturevalue('s3_url')}/run", request.getfixturevalue("s3_endpoint")
 
 
 # ------------------------------------------------------------------ fault injection

@@ -102,21 +102,13 @@ async def test_an_s3_mark_longer_than_a_mark_is_refused_by_its_size(
     assert f"an end mark is at most 16 bytes, this one {len(body)}: not read" in message
 
 
-@pytest.fixture(params=["files", "s3"])
-def where(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
-    if request.param == "files":
-        return str(tmp_path / "run"), {}
-    options = request.getfixturevalue("s3_endpoint")
-    return f"{request.getfixturevalue('s3_url')}/run", options
-
-
 async def test_keep_last_reads_a_seal_of_many_parts_whole(
-    where: tuple[str, dict[str, Any]],
+    file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
     """A seal of twelve 500-byte keys is some 6 KB: the sender's prune read 4096 bytes
     of it, refused it as garbled, and each later send raised ``CorruptFrameError``. (Long
     keys, not hundreds of parts: on S3 each part is several requests.)"""
-    url, options = where
+    url, options = file_or_s3
     keys = [f"rollout-{i:02d}-" + "k" * 500 for i in range(12)]
     async with rlwire.open_sender(url, keep_last=1, storage_options=options) as sender:
         async with sender.open_step(ranks=1) as writer:
@@ -148,12 +140,12 @@ def plant_huge(url: str, options: dict[str, Any], name: str) -> int:
 
 
 async def test_keep_last_names_a_consumption_mark_of_gigabytes_by_its_size(
-    where: tuple[str, dict[str, Any]],
+    file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
     """A sender with ``keep_last`` reads each rank's consumption mark: one of 4 GiB (a
     sparse file; on S3 an object of 1 MiB) is refused by its size, which the message
     gives (it said 'this one 4096', the bytes it had read)."""
-    url, options = where
+    url, options = file_or_s3
     async with rlwire.open_sender(url, keep_last=1, storage_options=options) as sender:
         for _ in range(2):
             await sender.send(make_batch(1))
@@ -167,12 +159,12 @@ async def test_keep_last_names_a_consumption_mark_of_gigabytes_by_its_size(
 
 
 async def test_opening_names_a_rewrite_mark_of_gigabytes_by_its_size(
-    where: tuple[str, dict[str, Any]],
+    file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
     """A sender opening a destination reads its rewrite mark, if there is one: one of
     4 GiB (on S3 1 MiB) is refused by its size, which the message gives (it said 'this
     one 4096')."""
-    url, options = where
+    url, options = file_or_s3
     async with rlwire.open_sender(url, storage_options=options) as sender:
         await sender.send(make_batch(1))
     name = "rewrite.rlw"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import forked
@@ -34,15 +33,6 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-@pytest.fixture(params=["files", "s3"])
-def where(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
-    """A destination URL and its storage options: a directory, or a prefix on S3."""
-    if request.param == "files":
-        return str(tmp_path / "run"), {}
-    options = request.getfixturevalue("s3_endpoint")
-    return f"{request.getfixturevalue('s3_url')}/run", options
-
-
 async def finished(url: str, options: dict[str, Any], steps: int) -> None:
     async with rlwire.open_sender(url, storage_options=options) as sender:
         for _ in range(steps):
@@ -62,9 +52,9 @@ def assert_ended(url: str, options: dict[str, Any], at: int) -> None:
 
 
 async def test_a_resumed_sender_that_sends_nothing_leaves_the_end(
-    where: tuple[str, dict[str, Any]],
+    file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
-    url, options = where
+    url, options = file_or_s3
     await finished(url, options, 3)
     async with resume(url, options) as sender:
         assert sender.next_step == 3
@@ -77,9 +67,9 @@ async def test_a_resumed_sender_that_sends_nothing_leaves_the_end(
 
 
 async def test_the_end_far_past_the_steps_outlives_a_resume_that_sends_nothing(
-    where: tuple[str, dict[str, Any]],
+    file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
-    url, options = where
+    url, options = file_or_s3
     await finished(url, options, 2)
     async with rlwire.open_sender(
         url, on_existing="truncate", start_step=FAR, storage_options=options
@@ -92,9 +82,9 @@ async def test_the_end_far_past_the_steps_outlives_a_resume_that_sends_nothing(
 
 
 async def test_a_resumed_sender_killed_before_sending_leaves_the_end(
-    where: tuple[str, dict[str, Any]],
+    file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
-    url, options = where
+    url, options = file_or_s3
     await finished(url, options, 2)
     done = forked.run(
         [sys.executable, "-c", KILLED, url, json.dumps(options)],
@@ -110,11 +100,11 @@ async def test_a_resumed_sender_killed_before_sending_leaves_the_end(
 
 
 async def test_a_receiver_past_the_first_new_step_waits_for_the_next(
-    where: tuple[str, dict[str, Any]],
+    file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
     """The mark goes before the step is visible: a receiver that read it and asks for
     the next waits, as for any step not sent yet, and ends at the new end."""
-    url, options = where
+    url, options = file_or_s3
     await finished(url, options, 2)
     async with resume(url, options) as sender:
         assert await sender.send(make_batch(1)) == 2
@@ -128,9 +118,9 @@ async def test_a_receiver_past_the_first_new_step_waits_for_the_next(
 
 
 async def test_a_resumed_step_filled_part_by_part_reopens_the_stream_at_its_first_part(
-    where: tuple[str, dict[str, Any]],
+    file_or_s3: tuple[str, dict[str, Any]],
 ) -> None:
-    url, options = where
+    url, options = file_or_s3
     await finished(url, options, 1)
     async with resume(url, options) as sender:
         async with sender.open_step(ranks=1) as writer:

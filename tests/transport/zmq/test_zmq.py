@@ -21,8 +21,8 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -650,6 +650,36 @@ async def test_a_send_cancelled_midway_delivers_nothing(
     ]
 
 
+#: The step of the tests that cancel a send between its ranks: big enough that rank 1's
+#: message takes several packets under ``hwm=1``.
+BETWEEN = {"count": 1, "n": 200_000}
+
+
+@contextmanager
+def two_ranks_rank_1_gated(url: str, backend: dict[str, Any]) -> Iterator[tuple[Child, Child]]:
+    """Receivers of ranks 0 and 1 of ``url`` in processes of their own, each to read two
+    steps of :data:`BETWEEN`; rank 1 reads nothing until its gate is opened."""
+    spec = {"url": url, "receives": 2, "options": {"hwm": 1}, **BETWEEN}
+    with (
+        Child("receiver", face="async", rank=0, **spec, **backend) as rank0,
+        Child(
+            "receiver", face="async", rank=1, seed_base=1000, gate=True, **spec, **backend
+        ) as rank1,
+    ):
+        yield rank0, rank1
+
+
+async def cancel_between_ranks(scope: anyio.CancelScope, rank0: Child, peers: Any) -> Any:
+    """Cancel ``scope`` once rank 0's process has the whole step (its seal went) and rank
+    1's message has begun (its sequence number taken); rank 0's event for the step."""
+    step_0 = await rank0.anext()
+    with anyio.fail_after(LONG):
+        while sorted(peers._seq.values()) != [1, 1]:
+            await anyio.sleep(0.01)
+    scope.cancel()
+    return step_0
+
+
 @pytest.mark.anyio
 async def test_a_send_cancelled_between_ranks_still_reaches_every_rank(
     tmp_path: Path, backend: dict[str, Any]
@@ -659,18 +689,11 @@ async def test_a_send_cancelled_between_ranks_still_reaches_every_rank(
     cancellation is raised: the step counts as sent and reaches both ranks, with no
     StepGapError. It used to stop there, and rank 1 never got the step."""
     url = make_url("ipc", tmp_path)
-    size = {"count": 1, "n": 200_000}
     options = {"hwm": 1, "message_bytes": 256 << 10}
-    spec = {"url": url, "receives": 2, "options": {"hwm": 1}, **size}
-    with (
-        Child("receiver", face="async", rank=0, **spec, **backend) as rank0,
-        Child(
-            "receiver", face="async", rank=1, seed_base=1000, gate=True, **spec, **backend
-        ) as rank1,
-    ):
+    with two_ranks_rank_1_gated(url, backend) as (rank0, rank1):
         assert [await rank0.anext(), await rank1.anext()] == [{"event": "opened"}] * 2
         async with rlwire.open_sender(url, storage_options=options) as sender:
-            payloads = [batch(0, rank, **size) for rank in range(2)]
+            payloads = [batch(0, rank, **BETWEEN) for rank in range(2)]
             peers = sender.sink._peers  # type: ignore[attr-defined]
             returned = anyio.Event()
 
@@ -679,21 +702,15 @@ async def test_a_send_cancelled_between_ranks_still_reaches_every_rank(
                     await sender.send_ranks(payloads)
                 returned.set()
 
-            # Cancelled once rank 0's process has the whole step (its seal went) and rank
-            # 1's message has begun (its sequence number taken).
             scope = anyio.CancelScope()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(send)
-                step_0 = await rank0.anext()
-                with anyio.fail_after(LONG):
-                    while sorted(peers._seq.values()) != [1, 1]:
-                        await anyio.sleep(0.01)
-                scope.cancel()
+                step_0 = await cancel_between_ranks(scope, rank0, peers)
                 await anyio.sleep(SHORT)
                 assert not returned.is_set()  # still sending rank 1's message
                 rank1.open_gate()
             assert sender.next_step == 1
-            await sender.send_ranks([batch(1, rank, **size) for rank in range(2)])
+            await sender.send_ranks([batch(1, rank, **BETWEEN) for rank in range(2)])
         events = [[step_0, *await rank0.afinish()], await rank1.afinish()]
     assert steps_of(events[0]) == [0, 1]
     assert steps_of(events[1]) == [0, 1], events[1]
@@ -707,18 +724,11 @@ async def test_a_send_cancelled_between_ranks_waits_for_a_stuck_rank_only_linger
     reads nothing, for ``linger`` seconds only, then fails with a TransportError naming
     the rank: the step counts as sent, and rank 1 reports it lost when the next comes."""
     url = make_url("ipc", tmp_path)
-    size = {"count": 1, "n": 200_000}
     options = {"hwm": 1, "message_bytes": 256 << 10, "linger": 1.0}
-    spec = {"url": url, "receives": 2, "options": {"hwm": 1}, **size}
-    with (
-        Child("receiver", face="async", rank=0, **spec, **backend) as rank0,
-        Child(
-            "receiver", face="async", rank=1, seed_base=1000, gate=True, **spec, **backend
-        ) as rank1,
-    ):
+    with two_ranks_rank_1_gated(url, backend) as (rank0, rank1):
         assert [await rank0.anext(), await rank1.anext()] == [{"event": "opened"}] * 2
         async with rlwire.open_sender(url, storage_options=options) as sender:
-            payloads = [batch(0, rank, **size) for rank in range(2)]
+            payloads = [batch(0, rank, **BETWEEN) for rank in range(2)]
             peers = sender.sink._peers  # type: ignore[attr-defined]
             errors: list[BaseException] = []
 
@@ -732,16 +742,12 @@ async def test_a_send_cancelled_between_ranks_waits_for_a_stuck_rank_only_linger
             scope = anyio.CancelScope()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(send)
-                step_0 = await rank0.anext()
-                with anyio.fail_after(LONG):
-                    while sorted(peers._seq.values()) != [1, 1]:
-                        await anyio.sleep(0.01)
-                scope.cancel()
+                step_0 = await cancel_between_ranks(scope, rank0, peers)
             assert len(errors) == 1, errors
             assert "receiver of rank 1 made no room for its message within 1 s" in str(errors[0])
             assert sender.next_step == 1
             rank1.open_gate()
-            await sender.send_ranks([batch(1, rank, **size) for rank in range(2)])
+            await sender.send_ranks([batch(1, rank, **BETWEEN) for rank in range(2)])
         events = [[step_0, *await rank0.afinish()], await rank1.afinish()]
     assert steps_of(events[0]) == [0, 1]
     assert events[1][0]["error"] == "StepGapError", events[1]
@@ -776,7 +782,7 @@ async def test_send_ranks_cancelled_at_swept_deadlines_reaches_every_rank_or_non
                 while sender.next_step < steps:
                     step = sender.next_step
                     with anyio.move_on_after(deadline) as scope:
-                        await sender.send_ranks([batch(step, rank, **size) for rank in range(2)])
+                        await sender.send_ranks([batch(step, rank, **BETWEEN) for rank in range(2)])
                     if sender.next_step == step + 1:
                         cancelled_but_sent += scope.cancelled_caught
                         deadline = 1e-4

@@ -23,10 +23,11 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import fsspec
 import pytest
 
@@ -38,6 +39,7 @@ __all__ = [
     "PASS",
     "RESET",
     "FaultProxy",
+    "cancelled_while_held",
     "claim_size",
     "file_or_s3",
     "moto_server",
@@ -478,6 +480,44 @@ def short_reads(proxy: FaultProxy) -> dict[str, Any]:
     options["config_kwargs"] = {**options["config_kwargs"], "read_timeout": 4}
     fsspec.filesystem("s3", **options).retries = 1
     return options
+
+
+async def cancelled_while_held(
+    proxy: FaultProxy,
+    work: Callable[[], Awaitable[Any]],
+    holds: Callable[[str, str], bool],
+    quiet: tuple[type[BaseException], ...] = (),
+) -> tuple[float, anyio.CancelScope]:
+    """Run ``work``, hold the first request ``holds(method, target)`` picks, cancel
+    ``work`` 0.1 s into that wait, and give the seconds it took to end once cancelled and
+    its cancel scope (``quiet``: errors ``work`` may end with instead). The proxy's fault
+    is cleared; the held request is left for the caller to release."""
+    held: list[str] = []
+
+    def fault(method: str, target: str) -> str | None:
+        if held or not holds(method, target):
+            return None
+        held.append(target)
+        return HOLD
+
+    scope = anyio.CancelScope()
+
+    async def run() -> None:
+        with scope, contextlib.suppress(*quiet):
+            await work()
+
+    proxy.fault = fault
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        with anyio.fail_after(30):  # a loaded machine reaches the request late
+            while not held:
+                await anyio.sleep(0.01)
+        await anyio.sleep(0.1)  # inside the held request's wait
+        start = time.monotonic()
+        scope.cancel()
+    took = time.monotonic() - start
+    proxy.fault = None
+    return took, scope
 
 
 @pytest.fixture

@@ -12,10 +12,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
 import numpy as np
 import pytest
-from s3_server import HOLD, FaultProxy, s3_client, short_reads
+from s3_server import FaultProxy, cancelled_while_held, s3_client, short_reads
 from s3_server import s3_proxy as s3_proxy  # the fixture, for this module
 
 import rlwire
@@ -26,31 +25,9 @@ pytestmark = pytest.mark.anyio
 async def cancelled_at_the_fence(proxy: FaultProxy, work: Callable[[], Awaitable[Any]]) -> float:
     """Run ``work``, cancel it while its read of the fence is held, and return how long
     it took to end once cancelled; the cancellation must end it, nothing else."""
-    held: list[str] = []
-
-    def fault(method: str, target: str) -> str | None:
-        if method != "GET" or "fence.rlw" not in target or held:
-            return None
-        held.append(target)
-        return HOLD
-
-    scope = anyio.CancelScope()
-
-    async def run() -> None:
-        with scope:
-            await work()
-
-    proxy.fault = fault
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run)
-        with anyio.fail_after(30):  # a loaded machine reaches the commit late
-            while not held:
-                await anyio.sleep(0.01)
-        await anyio.sleep(0.1)  # inside the held GET's wait
-        start = time.monotonic()
-        scope.cancel()
-    took = time.monotonic() - start
-    proxy.fault = None
+    took, scope = await cancelled_while_held(
+        proxy, work, lambda method, target: method == "GET" and "fence.rlw" in target
+    )
     threading.Timer(0.1, proxy.release).start()
     assert scope.cancelled_caught
     return took

@@ -7,15 +7,12 @@ botocore's read timeout (cut to 4 s here, 15 s by default). Nothing is lost mean
 
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
 import numpy as np
 import pytest
-from s3_server import HOLD, FaultProxy, short_reads
+from s3_server import FaultProxy, cancelled_while_held, short_reads
 from s3_server import s3_proxy as s3_proxy  # the fixture, for this module
 
 import rlwire
@@ -25,32 +22,11 @@ pytestmark = pytest.mark.anyio
 
 async def cut_short(proxy: FaultProxy, work: Callable[[], Awaitable[Any]]) -> float:
     """Seconds ``work`` took to return once cancelled while its first GET is held (the
-    retries that follow it pass)."""
-    held: list[str] = []
-
-    def fault(method: str, target: str) -> str | None:
-        if method != "GET" or held:
-            return None
-        held.append(target)
-        return HOLD
-
-    async def run(scope: anyio.CancelScope) -> None:
-        # A TransportError is what the read timeout gave: the caller's assertion tells.
-        with scope, contextlib.suppress(rlwire.TransportError):
-            await work()
-
-    proxy.fault = fault
-    scope = anyio.CancelScope()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(run, scope)
-        with anyio.fail_after(30):  # a loaded machine reaches the GET late
-            while not held:
-                await anyio.sleep(0.01)
-        await anyio.sleep(0.1)  # inside the held GET's wait
-        start = time.monotonic()
-        scope.cancel()
-    took = time.monotonic() - start
-    proxy.fault = None
+    retries that follow it pass). A TransportError is what the read timeout gave: the
+    caller's assertion tells."""
+    took, _ = await cancelled_while_held(
+        proxy, work, lambda method, target: method == "GET", quiet=(rlwire.TransportError,)
+    )
     proxy.release()
     return took
 

@@ -782,7 +782,7 @@ async def test_send_ranks_cancelled_at_swept_deadlines_reaches_every_rank_or_non
                 while sender.next_step < steps:
                     step = sender.next_step
                     with anyio.move_on_after(deadline) as scope:
-                        await sender.send_ranks([batch(step, rank, **BETWEEN) for rank in range(2)])
+                        await sender.send_ranks([batch(step, rank, **size) for rank in range(2)])
                     if sender.next_step == step + 1:
                         cancelled_but_sent += scope.cancelled_caught
                         deadline = 1e-4

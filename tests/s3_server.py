@@ -261,7 +261,9 @@ class FaultProxy:
         self.options: dict[str, Any] = {
             **options,
             "endpoint_url": f"http://127.0.0.1:{port}",
-            "config_kwargs": {"retries": {"total_max_attempts": 1}, "connect_timeout": 2},
+            # A connect on loopback is made or refused at once, save on a loaded machine,
+            # where 2 s ran out once (a fresh clone's test command, 2026-12-01).
+            "config_kwargs": {"retries": {"total_max_attempts": 1}, "connect_timeout": 10},
         }
         self._stop = threading.Event()
         self._released = threading.Event()

@@ -89,3 +89,35 @@ def test_heavy_structs_in_a_list_keep_their_arrays_and_bytes(threshold: int) -> 
     assert got[1].held["b"] == bytes(5000)
     assert np.array_equal(got[1].held["a"][0], np.ones(3))
     assert [(h.ids, h.note) for h in got] == [(h.ids, h.note) for h in sent]
+
+
+class Blob(msgspec.Struct):
+    data: bytes
+    ids: list[int] = []
+
+
+@pytest.mark.parametrize("size", [3, 4095, 4096, 5000])
+@pytest.mark.parametrize("threshold", [0, 4096, 1 << 62])
+@pytest.mark.parametrize("side", [False, True])
+def test_a_numpy_bytes_scalar_is_refused_whatever_its_size(
+    size: int, threshold: int, side: bool
+) -> None:
+    """A np.bytes_ (a subclass of bytes) was taken for bytes where one went out of band
+    (from inline_threshold bytes on, or in a sidecar field) and arrived as a memoryview,
+    while a smaller one was refused by msgspec ("cannot encode"): numpy scalars are sent
+    as plain numbers, and a numpy string is refused as a np.str_ is, whatever its size."""
+    value = np.bytes_(b"x" * size)
+    codec = MsgpackCodec(inline_threshold=threshold, sidecar=("held", "data") if side else ())
+    for obj, path in [
+        (value, "$"),
+        ({"held": [1, value]}, "$.held[1]"),
+        (Holder({"a": value}), "$.held.a"),
+        ([Blob(b"ok"), Blob(value)], "$[1].data"),
+        ({"arr": np.arange(3), "v": (value,)}, "$.v[0]"),
+    ]:
+        with pytest.raises(EncodeError) as info:
+            codec.encode(obj)
+        assert str(info.value) == (
+            f"{path}: numpy bytes_ values (dtype |S{size}) are not supported: numpy scalars "
+            "are sent as plain numbers; send bytes(value)"
+        )

@@ -134,7 +134,8 @@ class Encoding:
             return (yield from self.mapping(obj, path, side))
         if kind is list or kind is tuple:
             return (yield from self.sequence(obj, path, side))
-        if isinstance(obj, bytes | bytearray | memoryview):
+        if isinstance(obj, bytes | bytearray | memoryview) and not isinstance(obj, np.generic):
+            # (a np.bytes_ is bytes too: a numpy scalar, refused by leaf() at any size)
             return self.sent.bytes_value(obj, path, side)
         if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
             return (yield from self.mapping(_dataclass_fields(obj), path, side))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import gc
 import json
 import math
@@ -509,7 +510,19 @@ class Root(msgspec.Struct):
     a: list[Any]
 
 
+class Key(enum.StrEnum):
+    A = "a"
+
+
+class Text(str):
+    pass
+
+
+# A str subclass is no key for orjson ("Dict key must be str"): it named the path `$`
+# (the walk asked only isinstance(key, str), so no key was found to blame).
 BAD_VALUES = {
+    "strenum-key": (lambda: {"z": 1, Key.A: 2}, f"dict keys must be str, got {__name__}.Key key"),
+    "str-subclass-key": (lambda: {Text("t"): [1]}, f"keys must be str, got {__name__}.Text key"),
     "object-dtype": (lambda: np.array([None, 1], dtype=object), "dtype object"),
     "unicode-dtype": (lambda: np.array(["x", "yz"]), "dtype <U2"),
     "bytes-dtype": (lambda: np.array([b"x"]), "dtype |S1"),
@@ -554,6 +567,19 @@ def test_encode_errors_name_the_path_and_the_type(name: str) -> None:
         message = str(info.value)
         assert message.startswith(f"{path}: "), (path, message)
         assert what in message, message
+
+
+def test_a_str_subclass_key_is_refused_at_the_path_of_its_dict() -> None:
+    for obj, path in [
+        ({"x": [{Key.A: 1}]}, "$.x[0]"),
+        ([0, {"y": {Text("t"): np.zeros(3)}}], "$[1].y"),
+        (Root([Leaf({"ok": 1, Key.A: "v"})]), "$.a[0].b"),
+    ]:
+        with pytest.raises(EncodeError) as info:
+            codec.encode(obj)
+        message = str(info.value)
+        assert message.startswith(f"{path}: dict keys must be str, got {__name__}."), message
+        assert message.endswith("; send str(key)"), message
 
 
 def test_datetime64_finer_than_microseconds_is_refused_before_anything_is_written(

@@ -45,6 +45,7 @@ from rlwire.codecs._json.cost import refuse_costly
 from rlwire.codecs._json.parse import parse
 from rlwire.codecs._json.values import (
     OPTION,
+    bad_key,
     child_items,
     convert,
     dumps,
@@ -153,7 +154,7 @@ class _Writer:
             before = self.work
             if k == 1 and _splittable(value):
                 if mapping:
-                    if not isinstance(key, str):
+                    if bad_key(key):
                         raise EncodeError(key_error(path, key))
                     out += orjson.dumps(key) + b":"
                 yield from self.value(value, (path, name), depth + 1)
@@ -184,7 +185,7 @@ class _Writer:
     ) -> None:
         """Raise the EncodeError of the first entry of a failed group, at its own path."""
         for key, name, value in entries:
-            if mapping and not isinstance(key, str):
+            if mapping and bad_key(key):
                 raise EncodeError(key_error(path, key))
             self._dump(value, (path, name))
 

@@ -35,6 +35,7 @@ from rlwire.codecs._json.numpy_text import array_problem, array_text, hollow_pro
 __all__ = [
     "OPTION",
     "StructPlan",
+    "bad_key",
     "child_items",
     "convert",
     "dumps",
@@ -69,7 +70,14 @@ def qualname(obj: Any) -> str:
 
 def key_error(path: KeyPath, key: Any) -> str:
     """The message for a dict key JSON cannot carry, at the dict's path."""
-    return f"{render_path(path)}: dict keys must be str, got {qualname(key)} key {key!r}"
+    hint = "; send str(key)" if isinstance(key, str) else ""
+    return f"{render_path(path)}: dict keys must be str, got {qualname(key)} key {key!r}{hint}"
+
+
+def bad_key(key: Any) -> bool:
+    """Whether orjson refuses ``key`` as a dict key: anything but a str, a subclass of str
+    (a StrEnum) too."""
+    return type(key) is not str
 
 
 # -- Structs --------------------------------------------------------------------------
@@ -239,7 +247,7 @@ def _failure(obj: Any, path: KeyPath, option: int, exc: orjson.JSONEncodeError) 
         else:
             if isinstance(obj, dict):
                 for key in obj:
-                    if not isinstance(key, str):
+                    if bad_key(key):
                         return key_error(path, key)
             break
         depth += 1

@@ -269,12 +269,12 @@ def test_inspect_prints_the_manifest(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["inspect", url, "--step", "1", "--part", "0"]) == 0
     assert "part 0 (key 'g0')" in capsys.readouterr().out
     assert main(["inspect", url, "--json"]) == 0
-    manifest = msgspec.json.decode(capsys.readouterr().out, type=rlwire.Manifest)
+    manifest = _from_inspect_json(capsys.readouterr().out)
     with rlwire.open_receiver(url) as receiver:
         assert manifest == receiver.manifest(0)
     assert main(["inspect", url, "--step", "1", "--json"]) == 0  # parts: a list of theirs
-    parts = msgspec.json.decode(capsys.readouterr().out, type=list[rlwire.Manifest])
-    assert [(m.step, m.part, m.key) for m in parts] == [(1, 0, "g0")]
+    parts = msgspec.json.decode(capsys.readouterr().out, type=list[dict[str, Any]])
+    assert [(m["step"], m["part"], m["key"]) for m in parts] == [(1, 0, "g0")]
     # A URL, as the receivers take (it was made a local path: "s3:/bucket/run").
     for where in (f"file://{url}", f"memory://inspect-{tmp_path.name}"):
         if where.startswith("memory"):
@@ -282,6 +282,59 @@ def test_inspect_prints_the_manifest(tmp_path: Path, capsys: pytest.CaptureFixtu
                 sender.send(rlwire.TrainingBatch(samples=_columns()))  # type: ignore[arg-type]
         assert main(["inspect", where]) == 0, capsys.readouterr().err
         assert "6 rows in 'samples'" in capsys.readouterr().out
+
+
+def _from_inspect_json(text: str) -> rlwire.Manifest:
+    """The manifest ``rlwire inspect --json`` wrote (its checksums in hex)."""
+    data = msgspec.json.decode(text)
+    if data.get("header_checksum") is not None:
+        data["header_checksum"] = int(data["header_checksum"], 16)
+    for column in data["columns"]:
+        column["checksums"] = [int(x, 16) for x in column.get("checksums", [])]
+    return msgspec.json.decode(msgspec.json.encode(data), type=rlwire.Manifest)
+
+
+def _big_ints(value: Any) -> list[int]:
+    """The integers in decoded JSON that JavaScript and jq would round (above 2**53)."""
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _big_ints(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in _big_ints(v)]
+    return [value] if type(value) is int and abs(value) > 2**53 else []
+
+
+def test_inspect_json_writes_checksums_as_hex_strings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rlwire inspect --json`` wrote each XXH3-64 checksum as a bare JSON integer: most
+    are above 2**53, which JavaScript and jq round (a checksum compared there never
+    matched). Each is now a string of 16 hex digits, as the text output and xxhsum show
+    it, for a whole step's manifest and for the list of a step's parts alike."""
+    from rlwire._api.cli import main
+
+    url = str(tmp_path / "run")
+    with rlwire.open_sync_sender(url) as sender:
+        sender.send(rlwire.TrainingBatch(samples=_columns(9, tokens=4000)))  # type: ignore[arg-type]
+        with sender.open_step() as writer:
+            writer.put(_columns(2, tokens=4000), key="g0")  # type: ignore[arg-type]
+    with rlwire.open_receiver(url) as receiver:
+        made = [receiver.manifest(0), receiver.manifest(1, part=0)]
+    assert main(["inspect", url, "--json"]) == 0
+    whole = msgspec.json.decode(capsys.readouterr().out)
+    assert main(["inspect", url, "--step", "1", "--json"]) == 0
+    written = [whole, *msgspec.json.decode(capsys.readouterr().out)]
+    assert _big_ints(written) == []
+    for got, manifest in zip(written, made, strict=True):
+        assert manifest.header_checksum is not None and manifest.columns
+        assert got["header_checksum"] == f"{manifest.header_checksum:016x}"
+        for column, sent in zip(got["columns"], manifest.columns, strict=True):
+            assert column.get("checksums", []) == [f"{x:016x}" for x in sent.checksums]
+            assert len(sent.checksums) == len(sent.buffers)
+        assert sum(len(c.checksums) for c in manifest.columns) >= 3
+        assert got == msgspec.json.decode(msgspec.json.encode(manifest)) | {
+            "header_checksum": got["header_checksum"],
+            "columns": got["columns"],
+        }  # everything else is the manifest's JSON, as it was
 
 
 def test_an_array_column_is_described_as_one_array_and_not_read_by_rows(

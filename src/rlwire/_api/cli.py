@@ -184,7 +184,8 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument(
         "--json",
         action="store_true",
-        help="the manifest alone, as JSON (a step filled part by part: a list of its parts')",
+        help="the manifest alone, as JSON (a step filled part by part: a list of its "
+        "parts'), its XXH3-64 checksums as strings of 16 hex digits",
     )
     inspect.add_argument(
         "--type",

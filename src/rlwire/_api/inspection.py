@@ -85,7 +85,7 @@ def inspect(ns: argparse.Namespace) -> int:
         if isinstance(manifest, Manifest) and not ns.json:
             print(_manifest_text(manifest))
         else:  # JSON; of a step filled part by part: the list of its parts' manifests
-            print(msgspec.json.encode(manifest).decode())
+            print(_manifest_json(manifest))
         return 0
     target = _load_type(ns.type) if ns.type else Any
     try:
@@ -208,6 +208,20 @@ def _fence(path: str) -> tuple[str, bool] | None:
         f"the destination{how}; that sender alone commits and deletes there now, those "
         "opened before it are fenced off"
     ), True
+
+
+def _manifest_json(manifest: Manifest | list[Manifest]) -> str:
+    """The manifest (or list of them) as JSON, with each XXH3-64 checksum a string of 16
+    hex digits, as :func:`_manifest_text` shows it: as a JSON number, most are above
+    2**53, which JavaScript and jq round."""
+    data = msgspec.to_builtins(manifest)
+    for m in data if isinstance(data, list) else [data]:
+        if m.get("header_checksum") is not None:
+            m["header_checksum"] = f"{m['header_checksum']:016x}"
+        for c in m.get("columns", ()):
+            if "checksums" in c:
+                c["checksums"] = [f"{x:016x}" for x in c["checksums"]]
+    return msgspec.json.encode(data).decode()
 
 
 def _manifest_text(m: Manifest) -> str:

@@ -198,6 +198,34 @@ async def test_errors_are_typed_and_name_what_is_wrong(tmp_path: Path) -> None:
         receiver.manifest(0)
 
 
+async def test_a_limit_met_by_a_manifest_or_a_row_read_names_the_file_and_the_step(
+    store: tuple[str, dict[str, Any]],
+) -> None:
+    """``max_decompressed_bytes`` met while a manifest decompressed a message's header,
+    or a row read a column's values, raised a FrameTooLargeError naming no file (the
+    manifest's not even its step), where a receive names the step's file."""
+    url, options = store
+    n = 2000
+    ids = rlwire.Ragged.from_arrays([np.full(500, i, np.int32) for i in range(n)])
+    big_header = {"samples": rlwire.Columns({"ids": ids, "env": ["gsm8k" * 10] * n})}
+    values = rlwire.Ragged.from_arrays([np.zeros(50_000, np.int32)] * 9)
+    await _send(
+        url, options, big_header, {"samples": rlwire.Columns({"ids": values})}, compression="zstd"
+    )
+    async with rlwire.open_receiver(url, storage_options=options) as receiver:
+        manifest = await receiver.amanifest(1)
+    assert manifest is not None
+    limits = rlwire.Limits(max_decompressed_bytes=50_000)
+    async with rlwire.open_receiver(url, storage_options=options, limits=limits) as receiver:
+        with pytest.raises(rlwire.FrameTooLargeError) as of_manifest:
+            await receiver.amanifest(0)
+        with pytest.raises(rlwire.FrameTooLargeError) as of_rows:
+            await receiver.aread_rows(manifest, "ids", 0, 9)
+    for caught, step in ((of_manifest, 0), (of_rows, 1)):
+        assert f"/step-{step:08d}.rank-0000.rlw: " in str(caught.value), str(caught.value)
+        assert (caught.value.step, caught.value.rank) == (step, 0)
+
+
 def test_damaged_offsets_are_caught_and_a_damaged_row_outside_the_range_is_not(
     tmp_path: Path,
 ) -> None:

@@ -70,6 +70,8 @@ class RowReads:
                 are not kept to be read again), or ``step`` was filled part by part and
                 no ``part`` was given.
             CorruptFrameError: the envelope or header is damaged.
+            FrameTooLargeError: the compressed header declares more than the
+                receiver's ``limits`` allow.
             ClosedError: the receiver is closed.
             TransportError: the store cannot be read.
 
@@ -112,6 +114,9 @@ class RowReads:
                     )
                 return None
             table = self._table(head)
+        except RlwireError as exc:
+            exc.add_context(step=step, rank=rank)
+            raise
         finally:
             held.release()
         return _manifest(head, table, store_url(source), step, rank)
@@ -135,7 +140,11 @@ class RowReads:
                 since (another id), or is of another store than the receiver's.
             CorruptFrameError: the offsets do not match their checksum or the values,
                 or the header is damaged.
+            FrameTooLargeError: the header or a compressed values buffer it reads whole
+                declares more than the receiver's ``limits`` allow.
             ClosedError, TransportError: as :meth:`manifest`.
+
+        Each error from the message itself names its file (or object) and step.
 
         Example:
             >>> import numpy as np, rlwire, tempfile
@@ -208,7 +217,7 @@ class RowReads:
             return None
         try:
             table = describe(self._header(head))
-        except CorruptFrameError as exc:
+        except RlwireError as exc:  # damaged, or past a limit when decompressed
             exc.add_context(where=head.where)
             raise
         n = len(head.files)
@@ -252,6 +261,14 @@ class RowReads:
                 f"the message the manifest names is {what}: make a new manifest",
                 where=source.describe(manifest.step),
             )
+        try:
+            return self._rows_of(head, manifest, name, start, stop)
+        except RlwireError as exc:  # its buffers damaged, past a limit, not read
+            exc.add_context(where=head.where)
+            raise
+
+    def _rows_of(self, head: Head, manifest: Manifest, name: str, start: int, stop: int) -> Ragged:
+        """Rows ``[start, stop)`` of column ``name`` of the message ``head`` opens."""
         table = self._table(head)
         col = next((c for c in table.columns if c.name == name), None) if table else None
         if table is None or col is None or col.dtype is None or table.rows != manifest.rows:

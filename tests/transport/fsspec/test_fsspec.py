@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -120,6 +121,55 @@ def test_urls_are_checked_when_the_connection_is_made() -> None:
             Connection(bad, None)
     with pytest.raises(rlwire.ConfigError, match="not an fsspec URL"):
         Connection(b"memory://x", None)  # type: ignore[arg-type]
+
+
+def test_a_url_that_names_a_file_is_refused_naming_it(
+    s3_endpoint: dict[str, Any], s3_url: str
+) -> None:
+    """An fsspec URL ending in the name of an object (``s3://bucket/run/notes.txt``), or
+    of one of a destination's own files (a step's file, ``fence.rlw``), was taken for a
+    prefix: a sender wrote its steps under ``notes.txt/`` beside the object, a receiver
+    waited there for ever. Each is a ConfigError naming the URL, before anything is
+    written; prefixes still work, with or without a trailing slash, stored or new, and a
+    name that is also an object's is a prefix when the URL ends with a slash."""
+    client, bucket = s3_client(s3_endpoint), bucket_of(s3_url)
+    client.put_object(Bucket=bucket, Key="run/notes.txt", Body=b"hi")
+    client.put_object(Bucket=bucket, Key="run2", Body=b"")
+    memory = f"memory://names-a-file-{uuid.uuid4().hex[:8]}"
+    fsspec.filesystem("memory").pipe(f"{memory.removeprefix('memory://')}/notes.txt", b"hi")
+
+    def refused(url: str, options: dict[str, Any] | None, match: str) -> None:
+        pattern = re.escape(repr(url)) + ": " + match
+        with pytest.raises(rlwire.ConfigError, match=pattern):
+            with rlwire.open_sync_sender(url, storage_options=options) as sender:
+                sender.send({"x": [1]})
+        with pytest.raises(rlwire.ConfigError, match=pattern):
+            with rlwire.open_receiver(url, storage_options=options) as receiver:
+                receiver.receive(timeout=1)
+
+    for base, options in ((f"{s3_url}/run", s3_endpoint), (memory, None)):
+        refused(f"{base}/notes.txt", options, "names an object, not a directory or prefix")
+        for name in (
+            "step-00000003.rank-0001.rlw",
+            "step-00000003.rank-0001.part-000002.sidecar.rlw",
+            "step-00000003.seal.rlw",
+            "fence.rlw",
+            "consumed.rank-0000.rlw",
+        ):
+            refused(f"{base}/{name}", options, re.escape(f"names a destination's file ({name})"))
+    assert objects(s3_endpoint, s3_url) == {"run/notes.txt": 2, "run2": 0}
+    assert keys(memory.removeprefix("memory://")) == ["notes.txt"]
+    for url, options in [
+        (f"{s3_url}/run", s3_endpoint),
+        (f"{s3_url}/run2/", s3_endpoint),
+        (f"{s3_url}/new.v2", s3_endpoint),
+        (memory, None),
+        (f"{memory}/run.v2", None),
+    ]:
+        with rlwire.open_sync_sender(url, storage_options=options) as sender:
+            sender.send({"x": [1]})
+        with rlwire.open_receiver(url, storage_options=options, type=dict) as receiver:
+            assert receiver.receive(timeout=10) == {"x": [1]}
 
 
 def test_backend_errors_become_transport_errors_and_others_pass() -> None:

@@ -20,6 +20,16 @@ from anyio import CapacityLimiter
 from rlwire._core.errors import ConfigError, transport_error
 from rlwire._core.once import Once
 from rlwire.transport._options import reject_unknown
+from rlwire.transport._stored.fence import FENCE_NAME
+from rlwire.transport._stored.names import (
+    CONSUMED_PART_RE,
+    CONSUMED_RE,
+    END_NAME,
+    LEFTOVER_RE,
+    RANK_FILE_RE,
+    REWRITE_NAME,
+    SEAL_RE,
+)
 from rlwire.transport._stored.sink import translate_errors
 from rlwire.transport._url import URL, parse_url
 from rlwire.transport.fsspec._generic import GenericStore
@@ -36,6 +46,13 @@ _PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
 #: those keys itself. Others reject unknown keys on their own (s3fs when it makes its
 #: session).
 _LOCAL = frozenset({"memory"})
+#: The names of the files a destination holds (steps' files, marks, the fence, files
+#: being written): a URL whose last name is one names a file, not a destination.
+_OWN_NAME = re.compile(
+    "|".join(f"(?:{r.pattern})" for r in (RANK_FILE_RE, SEAL_RE, CONSUMED_RE, CONSUMED_PART_RE))
+    + f"|(?:{LEFTOVER_RE.pattern})|"
+    + "|".join(re.escape(name) for name in (END_NAME, REWRITE_NAME, FENCE_NAME))
+)
 #: Keys fsspec's base classes take from any filesystem's options.
 _FSSPEC_OPTIONS = ("skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths")
 
@@ -58,7 +75,9 @@ class Connection:
             only), which is rlwire's.
 
     Raises:
-        ConfigError: a malformed URL, or a protocol whose package is not installed.
+        ConfigError: a malformed URL, one whose last name is one of a destination's
+            files (``s3://bucket/run/step-00000003.rank-0001.rlw``), or a protocol whose
+            package is not installed.
 
     Example:
         >>> conn = Connection("memory://doc-connection", None)
@@ -84,8 +103,8 @@ class Connection:
         """The store, connecting first if no attempt has succeeded yet (blocking).
 
         Raises:
-            ConfigError: fsspec cannot serve the protocol, or the filesystem rejects
-                the storage options.
+            ConfigError: fsspec cannot serve the protocol, the filesystem rejects the
+                storage options, or the URL (not ending in ``/``) names an object.
             TransportError: the filesystem cannot be made, or the bucket does not
                 exist or cannot be reached.
         """
@@ -114,6 +133,13 @@ def _split_url(given: str | URL) -> tuple[str, str]:
         raise ConfigError(f"{url!r}: malformed URL protocol {protocol!r}")
     if protocol not in _LOCAL and not path.strip("/"):
         raise ConfigError(f"{url!r}: names no bucket or directory")
+    parent, _, name = path.rstrip("/").rpartition("/")
+    if _OWN_NAME.fullmatch(name) and (parent or protocol in _LOCAL):
+        raise ConfigError(
+            f"{url!r}: names a destination's file ({name}), not a destination: give the "
+            f"directory or prefix it is in ({protocol}://{parent}); rlwire inspect "
+            "describes a step's file"
+        )
     for package in ("fsspec", _PACKAGES.get(protocol)):
         if package is not None and importlib.util.find_spec(package) is None:
             raise ConfigError(
@@ -159,6 +185,12 @@ def _connect(url: str, protocol: str, storage_options: Mapping[str, Any]) -> Sto
     else:
         store = GenericStore(fs, url, root)
     store.check()
+    if not url.endswith("/") and store.names_an_object():
+        raise ConfigError(
+            f"{url!r}: names an object, not a directory or prefix: give the prefix the "
+            "steps go under (a URL ending in '/' names a prefix even beside an object of "
+            "its name)"
+        )
     return store
 
 

@@ -69,6 +69,17 @@ class S3Store(S3Bucket):
         except Exception as exc:
             raise transport_error(exc, f"reach bucket {bucket!r}", where=self.url) from exc
 
+    def names_an_object(self) -> bool:
+        # One HEAD of the key (s3fs's isfile lists the prefix too when there is none).
+        bucket, key = self.bucket_key(self.root)
+        if not key:
+            return False
+        try:
+            self.run(self.fs._call_s3, "head_object", Bucket=bucket, Key=key)
+        except Exception:  # none (404), or not to be asked (403): a prefix, then
+            return False
+        return True
+
     def existing(self, paths: Sequence[str]) -> list[int]:
         return run_sliced(self.existing_in_slices(paths))
 

@@ -70,6 +70,15 @@ class Store(abc.ABC):
             TransportError: the destination does not exist or cannot be reached.
         """
 
+    def names_an_object(self) -> bool:
+        """Whether the root is itself an object (a file), not a directory or prefix: a
+        URL that names one by mistake (``memory://run/notes.txt``). False when the
+        store cannot say (the request fails): the destination's own requests will."""
+        try:
+            return bool(self.fs.isfile(self.root))
+        except Exception:
+            return False
+
     def names(self) -> list[str]:
         """Names directly under the root, fresh from the store (not fsspec's listing
         cache); none if the root does not exist."""

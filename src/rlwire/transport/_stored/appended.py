@@ -237,7 +237,7 @@ class StoredFieldsSink(FieldsSink):
             ids.append(file.id)
             return file.id, parse_selected(
                 file,
-                lambda: WholeFile(_whole_side(store, side)),
+                lambda _size: WholeFile(_whole_side(store, side)),
                 step=step,
                 rank=rank,
                 part=part,

@@ -56,7 +56,7 @@ class Head:
     env: _PartEnvelope
     info: PartInfo | None
     main: Ranged
-    open_sidecar: Callable[[], Ranged]
+    open_sidecar: Callable[[int], Ranged]
     files: list[int]
     offsets: list[int]
     lengths: list[int]
@@ -131,7 +131,7 @@ class Head:
 
 def read_head(
     main: Ranged,
-    open_sidecar: Callable[[], Ranged],
+    open_sidecar: Callable[[int], Ranged],
     *,
     step: int,
     rank: int,

@@ -85,17 +85,18 @@ class WholeFile(Ranged):
 
 
 def open_checked_sidecar(
-    open_sidecar: Callable[[], Ranged], env: _PartEnvelope, where: str
+    open_sidecar: Callable[[int], Ranged], env: _PartEnvelope, where: str
 ) -> Ranged:
     """The sidecar of the message whose envelope is ``env``, opened by ``open_sidecar``
-    and checked: its prelude names the message's id, and it is as long as the envelope
-    says.
+    (given the size the envelope says, which a store that learns an object's size before
+    it reads it refuses another of unread) and checked: its prelude names the message's
+    id, and it is as long as the envelope says.
 
     Raises:
         CorruptFrameError: a sidecar of another message, or truncated or extended.
     """
-    side = open_sidecar()
     size = env.sidecar_size or 0
+    side = open_sidecar(size)
     prelude = side.read([(0, min(side.size, _SIDECAR_PRELUDE.size))])[0]
     _check_sidecar(prelude, env.id, prelude.nbytes, where)
     if side.size != size:
@@ -145,7 +146,7 @@ def read_envelope(
 
 def parse_selected(
     main: Ranged,
-    open_sidecar: Callable[[], Ranged],
+    open_sidecar: Callable[[int], Ranged],
     *,
     step: int,
     rank: int,
@@ -204,7 +205,7 @@ class _Reading:
         offsets: np.ndarray,
         lengths: np.ndarray,
         main: Ranged,
-        open_sidecar: Callable[[], Ranged],
+        open_sidecar: Callable[[int], Ranged],
         where: str,
     ) -> None:
         self.env = env

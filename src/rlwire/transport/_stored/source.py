@@ -258,6 +258,12 @@ class StoredSource(StoredFieldsSource, Source):
         data = self.load(name)
         return None if data is None else WholeFile(data)
 
+    def open_ranged_sidecar(self, name: str, size: int) -> Ranged | None:
+        """The sidecar ``name``, ``size`` bytes by its main file's envelope, to read by
+        ranges: :meth:`open_ranged`; stores that read it whole refuse one of another
+        size unread (``CorruptFrameError``), as :meth:`load_sidecar` does."""
+        return self.open_ranged(name)
+
     def open_head(self, name: str) -> Ranged | None:
         """The file called ``name``, to read its head only (a message's envelope), or
         ``None`` if it does not exist: :meth:`open_ranged` by default; stores that can
@@ -317,12 +323,12 @@ class StoredSource(StoredFieldsSource, Source):
         self.check_gone(step, self.check_end(step))
         return None
 
-    def _sidecar_opener(self, side: str) -> Callable[[], Ranged]:
+    def _sidecar_opener(self, side: str) -> Callable[[int], Ranged]:
         """What opens the sidecar ``side`` of a message read by ranges, when its reader
         needs it (CorruptFrameError: it is missing, and the main file refers to it)."""
 
-        def open_sidecar() -> Ranged:
-            got = self.open_ranged(side)
+        def open_sidecar(size: int) -> Ranged:
+            got = self.open_ranged_sidecar(side, size)
             if got is None:
                 raise CorruptFrameError(
                     "missing; the main file refers to it", where=self.locate(side)

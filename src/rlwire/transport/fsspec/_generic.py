@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from rlwire._core.errors import transport_error
+from rlwire._core.errors import CorruptFrameError, transport_error
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire.transport._stored.names import temp_name
 from rlwire.transport.fsspec._store import Staging, Store
@@ -42,6 +42,14 @@ class GenericStore(Store):
         return TempStaging(self)
 
     def get(self, path: str, size: int | None = None) -> bytes | None:
+        if size is not None:  # a sidecar: its size asked first, as S3's first GET learns it
+            found = self.size(path)  # None: gone (cat_file says so), or not told
+            if found is not None and found != size:
+                raise CorruptFrameError(
+                    f"sidecar truncated or extended: expected {size} bytes, the object is "
+                    f"{found}; not read",
+                    where=f"{self.url}/{path.rpartition('/')[2]}",
+                )
         try:
             data: bytes = self.fs.cat_file(path)
         except FileNotFoundError:

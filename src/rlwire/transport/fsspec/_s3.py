@@ -219,7 +219,9 @@ class S3Store(S3Bucket):
     def get(self, path: str, size: int | None = None) -> bytes | bytearray | None:
         return self.run_read(self._get, path, self.concurrency(), size)
 
-    def ranged(self, path: str) -> S3Ranged | None:
+    def ranged(self, path: str, size: int | None = None) -> S3Ranged | None:
+        # Its first ranged GET learns the size; a sidecar's is checked against ``size``
+        # then (open_checked_sidecar), before anything past that GET is read.
         return open_ranged(self, path)
 
     async def _get(self, path: str, window: int, size: int | None) -> bytes | bytearray | None:

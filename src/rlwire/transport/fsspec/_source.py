@@ -10,7 +10,7 @@ from rlwire.transport._parts import PartInfo
 from rlwire.transport._stored.marks import too_long
 from rlwire.transport._stored.names import part_name
 from rlwire.transport._stored.parts import part_zero_id
-from rlwire.transport._stored.selected import Ranged
+from rlwire.transport._stored.selected import Ranged, WholeFile
 from rlwire.transport._stored.source import StoredSource
 from rlwire.transport._url import URL
 from rlwire.transport.fsspec._connection import Connection, translate_errors
@@ -114,6 +114,14 @@ class FsspecSource(StoredSource):
         if self.writable:  # writable buffers are copies anyway: read whole
             return super().open_ranged(name)
         return self.open_head(name)
+
+    def open_ranged_sidecar(self, name: str, size: int) -> Ranged | None:
+        if self.writable:
+            view = self.load_sidecar(name, size)
+            return None if view is None else WholeFile(view)
+        store = self._conn.get()
+        with translate_errors(self.locate(name), "read"):
+            return store.ranged(store.path(name), size)
 
     def first_part(self, step: int) -> bytes | None:
         # By its first bytes: a generic store's open_head reads an object whole.

@@ -171,14 +171,15 @@ class Store(abc.ABC):
         ``max_concurrency`` are the sink's multipart options, for stores that use them.
         """
 
-    def ranged(self, path: str) -> Ranged | None:
+    def ranged(self, path: str, size: int | None = None) -> Ranged | None:
         """The object at ``path`` to read by byte ranges (a partial read), or ``None``
-        if it does not exist; by default, :meth:`get` whole.
+        if it does not exist; by default, :meth:`get` whole (a sidecar's ``size`` passed
+        on, to refuse one of another size unread).
 
         Raises:
             CorruptFrameError: as :meth:`get`.
         """
-        data = self.get(path)
+        data = self.get(path, size)
         return None if data is None else WholeFile(memoryview(data).toreadonly())
 
     @abc.abstractmethod

@@ -58,6 +58,7 @@ __all__ = [
     "ManifestColumn",
     "MarkSkippedWarning",
     "Part",
+    "PluginError",
     "Ragged",
     "ReceiveStats",
     "ReceiveTimeout",

@@ -377,6 +377,29 @@ class ReadsWrongColumns(BrokenSink):
             return got[0], _rotated(got[1])
 
 
+# -- plugin errors -------------------------------------------------------------------------
+
+
+class RaisesBareErrors(BrokenSink):
+    """stage() raises a bare ValueError (what it staged discarded first): a plugin's bug,
+    which users must get typed (PluginError naming the sink and the call), not bare."""
+
+    def stage(self, step: int, frames: Any) -> Sliced[Staged]:
+        staged = yield from super().stage(step, frames)
+        staged.discard()
+        raise ValueError("planted: a bare error from the plugin's stage")
+
+
+class ReadsBytes(BrokenSink):
+    """Its source's read() returns the message's bytes, not a Frame: refused by name
+    (PluginError), not an AttributeError deep in the receiver."""
+
+    class source_class(FileSource):  # what BrokenSink.open_source reads with
+        def read(self, step: int) -> Frame | None:
+            frame = super().read(step)
+            return frame if frame is None else bytes(frame.header)  # type: ignore[return-value]
+
+
 BROKEN: dict[str, type[BrokenSink]] = {
     "dup": DeliversAStepTwice,
     "order": DeliversOutOfOrder,
@@ -399,6 +422,8 @@ BROKEN: dict[str, type[BrokenSink]] = {
     "reversed": ReversesRuns,
     "firstrun": WritesFirstRunOnly,
     "columns": ReadsWrongColumns,
+    "bareerror": RaisesBareErrors,
+    "readbytes": ReadsBytes,
 }
 
 

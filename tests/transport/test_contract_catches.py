@@ -81,6 +81,15 @@ CATCHES: dict[str, tuple[tuple[str, ...], str]] = {
         "bytes differ from its runs joined",
     ),
     "columns": (("test_fields_reads_only_the_named_columns[asyncio-buffers]",), ""),
+    # A plugin's bare error, or wrong result, reaches the contract typed and named.
+    "bareerror": (
+        ("test_round_trip_in_order",),
+        r"PluginError: step 0: stage\(\) of the sink plugin .*RaisesBareErrors .*raised ValueError",
+    ),
+    "readbytes": (
+        ("test_round_trip_in_order",),
+        r"PluginError: step 0, rank 0: read\(\) of the source plugin .*returned bytes",
+    ),
 }
 
 #: Seconds the broken classes wait for what should happen (the contract's ``timeout``).

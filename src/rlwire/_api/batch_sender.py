@@ -32,7 +32,7 @@ from rlwire._core.offload import make_limiter, thread_count
 from rlwire._core.slicing import Sliced, timed
 from rlwire._frame.compression import Compressor, compress_sliced
 from rlwire._frame.frame import Frame, joined_pieces
-from rlwire.codecs._registry import Codec
+from rlwire.codecs._registry import Codec, encoding
 from rlwire.transport._base import OnExisting, Sink, Staged
 
 __all__ = ["TrainingBatchSender"]
@@ -303,7 +303,7 @@ class TrainingBatchSender(AppendingSender):
         """Encode and compress one rank's object, in slices, starting its checks beside."""
         try:
             try:
-                frame = yield from timed(self._codec.encode_sliced(obj), clock.seconds, "encode")
+                frame = yield from timed(encoding(self._codec, obj), clock.seconds, "encode")
             finally:  # even if encoding failed: the checks' error is the one to raise
                 # Started now, not beside the encoding: both hold the GIL, and passing it
                 # back and forth slowed both; the write lets go of it.

@@ -9,12 +9,13 @@ from typing import Any
 from anyio import CapacityLimiter
 
 from rlwire._api.options import Limits
-from rlwire._core.errors import ConfigError, DecodeError
+from rlwire._core.errors import ConfigError, DecodeError, RlwireError
 from rlwire._core.offload import thread_count
+from rlwire._core.plugin_calls import guarded_sliced, plugin_error
 from rlwire._core.slicing import Sliced, timed
 from rlwire._frame.compression import decompress_sliced
 from rlwire._frame.frame import Frame
-from rlwire.codecs._registry import Codec, get_codec
+from rlwire.codecs._registry import Codec, get_codec, plugin_codec
 
 __all__ = ["FrameDecoding"]
 
@@ -89,6 +90,8 @@ class FrameDecoding:
         if self.fields is not None:
             options["fields"] = self.fields
         decode_sliced = getattr(codec, "decode_sliced", None)  # optional for plugin codecs
+        call = "decode()" if decode_sliced is None else "decode_sliced()"
+        plugin = plugin_codec(codec)  # its errors are typed here: PluginError naming it
         try:
             if decode_sliced is None:
                 try:
@@ -96,11 +99,17 @@ class FrameDecoding:
                 finally:
                     seconds["decode"] += time.perf_counter() - began
             sliced = decode_sliced(frame, type_, **options)
-        except TypeError as exc:
-            if len(options) == 1:
+        except RlwireError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, TypeError) and len(options) > 1:
+                what = "fields" if self.fields is not None else "as_columns"
+                raise ConfigError(
+                    f"{what}: codec {frame.codec!r} cannot return columns ({exc})"
+                ) from None
+            if plugin is None:
                 raise
-            what = "fields" if self.fields is not None else "as_columns"
-            raise ConfigError(
-                f"{what}: codec {frame.codec!r} cannot return columns ({exc})"
-            ) from None
+            raise plugin_error(exc, plugin, call) from exc
+        if plugin is not None:
+            sliced = guarded_sliced(sliced, plugin, call)
         return (yield from timed(sliced, seconds, "decode"))

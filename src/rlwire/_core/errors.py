@@ -168,6 +168,25 @@ class TransportError(RlwireError, OSError):
     full, ...). Nothing half-written is left visible."""
 
 
+class PluginError(RlwireError, RuntimeError):
+    """A plugin (a sink, source or staged step of a class outside rlwire, or a codec
+    registered by another package) failed in a way its contract does not allow: it
+    raised something other than an rlwire error, or returned what its call does not
+    return (say, a ``stage`` that returns a str). The message names the plugin (its
+    class, its URL scheme or codec name), the call and, where known, the step; the
+    plugin's own exception is its ``__cause__``. An ``OSError`` it raises becomes a
+    :class:`TransportError` saying the same, errno kept. What the failed call staged is
+    discarded as after any failed send; a commit that failed so leaves the step's
+    visibility unknown (the sender refuses to go on until reopened with
+    ``on_existing="resume"``).
+
+    Example:
+        >>> import rlwire
+        >>> issubclass(rlwire.PluginError, RuntimeError)
+        True
+    """
+
+
 class ClosedError(RlwireError, RuntimeError):
     """The sender or receiver was used after it was closed."""
 

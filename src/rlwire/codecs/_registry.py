@@ -14,12 +14,13 @@ it, looked up here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, NamedTuple, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 
-from rlwire._core.errors import ConfigError
+from rlwire._core.errors import ConfigError, RlwireError
+from rlwire._core.plugin_calls import guarded_sliced, is_plugin, plugin_error, wrong_return
 from rlwire._core.registry import Registry
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
@@ -30,8 +31,10 @@ __all__ = [
     "Codec",
     "RowArrays",
     "available_codecs",
+    "encoding",
     "get_codec",
     "make_codec",
+    "plugin_codec",
     "register_codec",
 ]
 
@@ -178,6 +181,45 @@ def make_codec(codec: str | Codec, **options: Any) -> Codec:
         return codec
     factory = get_codec(codec)
     try:
-        return factory(**options)
+        made = factory(**options)
     except TypeError as exc:
         raise ConfigError(f"codec {codec!r} does not take these options: {exc}") from None
+    if not isinstance(made, Codec):
+        raise ConfigError(
+            f"codec {codec!r}: its factory returned {made!r}, which is not a codec (it needs "
+            "name, encode_sliced and decode: rlwire.abc.Codec)"
+        )
+    return made
+
+
+def plugin_codec(codec: object) -> str | None:
+    """How errors name ``codec`` if it is a plugin's (defined outside rlwire), else None.
+
+    Example:
+        >>> plugin_codec(make_codec("msgpack")) is None
+        True
+    """
+    if not is_plugin(codec):
+        return None
+    cls = type(codec)
+    return f"the codec plugin {getattr(codec, 'name', '?')!r} ({cls.__module__}.{cls.__qualname__})"
+
+
+def encoding(codec: Codec, obj: Any) -> Sliced[Frame]:
+    """``codec.encode_sliced(obj)``; for a plugin's codec, what it raises that is not an
+    rlwire error becomes a :class:`~rlwire.PluginError` naming it (the original
+    chained), as does a result that is not a :class:`~rlwire.Frame`."""
+    who = plugin_codec(codec)
+    if who is None:
+        return (yield from codec.encode_sliced(obj))
+    call = "encode_sliced()"
+    try:
+        slices = codec.encode_sliced(obj)
+    except RlwireError:
+        raise
+    except Exception as exc:
+        raise plugin_error(exc, who, call) from exc
+    if not isinstance(slices, Generator):
+        raise wrong_return(slices, who, call, "a sliced generator", step=None)
+    wants = (lambda got: isinstance(got, Frame), "a rlwire.Frame")
+    return (yield from guarded_sliced(slices, who, call, returns=wants))

@@ -13,10 +13,12 @@ from anyio import CapacityLimiter, to_thread
 
 from rlwire._core.errors import ConfigError
 from rlwire._core.offload import drive_sliced, offload
+from rlwire._core.plugin_calls import is_plugin
 from rlwire._core.slicing import Sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selector
 from rlwire.transport._appended import FieldsSink, FieldsSource
+from rlwire.transport._guarded import guard_sink, guard_source, guard_staged
 from rlwire.transport._marks import MarksSource
 from rlwire.transport._options import SinkOptions, SourceOptions
 from rlwire.transport._parts import PartsSink, PartsSource
@@ -70,6 +72,11 @@ class Staged(abc.ABC):
     #: is taken to leave it unknown too, unless it set ``visible = True``: the sender
     #: passes that error on as it is, and never assumes nothing was made visible.
     visible: bool | None = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if is_plugin(cls):  # its calls raise rlwire errors only (rlwire.transport._guarded)
+            guard_staged(cls)
 
     def commit(self) -> None:
         """Make the step visible to readers: sidecars first, main messages last, with
@@ -226,6 +233,8 @@ class Sink(PartsSink, FieldsSink, abc.ABC):
                 stacklevel=2,
             )
             cls.read_consumption = old  # type: ignore[method-assign]
+        if is_plugin(cls):  # its calls raise rlwire errors only
+            guard_sink(cls, sink=Sink, source=Source, staged=Staged)
 
     def check_retention(self, keep_last: int | None, max_ahead: int | None) -> None:
         """Refuse retention settings this sink, as configured, cannot work with: the
@@ -306,6 +315,8 @@ class Source(PartsSource, FieldsSource, MarksSource, abc.ABC):
                 stacklevel=2,
             )
             cls.reads_once = bool(cls.__dict__["consumes"])
+        if is_plugin(cls):  # its calls raise rlwire errors only
+            guard_source(cls)
 
     @property
     def consumes(self) -> bool:

@@ -22,6 +22,7 @@ import os
 from rlwire._core.errors import ConfigError
 from rlwire._core.registry import Registry
 from rlwire.transport._base import Sink, Source
+from rlwire.transport._guarded import serves
 from rlwire.transport._options import SinkOptions, SourceOptions
 from rlwire.transport._url import URL, parse_url, scheme_problem
 
@@ -110,6 +111,7 @@ def get_sink_class(scheme: str) -> type[Sink]:
         cls: type[Sink] = _REGISTRY.resolve(scheme, _FSSPEC)
         return cls
     found: type[Sink] = _REGISTRY.load(scheme)
+    serves(found, scheme)  # errors of its plugin calls name the scheme
     return found
 
 

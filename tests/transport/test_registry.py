@@ -7,6 +7,7 @@ installed with pip, as a user would install it, and then used by URL scheme alon
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -400,3 +401,37 @@ def test_a_package_with_malformed_entry_points_breaks_nothing_else(
         assert "msgpack" in available_codecs()
         rlwire.open_sender(tmp_path / "run")
         rlwire.open_receiver(tmp_path / "run")
+
+
+@pytest.fixture
+def shadowing_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """An installed package registering a sink under ``file`` and a codec under
+    ``msgpack``, rlwire's own names."""
+    site = tmp_path / "site"
+    sinks = "[rlwire.sinks]\nfile = shadow_mod:Sink\n"
+    installed(site, "shadow_pkg", f"{sinks}[rlwire.codecs]\nmsgpack = shadow_mod:Codec\n")
+    monkeypatch.syspath_prepend(str(site))
+    yield
+    monkeypatch.undo()
+    available_schemes(), available_codecs()
+
+
+def test_a_package_cannot_take_a_builtin_name(shadowing_package: None, tmp_path: Path) -> None:
+    """From a source tree (no rlwire entry points) it replaced the built-in, silently;
+    installed, both were refused as a conflict, and with them every plain path. The
+    built-in wins, and a warning names both."""
+    with pytest.warns(RuntimeWarning) as warned:
+        available_schemes(), available_codecs()  # the entry points read (not only loaded)
+        assert get_sink_class("file") is rlwire.transport.FileSink
+        assert type(make_codec("msgpack")).__module__.startswith("rlwire.")
+    said = "\n".join(str(w.message) for w in warned)
+    assert re.search(
+        r"shadow-pkg registers 'file' \(shadow_mod:Sink\) in rlwire.sinks, ignored: sink for "
+        r"'file' is rlwire's own \(rlwire.transport._file.sink:FileSink\)",
+        said,
+    ), said
+    assert "shadow-pkg registers 'msgpack' (shadow_mod:Codec) in rlwire.codecs, ignored" in said
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        rlwire.open_sender(tmp_path / "run")
+        rlwire.open_receiver(tmp_path / "run").close()

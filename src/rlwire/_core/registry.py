@@ -1,8 +1,9 @@
 """One plugin registry: names to objects, from an entry point group and from ``register``.
 
 Modelled on fsspec's ``registry`` and ``register_implementation``. An entry is a
-``"module:attr"`` string (an entry point's value, or rlwire's own table when its entry
-points are missing, e.g. when run from a source tree) imported on first use with
+``"module:attr"`` string (an entry point's value, or rlwire's own table, which serves
+rlwire's own names whether its entry points are installed or not: an installed package's
+entry point under one of them is ignored, with a warning naming both) imported on first use with
 :func:`pkgutil.resolve_name`, or an object registered in process. Every failure is a
 :class:`~rlwire.ConfigError` naming the entry and, for an unknown name, what is available.
 
@@ -14,7 +15,9 @@ clear; a name once loaded keeps its object until it is registered anew.
 from __future__ import annotations
 
 import pkgutil
+import re
 import threading
+import warnings
 from collections.abc import Callable, Mapping
 from importlib.metadata import EntryPoint
 from typing import Any
@@ -23,6 +26,8 @@ from rlwire._core.entry_points import group_entry_points
 from rlwire._core.errors import ConfigError
 
 __all__ = ["Registry"]
+
+_warned_lock = threading.Lock()
 
 
 def _target_of(ep: EntryPoint) -> str:
@@ -90,6 +95,7 @@ class Registry:
         self._scanned = False
         self._loaded: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._warned: set[tuple[str, str, str]] = set()  # built-ins' names taken, warned
 
     def _scan(self) -> dict[str, str]:
         """Read the entry point group again (rlwire's own table under it)."""
@@ -98,6 +104,9 @@ class Registry:
         refused: dict[str, tuple[str, str, str]] = {}
         for ep in group_entry_points(self.group):  # a broken package skipped, not fatal
             package = ep.dist.name if ep.dist else "?"
+            if ep.name in self._builtin:  # rlwire's own, whatever sys.path holds
+                self._shadowing(ep.name, package, _target_of(ep))
+                continue
             problem = self._check_name(ep.name) if self._check_name else None
             if problem:  # unreachable: refused when asked for, not in every process
                 refused[ep.name] = (package, _target_of(ep), problem)
@@ -112,6 +121,28 @@ class Registry:
         }
         self._entries, self._scanned = found, True
         return found
+
+    def _shadowing(self, name: str, package: str, target: str) -> None:
+        """An installed package's entry point under the name of one of rlwire's own:
+        ignored, so that no package installed beside rlwire replaces a built-in (in a
+        source tree, without rlwire's entry points, it did, silently; installed, the
+        two were refused as a conflict, and with them every plain path). Warns once per
+        process, naming both, unless it is rlwire's own entry point."""
+        if re.sub(r"[-_.]+", "-", package).lower() == "rlwire" or target == self._builtin[name]:
+            return
+        key = (name, package, target)
+        with _warned_lock:  # not self._lock: register() scans while it holds that
+            if key in self._warned:
+                return
+            self._warned.add(key)
+        warnings.warn(
+            f"{package} registers {name!r} ({target}) in {self.group}, ignored: "
+            f"{self._label.format(name=name)} is rlwire's own ({self._builtin[name]}); "
+            "to use the package's in a program, register it there (register_sink or "
+            "register_codec, clobber=True)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
     def _target(self, name: str) -> object | None:
         if name in self._registered:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 from depth import examples
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 from ray_cluster import ray_cluster as ray_cluster  # a local Ray cluster, on demand
 from ray_cluster import ray_producer as ray_producer
 from ray_cluster import ray_trainers as ray_trainers
@@ -21,7 +21,14 @@ from s3_server import s3_url as s3_url
 os.environ.setdefault("RAY_ADDRESS", "local")
 
 # Property tests that ask for no count draw hypothesis's 100 at full depth (depth.py).
-settings.register_profile("rlwire", max_examples=examples(100))
+# No deadline and no too-slow check: on a loaded 2-core machine one example took 259 ms
+# against the default 200 ms and failed its test; speed is the benchmarks' to judge.
+settings.register_profile(
+    "rlwire",
+    max_examples=examples(100),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 settings.load_profile("rlwire")
 
 

@@ -38,12 +38,12 @@ class Retention:
         keep_last: on a store (files, fsspec), delete a step once every rank's receiver
             has moved past it (asked for a later step, or, reading part by part, for
             a part after its last one; see ``open_receiver(record_consumed=)``) and it
-            is not among the newest
-            ``keep_last``; a step some rank has not moved past is never deleted. The
-            ranks are those of the step being sent (``len(objs)`` for ``send_ranks``,
-            1 for ``send``): after a run goes down to fewer ranks, the ranks beyond
-            them are no longer waited for, and the steps they hold may be deleted
-            once the remaining ranks have moved past. ``None``: keep every step.
+            is not among the newest ``keep_last``. The ranks are those that have files
+            of the step (for a step filled part by part, every rank its seal counts),
+            not those of the step being sent: after a run goes down to fewer ranks (a
+            ``send`` after ``send_ranks``, a sender resumed with fewer ranks), a rank
+            left out still keeps each step it has files of, and every later step,
+            stored until its receiver moves past it. ``None``: keep every step.
         max_ahead: on a store, make each send wait, with the event loop free, while the
             step to send is more than ``max_ahead`` steps ahead of the slowest rank's
             receiver (a rank that recorded nothing yet counts as being at the sender's

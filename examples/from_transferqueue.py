@@ -3,7 +3,7 @@
 A producer puts each GRPO group as soon as its rollouts finish (TransferQueue: ``put``);
 two trainer ranks take their groups as they are committed (``get_meta`` + ``get_data``);
 a second task (here a log-prob pass) reads the same steps on its own, as TransferQueue's
-``task_name`` lets it. Run it:
+``task_name`` lets it, recording no consumption (only the trainer's position counts). Run it:
 ``python examples/from_transferqueue.py``.
 """
 
@@ -64,7 +64,9 @@ def train(rank: int) -> None:
 
 def log_probs(rank: int) -> None:
     """Another task reading the same steps on its own (its own receiver, its own place)."""
-    with rlwire.open_receiver(path, rank=rank) as receiver:
+    # Marks are per rank, not per task: only the trainer's receiver records them, or,
+    # with keep_last, this faster task would let the sender delete steps not trained on.
+    with rlwire.open_receiver(path, rank=rank, record_consumed=False) as receiver:
         for _ in range(STEPS):
             samples = receiver.receive(timeout=30).samples  # a whole step: waits for its seal
             say(f"log-prob pass, rank {rank}: step {receiver.last_step}: {len(samples)} samples")

@@ -1,8 +1,10 @@
 """S3 without a shared filesystem: a producer process and trainer processes meet in a bucket.
 
-Nothing is shared but the bucket: the producer uploads each step (the sidecars and
-rank 1's message first, rank 0's message last, so a step is visible whole or not at
-all) and each trainer polls for its rank's next step. By default the example starts
+Nothing is shared but the bucket: the producer uploads each step (its sidecars first,
+then each rank's message, completed at commit, so no rank's message is ever half there;
+a kill between two ranks' messages can leave the step visible to some ranks only, which
+a resumed sender refuses, naming the repair: docs/reliability.md) and each trainer
+polls for its rank's next step. By default the example starts
 moto's S3 server on loopback (``rlwire[dev]`` has it); set ``S3_ENDPOINT`` (and the usual
 ``AWS_*`` credentials) to use a real S3-compatible store instead.
 

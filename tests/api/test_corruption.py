@@ -245,8 +245,8 @@ def test_checksum_mismatch_names_step_rank_and_buffer(
     side.write_bytes(bytes(data))
     with pytest.raises(
         CorruptFrameError,
-        match=r"step-00000000\.rank-0000\.rlw, segment \d+: buffer \d+ \(\d+ bytes\) does not "
-        "match its checksum",
+        match=r"step-00000000\.rank-0000\.sidecar\.rlw, segment \d+: buffer \d+ \(\d+ bytes, in "
+        r"the sidecar\) does not match its checksum",
     ) as caught:
         receive(tmp_path)
     assert (caught.value.step, caught.value.rank) == (0, 0)

@@ -8,7 +8,7 @@ as :func:`rlwire._core.pools.worker_count` allows, in rlwire's shared executor.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 import xxhash
@@ -22,6 +22,7 @@ from rlwire._frame.pieces import Pieces
 __all__ = [
     "CHECKSUM",
     "PARALLEL_HASH_BYTES",
+    "Sidecar",
     "check_algorithm",
     "checksum_segments",
     "compare_digests",
@@ -42,6 +43,11 @@ PARALLEL_HASH_BYTES = 32 << 20
 # and passing it among the pool's threads costs more than the hashing (and it kept the
 # event loop waiting for it several switch intervals in a row).
 _POOLED_SEGMENT_BYTES = 256 << 10
+
+#: The segments of a message stored in its sidecar (``i + 1`` for buffer ``i``), and where
+#: that sidecar is (a path or URL): a mismatch of one of them names the sidecar, not the
+#: main file.
+Sidecar = tuple[Collection[int], str]
 
 
 def placeholder_checksums(frame: Frame) -> bytes:
@@ -101,17 +107,23 @@ def _chunked_digest(seg: bytes | memoryview | Pieces, slicer: SliceTimer) -> Sli
 
 
 def verify_segments(
-    algorithm: str, checksums: bytes, segments: Sequence[memoryview], where: str
+    algorithm: str,
+    checksums: bytes,
+    segments: Sequence[memoryview],
+    where: str,
+    *,
+    sidecar: Sidecar | None = None,
 ) -> None:
     """Check each segment (the header, then the buffers) against ``checksums``, packed
     little-endian u64 of ``algorithm``, which the caller has checked holds one per segment.
 
     Raises:
         UnsupportedVersionError: an algorithm this reader does not know.
-        CorruptFrameError: a mismatch, naming the segment.
+        CorruptFrameError: a mismatch, naming the segment (and ``sidecar``'s place
+            rather than ``where`` for a segment stored there).
     """
     check_algorithm(algorithm, where)
-    compare_digests(checksums, segment_digests(segments), segments, where)
+    compare_digests(checksums, segment_digests(segments), segments, where, sidecar=sidecar)
 
 
 def check_algorithm(algorithm: str, where: str) -> None:
@@ -135,23 +147,30 @@ def compare_digests(
     where: str,
     *,
     names: Sequence[int] | None = None,
+    sidecar: Sidecar | None = None,
 ) -> None:
     """Check ``digests`` (from :func:`segment_digests`) of ``segments`` against the
     packed little-endian u64 ``checksums`` recorded for them, one per segment;
     ``names``: each one's segment index, when they are not all the segments in order.
 
     Raises:
-        CorruptFrameError: a mismatch, naming the segment.
+        CorruptFrameError: a mismatch, naming the segment, and where it is stored:
+            ``where``, or the place ``sidecar`` gives for a segment it lists.
     """
     stored = np.frombuffer(checksums, _U64).tolist()
     for i, (seg, computed) in enumerate(zip(segments, digests, strict=True)):
         if computed != stored[i]:
             k = i if names is None else names[i]
-            what = "the header" if k == 0 else f"buffer {k - 1} ({seg.nbytes} bytes)"
+            side = sidecar is not None and k in sidecar[0]
+            what = (
+                "the header"
+                if k == 0
+                else f"buffer {k - 1} ({seg.nbytes} bytes{', in the sidecar' if side else ''})"
+            )
             raise CorruptFrameError(
                 f"{what} does not match its checksum (stored "
                 f"{stored[i]:#018x}, computed {computed:#018x})",
-                where=where,
+                where=sidecar[1] if sidecar is not None and side else where,
                 segment=k,
             )
 
@@ -184,7 +203,12 @@ def _hashed(segments: Sequence[memoryview]) -> list[int]:
 
 
 def verify_some(
-    algorithm: str, checksums: bytes, segments: dict[int, memoryview], where: str
+    algorithm: str,
+    checksums: bytes,
+    segments: dict[int, memoryview],
+    where: str,
+    *,
+    sidecar: Sidecar | None = None,
 ) -> None:
     """:func:`verify_segments` for some segments of a message only (a partial read):
     ``segments`` maps a segment's index (0 the header, ``i + 1`` buffer ``i``) to its
@@ -203,4 +227,5 @@ def verify_some(
         [segments[k] for k in order],
         where,
         names=order,
+        sidecar=sidecar,
     )

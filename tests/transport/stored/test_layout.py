@@ -834,12 +834,13 @@ def test_flipped_segment_byte_names_step_rank_and_segment(segment: int) -> None:
     data = [bytearray(main), bytearray(side)]
     data[part][(start + end) // 2] ^= 0x10
     what = "the header" if segment == 0 else rf"buffer {segment - 1} \("
+    where = "msg sidecar" if part else "msg"  # a buffer in the sidecar names it
     with pytest.raises(
-        CorruptFrameError, match=rf"^msg, step {STEP}, rank {RANK}, segment {segment}: {what}"
+        CorruptFrameError, match=rf"^{where}, step {STEP}, rank {RANK}, segment {segment}: {what}"
     ) as caught:
         parse(data[0], data[1])
     err = caught.value
-    assert (err.where, err.step, err.rank, err.segment) == ("msg", STEP, RANK, segment)
+    assert (err.where, err.step, err.rank, err.segment) == (where, STEP, RANK, segment)
     got = parse_main(
         memoryview(data[0]),
         step=STEP,

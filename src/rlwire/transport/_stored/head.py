@@ -30,7 +30,7 @@ from rlwire.transport._stored.names import (
     sidecar_name,
 )
 from rlwire.transport._stored.selected import Ranged, open_checked_sidecar, read_envelope
-from rlwire.transport._stored.table import MAIN, SIDECAR, checked_table
+from rlwire.transport._stored.table import MAIN, SIDECAR, checked_table, side_of
 
 if TYPE_CHECKING:
     from rlwire.transport._stored.source import StoredSource
@@ -120,7 +120,8 @@ class Head:
             if start == 0 and end == self.lengths[index]
         }
         if self.verify and whole and self.env.checksum is not None:
-            verify_some(self.env.checksum, self.env.checksums, whole, self.where)
+            side = side_of(self.files, self.where)
+            verify_some(self.env.checksum, self.env.checksums, whole, self.where, sidecar=side)
         return out
 
     def _side(self) -> Ranged:

@@ -35,7 +35,7 @@ from rlwire._frame.checksums import CHECKSUM, verify_segments
 from rlwire._frame.frame import Frame
 from rlwire._frame.pieces import Pieces
 from rlwire.transport._parts import PartInfo
-from rlwire.transport._stored.table import ALIGN, SIDECAR, check_magic, checked_table, span
+from rlwire.transport._stored.table import ALIGN, SIDECAR, check_magic, checked_table, side_of, span
 
 __all__ = [
     "ALIGN",
@@ -325,7 +325,8 @@ def _parse(
     verified = False
     if verify and env.checksum is not None:
         try:
-            verify_segments(env.checksum, env.checksums, [header, *buffers], where)
+            side = side_of(files, where)
+            verify_segments(env.checksum, env.checksums, [header, *buffers], where, sidecar=side)
         except CorruptFrameError as exc:
             exc.add_context(step=step, rank=rank)
             raise

@@ -29,7 +29,7 @@ from rlwire.transport._stored.layout import (
     _PartEnvelope,
 )
 from rlwire.transport._stored.parts import _part_info
-from rlwire.transport._stored.table import MAIN, SIDECAR, checked_table
+from rlwire.transport._stored.table import MAIN, SIDECAR, checked_table, side_of
 
 __all__ = [
     "HEAD_BYTES",
@@ -176,7 +176,8 @@ def parse_selected(
     if verify and env.checksum is not None:
         segments = {0: header} | {i + 1: reading.loaded[i] for i in reading.loaded}
         try:
-            verify_some(env.checksum, env.checksums, segments, where)
+            side = side_of(files, where)
+            verify_some(env.checksum, env.checksums, segments, where, sidecar=side)
         except CorruptFrameError as exc:
             exc.add_context(step=step, rank=rank)
             raise

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ __all__ = [
     "check_table_sizes",
     "check_within",
     "checked_table",
+    "side_of",
     "span",
 ]
 
@@ -199,6 +201,24 @@ def _name(segment: int, file: int) -> str:
     if segment == -1:
         return "the prelude and envelope" if file == MAIN else "the sidecar's prelude"
     return "the header"
+
+
+def side_of(files: np.ndarray | Sequence[int], where: str) -> tuple[frozenset[int], str] | None:
+    """The segments of a message stored in its sidecar (``i + 1`` for each buffer ``i``
+    that ``files``, its table's, puts there) and where that sidecar is, given ``where``,
+    the main file's place, a path or URL ending in its name (``….rlw``: the sidecar's
+    ends in ``….sidecar.rlw``; another ``where`` gains `` sidecar``); ``None`` if it has
+    none. What names a damaged sidecar (:func:`rlwire._frame.checksums.compare_digests`).
+
+    Example:
+        >>> side_of(np.array([0, 1, 1], np.uint8), "/run/step-00000003.rank-0000.rlw")
+        (frozenset({2, 3}), '/run/step-00000003.rank-0000.sidecar.rlw')
+    """
+    segments = frozenset((np.flatnonzero(np.asarray(files) == SIDECAR) + 1).tolist())
+    if not segments:
+        return None
+    side = f"{where[:-4]}.sidecar.rlw" if where.endswith(".rlw") else f"{where} sidecar"
+    return segments, side
 
 
 def span(data: memoryview, offset: int, length: int, where: str, what: str) -> memoryview:

@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
+from rlwire._core.errors import ConfigError
+
 __all__ = ["alias_old_modules", "claim", "is_private", "names_on_demand"]
 
 
@@ -92,13 +94,19 @@ def alias_old_modules(old_to_new: Mapping[str, str]) -> None:
 
 
 def names_on_demand(
-    face: str, *, optional: Mapping[str, str] = {}, moved: Mapping[str, str] = {}
+    face: str,
+    *,
+    optional: Mapping[str, str] = {},
+    moved: Mapping[str, str] = {},
+    extras: Mapping[str, str] = {},
 ) -> Any:
     """A module ``__getattr__`` for a face's names that are imported only when used.
 
     ``optional`` maps a name to ``"module:attribute"`` for names that need an optional
     dependency (imported on first use, so importing the face needs none); ``moved`` maps
     names the face no longer exports to where they live now, and using one warns.
+    ``extras`` maps an optional dependency (its top module) to rlwire's pip extra: an
+    optional name that needs it, used without it, raises ConfigError naming the extra.
     """
 
     def __getattr__(name: str) -> Any:
@@ -109,7 +117,14 @@ def names_on_demand(
         if name in moved:
             hint = "private since 0.2" if is_private(module) else f"use {module}.{attribute}"
             warnings.warn(f"{face}.{name} is deprecated: {hint}", DeprecationWarning, stacklevel=2)
-        value = getattr(importlib.import_module(module), attribute)
+        try:
+            value = getattr(importlib.import_module(module), attribute)
+        except ModuleNotFoundError as exc:
+            extra = extras.get(exc.name or "")
+            if extra is None:
+                raise
+            why = f"{face}.{name} needs {exc.name}: pip install 'rlwire[{extra}]'"
+            raise ConfigError(why) from None
         if name in optional:
             claim(face, {name: value}, [name])
         return value

@@ -32,5 +32,7 @@ __all__ = [
 claim(__name__, globals(), [name for name in __all__ if name != "JsonCodec"])
 
 __getattr__ = names_on_demand(
-    __name__, optional={"JsonCodec": "rlwire.codecs._json.codec:JsonCodec"}
+    __name__,
+    optional={"JsonCodec": "rlwire.codecs._json.codec:JsonCodec"},
+    extras={"orjson": "json"},
 )

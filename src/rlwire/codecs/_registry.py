@@ -112,7 +112,8 @@ _REGISTRY = Registry(
 
 
 def available_codecs() -> list[str]:
-    """The names of the installed and registered codecs, sorted.
+    """The names of the registered codecs, sorted: rlwire's own (``json`` even without
+    orjson, which making it then asks for), installed plugins' and :func:`register_codec`'s.
 
     Example:
         >>> {"json", "msgpack"} <= set(available_codecs())

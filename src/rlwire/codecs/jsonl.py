@@ -5,7 +5,8 @@
 short enough that the event loop stays responsive. Files are streamed a run of lines at
 a time, never held in memory whole, and a file written to a path appears whole or not at
 all. Records follow the value rules of the JSON codec (docs/json.md): numpy arrays become
-lists, NaN and Inf become ``null``.
+lists, NaN and Inf become ``null``. It needs orjson (``rlwire[json]``): without it,
+importing this module raises ConfigError naming the extra.
 
 Example:
     >>> import numpy as np, pathlib, tempfile
@@ -18,14 +19,22 @@ Example:
 """
 
 from rlwire._core.faces import claim
-from rlwire.codecs._json.files import JsonlDestination, JsonlSource
-from rlwire.codecs._json.jsonl import (
-    DEFAULT_MAX_LINE_BYTES,
-    adump_jsonl,
-    aload_jsonl,
-    dump_jsonl,
-    load_jsonl,
-)
+
+try:
+    from rlwire.codecs._json.files import JsonlDestination, JsonlSource
+    from rlwire.codecs._json.jsonl import (
+        DEFAULT_MAX_LINE_BYTES,
+        adump_jsonl,
+        aload_jsonl,
+        dump_jsonl,
+        load_jsonl,
+    )
+except ModuleNotFoundError as exc:
+    if exc.name != "orjson":
+        raise
+    from rlwire._core.errors import ConfigError
+
+    raise ConfigError("rlwire.codecs.jsonl needs orjson: pip install 'rlwire[json]'") from None
 
 __all__ = [
     "DEFAULT_MAX_LINE_BYTES",

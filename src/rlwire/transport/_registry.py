@@ -76,7 +76,9 @@ _REGISTRY = Registry(
 
 
 def available_schemes() -> list[str]:
-    """The URL schemes of the installed and registered sinks, sorted.
+    """The URL schemes of the registered sinks, sorted: rlwire's own (also those whose
+    package is not installed, which opening one then names), installed plugins' and
+    :func:`register_sink`'s.
 
     Example:
         >>> {"file", "memory", "s3", "zmq+tcp"} <= set(available_schemes())

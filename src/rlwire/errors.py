@@ -1,11 +1,12 @@
 """The errors rlwire raises: one hierarchy under :class:`RlwireError`.
 
 Every class here is also importable from :mod:`rlwire` itself (``rlwire.DecodeError``);
-each reports this module as where it lives, as tracebacks show. Each one derives from the
-closest built-in exception too, so code that already catches ``ValueError`` or ``OSError``
-keeps working. Two warnings live here too: :class:`MarkSkippedWarning`, when a receiver
-reads on without recording what it consumed, and :class:`SidecarWarning`, when a name
-given to ``sidecar=`` matched nothing in a message sent.
+each reports this module as where it lives, as tracebacks show. Each one but
+:class:`EndOfStream` (which reports no failure) derives from the closest built-in
+exception too, so code that already catches ``ValueError`` or ``OSError`` keeps working.
+Two warnings live here too: :class:`MarkSkippedWarning`, when a receiver reads on
+without recording what it consumed, and :class:`SidecarWarning`, when a name given to
+``sidecar=`` matched nothing in a message sent.
 
 Example:
     >>> import rlwire.errors

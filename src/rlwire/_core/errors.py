@@ -1,8 +1,8 @@
 """The one exception hierarchy of rlwire.
 
-Every error rlwire raises on purpose is an :class:`RlwireError`. Each subclass also
-derives from the closest built-in exception, so code that already catches ``ValueError``
-or ``OSError`` keeps working.
+Every error rlwire raises on purpose is an :class:`RlwireError`. Each subclass but
+:class:`EndOfStream` (which reports no failure) also derives from the closest built-in
+exception, so code that already catches ``ValueError`` or ``OSError`` keeps working.
 """
 
 from __future__ import annotations
@@ -188,7 +188,11 @@ class PluginError(RlwireError, RuntimeError):
 
 
 class ClosedError(RlwireError, RuntimeError):
-    """The sender or receiver was used after it was closed."""
+    """A sender, receiver or step writer cannot be used any more: it was closed (or its
+    stream finished, or its step sealed); another sender opened the destination after
+    it (fenced off: stop this producer); a ``finish()`` cancelled or failed part way
+    waits to be called again; or (a sync sender) it was opened in the process that forked
+    this one."""
 
 
 class ReceiveTimeout(RlwireError, TimeoutError):

@@ -252,6 +252,17 @@ def test_old_module_paths_still_import_with_a_deprecation_warning(
     assert module.__name__ == old  # its own module object: the new one keeps its spec
 
 
+def test_the_old_cli_module_points_at_the_command_not_a_face() -> None:
+    # rlwire.cli held only the command's entry point, which no face exports.
+    sys.modules.pop("rlwire.cli", None)
+    with pytest.warns(DeprecationWarning, match=r"rlwire\.cli is deprecated") as caught:
+        module = importlib.import_module("rlwire.cli")
+    (warning,) = [w for w in caught if "rlwire.cli" in str(w.message)]
+    assert "import from" not in str(warning.message)
+    assert "the `rlwire` command" in str(warning.message)
+    assert callable(module.main)
+
+
 @pytest.mark.parametrize(
     ("face", "name", "home"),
     [

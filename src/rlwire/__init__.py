@@ -101,5 +101,6 @@ alias_old_modules(
         "rlwire.sender": "rlwire._api.sender",
         "rlwire.stats": "rlwire._api.stats",
         "rlwire.transport.filesystem": "rlwire.transport._file.sink",
-    }
+    },
+    hints={"rlwire.cli": "run the `rlwire` command (`rlwire --help`); no face exports it"},
 )

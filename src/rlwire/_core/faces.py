@@ -58,8 +58,9 @@ def _resolve_annotations(cls: type) -> None:
 class _OldModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds an old module name and hands back the module that now holds its code."""
 
-    def __init__(self, old_to_new: Mapping[str, str]) -> None:
+    def __init__(self, old_to_new: Mapping[str, str], hints: Mapping[str, str]) -> None:
         self.old_to_new = dict(old_to_new)
+        self.hints = dict(hints)
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname not in self.old_to_new:
@@ -71,8 +72,9 @@ class _OldModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         new = self.old_to_new[module.__name__]
+        hint = self.hints.get(module.__name__) or f"import from {_face_of(new)}"
         warnings.warn(
-            f"{module.__name__} is deprecated and private now: import from {_face_of(new)}",
+            f"{module.__name__} is deprecated and private now: {hint}",
             DeprecationWarning,
             stacklevel=4,
         )
@@ -87,10 +89,12 @@ def _face_of(module: str) -> str:
     return ".".join(parts[: next(i for i, p in enumerate(parts) if p.startswith("_"))])
 
 
-def alias_old_modules(old_to_new: Mapping[str, str]) -> None:
-    """Let ``import OLD`` keep working for each old public module name, with a warning."""
+def alias_old_modules(old_to_new: Mapping[str, str], hints: Mapping[str, str] = {}) -> None:
+    """Let ``import OLD`` keep working for each old public module name, with a warning
+    that says to import from the face above the new module, or ``hints[OLD]`` instead
+    (for a module no face re-exports)."""
     if not any(isinstance(f, _OldModules) for f in sys.meta_path):
-        sys.meta_path.append(_OldModules(old_to_new))
+        sys.meta_path.append(_OldModules(old_to_new, hints))
 
 
 def names_on_demand(

@@ -138,8 +138,10 @@ class ConsumptionMarks:
 
         Raises:
             ConfigError: called on an event loop while another task's ``areceive`` (or
-                ``aparts``, ``await_next``) on this receiver is under way: waiting for it
-                here would block the loop that call needs to finish.
+                ``aparts``, ``await_next``) on this receiver is reading a step: waiting
+                for it here would block the loop that call needs to finish. (Beside one
+                that is only waiting for the step, ``skip()`` takes effect at once, and
+                that call returns the step after.)
             ClosedError: the receiver is closed.
         """
         held = Held(self._mutex)

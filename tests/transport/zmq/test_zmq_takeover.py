@@ -395,9 +395,22 @@ async def test_a_takeover_midway_through_a_message_gives_it_up_and_says_so(
             words = "another receiver of rank 0 took the rank over midway through the message"
             assert len(failed) == 1 and words in str(failed[0]), failed
             assert sender.next_step == 0
+
+            async def send_again() -> None:
+                # The step may start towards `new` before the receiver's announcement is
+                # read (a loaded machine): that send is given up as above, and the step
+                # sent again goes to the receiver, as the error says.
+                for _ in range(3):
+                    try:
+                        await sender.send(big)
+                        return
+                    except rlwire.TransportError as exc:
+                        if words not in str(exc):
+                            raise
+
             with rlwire.open_receiver(url) as receiver:  # announces itself last: it wins
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(sender.send, big)
+                    tg.start_soon(send_again)
                     got = await receiver.areceive(timeout=LONG)
             assert receiver.last_step == 0 and got.samples[0].env_name == big.samples[0].env_name
             kinds = arrived(old)

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from rlwire._api.appended_names import check_names, unnamed_sample
 from rlwire._api.decoding import FrameDecoding
 from rlwire._api.fields import AppendedSelector
 from rlwire._api.options import Limits
@@ -135,6 +136,8 @@ class _StoredRows:
         #: The names of the step's columns that hold data (arrays, or values not all
         #: None: what an appended field never replaces), as :meth:`of` found them.
         self.held: set[str] = set()
+        #: Why the step's samples keep no names (a plain list of lists), or ``None``.
+        self.unnamed: str | None = None
 
     def _table(self, frame: Frame) -> Any:
         return column_table(frame, self.decoding)
@@ -158,6 +161,7 @@ class _StoredRows:
                 raise _several_lists(k for k, _ in lists)
             if samples is None:
                 raise ConfigError("add_fields: the step holds no list of samples to add fields to")
+            self.unnamed = self.unnamed or unnamed_sample(samples)
             for sample in samples if isinstance(samples, list) else ():
                 self.held.update(_keys(sample))
                 self.held.update(_keys(sample.get(EXTRAS) if isinstance(sample, dict) else None))
@@ -210,21 +214,16 @@ def _stored_rows(frames: list[Frame], rows: _StoredRows) -> tuple[int, np.ndarra
 
 
 def _check_against(
-    columns: Columns, names: list[str], count: int, lengths: np.ndarray | None, held: set[str]
+    columns: Columns, names: list[str], count: int, lengths: np.ndarray | None, rows: _StoredRows
 ) -> None:
     """Refuse ``columns`` unless they fit the step: ``count`` rows, each Ragged's rows
     as long as ``lengths`` (the step's token counts), names not appended already nor
-    of the step's columns that hold data (``held``)."""
+    of the step's columns that hold data (``rows.held``), under any spelling
+    (:mod:`rlwire._api.appended_names`)."""
     if len(columns) != count:
         raise SchemaError(f"add_fields: the columns hold {len(columns)} rows, the step {count}")
     for name, column in columns.items():
-        if name in names:
-            raise SchemaError(f"add_fields: field {name!r} was appended to the step already")
-        if name in held:
-            raise SchemaError(
-                f"add_fields: the step holds data in field {name!r}: an appended field may "
-                "take the place of a field the step left empty (None), never of its data"
-            )
+        check_names(name, names, rows.held, rows.unnamed)
         if isinstance(column, Ragged) and lengths is not None:
             bad = np.flatnonzero(np.diff(column.offsets) != lengths)
             if bad.size:
@@ -275,7 +274,7 @@ def prepare(
     # it takes the place of the step's. Twice appended, it is refused.
     messages = sink.read_appended(step, rank)
     appended = [n for f in messages for n in decode_appended(f, decoding).names]
-    _check_against(columns, appended, count, lengths, rows.held)
+    _check_against(columns, appended, count, lengths, rows)
     # Only the names of fields given: the sender's others are its steps' business.
     codec = get_codec("msgpack")(sidecar=sidecar & set(columns.names))
     frame = yield from codec.encode_sliced({"fields": _stored(columns)})

@@ -66,7 +66,8 @@ def merge_appended(obj: Any, columns: dict[str, Column]) -> Any:
         for i, sample in enumerate(samples):
             if typed[i] is not _UNTYPED:
                 # force_setattr: a frozen Struct is filled as its decode would have.
-                msgspec.structs.force_setattr(sample, name, typed[i])
+                attribute, value = typed[i]
+                msgspec.structs.force_setattr(sample, attribute, value)
                 continue
             value = column[i]
             if isinstance(sample, dict):
@@ -89,18 +90,24 @@ _UNTYPED: Any = object()
 
 
 def _struct_values(samples: list[Any], name: str, column: Column) -> list[Any]:
-    """For each row, ``column``'s value converted to the annotation of the sample's
-    field ``name`` as the step's own values are (one call per Struct type for the
-    whole column), or :data:`_UNTYPED` where the sample is no Struct with that field.
+    """For each row, the field of the sample that ``column`` (appended as ``name``)
+    fills and its value converted to that field's annotation as the step's own values
+    are (one call per Struct type for the whole column), or :data:`_UNTYPED` where the
+    sample is no Struct with that field. The field is the one stored as ``name`` (its
+    encoded name, as the step's own columns are matched), else the one of that
+    attribute name.
 
     Raises:
         DecodeError: a value does not match the annotation; names the field and row.
+            Or the field is one matched by its attribute name, stored under another
+            name, and holds the step's data (a rename by a mapping or function, which
+            add_fields could not tell): an appended field never takes its place.
     """
     out: list[Any] = [_UNTYPED] * len(samples)
     kinds = {
-        kind
+        kind: field
         for kind in set(map(type, samples))
-        if issubclass(kind, msgspec.Struct) and name in kind.__struct_fields__
+        if issubclass(kind, msgspec.Struct) and (field := _field_named(kind, name)) is not None
     }
     if not kinds:
         return out
@@ -108,9 +115,11 @@ def _struct_values(samples: list[Any], name: str, column: Column) -> list[Any]:
         values = column.tolist()  # Python numbers, as the step's own rows hold
     else:
         values = list(column)  # a Ragged's rows, as views, in one pass
-    for kind in kinds:
+    for kind, field in kinds.items():
         rows = [i for i, s in enumerate(samples) if type(s) is kind]
-        annotation = next(f.type for f in msgspec.structs.fields(kind) if f.name == name)
+        if field.encode_name != name:
+            _check_left_empty(samples, rows, name, kind, field)
+        annotation = field.type
         got = values if len(rows) == len(values) else [values[i] for i in rows]
         members = {annotation, *typing.get_args(annotation)}
         if not (Any in members or (isinstance(column, Ragged) and np.ndarray in members)):
@@ -120,12 +129,32 @@ def _struct_values(samples: list[Any], name: str, column: Column) -> list[Any]:
                 at = re.search(r" - at `\$\[(\d+)\]`", str(exc))
                 row = rows[int(at[1])] if at else rows[0]
                 why = str(exc)[: at.start()] if at else str(exc)
-                raise _misfit(name, row, kind, name, annotation, why) from None
-        if len(rows) == len(samples):
-            return list(got)
+                raise _misfit(name, row, kind, field.name, annotation, why) from None
         for i, value in zip(rows, got, strict=True):
-            out[i] = value
+            out[i] = (field.name, value)
     return out
+
+
+def _field_named(kind: type[msgspec.Struct], name: str) -> msgspec.structs.FieldInfo | None:
+    """``kind``'s field stored as ``name``, else the one of that attribute name."""
+    fields = msgspec.structs.fields(kind)
+    stored = next((f for f in fields if f.encode_name == name), None)
+    return stored or next((f for f in fields if f.name == name), None)
+
+
+def _check_left_empty(
+    samples: list[Any], rows: list[int], name: str, kind: type, field: msgspec.structs.FieldInfo
+) -> None:
+    """Refuse the appended ``name`` in ``field`` (stored as another name) of the rows
+    of ``kind`` unless the step left it empty (``None``) in each."""
+    full = next((i for i in rows if getattr(samples[i], field.name) is not None), None)
+    if full is not None:
+        raise DecodeError(
+            f"appended field {name!r} row {full}: {kind.__name__}.{field.name} is stored "
+            f"as {field.encode_name!r}, which holds the step's data there; an appended "
+            "field never takes the place of the step's data (receive with as_columns=True "
+            "to see both)"
+        )
 
 
 def _misfit(name: str, row: int, kind: type, field: str, annotation: Any, why: str) -> DecodeError:

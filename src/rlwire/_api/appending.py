@@ -15,7 +15,8 @@ waits for a named field that neither the step nor its appended messages hold yet
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -32,6 +33,7 @@ from rlwire._api.decoding import FrameDecoding
 from rlwire._api.fields import FieldSelector
 from rlwire._api.options import Limits
 from rlwire._api.sealed import SealedStep, where_of
+from rlwire._core.backends import BackendLock
 from rlwire._core.columns import Column
 from rlwire._core.errors import (
     ClosedError,
@@ -61,6 +63,7 @@ class AppendingSender:
     _opened: bool
     _closed: bool
     _codec: Codec
+    _fields_lock: anyio.Lock | None = None
 
     async def add_fields(
         self,
@@ -124,19 +127,51 @@ class AppendingSender:
             ...     float(receiver.receive(timeout=5)["samples"][0]["score"])
             0.5
         """
-        async with self._lock:
-            if self._closed:
-                raise ClosedError(f"{self!r} is closed")
-            sink = self._sink
-            if not sink.appends_fields:
-                raise ConfigError(
-                    f"add_fields needs a destination that keeps steps (files, fsspec/S3, "
-                    f"ray://); {sink!r} keeps none (a socket hands a step over and forgets it)"
-                )
-            if not self._opened:
-                await to_thread.run_sync(sink.attach_fields, limiter=self._limiter)
+        sink = self._sink
+        if not self._opened:
+            # A stage's sender, never opened: attached (again), what its lock guards.
+            async with self._lock:
+                self._check_appends(sink)
+                if not self._opened:
+                    await to_thread.run_sync(sink.attach_fields, limiter=self._limiter)
+        # Not the send lock: a send (or open_step) holds it while it waits for room
+        # (max_ahead), which a receiver waiting for this call's fields may hold back.
+        async with self._appending():
+            self._check_appends(sink)
             side = _sidecar_names(self._codec)
             await add_fields(sink, self._limiter, Limits(), step, fields, rows, rank, of, side)
+
+    def _check_appends(self, sink: Sink) -> None:
+        if self._closed:
+            raise ClosedError(f"{self!r} is closed")
+        if not sink.appends_fields:
+            raise ConfigError(
+                f"add_fields needs a destination that keeps steps (files, fsspec/S3, "
+                f"ray://); {sink!r} keeps none (a socket hands a step over and forgets it)"
+            )
+
+    def _appending(self) -> anyio.Lock:
+        """The lock of this sender's ``add_fields`` calls, one at a time, apart from its
+        sends: a call touches a committed step (the sink's reads of it, and its staging
+        of the fields, which it guards), not the order of the steps sent. ``aclose``
+        takes it too, after the send lock, so that the sink is closed after the call."""
+        if self._fields_lock is None:
+            self._fields_lock = BackendLock()
+        return self._fields_lock
+
+    @contextlib.asynccontextmanager
+    async def _appends_ended(self) -> AsyncIterator[None]:
+        """Held by ``aclose`` (the send lock held): no ``add_fields`` runs. Taken
+        without a checkpoint when free, as ``aclose`` takes the send lock."""
+        lock = self._appending()
+        try:
+            lock.acquire_nowait()
+        except anyio.WouldBlock:
+            await lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
 
 
 def _sidecar_names(codec: Any) -> frozenset[str]:

@@ -392,9 +392,9 @@ class TrainingBatchSender(AppendingSender):
         except anyio.WouldBlock:
             await self._lock.acquire()
         try:
-            if self._closed:
-                return
-            self._closed = True
-            await self._sink.aclose(self._limiter)
+            async with self._appends_ended():  # and for an add_fields in flight
+                if not self._closed:
+                    self._closed = True
+                    await self._sink.aclose(self._limiter)
         finally:
             self._lock.release()

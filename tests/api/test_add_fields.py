@@ -91,6 +91,10 @@ async def test_bad_fields_are_typed_errors_and_write_nothing(
             rlwire.SchemaError, match=r"step 0, rank 0: .*'ref_logprobs' row 1 holds 4"
         ):
             await sender.add_fields(0, {"ref_logprobs": _ragged((3, 4, 3))})
+        # A list of per-sample arrays is stored as a Ragged: checked as one.
+        per_sample = [np.zeros(n, np.float32) for n in (3, 99, 2)]
+        with pytest.raises(rlwire.SchemaError, match=r"'ref_logprobs' row 1 holds 99 values"):
+            await sender.add_fields(0, {"ref_logprobs": per_sample})
         with pytest.raises(rlwire.SchemaError, match="2 rows, the step 3"):
             await sender.add_fields(0, {"score": np.array([1.0, 2.0])})
         with pytest.raises(rlwire.SchemaError, match="rows=4"):

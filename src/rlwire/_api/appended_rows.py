@@ -224,15 +224,30 @@ def _check_against(
         raise SchemaError(f"add_fields: the columns hold {len(columns)} rows, the step {count}")
     for name, column in columns.items():
         check_names(name, names, rows.held, rows.unnamed)
-        if isinstance(column, Ragged) and lengths is not None:
-            bad = np.flatnonzero(np.diff(column.offsets) != lengths)
+        held = _row_lengths(column) if lengths is not None else None
+        if held is not None and lengths is not None:
+            bad = np.flatnonzero(held != lengths)
             if bad.size:
                 row = int(bad[0])
-                got = int(np.diff(column.offsets)[row])
                 raise SchemaError(
-                    f"add_fields: field {name!r} row {row} holds {got} values, "
+                    f"add_fields: field {name!r} row {row} holds {int(held[row])} values, "
                     f"its {LENGTHS_FROM} {int(lengths[row])}"
                 )
+
+
+def _row_lengths(column: Column) -> np.ndarray | None:
+    """The lengths of ``column``'s rows when they are arrays of one or more dimensions
+    (a Ragged's, or a list of arrays, which is stored as a Ragged): what is checked
+    against the step's token counts. ``None`` for any other column (numbers, a 2-D
+    array: a vector a row, of its own width on purpose)."""
+    if isinstance(column, Ragged):
+        return np.diff(column.offsets)
+    rows = column if isinstance(column, list) else None
+    if isinstance(column, np.ndarray) and column.dtype.kind == "O" and column.ndim == 1:
+        rows = list(column)
+    if not rows or not all(type(r) is np.ndarray and r.ndim >= 1 for r in rows):
+        return None
+    return np.fromiter(map(len, rows), np.int64, len(rows))
 
 
 def prepare(

@@ -19,6 +19,7 @@ from s3_server import FaultProxy
 import rlwire
 from rlwire.codecs import make_codec
 from rlwire.transport import FileSink
+from rlwire.transport.layout import StoredSink
 
 pytestmark = pytest.mark.anyio
 
@@ -257,3 +258,34 @@ async def test_a_plugin_sink_written_before_appended_names_were_passed_still_app
         [0.5, 1.5, 2.5],
         [3.5, 4.5, 5.5, 6.5, 7.5],
     ]
+
+
+async def test_appended_fields_are_compressed_as_the_stages_steps(
+    file_or_s3: tuple[str, dict[str, Any]],
+) -> None:
+    url, options = file_or_s3
+    lengths = [20_000] * 4
+    async with rlwire.open_sender(url, storage_options=options) as producer:
+        await producer.send(rlwire.TrainingBatch(samples=[_sample(n) for n in lengths]))
+    ref = rlwire.Ragged.from_lengths(np.zeros(sum(lengths), np.float32), lengths)  # 320 kB
+    stage = rlwire.open_sender(url, storage_options=options, compression="zstd")
+    try:
+        await stage.add_fields(0, {"ref_logprobs": ref, "score": np.arange(4.0)})
+        sink = stage.sink
+        assert isinstance(sink, StoredSink)
+        appended = "step-00000000.rank-0000.fields-000.rlw"
+        assert appended in sink.names()
+        assert len(sink.load_head(appended, 1 << 24) or b"") < 20_000  # was 320 kB
+    finally:
+        await stage.aclose()
+    for fields in (None, ("ref_logprobs", "score")):
+        async with rlwire.open_receiver(
+            url, storage_options=options, fields=fields, record_consumed=False
+        ) as receiver:
+            with anyio.fail_after(20):
+                samples = (await receiver.areceive()).samples
+        refs = samples["ref_logprobs"] if fields else [s.ref_logprobs for s in samples]
+        assert [len(r) for r in refs] == lengths
+        assert not any(np.any(r) for r in refs)
+        scores = samples["score"] if fields else [s.extras["score"] for s in samples]
+        assert [float(x) for x in scores] == [0.0, 1.0, 2.0, 3.0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
@@ -20,6 +20,7 @@ from rlwire._core.columns import Column, Columns
 from rlwire._core.errors import ConfigError, CorruptFrameError, SchemaError
 from rlwire._core.ragged import Ragged, offsets_problem
 from rlwire._core.slicing import Sliced, run_sliced
+from rlwire._frame.compression import Compressor, compress_sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selection
 from rlwire.codecs._registry import get_codec
@@ -27,6 +28,7 @@ from rlwire.transport._base import Sink, Source
 
 __all__ = [
     "LENGTHS_FROM",
+    "FieldsEncoding",
     "column_table",
     "decode_appended",
     "none_in_every_row",
@@ -250,6 +252,18 @@ def _row_lengths(column: Column) -> np.ndarray | None:
     return np.fromiter(map(len, rows), np.int64, len(rows))
 
 
+class FieldsEncoding(NamedTuple):
+    """How a message of appended fields is encoded: the fields named in ``sidecar`` go
+    to the sidecar, and it is compressed with ``compression`` (the sender's)."""
+
+    sidecar: frozenset[str] = frozenset()
+    compression: Compressor | None = None
+
+
+#: Appended fields encoded with no sidecar, uncompressed.
+PLAIN = FieldsEncoding()
+
+
 def prepare(
     sink: Sink,
     step: int,
@@ -258,12 +272,13 @@ def prepare(
     limits: Limits,
     again: bool,
     of: bytes | None = None,
-    sidecar: frozenset[str] = frozenset(),
+    encoding: FieldsEncoding = PLAIN,
 ) -> Sliced[tuple[Frame, int]]:
     """Read and check the step as stored (``again``: as it was at the first try of the
     same call, :meth:`~rlwire.abc.Sink.read_committed`; ``of``: the message the
     caller computed the fields from, or None) and the messages appended to it, then
-    encode ``columns`` (those named in ``sidecar`` to the sidecar): in slices, in worker
+    encode ``columns`` as ``encoding`` says (the sender's sidecar names and compression,
+    as its steps are): in slices, in worker
     threads (a read that hangs gives up when the caller is cancelled). Returns the
     encoded frame and how many messages were appended (the ones checked against)."""
     decoding = FrameDecoding(limits, None, writable=False)
@@ -291,8 +306,10 @@ def prepare(
     appended = [n for f in messages for n in decode_appended(f, decoding).names]
     _check_against(columns, appended, count, lengths, rows)
     # Only the names of fields given: the sender's others are its steps' business.
-    codec = get_codec("msgpack")(sidecar=sidecar & set(columns.names))
+    codec = get_codec("msgpack")(sidecar=encoding.sidecar & set(columns.names))
     frame = yield from codec.encode_sliced({"fields": _stored(columns)})
+    if encoding.compression is not None:
+        frame = yield from compress_sliced(frame, encoding.compression)
     return frame, len(messages)
 
 

@@ -41,6 +41,7 @@ from rlwire._core.errors import (
     FieldNotFoundError,
     RlwireError,
 )
+from rlwire._frame.compression import Compressor
 from rlwire._frame.frame import Frame
 from rlwire.codecs._registry import Codec
 from rlwire.transport._base import Sink, Source
@@ -63,6 +64,7 @@ class AppendingSender:
     _opened: bool
     _closed: bool
     _codec: Codec
+    _compressor: Compressor | None
     _fields_lock: anyio.Lock | None = None
 
     async def add_fields(
@@ -139,7 +141,9 @@ class AppendingSender:
         async with self._appending():
             self._check_appends(sink)
             side = _sidecar_names(self._codec)
-            await add_fields(sink, self._limiter, Limits(), step, fields, rows, rank, of, side)
+            await add_fields(
+                sink, self._limiter, Limits(), step, fields, rows, rank, of, side, self._compressor
+            )
 
     def _check_appends(self, sink: Sink) -> None:
         if self._closed:

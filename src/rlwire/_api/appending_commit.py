@@ -24,12 +24,13 @@ import anyio
 import numpy as np
 from anyio import CapacityLimiter
 
-from rlwire._api.appended_rows import prepare
+from rlwire._api.appended_rows import FieldsEncoding, prepare
 from rlwire._api.options import Limits
 from rlwire._core.args import check_int, check_step
 from rlwire._core.columns import Column, Columns
 from rlwire._core.errors import ConfigError, RlwireError, SchemaError, StepExistsError
 from rlwire._core.offload import drive_sliced, run_to_the_end
+from rlwire._frame.compression import Compressor
 from rlwire.transport._base import Sink
 
 __all__ = ["BACKOFF_FIRST", "BACKOFF_MOST", "STALLED_TRIES", "add_fields", "backoff"]
@@ -76,9 +77,11 @@ async def add_fields(  # noqa: PLR0913 (the call's arguments, and the sender's o
     rank: int,
     of: bytes | None = None,
     sidecar: frozenset[str] = frozenset(),
+    compression: Compressor | None = None,
 ) -> None:
     """What :meth:`~rlwire.TrainingBatchSender.add_fields` does, its lock held and the
-    sink open (or attached); the fields named in ``sidecar`` go to the sidecar."""
+    sink open (or attached); the fields named in ``sidecar`` go to the sidecar, and
+    the message is compressed with ``compression`` (the sender's)."""
     # A step or rank taken from an array is a numpy integer: the stored name needs an int.
     step = check_step(int(step) if isinstance(step, np.integer) else step, "add_fields: step")
     rank = check_int(int(rank) if isinstance(rank, np.integer) else rank, "add_fields: rank")
@@ -88,7 +91,8 @@ async def add_fields(  # noqa: PLR0913 (the call's arguments, and the sender's o
             f"add_fields: of must be the bytes of a receiver's last_stats.message_id, got {of!r}"
         )
     try:
-        await _commit(sink, limiter, limits, step, rank, columns, of, sidecar)
+        encoding = FieldsEncoding(sidecar, compression)
+        await _commit(sink, limiter, limits, step, rank, columns, of, encoding)
     except RlwireError as exc:
         exc.add_context(where=sink, step=step, rank=rank)  # the destination, at least
         raise
@@ -102,13 +106,13 @@ async def _commit(
     rank: int,
     columns: Columns,
     of: bytes | None,
-    sidecar: frozenset[str],
+    encoding: FieldsEncoding,
 ) -> None:
     seen: int | None = None  # the messages appended when the try before checked
     stalled = collisions = 0
     while True:
         frame, count = await drive_sliced(
-            prepare(sink, step, rank, columns, limits, seen is not None, of, sidecar),
+            prepare(sink, step, rank, columns, limits, seen is not None, of, encoding),
             limiter,
         )
         if seen is not None:

@@ -30,7 +30,7 @@ from rlwire._api.appended_rows import (
 )
 from rlwire._api.appending_commit import add_fields
 from rlwire._api.decoding import FrameDecoding
-from rlwire._api.fields import FieldSelector
+from rlwire._api.fields import FieldNames, FieldSelector
 from rlwire._api.options import Limits
 from rlwire._api.sealed import SealedStep, where_of
 from rlwire._core.backends import BackendLock
@@ -229,7 +229,7 @@ def read_with_appended(
     told, so that its next wait waits for another appended message)."""
     if not source.appends_fields:
         return read()  # type: ignore[no-any-return]
-    count, appended, nbytes = read_appended(source, step, fields, decoding)
+    count, appended, nbytes = _read_appended(source, step, fields, decoding)
     rest = fields
     select = source.select
     if fields is not None:
@@ -264,6 +264,17 @@ def read_with_appended(
     if rest == frozenset() and isinstance(inner, SealedStep) and len(inner.parts) > 1:
         inner = _place(inner, decoding)
     return got[0], Appended(inner, appended, rest, nbytes)
+
+
+def _read_appended(
+    source: Source, step: int, fields: frozenset[str] | None, decoding: FrameDecoding
+) -> tuple[int, dict[str, Column], int]:
+    """:func:`read_appended`, a field asked for by its attribute name (``fields`` a
+    :class:`FieldNames`) read under it too, and named as stored."""
+    if not isinstance(fields, FieldNames):
+        return read_appended(source, step, fields, decoding)
+    count, appended, nbytes = read_appended(source, step, fields.spellings(), decoding)
+    return count, fields.as_stored(appended), nbytes
 
 
 def _place(inner: SealedStep, decoding: FrameDecoding) -> SealedStep:

@@ -84,7 +84,7 @@ class TrainingBatchReceiver(PartsReader[T], RowReads, Generic[T]):
         self._names_checked = False  # Checks names are matched against the first object only
         self._writable = writable
         self._limiter = make_limiter(limiter)
-        self._fields = check_fields(fields)
+        self._fields = check_fields(fields, type)
         if self._fields is not None and validate is True:
             raise ConfigError(
                 "validate=True checks whole TrainingSamples, and fields= reads only some of "

@@ -12,7 +12,11 @@ plugins) read it whole, and the decode keeps the named columns all the same.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Iterable
+from typing import Any
+
+import msgspec
 
 from rlwire._api.decoding import FrameDecoding
 from rlwire._core.errors import ConfigError
@@ -20,11 +24,14 @@ from rlwire._core.slicing import run_sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selection
 
-__all__ = ["AppendedSelector", "FieldSelector", "check_fields"]
+__all__ = ["AppendedSelector", "FieldNames", "FieldSelector", "check_fields"]
 
 
-def check_fields(fields: Iterable[str] | None) -> frozenset[str] | None:
-    """``fields`` as a set of names, or ``None`` when not given.
+def check_fields(fields: Iterable[str] | None, type_: Any = None) -> frozenset[str] | None:
+    """``fields`` as a set of names, or ``None`` when not given. A name that is the
+    attribute name of a renamed field of the samples of ``type_`` (the receiver's: a
+    Struct with ``rename="camel"`` stores ``token_ids`` as ``tokenIds``) is taken as
+    the name the field is stored under, as ``sidecar=`` takes either.
 
     Raises:
         ConfigError: not a non-empty collection of strings (a lone string too, which
@@ -44,7 +51,50 @@ def check_fields(fields: Iterable[str] | None) -> frozenset[str] | None:
         raise ConfigError(f"fields must be a collection of field names, got {fields!r}") from None
     if not names or not all(isinstance(n, str) for n in names):
         raise ConfigError(f"fields must be one or more field names (str), got {fields!r}")
-    return names
+    fields_of = [f for kind in _sample_structs(type_) for f in msgspec.structs.fields(kind)]
+    stored = {f.encode_name for f in fields_of}  # a name stored is read as it is
+    renamed = {f.name: f.encode_name for f in fields_of if f.name not in stored}
+    return FieldNames(names, renamed)
+
+
+class FieldNames(frozenset[str]):
+    """The names a receiver's ``fields=`` reads, as stored, and ``attributes``: the
+    attribute name of each of them that is a renamed field of the receiver's samples.
+    A field appended to a step under its attribute name (a stage appending
+    ``ref_logprobs`` to samples that store it as ``refLogprobs``, left empty) is read
+    as the stored one, by either name."""
+
+    attributes: dict[str, str]
+
+    def __new__(cls, names: Iterable[str], renamed: dict[str, str]) -> FieldNames:
+        """``names`` as given; ``renamed``: attribute name -> stored name."""
+        self = super().__new__(cls, (renamed.get(n, n) for n in names))
+        self.attributes = {stored: name for name, stored in renamed.items() if stored in self}
+        return self
+
+    def spellings(self) -> frozenset[str]:
+        """The names, and their attribute names."""
+        return frozenset(self) | frozenset(self.attributes.values())
+
+    def as_stored(self, columns: dict[str, Any]) -> dict[str, Any]:
+        """``columns`` (appended to a step), a column of an attribute name named as
+        stored."""
+        back = {name: stored for stored, name in self.attributes.items()}
+        return {back.get(k, k): v for k, v in columns.items()}
+
+
+def _sample_structs(type_: Any) -> list[type[msgspec.Struct]]:
+    """The Struct types a receiver of ``type_`` decodes samples into: the items of its
+    lists (``type_`` a list, or a Struct's list fields), members of a union too."""
+    if typing.get_origin(type_) is list:
+        lists = list(typing.get_args(type_))
+    elif isinstance(type_, type) and issubclass(type_, msgspec.Struct):
+        hints = [f.type for f in msgspec.structs.fields(type_)]  # resolved by msgspec
+        lists = [a for h in hints if typing.get_origin(h) is list for a in typing.get_args(h)]
+    else:
+        return []
+    items = [m for a in lists for m in (typing.get_args(a) or (a,))]
+    return [m for m in items if isinstance(m, type) and issubclass(m, msgspec.Struct)]
 
 
 class FieldSelector:

@@ -14,7 +14,6 @@ import numpy as np
 
 from rlwire._api.appended_names import check_names, unnamed_sample
 from rlwire._api.decoding import FrameDecoding
-from rlwire._api.fields import AppendedSelector
 from rlwire._api.options import Limits
 from rlwire._core.columns import Column, Columns
 from rlwire._core.errors import ConfigError, CorruptFrameError, SchemaError
@@ -24,7 +23,7 @@ from rlwire._frame.compression import Compressor, compress_sliced
 from rlwire._frame.frame import Frame
 from rlwire._frame.selection import Selection
 from rlwire.codecs._registry import get_codec
-from rlwire.transport._base import Sink, Source
+from rlwire.transport._base import Sink
 
 __all__ = [
     "LENGTHS_FROM",
@@ -33,7 +32,6 @@ __all__ = [
     "decode_appended",
     "none_in_every_row",
     "prepare",
-    "read_appended",
     "samples_of",
 ]
 
@@ -338,25 +336,3 @@ def decode_appended(frame: Frame, decoding: FrameDecoding) -> Columns:
     if not isinstance(columns, Columns):
         raise CorruptFrameError("a message of appended fields holds no columns")
     return columns
-
-
-def read_appended(
-    source: Source, step: int, fields: frozenset[str] | None, decoding: FrameDecoding
-) -> tuple[int, dict[str, Column], int]:
-    """How many messages of fields are appended to ``step``, their columns (with
-    ``fields``, those of the messages holding some of them: the others' buffers go
-    unread), and the bytes of those that hold columns returned, as read."""
-    select = source.select
-    if fields is not None:
-        source.select = AppendedSelector(decoding, fields)
-    try:
-        frames = source.read_appended(step)
-    finally:
-        source.select = select
-    appended: dict[str, Column] = {}
-    nbytes = 0
-    for frame in frames:
-        if not (fields is not None and frame.missing):  # else a message of other fields
-            appended.update(decode_appended(frame, decoding).items())
-            nbytes += frame.nbytes  # (buffers a selection left unread are empty)
-    return len(frames), appended, nbytes

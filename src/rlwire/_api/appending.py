@@ -23,10 +23,10 @@ from typing import Any, NamedTuple
 import anyio
 from anyio import CapacityLimiter, to_thread
 
+from rlwire._api.appended_reads import AppendedRead, forget, keep, read_appended
 from rlwire._api.appended_rows import (
     column_table,
     none_in_every_row,
-    read_appended,
 )
 from rlwire._api.appending_commit import add_fields
 from rlwire._api.decoding import FrameDecoding
@@ -229,7 +229,24 @@ def read_with_appended(
     told, so that its next wait waits for another appended message)."""
     if not source.appends_fields:
         return read()  # type: ignore[no-any-return]
-    count, appended, nbytes = _read_appended(source, step, fields, decoding)
+    appended = _read_appended(source, step, fields, decoding)
+    got = _with_appended(source, step, fields, decoding, read, appended)
+    if isinstance(got, FieldPending) and fields is not None:
+        keep(source, step, appended)  # read no further while it waits (appended_reads)
+    else:
+        forget(source)
+    return got
+
+
+def _with_appended(
+    source: Source,
+    step: int,
+    fields: frozenset[str] | None,
+    decoding: FrameDecoding,
+    read: Any,
+    got_appended: AppendedRead,
+) -> tuple[int, Any] | FieldPending | None:
+    count, appended, nbytes, _ = got_appended
     rest = fields
     select = source.select
     if fields is not None:
@@ -268,13 +285,13 @@ def read_with_appended(
 
 def _read_appended(
     source: Source, step: int, fields: frozenset[str] | None, decoding: FrameDecoding
-) -> tuple[int, dict[str, Column], int]:
+) -> AppendedRead:
     """:func:`read_appended`, a field asked for by its attribute name (``fields`` a
     :class:`FieldNames`) read under it too, and named as stored."""
     if not isinstance(fields, FieldNames):
         return read_appended(source, step, fields, decoding)
-    count, appended, nbytes = read_appended(source, step, fields.spellings(), decoding)
-    return count, fields.as_stored(appended), nbytes
+    got = read_appended(source, step, fields.spellings(), decoding)
+    return got._replace(columns=fields.as_stored(got.columns))
 
 
 def _place(inner: SealedStep, decoding: FrameDecoding) -> SealedStep:

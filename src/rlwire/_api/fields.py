@@ -13,7 +13,7 @@ plugins) read it whole, and the decode keeps the named columns all the same.
 from __future__ import annotations
 
 import typing
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import Any
 
 import msgspec
@@ -126,7 +126,17 @@ class AppendedSelector(FieldSelector):
     are none of the fields, every buffer of one that holds some (they are decoded
     whole). A codec that cannot list a message's columns gets every buffer read."""
 
+    def __init__(
+        self, decoding: FrameDecoding, fields: frozenset[str], known: Container[bytes] = ()
+    ) -> None:
+        super().__init__(decoding, fields)
+        #: The ids of messages read already (while the receiver waits): none of their
+        #: buffers is read again.
+        self.known = known
+
     def __call__(self, frame: Frame) -> Selection | None:
+        if frame.message_id and frame.message_id in self.known:
+            return Selection(frozenset())
         codec = self.decoding.codec(frame.codec)
         describe = getattr(codec, "describe_columns", None)
         if describe is None:

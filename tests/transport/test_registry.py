@@ -6,6 +6,7 @@ installed with pip, as a user would install it, and then used by URL scheme alon
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -191,6 +192,22 @@ def installed(site: Path, name: str, entry_points: str) -> None:
     (info / "entry_points.txt").write_text(entry_points)
 
 
+@contextlib.contextmanager
+def on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, packages: dict[str, str]
+) -> Iterator[None]:
+    """Install ``packages`` (a name and its entry_points.txt each, :func:`installed`)
+    into a site on sys.path; then take it off and read the entry points again, so
+    that the rest of the session sees none of them."""
+    site = tmp_path / "site"
+    for name, entry_points in packages.items():
+        installed(site, name, entry_points)
+    monkeypatch.syspath_prepend(str(site))
+    yield
+    monkeypatch.undo()
+    available_schemes(), available_codecs()
+
+
 @pytest.fixture
 def broken_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A distribution whose entry points name a missing module and a class that is not
@@ -285,13 +302,9 @@ def test_register_sink_in_process() -> None:
 @pytest.fixture
 def twin_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Two distributions that both register the scheme ``twin``."""
-    site = tmp_path / "site"
-    for letter in "ab":
-        installed(site, f"twin_{letter}", f"[rlwire.sinks]\ntwin = twin_{letter}:Sink\n")
-    monkeypatch.syspath_prepend(str(site))
-    yield
-    monkeypatch.undo()
-    available_schemes()  # read the entry points again: the rest of the session has no twins
+    twins = {f"twin_{x}": f"[rlwire.sinks]\ntwin = twin_{x}:Sink\n" for x in "ab"}
+    with on_path(tmp_path, monkeypatch, twins):
+        yield
 
 
 def test_a_scheme_two_installed_packages_register_is_refused(twin_plugins: None) -> None:
@@ -313,13 +326,9 @@ def test_a_scheme_two_installed_packages_register_is_refused(twin_plugins: None)
 def odd_schemes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A distribution registering sinks under schemes no URL can carry: urllib reads
     ``my_scheme://x`` as a path, and ``MyS://x`` as the scheme ``mys``."""
-    site = tmp_path / "site"
     sinks = "my_scheme = rlwire.transport:FileSink\nMyS = rlwire.transport:FileSink\n"
-    installed(site, "odd_schemes", f"[rlwire.sinks]\n{sinks}")
-    monkeypatch.syspath_prepend(str(site))
-    yield
-    monkeypatch.undo()
-    available_schemes()  # read the entry points again without them
+    with on_path(tmp_path, monkeypatch, {"odd_schemes": f"[rlwire.sinks]\n{sinks}"}):
+        yield
 
 
 def test_a_scheme_no_url_can_carry_is_refused_not_taken_for_a_path(
@@ -355,16 +364,9 @@ def test_a_scheme_no_url_can_carry_is_refused_not_taken_for_a_path(
 @pytest.fixture
 def plugin_with_extras(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A distribution whose entry point lists extras, as the standard syntax allows."""
-    site = tmp_path / "site"
-    installed(
-        site,
-        "extras_sink",
-        "[rlwire.sinks]\nwith-extras = rlwire.transport : FileSink [fast, s3]\n",
-    )
-    monkeypatch.syspath_prepend(str(site))
-    yield
-    monkeypatch.undo()
-    available_schemes()
+    sinks = "[rlwire.sinks]\nwith-extras = rlwire.transport : FileSink [fast, s3]\n"
+    with on_path(tmp_path, monkeypatch, {"extras_sink": sinks}):
+        yield
 
 
 def test_an_entry_point_with_extras_is_loaded(plugin_with_extras: None) -> None:
@@ -376,16 +378,12 @@ def test_an_entry_point_with_extras_is_loaded(plugin_with_extras: None) -> None:
 def malformed_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """An installed package, nothing to do with rlwire, whose entry_points.txt has a line
     without '=' (under console_scripts), next to a good sink plugin."""
-    site = tmp_path / "site"
-    for name, text in [
-        ("unrelated_tool", "[console_scripts]\nfoo\n"),
-        ("good_sink", "[rlwire.sinks]\ngood = rlwire.transport:FileSink\n"),
-    ]:
-        installed(site, name, text)
-    monkeypatch.syspath_prepend(str(site))
-    yield
-    monkeypatch.undo()
-    available_schemes()
+    packages = {
+        "unrelated_tool": "[console_scripts]\nfoo\n",
+        "good_sink": "[rlwire.sinks]\ngood = rlwire.transport:FileSink\n",
+    }
+    with on_path(tmp_path, monkeypatch, packages):
+        yield
 
 
 def test_a_package_with_malformed_entry_points_breaks_nothing_else(
@@ -407,13 +405,10 @@ def test_a_package_with_malformed_entry_points_breaks_nothing_else(
 def shadowing_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """An installed package registering a sink under ``file`` and a codec under
     ``msgpack``, rlwire's own names."""
-    site = tmp_path / "site"
     sinks = "[rlwire.sinks]\nfile = shadow_mod:Sink\n"
-    installed(site, "shadow_pkg", f"{sinks}[rlwire.codecs]\nmsgpack = shadow_mod:Codec\n")
-    monkeypatch.syspath_prepend(str(site))
-    yield
-    monkeypatch.undo()
-    available_schemes(), available_codecs()
+    codecs = "[rlwire.codecs]\nmsgpack = shadow_mod:Codec\n"
+    with on_path(tmp_path, monkeypatch, {"shadow_pkg": sinks + codecs}):
+        yield
 
 
 def test_a_package_cannot_take_a_builtin_name(shadowing_package: None, tmp_path: Path) -> None:

@@ -84,6 +84,22 @@ def test_a_resumed_producer_killed_before_sending_leaves_the_end(ray_url: str) -
         assert sender.next_step == 2
 
 
+async def test_fields_appended_by_a_resumed_sender_leave_the_end(ray_url: str) -> None:
+    """Fields appended to a stored step make no new step visible: the end stays, as
+    on files and S3, where their commit deleted the end mark."""
+    await finished(ray_url, 2)
+    async with resume(ray_url) as sender:
+        await sender.add_fields(1, {"values": [0.5]}, rank=0)
+        assert_ended(ray_url, 2)
+    assert_ended(ray_url, 2)
+    with rlwire.open_receiver(ray_url, start_step=1) as receiver:
+        assert receiver.receive(timeout=5).samples[0].extras["values"] == 0.5
+        with pytest.raises(rlwire.EndOfStream):
+            receiver.receive(timeout=5)
+    async with resume(ray_url) as sender:
+        assert sender.next_step == 2
+
+
 async def test_a_receiver_past_the_first_new_step_waits_for_the_next(ray_url: str) -> None:
     """The end goes as the step becomes visible: a receiver that read it and asks for
     the next waits, as for any step not sent yet, and ends at the new end."""

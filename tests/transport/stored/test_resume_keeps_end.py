@@ -133,3 +133,23 @@ async def test_a_resumed_step_filled_part_by_part_reopens_the_stream_at_its_firs
                     receiver.receive(timeout=0.3)
     with rlwire.open_receiver(url, start_step=1, storage_options=options) as receiver:
         assert [part.key for part in receiver.parts(timeout=10)] == ["a"]
+
+
+async def test_fields_appended_by_a_resumed_sender_leave_the_end(
+    file_or_s3: tuple[str, dict[str, Any]],
+) -> None:
+    """Fields appended to a stored step make no new step visible: the end stays, and a
+    receiver at it still ends. The commit of the fields deleted the mark, so once the
+    resumed sender closed without sending, receivers at the end waited for ever."""
+    url, options = file_or_s3
+    await finished(url, options, 2)
+    async with resume(url, options) as sender:
+        await sender.add_fields(1, {"values": [0.5]}, rank=0)
+        assert_ended(url, options, 2)
+    assert_ended(url, options, 2)
+    with rlwire.open_receiver(url, start_step=1, storage_options=options) as receiver:
+        assert receiver.receive(timeout=5).samples[0].extras["values"] == 0.5
+        with pytest.raises(rlwire.EndOfStream):
+            receiver.receive(timeout=5)
+    async with resume(url, options) as sender:
+        assert sender.next_step == 2

@@ -20,9 +20,9 @@ and the writer, after its commit, tells its caller when the step's id changed (t
 stays until the step goes: removing it could hide later ones from readers).
 
 The sink reads what ``add_fields`` checks against by prefixes of the step's files (a
-sink reads the first bytes of a file, not a range): the envelope and codec header, and
-only as far as the last buffer the check asks for, so the rows of a step whose
-``token_ids`` come first cost a few pages, not the step.
+sink reads the first bytes of a file, not a range, :mod:`~rlwire.transport._stored.prefixed`):
+the envelope and codec header, and only as far as the last buffer the check asks for, so
+the rows of a step whose ``token_ids`` come first cost a few pages, not the step.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from rlwire.transport._stored.appended_tie import (
     read_appended_message,
     tied,
 )
-from rlwire.transport._stored.layout import _PRELUDE, MAX_ENVELOPE, _envelope, plan
+from rlwire.transport._stored.layout import MAX_ENVELOPE, plan
 from rlwire.transport._stored.names import (
     fields_name,
     main_name,
@@ -57,6 +57,7 @@ from rlwire.transport._stored.names import (
     sidecar_name,
 )
 from rlwire.transport._stored.parts import parse_seal
+from rlwire.transport._stored.prefixed import SinkFile, whole_main, whole_side
 from rlwire.transport._stored.selected import (
     HEAD_BYTES,
     Ranged,
@@ -93,7 +94,9 @@ class _Store(Protocol):
     ) -> contextlib.AbstractContextManager[None]: ...
     def prepare(self) -> None: ...
     def remove(self, names: Sequence[str]) -> None: ...
-    def _staged(self, step: int, write: Callable[[_Staging], Sliced[None]]) -> Sliced[Staged]: ...
+    def _staged(
+        self, step: int, write: Callable[[_Staging], Sliced[None]], fields: str
+    ) -> Sliced[Staged]: ...
 
 
 class _Reader(Protocol):
@@ -106,65 +109,6 @@ class _Reader(Protocol):
     def open_head(self, name: str) -> Ranged | None: ...
     def locate(self, name: str) -> str: ...
     def _sidecar_loader(self, side: str) -> Callable[[], memoryview]: ...
-
-
-class _SinkFile(Ranged):
-    """A main file read through the sink by prefixes: its first :data:`HEAD_BYTES`
-    (more when its envelope is longer), then as far as the last range asked for."""
-
-    def __init__(self, sink: _Store, name: str, head: _Bytes) -> None:
-        self.sink, self.name = sink, name
-        self.data = memoryview(head)
-        if self.data.nbytes >= _PRELUDE.size:
-            end = _PRELUDE.size + int(_PRELUDE.unpack_from(self.data)[3])
-            if self.data.nbytes < end <= _PRELUDE.size + MAX_ENVELOPE:
-                self.data = self._load(end)
-        env = _envelope(self.data, sink.locate(name), whole=False)
-        self.size, self.id = env.size, env.id
-
-    def _load(self, size: int) -> memoryview:
-        with self.sink.errors("read", self.name):
-            data = self.sink.load_head(self.name, size)
-        if data is None or len(data) < size:
-            raise CorruptFrameError(
-                f"shorter than {size} bytes (deleted or written again while read?)",
-                where=self.sink.locate(self.name),
-            )
-        return memoryview(data)
-
-    def read(self, ranges: Sequence[tuple[int, int]]) -> list[memoryview]:
-        end = max((stop for _, stop in ranges), default=0)
-        if end > self.data.nbytes:
-            self.data = self._load(min(end, self.size))
-        return [self.data[start:stop] for start, stop in ranges]
-
-    def head(self) -> memoryview:
-        return self.data[:HEAD_BYTES] if self.data.nbytes > HEAD_BYTES else self.data
-
-
-def _whole_side(sink: _Store, name: str) -> memoryview:
-    """A sidecar file whole (its length is not in its own prelude: read until short)."""
-    size = 1 << 20
-    with sink.errors("read", name):
-        while True:
-            data = sink.load_head(name, size)
-            if data is None:
-                raise CorruptFrameError(
-                    "missing; the main file refers to it", where=sink.locate(name)
-                )
-            if len(data) < size:
-                return memoryview(data)
-            size *= 4
-
-
-def _whole_main(sink: _Store, name: str) -> memoryview | None:
-    """The whole main file ``name`` (its envelope says how long it is), or ``None``."""
-    with sink.errors("read", name):
-        head = sink.load_head(name, HEAD_BYTES)
-    if head is None:
-        return None
-    file = _SinkFile(sink, name, head)
-    return file.read([(0, file.size)])[0]
 
 
 def _no_such_rank(step: int, rank: int, ranks: int, store: _Store) -> ConfigError:
@@ -233,11 +177,11 @@ class StoredFieldsSink(FieldsSink):
                 gone.append(name)
                 what = "the seal lists it" if part is not None else "it was listed"
                 raise CorruptFrameError(f"missing; {what}", where=store.locate(name))
-            file = _SinkFile(store, name, head)
+            file = SinkFile(store, name, head)
             ids.append(file.id)
             return file.id, parse_selected(
                 file,
-                lambda _size: WholeFile(_whole_side(store, side)),
+                lambda _size: WholeFile(whole_side(store, side)),
                 step=step,
                 rank=rank,
                 part=part,
@@ -273,7 +217,7 @@ class StoredFieldsSink(FieldsSink):
             head = store.load_head(name, HEAD_BYTES)
         if head is None:
             return None
-        file, where = _SinkFile(store, name, head), store.locate(name)
+        file, where = SinkFile(store, name, head), store.locate(name)
         return read_envelope(file, where, step=step, rank=rank, part=part)[1].id
 
     def _tied_to(self, step: int, rank: int) -> bytes:
@@ -289,7 +233,7 @@ class StoredFieldsSink(FieldsSink):
         got = []
         for index in range(MAX_APPENDS):
             name = fields_name(step, rank, index)
-            data = _whole_main(store, name)
+            data = whole_main(store, name)
             if data is None:
                 break
             side = fields_name(step, rank, index, sidecar=True)
@@ -298,7 +242,7 @@ class StoredFieldsSink(FieldsSink):
                     data,
                     step=step,
                     rank=rank,
-                    load_sidecar=lambda _, side=side: _whole_side(store, side),  # type: ignore[misc]
+                    load_sidecar=lambda _, side=side: whole_side(store, side),  # type: ignore[misc]
                     where=store.locate(name),
                 )
             )
@@ -357,7 +301,8 @@ class StoredFieldsSink(FieldsSink):
             with contextlib.suppress(TransportError), store.errors("remove", side):
                 store.remove([side])
 
-        return (yield from tied(store._staged(step, write), check, clean if orphan else None))
+        staged = store._staged(step, write, f"append fields to step {step} rank {rank}")
+        return (yield from tied(staged, check, clean if orphan else None))
 
 
 class StoredFieldsSource(FieldsSource):

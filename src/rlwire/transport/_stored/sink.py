@@ -289,11 +289,14 @@ class StoredSink(StoredFieldsSink, ResumedSink, RetainedSink, EndedSink, Sink):
         return (yield from self._staged(step, write))
 
     def _staged(
-        self, step: int, write: Callable[[StoredStaging], Sliced[None]]
+        self, step: int, write: Callable[[StoredStaging], Sliced[None]], fields: str = ""
     ) -> Sliced[StoredStaging]:
-        """``step``'s staging, filled by ``write`` and drained; discarded on failure."""
+        """``step``'s staging, filled by ``write`` and drained; discarded on failure.
+        ``fields``: what a commit of appended fields does; it makes nothing new visible
+        to a receiver at the end, so it leaves an end mark a resumed open kept."""
         staging = self.staging(step)
-        staging.fence = self.before_commit(f"commit step {step}")
+        what = fields or f"commit step {step}"
+        staging.fence = self.fence.checking(what) if fields else self.before_commit(what)
         try:
             yield from write(staging)
             with self.errors(f"{self.stage_verb} step {step}"):

@@ -583,6 +583,34 @@ async def test_a_url_that_names_no_directory_is_refused(
     assert list(tmp_path.iterdir()) == []
 
 
+async def test_a_path_that_names_a_file_is_refused_naming_it(tmp_path: Path) -> None:
+    """A plain path or file:// URL naming a regular file is a mistake in the
+    configuration, as an fsspec URL naming an object is: a ConfigError naming the URL
+    and the file, from the sender (sync and async) and the receiver (sync and async),
+    before anything is written. It was a TransportError ('cannot write to the
+    destination directory: File exists'; a receiver's 'cannot open: Not a directory' of
+    a file inside it). A path under a regular file stays a TransportError (the store
+    cannot write there: test_unwritable_destination)."""
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"hi")
+    for url in (str(notes), notes.as_uri()):
+        pattern = re.escape(f"{url!r}: {notes} is a regular file, not a directory")
+        with pytest.raises(rlwire.ConfigError, match=pattern):
+            with rlwire.open_sync_sender(url) as sync_sender:
+                sync_sender.send({"x": [1]})
+        with pytest.raises(rlwire.ConfigError, match=pattern):
+            async with rlwire.open_sender(url) as sender:
+                await sender.send({"x": [1]})
+        with pytest.raises(rlwire.ConfigError, match=pattern):
+            with rlwire.open_receiver(url) as receiver:
+                receiver.receive(timeout=1)
+        with pytest.raises(rlwire.ConfigError, match=pattern):
+            async with rlwire.open_receiver(url, record_consumed=False) as receiver:
+                await receiver.areceive(timeout=1)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+    assert notes.read_bytes() == b"hi"
+
+
 @pytest.mark.parametrize("tail", ["?recycle=1", "#run", "?"])
 async def test_a_file_url_with_a_query_or_fragment_is_refused(tmp_path: Path, tail: str) -> None:
     # They were dropped: file:///dir?recycle=1 wrote to dir, without the option.

@@ -9,7 +9,7 @@ from urllib.parse import SplitResult, unquote, urlsplit
 
 from rlwire._core.errors import ConfigError
 
-__all__ = ["URL", "local_path", "parse_url", "scheme_problem"]
+__all__ = ["URL", "local_directory", "local_path", "parse_url", "scheme_problem"]
 
 # RFC 3986, section 3.1: a letter, then letters, digits, "+", "-" or "."; urllib takes
 # nothing else for a scheme (it reads "my_scheme://x" as a path), and lowercases it.
@@ -127,4 +127,22 @@ def local_path(url: URL) -> str:
         path = unquote(url.parts.path)
     if not path:  # "" or "file://": Path("") would be the current directory
         raise ConfigError(f"{url.text!r}: names no directory (a path, or file:///dir)")
+    return path
+
+
+def local_directory(url: URL) -> str:
+    """The directory a plain path or ``file://`` URL names, as a sender or receiver
+    takes it (:func:`local_path`; ``rlwire inspect`` takes files too).
+
+    Raises:
+        ConfigError: as :func:`local_path`, or a regular file is there (a mistake in the
+            configuration, as an fsspec URL naming an object is, not a failure of the
+            store; a path under a regular file is one the store cannot write).
+    """
+    path = local_path(url)
+    if os.path.isfile(path):
+        raise ConfigError(
+            f"{url.text!r}: {path} is a regular file, not a directory: give the directory "
+            "the steps go in (made if missing)"
+        )
     return path

@@ -53,7 +53,7 @@ from rlwire.transport._stored.names import (
 )
 from rlwire.transport._stored.retention import prune_steps
 from rlwire.transport._stored.sink import StoredSink, StoredStaging
-from rlwire.transport._url import URL, local_path
+from rlwire.transport._url import URL, local_directory
 
 __all__ = ["FileSink", "FileSource"]
 
@@ -153,7 +153,7 @@ class FileSink(StoredSink):
                 where=url.text,
             )
         return cls(
-            local_path(url),
+            local_directory(url),
             fsync=options.fsync,
             checksum=options.checksum,
             recycle=recycle,
@@ -178,7 +178,7 @@ class FileSink(StoredSink):
                 where=url.text,
             )
         return FileSource(
-            local_path(url),
+            local_directory(url),
             rank=options.rank,
             writable=options.writable,
             verify=options.verify,

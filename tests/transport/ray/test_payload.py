@@ -64,6 +64,31 @@ def test_a_changed_byte_fails_its_checksum() -> None:
     _parse(main, side, verify=False)  # not checked when not asked
 
 
+def test_a_damaged_sidecar_is_named() -> None:
+    """A buffer of the sidecar object that fails its checksum, or is not the size the
+    envelope gives, names the sidecar object, as the files and S3 name the sidecar file
+    or object; the main object's own buffers name the message. Both named the message."""
+    main, side = _stored(_frame())
+    assert side is not None
+    side[0] = memoryview(b"sidecar bytez")
+    with pytest.raises(CorruptFrameError) as info:
+        _parse(main, side)
+    assert str(info.value).startswith(
+        "ray://t sidecar object, segment 2: buffer 1 (13 bytes, in the sidecar) does not match"
+    )
+    side[0] = memoryview(b"sidecar byte")
+    with pytest.raises(CorruptFrameError) as info:
+        _parse(main, side)
+    assert str(info.value) == (
+        "ray://t sidecar object, segment 2: buffer 1 is 12 bytes, the envelope says 13"
+    )
+    main, side = _stored(_frame())
+    main[2] = memoryview(bytes(40))
+    with pytest.raises(CorruptFrameError) as info:
+        _parse(main, side)
+    assert str(info.value).startswith("ray://t, segment 1: buffer 0 (40 bytes) does not match")
+
+
 def test_without_checksums_nothing_is_verified() -> None:
     main, side = _stored(_frame(), checksum=False)
     assert side is not None

@@ -458,6 +458,24 @@ def test_a_write_into_a_received_array_reaches_no_later_reader(
                 again.receive(timeout=TIMEOUT)
 
 
+def test_a_damaged_sidecar_object_is_named(ray_url: str) -> None:
+    """A write into an array stored in the step's sidecar object (as above) fails its
+    checksum at the next read, whose error names the sidecar object, as the files and
+    S3 name the sidecar file or object. It named the message only."""
+    batch = TrainingBatch(samples=[make_sample(1 << 16, layers=4, topk=2, seed=5)])
+    with rlwire.open_sync_sender(ray_url, sidecar=("routed_experts",)) as sender:
+        sender.send(batch)
+    with rlwire.open_receiver(ray_url) as receiver:
+        experts = receiver.receive(timeout=TIMEOUT).samples[0].routed_experts
+        assert experts is not None
+        ctypes.memmove(experts.ctypes.data, b"\x5a" * 4096, 4096)
+    with rlwire.open_receiver(ray_url) as again:
+        with pytest.raises(rlwire.CorruptFrameError) as info:
+            again.receive(timeout=TIMEOUT)
+    assert str(info.value).startswith(f"{ray_url}: step 0 rank 0 sidecar object, segment ")
+    assert "in the sidecar) does not match its checksum" in str(info.value)
+
+
 def test_steps_read_through_handles_are_freed_by_keep_last(ray_url: str) -> None:
     """The single-controller pattern: a trainer opens each step's StepHandle, reads it
     and closes. Its receiver opened at step ``s`` records that the rank moved past the

@@ -219,11 +219,17 @@ def parse_payload(
         what = "has no sidecar object" if side is None else "has a sidecar object it lists none for"
         raise CorruptFrameError(f"the message {what}", where=where)
     ordered = [values[1], *_buffers(envelope, values[2:], side_values, where)]
+    # A segment stored in the sidecar object is named there, as the files and S3 name
+    # their sidecar file (``_stored.table.side_of``); the board holds no other name.
+    side_at = f"{where} sidecar object"
+    in_side = frozenset(i + 1 for i in sidecar)
     for i, (view, size) in enumerate(zip(ordered, envelope.sizes, strict=True)):
         if view.nbytes != size:
             what = "the header" if i == 0 else f"buffer {i - 1}"
             raise CorruptFrameError(
-                f"{what} is {view.nbytes} bytes, the envelope says {size}", where=where, segment=i
+                f"{what} is {view.nbytes} bytes, the envelope says {size}",
+                where=side_at if i in in_side else where,
+                segment=i,
             )
     if verify and envelope.checksum:
         sums = envelope.checksums
@@ -239,7 +245,7 @@ def parse_payload(
                 f"the message has {len(sums) // 8} checksums for {segments} segments",
                 where=where,
             )
-        verify_segments(envelope.checksum, sums, ordered, where)
+        verify_segments(envelope.checksum, sums, ordered, where, sidecar=(in_side, side_at))
     verified = verify and bool(envelope.checksum)
     if writable:
         ordered = [memoryview(bytearray(view)) for view in ordered]

@@ -112,3 +112,43 @@ def test_a_damaged_main_file_is_named_as_before(tmp_path: Path) -> None:
             receiver.receive(timeout=5)
     assert caught.value.where == str(path), str(caught.value)
     assert "in the sidecar" not in str(caught.value)
+
+
+def _replace(url: str, options: dict[str, Any], name: str, change: Any) -> str:
+    """Write ``change(data)`` over the stored file ``name``; return where it is."""
+    if url.startswith("s3://"):
+        bucket, prefix = url[len("s3://") :].split("/", 1)
+        client, key = s3_client(options), f"{prefix}/{name}"
+        data = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        client.put_object(Bucket=bucket, Key=key, Body=change(data))
+        return f"{url}/{name}"
+    path = Path(url) / name
+    path.write_bytes(change(path.read_bytes()))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda data: data[:16] + bytes(16) + data[32:], "sidecar belongs to another message"),
+        (lambda data: data[:-64], "sidecar truncated"),
+        (lambda data: data[:16], "sidecar truncated to 16 bytes"),
+    ],
+    ids=["another-message", "truncated", "truncated-in-its-prelude"],
+)
+def test_a_sidecar_of_another_message_or_size_is_named(
+    file_or_s3: tuple[str, dict[str, Any]], change: Any, message: str
+) -> None:
+    """A sidecar whose prelude names another message (a stale one from an earlier run),
+    or that is shorter than its main file's envelope says, names the sidecar file or
+    object, read whole or by fields: both named the main file, which is whole."""
+    url, options = file_or_s3
+    opts: dict[str, Any] = {"storage_options": options}
+    with rlwire.open_sync_sender(url, sidecar=("routed_experts",), **opts) as sender:
+        sender.send({"samples": _columns()})
+    side = _replace(url, options, SIDE, change)
+    for fields in (None, ("routed_experts",)):
+        with rlwire.open_receiver(url, type=dict, fields=fields, **opts) as receiver:
+            with pytest.raises(rlwire.CorruptFrameError, match=message) as caught:
+                receiver.receive(timeout=5)
+        assert caught.value.where == side, str(caught.value)

@@ -920,7 +920,10 @@ DEEPER = {
         lambda env: env.pop("sidecar_size"),
         "buffers refer to a sidecar the message does not declare",
     ),
-    "sidecar-size": (setitem("sidecar_size", 192), "expected 192 bytes, found 128"),
+    "sidecar-size": (
+        setitem("sidecar_size", 192),
+        "sidecar truncated or extended: expected 192 bytes, found 128",
+    ),
     "sidecar-id": (setitem("id", bytes(16)), "sidecar belongs to another message"),
     "parts-table": (setitem("parts", bytes(6)), "6 buffers, 40 bytes of offsets"),
     "lengths-table": (
@@ -939,7 +942,8 @@ def test_deeper_checks_behind_a_valid_envelope_checksum(
 ) -> None:
     main, side = with_sums(FRAME)
     assert (decoded_envelope(main)["header"], len(main), len(side)) == ([320, 12], 768, 128)
-    with pytest.raises(CorruptFrameError, match=rf"^msg[:,] .*{message}"):
+    place = "msg sidecar" if message.startswith("sidecar ") else "msg"  # what is damaged
+    with pytest.raises(CorruptFrameError, match=rf"^{place}[:,] .*{message}"):
         parse(patched(main, change), side)
 
 

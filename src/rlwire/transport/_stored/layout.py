@@ -314,10 +314,10 @@ def _parse(
     header = span(data, env.header[0], env.header[1], where, "header")
     head_end = _PRELUDE.size + _PRELUDE.unpack_from(data)[3]
     files, offsets, lengths = checked_table(env, data.nbytes, head_end, where)
-    sidecar = data[:0]
-    if (files == SIDECAR).any():
+    sidecar, side = data[:0], side_of(files, where)  # side: the segments there, and where
+    if side is not None:
         sidecar = load_sidecar(env.sidecar_size or 0)
-        _check_sidecar(sidecar, env.id, env.sidecar_size or 0, where)
+        _check_sidecar(sidecar, env.id, env.sidecar_size or 0, side[1])
     stored = data.nbytes + sidecar.nbytes
     views = (data, sidecar)
     table = zip(files.tolist(), offsets.tolist(), lengths.tolist(), strict=True)
@@ -325,7 +325,6 @@ def _parse(
     verified = False
     if verify and env.checksum is not None:
         try:
-            side = side_of(files, where)
             verify_segments(env.checksum, env.checksums, [header, *buffers], where, sidecar=side)
         except CorruptFrameError as exc:
             exc.add_context(step=step, rank=rank)
@@ -376,6 +375,7 @@ def _envelope(data: memoryview, where: str, *, whole: bool = True) -> _PartEnvel
 
 
 def _check_sidecar(side: memoryview, msg_id: bytes, size: int, where: str) -> None:
+    """Check the sidecar at ``where`` (its own place, which its errors name)."""
     if side.nbytes < _SIDECAR_PRELUDE.size:
         raise CorruptFrameError(f"sidecar truncated to {side.nbytes} bytes", where=where)
     magic, major, _minor, _reserved, side_id = _SIDECAR_PRELUDE.unpack_from(side)
@@ -385,7 +385,7 @@ def _check_sidecar(side: memoryview, msg_id: bytes, size: int, where: str) -> No
         expected=SIDECAR_MAGIC,
         known=FORMAT_VERSION[0],
         what="sidecar",
-        where=f"{where} sidecar",
+        where=where,
     )
     if side_id != msg_id:
         raise CorruptFrameError(

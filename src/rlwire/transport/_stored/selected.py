@@ -29,7 +29,7 @@ from rlwire.transport._stored.layout import (
     _PartEnvelope,
 )
 from rlwire.transport._stored.parts import _part_info
-from rlwire.transport._stored.table import MAIN, SIDECAR, checked_table, side_of
+from rlwire.transport._stored.table import MAIN, SIDECAR, checked_table, side_of, sidecar_place
 
 __all__ = [
     "HEAD_BYTES",
@@ -95,14 +95,14 @@ def open_checked_sidecar(
     Raises:
         CorruptFrameError: a sidecar of another message, or truncated or extended.
     """
-    size = env.sidecar_size or 0
+    size, at = env.sidecar_size or 0, sidecar_place(where)
     side = open_sidecar(size)
     prelude = side.read([(0, min(side.size, _SIDECAR_PRELUDE.size))])[0]
-    _check_sidecar(prelude, env.id, prelude.nbytes, where)
+    _check_sidecar(prelude, env.id, prelude.nbytes, at)
     if side.size != size:
         raise CorruptFrameError(
             f"sidecar truncated or extended: expected {size} bytes, found {side.size}",
-            where=where,
+            where=at,
         )
     return side
 

@@ -40,6 +40,7 @@ __all__ = [
     "check_within",
     "checked_table",
     "side_of",
+    "sidecar_place",
     "span",
 ]
 
@@ -215,10 +216,20 @@ def side_of(files: np.ndarray | Sequence[int], where: str) -> tuple[frozenset[in
         (frozenset({2, 3}), '/run/step-00000003.rank-0000.sidecar.rlw')
     """
     segments = frozenset((np.flatnonzero(np.asarray(files) == SIDECAR) + 1).tolist())
-    if not segments:
-        return None
-    side = f"{where[:-4]}.sidecar.rlw" if where.endswith(".rlw") else f"{where} sidecar"
-    return segments, side
+    return (segments, sidecar_place(where)) if segments else None
+
+
+def sidecar_place(where: str) -> str:
+    """Where the sidecar of the message at ``where`` is (see :func:`side_of`): what
+    every error about the sidecar itself names.
+
+    Example:
+        >>> sidecar_place("s3://b/run/step-00000003.rank-0000.part-000001.rlw")
+        's3://b/run/step-00000003.rank-0000.part-000001.sidecar.rlw'
+        >>> sidecar_place("msg")
+        'msg sidecar'
+    """
+    return f"{where[:-4]}.sidecar.rlw" if where.endswith(".rlw") else f"{where} sidecar"
 
 
 def span(data: memoryview, offset: int, length: int, where: str, what: str) -> memoryview:

@@ -4,6 +4,7 @@ planted violation, which it must find."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -249,3 +250,46 @@ def test_ruff_complexity_rules_are_on(tmp_path: Path, source: str, code: str) ->
     ruff = [sys.executable, "-m", "ruff", "check", "--config", str(config), str(planted)]
     result = subprocess.run(ruff, capture_output=True, text=True, cwd=tmp_path)
     assert code in result.stdout, result.stdout + result.stderr
+
+
+#: A claim that a name or behaviour belongs to a version: "since 0.2", "before 0.2",
+#: "private since 0.2" (not a size or a time: "before 0.5 s").
+_VERSION_CLAIM = re.compile(
+    r"\b(?:since|before|until|as of|(?:added|new|removed|renamed|changed) in)\s+"
+    r"(?:rlwire\s+|version\s+|v)?(\d+)\.(\d+)(?:\.\d+)?"
+    r"(?![\d.]*\s*(?:s|ms|µs|GB|MB|kB|KiB|MiB|GiB|x|%|seconds?)\b)(?![\d-])",
+    re.IGNORECASE,
+)
+
+
+def version_claims(paths: list[Path], version: str) -> list[str]:
+    """The claims in ``paths`` that name a release of the package after ``version``
+    (its major version's: the wire format's versions, 1.x and 2.x, are another count)."""
+    major, minor = (int(part) for part in version.split(".")[:2])
+    found = []
+    for path in paths:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for match in _VERSION_CLAIM.finditer(line):
+                if (int(match[1]), int(match[2])) > (major, minor) and int(match[1]) == major:
+                    found.append(f"{path.name}:{number}: {match[0]!r}")
+    return found
+
+
+def test_no_doc_or_module_names_a_release_after_the_package_version() -> None:
+    """The package is 0.1.0 and the CHANGELOG's changes are Unreleased: 'since 0.2' and
+    'before 0.2' named a release that does not exist (while `rlwire.__version__` says
+    0.1.0 to a reader who meets the deprecated name)."""
+    paths = [*ROOT.glob("docs/**/*.md"), *SRC.rglob("*.py"), ROOT / "README.md"]
+    assert version_claims(paths, rlwire.__version__) == []
+
+
+def test_the_version_check_finds_a_planted_claim(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "private since 0.2; Before 0.3 it was; wire format 1.6 since 1.6; in 0.2 s;\n"
+        "before 0.5 ms; since 0.1; before 0.2-0.4x\n"
+    )
+    assert version_claims([doc], "0.1.0") == [
+        "doc.md:1: 'since 0.2'",
+        "doc.md:1: 'Before 0.3'",
+    ]

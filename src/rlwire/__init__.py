@@ -87,7 +87,7 @@ __all__ = [
 
 claim(__name__, globals(), __all__)
 
-# Modules that were public before 0.2 and are private now: importable, with a warning.
+# Modules that were public in earlier versions and are private now: importable, with a warning.
 alias_old_modules(
     {
         "rlwire.checks": "rlwire._checks.checks",

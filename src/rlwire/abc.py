@@ -80,7 +80,7 @@ __all__ = [
 
 claim(__name__, globals(), __all__)
 
-# Helpers that lived here before 0.2: they are where they belong now.
+# Helpers that lived here in earlier versions: they are where they belong now.
 __getattr__ = names_on_demand(
     __name__,
     moved={

@@ -63,7 +63,7 @@ __all__ = [
 
 claim(__name__, globals(), __all__)
 
-# Before 0.2 this module also held a helper for sink authors.
+# In earlier versions this module also held a helper for sink authors.
 __getattr__ = names_on_demand(
     __name__, moved={"transport_error": "rlwire.transport:transport_error"}
 )

@@ -119,7 +119,7 @@ def names_on_demand(
             raise AttributeError(f"module {face!r} has no attribute {name!r}")
         module, _, attribute = target.partition(":")
         if name in moved:
-            hint = "private since 0.2" if is_private(module) else f"use {module}.{attribute}"
+            hint = "private now" if is_private(module) else f"use {module}.{attribute}"
             warnings.warn(f"{face}.{name} is deprecated: {hint}", DeprecationWarning, stacklevel=2)
         try:
             value = getattr(importlib.import_module(module), attribute)

@@ -63,7 +63,7 @@ class FieldsSink:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # A plugin written before 0.2 overrides stage_fields(step, rank, frame): it
+        # A plugin written for an earlier rlwire overrides stage_fields(step, rank, frame): it
         # numbers its messages when it stages them, and is called as before.
         old = cls.__dict__.get("stage_fields")
         if old is not None and "names" not in inspect.signature(old).parameters:

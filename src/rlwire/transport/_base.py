@@ -224,7 +224,7 @@ class Sink(PartsSink, FieldsSink, abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # A plugin written before 0.2 implements consumed(): it is its read_consumption.
+        # A plugin written for an earlier rlwire implements consumed(): it is its read_consumption.
         old = cls.__dict__.get("consumed")
         if old is not None and "read_consumption" not in cls.__dict__:
             warnings.warn(
@@ -307,7 +307,7 @@ class Source(PartsSource, FieldsSource, MarksSource, abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # A plugin written before 0.2 sets consumes: it is its reads_once.
+        # A plugin written for an earlier rlwire sets consumes: it is its reads_once.
         if "consumes" in cls.__dict__ and "reads_once" not in cls.__dict__:
             warnings.warn(
                 f"{cls.__qualname__}.consumes is deprecated: name it reads_once",

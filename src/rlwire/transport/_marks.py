@@ -83,7 +83,7 @@ class MarksSource:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # A plugin written before 0.2 overrides mark_part(step, next_part): it records
+        # A plugin written for an earlier rlwire overrides mark_part(step, next_part): it records
         # no run, and is called as before.
         old = cls.__dict__.get("mark_part")
         if old is not None and "of" not in inspect.signature(old).parameters:

@@ -118,7 +118,7 @@ class PartsSink:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # A plugin written before 0.2 overrides committed_parts(step): it checks no
+        # A plugin written for an earlier rlwire overrides committed_parts(step): it checks no
         # ranks, and is called as before.
         old = cls.__dict__.get("committed_parts")
         if old is not None and "ranks" not in inspect.signature(old).parameters:

@@ -62,7 +62,7 @@ __all__ = [
 
 claim(__name__, globals(), __all__)
 
-# What a sink built on StoredSink no longer calls itself: private since 0.2, still
+# What a sink built on StoredSink no longer calls itself: private now, still
 # importable here with a DeprecationWarning.
 __getattr__ = names_on_demand(
     __name__,

@@ -1,4 +1,4 @@
-"""Names that changed in 0.2 keep working, with a DeprecationWarning: a plugin that
+"""Names of earlier versions keep working, with a DeprecationWarning: a plugin that
 implements or reads Sink.consumed() and Source.consumes, and the layout helpers that
 left rlwire.transport.layout."""
 

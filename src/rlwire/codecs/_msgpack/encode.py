@@ -4,7 +4,8 @@ The pass walks the object in Python only where an out-of-band buffer can be (num
 arrays, bytes-like values; Struct fields whose annotation allows them, see
 :mod:`rlwire._core.types`) and swaps each buffer for a small extension value
 (:mod:`rlwire.codecs._msgpack.sent_buffers`). Everything else is left to msgspec, which
-encodes it in C.
+encodes it in C; plain builtins are weighed without the walk, and left as they are
+(:mod:`rlwire.codecs._msgpack.plain_values`).
 
 msgspec holds the GIL for the whole of one call, so no call may get much work: each
 value carries a *weight*, an estimate of the items msgspec must write for it. A container
@@ -20,8 +21,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-from collections.abc import Iterable
-from itertools import islice
+from itertools import islice, repeat
+from operator import add
 from typing import Any
 
 import msgspec
@@ -34,47 +35,37 @@ from rlwire._core.paths import KeyPath, render_path
 from rlwire._core.ragged import Ragged
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire._frame.frame import Frame
+from rlwire.codecs._msgpack.entries import Entries
 from rlwire.codecs._msgpack.extensions import EXT_CHUNKED_ARRAY, EXT_CHUNKED_MAP, ChunksRef
-from rlwire.codecs._msgpack.refused_values import REFUSED, refuse, scalar, walked_fields
+from rlwire.codecs._msgpack.plain_values import CHUNK_WEIGHT, PlainWeights
+from rlwire.codecs._msgpack.refused_values import (
+    REFUSED,
+    refuse,
+    scalar,
+    unencodable_path,
+    walked_fields,
+)
 from rlwire.codecs._msgpack.sent_buffers import SentBuffers
 from rlwire.codecs._msgpack.sent_columns import list_as_columns, packed_value
+from rlwire.codecs._msgpack.weights import run_weights, weight
 from rlwire.codecs._registry import Check
 
 __all__ = ["CHUNK_WEIGHT", "Encoding", "weight"]
 
-#: The most weight (about one item of a list, or 64 bytes of a string) one msgspec call
-#: gets: some 0.1-0.5 ms of GIL-holding C code on either side (decoding makes an object
-#: per item, and takes several times longer where fresh memory is slow to fault in).
-CHUNK_WEIGHT = 8192
 # A container lighter than this is never worth chunking on its own.
 _MIN_CHUNKED = 1024
 # Items checked at a time when making sure a long list holds only scalars.
 _SCAN = 65536
+# Entries looked at a time when adding up their weights.
+_LOOK = 8192
+# Items of a chunked container weighed at a time.
+_RUN = 512
 
 _SCALARS = (str, int, float, bool, type(None))
 _SCALAR_SET = frozenset(_SCALARS)
 _BUFFER_LIKE = (np.ndarray, bytes, bytearray, memoryview)
 _WALKED = (*_BUFFER_LIKE, *REFUSED)  # looked at in any Struct field, whatever its annotation
 _PACKED = frozenset((Ragged, Columns, Chunked))  # packed by the user: one buffer a field
-
-
-def weight(obj: Any) -> int:
-    """An estimate of what msgspec must write for ``obj``: its items, and 64-byte runs
-    of its strings. Long containers are sampled (first, middle, last item), not read."""
-    kind = type(obj)
-    if kind is str or kind is bytes:
-        return 1 + len(obj) // 64
-    if kind is list or kind is tuple:
-        n = len(obj)
-        if n < 3:
-            return 1 + sum(weight(item) for item in obj)
-        return 1 + n * max(weight(obj[0]), weight(obj[n // 2]), weight(obj[-1]))
-    if kind is dict:
-        n = len(obj)
-        return 1 + (n * (1 + weight(next(iter(obj.values())))) if n else 0)
-    if isinstance(obj, msgspec.Struct):
-        return 1 + sum(weight(getattr(obj, name)) for name in obj.__struct_fields__)
-    return 1
 
 
 class Encoding:
@@ -93,6 +84,7 @@ class Encoding:
         self.matched: set[str] = set()  # the sidecar names met as a field or key
         self.check = check
         self.sent = SentBuffers(encoder, inline_threshold)
+        self.plain = PlainWeights(sidecar, inline_threshold)
         self.timer = SliceTimer()
         # Above 0 while a Struct already walked is walked again (to chunk its heavy
         # fields): the extension values in it are the codec's own, not the user's.
@@ -168,19 +160,22 @@ class Encoding:
         if self.check is not None:
             self.check(obj, render_path(path))
             yield from self.tick()
-        entries: list[list[Any]] = []
-        for name, encoded, walked in walked_fields(type(obj)):
-            old = getattr(obj, name)
+        fields = walked_fields(type(obj))
+        names = [name for name, _, _ in fields]
+        entries = Entries([getattr(obj, name) for name in names], names)
+        for i, (name, encoded, walked) in enumerate(fields):
+            old = entries.items[i]
             # The annotation is a promise Python does not keep: look at what is there.
             if walked or isinstance(old, _WALKED):
                 named = self.named(name, encoded)
                 new, heft = yield from self.value(old, (path, name), side or named)
+                entries.put(i, new)
             else:
-                new, heft = old, weight(old)
-            entries.append([name, new, heft])
+                heft = weight(old)
+            entries.weights.append(heft)
         total = yield from self.lighten(entries, path)
         out = obj
-        for name, new, _ in entries:
+        for name, new in zip(names, entries.values(), strict=True):
             if new is not getattr(obj, name):
                 if out is obj:
                     out = copy.copy(obj)  # shallow; unlike replace() it skips __post_init__
@@ -200,14 +195,21 @@ class Encoding:
         return named
 
     def mapping(self, obj: dict[Any, Any], path: KeyPath, side: bool) -> Sliced[tuple[Any, int]]:
-        entries: list[list[Any]] = []
-        for key, item in obj.items():
-            named = self.named(key, key)
-            new, heft = yield from self.value(item, (path, key), side or named)
-            entries.append([key, new, heft + 1])
-            yield from self.tick()
+        keys = list(obj)
+        entries = Entries(list(obj.values()), keys)
+        if self.sidecar_names and not self.sidecar_names.isdisjoint(keys):
+            for i, (key, item) in enumerate(obj.items()):
+                named = self.named(key, key)
+                new, heft = yield from self.value(item, (path, key), side or named)
+                entries.put(i, new)
+                entries.weights.append(heft + 1)
+                yield from self.tick()
+        else:  # no key is a sidecar name
+            yield from self.weigh(entries, path, side, 1)
         total = yield from self.lighten(entries, path)
-        return {key: new for key, new, _ in entries}, total + 1
+        if not entries.changed:
+            return obj, total + 1
+        return dict(zip(keys, entries.values(), strict=True)), total + 1
 
     def sequence(
         self, obj: list[Any] | tuple[Any, ...], path: KeyPath, side: bool
@@ -220,14 +222,33 @@ class Encoding:
             columns = yield from list_as_columns(self, obj, path, side)
             if columns is not None:
                 return columns, 1
-        entries: list[list[Any]] = []
-        for i, item in enumerate(obj):
-            new, heft = yield from self.value(item, (path, i), side)
-            entries.append([i, new, heft])
-            yield from self.tick()
+        entries = Entries(obj)
+        yield from self.weigh(entries, path, side, 0)
         total = yield from self.lighten(entries, path)
-        out = [new for _, new, _ in entries]
+        if not entries.changed:
+            return obj, total + 1
+        out = entries.values()
         return (out if type(obj) is list else tuple(out)), total + 1
+
+    def weigh(self, entries: Entries, path: KeyPath, side: bool, extra: int) -> Sliced[None]:
+        """The weight (+ ``extra``) of each item of ``entries``, and what to encode in
+        its place: runs of plain ones weighed a run per slice, without the walk and left
+        as they are (:mod:`rlwire.codecs._msgpack.plain_values`), the others walked."""
+        items = entries.items
+        i, n = 0, len(items)
+        while i < n:
+            if not side:
+                weights, stopped = self.plain.weights(items, i)
+                entries.weights += map(add, weights, repeat(extra))
+                i += len(weights)
+                yield from self.tick()
+                if not stopped:
+                    continue
+            new, heft = yield from self.value(items[i], (path, entries.key(i)), side)
+            entries.put(i, new)
+            entries.weights.append(heft + extra)
+            i += 1
+            yield from self.tick()
 
     def only_scalars(self, items: list[Any] | tuple[Any, ...]) -> Sliced[bool]:
         """True if every item is a plain scalar, checked in C a group of items at a time."""
@@ -237,23 +258,30 @@ class Encoding:
             yield from self.tick()
         return True
 
-    def lighten(self, entries: list[list[Any]], path: KeyPath) -> Sliced[int]:
-        """If ``entries`` (``[key, value, weight]``, updated in place) weigh more than
+    def lighten(self, entries: Entries, path: KeyPath) -> Sliced[int]:
+        """If ``entries`` (updated in place) weigh more than
         CHUNK_WEIGHT together, chunk every container among them that is not light;
         returns their weight then.
 
         Every one, not just enough to get under the limit: a chunk that holds a list
         inline beside a chunked one decodes in two passes, a list on its own in one.
         """
-        total: int = sum(entry[2] for entry in entries)
+        weights = entries.weights
+        total = 0
+        for start in range(0, len(weights), _LOOK):
+            total += sum(weights[start : start + _LOOK])
+            yield from self.tick()
         if total <= CHUNK_WEIGHT:
             return total
-        for entry in entries:
-            key, value, heft = entry
-            if heft >= _MIN_CHUNKED and type(value) in (list, tuple, dict):
-                entry[1] = yield from self.chunked(value, (path, key))
-                entry[2] = 1
-                total -= heft - 1
+        for start in range(0, len(weights), _LOOK):
+            run = weights[start : start + _LOOK]
+            for i in [i for i, heft in enumerate(run, start) if heft >= _MIN_CHUNKED]:
+                value = entries.value(i)
+                if type(value) in (list, tuple, dict):
+                    entries.put(i, (yield from self.chunked(value, (path, entries.key(i)))))
+                    total -= weights[i] - 1
+                    weights[i] = 1
+            yield from self.tick()
         return total
 
     # -- chunked containers -----------------------------------------------------------
@@ -280,42 +308,52 @@ class Encoding:
                 group = obj[a : a + per] if entries is None else dict(islice(entries, per))
                 ranges += self.encode_chunk(group, path, a)
                 yield from self.tick()
-        else:
-            items: list[Any] = list(obj.items()) if is_map else list(obj)
-            bounds = yield from self.bounds(items, is_map, path)
+        else:  # a sequence is copied only if an item is chunked on its own
+            keys = list(obj) if is_map else None
+            entries = Entries(list(obj.values()) if is_map else obj, keys)
+            bounds = yield from self.bounds(entries, path)
             for a, b in itertools.pairwise(bounds):
-                group = dict(items[a:b]) if is_map else items[a:b]
+                values = entries.items[a:b]
+                if entries.changed:
+                    values = [entries.value(i) for i in range(a, b)]
+                group = values if keys is None else dict(zip(keys[a:b], values, strict=True))
                 ranges += self.encode_chunk(group, path, a)
                 yield from self.tick()
         ref = ChunksRef(self.sent.bulk_index, n, ranges)
         code = EXT_CHUNKED_MAP if is_map else EXT_CHUNKED_ARRAY
         return msgspec.msgpack.Ext(code, self.encoder.encode(ref))
 
-    def bounds(self, items: list[Any], is_map: bool, path: KeyPath) -> Sliced[list[int]]:
-        """Where to cut ``items`` (containers, updated in place where one is chunked on
-        its own) so that no chunk weighs more than CHUNK_WEIGHT."""
-        bounds, load = [0], 0
-        for i, item in enumerate(items):
-            value = item[1] if is_map else item
-            heft = weight(value)
-            if heft > CHUNK_WEIGHT:
-                key = item[0] if is_map else i
-                if type(value) in (list, tuple, dict):
-                    value, heft = (yield from self.chunked(value, (path, key))), 1
-                elif isinstance(value, msgspec.Struct):  # its heavy fields become chunks
-                    self.again += 1  # walked already: its extension values are the codec's
-                    try:
-                        value, heft = yield from self.struct(value, (path, key), False)
-                    finally:
-                        self.again -= 1
-                items[i] = (key, value) if is_map else value
-            if load and load + heft > CHUNK_WEIGHT:
-                bounds.append(i)
-                load = 0
-            load += heft
+    def bounds(self, entries: Entries, path: KeyPath) -> Sliced[list[int]]:
+        """Where to cut ``entries``' items (a container among them chunked on its own
+        where heavier than a chunk) so that no chunk weighs more than CHUNK_WEIGHT;
+        weighed a run at a time."""
+        bounds, load, items = [0], 0, entries.items
+        for start in range(0, len(items), _RUN):
+            for i, heft in enumerate(run_weights(items[start : start + _RUN]), start):
+                if heft > CHUNK_WEIGHT:
+                    heft = yield from self.alone(entries, i, path, heft)
+                if load and load + heft > CHUNK_WEIGHT:
+                    bounds.append(i)
+                    load = 0
+                load += heft
             yield from self.tick()
         bounds.append(len(items))
         return bounds
+
+    def alone(self, entries: Entries, i: int, path: KeyPath, heft: int) -> Sliced[int]:
+        """Item ``i`` of ``entries``, heavier than a chunk (``heft``): a container becomes
+        chunks of its own, a Struct's heavy fields do; its weight then."""
+        key, value = entries.key(i), entries.items[i]
+        if type(value) in (list, tuple, dict):
+            value, heft = (yield from self.chunked(value, (path, key))), 1
+        elif isinstance(value, msgspec.Struct):  # its heavy fields become chunks
+            self.again += 1  # walked already: its extension values are the codec's
+            try:
+                value, heft = yield from self.struct(value, (path, key), False)
+            finally:
+                self.again -= 1
+        entries.put(i, value)
+        return heft
 
     def encode_chunk(self, group: Any, path: KeyPath, offset: int) -> list[int]:
         """Encode ``group`` (a chunk's items) into the bulk buffer; its ``[start, end]``."""
@@ -323,7 +361,7 @@ class Encoding:
             chunk = self.encoder.encode(group)
         except (TypeError, ValueError, OverflowError) as exc:
             tree = dict(enumerate(group, offset)) if isinstance(group, list | tuple) else group
-            culprit = _find_unencodable(self.encoder, tree, path)
+            culprit = unencodable_path(self.encoder, tree, path)
             raise EncodeError(f"{render_path(culprit)}: cannot encode: {exc}") from None
         return self.sent.add_chunk(chunk)
 
@@ -332,7 +370,7 @@ class Encoding:
         try:
             return self.encoder.encode(tree)
         except (TypeError, ValueError, OverflowError) as exc:
-            culprit = _find_unencodable(self.encoder, tree, path)
+            culprit = unencodable_path(self.encoder, tree, path)
             raise EncodeError(f"{render_path(culprit)}: cannot encode: {exc}") from None
 
 
@@ -348,21 +386,3 @@ def _dataclass_fields(obj: Any) -> dict[str, Any]:
 
 
 _UNSET: Any = object()
-
-
-def _find_unencodable(encoder: msgspec.msgpack.Encoder, tree: Any, path: KeyPath) -> KeyPath:
-    """The path of the first leaf of ``tree`` that ``encoder`` refuses (``path`` if none)."""
-    if isinstance(tree, msgspec.Struct):
-        items: Iterable[tuple[Any, Any]] = ((f, getattr(tree, f)) for f in tree.__struct_fields__)
-    elif isinstance(tree, dict):
-        items = tree.items()
-    elif isinstance(tree, list | tuple):
-        items = enumerate(tree)
-    else:
-        return path
-    for key, item in items:
-        try:
-            encoder.encode(item)
-        except (TypeError, ValueError, OverflowError):
-            return _find_unencodable(encoder, item, (path, key))
-    return path

@@ -1,5 +1,5 @@
 """Values the msgpack codec refuses to send though msgspec would write them, and where in
-a Struct it looks for them.
+a Struct it looks for them; and where a value msgspec refuses is (:func:`unencodable_path`).
 
 * A :class:`msgspec.Raw` is bytes msgspec copies into the header unchecked: malformed, it
   made a step every reader refused; JSON text in it (``Raw(b"1")``) arrived as something
@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -39,7 +40,7 @@ from rlwire._core.errors import EncodeError
 from rlwire._core.paths import KeyPath, render_path
 from rlwire._core.types import buffer_fields, reachable
 
-__all__ = ["REFUSED", "refuse", "scalar", "walked_fields"]
+__all__ = ["REFUSED", "refuse", "scalar", "unencodable_path", "walked_fields"]
 
 #: Types msgspec writes as they are, which the codec refuses (see :func:`refuse`).
 REFUSED = (msgspec.Raw, msgspec.msgpack.Ext)
@@ -112,3 +113,21 @@ def scalar(obj: np.generic, path: KeyPath) -> Any:
             + ("; send it as a 0-d array (np.asarray(value))" if dtype.kind in "biufc" else "")
         )
     return value
+
+
+def unencodable_path(encoder: msgspec.msgpack.Encoder, tree: Any, path: KeyPath) -> KeyPath:
+    """The path of the first leaf of ``tree`` that ``encoder`` refuses (``path`` if none)."""
+    if isinstance(tree, msgspec.Struct):
+        items: Iterable[tuple[Any, Any]] = ((f, getattr(tree, f)) for f in tree.__struct_fields__)
+    elif isinstance(tree, dict):
+        items = tree.items()
+    elif isinstance(tree, list | tuple):
+        items = enumerate(tree)
+    else:
+        return path
+    for key, item in items:
+        try:
+            encoder.encode(item)
+        except (TypeError, ValueError, OverflowError):
+            return unencodable_path(encoder, item, (path, key))
+    return path

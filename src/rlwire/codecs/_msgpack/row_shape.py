@@ -72,6 +72,8 @@ def row_shape(items: list[Any]) -> RowShape | None:
         given = first.keys()
         if any(type(k) is not str for k in given):
             return None
+        if not any(isinstance(v, np.ndarray | Ragged | Chunked) for v in first.values()):
+            return None  # told before the look at every row, which can take long
         if any(type(item) is not dict or item.keys() != given for item in items):
             return None
         names = keys = list(given)

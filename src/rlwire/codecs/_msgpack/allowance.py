@@ -54,8 +54,7 @@ class HeapAllowance:
         Raises:
             FrameTooLargeError: more than what is left.
         """
-        if nbytes > self.left and self.unsettled:
-            self._settle()
+        self._settle(nbytes)
         if nbytes > self.left:
             raise FrameTooLargeError(f"header: {what} would build over {self._limit_words()}")
         self.left -= nbytes
@@ -69,8 +68,7 @@ class HeapAllowance:
             FrameTooLargeError: its real cost is more than what is left.
         """
         worst = WORST_RATIO * memoryview(data).nbytes
-        if worst > self.left and self.unsettled:
-            self._settle()
+        self._settle(worst)
         if worst <= self.left:
             if kept:
                 self.unsettled.append((data, worst))
@@ -91,11 +89,18 @@ class HeapAllowance:
             self.unsettled.pop()
         self.left += charged
 
-    def _settle(self) -> None:
-        """Charge what was decoded so far its real cost instead of its worst case."""
+    def _settle(self, needed: int) -> None:
+        """Charge what was decoded so far its real cost instead of its worst case, the
+        oldest first, until ``needed`` bytes are left (or all is settled): a walk of
+        each, never all of them in one go (a message's chunks settled at once held the
+        GIL for a quarter of a second)."""
+        settled = 0
         for earlier, charged in self.unsettled:
+            if needed <= self.left:
+                break
             self.left += charged - plain_cost(earlier, self.limit)
-        self.unsettled.clear()
+            settled += 1
+        del self.unsettled[:settled]
 
     def _limit_words(self) -> str:
         return (

@@ -252,16 +252,16 @@ SCALARS = (
     | st.integers(-(2**63), 2**64 - 1)
     | st.floats(allow_nan=False)
     | st.text(max_size=3)
-    | st.sampled_from(["x" * 64, "é" * 200, "y" * 7000])
+    | st.sampled_from(["x" * 64, "é" * 200, "y" * 700])
     | st.binary(max_size=80)
 )
 KEYS = st.text(max_size=3) | st.integers(-3, 3)
-
-
-def _repeated(args: tuple[Any, int]) -> list[Any]:
-    """A list of ``n`` of one item: long enough to be chunked, at no cost to build."""
-    item, n = args
-    return [item] * n
+COUNTS = st.sampled_from([0, 3, 1023, 1024, 2730, 8191, 8192, 12_000])
+#: How :func:`_built` lays out copies of an item: around the weights where containers
+#: are chunked (1,024 and 8,192), in lists, tuples, maps and lists of lists.
+SHAPES = st.tuples(st.sampled_from(["list", "tuple", "map"]), COUNTS, st.just(0)) | st.sampled_from(
+    [("nested", 1024, 3), ("nested", 3, 2730), ("nested", 100, 100), ("nested", 8192, 2)]
+)
 
 
 def _plain(extra: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
@@ -271,12 +271,22 @@ def _plain(extra: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
             st.lists(inner, max_size=4)
             | st.lists(inner, max_size=4).map(tuple)
             | st.dictionaries(KEYS, inner, max_size=4)
-            | st.tuples(inner, st.sampled_from([0, 3, 1023, 1024, 2730, 8191, 8192, 12_000])).map(
-                _repeated
-            )
         ),
         max_leaves=10,
     )
+
+
+def _built(item: Any, other: Any, shape: tuple[str, int, int]) -> dict[str, Any]:
+    """A message of many copies of ``item`` beside ``other``, built in the test: as an
+    argument its repr would be megabytes long."""
+    kind, a, b = shape
+    if kind == "list":
+        return {"x": other, "h": [item] * a}
+    if kind == "tuple":
+        return {"h": tuple([item] * a), "x": other}
+    if kind == "map":
+        return {"x": other, "h": {f"k{i}": item for i in range(a)}}
+    return {"h": [[item] * a for _ in range(b)], "x": other}
 
 
 def _plain_copy(obj: Any) -> Any:
@@ -288,16 +298,19 @@ def _plain_copy(obj: Any) -> Any:
     return obj
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_plain(st.nothing()))
-def test_plain_data_is_msgspecs_bytes_or_chunks_of_them(obj: Any) -> None:
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_plain(st.nothing()), _plain(st.nothing()), SHAPES)
+def test_plain_data_is_msgspecs_bytes_or_chunks_of_them(
+    item: Any, other: Any, shape: tuple[str, int, int]
+) -> None:
     """Plain data the walk left whole is msgspec's own bytes; heavier, it is chunked
     and comes back equal."""
     codec = MsgpackCodec()
-    frame = codec.encode({"x": obj})
+    obj = _built(item, other, shape)
+    frame = codec.encode(obj)
     if not frame.buffers:
-        assert frame.header == msgspec.msgpack.encode({"x": obj})
-    assert codec.decode(frame) == {"x": _plain_copy(obj)}
+        assert frame.header == msgspec.msgpack.encode(obj)
+    assert codec.decode(frame) == _plain_copy(obj)
 
 
 SPECIAL = st.one_of(
@@ -307,15 +320,16 @@ SPECIAL = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(_plain(SPECIAL))
-def test_mixed_data_keeps_its_buffers_and_structs(obj: Any) -> None:
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_plain(SPECIAL), _plain(SPECIAL), SHAPES)
+def test_mixed_data_keeps_its_buffers_and_structs(
+    item: Any, other: Any, shape: tuple[str, int, int]
+) -> None:
     """Arrays, large bytes and Structs anywhere in plain data come back as they went:
     arrays and large bytes out of band."""
     codec = MsgpackCodec()
-    frame = codec.encode({"x": obj})
-    back = codec.decode(frame)
-    assert _normal(back["x"]) == _normal(obj)
+    obj = _built(item, other, shape)
+    assert _normal(codec.decode(codec.encode(obj))) == _normal(obj)
 
 
 def _normal(obj: Any) -> Any:

@@ -35,7 +35,7 @@ from rlwire._core.paths import KeyPath, render_path
 from rlwire._core.ragged import Ragged
 from rlwire._core.slicing import Sliced, SliceTimer
 from rlwire._frame.frame import Frame
-from rlwire.codecs._msgpack.entries import Entries
+from rlwire.codecs._msgpack.entries import Entries, mapping_entries
 from rlwire.codecs._msgpack.extensions import EXT_CHUNKED_ARRAY, EXT_CHUNKED_MAP, ChunksRef
 from rlwire.codecs._msgpack.plain_values import CHUNK_WEIGHT, PlainWeights
 from rlwire.codecs._msgpack.refused_values import (
@@ -195,9 +195,8 @@ class Encoding:
         return named
 
     def mapping(self, obj: dict[Any, Any], path: KeyPath, side: bool) -> Sliced[tuple[Any, int]]:
-        keys = list(obj)
-        entries = Entries(list(obj.values()), keys)
-        if self.sidecar_names and not self.sidecar_names.isdisjoint(keys):
+        entries = yield from mapping_entries(obj)
+        if self.sidecar_names and not self.sidecar_names.isdisjoint(obj):
             for i, (key, item) in enumerate(obj.items()):
                 named = self.named(key, key)
                 new, heft = yield from self.value(item, (path, key), side or named)
@@ -207,9 +206,10 @@ class Encoding:
         else:  # no key is a sidecar name
             yield from self.weigh(entries, path, side, 1)
         total = yield from self.lighten(entries, path)
-        if not entries.changed:
-            return obj, total + 1
-        return dict(zip(keys, entries.values(), strict=True)), total + 1
+        if entries.changed:
+            obj = dict(zip(obj, entries.values(), strict=True))
+        yield from entries.release()
+        return obj, total + 1
 
     def sequence(
         self, obj: list[Any] | tuple[Any, ...], path: KeyPath, side: bool
@@ -309,8 +309,8 @@ class Encoding:
                 ranges += self.encode_chunk(group, path, a)
                 yield from self.tick()
         else:  # a sequence is copied only if an item is chunked on its own
-            keys = list(obj) if is_map else None
-            entries = Entries(list(obj.values()) if is_map else obj, keys)
+            entries = (yield from mapping_entries(obj)) if is_map else Entries(obj)
+            keys = entries.keys
             bounds = yield from self.bounds(entries, path)
             for a, b in itertools.pairwise(bounds):
                 values = entries.items[a:b]

@@ -79,7 +79,7 @@ class PlainWeights:
                 out.append(self._mapping(item) if type(item) is dict else self.weight(item))
             except NotPlain:
                 return out, True
-            used += _BUDGET - self.left
+            used += 1 + _BUDGET - self.left  # a scalar takes a step too
             if used >= _BUDGET:
                 break
         return out, False

@@ -37,6 +37,7 @@ OBJECT_STORE_BYTES = 512 << 20
 
 _SRC = str(Path(__file__).resolve().parents[1] / "src")
 _IDLE_WORKERS = 6
+_PRELOADED = ["rlwire.transport.ray._board", "ray_actors", "ray_fence_actors"]
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +57,15 @@ def ray_cluster() -> Iterator[None]:
         # Idle workers kept started, so that a new actor (a board a test makes again under
         # its name) takes one: on this 2-core machine with three busy processes beside it,
         # a board took 27-30 s to start without them, 0.5-1.2 s with them.
-        _system_config={"enable_worker_prestart": True, "num_workers_soft_limit": _IDLE_WORKERS},
+        # Each worker imports the board's module and the tests' actors as it starts, not
+        # when an actor is placed on it: the import (rlwire, numpy, ...) was most of an
+        # actor's start, which a test that makes a board again waits for (with it: 0.3-0.5
+        # s, 0.9-1.7 s without, on an idle worker).
+        _system_config={
+            "enable_worker_prestart": True,
+            "num_workers_soft_limit": _IDLE_WORKERS,
+            "preload_python_modules": _PRELOADED,
+        },
     )
     _start_early(_SESSION, _SESSION_KINDS)
     try:
@@ -77,7 +86,7 @@ def ray_cluster() -> Iterator[None]:
 #: cluster; a spare of each kind a test kills or has alone (:func:`spare`) once the first
 #: test is done, not beside the boards it starts (Ray starts two processes at a time).
 _SESSION_KINDS = {"Trainer": 2, "Producer": 1}
-_SPARE_KINDS = {"Trainer": 1, "Producer": 1, "OneCallAsyncProducer": 1}
+_SPARE_KINDS = {"Trainer": 1, "Producer": 1, "OneCallAsyncProducer": 1, "HeldProducer": 3}
 _SESSION: dict[str, list[Any]] = {}
 _SPARES: dict[str, list[Any]] = {}
 
@@ -89,8 +98,10 @@ def _start_early(started: dict[str, list[Any]], kinds: dict[str, int]) -> None:
 
 def _start(kind: str) -> Any:
     import ray_actors
+    import ray_fence_actors
 
-    return getattr(ray_actors, kind).remote()
+    module = ray_actors if hasattr(ray_actors, kind) else ray_fence_actors
+    return getattr(module, kind).remote()
 
 
 def _up(actors: list[Any]) -> list[Any]:
@@ -115,8 +126,9 @@ def ray_producer(ray_cluster: None) -> Any:
 
 
 def spare(kind: str) -> Any:
-    """An actor of tests/ray_actors.py's class ``kind`` for one test (which may kill it):
-    the one started early while it lasts, else a new one; up either way."""
+    """An actor of class ``kind`` (tests/ray_actors.py's, or ray_fence_actors.py's) for
+    one test, which may kill it: the one started early while it lasts, else a new one;
+    up either way."""
     left = _SPARES.get(kind)
     return _up([left.pop() if left else _start(kind)])[0]
 

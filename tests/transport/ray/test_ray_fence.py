@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 import ray
-from ray_fence_actors import HeldProducer, run_of
+from ray_cluster import spare
+from ray_fence_actors import run_of
 
 import rlwire
 from rlwire import Frame
@@ -43,9 +44,9 @@ def _get(ref: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def producers(ray_cluster: None) -> Iterator[list[Any]]:
-    """Two held producers (tests/ray_fence_actors.py), up, for this module's tests."""
-    made = [HeldProducer.remote() for _ in range(2)]  # type: ignore[attr-defined]
-    _get([actor.__ray_ready__.remote() for actor in made])
+    """Two held producers (tests/ray_fence_actors.py), up, for this module's tests:
+    started early by tests/ray_cluster.py, while the tests before ran."""
+    made = [spare("HeldProducer") for _ in range(2)]
     yield made
     for actor in made:
         ray.kill(actor)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import ray
 from helpers import make_batch
-from ray_fence_actors import HeldProducer
+from ray_cluster import spare
 
 import rlwire
 
@@ -76,7 +76,7 @@ def test_a_resumed_producer_killed_before_sending_leaves_the_end(ray_url: str) -
         sender.send(make_batch(1))
         sender.send(make_batch(1))
         sender.finish()
-    producer = HeldProducer.remote()  # type: ignore[attr-defined]
+    producer = spare("HeldProducer")  # started early: it is killed
     assert ray.get(producer.open.remote(ray_url, 1, "resume"), timeout=ACTOR_CALL) == 2
     ray.kill(producer)
     assert_ended(ray_url, 2)

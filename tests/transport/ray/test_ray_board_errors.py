@@ -53,8 +53,10 @@ def test_a_seal_that_differs_is_named_in_a_bounded_message(ray_url: str) -> None
         sink.close()
 
 
-#: The board's answer time in the test below (BOARD_ANSWER_SECONDS, 10 s by default).
-ANSWER = 3.0
+#: The board's answer time in the test below (BOARD_ANSWER_SECONDS, 10 s by default):
+#: room for the calls of a board that answers, under load; the bound below (1.75 x)
+#: stays under the two answer times a part's put waited before the fix, four a step's.
+ANSWER = 2.0
 
 
 @pytest.mark.parametrize("how", ["whole", "part"])

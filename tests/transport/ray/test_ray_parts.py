@@ -75,9 +75,10 @@ def test_a_waiting_receiver_is_woken_by_each_part_not_by_its_wait_ending(
 ) -> None:
     # Each wait on the board lasts 10 s here, not 0.5 s: a part that does not wake its
     # receiver is held until the wait ends (a median lag of 9 s with the board's wake-up
-    # removed) or the step is sealed (0.9 s, eight puts 0.25 s apart, with waits not
-    # naming the part), so the bound holds with room under load (0.16 s seen) and fails
-    # without the wake-up.
+    # removed) or the step is sealed (six puts 0.25 s apart, the wake-up removed from
+    # the board's commit of a part: a median lag of 1.2 s; 0.9 s with eight puts and
+    # waits not naming the part), so the bound holds with room under load (0.16 s seen)
+    # and fails without the wake-up.
     monkeypatch.setattr(_source, "_WAIT_SLICE", 10.0)
     create_board(_name(ray_url))
     held: dict[int, list[tuple[int, float]]] = {0: [], 1: []}
@@ -94,8 +95,8 @@ def test_a_waiting_receiver_is_woken_by_each_part_not_by_its_wait_ending(
     threads = [threading.Thread(target=take, args=(rank,)) for rank in (0, 1)]
     for thread in threads:
         thread.start()
-    time.sleep(0.5)  # both receivers are waiting on the board
-    keys = KEYS[:8]
+    time.sleep(0.3)  # both receivers are waiting on the board
+    keys = KEYS[:6]
     sent = ray.get(ray_producer.fill.remote(ray_url, keys, 2, 0.25), timeout=TIMEOUT)
     for thread in threads:
         thread.join(TIMEOUT)

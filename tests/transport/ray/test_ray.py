@@ -242,7 +242,6 @@ def test_keep_last_drops_a_step_held_for_a_rank_left_out_once_it_moved_past(
             r1.wait_next(timeout=0)
         sender.send(step_batches(3, 1)[0])
         assert settles(lambda: steps() == [1, 2, 3]), steps()
-    drop_board(_name(ray_url))
 
 
 @pytest.mark.long

@@ -68,11 +68,13 @@ def ray_cluster() -> Iterator[None]:
         },
     )
     _start_early(_SESSION, _SESSION_KINDS)
+    _PENDING[:] = [kind for kind, n in _SPARE_KINDS.items() for _ in range(n)]
     try:
         yield
     finally:
         _SESSION.clear()
         _SPARES.clear()
+        _PENDING.clear()
         ray.shutdown()
         if old is None:
             del os.environ["PYTHONPATH"]
@@ -83,17 +85,27 @@ def ray_cluster() -> Iterator[None]:
 #: Actors of tests/ray_actors.py started before a test asks for them, not waited for, so
 #: that they come up while other tests run: an actor is a new process, which took 1-2 s
 #: to start here (3-9 s while the rest of the suite ran). The session's start with the
-#: cluster; a spare of each kind a test kills or has alone (:func:`spare`) once the first
-#: test is done, not beside the boards it starts (Ray starts two processes at a time).
+#: cluster; the spares (:func:`spare`: an actor a test kills or has alone) one after
+#: each test, the first once the first test is done: not all at once, since Ray starts
+#: two processes at a time, and a board a test starts waited behind them (a test that
+#: makes a board again took 15 s, not 3, beside six spares starting).
 _SESSION_KINDS = {"Trainer": 2, "Producer": 1}
 _SPARE_KINDS = {"Trainer": 1, "Producer": 1, "OneCallAsyncProducer": 1, "HeldProducer": 3}
 _SESSION: dict[str, list[Any]] = {}
 _SPARES: dict[str, list[Any]] = {}
+_PENDING: list[str] = []  # the kind of each spare not started yet, in the order they start
 
 
 def _start_early(started: dict[str, list[Any]], kinds: dict[str, int]) -> None:
     if not started:
         started.update((kind, [_start(kind) for _ in range(n)]) for kind, n in kinds.items())
+
+
+def _start_next_spare() -> None:
+    """Start the next spare of :data:`_PENDING`, if any is left."""
+    if _PENDING:
+        kind = _PENDING.pop(0)
+        _SPARES.setdefault(kind, []).append(_start(kind))
 
 
 def _start(kind: str) -> Any:
@@ -130,7 +142,11 @@ def spare(kind: str) -> Any:
     one test, which may kill it: the one started early while it lasts, else a new one;
     up either way."""
     left = _SPARES.get(kind)
-    return _up([left.pop() if left else _start(kind)])[0]
+    if left:
+        return _up([left.pop()])[0]
+    if kind in _PENDING:  # asked for before its turn: started now, not again later
+        _PENDING.remove(kind)
+    return _up([_start(kind)])[0]
 
 
 _FREE: list[str] = []  # names of emptied destinations, this process's
@@ -147,7 +163,7 @@ def ray_url(ray_cluster: None) -> Iterator[str]:
     yield url
     import ray
 
-    _start_early(_SPARES, _SPARE_KINDS)
+    _start_next_spare()
     if not any(actor.endswith(f":{name}") for actor in ray.util.list_named_actors()):
         # The test dropped its board: a board for a later test starts now, under a new
         # name, while the tests between run (an actor start takes a second or more).

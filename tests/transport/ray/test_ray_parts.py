@@ -51,8 +51,8 @@ def test_parts_reach_two_trainer_actors_as_they_are_committed(
     # The trainers wait first: each part reaches them by the board's wake-up (how soon:
     # the test below).
     taking = [t.take_parts.remote(ray_url, rank) for rank, t in enumerate(ray_trainers)]
-    time.sleep(0.5)  # their receivers are open and waiting
-    sent = ray.get(ray_producer.fill.remote(ray_url, KEYS, 2, 0.05), timeout=TIMEOUT)
+    time.sleep(0.3)  # their receivers are open and waiting
+    sent = ray.get(ray_producer.fill.remote(ray_url, KEYS, 2, 0.02), timeout=TIMEOUT)
     assert sent["board_owned"] is True
     assert sent["step"] == 0 and sent["skipped"] == [] and sent["resumed"] == []
     got = ray.get(taking, timeout=TIMEOUT)

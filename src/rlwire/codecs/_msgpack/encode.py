@@ -47,22 +47,18 @@ from rlwire.codecs._msgpack.refused_values import (
 )
 from rlwire.codecs._msgpack.sent_buffers import SentBuffers
 from rlwire.codecs._msgpack.sent_columns import list_as_columns, packed_value
-from rlwire.codecs._msgpack.weights import run_weights, weight
+from rlwire.codecs._msgpack.weights import SCALARS, SCAN, run_weights, weight
 from rlwire.codecs._registry import Check
 
 __all__ = ["CHUNK_WEIGHT", "Encoding", "weight"]
 
 # A container lighter than this is never worth chunking on its own.
 _MIN_CHUNKED = 1024
-# Items checked at a time when making sure a long list holds only scalars.
-_SCAN = 65536
 # Entries looked at a time when adding up their weights.
 _LOOK = 8192
 # Items of a chunked container weighed at a time.
 _RUN = 512
 
-_SCALARS = (str, int, float, bool, type(None))
-_SCALAR_SET = frozenset(_SCALARS)
 _BUFFER_LIKE = (np.ndarray, bytes, bytearray, memoryview)
 _WALKED = (*_BUFFER_LIKE, *REFUSED)  # looked at in any Struct field, whatever its annotation
 _PACKED = frozenset((Ragged, Columns, Chunked))  # packed by the user: one buffer a field
@@ -114,7 +110,7 @@ class Encoding:
     def value(self, obj: Any, path: KeyPath, side: bool) -> Sliced[tuple[Any, int]]:
         """``(what to encode in obj's place, its weight)``."""
         kind = type(obj)
-        if kind in _SCALARS:
+        if kind in SCALARS:
             return obj, (1 + len(obj) // 64 if kind is str else 1)
         if isinstance(obj, np.ndarray):
             return self.sent.array(obj, path, side), 1
@@ -216,7 +212,7 @@ class Encoding:
     ) -> Sliced[tuple[Any, int]]:
         if not obj:
             return obj, 1
-        if type(obj[0]) in _SCALARS and (yield from self.only_scalars(obj)):
+        if type(obj[0]) in SCALARS and (yield from self.only_scalars(obj)):
             return obj, weight(obj)
         if type(obj) is list:
             columns = yield from list_as_columns(self, obj, path, side)
@@ -252,8 +248,8 @@ class Encoding:
 
     def only_scalars(self, items: list[Any] | tuple[Any, ...]) -> Sliced[bool]:
         """True if every item is a plain scalar, checked in C a group of items at a time."""
-        for start in range(0, len(items), _SCAN):
-            if not set(map(type, items[start : start + _SCAN])) <= _SCALAR_SET:
+        for start in range(0, len(items), SCAN):
+            if not set(map(type, items[start : start + SCAN])) <= SCALARS:
                 return False
             yield from self.tick()
         return True
@@ -299,7 +295,7 @@ class Encoding:
         n = len(obj)
         first = next(iter(obj.values())) if is_map else obj[0]
         ranges: list[int] = []
-        if type(first) in _SCALARS:
+        if type(first) in SCALARS:
             # A run of scalars: cut by count, straight from obj, with no copy of it all
             # (copying a list of millions holds the GIL for milliseconds).
             per = max(1, CHUNK_WEIGHT // max(weight(first), 1))

@@ -12,7 +12,8 @@ any value the walk would do more with, so that the walk takes that one instead:
 * a dict with a key that is a sidecar name (the walk notes it, and sends what is under
   it to the sidecar);
 * a container whose items weigh more than :data:`CHUNK_WEIGHT` together (the walk may
-  chunk some of them), and a list of scalars longer than :data:`_SCAN`;
+  chunk some of them), and a list of scalars longer than
+  :data:`~rlwire.codecs._msgpack.weights.SCAN`;
 * a value that would take more than :data:`_BUDGET` steps: one call stays well under a
   millisecond, and the walk cuts such a value into its items, each tried again here.
 
@@ -32,6 +33,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rlwire.codecs._msgpack.weights import ONE, SCALARS, SCAN, weight
+
 __all__ = ["CHUNK_WEIGHT", "NotPlain", "PlainWeights"]
 
 #: The most weight (about one item of a list, or 64 bytes of a string) one msgspec call
@@ -39,14 +42,9 @@ __all__ = ["CHUNK_WEIGHT", "NotPlain", "PlainWeights"]
 #: per item, and takes several times longer where fresh memory is slow to fault in).
 #: A container heavier is cut into chunks (:mod:`rlwire.codecs._msgpack.encode`).
 CHUNK_WEIGHT = 8192
-# The longest list of scalars looked at here (one scan of its types in C).
-_SCAN = 65536
 # Steps (items visited; a sixteenth of a step per scalar of a scanned list) one call of
 # :meth:`PlainWeights.weights` may take: well under a millisecond.
 _BUDGET = 1024
-
-_ONE = frozenset((int, float, bool, type(None)))  # scalars of weight 1
-_SCALARS = frozenset((str, int, float, bool, type(None)))
 
 
 class NotPlain(Exception):
@@ -89,7 +87,7 @@ class PlainWeights:
         kind = type(obj)
         if kind is str:
             return 1 + len(obj) // 64
-        if kind in _ONE:
+        if kind in ONE:
             return 1
         if kind is dict:
             return self._mapping(obj)
@@ -109,7 +107,7 @@ class PlainWeights:
             kind = type(value)
             if kind is str:
                 total += 1 + len(value) // 64
-            elif kind in _ONE:
+            elif kind in ONE:
                 total += 1
             elif kind is list:
                 total += self._sequence(value)
@@ -124,15 +122,15 @@ class PlainWeights:
         if not n:
             return 1
         self.left -= 1
-        if type(obj[0]) in _SCALARS:
-            if n > _SCAN:
+        if type(obj[0]) in SCALARS:
+            if n > SCAN:
                 raise NotPlain
             self.left -= n >> 4
             if self.left < 0:
                 raise NotPlain
             kinds = set(map(type, obj))
-            if kinds <= _SCALARS:
-                return 1 + n if str not in kinds else _strings_weight(obj)
+            if kinds <= SCALARS:
+                return 1 + n if str not in kinds else weight(obj)
         self.left -= n
         if self.left < 0:
             raise NotPlain
@@ -141,23 +139,10 @@ class PlainWeights:
             kind = type(item)
             if kind is str:
                 total += 1 + len(item) // 64
-            elif kind in _ONE:
+            elif kind in ONE:
                 total += 1
             else:
                 total += self.weight(item)
         if total > CHUNK_WEIGHT:
             raise NotPlain
         return total + 1
-
-
-def _scalar_weight(obj: Any) -> int:
-    return 1 + len(obj) // 64 if type(obj) is str else 1
-
-
-def _strings_weight(obj: list[Any] | tuple[Any, ...]) -> int:
-    """:func:`~rlwire.codecs._msgpack.weights.weight` of a list of scalars, strings among
-    them: sampled."""
-    n = len(obj)
-    if n < 3:
-        return 1 + sum(map(_scalar_weight, obj))
-    return 1 + n * max(_scalar_weight(obj[0]), _scalar_weight(obj[n // 2]), _scalar_weight(obj[-1]))

@@ -41,11 +41,11 @@ from rlwire.codecs._msgpack.extensions import (
 from rlwire.codecs._msgpack.joined_rows import joined_rows
 from rlwire.codecs._msgpack.row_shape import row_shape
 from rlwire.codecs._msgpack.sent_buffers import SentBuffers
+from rlwire.codecs._msgpack.weights import SCALARS
 from rlwire.codecs._registry import RowArrays
 
 __all__ = ["Walker", "list_as_columns", "packed_value"]
 
-_SCALARS = frozenset((str, int, float, bool, type(None)))
 _STR = {str}
 _CONTAINERS = frozenset((dict, list))
 _NDARRAY = {np.ndarray}
@@ -227,7 +227,7 @@ def _column(
     if ragged is not None:
         return ragged
     kinds = set(map(type, values))
-    if kinds <= _SCALARS:
+    if kinds <= SCALARS:
         if str in kinds:
             strings = values if kinds == _STR else [v for v in values if type(v) is str]
         else:  # a column of None, as ref_logprobs often is: no look at each

@@ -21,9 +21,14 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["run_weights", "weight"]
+__all__ = ["ONE", "SCALARS", "SCAN", "run_weights", "weight"]
 
-_ONE = frozenset((int, float, bool, type(None)))
+#: Plain scalars, left to msgspec as they are.
+SCALARS = frozenset((str, int, float, bool, type(None)))
+#: The scalars that weigh one each (a string weighs by its length).
+ONE = frozenset((int, float, bool, type(None)))
+#: Items of a list of scalars whose types are scanned in one C call.
+SCAN = 65536
 
 
 def weight(obj: Any) -> int:
@@ -50,6 +55,6 @@ def run_weights(values: Sequence[Any]) -> list[int]:
     first values weigh one each, told in C (a dict weighs ``1 + 2 n`` then)."""
     if values and set(map(type, values)) == {dict} and all(values):
         firsts = map(next, map(iter, map(dict.values, values)))  # none is empty
-        if set(map(type, firsts)) <= _ONE:
+        if set(map(type, firsts)) <= ONE:
             return list(map(add, map(mul, map(len, values), repeat(2)), repeat(1)))
     return list(map(weight, values))
